@@ -1,0 +1,203 @@
+"""Line framing and total JSON decoding for line-delimited JSON-RPC.
+
+Sans-IO in the h11 style: feed bytes in, take complete frames out. Problems come out as values
+(``BadFrame``) so one bad line never kills a reader.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from ._jsonrpc import ErrorCode, InvalidMessage, JsonRpcMessage, parse_message
+
+#: Default maximum bytes of one line (without its newline). Large enough for a big tool result or a
+#: full transcript inline; small enough that a runaway peer can't make us buffer without bound.
+DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
+
+
+class FrameProblem(StrEnum):
+    TOO_LARGE = "too_large"
+    NOT_UTF8 = "not_utf8"
+    INVALID_JSON = "invalid_json"
+    INVALID_MESSAGE = "invalid_message"
+
+
+_CODE_FOR = {
+    FrameProblem.TOO_LARGE: ErrorCode.FRAME_TOO_LARGE,
+    FrameProblem.NOT_UTF8: ErrorCode.PARSE_ERROR,
+    FrameProblem.INVALID_JSON: ErrorCode.PARSE_ERROR,
+    FrameProblem.INVALID_MESSAGE: ErrorCode.INVALID_REQUEST,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BadFrame:
+    """A line that could not become a message. ``size`` counts the bytes seen (capped lines too)."""
+
+    problem: FrameProblem
+    detail: str
+    size: int
+    id: int | str | None = None
+
+    @property
+    def error_code(self) -> ErrorCode:
+        """The JSON-RPC error code to answer with, where a reply is possible."""
+        return _CODE_FOR[self.problem]
+
+
+class LineFramer:
+    """Splits a byte stream into lines, enforcing ``max_frame_bytes`` while a line is still incomplete.
+
+    An over-long line yields one ``BadFrame(TOO_LARGE)`` as soon as the limit is crossed; its remaining
+    bytes are discarded up to the next newline. Blank lines are skipped; a trailing ``\\r`` is removed.
+    """
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        if max_frame_bytes < 1:
+            raise ValueError("max_frame_bytes must be positive")
+        self.max_frame_bytes = max_frame_bytes
+        self._buffer = bytearray()
+        self._discarding = False  # inside an over-long line, dropping bytes until its newline
+        self._discarded = 0
+
+    def feed(self, data: bytes) -> list[bytes | BadFrame]:
+        out: list[bytes | BadFrame] = []
+        start = 0
+        while start < len(data):
+            newline = data.find(b"\n", start)
+            end = len(data) if newline < 0 else newline
+            piece = data[start:end]
+            if self._discarding:
+                self._discarded += len(piece)
+            else:
+                self._buffer += piece
+                if len(self._buffer) - self._buffer.endswith(b"\r") > self.max_frame_bytes:
+                    self._discarding = True
+                    self._discarded = len(self._buffer)
+                    self._buffer.clear()
+                    out.append(BadFrame(FrameProblem.TOO_LARGE, self._too_large_detail(), self._discarded))
+            if newline < 0:
+                break
+            self._end_line(out)
+            start = newline + 1
+        return out
+
+    def _too_large_detail(self) -> str:
+        return f"line exceeds the frame limit of {self.max_frame_bytes} bytes; discarded"
+
+    def _end_line(self, out: list[bytes | BadFrame]) -> None:
+        if self._discarding:
+            self._discarding = False
+            self._discarded = 0
+            return
+        line = bytes(self._buffer)
+        self._buffer.clear()
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if line.strip():
+            out.append(line)
+
+    def close(self) -> list[bytes | BadFrame]:
+        """End of stream: a final line without newline still counts as a frame."""
+        out: list[bytes | BadFrame] = []
+        if self._buffer or self._discarding:
+            self._end_line(out)
+        return out
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+
+class _JsonRejected(ValueError):
+    pass
+
+
+def _reject_constant(name: str) -> Any:
+    raise _JsonRejected(f"{name} is not valid JSON")
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _JsonRejected(f"duplicate key {key!r}")
+            seen.add(key)
+    return result
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
+
+
+def decode_json(line: bytes) -> Any | BadFrame:
+    """Decode one line as strict JSON. Returns the value or a BadFrame; never raises.
+
+    Stricter than ``json.loads``: NaN/Infinity, duplicate keys and lone surrogates are refused, and
+    pathological nesting or huge integers become a BadFrame instead of RecursionError/ValueError.
+    """
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return BadFrame(FrameProblem.NOT_UTF8, f"not UTF-8: {exc.reason} at byte {exc.start}", len(line))
+    try:
+        value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicate_keys)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, _JsonRejected, int limits, nesting
+        detail = "nesting too deep" if isinstance(exc, RecursionError) else str(exc)
+        return BadFrame(FrameProblem.INVALID_JSON, f"invalid JSON: {detail}", len(line))
+    if _SURROGATE_ESCAPE.search(line) and _has_lone_surrogate(value):
+        return BadFrame(FrameProblem.INVALID_JSON, "invalid JSON: lone UTF-16 surrogate escape", len(line))
+    return value
+
+
+def decode_message(line: bytes) -> JsonRpcMessage | BadFrame:
+    """Decode one line into a JSON-RPC message, or a BadFrame saying why not. Never raises."""
+    value = decode_json(line)
+    if isinstance(value, BadFrame):
+        return value
+    message = parse_message(value)
+    if isinstance(message, InvalidMessage):
+        return BadFrame(FrameProblem.INVALID_MESSAGE, message.reason, len(line), message.id)
+    return message
+
+
+class MessageReader:
+    """Bytes in, JSON-RPC messages (or BadFrames) out: a LineFramer plus decode_message."""
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self._framer = LineFramer(max_frame_bytes)
+
+    def feed(self, data: bytes) -> list[JsonRpcMessage | BadFrame]:
+        return [self._decode(item) for item in self._framer.feed(data)]
+
+    def close(self) -> list[JsonRpcMessage | BadFrame]:
+        return [self._decode(item) for item in self._framer.close()]
+
+    @staticmethod
+    def _decode(item: bytes | BadFrame) -> JsonRpcMessage | BadFrame:
+        return item if isinstance(item, BadFrame) else decode_message(item)
+
+
+def encode_message(message: JsonRpcMessage | dict[str, Any]) -> bytes:
+    """One message as a wire line (compact JSON, UTF-8, trailing newline)."""
+    obj = message if isinstance(message, dict) else message.to_json_obj()
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8") + b"\n"

@@ -1,0 +1,222 @@
+"""JSON-RPC 2.0 message shapes and the worker protocol's methods, params, results and error codes."""
+
+from __future__ import annotations
+
+from enum import IntEnum, StrEnum
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from ._base import Model
+from ._events import WorkerEvent
+from ._runtime import AuthStatus, InteractionMode, PermissionMode, RuntimeCapabilities, RuntimeEnv
+from ._tools import ToolManifest
+from ._transcript import Message
+
+
+class ErrorCode(IntEnum):
+    """Standard JSON-RPC codes plus the worker protocol's application codes (-32001..-32099)."""
+
+    PARSE_ERROR = -32700
+    INVALID_REQUEST = -32600
+    METHOD_NOT_FOUND = -32601
+    INVALID_PARAMS = -32602
+    INTERNAL_ERROR = -32603
+    FRAME_TOO_LARGE = -32001  # the line exceeded the frame limit; it was discarded unread
+    NOT_INITIALIZED = -32002  # a method other than runtime.initialize before the handshake
+    PROTOCOL_VERSION_MISMATCH = -32003
+    UNKNOWN_RUNTIME = -32004
+    RUNTIME_UNAVAILABLE = -32005  # the runtime is known but can't run here (binary missing, no auth)
+    DUPLICATE_TASK = -32006  # task_id already in use in this worker
+    SESSION_BUSY = -32007  # the session already has an active task in this worker
+    UNKNOWN_TASK = -32008  # no such task, or it already ended
+    UNKNOWN_TOOL_CALL = -32009  # no pending tool call with that id in the task
+    SHUTTING_DOWN = -32010  # the worker is shutting down and accepts no new tasks
+    INVALID_SCENARIO = -32011  # scripted runtime: scenario missing or malformed
+
+
+class Method(StrEnum):
+    INITIALIZE = "runtime.initialize"
+    GET_AUTH_STATUS = "runtime.getAuthStatus"
+    START_TASK = "runtime.startTask"
+    SEND_TOOL_RESULT = "runtime.sendToolResult"
+    SEND_TOOL_DENIED = "runtime.sendToolDenied"
+    STOP = "runtime.stop"
+    SHUTDOWN = "runtime.shutdown"
+    EVENT = "runtime.event"  # notification, worker -> supervisor
+
+
+RequestId = int | str
+
+
+# --- generic messages -----------------------------------------------------------------------------
+
+
+class Request(Model):
+    jsonrpc: Literal["2.0"] = "2.0"
+    id: RequestId
+    method: str
+    params: dict[str, Any] | list[Any] | None = None
+
+
+class Notification(Model):
+    jsonrpc: Literal["2.0"] = "2.0"
+    method: str
+    params: dict[str, Any] | list[Any] | None = None
+
+
+class ErrorObject(Model):
+    code: int
+    message: str
+    data: Any = None
+
+
+class Response(Model):
+    jsonrpc: Literal["2.0"] = "2.0"
+    id: RequestId
+    result: Any = None
+
+
+class ErrorResponse(Model):
+    jsonrpc: Literal["2.0"] = "2.0"
+    id: RequestId | None
+    error: ErrorObject
+
+    def to_json_obj(self) -> dict[str, Any]:
+        obj = super().to_json_obj()
+        obj.setdefault("id", None)  # JSON-RPC requires "id": null when the id is unknown
+        return obj
+
+
+JsonRpcMessage = Request | Notification | Response | ErrorResponse
+
+
+class InvalidMessage(Model):
+    """A JSON value that is not a valid JSON-RPC 2.0 message. ``id`` is kept when it could be read."""
+
+    reason: str
+    id: RequestId | None = None
+
+
+def parse_message(obj: Any) -> JsonRpcMessage | InvalidMessage:
+    """Classify one decoded JSON value as a JSON-RPC message. Never raises."""
+    if not isinstance(obj, dict):
+        return InvalidMessage(reason=f"expected a JSON object, got {type(obj).__name__}")
+    raw_id = obj.get("id")
+    msg_id = raw_id if isinstance(raw_id, (int, str)) and not isinstance(raw_id, bool) else None
+    if obj.get("jsonrpc") != "2.0":
+        return InvalidMessage(reason='"jsonrpc" must be "2.0"', id=msg_id)
+    try:
+        if "method" in obj:
+            return Request.model_validate(obj) if "id" in obj else Notification.model_validate(obj)
+        if "error" in obj:
+            return ErrorResponse.model_validate(obj)
+        if "result" in obj:
+            return Response.model_validate(obj)
+    except ValidationError as exc:
+        return InvalidMessage(reason=_first_error(exc), id=msg_id)
+    return InvalidMessage(reason="neither a request, a notification nor a response", id=msg_id)
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(part) for part in err["loc"]) or "message"
+    return f"{where}: {err['msg']}"
+
+
+def error_response(msg_id: RequestId | None, code: ErrorCode | int, message: str, data: Any = None) -> ErrorResponse:
+    return ErrorResponse(id=msg_id, error=ErrorObject(code=int(code), message=message, data=data))
+
+
+# --- the worker protocol's params and results -----------------------------------------------------
+
+
+class PeerInfo(Model):
+    name: str
+    version: str
+
+
+class InitializeParams(Model):
+    protocol_version: str
+    supervisor: PeerInfo | None = None
+    env: RuntimeEnv | None = None
+
+
+class RuntimeOffer(Model):
+    """One runtime a worker can host."""
+
+    name: str
+    version: str
+    capabilities: RuntimeCapabilities
+    available: bool = True
+    unavailable_reason: str | None = None
+
+
+class InitializeResult(Model):
+    protocol_version: str
+    worker: PeerInfo
+    pid: int
+    runtimes: tuple[RuntimeOffer, ...]
+
+
+class GetAuthStatusParams(Model):
+    runtime: str
+
+
+class SessionRef(Model):
+    session_id: str = Field(min_length=1, max_length=200)
+    runtime_session_id: str | None = None
+
+
+class TraceContext(Model):
+    request_id: str | None = None
+    client_id: str | None = None
+    user_id: str | None = None
+
+
+class StartTaskParams(Model):
+    runtime: str
+    session: SessionRef
+    task_id: str = Field(min_length=1, max_length=200)
+    messages: tuple[Message, ...] = ()
+    tool_manifest: ToolManifest = Field(default_factory=ToolManifest)
+    permission_mode: PermissionMode = PermissionMode.ASK
+    interaction_mode: InteractionMode = InteractionMode.NON_INTERACTIVE
+    runtime_config: dict[str, Any] = Field(default_factory=dict)
+    trace: TraceContext = Field(default_factory=TraceContext)
+
+
+class StartTaskResult(Model):
+    accepted: bool = True
+    task_id: str
+    runtime_session_id: str | None = None
+
+
+class SendToolResultParams(Model):
+    task_id: str
+    tool_call_id: str
+    result: Any = None
+    is_error: bool = False
+
+
+class SendToolDeniedParams(Model):
+    task_id: str
+    tool_call_id: str
+    reason: str = "denied"
+
+
+class StopParams(Model):
+    task_id: str
+    reason: str | None = None
+
+
+class Ack(Model):
+    ok: bool = True
+
+
+class RuntimeEventParams(Model):
+    """Params of the ``runtime.event`` notification. ``n`` counts a task's events from 1, gap-free."""
+
+    task_id: str
+    n: int = Field(ge=1)
+    event: WorkerEvent

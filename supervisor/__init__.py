@@ -1,0 +1,1 @@
+"""The CodeSDK supervisor: event store, worker pool, task engine, owned tools, CLI."""

@@ -1,0 +1,16 @@
+"""Worker processes as seen from the supervisor: the JSON-RPC connection, one process, the pool."""
+
+from .connection import (
+    ProtocolViolation,
+    RpcError,
+    WorkerBroken,
+    WorkerClosed,
+    WorkerConnection,
+    WorkerError,
+)
+from .process import ExitStatus, StderrTail, WorkerProcess, WorkerSpec, WorkerStartError, worker_argv
+
+__all__ = [
+    "ExitStatus", "ProtocolViolation", "RpcError", "StderrTail", "WorkerBroken", "WorkerClosed",
+    "WorkerConnection", "WorkerError", "WorkerProcess", "WorkerSpec", "WorkerStartError", "worker_argv",
+]

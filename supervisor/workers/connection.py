@@ -1,0 +1,220 @@
+"""JSON-RPC client side of the worker protocol, over any pair of byte streams.
+
+One reader task owns the receive stream: responses resolve their pending request by id, and
+``runtime.event`` notifications go into a bounded channel (a slow consumer slows the reader, never
+grows a queue). Bad frames are counted and kept as values; they never stop the reader.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from pydantic import ValidationError
+
+from protocol import (
+    DEFAULT_MAX_FRAME_BYTES,
+    BadFrame,
+    ErrorResponse,
+    Method,
+    MessageReader,
+    Notification,
+    Request,
+    Response,
+    RuntimeEventParams,
+    encode_message,
+)
+
+log = logging.getLogger("codesdk.supervisor.worker")
+
+#: Notifications buffered between the reader and the consumer.
+EVENT_BUFFER = 1024
+#: Protocol violations kept for diagnostics (the count is exact; the list is the most recent).
+VIOLATIONS_KEPT = 100
+
+
+class WorkerError(Exception):
+    """Base of errors talking to a worker."""
+
+
+class RpcError(WorkerError):
+    """The worker answered a request with a JSON-RPC error."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(f"worker error {code}: {message}")
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+class WorkerClosed(WorkerError):
+    """We closed the connection (shutdown); no more requests can be sent."""
+
+
+class WorkerBroken(WorkerError):
+    """The worker's output ended or broke: it exited or crashed. ``__cause__`` may hold details."""
+
+
+@dataclass(frozen=True)
+class ProtocolViolation:
+    """Something the worker sent that breaks the protocol (kept and counted, never fatal)."""
+
+    kind: str
+    detail: str
+
+
+@dataclass
+class ConnectionStats:
+    requests: int = 0
+    responses: int = 0
+    notifications: int = 0
+    violations: int = 0
+    recent_violations: deque[ProtocolViolation] = field(default_factory=lambda: deque(maxlen=VIOLATIONS_KEPT))
+
+
+class _Pending:
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.response: Response | ErrorResponse | None = None
+        self.error: WorkerError | None = None
+
+
+class WorkerConnection:
+    def __init__(self, send: trio.abc.SendStream, receive: trio.abc.ReceiveStream,
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, name: str = "worker") -> None:
+        self.name = name
+        self._send = send
+        self._receive = receive
+        self._max_frame_bytes = max_frame_bytes
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._write_lock = trio.Lock()
+        self._closed = False
+        self._broken: WorkerBroken | None = None
+        self.stats = ConnectionStats()
+        self.eof = trio.Event()
+        #: Responses that matched no pending request (kept for diagnostics and protocol tests).
+        self.unmatched: deque[Response | ErrorResponse] = deque(maxlen=VIOLATIONS_KEPT)
+        self._unmatched_changed = trio.Event()
+        self._events_send, self.events = trio.open_memory_channel[RuntimeEventParams](EVENT_BUFFER)
+
+    # -- reader ---------------------------------------------------------------------------------
+
+    async def run_reader(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Read until EOF. Then every pending request fails with WorkerBroken and ``events`` ends."""
+        reader = MessageReader(self._max_frame_bytes)
+        task_status.started()
+        try:
+            async with self._events_send:
+                while True:
+                    try:
+                        chunk = await self._receive.receive_some(64 * 1024)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                        log.info("%s: output stream ended: %s", self.name, exc)
+                        chunk = b""
+                    for item in reader.feed(chunk) if chunk else reader.close():
+                        await self._handle(item)
+                    if not chunk:
+                        return
+        finally:
+            self._broken = WorkerBroken(f"{self.name}: worker output ended (process exited or crashed)")
+            for pending in self._pending.values():
+                pending.error = self._broken
+                pending.done.set()
+            self._pending.clear()
+            self.eof.set()
+
+    async def _handle(self, item: Any) -> None:
+        if isinstance(item, BadFrame):
+            self._violation("bad_frame", f"{item.problem}: {item.detail}")
+        elif isinstance(item, (Response, ErrorResponse)):
+            self.stats.responses += 1
+            pending = self._pending.pop(item.id, None) if isinstance(item.id, int) else None
+            if pending is None:
+                self.unmatched.append(item)
+                self._unmatched_changed.set()
+                self._unmatched_changed = trio.Event()
+                if isinstance(item, ErrorResponse) and item.id is None:
+                    self._violation("error_without_id", f"{item.error.code}: {item.error.message}")
+                else:
+                    self._violation("unmatched_response", f"response to unknown request id {item.id!r}")
+                return
+            pending.response = item
+            pending.done.set()
+        elif isinstance(item, Notification):
+            self.stats.notifications += 1
+            if item.method != Method.EVENT:
+                self._violation("unknown_notification", f"unexpected notification {item.method!r}")
+                return
+            try:
+                params = RuntimeEventParams.model_validate(item.params)
+            except ValidationError as exc:
+                self._violation("invalid_event", _summarize(exc))
+                return
+            await self._events_send.send(params)
+        elif isinstance(item, Request):
+            self._violation("unexpected_request", f"worker sent a request {item.method!r}; none are defined")
+
+    def _violation(self, kind: str, detail: str) -> None:
+        self.stats.violations += 1
+        self.stats.recent_violations.append(ProtocolViolation(kind, detail))
+        log.warning("%s: protocol violation (%s): %s", self.name, kind, detail)
+
+    async def wait_unmatched(self, request_id: int | str | None) -> Response | ErrorResponse:
+        """Wait for an unmatched response with this id (e.g. the answer to a line sent with send_raw)."""
+        while True:
+            for item in self.unmatched:
+                if item.id == request_id:
+                    self.unmatched.remove(item)
+                    return item
+            if self.eof.is_set():
+                raise WorkerBroken(f"{self.name}: output ended before a response to {request_id!r}")
+            await self._unmatched_changed.wait()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    async def request(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        """Send a request and wait for its answer. Callers bound the wait (``trio.fail_after``)."""
+        if self._closed:
+            raise WorkerClosed(f"{self.name}: connection closed")
+        if self._broken is not None:
+            raise self._broken
+        request_id = next(self._ids)
+        pending = _Pending()
+        self._pending[request_id] = pending
+        self.stats.requests += 1
+        try:
+            await self.send_raw(encode_message(Request(id=request_id, method=method, params=params)))
+            await pending.done.wait()
+        finally:
+            self._pending.pop(request_id, None)
+        if pending.error is not None:
+            raise pending.error
+        response = pending.response
+        if isinstance(response, ErrorResponse):
+            raise RpcError(response.error.code, response.error.message, response.error.data)
+        assert response is not None
+        return response.result
+
+    async def send_raw(self, data: bytes) -> None:
+        """Write bytes as they are (one writer at a time). Tests use it to send malformed lines."""
+        async with self._write_lock:
+            try:
+                await self._send.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise WorkerBroken(f"{self.name}: cannot write to the worker: {exc}") from exc
+
+    async def close_input(self) -> None:
+        """Close the worker's stdin: the worker treats EOF as a shutdown request."""
+        self._closed = True
+        async with self._write_lock:
+            await self._send.aclose()
+
+
+def _summarize(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']} ({exc.error_count()} error(s))"

@@ -1,0 +1,254 @@
+"""One worker process: spawn, handshake, stderr tail, and bounded teardown of its whole process tree.
+
+A worker counts as running only after ``runtime.initialize`` succeeded. Teardown is shielded and every
+wait is bounded: ask (runtime.shutdown) -> close stdin -> wait -> SIGTERM the tree -> wait -> SIGKILL.
+trio reaps the worker itself; psutil only finds and signals descendants.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+import trio
+
+from protocol import (
+    DEFAULT_MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
+    InitializeParams,
+    InitializeResult,
+    Method,
+    PeerInfo,
+    RuntimeEnv,
+)
+
+from .connection import WorkerBroken, WorkerConnection, WorkerError
+
+log = logging.getLogger("codesdk.supervisor.worker")
+
+#: Bytes of worker stderr kept for crash reports.
+STDERR_TAIL_BYTES = 64 * 1024
+#: Seconds a new worker has to answer runtime.initialize (cold Python start is ~0.3 s).
+HANDSHAKE_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    exit_code: int | None  # None when ended by a signal
+    signal: int | None
+
+    @classmethod
+    def from_returncode(cls, returncode: int) -> ExitStatus:
+        return cls(None, -returncode) if returncode < 0 else cls(returncode, None)
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            try:
+                name = signal.Signals(self.signal).name
+            except ValueError:
+                name = str(self.signal)
+            return f"killed by signal {name}"
+        return f"exited with code {self.exit_code}"
+
+    def to_json_obj(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"exit_code": self.exit_code}
+        if self.signal is not None:
+            try:
+                out["signal"] = signal.Signals(self.signal).name
+            except ValueError:
+                out["signal"] = self.signal
+        return out
+
+
+class StderrTail:
+    """Keeps the last ``limit`` bytes of a stream and mirrors lines to the log."""
+
+    def __init__(self, limit: int = STDERR_TAIL_BYTES) -> None:
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+        self.limit = limit
+
+    def add(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._size += len(data)
+        while self._size - len(self._chunks[0]) >= self.limit:
+            self._size -= len(self._chunks.popleft())
+
+    def text(self) -> str:
+        return b"".join(self._chunks)[-self.limit:].decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    cwd: str | None = None
+    name: str = "worker"
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    runtime_env: RuntimeEnv | None = None
+
+
+class WorkerProcess:
+    """A running, initialized worker. Create with ``await WorkerProcess.start(nursery, spec)``."""
+
+    def __init__(self, spec: WorkerSpec, process: trio.Process, connection: WorkerConnection) -> None:
+        self.spec = spec
+        self.process = process
+        self.connection = connection
+        self.stderr = StderrTail()
+        self.info: InitializeResult | None = None
+        self.exited = trio.Event()
+        self.exit_status: ExitStatus | None = None
+        self.stopping = False
+
+    @property
+    def pid(self) -> int:
+        return int(self.process.pid)
+
+    @classmethod
+    async def start(cls, nursery: trio.Nursery, spec: WorkerSpec,
+                    handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> WorkerProcess:
+        """Spawn the worker in its own session, start its reader tasks, and complete the handshake."""
+        process: trio.Process = await nursery.start(_run_worker_process, spec)
+        assert process.stdin is not None and process.stdout is not None
+        worker = cls(spec, process, WorkerConnection(process.stdin, process.stdout, spec.max_frame_bytes, spec.name))
+        nursery.start_soon(worker._watch)
+        try:
+            with trio.fail_after(handshake_timeout_s):
+                result = await worker.connection.request(Method.INITIALIZE, InitializeParams(
+                    protocol_version=PROTOCOL_VERSION,
+                    supervisor=PeerInfo(name="codesdk-supervisor", version="0.1.0"),
+                    env=spec.runtime_env,
+                ).to_json_obj())
+            worker.info = InitializeResult.model_validate(result)
+        except (WorkerError, trio.TooSlowError, ValueError) as exc:
+            with trio.CancelScope(shield=True):
+                await worker.kill()
+                await worker.exited.wait()
+            tail = worker.stderr.text().strip()
+            raise WorkerStartError(
+                f"{spec.name}: worker failed its handshake ({type(exc).__name__}: {exc})"
+                + (f"; stderr: {tail[-2000:]}" if tail else "")
+            ) from exc
+        return worker
+
+    async def _watch(self) -> None:
+        """Read stdout and stderr until both end, then record how the process exited."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.connection.run_reader)
+            nursery.start_soon(self._pump_stderr)
+        returncode = await self.process.wait()
+        self.exit_status = ExitStatus.from_returncode(returncode)
+        self.exited.set()
+
+    async def _pump_stderr(self) -> None:
+        assert self.process.stderr is not None
+        pending = b""
+        try:
+            async for chunk in self.process.stderr:
+                self.stderr.add(chunk)
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    log.debug("%s stderr: %s", self.spec.name, line.decode("utf-8", "replace"))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async def shutdown(self, grace_s: float = 5.0) -> ExitStatus:
+        """Ask nicely, then insist. Shielded: finishes even if the caller is being cancelled."""
+        self.stopping = True
+        with trio.CancelScope(shield=True):
+            if not self.exited.is_set():
+                with trio.move_on_after(grace_s / 2):
+                    try:
+                        await self.connection.request(Method.SHUTDOWN)
+                    except WorkerError:
+                        pass
+                try:
+                    await self.connection.close_input()
+                except (WorkerError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    pass
+                with trio.move_on_after(grace_s):
+                    await self.exited.wait()
+            await self.kill()
+            await self.exited.wait()
+        assert self.exit_status is not None
+        return self.exit_status
+
+    async def kill(self, term_grace_s: float = 2.0) -> None:
+        """SIGTERM the worker's process tree, then SIGKILL whatever is left. Shielded, bounded."""
+        with trio.CancelScope(shield=True):
+            tree = _process_tree(self.pid)
+            if not self.exited.is_set() or any(_alive(p) for p in tree):
+                _signal_tree(self.pid, tree, signal.SIGTERM)
+                with trio.move_on_after(term_grace_s):
+                    while not self.exited.is_set() or any(_alive(p) for p in tree):
+                        await trio.sleep(0.02)
+                _signal_tree(self.pid, tree, signal.SIGKILL)
+
+    async def wait_exit(self) -> ExitStatus:
+        await self.exited.wait()
+        assert self.exit_status is not None
+        return self.exit_status
+
+
+class WorkerStartError(WorkerBroken):
+    """A worker could not be started or did not complete its handshake."""
+
+
+async def _run_worker_process(spec: WorkerSpec, task_status: trio.TaskStatus[trio.Process]) -> None:
+    async def deliver_cancel(process: trio.Process) -> None:
+        tree = _process_tree(process.pid)
+        _signal_tree(process.pid, tree, signal.SIGTERM)
+        await trio.sleep(2.0)
+        _signal_tree(process.pid, tree, signal.SIGKILL)
+
+    await trio.run_process(
+        list(spec.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=dict(spec.env), cwd=spec.cwd, check=False, start_new_session=True,
+        deliver_cancel=deliver_cancel, task_status=task_status,
+    )
+
+
+def _process_tree(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _signal_tree(pid: int, descendants: list[psutil.Process], sig: signal.Signals) -> None:
+    """Signal the worker's process group (it leads its own session) and every known descendant."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for child in descendants:
+        try:
+            child.send_signal(sig)
+        except psutil.Error:
+            pass
+
+
+def worker_argv(*extra: str) -> list[str]:
+    """How to start ``codesdk-worker`` with the same interpreter/venv as this process."""
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "codesdk-worker"
+    base = [str(script)] if script.exists() else [sys.executable, "-m", "worker.main"]
+    return base + list(extra)

@@ -1,0 +1,439 @@
+"""The worker's stdio JSON-RPC server: one reader, one writer, one owner nursery for running tasks.
+
+Requests are parsed with the protocol framer and dispatched with jsonrpcserver (synchronous handlers
+that only validate and schedule). Responses and ``runtime.event`` notifications share one bounded
+outgoing channel drained by a single writer, so lines never interleave and a slow supervisor
+backpressures the runtimes instead of growing a queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from jsonrpcserver import Error, InvalidParams, Success, dispatch_to_serializable
+from pydantic import ValidationError
+
+from protocol import (
+    DEFAULT_MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
+    Ack,
+    BadFrame,
+    ErrorCode,
+    EventType,
+    GetAuthStatusParams,
+    InitializeParams,
+    InitializeResult,
+    LineFramer,
+    Method,
+    Model,
+    Notification,
+    PeerInfo,
+    RuntimeEventParams,
+    RuntimeInfo,
+    RuntimeOffer,
+    SendToolDeniedParams,
+    SendToolResultParams,
+    StartTaskParams,
+    StartTaskResult,
+    StopParams,
+    TaskFailureCode,
+    WorkerEvent,
+    decode_json,
+    encode_message,
+    error_response,
+)
+
+from .adapters.base import AdapterRegistry, StartTaskRefused, TaskHandle, TaskOutcome, UnknownToolCall
+
+log = logging.getLogger("codesdk.worker")
+
+WORKER_NAME = "codesdk-worker"
+WORKER_VERSION = "0.1.0"
+
+#: Outgoing lines buffered before emitters wait for the writer. Bounded so a flooding runtime
+#: slows down instead of exhausting memory when the supervisor reads slowly.
+OUTGOING_BUFFER_LINES = 256
+
+#: Bytes per read from stdin.
+READ_CHUNK_BYTES = 64 * 1024
+
+RpcResult = Any  # the Either value jsonrpcserver handlers return
+
+
+class TaskEnded(RuntimeError):
+    """An adapter tried to emit after its task's terminal event."""
+
+
+@dataclass
+class _Deferred:
+    """A handler result that needs awaiting; the reader answers when it completes."""
+
+    run: Callable[[], Awaitable[Model]]
+
+
+@dataclass
+class _RunningTask:
+    params: StartTaskParams
+    server: WorkerServer
+    runtime: RuntimeInfo
+    handle: TaskHandle | None = None
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    n: int = 0
+    ended: bool = False
+    stop_reason: str | None = None
+
+    @property
+    def task_id(self) -> str:
+        return self.params.task_id
+
+    # TaskIO -------------------------------------------------------------------------------------
+
+    async def emit(self, event_type: EventType, payload: Model | dict[str, Any]) -> None:
+        if self.ended:
+            raise TaskEnded(f"task {self.task_id} already ended; {event_type} not sent")
+        await self._send(event_type, payload)
+
+    async def _send(self, event_type: EventType, payload: Model | dict[str, Any]) -> None:
+        event = WorkerEvent(type=event_type, runtime=self.runtime, payload=payload)  # type: ignore[arg-type]
+        self.n += 1
+        params = RuntimeEventParams(task_id=self.task_id, n=self.n, event=event)
+        await self.server.send_line(encode_message(Notification(method=Method.EVENT, params=params.to_json_obj())))
+
+    async def flush(self) -> None:
+        await self.server.flush()
+
+    async def write_raw(self, data: bytes) -> None:
+        await self.server.send_line(data)
+
+    def set_runtime_session_id(self, runtime_session_id: str) -> None:
+        self.runtime = self.runtime.model_copy(update={"runtime_session_id": runtime_session_id})
+
+    def set_model(self, model: str) -> None:
+        self.runtime = self.runtime.model_copy(update={"model": model})
+
+    async def finish(self, outcome: TaskOutcome) -> None:
+        """Emit the task's one terminal event."""
+        if outcome.completed is not None:
+            event_type, payload = EventType.TASK_COMPLETED, outcome.completed
+        elif outcome.failed is not None:
+            event_type, payload = EventType.TASK_FAILED, outcome.failed
+        else:
+            event_type = EventType.TASK_STOPPED
+            payload = outcome.stopped or TaskOutcome.stop(self.stop_reason or "stopped").stopped  # type: ignore[assignment]
+        self.ended = True
+        await self._send(event_type, payload)  # type: ignore[arg-type]
+
+
+@dataclass
+class WorkerStats:
+    requests: int = 0
+    bad_frames: int = 0
+    tasks_started: int = 0
+    events_sent: int = 0
+
+
+class WorkerServer:
+    def __init__(self, registry: AdapterRegistry, output: trio.abc.SendStream,
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.registry = registry
+        self.output = output
+        self.max_frame_bytes = max_frame_bytes
+        self.stats = WorkerStats()
+        self.initialized = False
+        self.shutting_down = False
+        self.tasks: dict[str, _RunningTask] = {}
+        self._out_send, self._out_recv = trio.open_memory_channel[bytes | trio.Event](OUTGOING_BUFFER_LINES)
+        self._after_response: list[Callable[[], None]] = []
+        self._read_scope = trio.CancelScope()
+        self._tasks_nursery: trio.Nursery | None = None
+        self._aux_nursery: trio.Nursery | None = None
+        self._methods: dict[str, Callable[..., RpcResult]] = {
+            Method.INITIALIZE: self._initialize,
+            Method.GET_AUTH_STATUS: self._get_auth_status,
+            Method.START_TASK: self._start_task,
+            Method.SEND_TOOL_RESULT: self._send_tool_result,
+            Method.SEND_TOOL_DENIED: self._send_tool_denied,
+            Method.STOP: self._stop,
+            Method.SHUTDOWN: self._shutdown,
+        }
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def serve(self, stdin: trio.abc.ReceiveStream) -> None:
+        """Serve until stdin closes or runtime.shutdown; end every task; drain output; return."""
+        async with trio.open_nursery() as outer:
+            outer.start_soon(self._writer, outer.cancel_scope)
+            # tasks outside aux: cancelling aux (pending deferred answers) must not cancel the tasks,
+            # which still have to emit their terminal events.
+            async with trio.open_nursery() as tasks, trio.open_nursery() as aux:
+                self._aux_nursery, self._tasks_nursery = aux, tasks
+                with self._read_scope:
+                    await self._read_loop(stdin)
+                self.shutting_down = True
+                for task in list(self.tasks.values()):
+                    self._request_stop(task, "worker shutting down", grace_s=0.0)
+                aux.cancel_scope.cancel()
+            await self._out_send.aclose()  # the writer drains what is queued, then ends
+        log.info("worker exiting: %s", self.stats)
+
+    async def _read_loop(self, stdin: trio.abc.ReceiveStream) -> None:
+        framer = LineFramer(self.max_frame_bytes)
+        while True:
+            chunk = await stdin.receive_some(READ_CHUNK_BYTES)
+            items = framer.feed(chunk) if chunk else framer.close()
+            for item in items:
+                await self._handle_frame(item)
+            if not chunk:
+                log.info("stdin closed; shutting down")
+                return
+
+    async def _writer(self, outer_scope: trio.CancelScope) -> None:
+        try:
+            async for item in self._out_recv:
+                if isinstance(item, trio.Event):
+                    item.set()
+                else:
+                    await self.output.send_all(item)
+                    self.stats.events_sent += 1
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            log.warning("protocol output closed by the supervisor (%s); exiting", exc)
+            outer_scope.cancel()
+
+    async def send_line(self, line: bytes) -> None:
+        await self._out_send.send(line)
+
+    async def flush(self) -> None:
+        done = trio.Event()
+        await self._out_send.send(done)
+        await done.wait()
+
+    # -- dispatch -------------------------------------------------------------------------------
+
+    async def _handle_frame(self, item: bytes | BadFrame) -> None:
+        if isinstance(item, bytes):
+            value = decode_json(item)
+            if not isinstance(value, BadFrame):
+                await self._dispatch(value)
+                return
+            item = value
+        self.stats.bad_frames += 1
+        log.warning("bad frame (%s, %d bytes): %s", item.problem, item.size, item.detail)
+        await self.send_line(encode_message(error_response(item.id, item.error_code, _frame_message(item),
+                                                           {"detail": item.detail})))
+
+    async def _dispatch(self, value: Any) -> None:
+        self.stats.requests += 1
+        if isinstance(value, list):
+            msg = "batch requests are not supported by this protocol; send one object per line"
+            await self.send_line(encode_message(error_response(None, ErrorCode.INVALID_REQUEST, msg)))
+            return
+        # The line is already decoded (strictly); jsonrpcserver validates, routes and binds params.
+        response = dispatch_to_serializable("", self._methods, deserializer=lambda _text: value)
+        if response is None:  # a notification: nothing to answer
+            self._run_after_response()
+            return
+        assert isinstance(response, dict)
+        if isinstance(response.get("result"), _Deferred):
+            assert self._aux_nursery is not None
+            self._aux_nursery.start_soon(self._answer_deferred, response["id"], response["result"])
+            return
+        await self.send_line(encode_message(response))
+        self._run_after_response()
+
+    def _run_after_response(self) -> None:
+        pending, self._after_response = self._after_response, []
+        for action in pending:
+            action()
+
+    async def _answer_deferred(self, request_id: Any, deferred: _Deferred) -> None:
+        try:
+            result = await deferred.run()
+            line = {"jsonrpc": "2.0", "id": request_id, "result": result.to_json_obj()}
+        except Exception:
+            log.exception("request %r failed", request_id)
+            line = error_response(request_id, ErrorCode.INTERNAL_ERROR, "Internal error").to_json_obj()
+        await self.send_line(encode_message(line))
+
+    # -- handlers (sync: validate, schedule, answer) ---------------------------------------------
+
+    def _initialize(self, **raw: Any) -> RpcResult:
+        params = _validate(InitializeParams, raw)
+        if not isinstance(params, InitializeParams):
+            return params
+        ours, theirs = PROTOCOL_VERSION.split(".")[0], params.protocol_version.split(".")[0]
+        if ours != theirs:
+            return Error(ErrorCode.PROTOCOL_VERSION_MISMATCH,
+                         f"protocol {params.protocol_version} is not supported; this worker speaks {PROTOCOL_VERSION}",
+                         {"supported": [PROTOCOL_VERSION]})
+        self.initialized = True
+        offers = []
+        for adapter in self.registry.adapters.values():
+            availability = adapter.availability()
+            caps = adapter.capabilities()
+            offers.append(RuntimeOffer(name=adapter.name, version=caps.version, capabilities=caps,
+                                       available=availability.available,
+                                       unavailable_reason=availability.reason))
+        result = InitializeResult(protocol_version=PROTOCOL_VERSION, worker=PeerInfo(name=WORKER_NAME,
+                                  version=WORKER_VERSION), pid=os.getpid(), runtimes=tuple(offers))
+        return Success(result.to_json_obj())
+
+    def _get_auth_status(self, **raw: Any) -> RpcResult:
+        if not self.initialized:
+            return _not_initialized()
+        params = _validate(GetAuthStatusParams, raw)
+        if not isinstance(params, GetAuthStatusParams):
+            return params
+        adapter = self.registry.get(params.runtime)
+        if adapter is None:
+            return _unknown_runtime(params.runtime, self.registry)
+        return Success(_Deferred(adapter.auth_status))
+
+    def _start_task(self, **raw: Any) -> RpcResult:
+        if not self.initialized:
+            return _not_initialized()
+        if self.shutting_down:
+            return Error(ErrorCode.SHUTTING_DOWN, "the worker is shutting down; start the task on a new worker")
+        params = _validate(StartTaskParams, raw)
+        if not isinstance(params, StartTaskParams):
+            return params
+        adapter = self.registry.get(params.runtime)
+        if adapter is None:
+            return _unknown_runtime(params.runtime, self.registry)
+        availability = adapter.availability()
+        if not availability.available:
+            return Error(ErrorCode.RUNTIME_UNAVAILABLE, f"runtime {params.runtime!r} is unavailable: "
+                         f"{availability.reason}")
+        if params.task_id in self.tasks:
+            return Error(ErrorCode.DUPLICATE_TASK, f"task {params.task_id!r} is already running in this worker")
+        busy = next((t for t in self.tasks.values() if t.params.session.session_id == params.session.session_id), None)
+        if busy is not None:
+            return Error(ErrorCode.SESSION_BUSY, f"session {params.session.session_id!r} already has an active "
+                         f"task ({busy.task_id}); stop it or wait for it to end", {"active_task_id": busy.task_id})
+        task = _RunningTask(params=params, server=self, runtime=RuntimeInfo(name=adapter.name))
+        try:
+            task.handle = adapter.start_task(params, task)
+        except StartTaskRefused as exc:
+            return Error(exc.code, exc.message, exc.data)
+        self.tasks[params.task_id] = task
+        self.stats.tasks_started += 1
+        # Started only after the response is queued, so the supervisor sees "accepted" before any event.
+        self._after_response.append(lambda: self._spawn(task))
+        return Success(StartTaskResult(task_id=params.task_id,
+                                       runtime_session_id=task.runtime.runtime_session_id).to_json_obj())
+
+    def _spawn(self, task: _RunningTask) -> None:
+        assert self._tasks_nursery is not None
+        self._tasks_nursery.start_soon(self._run_task, task, name=f"task:{task.task_id}")
+
+    async def _run_task(self, task: _RunningTask) -> None:
+        assert task.handle is not None
+        outcome: TaskOutcome | None = None
+        try:
+            with task.scope:
+                outcome = await task.handle.run()
+        except TaskEnded:
+            log.exception("adapter emitted after the end of task %s", task.task_id)
+        except Exception as exc:
+            log.exception("task %s: runtime adapter raised", task.task_id)
+            outcome = TaskOutcome.failure(TaskFailureCode.RUNTIME_ERROR, f"runtime adapter error: "
+                                          f"{type(exc).__name__}: {exc}", retryable=False)
+        if outcome is None:  # cancelled by force after a stop request's grace period
+            outcome = TaskOutcome.stop(task.stop_reason or "stopped")
+        try:
+            if not task.ended:
+                await task.finish(outcome)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self.tasks.pop(task.task_id, None)
+
+    def _task_or_error(self, task_id: str) -> _RunningTask | RpcResult:
+        task = self.tasks.get(task_id)
+        if task is None or task.ended:
+            return Error(ErrorCode.UNKNOWN_TASK, f"no active task {task_id!r} in this worker")
+        return task
+
+    def _send_tool_result(self, **raw: Any) -> RpcResult:
+        return self._answer_tool(SendToolResultParams, raw)
+
+    def _send_tool_denied(self, **raw: Any) -> RpcResult:
+        return self._answer_tool(SendToolDeniedParams, raw)
+
+    def _answer_tool(self, model: type[SendToolResultParams] | type[SendToolDeniedParams],
+                     raw: dict[str, Any]) -> RpcResult:
+        if not self.initialized:
+            return _not_initialized()
+        params = _validate(model, raw)
+        if not isinstance(params, model):
+            return params
+        task = self._task_or_error(params.task_id)
+        if not isinstance(task, _RunningTask):
+            return task
+        assert task.handle is not None
+        try:
+            if isinstance(params, SendToolResultParams):
+                task.handle.send_tool_result(params.tool_call_id, params.result, params.is_error)
+            else:
+                task.handle.send_tool_denied(params.tool_call_id, params.reason)
+        except UnknownToolCall:
+            return Error(ErrorCode.UNKNOWN_TOOL_CALL, f"task {params.task_id!r} has no pending tool call "
+                         f"{params.tool_call_id!r} (unknown or already answered)")
+        return Success(Ack().to_json_obj())
+
+    def _stop(self, **raw: Any) -> RpcResult:
+        if not self.initialized:
+            return _not_initialized()
+        params = _validate(StopParams, raw)
+        if not isinstance(params, StopParams):
+            return params
+        task = self._task_or_error(params.task_id)
+        if not isinstance(task, _RunningTask):
+            return task
+        assert task.handle is not None
+        self._request_stop(task, params.reason or "stop requested", grace_s=task.handle.stop_grace_s)
+        return Success(Ack().to_json_obj())
+
+    def _request_stop(self, task: _RunningTask, reason: str, grace_s: float) -> None:
+        """Ask cooperatively; cancel by force once ``grace_s`` has passed (the scope's deadline)."""
+        task.stop_reason = task.stop_reason or reason
+        assert task.handle is not None
+        task.handle.stop(reason)
+        task.scope.deadline = min(task.scope.deadline, trio.current_time() + grace_s)
+
+    def _shutdown(self, **raw: Any) -> RpcResult:
+        if raw:
+            return InvalidParams({"detail": "runtime.shutdown takes no params"})
+        self.shutting_down = True
+        self._after_response.append(self._read_scope.cancel)
+        return Success(Ack().to_json_obj())
+
+
+def _validate(model: type[Model], raw: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        errors = [{"loc": ".".join(str(p) for p in err["loc"]), "msg": err["msg"], "type": err["type"]}
+                  for err in exc.errors(include_url=False)]
+        return InvalidParams({"errors": errors})
+
+
+def _not_initialized() -> RpcResult:
+    return Error(ErrorCode.NOT_INITIALIZED, "call runtime.initialize first")
+
+
+def _unknown_runtime(name: str, registry: AdapterRegistry) -> RpcResult:
+    return Error(ErrorCode.UNKNOWN_RUNTIME, f"unknown runtime {name!r}",
+                 {"known": sorted(registry.adapters)})
+
+
+def _frame_message(frame: BadFrame) -> str:
+    return {
+        ErrorCode.PARSE_ERROR: "Parse error",
+        ErrorCode.INVALID_REQUEST: "Invalid Request",
+        ErrorCode.FRAME_TOO_LARGE: "Frame too large",
+    }[frame.error_code]

@@ -1,0 +1,48 @@
+"""Pending tool calls of one task: a runtime waits, the supervisor's answer wakes it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from .adapters.base import UnknownToolCall
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """The supervisor's answer to one tool call: a result (maybe an error) or a denial."""
+
+    result: Any = None
+    is_error: bool = False
+    denied: bool = False
+    reason: str | None = None
+
+
+class PendingToolCalls:
+    """Tool calls that were requested and not yet answered. Each call is answered at most once."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, trio.Event] = {}
+        self._answers: dict[str, ToolOutcome] = {}
+
+    def expect(self, tool_call_id: str) -> None:
+        if tool_call_id in self._waiting or tool_call_id in self._answers:
+            raise ValueError(f"tool call {tool_call_id!r} is already known in this task")
+        self._waiting[tool_call_id] = trio.Event()
+
+    def answer(self, tool_call_id: str, outcome: ToolOutcome) -> None:
+        event = self._waiting.get(tool_call_id)
+        if event is None or event.is_set():
+            raise UnknownToolCall(f"no pending tool call {tool_call_id!r}")
+        self._answers[tool_call_id] = outcome
+        event.set()
+
+    async def wait(self, tool_call_id: str) -> ToolOutcome:
+        await self._waiting[tool_call_id].wait()
+        del self._waiting[tool_call_id]
+        return self._answers[tool_call_id]
+
+    def pending(self) -> list[str]:
+        return [call for call, event in self._waiting.items() if not event.is_set()]

@@ -1,0 +1,15 @@
+"""Runtime adapters the worker can host."""
+
+from pathlib import Path
+
+from .base import AdapterRegistry, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
+from .scripted import ScriptedAdapter
+
+__all__ = ["AdapterRegistry", "RuntimeAdapter", "ScriptedAdapter", "StartTaskRefused", "TaskHandle", "TaskIO",
+           "TaskOutcome", "default_registry"]
+
+
+def default_registry(scenario_dir: Path | None = None) -> AdapterRegistry:
+    registry = AdapterRegistry()
+    registry.add(ScriptedAdapter(scenario_dir))
+    return registry

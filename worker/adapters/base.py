@@ -1,0 +1,142 @@
+"""The duplex runtime-adapter interface every runtime (scripted, claude, codex, ACP, ...) implements.
+
+An adapter describes a runtime (capabilities, availability, auth) and opens tasks. A task handle is
+duplex: events flow out through ``TaskIO.emit``; tool results, denials and stop flow in through the
+handle's methods. The worker, not the adapter, emits the one terminal event from ``run()``'s outcome.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from protocol import (
+    AuthStatus,
+    EventType,
+    Model,
+    RuntimeCapabilities,
+    SessionRef,
+    StartTaskParams,
+    TaskCompleted,
+    TaskFailed,
+    TaskStopped,
+)
+
+
+class StartTaskRefused(Exception):
+    """The adapter can't start this task; ``code`` is the JSON-RPC error code to answer with."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+class UnknownToolCall(LookupError):
+    """A tool result/denial named a call that isn't waiting for one."""
+
+
+class TaskIO(Protocol):
+    """What the worker gives a task to talk back with."""
+
+    async def emit(self, event_type: EventType, payload: Model | dict[str, Any]) -> None:
+        """Send one event (backpressured). Raises TaskEnded after the task's terminal event."""
+
+    async def flush(self) -> None:
+        """Wait until everything emitted so far has been written to the wire."""
+
+    async def write_raw(self, data: bytes) -> None:
+        """Write bytes on the protocol stream as they are (fault injection only)."""
+
+    def set_runtime_session_id(self, runtime_session_id: str) -> None:
+        """Record the runtime's own session id; later events carry it."""
+
+    def set_model(self, model: str) -> None:
+        """Record the model in use; later events carry it."""
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """How ``TaskHandle.run`` ended. Exactly one of completed/failed/stopped."""
+
+    completed: TaskCompleted | None = None
+    failed: TaskFailed | None = None
+    stopped: TaskStopped | None = None
+
+    @classmethod
+    def stop(cls, reason: str) -> TaskOutcome:
+        return cls(stopped=TaskStopped(reason=reason, requested_by="supervisor"))
+
+    @classmethod
+    def success(cls, stop_reason: str = "end_turn", result_preview: str = "") -> TaskOutcome:
+        return cls(completed=TaskCompleted(stop_reason=stop_reason, result_preview=result_preview))
+
+    @classmethod
+    def failure(cls, code: str, message: str, retryable: bool = False, **details: Any) -> TaskOutcome:
+        return cls(failed=TaskFailed(code=code, message=message, retryable=retryable, details=details))
+
+
+class TaskHandle(ABC):
+    """One running task inside a runtime."""
+
+    @abstractmethod
+    async def run(self) -> TaskOutcome:
+        """Drive the runtime until it completes or fails. Cancelled by the worker on forced stop."""
+
+    @abstractmethod
+    def send_tool_result(self, tool_call_id: str, result: Any, is_error: bool = False) -> None:
+        """Deliver a tool result. Raises UnknownToolCall if no such call is pending."""
+
+    @abstractmethod
+    def send_tool_denied(self, tool_call_id: str, reason: str) -> None:
+        """Deliver a denial. Raises UnknownToolCall if no such call is pending."""
+
+    @abstractmethod
+    def stop(self, reason: str | None) -> None:
+        """Ask the runtime to stop (cooperative; the worker cancels ``run`` after a grace period)."""
+
+    #: Seconds the worker waits after ``stop`` before cancelling ``run`` by force.
+    stop_grace_s: float = 2.0
+
+
+@dataclass
+class Availability:
+    available: bool = True
+    reason: str | None = None
+
+
+class RuntimeAdapter(ABC):
+    """A runtime the worker can host."""
+
+    name: str
+
+    @abstractmethod
+    def capabilities(self) -> RuntimeCapabilities: ...
+
+    def availability(self) -> Availability:
+        """Whether the runtime can run here at all (binary present, ...). Cheap; no network."""
+        return Availability()
+
+    @abstractmethod
+    async def auth_status(self) -> AuthStatus: ...
+
+    async def create_session(self, session: SessionRef) -> str | None:
+        """Create or resume a runtime-side session; returns its id. Optional."""
+        return session.runtime_session_id
+
+    @abstractmethod
+    def start_task(self, params: StartTaskParams, io: TaskIO) -> TaskHandle:
+        """Validate and prepare a task (no waiting). Raise StartTaskRefused to refuse it."""
+
+
+@dataclass
+class AdapterRegistry:
+    adapters: dict[str, RuntimeAdapter] = field(default_factory=dict)
+
+    def add(self, adapter: RuntimeAdapter) -> None:
+        self.adapters[adapter.name] = adapter
+
+    def get(self, name: str) -> RuntimeAdapter | None:
+        return self.adapters.get(name)

@@ -1,0 +1,189 @@
+"""Scenario files for the scripted runtime: a small JSON language of steps, validated by pydantic.
+
+A scenario is ``{"name", "description"?, "model"?, "steps": [step, ...]}``; each step is an object with
+exactly one of the keys below. Text may quote earlier answers: ``{{prompt}}`` (last user message),
+``{{result:<call id>}}`` and ``{{denied:<call id>}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+SCENARIO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
+
+
+class _Step(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TextStep(_Step):
+    """Stream text as model.output.delta chunks, then model.output.completed."""
+
+    text: str
+    chunk_size: int = Field(default=16, ge=1)
+    delay_s: float = Field(default=0.0, ge=0)
+
+
+class CodeStep(_Step):
+    code: str
+    language: str | None = None
+    chunk_size: int = Field(default=32, ge=1)
+
+
+class ThinkingStep(_Step):
+    thinking: str
+
+
+class ToolCallSpec(_Step):
+    id: str = Field(min_length=1, max_length=120)
+    name: str
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolCallsStep(_Step):
+    """Request these calls at once (parallel) and wait for every answer.
+
+    If any call is denied (or, with ``on_error``, fails), the branch's steps replace the rest.
+    """
+
+    tool_calls: tuple[ToolCallSpec, ...] = Field(min_length=1)
+    on_denied: tuple[Step, ...] | None = None
+    on_error: tuple[Step, ...] | None = None
+
+
+class UsageStep(_Step):
+    usage: dict[str, int]
+
+
+class CompleteStep(_Step):
+    complete: dict[str, str] = Field(default_factory=dict)
+
+
+class FailStep(_Step):
+    fail: dict[str, Any]
+
+
+class SleepStep(_Step):
+    sleep: float = Field(ge=0)
+
+
+class HangStep(_Step):
+    """Wait forever (until stopped; with ignore_stop, until the worker cancels by force)."""
+
+    hang: Literal[True]
+
+
+class IgnoreStopStep(_Step):
+    """From here on, a stop request is ignored: the scenario keeps playing."""
+
+    ignore_stop: Literal[True]
+
+
+class CrashSpec(_Step):
+    exit_code: int | None = Field(default=None, ge=0, le=255)
+    signal: str | None = None
+
+    @field_validator("signal")
+    @classmethod
+    def _known_signal(cls, value: str | None) -> str | None:
+        if value is not None and not hasattr(signal, value):
+            raise ValueError(f"unknown signal {value!r} (use a name such as SIGKILL)")
+        return value
+
+
+class CrashStep(_Step):
+    """Flush what was emitted, then end the whole worker process with an exit code or a signal."""
+
+    crash: CrashSpec
+
+
+class FloodStep(_Step):
+    """Emit ``count`` small deltas as fast as the pipe takes them."""
+
+    flood: int = Field(ge=1, le=10_000_000)
+    delta: str = "x"
+
+
+class MalformedLineStep(_Step):
+    """Write a line that is not JSON on the protocol stream."""
+
+    malformed_line: str = "this is not json"
+
+
+class OversizedLineStep(_Step):
+    """Write one line of this many bytes (to exceed the reader's frame limit)."""
+
+    oversized_line: int = Field(ge=1, le=256 * 1024 * 1024)
+
+
+class EchoPromptStep(_Step):
+    echo_prompt: Literal[True]
+
+
+Step = Annotated[
+    TextStep
+    | CodeStep
+    | ThinkingStep
+    | ToolCallsStep
+    | UsageStep
+    | CompleteStep
+    | FailStep
+    | SleepStep
+    | HangStep
+    | IgnoreStopStep
+    | CrashStep
+    | FloodStep
+    | MalformedLineStep
+    | OversizedLineStep
+    | EchoPromptStep,
+    Field(union_mode="left_to_right"),
+]
+
+ToolCallsStep.model_rebuild()
+
+
+class Scenario(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    description: str = ""
+    model: str = "scripted-1"
+    steps: tuple[Step, ...]
+
+
+class ScenarioError(ValueError):
+    """A scenario can't be found or doesn't validate; the message says which and where."""
+
+
+def default_scenario_dir() -> Path:
+    """``fixtures/scenarios`` of the source tree this package was installed from."""
+    return Path(__file__).resolve().parents[2] / "fixtures" / "scenarios"
+
+
+def load_scenario(name: str, directory: Path) -> Scenario:
+    if not SCENARIO_NAME.match(name):
+        raise ScenarioError(f"invalid scenario name {name!r}: use letters, digits, '-' and '_'")
+    path = directory / f"{name}.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        known = sorted(p.stem for p in directory.glob("*.json")) if directory.is_dir() else []
+        raise ScenarioError(f"no scenario {name!r} in {directory}; known: {', '.join(known) or 'none'}") from None
+    except (OSError, ValueError) as exc:
+        raise ScenarioError(f"cannot read scenario {path}: {exc}") from None
+    return parse_scenario(raw, source=str(path))
+
+
+def parse_scenario(raw: Any, source: str = "inline scenario") -> Scenario:
+    try:
+        return Scenario.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ScenarioError(f"{source}: {where}: {first['msg']} ({exc.error_count()} problem(s))") from None

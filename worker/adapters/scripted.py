@@ -1,0 +1,314 @@
+"""The scripted runtime: plays a scenario file as if a model were answering.
+
+It needs no credentials and no network, so it is the embedded default and the reference every real
+adapter follows: stream deltas with stable block ids, request tool calls and wait for the supervisor's
+answers, branch on denial, report usage, complete. Fault steps (crash, hang, flood, bad lines) exist so
+the supervisor's failure handling can be tested against a real process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from protocol import (
+    AuthState,
+    AuthStatus,
+    BlockKind,
+    CancellationSupport,
+    ErrorCode,
+    EventType,
+    InteractionMode,
+    IsolationMode,
+    Message,
+    ModelOutputCompleted,
+    ModelOutputDelta,
+    Role,
+    RuntimeCapabilities,
+    RuntimeRequestCompleted,
+    RuntimeRequestStarted,
+    SessionRef,
+    StartTaskParams,
+    ToolCallRequested,
+    ToolRouting,
+    UsageReported,
+    canonical_hash,
+)
+
+from .._tool_calls import PendingToolCalls, ToolOutcome
+from .base import RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
+from .scenario import (
+    CodeStep,
+    CompleteStep,
+    CrashStep,
+    EchoPromptStep,
+    FailStep,
+    FloodStep,
+    HangStep,
+    IgnoreStopStep,
+    MalformedLineStep,
+    OversizedLineStep,
+    Scenario,
+    ScenarioError,
+    SleepStep,
+    Step,
+    TextStep,
+    ThinkingStep,
+    ToolCallsStep,
+    UsageStep,
+    default_scenario_dir,
+    load_scenario,
+    parse_scenario,
+)
+
+VERSION = "1.0"
+DEFAULT_SCENARIO = "echo"
+
+
+class ScriptedAdapter(RuntimeAdapter):
+    name = "scripted"
+
+    def __init__(self, scenario_dir: Path | None = None) -> None:
+        self.scenario_dir = scenario_dir or default_scenario_dir()
+
+    def capabilities(self) -> RuntimeCapabilities:
+        return RuntimeCapabilities(
+            name=self.name,
+            version=VERSION,
+            isolation_modes=(IsolationMode.IN_PROCESS,),
+            requires_auth=False,
+            auth_methods=("none",),
+            streaming_text=True,
+            streaming_thinking=True,
+            tool_calls=True,
+            parallel_tool_calls=True,
+            tool_routing=(ToolRouting.IN_BAND,),
+            interaction_modes=tuple(InteractionMode),
+            session_create=True,
+            session_resume=True,
+            transcript_input=True,
+            cancellation=CancellationSupport.COOPERATIVE,
+            usage_reporting=True,
+            models=("scripted-1",),
+            default_model="scripted-1",
+        )
+
+    async def auth_status(self) -> AuthStatus:
+        return AuthStatus(runtime=self.name, state=AuthState.NOT_REQUIRED, method="none",
+                          message="the scripted runtime needs no credentials")
+
+    async def create_session(self, session: SessionRef) -> str | None:
+        return session.runtime_session_id or f"scripted-{session.session_id}"
+
+    def start_task(self, params: StartTaskParams, io: TaskIO) -> TaskHandle:
+        config = params.runtime_config
+        try:
+            if "scenario_inline" in config:
+                scenario = parse_scenario(config["scenario_inline"])
+            else:
+                name = config.get("scenario", DEFAULT_SCENARIO)
+                if not isinstance(name, str):
+                    raise ScenarioError("runtime_config.scenario must be a scenario name (string)")
+                scenario = load_scenario(name, self.scenario_dir)
+        except ScenarioError as exc:
+            raise StartTaskRefused(ErrorCode.INVALID_SCENARIO, str(exc)) from None
+        grace = config.get("stop_grace_s", ScriptedTask.stop_grace_s)
+        if not isinstance(grace, (int, float)) or grace < 0:
+            raise StartTaskRefused(ErrorCode.INVALID_PARAMS, "runtime_config.stop_grace_s must be a number >= 0")
+        io.set_runtime_session_id(params.session.runtime_session_id or f"scripted-{params.session.session_id}")
+        io.set_model(scenario.model)
+        return ScriptedTask(scenario, params, io, float(grace))
+
+
+class _Template:
+    """Fills ``{{prompt}}``, ``{{result:id}}`` and ``{{denied:id}}`` from what the task has seen."""
+
+    def __init__(self, prompt: str) -> None:
+        self.values: dict[str, str] = {"prompt": prompt}
+
+    def record(self, call_id: str, outcome: ToolOutcome) -> None:
+        if outcome.denied:
+            self.values[f"denied:{call_id}"] = outcome.reason or "denied"
+        else:
+            result = outcome.result
+            self.values[f"result:{call_id}"] = result if isinstance(result, str) else json.dumps(result)
+
+    def render(self, text: str) -> str:
+        for key, value in self.values.items():
+            text = text.replace("{{" + key + "}}", value)
+        return text
+
+
+def _last_user_text(messages: tuple[Message, ...]) -> str:
+    for message in reversed(messages):
+        if message.role == Role.USER:
+            return message.text()
+    return ""
+
+
+class ScriptedTask(TaskHandle):
+    def __init__(self, scenario: Scenario, params: StartTaskParams, io: TaskIO, stop_grace_s: float) -> None:
+        self.scenario = scenario
+        self.params = params
+        self.io = io
+        self.stop_grace_s = stop_grace_s
+        self.tools = PendingToolCalls()
+        self.template = _Template(_last_user_text(params.messages))
+        self._block_counter = 0
+        self._request_counter = 0
+        self._in_request: str | None = None
+        self._ignore_stop = False
+        self._scope = trio.CancelScope()
+        self._stop_reason: str | None = None
+
+    # -- inputs ---------------------------------------------------------------------------------
+
+    def send_tool_result(self, tool_call_id: str, result: Any, is_error: bool = False) -> None:
+        self.tools.answer(tool_call_id, ToolOutcome(result=result, is_error=is_error))
+
+    def send_tool_denied(self, tool_call_id: str, reason: str) -> None:
+        self.tools.answer(tool_call_id, ToolOutcome(denied=True, reason=reason))
+
+    def stop(self, reason: str | None) -> None:
+        self._stop_reason = reason or "stop requested"
+        if not self._ignore_stop:
+            self._scope.cancel()
+
+    # -- playing --------------------------------------------------------------------------------
+
+    async def run(self) -> TaskOutcome:
+        outcome: TaskOutcome | None = None
+        with self._scope:
+            outcome = await self._play(self.scenario.steps)
+        if outcome is None:  # the scope was cancelled by a cooperative stop
+            return TaskOutcome.stop(self._stop_reason or "stop requested")
+        return outcome
+
+    async def _play(self, steps: tuple[Step, ...]) -> TaskOutcome:
+        for step in steps:
+            outcome = await self._step(step)
+            if outcome is not None:
+                return outcome
+        await self._end_request("end_turn")
+        return TaskOutcome.success(result_preview=self._last_text[-200:])
+
+    _last_text = ""
+
+    async def _step(self, step: Step) -> TaskOutcome | None:  # noqa: C901 - one branch per step kind
+        match step:
+            case TextStep():
+                await self._stream_block(BlockKind.TEXT, self.template.render(step.text), step.chunk_size,
+                                         delay_s=step.delay_s)
+            case EchoPromptStep():
+                await self._stream_block(BlockKind.TEXT, self.template.values["prompt"], 16)
+            case CodeStep():
+                await self._stream_block(BlockKind.CODE, self.template.render(step.code), step.chunk_size,
+                                         language=step.language)
+            case ThinkingStep():
+                await self._stream_block(BlockKind.THINKING, step.thinking, 32)
+            case ToolCallsStep():
+                return await self._tool_calls(step)
+            case UsageStep():
+                await self.io.emit(EventType.USAGE_REPORTED, UsageReported(model=self.scenario.model, **step.usage))
+            case CompleteStep():
+                await self._end_request(step.complete.get("stop_reason", "end_turn"))
+                return TaskOutcome.success(step.complete.get("stop_reason", "end_turn"), self._last_text[-200:])
+            case FailStep():
+                await self._end_request("error")
+                fail = dict(step.fail)
+                return TaskOutcome.failure(
+                    str(fail.pop("code", "RUNTIME_ERROR")), str(fail.pop("message", "scripted failure")),
+                    bool(fail.pop("retryable", False)), **fail,
+                )
+            case SleepStep():
+                await trio.sleep(step.sleep)
+            case HangStep():
+                await trio.sleep_forever()
+            case IgnoreStopStep():
+                self._ignore_stop = True
+            case CrashStep():
+                await self.io.flush()
+                _crash(step.crash.exit_code, step.crash.signal)
+            case FloodStep():
+                block_id = self._new_block_id()
+                for index in range(step.flood):
+                    await self.io.emit(EventType.MODEL_OUTPUT_DELTA,
+                                       ModelOutputDelta(block_id=block_id, delta=step.delta, index=index))
+                await self.io.emit(EventType.MODEL_OUTPUT_COMPLETED,
+                                   ModelOutputCompleted(block_id=block_id, text=step.delta * step.flood))
+            case MalformedLineStep():
+                await self.io.write_raw(step.malformed_line.encode() + b"\n")
+            case OversizedLineStep():
+                await self.io.write_raw(b'{"pad":"' + b"x" * max(0, step.oversized_line - 10) + b'"}\n')
+        return None
+
+    def _new_block_id(self) -> str:
+        self._block_counter += 1
+        return f"{self.params.task_id}:b{self._block_counter}"
+
+    async def _begin_request(self) -> None:
+        if self._in_request is None:
+            self._request_counter += 1
+            self._in_request = f"{self.params.task_id}:r{self._request_counter}"
+            await self.io.emit(EventType.RUNTIME_REQUEST_STARTED,
+                               RuntimeRequestStarted(request_id=self._in_request, model=self.scenario.model))
+
+    async def _end_request(self, stop_reason: str) -> None:
+        if self._in_request is not None:
+            request_id, self._in_request = self._in_request, None
+            await self.io.emit(EventType.RUNTIME_REQUEST_COMPLETED,
+                               RuntimeRequestCompleted(request_id=request_id, stop_reason=stop_reason))
+
+    async def _stream_block(self, kind: BlockKind, text: str, chunk_size: int, *,
+                            language: str | None = None, delay_s: float = 0.0) -> None:
+        await self._begin_request()
+        block_id = self._new_block_id()
+        for index, start in enumerate(range(0, len(text), chunk_size)):
+            if delay_s:
+                await trio.sleep(delay_s)
+            await self.io.emit(EventType.MODEL_OUTPUT_DELTA, ModelOutputDelta(
+                block_id=block_id, kind=kind, delta=text[start:start + chunk_size], index=index, language=language))
+        await self.io.emit(EventType.MODEL_OUTPUT_COMPLETED,
+                           ModelOutputCompleted(block_id=block_id, kind=kind, text=text, language=language))
+        if kind != BlockKind.THINKING:
+            self._last_text = text
+
+    async def _tool_calls(self, step: ToolCallsStep) -> TaskOutcome | None:
+        await self._begin_request()
+        for call in step.tool_calls:
+            self.tools.expect(call.id)
+        for call in step.tool_calls:
+            await self.io.emit(EventType.TOOL_CALL_REQUESTED, ToolCallRequested(
+                tool_call_id=call.id, runtime_tool_call_id=call.id, input_hash=canonical_hash(call.input),
+                tool_name=call.name, input=call.input))
+        await self._end_request("tool_use")
+        outcomes: dict[str, ToolOutcome] = {}
+
+        async def wait_for(call_id: str) -> None:
+            outcomes[call_id] = await self.tools.wait(call_id)
+
+        async with trio.open_nursery() as nursery:
+            for call in step.tool_calls:
+                nursery.start_soon(wait_for, call.id)
+        for call in step.tool_calls:  # in request order, whatever order the answers came in
+            self.template.record(call.id, outcomes[call.id])
+        if step.on_denied is not None and any(o.denied for o in outcomes.values()):
+            return await self._play(step.on_denied)
+        if step.on_error is not None and any(o.is_error for o in outcomes.values()):
+            return await self._play(step.on_error)
+        return None
+
+
+def _crash(exit_code: int | None, signal_name: str | None) -> None:
+    """End the process abruptly, as a runtime crash would: no cleanup, no goodbye."""
+    sys.stderr.write(f"scripted runtime: crashing on purpose (exit_code={exit_code}, signal={signal_name})\n")
+    sys.stderr.flush()
+    if signal_name is not None:
+        os.kill(os.getpid(), getattr(signal, signal_name))
+    os._exit(exit_code if exit_code is not None else 1)

@@ -1,0 +1,63 @@
+"""``codesdk-worker``: entry point. Guards stdout before anything can print, then serves stdio."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from protocol import DEFAULT_MAX_FRAME_BYTES
+
+
+def _claim_stdout() -> int:
+    """Keep a private copy of fd 1 for the protocol and point fd 1 (and sys.stdout) at stderr.
+
+    After this, a stray ``print`` or a library writing to fd 1 lands in the log, never on the wire.
+    """
+    protocol_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return protocol_fd
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="codesdk-worker",
+        description="CodeSDK worker: line-delimited JSON-RPC 2.0 on stdin/stdout, logs on stderr.",
+    )
+    parser.add_argument("--max-frame-bytes", type=int, default=int(os.environ.get(
+        "CODESDK_MAX_FRAME_BYTES", DEFAULT_MAX_FRAME_BYTES)), help="largest accepted line (default 8 MiB)")
+    parser.add_argument("--scenario-dir", type=Path, default=os.environ.get("CODESDK_SCENARIO_DIR"),
+                        help="where the scripted runtime finds scenario files (default: fixtures/scenarios)")
+    parser.add_argument("--log-level", default=os.environ.get("CODESDK_LOG_LEVEL", "INFO"))
+    args = parser.parse_args(argv)
+    if args.max_frame_bytes < 1024:
+        parser.error("--max-frame-bytes must be at least 1024")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    protocol_fd = _claim_stdout()
+    args = _parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
+                        format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
+    import trio  # imported after stdout is claimed: nothing it or its deps print can reach the wire
+
+    from .adapters import default_registry
+    from ._server import WorkerServer
+
+    async def run() -> None:
+        stdin = trio.lowlevel.FdStream(os.dup(0))
+        stdout = trio.lowlevel.FdStream(protocol_fd)
+        server = WorkerServer(default_registry(args.scenario_dir), stdout, args.max_frame_bytes)
+        async with stdin, stdout:
+            await server.serve(stdin)
+
+    trio.run(run)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
