@@ -64,7 +64,8 @@ class LineFramer:
         self._discarding = False  # inside an over-long line, dropping bytes until its newline
         self._discarded = 0
 
-    def feed(self, data: bytes) -> list[bytes | BadFrame]:
+    def feed(self, data: bytes | bytearray) -> list[bytes | BadFrame]:
+        data = bytes(data)
         out: list[bytes | BadFrame] = []
         start = 0
         while start < len(data):
@@ -121,6 +122,13 @@ def _reject_constant(name: str) -> Any:
     raise _JsonRejected(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise _JsonRejected(f"number {text[:40]} overflows a double")
+    return value
+
+
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result = dict(pairs)
     if len(result) != len(pairs):
@@ -160,7 +168,8 @@ def decode_json(line: bytes) -> Any | BadFrame:
     except UnicodeDecodeError as exc:
         return BadFrame(FrameProblem.NOT_UTF8, f"not UTF-8: {exc.reason} at byte {exc.start}", len(line))
     try:
-        value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicate_keys)
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
+                           object_pairs_hook=_no_duplicate_keys)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, _JsonRejected, int limits, nesting
         detail = "nesting too deep" if isinstance(exc, RecursionError) else str(exc)
         return BadFrame(FrameProblem.INVALID_JSON, f"invalid JSON: {detail}", len(line))
@@ -186,7 +195,7 @@ class MessageReader:
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self._framer = LineFramer(max_frame_bytes)
 
-    def feed(self, data: bytes) -> list[JsonRpcMessage | BadFrame]:
+    def feed(self, data: bytes | bytearray) -> list[JsonRpcMessage | BadFrame]:
         return [self._decode(item) for item in self._framer.feed(data)]
 
     def close(self) -> list[JsonRpcMessage | BadFrame]:

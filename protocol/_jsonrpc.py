@@ -9,7 +9,7 @@ from pydantic import Field, ValidationError
 
 from ._base import Model
 from ._events import WorkerEvent
-from ._runtime import AuthStatus, InteractionMode, PermissionMode, RuntimeCapabilities, RuntimeEnv
+from ._runtime import InteractionMode, PermissionMode, RuntimeCapabilities, RuntimeEnv
 from ._tools import ToolManifest
 from ._transcript import Message
 

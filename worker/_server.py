@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
+    TERMINAL_EVENT_TYPES,
     Ack,
     BadFrame,
     ErrorCode,
@@ -41,7 +42,9 @@ from protocol import (
     StartTaskParams,
     StartTaskResult,
     StopParams,
+    TaskFailed,
     TaskFailureCode,
+    TaskStopped,
     WorkerEvent,
     decode_json,
     encode_message,
@@ -65,6 +68,10 @@ READ_CHUNK_BYTES = 64 * 1024
 RpcResult = Any  # the Either value jsonrpcserver handlers return
 
 
+class EventTooLarge(ValueError):
+    """An event would not fit in one frame; the driver would drop it, so it is refused here."""
+
+
 class TaskEnded(RuntimeError):
     """An adapter tried to emit after its task's terminal event."""
 
@@ -86,6 +93,7 @@ class _RunningTask:
     n: int = 0
     ended: bool = False
     stop_reason: str | None = None
+    _emit_lock: trio.Lock = field(default_factory=trio.Lock)
 
     @property
     def task_id(self) -> str:
@@ -96,13 +104,20 @@ class _RunningTask:
     async def emit(self, event_type: EventType, payload: Model | dict[str, Any]) -> None:
         if self.ended:
             raise TaskEnded(f"task {self.task_id} already ended; {event_type} not sent")
+        if event_type in TERMINAL_EVENT_TYPES:
+            raise ValueError(f"{event_type} is the worker's to send: return it from run() as a TaskOutcome")
         await self._send(event_type, payload)
 
     async def _send(self, event_type: EventType, payload: Model | dict[str, Any]) -> None:
         event = WorkerEvent(type=event_type, runtime=self.runtime, payload=payload)  # type: ignore[arg-type]
-        self.n += 1
-        params = RuntimeEventParams(task_id=self.task_id, n=self.n, event=event)
-        await self.server.send_line(encode_message(Notification(method=Method.EVENT, params=params.to_json_obj())))
+        async with self._emit_lock:  # n is used only once its line is queued: no gaps on cancellation
+            params = RuntimeEventParams(task_id=self.task_id, n=self.n + 1, event=event)
+            line = encode_message(Notification(method=Method.EVENT, params=params.to_json_obj()))
+            if len(line) > self.server.max_frame_bytes:
+                raise EventTooLarge(f"{event_type} event of {len(line)} bytes exceeds the frame limit of "
+                                    f"{self.server.max_frame_bytes} bytes; split it or store it by reference")
+            await self.server.send_line(line)
+            self.n += 1
 
     async def flush(self) -> None:
         await self.server.flush()
@@ -118,15 +133,19 @@ class _RunningTask:
 
     async def finish(self, outcome: TaskOutcome) -> None:
         """Emit the task's one terminal event."""
+        payload: Model
         if outcome.completed is not None:
             event_type, payload = EventType.TASK_COMPLETED, outcome.completed
         elif outcome.failed is not None:
             event_type, payload = EventType.TASK_FAILED, outcome.failed
         else:
             event_type = EventType.TASK_STOPPED
-            payload = outcome.stopped or TaskOutcome.stop(self.stop_reason or "stopped").stopped  # type: ignore[assignment]
+            payload = outcome.stopped or TaskStopped(reason=self.stop_reason or "stopped", requested_by="supervisor")
         self.ended = True
-        await self._send(event_type, payload)  # type: ignore[arg-type]
+        try:
+            await self._send(event_type, payload)
+        except EventTooLarge as exc:  # a terminal event must never be lost: send a small one instead
+            await self._send(EventType.TASK_FAILED, TaskFailed(code=TaskFailureCode.PROTOCOL_ERROR, message=str(exc)))
 
 
 @dataclass
@@ -364,7 +383,7 @@ class WorkerServer:
     def _send_tool_denied(self, **raw: Any) -> RpcResult:
         return self._answer_tool(SendToolDeniedParams, raw)
 
-    def _answer_tool(self, model: type[SendToolResultParams] | type[SendToolDeniedParams],
+    def _answer_tool(self, model: type[SendToolResultParams | SendToolDeniedParams],
                      raw: dict[str, Any]) -> RpcResult:
         if not self.initialized:
             return _not_initialized()

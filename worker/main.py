@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
     import trio  # imported after stdout is claimed: nothing it or its deps print can reach the wire
 
-    from .adapters import default_registry
     from ._server import WorkerServer
+    from .adapters import default_registry
 
     async def run() -> None:
         stdin = trio.lowlevel.FdStream(os.dup(0))

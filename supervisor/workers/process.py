@@ -75,8 +75,8 @@ class StderrTail:
         self._size = 0
         self.limit = limit
 
-    def add(self, data: bytes) -> None:
-        self._chunks.append(data)
+    def add(self, data: bytes | bytearray) -> None:
+        self._chunks.append(bytes(data))
         self._size += len(data)
         while self._size - len(self._chunks[0]) >= self.limit:
             self._size -= len(self._chunks.popleft())
@@ -128,6 +128,9 @@ class WorkerProcess:
                     env=spec.runtime_env,
                 ).to_json_obj())
             worker.info = InitializeResult.model_validate(result)
+            if worker.info.protocol_version.split(".")[0] != PROTOCOL_VERSION.split(".")[0]:
+                raise ValueError(f"worker speaks protocol {worker.info.protocol_version}, "
+                                 f"this supervisor {PROTOCOL_VERSION}")
         except (WorkerError, trio.TooSlowError, ValueError) as exc:
             with trio.CancelScope(shield=True):
                 await worker.kill()
@@ -154,7 +157,7 @@ class WorkerProcess:
         try:
             async for chunk in self.process.stderr:
                 self.stderr.add(chunk)
-                pending += chunk
+                pending += bytes(chunk)
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
                     log.debug("%s stderr: %s", self.spec.name, line.decode("utf-8", "replace"))

@@ -116,3 +116,9 @@ def test_bad_lines_map_to_json_rpc_codes() -> None:
         assert result.error_code == code, (line, result)
     kept = decode_message(b'{"id":3,"method":"x"}')
     assert isinstance(kept, BadFrame) and kept.id == 3  # id kept so the reply can name it
+
+
+def test_overflowing_numbers_are_refused() -> None:
+    result = decode_json(b'{"x": 1e400}')
+    assert isinstance(result, BadFrame) and "overflows" in result.detail
+    assert decode_json(b'{"x": 1.5e300}') == {"x": 1.5e300}

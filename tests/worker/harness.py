@@ -11,7 +11,7 @@ from typing import Any
 
 import trio
 
-from protocol import Method, RuntimeEventParams, TERMINAL_EVENT_TYPES
+from protocol import TERMINAL_EVENT_TYPES, Method, RuntimeEventParams
 from supervisor.workers import WorkerProcess, WorkerSpec, worker_argv
 
 REPO = Path(__file__).resolve().parents[2]

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 from pathlib import Path
 
-import psutil
 import pytest
 import trio
 
-from protocol import ErrorCode, EventType, Method, PROTOCOL_VERSION
+from protocol import PROTOCOL_VERSION, ErrorCode, EventType, Method
 from supervisor.workers import RpcError
 
 from .harness import running_worker
+
 
 def types(events: list) -> list[str]:
     return [e.event.type.value for e in events]
@@ -58,16 +55,16 @@ async def test_parallel_tool_calls_answered_out_of_order(tmp_path: Path) -> None
             second = await h.next_event("t1", lambda e: e.event.type == EventType.TOOL_CALL_REQUESTED)
             assert (first.event.payload.tool_call_id, second.event.payload.tool_call_id) == ("call_a", "call_b")
             # Both are outstanding at once; answer the second first.
-            await h.request(Method.SEND_TOOL_RESULT, {"task_id": "t1", "tool_call_id": "call_b", "result": "BEE"})
+            await h.request(Method.SEND_TOOL_RESULT, {"task_id": "t1", "tool_call_id": "call_b", "result": {"text": "BEE"}})
             # A second answer to the same call (or to an unknown one) is refused with a clear error.
             for call_id in ("call_b", "call_zzz"):
                 with pytest.raises(RpcError) as err:
                     await h.request(Method.SEND_TOOL_RESULT, {"task_id": "t1", "tool_call_id": call_id, "result": 1})
                 assert err.value.code == ErrorCode.UNKNOWN_TOOL_CALL
-            await h.request(Method.SEND_TOOL_RESULT, {"task_id": "t1", "tool_call_id": "call_a", "result": "AYE"})
+            await h.request(Method.SEND_TOOL_RESULT, {"task_id": "t1", "tool_call_id": "call_a", "result": {"text": "AYE"}})
             events = await h.until_terminal("t1")
     texts = [e.event.payload.text for e in events if e.event.type == EventType.MODEL_OUTPUT_COMPLETED]
-    assert "a.txt: AYE / b.txt: BEE" in texts
+    assert "a.txt says AYE and b.txt says BEE" in texts
     assert types(events)[-1] == "task.completed"
     requested = next(e.event.payload for e in events if e.event.type == EventType.TOOL_CALL_REQUESTED)
     assert requested.input == {"path": "a.txt"} and requested.input_hash.startswith("sha256:")

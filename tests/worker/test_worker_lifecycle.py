@@ -123,3 +123,14 @@ def test_stray_output_never_reaches_the_protocol_stream() -> None:
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, timeout=30, check=True)
     assert done.stdout == b'{"protocol":true}\n'
     assert b"stray print" in done.stderr and b"stray write to fd 1" in done.stderr
+
+
+async def test_stopping_a_flood_leaves_no_ordinal_gap(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with running_worker(tmp_path) as h:
+            await h.start_task("t1", "flood")
+            await h.next_event("t1", lambda e: e.n == 200)
+            await h.request(Method.STOP, {"task_id": "t1", "reason": "enough"})
+            events = await h.until_terminal("t1")
+    assert [e.n for e in events] == list(range(1, len(events) + 1))
+    assert events[-1].event.type == EventType.TASK_STOPPED and len(events) < 20_002

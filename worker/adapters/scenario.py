@@ -57,8 +57,16 @@ class ToolCallsStep(_Step):
     on_error: tuple[Step, ...] | None = None
 
 
+class UsageSpec(_Step):
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+    cache_read_tokens: int = Field(default=0, ge=0)
+    cache_write_tokens: int = Field(default=0, ge=0)
+    reasoning_tokens: int = Field(default=0, ge=0)
+
+
 class UsageStep(_Step):
-    usage: dict[str, int]
+    usage: UsageSpec
 
 
 class CompleteStep(_Step):
@@ -92,7 +100,7 @@ class CrashSpec(_Step):
     @field_validator("signal")
     @classmethod
     def _known_signal(cls, value: str | None) -> str | None:
-        if value is not None and not hasattr(signal, value):
+        if value is not None and not isinstance(getattr(signal, value, None), signal.Signals):
             raise ValueError(f"unknown signal {value!r} (use a name such as SIGKILL)")
         return value
 

@@ -138,6 +138,9 @@ class _Template:
         else:
             result = outcome.result
             self.values[f"result:{call_id}"] = result if isinstance(result, str) else json.dumps(result)
+            if isinstance(result, dict):  # {{result:id.field}} picks one top-level field
+                for key, value in result.items():
+                    self.values[f"result:{call_id}.{key}"] = value if isinstance(value, str) else json.dumps(value)
 
     def render(self, text: str) -> str:
         for key, value in self.values.items():
@@ -200,7 +203,7 @@ class ScriptedTask(TaskHandle):
 
     _last_text = ""
 
-    async def _step(self, step: Step) -> TaskOutcome | None:  # noqa: C901 - one branch per step kind
+    async def _step(self, step: Step) -> TaskOutcome | None:
         match step:
             case TextStep():
                 await self._stream_block(BlockKind.TEXT, self.template.render(step.text), step.chunk_size,
@@ -215,7 +218,7 @@ class ScriptedTask(TaskHandle):
             case ToolCallsStep():
                 return await self._tool_calls(step)
             case UsageStep():
-                await self.io.emit(EventType.USAGE_REPORTED, UsageReported(model=self.scenario.model, **step.usage))
+                await self.io.emit(EventType.USAGE_REPORTED, UsageReported(model=self.scenario.model, **step.usage.model_dump()))
             case CompleteStep():
                 await self._end_request(step.complete.get("stop_reason", "end_turn"))
                 return TaskOutcome.success(step.complete.get("stop_reason", "end_turn"), self._last_text[-200:])

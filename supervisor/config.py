@@ -1,0 +1,14 @@
+"""Where the supervisor keeps its data, and the defaults an embedded supervisor starts with."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def default_data_dir() -> Path:
+    """``$CODESDK_DATA_DIR``, else ``$XDG_DATA_HOME/codesdk``, else ``~/.local/share/codesdk``."""
+    if explicit := os.environ.get("CODESDK_DATA_DIR"):
+        return Path(explicit)
+    xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(xdg) / "codesdk"

@@ -1,0 +1,377 @@
+"""The task engine: sessions and tasks over the store, the worker pool and the owned tools.
+
+The engine is the only writer of events. It enforces the contract's invariants: one active task per
+session; ``task.started`` first and exactly one terminal event last; nothing stored after a terminal
+event (later worker events are dropped and counted); per tool-call attempt requested ->
+policy_evaluated* -> approved|denied -> started -> completed (the last two only if approved).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from protocol import (
+    CONTRACT_VERSION,
+    TERMINAL_EVENT_TYPES,
+    ErrorCode,
+    EventType,
+    InteractionMode,
+    Message,
+    Method,
+    Model,
+    ModelInput,
+    PermissionMode,
+    RuntimeEventParams,
+    RuntimeInfo,
+    SessionCreated,
+    SessionRef,
+    StartTaskParams,
+    TaskFailed,
+    TaskFailureCode,
+    TaskStarted,
+    TaskStopped,
+    ToolCallRequested,
+    Trace,
+    TraceContext,
+    canonical_hash,
+    canonical_json,
+)
+
+from ..namespaces import Namespace
+from ..store import EventDraft, EventStore, InvalidTransition, SessionRecord, TaskRecord, TaskState, TaskUpdate
+from ..workers import ExitStatus, RpcError, WorkerError, WorkerProcess
+from ..workers.pool import NamespaceFailing, PoolConfig, WorkerPool
+from ._runs import TaskRun
+from ._toolflow import ToolFlow, Tooling
+from ._transcript import derive_transcript
+
+log = logging.getLogger("codesdk.supervisor.engine")
+
+#: Tool inputs larger than this (canonical JSON bytes) are stored as a blob and referenced.
+INLINE_INPUT_MAX_BYTES = 16 * 1024
+#: Ended runs remembered so their late events are recognised (and counted) rather than "unknown task".
+RECENT_RUNS_KEPT = 1000
+#: Seconds to wait for a worker to accept runtime.startTask / runtime.stop.
+REQUEST_TIMEOUT_S = 30.0
+#: Seconds a new task waits for the worker to let go of the session's previous (stopped) task.
+RELEASE_WAIT_S = 15.0
+
+Approver = Callable[[Any], Awaitable[Any]]
+
+
+class EngineError(Exception):
+    """A request the engine refuses; the message says what to do instead."""
+
+
+class TaskNotActive(EngineError):
+    pass
+
+
+@dataclass
+class EngineStats:
+    late_events: int = 0
+    unknown_task_events: int = 0
+    ordinal_gaps: int = 0
+    invalid_events: int = 0
+    worker_crashes: int = 0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    data_dir: Path
+    pool: PoolConfig
+    default_runtime: str = "scripted"
+    workspaces_dir: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, store: EventStore, tooling: Tooling, nursery: trio.Nursery) -> None:
+        self.config = config
+        self.store = store
+        self.tooling = tooling
+        self._nursery = nursery
+        self.pool = WorkerPool(config.pool, nursery, self._on_worker_event, self._on_worker_exit)
+        self.stats = EngineStats()
+        self._runs: dict[str, TaskRun] = {}
+        self._recent: OrderedDict[str, TaskRun] = OrderedDict()
+        self._tools = ToolFlow(self)
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, config: EngineConfig, tooling: Tooling) -> AsyncIterator[Engine]:
+        async with EventStore.open(config.data_dir) as store, trio.open_nursery() as nursery:
+            engine = cls(config, store, tooling, nursery)
+            try:
+                yield engine
+            finally:
+                with trio.CancelScope(shield=True):
+                    await engine._close()
+                nursery.cancel_scope.cancel()
+
+    async def _close(self) -> None:
+        for run in list(self._runs.values()):
+            await self._finish(run, EventType.TASK_STOPPED, TaskStopped(reason="supervisor shutting down",
+                                                                          requested_by="supervisor"))
+        await self.pool.aclose()
+
+    # -- sessions -------------------------------------------------------------------------------
+
+    async def create_session(self, *, runtime: str | None = None, namespace: str = "default",
+                             workspace: Path | None = None, metadata: dict[str, Any] | None = None) -> SessionRecord:
+        Namespace.parse(namespace)  # InvalidNamespace with a clear message
+        runtime = runtime or self.config.default_runtime
+        session_id = f"ses_{uuid.uuid4().hex[:16]}"
+        if workspace is None:
+            root = self.config.workspaces_dir or self.config.data_dir / "workspaces"
+            workspace = root / session_id
+        workspace = workspace.resolve()
+        await trio.to_thread.run_sync(lambda: workspace.mkdir(parents=True, exist_ok=True, mode=0o700))
+        record = await self.store.create_session(session_id, runtime=runtime, namespace=namespace,
+                                                 workspace=str(workspace), metadata=metadata)
+        await self.store.append(session_id, [EventDraft(
+            type=EventType.SESSION_CREATED, runtime=RuntimeInfo(name=runtime),
+            payload=SessionCreated(contract_version=CONTRACT_VERSION, runtime=runtime, namespace=namespace,
+                                   workspace=str(workspace), metadata=metadata or {}),
+            trace=Trace(session_id=session_id))])
+        return record
+
+    # -- tasks ----------------------------------------------------------------------------------
+
+    async def start_task(self, session_id: str, prompt: str, *, permission_mode: PermissionMode = PermissionMode.ASK,
+                         interaction_mode: InteractionMode = InteractionMode.NON_INTERACTIVE,
+                         runtime_config: dict[str, Any] | None = None, approver: Approver | None = None,
+                         trace: TraceContext | None = None) -> TaskRecord:
+        """Record the task, its input and ``task.started``; the runtime is driven in the background."""
+        session = await self.store.get_session(session_id)
+        busy = next((r for r in self._runs.values() if r.session_id == session_id), None)
+        if busy is not None:
+            raise EngineError(f"session {session_id} already has an active task ({busy.task_id}); "
+                              "wait for it to end or stop it first")
+        if interaction_mode == InteractionMode.INTERACTIVE and approver is None:
+            raise EngineError("an interactive task needs an approver")
+        task_id = f"task_{uuid.uuid4().hex[:16]}"
+        messages = (*await derive_transcript(self.store, session_id), Message.user_text(prompt))
+        params = StartTaskParams(
+            runtime=session.runtime, session=SessionRef(session_id=session_id,
+                                                        runtime_session_id=session.runtime_session_id),
+            task_id=task_id, messages=messages, tool_manifest=self.tooling.manifest(),
+            permission_mode=permission_mode, interaction_mode=interaction_mode,
+            runtime_config=runtime_config or {}, trace=trace or TraceContext())
+        record = await self.store.create_task(session_id, task_id, runtime=session.runtime,
+                                              metadata={"prompt_preview": prompt[:200]})
+        compiled = params.model_dump(mode="json", exclude={"trace"})
+        input_ref = await self.store.put_json_blob(compiled)
+        tr = trace or TraceContext()
+        run = TaskRun(task_id=task_id, session=session, params=params, approver=approver,
+                      trace=Trace(session_id=session_id, task_id=task_id, request_id=tr.request_id,
+                                  client_id=tr.client_id, user_id=tr.user_id),
+                      runtime=RuntimeInfo(name=session.runtime, runtime_session_id=session.runtime_session_id))
+        self._runs[task_id] = run
+        await self._append(run, [
+            (EventType.TASK_STARTED, TaskStarted(task_id=task_id, prompt_preview=prompt[:200],
+                                                 permission_mode=permission_mode, interaction_mode=interaction_mode,
+                                                 runtime_config=runtime_config or {})),
+            (EventType.MODEL_INPUT, ModelInput(input_ref=input_ref, input_hash=canonical_hash(compiled),
+                                               message_count=len(messages),
+                                               tool_names=tuple(self.tooling.manifest().names()))),
+        ])
+        self._nursery.start_soon(self._drive, run, name=f"drive:{task_id}")
+        return record
+
+    async def stop_task(self, task_id: str, reason: str = "stop requested", requested_by: str = "user") -> TaskRecord:
+        """Store ``task.stopped`` now; tell the worker (best effort). Later worker events are dropped."""
+        run = self._runs.get(task_id)
+        if run is None:
+            record = await self.store.get_task(task_id)
+            raise TaskNotActive(f"task {task_id} is not running (state: {record.state})")
+        await self._finish(run, EventType.TASK_STOPPED, TaskStopped(reason=reason, requested_by=requested_by))
+        if run.worker is not None and not run.worker.exited.is_set():
+            self._nursery.start_soon(self._tell_worker_stop, run.worker, task_id, reason)
+        return await self.store.get_task(task_id)
+
+    async def wait_task(self, task_id: str) -> TaskRecord:
+        run = self._runs.get(task_id)
+        if run is not None:
+            await run.done.wait()
+        return await self.store.get_task(task_id)
+
+    def active_task(self, session_id: str) -> str | None:
+        return next((r.task_id for r in self._runs.values() if r.session_id == session_id), None)
+
+    # -- driving a task -------------------------------------------------------------------------
+
+    async def _drive(self, run: TaskRun) -> None:
+        previous = [r for r in self._recent.values() if r.session_id == run.session_id and not r.released.is_set()]
+        with trio.move_on_after(RELEASE_WAIT_S):
+            for other in previous:
+                await other.released.wait()
+        try:
+            worker = await self.pool.acquire(run.namespace)
+        except NamespaceFailing as exc:
+            run.released.set()
+            await self._fail(run, TaskFailureCode.WORKER_UNAVAILABLE, str(exc), retryable=True)
+            return
+        try:
+            if run.ended:  # stopped before it reached a worker: nothing to start
+                run.released.set()
+                return
+            run.worker = worker
+            async with trio.open_nursery() as tools:
+                run.tools_nursery = tools
+                try:
+                    with trio.fail_after(REQUEST_TIMEOUT_S):
+                        accepted = await worker.connection.request(Method.START_TASK, run.params.to_json_obj())
+                except RpcError as exc:
+                    run.released.set()
+                    await self._fail(run, _code_for_rpc(exc.code), f"the worker refused the task: {exc.message}",
+                                     retryable=False, rpc_code=exc.code, data=exc.data)
+                except trio.TooSlowError:
+                    await self._fail(run, TaskFailureCode.TIMEOUT, "the worker did not accept the task in time",
+                                     retryable=True)
+                except WorkerError:
+                    pass  # the worker died: _on_worker_exit fails the task with WORKER_CRASHED
+                else:
+                    await self._accepted(run, worker, accepted)
+                await run.done.wait()
+                tools.cancel_scope.cancel()
+        finally:
+            self.pool.release(run.namespace, worker)
+
+    async def _accepted(self, run: TaskRun, worker: WorkerProcess, accepted: Any) -> None:
+        runtime_session_id = accepted.get("runtime_session_id") if isinstance(accepted, dict) else None
+        if runtime_session_id and runtime_session_id != run.session.runtime_session_id:
+            await self.store.update_session(run.session_id, runtime_session_id=runtime_session_id)
+        if not run.ended:
+            try:
+                await self.store.update_task(run.task_id, state=TaskState.RUNNING, worker_pid=worker.pid)
+            except InvalidTransition:  # lost a race with the terminal update; the terminal state stands
+                log.debug("task %s ended before it was marked running", run.task_id)
+
+    async def _tell_worker_stop(self, worker: WorkerProcess, task_id: str, reason: str) -> None:
+        with trio.move_on_after(REQUEST_TIMEOUT_S):
+            try:
+                await worker.connection.request(Method.STOP, {"task_id": task_id, "reason": reason})
+            except WorkerError as exc:
+                log.info("stop of %s not delivered: %s", task_id, exc)
+
+    # -- events from workers --------------------------------------------------------------------
+
+    async def _on_worker_event(self, worker: WorkerProcess, params: RuntimeEventParams) -> None:
+        run = self._runs.get(params.task_id) or self._recent.get(params.task_id)
+        if run is None or run.worker is not worker:
+            self.stats.unknown_task_events += 1
+            log.warning("%s: event %s for unknown task %r dropped", worker.spec.name, params.event.type,
+                        params.task_id)
+            return
+        if params.n != run.next_n:
+            self.stats.ordinal_gaps += 1
+            log.warning("task %s: event ordinal %d, expected %d", run.task_id, params.n, run.next_n)
+        run.next_n = params.n + 1
+        if params.event.type in TERMINAL_EVENT_TYPES:
+            run.released.set()
+        if run.ended:
+            run.late_events += 1
+            self.stats.late_events += 1
+            return
+        event = params.event
+        if event.runtime.runtime_session_id or event.runtime.model:
+            run.runtime = event.runtime.model_copy(update={"raw_ref": None})
+        if event.type == EventType.TOOL_CALL_REQUESTED:
+            assert isinstance(event.payload, ToolCallRequested)
+            await self._tool_requested(run, event.payload)
+        elif event.type in TERMINAL_EVENT_TYPES:
+            await self._finish(run, event.type, event.payload)
+        else:
+            await self._append(run, [(event.type, event.payload)])
+
+    async def _tool_requested(self, run: TaskRun, requested: ToolCallRequested) -> None:
+        input_value = requested.input or {}
+        attempt = run.attempts.get(requested.tool_call_id, 0) + 1
+        run.attempts[requested.tool_call_id] = attempt
+        input_hash = canonical_hash(input_value)  # ours, not the worker's word for it
+        if input_hash != requested.input_hash:
+            self.stats.invalid_events += 1
+            log.warning("task %s: worker's input_hash for %s was wrong", run.task_id, requested.tool_call_id)
+        update: dict[str, Any] = {"attempt": attempt, "input_hash": input_hash}
+        if len(canonical_json(input_value)) > INLINE_INPUT_MAX_BYTES:
+            update.update(input=None, input_ref=await self.store.put_json_blob(input_value))
+        requested = requested.model_copy(update=update)
+        if not await self._append(run, [(EventType.TOOL_CALL_REQUESTED, requested)]):
+            return
+        assert run.tools_nursery is not None
+        run.tools_nursery.start_soon(self._tools.handle, run, requested, input_value)
+
+    async def _on_worker_exit(self, namespace: str, worker: WorkerProcess, status: ExitStatus) -> None:
+        for run in (*self._runs.values(), *self._recent.values()):
+            if run.worker is worker:
+                run.released.set()
+        orphans = [r for r in self._runs.values() if r.worker is worker and not r.ended]
+        if not orphans:
+            return
+        self.stats.worker_crashes += 1
+        tail = worker.stderr.text()
+        tail_ref = await self.store.put_blob(tail.encode("utf-8"), "text/plain; charset=utf-8") if tail else None
+        for run in orphans:
+            await self._fail(run, TaskFailureCode.WORKER_CRASHED,
+                             f"the worker for namespace {namespace!r} {status.describe()} while the task was running",
+                             retryable=True, worker_pid=worker.pid, stderr_tail_ref=tail_ref,
+                             **status.to_json_obj())
+
+    # -- appending ------------------------------------------------------------------------------
+
+    async def _append(self, run: TaskRun, items: Sequence[tuple[EventType, Model | dict[str, Any]]]) -> bool:
+        """Store events of a running task. False (and nothing stored) once the task has ended."""
+        if run.ended:
+            return False
+        await self.store.append(run.session_id, [
+            EventDraft(type=t, runtime=run.runtime, payload=p, trace=run.trace) for t, p in items])
+        return True
+
+    async def _fail(self, run: TaskRun, code: str, message: str, *, retryable: bool, **details: Any) -> None:
+        details = {k: v for k, v in details.items() if v is not None}
+        await self._finish(run, EventType.TASK_FAILED, TaskFailed(code=code, message=message, retryable=retryable,
+                                                                   details=details))
+
+    async def _finish(self, run: TaskRun, event_type: EventType, payload: Model) -> None:
+        """Store the one terminal event with the task's final state, atomically. Idempotent."""
+        if run.ended:
+            return
+        run.ended = True  # before any await: nothing else of this task gets stored from here on
+        run.terminal_type = event_type.value
+        if run.tools_nursery is not None:
+            run.tools_nursery.cancel_scope.cancel()  # no tool starts or finishes after the end
+        state = TaskState(event_type.value.removeprefix("task."))
+        error = payload.to_json_obj() if event_type == EventType.TASK_FAILED else None
+        try:
+            with trio.CancelScope(shield=True):
+                await self.store.append(run.session_id, [EventDraft(type=event_type, runtime=run.runtime,
+                                                                    payload=payload, trace=run.trace)],
+                                        task_update=TaskUpdate(task_id=run.task_id, state=state, error=error))
+        finally:
+            self._runs.pop(run.task_id, None)
+            self._recent[run.task_id] = run
+            while len(self._recent) > RECENT_RUNS_KEPT:
+                self._recent.popitem(last=False)
+            run.done.set()
+
+
+_FAILURE_FOR_RPC_ERROR: dict[int, str] = {
+    ErrorCode.UNKNOWN_RUNTIME: TaskFailureCode.RUNTIME_UNAVAILABLE,
+    ErrorCode.RUNTIME_UNAVAILABLE: TaskFailureCode.RUNTIME_UNAVAILABLE,
+    ErrorCode.INVALID_PARAMS: TaskFailureCode.PROTOCOL_ERROR,
+    ErrorCode.INVALID_SCENARIO: "INVALID_SCENARIO",
+}
+
+
+def _code_for_rpc(code: int) -> str:
+    return _FAILURE_FOR_RPC_ERROR.get(code, TaskFailureCode.RUNTIME_ERROR)

@@ -1,0 +1,42 @@
+"""In-memory state of one task while it runs: its worker, its event ordinal, its tool calls, its end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from protocol import RuntimeInfo, StartTaskParams, Trace
+
+from ..store import SessionRecord
+from ..workers import WorkerProcess
+
+
+@dataclass
+class TaskRun:
+    task_id: str
+    session: SessionRecord
+    params: StartTaskParams
+    trace: Trace
+    runtime: RuntimeInfo
+    approver: Any = None
+    worker: WorkerProcess | None = None
+    next_n: int = 1
+    ended: bool = False  # set (synchronously) before the terminal event is appended
+    terminal_type: str | None = None
+    late_events: int = 0
+    attempts: dict[str, int] = field(default_factory=dict)  # tool_call_id -> attempts seen
+    tools_nursery: trio.Nursery | None = None
+    done: trio.Event = field(default_factory=trio.Event)  # the task's terminal event is stored
+    # The worker is finished with the task too (its own terminal arrived, or it exited, or it never had it).
+    # A stopped task can keep running in the worker for its stop grace; the session's next task waits.
+    released: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def session_id(self) -> str:
+        return self.session.session_id
+
+    @property
+    def namespace(self) -> str:
+        return self.session.namespace

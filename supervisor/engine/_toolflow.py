@@ -1,0 +1,193 @@
+"""One tool call attempt, from request to result: replay check, policy, execution, answer to the worker.
+
+Every step is stored before the next begins, so the events of an attempt always read
+requested -> policy_evaluated* -> approved|denied -> started -> completed. Nothing is stored or run once
+the task has ended (``Engine._append`` refuses and the task's tool nursery is cancelled).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from protocol import (
+    EventType,
+    Method,
+    PolicyDecision,
+    PolicySource,
+    SandboxSummary,
+    ToolCallApproved,
+    ToolCallCompleted,
+    ToolCallIdentity,
+    ToolCallPolicyEvaluated,
+    ToolCallRequested,
+    ToolCallStarted,
+    ToolOutputCompleted,
+    ToolOutputDelta,
+    canonical_hash,
+)
+
+from ..tools import (
+    PolicyRequest,
+    ToolContext,
+    ToolRegistry,
+    ToolResult,
+    decide,
+    is_replay_safe,
+    policy_payloads,
+)
+from ..workers import WorkerError
+from ._runs import TaskRun
+
+if TYPE_CHECKING:
+    from ._engine import Engine
+
+log = logging.getLogger("codesdk.supervisor.tools")
+
+Tooling = ToolRegistry
+
+#: Characters of a tool result kept inline in tool.call.completed (the full result is a blob).
+PREVIEW_CHARS = 500
+
+
+def _preview(content: Any) -> str:
+    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+
+
+class ToolFlow:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        # (session_id, runtime_tool_call_id, tool_name, input_hash) -> completed payload, for replays
+        self._completed: dict[tuple[str, str | None, str, str], ToolCallCompleted] = {}
+        self._indexed_sessions: set[str] = set()
+
+    async def handle(self, run: TaskRun, requested: ToolCallRequested, tool_input: dict[str, Any]) -> None:
+        engine = self.engine
+        identity = ToolCallIdentity(tool_call_id=requested.tool_call_id,
+                                    runtime_tool_call_id=requested.runtime_tool_call_id,
+                                    attempt=requested.attempt, input_hash=requested.input_hash)
+        tools = engine.tooling
+        spec = tools.spec(requested.tool_name)
+
+        replay = await self._replayable(run, requested) if spec is not None and is_replay_safe(spec) else None
+        if replay is not None:
+            await self._answer_from_store(run, identity, replay)
+            return
+
+        outcome = await decide(PolicyRequest(
+            tool_name=requested.tool_name, tool=spec, permission_mode=run.params.permission_mode,
+            interaction_mode=run.params.interaction_mode, tools_hash=tools.manifest_hash(),
+            input=tool_input, identity=identity), run.approver)
+        if not await engine._append(run, [(_type_of(p), p) for p in policy_payloads(outcome, identity)]):
+            return
+        if not outcome.approved:
+            await self._send(run, Method.SEND_TOOL_DENIED, {"task_id": run.task_id,
+                                                            "tool_call_id": requested.tool_call_id,
+                                                            "reason": outcome.effective.reason})
+            return
+
+        assert spec is not None
+        workspace = Path(run.session.workspace or ".")
+        ctx = ToolContext(workspace=workspace)
+        started_at = time.monotonic()
+        if not await engine._append(run, [(EventType.TOOL_CALL_STARTED, ToolCallStarted(
+                **identity.model_dump(), tool_name=requested.tool_name,
+                execution_env="supervisor", sandbox=SandboxSummary(kind="workspace", workspace=str(workspace))))]):
+            return
+        result = await tools.execute(requested.tool_name, tool_input, ctx)
+        duration_ms = (time.monotonic() - started_at) * 1000
+        await self._store_output(run, identity, result)
+        result_ref = await engine.store.put_json_blob(result.content)
+        completed = ToolCallCompleted(
+            **identity.model_dump(), tool_name=requested.tool_name, is_error=result.is_error,
+            execution_env=result.execution_env, policy_snapshot=outcome.policy_snapshot, sandbox=result.sandbox,
+            result_ref=result_ref, result_preview=result.preview or _preview(result.content),
+            result_hash=canonical_hash(result.content), duration_ms=round(duration_ms, 3))
+        if not await engine._append(run, [(EventType.TOOL_CALL_COMPLETED, completed)]):
+            return
+        self._completed[(run.session_id, requested.runtime_tool_call_id, requested.tool_name,
+                         requested.input_hash)] = completed
+        await self._send(run, Method.SEND_TOOL_RESULT, {"task_id": run.task_id, "tool_call_id": requested.tool_call_id,
+                                                        "result": result.content, "is_error": result.is_error})
+
+    async def _store_output(self, run: TaskRun, identity: ToolCallIdentity, result: ToolResult) -> None:
+        """Commands' stdout/stderr as tool.output events (file tools have none)."""
+        if result.stdout is None and result.stderr is None:
+            return
+        ids = identity.model_dump()
+        items: list[tuple[EventType, Any]] = []
+        for stream in ("stdout", "stderr"):
+            text = getattr(result, stream)
+            if text:
+                items.append((EventType.TOOL_OUTPUT_DELTA, ToolOutputDelta(**ids, stream=stream, delta=text)))
+        items.append((EventType.TOOL_OUTPUT_COMPLETED, ToolOutputCompleted(
+            **ids, stdout_bytes=len((result.stdout or "").encode()), stderr_bytes=len((result.stderr or "").encode()))))
+        await self.engine._append(run, items)
+
+    async def _replayable(self, run: TaskRun, requested: ToolCallRequested) -> ToolCallCompleted | None:
+        if run.session_id not in self._indexed_sessions:
+            await self._index(run.session_id)
+        found = self._completed.get((run.session_id, requested.runtime_tool_call_id, requested.tool_name,
+                                     requested.input_hash))
+        return found if found is not None and not found.is_error else None
+
+    async def _index(self, session_id: str) -> None:
+        """Load the session's completed calls once (so replays work across supervisor restarts)."""
+        from ._transcript import session_events
+
+        requested: dict[tuple[str | None, str, int], ToolCallRequested] = {}
+        for event in await session_events(self.engine.store, session_id):
+            p = event.payload
+            key = (event.trace.task_id, getattr(p, "tool_call_id", ""), getattr(p, "attempt", 0))
+            if isinstance(p, ToolCallRequested) and event.type == EventType.TOOL_CALL_REQUESTED:
+                requested[key] = p
+            elif isinstance(p, ToolCallCompleted) and key in requested:
+                self._completed[(session_id, requested[key].runtime_tool_call_id, p.tool_name, p.input_hash)] = p
+        self._indexed_sessions.add(session_id)
+
+    async def _answer_from_store(self, run: TaskRun, identity: ToolCallIdentity, done: ToolCallCompleted) -> None:
+        engine = self.engine
+        snapshot = {**done.policy_snapshot, "rule": "replay.read_only", "replay_of_attempt": done.attempt}
+        reason = "identical read-only call already completed in this session; answered from the store"
+        ids = identity.model_dump()
+        ok = await engine._append(run, [
+            (EventType.TOOL_CALL_POLICY_EVALUATED, ToolCallPolicyEvaluated(
+                **ids, source=PolicySource.CODESDK, decision=PolicyDecision.ALLOW, reason=reason,
+                rule="replay.read_only", policy_snapshot=snapshot)),
+            (EventType.TOOL_CALL_APPROVED, ToolCallApproved(**ids, source=PolicySource.CODESDK, reason=reason,
+                                                            policy_snapshot=snapshot)),
+            (EventType.TOOL_CALL_STARTED, ToolCallStarted(**ids, tool_name=done.tool_name, execution_env="store",
+                                                          sandbox=SandboxSummary(kind="none"))),
+            (EventType.TOOL_CALL_COMPLETED, done.model_copy(update={**ids, "replayed": True, "duration_ms": 0.0,
+                                                                     "execution_env": "store",
+                                                                     "policy_snapshot": snapshot})),
+        ])
+        if not ok or done.result_ref is None:
+            return
+        content = json.loads(await engine.store.get_blob(done.result_ref))
+        await self._send(run, Method.SEND_TOOL_RESULT, {"task_id": run.task_id, "tool_call_id": identity.tool_call_id,
+                                                        "result": content, "is_error": done.is_error})
+
+    async def _send(self, run: TaskRun, method: str, params: dict[str, Any]) -> None:
+        if run.ended or run.worker is None:
+            return
+        try:
+            await run.worker.connection.request(method, params)
+        except WorkerError as exc:
+            log.info("task %s: %s not delivered: %s", run.task_id, method, exc)
+
+
+def _type_of(payload: Any) -> EventType:
+    from protocol import ToolCallDenied
+
+    if isinstance(payload, ToolCallPolicyEvaluated):
+        return EventType.TOOL_CALL_POLICY_EVALUATED
+    if isinstance(payload, ToolCallApproved):
+        return EventType.TOOL_CALL_APPROVED
+    if isinstance(payload, ToolCallDenied):
+        return EventType.TOOL_CALL_DENIED
+    raise TypeError(f"not a policy payload: {payload!r}")

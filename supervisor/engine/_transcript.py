@@ -1,0 +1,104 @@
+"""A session's transcript, derived from its stored events (the store is the only source of truth).
+
+The last task's compiled input (``model.input`` -> blob) holds every message up to and including its
+prompt; the events after it add the assistant's output and the tool calls and results. So the next
+task's messages are: that input + what the last task produced.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from protocol import (
+    BlockKind,
+    CodeBlock,
+    ContentBlock,
+    EventType,
+    Message,
+    ModelInput,
+    ModelOutputCompleted,
+    NormalizedEvent,
+    Role,
+    TextBlock,
+    ToolCallCompleted,
+    ToolCallDenied,
+    ToolCallRequested,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+
+from ..store import EventStore
+
+PAGE = 1000
+
+
+async def session_events(store: EventStore, session_id: str) -> list[NormalizedEvent]:
+    events: list[NormalizedEvent] = []
+    while True:
+        page = await store.read(session_id, after_seq=events[-1].seq if events else 0, limit=PAGE)
+        events += page
+        if len(page) < PAGE:
+            return events
+
+
+async def derive_transcript(store: EventStore, session_id: str) -> list[Message]:
+    events = await session_events(store, session_id)
+    last_input = next((i for i in range(len(events) - 1, -1, -1) if events[i].type == EventType.MODEL_INPUT), None)
+    if last_input is None:
+        return []
+    payload = events[last_input].payload
+    assert isinstance(payload, ModelInput)
+    compiled = json.loads(await store.get_blob(payload.input_ref))
+    messages = [Message.model_validate(m) for m in compiled.get("messages", [])]
+    task_id = events[last_input].trace.task_id
+    later = [e for e in events[last_input + 1:] if e.trace.task_id == task_id]
+    messages += await _messages_from(store, later)
+    return messages
+
+
+async def _messages_from(store: EventStore, events: list[NormalizedEvent]) -> list[Message]:
+    """Turn one task's output events into assistant messages and tool-result messages."""
+    out: list[Message] = []
+    assistant: list[ContentBlock] = []
+    results: list[ContentBlock] = []
+
+    def flush_assistant() -> None:
+        if assistant:
+            out.append(Message(role=Role.ASSISTANT, blocks=tuple(assistant)))
+            assistant.clear()
+
+    def flush_results() -> None:
+        if results:
+            out.append(Message(role=Role.TOOL, blocks=tuple(results)))
+            results.clear()
+
+    for event in events:
+        payload = event.payload
+        if isinstance(payload, ModelOutputCompleted) and payload.kind != BlockKind.THINKING:
+            flush_results()
+            if payload.kind == BlockKind.CODE:
+                assistant.append(CodeBlock(code=payload.text, language=payload.language))
+            else:
+                assistant.append(TextBlock(text=payload.text))
+        elif isinstance(payload, ToolCallRequested) and event.type == EventType.TOOL_CALL_REQUESTED:
+            flush_results()
+            tool_input = payload.input
+            if tool_input is None and payload.input_ref:
+                tool_input = json.loads(await store.get_blob(payload.input_ref))
+            assistant.append(ToolUseBlock(tool_call_id=payload.tool_call_id, name=payload.tool_name,
+                                          input=tool_input or {}))
+        elif isinstance(payload, ToolCallCompleted):
+            flush_assistant()
+            content: Any = payload.result_preview
+            if payload.result_ref:
+                content = json.loads(await store.get_blob(payload.result_ref))
+            results.append(ToolResultBlock(tool_call_id=payload.tool_call_id, content=content,
+                                           is_error=payload.is_error))
+        elif isinstance(payload, ToolCallDenied):
+            flush_assistant()
+            results.append(ToolResultBlock(tool_call_id=payload.tool_call_id, content=payload.reason,
+                                           denied=True, is_error=True))
+    flush_assistant()
+    flush_results()
+    return out

@@ -1,0 +1,92 @@
+"""Human-readable rendering of events for the CLI: streamed text inline, one line per other event."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TextIO
+
+from protocol import EventType, NormalizedEvent
+
+_DIM, _BOLD, _RED, _GREEN, _YELLOW, _RESET = "\033[2m", "\033[1m", "\033[31m", "\033[32m", "\033[33m", "\033[0m"
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class EventPrinter:
+    """Prints events as they come. Deltas stream inline; everything else gets its own line."""
+
+    def __init__(self, out: TextIO, color: bool = False) -> None:
+        self.out = out
+        self.color = color
+        self._mid_line = False
+
+    def _c(self, code: str, text: str) -> str:
+        return f"{code}{text}{_RESET}" if self.color else text
+
+    def _line(self, text: str) -> None:
+        if self._mid_line:
+            self.out.write("\n")
+            self._mid_line = False
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def note(self, text: str) -> None:
+        self._line(self._c(_DIM, text))
+
+    def print(self, event: NormalizedEvent) -> None:
+        p = event.payload
+        t = event.type
+        if t == EventType.MODEL_OUTPUT_DELTA:
+            if not self._mid_line:
+                kind = getattr(p, "kind", "text")
+                self.out.write(self._c(_DIM, f"{event.seq:>4}  ") + ("" if kind == "text" else f"[{kind}] "))
+            delta = getattr(p, "delta", "")
+            self.out.write(delta)
+            self._mid_line = not delta.endswith("\n")
+            self.out.flush()
+            return
+        self._line(f"{self._c(_DIM, f'{event.seq:>4}')}  {self._describe(event)}")
+
+    def _describe(self, event: NormalizedEvent) -> str:
+        p: Any = event.payload
+        t = event.type
+        name = self._c(_BOLD, t.value)
+        match t:
+            case EventType.SESSION_CREATED:
+                return f"{name} runtime={p.runtime} namespace={p.namespace} workspace={p.workspace}"
+            case EventType.TASK_STARTED:
+                return f"{name} {p.task_id} mode={p.permission_mode} prompt={_short(p.prompt_preview, 60)}"
+            case EventType.MODEL_INPUT:
+                return f"{name} {p.message_count} message(s), {len(p.tool_names)} tool(s), {p.input_hash[:19]}…"
+            case EventType.MODEL_OUTPUT_COMPLETED:
+                return self._c(_DIM, f"{t.value} {p.kind} block, {len(p.text)} chars")
+            case EventType.TOOL_CALL_REQUESTED:
+                shown = p.input if p.input is not None else f"<{p.input_ref}>"
+                return f"{name} {p.tool_name} {_short(shown)} ({p.tool_call_id}, attempt {p.attempt})"
+            case EventType.TOOL_CALL_POLICY_EVALUATED:
+                return self._c(_DIM, f"{t.value} {p.source}: {p.decision} — {p.reason}")
+            case EventType.TOOL_CALL_APPROVED:
+                return f"{self._c(_GREEN, t.value)} {p.tool_call_id} ({p.source}) {p.reason}"
+            case EventType.TOOL_CALL_DENIED:
+                return f"{self._c(_YELLOW, t.value)} {p.tool_call_id} ({p.source}): {p.reason}"
+            case EventType.TOOL_CALL_STARTED:
+                return self._c(_DIM, f"{t.value} {p.tool_name} in {p.execution_env}")
+            case EventType.TOOL_CALL_COMPLETED:
+                status = self._c(_RED, "error") if p.is_error else "ok"
+                replay = " (replayed from the store)" if p.replayed else ""
+                return f"{name} {p.tool_name} {status}{replay}: {_short(p.result_preview)}"
+            case EventType.USAGE_REPORTED:
+                return f"{name} in={p.input_tokens} out={p.output_tokens} model={p.model}"
+            case EventType.TASK_COMPLETED:
+                return f"{self._c(_GREEN, t.value)} ({p.stop_reason})"
+            case EventType.TASK_FAILED:
+                retry = " — retryable" if p.retryable else ""
+                return f"{self._c(_RED, t.value)} {p.code}: {p.message}{retry}"
+            case EventType.TASK_STOPPED:
+                return f"{self._c(_YELLOW, t.value)} {p.reason}"
+            case _:
+                return self._c(_DIM, f"{t.value} {_short(p.to_json_obj())}")

@@ -1,0 +1,83 @@
+"""The supervisor's event store and blob store: SQLite (apsw, WAL) plus content-addressed files.
+
+Usage::
+
+    async with EventStore.open(data_dir) as store:
+        session = await store.create_session(runtime="scripted")
+        [event] = await store.append(session.session_id, [EventDraft(type=..., runtime=..., payload=...)])
+        async with store.subscribe(session.session_id, after_seq=0, until_terminal=True) as events:
+            async for event in events: ...
+
+Layout: ``<data_dir>/codesdk.sqlite3`` (+ ``-wal``/``-shm``) and ``<data_dir>/blobs/sha256/ab/cdef…``.
+
+Ordering: the store assigns ``seq`` per session (1, 2, 3 … without gaps) inside the transaction that
+inserts the event, and publishes to subscribers only after that transaction commits.
+
+Durability (the promise): the database runs in WAL mode with ``synchronous=FULL`` by default, so once
+``append`` (or any write) returns — and before any subscriber sees the event — it survives a crash of the
+process *and* of the machine (power loss), provided the disk honours fsync. Group commit (one transaction
+for everything queued, up to ``max_batch`` requests) keeps the cost at one fsync per batch rather than
+per event. We chose FULL over NORMAL because with NORMAL a power loss can roll back the last commits
+after clients already saw those events, and the next events would then reuse their seqs for different
+content — breaking "seq identifies an event". ``synchronous="NORMAL"`` is available for tests and
+benchmarks: it keeps atomicity and survives process crashes, but a power loss may lose the most recent
+commits. A crash never leaves a half-written batch: each batch is all or nothing. Blobs are fsynced
+(file and directory) before their ref is returned, under FULL.
+
+Threads: one writer connection, used only by the writer task through one worker thread at a time; a
+small pool of read-only connections for reads. The trio loop never runs SQLite or file I/O itself.
+"""
+
+from ._errors import (
+    BlobCorrupt,
+    BlobNotFound,
+    DatabaseError,
+    InvalidBlobRef,
+    InvalidEvent,
+    InvalidTransition,
+    MigrationFailed,
+    SchemaTooNew,
+    SessionBusy,
+    SessionExists,
+    StoreClosed,
+    StoreError,
+    TaskExists,
+    UnknownSession,
+    UnknownTask,
+)
+from ._records import BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
+from ._schema import LATEST as SCHEMA_VERSION
+from ._store import DB_FILENAME, EventStore, Synchronous, new_id
+from ._subscribe import Subscription
+from ._writer import WriterStats
+
+__all__ = [
+    "DB_FILENAME",
+    "SCHEMA_VERSION",
+    "BlobCorrupt",
+    "BlobInfo",
+    "BlobNotFound",
+    "DatabaseError",
+    "EventDraft",
+    "EventStore",
+    "InvalidBlobRef",
+    "InvalidEvent",
+    "InvalidTransition",
+    "MigrationFailed",
+    "SchemaTooNew",
+    "SessionBusy",
+    "SessionExists",
+    "SessionRecord",
+    "StoreClosed",
+    "StoreError",
+    "Subscription",
+    "Synchronous",
+    "TaskExists",
+    "TaskRecord",
+    "TaskState",
+    "TaskUpdate",
+    "UnknownSession",
+    "UnknownTask",
+    "WriterStats",
+    "new_id",
+]

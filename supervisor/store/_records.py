@@ -1,0 +1,113 @@
+"""Values going into and coming out of the store: drafts, session/task records, task updates."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field
+
+from protocol import EventType, Model, RuntimeInfo, Trace, WorkerEvent
+
+
+class TaskState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+    @property
+    def terminal_event(self) -> EventType | None:
+        """The event type that ends a task in this state (``task.completed`` for COMPLETED ...)."""
+        return EventType(f"task.{self.value}") if self.is_terminal else None
+
+
+TERMINAL_STATES = frozenset({TaskState.COMPLETED, TaskState.FAILED, TaskState.STOPPED})
+ACTIVE_STATES = frozenset({TaskState.PENDING, TaskState.RUNNING})
+
+#: Allowed state changes. A terminal state is final: the task has exactly one end.
+TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {
+    TaskState.PENDING: frozenset({TaskState.RUNNING, *TERMINAL_STATES}),
+    TaskState.RUNNING: TERMINAL_STATES,
+    TaskState.COMPLETED: frozenset(),
+    TaskState.FAILED: frozenset(),
+    TaskState.STOPPED: frozenset(),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EventDraft:
+    """An event before the store gives it a ``seq``.
+
+    ``payload`` may be the payload model or a plain dict; it is validated against ``type`` by ``append``
+    before anything is written. ``trace`` defaults to ``Trace(session_id=<the append's session>)``;
+    ``time`` defaults to the moment ``append`` is called.
+    """
+
+    type: EventType | str
+    runtime: RuntimeInfo
+    payload: Model | Mapping[str, Any] = field(default_factory=dict)
+    trace: Trace | None = None
+    time: datetime | None = None
+
+    @classmethod
+    def from_worker_event(cls, event: WorkerEvent, trace: Trace) -> EventDraft:
+        """The draft for a ``runtime.event`` a worker sent (the supervisor supplies the trace)."""
+        return cls(type=event.type, runtime=event.runtime, payload=event.payload, trace=trace, time=event.time)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskUpdate:
+    """Changes to the task ``task_id``. ``None`` leaves a field as it is.
+
+    Entering a terminal state sets ``ended_at`` (now, unless given) and ``terminal_type`` (the matching
+    ``task.*`` event type, unless given); entering RUNNING sets ``started_at``.
+    """
+
+    task_id: str
+    state: TaskState | None = None
+    worker_pid: int | None = None
+    terminal_type: str | None = None
+    error: Mapping[str, Any] | None = None
+    ended_at: datetime | None = None
+    metadata: Mapping[str, Any] | None = None
+
+
+class SessionRecord(Model):
+    session_id: str
+    runtime: str
+    namespace: str
+    workspace: str | None = None
+    created_at: datetime
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    runtime_session_id: str | None = None
+    last_seq: int = Field(default=0, ge=0)
+
+
+class TaskRecord(Model):
+    task_id: str
+    session_id: str
+    state: TaskState
+    runtime: str
+    created_at: datetime
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    worker_pid: int | None = None
+    terminal_type: str | None = None
+    error: dict[str, Any] | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class BlobInfo(Model):
+    ref: str
+    size: int = Field(ge=0)
+    media_type: str
+    created_at: datetime | None = None

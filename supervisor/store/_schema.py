@@ -1,0 +1,133 @@
+"""Versioned schema migrations.
+
+``PRAGMA user_version`` holds the schema version (it lives in the database header and is transactional);
+``schema_migrations`` keeps a readable history. To change the schema, append a ``Migration`` — never
+edit a released one. Opening an older database applies the missing steps in one write transaction, so
+a failure leaves it at its old version; a database newer than ``LATEST`` is refused (``SchemaTooNew``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import apsw
+
+from ._errors import MigrationFailed, SchemaTooNew, StoreError, translate
+from ._time import now_text
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "sessions, tasks, events, blobs",
+        """
+        CREATE TABLE sessions (
+            session_id TEXT PRIMARY KEY,
+            runtime TEXT NOT NULL,
+            namespace TEXT NOT NULL,
+            workspace TEXT,
+            created_at TEXT NOT NULL,
+            metadata TEXT NOT NULL DEFAULT '{}',
+            runtime_session_id TEXT,
+            last_seq INTEGER NOT NULL DEFAULT 0 CHECK (last_seq >= 0)
+        );
+        CREATE TABLE tasks (
+            task_id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL REFERENCES sessions(session_id),
+            state TEXT NOT NULL
+                CHECK (state IN ('pending', 'running', 'completed', 'failed', 'stopped')),
+            runtime TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            started_at TEXT,
+            ended_at TEXT,
+            worker_pid INTEGER,
+            terminal_type TEXT,
+            error TEXT,
+            metadata TEXT NOT NULL DEFAULT '{}'
+        );
+        CREATE INDEX tasks_by_session ON tasks(session_id, created_at);
+        CREATE TABLE events (
+            session_id TEXT NOT NULL REFERENCES sessions(session_id),
+            seq INTEGER NOT NULL CHECK (seq >= 1),
+            task_id TEXT,
+            type TEXT NOT NULL,
+            time TEXT NOT NULL,
+            schema_version INTEGER NOT NULL,
+            body TEXT NOT NULL,
+            PRIMARY KEY (session_id, seq)
+        ) WITHOUT ROWID;
+        CREATE TABLE blobs (
+            ref TEXT PRIMARY KEY,
+            size INTEGER NOT NULL CHECK (size >= 0),
+            media_type TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        ) WITHOUT ROWID;
+        """,
+    ),
+    Migration(
+        2,
+        "events-by-task index, one active task per session",
+        """
+        CREATE INDEX events_by_task ON events(task_id, seq) WHERE task_id IS NOT NULL;
+        CREATE UNIQUE INDEX one_active_task_per_session
+            ON tasks(session_id) WHERE state IN ('pending', 'running');
+        """,
+    ),
+)
+
+LATEST = MIGRATIONS[-1].version
+
+_HISTORY = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version INTEGER PRIMARY KEY,
+    name TEXT NOT NULL,
+    applied_at TEXT NOT NULL
+)
+"""
+
+
+def schema_version(conn: apsw.Connection) -> int:
+    return int(conn.pragma("user_version"))
+
+
+def migrate(conn: apsw.Connection, path: str, target: int = LATEST) -> int:
+    """Bring the database at ``path`` up to ``target``; return the version it was at."""
+    found = schema_version(conn)
+    if found > LATEST:
+        raise SchemaTooNew(path, found, LATEST)
+    if found >= target:
+        return found
+    conn.execute("BEGIN IMMEDIATE")  # take the write lock before re-reading the version
+    try:
+        found = schema_version(conn)
+        if found > LATEST:
+            raise SchemaTooNew(path, found, LATEST)
+        if found == 0 and conn.execute("SELECT count(*) FROM sqlite_schema").get:
+            raise StoreError(f"{path} is a SQLite database but not a codesdk one; use another data dir")
+        conn.execute(_HISTORY)
+        for step in MIGRATIONS[found:target]:
+            try:
+                conn.execute(step.sql)
+            except apsw.Error as exc:
+                raise MigrationFailed(
+                    f"migrating {path} to schema version {step.version} ({step.name}) failed; the database "
+                    f"was left at version {found}: {translate(exc, 'migration')}"
+                ) from exc
+            conn.execute(
+                "INSERT INTO schema_migrations(version, name, applied_at) VALUES (?, ?, ?)",
+                (step.version, step.name, now_text()),
+            )
+        conn.pragma("user_version", target)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return found

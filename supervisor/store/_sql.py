@@ -1,0 +1,301 @@
+"""Synchronous SQL over one apsw connection: the store's core, run off the trio loop.
+
+Nothing here is async or thread-aware; ``_writer`` and ``_readers`` decide which thread runs it. Write
+functions expect to be called inside the writer's transaction (they never BEGIN/COMMIT themselves).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import apsw
+
+from protocol import NormalizedEvent, upcasters
+
+from ._errors import (
+    InvalidEvent,
+    InvalidTransition,
+    SessionBusy,
+    SessionExists,
+    TaskExists,
+    UnknownSession,
+    UnknownTask,
+)
+from ._records import TRANSITIONS, BlobInfo, SessionRecord, TaskRecord, TaskState, TaskUpdate
+from ._time import from_text, now_text, to_text
+
+BUSY_TIMEOUT_MS = 5_000
+
+
+def open_connection(path: str, *, readonly: bool, synchronous: str) -> apsw.Connection:
+    """A connection with the pragmas every store connection needs (WAL, foreign keys, busy timeout)."""
+    flags = apsw.SQLITE_OPEN_READONLY if readonly else apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
+    conn = apsw.Connection(path, flags=flags)
+    try:
+        conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+        if not readonly:
+            conn.pragma("journal_mode", "WAL")  # persistent: readers opened later see WAL too
+        conn.pragma("synchronous", synchronous)
+        conn.pragma("foreign_keys", True)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+
+
+# --- rows -> records ------------------------------------------------------------------------------
+
+_SESSION_COLUMNS = "session_id, runtime, namespace, workspace, created_at, metadata, runtime_session_id, last_seq"
+_TASK_COLUMNS = (
+    "task_id, session_id, state, runtime, created_at, started_at, ended_at, worker_pid, terminal_type, "
+    "error, metadata"
+)
+
+
+def _session(row: Sequence[Any]) -> SessionRecord:
+    sid, runtime, namespace, workspace, created_at, metadata, runtime_session_id, last_seq = row
+    return SessionRecord(
+        session_id=sid,
+        runtime=runtime,
+        namespace=namespace,
+        workspace=workspace,
+        created_at=from_text(created_at),
+        metadata=json.loads(metadata),
+        runtime_session_id=runtime_session_id,
+        last_seq=last_seq,
+    )
+
+
+def _task(row: Sequence[Any]) -> TaskRecord:
+    (tid, sid, state, runtime, created_at, started_at, ended_at, pid, terminal_type, error, metadata) = row
+    return TaskRecord(
+        task_id=tid,
+        session_id=sid,
+        state=TaskState(state),
+        runtime=runtime,
+        created_at=from_text(created_at),
+        started_at=from_text(started_at),
+        ended_at=from_text(ended_at),
+        worker_pid=pid,
+        terminal_type=terminal_type,
+        error=None if error is None else json.loads(error),
+        metadata=json.loads(metadata),
+    )
+
+
+def _event(seq: int, body: str) -> NormalizedEvent:
+    raw = json.loads(body)
+    raw["seq"] = seq  # the key column is the one source of seq
+    return upcasters.load(raw)
+
+
+# --- reads ----------------------------------------------------------------------------------------
+
+
+def select_session(conn: apsw.Connection, session_id: str) -> SessionRecord:
+    for row in conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE session_id = ?", (session_id,)):
+        return _session(row)
+    raise UnknownSession(session_id)
+
+
+def select_sessions(conn: apsw.Connection, namespace: str | None, limit: int, offset: int) -> list[SessionRecord]:
+    """Oldest first (insertion order)."""
+    where, args = ("WHERE namespace = ?", (namespace,)) if namespace is not None else ("", ())
+    sql = f"SELECT {_SESSION_COLUMNS} FROM sessions {where} ORDER BY rowid LIMIT ? OFFSET ?"
+    return [_session(row) for row in conn.execute(sql, (*args, limit, offset))]
+
+
+def select_last_seq(conn: apsw.Connection, session_id: str) -> int:
+    for (last_seq,) in conn.execute("SELECT last_seq FROM sessions WHERE session_id = ?", (session_id,)):
+        return int(last_seq)
+    raise UnknownSession(session_id)
+
+
+def select_task(conn: apsw.Connection, task_id: str) -> TaskRecord:
+    for row in conn.execute(f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id = ?", (task_id,)):
+        return _task(row)
+    raise UnknownTask(task_id)
+
+
+def select_tasks(conn: apsw.Connection, session_id: str) -> list[TaskRecord]:
+    """Oldest first. Raises ``UnknownSession`` rather than returning [] for a session that isn't there."""
+    rows = conn.execute(
+        f"SELECT {_TASK_COLUMNS} FROM tasks WHERE session_id = ? ORDER BY created_at, rowid", (session_id,)
+    ).fetchall()
+    if not rows:
+        select_last_seq(conn, session_id)
+    return [_task(row) for row in rows]
+
+
+def select_events(conn: apsw.Connection, session_id: str, after_seq: int, limit: int) -> list[NormalizedEvent]:
+    rows = cast(
+        list[tuple[int, str]],
+        conn.execute(
+            "SELECT seq, body FROM events WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+            (session_id, after_seq, limit),
+        ).fetchall(),
+    )
+    if not rows:
+        select_last_seq(conn, session_id)  # unknown session -> UnknownSession, not []
+    return [_event(seq, body) for seq, body in rows]
+
+
+def select_blob(conn: apsw.Connection, ref: str) -> BlobInfo | None:
+    for size, media_type, created_at in conn.execute(
+        "SELECT size, media_type, created_at FROM blobs WHERE ref = ?", (ref,)
+    ):
+        return BlobInfo(ref=ref, size=size, media_type=media_type, created_at=from_text(created_at))
+    return None
+
+
+# --- writes (inside the writer's transaction) -----------------------------------------------------
+
+
+def insert_session(conn: apsw.Connection, record: SessionRecord) -> SessionRecord:
+    inserted = conn.execute(
+        "INSERT INTO sessions(session_id, runtime, namespace, workspace, created_at, metadata) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(session_id) DO NOTHING RETURNING session_id",
+        (
+            record.session_id,
+            record.runtime,
+            record.namespace,
+            record.workspace,
+            to_text(record.created_at),
+            dumps(record.metadata),
+        ),
+    ).fetchall()
+    if not inserted:
+        raise SessionExists(record.session_id)
+    return record
+
+
+def update_session(
+    conn: apsw.Connection, session_id: str, runtime_session_id: str | None, metadata: Mapping[str, Any] | None
+) -> SessionRecord:
+    select_last_seq(conn, session_id)
+    if runtime_session_id is not None:
+        conn.execute(
+            "UPDATE sessions SET runtime_session_id = ? WHERE session_id = ?", (runtime_session_id, session_id)
+        )
+    if metadata is not None:
+        conn.execute("UPDATE sessions SET metadata = ? WHERE session_id = ?", (dumps(dict(metadata)), session_id))
+    return select_session(conn, session_id)
+
+
+def insert_task(
+    conn: apsw.Connection,
+    *,
+    task_id: str,
+    session_id: str,
+    state: TaskState,
+    runtime: str | None,
+    metadata: Mapping[str, Any],
+    worker_pid: int | None,
+) -> TaskRecord:
+    """Insert a PENDING or RUNNING task; ``runtime`` defaults to the session's."""
+    session = select_session(conn, session_id)
+    for _ in conn.execute("SELECT 1 FROM tasks WHERE task_id = ?", (task_id,)):
+        raise TaskExists(task_id)
+    for active_id, active_state in conn.execute(
+        "SELECT task_id, state FROM tasks WHERE session_id = ? AND state IN ('pending', 'running')", (session_id,)
+    ):
+        raise SessionBusy(session_id, active_id, active_state)
+    now = now_text()
+    conn.execute(
+        "INSERT INTO tasks(task_id, session_id, state, runtime, created_at, started_at, worker_pid, metadata) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            task_id,
+            session_id,
+            state.value,
+            runtime or session.runtime,
+            now,
+            now if state is TaskState.RUNNING else None,
+            worker_pid,
+            dumps(dict(metadata)),
+        ),
+    )
+    return select_task(conn, task_id)
+
+
+def apply_task_update(conn: apsw.Connection, update: TaskUpdate, session_id: str | None = None) -> TaskRecord:
+    """Apply ``update`` (checking the state transition); ``session_id`` insists the task belongs to it."""
+    current = select_task(conn, update.task_id)
+    if session_id is not None and current.session_id != session_id:
+        raise InvalidEvent(f"task {update.task_id!r} belongs to session {current.session_id!r}, not {session_id!r}")
+    changes: dict[str, Any] = {}
+    state = update.state
+    if state is not None and state != current.state:
+        if state not in TRANSITIONS[current.state]:
+            raise InvalidTransition(update.task_id, current.state, state)
+        changes["state"] = state.value
+        if state is TaskState.RUNNING:
+            changes["started_at"] = now_text()
+        if state.is_terminal:
+            changes["ended_at"] = to_text(update.ended_at) if update.ended_at else now_text()
+            changes["terminal_type"] = update.terminal_type or str(state.terminal_event)
+    elif state is not None and state.is_terminal:
+        raise InvalidTransition(update.task_id, current.state, state)  # a task ends exactly once
+    if update.worker_pid is not None:
+        changes["worker_pid"] = update.worker_pid
+    if update.terminal_type is not None:
+        changes["terminal_type"] = update.terminal_type
+    if update.error is not None:
+        changes["error"] = dumps(dict(update.error))
+    if update.ended_at is not None:
+        changes["ended_at"] = to_text(update.ended_at)
+    if update.metadata is not None:
+        changes["metadata"] = dumps(dict(update.metadata))
+    if changes:
+        assignments = ", ".join(f"{column} = ?" for column in changes)
+        conn.execute(f"UPDATE tasks SET {assignments} WHERE task_id = ?", (*changes.values(), update.task_id))
+    return select_task(conn, update.task_id)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedEvent:
+    """A validated, serialized draft: ``event`` carries a placeholder seq until the store assigns one."""
+
+    event: NormalizedEvent
+    task_id: str | None
+    type: str
+    time: str
+    body: str  # JSON of the event without "seq"
+
+
+def insert_events(
+    conn: apsw.Connection, session_id: str, events: Sequence[PreparedEvent]
+) -> list[NormalizedEvent]:
+    """Give ``events`` the next seqs of the session and insert them; return them as stored."""
+    seq = select_last_seq(conn, session_id)
+    stored: list[NormalizedEvent] = []
+    rows = []
+    for prepared in events:
+        seq += 1
+        rows.append(
+            (session_id, seq, prepared.task_id, prepared.type, prepared.time, prepared.event.schema_version,
+             prepared.body)
+        )
+        stored.append(prepared.event.model_copy(update={"seq": seq}))
+    conn.executemany(
+        "INSERT INTO events(session_id, seq, task_id, type, time, schema_version, body) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
+    conn.execute("UPDATE sessions SET last_seq = ? WHERE session_id = ?", (seq, session_id))
+    return stored
+
+
+def insert_blob(conn: apsw.Connection, info: BlobInfo) -> None:
+    """Record a blob's metadata; the first writer's media type wins."""
+    conn.execute(
+        "INSERT INTO blobs(ref, size, media_type, created_at) VALUES (?, ?, ?, ?) ON CONFLICT(ref) DO NOTHING",
+        (info.ref, info.size, info.media_type, now_text() if info.created_at is None else to_text(info.created_at)),
+    )

@@ -1,0 +1,390 @@
+"""``EventStore``: the trio-facing API over the SQL core, the single writer, the readers and the blob files."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import apsw
+import trio
+
+from protocol import NormalizedEvent, canonical_json, utc_now
+
+from . import _sql
+from ._blobs import BlobFiles, check_ref
+from ._errors import StoreClosed, translate
+from ._prepare import prepare
+from ._readers import ReaderPool, close_all
+from ._records import BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
+from ._schema import migrate
+from ._subscribe import Hub, Subscription
+from ._writer import Writer, WriteRequest, WriterStats
+
+T = TypeVar("T")
+
+DB_FILENAME = "codesdk.sqlite3"
+Synchronous = Literal["FULL", "NORMAL"]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class EventStore:
+    """Sessions, tasks, events and blobs of one data dir. Create with ``EventStore.open``."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        writer: Writer,
+        readers: ReaderPool,
+        hub: Hub,
+        blobs: BlobFiles,
+        *,
+        subscriber_buffer: int,
+        page_size: int,
+    ) -> None:
+        self.data_dir = data_dir
+        self.db_path = data_dir / DB_FILENAME
+        self._writer = writer
+        self._readers = readers
+        self._hub = hub
+        self._blobs = blobs
+        self._subscriber_buffer = subscriber_buffer
+        self._page_size = page_size
+        self._closed = False
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        data_dir: str | os.PathLike[str],
+        *,
+        synchronous: Synchronous = "FULL",
+        readers: int = 2,
+        max_batch: int = 256,
+        subscriber_buffer: int = 1024,
+        page_size: int = 500,
+    ) -> AsyncIterator[EventStore]:
+        """Open (creating or migrating) the store under ``data_dir``; closing flushes queued writes.
+
+        ``max_batch`` bounds how many queued write requests share one transaction; ``subscriber_buffer``
+        bounds each subscriber's in-memory feed (events); ``page_size`` is a subscriber's read page.
+        """
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ValueError(f"synchronous must be 'FULL' or 'NORMAL', not {synchronous!r}")
+        if min(readers, max_batch, subscriber_buffer, page_size) < 1:
+            raise ValueError("readers, max_batch, subscriber_buffer and page_size must be >= 1")
+        root = Path(data_dir)
+        writer_conn, reader_conns = await trio.to_thread.run_sync(_open_sync, root, synchronous, readers)
+        hub = Hub()
+        writer = Writer(writer_conn, hub.publish, max_batch=max_batch)
+        pool = ReaderPool(reader_conns)
+        store = cls(
+            root,
+            writer,
+            pool,
+            hub,
+            BlobFiles(root / "blobs", fsync=synchronous == "FULL"),
+            subscriber_buffer=subscriber_buffer,
+            page_size=page_size,
+        )
+        body_error: BaseException | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(writer.run)
+                try:
+                    yield store
+                except BaseException as exc:  # noqa: BLE001 - re-raised below
+                    body_error = exc  # raised below, outside the nursery, so callers don't get a group
+                finally:
+                    store._closed = True
+                    writer.close()  # the writer commits what is queued, then returns
+        finally:
+            with trio.CancelScope(shield=True):
+                hub.close()
+                await pool.aclose()
+                await trio.to_thread.run_sync(close_all, [writer_conn])
+        if body_error is not None:
+            raise body_error
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def writer_stats(self) -> WriterStats:
+        """Transactions and requests so far (group commit shows as requests > transactions)."""
+        return self._writer.stats
+
+    # --- sessions ---------------------------------------------------------------------------------
+
+    async def create_session(
+        self,
+        session_id: str | None = None,
+        *,
+        runtime: str,
+        namespace: str = "default",
+        workspace: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        created_at: datetime | None = None,
+    ) -> SessionRecord:
+        """Record a new session (no events: the engine appends ``session.created`` itself)."""
+        record = SessionRecord(
+            session_id=session_id or new_id("ses"),
+            runtime=runtime,
+            namespace=namespace,
+            workspace=workspace,
+            created_at=created_at or utc_now(),
+            metadata=dict(metadata or {}),
+        )
+        return await self._write(
+            f"creating session {record.session_id!r}", partial(_sql.insert_session, record=record)
+        )
+
+    async def update_session(
+        self,
+        session_id: str,
+        *,
+        runtime_session_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> SessionRecord:
+        """Set the runtime's own session id (for resuming) and/or replace the metadata."""
+        return await self._write(
+            f"updating session {session_id!r}",
+            partial(
+                _sql.update_session,
+                session_id=session_id,
+                runtime_session_id=runtime_session_id,
+                metadata=metadata,
+            ),
+        )
+
+    async def get_session(self, session_id: str) -> SessionRecord:
+        return await self._read(
+            f"reading session {session_id!r}", partial(_sql.select_session, session_id=session_id)
+        )
+
+    async def list_sessions(
+        self, *, namespace: str | None = None, limit: int = 100, offset: int = 0
+    ) -> list[SessionRecord]:
+        """Sessions oldest first, optionally of one namespace."""
+        _check_page(limit, offset)
+        return await self._read(
+            "listing sessions", partial(_sql.select_sessions, namespace=namespace, limit=limit, offset=offset)
+        )
+
+    async def last_seq(self, session_id: str) -> int:
+        """The seq of the session's last stored event (0 when it has none)."""
+        return await self._read(
+            f"reading last seq of session {session_id!r}", partial(_sql.select_last_seq, session_id=session_id)
+        )
+
+    # --- tasks ------------------------------------------------------------------------------------
+
+    async def create_task(
+        self,
+        session_id: str,
+        task_id: str | None = None,
+        *,
+        runtime: str | None = None,
+        state: TaskState = TaskState.PENDING,
+        metadata: Mapping[str, Any] | None = None,
+        worker_pid: int | None = None,
+    ) -> TaskRecord:
+        """Record a task (PENDING or RUNNING). A session has at most one pending/running task (``SessionBusy``)."""
+        state = TaskState(state)
+        if state.is_terminal:
+            raise ValueError(f"a task starts pending or running, not {state}")
+        task_id = task_id or new_id("task")
+        return await self._write(
+            f"creating task {task_id!r}",
+            partial(
+                _sql.insert_task,
+                task_id=task_id,
+                session_id=session_id,
+                state=state,
+                runtime=runtime,
+                metadata=dict(metadata or {}),
+                worker_pid=worker_pid,
+            ),
+        )
+
+    async def update_task(
+        self,
+        task_id: str,
+        *,
+        state: TaskState | None = None,
+        worker_pid: int | None = None,
+        terminal_type: str | None = None,
+        error: Mapping[str, Any] | None = None,
+        ended_at: datetime | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> TaskRecord:
+        """Change a task; state changes are checked (``InvalidTransition``). See ``TaskUpdate``."""
+        update = TaskUpdate(
+            task_id=task_id,
+            state=None if state is None else TaskState(state),
+            worker_pid=worker_pid,
+            terminal_type=terminal_type,
+            error=error,
+            ended_at=ended_at,
+            metadata=metadata,
+        )
+        return await self._write(f"updating task {task_id!r}", partial(_sql.apply_task_update, update=update))
+
+    async def get_task(self, task_id: str) -> TaskRecord:
+        return await self._read(f"reading task {task_id!r}", partial(_sql.select_task, task_id=task_id))
+
+    async def list_tasks(self, session_id: str) -> list[TaskRecord]:
+        """The session's tasks, oldest first."""
+        return await self._read(
+            f"listing tasks of session {session_id!r}", partial(_sql.select_tasks, session_id=session_id)
+        )
+
+    # --- events -----------------------------------------------------------------------------------
+
+    async def append(
+        self, session_id: str, drafts: Sequence[EventDraft], *, task_update: TaskUpdate | None = None
+    ) -> list[NormalizedEvent]:
+        """Store ``drafts`` atomically as the session's next events; return them with their seqs.
+
+        Every draft is validated first (``InvalidEvent``); the batch and the optional ``task_update``
+        (e.g. the terminal state with the terminal event) commit together or not at all. Subscribers
+        see the events only after the commit. If the caller is cancelled after the batch was queued,
+        the batch is still stored.
+        """
+        prepared = prepare(session_id, drafts)
+        if not prepared and task_update is None:
+            return []
+
+        def op(conn: apsw.Connection) -> list[NormalizedEvent]:
+            stored = _sql.insert_events(conn, session_id, prepared)
+            if task_update is not None:
+                _sql.apply_task_update(conn, task_update, session_id=session_id)
+            return stored
+
+        where = f"appending {len(prepared)} event(s) to session {session_id!r}"
+        return await self._write(where, op, publish_to=session_id)
+
+    async def read(self, session_id: str, after_seq: int = 0, limit: int = 1000) -> list[NormalizedEvent]:
+        """Up to ``limit`` events with seq > ``after_seq``, in seq order. Page with the last seq you got."""
+        _check_page(limit, after_seq)
+        return await self._read(
+            f"reading events of session {session_id!r}",
+            partial(_sql.select_events, session_id=session_id, after_seq=after_seq, limit=limit),
+        )
+
+    @asynccontextmanager
+    async def subscribe(
+        self, session_id: str, after_seq: int = 0, *, until_terminal: bool = False
+    ) -> AsyncIterator[Subscription]:
+        """Iterate the session's events with seq > ``after_seq``: the stored past, then live ones.
+
+        No gaps, no duplicates, in seq order, each event only after it is durable. A slow subscriber
+        never holds up appends (its feed is bounded; on overflow it re-reads from the store). With
+        ``until_terminal`` the iteration ends after the next terminal (``task.*``) event. Iteration
+        raises ``StoreClosed`` when the store closes while it waits.
+        """
+        _check_page(1, after_seq)
+        feed = self._hub.add(session_id, self._subscriber_buffer)  # before the first read: see _subscribe
+        try:
+            await self.last_seq(session_id)  # UnknownSession here rather than on first iteration
+            read_page = partial(self.read, session_id)
+            yield Subscription(
+                read_page, feed, after_seq, until_terminal=until_terminal, page_size=self._page_size
+            )
+        finally:
+            self._hub.remove(session_id, feed)
+
+    def subscriber_count(self, session_id: str) -> int:
+        return self._hub.count(session_id)
+
+    # --- blobs ------------------------------------------------------------------------------------
+
+    async def put_blob(self, data: bytes, media_type: str = "application/octet-stream") -> str:
+        """Store ``data`` content-addressed; return ``sha256:<hex>``. Idempotent (first media type wins)."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"blob data must be bytes, not {type(data).__name__}")
+        return await self._put(bytes(data), media_type)
+
+    async def put_json_blob(self, value: Any) -> str:
+        """Store the RFC 8785 canonical JSON of ``value``; the ref equals ``protocol.canonical_hash(value)``."""
+        data = await trio.to_thread.run_sync(canonical_json, value)
+        return await self._put(data, "application/json")
+
+    async def get_blob(self, ref: str) -> bytes:
+        """The blob's bytes, re-hashed on read (``BlobCorrupt`` if they no longer match the ref)."""
+        check_ref(ref)
+        return await self._blob_io(f"reading blob {ref}", self._blobs.get, ref)
+
+    async def blob_exists(self, ref: str) -> bool:
+        check_ref(ref)
+        return await self._blob_io(f"checking blob {ref}", self._blobs.exists, ref)
+
+    async def blob_info(self, ref: str) -> BlobInfo:
+        check_ref(ref)
+        info = await self._read(f"reading blob {ref}", partial(_sql.select_blob, ref=ref))
+        if info is not None:
+            return info
+        size = await self._blob_io(f"reading blob {ref}", self._blobs.size, ref)  # file without row
+        return BlobInfo(ref=ref, size=size, media_type="application/octet-stream")
+
+    async def _put(self, data: bytes, media_type: str) -> str:
+        ref, _ = await self._blob_io("writing a blob", self._blobs.put, data)
+        info = BlobInfo(ref=ref, size=len(data), media_type=media_type)
+        await self._write(f"recording blob {ref}", partial(_sql.insert_blob, info=info))
+        return ref
+
+    # --- plumbing ---------------------------------------------------------------------------------
+
+    async def _write(
+        self, where: str, op: Callable[[apsw.Connection], T], *, publish_to: str | None = None
+    ) -> T:
+        if self._closed:
+            raise StoreClosed(where)
+        return await self._writer.submit(WriteRequest(op, where, publish_to))
+
+    async def _read(self, where: str, function: Callable[[apsw.Connection], T]) -> T:
+        return await self._readers.run(where, function)
+
+    async def _blob_io(self, where: str, function: Callable[[Any], T], arg: Any) -> T:
+        if self._closed:
+            raise StoreClosed(where)
+        try:
+            return await trio.to_thread.run_sync(function, arg)
+        except OSError as exc:
+            raise translate(exc, where) from exc
+
+
+def _check_page(limit: int, offset: int) -> None:
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, not {limit}")
+    if offset < 0:
+        raise ValueError(f"after_seq/offset must be >= 0, not {offset}")
+
+
+def _open_sync(root: Path, synchronous: str, readers: int) -> tuple[apsw.Connection, list[apsw.Connection]]:
+    """Create the data dir, open and migrate the database, open the readers (worker thread)."""
+    path = str(root / DB_FILENAME)
+    opened: list[apsw.Connection] = []
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        writer = _sql.open_connection(path, readonly=False, synchronous=synchronous)
+        opened.append(writer)
+        migrate(writer, path)
+        for _ in range(readers):
+            opened.append(_sql.open_connection(path, readonly=True, synchronous=synchronous))
+    except BaseException as exc:
+        close_all(opened)
+        translated = translate(exc, f"opening the event store at {path}")
+        if translated is exc:
+            raise
+        raise translated from exc
+    return opened[0], opened[1:]

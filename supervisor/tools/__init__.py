@@ -1,0 +1,97 @@
+"""Supervisor-owned tools and their permission policy.
+
+Tools (``ToolRegistry``): ``workspace.read``, ``workspace.write``, ``patch.apply``, ``workspace.list`` are on
+by default; ``workspace.exec`` is off unless ``ToolsConfig.exec`` enables it, and then runs only allowlisted
+commands in a sandbox. Every path is confined to the session workspace. ``ToolRegistry.execute`` turns
+every caller-caused failure into an error ``ToolResult``.
+
+Policy (``decide``/``evaluate``): permission mode x tool class, recorded as ordered evaluations plus one
+effective decision; see ``supervisor.tools._policy`` for the table. ``is_replay_safe`` says which completed
+calls may be answered from the store.
+"""
+
+from ._base import (
+    PREVIEW_MAX_CHARS,
+    ErrorCode,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolInput,
+    ToolLimits,
+    ToolResult,
+)
+from ._diff import DiffError, FilePatch, Hunk, HunkMismatch, apply_hunks, parse_unified_diff, split_lines
+from ._exec import DEFAULT_EXEC_PATH, ExecInput, ExecPolicy
+from ._files import ListInput, ReadInput, WriteInput
+from ._patch import PatchInput
+from ._paths import ConfinedPath, confine
+from ._policy import (
+    POLICY_VERSION,
+    RULES,
+    ApprovalNeeded,
+    ApprovalRequest,
+    Approver,
+    ApproverAnswer,
+    Evaluation,
+    PolicyOutcome,
+    PolicyPayload,
+    PolicyRequest,
+    codesdk_evaluation,
+    complete,
+    decide,
+    evaluate,
+    policy_payloads,
+)
+from ._registry import EXEC_TOOL_NAME, ToolRegistry, ToolsConfig
+from ._replay import input_hash, is_replay_safe
+from ._sandbox import SandboxProber, SandboxTools, probe_sandbox
+
+__all__ = [
+    "DEFAULT_EXEC_PATH",
+    "EXEC_TOOL_NAME",
+    "POLICY_VERSION",
+    "PREVIEW_MAX_CHARS",
+    "RULES",
+    "ApprovalNeeded",
+    "ApprovalRequest",
+    "Approver",
+    "ApproverAnswer",
+    "ConfinedPath",
+    "DiffError",
+    "ErrorCode",
+    "Evaluation",
+    "ExecInput",
+    "ExecPolicy",
+    "FilePatch",
+    "Hunk",
+    "HunkMismatch",
+    "ListInput",
+    "PatchInput",
+    "PolicyOutcome",
+    "PolicyPayload",
+    "PolicyRequest",
+    "ReadInput",
+    "SandboxProber",
+    "SandboxTools",
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "ToolInput",
+    "ToolLimits",
+    "ToolRegistry",
+    "ToolResult",
+    "ToolsConfig",
+    "WriteInput",
+    "apply_hunks",
+    "codesdk_evaluation",
+    "complete",
+    "confine",
+    "decide",
+    "evaluate",
+    "input_hash",
+    "is_replay_safe",
+    "parse_unified_diff",
+    "policy_payloads",
+    "probe_sandbox",
+    "split_lines",
+]

@@ -1,0 +1,133 @@
+"""Path confinement: every tool path is relative to the session workspace and must stay inside it.
+
+Two layers, because either alone has a gap:
+
+1. ``confine`` resolves the path (``os.path.realpath``: symlinks followed, ``..`` applied the way the kernel
+   would) and refuses absolute paths, lexical ``..`` escapes and anything whose resolution leaves the
+   workspace, including through a dangling symlink or a symlinked parent of a file not yet created.
+2. The fd helpers then walk the resolved components from the workspace fd with ``O_NOFOLLOW`` at every step,
+   so a symlink swapped in between the check and the use is refused (ELOOP) instead of followed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._base import ErrorCode, ToolError
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class ConfinedPath:
+    """A workspace path after confinement: ``parts`` are symlink-free components under ``root``."""
+
+    root: Path
+    parts: tuple[str, ...]
+    given: str
+
+    @property
+    def rel(self) -> str:
+        """The resolved path relative to the workspace, ``.`` for the workspace itself."""
+        return "/".join(self.parts) or "."
+
+    @property
+    def path(self) -> Path:
+        return self.root.joinpath(*self.parts)
+
+    @property
+    def name(self) -> str:
+        return self.parts[-1] if self.parts else "."
+
+    @property
+    def parent_parts(self) -> tuple[str, ...]:
+        return self.parts[:-1]
+
+
+def _refuse(given: str, why: str) -> ToolError:
+    return ToolError(ErrorCode.PATH_REFUSED, f"path {given!r} refused: {why}")
+
+
+def workspace_root(workspace: Path) -> Path:
+    """The workspace with its own symlinks resolved; it must be an existing directory."""
+    root = Path(os.path.realpath(workspace))
+    if not root.is_dir():
+        raise ToolError(ErrorCode.NOT_FOUND, f"workspace {str(workspace)!r} is not an existing directory")
+    return root
+
+
+def confine(workspace: Path, given: str) -> ConfinedPath:
+    """Resolve ``given`` inside ``workspace`` or raise ``ToolError(PATH_REFUSED)`` saying why not.
+
+    ``""`` and ``"."`` name the workspace itself (useful for listing; file tools refuse it).
+    """
+    if "\x00" in given:
+        raise _refuse(given, "it contains a NUL byte")
+    if posixpath.isabs(given) or os.path.isabs(given):
+        raise _refuse(given, "absolute paths are not allowed; give a path relative to the workspace")
+    lexical = posixpath.normpath(given) if given else "."
+    if lexical == ".." or lexical.startswith("../"):
+        raise _refuse(given, "'..' would leave the workspace")
+    root = workspace_root(workspace)
+    resolved = Path(os.path.realpath(root / given))
+    if not resolved.is_relative_to(root):
+        raise _refuse(given, "it resolves outside the workspace through a symlink")
+    return ConfinedPath(root=root, parts=resolved.relative_to(root).parts, given=given)
+
+
+def os_error(exc: OSError, given: str) -> ToolError:
+    """Translate an OSError from a confined operation into a clear ``ToolError``."""
+    if exc.errno == errno.ENOENT:
+        return ToolError(ErrorCode.NOT_FOUND, f"{given!r} does not exist")
+    if exc.errno == errno.ELOOP:
+        return _refuse(given, "a symlink appeared in the path while it was being opened")
+    if exc.errno == errno.ENOTDIR:
+        return ToolError(ErrorCode.NOT_A_DIRECTORY, f"a component of {given!r} is not a directory")
+    if exc.errno == errno.EISDIR:
+        return ToolError(ErrorCode.NOT_A_FILE, f"{given!r} is a directory")
+    if exc.errno == errno.EEXIST:
+        return ToolError(ErrorCode.ALREADY_EXISTS, f"{given!r} already exists")
+    return ToolError(ErrorCode.IO_ERROR, f"{given!r}: {exc.strerror or exc}")
+
+
+def open_dir(
+    root: Path, parts: tuple[str, ...], *, create: bool = False, created: list[Path] | None = None
+) -> int:
+    """Open the directory ``root/parts`` without following any symlink; optionally create missing ones.
+
+    Directories this call creates are appended to ``created`` (outermost first) so a caller can undo them.
+    """
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for index, name in enumerate(parts):
+            if create:
+                try:
+                    os.mkdir(name, 0o777, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                else:
+                    if created is not None:
+                        created.append(root.joinpath(*parts[: index + 1]))
+            next_fd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextmanager
+def dir_fd(root: Path, parts: tuple[str, ...], *, create: bool = False) -> Iterator[int]:
+    """``open_dir`` as a context manager that closes the fd."""
+    fd = open_dir(root, parts, create=create)
+    try:
+        yield fd
+    finally:
+        os.close(fd)

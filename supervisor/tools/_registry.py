@@ -1,0 +1,109 @@
+"""The registry of owned tools: which are enabled, their manifest, and the one entry point to run them.
+
+``execute`` never raises for a bad call: unknown tool, invalid input, a refused path, a failed command all
+come back as an error ``ToolResult``. Only cancellation propagates.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from protocol import ToolManifest, ToolSpec, canonical_hash
+
+from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolResult
+from ._exec import ExecPolicy, make_exec_tool
+from ._files import LIST_TOOL, READ_TOOL, WRITE_TOOL
+from ._patch import PATCH_TOOL
+from ._sandbox import SandboxProber
+
+log = logging.getLogger(__name__)
+
+EXEC_TOOL_NAME = "workspace.exec"
+
+
+@dataclass(frozen=True)
+class ToolsConfig:
+    """Operator configuration: ``exec`` is off unless enabled there; ``disabled`` turns off others by name."""
+
+    exec: ExecPolicy = field(default_factory=ExecPolicy)
+    disabled: frozenset[str] = frozenset()
+
+
+def _validation_message(exc: ValidationError) -> tuple[str, list[Any]]:
+    details = [
+        {
+            "loc": ".".join(str(part) for part in error["loc"]) or "<input>",
+            "msg": error["msg"],
+            "type": error["type"],
+        }
+        for error in exc.errors(include_url=False)
+    ]
+    text = "; ".join(f"{item['loc']}: {item['msg']}" for item in details)
+    return f"invalid input: {text}", details
+
+
+class ToolRegistry:
+    """The tools of one configuration. Build once per supervisor (or per session if configs differ)."""
+
+    def __init__(self, config: ToolsConfig | None = None, *, prober: SandboxProber | None = None) -> None:
+        self.config = config or ToolsConfig()
+        every: list[Tool[Any]] = [READ_TOOL, WRITE_TOOL, PATCH_TOOL, LIST_TOOL]
+        if self.config.exec.enabled:
+            every.append(make_exec_tool(self.config.exec, prober))
+        self._tools: dict[str, Tool[Any]] = {
+            tool.name: tool for tool in every if tool.name not in self.config.disabled
+        }
+        self._manifest = ToolManifest(tools=tuple(tool.spec() for tool in self._tools.values()))
+
+    @property
+    def tools(self) -> Mapping[str, Tool[Any]]:
+        return dict(self._tools)
+
+    def manifest(self) -> ToolManifest:
+        """The enabled tools, as offered to a runtime."""
+        return self._manifest
+
+    def manifest_hash(self) -> str:
+        """Canonical hash of the manifest: names the exact tool set a policy decision was made against."""
+        return canonical_hash(self._manifest)
+
+    def spec(self, name: str) -> ToolSpec | None:
+        return self._manifest.get(name)
+
+    async def execute(self, name: str, input: Any, ctx: ToolContext) -> ToolResult:
+        """Validate ``input`` against the tool's model and run it; every failure is an error result."""
+        tool = self._tools.get(name)
+        if tool is None:
+            why = (
+                "is disabled (enable it in the tools config)" if name == EXEC_TOOL_NAME else "is not enabled"
+            )
+            known = ", ".join(self._tools) or "none"
+            return ToolResult.error(ErrorCode.UNKNOWN_TOOL, f"tool {name!r} {why}; available: {known}")
+        sandbox, env = tool.refusal_sandbox(ctx), tool.execution_env
+        try:
+            args = tool.input_model.model_validate(input)
+        except ValidationError as exc:
+            message, details = _validation_message(exc)
+            return ToolResult.error(
+                ErrorCode.INVALID_INPUT,
+                f"{name}: {message}",
+                details=details,
+                sandbox=sandbox,
+                execution_env=env,
+            )
+        try:
+            return await tool.run(args, ctx)
+        except ToolError as exc:
+            return ToolResult.error(exc.code, exc.message, sandbox=sandbox, execution_env=env)
+        except OSError as exc:
+            message = f"{name}: {exc.strerror or exc}"
+            return ToolResult.error(ErrorCode.IO_ERROR, message, sandbox=sandbox, execution_env=env)
+        except Exception as exc:  # a bug in a tool must not take the task down with it
+            log.exception("tool %s failed unexpectedly", name)
+            message = f"{name} failed unexpectedly: {type(exc).__name__}: {exc}"
+            return ToolResult.error(ErrorCode.INTERNAL, message, sandbox=sandbox, execution_env=env)

@@ -1,0 +1,240 @@
+"""The worker pool: at most one worker per credential namespace, started on demand.
+
+Each worker lives in its own nursery under the pool's: it counts as running after its handshake, its
+events are pumped to the engine in order, and only after its output has ended and it has been reaped
+does the pool report the exit — so the engine never mistakes events that were already sent for lost.
+Crashes restart lazily with exponential backoff; too many in a window mark the namespace failing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+import trio
+
+from protocol import RuntimeEventParams
+
+from ..namespaces import Namespace, build_env, prepare_dirs, runtime_env
+from .process import ExitStatus, WorkerProcess, WorkerSpec, worker_argv
+
+log = logging.getLogger("codesdk.supervisor.pool")
+
+EventHandler = Callable[[WorkerProcess, RuntimeEventParams], Awaitable[None]]
+ExitHandler = Callable[[str, WorkerProcess, ExitStatus], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    data_dir: Path
+    argv: tuple[str, ...] = ()
+    idle_timeout_s: float = 300.0  # an unused worker is shut down after this long
+    max_restarts: int = 5  # crashes allowed within restart_window_s before the namespace is failing
+    restart_window_s: float = 60.0
+    backoff_initial_s: float = 0.25  # delay before restarting after a crash; doubles per recent crash
+    backoff_max_s: float = 10.0
+    shutdown_grace_s: float = 5.0
+    handshake_timeout_s: float = 30.0
+    path: str | None = None  # PATH for workers
+    env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # namespace (or "*") -> variables
+
+    def worker_argv(self) -> list[str]:
+        return list(self.argv) or worker_argv()
+
+    def env_for(self, namespace: str) -> dict[str, str]:
+        return {**self.env.get("*", {}), **self.env.get(namespace, {})}
+
+
+class SlotState(StrEnum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    RUNNING = "running"
+    FAILING = "failing"
+
+
+class NamespaceFailing(RuntimeError):
+    """Workers of this namespace crashed too often; no new worker is started until the window passes."""
+
+
+@dataclass
+class _Slot:
+    namespace: Namespace
+    worker: WorkerProcess | None = None
+    starting: trio.Event | None = None
+    active: int = 0
+    crashes: deque[float] = field(default_factory=deque)
+    last_exit: ExitStatus | None = None
+    last_error: str | None = None
+    idle_scope: trio.CancelScope | None = None
+    workers_started: int = 0
+    vacated: trio.Event = field(default_factory=trio.Event)  # set once the current worker is gone
+
+
+class WorkerPool:
+    def __init__(self, config: PoolConfig, nursery: trio.Nursery, on_event: EventHandler,
+                 on_exit: ExitHandler) -> None:
+        self.config = config
+        self._nursery = nursery
+        self._on_event = on_event
+        self._on_exit = on_exit
+        self._slots: dict[str, _Slot] = {}
+        self._closing = False
+
+    # -- public ---------------------------------------------------------------------------------
+
+    async def acquire(self, namespace: str) -> WorkerProcess:
+        """The namespace's running worker (started if needed), counted as in use until ``release``."""
+        slot = self._slots.setdefault(namespace, _Slot(Namespace.parse(namespace)))
+        while True:
+            if self._closing:
+                raise NamespaceFailing("the supervisor is shutting down")
+            if slot.worker is not None:
+                if slot.worker.exited.is_set() or slot.worker.stopping:
+                    await slot.vacated.wait()  # never two workers for one namespace
+                    continue
+                slot.active += 1
+                if slot.idle_scope is not None:
+                    slot.idle_scope.cancel()
+                    slot.idle_scope = None
+                return slot.worker
+            if slot.starting is not None:
+                await slot.starting.wait()
+                if slot.worker is None:  # the start we waited for failed
+                    raise NamespaceFailing(slot.last_error or f"namespace {namespace!r}: worker failed to start")
+                continue
+            await self._start(slot)
+
+    def release(self, namespace: str, worker: WorkerProcess) -> None:
+        slot = self._slots.get(namespace)
+        if slot is None or slot.worker is not worker:
+            return
+        slot.active = max(0, slot.active - 1)
+        if slot.active == 0 and not worker.exited.is_set():
+            scope = trio.CancelScope()
+            slot.idle_scope = scope
+            self._nursery.start_soon(self._idle_timer, slot, worker, scope)
+
+    def status(self) -> list[dict[str, object]]:
+        now = time.monotonic()
+        out: list[dict[str, object]] = []
+        for name, slot in sorted(self._slots.items()):
+            out.append({
+                "namespace": name,
+                "state": self._state(slot, now).value,
+                "pid": slot.worker.pid if slot.worker and not slot.worker.exited.is_set() else None,
+                "active_tasks": slot.active,
+                "workers_started": slot.workers_started,
+                "recent_crashes": len(slot.crashes),
+                "last_exit": slot.last_exit.describe() if slot.last_exit else None,
+                "last_error": slot.last_error,
+            })
+        return out
+
+    def worker_of(self, namespace: str) -> WorkerProcess | None:
+        slot = self._slots.get(namespace)
+        return slot.worker if slot else None
+
+    async def aclose(self) -> None:
+        """Shut every worker down (bounded) and wait for their exits to be reported."""
+        self._closing = True
+        with trio.CancelScope(shield=True):
+            async with trio.open_nursery() as nursery:
+                for slot in self._slots.values():
+                    if slot.worker is not None:
+                        nursery.start_soon(slot.worker.shutdown, self.config.shutdown_grace_s)
+            for slot in self._slots.values():
+                if slot.worker is not None:
+                    await slot.vacated.wait()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _state(self, slot: _Slot, now: float) -> SlotState:
+        self._forget_old_crashes(slot, now)
+        if slot.starting is not None:
+            return SlotState.STARTING
+        if slot.worker is not None:
+            return SlotState.RUNNING
+        if len(slot.crashes) >= self.config.max_restarts:
+            return SlotState.FAILING
+        return SlotState.STOPPED
+
+    def _forget_old_crashes(self, slot: _Slot, now: float) -> None:
+        while slot.crashes and now - slot.crashes[0] > self.config.restart_window_s:
+            slot.crashes.popleft()
+
+    async def _start(self, slot: _Slot) -> None:
+        name = slot.namespace.name
+        now = time.monotonic()
+        self._forget_old_crashes(slot, now)
+        if len(slot.crashes) >= self.config.max_restarts:
+            wait = self.config.restart_window_s - (now - slot.crashes[0])
+            raise NamespaceFailing(
+                f"namespace {name!r} is failing: its worker crashed {len(slot.crashes)} times in "
+                f"{self.config.restart_window_s:.0f} s (last: {slot.last_error or 'unknown'}); "
+                f"new workers start again in {max(wait, 0):.0f} s — check the worker log")
+        slot.starting = trio.Event()
+        try:
+            if slot.crashes:
+                delay = min(self.config.backoff_initial_s * 2 ** (len(slot.crashes) - 1), self.config.backoff_max_s)
+                log.info("namespace %s: restarting worker after %.2f s backoff", name, delay)
+                await trio.sleep(delay)
+            dirs = await trio.to_thread.run_sync(prepare_dirs, self.config.data_dir, slot.namespace)
+            env = build_env(dirs, self.config.env_for(name), self.config.path)
+            spec = WorkerSpec(argv=self.config.worker_argv(), env=env, cwd=str(dirs.home),
+                              name=f"worker[{name}]", runtime_env=runtime_env(slot.namespace, env))
+            try:
+                slot.vacated = trio.Event()
+                slot.worker = await self._nursery.start(self._run_worker, slot, spec)
+            except Exception as exc:
+                slot.crashes.append(time.monotonic())
+                slot.last_error = f"worker failed to start: {exc}"
+                log.error("namespace %s: %s", name, slot.last_error)
+                raise NamespaceFailing(f"namespace {name!r}: {slot.last_error}") from exc
+            slot.workers_started += 1
+        finally:
+            starting, slot.starting = slot.starting, None
+            starting.set()
+
+    async def _run_worker(self, slot: _Slot, spec: WorkerSpec,
+                          task_status: trio.TaskStatus[WorkerProcess] = trio.TASK_STATUS_IGNORED) -> None:
+        vacated = slot.vacated
+        async with trio.open_nursery() as nursery:
+            worker = await WorkerProcess.start(nursery, spec, self.config.handshake_timeout_s)
+            log.info("namespace %s: worker pid %d ready", slot.namespace.name, worker.pid)
+            nursery.start_soon(self._pump_events, worker)
+            task_status.started(worker)
+            status = await worker.wait_exit()
+        # Output has ended, every event was handed over, and the process is reaped.
+        slot.last_exit = status
+        if slot.worker is worker:
+            slot.worker = None
+            slot.active = 0
+            if slot.idle_scope is not None:
+                slot.idle_scope.cancel()
+                slot.idle_scope = None
+        if not worker.stopping:
+            slot.crashes.append(time.monotonic())
+            slot.last_error = f"worker pid {worker.pid} {status.describe()}"
+            log.error("namespace %s: %s", slot.namespace.name, slot.last_error)
+        try:
+            with trio.CancelScope(shield=True):
+                await self._on_exit(slot.namespace.name, worker, status)
+        finally:
+            vacated.set()
+
+    async def _pump_events(self, worker: WorkerProcess) -> None:
+        async for params in worker.connection.events:
+            await self._on_event(worker, params)
+
+    async def _idle_timer(self, slot: _Slot, worker: WorkerProcess, scope: trio.CancelScope) -> None:
+        with scope:
+            await trio.sleep(self.config.idle_timeout_s)
+            if slot.worker is worker and slot.active == 0:
+                log.info("namespace %s: worker idle for %.0f s; shutting it down", slot.namespace.name,
+                         self.config.idle_timeout_s)
+                await worker.shutdown(self.config.shutdown_grace_s)

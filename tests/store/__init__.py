@@ -1,0 +1,1 @@
+"""Event store and blob store tests."""

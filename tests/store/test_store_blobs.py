@@ -1,0 +1,99 @@
+"""Blob store: content addressing, idempotence, canonical JSON refs, corruption detection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from protocol import CanonicalizationError, canonical_hash, sha256_hex
+from supervisor.store import BlobCorrupt, BlobNotFound, EventStore, InvalidBlobRef
+
+
+def _blob_files(data_dir: Path) -> list[Path]:
+    return sorted(p for p in (data_dir / "blobs").rglob("*") if p.is_file())
+
+
+async def test_round_trip_and_layout(store: EventStore, data_dir: Path) -> None:
+    with trio.fail_after(10):
+        data = b"\x00binary\xffdata" * 100
+        ref = await store.put_blob(data, "application/x-test")
+        assert ref == sha256_hex(data)
+        digest = ref.removeprefix("sha256:")
+        assert _blob_files(data_dir) == [data_dir / "blobs" / "sha256" / digest[:2] / digest[2:]]
+        assert await store.get_blob(ref) == data
+        assert await store.blob_exists(ref)
+        info = await store.blob_info(ref)
+        assert (info.size, info.media_type) == (len(data), "application/x-test")
+
+
+async def test_put_is_idempotent_and_deduplicated(store: EventStore, data_dir: Path) -> None:
+    with trio.fail_after(10):
+        refs = set()
+        async with trio.open_nursery() as nursery:
+            async def put(media_type: str) -> None:
+                refs.add(await store.put_blob(b"same bytes", media_type))
+
+            for index in range(10):
+                nursery.start_soon(put, f"text/x-{index}")
+        assert len(refs) == 1
+        assert len(_blob_files(data_dir)) == 1  # and no temp files left behind
+        assert (await store.blob_info(refs.pop())).media_type.startswith("text/x-")
+        assert await store.put_blob(b"") == sha256_hex(b"")
+        assert await store.get_blob(sha256_hex(b"")) == b""
+
+
+async def test_json_blob_ref_is_the_canonical_hash(store: EventStore) -> None:
+    with trio.fail_after(10):
+        value = {"b": [1, 2.5, "é"], "a": {"z": None, "y": True}}
+        ref = await store.put_json_blob(value)
+        assert ref == canonical_hash(value)
+        assert ref == await store.put_json_blob({"a": {"y": True, "z": None}, "b": [1, 2.5, "é"]})
+        assert await store.get_blob(ref) == b'{"a":{"y":true,"z":null},"b":[1,2.5,"\xc3\xa9"]}'
+        assert (await store.blob_info(ref)).media_type == "application/json"
+        with pytest.raises(CanonicalizationError, match="/x"):
+            await store.put_json_blob({"x": float("nan")})
+
+
+async def test_unknown_and_malformed_refs(store: EventStore) -> None:
+    with trio.fail_after(10):
+        missing = sha256_hex(b"never stored")
+        with pytest.raises(BlobNotFound, match=missing):
+            await store.get_blob(missing)
+        with pytest.raises(BlobNotFound):
+            await store.blob_info(missing)
+        assert not await store.blob_exists(missing)
+        for bad in ("sha256:abc", "md5:" + "0" * 64, "sha256:" + "G" * 64, "sha256:../../etc/passwd"):
+            with pytest.raises(InvalidBlobRef, match="64 lowercase hex"):
+                await store.get_blob(bad)
+            with pytest.raises(InvalidBlobRef):
+                await store.blob_exists(bad)
+        with pytest.raises(TypeError, match="bytes"):
+            await store.put_blob("text")  # type: ignore[arg-type]
+
+
+async def test_corruption_is_detected(store: EventStore, data_dir: Path) -> None:
+    with trio.fail_after(10):
+        ref = await store.put_blob(b"precious", "text/plain")
+        [path] = _blob_files(data_dir)
+        path.write_bytes(b"tampered")
+        with pytest.raises(BlobCorrupt, match=f"{ref} is corrupt.*{sha256_hex(b'tampered')}"):
+            await store.get_blob(ref)
+        path.unlink()
+        assert await store.put_blob(b"precious") == ref  # a deleted blob can be written again
+        assert await store.get_blob(ref) == b"precious"
+
+
+async def test_blob_file_without_metadata_row(store: EventStore, data_dir: Path) -> None:
+    with trio.fail_after(10):
+        data = b"written before a crash"
+        ref = sha256_hex(data)
+        digest = ref.removeprefix("sha256:")
+        path = data_dir / "blobs" / "sha256" / digest[:2] / digest[2:]
+        path.parent.mkdir(parents=True)
+        path.write_bytes(data)
+        info = await store.blob_info(ref)
+        assert (info.size, info.media_type) == (len(data), "application/octet-stream")
+        assert await store.put_blob(data, "text/plain") == ref  # repairs the missing row
+        assert (await store.blob_info(ref)).media_type == "text/plain"

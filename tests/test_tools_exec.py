@@ -1,0 +1,270 @@
+"""workspace.exec: off by default; when on, allowlisted argv only, sandboxed (netns, time, memory, env, output)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]
+import pytest
+import trio
+
+from supervisor.tools import (
+    ExecPolicy,
+    SandboxProber,
+    SandboxTools,
+    ToolContext,
+    ToolLimits,
+    ToolRegistry,
+    ToolResult,
+    ToolsConfig,
+    probe_sandbox,
+)
+
+ALLOW = ("echo", "sh", "sleep", "python3", "env", "pwd", "false")
+
+
+class FixedProber(SandboxProber):
+    """A prober that reports what the test says is available."""
+
+    def __init__(self, tools: SandboxTools) -> None:
+        super().__init__()
+        self.tools = tools
+
+    async def get(self) -> SandboxTools:
+        return self.tools
+
+
+@pytest.fixture(scope="module")
+def sandbox_tools() -> SandboxTools:
+    return trio.run(probe_sandbox)
+
+
+@pytest.fixture
+def netns(sandbox_tools: SandboxTools) -> SandboxTools:
+    if sandbox_tools.netns_prefix is None:
+        pytest.skip("no network namespace here: `unshare -n` and `unshare -r -n` both fail")
+    if sandbox_tools.prlimit is None:
+        pytest.skip("`prlimit` is unavailable here")
+    return sandbox_tools
+
+
+def registry(prober: SandboxProber | None = None, **policy: Any) -> ToolRegistry:
+    settings: dict[str, Any] = {"enabled": True, "allowlist": ALLOW, **policy}
+    return ToolRegistry(ToolsConfig(exec=ExecPolicy(**settings)), prober=prober)
+
+
+async def run(
+    reg: ToolRegistry, ws: Path, args: Any, limits: ToolLimits | None = None, budget: float = 30
+) -> ToolResult:
+    with trio.fail_after(budget):
+        return await reg.execute("workspace.exec", args, ToolContext(ws, limits or ToolLimits()))
+
+
+def content(result: ToolResult) -> dict[str, Any]:
+    assert isinstance(result.content, dict)
+    return result.content
+
+
+def code_of(result: ToolResult) -> str:
+    assert result.is_error
+    return str(content(result)["error"]["code"])
+
+
+def processes_with(marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = proc.info["cmdline"] or []
+        if any(marker in part for part in cmdline) and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(proc)
+    return found
+
+
+async def test_exec_is_disabled_by_default(tmp_path: Path) -> None:
+    default = ToolRegistry()
+    assert "workspace.exec" not in default.manifest().names()
+    result = await run(default, tmp_path, {"argv": ["echo", "hi"]})
+    assert code_of(result) == "unknown_tool"
+    assert "disabled" in content(result)["error"]["message"]
+
+
+async def test_echo_runs_in_the_sandbox(tmp_path: Path, netns: SandboxTools) -> None:
+    result = await run(registry(), tmp_path, {"argv": ["echo", "hello", "$HOME", "; rm -rf /"]})
+    assert not result.is_error, result.content
+    assert result.stdout == "hello $HOME ; rm -rf /\n"  # argv, no shell expansion
+    body = content(result)
+    assert (body["exit_code"], body["timed_out"], body["stdout_bytes"]) == (0, False, len(result.stdout))
+    assert result.execution_env == f"supervisor:sandbox({netns.netns_label})"
+    assert result.sandbox.kind == "subprocess" and result.sandbox.network is False
+    assert result.sandbox.memory_limit_mb == 1024 and result.sandbox.time_limit_s == 60
+    assert result.preview.startswith("$ echo hello")
+
+
+async def test_cwd_is_workspace_and_env_is_built_from_scratch(
+    tmp_path: Path, netns: SandboxTools, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CODESDK_TEST_SECRET", "leak")
+    reg = registry(env={"EXTRA": "1"})
+    pwd = await run(reg, tmp_path, {"argv": ["pwd"]})
+    assert pwd.stdout == f"{tmp_path.resolve()}\n"
+    env = await run(reg, tmp_path, {"argv": ["env"]})
+    names = {line.split("=", 1)[0] for line in (env.stdout or "").splitlines()}
+    assert "CODESDK_TEST_SECRET" not in names
+    assert {"PATH", "HOME", "LANG", "LC_ALL", "EXTRA"} <= names
+    assert names <= {"PATH", "HOME", "LANG", "LC_ALL", "EXTRA", "PWD", "SHLVL", "_"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["rm", "-rf", "x"], "'rm' is not allowlisted"),
+        (["/bin/echo", "x"], "'/bin/echo' is not allowlisted"),
+        (["./echo"], "not allowlisted"),
+        (["bash", "-c", "echo"], "'bash' is not allowlisted"),
+    ],
+)
+async def test_allowlist_is_enforced(tmp_path: Path, argv: list[str], fragment: str) -> None:
+    result = await run(registry(), tmp_path, {"argv": argv})
+    assert code_of(result) == "command_refused"
+    assert fragment in content(result)["error"]["message"]
+    assert result.execution_env == "supervisor:sandbox" and result.sandbox.kind == "subprocess"
+
+
+async def test_allowlisted_but_missing_command(tmp_path: Path) -> None:
+    result = await run(
+        registry(allowlist=("definitely-not-a-command-xyz",)),
+        tmp_path,
+        {"argv": ["definitely-not-a-command-xyz"]},
+    )
+    assert code_of(result) == "command_refused"
+    assert "not on PATH" in content(result)["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [{"argv": []}, {}, {"argv": "echo hi"}, {"argv": ["echo\x00"]}, {"argv": ["echo"], "timeout_s": 0}],
+)
+async def test_invalid_exec_input(tmp_path: Path, args: dict[str, Any]) -> None:
+    assert code_of(await run(registry(), tmp_path, args)) == "invalid_input"
+
+
+async def test_nonzero_exit_is_an_error_result_with_output(tmp_path: Path, netns: SandboxTools) -> None:
+    result = await run(registry(), tmp_path, {"argv": ["sh", "-c", "echo out; echo err >&2; exit 3"]})
+    assert result.is_error
+    assert (content(result)["exit_code"], result.stdout, result.stderr) == (3, "out\n", "err\n")
+
+
+async def test_timeout_kills_the_whole_process_group(tmp_path: Path, netns: SandboxTools) -> None:
+    marker = f"31.{uuid.uuid4().int % 10**6:06d}"
+    started = trio.current_time()
+    result = await run(
+        registry(),
+        tmp_path,
+        {"argv": ["sh", "-c", f"sleep {marker} & sleep {marker}; wait"], "timeout_s": 0.5},
+    )
+    assert trio.current_time() - started < 10
+    body = content(result)
+    assert result.is_error and body["timed_out"] is True and body["exit_code"] < 0
+    assert "timed out after 0.5s" in result.preview
+    await trio.sleep(0.2)
+    assert processes_with(marker) == []
+
+
+async def test_timeout_kills_the_group_without_namespaces(
+    tmp_path: Path, sandbox_tools: SandboxTools
+) -> None:
+    """The plain process-group kill, without a pid namespace to help."""
+    if sandbox_tools.prlimit is None:
+        pytest.skip("`prlimit` is unavailable here")
+    prober = FixedProber(SandboxTools(netns_prefix=None, netns_label=None, prlimit=sandbox_tools.prlimit))
+    reg = registry(prober, require_network_isolation=False)
+    marker = f"32.{uuid.uuid4().int % 10**6:06d}"
+    result = await run(
+        reg, tmp_path, {"argv": ["sh", "-c", f"sleep {marker} & sleep {marker}; wait"], "timeout_s": 0.5}
+    )
+    assert content(result)["timed_out"] is True
+    assert result.execution_env == "supervisor:sandbox(no-netns)" and result.sandbox.network is True
+    await trio.sleep(0.2)
+    assert processes_with(marker) == []
+
+
+async def test_configured_time_limit_caps_the_requested_one(tmp_path: Path, netns: SandboxTools) -> None:
+    result = await run(
+        registry(), tmp_path, {"argv": ["sleep", "5"], "timeout_s": 100}, ToolLimits(exec_timeout_s=0.3)
+    )
+    assert content(result)["timed_out"] is True
+    assert result.sandbox.time_limit_s == 0.3
+
+
+async def test_cancelling_the_call_kills_the_command(tmp_path: Path, netns: SandboxTools) -> None:
+    marker = f"33.{uuid.uuid4().int % 10**6:06d}"
+    with trio.fail_after(10):
+        with trio.move_on_after(0.5):
+            await registry().execute("workspace.exec", {"argv": ["sleep", marker]}, ToolContext(tmp_path))
+        await trio.sleep(0.2)
+    assert processes_with(marker) == []
+
+
+async def test_no_network_inside(tmp_path: Path, netns: SandboxTools) -> None:
+    script = (
+        "import socket, sys\n"
+        "print(sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]))\n"
+        "try:\n"
+        "    socket.create_connection(('1.1.1.1', 80), timeout=3)\n"
+        "except OSError as exc:\n"
+        "    print('connect failed:', exc.errno)\n"
+        "    sys.exit(0)\n"
+        "print('connected')\n"
+        "sys.exit(1)\n"
+    )
+    result = await run(registry(), tmp_path, {"argv": ["python3", "-c", script]})
+    assert not result.is_error, (result.stdout, result.stderr)
+    assert result.stdout is not None
+    assert result.stdout.splitlines()[0] == "['lo']"
+    assert "connect failed: 101" in result.stdout  # ENETUNREACH
+
+
+async def test_required_isolation_unavailable_refuses_to_run(tmp_path: Path) -> None:
+    prober = FixedProber(SandboxTools(netns_prefix=None, netns_label=None, prlimit="/usr/bin/prlimit"))
+    result = await run(registry(prober), tmp_path, {"argv": ["sh", "-c", "touch ran"]})
+    assert code_of(result) == "sandbox_unavailable"
+    assert "refusing to run unsandboxed" in content(result)["error"]["message"]
+    assert not (tmp_path / "ran").exists()
+
+
+async def test_missing_prlimit_refuses_to_run(tmp_path: Path, netns: SandboxTools) -> None:
+    prober = FixedProber(SandboxTools(netns.netns_prefix, netns.netns_label, prlimit=None))
+    result = await run(registry(prober), tmp_path, {"argv": ["sh", "-c", "touch ran"]})
+    assert code_of(result) == "sandbox_unavailable"
+    assert not (tmp_path / "ran").exists()
+
+
+async def test_memory_limit(tmp_path: Path, netns: SandboxTools) -> None:
+    script = "x = bytearray(1024 * 1024 * 1024)\nprint('allocated')"
+    result = await run(
+        registry(), tmp_path, {"argv": ["python3", "-c", script]}, ToolLimits(exec_memory_mb=256)
+    )
+    assert result.is_error
+    assert "MemoryError" in (result.stderr or "")
+    assert result.sandbox.memory_limit_mb == 256
+
+
+async def test_output_is_capped(tmp_path: Path, netns: SandboxTools) -> None:
+    script = "import sys; sys.stdout.write('x' * 100000); sys.stderr.write('e' * 10)"
+    result = await run(
+        registry(), tmp_path, {"argv": ["python3", "-c", script]}, ToolLimits(exec_output_max_bytes=1000)
+    )
+    body = content(result)
+    assert (body["stdout_bytes"], body["stderr_bytes"]) == (100000, 10)
+    assert result.stdout == "x" * 1000 + "\n[truncated: 99000 more bytes not shown]"
+    assert result.stderr == "e" * 10
+    assert len(result.preview) <= 500
+
+
+async def test_prober_caches(sandbox_tools: SandboxTools) -> None:
+    prober = SandboxProber()
+    with trio.fail_after(30):
+        first = await prober.get()
+        assert await prober.get() is first
+    assert first == sandbox_tools
