@@ -1,0 +1,90 @@
+"""The `codesdk` command as a user runs it: real processes, real data dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..worker.harness import REPO
+
+CLI = [sys.executable, "-m", "supervisor.cli"]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODESDK_")}
+    env["CODESDK_DATA_DIR"] = str(tmp_path / "data")
+    env["NO_COLOR"] = "1"
+    return env
+
+
+def _run(tmp_path: Path, *args: str, stdin: int | None = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, env=_env(tmp_path),
+                          stdin=stdin, cwd=REPO)
+
+
+def test_run_streams_json_and_events_reads_back_the_same(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("alpha\n")
+    (ws / "b.txt").write_text("beta\n")
+    done = _run(tmp_path, "run", "read them", "--scenario", "parallel-tools", "--workspace", str(ws), "--json")
+    assert done.returncode == 0, done.stderr
+    streamed = [json.loads(line) for line in done.stdout.splitlines()]
+    assert streamed[0]["type"] == "session.created" and streamed[-1]["type"] == "task.completed"
+    session_id = streamed[0]["trace"]["session_id"]
+    again = _run(tmp_path, "events", session_id, "--json")
+    assert again.returncode == 0
+    assert [json.loads(line) for line in again.stdout.splitlines()] == streamed
+    listed = _run(tmp_path, "sessions")
+    assert session_id in listed.stdout and "completed" in listed.stdout
+    shown = _run(tmp_path, "show", session_id)
+    assert "user: read them" in shown.stdout and "alpha" in shown.stdout
+
+
+def test_human_output_and_exit_codes(tmp_path: Path) -> None:
+    done = _run(tmp_path, "run", "hello there")
+    assert done.returncode == 0
+    assert "You said: hello there" in done.stdout and "task.completed" in done.stdout
+    failed = _run(tmp_path, "run", "x", "--scenario", "fail")
+    assert failed.returncode == 1 and "RATE_LIMITED" in failed.stdout
+    missing = _run(tmp_path, "events", "ses_nope")
+    assert missing.returncode == 2 and "unknown session 'ses_nope'" in missing.stderr
+    bad_ns = _run(tmp_path, "run", "x", "--namespace", "user:../../etc")
+    assert bad_ns.returncode == 2 and "invalid namespace" in bad_ns.stderr
+    assert "Traceback" not in bad_ns.stderr + missing.stderr
+    namespaces = _run(tmp_path, "namespaces")
+    assert namespaces.stdout.startswith("default") and "namespaces/default/home" in namespaces.stdout
+
+
+def test_ask_mode_prompts_on_a_terminal(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*CLI, "run", "write", "--scenario", "write-or-deny", "--workspace", str(ws)],
+                            stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(tmp_path),
+                            cwd=REPO)
+    os.close(slave)
+    try:
+        seen = b""
+        deadline = time.monotonic() + 60
+        assert proc.stderr is not None
+        while b"Allow? [y/N]" not in seen and time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stderr], [], [], 1.0)
+            if ready:
+                seen += os.read(proc.stderr.fileno(), 4096)
+        assert b"workspace.write" in seen and b"Allow? [y/N]" in seen
+        os.write(master, b"y\n")
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0
+    assert (ws / "notes.txt").read_text() == "hello from the scripted runtime\n"
+    assert b"tool.call.approved" in out and b"(user) approved on the terminal" in out
