@@ -31,7 +31,6 @@ class TaskState(StrEnum):
 
 
 TERMINAL_STATES = frozenset({TaskState.COMPLETED, TaskState.FAILED, TaskState.STOPPED})
-ACTIVE_STATES = frozenset({TaskState.PENDING, TaskState.RUNNING})
 
 #: Allowed state changes. A terminal state is final: the task has exactly one end.
 TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {

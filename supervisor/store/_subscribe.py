@@ -83,7 +83,8 @@ class Subscription:
     """Async iterator over a session's events after ``after_seq``; see ``EventStore.subscribe``."""
 
     def __init__(
-        self, read_page: ReadPage, feed: Feed, after_seq: int, *, until_terminal: bool, page_size: int
+        self, read_page: ReadPage, feed: Feed, after_seq: int, *, until_terminal: bool, page_size: int,
+        poll_interval_s: float = 0.5,
     ) -> None:
         self._read_page = read_page
         self._feed = feed
@@ -91,6 +92,7 @@ class Subscription:
         self._ready: deque[NormalizedEvent] = deque()
         self._until_terminal = until_terminal
         self._page_size = page_size
+        self._poll_interval_s = poll_interval_s
         self._catching_up = True
         self._finished = False
         #: times this subscriber fell behind its bounded feed and re-read from the store
@@ -138,7 +140,12 @@ class Subscription:
             if feed.closed:
                 raise StoreClosed(f"following events after seq {self._cursor}")
             feed.wake = trio.Event()  # no checkpoint between the emptiness check and the wait
-            await feed.wake.wait()
+            with trio.move_on_after(self._poll_interval_s):
+                await feed.wake.wait()
+                continue
+            # Nothing pushed for a while: look in the store too, so events committed by another process
+            # sharing this data dir (a second CLI, a supervisor) reach a follower here as well.
+            self._catching_up = True
 
     def _queue(self, events: list[NormalizedEvent]) -> None:
         if events:

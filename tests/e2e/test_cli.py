@@ -88,3 +88,28 @@ def test_ask_mode_prompts_on_a_terminal(tmp_path: Path) -> None:
     assert proc.returncode == 0
     assert (ws / "notes.txt").read_text() == "hello from the scripted runtime\n"
     assert b"tool.call.approved" in out and b"(user) approved on the terminal" in out
+
+
+def test_events_follow_sees_a_task_run_by_another_process(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    first = _run(tmp_path, "run", "first")
+    session_id = first.stdout.split("session ", 1)[1].split()[0]
+    follower = subprocess.Popen([*CLI, "events", session_id, "--follow", "--json"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    try:
+        second = _run(tmp_path, "run", "second", "--session", session_id, "--scenario", "slow-stream",
+                      "--config", "stop_grace_s=0")
+        assert second.returncode == 0, second.stderr
+        deadline = time.monotonic() + 30
+        seen: list[dict] = []
+        assert follower.stdout is not None
+        while time.monotonic() < deadline:
+            line = follower.stdout.readline()
+            seen.append(json.loads(line))
+            if seen[-1]["type"] == "task.completed" and seen[-1]["trace"]["task_id"] != seen[1]["trace"]["task_id"]:
+                break
+        assert [e["seq"] for e in seen] == list(range(1, len(seen) + 1))
+        assert sum(e["type"] == "task.completed" for e in seen) == 2
+    finally:
+        follower.kill()
+        follower.communicate(timeout=30)  # reaps it and closes its pipes
