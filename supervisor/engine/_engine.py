@@ -47,7 +47,15 @@ from protocol import (
 )
 
 from ..namespaces import Namespace
-from ..store import EventDraft, EventStore, InvalidTransition, SessionRecord, TaskRecord, TaskState, TaskUpdate
+from ..store import (
+    EventDraft,
+    EventStore,
+    InvalidTransition,
+    SessionRecord,
+    TaskRecord,
+    TaskState,
+    TaskUpdate,
+)
 from ..workers import ExitStatus, RpcError, WorkerError, WorkerProcess
 from ..workers.pool import NamespaceFailing, PoolConfig, WorkerPool
 from ._runs import TaskRun

@@ -195,6 +195,9 @@ class WorkerProcess:
                     while not self.exited.is_set() or any(_alive(p) for p in tree):
                         await trio.sleep(0.02)
                 _signal_tree(self.pid, tree, signal.SIGKILL)
+                with trio.move_on_after(term_grace_s):  # SIGKILL can't be refused; wait until it landed
+                    while any(_alive(p) for p in tree):
+                        await trio.sleep(0.01)
 
     async def wait_exit(self) -> ExitStatus:
         await self.exited.wait()

@@ -25,7 +25,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def _run(tmp_path: Path, *args: str, stdin: int | None = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, env=_env(tmp_path),
-                          stdin=stdin, cwd=REPO)
+                          stdin=stdin, cwd=REPO, check=False)
 
 
 def test_run_streams_json_and_events_reads_back_the_same(tmp_path: Path) -> None:

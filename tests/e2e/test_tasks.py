@@ -121,7 +121,7 @@ async def test_path_escapes_are_refused(make_engine, tmp_path: Path, path: str) 
         {"text": "got: {{result:esc}}"}, {"complete": {}}]}
     with trio.fail_after(60):
         async with make_engine() as engine:
-            _, record, events = await run_task(engine, workspace=ws, runtime_config={"scenario_inline": scenario},
+            _, _, events = await run_task(engine, workspace=ws, runtime_config={"scenario_inline": scenario},
                                                permission_mode=PermissionMode.YOLO)
     completed = of_type(events, EventType.TOOL_CALL_COMPLETED)[0]
     assert completed.is_error
@@ -200,7 +200,7 @@ async def test_second_task_gets_the_prior_transcript(make_engine) -> None:
     with trio.fail_after(60):
         async with make_engine() as engine:
             session_id, _, _ = await run_task(engine, "first question", runtime_config={"scenario": "echo"})
-            _, record, events = await run_task(engine, "second question", session_id=session_id,
+            _, _, events = await run_task(engine, "second question", session_id=session_id,
                                                runtime_config={"scenario": "echo"})
             model_input = of_type(events, EventType.MODEL_INPUT)[0]
             compiled = json.loads(await engine.store.get_blob(model_input.input_ref))
@@ -242,6 +242,6 @@ async def test_runtime_reported_failure(make_engine) -> None:
 async def test_unknown_scenario_fails_the_task_clearly(make_engine) -> None:
     with trio.fail_after(60):
         async with make_engine() as engine:
-            _, record, events = await run_task(engine, runtime_config={"scenario": "no-such-scenario"})
+            _, _, events = await run_task(engine, runtime_config={"scenario": "no-such-scenario"})
     failed = of_type(events, EventType.TASK_FAILED)[0]
     assert failed.code == "INVALID_SCENARIO" and "no scenario 'no-such-scenario'" in failed.message

@@ -52,7 +52,7 @@ async def test_worker_killed_mid_task_fails_it_once_and_the_next_task_works(make
 async def test_crash_with_exit_code_keeps_the_stderr_tail(make_engine) -> None:
     with trio.fail_after(60):
         async with make_engine() as engine:
-            _, record, events = await run_task(engine, runtime_config={"scenario": "crash-exit"})
+            _, _, events = await run_task(engine, runtime_config={"scenario": "crash-exit"})
             failed = of_type(events, EventType.TASK_FAILED)[0]
             assert failed.code == "WORKER_CRASHED" and failed.details["exit_code"] == 3
             tail = (await engine.store.get_blob(failed.details["stderr_tail_ref"])).decode()

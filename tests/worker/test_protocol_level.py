@@ -155,13 +155,13 @@ _NULL_ID_CODES = {ErrorCode.PARSE_ERROR, ErrorCode.INVALID_REQUEST}
         (b'{"jsonrpc":"2.0","id":"r7","method":"runtime.startTask","params":{"runtime":"scripted"}}\n',
          ErrorCode.INVALID_PARAMS),
         (b'{"jsonrpc":"2.0","id":"r7","method":"runtime.stop","params":["t1"]}\n', ErrorCode.INVALID_PARAMS),
-        (b'{"jsonrpc":"2.0","id":"r7","method":"runtime.startTask","params":{"runtime":"nope","session":'
-         b'{"session_id":"s"},"task_id":"t"}}\n', ErrorCode.UNKNOWN_RUNTIME),
-        (b'{"jsonrpc":"2.0","id":"r7","method":"runtime.startTask","params":{"runtime":"scripted","session":'
-         b'{"session_id":"s"},"task_id":"t","runtime_config":{"scenario":"../etc/passwd"}}}\n',
+        ((b'{"jsonrpc":"2.0","id":"r7","method":"runtime.startTask","params":{"runtime":"nope","session":'
+          b'{"session_id":"s"},"task_id":"t"}}\n'), ErrorCode.UNKNOWN_RUNTIME),
+        ((b'{"jsonrpc":"2.0","id":"r7","method":"runtime.startTask","params":{"runtime":"scripted","session":'
+          b'{"session_id":"s"},"task_id":"t","runtime_config":{"scenario":"../etc/passwd"}}}\n'),
          ErrorCode.INVALID_SCENARIO),
-        (b'{"jsonrpc":"2.0","id":"r7","method":"runtime.sendToolResult","params":{"task_id":"zz",'
-         b'"tool_call_id":"c"}}\n', ErrorCode.UNKNOWN_TASK),
+        ((b'{"jsonrpc":"2.0","id":"r7","method":"runtime.sendToolResult","params":{"task_id":"zz",'
+          b'"tool_call_id":"c"}}\n'), ErrorCode.UNKNOWN_TASK),
     ],
 )
 async def test_bad_input_gets_the_right_error_and_the_worker_keeps_serving(
