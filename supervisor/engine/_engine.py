@@ -108,7 +108,7 @@ class Engine:
         self.store = store
         self.tooling = tooling
         self._nursery = nursery
-        self.pool = WorkerPool(config.pool, nursery, self._on_worker_event, self._on_worker_exit)
+        self.pool = WorkerPool(config.pool, nursery, self._on_worker_events, self._on_worker_exit)
         self.stats = EngineStats()
         self._runs: dict[str, TaskRun] = {}
         self._recent: OrderedDict[str, TaskRun] = OrderedDict()
@@ -274,13 +274,40 @@ class Engine:
 
     # -- events from workers --------------------------------------------------------------------
 
-    async def _on_worker_event(self, worker: WorkerProcess, params: RuntimeEventParams) -> None:
+    async def _on_worker_events(self, worker: WorkerProcess, batch: Sequence[RuntimeEventParams]) -> None:
+        """Store a worker's events in order. Runs of plain events become one append per task, so a fast
+        stream is group-committed; tool requests and terminal events are handled one by one, in place."""
+        plain: dict[str, tuple[TaskRun, list[tuple[EventType, Model]]]] = {}
+
+        async def flush() -> None:
+            for run, items in plain.values():
+                await self._append(run, items)
+            plain.clear()
+
+        for params in batch:
+            run = self._accept(worker, params)
+            if run is None:
+                continue
+            event = params.event
+            if event.type == EventType.TOOL_CALL_REQUESTED:
+                assert isinstance(event.payload, ToolCallRequested)
+                await flush()
+                await self._tool_requested(run, event.payload)
+            elif event.type in TERMINAL_EVENT_TYPES:
+                await flush()
+                await self._finish(run, event.type, event.payload)
+            else:
+                plain.setdefault(run.task_id, (run, []))[1].append((event.type, event.payload))
+        await flush()
+
+    def _accept(self, worker: WorkerProcess, params: RuntimeEventParams) -> TaskRun | None:
+        """The run an event belongs to, or None (counted) if it is for an unknown or already ended task."""
         run = self._runs.get(params.task_id) or self._recent.get(params.task_id)
         if run is None or run.worker is not worker:
             self.stats.unknown_task_events += 1
             log.warning("%s: event %s for unknown task %r dropped", worker.spec.name, params.event.type,
                         params.task_id)
-            return
+            return None
         if params.n != run.next_n:
             self.stats.ordinal_gaps += 1
             log.warning("task %s: event ordinal %d, expected %d", run.task_id, params.n, run.next_n)
@@ -290,17 +317,11 @@ class Engine:
         if run.ended:
             run.late_events += 1
             self.stats.late_events += 1
-            return
-        event = params.event
-        if event.runtime.runtime_session_id or event.runtime.model:
-            run.runtime = event.runtime.model_copy(update={"raw_ref": None})
-        if event.type == EventType.TOOL_CALL_REQUESTED:
-            assert isinstance(event.payload, ToolCallRequested)
-            await self._tool_requested(run, event.payload)
-        elif event.type in TERMINAL_EVENT_TYPES:
-            await self._finish(run, event.type, event.payload)
-        else:
-            await self._append(run, [(event.type, event.payload)])
+            return None
+        runtime = params.event.runtime
+        if runtime.runtime_session_id or runtime.model:
+            run.runtime = runtime.model_copy(update={"raw_ref": None})
+        return run
 
     async def _tool_requested(self, run: TaskRun, requested: ToolCallRequested) -> None:
         input_value = requested.input or {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -25,7 +25,10 @@ from .process import ExitStatus, WorkerProcess, WorkerSpec, worker_argv
 
 log = logging.getLogger("codesdk.supervisor.pool")
 
-EventHandler = Callable[[WorkerProcess, RuntimeEventParams], Awaitable[None]]
+EventHandler = Callable[[WorkerProcess, Sequence[RuntimeEventParams]], Awaitable[None]]
+#: Most events handed to the engine at once; bounds the size of one append transaction.
+EVENT_BATCH = 512
+
 ExitHandler = Callable[[str, WorkerProcess, ExitStatus], Awaitable[None]]
 
 
@@ -228,8 +231,16 @@ class WorkerPool:
             vacated.set()
 
     async def _pump_events(self, worker: WorkerProcess) -> None:
-        async for params in worker.connection.events:
-            await self._on_event(worker, params)
+        """Hand events over in order, in batches of whatever has queued up meanwhile (up to EVENT_BATCH)."""
+        events = worker.connection.events
+        async for first in events:
+            batch = [first]
+            while len(batch) < EVENT_BATCH:
+                try:
+                    batch.append(events.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            await self._on_event(worker, batch)
 
     async def _idle_timer(self, slot: _Slot, worker: WorkerProcess, scope: trio.CancelScope) -> None:
         with scope:
