@@ -13,7 +13,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +99,6 @@ class EngineConfig:
     pool: PoolConfig
     default_runtime: str = "scripted"
     workspaces_dir: Path | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Engine:
