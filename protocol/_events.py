@@ -91,6 +91,7 @@ class ModelInput(Model):
     input_hash: str
     message_count: int = Field(ge=0)
     tool_names: tuple[str, ...] = ()
+    implicit_sources_ref: str | None = None  # blob: what the runtime would load implicitly, and what we did
 
 
 class RuntimeRequestStarted(Model):
@@ -321,6 +322,9 @@ class WorkerEvent(Model):
     time: datetime = Field(default_factory=utc_now)
     runtime: RuntimeInfo
     payload: SerializeAsAny[Model]
+    #: The runtime's own message(s) behind this event, verbatim. The supervisor moves it into the blob
+    #: store and stores only ``runtime.raw_ref``; stored events never carry raw payloads inline.
+    raw: Any = None
 
     _by_type = model_validator(mode="before")(_validate_payload_by_type)
     _utc = field_validator("time")(_require_utc)

@@ -190,6 +190,9 @@ class StartTaskResult(Model):
     accepted: bool = True
     task_id: str
     runtime_session_id: str | None = None
+    #: What the runtime would load on its own (settings, memory files, MCP configs, plugins) and what the
+    #: adapter did with each — paths and hashes, never contents or secrets. Recorded with model.input.
+    implicit_sources: dict[str, Any] | None = None
 
 
 class SendToolResultParams(Model):

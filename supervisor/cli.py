@@ -67,7 +67,14 @@ async def cmd_run(args: argparse.Namespace) -> int:
             runtime_config[key] = value
     interactive = not args.non_interactive and sys.stdin.isatty()
     printer = EventPrinter(sys.stdout, color=sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
-    options = SupervisorOptions(data_dir=args.data_dir, exec_allowlist=tuple(args.allow_exec or ()))
+    worker_env: dict[str, str] = {}
+    for item in args.env or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"--env expects KEY=VALUE, got {item!r}")
+        worker_env[key] = value
+    options = SupervisorOptions(data_dir=args.data_dir, exec_allowlist=tuple(args.allow_exec or ()),
+                                worker_env={args.namespace: worker_env})
     async with open_engine(options) as engine:
         if args.session:
             session = await engine.store.get_session(args.session)
@@ -226,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--non-interactive", action="store_true", help="never prompt; 'ask' decisions become denials")
     run.add_argument("--allow-exec", action="append", metavar="COMMAND",
                      help="enable the sandboxed workspace.exec tool for this command (repeatable)")
+    run.add_argument("--env", action="append", metavar="KEY=VALUE",
+                     help="a variable for the namespace's worker and runtime (e.g. ANTHROPIC_BASE_URL); repeatable")
     run.add_argument("--json", action="store_true", help="print events as JSON lines")
     run.set_defaults(handler=cmd_run)
 

@@ -101,15 +101,15 @@ class _RunningTask:
 
     # TaskIO -------------------------------------------------------------------------------------
 
-    async def emit(self, event_type: EventType, payload: Model | dict[str, Any]) -> None:
+    async def emit(self, event_type: EventType, payload: Model | dict[str, Any], raw: Any = None) -> None:
         if self.ended:
             raise TaskEnded(f"task {self.task_id} already ended; {event_type} not sent")
         if event_type in TERMINAL_EVENT_TYPES:
             raise ValueError(f"{event_type} is the worker's to send: return it from run() as a TaskOutcome")
-        await self._send(event_type, payload)
+        await self._send(event_type, payload, raw)
 
-    async def _send(self, event_type: EventType, payload: Model | dict[str, Any]) -> None:
-        event = WorkerEvent(type=event_type, runtime=self.runtime, payload=payload)  # type: ignore[arg-type]
+    async def _send(self, event_type: EventType, payload: Model | dict[str, Any], raw: Any = None) -> None:
+        event = WorkerEvent(type=event_type, runtime=self.runtime, payload=payload, raw=raw)  # type: ignore[arg-type]
         async with self._emit_lock:  # n is used only once its line is queued: no gaps on cancellation
             params = RuntimeEventParams(task_id=self.task_id, n=self.n + 1, event=event)
             line = encode_message(Notification(method=Method.EVENT, params=params.to_json_obj()))
@@ -342,8 +342,8 @@ class WorkerServer:
         self.stats.tasks_started += 1
         # Started only after the response is queued, so the supervisor sees "accepted" before any event.
         self._after_response.append(lambda: self._spawn(task))
-        return Success(StartTaskResult(task_id=params.task_id,
-                                       runtime_session_id=task.runtime.runtime_session_id).to_json_obj())
+        return Success(StartTaskResult(task_id=params.task_id, runtime_session_id=task.runtime.runtime_session_id,
+                                       implicit_sources=task.handle.implicit_sources).to_json_obj())
 
     def _spawn(self, task: _RunningTask) -> None:
         assert self._tasks_nursery is not None

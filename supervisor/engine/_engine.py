@@ -35,6 +35,7 @@ from protocol import (
     SessionCreated,
     SessionRef,
     StartTaskParams,
+    StartTaskResult,
     TaskFailed,
     TaskFailureCode,
     TaskStarted,
@@ -183,14 +184,13 @@ class Engine:
                       trace=Trace(session_id=session_id, task_id=task_id, request_id=tr.request_id,
                                   client_id=tr.client_id, user_id=tr.user_id),
                       runtime=RuntimeInfo(name=session.runtime, runtime_session_id=session.runtime_session_id))
+        run.model_input = ModelInput(input_ref=input_ref, input_hash=canonical_hash(compiled),
+                                     message_count=len(messages), tool_names=tuple(self.tooling.manifest().names()))
         self._runs[task_id] = run
         await self._append(run, [
             (EventType.TASK_STARTED, TaskStarted(task_id=task_id, prompt_preview=prompt[:200],
                                                  permission_mode=permission_mode, interaction_mode=interaction_mode,
                                                  runtime_config=runtime_config or {})),
-            (EventType.MODEL_INPUT, ModelInput(input_ref=input_ref, input_hash=canonical_hash(compiled),
-                                               message_count=len(messages),
-                                               tool_names=tuple(self.tooling.manifest().names()))),
         ])
         self._nursery.start_soon(self._drive, run, name=f"drive:{task_id}")
         return record
@@ -255,9 +255,20 @@ class Engine:
             self.pool.release(run.namespace, worker)
 
     async def _accepted(self, run: TaskRun, worker: WorkerProcess, accepted: Any) -> None:
-        runtime_session_id = accepted.get("runtime_session_id") if isinstance(accepted, dict) else None
-        if runtime_session_id and runtime_session_id != run.session.runtime_session_id:
-            await self.store.update_session(run.session_id, runtime_session_id=runtime_session_id)
+        """The runtime has the task: store ``model.input`` (with what the runtime loads implicitly, as the
+        worker reported it) before any of the runtime's events, which wait for ``input_stored``."""
+        result = StartTaskResult.model_validate(accepted)
+        try:
+            model_input = run.model_input
+            assert model_input is not None
+            if result.implicit_sources is not None:
+                ref = await self.store.put_json_blob(result.implicit_sources)
+                model_input = model_input.model_copy(update={"implicit_sources_ref": ref})
+            await self._append(run, [(EventType.MODEL_INPUT, model_input)])
+        finally:
+            run.input_stored.set()
+        if result.runtime_session_id and result.runtime_session_id != run.session.runtime_session_id:
+            await self.store.update_session(run.session_id, runtime_session_id=result.runtime_session_id)
         if not run.ended:
             try:
                 await self.store.update_task(run.task_id, state=TaskState.RUNNING, worker_pid=worker.pid)
@@ -276,7 +287,7 @@ class Engine:
     async def _on_worker_events(self, worker: WorkerProcess, batch: Sequence[RuntimeEventParams]) -> None:
         """Store a worker's events in order. Runs of plain events become one append per task, so a fast
         stream is group-committed; tool requests and terminal events are handled one by one, in place."""
-        plain: dict[str, tuple[TaskRun, list[tuple[EventType, Model]]]] = {}
+        plain: dict[str, tuple[TaskRun, list[tuple[EventType, Model, RuntimeInfo | None]]]] = {}
 
         async def flush() -> None:
             for run, items in plain.values():
@@ -287,6 +298,11 @@ class Engine:
             run = self._accept(worker, params)
             if run is None:
                 continue
+            if not run.input_stored.is_set():  # model.input comes first; it is being stored right now
+                await flush()
+                await run.input_stored.wait()
+                if run.ended:
+                    continue
             event = params.event
             if event.type == EventType.TOOL_CALL_REQUESTED:
                 assert isinstance(event.payload, ToolCallRequested)
@@ -296,7 +312,11 @@ class Engine:
                 await flush()
                 await self._finish(run, event.type, event.payload)
             else:
-                plain.setdefault(run.task_id, (run, []))[1].append((event.type, event.payload))
+                runtime = None
+                if event.raw is not None:
+                    raw_ref = await self.store.put_json_blob(event.raw)
+                    runtime = run.runtime.model_copy(update={"raw_ref": raw_ref})
+                plain.setdefault(run.task_id, (run, []))[1].append((event.type, event.payload, runtime))
         await flush()
 
     def _accept(self, worker: WorkerProcess, params: RuntimeEventParams) -> TaskRun | None:
@@ -357,12 +377,13 @@ class Engine:
 
     # -- appending ------------------------------------------------------------------------------
 
-    async def _append(self, run: TaskRun, items: Sequence[tuple[EventType, Model | dict[str, Any]]]) -> bool:
-        """Store events of a running task. False (and nothing stored) once the task has ended."""
+    async def _append(self, run: TaskRun, items: Sequence[tuple[Any, ...]]) -> bool:
+        """Store events of a running task: (type, payload[, runtime info]) each. False once the task has ended."""
         if run.ended:
             return False
         await self.store.append(run.session_id, [
-            EventDraft(type=t, runtime=run.runtime, payload=p, trace=run.trace) for t, p in items])
+            EventDraft(type=item[0], runtime=(item[2] if len(item) > 2 and item[2] else run.runtime),
+                       payload=item[1], trace=run.trace) for item in items])
         return True
 
     async def _fail(self, run: TaskRun, code: str, message: str, *, retryable: bool, **details: Any) -> None:
@@ -376,6 +397,7 @@ class Engine:
             return
         run.ended = True  # before any await: nothing else of this task gets stored from here on
         run.terminal_type = event_type.value
+        run.input_stored.set()
         if run.tools_nursery is not None:
             run.tools_nursery.cancel_scope.cancel()  # no tool starts or finishes after the end
         state = TaskState(event_type.value.removeprefix("task."))

@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 
-from protocol import RuntimeInfo, StartTaskParams, Trace
+from protocol import ModelInput, RuntimeInfo, StartTaskParams, Trace
 
 from ..store import SessionRecord
 from ..workers import WorkerProcess
@@ -28,6 +28,8 @@ class TaskRun:
     late_events: int = 0
     attempts: dict[str, int] = field(default_factory=dict)  # tool_call_id -> attempts seen
     tools_nursery: trio.Nursery | None = None
+    model_input: ModelInput | None = None  # stored once the worker accepted the task
+    input_stored: trio.Event = field(default_factory=trio.Event)
     done: trio.Event = field(default_factory=trio.Event)  # the task's terminal event is stored
     # The worker is finished with the task too (its own terminal arrived, or it exited, or it never had it).
     # A stopped task can keep running in the worker for its stop grace; the session's next task waits.

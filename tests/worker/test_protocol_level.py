@@ -34,7 +34,9 @@ async def test_streaming_task_events_are_ordered_and_complete(tmp_path: Path) ->
     with trio.fail_after(30):
         async with running_worker(tmp_path) as h:
             accepted = await h.start_task("t1", "echo", prompt="hello worker")
-            assert accepted == {"accepted": True, "task_id": "t1", "runtime_session_id": "scripted-s-t1"}
+            assert accepted == {"accepted": True, "task_id": "t1", "runtime_session_id": "scripted-s-t1",
+                                "implicit_sources": {"policy": "the scripted runtime loads nothing implicitly",
+                                                     "found": []}}
             events = await h.until_terminal("t1")
     assert [e.n for e in events] == list(range(1, len(events) + 1))  # per-task ordinal, gap-free
     assert types(events)[0] == "runtime.request.started"

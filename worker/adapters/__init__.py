@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from .base import AdapterRegistry, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
+from .claude import ClaudeAdapter
 from .scripted import ScriptedAdapter
 
 __all__ = ["AdapterRegistry", "RuntimeAdapter", "ScriptedAdapter", "StartTaskRefused", "TaskHandle", "TaskIO",
@@ -12,4 +13,5 @@ __all__ = ["AdapterRegistry", "RuntimeAdapter", "ScriptedAdapter", "StartTaskRef
 def default_registry(scenario_dir: Path | None = None) -> AdapterRegistry:
     registry = AdapterRegistry()
     registry.add(ScriptedAdapter(scenario_dir))
+    registry.add(ClaudeAdapter())
     return registry

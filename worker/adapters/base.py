@@ -41,8 +41,9 @@ class UnknownToolCall(LookupError):
 class TaskIO(Protocol):
     """What the worker gives a task to talk back with."""
 
-    async def emit(self, event_type: EventType, payload: Model | dict[str, Any]) -> None:
-        """Send one event (backpressured). Raises TaskEnded after the task's terminal event."""
+    async def emit(self, event_type: EventType, payload: Model | dict[str, Any], raw: Any = None) -> None:
+        """Send one event (backpressured); ``raw`` is the runtime's own message behind it, kept as a blob.
+        Raises TaskEnded after the task's terminal event."""
 
     async def flush(self) -> None:
         """Wait until everything emitted so far has been written to the wire."""
@@ -99,6 +100,9 @@ class TaskHandle(ABC):
 
     #: Seconds the worker waits after ``stop`` before cancelling ``run`` by force.
     stop_grace_s: float = 2.0
+
+    #: What the runtime loads on its own and what the adapter did with it (see StartTaskResult).
+    implicit_sources: dict[str, Any] | None = None
 
 
 @dataclass

@@ -169,6 +169,7 @@ class ScriptedTask(TaskHandle):
         self._ignore_stop = False
         self._scope = trio.CancelScope()
         self._stop_reason: str | None = None
+        self.implicit_sources = {"policy": "the scripted runtime loads nothing implicitly", "found": []}
 
     # -- inputs ---------------------------------------------------------------------------------
 
