@@ -1,0 +1,75 @@
+"""One description per adapter of how to make its runtime behave a given way.
+
+The contract tests say *what* must happen (stream, call tools, be stopped, crash); each case says how its
+runtime is made to do it: a scenario for the scripted runtime, prompt directives for the fake model API
+that the real Claude Code talks to.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Turn:
+    prompt: str
+    runtime_config: dict[str, Any] = field(default_factory=dict)
+
+
+def _call(tool: str, args: dict[str, Any]) -> str:
+    return f"CALL {tool.replace('.', '_')} {json.dumps(args)}"
+
+
+class ScriptedCase:
+    name = "scripted"
+    runtime = "scripted"
+
+    def worker_env(self) -> dict[str, str]:
+        return {}
+
+    def stream(self, text: str) -> Turn:
+        return Turn(text, {"scenario": "echo"})
+
+    def tools(self, *calls: tuple[str, dict[str, Any]]) -> Turn:
+        """Ask for these tool calls at once, then say what came back (results and denial reasons)."""
+        ids = [f"c{i}" for i in range(len(calls))]
+        summary = " | ".join(f"{i}={{{{result:{i}}}}}{{{{denied:{i}}}}}" for i in ids)
+        steps = [{"tool_calls": [{"id": i, "name": name, "input": args} for i, (name, args) in zip(ids, calls)]},
+                 {"text": "RESULTS: " + summary}, {"usage": {"input_tokens": 10, "output_tokens": 5}}, {"complete": {}}]
+        return Turn("use tools", {"scenario_inline": {"name": "contract-tools", "steps": steps}})
+
+    def slow(self) -> Turn:
+        return Turn("count slowly", {"scenario": "slow-stream", "stop_grace_s": 0.5})
+
+
+class ClaudeCase:
+    name = "claude"
+    runtime = "claude"
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+
+    def worker_env(self) -> dict[str, str]:
+        return {"ANTHROPIC_BASE_URL": self.base_url, "ANTHROPIC_API_KEY": "sk-test", "CLAUDE_CODE_MAX_RETRIES": "0"}
+
+    def stream(self, text: str) -> Turn:
+        return Turn(text)
+
+    def tools(self, *calls: tuple[str, dict[str, Any]]) -> Turn:
+        return Turn("\n".join(_call(name, args) for name, args in calls))
+
+    def slow(self) -> Turn:
+        return Turn("SLOW 20", {"stop_grace_s": 2})
+
+
+Case = ScriptedCase | ClaudeCase
+
+
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir(exist_ok=True)
+    (ws / "a.txt").write_text("alpha\n")
+    return ws

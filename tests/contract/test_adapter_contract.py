@@ -1,0 +1,166 @@
+"""The adapter contract: every runtime adapter, driven through the real supervisor and worker, behaves alike."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import trio
+
+from protocol import EventType, InteractionMode, PermissionMode
+from supervisor.engine import ApproverAnswer
+from supervisor.engine._transcript import session_events
+from supervisor.store import TaskState
+
+from ..e2e.conftest import of_type
+from ..e2e.invariants import check_session
+from .cases import workspace
+
+
+async def _run(make_engine, case, turn, ws: Path | None = None, **kwargs):
+    async with make_engine(worker_env={"*": case.worker_env()}) as engine:
+        session = await engine.create_session(runtime=case.runtime, workspace=ws)
+        task = await engine.start_task(session.session_id, turn.prompt, runtime_config=turn.runtime_config,
+                                       **kwargs)
+        record = await engine.wait_task(task.task_id)
+        events = await session_events(engine.store, session.session_id)
+        check_session(events)
+        blobs = {}
+        for payload in of_type(events, EventType.MODEL_INPUT):
+            if payload.implicit_sources_ref:
+                blobs["implicit"] = json.loads(await engine.store.get_blob(payload.implicit_sources_ref))
+        return record, events, blobs
+
+
+def _texts(events) -> list[str]:
+    return [p.text for p in of_type(events, EventType.MODEL_OUTPUT_COMPLETED) if p.kind == "text"]
+
+
+async def test_streams_deltas_then_completes(make_engine, case) -> None:
+    with trio.fail_after(120):
+        record, events, _ = await _run(make_engine, case, case.stream("hello contract"))
+    assert record.state == TaskState.COMPLETED
+    deltas = of_type(events, EventType.MODEL_OUTPUT_DELTA)
+    assert len(deltas) >= 2
+    by_block: dict[str, list[str]] = {}
+    for delta in deltas:
+        by_block.setdefault(delta.block_id, []).append(delta.delta)
+    completed = {p.block_id: p.text for p in of_type(events, EventType.MODEL_OUTPUT_COMPLETED)}
+    assert all("".join(parts) == completed[block] for block, parts in by_block.items())
+    assert any("hello contract" in text for text in _texts(events))
+    assert of_type(events, EventType.USAGE_REPORTED)
+
+
+async def test_parallel_calls_one_approved_one_denied(make_engine, case, tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    turn = case.tools(("workspace.read", {"path": "a.txt"}), ("workspace.write", {"path": "b.txt", "content": "x"}))
+    with trio.fail_after(120):
+        record, events, _ = await _run(make_engine, case, turn, ws, permission_mode=PermissionMode.ASK)
+    assert record.state == TaskState.COMPLETED
+    requested = of_type(events, EventType.TOOL_CALL_REQUESTED)
+    assert sorted(r.tool_name for r in requested) == ["workspace.read", "workspace.write"]
+    approved = {p.tool_call_id for p in of_type(events, EventType.TOOL_CALL_APPROVED)}
+    denied = of_type(events, EventType.TOOL_CALL_DENIED)
+    read_id = next(r.tool_call_id for r in requested if r.tool_name == "workspace.read")
+    assert approved == {read_id} and len(denied) == 1
+    assert not (ws / "b.txt").exists()
+    final = _texts(events)[-1]
+    assert "alpha" in final  # the read result reached the runtime
+    assert "non-interactive" in final  # and so did the denial's reason; the runtime carried on
+
+
+async def test_interactive_approval_runs_the_write(make_engine, case, tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    asked = []
+
+    async def approve(request):
+        asked.append(request.tool_name)
+        return ApproverAnswer(allow=True, reason="fine by the test")
+
+    turn = case.tools(("workspace.write", {"path": "notes.txt", "content": "written\n"}))
+    with trio.fail_after(120):
+        record, events, _ = await _run(make_engine, case, turn, ws, permission_mode=PermissionMode.ASK,
+                                       interaction_mode=InteractionMode.INTERACTIVE, approver=approve)
+    assert record.state == TaskState.COMPLETED and asked == ["workspace.write"]
+    assert (ws / "notes.txt").read_text() == "written\n"
+    assert of_type(events, EventType.TOOL_CALL_APPROVED)[0].source == "user"
+
+
+async def test_denial_reason_reaches_the_runtime(make_engine, case, tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+
+    async def deny(request):
+        return ApproverAnswer(allow=False, reason="no-writes-today-4711")
+
+    turn = case.tools(("workspace.write", {"path": "notes.txt", "content": "x"}))
+    with trio.fail_after(120):
+        record, events, _ = await _run(make_engine, case, turn, ws, permission_mode=PermissionMode.ASK,
+                                       interaction_mode=InteractionMode.INTERACTIVE, approver=deny)
+    assert record.state == TaskState.COMPLETED
+    assert not (ws / "notes.txt").exists()
+    assert not of_type(events, EventType.TOOL_CALL_STARTED)
+    assert "no-writes-today-4711" in _texts(events)[-1]
+
+
+async def test_forbidden_tools_never_execute(make_engine, case, tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    turn = case.tools(("workspace.exec", {"argv": ["touch", str(ws / "pwned")]}),
+                      ("Bash", {"command": f"touch {ws / 'pwned2'}"}))
+    with trio.fail_after(120):
+        record, events, _ = await _run(make_engine, case, turn, ws, permission_mode=PermissionMode.YOLO)
+    assert record.state in (TaskState.COMPLETED, TaskState.FAILED)
+    assert not (ws / "pwned").exists() and not (ws / "pwned2").exists()
+    assert not of_type(events, EventType.TOOL_CALL_STARTED)
+
+
+async def test_implicit_sources_are_recorded_with_the_model_input(make_engine, case) -> None:
+    with trio.fail_after(120):
+        _, events, blobs = await _run(make_engine, case, case.stream("hi"))
+    assert of_type(events, EventType.MODEL_INPUT)[0].implicit_sources_ref
+    assert blobs["implicit"]["policy"] and isinstance(blobs["implicit"]["found"], list)
+
+
+async def test_stop_mid_stream(make_engine, case, tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    turn = case.slow()
+    with trio.fail_after(120):
+        async with make_engine(worker_env={"*": case.worker_env()}) as engine:
+            session = await engine.create_session(runtime=case.runtime, workspace=ws)
+            task = await engine.start_task(session.session_id, turn.prompt, runtime_config=turn.runtime_config,
+                                           permission_mode=PermissionMode.YOLO)
+            await _deltas(engine, session.session_id, 3)
+            await engine.stop_task(task.task_id, reason="enough")
+            with trio.move_on_after(3):  # let late events arrive; they must not be stored
+                while engine.stats.late_events == 0:
+                    await trio.sleep(0.05)
+            events = await session_events(engine.store, session.session_id)
+    check_session(events)
+    assert events[-1].type == EventType.TASK_STOPPED and events[-1].payload.reason == "enough"
+    assert not [e for e in events if e.type.value.startswith("tool.")]
+    assert not (ws / "late.txt").exists()
+
+
+async def test_worker_crash_mid_task_fails_it_once(make_engine, case) -> None:
+    turn = case.slow()
+    with trio.fail_after(120):
+        async with make_engine(worker_env={"*": case.worker_env()}) as engine:
+            session = await engine.create_session(runtime=case.runtime)
+            task = await engine.start_task(session.session_id, turn.prompt, runtime_config=turn.runtime_config)
+            await _deltas(engine, session.session_id, 2)
+            os.kill(engine.pool.worker_of("default").pid, signal.SIGKILL)
+            record = await engine.wait_task(task.task_id)
+            events = await session_events(engine.store, session.session_id)
+    check_session(events)
+    failed = of_type(events, EventType.TASK_FAILED)
+    assert record.state == TaskState.FAILED and len(failed) == 1 and failed[0].code == "WORKER_CRASHED"
+
+
+async def _deltas(engine, session_id: str, count: int) -> None:
+    seen = 0
+    async with engine.store.subscribe(session_id) as sub:
+        async for event in sub:
+            seen += event.type == EventType.MODEL_OUTPUT_DELTA
+            if seen >= count:
+                return

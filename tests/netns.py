@@ -1,0 +1,19 @@
+"""Guards for tests that start real agent runtimes: they run only with no way off this machine."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+
+def loopback_only() -> bool:
+    """True inside a network namespace whose only interface is loopback (see scripts/netns-run)."""
+    return [name for _, name in socket.if_nameindex()] == ["lo"]
+
+
+skip_outside_netns = pytest.mark.skipif(
+    not loopback_only(),
+    reason="real runtimes run only inside a loopback-only network namespace: use ./scripts/test "
+           "(it wraps pytest in scripts/netns-run), or scripts/netns-run .venv/bin/pytest …",
+)
