@@ -304,6 +304,10 @@ class Engine:
                 if run.ended:
                     continue
             event = params.event
+            if run.runtime.runtime_session_id and run.runtime.runtime_session_id != run.session.runtime_session_id:
+                # The runtime named its own session: keep it, so the session's next task resumes it.
+                run.session = await self.store.update_session(run.session_id,
+                                                              runtime_session_id=run.runtime.runtime_session_id)
             if event.type == EventType.TOOL_CALL_REQUESTED:
                 assert isinstance(event.payload, ToolCallRequested)
                 await flush()
