@@ -41,6 +41,7 @@ class Method(StrEnum):
     START_TASK = "runtime.startTask"
     SEND_TOOL_RESULT = "runtime.sendToolResult"
     SEND_TOOL_DENIED = "runtime.sendToolDenied"
+    SEND_TOOL_APPROVED = "runtime.sendToolApproved"  # for calls the runtime executes itself
     STOP = "runtime.stop"
     SHUTDOWN = "runtime.shutdown"
     EVENT = "runtime.event"  # notification, worker -> supervisor
@@ -178,6 +179,9 @@ class StartTaskParams(Model):
     runtime: str
     session: SessionRef
     task_id: str = Field(min_length=1, max_length=200)
+    #: The session's workspace: where runtime-executed (built-in) tools work. Supervisor tools are confined to
+    #: it by the supervisor whatever the runtime does.
+    workspace: str | None = None
     messages: tuple[Message, ...] = ()
     tool_manifest: ToolManifest = Field(default_factory=ToolManifest)
     permission_mode: PermissionMode = PermissionMode.ASK
@@ -206,6 +210,14 @@ class SendToolDeniedParams(Model):
     task_id: str
     tool_call_id: str
     reason: str = "denied"
+
+
+class SendToolApprovedParams(Model):
+    """Approval of a call with ``executed_by: runtime``: the runtime may now run its own tool."""
+
+    task_id: str
+    tool_call_id: str
+    reason: str = "approved"
 
 
 class StopParams(Model):

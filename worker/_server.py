@@ -37,6 +37,7 @@ from protocol import (
     RuntimeEventParams,
     RuntimeInfo,
     RuntimeOffer,
+    SendToolApprovedParams,
     SendToolDeniedParams,
     SendToolResultParams,
     StartTaskParams,
@@ -177,6 +178,7 @@ class WorkerServer:
             Method.START_TASK: self._start_task,
             Method.SEND_TOOL_RESULT: self._send_tool_result,
             Method.SEND_TOOL_DENIED: self._send_tool_denied,
+            Method.SEND_TOOL_APPROVED: self._send_tool_approved,
             Method.STOP: self._stop,
             Method.SHUTDOWN: self._shutdown,
         }
@@ -383,7 +385,10 @@ class WorkerServer:
     def _send_tool_denied(self, **raw: Any) -> RpcResult:
         return self._answer_tool(SendToolDeniedParams, raw)
 
-    def _answer_tool(self, model: type[SendToolResultParams | SendToolDeniedParams],
+    def _send_tool_approved(self, **raw: Any) -> RpcResult:
+        return self._answer_tool(SendToolApprovedParams, raw)
+
+    def _answer_tool(self, model: type[SendToolResultParams | SendToolDeniedParams | SendToolApprovedParams],
                      raw: dict[str, Any]) -> RpcResult:
         if not self.initialized:
             return _not_initialized()
@@ -397,6 +402,8 @@ class WorkerServer:
         try:
             if isinstance(params, SendToolResultParams):
                 task.handle.send_tool_result(params.tool_call_id, params.result, params.is_error)
+            elif isinstance(params, SendToolApprovedParams):
+                task.handle.send_tool_approved(params.tool_call_id, params.reason)
             else:
                 task.handle.send_tool_denied(params.tool_call_id, params.reason)
         except UnknownToolCall:

@@ -17,6 +17,7 @@ class ToolOutcome:
     result: Any = None
     is_error: bool = False
     denied: bool = False
+    approved: bool = False  # a runtime-executed call may go ahead (no result: the runtime produces it)
     reason: str | None = None
 
 

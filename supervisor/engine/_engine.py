@@ -24,6 +24,7 @@ from protocol import (
     TERMINAL_EVENT_TYPES,
     ErrorCode,
     EventType,
+    ExecutedBy,
     InteractionMode,
     Message,
     Method,
@@ -172,7 +173,7 @@ class Engine:
         params = StartTaskParams(
             runtime=session.runtime, session=SessionRef(session_id=session_id,
                                                         runtime_session_id=session.runtime_session_id),
-            task_id=task_id, messages=messages, tool_manifest=self.tooling.manifest(),
+            task_id=task_id, workspace=session.workspace, messages=messages, tool_manifest=self.tooling.manifest(),
             permission_mode=permission_mode, interaction_mode=interaction_mode,
             runtime_config=runtime_config or {}, trace=trace or TraceContext())
         record = await self.store.create_task(session_id, task_id, runtime=session.runtime,
@@ -316,11 +317,20 @@ class Engine:
                 await flush()
                 await self._finish(run, event.type, event.payload)
             else:
+                payload = event.payload
+                if event.type in _RUNTIME_TOOL_EVENTS:
+                    identity = run.approved_runtime_calls.get(getattr(payload, "tool_call_id", ""))
+                    if identity is None:  # the runtime ran a tool nobody approved: record, never store as fact
+                        self.stats.invalid_events += 1
+                        log.warning("task %s: %s for a call that was not approved; dropped", run.task_id, event.type)
+                        continue
+                    payload = payload.model_copy(update={"attempt": identity.attempt,
+                                                         "input_hash": identity.input_hash})
                 runtime = None
                 if event.raw is not None:
                     raw_ref = await self.store.put_json_blob(event.raw)
                     runtime = run.runtime.model_copy(update={"raw_ref": raw_ref})
-                plain.setdefault(run.task_id, (run, []))[1].append((event.type, event.payload, runtime))
+                plain.setdefault(run.task_id, (run, []))[1].append((event.type, payload, runtime))
         await flush()
 
     def _accept(self, worker: WorkerProcess, params: RuntimeEventParams) -> TaskRun | None:
@@ -361,7 +371,10 @@ class Engine:
         if not await self._append(run, [(EventType.TOOL_CALL_REQUESTED, requested)]):
             return
         assert run.tools_nursery is not None
-        run.tools_nursery.start_soon(self._tools.handle, run, requested, input_value)
+        if requested.executed_by == ExecutedBy.RUNTIME:
+            run.tools_nursery.start_soon(self._tools.handle_runtime_call, run, requested, input_value)
+        else:
+            run.tools_nursery.start_soon(self._tools.handle, run, requested, input_value)
 
     async def _on_worker_exit(self, namespace: str, worker: WorkerProcess, status: ExitStatus) -> None:
         for run in (*self._runs.values(), *self._recent.values()):
@@ -418,6 +431,10 @@ class Engine:
                 self._recent.popitem(last=False)
             run.done.set()
 
+
+#: Tool events a worker may send only for runtime-executed calls the policy approved.
+_RUNTIME_TOOL_EVENTS = frozenset({EventType.TOOL_CALL_STARTED, EventType.TOOL_OUTPUT_DELTA,
+                                  EventType.TOOL_OUTPUT_COMPLETED, EventType.TOOL_CALL_COMPLETED})
 
 _FAILURE_FOR_RPC_ERROR: dict[int, str] = {
     ErrorCode.UNKNOWN_RUNTIME: TaskFailureCode.RUNTIME_UNAVAILABLE,

@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 
-from protocol import ModelInput, RuntimeInfo, StartTaskParams, Trace
+from protocol import ModelInput, RuntimeInfo, StartTaskParams, ToolCallIdentity, Trace
 
 from ..store import SessionRecord
 from ..workers import WorkerProcess
@@ -27,6 +27,8 @@ class TaskRun:
     terminal_type: str | None = None
     late_events: int = 0
     attempts: dict[str, int] = field(default_factory=dict)  # tool_call_id -> attempts seen
+    # Runtime-executed calls the policy approved: only these may report tool.call.started/completed.
+    approved_runtime_calls: dict[str, ToolCallIdentity] = field(default_factory=dict)
     tools_nursery: trio.Nursery | None = None
     model_input: ModelInput | None = None  # stored once the worker accepted the task
     input_stored: trio.Event = field(default_factory=trio.Event)

@@ -38,6 +38,7 @@ from ..tools import (
     decide,
     is_replay_safe,
     policy_payloads,
+    runtime_tool_spec,
 )
 from ..workers import WorkerError
 from ._runs import TaskRun
@@ -113,6 +114,32 @@ class ToolFlow:
                          requested.input_hash)] = completed
         await self._send(run, Method.SEND_TOOL_RESULT, {"task_id": run.task_id, "tool_call_id": requested.tool_call_id,
                                                         "result": result.content, "is_error": result.is_error})
+
+    async def handle_runtime_call(self, run: TaskRun, requested: ToolCallRequested,
+                                  tool_input: dict[str, Any]) -> None:
+        """A call the runtime runs itself: the supervisor only decides. On approval the runtime runs it and
+        reports tool.call.started/completed, which the engine accepts only for approved calls."""
+        identity = ToolCallIdentity(tool_call_id=requested.tool_call_id,
+                                    runtime_tool_call_id=requested.runtime_tool_call_id,
+                                    attempt=requested.attempt, input_hash=requested.input_hash)
+        spec = runtime_tool_spec(requested.tool_name)
+        outcome = await decide(PolicyRequest(
+            tool_name=requested.tool_name, tool=spec, permission_mode=run.params.permission_mode,
+            interaction_mode=run.params.interaction_mode, input=tool_input, identity=identity), run.approver)
+        snapshot_extra = {"executed_by": "runtime"}
+        payloads = [p.model_copy(update={"policy_snapshot": {**p.policy_snapshot, **snapshot_extra}})
+                    for p in policy_payloads(outcome, identity)]
+        if not await self.engine._append(run, [(_type_of(p), p) for p in payloads]):
+            return
+        if outcome.approved:
+            run.approved_runtime_calls[requested.tool_call_id] = identity
+            await self._send(run, Method.SEND_TOOL_APPROVED, {"task_id": run.task_id,
+                                                              "tool_call_id": requested.tool_call_id,
+                                                              "reason": outcome.effective.reason})
+        else:
+            await self._send(run, Method.SEND_TOOL_DENIED, {"task_id": run.task_id,
+                                                            "tool_call_id": requested.tool_call_id,
+                                                            "reason": outcome.effective.reason})
 
     async def _store_output(self, run: TaskRun, identity: ToolCallIdentity, result: ToolResult) -> None:
         """Commands' stdout/stderr as tool.output events (file tools have none)."""

@@ -20,6 +20,7 @@ from ._base import (
     ToolLimits,
     ToolResult,
 )
+from ._builtins import runtime_tool_spec
 from ._diff import DiffError, FilePatch, Hunk, HunkMismatch, apply_hunks, parse_unified_diff, split_lines
 from ._exec import DEFAULT_EXEC_PATH, ExecInput, ExecPolicy
 from ._files import ListInput, ReadInput, WriteInput
@@ -93,5 +94,6 @@ __all__ = [
     "parse_unified_diff",
     "policy_payloads",
     "probe_sandbox",
+    "runtime_tool_spec",
     "split_lines",
 ]

@@ -44,6 +44,15 @@ class ScriptedCase:
     def slow(self) -> Turn:
         return Turn("count slowly", {"scenario": "slow-stream", "stop_grace_s": 0.5})
 
+    #: The scripted runtime only pretends to run its built-ins: no file appears.
+    builtins_touch_files = False
+
+    def builtin_write(self, path: Path, content: str) -> Turn:
+        steps = [{"tool_calls": [{"id": "w", "name": "Write", "executed_by": "runtime",
+                                  "input": {"file_path": str(path), "content": content}}]},
+                 {"text": "RESULTS: w={{result:w}}{{denied:w}}"}, {"complete": {}}]
+        return Turn("write with a built-in", {"scenario_inline": {"name": "builtin", "steps": steps}})
+
 
 class ClaudeCase:
     name = "claude"
@@ -63,6 +72,11 @@ class ClaudeCase:
 
     def slow(self) -> Turn:
         return Turn("SLOW 20", {"stop_grace_s": 2})
+
+    builtins_touch_files = True
+
+    def builtin_write(self, path: Path, content: str) -> Turn:
+        return Turn(_call("Write", {"file_path": str(path), "content": content}), {"builtin_tools": ["Write"]})
 
 
 Case = ScriptedCase | ClaudeCase

@@ -164,3 +164,32 @@ async def _deltas(engine, session_id: str, count: int) -> None:
             seen += event.type == EventType.MODEL_OUTPUT_DELTA
             if seen >= count:
                 return
+
+
+async def test_runtime_builtin_tool_runs_only_when_the_supervisor_approves(make_engine, case, tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    target = ws / "by-builtin.txt"
+    with trio.fail_after(120):
+        record, events, _ = await _run(make_engine, case, case.builtin_write(target, "hi\n"), ws,
+                                       permission_mode=PermissionMode.AUTO)
+    assert record.state == TaskState.COMPLETED
+    requested = of_type(events, EventType.TOOL_CALL_REQUESTED)
+    assert [(r.tool_name, r.executed_by) for r in requested] == [("Write", "runtime")]
+    assert of_type(events, EventType.TOOL_CALL_APPROVED)[0].policy_snapshot["tool_class"] == "write"
+    started, completed = of_type(events, EventType.TOOL_CALL_STARTED), of_type(events, EventType.TOOL_CALL_COMPLETED)
+    assert [(s.executed_by, c.executed_by, c.is_error) for s, c in zip(started, completed)] == [
+        ("runtime", "runtime", False)]
+    assert target.exists() == case.builtins_touch_files
+
+
+async def test_runtime_builtin_tool_denied_never_runs(make_engine, case, tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    target = ws / "by-builtin.txt"
+    with trio.fail_after(120):
+        record, events, _ = await _run(make_engine, case, case.builtin_write(target, "hi\n"), ws,
+                                       permission_mode=PermissionMode.ASK)
+    assert record.state == TaskState.COMPLETED
+    denied = of_type(events, EventType.TOOL_CALL_DENIED)
+    assert len(denied) == 1 and "non-interactive" in denied[0].reason
+    assert not of_type(events, EventType.TOOL_CALL_STARTED) and not target.exists()
+    assert "non-interactive" in _texts(events)[-1]

@@ -94,6 +94,10 @@ class TaskHandle(ABC):
     def send_tool_denied(self, tool_call_id: str, reason: str) -> None:
         """Deliver a denial. Raises UnknownToolCall if no such call is pending."""
 
+    def send_tool_approved(self, tool_call_id: str, reason: str) -> None:
+        """Approve a call the runtime executes itself (``executed_by: runtime``). Raises UnknownToolCall."""
+        raise UnknownToolCall(f"this runtime has no runtime-executed call {tool_call_id!r} waiting")
+
     @abstractmethod
     def stop(self, reason: str | None) -> None:
         """Ask the runtime to stop (cooperative; the worker cancels ``run`` after a grace period)."""

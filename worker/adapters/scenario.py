@@ -44,6 +44,8 @@ class ToolCallSpec(_Step):
     id: str = Field(min_length=1, max_length=120)
     name: str
     input: dict[str, Any] = Field(default_factory=dict)
+    #: "runtime": a built-in tool of the runtime's own — the supervisor only decides; the runtime runs it.
+    executed_by: Literal["supervisor", "runtime"] = "supervisor"
 
 
 class ToolCallsStep(_Step):

@@ -24,6 +24,7 @@ from protocol import (
     CancellationSupport,
     ErrorCode,
     EventType,
+    ExecutedBy,
     InteractionMode,
     IsolationMode,
     Message,
@@ -35,7 +36,9 @@ from protocol import (
     RuntimeRequestStarted,
     SessionRef,
     StartTaskParams,
+    ToolCallCompleted,
     ToolCallRequested,
+    ToolCallStarted,
     ToolRouting,
     UsageReported,
     canonical_hash,
@@ -60,6 +63,7 @@ from .scenario import (
     Step,
     TextStep,
     ThinkingStep,
+    ToolCallSpec,
     ToolCallsStep,
     UsageStep,
     default_scenario_dir,
@@ -179,6 +183,9 @@ class ScriptedTask(TaskHandle):
     def send_tool_denied(self, tool_call_id: str, reason: str) -> None:
         self.tools.answer(tool_call_id, ToolOutcome(denied=True, reason=reason))
 
+    def send_tool_approved(self, tool_call_id: str, reason: str) -> None:
+        self.tools.answer(tool_call_id, ToolOutcome(approved=True, reason=reason))
+
     def stop(self, reason: str | None) -> None:
         self._stop_reason = reason or "stop requested"
         if not self._ignore_stop:
@@ -252,6 +259,17 @@ class ScriptedTask(TaskHandle):
                 await self.io.write_raw(b'{"pad":"' + b"x" * max(0, step.oversized_line - 10) + b'"}\n')
         return None
 
+    async def _run_builtin(self, call: ToolCallSpec) -> ToolOutcome:
+        """Pretend to run one of the runtime's own tools, reporting it as a real runtime would."""
+        identity = {"tool_call_id": call.id, "runtime_tool_call_id": call.id, "input_hash": canonical_hash(call.input)}
+        await self.io.emit(EventType.TOOL_CALL_STARTED, ToolCallStarted(
+            **identity, tool_name=call.name, executed_by=ExecutedBy.RUNTIME, execution_env="runtime:scripted"))
+        result = f"{call.name} ran inside the scripted runtime"
+        await self.io.emit(EventType.TOOL_CALL_COMPLETED, ToolCallCompleted(
+            **identity, tool_name=call.name, executed_by=ExecutedBy.RUNTIME, execution_env="runtime:scripted",
+            result_preview=result))
+        return ToolOutcome(result=result)
+
     def _new_block_id(self) -> str:
         self._block_counter += 1
         return f"{self.params.task_id}:b{self._block_counter}"
@@ -290,7 +308,7 @@ class ScriptedTask(TaskHandle):
         for call in step.tool_calls:
             await self.io.emit(EventType.TOOL_CALL_REQUESTED, ToolCallRequested(
                 tool_call_id=call.id, runtime_tool_call_id=call.id, input_hash=canonical_hash(call.input),
-                tool_name=call.name, input=call.input))
+                tool_name=call.name, input=call.input, executed_by=ExecutedBy(call.executed_by)))
         await self._end_request("tool_use")
         outcomes: dict[str, ToolOutcome] = {}
 
@@ -301,7 +319,11 @@ class ScriptedTask(TaskHandle):
             for call in step.tool_calls:
                 nursery.start_soon(wait_for, call.id)
         for call in step.tool_calls:  # in request order, whatever order the answers came in
-            self.template.record(call.id, outcomes[call.id])
+            outcome = outcomes[call.id]
+            if outcome.approved:  # a built-in of "the runtime": it runs it itself and reports
+                outcome = await self._run_builtin(call)
+                outcomes[call.id] = outcome
+            self.template.record(call.id, outcome)
         if step.on_denied is not None and any(o.denied for o in outcomes.values()):
             return await self._play(step.on_denied)
         if step.on_error is not None and any(o.is_error for o in outcomes.values()):

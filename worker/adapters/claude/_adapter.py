@@ -25,6 +25,7 @@ from protocol import (
     CancellationSupport,
     ErrorCode,
     EventType,
+    ExecutedBy,
     InteractionMode,
     IsolationMode,
     Message,
@@ -36,7 +37,9 @@ from protocol import (
     RuntimeRequestStarted,
     StartTaskParams,
     TaskFailureCode,
+    ToolCallCompleted,
     ToolCallRequested,
+    ToolCallStarted,
     ToolRouting,
     ToolSpec,
     UsageReported,
@@ -129,7 +132,12 @@ class ClaudeTask(TaskHandle):
         self._blocks: dict[int, tuple[str, BlockKind, list[str]]] = {}
         self._message_id: str | None = None
         self._raw: list[Any] = []
-        self.cwd = Path(params.runtime_config.get("cwd") or os.environ.get("TMPDIR") or "/tmp")
+        self.cwd = Path(params.workspace or os.environ.get("TMPDIR") or "/tmp")
+        builtins = params.runtime_config.get("builtin_tools") or []
+        if not isinstance(builtins, list) or not all(isinstance(b, str) for b in builtins):
+            raise StartTaskRefused(ErrorCode.INVALID_PARAMS, "runtime_config.builtin_tools must be a list of names")
+        #: Claude's own tools the operator enabled for this task; each call is still decided by the supervisor.
+        self.builtins: list[str] = builtins
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -152,11 +160,15 @@ class ClaudeTask(TaskHandle):
         cwd = self.cwd
         env = dict(_env.QUIET_ENV)
         return ClaudeAgentOptions(
-            tools=[], allowed_tools=list(self.by_claude_name), mcp_servers={MCP_SERVER: self._mcp_server()},
+            tools=list(self.builtins), allowed_tools=[*self.by_claude_name, *self.builtins],
+            mcp_servers={MCP_SERVER: self._mcp_server()},
             strict_mcp_config=True, setting_sources=[], plugins=[], model=config.get("model") or DEFAULT_MODEL,
             resume=self.params.session.runtime_session_id, cwd=str(cwd), env=env, include_partial_messages=True,
             hooks={"PreToolUse": [HookMatcher(matcher=None, hooks=[self._pre_tool_use],  # type: ignore[list-item]
-                                              timeout=24 * 3600)]},
+                                              timeout=24 * 3600)],
+                   "PostToolUse": [HookMatcher(matcher=None, hooks=[self._post_tool_use])],  # type: ignore[list-item]
+                   "PostToolUseFailure": [HookMatcher(matcher=None,
+                                                      hooks=[self._post_tool_use])]},  # type: ignore[list-item]
             cli_path=str(_env.cli_path()), max_turns=int(config.get("max_turns", 50)),
             stderr=lambda line: log.info("claude: %s", line.rstrip()),
         )
@@ -186,22 +198,50 @@ class ClaudeTask(TaskHandle):
         return handler
 
     async def _request(self, claude_name: str, tool_input: dict[str, Any], tool_use_id: str) -> ToolOutcome:
-        spec = self.by_claude_name[claude_name]
+        spec = self.by_claude_name.get(claude_name)
         self.tools.expect(tool_use_id)
         await self.io.emit(EventType.TOOL_CALL_REQUESTED, ToolCallRequested(
             tool_call_id=tool_use_id, runtime_tool_call_id=tool_use_id, input_hash=canonical_hash(tool_input),
-            tool_name=spec.name, input=tool_input))
+            tool_name=spec.name if spec else claude_name, input=tool_input,
+            executed_by=ExecutedBy.SUPERVISOR if spec else ExecutedBy.RUNTIME))
         return await self.tools.wait(tool_use_id)
+
+    def send_tool_approved(self, tool_call_id: str, reason: str) -> None:
+        self.tools.answer(tool_call_id, ToolOutcome(approved=True, reason=reason))
+
+    def _identity(self, call_id: str, tool_input: dict[str, Any]) -> dict[str, Any]:
+        return {"tool_call_id": call_id, "runtime_tool_call_id": call_id, "input_hash": canonical_hash(tool_input)}
+
+    async def _post_tool_use(self, hook_input: Any, tool_use_id: str | None, context: Any) -> dict[str, Any]:
+        """A built-in finished (or failed): report it; our own tools were reported by the supervisor."""
+        name = hook_input.get("tool_name", "")
+        if name not in self.builtins:
+            return {}
+        call_id = tool_use_id or hook_input.get("tool_use_id") or ""
+        failed = hook_input.get("hook_event_name") == "PostToolUseFailure"
+        response = hook_input.get("error") if failed else hook_input.get("tool_response")
+        preview = response if isinstance(response, str) else json.dumps(response, ensure_ascii=False, default=str)
+        await self.io.emit(EventType.TOOL_CALL_COMPLETED, ToolCallCompleted(
+            **self._identity(call_id, hook_input.get("tool_input") or {}), tool_name=name, is_error=failed,
+            executed_by=ExecutedBy.RUNTIME, execution_env="runtime:claude", result_preview=preview[:500]),
+            raw={"tool_response": response})
+        return {}
 
     async def _pre_tool_use(self, hook_input: Any, tool_use_id: str | None, context: Any) -> dict[str, Any]:
         name = hook_input.get("tool_name", "")
         tool_input = hook_input.get("tool_input") or {}
         call_id = tool_use_id or hook_input.get("tool_use_id") or f"call-{canonical_hash(tool_input)[7:19]}"
-        if name not in self.by_claude_name:
+        if name not in self.by_claude_name and name not in self.builtins:
             return _deny(f"{name} is not enabled: CodeSDK runs this task with Claude's built-in tools off")
         outcome = await self._request(name, tool_input, call_id)
         if outcome.denied:
             return _deny(outcome.reason or "denied by policy")
+        if name in self.builtins:  # approved: Claude runs its own tool now; PostToolUse reports the end
+            await self.io.emit(EventType.TOOL_CALL_STARTED, ToolCallStarted(
+                **self._identity(call_id, tool_input), tool_name=name, executed_by=ExecutedBy.RUNTIME,
+                execution_env="runtime:claude"))
+            return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "allow",
+                                           "permissionDecisionReason": outcome.reason or "approved by CodeSDK"}}
         self._answers[(name, canonical_hash(tool_input))].append(outcome)
         return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "allow",
                                        "permissionDecisionReason": "approved by CodeSDK"}}
