@@ -64,6 +64,7 @@ from ._framing import (
 )
 from ._jsonrpc import (
     Ack,
+    EnsureLoginResult,
     ErrorCode,
     ErrorObject,
     ErrorResponse,
@@ -134,6 +135,7 @@ __all__ = [
     "CanonicalizationError",
     "CodeBlock",
     "ContentBlock",
+    "EnsureLoginResult",
     "ErrorCode",
     "ErrorObject",
     "ErrorResponse",

@@ -9,7 +9,7 @@ from pydantic import Field, ValidationError
 
 from ._base import Model
 from ._events import WorkerEvent
-from ._runtime import InteractionMode, PermissionMode, RuntimeCapabilities, RuntimeEnv
+from ._runtime import AuthStatus, InteractionMode, PermissionMode, RuntimeCapabilities, RuntimeEnv
 from ._tools import ToolManifest
 from ._transcript import Message
 
@@ -38,6 +38,7 @@ class ErrorCode(IntEnum):
 class Method(StrEnum):
     INITIALIZE = "runtime.initialize"
     GET_AUTH_STATUS = "runtime.getAuthStatus"
+    ENSURE_LOGIN = "runtime.ensureLogin"
     START_TASK = "runtime.startTask"
     SEND_TOOL_RESULT = "runtime.sendToolResult"
     SEND_TOOL_DENIED = "runtime.sendToolDenied"
@@ -162,6 +163,14 @@ class InitializeResult(Model):
 
 class GetAuthStatusParams(Model):
     runtime: str
+
+
+class EnsureLoginResult(Model):
+    """What an operator must do so the runtime can run in this namespace. Never opens a browser."""
+
+    status: AuthStatus
+    logged_in: bool
+    instructions: str = ""
 
 
 class SessionRef(Model):

@@ -182,6 +182,24 @@ async def cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def cmd_auth(args: argparse.Namespace) -> int:
+    """Login state of a runtime in a namespace, asked of that namespace's own worker."""
+    options = SupervisorOptions(data_dir=args.data_dir, idle_timeout_s=1.0)
+    async with open_engine(options) as engine:
+        result = await engine.ensure_login(args.namespace, args.runtime)
+    if args.json:
+        _json_line(result.to_json_obj())
+    else:
+        status = result.status
+        hint = f" ({status.method}{', ' + status.account_hint if status.account_hint else ''})" if status.method else ""
+        print(f"{args.runtime} in {args.namespace}: {status.state}{hint}")
+        if result.instructions:
+            print(f"  to log in: {result.instructions}")
+        elif status.message:
+            print(f"  {status.message}")
+    return EXIT_OK if result.logged_in else EXIT_FAILED
+
+
 async def cmd_namespaces(args: argparse.Namespace) -> int:
     root = Path(args.data_dir) / "namespaces"
     async with _store(args) as store:
@@ -255,6 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("session")
     show.add_argument("--json", action="store_true")
     show.set_defaults(handler=cmd_show)
+
+    auth = sub.add_parser("auth", help="is a runtime logged in for a namespace, and how to log it in")
+    auth.add_argument("--runtime", default="claude")
+    auth.add_argument("--namespace", default="default")
+    auth.add_argument("--json", action="store_true")
+    auth.set_defaults(handler=cmd_auth)
 
     namespaces = sub.add_parser("namespaces", help="list credential namespaces and their directories")
     namespaces.add_argument("--json", action="store_true")

@@ -175,6 +175,7 @@ class WorkerServer:
         self._methods: dict[str, Callable[..., RpcResult]] = {
             Method.INITIALIZE: self._initialize,
             Method.GET_AUTH_STATUS: self._get_auth_status,
+            Method.ENSURE_LOGIN: self._ensure_login,
             Method.START_TASK: self._start_task,
             Method.SEND_TOOL_RESULT: self._send_tool_result,
             Method.SEND_TOOL_DENIED: self._send_tool_denied,
@@ -313,6 +314,17 @@ class WorkerServer:
         if adapter is None:
             return _unknown_runtime(params.runtime, self.registry)
         return Success(_Deferred(adapter.auth_status))
+
+    def _ensure_login(self, **raw: Any) -> RpcResult:
+        if not self.initialized:
+            return _not_initialized()
+        params = _validate(GetAuthStatusParams, raw)
+        if not isinstance(params, GetAuthStatusParams):
+            return params
+        adapter = self.registry.get(params.runtime)
+        if adapter is None:
+            return _unknown_runtime(params.runtime, self.registry)
+        return Success(_Deferred(adapter.ensure_login))
 
     def _start_task(self, **raw: Any) -> RpcResult:
         if not self.initialized:

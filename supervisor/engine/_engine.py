@@ -22,6 +22,7 @@ import trio
 from protocol import (
     CONTRACT_VERSION,
     TERMINAL_EVENT_TYPES,
+    EnsureLoginResult,
     ErrorCode,
     EventType,
     ExecutedBy,
@@ -212,6 +213,22 @@ class Engine:
         if run is not None:
             await run.done.wait()
         return await self.store.get_task(task_id)
+
+    async def ensure_login(self, namespace: str, runtime: str) -> EnsureLoginResult:
+        """Ask the namespace's worker whether ``runtime`` is logged in there, and what to do if not."""
+        Namespace.parse(namespace)
+        try:
+            worker = await self.pool.acquire(namespace)
+        except NamespaceFailing as exc:
+            raise EngineError(str(exc)) from exc
+        try:
+            with trio.fail_after(REQUEST_TIMEOUT_S):
+                result = await worker.connection.request(Method.ENSURE_LOGIN, {"runtime": runtime})
+        except RpcError as exc:
+            raise EngineError(f"{exc.message}" + (f" ({exc.data})" if exc.data else "")) from exc
+        finally:
+            self.pool.release(namespace, worker)
+        return EnsureLoginResult.model_validate(result)
 
     def active_task(self, session_id: str) -> str | None:
         return next((r.task_id for r in self._runs.values() if r.session_id == session_id), None)

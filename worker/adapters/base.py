@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from protocol import (
+    AuthState,
     AuthStatus,
+    EnsureLoginResult,
     EventType,
     Model,
     RuntimeCapabilities,
@@ -129,6 +131,12 @@ class RuntimeAdapter(ABC):
 
     @abstractmethod
     async def auth_status(self) -> AuthStatus: ...
+
+    async def ensure_login(self) -> EnsureLoginResult:
+        """Logged in, or the steps an operator has to take (no browser, no prompt: the worker has no user)."""
+        status = await self.auth_status()
+        ok = status.state in (AuthState.AUTHENTICATED, AuthState.NOT_REQUIRED)
+        return EnsureLoginResult(status=status, logged_in=ok, instructions="" if ok else status.message)
 
     async def create_session(self, session: SessionRef) -> str | None:
         """Create or resume a runtime-side session; returns its id. Optional."""

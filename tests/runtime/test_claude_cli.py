@@ -1,0 +1,55 @@
+"""`codesdk run --runtime claude` and `codesdk auth` as an operator uses them (fake API, in the namespace)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fixtures.fake_anthropic import FakeAnthropic
+from worker.adapters.claude._env import cli_path
+
+from ..netns import skip_outside_netns
+from ..worker.harness import REPO
+
+CLI = [sys.executable, "-m", "supervisor.cli"]
+pytestmark = [pytest.mark.runtime, skip_outside_netns,
+              pytest.mark.skipif(cli_path() is None, reason="claude-agent-sdk is not installed")]
+
+
+def _cli(data: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, "--data-dir", str(data), *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO, stdin=subprocess.DEVNULL, check=False)
+
+
+def test_run_with_claude_streams_and_stores(tmp_path: Path) -> None:
+    with FakeAnthropic.start(tmp_path / "api.jsonl") as fake:
+        done = _cli(tmp_path / "data", "run", "hello from the cli", "--runtime", "claude", "--json",
+                    "--env", f"ANTHROPIC_BASE_URL={fake.base_url}", "--env", "ANTHROPIC_API_KEY=sk-test",
+                    "--env", "CLAUDE_CODE_MAX_RETRIES=0")
+    assert done.returncode == 0, done.stderr[-2000:]
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert events[-1]["type"] == "task.completed"
+    assert any(e["type"] == "model.output.delta" for e in events)
+    assert all(e["runtime"]["name"] == "claude" for e in events)
+    assert "Echo: hello from the cli" in "".join(e["payload"].get("delta", "") for e in events)
+
+
+def test_auth_reports_per_namespace(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    missing = _cli(data, "auth", "--runtime", "claude", "--namespace", "user:alice")
+    assert missing.returncode == 1
+    assert "unauthenticated" in missing.stdout and "namespaces/user.alice/home claude login" in missing.stdout
+    creds = data / "namespaces" / "user.alice" / "home" / ".claude"
+    creds.mkdir(parents=True, exist_ok=True)
+    (creds / ".credentials.json").write_text('{"claudeAiOauth": {"accessToken": "tok-secret"}}')
+    ok = _cli(data, "auth", "--runtime", "claude", "--namespace", "user:alice", "--json")
+    assert ok.returncode == 0
+    status = json.loads(ok.stdout)["status"]
+    assert (status["state"], status["method"]) == ("authenticated", "oauth_local")
+    assert "tok-secret" not in ok.stdout
+    other = _cli(data, "auth", "--runtime", "claude", "--namespace", "user:bob")
+    assert other.returncode == 1  # alice's login is not bob's
