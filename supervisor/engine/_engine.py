@@ -55,6 +55,7 @@ from ..store import (
     EventStore,
     InvalidTransition,
     SessionRecord,
+    StoreError,
     TaskRecord,
     TaskState,
     TaskUpdate,
@@ -121,6 +122,7 @@ class Engine:
     async def open(cls, config: EngineConfig, tooling: Tooling) -> AsyncIterator[Engine]:
         async with EventStore.open(config.data_dir) as store, trio.open_nursery() as nursery:
             engine = cls(config, store, tooling, nursery)
+            await engine._recover()
             try:
                 yield engine
             finally:
@@ -128,10 +130,26 @@ class Engine:
                     await engine._close()
                 nursery.cancel_scope.cancel()
 
+    async def _recover(self) -> None:
+        """Tasks left pending/running by a supervisor that died get their one terminal event now: their
+        worker died with it, so nothing else ever will."""
+        for record in await self.store.list_active_tasks():
+            session = await self.store.get_session(record.session_id)
+            failed = TaskFailed(code=TaskFailureCode.SUPERVISOR_RESTARTED, retryable=True,
+                                message="the supervisor stopped while this task was running; its worker went with it")
+            await self.store.append(record.session_id, [EventDraft(
+                type=EventType.TASK_FAILED, runtime=RuntimeInfo(name=session.runtime), payload=failed,
+                trace=Trace(session_id=record.session_id, task_id=record.task_id))],
+                task_update=TaskUpdate(task_id=record.task_id, state=TaskState.FAILED, error=failed.to_json_obj()))
+            log.warning("task %s was left %s by a previous supervisor; marked failed", record.task_id, record.state)
+
     async def _close(self) -> None:
         for run in list(self._runs.values()):
-            await self._finish(run, EventType.TASK_STOPPED, TaskStopped(reason="supervisor shutting down",
-                                                                          requested_by="supervisor"))
+            try:
+                await self._finish(run, EventType.TASK_STOPPED, TaskStopped(reason="supervisor shutting down",
+                                                                              requested_by="supervisor"))
+            except StoreError as exc:  # torn down from outside: the store is gone; the task stays "running"
+                log.error("task %s could not be marked stopped: %s", run.task_id, exc)
         await self.pool.aclose()
 
     # -- sessions -------------------------------------------------------------------------------

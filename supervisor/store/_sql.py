@@ -134,6 +134,14 @@ def select_tasks(conn: apsw.Connection, session_id: str) -> list[TaskRecord]:
     return [_task(row) for row in rows]
 
 
+def select_active_tasks(conn: apsw.Connection) -> list[TaskRecord]:
+    """Tasks still pending or running, oldest first (after a restart: tasks whose supervisor died)."""
+    rows = conn.execute(
+        f"SELECT {_TASK_COLUMNS} FROM tasks WHERE state IN ('pending', 'running') ORDER BY created_at, rowid"
+    ).fetchall()
+    return [_task(row) for row in rows]
+
+
 def select_events(conn: apsw.Connection, session_id: str, after_seq: int, limit: int) -> list[NormalizedEvent]:
     rows = cast(
         list[tuple[int, str]],

@@ -242,6 +242,10 @@ class EventStore:
     async def get_task(self, task_id: str) -> TaskRecord:
         return await self._read(f"reading task {task_id!r}", partial(_sql.select_task, task_id=task_id))
 
+    async def list_active_tasks(self) -> list[TaskRecord]:
+        """Every task still pending or running, in any session."""
+        return await self._read("listing active tasks", _sql.select_active_tasks)
+
     async def list_tasks(self, session_id: str) -> list[TaskRecord]:
         """The session's tasks, oldest first."""
         return await self._read(

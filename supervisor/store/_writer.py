@@ -149,3 +149,6 @@ class Writer:
                 break
             request.error = StoreClosed(request.where)
             request.done.set()
+        # Nobody will read again (the writer ended, maybe cancelled from outside): later submits must fail
+        # at once with StoreClosed instead of queueing for a reader that is gone.
+        self._receive.close()

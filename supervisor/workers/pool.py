@@ -21,7 +21,7 @@ import trio
 from protocol import RuntimeEventParams
 
 from ..namespaces import Namespace, build_env, prepare_dirs, runtime_env
-from .process import ExitStatus, WorkerProcess, WorkerSpec, worker_argv
+from .process import REAP_WAIT_S, ExitStatus, WorkerProcess, WorkerSpec, worker_argv
 
 log = logging.getLogger("codesdk.supervisor.pool")
 
@@ -206,13 +206,28 @@ class WorkerPool:
     async def _run_worker(self, slot: _Slot, spec: WorkerSpec,
                           task_status: trio.TaskStatus[WorkerProcess] = trio.TASK_STATUS_IGNORED) -> None:
         vacated = slot.vacated
-        async with trio.open_nursery() as nursery:
-            worker = await WorkerProcess.start(nursery, spec, self.config.handshake_timeout_s)
-            log.info("namespace %s: worker pid %d ready", slot.namespace.name, worker.pid)
-            nursery.start_soon(self._pump_events, worker)
-            task_status.started(worker)
-            status = await worker.wait_exit()
-        # Output has ended, every event was handed over, and the process is reaped.
+        worker: WorkerProcess | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                worker = await WorkerProcess.start(nursery, spec, self.config.handshake_timeout_s)
+                log.info("namespace %s: worker pid %d ready", slot.namespace.name, worker.pid)
+                nursery.start_soon(self._pump_events, worker)
+                task_status.started(worker)
+                await worker.wait_exit()
+        finally:
+            # Output has ended, every event was handed over, and the process is reaped — also when the pool is
+            # being cancelled from outside (the watcher reaps it then), so the exit is always reported.
+            with trio.CancelScope(shield=True):
+                try:
+                    if worker is not None:
+                        await self._worker_gone(slot, worker)
+                finally:
+                    vacated.set()
+
+    async def _worker_gone(self, slot: _Slot, worker: WorkerProcess) -> None:
+        with trio.move_on_after(REAP_WAIT_S):
+            await worker.exited.wait()
+        status = worker.exit_status or ExitStatus(None, 9)
         slot.last_exit = status
         if slot.worker is worker:
             slot.worker = None
@@ -224,11 +239,7 @@ class WorkerPool:
             slot.crashes.append(time.monotonic())
             slot.last_error = f"worker pid {worker.pid} {status.describe()}"
             log.error("namespace %s: %s", slot.namespace.name, slot.last_error)
-        try:
-            with trio.CancelScope(shield=True):
-                await self._on_exit(slot.namespace.name, worker, status)
-        finally:
-            vacated.set()
+        await self._on_exit(slot.namespace.name, worker, status)
 
     async def _pump_events(self, worker: WorkerProcess) -> None:
         """Hand events over in order, in batches of whatever has queued up meanwhile (up to EVENT_BATCH)."""

@@ -35,6 +35,8 @@ log = logging.getLogger("codesdk.supervisor.worker")
 
 #: Bytes of worker stderr kept for crash reports.
 STDERR_TAIL_BYTES = 64 * 1024
+#: Seconds to wait for an ended or killed worker to be reaped before giving up on it.
+REAP_WAIT_S = 10.0
 #: Seconds a new worker has to answer runtime.initialize (cold Python start is ~0.3 s).
 HANDSHAKE_TIMEOUT_S = 30.0
 
@@ -143,13 +145,27 @@ class WorkerProcess:
         return worker
 
     async def _watch(self) -> None:
-        """Read stdout and stderr until both end, then record how the process exited."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.connection.run_reader)
-            nursery.start_soon(self._pump_stderr)
-        returncode = await self.process.wait()
-        self.exit_status = ExitStatus.from_returncode(returncode)
-        self.exited.set()
+        """Read stdout and stderr until both end, then record how the process exited.
+
+        Also when cancelled (the supervisor is being torn down from outside): then trio's run_process kills
+        the worker, and this still waits — shielded, bounded — for the exit, so ``exited`` is always set and
+        nobody waiting for it hangs.
+        """
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.connection.run_reader)
+                nursery.start_soon(self._pump_stderr)
+        finally:
+            with trio.CancelScope(shield=True):
+                with trio.move_on_after(REAP_WAIT_S):
+                    await self.process.wait()
+                if self.process.returncode is None:  # still alive after all that: make sure
+                    _signal_tree(self.pid, _process_tree(self.pid), signal.SIGKILL)
+                    with trio.move_on_after(REAP_WAIT_S):
+                        await self.process.wait()
+                returncode = self.process.returncode
+                self.exit_status = ExitStatus.from_returncode(returncode if returncode is not None else -9)
+                self.exited.set()
 
     async def _pump_stderr(self) -> None:
         assert self.process.stderr is not None
@@ -181,9 +197,9 @@ class WorkerProcess:
                 with trio.move_on_after(grace_s):
                     await self.exited.wait()
             await self.kill()
-            await self.exited.wait()
-        assert self.exit_status is not None
-        return self.exit_status
+            with trio.move_on_after(REAP_WAIT_S):
+                await self.exited.wait()
+        return self.exit_status or ExitStatus(None, signal.SIGKILL)
 
     async def kill(self, term_grace_s: float = 2.0) -> None:
         """SIGTERM the worker's process tree, then SIGKILL whatever is left. Shielded, bounded."""

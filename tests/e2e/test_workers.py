@@ -139,3 +139,35 @@ async def test_closing_the_supervisor_stops_tasks_and_reaps_workers(make_engine)
     assert record.state == TaskState.STOPPED
     assert events[-1].payload.reason == "supervisor shutting down"
     assert not psutil.pid_exists(pid)
+
+
+async def test_cancelling_the_supervisor_from_outside_reaps_its_workers(make_engine) -> None:
+    pids: list[int] = []
+    with trio.move_on_after(30) as guard:  # a hang in teardown would trip this, not the assertion below
+        with trio.move_on_after(2) as cancelled:
+            async with make_engine() as engine:
+                session = await engine.create_session()
+                await engine.start_task(session.session_id, "x", runtime_config={"scenario": "hang"})
+                await _wait_for(EventType.MODEL_OUTPUT_COMPLETED, engine, session.session_id)
+                pids.append(engine.pool.worker_of("default").pid)
+                await trio.sleep_forever()
+    assert cancelled.cancelled_caught and not guard.cancelled_caught
+    assert pids and not psutil.pid_exists(pids[0])
+
+
+async def test_a_task_left_running_by_a_dead_supervisor_is_failed_on_restart(make_engine) -> None:
+    with trio.fail_after(60):
+        with trio.move_on_after(2):  # the supervisor is torn down from outside: its store goes first
+            async with make_engine() as engine:
+                session = await engine.create_session()
+                task = await engine.start_task(session.session_id, "x", runtime_config={"scenario": "hang"})
+                await _wait_for(EventType.MODEL_OUTPUT_COMPLETED, engine, session.session_id)
+                await trio.sleep_forever()
+        async with make_engine() as engine:
+            record = await engine.store.get_task(task.task_id)
+            events = await session_events(engine.store, session.session_id)
+            check_session(events)
+            assert record.state == TaskState.FAILED and events[-1].payload.code == "SUPERVISOR_RESTARTED"
+            _, next_task, _ = await run_task(engine, session_id=session.session_id,
+                                             runtime_config={"scenario": "echo"})
+            assert next_task.state == TaskState.COMPLETED

@@ -139,3 +139,44 @@ def test_implicit_sources_name_files_without_reading_secrets(tmp_path: Path) -> 
     assert all(not entry["used"] for entry in report["found"])
     assert kinds["user_settings"]["sha256"].startswith("sha256:") and "sha256" not in kinds["global_config"]
     assert "alice" not in json.dumps(report)
+
+
+@pytest.mark.runtime
+@skip_outside_netns
+@needs_claude
+async def test_stopping_during_a_builtin_command_ends_its_processes(make_engine, fake, tmp_path) -> None:
+    ws = workspace(tmp_path)
+    marker = ws / "marker"
+    case = ClaudeCase(fake.base_url)
+    command = f"python3 -c 'import time; time.sleep(37.5)' && touch {marker}"  # Claude refuses bare long sleeps
+    prompt = "CALL Bash " + json.dumps({"command": command})
+    with trio.fail_after(90):
+        async with make_engine(worker_env={"*": case.worker_env()}) as engine:
+            session = await engine.create_session(runtime="claude", workspace=ws)
+            task = await engine.start_task(session.session_id, prompt, permission_mode=PermissionMode.YOLO,
+                                           runtime_config={"builtin_tools": ["Bash"], "stop_grace_s": 1})
+            async with engine.store.subscribe(session.session_id) as sub:
+                async for event in sub:
+                    if event.type == EventType.TOOL_CALL_STARTED:
+                        break
+            with trio.fail_after(20):
+                while not _sleepers():
+                    await trio.sleep(0.05)
+            await engine.stop_task(task.task_id, reason="user stop")
+            with trio.fail_after(20):
+                while _sleepers():
+                    await trio.sleep(0.1)
+            events = await session_events(engine.store, session.session_id)
+    check_session(events)
+    assert events[-1].type == EventType.TASK_STOPPED
+    assert not marker.exists()
+
+    
+def _sleepers() -> list:
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if "37.5" in " ".join(process.info["cmdline"] or []):
+            found.append(process)
+    return found

@@ -251,25 +251,34 @@ class ClaudeTask(TaskHandle):
         from claude_agent_sdk._errors import ClaudeSDKError
 
         outcome: TaskOutcome | None = None
+        leftovers: list[Any] = []
         try:
-            async with ClaudeSDKClient(options=self._options()) as client, trio.open_nursery() as nursery:
+            async with ClaudeSDKClient(options=self._options()) as client:
+                cli_pid = _cli_pid(client)
+                try:
+                    async with trio.open_nursery() as nursery:
 
-                async def interrupt_on_stop() -> None:
-                    await self._stop.wait()
-                    with trio.move_on_after(self.stop_grace_s):
-                        await client.interrupt()
+                        async def interrupt_on_stop() -> None:
+                            await self._stop.wait()
+                            with trio.move_on_after(self.stop_grace_s):
+                                await client.interrupt()
 
-                nursery.start_soon(interrupt_on_stop)
-                await client.query(self.prompt)
-                async for message in client.receive_response():
-                    outcome = await self._handle(message)
-                    if outcome is not None:
-                        break
-                nursery.cancel_scope.cancel()
+                        nursery.start_soon(interrupt_on_stop)
+                        await client.query(self.prompt)
+                        async for message in client.receive_response():
+                            outcome = await self._handle(message)
+                            if outcome is not None:
+                                break
+                        nursery.cancel_scope.cancel()
+                finally:
+                    # Seen while the CLI still runs: what it started (a built-in Bash's children) must end too.
+                    leftovers = _descendants(cli_pid)
         except ClaudeSDKError as exc:
             if self._stop.is_set():
                 return TaskOutcome.stop(self._stop_reason or "stop requested")
             return TaskOutcome.failure(TaskFailureCode.RUNTIME_ERROR, f"Claude Code failed: {exc}", retryable=True)
+        finally:
+            _kill(leftovers)  # the SDK has ended the CLI itself by now (SIGTERM, then SIGKILL)
         if self._stop.is_set():
             return TaskOutcome.stop(self._stop_reason or "stop requested")
         return outcome or TaskOutcome.failure(TaskFailureCode.RUNTIME_ERROR,
@@ -344,6 +353,34 @@ class ClaudeTask(TaskHandle):
         if result.is_error:
             return _failure_from(result)
         return TaskOutcome.success(result.stop_reason or "end_turn", (result.result or "")[-200:])
+
+
+def _cli_pid(client: Any) -> int | None:
+    """The CLI's pid (the SDK keeps its process private; read defensively)."""
+    process = getattr(getattr(client, "_transport", None), "_process", None)
+    pid = getattr(process, "pid", None)
+    return pid if isinstance(pid, int) else None
+
+
+def _descendants(pid: int | None) -> list[Any]:
+    import psutil
+
+    if pid is None:
+        return []
+    try:
+        return list(psutil.Process(pid).children(recursive=True))
+    except psutil.Error:
+        return []
+
+
+def _kill(processes: list[Any]) -> None:
+    import psutil
+
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
 
 
 def _deny(reason: str) -> dict[str, Any]:
