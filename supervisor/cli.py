@@ -155,7 +155,8 @@ async def cmd_events(args: argparse.Namespace) -> int:
             if len(page) < 500:
                 break
             after = page[-1].seq
-        printer.note("") if not args.json and printer._mid_line else None
+        if not args.json:
+            printer.end_line()
     return EXIT_OK
 
 

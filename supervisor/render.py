@@ -34,6 +34,13 @@ class EventPrinter:
         self.out.write(text + "\n")
         self.out.flush()
 
+    def end_line(self) -> None:
+        """Finish a line that streamed deltas left open."""
+        if self._mid_line:
+            self.out.write("\n")
+            self.out.flush()
+            self._mid_line = False
+
     def note(self, text: str) -> None:
         self._line(self._c(_DIM, text))
 

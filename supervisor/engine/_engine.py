@@ -8,6 +8,7 @@ policy_evaluated* -> approved|denied -> started -> completed (the last two only 
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections import OrderedDict
@@ -22,6 +23,7 @@ import trio
 from protocol import (
     CONTRACT_VERSION,
     TERMINAL_EVENT_TYPES,
+    CanonicalizationError,
     EnsureLoginResult,
     ErrorCode,
     EventType,
@@ -363,10 +365,17 @@ class Engine:
                                                          "input_hash": identity.input_hash})
                 runtime = None
                 if event.raw is not None:
-                    raw_ref = await self.store.put_json_blob(event.raw)
-                    runtime = run.runtime.model_copy(update={"raw_ref": raw_ref})
+                    runtime = run.runtime.model_copy(update={"raw_ref": await self._raw_blob(event.raw)})
                 plain.setdefault(run.task_id, (run, []))[1].append((event.type, payload, runtime))
         await flush()
+
+    async def _raw_blob(self, raw: Any) -> str:
+        """Store a runtime's raw message; one JSON can't canonicalize (a 64-bit int, say) is kept as plain JSON."""
+        try:
+            return await self.store.put_json_blob(raw)
+        except CanonicalizationError:
+            data = json.dumps(raw, ensure_ascii=False, default=str).encode()
+            return await self.store.put_blob(data, "application/json")
 
     def _accept(self, worker: WorkerProcess, params: RuntimeEventParams) -> TaskRun | None:
         """The run an event belongs to, or None (counted) if it is for an unknown or already ended task."""

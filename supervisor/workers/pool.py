@@ -251,7 +251,10 @@ class WorkerPool:
                     batch.append(events.receive_nowait())
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
-            await self._on_event(worker, batch)
+            try:
+                await self._on_event(worker, batch)
+            except Exception:  # a worker's bad event must never take the supervisor down; it is logged
+                log.exception("%s: events could not be handled (%d in batch); dropped", worker.spec.name, len(batch))
 
     async def _idle_timer(self, slot: _Slot, worker: WorkerProcess, scope: trio.CancelScope) -> None:
         with scope:
