@@ -171,6 +171,7 @@ class ScriptedTask(TaskHandle):
         self._request_counter = 0
         self._in_request: str | None = None
         self._ignore_stop = False
+        self._last_text = ""  # the last text/code block, for the completion's preview
         self._scope = trio.CancelScope()
         self._stop_reason: str | None = None
         self.implicit_sources = {"policy": "the scripted runtime loads nothing implicitly", "found": []}
@@ -208,8 +209,6 @@ class ScriptedTask(TaskHandle):
                 return outcome
         await self._end_request("end_turn")
         return TaskOutcome.success(result_preview=self._last_text[-200:])
-
-    _last_text = ""
 
     async def _step(self, step: Step) -> TaskOutcome | None:
         match step:
