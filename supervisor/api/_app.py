@@ -1,0 +1,409 @@
+"""The Starlette application: versioned JSON routes, an SSE event stream, health and metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import trio
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from protocol import PermissionMode
+
+from ..engine import Engine
+from ..engine._engine import EngineError, TaskNotActive
+from ..engine._transcript import derive_transcript
+from ..namespaces import InvalidNamespace, Namespace
+from ..store import SessionBusy, StoreError, UnknownSession, UnknownTask
+from ..store._records import SessionRecord, TaskRecord
+from ._auth import Principal, TokenAuth
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE_S = 15.0
+MAX_PAGE = 1000
+MAX_BODY = 1 << 20
+DRAIN_LIMIT = 16 << 20
+M = TypeVar("M", bound=BaseModel)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+# -- request models ---------------------------------------------------------------------------------
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateSessionBody(_Body):
+    namespace: str = Field(min_length=1)
+    runtime: str | None = Field(default=None, min_length=1)
+    workspace: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class StartTaskBody(_Body):
+    prompt: str = Field(min_length=1)
+    permission_mode: PermissionMode = PermissionMode.ASK
+    runtime_config: dict[str, Any] = Field(default_factory=dict)
+
+
+class StopTaskBody(_Body):
+    reason: str = Field(default="stop requested via API", min_length=1, max_length=1000)
+
+
+class EventsQuery(_Body):
+    after_seq: int = Field(default=0, ge=0)
+    limit: int = Field(default=100, ge=1, le=MAX_PAGE)
+
+
+class StreamQuery(_Body):
+    after_seq: int | None = Field(default=None, ge=0)
+    until_terminal: bool = False
+
+
+class ListQuery(_Body):
+    namespace: str | None = None
+    limit: int = Field(default=100, ge=1, le=MAX_PAGE)
+    offset: int = Field(default=0, ge=0)
+
+
+def _validation_message(exc: ValidationError, where: str) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or where
+        parts.append(f"{where} field '{loc}': {err['msg']}")
+    return "; ".join(parts)
+
+
+def _validate(model: type[M], data: Any, where: str) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ApiError(422, "invalid_request", _validation_message(exc, where)) from exc
+
+
+async def _body(request: Request, model: type[M]) -> M:
+    chunks: list[bytes] = []
+    size = 0
+    async with contextlib.aclosing(request.stream()) as stream:
+        async for chunk in stream:
+            size += len(chunk)
+            if size <= MAX_BODY:
+                chunks.append(chunk)
+            elif size > DRAIN_LIMIT:
+                break  # stop reading; the client gets the 413 (or a reset) while still sending
+    if size > MAX_BODY:
+        # Draining (up to DRAIN_LIMIT) first means a client that writes its whole body before reading
+        # the response sees the 413 instead of stalling on a full socket buffer.
+        raise ApiError(413, "body_too_large", f"request body is larger than {MAX_BODY} bytes")
+    raw = b"".join(chunks)
+    if not raw.strip():
+        data: Any = {}
+    else:
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise ApiError(422, "invalid_json", f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ApiError(422, "invalid_request", "request body must be a JSON object")
+    return _validate(model, data, "body")
+
+
+def _query(request: Request, model: type[M]) -> M:
+    return _validate(model, dict(request.query_params), "query")
+
+
+# -- the app -----------------------------------------------------------------------------------------
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.active_tasks = Gauge("codesdk_active_tasks", "Tasks pending or running", registry=self.registry)
+        self.workers = Gauge("codesdk_workers", "Worker slots per state", ["state"], registry=self.registry)
+        self.worker_starts = Gauge("codesdk_workers_started", "Workers started per namespace (restarts = n-1)",
+                                   ["namespace"], registry=self.registry)
+        self.store_tx = Gauge("codesdk_store_write_transactions", "Write transactions committed by the store",
+                              registry=self.registry)
+        self.sse_events = Counter("codesdk_sse_events_sent", "Events sent over SSE streams", registry=self.registry)
+        self.requests = Counter("codesdk_http_requests", "HTTP requests by route and status",
+                                ["route", "status"], registry=self.registry)
+
+
+def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIVE_S) -> Starlette:
+    metrics = _Metrics()
+    store = engine.store
+
+    def principal_of(request: Request) -> Principal:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        principal = auth.authenticate(token.strip()) if scheme.lower() == "bearer" else None
+        if principal is None:
+            raise ApiError(401, "unauthorized", "missing or invalid bearer token (Authorization: Bearer <token>)")
+        return principal
+
+    async def session_for(principal: Principal, session_id: str) -> SessionRecord:
+        try:
+            session = await store.get_session(session_id)
+        except UnknownSession:
+            session = None
+        if session is None or not principal.can_access(session.namespace):
+            raise ApiError(404, "session_not_found", f"no session {session_id!r}")
+        return session
+
+    async def task_for(principal: Principal, task_id: str) -> TaskRecord:
+        try:
+            task = await store.get_task(task_id)
+            session = await store.get_session(task.session_id)
+        except (UnknownTask, UnknownSession):
+            raise ApiError(404, "task_not_found", f"no task {task_id!r}") from None
+        if not principal.can_access(session.namespace):
+            raise ApiError(404, "task_not_found", f"no task {task_id!r}")
+        return task
+
+    # -- routes --
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        if store.closed:
+            return _error(503, "not_ready", "the event store is closed")
+        return JSONResponse({"status": "ready"})
+
+    async def metrics_route(request: Request) -> Response:
+        if not principal_of(request).admin:  # labels name namespaces: not for tenants
+            raise ApiError(403, "forbidden", "/metrics needs the admin token")
+        metrics.active_tasks.set(len(await store.list_active_tasks()))
+        status = engine.pool.status()
+        metrics.workers.clear()
+        for slot in status:
+            metrics.workers.labels(state=str(slot["state"])).inc()
+            started = slot["workers_started"]
+            metrics.worker_starts.labels(namespace=str(slot["namespace"])).set(
+                started if isinstance(started, int) else 0)
+        metrics.store_tx.set(store.writer_stats.transactions)
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def create_session(request: Request) -> Response:
+        principal = principal_of(request)
+        body = await _body(request, CreateSessionBody)
+        try:
+            Namespace.parse(body.namespace)
+        except InvalidNamespace as exc:
+            raise ApiError(422, "invalid_request", f"body field 'namespace': {exc}") from exc
+        if not principal.can_access(body.namespace):
+            raise ApiError(403, "forbidden", f"this token may not create sessions in namespace {body.namespace!r}")
+        if body.workspace is not None and not principal.admin:
+            raise ApiError(403, "forbidden", "only the admin token may choose a workspace path")
+        record = await engine.create_session(runtime=body.runtime, namespace=body.namespace,
+                                             workspace=Path(body.workspace) if body.workspace else None,
+                                             metadata=body.metadata)
+        return JSONResponse(record.to_json_obj(), status_code=201)
+
+    async def list_sessions(request: Request) -> Response:
+        principal = principal_of(request)
+        query = _query(request, ListQuery)
+        if principal.admin:
+            namespaces: list[str | None] = [query.namespace]
+        elif query.namespace is not None:
+            namespaces = [query.namespace] if principal.can_access(query.namespace) else []
+        else:
+            namespaces = [*sorted(principal.namespaces)]
+        sessions: list[SessionRecord] = []
+        for namespace in namespaces:
+            sessions += await store.list_sessions(namespace=namespace, limit=query.offset + query.limit)
+        sessions.sort(key=lambda s: (s.created_at, s.session_id))
+        page = sessions[query.offset:query.offset + query.limit]
+        return JSONResponse({"sessions": [s.to_json_obj() for s in page]})
+
+    async def get_session(request: Request) -> Response:
+        session = await session_for(principal_of(request), request.path_params["session_id"])
+        return JSONResponse(session.to_json_obj())
+
+    async def start_task(request: Request) -> Response:
+        principal = principal_of(request)
+        session = await session_for(principal, request.path_params["session_id"])
+        body = await _body(request, StartTaskBody)
+        active = engine.active_task(session.session_id)
+        if active is not None:
+            raise ApiError(409, "session_busy", f"session {session.session_id} already has an active task "
+                                                f"({active}); wait for it to end or stop it first")
+        try:
+            record = await engine.start_task(session.session_id, body.prompt, permission_mode=body.permission_mode,
+                                             runtime_config=body.runtime_config)
+        except SessionBusy as exc:
+            raise ApiError(409, "session_busy", str(exc)) from exc
+        except EngineError as exc:
+            raise ApiError(409, "conflict", str(exc)) from exc
+        return JSONResponse(record.to_json_obj(), status_code=202)
+
+    async def get_task(request: Request) -> Response:
+        task = await task_for(principal_of(request), request.path_params["task_id"])
+        return JSONResponse(task.to_json_obj())
+
+    async def stop_task(request: Request) -> Response:
+        principal = principal_of(request)
+        task = await task_for(principal, request.path_params["task_id"])
+        body = await _body(request, StopTaskBody)
+        try:
+            record = await engine.stop_task(task.task_id, reason=body.reason, requested_by=f"api:{principal.name}")
+        except TaskNotActive as exc:
+            raise ApiError(409, "task_not_active", str(exc)) from exc
+        return JSONResponse(record.to_json_obj())
+
+    async def list_events(request: Request) -> Response:
+        session = await session_for(principal_of(request), request.path_params["session_id"])
+        query = _query(request, EventsQuery)
+        events = await store.read(session.session_id, after_seq=query.after_seq, limit=query.limit)
+        return JSONResponse({
+            "events": [e.to_json_obj() for e in events],
+            "next_after_seq": events[-1].seq if events else query.after_seq,
+            "has_more": len(events) == query.limit,
+        })
+
+    async def stream_events(request: Request) -> Response:
+        session = await session_for(principal_of(request), request.path_params["session_id"])
+        query = _query(request, StreamQuery)
+        after = query.after_seq
+        last_id = request.headers.get("last-event-id")
+        if last_id is not None and last_id.strip():
+            try:
+                after = int(last_id)
+            except ValueError:
+                raise ApiError(422, "invalid_request", "header 'Last-Event-ID' must be an event seq (integer)") \
+                    from None
+            if after < 0:
+                raise ApiError(422, "invalid_request", "header 'Last-Event-ID' must be >= 0")
+        return _SSEResponse(engine, session.session_id, after or 0, query.until_terminal, metrics.sse_events,
+                            keepalive_s)
+
+    async def transcript(request: Request) -> Response:
+        session = await session_for(principal_of(request), request.path_params["session_id"])
+        messages = await derive_transcript(store, session.session_id)
+        return JSONResponse({"session_id": session.session_id,
+                             "messages": [m.model_dump(mode="json") for m in messages]})
+
+    def counted(name: str, handler: Callable[[Request], Awaitable[Response]]) -> Callable[
+            [Request], Awaitable[Response]]:
+        async def run(request: Request) -> Response:
+            try:
+                response = await handler(request)
+            except ApiError as exc:
+                response = _error(exc.status, exc.code, exc.message)
+            except StoreError as exc:
+                log.warning("%s %s: store error: %s", request.method, request.url.path, exc)
+                response = _error(503, "store_error", str(exc))
+            except Exception:
+                log.exception("%s %s failed", request.method, request.url.path)
+                response = _error(500, "internal_error", "internal error; see the supervisor log")
+            metrics.requests.labels(route=name, status=str(response.status_code)).inc()
+            return response
+        return run
+
+    def route(path: str, handler: Callable[[Request], Awaitable[Response]], methods: list[str]) -> Route:
+        return Route(path, counted(path, handler), methods=methods)
+
+    routes = [
+        route("/healthz", healthz, ["GET"]),
+        route("/readyz", readyz, ["GET"]),
+        route("/metrics", metrics_route, ["GET"]),
+        route("/v1/sessions", create_session, ["POST"]),
+        route("/v1/sessions", list_sessions, ["GET"]),
+        route("/v1/sessions/{session_id}", get_session, ["GET"]),
+        route("/v1/sessions/{session_id}/tasks", start_task, ["POST"]),
+        route("/v1/sessions/{session_id}/events", list_events, ["GET"]),
+        route("/v1/sessions/{session_id}/events/stream", stream_events, ["GET"]),
+        route("/v1/sessions/{session_id}/transcript", transcript, ["GET"]),
+        route("/v1/tasks/{task_id}", get_task, ["GET"]),
+        route("/v1/tasks/{task_id}/stop", stop_task, ["POST"]),
+    ]
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _error(exc.status_code, code, str(exc.detail))
+
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+
+class _SSEResponse(Response):
+    """``text/event-stream`` of a session's events after ``after_seq``: ``id: <seq>``, ``event: <type>``,
+    ``data: <event JSON>``; a keep-alive comment every 15 s; ends on client disconnect, store close, or
+    (with ``until_terminal``) after the next terminal event."""
+
+    def __init__(self, engine: Engine, session_id: str, after_seq: int, until_terminal: bool,
+                 sent: Counter, keepalive_s: float = KEEPALIVE_S) -> None:
+        super().__init__(status_code=200, media_type="text/event-stream")
+        if "content-length" in self.headers:
+            del self.headers["content-length"]
+        self.headers["cache-control"] = "no-cache"
+        self.headers["x-accel-buffering"] = "no"
+        self._engine = engine
+        self._session_id = session_id
+        self._after = after_seq
+        self._until_terminal = until_terminal
+        self._sent = sent
+        self._keepalive_s = keepalive_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        lock = trio.Lock()
+
+        async def emit(chunk: bytes) -> None:
+            async with lock:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async with trio.open_nursery() as nursery:
+            async def pump() -> None:
+                try:
+                    async with self._engine.store.subscribe(self._session_id, self._after,
+                                                            until_terminal=self._until_terminal) as events:
+                        async for event in events:
+                            data = json.dumps(event.to_json_obj(), separators=(",", ":"))
+                            await emit(f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n".encode())
+                            self._sent.inc()
+                except StoreError:
+                    pass
+                nursery.cancel_scope.cancel()
+
+            async def keepalive() -> None:
+                while True:
+                    await trio.sleep(self._keepalive_s)
+                    await emit(b": keep-alive\n\n")
+
+            async def watch_disconnect() -> None:
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        nursery.cancel_scope.cancel()
+                        return
+
+            await emit(b": stream\n\n")
+            nursery.start_soon(pump)
+            nursery.start_soon(keepalive)
+            nursery.start_soon(watch_disconnect)
+        with trio.move_on_after(5, shield=True), contextlib.suppress(Exception):  # the client may be gone
+            await send({"type": "http.response.body", "body": b"", "more_body": False})

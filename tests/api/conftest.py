@@ -1,0 +1,84 @@
+"""A real supervisor API on a unix socket in a tmp data dir, and an HTTP client that speaks to it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, cast
+
+import httpx2 as httpx
+import pytest
+import trio
+
+from supervisor.api import TokenAuth, serve_api
+from supervisor.engine import Engine
+
+KEEPALIVE_S = 0.3
+
+
+@dataclass
+class Api:
+    engine: Engine
+    socket: Path
+    admin: str
+    alice: str  # bound to user:alice
+    bob: str  # bound to user:bob
+    client: httpx.AsyncClient
+
+    def auth(self, token: str | None) -> dict[str, str]:
+        return {} if token is None else {"Authorization": f"Bearer {token}"}
+
+    async def create_session(self, token: str, namespace: str) -> dict[str, Any]:
+        r = await self.client.post("/v1/sessions", json={"namespace": namespace}, headers=self.auth(token))
+        assert r.status_code == 201, r.text
+        return dict(r.json())
+
+    async def run_task(self, token: str, session_id: str, scenario: str = "echo") -> dict[str, Any]:
+        r = await self.client.post(f"/v1/sessions/{session_id}/tasks", headers=self.auth(token),
+                                   json={"prompt": "hello", "runtime_config": {"scenario": scenario}})
+        assert r.status_code == 202, r.text
+        return dict(r.json())
+
+
+@pytest.fixture
+async def api(make_engine: Callable[..., Any], tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[Api]:
+    data_dir = tmp_path / "data"
+    async with make_engine(data_dir=data_dir) as engine:
+        auth = TokenAuth.bootstrap(data_dir)
+        admin = (data_dir / "admin.token").read_text().strip()
+        alice = auth.add_principal("alice", ["user:alice"])
+        bob = auth.add_principal("bob", ["user:bob"])
+        sock = tmp_path / "run" / "api.sock"
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as inner:
+                await inner.start(partial(serve_api, engine, auth, sock, None, keepalive_s=KEEPALIVE_S))
+                transport = httpx.AsyncHTTPTransport(uds=str(sock))
+                async with httpx.AsyncClient(transport=transport, base_url="http://codesdk",
+                                             timeout=10) as client:
+                    yield Api(engine, sock, admin, alice, bob, client)
+                scope.cancel()
+
+
+async def read_sse(response: httpx.Response, stop_after: int | None = None) -> list[dict[str, Any]]:
+    """Parse SSE frames from a streaming response; returns [{'id','event','data'}] (comments skipped)."""
+    frames: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    async with aclosing(cast(AsyncGenerator[str, None], response.aiter_lines())) as lines:
+        async for line in lines:
+            if line == "":
+                if current:
+                    current["data"] = json.loads(current["data"])
+                    frames.append(current)
+                    current = {}
+                    if stop_after is not None and len(frames) >= stop_after:
+                        break
+                continue
+            if line.startswith(":"):
+                continue
+            field, _, value = line.partition(":")
+            current[field] = value.removeprefix(" ")
+    return frames
