@@ -1,10 +1,84 @@
-"""``codesdk-supervisor``: the long-running service (built in the supervisor issue)."""
+"""``codesdk-supervisor serve``: the long-running service (run by systemd, Type=notify).
+
+Start-up: open the store (recovering tasks a previous process left running), start the worker pool, serve the
+HTTP API on a unix socket, then tell systemd READY=1. While running: WATCHDOG=1 at half the configured
+interval, but only while the store's writer makes progress on a probe. SIGTERM/SIGINT: STOPPING=1, stop
+accepting, stop running tasks (task.stopped), shut the workers down, commit, exit 0.
+"""
 
 from __future__ import annotations
 
+import argparse
+import logging
+import signal
 import sys
+from functools import partial
+from pathlib import Path
+
+import trio
+
+from ._sdnotify import Notifier, watchdog_interval_s
+from .api import TokenAuth, serve_api
+from .app import SupervisorOptions, open_engine
+from .config import default_data_dir
+from .engine import Engine
+
+log = logging.getLogger("codesdk.supervisor.service")
+
+#: Seconds a store probe may take before the watchdog stops being fed.
+STORE_PROBE_TIMEOUT_S = 10.0
+
+
+async def serve(data_dir: Path, socket_path: Path, port: int | None, notifier: Notifier,
+                task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with open_engine(SupervisorOptions(data_dir=data_dir)) as engine:
+            auth = TokenAuth.bootstrap(data_dir)
+            async with trio.open_nursery() as nursery:
+                bound = await nursery.start(partial(serve_api, engine, auth, socket_path, port))
+                log.info("codesdk-supervisor serving on %s (data dir %s)", ", ".join(bound), data_dir)
+                notifier.notify("READY=1", f"STATUS=serving on {', '.join(bound)}")
+                interval = watchdog_interval_s()
+                if interval:
+                    nursery.start_soon(_feed_watchdog, engine, notifier, interval)
+                task_status.started(bound)
+                async for signum in signals:
+                    log.info("%s: draining", signal.Signals(signum).name)
+                    notifier.notify("STOPPING=1", "STATUS=draining: stopping tasks and workers")
+                    break
+                nursery.cancel_scope.cancel()  # stop accepting; the engine's exit stops tasks and workers
+    notifier.notify("STATUS=stopped")
+
+
+async def _feed_watchdog(engine: Engine, notifier: Notifier, interval: float) -> None:
+    """WATCHDOG=1 only while the store answers: a wedged writer lets systemd restart us."""
+    store = engine.store
+    while True:
+        with trio.move_on_after(STORE_PROBE_TIMEOUT_S) as probe:
+            await store.ping()
+        if not probe.cancelled_caught:
+            notifier.notify("WATCHDOG=1")
+        await trio.sleep(interval)
 
 
 def main(argv: list[str] | None = None) -> int:
-    print("codesdk-supervisor: the service entry point is not built yet; use `codesdk run`.", file=sys.stderr)
-    return 2
+    parser = argparse.ArgumentParser(prog="codesdk-supervisor", description="The CodeSDK supervisor service.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("serve", help="serve the HTTP API until SIGTERM")
+    run.add_argument("--data-dir", type=Path, default=default_data_dir())
+    run.add_argument("--listen", type=Path, default=None,
+                     help="unix socket for the API (default: DATA_DIR/api.sock; systemd: $RUNTIME_DIRECTORY/api.sock)")
+    run.add_argument("--port", type=int, default=None, help="also listen on 127.0.0.1:PORT")
+    run.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
+                        format="%(levelname)s %(name)s: %(message)s")
+    data_dir: Path = args.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    socket_path: Path = args.listen or data_dir / "api.sock"
+    trio.run(serve, data_dir, socket_path, args.port, Notifier())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""`codesdk-supervisor serve` as systemd runs it: sd_notify, SIGTERM drain, SIGKILL and recovery."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx2 as httpx
+
+from ..worker.harness import REPO
+
+SCENARIOS = str(REPO / "fixtures" / "scenarios")
+
+
+def _start(tmp_path: Path, notify: Path | None = None, **env: str) -> subprocess.Popen[bytes]:
+    full_env = {**os.environ, "CODESDK_SCENARIO_DIR": SCENARIOS, **env}
+    if notify is not None:
+        full_env["NOTIFY_SOCKET"] = str(notify)
+    return subprocess.Popen([sys.executable, "-m", "supervisor.service", "serve", "--data-dir", str(tmp_path / "data")],
+                            env=full_env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _datagrams(sock: socket.socket, until: str, timeout: float = 30) -> list[str]:
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            seen += sock.recv(4096).decode().splitlines()
+        except TimeoutError:
+            break
+        if any(line.startswith(until) for line in seen):
+            return seen
+    raise AssertionError(f"no {until} among {seen}")
+
+
+def _client(tmp_path: Path) -> httpx.Client:
+    token = (tmp_path / "data" / "admin.token").read_text().strip()
+    transport = httpx.HTTPTransport(uds=str(tmp_path / "data" / "api.sock"))
+    return httpx.Client(transport=transport, base_url="http://codesdk", headers={"Authorization": f"Bearer {token}"},
+                        timeout=30)
+
+
+def test_sd_notify_ready_watchdog_stopping_and_a_clean_exit(tmp_path: Path) -> None:
+    notify = tmp_path / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(notify))
+        proc = _start(tmp_path, notify, WATCHDOG_USEC="200000")
+        try:
+            ready = _datagrams(sock, "READY=1")
+            assert any(line.startswith("STATUS=serving on") for line in ready), ready
+            with _client(tmp_path) as client:
+                assert client.get("/healthz").status_code == 200
+            _datagrams(sock, "WATCHDOG=1")
+            proc.send_signal(signal.SIGTERM)
+            _datagrams(sock, "STOPPING=1")
+            assert proc.wait(timeout=30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate(timeout=30)
+
+
+def test_sigterm_drains_a_running_task(tmp_path: Path) -> None:
+    notify = tmp_path / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(notify))
+        proc = _start(tmp_path, notify)
+        try:
+            _datagrams(sock, "READY=1")
+            with _client(tmp_path) as client:
+                session = client.post("/v1/sessions", json={"namespace": "default"}).json()
+                task = client.post(f"/v1/sessions/{session['session_id']}/tasks",
+                                   json={"prompt": "x", "runtime_config": {"scenario": "hang"}}).json()
+                _wait_for_running(client, task["task_id"])
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate(timeout=30)
+    proc = _start(tmp_path, None)
+    try:
+        _wait_socket(tmp_path)
+        with _client(tmp_path) as client:
+            record = client.get(f"/v1/tasks/{task['task_id']}").json()
+            assert record["state"] == "stopped"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def test_sigkill_mid_task_then_restart_recovers(tmp_path: Path) -> None:
+    proc = _start(tmp_path)
+    try:
+        _wait_socket(tmp_path)
+        with _client(tmp_path) as client:
+            session = client.post("/v1/sessions", json={"namespace": "default"}).json()
+            task = client.post(f"/v1/sessions/{session['session_id']}/tasks",
+                               json={"prompt": "x", "runtime_config": {"scenario": "hang"}}).json()
+            _wait_for_running(client, task["task_id"])
+            before = client.get(f"/v1/sessions/{session['session_id']}/events").json()["events"]
+        proc.kill()
+    finally:
+        proc.communicate(timeout=30)
+    (tmp_path / "data" / "api.sock").unlink(missing_ok=True)
+    proc = _start(tmp_path)
+    try:
+        _wait_socket(tmp_path)
+        with _client(tmp_path) as client:
+            after = client.get(f"/v1/sessions/{session['session_id']}/events").json()["events"]
+            record = client.get(f"/v1/tasks/{task['task_id']}").json()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert after[: len(before)] == before  # every committed event survived
+    assert [e["seq"] for e in after] == list(range(1, len(after) + 1))
+    terminals = [e for e in after if e["type"] in ("task.completed", "task.failed", "task.stopped")]
+    assert len(terminals) == 1 and terminals[0]["payload"]["code"] == "SUPERVISOR_RESTARTED"
+    assert record["state"] == "failed"
+
+
+def _wait_socket(tmp_path: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (tmp_path / "data" / "api.sock").exists() and (tmp_path / "data" / "admin.token").exists():
+            try:
+                with _client(tmp_path) as client:
+                    if client.get("/healthz").status_code == 200:
+                        return
+            except httpx.TransportError:
+                pass
+        time.sleep(0.05)
+    raise AssertionError("the supervisor did not start serving")
+
+
+def _wait_for_running(client: httpx.Client, task_id: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if client.get(f"/v1/tasks/{task_id}").json()["state"] == "running":
+            return
+        time.sleep(0.05)
+    raise AssertionError(json.dumps(client.get(f"/v1/tasks/{task_id}").json()))
