@@ -52,7 +52,14 @@ from protocol import (
     error_response,
 )
 
-from .adapters.base import AdapterRegistry, StartTaskRefused, TaskHandle, TaskOutcome, UnknownToolCall
+from .adapters.base import (
+    AdapterRegistry,
+    RuntimeAdapter,
+    StartTaskRefused,
+    TaskHandle,
+    TaskOutcome,
+    UnknownToolCall,
+)
 
 log = logging.getLogger("codesdk.worker")
 
@@ -305,17 +312,14 @@ class WorkerServer:
         return Success(result.to_json_obj())
 
     def _get_auth_status(self, **raw: Any) -> RpcResult:
-        if not self.initialized:
-            return _not_initialized()
-        params = _validate(GetAuthStatusParams, raw)
-        if not isinstance(params, GetAuthStatusParams):
-            return params
-        adapter = self.registry.get(params.runtime)
-        if adapter is None:
-            return _unknown_runtime(params.runtime, self.registry)
-        return Success(_Deferred(adapter.auth_status))
+        return self._ask_adapter(raw, lambda adapter: adapter.auth_status)
 
     def _ensure_login(self, **raw: Any) -> RpcResult:
+        return self._ask_adapter(raw, lambda adapter: adapter.ensure_login)
+
+    def _ask_adapter(self, raw: dict[str, Any],
+                     pick: Callable[[RuntimeAdapter], Callable[[], Awaitable[Model]]]) -> RpcResult:
+        """A per-runtime question answered asynchronously (it may look at files or run the runtime)."""
         if not self.initialized:
             return _not_initialized()
         params = _validate(GetAuthStatusParams, raw)
@@ -324,7 +328,7 @@ class WorkerServer:
         adapter = self.registry.get(params.runtime)
         if adapter is None:
             return _unknown_runtime(params.runtime, self.registry)
-        return Success(_Deferred(adapter.ensure_login))
+        return Success(_Deferred(pick(adapter)))
 
     def _start_task(self, **raw: Any) -> RpcResult:
         if not self.initialized:
