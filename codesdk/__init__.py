@@ -1,0 +1,6 @@
+"""CodeSDK for applications: a client of a running ``codesdk-supervisor`` (see ``codesdk.client``)."""
+
+from .client import ApiError, AsyncClient, Client, Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized
+
+__all__ = ["ApiError", "AsyncClient", "Client", "Conflict", "Forbidden", "InvalidRequest", "NotFound",
+           "Unauthorized"]

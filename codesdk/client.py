@@ -1,0 +1,270 @@
+"""Python client of the supervisor's HTTP API, async (trio or asyncio, via anyio) and sync.
+
+    async with AsyncClient(socket="/run/codesdk/api.sock", token=token) as client:
+        session = await client.create_session(namespace="user:alice")
+        async for event in client.run(session["session_id"], "fix the tests"):
+            print(event.type, event.payload)
+
+Events come back as ``protocol.NormalizedEvent``. ``stream`` follows a session over SSE and, when the
+connection drops, reconnects with ``Last-Event-ID`` = the last seq it handed out: no gaps, no duplicates.
+Errors are typed by status: Unauthorized (401), Forbidden (403), NotFound (404), Conflict (409),
+InvalidRequest (422), else ApiError.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any, Self
+
+import httpx2 as httpx
+
+from protocol import TERMINAL_EVENT_TYPES, NormalizedEvent
+
+#: Reconnects of one stream before giving up (each resumes where the last left off).
+MAX_RECONNECTS = 5
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class Unauthorized(ApiError): ...
+
+
+class Forbidden(ApiError): ...
+
+
+class NotFound(ApiError): ...
+
+
+class Conflict(ApiError): ...
+
+
+class InvalidRequest(ApiError): ...
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
+                                         422: InvalidRequest}
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        error = response.json()["error"]
+        code, message = str(error["code"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        code, message = "http_error", response.text[:500]
+    raise _BY_STATUS.get(response.status_code, ApiError)(response.status_code, code, message)
+
+
+def _transport_args(socket: str | Path | None, base_url: str | None) -> tuple[dict[str, Any], str]:
+    if socket is not None:
+        return {"uds": str(socket)}, "http://codesdk"
+    if base_url is None:
+        raise ValueError("give the supervisor's unix socket (socket=…) or its base_url")
+    return {}, base_url.rstrip("/")
+
+
+class _SSE:
+    """Incremental ``text/event-stream`` parser: lines in, (id, data) out."""
+
+    def __init__(self) -> None:
+        self.event_id: str | None = None
+        self.data: list[str] = []
+
+    def line(self, line: str) -> tuple[str | None, str] | None:
+        if not line:
+            if not self.data:
+                return None
+            out = (self.event_id, "\n".join(self.data))
+            self.event_id, self.data = None, []
+            return out
+        if line.startswith(":"):
+            return None  # keep-alive comment
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "id":
+            self.event_id = value
+        elif field == "data":
+            self.data.append(value)
+        return None
+
+
+class AsyncClient:
+    def __init__(self, *, socket: str | Path | None = None, base_url: str | None = None, token: str,
+                 timeout_s: float = 30.0) -> None:
+        transport_args, url = _transport_args(socket, base_url)
+        self._http = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(**transport_args), base_url=url,
+                                       headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = await self._http.request(method, path, **kwargs)
+        _raise_for(response)
+        return response.json()
+
+    async def create_session(self, *, namespace: str = "default", runtime: str | None = None,
+                             metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"namespace": namespace, "metadata": metadata or {}}
+        if runtime:
+            body["runtime"] = runtime
+        return dict(await self._call("POST", "/v1/sessions", json=body))
+
+    async def list_sessions(self) -> list[dict[str, Any]]:
+        result = await self._call("GET", "/v1/sessions")
+        return list(result["sessions"] if isinstance(result, dict) else result)
+
+    async def get_session(self, session_id: str) -> dict[str, Any]:
+        return dict(await self._call("GET", f"/v1/sessions/{session_id}"))
+
+    async def start_task(self, session_id: str, prompt: str, *, permission_mode: str | None = None,
+                         runtime_config: dict[str, Any] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"prompt": prompt}
+        if permission_mode:
+            body["permission_mode"] = permission_mode
+        if runtime_config:
+            body["runtime_config"] = runtime_config
+        return dict(await self._call("POST", f"/v1/sessions/{session_id}/tasks", json=body))
+
+    async def get_task(self, task_id: str) -> dict[str, Any]:
+        return dict(await self._call("GET", f"/v1/tasks/{task_id}"))
+
+    async def stop_task(self, task_id: str, reason: str | None = None) -> dict[str, Any]:
+        return dict(await self._call("POST", f"/v1/tasks/{task_id}/stop", json={"reason": reason} if reason else {}))
+
+    async def events(self, session_id: str, *, after_seq: int = 0, limit: int = 500) -> list[NormalizedEvent]:
+        page = await self._call("GET", f"/v1/sessions/{session_id}/events",
+                                params={"after_seq": after_seq, "limit": limit})
+        return [NormalizedEvent.model_validate(e) for e in page["events"]]
+
+    async def transcript(self, session_id: str) -> Any:
+        return await self._call("GET", f"/v1/sessions/{session_id}/transcript")
+
+    async def stream(self, session_id: str, *, after_seq: int = 0,
+                     until_terminal: bool = False) -> AsyncIterator[NormalizedEvent]:
+        """The session's events after ``after_seq``, live; resumes by Last-Event-ID when the connection drops."""
+        last = after_seq
+        for _attempt in range(MAX_RECONNECTS + 1):
+            params = {"until_terminal": "true"} if until_terminal else {}
+            headers = {"Last-Event-ID": str(last)}
+            try:
+                async with self._http.stream("GET", f"/v1/sessions/{session_id}/events/stream", params=params,
+                                             headers=headers, timeout=httpx.Timeout(30.0, read=None)) as response:
+                    if response.status_code >= 400:
+                        await response.aread()
+                        _raise_for(response)
+                    parser = _SSE()
+                    finished = False
+                    # Read to the end of the response even after the terminal event (the server closes it
+                    # right after): leaving httpx's line iterator early leaks its inner generators.
+                    async for line in response.aiter_lines():
+                        frame = parser.line(line)
+                        if frame is None or finished:
+                            continue
+                        event = NormalizedEvent.model_validate(json.loads(frame[1]))
+                        if event.seq <= last:
+                            continue
+                        last = event.seq
+                        yield event
+                        finished = until_terminal and event.type in TERMINAL_EVENT_TYPES
+                return
+            except (httpx.TransportError, httpx.StreamError):
+                continue
+        raise ApiError(0, "stream_lost", f"the event stream of {session_id} dropped {MAX_RECONNECTS + 1} times")
+
+    async def run(self, session_id: str, prompt: str, **task_args: Any) -> AsyncIterator[NormalizedEvent]:
+        """Start a task and yield its events as they are stored, up to its terminal event."""
+        before = (await self.get_session(session_id)).get("last_seq", 0)
+        await self.start_task(session_id, prompt, **task_args)
+        async for event in self.stream(session_id, after_seq=before, until_terminal=True):
+            yield event
+
+
+class Client:
+    """The same API, blocking (for scripts and tests without an event loop)."""
+
+    def __init__(self, *, socket: str | Path | None = None, base_url: str | None = None, token: str,
+                 timeout_s: float = 30.0) -> None:
+        transport_args, url = _transport_args(socket, base_url)
+        self._http = httpx.Client(transport=httpx.HTTPTransport(**transport_args), base_url=url,
+                                  headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._http.request(method, path, **kwargs)
+        _raise_for(response)
+        return response.json()
+
+    def create_session(self, *, namespace: str = "default", runtime: str | None = None,
+                       metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"namespace": namespace, "metadata": metadata or {}}
+        if runtime:
+            body["runtime"] = runtime
+        return dict(self._call("POST", "/v1/sessions", json=body))
+
+    def get_session(self, session_id: str) -> dict[str, Any]:
+        return dict(self._call("GET", f"/v1/sessions/{session_id}"))
+
+    def start_task(self, session_id: str, prompt: str, *, permission_mode: str | None = None,
+                   runtime_config: dict[str, Any] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"prompt": prompt}
+        if permission_mode:
+            body["permission_mode"] = permission_mode
+        if runtime_config:
+            body["runtime_config"] = runtime_config
+        return dict(self._call("POST", f"/v1/sessions/{session_id}/tasks", json=body))
+
+    def get_task(self, task_id: str) -> dict[str, Any]:
+        return dict(self._call("GET", f"/v1/tasks/{task_id}"))
+
+    def stop_task(self, task_id: str, reason: str | None = None) -> dict[str, Any]:
+        return dict(self._call("POST", f"/v1/tasks/{task_id}/stop", json={"reason": reason} if reason else {}))
+
+    def events(self, session_id: str, *, after_seq: int = 0, limit: int = 500) -> list[NormalizedEvent]:
+        page = self._call("GET", f"/v1/sessions/{session_id}/events", params={"after_seq": after_seq, "limit": limit})
+        return [NormalizedEvent.model_validate(e) for e in page["events"]]
+
+    def stream(self, session_id: str, *, after_seq: int = 0, until_terminal: bool = False) -> Iterator[NormalizedEvent]:
+        last = after_seq
+        params = {"until_terminal": "true"} if until_terminal else {}
+        with self._http.stream("GET", f"/v1/sessions/{session_id}/events/stream", params=params,
+                               headers={"Last-Event-ID": str(last)},
+                               timeout=httpx.Timeout(30.0, read=None)) as response:
+            if response.status_code >= 400:
+                response.read()
+                _raise_for(response)
+            parser = _SSE()
+            finished = False
+            for line in response.iter_lines():
+                frame = parser.line(line)
+                if frame is None or finished:
+                    continue
+                event = NormalizedEvent.model_validate(json.loads(frame[1]))
+                if event.seq <= last:
+                    continue
+                last = event.seq
+                yield event
+                finished = until_terminal and event.type in TERMINAL_EVENT_TYPES

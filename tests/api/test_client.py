@@ -1,0 +1,53 @@
+"""The Python client (codesdk.client) against the real API over the unix socket."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from codesdk import AsyncClient, Client, Conflict, InvalidRequest, NotFound, Unauthorized
+from protocol import EventType
+
+from .conftest import Api
+
+
+async def test_async_client_runs_a_task_and_streams_it(api: Api) -> None:
+    with trio.fail_after(30):
+        async with AsyncClient(socket=api.socket, token=api.alice) as client:
+            session = await client.create_session(namespace="user:alice")
+            events = [e async for e in client.run(session["session_id"], "hi client",
+                                                  runtime_config={"scenario": "echo"})]
+            assert events[0].type == EventType.TASK_STARTED and events[-1].type == EventType.TASK_COMPLETED
+            assert [e.seq for e in events] == list(range(events[0].seq, events[-1].seq + 1))
+            stored = await client.events(session["session_id"])
+            assert stored[-len(events):] == events
+            task = await client.get_task(events[0].trace.task_id)
+            assert task["state"] == "completed"
+
+
+async def test_async_client_errors_are_typed(api: Api) -> None:
+    with trio.fail_after(30):
+        async with AsyncClient(socket=api.socket, token=api.bob) as client:
+            with pytest.raises(NotFound):
+                await client.get_session("ses_does_not_exist")
+            session = await client.create_session(namespace="user:bob")
+            await client.start_task(session["session_id"], "x", runtime_config={"scenario": "hang"})
+            with pytest.raises(Conflict):
+                await client.start_task(session["session_id"], "y")
+            with pytest.raises(InvalidRequest):
+                await client.start_task(session["session_id"], "")
+        async with AsyncClient(socket=api.socket, token="wrong") as client:
+            with pytest.raises(Unauthorized):
+                await client.get_session(session["session_id"])
+
+
+async def test_sync_client(api: Api) -> None:
+    def use_sync_client() -> list[str]:
+        with Client(socket=api.socket, token=api.alice) as client:
+            session = client.create_session(namespace="user:alice")
+            client.start_task(session["session_id"], "sync", runtime_config={"scenario": "echo"})
+            return [e.type.value for e in client.stream(session["session_id"], until_terminal=True)]
+
+    with trio.fail_after(30):
+        types = await trio.to_thread.run_sync(use_sync_client)
+    assert types[0] == "session.created" and types[-1] == "task.completed"
