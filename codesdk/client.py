@@ -133,8 +133,11 @@ class AsyncClient:
         return dict(await self._call("GET", f"/v1/sessions/{session_id}"))
 
     async def start_task(self, session_id: str, prompt: str, *, permission_mode: str | None = None,
-                         runtime_config: dict[str, Any] | None = None) -> dict[str, Any]:
+                         runtime_config: dict[str, Any] | None = None,
+                         interactive: bool = False) -> dict[str, Any]:
         body: dict[str, Any] = {"prompt": prompt}
+        if interactive:
+            body["interaction_mode"] = "interactive"
         if permission_mode:
             body["permission_mode"] = permission_mode
         if runtime_config:
@@ -151,6 +154,14 @@ class AsyncClient:
         page = await self._call("GET", f"/v1/sessions/{session_id}/events",
                                 params={"after_seq": after_seq, "limit": limit})
         return [NormalizedEvent.model_validate(e) for e in page["events"]]
+
+    async def approvals(self, state: str = "pending") -> list[dict[str, Any]]:
+        """Tool calls waiting for a human (interactive tasks), or decided ones with ``state``."""
+        return list((await self._call("GET", "/v1/approvals", params={"state": state}))["approvals"])
+
+    async def decide(self, approval_id: str, *, allow: bool, reason: str = "") -> dict[str, Any]:
+        """Approve or deny a pending call; final (a second decision is a Conflict)."""
+        return dict(await self._call("POST", f"/v1/approvals/{approval_id}", json={"allow": allow, "reason": reason}))
 
     async def transcript(self, session_id: str) -> Any:
         return await self._call("GET", f"/v1/sessions/{session_id}/transcript")
@@ -236,6 +247,12 @@ class Client:
         if runtime_config:
             body["runtime_config"] = runtime_config
         return dict(self._call("POST", f"/v1/sessions/{session_id}/tasks", json=body))
+
+    def approvals(self, state: str = "pending") -> list[dict[str, Any]]:
+        return list(self._call("GET", "/v1/approvals", params={"state": state})["approvals"])
+
+    def decide(self, approval_id: str, *, allow: bool, reason: str = "") -> dict[str, Any]:
+        return dict(self._call("POST", f"/v1/approvals/{approval_id}", json={"allow": allow, "reason": reason}))
 
     def get_task(self, task_id: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/v1/tasks/{task_id}"))

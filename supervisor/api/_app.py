@@ -20,13 +20,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from protocol import PermissionMode
+from protocol import InteractionMode, PermissionMode
 
 from ..engine import Engine
 from ..engine._engine import EngineError, TaskNotActive
 from ..engine._transcript import derive_transcript
 from ..namespaces import InvalidNamespace, Namespace
-from ..store import SessionBusy, StoreError, UnknownSession, UnknownTask
+from ..store import ApprovalDecided, SessionBusy, StoreError, UnknownApproval, UnknownSession, UnknownTask
 from ..store._records import SessionRecord, TaskRecord
 from ._auth import Principal, TokenAuth
 
@@ -67,7 +67,15 @@ class CreateSessionBody(_Body):
 class StartTaskBody(_Body):
     prompt: str = Field(min_length=1)
     permission_mode: PermissionMode = PermissionMode.ASK
+    #: "interactive": calls the policy can't decide wait for a decision at /v1/approvals/{id} (durable; they
+    #: expire to a denial). "non_interactive" (default): such calls are denied with a recorded reason.
+    interaction_mode: InteractionMode = InteractionMode.NON_INTERACTIVE
     runtime_config: dict[str, Any] = Field(default_factory=dict)
+
+
+class DecisionBody(_Body):
+    allow: bool
+    reason: str = Field(default="", max_length=1000)
 
 
 class StopTaskBody(_Body):
@@ -252,8 +260,10 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(409, "session_busy", f"session {session.session_id} already has an active task "
                                                 f"({active}); wait for it to end or stop it first")
         try:
-            record = await engine.start_task(session.session_id, body.prompt, permission_mode=body.permission_mode,
-                                             runtime_config=body.runtime_config)
+            record = await engine.start_task(
+                session.session_id, body.prompt, permission_mode=body.permission_mode,
+                runtime_config=body.runtime_config,
+                durable_approvals=body.interaction_mode == InteractionMode.INTERACTIVE)
         except SessionBusy as exc:
             raise ApiError(409, "session_busy", str(exc)) from exc
         except EngineError as exc:
@@ -273,6 +283,32 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         except TaskNotActive as exc:
             raise ApiError(409, "task_not_active", str(exc)) from exc
         return JSONResponse(record.to_json_obj())
+
+    async def list_approvals(request: Request) -> Response:
+        principal = principal_of(request)
+        state = request.query_params.get("state", "pending")
+        if state not in ("pending", "approved", "denied", "expired", "all"):
+            raise ApiError(422, "invalid_query", "query 'state' must be pending, approved, denied, expired or all")
+        namespaces = None if principal.admin else sorted(principal.namespaces)
+        records = await engine.store.list_approvals(state=None if state == "all" else state, namespaces=namespaces)
+        return JSONResponse({"approvals": [r.to_json_obj() for r in records]})
+
+    async def decide_approval(request: Request) -> Response:
+        principal = principal_of(request)
+        approval_id = request.path_params["approval_id"]
+        try:
+            record = await engine.store.get_approval(approval_id)
+        except UnknownApproval:
+            record = None
+        if record is None or not principal.can_access(record.namespace):
+            raise ApiError(404, "not_found", f"no approval {approval_id}")
+        body = await _body(request, DecisionBody)
+        reason = body.reason or ("approved" if body.allow else "denied") + f" by {principal.name}"
+        try:
+            decided = await engine.approvals.decide(approval_id, body.allow, f"api:{principal.name}", reason)
+        except ApprovalDecided as exc:
+            raise ApiError(409, "already_decided", str(exc)) from exc
+        return JSONResponse(decided.to_json_obj())
 
     async def list_events(request: Request) -> Response:
         session = await session_for(principal_of(request), request.path_params["session_id"])
@@ -339,6 +375,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         route("/v1/sessions/{session_id}/transcript", transcript, ["GET"]),
         route("/v1/tasks/{task_id}", get_task, ["GET"]),
         route("/v1/tasks/{task_id}/stop", stop_task, ["POST"]),
+        route("/v1/approvals", list_approvals, ["GET"]),
+        route("/v1/approvals/{approval_id}", decide_approval, ["POST"]),
     ]
 
     async def http_error(request: Request, exc: Exception) -> Response:

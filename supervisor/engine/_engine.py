@@ -64,6 +64,7 @@ from ..store import (
 )
 from ..workers import ExitStatus, RpcError, WorkerError, WorkerProcess
 from ..workers.pool import NamespaceFailing, PoolConfig, WorkerPool
+from ._approvals import APPROVAL_TIMEOUT_S, ApprovalBroker
 from ._runs import TaskRun
 from ._toolflow import ToolFlow, Tooling
 from ._transcript import derive_transcript
@@ -105,6 +106,7 @@ class EngineConfig:
     pool: PoolConfig
     default_runtime: str = "scripted"
     workspaces_dir: Path | None = None
+    approval_timeout_s: float = APPROVAL_TIMEOUT_S
 
 
 class Engine:
@@ -118,6 +120,7 @@ class Engine:
         self._runs: dict[str, TaskRun] = {}
         self._recent: OrderedDict[str, TaskRun] = OrderedDict()
         self._tools = ToolFlow(self)
+        self.approvals = ApprovalBroker(store, config.approval_timeout_s)
 
     @classmethod
     @asynccontextmanager
@@ -134,7 +137,8 @@ class Engine:
 
     async def _recover(self) -> None:
         """Tasks left pending/running by a supervisor that died get their one terminal event now: their
-        worker died with it, so nothing else ever will."""
+        worker died with it, so nothing else ever will. Their pending approvals are closed as expired."""
+        await self.approvals.expire_orphans()
         for record in await self.store.list_active_tasks():
             session = await self.store.get_session(record.session_id)
             failed = TaskFailed(code=TaskFailureCode.SUPERVISOR_RESTARTED, retryable=True,
@@ -180,16 +184,18 @@ class Engine:
     async def start_task(self, session_id: str, prompt: str, *, permission_mode: PermissionMode = PermissionMode.ASK,
                          interaction_mode: InteractionMode = InteractionMode.NON_INTERACTIVE,
                          runtime_config: dict[str, Any] | None = None, approver: Approver | None = None,
-                         trace: TraceContext | None = None) -> TaskRecord:
+                         durable_approvals: bool = False, trace: TraceContext | None = None) -> TaskRecord:
         """Record the task, its input and ``task.started``; the runtime is driven in the background."""
         session = await self.store.get_session(session_id)
         busy = next((r for r in self._runs.values() if r.session_id == session_id), None)
         if busy is not None:
             raise EngineError(f"session {session_id} already has an active task ({busy.task_id}); "
                               "wait for it to end or stop it first")
+        task_id = f"task_{uuid.uuid4().hex[:16]}"
+        if durable_approvals:  # decisions come from whoever answers the stored approval (the HTTP API)
+            interaction_mode, approver = InteractionMode.INTERACTIVE, self.approvals.approver_for(session, task_id)
         if interaction_mode == InteractionMode.INTERACTIVE and approver is None:
             raise EngineError("an interactive task needs an approver")
-        task_id = f"task_{uuid.uuid4().hex[:16]}"
         messages = (*await derive_transcript(self.store, session_id), Message.user_text(prompt))
         params = StartTaskParams(
             runtime=session.runtime, session=SessionRef(session_id=session_id,

@@ -29,6 +29,7 @@ small pool of read-only connections for reads. The trio loop never runs SQLite o
 """
 
 from ._errors import (
+    ApprovalDecided,
     BlobCorrupt,
     BlobNotFound,
     DatabaseError,
@@ -42,10 +43,11 @@ from ._errors import (
     StoreClosed,
     StoreError,
     TaskExists,
+    UnknownApproval,
     UnknownSession,
     UnknownTask,
 )
-from ._records import BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
+from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
 from ._schema import LATEST as SCHEMA_VERSION
 from ._store import DB_FILENAME, EventStore, Synchronous, new_id
 from ._subscribe import Subscription
@@ -54,6 +56,8 @@ from ._writer import WriterStats
 __all__ = [
     "DB_FILENAME",
     "SCHEMA_VERSION",
+    "ApprovalDecided",
+    "ApprovalRecord",
     "BlobCorrupt",
     "BlobInfo",
     "BlobNotFound",
@@ -76,6 +80,7 @@ __all__ = [
     "TaskRecord",
     "TaskState",
     "TaskUpdate",
+    "UnknownApproval",
     "UnknownSession",
     "UnknownTask",
     "WriterStats",

@@ -57,6 +57,21 @@ class SessionBusy(StoreError):
         )
 
 
+class UnknownApproval(StoreError, LookupError):
+    def __init__(self, approval_id: str) -> None:
+        self.approval_id = approval_id
+        super().__init__(f"unknown approval {approval_id!r}")
+
+
+class ApprovalDecided(StoreError):
+    """An approval can be decided once; this one already was (or expired)."""
+
+    def __init__(self, approval_id: str, state: str) -> None:
+        self.approval_id = approval_id
+        self.state = state
+        super().__init__(f"approval {approval_id!r} is already {state}; a decision is final")
+
+
 class InvalidTransition(StoreError):
     def __init__(self, task_id: str, current: str, requested: str) -> None:
         self.task_id = task_id

@@ -105,6 +105,27 @@ class TaskRecord(Model):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
+class ApprovalRecord(Model):
+    """A tool call waiting for (or decided by) a human. Pending ones survive a restart of the supervisor."""
+
+    approval_id: str
+    session_id: str
+    task_id: str
+    namespace: str
+    tool_call_id: str
+    attempt: int
+    tool_name: str
+    tool_class: str
+    input: dict[str, Any] = Field(default_factory=dict)
+    reason: str
+    state: str  # pending | approved | denied | expired
+    created_at: datetime
+    expires_at: datetime
+    decided_at: datetime | None = None
+    decided_by: str | None = None
+    decision_reason: str | None = None
+
+
 class BlobInfo(Model):
     ref: str
     size: int = Field(ge=0)

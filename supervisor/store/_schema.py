@@ -80,6 +80,31 @@ MIGRATIONS: tuple[Migration, ...] = (
             ON tasks(session_id) WHERE state IN ('pending', 'running');
         """,
     ),
+    Migration(
+        3,
+        "durable tool-call approvals",
+        """
+        CREATE TABLE approvals (
+            approval_id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL REFERENCES sessions(session_id),
+            task_id TEXT NOT NULL REFERENCES tasks(task_id),
+            namespace TEXT NOT NULL,
+            tool_call_id TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            tool_name TEXT NOT NULL,
+            tool_class TEXT NOT NULL,
+            input TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('pending', 'approved', 'denied', 'expired')),
+            created_at TEXT NOT NULL,
+            expires_at TEXT NOT NULL,
+            decided_at TEXT,
+            decided_by TEXT,
+            decision_reason TEXT
+        );
+        CREATE INDEX approvals_pending ON approvals(state, namespace) WHERE state = 'pending';
+        """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

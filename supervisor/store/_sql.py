@@ -16,15 +16,17 @@ import apsw
 from protocol import NormalizedEvent, upcasters
 
 from ._errors import (
+    ApprovalDecided,
     InvalidEvent,
     InvalidTransition,
     SessionBusy,
     SessionExists,
     TaskExists,
+    UnknownApproval,
     UnknownSession,
     UnknownTask,
 )
-from ._records import TRANSITIONS, BlobInfo, SessionRecord, TaskRecord, TaskState, TaskUpdate
+from ._records import TRANSITIONS, ApprovalRecord, BlobInfo, SessionRecord, TaskRecord, TaskState, TaskUpdate
 from ._time import from_text, now_text, to_text
 
 BUSY_TIMEOUT_MS = 5_000
@@ -307,3 +309,58 @@ def insert_blob(conn: apsw.Connection, info: BlobInfo) -> None:
         "INSERT INTO blobs(ref, size, media_type, created_at) VALUES (?, ?, ?, ?) ON CONFLICT(ref) DO NOTHING",
         (info.ref, info.size, info.media_type, now_text() if info.created_at is None else to_text(info.created_at)),
     )
+
+
+_APPROVAL_COLUMNS = ("approval_id, session_id, task_id, namespace, tool_call_id, attempt, tool_name, tool_class, "
+                     "input, reason, state, created_at, expires_at, decided_at, decided_by, decision_reason")
+
+
+def _approval(row: Sequence[Any]) -> ApprovalRecord:
+    (approval_id, session_id, task_id, namespace, tool_call_id, attempt, tool_name, tool_class, input_text, reason,
+     state, created_at, expires_at, decided_at, decided_by, decision_reason) = row
+    return ApprovalRecord(
+        approval_id=approval_id, session_id=session_id, task_id=task_id, namespace=namespace,
+        tool_call_id=tool_call_id, attempt=attempt, tool_name=tool_name, tool_class=tool_class,
+        input=json.loads(input_text), reason=reason, state=state, created_at=from_text(created_at),
+        expires_at=from_text(expires_at), decided_at=from_text(decided_at) if decided_at else None,
+        decided_by=decided_by, decision_reason=decision_reason)
+
+
+def insert_approval(conn: apsw.Connection, record: ApprovalRecord) -> ApprovalRecord:
+    conn.execute(
+        f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL)",
+        (record.approval_id, record.session_id, record.task_id, record.namespace, record.tool_call_id,
+         record.attempt, record.tool_name, record.tool_class, dumps(record.input), record.reason, "pending",
+         to_text(record.created_at), to_text(record.expires_at)))
+    return select_approval(conn, record.approval_id)
+
+
+def select_approval(conn: apsw.Connection, approval_id: str) -> ApprovalRecord:
+    for row in conn.execute(f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE approval_id = ?", (approval_id,)):
+        return _approval(row)
+    raise UnknownApproval(approval_id)
+
+
+def select_approvals(conn: apsw.Connection, state: str | None, namespaces: Sequence[str] | None) -> list[ApprovalRecord]:
+    sql = f"SELECT {_APPROVAL_COLUMNS} FROM approvals"
+    where, args = [], []
+    if state is not None:
+        where.append("state = ?")
+        args.append(state)
+    if namespaces is not None:
+        where.append(f"namespace IN ({', '.join('?' for _ in namespaces) or 'NULL'})")
+        args.extend(namespaces)
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return [_approval(row) for row in conn.execute(sql + " ORDER BY created_at, rowid", args)]
+
+
+def decide_approval(conn: apsw.Connection, approval_id: str, state: str, decided_by: str,
+                    reason: str) -> ApprovalRecord:
+    """Pending -> approved/denied/expired, exactly once (a second decision raises ApprovalDecided)."""
+    current = select_approval(conn, approval_id)
+    if current.state != "pending":
+        raise ApprovalDecided(approval_id, current.state)
+    conn.execute("UPDATE approvals SET state = ?, decided_at = ?, decided_by = ?, decision_reason = ? "
+                 "WHERE approval_id = ?", (state, now_text(), decided_by, reason, approval_id))
+    return select_approval(conn, approval_id)

@@ -21,7 +21,7 @@ from ._blobs import BlobFiles, check_ref
 from ._errors import StoreClosed, translate
 from ._prepare import prepare
 from ._readers import ReaderPool, close_all
-from ._records import BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
+from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
 from ._schema import migrate
 from ._subscribe import Hub, Subscription
 from ._writer import Writer, WriteRequest, WriterStats
@@ -241,6 +241,26 @@ class EventStore:
 
     async def get_task(self, task_id: str) -> TaskRecord:
         return await self._read(f"reading task {task_id!r}", partial(_sql.select_task, task_id=task_id))
+
+    async def create_approval(self, record: ApprovalRecord) -> ApprovalRecord:
+        return await self._write(f"recording approval {record.approval_id!r}",
+                                 partial(_sql.insert_approval, record=record))
+
+    async def decide_approval(self, approval_id: str, state: str, decided_by: str, reason: str) -> ApprovalRecord:
+        """Record the one decision of a pending approval (``ApprovalDecided`` if it already has one)."""
+        if state not in ("approved", "denied", "expired"):
+            raise ValueError(f"an approval is decided as approved, denied or expired, not {state!r}")
+        return await self._write(f"deciding approval {approval_id!r}", partial(
+            _sql.decide_approval, approval_id=approval_id, state=state, decided_by=decided_by, reason=reason))
+
+    async def get_approval(self, approval_id: str) -> ApprovalRecord:
+        return await self._read(f"reading approval {approval_id!r}", partial(_sql.select_approval,
+                                                                             approval_id=approval_id))
+
+    async def list_approvals(self, *, state: str | None = "pending",
+                             namespaces: Sequence[str] | None = None) -> list[ApprovalRecord]:
+        return await self._read("listing approvals", partial(_sql.select_approvals, state=state,
+                                                             namespaces=namespaces))
 
     async def ping(self) -> None:
         """A no-op write through the writer: returns once the writer has committed a (empty) transaction.

@@ -51,3 +51,20 @@ async def test_sync_client(api: Api) -> None:
     with trio.fail_after(30):
         types = await trio.to_thread.run_sync(use_sync_client)
     assert types[0] == "session.created" and types[-1] == "task.completed"
+
+
+async def test_client_decides_approvals(api: Api) -> None:
+    with trio.fail_after(30):
+        async with AsyncClient(socket=api.socket, token=api.alice) as client:
+            session = await client.create_session(namespace="user:alice")
+            task = await client.start_task(session["session_id"], "write", interactive=True,
+                                           runtime_config={"scenario": "write-or-deny"})
+            while not (pending := await client.approvals()):
+                await trio.sleep(0.05)
+            decided = await client.decide(pending[0]["approval_id"], allow=False, reason="client says no")
+            assert decided["state"] == "denied"
+            with pytest.raises(Conflict):
+                await client.decide(pending[0]["approval_id"], allow=True)
+            while (await client.get_task(task["task_id"]))["state"] == "running":
+                await trio.sleep(0.05)
+            assert (await client.approvals(state="denied"))[0]["decision_reason"] == "client says no"

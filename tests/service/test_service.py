@@ -103,8 +103,14 @@ def test_sigkill_mid_task_then_restart_recovers(tmp_path: Path) -> None:
         with _client(tmp_path) as client:
             session = client.post("/v1/sessions", json={"namespace": "default"}).json()
             task = client.post(f"/v1/sessions/{session['session_id']}/tasks",
-                               json={"prompt": "x", "runtime_config": {"scenario": "hang"}}).json()
+                               json={"prompt": "x", "interaction_mode": "interactive",
+                                     "runtime_config": {"scenario": "write-or-deny"}}).json()
             _wait_for_running(client, task["task_id"])
+            deadline = time.monotonic() + 30
+            while not client.get("/v1/approvals").json()["approvals"]:  # the write waits for a human
+                if time.monotonic() > deadline:
+                    raise AssertionError("no pending approval appeared")
+                time.sleep(0.05)
             before = client.get(f"/v1/sessions/{session['session_id']}/events").json()["events"]
         proc.kill()
     finally:
@@ -116,6 +122,7 @@ def test_sigkill_mid_task_then_restart_recovers(tmp_path: Path) -> None:
         with _client(tmp_path) as client:
             after = client.get(f"/v1/sessions/{session['session_id']}/events").json()["events"]
             record = client.get(f"/v1/tasks/{task['task_id']}").json()
+            approvals = client.get("/v1/approvals?state=all").json()["approvals"]
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
@@ -124,6 +131,9 @@ def test_sigkill_mid_task_then_restart_recovers(tmp_path: Path) -> None:
     terminals = [e for e in after if e["type"] in ("task.completed", "task.failed", "task.stopped")]
     assert len(terminals) == 1 and terminals[0]["payload"]["code"] == "SUPERVISOR_RESTARTED"
     assert record["state"] == "failed"
+    # The approval that was pending is still listed, closed with the reason.
+    assert [(a["tool_name"], a["state"]) for a in approvals] == [("workspace.write", "expired")]
+    assert "restarted" in approvals[0]["decision_reason"]
 
 
 def _wait_socket(tmp_path: Path, timeout: float = 30) -> None:

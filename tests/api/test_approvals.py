@@ -1,0 +1,102 @@
+"""Durable approvals over the API: pending, decided once, expiring to a denial, closed after a restart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from .conftest import Api
+
+
+async def _pending(api: Api, token: str) -> list[dict[str, Any]]:
+    while True:
+        r = await api.client.get("/v1/approvals", headers=api.auth(token))
+        assert r.status_code == 200, r.text
+        if r.json()["approvals"]:
+            return list(r.json()["approvals"])
+        await trio.sleep(0.05)
+
+
+async def _start(api: Api, token: str, session_id: str, scenario: str = "write-or-deny") -> dict[str, Any]:
+    r = await api.client.post(f"/v1/sessions/{session_id}/tasks", headers=api.auth(token), json={
+        "prompt": "write", "interaction_mode": "interactive", "runtime_config": {"scenario": scenario}})
+    assert r.status_code == 202, r.text
+    return dict(r.json())
+
+
+async def _wait_done(api: Api, token: str, task_id: str) -> dict[str, Any]:
+    while True:
+        task = (await api.client.get(f"/v1/tasks/{task_id}", headers=api.auth(token))).json()
+        if task["state"] not in ("pending", "running"):
+            return dict(task)
+        await trio.sleep(0.05)
+
+
+async def test_approval_round_trip(api: Api) -> None:
+    with trio.fail_after(30):
+        session = await api.create_session(api.alice, "user:alice")
+        task = await _start(api, api.alice, session["session_id"])
+        [approval] = await _pending(api, api.alice)
+        assert (approval["tool_name"], approval["tool_class"], approval["state"]) == ("workspace.write", "write",
+                                                                                      "pending")
+        assert approval["input"]["path"] == "notes.txt" and approval["task_id"] == task["task_id"]
+        assert (await api.client.get("/v1/approvals", headers=api.auth(api.bob))).json()["approvals"] == []
+        hidden = await api.client.post(f"/v1/approvals/{approval['approval_id']}", headers=api.auth(api.bob),
+                                       json={"allow": True})
+        assert hidden.status_code == 404
+        r = await api.client.post(f"/v1/approvals/{approval['approval_id']}", headers=api.auth(api.alice),
+                                  json={"allow": True, "reason": "looks fine"})
+        assert r.status_code == 200 and r.json()["state"] == "approved"
+        again = await api.client.post(f"/v1/approvals/{approval['approval_id']}", headers=api.auth(api.alice),
+                                      json={"allow": False})
+        assert again.status_code == 409
+        done = await _wait_done(api, api.alice, task["task_id"])
+        assert done["state"] == "completed"
+        events = (await api.client.get(f"/v1/sessions/{session['session_id']}/events",
+                                       headers=api.auth(api.alice))).json()["events"]
+        user = [e for e in events if e["type"] == "tool.call.policy_evaluated" and e["payload"]["source"] == "user"]
+        assert user and user[0]["payload"]["decision"] == "allow" and user[0]["payload"]["reason"] == "looks fine"
+        assert any(e["type"] == "tool.call.completed" for e in events)
+
+
+async def test_denial_reaches_the_runtime(api: Api) -> None:
+    with trio.fail_after(30):
+        session = await api.create_session(api.alice, "user:alice")
+        task = await _start(api, api.alice, session["session_id"])
+        [approval] = await _pending(api, api.alice)
+        r = await api.client.post(f"/v1/approvals/{approval['approval_id']}", headers=api.auth(api.alice),
+                                  json={"allow": False, "reason": "not in prod"})
+        assert r.json()["state"] == "denied"
+        await _wait_done(api, api.alice, task["task_id"])
+        events = (await api.client.get(f"/v1/sessions/{session['session_id']}/events",
+                                       headers=api.auth(api.alice))).json()["events"]
+        texts = [e["payload"]["text"] for e in events if e["type"] == "model.output.completed"]
+        assert texts[-1] == "Understood, I did not write the file: not in prod"
+
+
+async def test_an_unanswered_approval_expires_to_a_recorded_denial(api: Api) -> None:
+    api.engine.approvals.timeout_s = 0.3
+    with trio.fail_after(30):
+        session = await api.create_session(api.alice, "user:alice")
+        task = await _start(api, api.alice, session["session_id"])
+        done = await _wait_done(api, api.alice, task["task_id"])
+        assert done["state"] == "completed"
+        r = await api.client.get("/v1/approvals?state=expired", headers=api.auth(api.alice))
+        [expired] = r.json()["approvals"]
+        assert expired["decided_by"] == "codesdk" and "no decision within" in expired["decision_reason"]
+
+
+async def test_stopping_a_task_closes_its_pending_approval(api: Api) -> None:
+    with trio.fail_after(30):
+        session = await api.create_session(api.alice, "user:alice")
+        task = await _start(api, api.alice, session["session_id"])
+        [approval] = await _pending(api, api.alice)
+        await api.client.post(f"/v1/tasks/{task['task_id']}/stop", headers=api.auth(api.alice), json={})
+        while True:
+            state = (await api.client.get("/v1/approvals?state=all", headers=api.auth(api.alice))).json()
+            if state["approvals"][0]["state"] != "pending":
+                break
+            await trio.sleep(0.05)
+        assert state["approvals"][0]["approval_id"] == approval["approval_id"]
+        assert state["approvals"][0]["state"] == "expired"
