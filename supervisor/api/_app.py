@@ -284,6 +284,31 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(409, "task_not_active", str(exc)) from exc
         return JSONResponse(record.to_json_obj())
 
+    def namespace_for(principal: Principal, namespace: str) -> str:
+        try:
+            Namespace.parse(namespace)
+        except InvalidNamespace as exc:
+            raise ApiError(422, "invalid_namespace", str(exc)) from exc
+        if not principal.can_access(namespace):
+            raise ApiError(404, "not_found", f"no namespace {namespace}")
+        return namespace
+
+    async def list_runtimes(request: Request) -> Response:
+        namespace = namespace_for(principal_of(request), request.query_params.get("namespace", "default"))
+        try:
+            offers = await engine.runtimes(namespace)
+        except EngineError as exc:
+            raise ApiError(503, "namespace_failing", str(exc)) from exc
+        return JSONResponse({"namespace": namespace, "runtimes": [o.to_json_obj() for o in offers]})
+
+    async def auth_status(request: Request) -> Response:
+        namespace = namespace_for(principal_of(request), request.path_params["namespace"])
+        try:
+            result = await engine.ensure_login(namespace, request.path_params["runtime"])
+        except EngineError as exc:
+            raise ApiError(404 if "unknown runtime" in str(exc) else 503, "auth_status_unavailable", str(exc)) from exc
+        return JSONResponse(result.to_json_obj())
+
     async def list_approvals(request: Request) -> Response:
         principal = principal_of(request)
         state = request.query_params.get("state", "pending")
@@ -376,6 +401,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         route("/v1/tasks/{task_id}", get_task, ["GET"]),
         route("/v1/tasks/{task_id}/stop", stop_task, ["POST"]),
         route("/v1/approvals", list_approvals, ["GET"]),
+        route("/v1/runtimes", list_runtimes, ["GET"]),
+        route("/v1/namespaces/{namespace}/auth/{runtime}", auth_status, ["GET"]),
         route("/v1/approvals/{approval_id}", decide_approval, ["POST"]),
     ]
 

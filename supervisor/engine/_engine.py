@@ -36,6 +36,7 @@ from protocol import (
     PermissionMode,
     RuntimeEventParams,
     RuntimeInfo,
+    RuntimeOffer,
     SessionCreated,
     SessionRef,
     StartTaskParams,
@@ -255,6 +256,18 @@ class Engine:
         finally:
             self.pool.release(namespace, worker)
         return EnsureLoginResult.model_validate(result)
+
+    async def runtimes(self, namespace: str) -> list[RuntimeOffer]:
+        """What the namespace's worker can host (it is started if needed), with capabilities and versions."""
+        Namespace.parse(namespace)
+        try:
+            worker = await self.pool.acquire(namespace)
+        except NamespaceFailing as exc:
+            raise EngineError(str(exc)) from exc
+        try:
+            return list(worker.info.runtimes) if worker.info else []
+        finally:
+            self.pool.release(namespace, worker)
 
     def active_task(self, session_id: str) -> str | None:
         return next((r.task_id for r in self._runs.values() if r.session_id == session_id), None)

@@ -100,3 +100,20 @@ async def test_stopping_a_task_closes_its_pending_approval(api: Api) -> None:
             await trio.sleep(0.05)
         assert state["approvals"][0]["approval_id"] == approval["approval_id"]
         assert state["approvals"][0]["state"] == "expired"
+
+
+async def test_runtimes_and_auth_status_per_namespace(api: Api) -> None:
+    with trio.fail_after(30):
+        r = await api.client.get("/v1/runtimes?namespace=user:alice", headers=api.auth(api.alice))
+        assert r.status_code == 200
+        names = {o["name"]: o for o in r.json()["runtimes"]}
+        assert names["scripted"]["capabilities"]["parallel_tool_calls"] is True and "claude" in names
+        hidden = await api.client.get("/v1/runtimes?namespace=user:alice", headers=api.auth(api.bob))
+        assert hidden.status_code == 404
+        auth = await api.client.get("/v1/namespaces/user:alice/auth/claude", headers=api.auth(api.alice))
+        assert auth.status_code == 200 and auth.json()["logged_in"] is False
+        assert "claude login" in auth.json()["instructions"]
+        other = await api.client.get("/v1/namespaces/user:alice/auth/claude", headers=api.auth(api.bob))
+        assert other.status_code == 404
+        bad = await api.client.get("/v1/namespaces/user:alice/auth/nope", headers=api.auth(api.alice))
+        assert bad.status_code == 404
