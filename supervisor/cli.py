@@ -17,8 +17,10 @@ from typing import Any
 
 import trio
 
+from codesdk import ApiError
 from protocol import InteractionMode, PermissionMode, Role
 
+from . import cli_remote
 from .app import SupervisorOptions, open_engine
 from .config import default_data_dir
 from .engine import ApprovalRequest, ApproverAnswer, EngineError
@@ -65,6 +67,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
             runtime_config[key] = json.loads(value)
         except json.JSONDecodeError:
             runtime_config[key] = value
+    if args.url:
+        return await cli_remote.run(args, runtime_config)
     interactive = not args.non_interactive and sys.stdin.isatty()
     printer = EventPrinter(sys.stdout, color=sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
     worker_env: dict[str, str] = {}
@@ -123,6 +127,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def cmd_sessions(args: argparse.Namespace) -> int:
+    if args.url:
+        return await cli_remote.sessions(args)
     async with _store(args) as store:
         sessions = await store.list_sessions(namespace=args.namespace, limit=args.limit)
         for s in sessions:
@@ -139,6 +145,8 @@ async def cmd_sessions(args: argparse.Namespace) -> int:
 
 
 async def cmd_events(args: argparse.Namespace) -> int:
+    if args.url:
+        return await cli_remote.events(args)
     printer = EventPrinter(sys.stdout, color=sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
     async with _store(args) as store:
         await store.get_session(args.session)
@@ -161,6 +169,8 @@ async def cmd_events(args: argparse.Namespace) -> int:
 
 
 async def cmd_show(args: argparse.Namespace) -> int:
+    if args.url:
+        return await cli_remote.show(args)
     async with _store(args) as store:
         session = await store.get_session(args.session)
         messages = await derive_transcript(store, args.session)
@@ -237,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", type=Path, default=default_data_dir(),
                         help="where the event store, blobs, workspaces and namespaces live (default: %(default)s)")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging on stderr (-vv: debug)")
+    parser.add_argument("--url", default=os.environ.get("CODESDK_URL"),
+                        help="use a running supervisor instead (unix:/path/api.sock or http://127.0.0.1:PORT) for "
+                             "run, sessions, events and show; token from --token or CODESDK_TOKEN")
+    parser.add_argument("--token", default=None, help="API bearer token (with --url)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a prompt as a task and stream its events as they happen")
@@ -287,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_USER_ERRORS = (CliError, EngineError, StoreError, InvalidNamespace)
+_USER_ERRORS = (CliError, EngineError, StoreError, InvalidNamespace, cli_remote.RemoteError, ApiError)
 
 
 def _user_error(exc: BaseException) -> BaseException | None:
@@ -303,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(trio.run(args.handler, args))
-    except (CliError, EngineError, StoreError, InvalidNamespace, BaseExceptionGroup) as exc:
+    except (*_USER_ERRORS, BaseExceptionGroup) as exc:
         user_error = _user_error(exc)
         if user_error is None:
             raise

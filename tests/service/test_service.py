@@ -157,3 +157,36 @@ def _wait_for_running(client: httpx.Client, task_id: str, timeout: float = 30) -
             return
         time.sleep(0.05)
     raise AssertionError(json.dumps(client.get(f"/v1/tasks/{task_id}").json()))
+
+
+def test_cli_through_the_api(tmp_path: Path) -> None:
+    proc = _start(tmp_path)
+    try:
+        _wait_socket(tmp_path)
+        token = (tmp_path / "data" / "admin.token").read_text().strip()
+        base = [sys.executable, "-m", "supervisor.cli", "--url", f"unix:{tmp_path / 'data' / 'api.sock'}"]
+        env = {**os.environ, "CODESDK_TOKEN": token, "NO_COLOR": "1"}
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([*base, *args], capture_output=True, text=True, timeout=60, env=env, cwd=REPO,
+                                  stdin=subprocess.DEVNULL, check=False)
+
+        ran = cli("run", "hello remote", "--json")
+        assert ran.returncode == 0, ran.stderr
+        events = [json.loads(line) for line in ran.stdout.splitlines()]
+        assert events[-1]["type"] == "task.completed"
+        session_id = events[0]["trace"]["session_id"]
+        assert session_id in cli("sessions").stdout
+        stored = [json.loads(line) for line in cli("events", session_id, "--json").stdout.splitlines()]
+        assert stored[-len(events):] == events
+        assert "You said: hello remote" in cli("show", session_id).stdout
+        failed = cli("run", "x", "--scenario", "fail")
+        assert failed.returncode == 1 and "RATE_LIMITED" in failed.stdout
+        missing = cli("events", "ses_nope")
+        assert missing.returncode == 2 and "404" in missing.stderr and "Traceback" not in missing.stderr
+        no_token = subprocess.run([*base, "sessions"], capture_output=True, text=True, timeout=60, cwd=REPO,
+                                  env={k: v for k, v in env.items() if k != "CODESDK_TOKEN"}, check=False)
+        assert no_token.returncode == 2 and "needs a token" in no_token.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
