@@ -29,6 +29,7 @@ from ..namespaces import InvalidNamespace, Namespace
 from ..store import ApprovalDecided, SessionBusy, StoreError, UnknownApproval, UnknownSession, UnknownTask
 from ..store._records import SessionRecord, TaskRecord
 from ._auth import Principal, TokenAuth
+from ._openapi import Operation, openapi_document
 
 log = logging.getLogger(__name__)
 
@@ -405,6 +406,31 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         route("/v1/namespaces/{namespace}/auth/{runtime}", auth_status, ["GET"]),
         route("/v1/approvals/{approval_id}", decide_approval, ["POST"]),
     ]
+
+    operations: list[Operation] = [
+        ("GET", "/healthz", "liveness (no token)", None, 200),
+        ("GET", "/readyz", "readiness: the store is open", None, 200),
+        ("GET", "/metrics", "Prometheus metrics (admin)", None, 200),
+        ("POST", "/v1/sessions", "create a session in one of your namespaces", CreateSessionBody, 201),
+        ("GET", "/v1/sessions", "your sessions", None, 200),
+        ("GET", "/v1/sessions/{session_id}", "one session", None, 200),
+        ("POST", "/v1/sessions/{session_id}/tasks", "start a task (409 if one is active)", StartTaskBody, 202),
+        ("GET", "/v1/sessions/{session_id}/events", "stored events, paged by after_seq/limit", None, 200),
+        ("GET", "/v1/sessions/{session_id}/events/stream", "live events over SSE", None, 200),
+        ("GET", "/v1/sessions/{session_id}/transcript", "the transcript derived from the events", None, 200),
+        ("GET", "/v1/tasks/{task_id}", "one task", None, 200),
+        ("POST", "/v1/tasks/{task_id}/stop", "stop a task (task.stopped at once)", StopTaskBody, 200),
+        ("GET", "/v1/approvals", "pending (or ?state=) tool-call approvals", None, 200),
+        ("POST", "/v1/approvals/{approval_id}", "decide an approval, once", DecisionBody, 200),
+        ("GET", "/v1/runtimes", "runtimes a namespace's worker can host", None, 200),
+        ("GET", "/v1/namespaces/{namespace}/auth/{runtime}", "login state of a runtime in a namespace", None, 200),
+    ]
+    document = openapi_document(operations, version="1")
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(document)
+
+    routes.append(route("/v1/openapi.json", openapi, ["GET"]))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

@@ -117,3 +117,24 @@ async def test_runtimes_and_auth_status_per_namespace(api: Api) -> None:
         assert other.status_code == 404
         bad = await api.client.get("/v1/namespaces/user:alice/auth/nope", headers=api.auth(api.alice))
         assert bad.status_code == 404
+
+
+async def test_openapi_document_lists_every_route(api: Api) -> None:
+    with trio.fail_after(30):
+        r = await api.client.get("/v1/openapi.json", headers=api.auth(api.alice))
+    doc = r.json()
+    assert r.status_code == 200 and doc["openapi"].startswith("3.1")
+    routes = {(method.upper(), path) for path, ops in doc["paths"].items() for method in ops}
+    served = {(m, route.path) for route in api_routes(api) for m in route.methods or () if m != "HEAD"}
+    assert served - {("GET", "/v1/openapi.json")} == routes
+    assert "StartTaskBody" in doc["components"]["schemas"]
+
+
+def api_routes(api: Api) -> list:
+    from starlette.routing import Route
+
+    from supervisor.api import create_app
+    from supervisor.api._auth import TokenAuth
+
+    app = create_app(api.engine, TokenAuth.bootstrap(api.engine.config.data_dir))
+    return [route for route in app.routes if isinstance(route, Route)]
