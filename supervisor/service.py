@@ -70,7 +70,21 @@ def main(argv: list[str] | None = None) -> int:
                      help="unix socket for the API (default: DATA_DIR/api.sock; systemd: $RUNTIME_DIRECTORY/api.sock)")
     run.add_argument("--port", type=int, default=None, help="also listen on 127.0.0.1:PORT")
     run.add_argument("--log-level", default="INFO")
+    token = sub.add_parser("token", help="API tokens")
+    token_sub = token.add_subparsers(dest="token_command", required=True)
+    add = token_sub.add_parser("add", help="create a token bound to namespaces; prints it once")
+    add.add_argument("name")
+    add.add_argument("--namespace", action="append", required=True, help="default | user:<id> | ci:<job> (repeat)")
+    add.add_argument("--data-dir", type=Path, default=default_data_dir())
     args = parser.parse_args(argv)
+    if args.command == "token":
+        auth = TokenAuth.bootstrap(args.data_dir)
+        try:
+            print(auth.add_principal(args.name, args.namespace))
+        except ValueError as exc:
+            print(f"codesdk-supervisor: {exc}", file=sys.stderr)
+            return 2
+        return 0
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="%(levelname)s %(name)s: %(message)s")
     data_dir: Path = args.data_dir

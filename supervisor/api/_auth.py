@@ -98,9 +98,22 @@ class TokenAuth:
              "namespaces": sorted(e.principal.namespaces)} for e in self._entries]}
         _write_private(self.path, json.dumps(doc, indent=2) + "\n")
 
+    def _reload_if_changed(self) -> None:
+        """Tokens added by `codesdk-supervisor token add` take effect without a restart."""
+        if self.path is None:
+            return
+        try:
+            mtime = self.path.stat().st_mtime_ns
+        except OSError:
+            return
+        if mtime != getattr(self, "_mtime", None):
+            self._entries = TokenAuth.load(self.path.parent)._entries
+            self._mtime = mtime
+
     def authenticate(self, token: str | None) -> Principal | None:
         if not token:
             return None
+        self._reload_if_changed()
         digest = hash_token(token)
         found: Principal | None = None
         for entry in self._entries:

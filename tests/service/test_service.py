@@ -190,3 +190,26 @@ def test_cli_through_the_api(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
+
+
+def test_a_token_added_while_serving_works_at_once(tmp_path: Path) -> None:
+    proc = _start(tmp_path)
+    try:
+        _wait_socket(tmp_path)
+        added = subprocess.run([sys.executable, "-m", "supervisor.service", "token", "add", "carol", "--namespace",
+                                "user:carol", "--data-dir", str(tmp_path / "data")], capture_output=True, text=True,
+                               timeout=60, cwd=REPO, check=False)
+        assert added.returncode == 0, added.stderr
+        token = added.stdout.strip()
+        transport = httpx.HTTPTransport(uds=str(tmp_path / "data" / "api.sock"))
+        with httpx.Client(transport=transport, base_url="http://codesdk", timeout=30,
+                          headers={"Authorization": f"Bearer {token}"}) as client:
+            assert client.post("/v1/sessions", json={"namespace": "user:carol"}).status_code == 201
+            assert client.post("/v1/sessions", json={"namespace": "default"}).status_code == 403
+        bad = subprocess.run([sys.executable, "-m", "supervisor.service", "token", "add", "x", "--namespace",
+                              "user:../y", "--data-dir", str(tmp_path / "data")], capture_output=True, text=True,
+                             timeout=60, cwd=REPO, check=False)
+        assert bad.returncode == 2 and "invalid namespace" in bad.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
