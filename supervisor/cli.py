@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from codesdk import ApiError
-from protocol import InteractionMode, PermissionMode, Role
+from protocol import InteractionMode, PermissionMode
 
 from . import cli_remote
 from .app import SupervisorOptions, open_engine
@@ -26,7 +26,7 @@ from .config import default_data_dir
 from .engine import ApprovalRequest, ApproverAnswer, EngineError
 from .engine._transcript import derive_transcript
 from .namespaces import InvalidNamespace
-from .render import EventPrinter
+from .render import EventPrinter, print_transcript
 from .store import EventStore, StoreError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -174,22 +174,9 @@ async def cmd_show(args: argparse.Namespace) -> int:
     async with _store(args) as store:
         session = await store.get_session(args.session)
         messages = await derive_transcript(store, args.session)
-        if args.json:
-            for message in messages:
-                _json_line(message.to_json_obj())
-            return EXIT_OK
-        print(f"session {session.session_id} ({session.runtime}, namespace {session.namespace})")
-        for message in messages:
-            for block in message.blocks:
-                label = {Role.USER: "user", Role.ASSISTANT: "assistant", Role.TOOL: "tool",
-                         Role.SYSTEM: "system"}[message.role]
-                body = block.to_json_obj()
-                body.pop("type")
-                if block.type in ("text", "code"):
-                    text = body.get("text") or body.get("code", "")
-                else:
-                    text = f"[{block.type}] " + json.dumps(body, ensure_ascii=False)[:300]
-                print(f"{label:>9}: {text}")
+        if not args.json:
+            print(f"session {session.session_id} ({session.runtime}, namespace {session.namespace})")
+        print_transcript(messages, sys.stdout, as_json=args.json)
     return EXIT_OK
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from codesdk import AsyncClient
 from protocol import TERMINAL_EVENT_TYPES, EventType, Message
 
-from .render import EventPrinter
+from .render import EventPrinter, print_transcript
 
 
 class RemoteError(Exception):
@@ -99,14 +99,5 @@ async def events(args: argparse.Namespace) -> int:
 async def show(args: argparse.Namespace) -> int:
     async with client_for(args) as client:
         transcript = await client.transcript(args.session)
-    messages = [Message.model_validate(m) for m in transcript["messages"]]
-    for message in messages:
-        if args.json:
-            _json_line(message.to_json_obj())
-            continue
-        for block in message.blocks:
-            body = block.to_json_obj()
-            body.pop("type")
-            text = body.get("text") or body.get("code") or f"[{block.type}] " + json.dumps(body)[:300]
-            print(f"{message.role.value:>9}: {text}")
+    print_transcript([Message.model_validate(m) for m in transcript["messages"]], sys.stdout, as_json=args.json)
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, TextIO
 
-from protocol import EventType, NormalizedEvent
+from protocol import EventType, Message, NormalizedEvent
 
 _DIM, _BOLD, _RED, _GREEN, _YELLOW, _RESET = "\033[2m", "\033[1m", "\033[31m", "\033[32m", "\033[33m", "\033[0m"
 
@@ -97,3 +97,20 @@ class EventPrinter:
                 return f"{self._c(_YELLOW, t.value)} {p.reason}"
             case _:
                 return self._c(_DIM, f"{t.value} {_short(p.to_json_obj())}")
+
+
+def print_transcript(messages: list[Message], out: TextIO, as_json: bool = False) -> None:
+    """One line per block: ``role: text``; other blocks as ``[type] {json}``. JSON lines with ``as_json``."""
+    for message in messages:
+        if as_json:
+            out.write(json.dumps(message.to_json_obj(), ensure_ascii=False, separators=(",", ":")) + "\n")
+            continue
+        for block in message.blocks:
+            body = block.to_json_obj()
+            body.pop("type")
+            if block.type in ("text", "code"):
+                text = body.get("text") or body.get("code", "")
+            else:
+                text = f"[{block.type}] " + json.dumps(body, ensure_ascii=False)[:300]
+            out.write(f"{message.role.value:>9}: {text}\n")
+    out.flush()
