@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from .config import default_data_dir
 from .engine import ApprovalRequest, ApproverAnswer, EngineError
 from .engine._transcript import derive_transcript
 from .namespaces import InvalidNamespace
-from .render import EventPrinter, print_transcript
+from .render import EventPrinter, json_line, print_stored_events, print_transcript
 from .store import EventStore, StoreError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -34,11 +35,6 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 1
 
 class CliError(Exception):
     """A user error: printed as one line, exit code 2."""
-
-
-def _json_line(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
 
 
 # -- run ------------------------------------------------------------------------------------------
@@ -110,7 +106,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
                 async with engine.store.subscribe(session.session_id, after_seq=before, until_terminal=True) as sub:
                     async for event in sub:
                         if args.json:
-                            _json_line(event.to_json_obj())
+                            json_line(event.to_json_obj())
                         else:
                             printer.print(event)
                 nursery.cancel_scope.cancel()
@@ -135,7 +131,7 @@ async def cmd_sessions(args: argparse.Namespace) -> int:
             tasks = await store.list_tasks(s.session_id)
             last = tasks[-1].state.value if tasks else "-"
             if args.json:
-                _json_line({**s.to_json_obj(), "tasks": len(tasks), "last_task_state": last})
+                json_line({**s.to_json_obj(), "tasks": len(tasks), "last_task_state": last})
             else:
                 print(f"{s.session_id}  {s.created_at:%Y-%m-%d %H:%M:%S}  {s.runtime:<9} {s.namespace:<16} "
                       f"tasks={len(tasks):<3} last={last:<9} events={s.last_seq}")
@@ -153,18 +149,9 @@ async def cmd_events(args: argparse.Namespace) -> int:
         if args.follow:
             async with store.subscribe(args.session, after_seq=args.after) as sub:
                 async for event in sub:
-                    _json_line(event.to_json_obj()) if args.json else printer.print(event)
+                    json_line(event.to_json_obj()) if args.json else printer.print(event)
             return EXIT_OK
-        after = args.after
-        while True:
-            page = await store.read(args.session, after_seq=after, limit=500)
-            for event in page:
-                _json_line(event.to_json_obj()) if args.json else printer.print(event)
-            if len(page) < 500:
-                break
-            after = page[-1].seq
-        if not args.json:
-            printer.end_line()
+        await print_stored_events(partial(store.read, args.session), args.after, args.json, printer)
     return EXIT_OK
 
 
@@ -186,7 +173,7 @@ async def cmd_auth(args: argparse.Namespace) -> int:
     async with open_engine(options) as engine:
         result = await engine.ensure_login(args.namespace, args.runtime)
     if args.json:
-        _json_line(result.to_json_obj())
+        json_line(result.to_json_obj())
     else:
         status = result.status
         hint = f" ({status.method}{', ' + status.account_hint if status.account_hint else ''})" if status.method else ""
@@ -212,7 +199,7 @@ async def cmd_namespaces(args: argparse.Namespace) -> int:
         home = root / safe / "home"
         row = {"namespace": name, "sessions": counts.get(name, 0), "home": str(home) if home.exists() else None}
         if args.json:
-            _json_line(row)
+            json_line(row)
         else:
             print(f"{name:<24} sessions={row['sessions']:<4} home={row['home'] or '(no worker started yet)'}")
     if not names and not args.json:

@@ -7,7 +7,6 @@ recorded reason (use the API's approvals for human decisions).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 from codesdk import AsyncClient
 from protocol import TERMINAL_EVENT_TYPES, EventType, Message
 
-from .render import EventPrinter, print_transcript
+from .render import EventPrinter, json_line, print_stored_events, print_transcript
 
 
 class RemoteError(Exception):
@@ -41,11 +40,6 @@ def _printer() -> EventPrinter:
     return EventPrinter(sys.stdout, color=sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
 
 
-def _json_line(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
-
-
 async def run(args: argparse.Namespace, runtime_config: dict[str, Any]) -> int:
     printer = _printer()
     async with client_for(args) as client:
@@ -56,7 +50,7 @@ async def run(args: argparse.Namespace, runtime_config: dict[str, Any]) -> int:
         last: Any = None
         async for event in client.run(session["session_id"], args.prompt, permission_mode=args.mode,
                                       runtime_config=runtime_config):
-            _json_line(event.to_json_obj()) if args.json else printer.print(event)
+            json_line(event.to_json_obj()) if args.json else printer.print(event)
             last = event
         if not args.json:
             printer.end_line()
@@ -69,7 +63,7 @@ async def sessions(args: argparse.Namespace) -> int:
     async with client_for(args) as client:
         for s in await client.list_sessions():
             if args.json:
-                _json_line(s)
+                json_line(s)
             else:
                 print(f"{s['session_id']}  {s['created_at'][:19]}  {s['runtime']:<9} {s['namespace']:<16} "
                       f"events={s.get('last_seq', 0)}")
@@ -81,18 +75,10 @@ async def events(args: argparse.Namespace) -> int:
     async with client_for(args) as client:
         if args.follow:
             async for event in client.stream(args.session, after_seq=args.after):
-                _json_line(event.to_json_obj()) if args.json else printer.print(event)
+                json_line(event.to_json_obj()) if args.json else printer.print(event)
             return 0
-        after = args.after
-        while True:
-            page = await client.events(args.session, after_seq=after, limit=500)
-            for event in page:
-                _json_line(event.to_json_obj()) if args.json else printer.print(event)
-            if len(page) < 500:
-                break
-            after = page[-1].seq
-    if not args.json:
-        printer.end_line()
+        await print_stored_events(lambda after, limit: client.events(args.session, after_seq=after, limit=limit),
+                                  args.after, args.json, printer)
     return 0
 
 

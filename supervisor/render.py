@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
 from protocol import EventType, Message, NormalizedEvent
@@ -114,3 +116,27 @@ def print_transcript(messages: list[Message], out: TextIO, as_json: bool = False
                 text = f"[{block.type}] " + json.dumps(body, ensure_ascii=False)[:300]
             out.write(f"{message.role.value:>9}: {text}\n")
     out.flush()
+
+
+def json_line(obj: Any, out: TextIO | None = None) -> None:
+    """One JSON value as one compact line, flushed (the CLI's --json output)."""
+    out = out or sys.stdout
+    out.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")
+    out.flush()
+
+
+ReadPage = Callable[[int, int], Awaitable[list[NormalizedEvent]]]
+PAGE = 500
+
+
+async def print_stored_events(read_page: ReadPage, after_seq: int, as_json: bool, printer: EventPrinter) -> None:
+    """Every stored event after ``after_seq``, page by page (from the store or through the API alike)."""
+    while True:
+        page = await read_page(after_seq, PAGE)
+        for event in page:
+            json_line(event.to_json_obj()) if as_json else printer.print(event)
+        if len(page) < PAGE:
+            break
+        after_seq = page[-1].seq
+    if not as_json:
+        printer.end_line()
