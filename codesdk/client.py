@@ -163,6 +163,14 @@ class AsyncClient:
         """Approve or deny a pending call; final (a second decision is a Conflict)."""
         return dict(await self._call("POST", f"/v1/approvals/{approval_id}", json={"allow": allow, "reason": reason}))
 
+    async def workers(self) -> list[dict[str, Any]]:
+        """Every namespace's worker state, recent crashes and quarantine (admin token)."""
+        return list((await self._call("GET", "/v1/workers"))["workers"])
+
+    async def lift_quarantine(self, namespace: str) -> bool:
+        """Let a quarantined namespace start workers again now (admin token); False if it was not quarantined."""
+        return bool((await self._call("DELETE", f"/v1/namespaces/{namespace}/quarantine"))["lifted"])
+
     async def transcript(self, session_id: str) -> Any:
         return await self._call("GET", f"/v1/sessions/{session_id}/transcript")
 
@@ -256,6 +264,12 @@ class Client:
 
     def get_task(self, task_id: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/v1/tasks/{task_id}"))
+
+    def workers(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/v1/workers")["workers"])
+
+    def lift_quarantine(self, namespace: str) -> bool:
+        return bool(self._call("DELETE", f"/v1/namespaces/{namespace}/quarantine")["lifted"])
 
     def stop_task(self, task_id: str, reason: str | None = None) -> dict[str, Any]:
         return dict(self._call("POST", f"/v1/tasks/{task_id}/stop", json={"reason": reason} if reason else {}))

@@ -12,13 +12,14 @@ import argparse
 import logging
 import signal
 import sys
+import time
 from functools import partial
 from pathlib import Path
 
 import trio
 
 from ._sdnotify import Notifier, watchdog_interval_s
-from .api import TokenAuth, serve_api
+from .api import ADMIN_TOKEN_FILE, TokenAuth, serve_api
 from .app import SupervisorOptions, open_engine
 from .config import default_data_dir
 from .engine import Engine
@@ -29,10 +30,11 @@ log = logging.getLogger("codesdk.supervisor.service")
 STORE_PROBE_TIMEOUT_S = 10.0
 
 
-async def serve(data_dir: Path, socket_path: Path, port: int | None, notifier: Notifier,
+async def serve(options: SupervisorOptions, socket_path: Path, port: int | None, notifier: Notifier,
                 task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    data_dir = options.data_dir
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with open_engine(SupervisorOptions(data_dir=data_dir)) as engine:
+        async with open_engine(options) as engine:
             auth = TokenAuth.bootstrap(data_dir)
             async with trio.open_nursery() as nursery:
                 bound = await nursery.start(partial(serve_api, engine, auth, socket_path, port))
@@ -76,7 +78,25 @@ def main(argv: list[str] | None = None) -> int:
     add.add_argument("name")
     add.add_argument("--namespace", action="append", required=True, help="default | user:<id> | ci:<job> (repeat)")
     add.add_argument("--data-dir", type=Path, default=default_data_dir())
+    quarantine = sub.add_parser("quarantine", help="namespaces whose workers crashed too often")
+    quarantine_sub = quarantine.add_subparsers(dest="quarantine_command", required=True)
+    for name, text in (("list", "every namespace's worker state and quarantine"),
+                       ("lift", "let a quarantined namespace start workers again now")):
+        cmd = quarantine_sub.add_parser(name, help=text)
+        if name == "lift":
+            cmd.add_argument("namespace")
+        cmd.add_argument("--data-dir", type=Path, default=default_data_dir())
+        cmd.add_argument("--listen", type=Path, default=None,
+                         help="the running service's API socket (default: DATA_DIR/api.sock)")
+    run.add_argument("--max-restarts", type=int, default=5, help="crashes within --restart-window that quarantine")
+    run.add_argument("--restart-window", type=float, default=60.0, help="seconds (burst intensity)")
+    run.add_argument("--sustained-max-restarts", type=int, default=20,
+                     help="crashes within --sustained-window that quarantine")
+    run.add_argument("--sustained-window", type=float, default=3600.0, help="seconds (sustained intensity)")
+    run.add_argument("--quarantine", type=float, default=600.0, help="seconds a quarantine lasts unless lifted")
     args = parser.parse_args(argv)
+    if args.command == "quarantine":
+        return _quarantine_command(args)
     if args.command == "token":
         auth = TokenAuth.bootstrap(args.data_dir)
         try:
@@ -90,8 +110,47 @@ def main(argv: list[str] | None = None) -> int:
     data_dir: Path = args.data_dir
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     socket_path: Path = args.listen or data_dir / "api.sock"
-    trio.run(serve, data_dir, socket_path, args.port, Notifier())
+    options = SupervisorOptions(
+        data_dir=data_dir, max_restarts=args.max_restarts, restart_window_s=args.restart_window,
+        sustained_max_restarts=args.sustained_max_restarts, sustained_window_s=args.sustained_window,
+        quarantine_s=args.quarantine)
+    trio.run(serve, options, socket_path, args.port, Notifier())
     return 0
+
+
+def _quarantine_command(args: argparse.Namespace) -> int:
+    """Talk to the running service over its socket with the admin token (the pool's state lives there)."""
+    import httpx2
+
+    from codesdk.client import ApiError, Client
+
+    data_dir: Path = args.data_dir
+    socket_path: Path = args.listen or data_dir / "api.sock"
+    try:
+        token = (data_dir / ADMIN_TOKEN_FILE).read_text().strip()
+    except OSError as exc:
+        print(f"codesdk-supervisor: cannot read the admin token ({exc}); pass the service's --data-dir",
+              file=sys.stderr)
+        return 2
+    try:
+        with Client(socket=socket_path, token=token) as client:
+            if args.quarantine_command == "lift":
+                lifted = client.lift_quarantine(args.namespace)
+                print(f"{args.namespace}: quarantine lifted" if lifted else f"{args.namespace}: not quarantined")
+                return 0
+            for slot in client.workers():
+                until = slot.get("quarantined_until")
+                note = (f"quarantined until {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(until))}: "
+                        f"{slot.get('quarantine_reason')}") if until else ""
+                print(f"{slot['namespace']}\t{slot['state']}\tcrashes={slot['recent_crashes']}\t{note}".rstrip())
+            return 0
+    except ApiError as exc:
+        print(f"codesdk-supervisor: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, httpx2.TransportError) as exc:
+        print(f"codesdk-supervisor: the service is not reachable at {socket_path} ({exc}); is it running?",
+              file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -302,6 +302,24 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(503, "namespace_failing", str(exc)) from exc
         return JSONResponse({"namespace": namespace, "runtimes": [o.to_json_obj() for o in offers]})
 
+    def require_admin(request: Request, what: str) -> None:
+        if not principal_of(request).admin:
+            raise ApiError(403, "forbidden", f"{what} needs the admin token")
+
+    async def list_workers(request: Request) -> Response:
+        require_admin(request, "/v1/workers")  # names every tenant's namespace
+        return JSONResponse({"workers": engine.pool.status()})
+
+    async def lift_quarantine(request: Request) -> Response:
+        require_admin(request, "lifting a quarantine")
+        namespace = request.path_params["namespace"]
+        try:
+            Namespace.parse(namespace)
+        except InvalidNamespace as exc:
+            raise ApiError(422, "invalid_request", str(exc)) from exc
+        lifted = engine.pool.lift_quarantine(namespace)
+        return JSONResponse({"namespace": namespace, "lifted": lifted})
+
     async def auth_status(request: Request) -> Response:
         namespace = namespace_for(principal_of(request), request.path_params["namespace"])
         try:
@@ -405,6 +423,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         route("/v1/runtimes", list_runtimes, ["GET"]),
         route("/v1/namespaces/{namespace}/auth/{runtime}", auth_status, ["GET"]),
         route("/v1/approvals/{approval_id}", decide_approval, ["POST"]),
+        route("/v1/workers", list_workers, ["GET"]),
+        route("/v1/namespaces/{namespace}/quarantine", lift_quarantine, ["DELETE"]),
     ]
 
     operations: list[Operation] = [
@@ -424,6 +444,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         ("POST", "/v1/approvals/{approval_id}", "decide an approval, once", DecisionBody, 200),
         ("GET", "/v1/runtimes", "runtimes a namespace's worker can host", None, 200),
         ("GET", "/v1/namespaces/{namespace}/auth/{runtime}", "login state of a runtime in a namespace", None, 200),
+        ("GET", "/v1/workers", "every namespace's worker state, crashes and quarantine (admin)", None, 200),
+        ("DELETE", "/v1/namespaces/{namespace}/quarantine", "lift a namespace's quarantine now (admin)", None, 200),
     ]
     document = openapi_document(operations, version="1")
 

@@ -3,7 +3,9 @@
 Each worker lives in its own nursery under the pool's: it counts as running after its handshake, its
 events are pumped to the engine in order, and only after its output has ended and it has been reaped
 does the pool report the exit — so the engine never mistakes events that were already sent for lost.
-Crashes restart lazily with exponential backoff; too many in a window mark the namespace failing.
+Crashes restart lazily with exponential backoff. Too many crashes — a burst in a short window, or a sustained
+rate over a long one — quarantine the namespace: new tasks are refused with a clear error, other namespaces are
+untouched, and the quarantine lifts after ``quarantine_s`` or when an operator lifts it (``lift_quarantine``).
 """
 
 from __future__ import annotations
@@ -37,8 +39,11 @@ class PoolConfig:
     data_dir: Path
     argv: tuple[str, ...] = ()
     idle_timeout_s: float = 300.0  # an unused worker is shut down after this long
-    max_restarts: int = 5  # crashes allowed within restart_window_s before the namespace is failing
+    max_restarts: int = 5  # burst intensity: this many crashes within restart_window_s quarantine the namespace
     restart_window_s: float = 60.0
+    sustained_max_restarts: int = 20  # sustained intensity: this many within sustained_window_s do too
+    sustained_window_s: float = 3600.0
+    quarantine_s: float = 600.0  # how long a quarantined namespace refuses new workers (an operator may lift it)
     backoff_initial_s: float = 0.25  # delay before restarting after a crash; doubles per recent crash
     backoff_max_s: float = 10.0
     shutdown_grace_s: float = 5.0
@@ -61,7 +66,19 @@ class SlotState(StrEnum):
 
 
 class NamespaceFailing(RuntimeError):
-    """Workers of this namespace crashed too often; no new worker is started until the window passes."""
+    """No worker can serve this namespace now (it failed to start, is quarantined, or the pool is closing)."""
+
+
+class NamespaceQuarantined(NamespaceFailing):
+    """Workers of this namespace crashed too often; none is started until the quarantine lifts."""
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    since: float  # wall-clock seconds (for people)
+    until: float  # wall-clock seconds
+    deadline: float  # monotonic, what the pool compares against
+    reason: str
 
 
 @dataclass
@@ -70,7 +87,8 @@ class _Slot:
     worker: WorkerProcess | None = None
     starting: trio.Event | None = None
     active: int = 0
-    crashes: deque[float] = field(default_factory=deque)
+    crashes: deque[float] = field(default_factory=deque)  # monotonic times, within sustained_window_s
+    quarantine: Quarantine | None = None
     last_exit: ExitStatus | None = None
     last_error: str | None = None
     idle_scope: trio.CancelScope | None = None
@@ -132,11 +150,23 @@ class WorkerPool:
                 "pid": slot.worker.pid if slot.worker and not slot.worker.exited.is_set() else None,
                 "active_tasks": slot.active,
                 "workers_started": slot.workers_started,
-                "recent_crashes": len(slot.crashes),
+                "recent_crashes": self._crashes_within(slot, self.config.restart_window_s, now),
                 "last_exit": slot.last_exit.describe() if slot.last_exit else None,
                 "last_error": slot.last_error,
+                "quarantined_until": slot.quarantine.until if slot.quarantine else None,
+                "quarantine_reason": slot.quarantine.reason if slot.quarantine else None,
             })
         return out
+
+    def lift_quarantine(self, namespace: str) -> bool:
+        """Let the namespace start workers again now, with a fresh crash budget. False if it was not quarantined."""
+        slot = self._slots.get(namespace)
+        if slot is None or slot.quarantine is None:
+            return False
+        log.warning("namespace %s: quarantine lifted by the operator", namespace)
+        slot.quarantine = None
+        slot.crashes.clear()
+        return True
 
     def worker_of(self, namespace: str) -> WorkerProcess | None:
         slot = self._slots.get(namespace)
@@ -157,33 +187,63 @@ class WorkerPool:
     # -- internals ------------------------------------------------------------------------------
 
     def _state(self, slot: _Slot, now: float) -> SlotState:
-        self._forget_old_crashes(slot, now)
         if slot.starting is not None:
             return SlotState.STARTING
         if slot.worker is not None:
             return SlotState.RUNNING
-        if len(slot.crashes) >= self.config.max_restarts:
+        if self._quarantine_of(slot, now) is not None:
             return SlotState.FAILING
         return SlotState.STOPPED
 
-    def _forget_old_crashes(self, slot: _Slot, now: float) -> None:
-        while slot.crashes and now - slot.crashes[0] > self.config.restart_window_s:
+    def _crashes_within(self, slot: _Slot, window_s: float, now: float) -> int:
+        horizon = max(self.config.sustained_window_s, self.config.restart_window_s)
+        while slot.crashes and now - slot.crashes[0] > horizon:
             slot.crashes.popleft()
+        return sum(1 for t in slot.crashes if now - t <= window_s)
+
+    def _quarantine_of(self, slot: _Slot, now: float) -> Quarantine | None:
+        """The slot's quarantine if still in force; an expired one is lifted with a fresh crash budget."""
+        if slot.quarantine is not None and now >= slot.quarantine.deadline:
+            log.info("namespace %s: quarantine expired; workers may start again", slot.namespace.name)
+            slot.quarantine = None
+            slot.crashes.clear()
+        return slot.quarantine
+
+    def _record_crash(self, slot: _Slot) -> None:
+        """Count a crash; quarantine the namespace when the burst or the sustained intensity is reached."""
+        now = time.monotonic()
+        slot.crashes.append(now)
+        config = self.config
+        burst = self._crashes_within(slot, config.restart_window_s, now)
+        sustained = self._crashes_within(slot, config.sustained_window_s, now)
+        if burst >= config.max_restarts:
+            why = f"{burst} crashes in {config.restart_window_s:.0f} s"
+        elif sustained >= config.sustained_max_restarts:
+            why = f"{sustained} crashes in {config.sustained_window_s:.0f} s"
+        else:
+            return
+        wall = time.time()
+        slot.quarantine = Quarantine(since=wall, until=wall + config.quarantine_s,
+                                     deadline=now + config.quarantine_s,
+                                     reason=f"{why} (last: {slot.last_error or 'unknown'})")
+        log.error("namespace %s: quarantined for %.0f s: %s", slot.namespace.name, config.quarantine_s,
+                  slot.quarantine.reason)
 
     async def _start(self, slot: _Slot) -> None:
         name = slot.namespace.name
         now = time.monotonic()
-        self._forget_old_crashes(slot, now)
-        if len(slot.crashes) >= self.config.max_restarts:
-            wait = self.config.restart_window_s - (now - slot.crashes[0])
-            raise NamespaceFailing(
-                f"namespace {name!r} is failing: its worker crashed {len(slot.crashes)} times in "
-                f"{self.config.restart_window_s:.0f} s (last: {slot.last_error or 'unknown'}); "
-                f"new workers start again in {max(wait, 0):.0f} s — check the worker log")
+        quarantine = self._quarantine_of(slot, now)
+        if quarantine is not None:
+            until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(quarantine.until))
+            raise NamespaceQuarantined(
+                f"namespace {name!r} is quarantined: its worker crashed too often — {quarantine.reason}; "
+                f"new tasks are refused until {until} (in {max(quarantine.deadline - now, 0):.0f} s) or until "
+                f"an operator runs `codesdk-supervisor quarantine lift {name}` — check the worker log first")
         slot.starting = trio.Event()
         try:
-            if slot.crashes:
-                delay = min(self.config.backoff_initial_s * 2 ** (len(slot.crashes) - 1), self.config.backoff_max_s)
+            recent = self._crashes_within(slot, self.config.restart_window_s, now)
+            if recent:
+                delay = min(self.config.backoff_initial_s * 2 ** (recent - 1), self.config.backoff_max_s)
                 log.info("namespace %s: restarting worker after %.2f s backoff", name, delay)
                 await trio.sleep(delay)
             dirs = await trio.to_thread.run_sync(prepare_dirs, self.config.data_dir, slot.namespace)
@@ -194,9 +254,9 @@ class WorkerPool:
                 slot.vacated = trio.Event()
                 slot.worker = await self._nursery.start(self._run_worker, slot, spec)
             except Exception as exc:
-                slot.crashes.append(time.monotonic())
                 slot.last_error = f"worker failed to start: {exc}"
                 log.error("namespace %s: %s", name, slot.last_error)
+                self._record_crash(slot)
                 raise NamespaceFailing(f"namespace {name!r}: {slot.last_error}") from exc
             slot.workers_started += 1
         finally:
@@ -236,9 +296,9 @@ class WorkerPool:
                 slot.idle_scope.cancel()
                 slot.idle_scope = None
         if not worker.stopping:
-            slot.crashes.append(time.monotonic())
             slot.last_error = f"worker pid {worker.pid} {status.describe()}"
             log.error("namespace %s: %s", slot.namespace.name, slot.last_error)
+            self._record_crash(slot)
         await self._on_exit(slot.namespace.name, worker, status)
 
     async def _pump_events(self, worker: WorkerProcess) -> None:

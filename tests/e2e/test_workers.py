@@ -86,7 +86,7 @@ async def test_namespaces_get_their_own_home_and_no_supervisor_env(make_engine, 
             assert len(pids) == 2
 
 
-async def test_too_many_crashes_mark_the_namespace_failing(make_engine) -> None:
+async def test_too_many_crashes_quarantine_the_namespace(make_engine) -> None:
     with trio.fail_after(60):
         async with make_engine(max_restarts=2, restart_window_s=300) as engine:
             for _ in range(2):
@@ -95,7 +95,7 @@ async def test_too_many_crashes_mark_the_namespace_failing(make_engine) -> None:
             _, record, events = await run_task(engine, runtime_config={"scenario": "echo"})
             assert record.state == TaskState.FAILED
             failed = of_type(events, EventType.TASK_FAILED)[0]
-            assert failed.code == "WORKER_UNAVAILABLE" and "is failing" in failed.message
+            assert failed.code == "WORKER_UNAVAILABLE" and "is quarantined" in failed.message
             status = {s["namespace"]: s for s in engine.pool.status()}["default"]
             assert status["state"] == "failing" and status["recent_crashes"] == 2
             # Other namespaces are unaffected.
