@@ -67,12 +67,13 @@ class NamespaceDirs:
 def prepare_dirs(data_dir: Path, namespace: Namespace) -> NamespaceDirs:
     """Create the namespace's directories with mode 0700 (and tighten them if they already exist)."""
     root = namespace.root(data_dir)
-    (data_dir / "namespaces").mkdir(parents=True, exist_ok=True, mode=0o700)
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     paths = {name: root / name for name in SUBDIRS}
-    for path in (root, *paths.values()):
-        path.mkdir(exist_ok=True, mode=0o700)
+    # ``namespaces/`` too: an existing one left group/world-readable would expose every tenant's directory names.
+    for path in (data_dir / "namespaces", root, *paths.values()):
         if path.is_symlink():
             raise InvalidNamespace(f"{path} is a symlink; refusing to use it as a namespace directory")
+        path.mkdir(exist_ok=True, mode=0o700)
         os.chmod(path, 0o700)
     return NamespaceDirs(root=root, **paths)
 

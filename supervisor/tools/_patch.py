@@ -8,6 +8,7 @@ restored from the in-memory originals (best effort: the disk failing twice can s
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from protocol import ToolClass
 from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolInput, ToolResult, workspace_sandbox
 from ._diff import DiffError, FileAction, HunkMismatch, apply_hunks, parse_unified_diff, split_lines
 from ._fsops import DEFAULT_FILE_MODE, existing_mode, read_whole, remove_dirs, unlink_quietly, write_temp
-from ._paths import ConfinedPath, confine, open_dir
+from ._paths import ConfinedPath, confine, open_dir, os_error
 
 _UNCHANGED = "no file was changed"
 
@@ -121,8 +122,10 @@ def _commit(root: Path, entries: list[_Staged]) -> None:
     modes: dict[int, int | None] = {}
     temps: dict[int, str] = {}
     done: list[int] = []
+    failing: _Staged | None = None  # the entry being worked on, to name it in an error
     try:
         for index, entry in enumerate(entries):  # phase 1: everything that can fail slowly
+            failing = entry
             create = entry.current is not None
             parents[index] = open_dir(root, entry.cp.parent_parts, create=create, created=created_dirs)
             mode = modes[index] = existing_mode(parents[index], entry.cp.name, entry.cp.given)
@@ -131,6 +134,7 @@ def _commit(root: Path, entries: list[_Staged]) -> None:
                 new_mode = DEFAULT_FILE_MODE if mode is None else mode
                 temps[index] = write_temp(parents[index], entry.cp.name, data, new_mode)
         for index, entry in enumerate(entries):  # phase 2: renames and unlinks, quick and rarely failing
+            failing = entry
             parent = parents[index]
             if entry.current is None:
                 os.unlink(entry.cp.name, dir_fd=parent)
@@ -147,6 +151,10 @@ def _commit(root: Path, entries: list[_Staged]) -> None:
             except OSError:
                 pass
         remove_dirs(created_dirs)
+        if isinstance(exc, OSError) and exc.errno == errno.ELOOP and failing is not None:
+            refused = os_error(exc, failing.cp.given)  # a symlink swapped in after the check
+            undone = "changes were rolled back" if done else _UNCHANGED
+            raise ToolError(refused.code, f"{refused.message}; {undone}") from exc
         if isinstance(exc, OSError):
             reason = exc.strerror or str(exc)
             message = f"writing the patch failed ({reason}); changes were rolled back"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -75,7 +76,11 @@ def confine(workspace: Path, given: str) -> ConfinedPath:
     if lexical == ".." or lexical.startswith("../"):
         raise _refuse(given, "'..' would leave the workspace")
     root = workspace_root(workspace)
-    resolved = Path(os.path.realpath(root / given))
+    try:
+        resolved = Path(os.path.realpath(root / given))
+    except OSError as exc:  # e.g. EINVAL: a symlink turned into a directory between realpath's lstat and readlink
+        raise _refuse(given, f"it changed while it was being resolved ({exc.strerror or exc}); "
+                             "something is renaming or swapping symlinks in the workspace") from exc
     if not resolved.is_relative_to(root):
         raise _refuse(given, "it resolves outside the workspace through a symlink")
     return ConfinedPath(root=root, parts=resolved.relative_to(root).parts, given=given)
@@ -96,6 +101,24 @@ def os_error(exc: OSError, given: str) -> ToolError:
     return ToolError(ErrorCode.IO_ERROR, f"{given!r}: {exc.strerror or exc}")
 
 
+def _open_subdir(name: str, parent: int) -> int:
+    """Open one directory component without following it; a symlink is always reported as ``ELOOP``.
+
+    Linux answers ``O_DIRECTORY | O_NOFOLLOW`` on a symlink with ``ENOTDIR``, which would read as "not a
+    directory" instead of the refusal it is.
+    """
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except NotADirectoryError:
+        try:
+            is_link = stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode)
+        except OSError:
+            is_link = False
+        if is_link:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), name) from None
+        raise
+
+
 def open_dir(
     root: Path, parts: tuple[str, ...], *, create: bool = False, created: list[Path] | None = None
 ) -> int:
@@ -114,7 +137,7 @@ def open_dir(
                 else:
                     if created is not None:
                         created.append(root.joinpath(*parts[: index + 1]))
-            next_fd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            next_fd = _open_subdir(name, fd)
             os.close(fd)
             fd = next_fd
     except BaseException:

@@ -96,6 +96,13 @@ class _Slot:
     vacated: trio.Event = field(default_factory=trio.Event)  # set once the current worker is gone
 
 
+def _describe(exc: BaseException) -> str:
+    """The leaf errors of a (nested) exception group, not "Exceptions from Trio nursery"."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(inner) for inner in exc.exceptions)
+    return str(exc) or type(exc).__name__
+
+
 class WorkerPool:
     def __init__(self, config: PoolConfig, nursery: trio.Nursery, on_event: EventHandler,
                  on_exit: ExitHandler) -> None:
@@ -254,7 +261,7 @@ class WorkerPool:
                 slot.vacated = trio.Event()
                 slot.worker = await self._nursery.start(self._run_worker, slot, spec)
             except Exception as exc:
-                slot.last_error = f"worker failed to start: {exc}"
+                slot.last_error = f"worker failed to start: {_describe(exc)}"
                 log.error("namespace %s: %s", name, slot.last_error)
                 self._record_crash(slot)
                 raise NamespaceFailing(f"namespace {name!r}: {slot.last_error}") from exc

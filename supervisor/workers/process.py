@@ -37,6 +37,8 @@ log = logging.getLogger("codesdk.supervisor.worker")
 STDERR_TAIL_BYTES = 64 * 1024
 #: Seconds to wait for an ended or killed worker to be reaped before giving up on it.
 REAP_WAIT_S = 10.0
+#: Seconds a dead worker's output may keep flowing before whatever still holds its pipes is killed.
+OUTPUT_GRACE_S = 2.0
 #: Seconds a new worker has to answer runtime.initialize (cold Python start is ~0.3 s).
 HANDSHAKE_TIMEOUT_S = 30.0
 
@@ -109,6 +111,7 @@ class WorkerProcess:
         self.exited = trio.Event()
         self.exit_status: ExitStatus | None = None
         self.stopping = False
+        self._descendants: set[int] = set()  # pids seen under the worker when it was killed: reaped if adopted
 
     @property
     def pid(self) -> int:
@@ -138,8 +141,9 @@ class WorkerProcess:
                 await worker.kill()
                 await worker.exited.wait()
             tail = worker.stderr.text().strip()
+            how = f"; the process was {worker.exit_status.describe()}" if worker.exit_status else ""
             raise WorkerStartError(
-                f"{spec.name}: worker failed its handshake ({type(exc).__name__}: {exc})"
+                f"{spec.name}: worker failed its handshake ({type(exc).__name__}: {exc}){how}"
                 + (f"; stderr: {tail[-2000:]}" if tail else "")
             ) from exc
         return worker
@@ -152,9 +156,28 @@ class WorkerProcess:
         nobody waiting for it hangs.
         """
         try:
+            output = trio.CancelScope()
+            output_ended = trio.Event()
+
+            async def read_output() -> None:
+                with output:
+                    async with trio.open_nursery() as readers:
+                        readers.start_soon(self.connection.run_reader)
+                        readers.start_soon(self._pump_stderr)
+                output_ended.set()
+
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.connection.run_reader)
-                nursery.start_soon(self._pump_stderr)
+                nursery.start_soon(read_output)
+                await self.process.wait()
+                with trio.move_on_after(OUTPUT_GRACE_S):
+                    await output_ended.wait()
+                if not output_ended.is_set():
+                    # The worker is gone but something it started still holds its pipes: without this, its
+                    # exit would never be reported and its tasks never failed.
+                    await self._kill_pipe_holders()
+                    with trio.move_on_after(OUTPUT_GRACE_S):
+                        await output_ended.wait()
+                    output.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(REAP_WAIT_S):
@@ -165,7 +188,35 @@ class WorkerProcess:
                         await self.process.wait()
                 returncode = self.process.returncode
                 self.exit_status = ExitStatus.from_returncode(returncode if returncode is not None else -9)
+                # Nothing the worker started outlives it: its group is killed, adopted orphans reaped.
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                with trio.move_on_after(REAP_WAIT_S):
+                    await trio.to_thread.run_sync(reap_adopted, self.pid, self._descendants,
+                                                  abandon_on_cancel=True)
                 self.exited.set()
+
+    async def _kill_pipe_holders(self) -> None:
+        """SIGKILL the dead worker's process group and every process holding its stdout/stderr, then reap them."""
+        assert self.process.stdout is not None and self.process.stderr is not None
+        inodes = {os.fstat(stream.fileno()).st_ino for stream in (self.process.stdout, self.process.stderr)
+                  if isinstance(stream, trio.lowlevel.FdStream)}
+        holders = await trio.to_thread.run_sync(_pipe_holders, inodes)
+        log.warning("%s exited but pid(s) %s still hold its output pipes; killing them", self.spec.name,
+                    ", ".join(map(str, sorted(holders))) or "(unknown)")
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in holders:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self._descendants |= holders
+        await trio.to_thread.run_sync(reap_adopted, self.pid, holders)
 
     async def _pump_stderr(self) -> None:
         assert self.process.stderr is not None
@@ -205,6 +256,7 @@ class WorkerProcess:
         """SIGTERM the worker's process tree, then SIGKILL whatever is left. Shielded, bounded."""
         with trio.CancelScope(shield=True):
             tree = _process_tree(self.pid)
+            self._descendants.update(p.pid for p in tree)
             if not self.exited.is_set() or any(_alive(p) for p in tree):
                 _signal_tree(self.pid, tree, signal.SIGTERM)
                 with trio.move_on_after(term_grace_s):
@@ -264,6 +316,66 @@ def _signal_tree(pid: int, descendants: list[psutil.Process], sig: signal.Signal
             child.send_signal(sig)
         except psutil.Error:
             pass
+
+
+def _pipe_holders(inodes: set[int]) -> set[int]:
+    """Pids (other than ours) with a descriptor on one of these pipes, found through /proc."""
+    wanted = {f"pipe:[{inode}]" for inode in inodes}
+    found: set[int] = set()
+    me = os.getpid()
+    with os.scandir("/proc") as processes:
+        pids = [int(e.name) for e in processes if e.name.isdigit() and int(e.name) != me]
+    for pid in pids:
+        try:
+            with os.scandir(f"/proc/{pid}/fd") as fds:
+                if any(os.readlink(fd.path) in wanted for fd in fds):
+                    found.add(pid)
+        except OSError:  # gone meanwhile, or not ours to look at
+            continue
+    return found
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return int(fields[3])  # after ") state ppid pgrp": the session id
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def reap_adopted(worker_pid: int, extra: set[int], wait_s: float = REAP_WAIT_S / 5) -> None:
+    """Reap orphans of a dead worker that were re-parented to us (we are a child subreaper).
+
+    Only our children that belonged to the worker's session (it was started as a session leader) or are in
+    ``extra`` are waited for — never a process some other part of the supervisor spawned and waits for itself.
+    """
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        mine = [c.pid for c in psutil.Process().children()
+                if c.pid in extra or _session_of(c.pid) == worker_pid]
+        for pid in mine:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        if not mine or time.monotonic() > deadline:
+            return
+        time.sleep(0.02)
+
+
+def become_subreaper() -> bool:
+    """Adopt orphaned descendants of our workers (Linux), so they are reaped here rather than left as zombies."""
+    import ctypes
+
+    pr_set_child_subreaper = 36
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(pr_set_child_subreaper, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
 
 
 def worker_argv(*extra: str) -> list[str]:
