@@ -23,7 +23,7 @@ import trio
 from protocol import RuntimeEventParams
 
 from ..namespaces import Namespace, build_env, prepare_dirs, runtime_env
-from .process import REAP_WAIT_S, ExitStatus, WorkerProcess, WorkerSpec, worker_argv
+from .process import REAP_WAIT_S, ExitStatus, WorkerProcess, WorkerResourcesExhausted, WorkerSpec, worker_argv
 
 log = logging.getLogger("codesdk.supervisor.pool")
 
@@ -101,6 +101,12 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(_describe(inner) for inner in exc.exceptions)
     return str(exc) or type(exc).__name__
+
+
+def _contains(exc: BaseException, kind: type[BaseException]) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_contains(inner, kind) for inner in exc.exceptions)
+    return isinstance(exc, kind)
 
 
 class WorkerPool:
@@ -261,6 +267,9 @@ class WorkerPool:
                 slot.vacated = trio.Event()
                 slot.worker = await self._nursery.start(self._run_worker, slot, spec)
             except Exception as exc:
+                if _contains(exc, WorkerResourcesExhausted):  # the host's trouble, not the namespace's: no crash
+                    log.error("namespace %s: %s", name, _describe(exc))
+                    raise NamespaceFailing(f"namespace {name!r}: no worker could be started: {_describe(exc)}") from exc
                 slot.last_error = f"worker failed to start: {_describe(exc)}"
                 log.error("namespace %s: %s", name, slot.last_error)
                 self._record_crash(slot)

@@ -7,8 +7,10 @@ trio reaps the worker itself; psutil only finds and signals descendants.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import resource
 import signal
 import subprocess
 from collections import deque
@@ -121,7 +123,12 @@ class WorkerProcess:
     async def start(cls, nursery: trio.Nursery, spec: WorkerSpec,
                     handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> WorkerProcess:
         """Spawn the worker in its own session, start its reader tasks, and complete the handshake."""
-        process: trio.Process = await nursery.start(_run_worker_process, spec)
+        try:
+            process: trio.Process = await nursery.start(_run_worker_process, spec)
+        except OSError as exc:
+            if exc.errno in _RESOURCE_ERRNOS:
+                raise WorkerResourcesExhausted(_exhausted_message(spec, exc)) from exc
+            raise WorkerStartError(f"{spec.name}: cannot start {spec.argv[0]!r}: {exc.strerror or exc}") from exc
         assert process.stdin is not None and process.stdout is not None
         worker = cls(spec, process, WorkerConnection(process.stdin, process.stdout, spec.max_frame_bytes, spec.name))
         nursery.start_soon(worker._watch)
@@ -275,6 +282,24 @@ class WorkerProcess:
 
 class WorkerStartError(WorkerBroken):
     """A worker could not be started or did not complete its handshake."""
+
+
+class WorkerResourcesExhausted(WorkerStartError):
+    """The supervisor's host is out of descriptors/processes/memory: not the namespace's fault, not a crash."""
+
+
+_RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM}
+
+
+def _exhausted_message(spec: WorkerSpec, exc: OSError) -> str:
+    if exc.errno == errno.EMFILE:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return (f"{spec.name}: the supervisor has run out of file descriptors (limit {soft}, hard {hard}); "
+                f"raise LimitNOFILE= in its unit, or lower the number of live workers (idle timeout)")
+    if exc.errno == errno.ENFILE:
+        return f"{spec.name}: the system-wide open-file table is full (fs.file-max); nothing was started"
+    return (f"{spec.name}: the host cannot start another process now ({exc.strerror}); check memory and the "
+            f"process limit (TasksMax=, ulimit -u)")
 
 
 async def _run_worker_process(spec: WorkerSpec, task_status: trio.TaskStatus[trio.Process]) -> None:
