@@ -313,7 +313,10 @@ def _validate_payload_by_type(data: Any) -> Any:
 def _require_utc(value: datetime) -> datetime:
     if value.tzinfo is None:
         raise ValueError("time must carry a timezone (UTC)")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+14:00: pydantic would not turn this into a ValidationError
+        raise ValueError("time is out of range once normalized to UTC") from None
 
 
 class WorkerEvent(Model):

@@ -8,11 +8,20 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ._jsonrpc import ErrorCode, InvalidMessage, JsonRpcMessage, parse_message
+from ._jsonrpc import (
+    ErrorCode,
+    InvalidMessage,
+    JsonRpcMessage,
+    Method,
+    Notification,
+    RuntimeEventParams,
+    parse_message,
+)
 
 #: Default maximum bytes of one line (without its newline). Large enough for a big tool result or a
 #: full transcript inline; small enough that a runaway peer can't make us buffer without bound.
@@ -118,6 +127,15 @@ class _JsonRejected(ValueError):
     pass
 
 
+#: Deepest nesting of arrays/objects accepted in one line (a bare message object is depth 1). The models
+#: can't serialize values nested much deeper (pydantic-core stops at ~250 levels) and canonical hashing
+#: recurses, so deeper input is refused up front — deterministically, whatever the caller's stack depth.
+MAX_NESTING_DEPTH = 200
+#: Longest integer literal accepted, in digits. Fixed here instead of taken from the interpreter's
+#: ``sys.get_int_max_str_digits()`` (which PYTHONINTMAXSTRDIGITS can lift) so both peers agree.
+MAX_INTEGER_DIGITS = 4300
+
+
 def _reject_constant(name: str) -> Any:
     raise _JsonRejected(f"{name} is not valid JSON")
 
@@ -127,6 +145,13 @@ def _finite_float(text: str) -> float:
     if value in (float("inf"), float("-inf")):
         raise _JsonRejected(f"number {text[:40]} overflows a double")
     return value
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_INTEGER_DIGITS:
+        raise _JsonRejected(f"integer of {digits} digits exceeds the limit ({MAX_INTEGER_DIGITS} digits)")
+    return int(text)
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -143,25 +168,40 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 _SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
 
 
-def _has_lone_surrogate(value: Any) -> bool:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
+def _is_utf8_clean(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
         return False
-    if isinstance(value, dict):
-        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_lone_surrogate(v) for v in value)
-    return False
+    return True
 
 
-def decode_json(line: bytes) -> Any | BadFrame:
+def _structure_problem(value: Any, *, max_depth: int, check_strings: bool) -> str | None:
+    """Walk a decoded value without recursion: too deep, or a string holding a lone surrogate."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if check_strings and not _is_utf8_clean(item):
+                return "lone UTF-16 surrogate escape"
+        elif isinstance(item, (dict, list)):
+            depth += 1
+            if depth > max_depth:
+                return f"nesting too deep (more than {max_depth} levels)"
+            if isinstance(item, dict):
+                if check_strings and not all(_is_utf8_clean(key) for key in item):
+                    return "lone UTF-16 surrogate escape"
+                stack.extend((child, depth) for child in item.values())
+            else:
+                stack.extend((child, depth) for child in item)
+    return None
+
+
+def decode_json(line: bytes, max_depth: int = MAX_NESTING_DEPTH) -> Any | BadFrame:
     """Decode one line as strict JSON. Returns the value or a BadFrame; never raises.
 
-    Stricter than ``json.loads``: NaN/Infinity, duplicate keys and lone surrogates are refused, and
-    pathological nesting or huge integers become a BadFrame instead of RecursionError/ValueError.
+    Stricter than ``json.loads``: NaN/Infinity, overflowing numbers, duplicate keys, lone surrogates,
+    integers over ``MAX_INTEGER_DIGITS`` digits and nesting deeper than ``max_depth`` are refused.
     """
     try:
         text = line.decode("utf-8")
@@ -169,12 +209,18 @@ def decode_json(line: bytes) -> Any | BadFrame:
         return BadFrame(FrameProblem.NOT_UTF8, f"not UTF-8: {exc.reason} at byte {exc.start}", len(line))
     try:
         value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
-                           object_pairs_hook=_no_duplicate_keys)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, _JsonRejected, int limits, nesting
+                           parse_int=_bounded_int, object_pairs_hook=_no_duplicate_keys)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, _JsonRejected, nesting past the stack
         detail = "nesting too deep" if isinstance(exc, RecursionError) else str(exc)
         return BadFrame(FrameProblem.INVALID_JSON, f"invalid JSON: {detail}", len(line))
-    if _SURROGATE_ESCAPE.search(line) and _has_lone_surrogate(value):
-        return BadFrame(FrameProblem.INVALID_JSON, "invalid JSON: lone UTF-16 surrogate escape", len(line))
+    # Both checks walk the value, so they run only when the line could fail them (cheap byte counts).
+    check_depth = line.count(b"[") + line.count(b"{") > max_depth
+    check_strings = _SURROGATE_ESCAPE.search(line) is not None
+    if check_depth or check_strings:
+        problem = _structure_problem(value, max_depth=max_depth if check_depth else sys.maxsize,
+                                     check_strings=check_strings)
+        if problem is not None:
+            return BadFrame(FrameProblem.INVALID_JSON, f"invalid JSON: {problem}", len(line))
     return value
 
 
@@ -183,6 +229,9 @@ def decode_message(line: bytes) -> JsonRpcMessage | BadFrame:
     value = decode_json(line)
     if isinstance(value, BadFrame):
         return value
+    if isinstance(value, dict) and isinstance(value.get("id"), bool):  # pydantic would read true as id 1
+        return BadFrame(FrameProblem.INVALID_MESSAGE, "id must be a string, an integer or null, not a boolean",
+                        len(line))
     message = parse_message(value)
     if isinstance(message, InvalidMessage):
         return BadFrame(FrameProblem.INVALID_MESSAGE, message.reason, len(line), message.id)
@@ -210,3 +259,17 @@ def encode_message(message: JsonRpcMessage | dict[str, Any]) -> bytes:
     """One message as a wire line (compact JSON, UTF-8, trailing newline)."""
     obj = message if isinstance(message, dict) else message.to_json_obj()
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8") + b"\n"
+
+
+_EVENT_HEAD = b'{"jsonrpc":"2.0","method":"' + Method.EVENT.value.encode() + b'","params":'
+
+
+def encode_event_notification(params: RuntimeEventParams) -> bytes:
+    """The ``runtime.event`` line for ``params``: the same JSON ``encode_message`` would give, serialized in one
+    pass by pydantic instead of model -> dict -> Notification -> dict -> json.dumps (the worker's hot path).
+    Anything pydantic cannot serialize the same way falls back to ``encode_message``, which raises as before."""
+    try:
+        body = params.__pydantic_serializer__.to_json(params, exclude_none=True)
+    except ValueError:  # PydanticSerializationError: unencodable text or values
+        return encode_message(Notification(method=Method.EVENT, params=params.to_json_obj()))
+    return _EVENT_HEAD + body + b"}\n"

@@ -200,6 +200,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     async def readyz(request: Request) -> Response:
         if store.closed:
             return _error(503, "not_ready", "the event store is closed")
+        if store.write_failure is not None:
+            return _error(503, "store_failing", f"the last write to the event store failed: {store.write_failure}")
         return JSONResponse({"status": "ready"})
 
     async def metrics_route(request: Request) -> Response:

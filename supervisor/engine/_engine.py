@@ -54,6 +54,7 @@ from protocol import (
 
 from ..namespaces import Namespace
 from ..store import (
+    DatabaseError,
     EventDraft,
     EventStore,
     InvalidTransition,
@@ -97,6 +98,7 @@ class EngineStats:
     late_events: int = 0
     unknown_task_events: int = 0
     ordinal_gaps: int = 0
+    duplicate_events: int = 0  # repeated ordinals or tool requests, dropped
     invalid_events: int = 0
     worker_crashes: int = 0
 
@@ -108,6 +110,7 @@ class EngineConfig:
     default_runtime: str = "scripted"
     workspaces_dir: Path | None = None
     approval_timeout_s: float = APPROVAL_TIMEOUT_S
+    store_vfs: str | None = None  # a registered SQLite VFS for the store (fault-injection tests)
 
 
 class Engine:
@@ -126,7 +129,7 @@ class Engine:
     @classmethod
     @asynccontextmanager
     async def open(cls, config: EngineConfig, tooling: Tooling) -> AsyncIterator[Engine]:
-        async with EventStore.open(config.data_dir) as store, trio.open_nursery() as nursery:
+        async with EventStore.open(config.data_dir, vfs=config.store_vfs) as store, trio.open_nursery() as nursery:
             engine = cls(config, store, tooling, nursery)
             await engine._recover()
             try:
@@ -236,7 +239,7 @@ class Engine:
         return await self.store.get_task(task_id)
 
     async def wait_task(self, task_id: str) -> TaskRecord:
-        run = self._runs.get(task_id)
+        run = self._runs.get(task_id) or self._recent.get(task_id)  # recent: its end may still be being stored
         if run is not None:
             await run.done.wait()
         return await self.store.get_task(task_id)
@@ -347,46 +350,88 @@ class Engine:
         plain: dict[str, tuple[TaskRun, list[tuple[EventType, Model, RuntimeInfo | None]]]] = {}
 
         async def flush() -> None:
-            for run, items in plain.values():
-                await self._append(run, items)
+            pending = list(plain.values())
             plain.clear()
+            for run, items in pending:
+                try:
+                    await self._append(run, items)
+                except DatabaseError as exc:
+                    await self._lost_events(run, exc)
 
         for params in batch:
             run = self._accept(worker, params)
             if run is None:
                 continue
-            if not run.input_stored.is_set():  # model.input comes first; it is being stored right now
-                await flush()
-                await run.input_stored.wait()
-                if run.ended:
-                    continue
-            event = params.event
-            if run.runtime.runtime_session_id and run.runtime.runtime_session_id != run.session.runtime_session_id:
-                # The runtime named its own session: keep it, so the session's next task resumes it.
-                run.session = await self.store.update_session(run.session_id,
-                                                              runtime_session_id=run.runtime.runtime_session_id)
-            if event.type == EventType.TOOL_CALL_REQUESTED:
-                assert isinstance(event.payload, ToolCallRequested)
-                await flush()
-                await self._tool_requested(run, event.payload)
-            elif event.type in TERMINAL_EVENT_TYPES:
-                await flush()
-                await self._finish(run, event.type, event.payload)
-            else:
-                payload = event.payload
-                if event.type in _RUNTIME_TOOL_EVENTS:
-                    identity = run.approved_runtime_calls.get(getattr(payload, "tool_call_id", ""))
-                    if identity is None:  # the runtime ran a tool nobody approved: record, never store as fact
-                        self.stats.invalid_events += 1
-                        log.warning("task %s: %s for a call that was not approved; dropped", run.task_id, event.type)
+            try:
+                if not run.input_stored.is_set():  # model.input comes first; it is being stored right now
+                    await flush()
+                    await run.input_stored.wait()
+                    if run.ended:
                         continue
-                    payload = payload.model_copy(update={"attempt": identity.attempt,
-                                                         "input_hash": identity.input_hash})
-                runtime = None
-                if event.raw is not None:
-                    runtime = run.runtime.model_copy(update={"raw_ref": await self._raw_blob(event.raw)})
-                plain.setdefault(run.task_id, (run, []))[1].append((event.type, payload, runtime))
+                event = params.event
+                if run.runtime.runtime_session_id and run.runtime.runtime_session_id != run.session.runtime_session_id:
+                    # The runtime named its own session: keep it, so the session's next task resumes it.
+                    run.session = await self.store.update_session(run.session_id,
+                                                                  runtime_session_id=run.runtime.runtime_session_id)
+                if event.type == EventType.TOOL_CALL_REQUESTED:
+                    assert isinstance(event.payload, ToolCallRequested)
+                    await flush()
+                    await self._tool_requested(run, event.payload)
+                elif event.type in TERMINAL_EVENT_TYPES:
+                    await flush()
+                    await self._finish(run, event.type, event.payload)
+                else:
+                    payload = event.payload
+                    if event.type in _RUNTIME_TOOL_EVENTS:
+                        identity = run.approved_runtime_calls.get(getattr(payload, "tool_call_id", ""))
+                        if identity is None:  # the runtime ran a tool nobody approved: record, never store as fact
+                            self.stats.invalid_events += 1
+                            log.warning("task %s: %s for a call that was not approved; dropped", run.task_id, event.type)
+                            continue
+                        payload = payload.model_copy(update={"attempt": identity.attempt,
+                                                             "input_hash": identity.input_hash})
+                    runtime = None
+                    if event.raw is not None:
+                        runtime = run.runtime.model_copy(update={"raw_ref": await self._raw_blob(event.raw)})
+                    plain.setdefault(run.task_id, (run, []))[1].append((event.type, payload, runtime))
+            except CanonicalizationError as exc:  # hostile or buggy input: this task ends, the batch goes on
+                await self._abandon(run, flush, TaskFailureCode.PROTOCOL_ERROR,
+                                    f"the runtime sent a {params.event.type} that cannot be stored: {exc}")
+            except DatabaseError as exc:  # the disk failed: what was not stored was never acknowledged
+                plain.pop(run.task_id, None)
+                await flush()
+                await self._lost_events(run, exc)
+            except Exception as exc:  # never drop a batch (and a terminal event in it) silently
+                if isinstance(exc, StoreError):
+                    raise
+                log.exception("task %s: handling %s failed", run.task_id, params.event.type)
+                await self._abandon(run, flush, TaskFailureCode.INTERNAL,
+                                    f"the supervisor could not handle the runtime's {params.event.type}: "
+                                    f"{type(exc).__name__}: {exc}")
         await flush()
+
+    async def _lost_events(self, run: TaskRun, exc: DatabaseError) -> None:
+        """Events of this task could not be stored (the disk failed): the task cannot complete truthfully.
+
+        Its terminal event is stored as soon as the disk takes writes again; until then (or if the process
+        dies first) the task stays running in the store and the next start fails it as SUPERVISOR_RESTARTED.
+        """
+        if run.ended:
+            return
+        log.error("task %s: events could not be stored (%s); stopping the task", run.task_id, exc)
+        worker = run.worker
+        message = f"the supervisor could not store the task's events: {exc}"
+        await self._fail(run, TaskFailureCode.INTERNAL, message, retryable=True)
+        if worker is not None:
+            self._nursery.start_soon(self._tell_worker_stop, worker, run.task_id, message)
+
+    async def _abandon(self, run: TaskRun, flush: Callable[[], Awaitable[None]], code: str, message: str) -> None:
+        """End a task whose runtime sent what cannot be handled, and tell its worker to stop it."""
+        await flush()
+        worker = run.worker
+        await self._fail(run, code, message, retryable=False)
+        if worker is not None:
+            self._nursery.start_soon(self._tell_worker_stop, worker, run.task_id, message)
 
     async def _raw_blob(self, raw: Any) -> str:
         """Store a runtime's raw message; one JSON can't canonicalize (a 64-bit int, say) is kept as plain JSON."""
@@ -403,6 +448,11 @@ class Engine:
             self.stats.unknown_task_events += 1
             log.warning("%s: event %s for unknown task %r dropped", worker.spec.name, params.event.type,
                         params.task_id)
+            return None
+        if params.n < run.next_n:  # sent again (a retried notification): it was handled already
+            self.stats.duplicate_events += 1
+            log.warning("task %s: event ordinal %d again (expected %d); the repeat is dropped", run.task_id,
+                        params.n, run.next_n)
             return None
         if params.n != run.next_n:
             self.stats.ordinal_gaps += 1
@@ -421,9 +471,16 @@ class Engine:
 
     async def _tool_requested(self, run: TaskRun, requested: ToolCallRequested) -> None:
         input_value = requested.input or {}
+        input_hash = canonical_hash(input_value)  # ours, not the worker's word for it
+        key = (requested.tool_call_id, requested.attempt, input_hash)
+        if key in run.requests_seen:  # the same request again (a replayed notification): it is handled already
+            self.stats.duplicate_events += 1
+            log.warning("task %s: tool call %s (attempt %d) requested again; not run twice", run.task_id,
+                        requested.tool_call_id, requested.attempt)
+            return
+        run.requests_seen.add(key)
         attempt = run.attempts.get(requested.tool_call_id, 0) + 1
         run.attempts[requested.tool_call_id] = attempt
-        input_hash = canonical_hash(input_value)  # ours, not the worker's word for it
         if input_hash != requested.input_hash:
             self.stats.invalid_events += 1
             log.warning("task %s: worker's input_hash for %s was wrong", run.task_id, requested.tool_call_id)
@@ -482,16 +539,44 @@ class Engine:
             run.tools_nursery.cancel_scope.cancel()  # no tool starts or finishes after the end
         state = TaskState(event_type.value.removeprefix("task."))
         error = payload.to_json_obj() if event_type == EventType.TASK_FAILED else None
+        draft = EventDraft(type=event_type, runtime=run.runtime, payload=payload, trace=run.trace)
+        update = TaskUpdate(task_id=run.task_id, state=state, error=error)
+        stored = False
         try:
             with trio.CancelScope(shield=True):
-                await self.store.append(run.session_id, [EventDraft(type=event_type, runtime=run.runtime,
-                                                                    payload=payload, trace=run.trace)],
-                                        task_update=TaskUpdate(task_id=run.task_id, state=state, error=error))
+                try:
+                    await self.store.append(run.session_id, [draft], task_update=update)
+                    stored = True
+                except DatabaseError as exc:  # the disk failed: keep trying; never report an unstored end
+                    log.error("task %s: its %s could not be stored (%s); retrying until the store takes "
+                              "writes again", run.task_id, event_type, exc)
+                    self._nursery.start_soon(self._store_terminal_when_writable, run, draft, update)
         finally:
             self._runs.pop(run.task_id, None)
             self._recent[run.task_id] = run
             while len(self._recent) > RECENT_RUNS_KEPT:
                 self._recent.popitem(last=False)
+            if stored or not self._nursery_open():
+                run.done.set()
+
+    def _nursery_open(self) -> bool:
+        return not self._nursery.cancel_scope.cancel_called
+
+    async def _store_terminal_when_writable(self, run: TaskRun, draft: EventDraft, update: TaskUpdate) -> None:
+        delay = 0.1
+        try:
+            while True:
+                await trio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                try:
+                    await self.store.append(run.session_id, [draft], task_update=update)
+                    log.info("task %s: its %s is stored now", run.task_id, draft.type)
+                    return
+                except DatabaseError:
+                    continue
+                except StoreError:  # closed: the next start fails the task as SUPERVISOR_RESTARTED
+                    return
+        finally:
             run.done.set()
 
 

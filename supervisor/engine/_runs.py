@@ -27,6 +27,8 @@ class TaskRun:
     terminal_type: str | None = None
     late_events: int = 0
     attempts: dict[str, int] = field(default_factory=dict)  # tool_call_id -> attempts seen
+    #: (tool_call_id, the runtime's attempt, input_hash) of every request handled: a repeat never runs twice
+    requests_seen: set[tuple[str, int, str]] = field(default_factory=set)
     # Runtime-executed calls the policy approved: only these may report tool.call.started/completed.
     approved_runtime_calls: dict[str, ToolCallIdentity] = field(default_factory=dict)
     tools_nursery: trio.Nursery | None = None

@@ -83,19 +83,21 @@ class ToolFlow:
             tool_name=requested.tool_name, tool=spec, permission_mode=run.params.permission_mode,
             interaction_mode=run.params.interaction_mode, tools_hash=tools.manifest_hash(),
             input=tool_input, identity=identity), run.approver)
-        if not await engine._append(run, [(_type_of(p), p) for p in policy_payloads(outcome, identity)]):
-            return
+        decision: list[tuple[EventType, Any]] = [(_type_of(p), p) for p in policy_payloads(outcome, identity)]
         if not outcome.approved:
-            await self._send(run, Method.SEND_TOOL_DENIED, {"task_id": run.task_id,
-                                                            "tool_call_id": requested.tool_call_id,
-                                                            "reason": outcome.effective.reason})
+            if await engine._append(run, decision):
+                await self._send(run, Method.SEND_TOOL_DENIED, {"task_id": run.task_id,
+                                                                "tool_call_id": requested.tool_call_id,
+                                                                "reason": outcome.effective.reason})
             return
 
         assert spec is not None
         workspace = Path(run.session.workspace or ".")
         ctx = ToolContext(workspace=workspace)
         started_at = time.monotonic()
-        if not await engine._append(run, [(EventType.TOOL_CALL_STARTED, ToolCallStarted(
+        # The decision and tool.call.started share one commit (one fsync fewer per call): nothing happens
+        # between them, and both are durable before the tool runs.
+        if not await engine._append(run, [*decision, (EventType.TOOL_CALL_STARTED, ToolCallStarted(
                 **identity.model_dump(), tool_name=requested.tool_name,
                 execution_env="supervisor", sandbox=SandboxSummary(kind="workspace", workspace=str(workspace))))]):
             return

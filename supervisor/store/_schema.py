@@ -105,6 +105,19 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX approvals_pending ON approvals(state, namespace) WHERE state = 'pending';
         """,
     ),
+    Migration(
+        4,
+        "idempotent appends",
+        """
+        CREATE TABLE appends (
+            session_id TEXT NOT NULL REFERENCES sessions(session_id),
+            idempotency_key TEXT NOT NULL,
+            first_seq INTEGER NOT NULL,
+            last_seq INTEGER NOT NULL,
+            PRIMARY KEY (session_id, idempotency_key)
+        ) WITHOUT ROWID;
+        """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

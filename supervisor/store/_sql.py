@@ -32,10 +32,10 @@ from ._time import from_text, now_text, to_text
 BUSY_TIMEOUT_MS = 5_000
 
 
-def open_connection(path: str, *, readonly: bool, synchronous: str) -> apsw.Connection:
+def open_connection(path: str, *, readonly: bool, synchronous: str, vfs: str | None = None) -> apsw.Connection:
     """A connection with the pragmas every store connection needs (WAL, foreign keys, busy timeout)."""
     flags = apsw.SQLITE_OPEN_READONLY if readonly else apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
-    conn = apsw.Connection(path, flags=flags)
+    conn = apsw.Connection(path, flags=flags, vfs=vfs) if vfs else apsw.Connection(path, flags=flags)
     try:
         conn.set_busy_timeout(BUSY_TIMEOUT_MS)
         if not readonly:
@@ -155,6 +155,20 @@ def select_events(conn: apsw.Connection, session_id: str, after_seq: int, limit:
     if not rows:
         select_last_seq(conn, session_id)  # unknown session -> UnknownSession, not []
     return [_event(seq, body) for seq, body in rows]
+
+
+def select_keyed_append(conn: apsw.Connection, session_id: str, key: str) -> list[NormalizedEvent] | None:
+    """The events an earlier append with this idempotency key stored, or None if there was none."""
+    for first_seq, last_seq in conn.execute(
+        "SELECT first_seq, last_seq FROM appends WHERE session_id = ? AND idempotency_key = ?", (session_id, key)
+    ):
+        return select_events(conn, session_id, first_seq - 1, last_seq - first_seq + 1)
+    return None
+
+
+def insert_keyed_append(conn: apsw.Connection, session_id: str, key: str, stored: Sequence[NormalizedEvent]) -> None:
+    conn.execute("INSERT INTO appends(session_id, idempotency_key, first_seq, last_seq) VALUES (?, ?, ?, ?)",
+                 (session_id, key, stored[0].seq, stored[-1].seq))
 
 
 def select_blob(conn: apsw.Connection, ref: str) -> BlobInfo | None:

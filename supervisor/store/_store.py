@@ -18,7 +18,7 @@ from protocol import NormalizedEvent, canonical_json, utc_now
 
 from . import _sql
 from ._blobs import BlobFiles, check_ref
-from ._errors import StoreClosed, translate
+from ._errors import DatabaseError, StoreClosed, translate
 from ._prepare import prepare
 from ._readers import ReaderPool, close_all
 from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
@@ -59,6 +59,8 @@ class EventStore:
         self._subscriber_buffer = subscriber_buffer
         self._page_size = page_size
         self._closed = False
+        #: The last write's failure if it was the disk's (full, I/O error), else None: what /readyz reports.
+        self.write_failure: str | None = None
 
     @classmethod
     @asynccontextmanager
@@ -71,18 +73,20 @@ class EventStore:
         max_batch: int = 256,
         subscriber_buffer: int = 1024,
         page_size: int = 500,
+        vfs: str | None = None,
     ) -> AsyncIterator[EventStore]:
         """Open (creating or migrating) the store under ``data_dir``; closing flushes queued writes.
 
         ``max_batch`` bounds how many queued write requests share one transaction; ``subscriber_buffer``
-        bounds each subscriber's in-memory feed (events); ``page_size`` is a subscriber's read page.
+        bounds each subscriber's in-memory feed (events); ``page_size`` is a subscriber's read page;
+        ``vfs`` names a registered SQLite VFS (the fault-injection tests use one).
         """
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError(f"synchronous must be 'FULL' or 'NORMAL', not {synchronous!r}")
         if min(readers, max_batch, subscriber_buffer, page_size) < 1:
             raise ValueError("readers, max_batch, subscriber_buffer and page_size must be >= 1")
         root = Path(data_dir)
-        writer_conn, reader_conns = await trio.to_thread.run_sync(_open_sync, root, synchronous, readers)
+        writer_conn, reader_conns = await trio.to_thread.run_sync(_open_sync, root, synchronous, readers, vfs)
         hub = Hub()
         writer = Writer(writer_conn, hub.publish, max_batch=max_batch)
         pool = ReaderPool(reader_conns)
@@ -280,21 +284,32 @@ class EventStore:
     # --- events -----------------------------------------------------------------------------------
 
     async def append(
-        self, session_id: str, drafts: Sequence[EventDraft], *, task_update: TaskUpdate | None = None
+        self, session_id: str, drafts: Sequence[EventDraft], *, task_update: TaskUpdate | None = None,
+        idempotency_key: str | None = None,
     ) -> list[NormalizedEvent]:
         """Store ``drafts`` atomically as the session's next events; return them with their seqs.
 
         Every draft is validated first (``InvalidEvent``); the batch and the optional ``task_update``
         (e.g. the terminal state with the terminal event) commit together or not at all. Subscribers
         see the events only after the commit. If the caller is cancelled after the batch was queued,
-        the batch is still stored.
+        the batch is still stored — so a caller that retries after an ambiguous failure passes the same
+        ``idempotency_key``: an append whose key the session has already seen stores nothing and returns
+        the events stored the first time.
         """
         prepared = prepare(session_id, drafts)
         if not prepared and task_update is None:
             return []
+        if idempotency_key is not None and not prepared:
+            raise ValueError("an idempotency key needs at least one event")
 
         def op(conn: apsw.Connection) -> list[NormalizedEvent]:
+            if idempotency_key is not None:
+                earlier = _sql.select_keyed_append(conn, session_id, idempotency_key)
+                if earlier is not None:
+                    return AlreadyStored(earlier)
             stored = _sql.insert_events(conn, session_id, prepared)
+            if idempotency_key is not None:
+                _sql.insert_keyed_append(conn, session_id, idempotency_key, stored)
             if task_update is not None:
                 _sql.apply_task_update(conn, task_update, session_id=session_id)
             return stored
@@ -378,7 +393,14 @@ class EventStore:
     ) -> T:
         if self._closed:
             raise StoreClosed(where)
-        return await self._writer.submit(WriteRequest(op, where, publish_to))
+        try:
+            result = await self._writer.submit(WriteRequest(op, where, publish_to))
+        except DatabaseError as exc:
+            if isinstance(exc.__cause__, _WRITE_FAULTS):
+                self.write_failure = str(exc)  # reported by /readyz until a write succeeds again
+            raise
+        self.write_failure = None
+        return result
 
     async def _read(self, where: str, function: Callable[[apsw.Connection], T]) -> T:
         return await self._readers.run(where, function)
@@ -392,6 +414,18 @@ class EventStore:
             raise translate(exc, where) from exc
 
 
+#: SQLite errors that mean the disk, not the request, failed.
+_WRITE_FAULTS = (apsw.FullError, apsw.IOError, apsw.ReadOnlyError, apsw.CorruptError)
+
+
+class AlreadyStored(list[NormalizedEvent]):
+    """Events an earlier append with the same idempotency key stored. Falsy, so the writer (which publishes
+    a truthy result) does not hand them to subscribers a second time."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
 def _check_page(limit: int, offset: int) -> None:
     if limit < 1:
         raise ValueError(f"limit must be >= 1, not {limit}")
@@ -399,17 +433,18 @@ def _check_page(limit: int, offset: int) -> None:
         raise ValueError(f"after_seq/offset must be >= 0, not {offset}")
 
 
-def _open_sync(root: Path, synchronous: str, readers: int) -> tuple[apsw.Connection, list[apsw.Connection]]:
+def _open_sync(root: Path, synchronous: str, readers: int,
+               vfs: str | None = None) -> tuple[apsw.Connection, list[apsw.Connection]]:
     """Create the data dir, open and migrate the database, open the readers (worker thread)."""
     path = str(root / DB_FILENAME)
     opened: list[apsw.Connection] = []
     try:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        writer = _sql.open_connection(path, readonly=False, synchronous=synchronous)
+        writer = _sql.open_connection(path, readonly=False, synchronous=synchronous, vfs=vfs)
         opened.append(writer)
         migrate(writer, path)
         for _ in range(readers):
-            opened.append(_sql.open_connection(path, readonly=True, synchronous=synchronous))
+            opened.append(_sql.open_connection(path, readonly=True, synchronous=synchronous, vfs=vfs))
     except BaseException as exc:
         close_all(opened)
         translated = translate(exc, f"opening the event store at {path}")

@@ -20,16 +20,21 @@ from protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     BadFrame,
     ErrorResponse,
-    MessageReader,
+    LineFramer,
     Method,
     Notification,
     Request,
     Response,
     RuntimeEventParams,
+    decode_json,
+    decode_message,
     encode_message,
 )
 
 log = logging.getLogger("codesdk.supervisor.worker")
+
+#: The keys of a ``runtime.event`` notification line (anything else takes the general path).
+_EVENT_KEYS = frozenset({"jsonrpc", "method", "params"})
 
 #: Notifications buffered between the reader and the consumer.
 EVENT_BUFFER = 1024
@@ -106,7 +111,7 @@ class WorkerConnection:
 
     async def run_reader(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Read until EOF. Then every pending request fails with WorkerBroken and ``events`` ends."""
-        reader = MessageReader(self._max_frame_bytes)
+        framer = LineFramer(self._max_frame_bytes)
         task_status.started()
         try:
             async with self._events_send:
@@ -116,8 +121,8 @@ class WorkerConnection:
                     except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                         log.info("%s: output stream ended: %s", self.name, exc)
                         chunk = b""
-                    for item in reader.feed(chunk) if chunk else reader.close():
-                        await self._handle(item)
+                    for line in framer.feed(chunk) if chunk else framer.close():
+                        await self._handle_line(line)
                     if not chunk:
                         return
         finally:
@@ -127,6 +132,34 @@ class WorkerConnection:
                 pending.done.set()
             self._pending.clear()
             self.eof.set()
+
+    async def _handle_line(self, line: bytes | BadFrame) -> None:
+        """One framed line. ``runtime.event`` notifications, nearly all of the traffic, skip the generic
+        Notification model and are validated once, as their params; everything else goes the general way."""
+        if isinstance(line, BadFrame):
+            await self._handle(line)
+            return
+        value = decode_json(line)
+        if (isinstance(value, dict) and value.keys() == _EVENT_KEYS and value["method"] == Method.EVENT
+                and value["jsonrpc"] == "2.0" and isinstance(value["params"], dict)):
+            self.stats.notifications += 1
+            await self._handle_event(value["params"])
+            return
+        # anything else (responses, bad lines): the full decode_message checks; decoding twice is rare
+        await self._handle(value if isinstance(value, BadFrame) else decode_message(line))
+
+    async def _handle_event(self, params: Any) -> None:
+        try:
+            event = RuntimeEventParams.model_validate(params)
+        except ValidationError as exc:
+            self._violation("invalid_event", _summarize(exc))
+            return
+        except (ValueError, TypeError, ArithmeticError) as exc:
+            # A validator that tripped on hostile input instead of refusing it (e.g. OverflowError
+            # normalizing a time at the edge of the calendar to UTC): still only this event is lost.
+            self._violation("invalid_event", f"{type(exc).__name__}: {exc}")
+            return
+        await self._events_send.send(event)
 
     async def _handle(self, item: Any) -> None:
         if isinstance(item, BadFrame):
@@ -150,12 +183,7 @@ class WorkerConnection:
             if item.method != Method.EVENT:
                 self._violation("unknown_notification", f"unexpected notification {item.method!r}")
                 return
-            try:
-                params = RuntimeEventParams.model_validate(item.params)
-            except ValidationError as exc:
-                self._violation("invalid_event", _summarize(exc))
-                return
-            await self._events_send.send(params)
+            await self._handle_event(item.params)
         elif isinstance(item, Request):
             self._violation("unexpected_request", f"worker sent a request {item.method!r}; none are defined")
 

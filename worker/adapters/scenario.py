@@ -132,6 +132,25 @@ class OversizedLineStep(_Step):
     oversized_line: int = Field(ge=1, le=256 * 1024 * 1024)
 
 
+class TornFrameStep(_Step):
+    """Write the first half of a valid ``runtime.event`` line, without its newline.
+
+    That is what a worker killed in the middle of a write leaves on the wire: pair it with a crash step.
+    """
+
+    torn_frame: Literal[True]
+
+
+class PolluteStdoutStep(_Step):
+    """Write to the process's stdout the ways a runtime or a library might.
+
+    ``print()``, ``sys.__stdout__``, ``os.write(1, …)`` (one piece without a newline, shaped like the
+    start of a protocol line) and a child process that inherits stdout. None of it may reach the wire.
+    """
+
+    pollute_stdout: str = Field(default="stray output", min_length=1, max_length=4096)
+
+
 class EchoPromptStep(_Step):
     echo_prompt: Literal[True]
 
@@ -151,6 +170,8 @@ Step = Annotated[
     | FloodStep
     | MalformedLineStep
     | OversizedLineStep
+    | TornFrameStep
+    | PolluteStdoutStep
     | EchoPromptStep,
     Field(union_mode="left_to_right"),
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,10 +29,14 @@ from protocol import (
     InteractionMode,
     IsolationMode,
     Message,
+    Method,
     ModelOutputCompleted,
     ModelOutputDelta,
+    Notification,
     Role,
     RuntimeCapabilities,
+    RuntimeEventParams,
+    RuntimeInfo,
     RuntimeRequestCompleted,
     RuntimeRequestStarted,
     SessionRef,
@@ -41,7 +46,9 @@ from protocol import (
     ToolCallStarted,
     ToolRouting,
     UsageReported,
+    WorkerEvent,
     canonical_hash,
+    encode_message,
 )
 
 from .._tool_calls import PendingToolCalls, ToolOutcome
@@ -57,6 +64,7 @@ from .scenario import (
     IgnoreStopStep,
     MalformedLineStep,
     OversizedLineStep,
+    PolluteStdoutStep,
     Scenario,
     ScenarioError,
     SleepStep,
@@ -65,6 +73,7 @@ from .scenario import (
     ThinkingStep,
     ToolCallSpec,
     ToolCallsStep,
+    TornFrameStep,
     UsageStep,
     default_scenario_dir,
     load_scenario,
@@ -256,6 +265,11 @@ class ScriptedTask(TaskHandle):
                 await self.io.write_raw(step.malformed_line.encode() + b"\n")
             case OversizedLineStep():
                 await self.io.write_raw(b'{"pad":"' + b"x" * max(0, step.oversized_line - 10) + b'"}\n')
+            case TornFrameStep():
+                line = self._event_line(ModelOutputDelta(block_id=self._new_block_id(), delta="torn", index=0))
+                await self.io.write_raw(line[:len(line) // 2])
+            case PolluteStdoutStep():
+                await _pollute_stdout(step.pollute_stdout)
         return None
 
     async def _run_builtin(self, call: ToolCallSpec) -> ToolOutcome:
@@ -268,6 +282,12 @@ class ScriptedTask(TaskHandle):
             **identity, tool_name=call.name, executed_by=ExecutedBy.RUNTIME, execution_env="runtime:scripted",
             result_preview=result))
         return ToolOutcome(result=result)
+
+    def _event_line(self, payload: ModelOutputDelta) -> bytes:
+        """A complete ``runtime.event`` line as the worker would write it (used to tear one)."""
+        event = WorkerEvent(type=EventType.MODEL_OUTPUT_DELTA, runtime=RuntimeInfo(name="scripted"), payload=payload)
+        params = RuntimeEventParams(task_id=self.params.task_id, n=1, event=event)
+        return encode_message(Notification(method=Method.EVENT, params=params.to_json_obj()))
 
     def _new_block_id(self) -> str:
         self._block_counter += 1
@@ -328,6 +348,19 @@ class ScriptedTask(TaskHandle):
         if step.on_error is not None and any(o.is_error for o in outcomes.values()):
             return await self._play(step.on_error)
         return None
+
+
+_CHILD_WRITES_STDOUT = "import sys; sys.stdout.write(sys.argv[1] + ' (child process)\\n')"
+
+
+async def _pollute_stdout(text: str) -> None:
+    """Print to stdout by every route a runtime or library has; each piece is tagged with its route."""
+    print(f"{text} (print)", flush=True)
+    if sys.__stdout__ is not None:
+        print(f"{text} (sys.__stdout__)", file=sys.__stdout__, flush=True)
+    os.write(1, f"{text} (fd 1)\n".encode())
+    os.write(1, b'{"jsonrpc":"2.0","method":')  # no newline: on the wire, it would tear the next frame
+    await trio.run_process([sys.executable, "-c", _CHILD_WRITES_STDOUT, text], stdin=subprocess.DEVNULL)
 
 
 def _crash(exit_code: int | None, signal_name: str | None) -> None:
