@@ -7,11 +7,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._orphans import become_subreaper
 from .config import default_data_dir
 from .engine import Engine, EngineConfig
+from .namespaces import UidRange, check_can_switch_uids, check_reachable_by_workers, tighten_data_dir
 from .tools import ExecPolicy, ToolRegistry, ToolsConfig
 from .workers.pool import PoolConfig
-from .workers.process import become_subreaper
+from .workers.process import worker_argv
 
 
 @dataclass(frozen=True)
@@ -28,20 +30,37 @@ class SupervisorOptions:
     worker_env: dict[str, dict[str, str]] = field(default_factory=dict)
     worker_argv: tuple[str, ...] = ()
     worker_path: str | None = None
+    # A range of otherwise unused uids/gids: each namespace's worker runs as its own uid from it (needs root or
+    # CAP_SETUID/CAP_SETGID/...). None (the default): every worker runs as the supervisor's uid — one trust
+    # domain, where tenants are separated by environment and directories but not by the kernel.
+    worker_uids: UidRange | None = None
+
+
+def check_options(options: SupervisorOptions) -> None:
+    """Fail at start-up, with what to do, on options that could only fail later (``UidRangeError``)."""
+    if options.worker_uids is not None:
+        check_can_switch_uids()
+        check_reachable_by_workers((list(options.worker_argv) or worker_argv())[0])
 
 
 @asynccontextmanager
 async def open_engine(options: SupervisorOptions) -> AsyncIterator[Engine]:
     data_dir = Path(options.data_dir)
+    check_options(options)
     become_subreaper()  # orphans of a worker's runtime are adopted and reaped here, not left as zombies
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if options.worker_uids is not None:  # created here with 0700, not later by mkdir(parents=True) with the umask
+        for private in ("blobs", "workspaces"):
+            (data_dir / private).mkdir(exist_ok=True, mode=0o700)
     pool = PoolConfig(data_dir=data_dir, argv=options.worker_argv, idle_timeout_s=options.idle_timeout_s,
                       max_restarts=options.max_restarts, restart_window_s=options.restart_window_s,
                       sustained_max_restarts=options.sustained_max_restarts,
                       sustained_window_s=options.sustained_window_s, quarantine_s=options.quarantine_s,
                       shutdown_grace_s=options.shutdown_grace_s,
-                      env=options.worker_env, path=options.worker_path)
+                      env=options.worker_env, path=options.worker_path, worker_uids=options.worker_uids)
     exec_policy = ExecPolicy(enabled=bool(options.exec_allowlist), allowlist=options.exec_allowlist)
     tools = ToolRegistry(ToolsConfig(exec=exec_policy))
     async with Engine.open(EngineConfig(data_dir=data_dir, pool=pool), tools) as engine:
+        if options.worker_uids is not None:  # the data dir becomes 0711: nothing in it may rely on the umask
+            tighten_data_dir(data_dir)
         yield engine

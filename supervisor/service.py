@@ -20,9 +20,10 @@ import trio
 
 from ._sdnotify import Notifier, watchdog_interval_s
 from .api import ADMIN_TOKEN_FILE, TokenAuth, serve_api
-from .app import SupervisorOptions, open_engine
+from .app import SupervisorOptions, check_options, open_engine
 from .config import default_data_dir
 from .engine import Engine
+from .namespaces import UidRange, UidRangeError
 
 log = logging.getLogger("codesdk.supervisor.service")
 
@@ -72,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
                      help="unix socket for the API (default: DATA_DIR/api.sock; systemd: $RUNTIME_DIRECTORY/api.sock)")
     run.add_argument("--port", type=int, default=None, help="also listen on 127.0.0.1:PORT")
     run.add_argument("--log-level", default="INFO")
+    run.add_argument("--worker-uids", type=_uid_range, default=None, metavar="START:COUNT",
+                     help="run each namespace's worker as its own uid/gid from this range of unused ids (no "
+                          "passwd entries needed; needs root or CAP_SETUID/CAP_SETGID/CAP_CHOWN/CAP_DAC_OVERRIDE/"
+                          "CAP_FOWNER). Default: every worker runs as the supervisor's uid (one trust domain)")
     token = sub.add_parser("token", help="API tokens")
     token_sub = token.add_subparsers(dest="token_command", required=True)
     add = token_sub.add_parser("add", help="create a token bound to namespaces; prints it once")
@@ -108,14 +113,42 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="%(levelname)s %(name)s: %(message)s")
     data_dir: Path = args.data_dir
-    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    socket_path: Path = args.listen or data_dir / "api.sock"
     options = SupervisorOptions(
         data_dir=data_dir, max_restarts=args.max_restarts, restart_window_s=args.restart_window,
         sustained_max_restarts=args.sustained_max_restarts, sustained_window_s=args.sustained_window,
-        quarantine_s=args.quarantine)
+        quarantine_s=args.quarantine, worker_uids=args.worker_uids)
+    try:
+        check_options(options)
+    except UidRangeError as exc:
+        print(f"codesdk-supervisor: {exc}", file=sys.stderr)
+        return 2
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    socket_path: Path = args.listen or data_dir / "api.sock"
+    _make_non_dumpable()
     trio.run(serve, options, socket_path, args.port, Notifier())
     return 0
+
+
+def _uid_range(text: str) -> UidRange:
+    try:
+        return UidRange.parse(text)
+    except UidRangeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _make_non_dumpable() -> None:
+    """PR_SET_DUMPABLE 0: processes of our uid (a worker without a uid of its own) can no longer read our
+    /proc/<pid>/environ, mem or fds, nor ptrace us; we ourselves still can. Also means no core dumps."""
+    import ctypes
+
+    pr_set_dumpable = 4
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
+    except (OSError, AttributeError) as exc:
+        log.warning("could not make the supervisor non-dumpable (%s); same-uid processes may read its /proc "
+                    "entries", exc)
 
 
 def _quarantine_command(args: argparse.Namespace) -> int:

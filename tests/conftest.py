@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from supervisor.app import SupervisorOptions, open_engine
@@ -31,3 +34,30 @@ def make_engine(tmp_path: Path) -> Callable[..., Any]:
     return make
 
 
+
+
+#: Seconds a test's processes get to be gone (reaped) after it ended, before it is failed for leaving them.
+LEFTOVER_WAIT_S = 10.0
+
+
+@pytest.fixture(autouse=True)
+def no_processes_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test ends with no process it started still running and no zombie of it left to this process."""
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    yield
+    deadline = time.monotonic() + LEFTOVER_WAIT_S
+    while True:
+        left = []
+        for process in me.children(recursive=True):
+            if process.pid in before:
+                continue
+            try:
+                left.append(f"{process.pid} {process.name()} ({process.status()}, session {os.getsid(process.pid)})")
+            except psutil.Error:
+                continue
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"{request.node.nodeid} left processes behind: {', '.join(left)}", pytrace=False)
+        time.sleep(0.05)

@@ -229,9 +229,12 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(403, "forbidden", f"this token may not create sessions in namespace {body.namespace!r}")
         if body.workspace is not None and not principal.admin:
             raise ApiError(403, "forbidden", "only the admin token may choose a workspace path")
-        record = await engine.create_session(runtime=body.runtime, namespace=body.namespace,
-                                             workspace=Path(body.workspace) if body.workspace else None,
-                                             metadata=body.metadata)
+        try:
+            record = await engine.create_session(runtime=body.runtime, namespace=body.namespace,
+                                                 workspace=Path(body.workspace) if body.workspace else None,
+                                                 metadata=body.metadata)
+        except EngineError as exc:
+            raise ApiError(409, "workspace_refused", str(exc)) from exc
         return JSONResponse(record.to_json_obj(), status_code=201)
 
     async def list_sessions(request: Request) -> Response:

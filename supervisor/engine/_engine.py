@@ -52,7 +52,8 @@ from protocol import (
     canonical_json,
 )
 
-from ..namespaces import Namespace
+from .._orphans import end_adopted, reap_orphans_forever
+from ..namespaces import Namespace, give_workspace
 from ..store import (
     DatabaseError,
     EventDraft,
@@ -66,6 +67,7 @@ from ..store import (
 )
 from ..workers import ExitStatus, RpcError, WorkerError, WorkerProcess
 from ..workers.pool import NamespaceFailing, PoolConfig, WorkerPool
+from ..workers.process import REAP_WAIT_S
 from ._approvals import APPROVAL_TIMEOUT_S, ApprovalBroker
 from ._runs import TaskRun
 from ._toolflow import ToolFlow, Tooling
@@ -132,11 +134,13 @@ class Engine:
         async with EventStore.open(config.data_dir, vfs=config.store_vfs) as store, trio.open_nursery() as nursery:
             engine = cls(config, store, tooling, nursery)
             await engine._recover()
+            nursery.start_soon(reap_orphans_forever)  # what dead workers and tools left is re-parented to us
             try:
                 yield engine
             finally:
                 with trio.CancelScope(shield=True):
                     await engine._close()
+                    await end_adopted(REAP_WAIT_S)
                 nursery.cancel_scope.cancel()
 
     async def _recover(self) -> None:
@@ -174,6 +178,11 @@ class Engine:
             workspace = root / session_id
         workspace = workspace.resolve()
         await trio.to_thread.run_sync(lambda: workspace.mkdir(parents=True, exist_ok=True, mode=0o700))
+        try:  # with per-namespace uids the workspace becomes the namespace's own; else a no-op
+            await trio.to_thread.run_sync(give_workspace, workspace, namespace, self.config.pool.data_dir,
+                                          self.config.pool.worker_uids)
+        except (ValueError, RuntimeError) as exc:
+            raise EngineError(f"cannot give workspace {workspace} to namespace {namespace!r}: {exc}") from exc
         record = await self.store.create_session(session_id, runtime=runtime, namespace=namespace,
                                                  workspace=str(workspace), metadata=metadata)
         await self.store.append(session_id, [EventDraft(

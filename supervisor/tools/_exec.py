@@ -6,8 +6,12 @@ isolation is required the call is refused rather than run unsandboxed), a wall-t
 limit, output capped per stream. The command runs in its own session/process group; on timeout, and after
 it exits (for stragglers holding the pipes), the whole group is SIGKILLed.
 
-Not confined: the file system outside the workspace is as visible as to the supervisor's user. Only
-allowlist commands an agent may run with that in mind.
+File system: where namespaces work, the command also gets a mount namespace whose root holds only the
+system directories (read-only), ``ExecPolicy.read_only_paths``, a private /tmp and /dev, its own /proc, and
+the workspace — the supervisor's data dir (every namespace's HOME, the store, the tokens) and everything else
+do not exist for it — and it runs without any capability (see ``_sandbox``). Where that can't be set up the
+call is refused unless ``confine_filesystem`` is off; with network isolation also off (no namespaces at all)
+the command sees the file system as the supervisor's user does.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ from pydantic import Field, field_validator
 
 from protocol import SandboxSummary, ToolClass
 
+from .._orphans import reap_session
 from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolInput, ToolResult, clip
 from ._paths import workspace_root
-from ._sandbox import SandboxProber, SandboxTools
+from ._sandbox import SYSTEM_PATHS, SandboxProber, SandboxTools, confine_spec, visible_in_confinement
 
 DEFAULT_EXEC_PATH = "/usr/local/bin:/usr/bin:/bin"
 _DRAIN_GRACE_S = 2.0
@@ -45,6 +50,10 @@ class ExecPolicy:
     require_network_isolation: bool = True
     path: str = DEFAULT_EXEC_PATH
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Show the command only the system dirs, these extra paths (read-only) and the workspace; refuse to run
+    # where that is impossible while namespaces are in use.
+    confine_filesystem: bool = True
+    read_only_paths: tuple[str, ...] = ()
 
 
 class ExecInput(ToolInput):
@@ -104,8 +113,14 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+async def _kill_and_reap_group(pid: int) -> None:
+    """SIGKILL the command's group; stragglers re-parented to the supervisor (a child subreaper) are reaped."""
+    _kill_group(pid)
+    await trio.to_thread.run_sync(reap_session, pid)
+
+
 async def _deliver_cancel(process: trio.Process) -> None:
-    _kill_group(process.pid)
+    await _kill_and_reap_group(process.pid)
 
 
 async def _supervise(
@@ -124,7 +139,7 @@ async def _supervise(
     nursery.start_soon(drain)
     with trio.move_on_after(timeout) as deadline:
         await process.wait()
-    _kill_group(process.pid)  # on timeout, and for stragglers still holding the pipes
+    await _kill_and_reap_group(process.pid)  # on timeout, and for stragglers still holding the pipes
     await process.wait()
     with trio.move_on_after(_DRAIN_GRACE_S):  # a daemon that left the group may keep a pipe open
         await drained.wait()
@@ -190,11 +205,12 @@ class ExecTool:
             )
         return found
 
-    def _prefix(self, tools: SandboxTools, memory_mb: int) -> tuple[list[str], str, bool]:
+    def _prefix(self, tools: SandboxTools, memory_mb: int, workspace: str,
+                executable: str) -> tuple[list[str], str, bool]:
         """(command prefix, sandbox label, network reachable) or ``SANDBOX_UNAVAILABLE``."""
         prefix: list[str] = []
         if tools.netns_prefix is not None and tools.netns_label is not None:
-            prefix += tools.netns_prefix
+            prefix += self._namespaces(tools, memory_mb, workspace, executable)
             label, network = tools.netns_label, False
         elif self.policy.require_network_isolation:
             raise ToolError(
@@ -212,6 +228,28 @@ class ExecTool:
         prefix += [tools.prlimit, f"--as={memory_mb * 1024 * 1024}", "--core=0", "--"]
         return prefix, label, network
 
+    def _namespaces(self, tools: SandboxTools, memory_mb: int, workspace: str, executable: str) -> list[str]:
+        """The namespace prefix: with a confined file system unless the policy turned that off."""
+        assert tools.netns_prefix is not None
+        if not self.policy.confine_filesystem:
+            return list(tools.netns_prefix)
+        if tools.confine_prefix is None:
+            raise ToolError(
+                ErrorCode.SANDBOX_UNAVAILABLE,
+                "file-system confinement is required but no mount namespace could be set up here (`unshare -m` "
+                "with a new root failed); refusing to run with the whole file system visible — an operator may "
+                "set ExecPolicy.confine_filesystem=False to accept that",
+            )
+        read_only = self.policy.read_only_paths
+        if not visible_in_confinement(executable, (*read_only, workspace)):
+            raise ToolError(
+                ErrorCode.COMMAND_REFUSED,
+                f"allowlisted command {executable!r} is not visible in the confined sandbox, which shows only "
+                f"{', '.join(SYSTEM_PATHS)}, the workspace and ExecPolicy.read_only_paths "
+                f"({', '.join(read_only) or 'none'}); add its directory to read_only_paths",
+            )
+        return [*tools.confine_prefix, confine_spec(workspace, read_only, tmp_mb=memory_mb)]
+
     def environment(self, workspace: str) -> dict[str, str]:
         base = {"PATH": self.policy.path, "HOME": workspace, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
         return {**base, **self.policy.env}
@@ -220,7 +258,7 @@ class ExecTool:
         executable = self.resolve(args.argv[0])
         root = str(workspace_root(ctx.workspace))
         limits = ctx.limits
-        prefix, label, network = self._prefix(await self.prober.get(), limits.exec_memory_mb)
+        prefix, label, network = self._prefix(await self.prober.get(), limits.exec_memory_mb, root, executable)
         timeout = min(args.timeout_s or math.inf, limits.exec_timeout_s)
         sandbox = SandboxSummary(
             kind="subprocess",

@@ -22,7 +22,7 @@ import trio
 
 from protocol import RuntimeEventParams
 
-from ..namespaces import Namespace, build_env, prepare_dirs, runtime_env
+from ..namespaces import Namespace, UidRange, UidRangeError, build_env, prepare_namespace, runtime_env
 from .process import REAP_WAIT_S, ExitStatus, WorkerProcess, WorkerResourcesExhausted, WorkerSpec, worker_argv
 
 log = logging.getLogger("codesdk.supervisor.pool")
@@ -50,6 +50,8 @@ class PoolConfig:
     handshake_timeout_s: float = 30.0
     path: str | None = None  # PATH for workers
     env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # namespace (or "*") -> variables
+    # Each namespace's worker runs as its own uid+gid from this range (None: as the supervisor's uid).
+    worker_uids: UidRange | None = None
 
     def worker_argv(self) -> list[str]:
         return list(self.argv) or worker_argv()
@@ -259,10 +261,18 @@ class WorkerPool:
                 delay = min(self.config.backoff_initial_s * 2 ** (recent - 1), self.config.backoff_max_s)
                 log.info("namespace %s: restarting worker after %.2f s backoff", name, delay)
                 await trio.sleep(delay)
-            dirs = await trio.to_thread.run_sync(prepare_dirs, self.config.data_dir, slot.namespace)
+            try:
+                dirs, identity = await trio.to_thread.run_sync(
+                    prepare_namespace, self.config.data_dir, slot.namespace, self.config.worker_uids)
+            except UidRangeError as exc:  # e.g. the range is exhausted: the operator's to fix, not a crash
+                slot.last_error = str(exc)
+                log.error("namespace %s: %s", name, exc)
+                raise NamespaceFailing(f"namespace {name!r}: {exc}") from exc
             env = build_env(dirs, self.config.env_for(name), self.config.path)
             spec = WorkerSpec(argv=self.config.worker_argv(), env=env, cwd=str(dirs.home),
-                              name=f"worker[{name}]", runtime_env=runtime_env(slot.namespace, env))
+                              name=f"worker[{name}]", runtime_env=runtime_env(slot.namespace, env),
+                              user=identity.uid if identity else None, group=identity.gid if identity else None,
+                              extra_groups=() if identity else None)
             try:
                 slot.vacated = trio.Event()
                 slot.worker = await self._nursery.start(self._run_worker, slot, spec)

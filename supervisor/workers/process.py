@@ -31,6 +31,7 @@ from protocol import (
     RuntimeEnv,
 )
 
+from .._orphans import reap_session
 from .connection import WorkerBroken, WorkerConnection, WorkerError
 
 log = logging.getLogger("codesdk.supervisor.worker")
@@ -99,6 +100,10 @@ class WorkerSpec:
     name: str = "worker"
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     runtime_env: RuntimeEnv | None = None
+    # Run as this uid/gid with exactly these supplementary groups (None: the supervisor's own, as today).
+    user: int | None = None
+    group: int | None = None
+    extra_groups: Sequence[int] | None = None
 
 
 class WorkerProcess:
@@ -201,7 +206,7 @@ class WorkerProcess:
                 except (ProcessLookupError, PermissionError):
                     pass
                 with trio.move_on_after(REAP_WAIT_S):
-                    await trio.to_thread.run_sync(reap_adopted, self.pid, self._descendants,
+                    await trio.to_thread.run_sync(reap_session, self.pid, REAP_WAIT_S / 5, self._descendants,
                                                   abandon_on_cancel=True)
                 self.exited.set()
 
@@ -223,7 +228,7 @@ class WorkerProcess:
             except (ProcessLookupError, PermissionError):
                 pass
         self._descendants |= holders
-        await trio.to_thread.run_sync(reap_adopted, self.pid, holders)
+        await trio.to_thread.run_sync(reap_session, self.pid, REAP_WAIT_S / 5, holders)
 
     async def _pump_stderr(self) -> None:
         assert self.process.stderr is not None
@@ -312,6 +317,8 @@ async def _run_worker_process(spec: WorkerSpec, task_status: trio.TaskStatus[tri
     await trio.run_process(
         list(spec.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=dict(spec.env), cwd=spec.cwd, check=False, start_new_session=True,
+        user=spec.user, group=spec.group,
+        extra_groups=list(spec.extra_groups) if spec.extra_groups is not None else None,
         deliver_cancel=deliver_cancel, task_status=task_status,
     )
 
@@ -358,49 +365,6 @@ def _pipe_holders(inodes: set[int]) -> set[int]:
         except OSError:  # gone meanwhile, or not ours to look at
             continue
     return found
-
-
-def _session_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        return int(fields[3])  # after ") state ppid pgrp": the session id
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def reap_adopted(worker_pid: int, extra: set[int], wait_s: float = REAP_WAIT_S / 5) -> None:
-    """Reap orphans of a dead worker that were re-parented to us (we are a child subreaper).
-
-    Only our children that belonged to the worker's session (it was started as a session leader) or are in
-    ``extra`` are waited for — never a process some other part of the supervisor spawned and waits for itself.
-    """
-    import time
-
-    deadline = time.monotonic() + wait_s
-    while True:
-        mine = [c.pid for c in psutil.Process().children()
-                if c.pid in extra or _session_of(c.pid) == worker_pid]
-        for pid in mine:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-        if not mine or time.monotonic() > deadline:
-            return
-        time.sleep(0.02)
-
-
-def become_subreaper() -> bool:
-    """Adopt orphaned descendants of our workers (Linux), so they are reaped here rather than left as zombies."""
-    import ctypes
-
-    pr_set_child_subreaper = 36
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(pr_set_child_subreaper, 1, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
 
 
 def worker_argv(*extra: str) -> list[str]:

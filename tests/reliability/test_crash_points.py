@@ -29,7 +29,7 @@ from supervisor.engine._transcript import session_events
 from supervisor.store import DB_FILENAME, EventStore, TaskState
 
 from ..e2e.invariants import check_session
-from ..service.test_service import SCENARIOS, _client, _wait_socket
+from ..service.test_service import SCENARIOS, _client, _wait_socket, kill_and_reap
 from ..worker.harness import REPO
 
 ROUNDS = int(os.environ.get("CODESDK_CRASH_ROUNDS", "4"))
@@ -209,9 +209,8 @@ def test_supervisor_sigkill_during_heavy_writes_loses_nothing_it_published(tmp_p
                     client.post(f"/v1/sessions/{sid}/tasks",
                                 json={"prompt": "x", "runtime_config": {"scenario_inline": flood}})
             time.sleep(rng.uniform(0.5, 2.0))
-            proc.kill()
         finally:
-            proc.wait(timeout=30)
+            kill_and_reap(proc)
         for follower in followers:
             follower.join(timeout=30)
         (data / "api.sock").unlink(missing_ok=True)

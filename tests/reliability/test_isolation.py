@@ -5,6 +5,10 @@ One engine run serves the whole module: two namespaces whose workers are started
 (``probe_worker.py``) that records what the process can see and then becomes the real worker. Tasks of every
 kind run in both (plain, failing, crashing, tool calls incl. sandboxed ``env``, auth status); every output is
 collected and grepped for canary values afterwards.
+
+As root the run uses a worker uid range (``SupervisorOptions.worker_uids``), so each namespace's worker has
+its own uid and the probe's reads of a neighbour's home, the store, the token files and the supervisor's
+/proc environ are really attempted and refused by the kernel (EACCES). Without root those tests are skipped.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import stat
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,12 +35,14 @@ from supervisor.app import SupervisorOptions, open_engine
 from supervisor.cli import main as cli_main
 from supervisor.engine import Engine, EngineError
 from supervisor.engine._transcript import session_events
-from supervisor.namespaces import SUBDIRS, Namespace, prepare_dirs
+from supervisor.namespaces import SUBDIRS, UIDS_FILE, Namespace, UidRange, prepare_dirs
+from supervisor.store import DB_FILENAME
 from supervisor.workers import WorkerProcess, worker_argv
 from worker.adapters.claude import _env as claude_env
 
 from ..e2e.invariants import check_session
 from ..worker.harness import REPO
+from .probe_worker import interpreter_for_any_uid, worker_argv_for_any_uid
 
 PROBE = Path(__file__).with_name("probe_worker.py")
 ALICE, BOB = "user:alice", "user:bob"
@@ -54,6 +62,21 @@ ALICE_EMAIL_USER = f"canary-alice-mail-{_RUN}"
 COMMON_ENV = {"CODESDK_SCENARIO_DIR": str(REPO / "fixtures" / "scenarios"), "CODESDK_LOG_LEVEL": "DEBUG"}
 BASE_NAMES = {"HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "TMPDIR", "PATH",
               "LANG", "LC_ALL"}
+#: uids reserved for this module's workers (no passwd entries needed; any with one are skipped).
+WORKER_UIDS = UidRange(3_900_000, 8)
+#: What the probe tries to read in a neighbour's home and in the data dir, where it can't list anything.
+PEEK = {"namespaces": ["user.alice", "user.bob"],
+        "home_files": ["secret.txt", ".claude/.credentials.json", ".claude.json"],
+        "data_files": ["admin.token", "api-tokens.json", UIDS_FILE, DB_FILENAME, f"{DB_FILENAME}-wal", "blobs"]}
+
+
+def _why_no_uids() -> str | None:
+    """Why this machine can't run the workers under their own uids (None if it can)."""
+    if os.geteuid() != 0:
+        return "per-namespace worker uids need root (or CAP_SETUID/CAP_SETGID/...); run the tests as root"
+    if worker_argv_for_any_uid() is None:
+        return "no Python interpreter here is runnable by other uids (ours is under a closed directory)"
+    return None
 
 
 @dataclass
@@ -61,6 +84,7 @@ class TenancyRun:
     """Everything the module's engine run produced, for the tests to inspect."""
 
     data_dir: Path
+    uids: UidRange | None = None  # the worker uid range the run used, if any
     findings: dict[str, dict[str, Any]] = field(default_factory=dict)  # namespace -> probe findings
     outputs: dict[str, str] = field(default_factory=dict)  # label -> text some user or log could see
     api_tokens: list[str] = field(default_factory=list)
@@ -135,10 +159,14 @@ async def _scenario(run: TenancyRun, tmp: Path) -> None:
     run.api_tokens = _plant_secrets(data_dir)
     probe_out = tmp / "probe"
     probe_out.mkdir()
+    python, worker = [sys.executable], worker_argv()
+    if run.uids is not None:  # the probe runs as the worker's uid: it may add its findings, not list them
+        os.chmod(probe_out, 0o1733)
+        python, worker = interpreter_for_any_uid() or [], worker_argv_for_any_uid() or []
     options = SupervisorOptions(
         data_dir=data_dir, exec_allowlist=("env",), idle_timeout_s=60,
-        worker_argv=(sys.executable, str(PROBE), str(probe_out), *worker_argv()),
-        worker_env={"*": COMMON_ENV, BOB: BOB_ENV})
+        worker_argv=(*python, str(PROBE), str(probe_out), json.dumps(PEEK), *worker),
+        worker_env={"*": COMMON_ENV, BOB: BOB_ENV}, worker_uids=run.uids)
     workspaces = {ns: tmp / f"ws-{ns.split(':')[1]}" for ns in (ALICE, BOB)}
     for ws in workspaces.values():
         ws.mkdir()
@@ -190,8 +218,13 @@ class _Collect(logging.Handler):
 
 @pytest.fixture(scope="module")
 def tenancy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TenancyRun]:
-    tmp = tmp_path_factory.mktemp("tenancy")
-    run = TenancyRun(data_dir=tmp / "data")
+    uids = None if _why_no_uids() else WORKER_UIDS
+    if uids is None:
+        tmp = tmp_path_factory.mktemp("tenancy")
+    else:  # pytest's base temp dir is 0700: workers of other uids could not even reach their own homes
+        tmp = Path(tempfile.mkdtemp(prefix="codesdk-tenancy-"))
+        os.chmod(tmp, 0o711)
+    run = TenancyRun(data_dir=tmp / "data", uids=uids)
     handler, root = _Collect(), logging.getLogger()
     old_level = root.level
     root.addHandler(handler)
@@ -205,7 +238,11 @@ def tenancy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TenancyRun]:
         root.removeHandler(handler)
         root.setLevel(old_level)
     run.outputs["supervisor log"] = "\n".join(handler.lines)
-    yield run
+    try:
+        yield run
+    finally:
+        if uids is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 # --- environment and directories -------------------------------------------------------------------
@@ -226,15 +263,24 @@ def test_each_worker_environment_is_built_from_scratch(tenancy: TenancyRun) -> N
 
 
 def test_namespace_directories_are_private_and_workers_start_in_their_own_home(tenancy: TenancyRun) -> None:
-    """0700 everywhere keeps other local users out (it does not separate workers that share a uid: see below)."""
+    """0700 everywhere, owned by the namespace's worker uid when there is one; the data dir and namespaces/
+    are then 0711 (passable to one's own home, not listable) and everything else in the data dir is closed."""
     namespaces = tenancy.data_dir / "namespaces"
-    assert stat.S_IMODE(namespaces.stat().st_mode) == 0o700
+    passage = 0o700 if tenancy.uids is None else 0o711
+    assert stat.S_IMODE(namespaces.stat().st_mode) == passage
+    if tenancy.uids is not None:
+        assert stat.S_IMODE(tenancy.data_dir.stat().st_mode) == 0o711
+        for entry in tenancy.data_dir.iterdir():
+            if entry.name != "namespaces":
+                info = entry.lstat()
+                assert info.st_uid == os.getuid() and not stat.S_IMODE(info.st_mode) & 0o077, entry
     for ns in (ALICE, BOB):
         root = namespaces / Namespace.parse(ns).safe_name
+        owner = os.getuid() if tenancy.uids is None else tenancy.findings[Namespace.parse(ns).safe_name]["uid"]
         for path in (root, *(root / sub for sub in SUBDIRS)):
             info = path.lstat()
             assert stat.S_ISDIR(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o700, path
-            assert info.st_uid == os.getuid()
+            assert (info.st_uid, info.st_gid) == (owner, owner if tenancy.uids else info.st_gid), path
         found = tenancy.findings[Namespace.parse(ns).safe_name]
         assert Path(found["cwd"]).resolve() == (root / "home").resolve()
         assert found["own_home_writable"]
@@ -368,23 +414,50 @@ def test_claude_auth_status_never_contains_a_secret(tmp_path: Path) -> None:
         assert secret not in text
 
 
-# --- what file permissions cannot do while every worker shares the supervisor's uid --------------------
-
-_SAME_UID = ("every worker runs as the supervisor's uid (no per-namespace uid option in PoolConfig), so 0700 "
-             "modes do not separate tenants; needs run-as-uid support in supervisor/workers (see report)")
+# --- per-namespace uids: what the kernel refuses (run as root; skipped otherwise) ------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=_SAME_UID)
+def _needs_uids(run: TenancyRun) -> None:
+    if run.uids is None:
+        pytest.skip(_why_no_uids() or "the run had no worker uid range")
+
+
+def test_each_namespace_worker_runs_as_its_own_uid_without_groups(tenancy: TenancyRun) -> None:
+    _needs_uids(tenancy)
+    assert tenancy.uids is not None
+    ids = {ns: (f["uid"], f["gid"], f["groups"]) for ns, f in tenancy.findings.items()}
+    alice, bob = ids["user.alice"], ids["user.bob"]
+    assert alice[0] != bob[0] and os.getuid() not in (alice[0], bob[0])
+    for uid, gid, groups in (alice, bob):
+        assert uid in tenancy.uids and gid == uid and groups == []
+    assigned = json.loads((tenancy.data_dir / UIDS_FILE).read_text())["assigned"]
+    assert assigned == {ALICE: alice[0], BOB: bob[0]}
+
+
 def test_worker_cannot_read_another_namespace_home(tenancy: TenancyRun) -> None:
-    other = tenancy.findings["user.alice"]["others"]["user.bob"]
-    assert not other["home_listable"] and other["home_files_readable"] == []
+    """Alice's worker tries Bob's files and Bob's tries Alice's OAuth login: EACCES at their namespace root."""
+    _needs_uids(tenancy)
+    for reader, owner in (("user.alice", "user.bob"), ("user.bob", "user.alice")):
+        found = tenancy.findings[reader]
+        assert not found["namespaces_listable"] and not found["data_dir_listable"]
+        other = found["others"][owner]
+        assert not other["home_listable"] and other["home_files_readable"] == []
+        assert set(other["reads"].values()) == {"EACCES"}, other["reads"]
+    assert tenancy.findings["user.alice"]["own_home_writable"]
 
 
-@pytest.mark.xfail(strict=True, reason=_SAME_UID)
 def test_worker_cannot_read_the_supervisor_process_environment(tenancy: TenancyRun) -> None:
+    _needs_uids(tenancy)
     assert not tenancy.findings["user.alice"]["supervisor_environ_readable"]
+    assert tenancy.findings["user.alice"]["supervisor_environ"] == "EACCES"
 
 
-@pytest.mark.xfail(strict=True, reason=_SAME_UID)
 def test_worker_cannot_read_the_supervisor_token_files(tenancy: TenancyRun) -> None:
-    assert tenancy.findings["user.alice"]["data_dir_files_readable"] == []
+    """The store (database, WAL, blobs), the token files and the uid assignments: each refused with EACCES —
+    not ENOENT, which the passable (0711) data dir would report for a missing one, so all were there."""
+    _needs_uids(tenancy)
+    for ns in ("user.alice", "user.bob"):
+        found = tenancy.findings[ns]
+        assert found["data_dir_files_readable"] == []
+        reads = found["data_dir_reads"]
+        assert set(reads.values()) == {"EACCES"}, reads

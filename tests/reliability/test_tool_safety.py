@@ -412,11 +412,44 @@ async def test_exec_is_unavailable_unless_enabled(ws: Path) -> None:
     assert not (ws / "pwned").exists()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the exec sandbox isolates network, pids, time and memory but not the file system: a command sees "
-    "everything the supervisor's uid can (other namespaces' HOMEs, the store); needs a mount namespace that "
-    "hides <data_dir> (see report)"))
+CONFINED_PROBE = """
+import os, sys
+for path in sys.argv[1:]:
+    try:
+        with open(path) as handle:
+            print(path, "READ", handle.read().strip())
+    except OSError as exc:
+        print(path, "REFUSED", os.strerror(exc.errno))
+"""
+
+
 async def test_exec_cannot_read_files_outside_the_workspace(ws: Path, sandbox: SandboxTools) -> None:
-    secret = outside_of(ws) / "f.txt"
-    result = await call(ws, "workspace.exec", {"argv": ["cat", str(secret)]}, registry=exec_registry("cat"))
-    assert "outside-secret" not in (result.stdout or "")
+    """A real command tries a sibling of the workspace, another namespace's HOME and the store under a data
+    dir, the supervisor's environment and /etc/shadow: none of it exists for it. Its workspace works."""
+    if sandbox.confine_prefix is None:
+        pytest.skip("the kernel refuses a mount namespace with a new root here (`unshare -m` + pivot_root)")
+    data = ws.parent / "data"
+    bob_home = data / "namespaces" / "user.bob" / "home"
+    bob_home.mkdir(parents=True)
+    (bob_home / "secret.txt").write_text(SECRET)
+    (data / "codesdk.sqlite3").write_text(SECRET)
+    (data / "admin.token").write_text(SECRET)
+    targets = [outside_of(ws) / "f.txt", bob_home / "secret.txt", data / "codesdk.sqlite3", data / "admin.token",
+               Path(f"/proc/{os.getpid()}/environ"), ws / "d" / "f.txt"]
+    result = await call(ws, "workspace.exec", {"argv": ["python3", "-c", CONFINED_PROBE, *map(str, targets)]},
+                        registry=exec_registry("python3"))
+    lines = dict(line.split(" ", 1) for line in (result.stdout or "").splitlines())
+    assert set(lines) == set(map(str, targets)), (result.stdout, result.stderr)
+    for target in targets[:-1]:
+        assert lines[str(target)] == "REFUSED No such file or directory", target
+    assert lines[str(ws / "d" / "f.txt")] == "READ inside"
+    assert "outside-secret" not in (result.stdout or "") + (result.stderr or "")
+    if Path("/etc/shadow").exists():
+        shadow = await call(ws, "workspace.exec", {"argv": ["cat", "/etc/shadow"]}, registry=exec_registry("cat"))
+        assert shadow.stdout == "", "hidden: a confined command may still be uid 0"
+    script = "echo made > d/new.txt && ls / && mount -t tmpfs none /tmp || echo mount-refused"
+    wrote = await call(ws, "workspace.exec", {"argv": ["sh", "-c", script]}, registry=exec_registry("sh"))
+    assert (ws / "d" / "new.txt").read_text() == "made\n"
+    assert set((wrote.stdout or "").split()[:-1]) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc",
+                                                      "sbin", "tmp", "usr"}, wrote.stdout
+    assert (wrote.stdout or "").split()[-1] == "mount-refused"  # no capability left to undo the confinement

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx2 as httpx
+import psutil
 
 from ..worker.harness import REPO
 
@@ -24,6 +25,26 @@ def _start(tmp_path: Path, notify: Path | None = None, **env: str) -> subprocess
         full_env["NOTIFY_SOCKET"] = str(notify)
     return subprocess.Popen([sys.executable, "-m", "supervisor.service", "serve", "--data-dir", str(tmp_path / "data")],
                             env=full_env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def kill_and_reap(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the service as a crash would, and reap the workers it leaves behind once they end (on the EOF of
+    their stdin). A test process that ran an engine is a child subreaper, so they become its children."""
+    try:
+        workers = [child.pid for child in psutil.Process(proc.pid).children()]
+    except psutil.Error:
+        workers = []
+    proc.kill()
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    for pid in workers:
+        while time.monotonic() < deadline:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    break
+            except ChildProcessError:  # not ours: pid 1 reaps it
+                break
+            time.sleep(0.02)
 
 
 def _datagrams(sock: socket.socket, until: str, timeout: float = 30) -> list[str]:
@@ -112,7 +133,7 @@ def test_sigkill_mid_task_then_restart_recovers(tmp_path: Path) -> None:
                     raise AssertionError("no pending approval appeared")
                 time.sleep(0.05)
             before = client.get(f"/v1/sessions/{session['session_id']}/events").json()["events"]
-        proc.kill()
+        kill_and_reap(proc)
     finally:
         proc.communicate(timeout=30)
     (tmp_path / "data" / "api.sock").unlink(missing_ok=True)

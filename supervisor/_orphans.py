@@ -1,0 +1,119 @@
+"""Reaping orphans the supervisor adopted as a child subreaper.
+
+The supervisor marks itself a child subreaper, so when a worker or a tool command dies, whatever it left
+running is re-parented here rather than to pid 1 (which in a container may never reap). Those orphans must
+be reaped by us, without ever stealing the exit status of a process someone else here waits for. The rule
+that makes that safe: every process the supervisor spawns and waits for either leads its own session (workers,
+tool commands: ``start_new_session``) or stays in the supervisor's session (short probes). An adopted orphan
+is in neither: it belongs to the session of a leader that died. Only those are reaped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import psutil
+import trio
+
+log = logging.getLogger("codesdk.supervisor.orphans")
+
+#: Seconds between sweeps while the supervisor runs.
+SWEEP_INTERVAL_S = 1.0
+
+
+def session_of(pid: int) -> int | None:
+    """The session id of ``pid`` (also of a zombie), from /proc; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return int(fields[3])  # after ") state ppid pgrp": the session id
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def adopted_orphans() -> list[psutil.Process]:
+    """Our children that are adopted orphans (running or zombie)."""
+    ours = os.getsid(0)
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return []
+    return [child for child in children if session_of(child.pid) not in (None, child.pid, ours)]
+
+
+def sweep_adopted() -> list[int]:
+    """Reap every zombie child of ours that is an adopted orphan (see the module docstring); return their pids."""
+    reaped: list[int] = []
+    for child in adopted_orphans():
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.Error:
+            continue
+        try:
+            if os.waitpid(child.pid, os.WNOHANG)[0] == child.pid:
+                reaped.append(child.pid)
+        except ChildProcessError:
+            continue
+    if reaped:
+        log.debug("reaped adopted orphans %s", reaped)
+    return reaped
+
+
+def reap_session(sid: int, wait_s: float = 2.0, extra: set[int] | frozenset[int] = frozenset()) -> None:
+    """After the group ``sid`` led was killed: reap its members re-parented to us, and the pids in ``extra``
+    (known descendants that left the session), waiting up to ``wait_s`` for them to die. Never the leader
+    itself: whoever spawned it waits for it."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    me = os.getpid()
+    while True:
+        try:
+            members = [c for c in psutil.Process(me).children(recursive=True)
+                       if c.pid != sid and (c.pid in extra or session_of(c.pid) == sid)]
+        except psutil.Error:
+            return
+        for member in members:
+            try:
+                if member.ppid() == me:  # re-parented to us (still running ones are reaped next round)
+                    os.waitpid(member.pid, os.WNOHANG)
+            except (ChildProcessError, psutil.Error):
+                pass
+        if not members or time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
+
+
+def become_subreaper() -> bool:
+    """Adopt orphaned descendants (Linux ``PR_SET_CHILD_SUBREAPER``), so they are reaped here rather than left
+    as zombies under a pid 1 that may not reap."""
+    import ctypes
+
+    pr_set_child_subreaper = 36
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(pr_set_child_subreaper, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+async def end_adopted(wait_s: float) -> None:
+    """At shutdown: SIGKILL adopted orphans still running, and reap them all (bounded)."""
+    with trio.move_on_after(wait_s):
+        while orphans := await trio.to_thread.run_sync(adopted_orphans):
+            for orphan in orphans:
+                try:
+                    orphan.kill()
+                except psutil.Error:
+                    pass
+            await trio.to_thread.run_sync(sweep_adopted)
+            await trio.sleep(0.02)
+
+
+async def reap_orphans_forever(interval_s: float = SWEEP_INTERVAL_S) -> None:
+    """Sweep adopted orphans for as long as the supervisor runs."""
+    while True:
+        await trio.to_thread.run_sync(sweep_adopted)
+        await trio.sleep(interval_s)
