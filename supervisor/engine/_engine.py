@@ -12,7 +12,7 @@ import json
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,11 +50,13 @@ from protocol import (
     TraceContext,
     canonical_hash,
     canonical_json,
+    sha256_hex,
 )
 
 from .._orphans import end_adopted, reap_orphans_forever
 from ..namespaces import Namespace, give_workspace
 from ..store import (
+    INLINE_BLOB_MAX,
     DatabaseError,
     EventDraft,
     EventStore,
@@ -357,13 +359,14 @@ class Engine:
         """Store a worker's events in order. Runs of plain events become one append per task, so a fast
         stream is group-committed; tool requests and terminal events are handled one by one, in place."""
         plain: dict[str, tuple[TaskRun, list[tuple[EventType, Model, RuntimeInfo | None]]]] = {}
+        raw_blobs: dict[str, dict[str, tuple[bytes, str]]] = {}  # task -> small raw blobs its events name
 
         async def flush() -> None:
             pending = list(plain.values())
             plain.clear()
             for run, items in pending:
                 try:
-                    await self._append(run, items)
+                    await self._append(run, items, blobs=raw_blobs.pop(run.task_id, None))
                 except DatabaseError as exc:
                     await self._lost_events(run, exc)
 
@@ -401,7 +404,8 @@ class Engine:
                                                              "input_hash": identity.input_hash})
                     runtime = None
                     if event.raw is not None:
-                        runtime = run.runtime.model_copy(update={"raw_ref": await self._raw_blob(event.raw)})
+                        ref = await self._raw_blob(event.raw, raw_blobs.setdefault(run.task_id, {}))
+                        runtime = run.runtime.model_copy(update={"raw_ref": ref})
                     plain.setdefault(run.task_id, (run, []))[1].append((event.type, payload, runtime))
             except CanonicalizationError as exc:  # hostile or buggy input: this task ends, the batch goes on
                 await self._abandon(run, flush, TaskFailureCode.PROTOCOL_ERROR,
@@ -442,13 +446,18 @@ class Engine:
         if worker is not None:
             self._nursery.start_soon(self._tell_worker_stop, worker, run.task_id, message)
 
-    async def _raw_blob(self, raw: Any) -> str:
-        """Store a runtime's raw message; one JSON can't canonicalize (a 64-bit int, say) is kept as plain JSON."""
+    async def _raw_blob(self, raw: Any, inline: dict[str, tuple[bytes, str]] | None = None) -> str:
+        """A runtime's raw message as a blob: small ones go into ``inline`` (committed with their event), big
+        ones (or all, without ``inline``) are written now. One JSON can't canonicalize (a 64-bit int, say) is kept as plain JSON."""
         try:
-            return await self.store.put_json_blob(raw)
+            data = canonical_json(raw)
         except CanonicalizationError:
             data = json.dumps(raw, ensure_ascii=False, default=str).encode()
-            return await self.store.put_blob(data, "application/json")
+        ref = sha256_hex(data)
+        if inline is not None and len(data) <= INLINE_BLOB_MAX:
+            inline[ref] = (data, "application/json")
+            return ref
+        return await self.store.put_blob(data, "application/json")
 
     def _accept(self, worker: WorkerProcess, params: RuntimeEventParams) -> TaskRun | None:
         """The run an event belongs to, or None (counted) if it is for an unknown or already ended task."""
@@ -497,6 +506,13 @@ class Engine:
         if len(canonical_json(input_value)) > INLINE_INPUT_MAX_BYTES:
             update.update(input=None, input_ref=await self.store.put_json_blob(input_value))
         requested = requested.model_copy(update=update)
+        if requested.executed_by == ExecutedBy.SUPERVISOR and \
+                run.params.interaction_mode != InteractionMode.INTERACTIVE:
+            # Nobody is asked: decide here, in the worker's order, and store request and decision in one commit.
+            rest = await self._tools.begin(run, requested, input_value, request_stored=False)
+            if rest is not None and run.tools_nursery is not None:
+                run.tools_nursery.start_soon(rest)
+            return
         if not await self._append(run, [(EventType.TOOL_CALL_REQUESTED, requested)]):
             return
         assert run.tools_nursery is not None
@@ -523,13 +539,15 @@ class Engine:
 
     # -- appending ------------------------------------------------------------------------------
 
-    async def _append(self, run: TaskRun, items: Sequence[tuple[Any, ...]]) -> bool:
-        """Store events of a running task: (type, payload[, runtime info]) each. False once the task has ended."""
+    async def _append(self, run: TaskRun, items: Sequence[tuple[Any, ...]],
+                      blobs: Mapping[str, tuple[bytes, str]] | None = None) -> bool:
+        """Store events of a running task: (type, payload[, runtime info]) each, with the small blobs they name.
+        False once the task has ended."""
         if run.ended:
             return False
         await self.store.append(run.session_id, [
             EventDraft(type=item[0], runtime=(item[2] if len(item) > 2 and item[2] else run.runtime),
-                       payload=item[1], trace=run.trace) for item in items])
+                       payload=item[1], trace=run.trace) for item in items], blobs=blobs)
         return True
 
     async def _fail(self, run: TaskRun, code: str, message: str, *, retryable: bool, **details: Any) -> None:

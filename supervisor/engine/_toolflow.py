@@ -10,8 +10,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import trio
 
 from protocol import (
     EventType,
@@ -27,9 +31,11 @@ from protocol import (
     ToolCallStarted,
     ToolOutputCompleted,
     ToolOutputDelta,
-    canonical_hash,
+    canonical_json,
+    sha256_hex,
 )
 
+from ..store import INLINE_BLOB_MAX
 from ..tools import (
     PolicyRequest,
     ToolContext,
@@ -67,17 +73,29 @@ class ToolFlow:
         self._indexed_sessions: set[str] = set()
 
     async def handle(self, run: TaskRun, requested: ToolCallRequested, tool_input: dict[str, Any]) -> None:
+        """The whole attempt, for a request already stored (tasks that may wait for a human)."""
+        rest = await self.begin(run, requested, tool_input, request_stored=True)
+        if rest is not None:
+            await rest()
+
+    async def begin(self, run: TaskRun, requested: ToolCallRequested, tool_input: dict[str, Any], *,
+                    request_stored: bool) -> Callable[[], Awaitable[None]] | None:
+        """Replay check and policy, and store the decision — with the request itself when it is not stored yet,
+        in one commit (one fsync fewer per call). Returns the rest of the attempt (run the tool, store and send
+        the result, or send the denial), to be run in the task's tool nursery; None if nothing is left to do."""
         engine = self.engine
         identity = ToolCallIdentity(tool_call_id=requested.tool_call_id,
                                     runtime_tool_call_id=requested.runtime_tool_call_id,
                                     attempt=requested.attempt, input_hash=requested.input_hash)
+        prefix: list[tuple[EventType, Any]] = [] if request_stored else [(EventType.TOOL_CALL_REQUESTED, requested)]
         tools = engine.tooling
         spec = tools.spec(requested.tool_name)
 
         replay = await self._replayable(run, requested) if spec is not None and is_replay_safe(spec) else None
         if replay is not None:
-            await self._answer_from_store(run, identity, replay)
-            return
+            if not await self._record_replay(run, identity, replay, prefix):
+                return None
+            return partial(self._send_replayed, run, identity, replay)
 
         outcome = await decide(PolicyRequest(
             tool_name=requested.tool_name, tool=spec, permission_mode=run.params.permission_mode,
@@ -85,32 +103,44 @@ class ToolFlow:
             input=tool_input, identity=identity), run.approver)
         decision: list[tuple[EventType, Any]] = [(_type_of(p), p) for p in policy_payloads(outcome, identity)]
         if not outcome.approved:
-            if await engine._append(run, decision):
-                await self._send(run, Method.SEND_TOOL_DENIED, {"task_id": run.task_id,
-                                                                "tool_call_id": requested.tool_call_id,
-                                                                "reason": outcome.effective.reason})
-            return
+            if not await engine._append(run, [*prefix, *decision]):
+                return None
+            return partial(self._send, run, Method.SEND_TOOL_DENIED, {"task_id": run.task_id,
+                                                                      "tool_call_id": requested.tool_call_id,
+                                                                      "reason": outcome.effective.reason})
 
         assert spec is not None
         workspace = Path(run.session.workspace or ".")
-        ctx = ToolContext(workspace=workspace)
         started_at = time.monotonic()
-        # The decision and tool.call.started share one commit (one fsync fewer per call): nothing happens
-        # between them, and both are durable before the tool runs.
-        if not await engine._append(run, [*decision, (EventType.TOOL_CALL_STARTED, ToolCallStarted(
+        # The decision and tool.call.started share one commit: nothing happens between them, and both are
+        # durable before the tool runs.
+        if not await engine._append(run, [*prefix, *decision, (EventType.TOOL_CALL_STARTED, ToolCallStarted(
                 **identity.model_dump(), tool_name=requested.tool_name,
                 execution_env="supervisor", sandbox=SandboxSummary(kind="workspace", workspace=str(workspace))))]):
-            return
-        result = await tools.execute(requested.tool_name, tool_input, ctx)
+            return None
+        return partial(self._execute, run, requested, identity, tool_input, outcome.policy_snapshot, workspace,
+                       started_at)
+
+    async def _execute(self, run: TaskRun, requested: ToolCallRequested, identity: ToolCallIdentity,
+                       tool_input: dict[str, Any], policy_snapshot: dict[str, Any], workspace: Path,
+                       started_at: float) -> None:
+        engine = self.engine
+        result = await engine.tooling.execute(requested.tool_name, tool_input, ToolContext(workspace=workspace))
         duration_ms = (time.monotonic() - started_at) * 1000
         await self._store_output(run, identity, result)
-        result_ref = await engine.store.put_json_blob(result.content)
+        data = await trio.to_thread.run_sync(canonical_json, result.content)
+        result_ref = sha256_hex(data)  # the canonical hash of the result
+        blobs: dict[str, tuple[bytes, str]] = {}
+        if len(data) <= INLINE_BLOB_MAX:  # committed with tool.call.completed: no separate fsyncs
+            blobs[result_ref] = (data, "application/json")
+        else:
+            await engine.store.put_blob(data, "application/json")
         completed = ToolCallCompleted(
             **identity.model_dump(), tool_name=requested.tool_name, is_error=result.is_error,
-            execution_env=result.execution_env, policy_snapshot=outcome.policy_snapshot, sandbox=result.sandbox,
+            execution_env=result.execution_env, policy_snapshot=policy_snapshot, sandbox=result.sandbox,
             result_ref=result_ref, result_preview=result.preview or _preview(result.content),
-            result_hash=canonical_hash(result.content), duration_ms=round(duration_ms, 3))
-        if not await engine._append(run, [(EventType.TOOL_CALL_COMPLETED, completed)]):
+            result_hash=result_ref, duration_ms=round(duration_ms, 3))
+        if not await engine._append(run, [(EventType.TOOL_CALL_COMPLETED, completed)], blobs=blobs):
             return
         self._completed[(run.session_id, requested.runtime_tool_call_id, requested.tool_name,
                          requested.input_hash)] = completed
@@ -178,12 +208,13 @@ class ToolFlow:
                 self._completed[(session_id, requested[key].runtime_tool_call_id, p.tool_name, p.input_hash)] = p
         self._indexed_sessions.add(session_id)
 
-    async def _answer_from_store(self, run: TaskRun, identity: ToolCallIdentity, done: ToolCallCompleted) -> None:
-        engine = self.engine
+    async def _record_replay(self, run: TaskRun, identity: ToolCallIdentity, done: ToolCallCompleted,
+                             prefix: list[tuple[EventType, Any]]) -> bool:
         snapshot = {**done.policy_snapshot, "rule": "replay.read_only", "replay_of_attempt": done.attempt}
         reason = "identical read-only call already completed in this session; answered from the store"
         ids = identity.model_dump()
-        ok = await engine._append(run, [
+        return await self.engine._append(run, [
+            *prefix,
             (EventType.TOOL_CALL_POLICY_EVALUATED, ToolCallPolicyEvaluated(
                 **ids, source=PolicySource.CODESDK, decision=PolicyDecision.ALLOW, reason=reason,
                 rule="replay.read_only", policy_snapshot=snapshot)),
@@ -195,9 +226,11 @@ class ToolFlow:
                                                                      "execution_env": "store",
                                                                      "policy_snapshot": snapshot})),
         ])
-        if not ok or done.result_ref is None:
+
+    async def _send_replayed(self, run: TaskRun, identity: ToolCallIdentity, done: ToolCallCompleted) -> None:
+        if done.result_ref is None:
             return
-        content = json.loads(await engine.store.get_blob(done.result_ref))
+        content = json.loads(await self.engine.store.get_blob(done.result_ref))
         await self._send(run, Method.SEND_TOOL_RESULT, {"task_id": run.task_id, "tool_call_id": identity.tool_call_id,
                                                         "result": content, "is_error": done.is_error})
 

@@ -49,12 +49,13 @@ from ._errors import (
 )
 from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
 from ._schema import LATEST as SCHEMA_VERSION
-from ._store import DB_FILENAME, EventStore, Synchronous, new_id
+from ._store import DB_FILENAME, INLINE_BLOB_MAX, EventStore, Synchronous, new_id
 from ._subscribe import Subscription
 from ._writer import WriterStats
 
 __all__ = [
     "DB_FILENAME",
+    "INLINE_BLOB_MAX",
     "SCHEMA_VERSION",
     "ApprovalDecided",
     "ApprovalRecord",

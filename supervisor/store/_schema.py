@@ -118,6 +118,13 @@ MIGRATIONS: tuple[Migration, ...] = (
         ) WITHOUT ROWID;
         """,
     ),
+    Migration(
+        5,
+        "small blobs stored in the database, committed with the events that name them",
+        """
+        ALTER TABLE blobs ADD COLUMN content BLOB;
+        """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

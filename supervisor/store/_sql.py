@@ -171,6 +171,22 @@ def insert_keyed_append(conn: apsw.Connection, session_id: str, key: str, stored
                  (session_id, key, stored[0].seq, stored[-1].seq))
 
 
+def insert_inline_blob(conn: apsw.Connection, ref: str, data: bytes, media_type: str) -> None:
+    """Keep a small blob in the database itself; a blob already known (inline or as a file) is left as it is."""
+    conn.execute(
+        "INSERT INTO blobs(ref, size, media_type, created_at, content) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT(ref) DO NOTHING",
+        (ref, len(data), media_type, now_text(), data),
+    )
+
+
+def select_blob_content(conn: apsw.Connection, ref: str) -> bytes | None:
+    """The bytes of a blob kept in the database, or None (not known, or kept as a file)."""
+    for (content,) in conn.execute("SELECT content FROM blobs WHERE ref = ?", (ref,)):
+        return None if content is None else bytes(content)
+    return None
+
+
 def select_blob(conn: apsw.Connection, ref: str) -> BlobInfo | None:
     for size, media_type, created_at in conn.execute(
         "SELECT size, media_type, created_at FROM blobs WHERE ref = ?", (ref,)

@@ -14,11 +14,11 @@ from typing import Any, Literal, TypeVar
 import apsw
 import trio
 
-from protocol import NormalizedEvent, canonical_json, utc_now
+from protocol import NormalizedEvent, canonical_json, sha256_hex, utc_now
 
 from . import _sql
 from ._blobs import BlobFiles, check_ref
-from ._errors import DatabaseError, StoreClosed, translate
+from ._errors import BlobCorrupt, DatabaseError, StoreClosed, translate
 from ._prepare import prepare
 from ._readers import ReaderPool, close_all
 from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
@@ -285,7 +285,7 @@ class EventStore:
 
     async def append(
         self, session_id: str, drafts: Sequence[EventDraft], *, task_update: TaskUpdate | None = None,
-        idempotency_key: str | None = None,
+        idempotency_key: str | None = None, blobs: Mapping[str, tuple[bytes, str]] | None = None,
     ) -> list[NormalizedEvent]:
         """Store ``drafts`` atomically as the session's next events; return them with their seqs.
 
@@ -295,7 +295,12 @@ class EventStore:
         the batch is still stored — so a caller that retries after an ambiguous failure passes the same
         ``idempotency_key``: an append whose key the session has already seen stores nothing and returns
         the events stored the first time.
+
+        ``blobs`` maps refs to ``(bytes, media type)`` of small blobs (up to ``INLINE_BLOB_MAX`` bytes) the events
+        name: they are kept in the database and committed with the events — no extra fsyncs, and never an event
+        naming a blob that is not there. Each ref is checked against its bytes first.
         """
+        inline = _check_inline_blobs(blobs or {})
         prepared = prepare(session_id, drafts)
         if not prepared and task_update is None:
             return []
@@ -307,6 +312,8 @@ class EventStore:
                 earlier = _sql.select_keyed_append(conn, session_id, idempotency_key)
                 if earlier is not None:
                     return AlreadyStored(earlier)
+            for ref, (data, media_type) in inline.items():
+                _sql.insert_inline_blob(conn, ref, data, media_type)
             stored = _sql.insert_events(conn, session_id, prepared)
             if idempotency_key is not None:
                 _sql.insert_keyed_append(conn, session_id, idempotency_key, stored)
@@ -366,10 +373,17 @@ class EventStore:
     async def get_blob(self, ref: str) -> bytes:
         """The blob's bytes, re-hashed on read (``BlobCorrupt`` if they no longer match the ref)."""
         check_ref(ref)
+        content = await self._read(f"reading blob {ref}", partial(_sql.select_blob_content, ref=ref))
+        if content is not None:
+            if sha256_hex(content) != ref:
+                raise BlobCorrupt(ref, f"{self.db_path} (table blobs)", sha256_hex(content))
+            return content
         return await self._blob_io(f"reading blob {ref}", self._blobs.get, ref)
 
     async def blob_exists(self, ref: str) -> bool:
         check_ref(ref)
+        if await self._read(f"checking blob {ref}", partial(_sql.select_blob_content, ref=ref)) is not None:
+            return True
         return await self._blob_io(f"checking blob {ref}", self._blobs.exists, ref)
 
     async def blob_info(self, ref: str) -> BlobInfo:
@@ -412,6 +426,22 @@ class EventStore:
             return await trio.to_thread.run_sync(function, arg)
         except OSError as exc:
             raise translate(exc, where) from exc
+
+
+#: Largest blob kept in the database (committed with its events) rather than as a file.
+INLINE_BLOB_MAX = 64 * 1024
+
+
+def _check_inline_blobs(blobs: Mapping[str, tuple[bytes, str]]) -> dict[str, tuple[bytes, str]]:
+    checked: dict[str, tuple[bytes, str]] = {}
+    for ref, (data, media_type) in blobs.items():
+        check_ref(ref)
+        if len(data) > INLINE_BLOB_MAX:
+            raise ValueError(f"blob {ref} has {len(data)} bytes; blobs over {INLINE_BLOB_MAX} go through put_blob")
+        if sha256_hex(data) != ref:
+            raise ValueError(f"blob ref {ref} does not match its bytes ({sha256_hex(data)})")
+        checked[ref] = (bytes(data), media_type)
+    return checked
 
 
 #: SQLite errors that mean the disk, not the request, failed.

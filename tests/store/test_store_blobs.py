@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import apsw
 import pytest
 import trio
 
-from protocol import CanonicalizationError, canonical_hash, sha256_hex
-from supervisor.store import BlobCorrupt, BlobNotFound, EventStore, InvalidBlobRef
+from protocol import CanonicalizationError, EventType, RuntimeInfo, canonical_hash, sha256_hex
+from supervisor.store import (
+    DB_FILENAME,
+    INLINE_BLOB_MAX,
+    BlobCorrupt,
+    BlobNotFound,
+    EventDraft,
+    EventStore,
+    InvalidBlobRef,
+)
 
 
 def _blob_files(data_dir: Path) -> list[Path]:
@@ -97,3 +106,54 @@ async def test_blob_file_without_metadata_row(store: EventStore, data_dir: Path)
         assert (info.size, info.media_type) == (len(data), "application/octet-stream")
         assert await store.put_blob(data, "text/plain") == ref  # repairs the missing row
         assert (await store.blob_info(ref)).media_type == "text/plain"
+
+
+# -- small blobs committed with the events that name them ------------------------------------------
+
+
+def _named(ref: str) -> EventDraft:
+    return EventDraft(type=EventType.SESSION_CREATED, runtime=RuntimeInfo(name="scripted"),
+                      payload={"contract_version": "1.0", "runtime": "scripted", "namespace": "default",
+                               "metadata": {"blob": ref}})
+
+
+async def test_inline_blobs_commit_with_their_events_and_read_back_verified(data_dir: Path) -> None:
+    data = b'{"result":"small"}'
+    ref = sha256_hex(data)
+    async with EventStore.open(data_dir) as store:
+        sid = (await store.create_session(runtime="scripted", namespace="default")).session_id
+        await store.append(sid, [_named(ref)], blobs={ref: (data, "application/json")})
+        assert await store.get_blob(ref) == data and await store.blob_exists(ref)
+        assert (await store.blob_info(ref)).media_type == "application/json"
+        assert _blob_files(data_dir) == []  # no file, no extra fsyncs
+        file_ref = await store.put_blob(data, "text/plain")  # the same bytes later as a file: one blob
+        assert file_ref == ref and await store.get_blob(ref) == data
+    async with EventStore.open(data_dir) as store:  # durable with the events
+        assert await store.get_blob(ref) == data
+
+
+async def test_bad_inline_blobs_store_nothing(data_dir: Path) -> None:
+    async with EventStore.open(data_dir) as store:
+        sid = (await store.create_session(runtime="scripted", namespace="default")).session_id
+        wrong = sha256_hex(b"other")
+        with pytest.raises(ValueError, match="does not match its bytes"):
+            await store.append(sid, [_named(wrong)], blobs={wrong: (b"these", "text/plain")})
+        big = b"x" * (INLINE_BLOB_MAX + 1)
+        with pytest.raises(ValueError, match="go through put_blob"):
+            await store.append(sid, [_named(sha256_hex(big))], blobs={sha256_hex(big): (big, "text/plain")})
+        assert await store.last_seq(sid) == 0
+        assert not await store.blob_exists(wrong)
+
+
+async def test_a_tampered_inline_blob_is_detected(data_dir: Path) -> None:
+    data = b"trusted"
+    ref = sha256_hex(data)
+    async with EventStore.open(data_dir) as store:
+        sid = (await store.create_session(runtime="scripted", namespace="default")).session_id
+        await store.append(sid, [_named(ref)], blobs={ref: (data, "text/plain")})
+    conn = apsw.Connection(str(data_dir / DB_FILENAME))
+    conn.execute("UPDATE blobs SET content = ? WHERE ref = ?", (b"tampered", ref))
+    conn.close()
+    async with EventStore.open(data_dir) as store:
+        with pytest.raises(BlobCorrupt, match="table blobs"):
+            await store.get_blob(ref)
