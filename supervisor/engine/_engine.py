@@ -482,8 +482,10 @@ class Engine:
             run.late_events += 1
             self.stats.late_events += 1
             return None
-        runtime = params.event.runtime
-        if runtime.runtime_session_id or runtime.model:
+        runtime, current = params.event.runtime, run.runtime
+        if (runtime.runtime_session_id or runtime.model) and (
+                runtime.name, runtime.model, runtime.runtime_session_id) != (
+                current.name, current.model, current.runtime_session_id):  # copy only on change: hot path
             run.runtime = runtime.model_copy(update={"raw_ref": None})
         return run
 
