@@ -12,27 +12,22 @@ appending batches of 100 events (baseline: 100 rows per transaction), and readin
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import apsw
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.store import raw_rates
 
 from protocol import EventType, RuntimeInfo
 from supervisor.store import EventDraft, EventStore
 
 RUNTIME = RuntimeInfo(name="scripted")
-BODY = json.dumps(
-    {"schema_version": 1, "time": "2026-01-01T00:00:00Z", "type": "model.output.delta",
-     "trace": {"session_id": "s"}, "runtime": {"name": "scripted"},
-     "payload": {"block_id": "b", "kind": "text", "delta": "x" * 60, "index": 0}}
-)
 
 
 def draft() -> EventDraft:
@@ -40,31 +35,10 @@ def draft() -> EventDraft:
 
 
 def raw_baseline(path: Path, synchronous: str, events: int, per_txn: int) -> float:
-    """Rows/s for plain apsw inserts into the same table shape."""
-    conn = apsw.Connection(str(path))
-    conn.pragma("journal_mode", "WAL")
-    conn.pragma("synchronous", synchronous)
-    conn.execute(
-        "CREATE TABLE events (session_id TEXT, seq INTEGER, task_id TEXT, type TEXT, time TEXT, "
-        "schema_version INTEGER, body TEXT, PRIMARY KEY (session_id, seq)) WITHOUT ROWID"
-    )
-    start = time.perf_counter()
-    seq = 0
-    while seq < events:
-        with conn:
-            rows = []
-            for _ in range(per_txn):
-                seq += 1
-                rows.append(("s", seq, None, "model.output.delta", "2026-01-01T00:00:00+00:00", 1, BODY))
-            conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
-    elapsed = time.perf_counter() - start
-    read_start = time.perf_counter()
-    for (body,) in conn.execute("SELECT body FROM events WHERE session_id = 's' ORDER BY seq"):
-        json.loads(body)
-    read_elapsed = time.perf_counter() - read_start
-    conn.close()
-    raw_baseline.last_read_rate = seq / read_elapsed  # type: ignore[attr-defined]
-    return seq / elapsed
+    """Rows/s for plain apsw inserts into the same table shape (the read-back rate is kept alongside)."""
+    rates = raw_rates(path, events, per_txn, synchronous)
+    raw_baseline.last_read_rate = rates["read"]  # type: ignore[attr-defined]
+    return rates["append"]
 
 
 async def timed(action: Callable[[], Awaitable[int]]) -> float:

@@ -32,11 +32,11 @@ def _draft(index: int = 0) -> EventDraft:
                       payload={"block_id": "b", "delta": "x" * 20, "index": index})
 
 
-def raw_rates(path: Path, events: int, per_txn: int) -> dict[str, float]:
+def raw_rates(path: Path, events: int, per_txn: int, synchronous: str = "FULL") -> dict[str, float]:
     """Rows/s of plain apsw inserts (WAL, synchronous=FULL like the store), and of reading them back."""
     conn = apsw.Connection(str(path))
     conn.pragma("journal_mode", "WAL")
-    conn.pragma("synchronous", "FULL")
+    conn.pragma("synchronous", synchronous)
     conn.execute("CREATE TABLE events (session_id TEXT, seq INTEGER, task_id TEXT, type TEXT, time TEXT, "
                  "schema_version INTEGER, body TEXT, PRIMARY KEY (session_id, seq)) WITHOUT ROWID")
     started = time.perf_counter()
