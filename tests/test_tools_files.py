@@ -267,3 +267,22 @@ async def test_missing_workspace_is_a_clear_error(tmp_path: Path) -> None:
 def test_preview_is_clipped() -> None:
     result = ToolResult(content=None, preview="x" * 2000)
     assert len(result.preview) == 500
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving files to another uid needs root")
+async def test_what_the_tools_create_belongs_to_the_workspace_owner(tmp_path: Path) -> None:
+    """With per-namespace uids a workspace belongs to the namespace: new files and directories take the owner of
+    the directory they are made in, and an overwritten or patched file keeps its owner."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.chown(ws, 4242, 4343)
+    (ws / "theirs.txt").write_text("a\n")
+    os.chown(ws / "theirs.txt", 5151, 5252)
+    assert not (await run(ws, "workspace.write", {"path": "deep/new.txt", "content": "x\n"})).is_error
+    assert not (await run(ws, "workspace.write", {"path": "theirs.txt", "content": "b\n"})).is_error
+    patch = "--- a/theirs.txt\n+++ b/theirs.txt\n@@ -1 +1 @@\n-b\n+c\n"
+    assert not (await run(ws, "patch.apply", {"patch": patch})).is_error
+    owners = {p.relative_to(ws).as_posix(): (p.stat().st_uid, p.stat().st_gid)
+              for p in (ws / "deep", ws / "deep" / "new.txt", ws / "theirs.txt")}
+    assert owners == {"deep": (4242, 4343), "deep/new.txt": (4242, 4343), "theirs.txt": (5151, 5252)}
+    assert (ws / "theirs.txt").read_text() == "c\n"

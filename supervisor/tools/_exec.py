@@ -106,6 +106,16 @@ class _Completed:
     duration_ms: float
 
 
+def _workspace_owner(workspace: str) -> tuple[int, int] | None:
+    """Whom a confined command runs as: the workspace's owner when that is not the supervisor (a namespace's
+    uid), so the command can work there and what it creates stays the namespace's. Only a root supervisor can
+    switch; otherwise the command runs as the supervisor, as it always did."""
+    info = os.stat(workspace)
+    if os.geteuid() != 0 or info.st_uid == 0:
+        return None
+    return (info.st_uid, info.st_gid)
+
+
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -248,7 +258,8 @@ class ExecTool:
                 f"{', '.join(SYSTEM_PATHS)}, the workspace and ExecPolicy.read_only_paths "
                 f"({', '.join(read_only) or 'none'}); add its directory to read_only_paths",
             )
-        return [*tools.confine_prefix, confine_spec(workspace, read_only, tmp_mb=memory_mb)]
+        return [*tools.confine_prefix, confine_spec(workspace, read_only, tmp_mb=memory_mb,
+                                                    run_as=_workspace_owner(workspace))]
 
     def environment(self, workspace: str) -> dict[str, str]:
         base = {"PATH": self.policy.path, "HOME": workspace, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}

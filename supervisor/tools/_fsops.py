@@ -78,7 +78,13 @@ def write_temp(parent: int, name: str, data: bytes, mode: int) -> str:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fchmod(fd, mode)  # umask must not narrow a mode we are preserving
+        owner = owner_for(parent, name)
+        if owner is not None:
+            try:
+                os.fchown(fd, *owner)
+            except PermissionError:  # not ours to give away (an unprivileged supervisor): it stays ours
+                pass
+        os.fchmod(fd, mode)  # umask must not narrow a mode we are preserving (and chown clears set-id bits)
         os.fsync(fd)
     except BaseException:
         os.close(fd)
@@ -86,6 +92,18 @@ def write_temp(parent: int, name: str, data: bytes, mode: int) -> str:
         raise
     os.close(fd)
     return temp
+
+
+def owner_for(parent: int, name: str) -> tuple[int, int] | None:
+    """Who a file written as ``name`` should belong to, if not to us: the file's owner when it exists, else the
+    owner of its directory. A namespace's workspace (with per-namespace uids) thus stays all the namespace's, so
+    its runtime can keep working on what the supervisor's tools wrote."""
+    try:
+        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        info = os.fstat(parent)
+    owner = (info.st_uid, info.st_gid)
+    return None if owner == (os.geteuid(), os.getegid()) else owner
 
 
 def unlink_quietly(parent: int, name: str) -> None:

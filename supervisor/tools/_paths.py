@@ -119,6 +119,16 @@ def _open_subdir(name: str, parent: int) -> int:
         raise
 
 
+def _inherit_owner(parent: int, name: str) -> None:
+    """A directory the tools create belongs to whoever owns the one it is in (see ``_fsops.owner_for``)."""
+    info = os.fstat(parent)
+    if (info.st_uid, info.st_gid) != (os.geteuid(), os.getegid()):
+        try:
+            os.chown(name, info.st_uid, info.st_gid, dir_fd=parent, follow_symlinks=False)
+        except PermissionError:  # not ours to give away (an unprivileged supervisor): it stays ours
+            pass
+
+
 def open_dir(
     root: Path, parts: tuple[str, ...], *, create: bool = False, created: list[Path] | None = None
 ) -> int:
@@ -135,6 +145,7 @@ def open_dir(
                 except FileExistsError:
                     pass
                 else:
+                    _inherit_owner(fd, name)
                     if created is not None:
                         created.append(root.joinpath(*parts[: index + 1]))
             next_fd = _open_subdir(name, fd)

@@ -67,9 +67,13 @@ class SandboxTools:
     confine_prefix: tuple[str, ...] | None = None
 
 
-def confine_spec(workspace: str, read_only: Sequence[str] = (), tmp_mb: int = 64) -> str:
-    """The argument that tells the confinement program what to show the command."""
-    return json.dumps({"workspace": workspace, "read_only": list(read_only), "tmp_mb": tmp_mb})
+def confine_spec(workspace: str, read_only: Sequence[str] = (), tmp_mb: int = 64,
+                 run_as: tuple[int, int] | None = None) -> str:
+    """The argument that tells the confinement program what to show the command, and whom to run it as."""
+    spec: dict[str, Any] = {"workspace": workspace, "read_only": list(read_only), "tmp_mb": tmp_mb}
+    if run_as is not None:
+        spec["run_as"] = list(run_as)
+    return json.dumps(spec)
 
 
 def visible_in_confinement(path: str, read_only: Sequence[str] = ()) -> bool:
@@ -188,11 +192,19 @@ def _show(libc: _Libc, root: str, path: str, *, read_only: bool) -> None:
     libc.bind(real, target, read_only=read_only)
 
 
-def _drop_privileges(libc: _Libc, last_cap: int) -> None:
-    """No capabilities after exec (bounding, inheritable and ambient sets emptied), and no way to regain any."""
+def _drop_privileges(libc: _Libc, last_cap: int, run_as: tuple[int, int] | None = None) -> None:
+    """No capabilities after exec (bounding, inheritable and ambient sets emptied), and no way to regain any;
+    with ``run_as``, also another uid/gid and no supplementary groups (the namespace's own identity)."""
     for cap in range(last_cap + 1):
         libc.check(libc.lib.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), f"drop capability {cap}")
     libc.lib.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    if run_as is not None:
+        uid, gid = run_as
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)  # every uid non-zero: the kernel clears the permitted and effective capabilities
+        libc.check(libc.lib.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        return
 
     class Header(ctypes.Structure):
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
@@ -259,7 +271,8 @@ def confine_and_exec(spec: dict[str, Any], command: list[str]) -> NoReturn:
     except OSError:
         pass
     os.chdir(workspace)
-    _drop_privileges(libc, last_cap)
+    run_as = spec.get("run_as")
+    _drop_privileges(libc, last_cap, (int(run_as[0]), int(run_as[1])) if run_as else None)
     os.execv(command[0], command)
 
 

@@ -21,6 +21,7 @@ import trio
 
 from protocol import EventType, PermissionMode
 from supervisor.app import SupervisorOptions, open_engine
+from supervisor.engine._transcript import session_events
 from supervisor.namespaces import (
     UIDS_FILE,
     Namespace,
@@ -240,3 +241,44 @@ def test_the_scripted_engine_flow_works_with_worker_uids_and_survives_a_restart(
     assigned = json.loads((data / UIDS_FILE).read_text())["assigned"]
     assert {ns: {uid} for ns, uid in assigned.items()} == seen
     assert len({uid for uids in seen.values() for uid in uids}) == 2 and os.getuid() not in assigned.values()
+
+
+@needs_root
+def test_tools_leave_workspace_files_to_the_namespace_and_exec_works_in_it(open_tmp: Path) -> None:
+    """With per-namespace uids the workspace belongs to the namespace: what the supervisor's tools create there
+    must stay usable by the namespace's own runtime (its uid), and a command run by workspace.exec must be able
+    to work there."""
+    data = open_tmp / "data"
+    argv = worker_argv_for_any_uid()
+    assert argv is not None
+    options = SupervisorOptions(
+        data_dir=data, worker_argv=tuple(argv), worker_uids=RANGE, idle_timeout_s=60, exec_allowlist=("sh",),
+        worker_env={"*": {"CODESDK_SCENARIO_DIR": str(REPO / "fixtures" / "scenarios")}})
+    steps = [
+        {"tool_calls": [{"id": "w", "name": "workspace.write", "input": {"path": "sub/new.txt", "content": "x\n"}}]},
+        {"tool_calls": [{"id": "e", "name": "workspace.exec",
+                         "input": {"argv": ["sh", "-c", "cat sub/new.txt && echo made > made.txt && id -u"]}}]},
+        {"text": "{{result:e}}"},
+        {"complete": {}},
+    ]
+
+    async def scenario() -> None:
+        with trio.fail_after(60):
+            async with open_engine(options) as engine:
+                session = await engine.create_session(namespace="user:a")
+                workspace = Path(session.workspace or "")
+                task = await engine.start_task(session.session_id, "go", permission_mode=PermissionMode.YOLO,
+                                               runtime_config={"scenario_inline": {"name": "t", "steps": steps}})
+                record = await engine.wait_task(task.task_id)
+                events = await session_events(engine.store, session.session_id)
+                assert record.state == "completed", events
+                owner = json.loads((data / UIDS_FILE).read_text())["assigned"]["user:a"]
+                for path in (workspace / "sub", workspace / "sub" / "new.txt", workspace / "made.txt"):
+                    assert path.stat().st_uid == owner, f"{path} is owned by {path.stat().st_uid}, not {owner}"
+                completed = [e.payload for e in events if e.type == EventType.TOOL_CALL_COMPLETED]
+                assert all(not c.is_error for c in completed), completed  # type: ignore[attr-defined]
+                said = "".join(getattr(e.payload, "text", "") for e in events
+                               if e.type == EventType.MODEL_OUTPUT_COMPLETED)
+                assert str(owner) in said, said  # `id -u`: the command ran as the namespace's uid
+
+    trio.run(scenario)
