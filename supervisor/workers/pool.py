@@ -134,6 +134,7 @@ class WorkerPool:
                     await slot.vacated.wait()  # never two workers for one namespace
                     continue
                 slot.active += 1
+                slot.worker.mark_busy(True)
                 if slot.idle_scope is not None:
                     slot.idle_scope.cancel()
                     slot.idle_scope = None
@@ -150,6 +151,8 @@ class WorkerPool:
         if slot is None or slot.worker is not worker:
             return
         slot.active = max(0, slot.active - 1)
+        if slot.active == 0:
+            worker.mark_busy(False)
         if slot.active == 0 and not worker.exited.is_set():
             scope = trio.CancelScope()
             slot.idle_scope = scope

@@ -13,6 +13,8 @@ import os
 import resource
 import signal
 import subprocess
+import threading
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +44,8 @@ STDERR_TAIL_BYTES = 64 * 1024
 REAP_WAIT_S = 10.0
 #: Seconds a dead worker's output may keep flowing before whatever still holds its pipes is killed.
 OUTPUT_GRACE_S = 2.0
+#: Seconds between snapshots of a worker's process tree.
+TREE_SNAPSHOT_S = 1.0
 #: Seconds a new worker has to answer runtime.initialize (cold Python start is ~0.3 s).
 HANDSHAKE_TIMEOUT_S = 30.0
 
@@ -119,6 +123,8 @@ class WorkerProcess:
         self.exit_status: ExitStatus | None = None
         self.stopping = False
         self._descendants: set[int] = set()  # pids seen under the worker when it was killed: reaped if adopted
+        self._known: dict[int, float] = {}  # descendants seen while it ran: pid -> start time (not a reused pid)
+        self._busy = trio.Event()  # set while it has tasks (the pool says so): only then is its tree watched
 
     @property
     def pid(self) -> int:
@@ -180,7 +186,12 @@ class WorkerProcess:
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(read_output)
+                snapshots = trio.CancelScope()
+                nursery.start_soon(self._snapshot_tree, snapshots)
                 await self.process.wait()
+                snapshots.cancel()
+                # What it started (also what left its session since) goes with it; that also ends their pipes.
+                await trio.to_thread.run_sync(self._kill_known_descendants)
                 with trio.move_on_after(OUTPUT_GRACE_S):
                     await output_ended.wait()
                 if not output_ended.is_set():
@@ -209,6 +220,40 @@ class WorkerProcess:
                     await trio.to_thread.run_sync(reap_session, self.pid, REAP_WAIT_S / 5, self._descendants,
                                                   abandon_on_cancel=True)
                 self.exited.set()
+
+    def mark_busy(self, busy: bool) -> None:
+        """The pool's word on whether the worker has tasks: an idle worker's tree is not polled."""
+        if busy:
+            self._busy.set()
+        elif self._busy.is_set():
+            self._busy = trio.Event()
+
+    async def _snapshot_tree(self, scope: trio.CancelScope) -> None:
+        """Remember the worker's descendants every TREE_SNAPSHOT_S, so that one which leaves its session and
+        closes its pipes (a daemon) is still known — and killed — when the worker ends."""
+        with scope:
+            while True:
+                if not self._known and not self._busy.is_set():  # idle, nothing started: no polling at all
+                    await self._busy.wait()
+                if time.monotonic() - _table.taken > TREE_SNAPSHOT_S:  # one /proc scan serves every worker
+                    await trio.to_thread.run_sync(_process_table, TREE_SNAPSHOT_S)
+                self._remember_tree(_table)  # a walk of the shared table: cheap, no thread
+                await trio.sleep(TREE_SNAPSHOT_S)
+
+    def _remember_tree(self, table: _ProcessTable) -> None:
+        known = {pid: started for pid, started in self._known.items() if table.started.get(pid) == started}
+        known.update(table.descendants(self.pid))
+        self._known = known
+
+    def _kill_known_descendants(self) -> None:
+        """SIGKILL every remembered descendant that is still the same process (pid and start time)."""
+        for pid, started in self._known.items():
+            if _started_at(pid) == started:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        self._descendants |= set(self._known)
 
     async def _kill_pipe_holders(self) -> None:
         """SIGKILL the dead worker's process group and every process holding its stdout/stderr, then reap them."""
@@ -321,6 +366,57 @@ async def _run_worker_process(spec: WorkerSpec, task_status: trio.TaskStatus[tri
         extra_groups=list(spec.extra_groups) if spec.extra_groups is not None else None,
         deliver_cancel=deliver_cancel, task_status=task_status,
     )
+
+
+@dataclass(frozen=True)
+class _ProcessTable:
+    """Every process's parent and start time, read from /proc once and shared by all workers' snapshots."""
+
+    taken: float
+    children: dict[int, list[int]]
+    started: dict[int, float]
+
+    def descendants(self, pid: int) -> dict[int, float]:
+        found: dict[int, float] = {}
+        stack = list(self.children.get(pid, ()))
+        while stack:
+            child = stack.pop()
+            if child in found or child not in self.started:
+                continue
+            found[child] = self.started[child]
+            stack.extend(self.children.get(child, ()))
+        return found
+
+
+_table_lock = threading.Lock()
+_table = _ProcessTable(0.0, {}, {})
+
+
+def _process_table(max_age_s: float = 0.0) -> _ProcessTable:
+    """A recent table of all processes: one scan of /proc serves every worker (there may be hundreds)."""
+    global _table
+    with _table_lock:
+        now = time.monotonic()
+        if now - _table.taken > max_age_s:
+            children: dict[int, list[int]] = {}
+            started: dict[int, float] = {}
+            for process in psutil.process_iter(["ppid", "create_time", "status"]):
+                info = process.info
+                if info["status"] == psutil.STATUS_ZOMBIE or info["create_time"] is None:
+                    continue
+                children.setdefault(info["ppid"], []).append(process.pid)
+                started[process.pid] = info["create_time"]
+            _table = _ProcessTable(now, children, started)
+        return _table
+
+
+def _started_at(pid: int) -> float | None:
+    """A running (not zombie) process's start time, None if it is gone."""
+    try:
+        process = psutil.Process(pid)
+        return None if process.status() == psutil.STATUS_ZOMBIE else process.create_time()
+    except psutil.Error:
+        return None
 
 
 def _process_tree(pid: int) -> list[psutil.Process]:

@@ -90,3 +90,41 @@ async def test_a_frozen_worker_is_killed_on_shutdown_with_its_whole_tree(make_en
     with trio.fail_after(10):
         while not all(_gone(p) for p in tree):
             await trio.sleep(0.05)
+
+
+#: Starts a daemon — its own session, stdio on /dev/null, so neither the process group nor the pipes lead to
+#: it — records its pid, then becomes the real worker.
+DAEMON_WRAPPER = """
+import os, subprocess, sys
+null = subprocess.DEVNULL
+child = subprocess.Popen(["sleep", "600"], start_new_session=True, stdin=null, stdout=null, stderr=null)
+with open(os.environ["PROBE_PIDFILE"], "a") as f:
+    f.write(f"{child.pid}\\n")
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+async def test_a_daemon_that_left_the_workers_session_dies_with_the_worker(make_engine, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from supervisor.workers import process
+
+    monkeypatch.setattr(process, "TREE_SNAPSHOT_S", 0.05)
+    pidfile = tmp_path / "daemons"
+    argv = (sys.executable, "-c", DAEMON_WRAPPER, *worker_argv())
+    with trio.fail_after(60):
+        async with make_engine(worker_argv=argv, worker_env={"*": {"PROBE_PIDFILE": str(pidfile)}}) as engine:
+            session = await engine.create_session()
+            task = await engine.start_task(session.session_id, "x", runtime_config={"scenario": "hang"})
+            while (await engine.store.get_task(task.task_id)).state != TaskState.RUNNING:
+                await trio.sleep(0.02)
+            await trio.sleep(0.3)  # a few snapshots of the worker's tree
+            daemon = int(pidfile.read_text().split()[0])
+            assert psutil.Process(daemon).status() != psutil.STATUS_ZOMBIE
+            worker = engine.pool.worker_of("default")
+            assert worker is not None
+            os.kill(worker.pid, signal.SIGKILL)
+            record = await engine.wait_task(task.task_id)
+            assert record.error is not None and record.error["code"] == "WORKER_CRASHED"
+            with trio.fail_after(10):
+                while not _gone(daemon):
+                    await trio.sleep(0.05)
