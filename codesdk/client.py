@@ -97,6 +97,25 @@ class _SSE:
         return None
 
 
+def _session_body(namespace: str, runtime: str | None, metadata: dict[str, Any] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"namespace": namespace, "metadata": metadata or {}}
+    if runtime:
+        body["runtime"] = runtime
+    return body
+
+
+def _task_body(prompt: str, permission_mode: str | None, runtime_config: dict[str, Any] | None,
+               interactive: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"prompt": prompt}
+    if interactive:
+        body["interaction_mode"] = "interactive"
+    if permission_mode:
+        body["permission_mode"] = permission_mode
+    if runtime_config:
+        body["runtime_config"] = runtime_config
+    return body
+
+
 class AsyncClient:
     def __init__(self, *, socket: str | Path | None = None, base_url: str | None = None, token: str,
                  timeout_s: float = 30.0) -> None:
@@ -120,10 +139,7 @@ class AsyncClient:
 
     async def create_session(self, *, namespace: str = "default", runtime: str | None = None,
                              metadata: dict[str, Any] | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"namespace": namespace, "metadata": metadata or {}}
-        if runtime:
-            body["runtime"] = runtime
-        return dict(await self._call("POST", "/v1/sessions", json=body))
+        return dict(await self._call("POST", "/v1/sessions", json=_session_body(namespace, runtime, metadata)))
 
     async def list_sessions(self) -> list[dict[str, Any]]:
         result = await self._call("GET", "/v1/sessions")
@@ -135,13 +151,7 @@ class AsyncClient:
     async def start_task(self, session_id: str, prompt: str, *, permission_mode: str | None = None,
                          runtime_config: dict[str, Any] | None = None,
                          interactive: bool = False) -> dict[str, Any]:
-        body: dict[str, Any] = {"prompt": prompt}
-        if interactive:
-            body["interaction_mode"] = "interactive"
-        if permission_mode:
-            body["permission_mode"] = permission_mode
-        if runtime_config:
-            body["runtime_config"] = runtime_config
+        body = _task_body(prompt, permission_mode, runtime_config, interactive)
         return dict(await self._call("POST", f"/v1/sessions/{session_id}/tasks", json=body))
 
     async def get_task(self, task_id: str) -> dict[str, Any]:
@@ -239,21 +249,14 @@ class Client:
 
     def create_session(self, *, namespace: str = "default", runtime: str | None = None,
                        metadata: dict[str, Any] | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"namespace": namespace, "metadata": metadata or {}}
-        if runtime:
-            body["runtime"] = runtime
-        return dict(self._call("POST", "/v1/sessions", json=body))
+        return dict(self._call("POST", "/v1/sessions", json=_session_body(namespace, runtime, metadata)))
 
     def get_session(self, session_id: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/v1/sessions/{session_id}"))
 
     def start_task(self, session_id: str, prompt: str, *, permission_mode: str | None = None,
-                   runtime_config: dict[str, Any] | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"prompt": prompt}
-        if permission_mode:
-            body["permission_mode"] = permission_mode
-        if runtime_config:
-            body["runtime_config"] = runtime_config
+                   runtime_config: dict[str, Any] | None = None, interactive: bool = False) -> dict[str, Any]:
+        body = _task_body(prompt, permission_mode, runtime_config, interactive)
         return dict(self._call("POST", f"/v1/sessions/{session_id}/tasks", json=body))
 
     def approvals(self, state: str = "pending") -> list[dict[str, Any]]:

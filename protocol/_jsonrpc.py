@@ -11,7 +11,7 @@ from ._base import Model
 from ._events import WorkerEvent
 from ._runtime import AuthStatus, InteractionMode, PermissionMode, RuntimeCapabilities, RuntimeEnv
 from ._tools import ToolManifest
-from ._transcript import Message
+from ._transcript import Message, Role
 
 
 class ErrorCode(IntEnum):
@@ -197,6 +197,13 @@ class StartTaskParams(Model):
     interaction_mode: InteractionMode = InteractionMode.NON_INTERACTIVE
     runtime_config: dict[str, Any] = Field(default_factory=dict)
     trace: TraceContext = Field(default_factory=TraceContext)
+
+    def last_user_text(self) -> str:
+        """The text of the last user message: what the runtime is asked now ("" if there is none)."""
+        for message in reversed(self.messages):
+            if message.role == Role.USER:
+                return message.text()
+        return ""
 
 
 class StartTaskResult(Model):

@@ -255,33 +255,33 @@ class Engine:
             await run.done.wait()
         return await self.store.get_task(task_id)
 
-    async def ensure_login(self, namespace: str, runtime: str) -> EnsureLoginResult:
-        """Ask the namespace's worker whether ``runtime`` is logged in there, and what to do if not."""
+    @asynccontextmanager
+    async def _borrowed_worker(self, namespace: str) -> AsyncIterator[WorkerProcess]:
+        """The namespace's worker (started if needed) for one request; an unavailable one is an EngineError."""
         Namespace.parse(namespace)
         try:
             worker = await self.pool.acquire(namespace)
         except NamespaceFailing as exc:
             raise EngineError(str(exc)) from exc
         try:
-            with trio.fail_after(REQUEST_TIMEOUT_S):
-                result = await worker.connection.request(Method.ENSURE_LOGIN, {"runtime": runtime})
-        except RpcError as exc:
-            raise EngineError(f"{exc.message}" + (f" ({exc.data})" if exc.data else "")) from exc
+            yield worker
         finally:
             self.pool.release(namespace, worker)
+
+    async def ensure_login(self, namespace: str, runtime: str) -> EnsureLoginResult:
+        """Ask the namespace's worker whether ``runtime`` is logged in there, and what to do if not."""
+        async with self._borrowed_worker(namespace) as worker:
+            try:
+                with trio.fail_after(REQUEST_TIMEOUT_S):
+                    result = await worker.connection.request(Method.ENSURE_LOGIN, {"runtime": runtime})
+            except RpcError as exc:
+                raise EngineError(f"{exc.message}" + (f" ({exc.data})" if exc.data else "")) from exc
         return EnsureLoginResult.model_validate(result)
 
     async def runtimes(self, namespace: str) -> list[RuntimeOffer]:
         """What the namespace's worker can host (it is started if needed), with capabilities and versions."""
-        Namespace.parse(namespace)
-        try:
-            worker = await self.pool.acquire(namespace)
-        except NamespaceFailing as exc:
-            raise EngineError(str(exc)) from exc
-        try:
+        async with self._borrowed_worker(namespace) as worker:
             return list(worker.info.runtimes) if worker.info else []
-        finally:
-            self.pool.release(namespace, worker)
 
     def active_task(self, session_id: str) -> str | None:
         return next((r.task_id for r in self._runs.values() if r.session_id == session_id), None)

@@ -7,7 +7,6 @@ against the running service (``codesdk-supervisor quarantine lift NS``).
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -21,7 +20,7 @@ from protocol import EventType
 from supervisor.store import TaskState
 
 from ..e2e.conftest import of_type, run_task
-from ..service.test_service import SCENARIOS, _client, _datagrams
+from ..service.test_service import _client, _datagrams, _start
 from ..worker.harness import REPO
 
 CRASH = {"scenario": "crash-exit"}
@@ -111,10 +110,7 @@ def test_codesdk_supervisor_quarantine_lift_against_the_running_service(tmp_path
     notify = tmp_path / "notify.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(str(notify))
-        env = {**os.environ, "CODESDK_SCENARIO_DIR": SCENARIOS, "NOTIFY_SOCKET": str(notify)}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "supervisor.service", "serve", "--data-dir", str(data), "--max-restarts", "1",
-             "--quarantine", "3600"], env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = _start(tmp_path, notify, "--max-restarts", "1", "--quarantine", "3600")
         try:
             _datagrams(sock, "READY=1")
             with _client(tmp_path) as client:

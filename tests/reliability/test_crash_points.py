@@ -11,7 +11,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -29,8 +28,7 @@ from supervisor.engine._transcript import session_events
 from supervisor.store import DB_FILENAME, EventStore, TaskState
 
 from ..e2e.invariants import check_session
-from ..service.test_service import SCENARIOS, _client, _wait_socket, kill_and_reap
-from ..worker.harness import REPO
+from ..service.test_service import _client, _start, _wait_socket, kill_and_reap
 
 ROUNDS = int(os.environ.get("CODESDK_CRASH_ROUNDS", "4"))
 SEED = int(os.environ.get("CODESDK_CRASH_SEED", str(random.randrange(1 << 30))))
@@ -170,12 +168,6 @@ async def test_worker_sigkill_at_random_points(make_engine, tmp_path: Path) -> N
 # -- the supervisor itself, killed during heavy writes -----------------------------------------------
 
 
-def _serve(data: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "CODESDK_SCENARIO_DIR": SCENARIOS}
-    return subprocess.Popen([sys.executable, "-m", "supervisor.service", "serve", "--data-dir", str(data)],
-                            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
 def _follow(tmp_path: Path, session_id: str, into: list[dict[str, Any]]) -> None:
     """Collect the SSE events a client was handed until the connection breaks."""
     try:
@@ -193,7 +185,7 @@ def test_supervisor_sigkill_during_heavy_writes_loses_nothing_it_published(tmp_p
     data = tmp_path / "data"
     published: dict[str, list[dict[str, Any]]] = {}
     for _round in range(max(2, ROUNDS // 2)):
-        proc = _serve(data)
+        proc = _start(tmp_path, quiet=True)
         try:
             _wait_socket(tmp_path)
             followers = []

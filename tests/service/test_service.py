@@ -19,12 +19,16 @@ from ..worker.harness import REPO
 SCENARIOS = str(REPO / "fixtures" / "scenarios")
 
 
-def _start(tmp_path: Path, notify: Path | None = None, **env: str) -> subprocess.Popen[bytes]:
+def _start(tmp_path: Path, notify: Path | None = None, *serve_args: str, quiet: bool = False,
+           **env: str) -> subprocess.Popen[bytes]:
+    """``codesdk-supervisor serve`` on ``tmp_path/data``; ``quiet`` drops its log (for runs too chatty for a pipe
+    nobody reads)."""
     full_env = {**os.environ, "CODESDK_SCENARIO_DIR": SCENARIOS, **env}
     if notify is not None:
         full_env["NOTIFY_SOCKET"] = str(notify)
-    return subprocess.Popen([sys.executable, "-m", "supervisor.service", "serve", "--data-dir", str(tmp_path / "data")],
-                            env=full_env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    argv = [sys.executable, "-m", "supervisor.service", "serve", "--data-dir", str(tmp_path / "data"), *serve_args]
+    return subprocess.Popen(argv, env=full_env, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL if quiet else subprocess.PIPE)
 
 
 def kill_and_reap(proc: subprocess.Popen[bytes]) -> None:

@@ -28,12 +28,10 @@ from protocol import (
     ExecutedBy,
     InteractionMode,
     IsolationMode,
-    Message,
     Method,
     ModelOutputCompleted,
     ModelOutputDelta,
     Notification,
-    Role,
     RuntimeCapabilities,
     RuntimeEventParams,
     RuntimeInfo,
@@ -161,13 +159,6 @@ class _Template:
         return text
 
 
-def _last_user_text(messages: tuple[Message, ...]) -> str:
-    for message in reversed(messages):
-        if message.role == Role.USER:
-            return message.text()
-    return ""
-
-
 class ScriptedTask(TaskHandle):
     def __init__(self, scenario: Scenario, params: StartTaskParams, io: TaskIO, stop_grace_s: float) -> None:
         self.scenario = scenario
@@ -175,7 +166,7 @@ class ScriptedTask(TaskHandle):
         self.io = io
         self.stop_grace_s = stop_grace_s
         self.tools = PendingToolCalls()
-        self.template = _Template(_last_user_text(params.messages))
+        self.template = _Template(params.last_user_text())
         self._block_counter = 0
         self._request_counter = 0
         self._in_request: str | None = None

@@ -28,10 +28,8 @@ from protocol import (
     ExecutedBy,
     InteractionMode,
     IsolationMode,
-    Message,
     ModelOutputCompleted,
     ModelOutputDelta,
-    Role,
     RuntimeCapabilities,
     RuntimeRequestCompleted,
     RuntimeRequestStarted,
@@ -98,7 +96,7 @@ class ClaudeAdapter(RuntimeAdapter):
         availability = self.availability()
         if not availability.available:
             raise StartTaskRefused(ErrorCode.RUNTIME_UNAVAILABLE, availability.reason or "claude is unavailable")
-        prompt = _prompt_from(params.messages)
+        prompt = params.last_user_text()  # earlier turns live in Claude's own session (resumed by id)
         if not prompt:
             raise StartTaskRefused(ErrorCode.INVALID_PARAMS, "startTask needs a user message for claude")
         if params.session.runtime_session_id:
@@ -106,14 +104,6 @@ class ClaudeAdapter(RuntimeAdapter):
         task = ClaudeTask(params, io, prompt)
         task.implicit_sources = _env.implicit_sources(os.environ, task.cwd)
         return task
-
-
-def _prompt_from(messages: tuple[Message, ...]) -> str:
-    """The last user message; earlier turns live in Claude's own session (resumed by id)."""
-    for message in reversed(messages):
-        if message.role == Role.USER:
-            return message.text()
-    return ""
 
 
 class ClaudeTask(TaskHandle):
