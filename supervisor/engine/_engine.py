@@ -408,8 +408,10 @@ class Engine:
                         runtime = run.runtime.model_copy(update={"raw_ref": ref})
                     plain.setdefault(run.task_id, (run, []))[1].append((event.type, payload, runtime))
             except CanonicalizationError as exc:  # hostile or buggy input: this task ends, the batch goes on
-                await self._abandon(run, flush, TaskFailureCode.PROTOCOL_ERROR,
-                                    f"the runtime sent a {params.event.type} that cannot be stored: {exc}")
+                await flush()
+                await self._fail_and_stop(run, TaskFailureCode.PROTOCOL_ERROR,
+                                          f"the runtime sent a {params.event.type} that cannot be stored: {exc}",
+                                          retryable=False)
             except DatabaseError as exc:  # the disk failed: what was not stored was never acknowledged
                 plain.pop(run.task_id, None)
                 await flush()
@@ -418,9 +420,10 @@ class Engine:
                 if isinstance(exc, StoreError):
                     raise
                 log.exception("task %s: handling %s failed", run.task_id, params.event.type)
-                await self._abandon(run, flush, TaskFailureCode.INTERNAL,
-                                    f"the supervisor could not handle the runtime's {params.event.type}: "
-                                    f"{type(exc).__name__}: {exc}")
+                await flush()
+                await self._fail_and_stop(run, TaskFailureCode.INTERNAL,
+                                          f"the supervisor could not handle the runtime's {params.event.type}: "
+                                          f"{type(exc).__name__}: {exc}", retryable=False)
         await flush()
 
     async def _lost_events(self, run: TaskRun, exc: DatabaseError) -> None:
@@ -432,23 +435,20 @@ class Engine:
         if run.ended:
             return
         log.error("task %s: events could not be stored (%s); stopping the task", run.task_id, exc)
-        worker = run.worker
-        message = f"the supervisor could not store the task's events: {exc}"
-        await self._fail(run, TaskFailureCode.INTERNAL, message, retryable=True)
-        if worker is not None:
-            self._nursery.start_soon(self._tell_worker_stop, worker, run.task_id, message)
+        await self._fail_and_stop(run, TaskFailureCode.INTERNAL,
+                                  f"the supervisor could not store the task's events: {exc}", retryable=True)
 
-    async def _abandon(self, run: TaskRun, flush: Callable[[], Awaitable[None]], code: str, message: str) -> None:
-        """End a task whose runtime sent what cannot be handled, and tell its worker to stop it."""
-        await flush()
+    async def _fail_and_stop(self, run: TaskRun, code: str, message: str, *, retryable: bool) -> None:
+        """End a task the supervisor cannot carry on with, and tell its worker to stop it."""
         worker = run.worker
-        await self._fail(run, code, message, retryable=False)
+        await self._fail(run, code, message, retryable=retryable)
         if worker is not None:
             self._nursery.start_soon(self._tell_worker_stop, worker, run.task_id, message)
 
     async def _raw_blob(self, raw: Any, inline: dict[str, tuple[bytes, str]] | None = None) -> str:
         """A runtime's raw message as a blob: small ones go into ``inline`` (committed with their event), big
-        ones (or all, without ``inline``) are written now. One JSON can't canonicalize (a 64-bit int, say) is kept as plain JSON."""
+        ones (or all, without ``inline``) are written now. JSON that can't be canonicalized (a 64-bit int, say)
+        is kept as plain JSON."""
         try:
             data = canonical_json(raw)
         except CanonicalizationError:

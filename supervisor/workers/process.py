@@ -16,7 +16,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,33 +247,19 @@ class WorkerProcess:
 
     def _kill_known_descendants(self) -> None:
         """SIGKILL every remembered descendant that is still the same process (pid and start time)."""
-        for pid, started in self._known.items():
-            if _started_at(pid) == started:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        _sigkill(pid for pid, started in self._known.items() if _started_at(pid) == started)
         self._descendants |= set(self._known)
 
     async def _kill_pipe_holders(self) -> None:
-        """SIGKILL the dead worker's process group and every process holding its stdout/stderr, then reap them."""
+        """SIGKILL every process still holding the dead worker's stdout/stderr (reaped with the rest at exit)."""
         assert self.process.stdout is not None and self.process.stderr is not None
         inodes = {os.fstat(stream.fileno()).st_ino for stream in (self.process.stdout, self.process.stderr)
                   if isinstance(stream, trio.lowlevel.FdStream)}
         holders = await trio.to_thread.run_sync(_pipe_holders, inodes)
         log.warning("%s exited but pid(s) %s still hold its output pipes; killing them", self.spec.name,
                     ", ".join(map(str, sorted(holders))) or "(unknown)")
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for pid in holders:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _sigkill(holders)
         self._descendants |= holders
-        await trio.to_thread.run_sync(reap_session, self.pid, REAP_WAIT_S / 5, holders)
 
     async def _pump_stderr(self) -> None:
         assert self.process.stderr is not None
@@ -408,6 +394,14 @@ def _process_table(max_age_s: float = 0.0) -> _ProcessTable:
                 started[process.pid] = info["create_time"]
             _table = _ProcessTable(now, children, started)
         return _table
+
+
+def _sigkill(pids: Iterable[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _started_at(pid: int) -> float | None:
