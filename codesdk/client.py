@@ -14,13 +14,17 @@ InvalidRequest (422), else ApiError.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, Self
+from urllib.parse import quote
 
 import httpx2 as httpx
 
-from protocol import TERMINAL_EVENT_TYPES, NormalizedEvent
+from protocol import TERMINAL_EVENT_TYPES, ApprovalRequested, EventType, NormalizedEvent
+
+#: Answers one ``approval.requested`` event: allow or not, and why (shown to the runtime on a denial).
+EventApprover = Callable[[NormalizedEvent], Awaitable[tuple[bool, str]]]
 
 #: Reconnects of one stream before giving up (each resumes where the last left off).
 MAX_RECONNECTS = 5
@@ -97,10 +101,24 @@ class _SSE:
         return None
 
 
-def _session_body(namespace: str, runtime: str | None, metadata: dict[str, Any] | None) -> dict[str, Any]:
+def _q(segment: str) -> str:
+    """One path segment, quoted: an id or namespace can never address another route ("/", "..")."""
+    return quote(str(segment), safe=":@")
+
+
+def _approval_id(event: NormalizedEvent) -> str:
+    if not isinstance(event.payload, ApprovalRequested):
+        raise TypeError(f"{event.type} is not an approval.requested event; nothing to answer")
+    return event.payload.approval_id
+
+
+def _session_body(namespace: str, runtime: str | None, metadata: dict[str, Any] | None,
+                  workspace: str | Path | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"namespace": namespace, "metadata": metadata or {}}
     if runtime:
         body["runtime"] = runtime
+    if workspace is not None:  # the admin token only: a tenant gets a workspace of its own
+        body["workspace"] = str(workspace)
     return body
 
 
@@ -138,30 +156,32 @@ class AsyncClient:
         return response.json()
 
     async def create_session(self, *, namespace: str = "default", runtime: str | None = None,
-                             metadata: dict[str, Any] | None = None) -> dict[str, Any]:
-        return dict(await self._call("POST", "/v1/sessions", json=_session_body(namespace, runtime, metadata)))
+                             metadata: dict[str, Any] | None = None,
+                             workspace: str | Path | None = None) -> dict[str, Any]:
+        body = _session_body(namespace, runtime, metadata, workspace)
+        return dict(await self._call("POST", "/v1/sessions", json=body))
 
     async def list_sessions(self) -> list[dict[str, Any]]:
         result = await self._call("GET", "/v1/sessions")
         return list(result["sessions"] if isinstance(result, dict) else result)
 
     async def get_session(self, session_id: str) -> dict[str, Any]:
-        return dict(await self._call("GET", f"/v1/sessions/{session_id}"))
+        return dict(await self._call("GET", f"/v1/sessions/{_q(session_id)}"))
 
     async def start_task(self, session_id: str, prompt: str, *, permission_mode: str | None = None,
                          runtime_config: dict[str, Any] | None = None,
                          interactive: bool = False) -> dict[str, Any]:
         body = _task_body(prompt, permission_mode, runtime_config, interactive)
-        return dict(await self._call("POST", f"/v1/sessions/{session_id}/tasks", json=body))
+        return dict(await self._call("POST", f"/v1/sessions/{_q(session_id)}/tasks", json=body))
 
     async def get_task(self, task_id: str) -> dict[str, Any]:
-        return dict(await self._call("GET", f"/v1/tasks/{task_id}"))
+        return dict(await self._call("GET", f"/v1/tasks/{_q(task_id)}"))
 
     async def stop_task(self, task_id: str, reason: str | None = None) -> dict[str, Any]:
-        return dict(await self._call("POST", f"/v1/tasks/{task_id}/stop", json={"reason": reason} if reason else {}))
+        return dict(await self._call("POST", f"/v1/tasks/{_q(task_id)}/stop", json={"reason": reason} if reason else {}))
 
     async def events(self, session_id: str, *, after_seq: int = 0, limit: int = 500) -> list[NormalizedEvent]:
-        page = await self._call("GET", f"/v1/sessions/{session_id}/events",
+        page = await self._call("GET", f"/v1/sessions/{_q(session_id)}/events",
                                 params={"after_seq": after_seq, "limit": limit})
         return [NormalizedEvent.model_validate(e) for e in page["events"]]
 
@@ -171,7 +191,25 @@ class AsyncClient:
 
     async def decide(self, approval_id: str, *, allow: bool, reason: str = "") -> dict[str, Any]:
         """Approve or deny a pending call; final (a second decision is a Conflict)."""
-        return dict(await self._call("POST", f"/v1/approvals/{approval_id}", json={"allow": allow, "reason": reason}))
+        return dict(await self._call("POST", f"/v1/approvals/{_q(approval_id)}", json={"allow": allow, "reason": reason}))
+
+    async def answer(self, event: NormalizedEvent, *, allow: bool, reason: str = "") -> dict[str, Any]:
+        """Decide the approval an ``approval.requested`` event (from ``stream``/``run``) asks for."""
+        return await self.decide(_approval_id(event), allow=allow, reason=reason)
+
+    async def auth_status(self, namespace: str, runtime: str) -> dict[str, Any]:
+        """Whether ``runtime`` is logged in for ``namespace``, and how to log it in (never a secret)."""
+        return dict(await self._call("GET", f"/v1/namespaces/{_q(namespace)}/auth/{_q(runtime)}"))
+
+    async def namespace_env(self, namespace: str) -> list[dict[str, str]]:
+        """The namespace's stored variables as names and fingerprints (admin token); values are never returned."""
+        return list((await self._call("GET", f"/v1/namespaces/{_q(namespace)}/env"))["variables"])
+
+    async def update_namespace_env(self, namespace: str, *, set: dict[str, str] | None = None,
+                                   unset: list[str] | None = None) -> list[dict[str, str]]:
+        """Set and remove variables of a namespace (admin token); its next worker has them."""
+        body = {"set": set or {}, "unset": unset or []}
+        return list((await self._call("PATCH", f"/v1/namespaces/{_q(namespace)}/env", json=body))["variables"])
 
     async def workers(self) -> list[dict[str, Any]]:
         """Every namespace's worker state, recent crashes and quarantine (admin token)."""
@@ -179,10 +217,10 @@ class AsyncClient:
 
     async def lift_quarantine(self, namespace: str) -> bool:
         """Let a quarantined namespace start workers again now (admin token); False if it was not quarantined."""
-        return bool((await self._call("DELETE", f"/v1/namespaces/{namespace}/quarantine"))["lifted"])
+        return bool((await self._call("DELETE", f"/v1/namespaces/{_q(namespace)}/quarantine"))["lifted"])
 
     async def transcript(self, session_id: str) -> Any:
-        return await self._call("GET", f"/v1/sessions/{session_id}/transcript")
+        return await self._call("GET", f"/v1/sessions/{_q(session_id)}/transcript")
 
     async def stream(self, session_id: str, *, after_seq: int = 0,
                      until_terminal: bool = False) -> AsyncIterator[NormalizedEvent]:
@@ -192,7 +230,7 @@ class AsyncClient:
             params = {"until_terminal": "true"} if until_terminal else {}
             headers = {"Last-Event-ID": str(last)}
             try:
-                async with self._http.stream("GET", f"/v1/sessions/{session_id}/events/stream", params=params,
+                async with self._http.stream("GET", f"/v1/sessions/{_q(session_id)}/events/stream", params=params,
                                              headers=headers, timeout=httpx.Timeout(30.0, read=None)) as response:
                     if response.status_code >= 400:
                         await response.aread()
@@ -216,12 +254,25 @@ class AsyncClient:
                 continue
         raise ApiError(0, "stream_lost", f"the event stream of {session_id} dropped {MAX_RECONNECTS + 1} times")
 
-    async def run(self, session_id: str, prompt: str, **task_args: Any) -> AsyncIterator[NormalizedEvent]:
-        """Start a task and yield its events as they are stored, up to its terminal event."""
+    async def run(self, session_id: str, prompt: str, *, approver: EventApprover | None = None,
+                  **task_args: Any) -> AsyncIterator[NormalizedEvent]:
+        """Start a task and yield its events as they are stored, up to its terminal event.
+
+        With ``approver`` the task is interactive: each ``approval.requested`` is yielded, then answered with
+        what ``approver`` returns (an approval that expired or was decided elsewhere meanwhile is left be).
+        """
         before = (await self.get_session(session_id)).get("last_seq", 0)
+        if approver is not None:
+            task_args["interactive"] = True
         await self.start_task(session_id, prompt, **task_args)
         async for event in self.stream(session_id, after_seq=before, until_terminal=True):
             yield event
+            if approver is not None and event.type == EventType.APPROVAL_REQUESTED:
+                allow, reason = await approver(event)
+                try:
+                    await self.answer(event, allow=allow, reason=reason)
+                except Conflict:
+                    pass
 
 
 class Client:
@@ -248,43 +299,58 @@ class Client:
         return response.json()
 
     def create_session(self, *, namespace: str = "default", runtime: str | None = None,
-                       metadata: dict[str, Any] | None = None) -> dict[str, Any]:
-        return dict(self._call("POST", "/v1/sessions", json=_session_body(namespace, runtime, metadata)))
+                       metadata: dict[str, Any] | None = None, workspace: str | Path | None = None) -> dict[str, Any]:
+        return dict(self._call("POST", "/v1/sessions", json=_session_body(namespace, runtime, metadata, workspace)))
 
     def get_session(self, session_id: str) -> dict[str, Any]:
-        return dict(self._call("GET", f"/v1/sessions/{session_id}"))
+        return dict(self._call("GET", f"/v1/sessions/{_q(session_id)}"))
 
     def start_task(self, session_id: str, prompt: str, *, permission_mode: str | None = None,
                    runtime_config: dict[str, Any] | None = None, interactive: bool = False) -> dict[str, Any]:
         body = _task_body(prompt, permission_mode, runtime_config, interactive)
-        return dict(self._call("POST", f"/v1/sessions/{session_id}/tasks", json=body))
+        return dict(self._call("POST", f"/v1/sessions/{_q(session_id)}/tasks", json=body))
 
     def approvals(self, state: str = "pending") -> list[dict[str, Any]]:
         return list(self._call("GET", "/v1/approvals", params={"state": state})["approvals"])
 
     def decide(self, approval_id: str, *, allow: bool, reason: str = "") -> dict[str, Any]:
-        return dict(self._call("POST", f"/v1/approvals/{approval_id}", json={"allow": allow, "reason": reason}))
+        return dict(self._call("POST", f"/v1/approvals/{_q(approval_id)}", json={"allow": allow, "reason": reason}))
+
+    def answer(self, event: NormalizedEvent, *, allow: bool, reason: str = "") -> dict[str, Any]:
+        """Decide the approval an ``approval.requested`` event asks for."""
+        return self.decide(_approval_id(event), allow=allow, reason=reason)
 
     def get_task(self, task_id: str) -> dict[str, Any]:
-        return dict(self._call("GET", f"/v1/tasks/{task_id}"))
+        return dict(self._call("GET", f"/v1/tasks/{_q(task_id)}"))
+
+    def auth_status(self, namespace: str, runtime: str) -> dict[str, Any]:
+        return dict(self._call("GET", f"/v1/namespaces/{_q(namespace)}/auth/{_q(runtime)}"))
+
+    def namespace_env(self, namespace: str) -> list[dict[str, str]]:
+        return list(self._call("GET", f"/v1/namespaces/{_q(namespace)}/env")["variables"])
+
+    def update_namespace_env(self, namespace: str, *, set: dict[str, str] | None = None,
+                             unset: list[str] | None = None) -> list[dict[str, str]]:
+        body = {"set": set or {}, "unset": unset or []}
+        return list(self._call("PATCH", f"/v1/namespaces/{_q(namespace)}/env", json=body)["variables"])
 
     def workers(self) -> list[dict[str, Any]]:
         return list(self._call("GET", "/v1/workers")["workers"])
 
     def lift_quarantine(self, namespace: str) -> bool:
-        return bool(self._call("DELETE", f"/v1/namespaces/{namespace}/quarantine")["lifted"])
+        return bool(self._call("DELETE", f"/v1/namespaces/{_q(namespace)}/quarantine")["lifted"])
 
     def stop_task(self, task_id: str, reason: str | None = None) -> dict[str, Any]:
-        return dict(self._call("POST", f"/v1/tasks/{task_id}/stop", json={"reason": reason} if reason else {}))
+        return dict(self._call("POST", f"/v1/tasks/{_q(task_id)}/stop", json={"reason": reason} if reason else {}))
 
     def events(self, session_id: str, *, after_seq: int = 0, limit: int = 500) -> list[NormalizedEvent]:
-        page = self._call("GET", f"/v1/sessions/{session_id}/events", params={"after_seq": after_seq, "limit": limit})
+        page = self._call("GET", f"/v1/sessions/{_q(session_id)}/events", params={"after_seq": after_seq, "limit": limit})
         return [NormalizedEvent.model_validate(e) for e in page["events"]]
 
     def stream(self, session_id: str, *, after_seq: int = 0, until_terminal: bool = False) -> Iterator[NormalizedEvent]:
         last = after_seq
         params = {"until_terminal": "true"} if until_terminal else {}
-        with self._http.stream("GET", f"/v1/sessions/{session_id}/events/stream", params=params,
+        with self._http.stream("GET", f"/v1/sessions/{_q(session_id)}/events/stream", params=params,
                                headers={"Last-Event-ID": str(last)},
                                timeout=httpx.Timeout(30.0, read=None)) as response:
             if response.status_code >= 400:

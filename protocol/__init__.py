@@ -18,6 +18,7 @@ from ._events import (
     PAYLOAD_MODELS,
     TERMINAL_EVENT_TYPES,
     WORKER_EVENT_TYPES,
+    ApprovalRequested,
     BlockKind,
     EventType,
     ModelInput,
@@ -52,6 +53,7 @@ from ._events import (
     upcasters,
     utc_now,
 )
+from ._exits import STDERR_TAIL_BYTES, ExitStatus, StderrTail
 from ._framing import (
     DEFAULT_MAX_FRAME_BYTES,
     BadFrame,
@@ -124,9 +126,11 @@ __all__ = [
     "PAYLOAD_MODELS",
     "PROTOCOL_VERSION",
     "SCHEMA_VERSION",
+    "STDERR_TAIL_BYTES",
     "TERMINAL_EVENT_TYPES",
     "WORKER_EVENT_TYPES",
     "Ack",
+    "ApprovalRequested",
     "AuthState",
     "AuthStatus",
     "BadFrame",
@@ -141,6 +145,7 @@ __all__ = [
     "ErrorResponse",
     "EventType",
     "ExecutedBy",
+    "ExitStatus",
     "FrameProblem",
     "GetAuthStatusParams",
     "InitializeParams",
@@ -183,6 +188,7 @@ __all__ = [
     "SessionRef",
     "StartTaskParams",
     "StartTaskResult",
+    "StderrTail",
     "StopParams",
     "TaskCompleted",
     "TaskFailed",

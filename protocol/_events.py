@@ -29,6 +29,7 @@ class EventType(StrEnum):
     MODEL_OUTPUT_COMPLETED = "model.output.completed"
     TOOL_CALL_REQUESTED = "tool.call.requested"
     TOOL_CALL_POLICY_EVALUATED = "tool.call.policy_evaluated"
+    APPROVAL_REQUESTED = "approval.requested"
     TOOL_CALL_APPROVED = "tool.call.approved"
     TOOL_CALL_DENIED = "tool.call.denied"
     TOOL_CALL_STARTED = "tool.call.started"
@@ -156,6 +157,20 @@ class ToolCallPolicyEvaluated(ToolCallIdentity):
     reason: str = ""
     rule: str | None = None
     policy_snapshot: dict[str, Any] = Field(default_factory=dict)
+    approval_id: str | None = None  # the answered approval, on a ``user`` evaluation
+
+
+class ApprovalRequested(ToolCallIdentity):
+    """A human is being asked about this call now: stored before anyone is asked, answered once (by
+    ``approval_id``) or expired at ``expires_at`` (then denied). The decision follows as a ``user`` (or
+    ``codesdk``) evaluation and the call's one approved/denied event."""
+
+    approval_id: str
+    tool_name: str
+    tool_class: str
+    reason: str
+    expires_at: datetime
+    input_preview: str = ""  # the call's input, clipped; the whole input is on tool.call.requested
 
 
 class ToolCallApproved(ToolCallIdentity):
@@ -228,6 +243,7 @@ class TaskFailureCode(StrEnum):
     WORKER_CRASHED = "WORKER_CRASHED"
     WORKER_UNAVAILABLE = "WORKER_UNAVAILABLE"
     RUNTIME_ERROR = "RUNTIME_ERROR"
+    RUNTIME_CRASHED = "RUNTIME_CRASHED"  # the runtime's own process died under the task (retryable)
     RUNTIME_UNAVAILABLE = "RUNTIME_UNAVAILABLE"
     AUTH_REQUIRED = "AUTH_REQUIRED"
     PROTOCOL_ERROR = "PROTOCOL_ERROR"
@@ -258,6 +274,7 @@ PAYLOAD_MODELS: dict[EventType, type[Model]] = {
     EventType.MODEL_OUTPUT_COMPLETED: ModelOutputCompleted,
     EventType.TOOL_CALL_REQUESTED: ToolCallRequested,
     EventType.TOOL_CALL_POLICY_EVALUATED: ToolCallPolicyEvaluated,
+    EventType.APPROVAL_REQUESTED: ApprovalRequested,
     EventType.TOOL_CALL_APPROVED: ToolCallApproved,
     EventType.TOOL_CALL_DENIED: ToolCallDenied,
     EventType.TOOL_CALL_STARTED: ToolCallStarted,

@@ -171,6 +171,9 @@ class EnsureLoginResult(Model):
     status: AuthStatus
     logged_in: bool
     instructions: str = ""
+    #: The runtime's own interactive login, to be run by an operator with the namespace's environment
+    #: (``codesdk auth login``); None when the runtime has none.
+    login_command: tuple[str, ...] | None = None
 
 
 class SessionRef(Model):

@@ -34,6 +34,8 @@ class SupervisorOptions:
     # CAP_SETUID/CAP_SETGID/...). None (the default): every worker runs as the supervisor's uid — one trust
     # domain, where tenants are separated by environment and directories but not by the kernel.
     worker_uids: UidRange | None = None
+    #: Who this supervisor is, for a second process that finds the data dir locked ("codesdk run", ...).
+    holder: str = "an embedded CodeSDK supervisor"
 
 
 def check_options(options: SupervisorOptions) -> None:
@@ -60,7 +62,7 @@ async def open_engine(options: SupervisorOptions) -> AsyncIterator[Engine]:
                       env=options.worker_env, path=options.worker_path, worker_uids=options.worker_uids)
     exec_policy = ExecPolicy(enabled=bool(options.exec_allowlist), allowlist=options.exec_allowlist)
     tools = ToolRegistry(ToolsConfig(exec=exec_policy))
-    async with Engine.open(EngineConfig(data_dir=data_dir, pool=pool), tools) as engine:
+    async with Engine.open(EngineConfig(data_dir=data_dir, pool=pool, holder=options.holder), tools) as engine:
         if options.worker_uids is not None:  # the data dir becomes 0711: nothing in it may rely on the umask
             tighten_data_dir(data_dir)
         yield engine

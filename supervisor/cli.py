@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,23 +20,31 @@ from typing import Any
 import trio
 
 from codesdk import ApiError
-from protocol import InteractionMode, PermissionMode
+from protocol import EnsureLoginResult, InteractionMode, PermissionMode
 
 from . import cli_remote
+from .api import ADMIN_TOKEN_FILE
 from .app import SupervisorOptions, open_engine
+from .cli_common import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_RUNTIME,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    STOP_SIGNALS,
+    CliError,
+    ask_on_terminal,
+    check_session_flags,
+    exit_code,
+)
 from .config import default_data_dir
-from .engine import ApprovalRequest, ApproverAnswer, EngineError
+from .engine import ApprovalRequest, ApproverAnswer, Engine, EngineError
 from .engine._transcript import derive_transcript
+from .login import run_login
 from .namespaces import InvalidNamespace
 from .render import EventPrinter, json_line, print_stored_events, print_transcript
-from .store import EventStore, StoreError
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-
-
-class CliError(Exception):
-    """A user error: printed as one line, exit code 2."""
-
+from .store import DataDirBusy, EventStore, StoreError
 
 # -- run ------------------------------------------------------------------------------------------
 
@@ -43,12 +52,9 @@ class CliError(Exception):
 async def _terminal_approver(request: ApprovalRequest) -> ApproverAnswer:
     """Ask on the terminal. Anything but y/yes denies."""
     shown = json.dumps(request.input, ensure_ascii=False)[:300]
-    sys.stderr.write(f"\n? {request.tool_name} ({request.tool_class}) wants to run with {shown}\n"
-                     f"  {request.reason}\n  Allow? [y/N] ")
-    sys.stderr.flush()
-    answer = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
-    allow = answer.strip().lower() in ("y", "yes")
-    return ApproverAnswer(allow=allow, reason="approved on the terminal" if allow else "denied on the terminal")
+    allow, reason = await ask_on_terminal(f"\n? {request.tool_name} ({request.tool_class}) wants to run with "
+                                          f"{shown}\n  {request.reason}\n  Allow? [y/N] ")
+    return ApproverAnswer(allow=allow, reason=reason)
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
@@ -63,60 +69,97 @@ async def cmd_run(args: argparse.Namespace) -> int:
             runtime_config[key] = json.loads(value)
         except json.JSONDecodeError:
             runtime_config[key] = value
+    if args.session and args.workspace:
+        raise CliError("--workspace cannot be used with --session: a session keeps the workspace it was created with")
     if args.url:
         return await cli_remote.run(args, runtime_config)
-    interactive = not args.non_interactive and sys.stdin.isatty()
-    printer = EventPrinter(sys.stdout, color=sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
     worker_env: dict[str, str] = {}
     for item in args.env or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise CliError(f"--env expects KEY=VALUE, got {item!r}")
         worker_env[key] = value
+    # This supervisor serves one task in one namespace: the variables are that namespace's.
     options = SupervisorOptions(data_dir=args.data_dir, exec_allowlist=tuple(args.allow_exec or ()),
-                                worker_env={args.namespace: worker_env})
-    async with open_engine(options) as engine:
-        if args.session:
-            session = await engine.store.get_session(args.session)
-        else:
-            workspace = Path(args.workspace).resolve() if args.workspace else None
-            if workspace is not None and not workspace.is_dir():
-                raise CliError(f"--workspace {args.workspace} is not a directory")
-            session = await engine.create_session(runtime=args.runtime, namespace=args.namespace, workspace=workspace)
-        before = 0 if not args.session else await engine.store.last_seq(session.session_id)
-        task = await engine.start_task(
-            session.session_id, args.prompt, permission_mode=PermissionMode(args.mode),
-            interaction_mode=InteractionMode.INTERACTIVE if interactive else InteractionMode.NON_INTERACTIVE,
-            runtime_config=runtime_config, approver=_terminal_approver if interactive else None)
-        if not args.json:
-            printer.note(f"session {session.session_id}  task {task.task_id}  runtime {session.runtime}  "
-                         f"namespace {session.namespace}  workspace {session.workspace}")
-        interrupted = False
-        with trio.open_signal_receiver(signal.SIGINT) as sigint:
-            async with trio.open_nursery() as nursery:
+                                worker_env={"*": worker_env}, holder="codesdk run")
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        try:
+            async with open_engine(options) as engine:
+                return await _run_embedded(args, engine, runtime_config, signals)
+        except DataDirBusy as busy:
+            _service_instead(args, busy)
+    return await cli_remote.run(args, runtime_config)
 
-                async def stop_on_ctrl_c() -> None:
-                    nonlocal interrupted
-                    async for _ in sigint:
-                        interrupted = True
-                        await engine.stop_task(task.task_id, reason="interrupted (Ctrl-C)")
-                        return
 
-                nursery.start_soon(stop_on_ctrl_c)
-                async with engine.store.subscribe(session.session_id, after_seq=before, until_terminal=True) as sub:
-                    async for event in sub:
-                        if args.json:
-                            json_line(event.to_json_obj())
-                        else:
-                            printer.print(event)
-                nursery.cancel_scope.cancel()
-        record = await engine.wait_task(task.task_id)
-        if not args.json:
-            printer.note(f"task {record.state}. Read it again: codesdk events {session.session_id}  |  "
-                         f"transcript: codesdk show {session.session_id}")
-    if interrupted:
-        return EXIT_INTERRUPTED
-    return {"completed": EXIT_OK, "stopped": EXIT_STOPPED}.get(str(record.state), EXIT_FAILED)
+async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config: dict[str, Any],
+                        signals: AsyncIterator[int]) -> int:
+    interactive = not args.non_interactive and sys.stdin.isatty()
+    printer = EventPrinter(sys.stdout, color=sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
+    if args.session:
+        session = await engine.store.get_session(args.session)
+        check_session_flags(args, session.namespace, session.runtime)
+    else:
+        workspace = Path(args.workspace).resolve() if args.workspace else None
+        if workspace is not None and not workspace.is_dir():
+            raise CliError(f"--workspace {args.workspace} is not a directory")
+        session = await engine.create_session(runtime=args.runtime or DEFAULT_RUNTIME,
+                                              namespace=args.namespace or DEFAULT_NAMESPACE, workspace=workspace)
+    before = await engine.store.last_seq(session.session_id) if args.session else 0  # a new one: session.created
+    task = await engine.start_task(
+        session.session_id, args.prompt, permission_mode=PermissionMode(args.mode),
+        interaction_mode=InteractionMode.INTERACTIVE if interactive else InteractionMode.NON_INTERACTIVE,
+        runtime_config=runtime_config, approver=_terminal_approver if interactive else None)
+    if not args.json:
+        printer.note(f"session {session.session_id}  task {task.task_id}  runtime {session.runtime}  "
+                     f"namespace {session.namespace}  workspace {session.workspace}")
+    received: list[int] = []
+    async with trio.open_nursery() as nursery:
+
+        async def stop_on_signal() -> None:
+            async for signum in signals:
+                received.append(signum)
+                name = signal.Signals(signum).name
+                await engine.stop_task(task.task_id, reason=f"interrupted ({name})", requested_by="user")
+                return
+
+        nursery.start_soon(stop_on_signal)
+        async with engine.store.subscribe(session.session_id, after_seq=before, until_terminal=True) as sub:
+            async for event in sub:
+                if args.json:
+                    json_line(event.to_json_obj())
+                else:
+                    printer.print(event)
+        nursery.cancel_scope.cancel()
+    record = await engine.wait_task(task.task_id)
+    if not args.json:
+        printer.note(f"task {record.state}. Read it again: {_again(args, 'events', session.session_id)}  |  "
+                     f"transcript: {_again(args, 'show', session.session_id)}")
+    return exit_code(record.terminal_type, received[0] if received else None)
+
+
+def _again(args: argparse.Namespace, command: str, session_id: str) -> str:
+    """The command that reads this session back, with the data dir when it is not the default one."""
+    data_dir = "" if Path(args.data_dir) == default_data_dir() else f"--data-dir {args.data_dir} "
+    return f"codesdk {data_dir}{command} {session_id}"
+
+
+def _service_instead(args: argparse.Namespace, busy: DataDirBusy) -> None:
+    """The data dir is held by a running service: use its API as the local admin (``--url``/``--token`` are
+    filled in), or stop with what to do — whom it is held by, and ``--url``."""
+    holder = busy.holder
+    url = next((a for a in holder.api if a.startswith("unix:")), None) if holder is not None else None
+    if url is None:
+        raise CliError(str(busy))
+    token_file = Path(args.data_dir) / ADMIN_TOKEN_FILE
+    try:
+        token = token_file.read_text().strip()
+    except OSError as exc:
+        raise CliError(f"{busy} (its admin token {token_file} is not readable here: {exc.strerror}; pass "
+                       f"--url {url} --token TOKEN)") from exc
+    assert holder is not None
+    print(f"codesdk: {args.data_dir} is in use by {holder.describe()}; going through its API at {url}",
+          file=sys.stderr)
+    args.url, args.token = url, token
 
 
 # -- reading the store ----------------------------------------------------------------------------
@@ -168,10 +211,19 @@ async def cmd_show(args: argparse.Namespace) -> int:
 
 
 async def cmd_auth(args: argparse.Namespace) -> int:
-    """Login state of a runtime in a namespace, asked of that namespace's own worker."""
-    options = SupervisorOptions(data_dir=args.data_dir, idle_timeout_s=1.0)
-    async with open_engine(options) as engine:
-        result = await engine.ensure_login(args.namespace, args.runtime)
+    """Login state of a runtime in a namespace, asked of that namespace's own worker (through the running
+    service when it holds the data dir); with ``login``, the runtime's own login in that namespace."""
+    if not args.url:
+        options = SupervisorOptions(data_dir=args.data_dir, idle_timeout_s=1.0, holder="codesdk auth")
+        try:
+            async with open_engine(options) as engine:
+                result = await engine.ensure_login(args.namespace, args.runtime)
+        except DataDirBusy as busy:
+            _service_instead(args, busy)
+    if args.url:
+        result = await cli_remote.auth_status(args)
+    if args.action == "login":
+        return await _login(args, result)
     if args.json:
         json_line(result.to_json_obj())
     else:
@@ -183,6 +235,24 @@ async def cmd_auth(args: argparse.Namespace) -> int:
         elif status.message:
             print(f"  {status.message}")
     return EXIT_OK if result.logged_in else EXIT_FAILED
+
+
+async def _login(args: argparse.Namespace, result: EnsureLoginResult) -> int:
+    if not result.login_command:
+        print(f"{args.runtime} has no login of its own: {result.status.message or 'nothing to do'}")
+        return EXIT_OK if result.logged_in else EXIT_FAILED
+    if result.logged_in:
+        print(f"{args.runtime} in {args.namespace} is logged in already ({result.status.method}); logging in again",
+              file=sys.stderr)
+    print(f"codesdk: running `{' '.join(result.login_command)}` for namespace {args.namespace} (its own HOME); "
+          "CodeSDK opens no browser — open the URL it prints yourself and paste the code here", file=sys.stderr)
+    code = await run_login(Path(args.data_dir), args.namespace, result.login_command)
+    if code == 0:
+        print(f"codesdk: done; check with: codesdk auth --runtime {args.runtime} --namespace {args.namespace}",
+              file=sys.stderr)
+        return EXIT_OK
+    print(f"codesdk: the login exited with code {code}; nothing was changed by CodeSDK", file=sys.stderr)
+    return EXIT_FAILED
 
 
 async def cmd_namespaces(args: argparse.Namespace) -> int:
@@ -208,32 +278,49 @@ async def cmd_namespaces(args: argparse.Namespace) -> int:
 
 
 def _store(args: argparse.Namespace) -> Any:
+    """The store, read-only: reading needs no lock, so it works beside a running supervisor."""
     if not Path(args.data_dir).exists():
         raise CliError(f"no data in {args.data_dir} yet (run a task first, or pass --data-dir)")
-    return EventStore.open(args.data_dir)
+    return EventStore.open(args.data_dir, read_only=True)
 
 
 # -- entry point ----------------------------------------------------------------------------------
 
 
+def _global_options(parser: argparse.ArgumentParser, *, in_subcommand: bool) -> None:
+    """Options every command takes, before or after the subcommand's name (after it, they win)."""
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if in_subcommand else value
+
+    parser.add_argument("--data-dir", type=Path, default=default(default_data_dir()),
+                        help="where the event store, blobs, workspaces and namespaces live (default: "
+                             f"{default_data_dir()})")
+    parser.add_argument("-v", "--verbose", action="count", default=default(0),
+                        help="more logging on stderr (-vv: debug)")
+    parser.add_argument("--url", default=default(os.environ.get("CODESDK_URL")),
+                        help="use a running supervisor instead (unix:/path/api.sock or http://127.0.0.1:PORT) for "
+                             "run, sessions, events, show and auth; token from --token or CODESDK_TOKEN")
+    parser.add_argument("--token", default=default(None), help="API bearer token (with --url)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="codesdk", description="CodeSDK: run coding-agent tasks, read sessions.")
-    parser.add_argument("--data-dir", type=Path, default=default_data_dir(),
-                        help="where the event store, blobs, workspaces and namespaces live (default: %(default)s)")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging on stderr (-vv: debug)")
-    parser.add_argument("--url", default=os.environ.get("CODESDK_URL"),
-                        help="use a running supervisor instead (unix:/path/api.sock or http://127.0.0.1:PORT) for "
-                             "run, sessions, events and show; token from --token or CODESDK_TOKEN")
-    parser.add_argument("--token", default=None, help="API bearer token (with --url)")
+    _global_options(parser, in_subcommand=False)
+    common = argparse.ArgumentParser(add_help=False)
+    _global_options(common, in_subcommand=True)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run a prompt as a task and stream its events as they happen")
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, parents=[common])
+
+    run = command("run", "run a prompt as a task and stream its events as they happen")
     run.add_argument("prompt")
-    run.add_argument("--runtime", default="scripted", help="runtime to use (default: scripted)")
+    run.add_argument("--runtime", help=f"runtime to use (default: {DEFAULT_RUNTIME}; with --session: the session's)")
     run.add_argument("--scenario", help="scripted runtime: scenario name from fixtures/scenarios (default: echo)")
     run.add_argument("--config", action="append", metavar="KEY=VALUE", help="extra runtime_config (JSON values)")
     run.add_argument("--session", help="continue an existing session (its transcript is sent along)")
-    run.add_argument("--namespace", default="default", help="credential namespace: default | user:<id> | ci:<job>")
+    run.add_argument("--namespace", help="credential namespace: default | user:<id> | ci:<job> (default: "
+                                          f"{DEFAULT_NAMESPACE}; with --session: the session's)")
     run.add_argument("--workspace", help="directory the tools work in (default: a new one in the data dir)")
     run.add_argument("--mode", choices=[m.value for m in PermissionMode], default="ask",
                      help="permission mode (default: ask; asks on the terminal, denies when non-interactive)")
@@ -245,37 +332,40 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print events as JSON lines")
     run.set_defaults(handler=cmd_run)
 
-    sessions = sub.add_parser("sessions", help="list sessions")
+    sessions = command("sessions", "list sessions")
     sessions.add_argument("--namespace")
     sessions.add_argument("--limit", type=int, default=100)
     sessions.add_argument("--json", action="store_true")
     sessions.set_defaults(handler=cmd_sessions)
 
-    events = sub.add_parser("events", help="print a session's events from the store")
+    events = command("events", "print a session's events from the store")
     events.add_argument("session")
     events.add_argument("--after", type=int, default=0, help="only events with seq > AFTER")
     events.add_argument("--follow", "-f", action="store_true", help="keep printing new events as they are stored")
     events.add_argument("--json", action="store_true")
     events.set_defaults(handler=cmd_events)
 
-    show = sub.add_parser("show", help="print a session's transcript")
+    show = command("show", "print a session's transcript")
     show.add_argument("session")
     show.add_argument("--json", action="store_true")
     show.set_defaults(handler=cmd_show)
 
-    auth = sub.add_parser("auth", help="is a runtime logged in for a namespace, and how to log it in")
+    auth = command("auth", "is a runtime logged in for a namespace (status), or log it in there (login)")
+    auth.add_argument("action", nargs="?", choices=["status", "login"], default="status",
+                      help="status (default): logged in or not, and how to log in; login: run the runtime's own "
+                           "login with the namespace's HOME (it prints a URL; CodeSDK never opens a browser)")
     auth.add_argument("--runtime", default="claude")
     auth.add_argument("--namespace", default="default")
     auth.add_argument("--json", action="store_true")
     auth.set_defaults(handler=cmd_auth)
 
-    namespaces = sub.add_parser("namespaces", help="list credential namespaces and their directories")
+    namespaces = command("namespaces", "list credential namespaces and their directories")
     namespaces.add_argument("--json", action="store_true")
     namespaces.set_defaults(handler=cmd_namespaces)
     return parser
 
 
-_USER_ERRORS = (CliError, EngineError, StoreError, InvalidNamespace, cli_remote.RemoteError, ApiError)
+_USER_ERRORS = (CliError, EngineError, StoreError, InvalidNamespace, ApiError)
 
 
 def _user_error(exc: BaseException) -> BaseException | None:

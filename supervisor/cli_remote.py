@@ -7,25 +7,26 @@ recorded reason (use the API's approvals for human decisions).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
-from codesdk import AsyncClient
-from protocol import TERMINAL_EVENT_TYPES, EventType, Message
+import trio
 
+from codesdk import ApiError, AsyncClient
+from protocol import TERMINAL_EVENT_TYPES, EnsureLoginResult, EventType, Message, NormalizedEvent
+
+from .cli_common import STOP_SIGNALS, CliError, ask_on_terminal, check_session_flags, exit_code
 from .render import EventPrinter, json_line, print_stored_events, print_transcript
-
-
-class RemoteError(Exception):
-    """Bad --url/--token use; printed as one line."""
 
 
 def client_for(args: argparse.Namespace) -> AsyncClient:
     token = args.token or os.environ.get("CODESDK_TOKEN")
     if not token:
-        raise RemoteError("--url needs a token: --token TOKEN or CODESDK_TOKEN")
+        raise CliError("--url needs a token: --token TOKEN or CODESDK_TOKEN")
     url: str = args.url
     if url.startswith("unix:"):
         return AsyncClient(socket=url[len("unix:"):], token=token)
@@ -33,30 +34,68 @@ def client_for(args: argparse.Namespace) -> AsyncClient:
         return AsyncClient(base_url=url, token=token)
     if Path(url).exists():
         return AsyncClient(socket=url, token=token)
-    raise RemoteError(f"--url {url!r}: give unix:/path/to/api.sock, an existing socket path, or http://host:port")
+    raise CliError(f"--url {url!r}: give unix:/path/to/api.sock, an existing socket path, or http://host:port")
 
 
 def _printer() -> EventPrinter:
     return EventPrinter(sys.stdout, color=sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
 
 
+#: ``codesdk run`` flags that configure the embedded supervisor; a running service has its own configuration.
+_LOCAL_ONLY = {"env": "set the namespace's variables with `codesdk-supervisor namespace env set NS KEY=VALUE`",
+               "allow_exec": "workspace.exec is configured on the service (`codesdk-supervisor serve --allow-exec`)"}
+
+
 async def run(args: argparse.Namespace, runtime_config: dict[str, Any]) -> int:
+    for flag, instead in _LOCAL_ONLY.items():
+        if getattr(args, flag, None):
+            raise CliError(f"--{flag.replace('_', '-')} cannot be honoured through the API: {instead}")
     printer = _printer()
     async with client_for(args) as client:
         if args.session:
             session = await client.get_session(args.session)
+            check_session_flags(args, session["namespace"], session["runtime"])
         else:
-            session = await client.create_session(namespace=args.namespace, runtime=args.runtime)
+            session = await client.create_session(namespace=args.namespace or "default", runtime=args.runtime,
+                                                  workspace=args.workspace)
         last: Any = None
-        async for event in client.run(session["session_id"], args.prompt, permission_mode=args.mode,
-                                      runtime_config=runtime_config):
-            json_line(event.to_json_obj()) if args.json else printer.print(event)
-            last = event
+        received: list[int] = []
+        with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+            async with trio.open_nursery() as nursery:
+                task_id: list[str] = []
+
+                async def stop_on_signal() -> None:
+                    async for signum in signals:
+                        received.append(signum)
+                        if task_id:
+                            with contextlib.suppress(ApiError):  # it may have ended meanwhile
+                                await client.stop_task(task_id[0], f"interrupted ({signal.Signals(signum).name})")
+                            return
+
+                nursery.start_soon(stop_on_signal)
+                interactive = not args.non_interactive and sys.stdin.isatty()
+                async for event in client.run(session["session_id"], args.prompt, permission_mode=args.mode,
+                                              runtime_config=runtime_config,
+                                              approver=_terminal_approver if interactive else None):
+                    if event.type == EventType.TASK_STARTED and event.trace.task_id:
+                        task_id.append(event.trace.task_id)
+                    json_line(event.to_json_obj()) if args.json else printer.print(event)
+                    last = event
+                nursery.cancel_scope.cancel()
         if not args.json:
             printer.end_line()
-    if last is None or last.type not in TERMINAL_EVENT_TYPES:
-        return 1
-    return {EventType.TASK_COMPLETED: 0, EventType.TASK_STOPPED: 3}.get(last.type, 1)
+    ended = last.type.value if last is not None and last.type in TERMINAL_EVENT_TYPES else None
+    return exit_code(ended, received[0] if received else None)
+
+
+async def _terminal_approver(event: NormalizedEvent) -> tuple[bool, str]:
+    """Ask about an ``approval.requested`` event, which was printed just before."""
+    return await ask_on_terminal("  Allow? [y/N] ")
+
+
+async def auth_status(args: argparse.Namespace) -> EnsureLoginResult:
+    async with client_for(args) as client:
+        return EnsureLoginResult.model_validate(await client.auth_status(args.namespace, args.runtime))
 
 
 async def sessions(args: argparse.Namespace) -> int:

@@ -31,6 +31,8 @@ from pathlib import Path
 
 from protocol import IsolationLevel, IsolationMode, RuntimeEnv
 
+from ._private_files import write_private
+
 _KINDS = ("user", "ci")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 SUBDIRS = ("home", "config", "state", "cache", "data", "tmp")
@@ -321,13 +323,7 @@ def _read_assignments(path: Path) -> dict[str, int]:
 
 
 def _write_assignments(path: Path, assigned: Mapping[str, int]) -> None:
-    temp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump({"version": 1, "assigned": dict(sorted(assigned.items()))}, out, indent=1)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temp, path)
+    write_private(path, json.dumps({"version": 1, "assigned": dict(sorted(assigned.items()))}, indent=1))
 
 
 def tighten_data_dir(data_dir: Path) -> None:

@@ -78,6 +78,9 @@ class EventPrinter:
                 return f"{name} {p.tool_name} {_short(shown)} ({p.tool_call_id}, attempt {p.attempt})"
             case EventType.TOOL_CALL_POLICY_EVALUATED:
                 return self._c(_DIM, f"{t.value} {p.source}: {p.decision} — {p.reason}")
+            case EventType.APPROVAL_REQUESTED:
+                return (f"{self._c(_YELLOW, t.value)} {p.approval_id}: {p.tool_name} ({p.tool_class}) "
+                        f"{_short(p.input_preview, 80)} — {p.reason}; expires {p.expires_at:%H:%M:%S} UTC")
             case EventType.TOOL_CALL_APPROVED:
                 return f"{self._c(_GREEN, t.value)} {p.tool_call_id} ({p.source}) {p.reason}"
             case EventType.TOOL_CALL_DENIED:

@@ -24,6 +24,7 @@ from .app import SupervisorOptions, check_options, open_engine
 from .config import default_data_dir
 from .engine import Engine
 from .namespaces import UidRange, UidRangeError
+from .store import DataDirBusy, current_holder
 
 log = logging.getLogger("codesdk.supervisor.service")
 
@@ -39,6 +40,9 @@ async def serve(options: SupervisorOptions, socket_path: Path, port: int | None,
             auth = TokenAuth.bootstrap(data_dir)
             async with trio.open_nursery() as nursery:
                 bound = await nursery.start(partial(serve_api, engine, auth, socket_path, port))
+                if engine.store.lock is not None:  # a CLI that finds the data dir locked comes here instead
+                    engine.store.lock.announce([f"unix:{socket_path}",
+                                                *([f"http://127.0.0.1:{port}"] if port else [])])
                 log.info("codesdk-supervisor serving on %s (data dir %s)", ", ".join(bound), data_dir)
                 notifier.notify("READY=1", f"STATUS=serving on {', '.join(bound)}")
                 interval = watchdog_interval_s()
@@ -93,6 +97,21 @@ def main(argv: list[str] | None = None) -> int:
         cmd.add_argument("--data-dir", type=Path, default=default_data_dir())
         cmd.add_argument("--listen", type=Path, default=None,
                          help="the running service's API socket (default: DATA_DIR/api.sock)")
+    namespace = sub.add_parser("namespace", help="a namespace's stored variables (API keys, base URLs, ...)")
+    namespace_sub = namespace.add_subparsers(dest="namespace_command", required=True)
+    env = namespace_sub.add_parser("env", help="set, unset or list a namespace's variables; values are never shown")
+    env_sub = env.add_subparsers(dest="env_command", required=True)
+    env_set = env_sub.add_parser("set", help="set variables: KEY=VALUE (visible to ps), or KEY alone to read the "
+                                             "value from stdin (hidden prompt on a terminal)")
+    env_set.add_argument("namespace")
+    env_set.add_argument("assignments", nargs="+", metavar="KEY[=VALUE]")
+    env_unset = env_sub.add_parser("unset", help="remove variables")
+    env_unset.add_argument("namespace")
+    env_unset.add_argument("names", nargs="+", metavar="KEY")
+    env_list = env_sub.add_parser("list", help="names and fingerprints (an HMAC of each value, never the value)")
+    env_list.add_argument("namespace")
+    for cmd in (env_set, env_unset, env_list):
+        cmd.add_argument("--data-dir", type=Path, default=default_data_dir())
     run.add_argument("--max-restarts", type=int, default=5, help="crashes within --restart-window that quarantine")
     run.add_argument("--restart-window", type=float, default=60.0, help="seconds (burst intensity)")
     run.add_argument("--sustained-max-restarts", type=int, default=20,
@@ -102,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "quarantine":
         return _quarantine_command(args)
+    if args.command == "namespace":
+        return _namespace_env_command(args)
     if args.command == "token":
         auth = TokenAuth.bootstrap(args.data_dir)
         try:
@@ -116,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     options = SupervisorOptions(
         data_dir=data_dir, max_restarts=args.max_restarts, restart_window_s=args.restart_window,
         sustained_max_restarts=args.sustained_max_restarts, sustained_window_s=args.sustained_window,
-        quarantine_s=args.quarantine, worker_uids=args.worker_uids)
+        quarantine_s=args.quarantine, worker_uids=args.worker_uids, holder="codesdk-supervisor serve")
     try:
         check_options(options)
     except UidRangeError as exc:
@@ -125,8 +146,22 @@ def main(argv: list[str] | None = None) -> int:
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     socket_path: Path = args.listen or data_dir / "api.sock"
     _make_non_dumpable()
-    trio.run(serve, options, socket_path, args.port, Notifier())
+    try:
+        trio.run(serve, options, socket_path, args.port, Notifier())
+    except (DataDirBusy, BaseExceptionGroup) as exc:
+        busy = _leaf(exc)
+        if not isinstance(busy, DataDirBusy):
+            raise
+        print(f"codesdk-supervisor: {busy}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The one error inside trio's exception groups, if there is exactly one."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _uid_range(text: str) -> UidRange:
@@ -149,6 +184,58 @@ def _make_non_dumpable() -> None:
     except (OSError, AttributeError) as exc:
         log.warning("could not make the supervisor non-dumpable (%s); same-uid processes may read its /proc "
                     "entries", exc)
+
+
+def _namespace_env_command(args: argparse.Namespace) -> int:
+    """Through the running service when it holds the data dir (it restarts idle workers at once), else on the
+    files directly (the next worker started for the namespace has the change)."""
+    from codesdk.client import ApiError, Client
+
+    from .namespace_env import NamespaceEnv, NamespaceEnvError
+    from .namespaces import InvalidNamespace
+
+    data_dir: Path = args.data_dir
+    try:
+        set_values: dict[str, str] = {}
+        unset: list[str] = []
+        if args.env_command == "set":
+            if sum("=" not in item for item in args.assignments) > 1:
+                raise NamespaceEnvError("only one KEY may take its value from stdin; give the others as KEY=VALUE")
+            for item in args.assignments:
+                name, sep, value = item.partition("=")
+                set_values[name] = value if sep else _value_from_stdin(name)
+        elif args.env_command == "unset":
+            unset = list(args.names)
+        holder = current_holder(data_dir)
+        socket = next((a[len("unix:"):] for a in holder.api if a.startswith("unix:")), None) if holder else None
+        if socket is not None:
+            token = (data_dir / ADMIN_TOKEN_FILE).read_text().strip()
+            with Client(socket=socket, token=token) as client:
+                entries = (client.update_namespace_env(args.namespace, set=set_values, unset=unset)
+                           if args.env_command != "list" else client.namespace_env(args.namespace))
+        else:
+            store = NamespaceEnv(data_dir)
+            objs = (store.update(args.namespace, set_values, unset) if args.env_command != "list"
+                    else store.entries(args.namespace))
+            entries = [e.to_json_obj() for e in objs]
+    except (NamespaceEnvError, InvalidNamespace, ApiError, OSError) as exc:
+        print(f"codesdk-supervisor: {exc}", file=sys.stderr)
+        return 2
+    for entry in entries:
+        print(f"{entry['name']}\t{entry['fingerprint']}")
+    if not entries:
+        print(f"namespace {args.namespace} has no stored variables", file=sys.stderr)
+    return 0
+
+
+def _value_from_stdin(name: str) -> str:
+    """A secret's value without putting it on a command line: a hidden prompt, or all of stdin."""
+    if sys.stdin.isatty():
+        import getpass
+
+        return getpass.getpass(f"value of {name}: ")
+    value = sys.stdin.read()
+    return value.removesuffix("\n")
 
 
 def _quarantine_command(args: argparse.Namespace) -> int:

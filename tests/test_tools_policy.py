@@ -34,7 +34,7 @@ from supervisor.tools import (
     PolicyRequest,
     ToolRegistry,
     ToolsConfig,
-    decide,
+    complete,
     evaluate,
     input_hash,
     is_replay_safe,
@@ -73,8 +73,18 @@ class Approver:
 
 
 async def decide_soon(request: PolicyRequest, approver: Any = None) -> PolicyOutcome:
-    with trio.fail_after(5):
-        return await decide(request, approver)
+    """evaluate -> (ask the approver) -> complete, as the engine does around its stored approvals."""
+    step = evaluate(request)
+    if isinstance(step, PolicyOutcome):
+        return step
+    if approver is None:
+        return complete(step, None)
+    try:
+        with trio.fail_after(5):
+            answer = await approver(step.approval)
+    except RuntimeError as exc:
+        return complete(step, None, failure=f"approval failed: {type(exc).__name__}: {exc}")
+    return complete(step, answer)
 
 
 @pytest.mark.parametrize(

@@ -55,6 +55,7 @@ from protocol import (
 from .adapters.base import (
     AdapterRegistry,
     RuntimeAdapter,
+    RuntimeCrashed,
     StartTaskRefused,
     TaskHandle,
     TaskOutcome,
@@ -212,6 +213,10 @@ class WorkerServer:
                 aux.cancel_scope.cancel()
             await self._out_send.aclose()  # the writer drains what is queued, then ends
         log.info("worker exiting: %s", self.stats)
+
+    def stop_serving(self) -> None:
+        """Stop reading requests and end every task, as on stdin EOF (the supervisor is gone)."""
+        self._read_scope.cancel()
 
     async def _read_loop(self, stdin: trio.abc.ReceiveStream) -> None:
         framer = LineFramer(self.max_frame_bytes)
@@ -396,10 +401,8 @@ class WorkerServer:
                 outcome = await task.handle.run()
         except TaskEnded:
             log.exception("adapter emitted after the end of task %s", task.task_id)
-        except Exception as exc:
-            log.exception("task %s: runtime adapter raised", task.task_id)
-            outcome = TaskOutcome.failure(TaskFailureCode.RUNTIME_ERROR, f"runtime adapter error: "
-                                          f"{type(exc).__name__}: {exc}", retryable=False)
+        except Exception as exc:  # noqa: BLE001 - the adapter boundary: every error ends the task, logged there
+            outcome = _outcome_of_error(task.task_id, exc)
         if outcome is None:  # cancelled by force after a stop request's grace period
             outcome = TaskOutcome.stop(task.stop_reason or "stopped")
         try:
@@ -488,6 +491,25 @@ def encode_event_notification(params: RuntimeEventParams) -> bytes:
     except ValueError:  # PydanticSerializationError
         return encode_message(Notification(method=Method.EVENT, params=params.to_json_obj()))
     return _EVENT_HEAD + body + b"}\n"
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _outcome_of_error(task_id: str, exc: Exception) -> TaskOutcome:
+    """What an adapter's exception means for its task: a crashed runtime process, or an adapter error named by
+    its real causes (never "Exceptions from Trio nursery")."""
+    leaves = _leaves(exc)
+    crashed = next((leaf for leaf in leaves if isinstance(leaf, RuntimeCrashed)), None)
+    if crashed is not None:
+        log.warning("task %s: %s", task_id, crashed)
+        return crashed.outcome()
+    log.error("task %s: runtime adapter raised", task_id, exc_info=exc)
+    text = "; ".join(f"{type(leaf).__name__}: {leaf}" for leaf in leaves)
+    return TaskOutcome.failure(TaskFailureCode.RUNTIME_ERROR, f"runtime adapter error: {text}", retryable=False)
 
 
 def _validate(model: type[Model], raw: dict[str, Any]) -> Any:

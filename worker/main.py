@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -39,12 +40,15 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    parent = os.getppid()  # the supervisor; see _lifeline
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # _lifeline.PARENT_DEATH_SIGNAL, before anything else
     protocol_fd = _claim_stdout()
     args = _parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
     import trio  # imported after stdout is claimed: nothing it or its deps print can reach the wire
 
+    from ._lifeline import end_descendants, watch_parent
     from ._server import WorkerServer
     from .adapters import default_registry
 
@@ -52,10 +56,15 @@ def main(argv: list[str] | None = None) -> int:
         stdin = trio.lowlevel.FdStream(os.dup(0))
         stdout = trio.lowlevel.FdStream(protocol_fd)
         server = WorkerServer(default_registry(args.scenario_dir), stdout, args.max_frame_bytes)
-        async with stdin, stdout:
+        async with stdin, stdout, trio.open_nursery() as nursery:
+            nursery.start_soon(watch_parent, parent, server.stop_serving)
             await server.serve(stdin)
+            nursery.cancel_scope.cancel()
 
-    trio.run(run)
+    try:
+        trio.run(run)
+    finally:
+        end_descendants()  # a runtime its adapter could not stop does not outlive the worker
     return 0
 
 

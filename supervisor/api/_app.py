@@ -25,6 +25,7 @@ from protocol import InteractionMode, PermissionMode
 from ..engine import Engine
 from ..engine._engine import EngineError, TaskNotActive
 from ..engine._transcript import derive_transcript
+from ..namespace_env import NamespaceEnvError
 from ..namespaces import InvalidNamespace, Namespace
 from ..store import ApprovalDecided, SessionBusy, StoreError, UnknownApproval, UnknownSession, UnknownTask
 from ..store._records import SessionRecord, TaskRecord
@@ -81,6 +82,12 @@ class DecisionBody(_Body):
 
 class StopTaskBody(_Body):
     reason: str = Field(default="stop requested via API", min_length=1, max_length=1000)
+
+
+class EnvUpdateBody(_Body):
+    #: Variables to set (values are never returned), and names to remove; one atomic change.
+    set: dict[str, str] = Field(default_factory=dict)
+    unset: list[str] = Field(default_factory=list)
 
 
 class EventsQuery(_Body):
@@ -316,14 +323,33 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         return JSONResponse({"workers": engine.pool.status()})
 
     async def lift_quarantine(request: Request) -> Response:
-        require_admin(request, "lifting a quarantine")
-        namespace = request.path_params["namespace"]
+        namespace = admin_namespace(request, "lifting a quarantine")
+        lifted = engine.pool.lift_quarantine(namespace)
+        return JSONResponse({"namespace": namespace, "lifted": lifted})
+
+    def admin_namespace(request: Request, what: str) -> str:
+        require_admin(request, what)
+        namespace = str(request.path_params["namespace"])
         try:
             Namespace.parse(namespace)
         except InvalidNamespace as exc:
-            raise ApiError(422, "invalid_request", str(exc)) from exc
-        lifted = engine.pool.lift_quarantine(namespace)
-        return JSONResponse({"namespace": namespace, "lifted": lifted})
+            raise ApiError(422, "invalid_namespace", str(exc)) from exc
+        return namespace
+
+    async def list_env(request: Request) -> Response:
+        namespace = admin_namespace(request, "a namespace's variables")
+        entries = await trio.to_thread.run_sync(engine.pool.namespace_env.entries, namespace)
+        return JSONResponse({"namespace": namespace, "variables": [e.to_json_obj() for e in entries]})
+
+    async def update_env(request: Request) -> Response:
+        namespace = admin_namespace(request, "changing a namespace's variables")
+        body = await _body(request, EnvUpdateBody)
+        try:
+            entries = await trio.to_thread.run_sync(engine.pool.namespace_env.update, namespace, body.set, body.unset)
+        except NamespaceEnvError as exc:
+            raise ApiError(422, "invalid_variable", str(exc)) from exc
+        await engine.pool.env_changed(namespace)
+        return JSONResponse({"namespace": namespace, "variables": [e.to_json_obj() for e in entries]})
 
     async def auth_status(request: Request) -> Response:
         namespace = namespace_for(principal_of(request), request.path_params["namespace"])
@@ -430,6 +456,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         route("/v1/approvals/{approval_id}", decide_approval, ["POST"]),
         route("/v1/workers", list_workers, ["GET"]),
         route("/v1/namespaces/{namespace}/quarantine", lift_quarantine, ["DELETE"]),
+        route("/v1/namespaces/{namespace}/env", list_env, ["GET"]),
+        route("/v1/namespaces/{namespace}/env", update_env, ["PATCH"]),
     ]
 
     operations: list[Operation] = [
@@ -451,6 +479,9 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         ("GET", "/v1/namespaces/{namespace}/auth/{runtime}", "login state of a runtime in a namespace", None, 200),
         ("GET", "/v1/workers", "every namespace's worker state, crashes and quarantine (admin)", None, 200),
         ("DELETE", "/v1/namespaces/{namespace}/quarantine", "lift a namespace's quarantine now (admin)", None, 200),
+        ("GET", "/v1/namespaces/{namespace}/env", "a namespace's variables: names and fingerprints (admin)", None, 200),
+        ("PATCH", "/v1/namespaces/{namespace}/env", "set/unset a namespace's variables for its next worker (admin)",
+         EnvUpdateBody, 200),
     ]
     document = openapi_document(operations, version="1")
 

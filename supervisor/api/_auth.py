@@ -14,11 +14,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._private_files import write_private
 from ..namespaces import Namespace
 
 TOKENS_FILE = "api-tokens.json"
@@ -74,7 +74,7 @@ class TokenAuth:
         if (data_dir / TOKENS_FILE).exists():
             return cls.load(data_dir)
         token = new_token()
-        _write_private(data_dir / ADMIN_TOKEN_FILE, token + "\n")
+        write_private(data_dir / ADMIN_TOKEN_FILE, token + "\n")
         auth = cls([_Entry(hash_token(token), Principal(name="admin", admin=True))], data_dir / TOKENS_FILE)
         auth.save()
         return auth
@@ -96,7 +96,7 @@ class TokenAuth:
         doc = {"version": 1, "tokens": [
             {"name": e.principal.name, "sha256": e.digest, "admin": e.principal.admin,
              "namespaces": sorted(e.principal.namespaces)} for e in self._entries]}
-        _write_private(self.path, json.dumps(doc, indent=2) + "\n")
+        write_private(self.path, json.dumps(doc, indent=2) + "\n")
 
     def _reload_if_changed(self) -> None:
         """Tokens added by `codesdk-supervisor token add` take effect without a restart."""
@@ -122,13 +122,3 @@ class TokenAuth:
         return found
 
 
-def _write_private(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, text.encode("utf-8"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)

@@ -1,13 +1,15 @@
-"""Durable approvals: a tool call in an interactive task waits for a human's decision, recorded in the store.
+"""Approvals: a tool call the policy cannot decide alone waits for a human's decision, recorded in the store.
 
-The pending approval is a row before anyone is asked, so it can be listed (and decided) from any API client,
-survives an API reconnect, and is still listed after a supervisor restart (then as expired: its task's worker
-died with the old supervisor). A decision is final and recorded once; no decision within the timeout is a denial
-with a recorded reason.
+Every "ask" becomes an approval row before anyone is asked (and an ``approval.requested`` event, so a UI
+following the stream sees it), is decided once — by the task's own approver (a terminal, an embedding app) or
+over the API by whoever may touch the namespace — and ends as approved, denied or expired. It expires to a denial
+after the timeout, and is closed (expired, with the reason) when its task ends first. Pending approvals survive
+an API reconnect and are listed after a supervisor restart as expired: their task's worker died with the old one.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import timedelta
 
@@ -15,11 +17,18 @@ import trio
 
 from protocol import utc_now
 
-from ..store import ApprovalDecided, ApprovalRecord, EventStore, SessionRecord
-from ..tools import ApprovalRequest, Approver, ApproverAnswer
+from ..store import ApprovalDecided, ApprovalRecord, EventStore
+from ..tools import ApprovalRequest
+from ._runs import TaskRun
+
+log = logging.getLogger("codesdk.supervisor.approvals")
 
 #: Default seconds an approval waits for a human before it expires (and the call is denied).
 APPROVAL_TIMEOUT_S = 15 * 60
+#: ``decided_by`` of what nobody decided (expiry, a failing approver, the task's end).
+BY_CODESDK = "codesdk"
+#: ``decided_by`` of the task's own approver.
+BY_APPROVER = "approver"
 
 
 class ApprovalBroker:
@@ -28,35 +37,58 @@ class ApprovalBroker:
         self.timeout_s = timeout_s
         self._waiting: dict[str, trio.Event] = {}
 
-    def approver_for(self, session: SessionRecord, task_id: str) -> Approver:
-        async def approve(request: ApprovalRequest) -> ApproverAnswer:
-            now = utc_now()
-            identity = request.identity
-            record = await self.store.create_approval(ApprovalRecord(
-                approval_id=f"apr_{uuid.uuid4().hex[:16]}", session_id=session.session_id, task_id=task_id,
-                namespace=session.namespace, tool_call_id=identity.tool_call_id if identity else "",
-                attempt=identity.attempt if identity else 1, tool_name=request.tool_name,
-                tool_class=request.tool_class.value, input=dict(request.input), reason=request.reason,
-                state="pending", created_at=now, expires_at=now + timedelta(seconds=self.timeout_s)))
-            decided = trio.Event()
-            self._waiting[record.approval_id] = decided
-            try:
-                with trio.move_on_after(self.timeout_s):
+    async def open(self, run: TaskRun, request: ApprovalRequest) -> ApprovalRecord:
+        """Record the pending approval (before anyone is asked)."""
+        now = utc_now()
+        identity = request.identity
+        return await self.store.create_approval(ApprovalRecord(
+            approval_id=f"apr_{uuid.uuid4().hex[:16]}", session_id=run.session_id, task_id=run.task_id,
+            namespace=run.namespace, tool_call_id=identity.tool_call_id if identity else "",
+            attempt=identity.attempt if identity else 1, tool_name=request.tool_name,
+            tool_class=request.tool_class.value, input=dict(request.input), reason=request.reason,
+            state="pending", created_at=now, expires_at=now + timedelta(seconds=self.timeout_s)))
+
+    async def wait(self, run: TaskRun, record: ApprovalRecord, request: ApprovalRequest) -> ApprovalRecord:
+        """The approval once decided: by the task's approver if it has one, else over the API (``decide``); by
+        expiry after the timeout. When the task ends first, the approval is closed with that reason."""
+        approval_id = record.approval_id
+        decided = trio.Event()
+        self._waiting[approval_id] = decided
+        try:
+            with trio.move_on_after(self.timeout_s):
+                if run.approver is None:
                     await decided.wait()
-            finally:
-                self._waiting.pop(record.approval_id, None)
-                with trio.CancelScope(shield=True):  # the task ended while waiting: close the approval too
-                    final = await self._settle(record.approval_id, f"no decision within {self.timeout_s:.0f} s")
-            return ApproverAnswer(allow=final.state == "approved", reason=final.decision_reason or final.state)
+                else:
+                    await self._ask_approver(run, approval_id, request)
+            return await self.close(approval_id, f"no decision within {self.timeout_s:.0f} s")
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True):  # the task ended while waiting: close the approval too
+                ended = (run.terminal_type or "task.ended").removeprefix("task.")
+                await self.close(approval_id, f"the task was {ended} before a decision")
+            raise
+        finally:
+            self._waiting.pop(approval_id, None)
 
-        return approve
+    async def _ask_approver(self, run: TaskRun, approval_id: str, request: ApprovalRequest) -> None:
+        try:
+            answer = await run.approver(request)
+        except Exception as exc:  # the caller's approver broke: deny, never run unapproved
+            log.exception("approver failed for %s", approval_id)
+            await self.close(approval_id, f"approval failed: {type(exc).__name__}: {exc}", state="denied")
+            return
+        try:
+            await self.store.decide_approval(approval_id, "approved" if answer.allow else "denied", BY_APPROVER,
+                                             answer.reason or ("approved" if answer.allow else "denied"))
+        except ApprovalDecided:
+            pass  # decided over the API meanwhile: the first decision stands
 
-    async def _settle(self, approval_id: str, why: str) -> ApprovalRecord:
+    async def close(self, approval_id: str, why: str, state: str = "expired") -> ApprovalRecord:
+        """Decide a still-pending approval as nobody's decision (``BY_CODESDK``); the final record either way."""
         record = await self.store.get_approval(approval_id)
         if record.state != "pending":
             return record
         try:
-            return await self.store.decide_approval(approval_id, "expired", "codesdk", why)
+            return await self.store.decide_approval(approval_id, state, BY_CODESDK, why)
         except ApprovalDecided:
             return await self.store.get_approval(approval_id)
 
@@ -72,5 +104,5 @@ class ApprovalBroker:
         """At start-up: approvals left pending by a previous supervisor can never be answered — close them."""
         orphans = await self.store.list_approvals(state="pending")
         for record in orphans:
-            await self._settle(record.approval_id, "the supervisor restarted before a decision; the task ended")
+            await self.close(record.approval_id, "the supervisor restarted before a decision; the task ended")
         return len(orphans)

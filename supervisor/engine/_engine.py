@@ -28,6 +28,7 @@ from protocol import (
     ErrorCode,
     EventType,
     ExecutedBy,
+    ExitStatus,
     InteractionMode,
     Message,
     Method,
@@ -67,7 +68,7 @@ from ..store import (
     TaskState,
     TaskUpdate,
 )
-from ..workers import ExitStatus, RpcError, WorkerError, WorkerProcess
+from ..workers import RpcError, WorkerError, WorkerProcess
 from ..workers.pool import NamespaceFailing, PoolConfig, WorkerPool
 from ..workers.process import REAP_WAIT_S
 from ._approvals import APPROVAL_TIMEOUT_S, ApprovalBroker
@@ -115,6 +116,7 @@ class EngineConfig:
     workspaces_dir: Path | None = None
     approval_timeout_s: float = APPROVAL_TIMEOUT_S
     store_vfs: str | None = None  # a registered SQLite VFS for the store (fault-injection tests)
+    holder: str = "a CodeSDK supervisor"  # who we are, to a second process that finds the data dir locked
 
 
 class Engine:
@@ -133,7 +135,8 @@ class Engine:
     @classmethod
     @asynccontextmanager
     async def open(cls, config: EngineConfig, tooling: Tooling) -> AsyncIterator[Engine]:
-        async with EventStore.open(config.data_dir, vfs=config.store_vfs) as store, trio.open_nursery() as nursery:
+        async with EventStore.open(config.data_dir, vfs=config.store_vfs, holder=config.holder) as store, \
+                trio.open_nursery() as nursery:
             engine = cls(config, store, tooling, nursery)
             await engine._recover()
             nursery.start_soon(reap_orphans_forever)  # what dead workers and tools left is re-parented to us
@@ -147,7 +150,8 @@ class Engine:
 
     async def _recover(self) -> None:
         """Tasks left pending/running by a supervisor that died get their one terminal event now: their
-        worker died with it, so nothing else ever will. Their pending approvals are closed as expired."""
+        worker died with it, so nothing else ever will. Their pending approvals are closed as expired.
+        Safe because we hold the data dir's lock: no other supervisor can be running them."""
         await self.approvals.expire_orphans()
         for record in await self.store.list_active_tasks():
             session = await self.store.get_session(record.session_id)
@@ -207,10 +211,10 @@ class Engine:
             raise EngineError(f"session {session_id} already has an active task ({busy.task_id}); "
                               "wait for it to end or stop it first")
         task_id = f"task_{uuid.uuid4().hex[:16]}"
-        if durable_approvals:  # decisions come from whoever answers the stored approval (the HTTP API)
-            interaction_mode, approver = InteractionMode.INTERACTIVE, self.approvals.approver_for(session, task_id)
-        if interaction_mode == InteractionMode.INTERACTIVE and approver is None:
-            raise EngineError("an interactive task needs an approver")
+        if durable_approvals:  # decisions come from whoever decides the stored approval (the HTTP API)
+            interaction_mode, approver = InteractionMode.INTERACTIVE, None
+        elif interaction_mode == InteractionMode.INTERACTIVE and approver is None:
+            raise EngineError("an interactive task needs an approver (or durable_approvals, decided over the API)")
         messages = (*await derive_transcript(self.store, session_id), Message.user_text(prompt))
         params = StartTaskParams(
             runtime=session.runtime, session=SessionRef(session_id=session_id,
@@ -391,7 +395,7 @@ class Engine:
                     await self._tool_requested(run, event.payload)
                 elif event.type in TERMINAL_EVENT_TYPES:
                     await flush()
-                    await self._finish(run, event.type, event.payload)
+                    await self._finish(run, event.type, await self._stderr_tail_as_blob(event.payload))
                 else:
                     payload = event.payload
                     if event.type in _RUNTIME_TOOL_EVENTS:
@@ -444,6 +448,18 @@ class Engine:
         await self._fail(run, code, message, retryable=retryable)
         if worker is not None:
             self._nursery.start_soon(self._tell_worker_stop, worker, run.task_id, message)
+
+    async def _stderr_tail_as_blob(self, payload: Model) -> Model:
+        """A worker's ``task.failed`` may carry its runtime's stderr tail as text (``details.stderr_tail``): it
+        is stored as a blob and the event keeps only ``details.stderr_tail_ref``, as for a crashed worker."""
+        if not isinstance(payload, TaskFailed) or not isinstance(payload.details.get("stderr_tail"), str):
+            return payload
+        details = dict(payload.details)
+        tail = details.pop("stderr_tail")
+        if tail:
+            details["stderr_tail_ref"] = await self.store.put_blob(tail.encode("utf-8", "replace"),
+                                                                   "text/plain; charset=utf-8")
+        return payload.model_copy(update={"details": details})
 
     async def _raw_blob(self, raw: Any, inline: dict[str, tuple[bytes, str]] | None = None) -> str:
         """A runtime's raw message as a blob: small ones go into ``inline`` (committed with their event), big

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from protocol import (
+    ApprovalRequested,
     EventType,
     Method,
     PolicyDecision,
@@ -35,18 +36,25 @@ from protocol import (
     sha256_hex,
 )
 
-from ..store import INLINE_BLOB_MAX
+from ..store import INLINE_BLOB_MAX, ApprovalRecord
 from ..tools import (
+    ApprovalNeeded,
+    ApproverAnswer,
+    PolicyOutcome,
+    PolicyPayload,
     PolicyRequest,
     ToolContext,
     ToolRegistry,
     ToolResult,
-    decide,
+    complete,
+    evaluate,
+    evaluation_payloads,
     is_replay_safe,
     policy_payloads,
     runtime_tool_spec,
 )
 from ..workers import WorkerError
+from ._approvals import BY_CODESDK
 from ._runs import TaskRun
 
 if TYPE_CHECKING:
@@ -97,13 +105,15 @@ class ToolFlow:
                 return None
             return partial(self._send_replayed, run, identity, replay)
 
-        outcome = await decide(PolicyRequest(
+        decided = await self._decide(run, identity, requested, tool_input, prefix, PolicyRequest(
             tool_name=requested.tool_name, tool=spec, permission_mode=run.params.permission_mode,
             interaction_mode=run.params.interaction_mode, tools_hash=tools.manifest_hash(),
-            input=tool_input, identity=identity), run.approver)
-        decision: list[tuple[EventType, Any]] = [(_type_of(p), p) for p in policy_payloads(outcome, identity)]
+            input=tool_input, identity=identity))
+        if decided is None:
+            return None
+        outcome, decision = decided
         if not outcome.approved:
-            if not await engine._append(run, [*prefix, *decision]):
+            if not await engine._append(run, decision):
                 return None
             return partial(self._send, run, Method.SEND_TOOL_DENIED, {"task_id": run.task_id,
                                                                       "tool_call_id": requested.tool_call_id,
@@ -114,7 +124,7 @@ class ToolFlow:
         started_at = time.monotonic()
         # The decision and tool.call.started share one commit: nothing happens between them, and both are
         # durable before the tool runs.
-        if not await engine._append(run, [*prefix, *decision, (EventType.TOOL_CALL_STARTED, ToolCallStarted(
+        if not await engine._append(run, [*decision, (EventType.TOOL_CALL_STARTED, ToolCallStarted(
                 **identity.model_dump(), tool_name=requested.tool_name,
                 execution_env="supervisor", sandbox=SandboxSummary(kind="workspace", workspace=str(workspace))))]):
             return None
@@ -155,13 +165,14 @@ class ToolFlow:
                                     runtime_tool_call_id=requested.runtime_tool_call_id,
                                     attempt=requested.attempt, input_hash=requested.input_hash)
         spec = runtime_tool_spec(requested.tool_name)
-        outcome = await decide(PolicyRequest(
+        decided = await self._decide(run, identity, requested, tool_input, [], PolicyRequest(
             tool_name=requested.tool_name, tool=spec, permission_mode=run.params.permission_mode,
-            interaction_mode=run.params.interaction_mode, input=tool_input, identity=identity), run.approver)
-        snapshot_extra = {"executed_by": "runtime"}
-        payloads = [p.model_copy(update={"policy_snapshot": {**p.policy_snapshot, **snapshot_extra}})
-                    for p in policy_payloads(outcome, identity)]
-        if not await self.engine._append(run, [(_type_of(p), p) for p in payloads]):
+            interaction_mode=run.params.interaction_mode, input=tool_input, identity=identity),
+            snapshot_extra={"executed_by": "runtime"})
+        if decided is None:
+            return
+        outcome, decision = decided
+        if not await self.engine._append(run, decision):
             return
         if outcome.approved:
             run.approved_runtime_calls[requested.tool_call_id] = identity
@@ -172,6 +183,37 @@ class ToolFlow:
             await self._send(run, Method.SEND_TOOL_DENIED, {"task_id": run.task_id,
                                                             "tool_call_id": requested.tool_call_id,
                                                             "reason": outcome.effective.reason})
+
+    async def _decide(self, run: TaskRun, identity: ToolCallIdentity, requested: ToolCallRequested,
+                      tool_input: dict[str, Any], prefix: list[tuple[EventType, Any]], request: PolicyRequest,
+                      snapshot_extra: dict[str, Any] | None = None,
+                      ) -> tuple[PolicyOutcome, list[tuple[EventType, Any]]] | None:
+        """The policy's outcome, and the events still to store for it (``prefix`` first). An "ask" is stored at
+        once — with ``prefix``, the evaluations so far and ``approval.requested`` — before the human is asked;
+        then the answer's events are what is left. None: the task ended meanwhile."""
+
+        def events(payloads: Sequence[PolicyPayload]) -> list[tuple[EventType, Any]]:
+            if snapshot_extra:
+                payloads = [p.model_copy(update={"policy_snapshot": {**p.policy_snapshot, **snapshot_extra}})
+                            for p in payloads]
+            return [(_type_of(p), p) for p in payloads]
+
+        step = evaluate(request)
+        if isinstance(step, PolicyOutcome):
+            return step, [*prefix, *events(policy_payloads(step, identity))]
+        approvals = self.engine.approvals
+        record = await approvals.open(run, step.approval)
+        asked = ApprovalRequested(**identity.model_dump(), approval_id=record.approval_id,
+                                  tool_name=requested.tool_name, tool_class=step.approval.tool_class.value,
+                                  reason=step.approval.reason, expires_at=record.expires_at,
+                                  input_preview=_preview(tool_input))
+        stored_now = events(evaluation_payloads(step.evaluations, step.policy_snapshot, identity))
+        if not await self.engine._append(run, [*prefix, *stored_now, (EventType.APPROVAL_REQUESTED, asked)]):
+            await approvals.close(record.approval_id, "the task ended before anyone was asked")
+            return None
+        final = await approvals.wait(run, record, step.approval)
+        outcome = _outcome(step, final)
+        return outcome, events(policy_payloads(outcome, identity)[len(step.evaluations):])
 
     async def _store_output(self, run: TaskRun, identity: ToolCallIdentity, result: ToolResult) -> None:
         """Commands' stdout/stderr as tool.output events (file tools have none)."""
@@ -241,6 +283,17 @@ class ToolFlow:
             await run.worker.connection.request(method, params)
         except WorkerError as exc:
             log.info("task %s: %s not delivered: %s", run.task_id, method, exc)
+
+
+def _outcome(step: ApprovalNeeded, final: ApprovalRecord) -> PolicyOutcome:
+    """The policy outcome of a settled approval: a human's decision, or codesdk's denial when nobody's."""
+    reason = final.decision_reason or final.state
+    if final.decided_by == BY_CODESDK:
+        if final.state == "expired":
+            return complete(step, None, unanswered=reason)
+        return complete(step, None, failure=reason)
+    return complete(step, ApproverAnswer(allow=final.state == "approved", reason=reason),
+                    approval_id=final.approval_id)
 
 
 def _type_of(payload: Any) -> EventType:

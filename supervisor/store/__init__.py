@@ -42,11 +42,13 @@ from ._errors import (
     SessionExists,
     StoreClosed,
     StoreError,
+    StoreReadOnly,
     TaskExists,
     UnknownApproval,
     UnknownSession,
     UnknownTask,
 )
+from ._lock import LOCK_FILENAME, DataDirBusy, DataDirLock, LockHolder, current_holder
 from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
 from ._schema import LATEST as SCHEMA_VERSION
 from ._store import DB_FILENAME, INLINE_BLOB_MAX, EventStore, Synchronous, new_id
@@ -56,18 +58,22 @@ from ._writer import WriterStats
 __all__ = [
     "DB_FILENAME",
     "INLINE_BLOB_MAX",
+    "LOCK_FILENAME",
     "SCHEMA_VERSION",
     "ApprovalDecided",
     "ApprovalRecord",
     "BlobCorrupt",
     "BlobInfo",
     "BlobNotFound",
+    "DataDirBusy",
+    "DataDirLock",
     "DatabaseError",
     "EventDraft",
     "EventStore",
     "InvalidBlobRef",
     "InvalidEvent",
     "InvalidTransition",
+    "LockHolder",
     "MigrationFailed",
     "SchemaTooNew",
     "SessionBusy",
@@ -75,6 +81,7 @@ __all__ = [
     "SessionRecord",
     "StoreClosed",
     "StoreError",
+    "StoreReadOnly",
     "Subscription",
     "Synchronous",
     "TaskExists",
@@ -85,5 +92,6 @@ __all__ = [
     "UnknownSession",
     "UnknownTask",
     "WriterStats",
+    "current_holder",
     "new_id",
 ]

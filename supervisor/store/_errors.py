@@ -21,6 +21,13 @@ class StoreClosed(StoreError):
         super().__init__(f"event store is closed; {what} was not performed")
 
 
+class StoreReadOnly(StoreError):
+    """The store was opened read-only (beside the data dir's writer); writes go through that writer."""
+
+    def __init__(self, data_dir: object, what: str) -> None:
+        super().__init__(f"the event store in {data_dir} is open read-only here; {what} was not performed")
+
+
 class UnknownSession(StoreError, LookupError):
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id

@@ -142,6 +142,16 @@ def schema_version(conn: apsw.Connection) -> int:
     return int(conn.pragma("user_version"))
 
 
+def check_version(conn: apsw.Connection, path: str) -> None:
+    """For a reader beside the writer, which never migrates: the database must be at ``LATEST`` exactly."""
+    found = schema_version(conn)
+    if found > LATEST:
+        raise SchemaTooNew(path, found, LATEST)
+    if found < LATEST:
+        raise StoreError(f"{path} has schema version {found}; this codesdk reads version {LATEST}: start the "
+                         "supervisor (or `codesdk run`) on this data dir once to migrate it")
+
+
 def migrate(conn: apsw.Connection, path: str, target: int = LATEST) -> int:
     """Bring the database at ``path`` up to ``target``; return the version it was at."""
     found = schema_version(conn)

@@ -18,11 +18,12 @@ from protocol import NormalizedEvent, canonical_json, sha256_hex, utc_now
 
 from . import _sql
 from ._blobs import BlobFiles, check_ref
-from ._errors import BlobCorrupt, DatabaseError, StoreClosed, translate
+from ._errors import BlobCorrupt, DatabaseError, StoreClosed, StoreError, StoreReadOnly, translate
+from ._lock import DataDirLock
 from ._prepare import prepare
 from ._readers import ReaderPool, close_all
 from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
-from ._schema import migrate
+from ._schema import check_version, migrate
 from ._subscribe import Hub, Subscription
 from ._writer import Writer, WriteRequest, WriterStats
 
@@ -42,15 +43,18 @@ class EventStore:
     def __init__(
         self,
         data_dir: Path,
-        writer: Writer,
+        writer: Writer | None,
         readers: ReaderPool,
         hub: Hub,
         blobs: BlobFiles,
         *,
         subscriber_buffer: int,
         page_size: int,
+        lock: DataDirLock | None = None,
     ) -> None:
         self.data_dir = data_dir
+        #: The data dir's writer lock (None when opened read-only): ``lock.announce`` tells others our API.
+        self.lock = lock
         self.db_path = data_dir / DB_FILENAME
         self._writer = writer
         self._readers = readers
@@ -74,9 +78,14 @@ class EventStore:
         subscriber_buffer: int = 1024,
         page_size: int = 500,
         vfs: str | None = None,
+        read_only: bool = False,
+        holder: str = "a CodeSDK event store writer",
     ) -> AsyncIterator[EventStore]:
         """Open (creating or migrating) the store under ``data_dir``; closing flushes queued writes.
 
+        A writable store holds the data dir's lock (``DataDirBusy`` if another process has it; ``holder``
+        says who we are to whoever finds it taken). ``read_only`` opens an existing store beside its writer:
+        no lock, no migration, every write refused (``StoreReadOnly``); subscriptions poll the database.
         ``max_batch`` bounds how many queued write requests share one transaction; ``subscriber_buffer``
         bounds each subscriber's in-memory feed (events); ``page_size`` is a subscriber's read page;
         ``vfs`` names a registered SQLite VFS (the fault-injection tests use one).
@@ -86,7 +95,17 @@ class EventStore:
         if min(readers, max_batch, subscriber_buffer, page_size) < 1:
             raise ValueError("readers, max_batch, subscriber_buffer and page_size must be >= 1")
         root = Path(data_dir)
-        writer_conn, reader_conns = await trio.to_thread.run_sync(_open_sync, root, synchronous, readers, vfs)
+        if read_only:
+            reader_conns = await trio.to_thread.run_sync(_open_read_only, root, readers, vfs)
+            async with _read_only_store(cls, root, reader_conns, subscriber_buffer, page_size) as store:
+                yield store
+            return
+        lock = await trio.to_thread.run_sync(_lock_data_dir, root, holder)
+        try:
+            writer_conn, reader_conns = await trio.to_thread.run_sync(_open_sync, root, synchronous, readers, vfs)
+        except BaseException:
+            lock.release()
+            raise
         hub = Hub()
         writer = Writer(writer_conn, hub.publish, max_batch=max_batch)
         pool = ReaderPool(reader_conns)
@@ -98,6 +117,7 @@ class EventStore:
             BlobFiles(root / "blobs", fsync=synchronous == "FULL"),
             subscriber_buffer=subscriber_buffer,
             page_size=page_size,
+            lock=lock,
         )
         body_error: BaseException | None = None
         try:
@@ -115,8 +135,13 @@ class EventStore:
                 hub.close()
                 await pool.aclose()
                 await trio.to_thread.run_sync(close_all, [writer_conn])
+                lock.release()  # only once every write is committed and the connection closed
         if body_error is not None:
             raise body_error
+
+    @property
+    def read_only(self) -> bool:
+        return self._writer is None
 
     @property
     def closed(self) -> bool:
@@ -125,7 +150,7 @@ class EventStore:
     @property
     def writer_stats(self) -> WriterStats:
         """Transactions and requests so far (group commit shows as requests > transactions)."""
-        return self._writer.stats
+        return self._writer.stats if self._writer is not None else WriterStats()
 
     # --- sessions ---------------------------------------------------------------------------------
 
@@ -395,6 +420,8 @@ class EventStore:
         return BlobInfo(ref=ref, size=size, media_type="application/octet-stream")
 
     async def _put(self, data: bytes, media_type: str) -> str:
+        if self._writer is None:
+            raise StoreReadOnly(self.data_dir, "writing a blob")
         ref, _ = await self._blob_io("writing a blob", self._blobs.put, data)
         info = BlobInfo(ref=ref, size=len(data), media_type=media_type)
         await self._write(f"recording blob {ref}", partial(_sql.insert_blob, info=info))
@@ -407,6 +434,8 @@ class EventStore:
     ) -> T:
         if self._closed:
             raise StoreClosed(where)
+        if self._writer is None:
+            raise StoreReadOnly(self.data_dir, where)
         try:
             result = await self._writer.submit(WriteRequest(op, where, publish_to))
         except DatabaseError as exc:
@@ -482,3 +511,46 @@ def _open_sync(root: Path, synchronous: str, readers: int,
             raise
         raise translated from exc
     return opened[0], opened[1:]
+
+
+def _lock_data_dir(root: Path, holder: str) -> DataDirLock:
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return DataDirLock.acquire(root, holder)
+    except OSError as exc:
+        raise translate(exc, f"opening the event store in {root} (taking its lock)") from exc
+
+
+def _open_read_only(root: Path, readers: int, vfs: str | None = None) -> list[apsw.Connection]:
+    """Reader connections on an existing store, which must be at the schema version this code reads."""
+    path = root / DB_FILENAME
+    if not path.is_file():
+        raise StoreError(f"no event store in {root} yet (no {DB_FILENAME}); run a task first, or pass --data-dir")
+    opened: list[apsw.Connection] = []
+    try:
+        for _ in range(readers):
+            opened.append(_sql.open_connection(str(path), readonly=True, synchronous="FULL", vfs=vfs))
+        check_version(opened[0], str(path))
+    except BaseException as exc:
+        close_all(opened)
+        translated = translate(exc, f"opening the event store at {path} read-only")
+        if translated is exc:
+            raise
+        raise translated from exc
+    return opened
+
+
+@asynccontextmanager
+async def _read_only_store(cls: type[EventStore], root: Path, connections: list[apsw.Connection],
+                           subscriber_buffer: int, page_size: int) -> AsyncIterator[EventStore]:
+    hub = Hub()
+    pool = ReaderPool(connections)
+    store = cls(root, None, pool, hub, BlobFiles(root / "blobs", fsync=False), subscriber_buffer=subscriber_buffer,
+                page_size=page_size)
+    try:
+        yield store
+    finally:
+        store._closed = True
+        with trio.CancelScope(shield=True):
+            hub.close()
+            await pool.aclose()

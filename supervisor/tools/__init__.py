@@ -5,7 +5,7 @@ by default; ``workspace.exec`` is off unless ``ToolsConfig.exec`` enables it, an
 commands in a sandbox. Every path is confined to the session workspace. ``ToolRegistry.execute`` turns
 every caller-caused failure into an error ``ToolResult``.
 
-Policy (``decide``/``evaluate``): permission mode x tool class, recorded as ordered evaluations plus one
+Policy (``evaluate``/``complete``): permission mode x tool class, recorded as ordered evaluations plus one
 effective decision; see ``supervisor.tools._policy`` for the table. ``is_replay_safe`` says which completed
 calls may be answered from the store.
 """
@@ -39,8 +39,8 @@ from ._policy import (
     PolicyRequest,
     codesdk_evaluation,
     complete,
-    decide,
     evaluate,
+    evaluation_payloads,
     policy_payloads,
 )
 from ._registry import EXEC_TOOL_NAME, ToolRegistry, ToolsConfig
@@ -87,8 +87,8 @@ __all__ = [
     "codesdk_evaluation",
     "complete",
     "confine",
-    "decide",
     "evaluate",
+    "evaluation_payloads",
     "input_hash",
     "is_replay_safe",
     "parse_unified_diff",

@@ -18,12 +18,12 @@ One decision goes like this, each step adding an evaluation (a ``tool.call.polic
    will not run the call anyway); anything else is recorded and the decision continues: a runtime can
    never *widen* what codesdk allows.
 2. ``codesdk``: the table above. ``allow``/``deny`` are final.
-3. ``ask`` in an interactive task: the caller's approver answers and that becomes a ``user`` evaluation.
-   In a non-interactive task (or with no approver) ``ask`` degrades to deny, with a fixed reason, so the
-   same inputs always give the same outcome.
+3. ``ask`` in an interactive task: a human answers (the engine's approvals) and that becomes a ``user``
+   evaluation; no answer in time, or a failing approver, is a ``codesdk`` denial. In a non-interactive task
+   ``ask`` degrades to deny, with a fixed reason, so the same inputs always give the same outcome.
 
-The effective decision (the single ``tool.call.approved``/``denied``) is always allow or deny. The pure
-part is ``evaluate`` + ``complete``; ``decide`` only adds the awaiting of the approver.
+The effective decision (the single ``tool.call.approved``/``denied``) is always allow or deny. This module is
+pure: ``evaluate`` stops at an ``ask`` (``ApprovalNeeded``), ``complete`` finishes it with the answer.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ RULE_RUNTIME_DENIED = "runtime.denied"
 RULE_NON_INTERACTIVE = "ask.non_interactive"
 RULE_NO_APPROVER = "ask.no_approver"
 RULE_APPROVER_FAILED = "ask.approver_failed"
+RULE_UNANSWERED = "ask.unanswered"
 RULE_USER = "user.answer"
 
 
@@ -87,6 +88,7 @@ class Evaluation:
     decision: PolicyDecision
     reason: str = ""
     rule: str | None = None
+    approval_id: str | None = None  # the approval a ``user`` evaluation answered
 
 
 @dataclass(frozen=True)
@@ -239,49 +241,38 @@ def evaluate(request: PolicyRequest) -> PolicyOutcome | ApprovalNeeded:
 
 
 def complete(
-    pending: ApprovalNeeded, answer: ApproverAnswer | None, *, failure: str | None = None
+    pending: ApprovalNeeded, answer: ApproverAnswer | None, *, failure: str | None = None,
+    unanswered: str | None = None, approval_id: str | None = None,
 ) -> PolicyOutcome:
-    """Finish an ``ask``: the user's answer, or deny when nobody could answer (``answer`` is ``None``)."""
+    """Finish an ``ask``: a human's ``answer`` (to ``approval_id``), or a denial when there is none — the
+    approver failed (``failure``: the reason to record), nobody answered (``unanswered``: why), or there was no
+    approver at all."""
     evaluations = list(pending.evaluations)
     if answer is None:
-        if failure is None:
+        if failure is not None:
+            effective = Evaluation(PolicySource.CODESDK, DENY, failure, RULE_APPROVER_FAILED)
+        elif unanswered is not None:
+            effective = Evaluation(PolicySource.CODESDK, DENY, f"{pending.approval.reason}, but {unanswered}",
+                                   RULE_UNANSWERED)
+        else:
             reason = f"{pending.approval.reason}, but no approver is connected"
             effective = Evaluation(PolicySource.CODESDK, DENY, reason, RULE_NO_APPROVER)
-        else:
-            effective = Evaluation(
-                PolicySource.CODESDK, DENY, f"approval failed: {failure}", RULE_APPROVER_FAILED
-            )
         return _final(evaluations, effective, pending.policy_snapshot)
     decision = ALLOW if answer.allow else DENY
     reason = answer.reason or ("approved by the user" if answer.allow else "denied by the user")
-    user = Evaluation(PolicySource.USER, decision, reason, RULE_USER)
+    user = Evaluation(PolicySource.USER, decision, reason, RULE_USER, approval_id)
     evaluations.append(user)
     return _final(evaluations, user, pending.policy_snapshot)
-
-
-async def decide(request: PolicyRequest, approver: Approver | None = None) -> PolicyOutcome:
-    """``evaluate``, asking ``approver`` only when the outcome hinges on it. An approver that raises denies."""
-    step = evaluate(request)
-    if isinstance(step, PolicyOutcome):
-        return step
-    if approver is None:
-        return complete(step, None)
-    try:
-        answer = await approver(step.approval)
-    except Exception as exc:  # the caller's approver broke: deny, never run unapproved
-        log.exception("approver failed for tool %s", request.tool_name)
-        return complete(step, None, failure=f"{type(exc).__name__}: {exc}")
-    return complete(step, answer)
 
 
 PolicyPayload = ToolCallPolicyEvaluated | ToolCallApproved | ToolCallDenied
 
 
-def policy_payloads(outcome: PolicyOutcome, identity: ToolCallIdentity) -> list[PolicyPayload]:
-    """The events of one decision, in order: each evaluation, then exactly one approved or denied."""
+def evaluation_payloads(evaluations: tuple[Evaluation, ...], snapshot: dict[str, Any],
+                        identity: ToolCallIdentity) -> list[ToolCallPolicyEvaluated]:
+    """One ``tool.call.policy_evaluated`` per evaluation, in order."""
     ids = identity.model_dump()
-    snapshot = outcome.policy_snapshot
-    payloads: list[PolicyPayload] = [
+    return [
         ToolCallPolicyEvaluated(
             **ids,
             source=item.source,
@@ -289,9 +280,17 @@ def policy_payloads(outcome: PolicyOutcome, identity: ToolCallIdentity) -> list[
             reason=item.reason,
             rule=item.rule,
             policy_snapshot=snapshot,
+            approval_id=item.approval_id,
         )
-        for item in outcome.evaluations
+        for item in evaluations
     ]
+
+
+def policy_payloads(outcome: PolicyOutcome, identity: ToolCallIdentity) -> list[PolicyPayload]:
+    """The events of one decision, in order: each evaluation, then exactly one approved or denied."""
+    ids = identity.model_dump()
+    snapshot = outcome.policy_snapshot
+    payloads: list[PolicyPayload] = [*evaluation_payloads(outcome.evaluations, snapshot, identity)]
     effective = outcome.effective
     if outcome.approved:
         payloads.append(

@@ -8,9 +8,9 @@ from .connection import (
     WorkerConnection,
     WorkerError,
 )
-from .process import ExitStatus, StderrTail, WorkerProcess, WorkerSpec, WorkerStartError, worker_argv
+from .process import WorkerProcess, WorkerSpec, WorkerStartError, worker_argv
 
 __all__ = [
-    "ExitStatus", "ProtocolViolation", "RpcError", "StderrTail", "WorkerBroken", "WorkerClosed",
+    "ProtocolViolation", "RpcError", "WorkerBroken", "WorkerClosed",
     "WorkerConnection", "WorkerError", "WorkerProcess", "WorkerSpec", "WorkerStartError", "worker_argv",
 ]

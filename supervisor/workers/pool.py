@@ -20,10 +20,11 @@ from pathlib import Path
 
 import trio
 
-from protocol import RuntimeEventParams
+from protocol import ExitStatus, RuntimeEventParams
 
+from ..namespace_env import NamespaceEnv
 from ..namespaces import Namespace, UidRange, UidRangeError, build_env, prepare_namespace, runtime_env
-from .process import REAP_WAIT_S, ExitStatus, WorkerProcess, WorkerResourcesExhausted, WorkerSpec, worker_argv
+from .process import REAP_WAIT_S, WorkerProcess, WorkerResourcesExhausted, WorkerSpec, worker_argv
 
 log = logging.getLogger("codesdk.supervisor.pool")
 
@@ -49,7 +50,8 @@ class PoolConfig:
     shutdown_grace_s: float = 5.0
     handshake_timeout_s: float = 30.0
     path: str | None = None  # PATH for workers
-    env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # namespace (or "*") -> variables
+    # namespace (or "*") -> variables given at start-up; they win over the stored ones (``NamespaceEnv``)
+    env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     # Each namespace's worker runs as its own uid+gid from this range (None: as the supervisor's uid).
     worker_uids: UidRange | None = None
 
@@ -96,6 +98,7 @@ class _Slot:
     idle_scope: trio.CancelScope | None = None
     workers_started: int = 0
     vacated: trio.Event = field(default_factory=trio.Event)  # set once the current worker is gone
+    env_stamp: str = ""  # the stored variables' stamp the current worker was started with
 
 
 def _describe(exc: BaseException) -> str:
@@ -120,6 +123,7 @@ class WorkerPool:
         self._on_exit = on_exit
         self._slots: dict[str, _Slot] = {}
         self._closing = False
+        self.namespace_env = NamespaceEnv(config.data_dir)
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -130,8 +134,12 @@ class WorkerPool:
             if self._closing:
                 raise NamespaceFailing("the supervisor is shutting down")
             if slot.worker is not None:
-                if slot.worker.exited.is_set() or slot.worker.stopping:
+                worker = slot.worker
+                if worker.exited.is_set() or worker.stopping:
                     await slot.vacated.wait()  # never two workers for one namespace
+                    continue
+                if slot.active == 0 and await self._env_changed(slot):
+                    self._retire(slot, worker, "its stored variables changed")
                     continue
                 slot.active += 1
                 slot.worker.mark_busy(True)
@@ -185,6 +193,14 @@ class WorkerPool:
         slot.quarantine = None
         slot.crashes.clear()
         return True
+
+    async def env_changed(self, namespace: str) -> None:
+        """The namespace's stored variables changed: an idle worker makes way for one that has them now; a busy
+        one finishes its tasks first (it is replaced when it becomes idle)."""
+        slot = self._slots.get(namespace)
+        worker = slot.worker if slot is not None else None
+        if slot is not None and worker is not None and await self._env_changed(slot):
+            self._retire(slot, worker, "its stored variables changed")
 
     def worker_of(self, namespace: str) -> WorkerProcess | None:
         slot = self._slots.get(namespace)
@@ -271,7 +287,9 @@ class WorkerPool:
                 slot.last_error = str(exc)
                 log.error("namespace %s: %s", name, exc)
                 raise NamespaceFailing(f"namespace {name!r}: {exc}") from exc
-            env = build_env(dirs, self.config.env_for(name), self.config.path)
+            slot.env_stamp = await trio.to_thread.run_sync(self.namespace_env.stamp, name)  # before the values
+            stored = await trio.to_thread.run_sync(self.namespace_env.values, name)
+            env = build_env(dirs, {**stored, **self.config.env_for(name)}, self.config.path)
             spec = WorkerSpec(argv=self.config.worker_argv(), env=env, cwd=str(dirs.home),
                               name=f"worker[{name}]", runtime_env=runtime_env(slot.namespace, env),
                               user=identity.uid if identity else None, group=identity.gid if identity else None,
@@ -345,8 +363,22 @@ class WorkerPool:
             except Exception:  # a worker's bad event must never take the supervisor down; it is logged
                 log.exception("%s: events could not be handled (%d in batch); dropped", worker.spec.name, len(batch))
 
+    async def _env_changed(self, slot: _Slot) -> bool:
+        return await trio.to_thread.run_sync(self.namespace_env.stamp, slot.namespace.name) != slot.env_stamp
+
+    def _retire(self, slot: _Slot, worker: WorkerProcess, why: str) -> None:
+        """Shut an idle worker down (not a crash); the namespace's next task starts a fresh one."""
+        if worker.stopping or slot.worker is not worker or slot.active:
+            return
+        log.info("namespace %s: %s; restarting its idle worker", slot.namespace.name, why)
+        worker.stopping = True  # now, so that no acquire hands it out meanwhile
+        self._nursery.start_soon(worker.shutdown, self.config.shutdown_grace_s)
+
     async def _idle_timer(self, slot: _Slot, worker: WorkerProcess, scope: trio.CancelScope) -> None:
         with scope:
+            if await self._env_changed(slot):  # became idle with variables that changed while it was busy
+                self._retire(slot, worker, "its stored variables changed while it was busy")
+                return
             await trio.sleep(self.config.idle_timeout_s)
             if slot.worker is worker and slot.active == 0:
                 log.info("namespace %s: worker idle for %.0f s; shutting it down", slot.namespace.name,

@@ -15,10 +15,8 @@ import signal
 import subprocess
 import threading
 import time
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import psutil
 import trio
@@ -26,11 +24,13 @@ import trio
 from protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
+    ExitStatus,
     InitializeParams,
     InitializeResult,
     Method,
     PeerInfo,
     RuntimeEnv,
+    StderrTail,
 )
 
 from .._orphans import reap_session
@@ -38,8 +38,6 @@ from .connection import WorkerBroken, WorkerConnection, WorkerError
 
 log = logging.getLogger("codesdk.supervisor.worker")
 
-#: Bytes of worker stderr kept for crash reports.
-STDERR_TAIL_BYTES = 64 * 1024
 #: Seconds to wait for an ended or killed worker to be reaped before giving up on it.
 REAP_WAIT_S = 10.0
 #: Seconds a dead worker's output may keep flowing before whatever still holds its pipes is killed.
@@ -48,52 +46,6 @@ OUTPUT_GRACE_S = 2.0
 TREE_SNAPSHOT_S = 1.0
 #: Seconds a new worker has to answer runtime.initialize (cold Python start is ~0.3 s).
 HANDSHAKE_TIMEOUT_S = 30.0
-
-
-@dataclass(frozen=True)
-class ExitStatus:
-    exit_code: int | None  # None when ended by a signal
-    signal: int | None
-
-    @classmethod
-    def from_returncode(cls, returncode: int) -> ExitStatus:
-        return cls(None, -returncode) if returncode < 0 else cls(returncode, None)
-
-    def describe(self) -> str:
-        if self.signal is not None:
-            try:
-                name = signal.Signals(self.signal).name
-            except ValueError:
-                name = str(self.signal)
-            return f"killed by signal {name}"
-        return f"exited with code {self.exit_code}"
-
-    def to_json_obj(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"exit_code": self.exit_code}
-        if self.signal is not None:
-            try:
-                out["signal"] = signal.Signals(self.signal).name
-            except ValueError:
-                out["signal"] = self.signal
-        return out
-
-
-class StderrTail:
-    """Keeps the last ``limit`` bytes of a stream and mirrors lines to the log."""
-
-    def __init__(self, limit: int = STDERR_TAIL_BYTES) -> None:
-        self._chunks: deque[bytes] = deque()
-        self._size = 0
-        self.limit = limit
-
-    def add(self, data: bytes | bytearray) -> None:
-        self._chunks.append(bytes(data))
-        self._size += len(data)
-        while self._size - len(self._chunks[0]) >= self.limit:
-            self._size -= len(self._chunks.popleft())
-
-    def text(self) -> str:
-        return b"".join(self._chunks)[-self.limit:].decode("utf-8", errors="replace")
 
 
 @dataclass(frozen=True)

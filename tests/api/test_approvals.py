@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import pytest
 import trio
 
+from codesdk import AsyncClient
+from protocol import EventType, NormalizedEvent
+
+from ..e2e.invariants import check_session
 from .conftest import Api
 
 
@@ -100,6 +106,52 @@ async def test_stopping_a_task_closes_its_pending_approval(api: Api) -> None:
             await trio.sleep(0.05)
         assert state["approvals"][0]["approval_id"] == approval["approval_id"]
         assert state["approvals"][0]["state"] == "expired"
+        assert state["approvals"][0]["decision_reason"] == "the task was stopped before a decision"
+
+
+async def test_a_pending_approval_is_an_event_before_anyone_decides(api: Api) -> None:
+    """A UI following the stream sees the ask (with the id to answer) first, then the decision naming it."""
+    with trio.fail_after(30):
+        session = await api.create_session(api.alice, "user:alice")
+        await _start(api, api.alice, session["session_id"])
+        [approval] = await _pending(api, api.alice)
+        events = (await api.client.get(f"/v1/sessions/{session['session_id']}/events",
+                                       headers=api.auth(api.alice))).json()["events"]
+        asked = [e for e in events if e["type"] == "approval.requested"]
+        assert [e["payload"]["approval_id"] for e in asked] == [approval["approval_id"]]
+        payload = asked[0]["payload"]
+        assert (payload["tool_name"], payload["tool_class"]) == ("workspace.write", "write")
+        assert payload["expires_at"] == approval["expires_at"] and "notes.txt" in payload["input_preview"]
+        before = [e["type"] for e in events if e["payload"].get("tool_call_id") == payload["tool_call_id"]]
+        assert before == ["tool.call.requested", "tool.call.policy_evaluated", "approval.requested"]
+        await api.client.post(f"/v1/approvals/{approval['approval_id']}", headers=api.auth(api.alice),
+                              json={"allow": False, "reason": "no"})
+        r = await api.client.get(f"/v1/sessions/{session['session_id']}/events/stream?until_terminal=true",
+                                 headers=api.auth(api.alice))
+        after = [e for e in r.text.split("\n") if e.startswith("data: ")]
+        decided = [json.loads(line[6:]) for line in after]
+        user = [e for e in decided if e["type"] == "tool.call.policy_evaluated" and e["payload"]["source"] == "user"]
+        assert user[0]["payload"]["approval_id"] == approval["approval_id"]
+        check_session([NormalizedEvent.model_validate(e) for e in decided])
+
+
+async def test_the_client_answers_approvals_from_the_stream(api: Api) -> None:
+    asked: list[str] = []
+
+    async def approver(event: NormalizedEvent) -> tuple[bool, str]:
+        asked.append(event.payload.tool_name)  # type: ignore[attr-defined]
+        return True, "fine from the stream"
+
+    with trio.fail_after(30):
+        async with AsyncClient(socket=api.socket, token=api.alice) as client:
+            session = await client.create_session(namespace="user:alice")
+            events = [e async for e in client.run(session["session_id"], "write", approver=approver,
+                                                  runtime_config={"scenario": "write-or-deny"})]
+            with pytest.raises(TypeError, match="not an approval.requested"):
+                await client.answer(events[-1], allow=True)
+    assert asked == ["workspace.write"] and events[-1].type == EventType.TASK_COMPLETED
+    approved = [e.payload for e in events if e.type == EventType.TOOL_CALL_APPROVED]
+    assert approved[0].reason == "fine from the stream" and approved[0].source == "user"  # type: ignore[attr-defined]
 
 
 async def test_runtimes_and_auth_status_per_namespace(api: Api) -> None:

@@ -8,9 +8,15 @@ that the real Claude Code talks to.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import psutil
+
+#: Written to stderr by the scripted runtime's process before it works, to find it in the crash report.
+STDERR_MARKER = "scripted-runtime-process: about to work"
 
 
 @dataclass
@@ -44,6 +50,19 @@ class ScriptedCase:
     def slow(self) -> Turn:
         return Turn("count slowly", {"scenario": "slow-stream", "stop_grace_s": 0.5})
 
+    def with_runtime_process(self) -> Turn:
+        """Streams a little, then waits on a runtime process of its own (what the test kills)."""
+        program = f"import sys, time; print({STDERR_MARKER!r}, file=sys.stderr, flush=True); time.sleep(3600)"
+        steps = [{"text": "working on it, for a long while", "chunk_size": 4},
+                 {"runtime_process": [sys.executable, "-c", program]}, {"complete": {}}]
+        return Turn("work", {"scenario_inline": {"name": "runtime-process", "steps": steps}})
+
+    def is_runtime_process(self, process: psutil.Process) -> bool:
+        return STDERR_MARKER in " ".join(process.cmdline())
+
+    #: What the runtime's process writes to stderr before the crash (found in the report's stderr tail).
+    stderr_before_crash: str | None = STDERR_MARKER
+
     #: The scripted runtime only pretends to run its built-ins: no file appears.
     builtins_touch_files = False
 
@@ -72,6 +91,15 @@ class ClaudeCase:
 
     def slow(self) -> Turn:
         return Turn("SLOW 20", {"stop_grace_s": 2})
+
+    def with_runtime_process(self) -> Turn:
+        return Turn("SLOW 60")
+
+    def is_runtime_process(self, process: psutil.Process) -> bool:
+        return process.name() == "claude"
+
+    #: Claude Code writes nothing to stderr on a quiet run.
+    stderr_before_crash: str | None = None
 
     builtins_touch_files = True
 

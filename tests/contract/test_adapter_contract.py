@@ -7,6 +7,7 @@ import os
 import signal
 from pathlib import Path
 
+import psutil
 import trio
 
 from protocol import EventType, InteractionMode, PermissionMode
@@ -155,6 +156,40 @@ async def test_worker_crash_mid_task_fails_it_once(make_engine, case) -> None:
     check_session(events)
     failed = of_type(events, EventType.TASK_FAILED)
     assert record.state == TaskState.FAILED and len(failed) == 1 and failed[0].code == "WORKER_CRASHED"
+
+
+async def test_runtime_process_killed_mid_task_is_a_retryable_runtime_crash(make_engine, case) -> None:
+    """The runtime's own process dies (SIGKILL): the task fails RUNTIME_CRASHED, retryable, with the signal and
+    the process's stderr tail as a blob; the worker lives on and serves the next task."""
+    turn = case.with_runtime_process()
+    with trio.fail_after(120):
+        async with make_engine(worker_env={"*": case.worker_env()}) as engine:
+            session = await engine.create_session(runtime=case.runtime)
+            task = await engine.start_task(session.session_id, turn.prompt, runtime_config=turn.runtime_config)
+            await _deltas(engine, session.session_id, 2)
+            worker = engine.pool.worker_of("default")
+            found = []
+            while not found:  # the process may still be starting
+                found = [p for p in psutil.Process(worker.pid).children(recursive=True) if case.is_runtime_process(p)]
+                await trio.sleep(0.05)
+            assert len(found) == 1
+            found[0].kill()
+            record = await engine.wait_task(task.task_id)
+            events = await session_events(engine.store, session.session_id)
+            failed = of_type(events, EventType.TASK_FAILED)
+            assert record.state == TaskState.FAILED and len(failed) == 1, failed
+            crash = failed[0]
+            assert (crash.code, crash.retryable, crash.details["signal"]) == ("RUNTIME_CRASHED", True, "SIGKILL")
+            assert crash.details["pid"] == found[0].pid and "killed by signal SIGKILL" in crash.message
+            assert "stderr_tail" not in crash.details  # moved into a blob
+            if case.stderr_before_crash is not None:
+                tail = await engine.store.get_blob(crash.details["stderr_tail_ref"])
+                assert case.stderr_before_crash in tail.decode()
+            assert engine.pool.worker_of("default") is worker and not worker.exited.is_set()
+            again = case.stream("after the crash")
+            nxt = await engine.start_task(session.session_id, again.prompt, runtime_config=again.runtime_config)
+            assert (await engine.wait_task(nxt.task_id)).state == TaskState.COMPLETED
+    check_session(events)
 
 
 async def _deltas(engine, session_id: str, count: int) -> None:

@@ -9,6 +9,7 @@ from protocol import TERMINAL_EVENT_TYPES, EventType, NormalizedEvent
 _TOOL_ORDER = {
     EventType.TOOL_CALL_REQUESTED: 0,
     EventType.TOOL_CALL_POLICY_EVALUATED: 1,
+    EventType.APPROVAL_REQUESTED: 1,  # between the "ask" and the user's evaluation
     EventType.TOOL_CALL_APPROVED: 2,
     EventType.TOOL_CALL_DENIED: 2,
     EventType.TOOL_CALL_STARTED: 3,

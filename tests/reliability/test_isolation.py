@@ -35,6 +35,7 @@ from supervisor.app import SupervisorOptions, open_engine
 from supervisor.cli import main as cli_main
 from supervisor.engine import Engine, EngineError
 from supervisor.engine._transcript import session_events
+from supervisor.namespace_env import ENV_DIR, NamespaceEnv
 from supervisor.namespaces import SUBDIRS, UIDS_FILE, Namespace, UidRange, prepare_dirs
 from supervisor.store import DB_FILENAME
 from supervisor.workers import WorkerProcess, worker_argv
@@ -53,7 +54,7 @@ SUPERVISOR_SECRETS = {
     "AWS_SECRET_ACCESS_KEY": f"canary-sup-aws-{_RUN}",
     "GITHUB_TOKEN": f"canary-sup-github-{_RUN}",
 }
-#: Variables the operator configured for Bob's namespace only.
+#: Variables the operator stored for Bob's namespace only (`codesdk-supervisor namespace env set`).
 BOB_ENV = {"ANTHROPIC_API_KEY": f"canary-bob-anthropic-{_RUN}", "BOB_DB_PASSWORD": f"canary-bob-db-{_RUN}"}
 BOB_FILE_SECRET = f"canary-bob-file-{_RUN}"
 ALICE_OAUTH_SECRET = f"canary-alice-oauth-{_RUN}"
@@ -166,7 +167,8 @@ async def _scenario(run: TenancyRun, tmp: Path) -> None:
     options = SupervisorOptions(
         data_dir=data_dir, exec_allowlist=("env",), idle_timeout_s=60,
         worker_argv=(*python, str(PROBE), str(probe_out), json.dumps(PEEK), *worker),
-        worker_env={"*": COMMON_ENV, BOB: BOB_ENV}, worker_uids=run.uids)
+        worker_env={"*": COMMON_ENV}, worker_uids=run.uids)
+    NamespaceEnv(data_dir).update(BOB, BOB_ENV)
     workspaces = {ns: tmp / f"ws-{ns.split(':')[1]}" for ns in (ALICE, BOB)}
     for ws in workspaces.values():
         ws.mkdir()
@@ -203,7 +205,8 @@ async def _scenario(run: TenancyRun, tmp: Path) -> None:
     for path in sorted(probe_out.glob("*.json")):
         run.findings[path.stem] = json.loads(path.read_text())
     for path in sorted(data_dir.rglob("*")):  # raw bytes: the store's database/WAL, blobs, token files ...
-        if path.is_file() and "namespaces" not in path.relative_to(data_dir).parts and path.name != "admin.token":
+        parts = path.relative_to(data_dir).parts  # where secrets belong: homes, stored variables, the admin token
+        if path.is_file() and not {"namespaces", ENV_DIR} & set(parts) and path.name != "admin.token":
             run.outputs[f"file {path.relative_to(data_dir)}"] = path.read_bytes().decode("latin-1")
 
 
@@ -260,6 +263,16 @@ def test_each_worker_environment_is_built_from_scratch(tenancy: TenancyRun) -> N
     alice_env = json.dumps(tenancy.findings["user.alice"]["env"])
     for secret in (*SUPERVISOR_SECRETS.values(), *BOB_ENV.values()):
         assert secret not in alice_env
+
+
+def test_stored_variables_are_private_files_of_the_supervisor(tenancy: TenancyRun) -> None:
+    stored = tenancy.data_dir / ENV_DIR
+    assert stat.S_IMODE(stored.stat().st_mode) == 0o700 and stored.stat().st_uid == os.getuid()
+    files = [p for p in stored.iterdir()]
+    assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
+    listing = json.dumps([e.to_json_obj() for e in NamespaceEnv(tenancy.data_dir).entries(BOB)])
+    assert sorted(BOB_ENV) == [e["name"] for e in json.loads(listing)]
+    assert not [secret for secret in BOB_ENV.values() if secret in listing]
 
 
 def test_namespace_directories_are_private_and_workers_start_in_their_own_home(tenancy: TenancyRun) -> None:

@@ -16,12 +16,14 @@ from protocol import (
     AuthStatus,
     EnsureLoginResult,
     EventType,
+    ExitStatus,
     Model,
     RuntimeCapabilities,
     SessionRef,
     StartTaskParams,
     TaskCompleted,
     TaskFailed,
+    TaskFailureCode,
     TaskStopped,
 )
 
@@ -38,6 +40,25 @@ class StartTaskRefused(Exception):
 
 class UnknownToolCall(LookupError):
     """A tool result/denial named a call that isn't waiting for one."""
+
+
+class RuntimeCrashed(Exception):
+    """The runtime's own process died while a task needed it. Raised from ``run()`` (also inside exception
+    groups), the worker ends the task with ``task.failed RUNTIME_CRASHED`` (retryable), the exit status, and the
+    process's stderr tail (``details.stderr_tail``, which the supervisor moves into a blob)."""
+
+    def __init__(self, runtime: str, pid: int | None, status: ExitStatus, stderr_tail: str = "") -> None:
+        self.runtime = runtime
+        self.pid = pid
+        self.status = status
+        self.stderr_tail = stderr_tail
+        super().__init__(f"{runtime} (pid {pid}) {status.describe()} while the task was running")
+
+    def outcome(self) -> TaskOutcome:
+        details: dict[str, Any] = {"pid": self.pid, **self.status.to_json_obj()}
+        if self.stderr_tail:
+            details["stderr_tail"] = self.stderr_tail
+        return TaskOutcome.failure(TaskFailureCode.RUNTIME_CRASHED, str(self), retryable=True, **details)
 
 
 class TaskIO(Protocol):
@@ -136,7 +157,15 @@ class RuntimeAdapter(ABC):
         """Logged in, or the steps an operator has to take (no browser, no prompt: the worker has no user)."""
         status = await self.auth_status()
         ok = status.state in (AuthState.AUTHENTICATED, AuthState.NOT_REQUIRED)
-        return EnsureLoginResult(status=status, logged_in=ok, instructions="" if ok else status.message)
+        login = self.login_command()
+        return EnsureLoginResult(status=status, logged_in=ok, instructions="" if ok else status.message,
+                                 login_command=tuple(login) if login else None)
+
+    def login_command(self) -> list[str] | None:
+        """argv of the runtime's own interactive login (it prints a URL and reads a code; it must not open a
+        browser by itself when BROWSER=true), run by ``codesdk auth login`` with the namespace's environment
+        as the namespace's user. None: nothing to log in to."""
+        return None
 
     async def create_session(self, session: SessionRef) -> str | None:
         """Create or resume a runtime-side session; returns its id. Optional."""

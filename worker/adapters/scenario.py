@@ -151,6 +151,22 @@ class PolluteStdoutStep(_Step):
     pollute_stdout: str = Field(default="stray output", min_length=1, max_length=4096)
 
 
+class SpawnStep(_Step):
+    """Start a process and leave it running, as a runtime's helper or a tool's daemon would: what the worker's
+    teardown must end. With ``new_session`` it leaves the worker's process group too."""
+
+    spawn: tuple[str, ...] = Field(min_length=1)
+    new_session: bool = False
+
+
+class RuntimeProcessStep(_Step):
+    """Run a program as the runtime's own process (what a real runtime's CLI is) until it exits: exit 0 carries
+    on; any other end — a crash, a kill — fails the task ``RUNTIME_CRASHED`` with the exit status and its stderr
+    tail, exactly as a real adapter reports its runtime dying."""
+
+    runtime_process: tuple[str, ...] = Field(min_length=1)
+
+
 class EchoPromptStep(_Step):
     echo_prompt: Literal[True]
 
@@ -172,6 +188,8 @@ Step = Annotated[
     | OversizedLineStep
     | TornFrameStep
     | PolluteStdoutStep
+    | SpawnStep
+    | RuntimeProcessStep
     | EchoPromptStep,
     Field(union_mode="left_to_right"),
 ]

@@ -50,6 +50,7 @@ from protocol import (
 )
 
 from .._tool_calls import PendingToolCalls, ToolOutcome
+from ._process import RuntimeProcess
 from .base import RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
 from .scenario import (
     CodeStep,
@@ -63,9 +64,11 @@ from .scenario import (
     MalformedLineStep,
     OversizedLineStep,
     PolluteStdoutStep,
+    RuntimeProcessStep,
     Scenario,
     ScenarioError,
     SleepStep,
+    SpawnStep,
     Step,
     TextStep,
     ThinkingStep,
@@ -261,6 +264,19 @@ class ScriptedTask(TaskHandle):
                 await self.io.write_raw(line[:len(line) // 2])
             case PolluteStdoutStep():
                 await _pollute_stdout(step.pollute_stdout)
+            case RuntimeProcessStep():
+                await self.io.flush()  # what came before is on the wire before the process can die
+                async with RuntimeProcess.open(step.runtime_process, env=os.environ, cwd=self.params.workspace,
+                                               name="scripted runtime process") as process:
+                    status = await process.wait()
+                    if status.exit_code != 0:
+                        raise process.crashed()
+            case SpawnStep():
+                try:  # never waited for: it is left running on purpose
+                    await trio.lowlevel.open_process(list(step.spawn), stdin=subprocess.DEVNULL,
+                                                     stdout=subprocess.DEVNULL, start_new_session=step.new_session)
+                except OSError as exc:
+                    return TaskOutcome.failure("INVALID_SCENARIO", f"spawn {step.spawn[0]!r}: {exc}")
         return None
 
     async def _run_builtin(self, call: ToolCallSpec) -> ToolOutcome:

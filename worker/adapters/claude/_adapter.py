@@ -26,6 +26,7 @@ from protocol import (
     ErrorCode,
     EventType,
     ExecutedBy,
+    ExitStatus,
     InteractionMode,
     IsolationMode,
     ModelOutputCompleted,
@@ -45,7 +46,15 @@ from protocol import (
 )
 
 from ..._tool_calls import PendingToolCalls, ToolOutcome
-from ..base import Availability, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
+from ..base import (
+    Availability,
+    RuntimeAdapter,
+    RuntimeCrashed,
+    StartTaskRefused,
+    TaskHandle,
+    TaskIO,
+    TaskOutcome,
+)
 from . import _env
 
 log = logging.getLogger("codesdk.worker.claude")
@@ -122,6 +131,7 @@ class ClaudeTask(TaskHandle):
         self._blocks: dict[int, tuple[str, BlockKind, list[str]]] = {}
         self._message_id: str | None = None
         self._raw: list[Any] = []
+        self._stderr: deque[str] = deque(maxlen=400)  # the CLI's last stderr lines, for a crash report
         self.cwd = Path(params.workspace or os.environ.get("TMPDIR") or "/tmp")
         builtins = params.runtime_config.get("builtin_tools") or []
         if not isinstance(builtins, list) or not all(isinstance(b, str) for b in builtins):
@@ -140,6 +150,10 @@ class ClaudeTask(TaskHandle):
     def stop(self, reason: str | None) -> None:
         self._stop_reason = reason or "stop requested"
         self._stop.set()
+
+    def _on_stderr(self, line: str) -> None:
+        log.info("claude: %s", line.rstrip())
+        self._stderr.append(line if line.endswith("\n") else line + "\n")
 
     # -- the run --------------------------------------------------------------------------------
 
@@ -160,7 +174,7 @@ class ClaudeTask(TaskHandle):
                    "PostToolUseFailure": [HookMatcher(matcher=None,
                                                       hooks=[self._post_tool_use])]},  # type: ignore[list-item]
             cli_path=str(_env.cli_path()), max_turns=int(config.get("max_turns", 50)),
-            stderr=lambda line: log.info("claude: %s", line.rstrip()),
+            stderr=self._on_stderr,
         )
 
     def _mcp_server(self) -> Any:
@@ -242,6 +256,7 @@ class ClaudeTask(TaskHandle):
 
         outcome: TaskOutcome | None = None
         leftovers: list[Any] = []
+        cli_pid: int | None = None
         try:
             async with ClaudeSDKClient(options=self._options()) as client:
                 cli_pid = _cli_pid(client)
@@ -263,9 +278,15 @@ class ClaudeTask(TaskHandle):
                 finally:
                     # Seen while the CLI still runs: what it started (a built-in Bash's children) must end too.
                     leftovers = _descendants(cli_pid)
-        except ClaudeSDKError as exc:
+        except (ClaudeSDKError, ExceptionGroup) as exc:
             if self._stop.is_set():
                 return TaskOutcome.stop(self._stop_reason or "stop requested")
+            died = _process_error(exc)
+            if died is not None and died.exit_code is not None:
+                raise RuntimeCrashed("Claude Code", cli_pid, ExitStatus.from_returncode(died.exit_code),
+                                     "".join(self._stderr)) from exc
+            if isinstance(exc, ExceptionGroup):
+                raise
             return TaskOutcome.failure(TaskFailureCode.RUNTIME_ERROR, f"Claude Code failed: {exc}", retryable=True)
         finally:
             _kill(leftovers)  # the SDK has ended the CLI itself by now (SIGTERM, then SIGKILL)
@@ -343,6 +364,15 @@ class ClaudeTask(TaskHandle):
         if result.is_error:
             return _failure_from(result)
         return TaskOutcome.success(result.stop_reason or "end_turn", (result.result or "")[-200:])
+
+
+def _process_error(exc: BaseException) -> Any:
+    """The SDK's ProcessError (the CLI exited under us) inside ``exc``, also inside exception groups."""
+    from claude_agent_sdk._errors import ProcessError
+
+    if isinstance(exc, BaseExceptionGroup):
+        return next((found for inner in exc.exceptions if (found := _process_error(inner)) is not None), None)
+    return exc if isinstance(exc, ProcessError) else None
 
 
 def _cli_pid(client: Any) -> int | None:

@@ -1,0 +1,47 @@
+"""What the local and the remote ``codesdk`` commands share: exit codes, stop signals, flag rules, user errors."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+import trio
+
+#: Exit codes of ``codesdk run`` (README): a stop by signal exits 128 + the signal's number, as shells report.
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 128 + signal.SIGINT
+#: Signals that stop the running task (task.stopped) rather than kill the process: Ctrl-C, systemd/kill, a
+#: closed terminal.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+DEFAULT_RUNTIME, DEFAULT_NAMESPACE = "scripted", "default"
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit code 2."""
+
+
+def check_session_flags(args: argparse.Namespace, namespace: str, runtime: str) -> None:
+    """``run --session``: the session decides namespace and runtime; a flag that says otherwise is an error."""
+    if args.namespace and args.namespace != namespace:
+        raise CliError(f"session {args.session} belongs to namespace {namespace!r}, not {args.namespace!r}; "
+                       "drop --namespace (a session keeps its namespace)")
+    if args.runtime and args.runtime != runtime:
+        raise CliError(f"session {args.session} runs on runtime {runtime!r}, not {args.runtime!r}; drop "
+                       "--runtime, or start a new session for another runtime")
+
+
+def exit_code(terminal_type: str | None, signum: int | None = None) -> int:
+    """``run``'s exit code from how the task ended (``task.completed`` ...) or the signal that stopped it."""
+    if signum is not None:
+        return 128 + signum
+    return {"task.completed": EXIT_OK, "task.stopped": EXIT_STOPPED}.get(str(terminal_type), EXIT_FAILED)
+
+
+async def ask_on_terminal(question: str) -> tuple[bool, str]:
+    """Ask a yes/no question on the terminal (stderr, stdin); anything but y/yes is a no. (allow, reason)."""
+    sys.stdout.flush()
+    sys.stderr.write(question)
+    sys.stderr.flush()
+    answer = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+    allow = answer.strip().lower() in ("y", "yes")
+    return allow, "approved on the terminal" if allow else "denied on the terminal"

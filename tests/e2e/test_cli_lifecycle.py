@@ -1,0 +1,221 @@
+"""One supervisor per data dir, stop signals, and nothing outliving its supervisor — with real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+import pytest
+
+from supervisor.store import current_holder
+
+from ..worker.harness import REPO
+
+CLI = [sys.executable, "-m", "supervisor.cli"]
+SERVICE = [sys.executable, "-m", "supervisor.service"]
+#: Seconds a condition these tests wait for may take before the test fails as hung (never a timing claim).
+HANG_GUARD_S = 60.0
+
+
+def _env(data: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODESDK_")}
+    env.update(CODESDK_DATA_DIR=str(data), NO_COLOR="1")
+    return env
+
+
+def _cli(data: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, env=_env(data),
+                          stdin=subprocess.DEVNULL, cwd=REPO, check=False)
+
+
+def _start_cli(data: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(data), stdin=subprocess.DEVNULL, cwd=REPO)
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up waiting for {what}")
+        time.sleep(0.05)
+
+
+def _read_until(proc: subprocess.Popen[str], needle: str) -> str:
+    """stdout lines until one contains ``needle`` (the CLI streams events as they are stored)."""
+    assert proc.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while needle not in seen:
+        line = proc.stdout.readline()
+        if not line or time.monotonic() > deadline:
+            pytest.fail(f"no {needle!r} in the output: {seen[-2000:]}")
+        seen += line
+    return seen
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _reap_if_ours(pids: list[int]) -> None:
+    """Zombies re-parented to this (subreaper) test process are ours to reap."""
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def _serving(data: Path) -> bool:
+    holder = current_holder(data)
+    return holder is not None and bool(holder.api)
+
+
+@contextmanager
+def _service(data: Path) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen([*SERVICE, "serve", "--data-dir", str(data)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=_env(data), cwd=REPO)
+    try:
+        _wait_for(lambda: _serving(data), "the service to hold the data dir and announce its API")
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+
+
+def test_a_second_supervisor_on_a_busy_data_dir_is_refused_and_harms_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with _start_cli(data, "run", "count", "--scenario", "hang", "--non-interactive") as first:
+        try:
+            _read_until(first, "runtime.request.started")  # then it hangs until stopped
+            holder = current_holder(data)
+            assert holder is not None and holder.pid == first.pid and holder.command == "codesdk run"
+            second = _cli(data, "run", "hi")
+            assert second.returncode == 2
+            assert f"in use by codesdk run (pid {first.pid})" in second.stderr and "--url" in second.stderr
+            assert "Traceback" not in second.stderr
+            service = subprocess.run([*SERVICE, "serve", "--data-dir", str(data)], capture_output=True, text=True,
+                                     env=_env(data), cwd=REPO, timeout=120, check=False)
+            assert service.returncode == 2 and f"(pid {first.pid})" in service.stderr, service.stderr[-2000:]
+            # Readers need no lock: the store is readable while the run writes it.
+            listed = _cli(data, "sessions", "--json")
+            row = json.loads(listed.stdout.splitlines()[0])
+            assert listed.returncode == 0 and row["last_task_state"] in ("pending", "running")
+            assert _cli(data, "events", row["session_id"]).returncode == 0
+            assert "user: count" in _cli(data, "show", row["session_id"]).stdout
+        finally:
+            first.send_signal(signal.SIGINT)
+            out, _ = first.communicate(timeout=120)
+    # The first run's task was never failed by the others: it was stopped by its own Ctrl-C.
+    assert first.returncode == 130 and "task.stopped interrupted (SIGINT)" in out
+    assert "SUPERVISOR_RESTARTED" not in _cli(data, "events", row["session_id"]).stdout
+    assert current_holder(data) is None
+
+
+def test_cli_goes_through_the_service_that_holds_the_data_dir(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with _service(data):
+        done = _cli(data, "run", "hello through the service", "--json")
+        assert done.returncode == 0, done.stderr
+        assert "going through its API at unix:" in done.stderr
+        events = [json.loads(line) for line in done.stdout.splitlines()]
+        assert events[-1]["type"] == "task.completed"
+        assert "hello through the service" in "".join(e["payload"].get("delta", "") for e in events)
+        refused = _cli(data, "run", "x", "--env", "A=B")
+        assert refused.returncode == 2 and "--env cannot be honoured through the API" in refused.stderr
+        refused = _cli(data, "run", "x", "--allow-exec", "ls")
+        assert refused.returncode == 2 and "--allow-exec cannot be honoured" in refused.stderr
+        auth = _cli(data, "auth", "--runtime", "scripted")
+        assert auth.returncode == 0 and "scripted in default" in auth.stdout
+
+
+def test_run_session_takes_namespace_and_runtime_from_the_session(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    first = _cli(data, "run", "one", "--namespace", "user:alice", "--json")
+    assert first.returncode == 0, first.stderr
+    session_id = json.loads(first.stdout.splitlines()[0])["trace"]["session_id"]
+    again = _cli(data, "run", "two", "--session", session_id, "--json")
+    assert again.returncode == 0, again.stderr
+    assert any(e["type"] == "task.started" for e in map(json.loads, again.stdout.splitlines()))
+    assert "namespace user:alice" not in again.stderr  # nothing printed about it: it simply applies
+    clash = _cli(data, "run", "three", "--session", session_id, "--namespace", "user:bob")
+    assert clash.returncode == 2 and "belongs to namespace 'user:alice', not 'user:bob'" in clash.stderr
+    clash = _cli(data, "run", "three", "--session", session_id, "--runtime", "claude")
+    assert clash.returncode == 2 and "runs on runtime 'scripted'" in clash.stderr
+    clash = _cli(data, "run", "three", "--session", session_id, "--workspace", str(tmp_path))
+    assert clash.returncode == 2 and "keeps the workspace" in clash.stderr
+
+
+def test_global_options_work_after_the_subcommand(tmp_path: Path) -> None:
+    data = tmp_path / "elsewhere"
+    done = subprocess.run([*CLI, "run", "hi", "--data-dir", str(data), "-v", "--json"], capture_output=True,
+                          text=True, timeout=120, env=_env(tmp_path / "default"), stdin=subprocess.DEVNULL,
+                          cwd=REPO, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (data / "codesdk.sqlite3").exists() and not (tmp_path / "default").exists()
+    assert " INFO " in done.stderr  # -v took effect
+    listed = subprocess.run([*CLI, "sessions", "--data-dir", str(data)], capture_output=True, text=True,
+                            timeout=120, env=_env(tmp_path / "default"), cwd=REPO, check=False)
+    assert listed.returncode == 0 and "scripted" in listed.stdout
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)])
+def test_a_stop_signal_stops_the_task_and_leaves_nothing_running(tmp_path: Path, signum: int, code: int) -> None:
+    data = tmp_path / "data"
+    with _start_cli(data, "run", "count", "--scenario", "hang", "--non-interactive") as run:
+        try:
+            _read_until(run, "runtime.request.started")
+            tree = [p.pid for p in psutil.Process(run.pid).children(recursive=True)]
+            run.send_signal(signum)
+            out, _ = run.communicate(timeout=120)
+        finally:
+            if run.poll() is None:
+                run.kill()
+    name = signal.Signals(signum).name
+    assert run.returncode == code and f"task.stopped interrupted ({name})" in out
+    assert "task stopped. Read it again" in out
+    _wait_for(lambda: not any(_alive(pid) for pid in tree), "the worker to be gone")
+    session_id = json.loads(_cli(data, "sessions", "--json").stdout)["session_id"]
+    stored = [json.loads(line) for line in _cli(data, "events", session_id, "--json").stdout.splitlines()]
+    assert stored[-1]["type"] == "task.stopped"
+
+
+def test_nothing_outlives_a_killed_supervisor(tmp_path: Path) -> None:
+    """SIGKILL of `codesdk run`: its worker and every process the runtime started (one that left the worker's
+    session too) end by themselves; the next supervisor fails the task it left running, once."""
+    data = tmp_path / "data"
+    marker = f"7{uuid.uuid4().int % 10**6:06d}"
+    steps = [{"spawn": ["sleep", f"{marker}1"]}, {"spawn": ["sleep", f"{marker}2"], "new_session": True},
+             {"text": "spawned", "chunk_size": 64}, {"hang": True}]
+    scenario = json.dumps({"name": "spawner", "steps": steps})
+    with _start_cli(data, "run", "go", "--config", f"scenario_inline={scenario}", "--non-interactive") as run:
+        try:
+            _read_until(run, "spawned")
+            tree = [p.pid for p in psutil.Process(run.pid).children(recursive=True)]
+            sleepers = [p for p in psutil.process_iter(["name", "cmdline"])
+                        if p.info["name"] == "sleep" and marker in " ".join(p.info["cmdline"] or ())]
+            assert len(sleepers) == 2 and {p.pid for p in sleepers} <= set(tree)
+        finally:
+            run.kill()
+    _wait_for(lambda: not any(_alive(pid) for pid in tree), "the worker and what it started to be gone")
+    _reap_if_ours(tree)
+    assert current_holder(data) is None  # the kernel released the dead supervisor's lock
+    again = _cli(data, "run", "hello again")
+    assert again.returncode == 0, again.stderr
+    session_id = json.loads(_cli(data, "sessions", "--json").stdout.splitlines()[0])["session_id"]
+    stored = [json.loads(line) for line in _cli(data, "events", session_id, "--json").stdout.splitlines()]
+    assert [(e["type"], e["payload"].get("code")) for e in stored if e["type"].startswith("task.")][-1] == (
+        "task.failed", "SUPERVISOR_RESTARTED")

@@ -1,0 +1,162 @@
+"""A runtime's own program, run by its adapter: own process group, stdio pipes, stderr tail, crash reports.
+
+Every runtime that is a separate program (Claude Code, Codex, an ACP agent) is started through ``RuntimeProcess``:
+
+- it leads its own process group (and session), so ending it signals the group — SIGTERM, a grace, SIGKILL — and
+  whatever it started goes too; nothing is left when the task ends, is stopped, or is cancelled;
+- its stderr is drained all the time (a full pipe would stall it) and the last 64 KiB are kept;
+- its stdout is read as lines (bounded: a line over ``max_line_bytes`` is an error, never unbounded memory);
+- when it dies while the task still needs it, ``crashed()`` is the ``RuntimeCrashed`` to raise: exit code or
+  signal, and the stderr tail.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from functools import partial
+
+import trio
+
+from protocol import BadFrame, ExitStatus, LineFramer, StderrTail
+
+from .base import RuntimeCrashed
+
+log = logging.getLogger("codesdk.worker.runtime")
+
+#: Seconds a runtime gets to exit after SIGTERM before SIGKILL.
+TERM_GRACE_S = 2.0
+#: Largest stdout line accepted from a runtime (stream-json messages carry whole tool results).
+MAX_LINE_BYTES = 64 * 1024 * 1024
+
+
+class RuntimeOutputError(Exception):
+    """The runtime wrote something on stdout that is not a line we can take (too long)."""
+
+
+class RuntimeProcess:
+    """One running runtime program. Create with ``async with RuntimeProcess.open(...)``."""
+
+    def __init__(self, process: trio.Process, name: str, max_line_bytes: int) -> None:
+        self.process = process
+        self.name = name
+        self.stderr = StderrTail()
+        self._framer = LineFramer(max_line_bytes)
+        self.exited = trio.Event()
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None,
+                   name: str | None = None, max_line_bytes: int = MAX_LINE_BYTES,
+                   term_grace_s: float = TERM_GRACE_S) -> AsyncIterator[RuntimeProcess]:
+        """Start ``argv``; on leaving the block (however it is left) the process group is ended and reaped."""
+        label = name or os.path.basename(argv[0])
+        async with trio.open_nursery() as nursery:
+            process: trio.Process = await nursery.start(partial(
+                trio.run_process, list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=dict(env), cwd=cwd, check=False, start_new_session=True,
+                deliver_cancel=partial(_end_group, grace_s=term_grace_s)))
+            runtime = cls(process, label, max_line_bytes)
+            nursery.start_soon(runtime._pump_stderr)
+            nursery.start_soon(runtime._watch_exit)
+            try:
+                yield runtime
+            finally:
+                with trio.CancelScope(shield=True):
+                    await runtime.end(term_grace_s)
+                nursery.cancel_scope.cancel()
+
+    @property
+    def pid(self) -> int:
+        return int(self.process.pid)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    async def send(self, data: bytes) -> None:
+        """Write to the runtime's stdin (``trio.BrokenResourceError`` once it is gone)."""
+        assert self.process.stdin is not None
+        await self.process.stdin.send_all(data)
+
+    async def close_stdin(self) -> None:
+        if self.process.stdin is not None:
+            try:
+                await self.process.stdin.aclose()
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        """stdout, line by line (without the newline), until EOF. ``RuntimeOutputError`` for an oversized line."""
+        assert self.process.stdout is not None
+        while True:
+            try:
+                chunk = await self.process.stdout.receive_some(64 * 1024)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                chunk = b""
+            items = self._framer.feed(chunk) if chunk else self._framer.close()
+            for item in items:
+                if isinstance(item, BadFrame):
+                    raise RuntimeOutputError(f"{self.name} wrote an unusable line on stdout: {item.detail}")
+                yield item
+            if not chunk:
+                return
+
+    async def wait(self) -> ExitStatus:
+        await self.exited.wait()
+        return self.status()
+
+    def status(self) -> ExitStatus:
+        returncode = self.process.returncode
+        return ExitStatus.from_returncode(returncode if returncode is not None else -signal.SIGKILL)
+
+    def crashed(self) -> RuntimeCrashed:
+        """The error for a runtime that ended while a task needed it (call once it has exited)."""
+        return RuntimeCrashed(self.name, self.pid, self.status(), self.stderr.text())
+
+    async def end(self, grace_s: float = TERM_GRACE_S) -> None:
+        """End the whole process group: close stdin, SIGTERM, ``grace_s``, SIGKILL; wait until reaped."""
+        with trio.CancelScope(shield=True):
+            await self.close_stdin()
+            if self.process.returncode is None:
+                await _end_group(self.process, grace_s=grace_s)
+            _signal_group(self.pid, signal.SIGKILL)  # what it started, even if it exited by itself
+            with trio.move_on_after(grace_s):
+                await self.exited.wait()
+
+    async def _watch_exit(self) -> None:
+        await self.process.wait()
+        self.exited.set()
+
+    async def _pump_stderr(self) -> None:
+        assert self.process.stderr is not None
+        pending = b""
+        try:
+            async for chunk in self.process.stderr:
+                self.stderr.add(chunk)
+                pending += bytes(chunk)
+                *complete, pending = pending.split(b"\n")
+                for line in complete:
+                    log.info("%s: %s", self.name, line.decode("utf-8", "replace"))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def _end_group(process: trio.Process, *, grace_s: float) -> None:
+    """SIGTERM the process's group, SIGKILL it after ``grace_s`` if the process has not exited by then."""
+    _signal_group(process.pid, signal.SIGTERM)
+    with trio.move_on_after(grace_s):
+        await process.wait()
+    _signal_group(process.pid, signal.SIGKILL)
+    await process.wait()
