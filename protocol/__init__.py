@@ -62,6 +62,7 @@ from ._framing import (
     MessageReader,
     decode_json,
     decode_message,
+    encode_event_notification,
     encode_message,
 )
 from ._jsonrpc import (
@@ -93,6 +94,7 @@ from ._jsonrpc import (
     TraceContext,
     error_response,
     parse_message,
+    readable_id,
 )
 from ._runtime import (
     AuthState,
@@ -221,11 +223,13 @@ __all__ = [
     "canonical_json",
     "decode_json",
     "decode_message",
+    "encode_event_notification",
     "encode_message",
     "error_response",
     "is_hash",
     "parse_message",
     "parse_payload",
+    "readable_id",
     "sha256_hex",
     "upcasters",
     "utc_now",

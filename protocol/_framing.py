@@ -21,6 +21,7 @@ from ._jsonrpc import (
     Notification,
     RuntimeEventParams,
     parse_message,
+    readable_id,
 )
 
 #: Default maximum bytes of one line (without its newline). Large enough for a big tool result or a
@@ -219,8 +220,8 @@ def decode_json(line: bytes, max_depth: int = MAX_NESTING_DEPTH) -> Any | BadFra
     if check_depth or check_strings:
         problem = _structure_problem(value, max_depth=max_depth if check_depth else sys.maxsize,
                                      check_strings=check_strings)
-        if problem is not None:
-            return BadFrame(FrameProblem.INVALID_JSON, f"invalid JSON: {problem}", len(line))
+        if problem is not None:  # the JSON itself parsed: keep the id when it can be read
+            return BadFrame(FrameProblem.INVALID_JSON, f"invalid JSON: {problem}", len(line), readable_id(value))
     return value
 
 

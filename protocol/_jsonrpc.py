@@ -100,12 +100,26 @@ class InvalidMessage(Model):
     id: RequestId | None = None
 
 
+def readable_id(obj: Any) -> RequestId | None:
+    """The id of a (possibly invalid) message, when there is one an answer can carry: an integer (not a boolean)
+    or a string of valid text. An error about a message whose id could be read is answered with that id, so
+    the peer waiting for it gets its answer; only an unreadable id is answered with ``null``."""
+    raw = obj.get("id") if isinstance(obj, dict) else None
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+        return None
+    if isinstance(raw, str):
+        try:
+            raw.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: it could not be sent back
+            return None
+    return raw
+
+
 def parse_message(obj: Any) -> JsonRpcMessage | InvalidMessage:
     """Classify one decoded JSON value as a JSON-RPC message. Never raises."""
     if not isinstance(obj, dict):
         return InvalidMessage(reason=f"expected a JSON object, got {type(obj).__name__}")
-    raw_id = obj.get("id")
-    msg_id = raw_id if isinstance(raw_id, (int, str)) and not isinstance(raw_id, bool) else None
+    msg_id = readable_id(obj)
     if obj.get("jsonrpc") != "2.0":
         return InvalidMessage(reason='"jsonrpc" must be "2.0"', id=msg_id)
     try:

@@ -44,7 +44,7 @@ import trio
 from benchmarks import cases, store
 from benchmarks.common import Figure, from_reps, median, percentile, print_table
 
-CASES = ("events", "latency", "tool", "spawn", "density", "store", "real")
+CASES = ("events", "latency", "tool", "spawn", "density", "store", "real", "cold")
 NETNS_UNAVAILABLE = 97  # scripts/netns-run's exit code when no namespace can be made
 
 
@@ -197,7 +197,7 @@ def _loopback_only() -> bool:
 
 RUNNERS: dict[str, Callable[[dict[str, Any]], list[Figure]]] = {
     "events": case_events, "latency": case_latency, "tool": case_tool, "spawn": case_spawn,
-    "density": case_density, "store": case_store, "real": case_real,
+    "density": case_density, "store": case_store, "real": case_real, "cold": cases.cold,
 }
 
 

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import time
+from typing import NamedTuple
 
 import psutil
 import trio
@@ -20,16 +23,32 @@ log = logging.getLogger("codesdk.supervisor.orphans")
 
 #: Seconds between sweeps while the supervisor runs.
 SWEEP_INTERVAL_S = 1.0
+#: Seconds between looks at a dying session member that is not (yet) our child, so cannot be waited for.
+_MEMBER_POLL_S = 0.01
+
+
+class _Stat(NamedTuple):
+    """What /proc/PID/stat says of a process, from one read, so the fields agree with each other."""
+
+    zombie: bool
+    parent: int
+    session: int
+
+
+def _stat(pid: int) -> _Stat | None:
+    """``pid``'s state, parent and session (also of a zombie); None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return _Stat(zombie=fields[0] == b"Z", parent=int(fields[1]), session=int(fields[3]))
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def session_of(pid: int) -> int | None:
     """The session id of ``pid`` (also of a zombie), from /proc; None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        return int(fields[3])  # after ") state ppid pgrp": the session id
-    except (OSError, IndexError, ValueError):
-        return None
+    stat = _stat(pid)
+    return None if stat is None else stat.session
 
 
 def adopted_orphans() -> list[psutil.Process]:
@@ -64,9 +83,8 @@ def sweep_adopted() -> list[int]:
 def reap_session(sid: int, wait_s: float = 2.0, extra: set[int] | frozenset[int] = frozenset()) -> None:
     """After the group ``sid`` led was killed: reap its members re-parented to us, and the pids in ``extra``
     (known descendants that left the session), waiting up to ``wait_s`` for them to die. Never the leader
-    itself: whoever spawned it waits for it."""
-    import time
-
+    itself: whoever spawned it waits for it. Bounded, so a worker's teardown never hangs on its orphans; what
+    is still dying when the time is up is left to the periodic sweep (``reap_orphans_forever``)."""
     deadline = time.monotonic() + wait_s
     me = os.getpid()
     while True:
@@ -84,6 +102,47 @@ def reap_session(sid: int, wait_s: float = 2.0, extra: set[int] | frozenset[int]
         if not members or time.monotonic() > deadline:
             return
         time.sleep(0.01)
+
+
+def end_session(sid: int) -> None:
+    """After the leader of session ``sid`` has exited and been reaped: SIGKILL what is left of the session and
+    reap each member that is our child, until only zombies someone else reaps are left. Blocks; run it in a thread.
+
+    The leader goes first so that whatever it started has been re-parented (to us, a child subreaper, or to
+    pid 1) before we look. No time bound: giving up leaves a member that was still dying to become a zombie that
+    nobody reaps. Members of ours are waited for (``waitpid``), others (a dying member's children, pid 1's) are
+    looked at until they are dead; a slow machine only makes this slower."""
+    me = os.getpid()
+    unkillable: set[int] = set()
+    while True:
+        members = {pid: stat for pid, stat in _session_members(sid).items() if pid not in unkillable}
+        if all(stat.zombie and stat.parent != me for stat in members.values()):
+            return
+        for pid in members:  # zombies too: a process whose main thread ended looks like one
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            except PermissionError:  # it gained another uid (a set-uid program): it is out of our reach
+                log.warning("cannot kill %d, left over from session %d: not permitted", pid, sid)
+                unkillable.add(pid)
+        ours = [pid for pid, stat in members.items() if stat.parent == me and pid not in unkillable]
+        for pid in ours:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:  # reaped meanwhile by the periodic sweep
+                pass
+        if not ours:
+            time.sleep(_MEMBER_POLL_S)
+
+
+def _session_members(sid: int) -> dict[int, _Stat]:
+    """Every process of session ``sid`` but its leader, alive or zombie, wherever it was re-parented."""
+    members: dict[int, _Stat] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != sid and (stat := _stat(int(name))) is not None and stat.session == sid:
+            members[int(name)] = stat
+    return members
 
 
 def become_subreaper() -> bool:

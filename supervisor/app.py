@@ -10,10 +10,19 @@ from pathlib import Path
 from ._orphans import become_subreaper
 from .config import default_data_dir
 from .engine import Engine, EngineConfig
-from .namespaces import UidRange, check_can_switch_uids, check_reachable_by_workers, tighten_data_dir
+from .namespaces import (
+    UidRange,
+    check_can_switch_uids,
+    check_reachable_by_workers,
+    secure_data_dir,
+    tighten_data_dir,
+)
 from .tools import ExecPolicy, ToolRegistry, ToolsConfig
 from .workers.pool import PoolConfig
 from .workers.process import worker_argv
+
+#: The scripted runtime's switch for its test instruments (``worker.adapters.scripted.TEST_STEPS_ENV``).
+TEST_STEPS_ENV = "CODESDK_SCRIPTED_TEST_STEPS"
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,9 @@ class SupervisorOptions:
     worker_uids: UidRange | None = None
     #: Who this supervisor is, for a second process that finds the data dir locked ("codesdk run", ...).
     holder: str = "an embedded CodeSDK supervisor"
+    #: The scripted runtime's fault-injection steps and inline scenarios (test instruments): off for tenants of a
+    #: service unless the operator enables them; ``codesdk run`` (one user's own supervisor) turns them on.
+    test_scenarios: bool = False
 
 
 def check_options(options: SupervisorOptions) -> None:
@@ -50,16 +62,19 @@ async def open_engine(options: SupervisorOptions) -> AsyncIterator[Engine]:
     data_dir = Path(options.data_dir)
     check_options(options)
     become_subreaper()  # orphans of a worker's runtime are adopted and reaped here, not left as zombies
-    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    secure_data_dir(data_dir)
     if options.worker_uids is not None:  # created here with 0700, not later by mkdir(parents=True) with the umask
         for private in ("blobs", "workspaces"):
             (data_dir / private).mkdir(exist_ok=True, mode=0o700)
+    worker_env = dict(options.worker_env)
+    if options.test_scenarios:
+        worker_env["*"] = {TEST_STEPS_ENV: "1", **worker_env.get("*", {})}
     pool = PoolConfig(data_dir=data_dir, argv=options.worker_argv, idle_timeout_s=options.idle_timeout_s,
                       max_restarts=options.max_restarts, restart_window_s=options.restart_window_s,
                       sustained_max_restarts=options.sustained_max_restarts,
                       sustained_window_s=options.sustained_window_s, quarantine_s=options.quarantine_s,
                       shutdown_grace_s=options.shutdown_grace_s,
-                      env=options.worker_env, path=options.worker_path, worker_uids=options.worker_uids)
+                      env=worker_env, path=options.worker_path, worker_uids=options.worker_uids)
     exec_policy = ExecPolicy(enabled=bool(options.exec_allowlist), allowlist=options.exec_allowlist)
     tools = ToolRegistry(ToolsConfig(exec=exec_policy))
     async with Engine.open(EngineConfig(data_dir=data_dir, pool=pool, holder=options.holder), tools) as engine:

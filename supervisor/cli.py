@@ -19,11 +19,8 @@ from typing import Any
 
 import trio
 
-from codesdk import ApiError
 from protocol import EnsureLoginResult, InteractionMode, PermissionMode
 
-from . import cli_remote
-from .api import ADMIN_TOKEN_FILE
 from .app import SupervisorOptions, open_engine
 from .cli_common import (
     DEFAULT_NAMESPACE,
@@ -38,11 +35,11 @@ from .cli_common import (
     check_session_flags,
     exit_code,
 )
-from .config import default_data_dir
+from .config import ADMIN_TOKEN_FILE, default_data_dir
 from .engine import ApprovalRequest, ApproverAnswer, Engine, EngineError
 from .engine._transcript import derive_transcript
 from .login import run_login
-from .namespaces import InvalidNamespace
+from .namespaces import InvalidNamespace, UnsafeDataDir
 from .render import EventPrinter, json_line, print_stored_events, print_transcript
 from .store import DataDirBusy, EventStore, StoreError
 
@@ -72,6 +69,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     if args.session and args.workspace:
         raise CliError("--workspace cannot be used with --session: a session keeps the workspace it was created with")
     if args.url:
+        from . import cli_remote  # imported only when used: the HTTP client costs start-up time
         return await cli_remote.run(args, runtime_config)
     worker_env: dict[str, str] = {}
     for item in args.env or []:
@@ -81,13 +79,14 @@ async def cmd_run(args: argparse.Namespace) -> int:
         worker_env[key] = value
     # This supervisor serves one task in one namespace: the variables are that namespace's.
     options = SupervisorOptions(data_dir=args.data_dir, exec_allowlist=tuple(args.allow_exec or ()),
-                                worker_env={"*": worker_env}, holder="codesdk run")
+                                worker_env={"*": worker_env}, holder="codesdk run", test_scenarios=True)
     with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         try:
             async with open_engine(options) as engine:
                 return await _run_embedded(args, engine, runtime_config, signals)
         except DataDirBusy as busy:
             _service_instead(args, busy)
+    from . import cli_remote  # imported only when used: the HTTP client costs start-up time
     return await cli_remote.run(args, runtime_config)
 
 
@@ -98,7 +97,9 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
     if args.session:
         session = await engine.store.get_session(args.session)
         check_session_flags(args, session.namespace, session.runtime)
+        engine.prewarm(session.namespace)
     else:
+        engine.prewarm(args.namespace or DEFAULT_NAMESPACE)  # the worker starts while the session is made
         workspace = Path(args.workspace).resolve() if args.workspace else None
         if workspace is not None and not workspace.is_dir():
             raise CliError(f"--workspace {args.workspace} is not a directory")
@@ -167,6 +168,7 @@ def _service_instead(args: argparse.Namespace, busy: DataDirBusy) -> None:
 
 async def cmd_sessions(args: argparse.Namespace) -> int:
     if args.url:
+        from . import cli_remote  # imported only when used: the HTTP client costs start-up time
         return await cli_remote.sessions(args)
     async with _store(args) as store:
         sessions = await store.list_sessions(namespace=args.namespace, limit=args.limit)
@@ -185,6 +187,7 @@ async def cmd_sessions(args: argparse.Namespace) -> int:
 
 async def cmd_events(args: argparse.Namespace) -> int:
     if args.url:
+        from . import cli_remote  # imported only when used: the HTTP client costs start-up time
         return await cli_remote.events(args)
     printer = EventPrinter(sys.stdout, color=sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
     async with _store(args) as store:
@@ -200,6 +203,7 @@ async def cmd_events(args: argparse.Namespace) -> int:
 
 async def cmd_show(args: argparse.Namespace) -> int:
     if args.url:
+        from . import cli_remote  # imported only when used: the HTTP client costs start-up time
         return await cli_remote.show(args)
     async with _store(args) as store:
         session = await store.get_session(args.session)
@@ -221,6 +225,7 @@ async def cmd_auth(args: argparse.Namespace) -> int:
         except DataDirBusy as busy:
             _service_instead(args, busy)
     if args.url:
+        from . import cli_remote  # imported only when used: the HTTP client costs start-up time
         result = await cli_remote.auth_status(args)
     if args.action == "login":
         return await _login(args, result)
@@ -365,14 +370,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_USER_ERRORS = (CliError, EngineError, StoreError, InvalidNamespace, ApiError)
+_USER_ERRORS: tuple[type[BaseException], ...] = (CliError, EngineError, StoreError, InvalidNamespace, UnsafeDataDir)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    client = sys.modules.get("codesdk.client")  # its ApiError can only be raised once it was imported
+    return (*_USER_ERRORS, client.ApiError) if client is not None else _USER_ERRORS
 
 
 def _user_error(exc: BaseException) -> BaseException | None:
     """The user error inside ``exc`` (unwrapping trio's exception groups), if that's what it is."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
-    return exc if isinstance(exc, _USER_ERRORS) else None
+    return exc if isinstance(exc, _user_errors()) else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,7 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(trio.run(args.handler, args))
-    except (*_USER_ERRORS, BaseExceptionGroup) as exc:
+    except BrokenPipeError:
+        return EXIT_OK
+    except (Exception, BaseExceptionGroup) as exc:
         user_error = _user_error(exc)
         if user_error is None:
             raise
@@ -389,8 +401,6 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        return EXIT_OK
 
 
 if __name__ == "__main__":

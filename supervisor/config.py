@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+#: The bootstrap admin token in the data dir (0600): what a local operator uses to reach the running service.
+ADMIN_TOKEN_FILE = "admin.token"
+
 
 def default_data_dir() -> Path:
     """``$CODESDK_DATA_DIR``, else ``$XDG_DATA_HOME/codesdk``, else ``~/.local/share/codesdk``."""

@@ -156,7 +156,7 @@ class NamespaceEnv:
 
 
 def _check_name(name: str) -> None:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise NamespaceEnvError(f"invalid variable name {name!r}: use letters, digits and '_', not starting with a "
                                 "digit (at most 128 characters)")
     if name in RESERVED:

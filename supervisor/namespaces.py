@@ -62,7 +62,7 @@ class Namespace:
         if not sep or kind not in _KINDS:
             raise InvalidNamespace(
                 f"invalid namespace {name!r}: use 'default', 'user:<id>' or 'ci:<job>'")
-        if not _ID.match(ident) or ".." in ident:
+        if not _ID.fullmatch(ident) or ".." in ident:
             raise InvalidNamespace(
                 f"invalid namespace {name!r}: the id must be 1-64 characters of letters, digits, '_', '.', '@', '-', "
                 "start with a letter or digit, and not contain '..'")
@@ -326,6 +326,25 @@ def _write_assignments(path: Path, assigned: Mapping[str, int]) -> None:
     write_private(path, json.dumps({"version": 1, "assigned": dict(sorted(assigned.items()))}, indent=1))
 
 
+def secure_data_dir(data_dir: Path) -> None:
+    """Create the data dir 0700, or close a pre-existing one that is readable by others (``UnsafeDataDir`` with
+    the command to run when that is not ours to do): its store and every tenant's files live below."""
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    mode = stat.S_IMODE(data_dir.stat().st_mode)
+    if mode & 0o077 and mode != 0o711:  # 0711: a worker uid range's passage (reachable by name, not listable)
+        try:
+            os.chmod(data_dir, mode & 0o700)
+        except OSError as exc:
+            raise UnsafeDataDir(f"the data dir {data_dir} is mode {mode:o} (others may read the store and every "
+                                f"tenant's files) and cannot be closed here ({exc.strerror}); run `chmod 700 "
+                                f"{data_dir}` as its owner") from exc
+        log.warning("data dir %s was mode %o; tightened to %o", data_dir, mode, mode & 0o700)
+
+
+class UnsafeDataDir(RuntimeError):
+    """The data dir is open to other users and we cannot close it."""
+
+
 def tighten_data_dir(data_dir: Path) -> None:
     """Close every top-level entry of the data dir but ``namespaces/`` to group and others.
 
@@ -366,6 +385,27 @@ def check_reachable_by_workers(program: str) -> None:
             check_reachable_by_workers(interpreter)
 
 
+class WorkspaceRefused(ValueError):
+    """A workspace that would expose the supervisor's own files (or the whole host) to a tenant's tools."""
+
+
+def check_workspace(workspace: Path, data_dir: Path) -> Path:
+    """The workspace's real path, unless it is ``/`` or overlaps the data dir (the store, the tokens, every
+    namespace's HOME) — is it, contains it, or lies inside it other than under ``workspaces/``."""
+    real = workspace.resolve()
+    data = data_dir.resolve()
+    own = data / "workspaces"  # where the supervisor makes default workspaces: safe, one per session
+    if real == Path(real.anchor):
+        raise WorkspaceRefused(f"workspace {workspace} is the root of the file system; tools would reach everything")
+    if real == data or data.is_relative_to(real):
+        raise WorkspaceRefused(f"workspace {workspace} contains the supervisor's data dir {data} (its store, tokens "
+                               "and every namespace's HOME); use a directory outside it")
+    if real.is_relative_to(data) and not (real != own and real.is_relative_to(own)):
+        raise WorkspaceRefused(f"workspace {workspace} lies inside the supervisor's data dir {data}; use a "
+                               "directory outside it")
+    return real
+
+
 def give_workspace(workspace: Path, namespace: str, data_dir: Path, uids: UidRange | None) -> Identity | None:
     """Make a session's workspace the namespace's own, so its worker's runtime can work in it.
 
@@ -377,10 +417,8 @@ def give_workspace(workspace: Path, namespace: str, data_dir: Path, uids: UidRan
     if uids is None:
         return None
     identity = namespace_identity(data_dir, uids, Namespace.parse(namespace))
-    workspace = workspace.resolve()
+    workspace = check_workspace(workspace, data_dir)
     data_dir = data_dir.resolve()
-    if workspace == data_dir or data_dir.is_relative_to(workspace) or workspace.is_relative_to(data_dir / "namespaces"):
-        raise ValueError(f"workspace {workspace} overlaps the supervisor's data dir {data_dir}; use another one")
     if not workspace.is_dir():
         raise ValueError(f"workspace {workspace} is not a directory that can be given to a namespace")
     owner = workspace.stat().st_uid

@@ -19,11 +19,11 @@ from pathlib import Path
 import trio
 
 from ._sdnotify import Notifier, watchdog_interval_s
-from .api import ADMIN_TOKEN_FILE, TokenAuth, serve_api
+from .api import ADMIN_TOKEN_FILE, TokenAuth, TokenFileInvalid, serve_api
 from .app import SupervisorOptions, check_options, open_engine
 from .config import default_data_dir
 from .engine import Engine
-from .namespaces import UidRange, UidRangeError
+from .namespaces import UidRange, UidRangeError, UnsafeDataDir
 from .store import DataDirBusy, current_holder
 
 log = logging.getLogger("codesdk.supervisor.service")
@@ -112,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     env_list.add_argument("namespace")
     for cmd in (env_set, env_unset, env_list):
         cmd.add_argument("--data-dir", type=Path, default=default_data_dir())
+    run.add_argument("--enable-test-scenarios", action="store_true",
+                     help="let tenants use the scripted runtime's fault-injection steps (crash, hang, flood, ...) and "
+                          "inline scenarios: test instruments, off by default")
     run.add_argument("--max-restarts", type=int, default=5, help="crashes within --restart-window that quarantine")
     run.add_argument("--restart-window", type=float, default=60.0, help="seconds (burst intensity)")
     run.add_argument("--sustained-max-restarts", type=int, default=20,
@@ -124,10 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "namespace":
         return _namespace_env_command(args)
     if args.command == "token":
-        auth = TokenAuth.bootstrap(args.data_dir)
         try:
-            print(auth.add_principal(args.name, args.namespace))
-        except ValueError as exc:
+            print(TokenAuth.bootstrap(args.data_dir).add_principal(args.name, args.namespace))
+        except ValueError as exc:  # an invalid namespace, or a broken tokens file (TokenFileInvalid)
             print(f"codesdk-supervisor: {exc}", file=sys.stderr)
             return 2
         return 0
@@ -137,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     options = SupervisorOptions(
         data_dir=data_dir, max_restarts=args.max_restarts, restart_window_s=args.restart_window,
         sustained_max_restarts=args.sustained_max_restarts, sustained_window_s=args.sustained_window,
-        quarantine_s=args.quarantine, worker_uids=args.worker_uids, holder="codesdk-supervisor serve")
+        quarantine_s=args.quarantine, worker_uids=args.worker_uids, holder="codesdk-supervisor serve",
+        test_scenarios=args.enable_test_scenarios)
     try:
         check_options(options)
     except UidRangeError as exc:
@@ -148,11 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     _make_non_dumpable()
     try:
         trio.run(serve, options, socket_path, args.port, Notifier())
-    except (DataDirBusy, BaseExceptionGroup) as exc:
-        busy = _leaf(exc)
-        if not isinstance(busy, DataDirBusy):
+    except (DataDirBusy, TokenFileInvalid, UnsafeDataDir, BaseExceptionGroup) as exc:
+        refused = _leaf(exc)
+        if not isinstance(refused, (DataDirBusy, TokenFileInvalid, UnsafeDataDir)):
             raise
-        print(f"codesdk-supervisor: {busy}", file=sys.stderr)
+        print(f"codesdk-supervisor: {refused}", file=sys.stderr)
         return 2
     return 0
 

@@ -27,6 +27,7 @@ def make_engine(tmp_path: Path) -> Callable[..., Any]:
         env = options.pop("worker_env", {})
         env = {"*": {"CODESDK_SCENARIO_DIR": SCENARIOS, **env.get("*", {})}, **{k: v for k, v in env.items()
                                                                                  if k != "*"}}
+        options.setdefault("test_scenarios", True)  # the suite drives faults through the scripted runtime
         opts = SupervisorOptions(data_dir=options.pop("data_dir", tmp_path / "data"), worker_env=env, **options)
         async with open_engine(opts) as engine:
             yield engine

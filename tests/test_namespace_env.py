@@ -107,7 +107,7 @@ async def test_the_namespace_s_next_worker_has_the_new_variables(make_engine, tm
             new = engine.pool.worker_of("user:alice")
             assert new is not None and new is not old and new.spec.env["API_KEY"] == SECRET
             assert not old.exit_status or old.stopping  # a planned restart, not a crash
-            assert [s for s in engine.pool.status() if s["namespace"] == "user:alice"][0]["recent_crashes"] == 0
+            assert next(s for s in engine.pool.status() if s["namespace"] == "user:alice")["recent_crashes"] == 0
     assert os.environ.get("API_KEY") != SECRET
 
 

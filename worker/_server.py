@@ -32,7 +32,6 @@ from protocol import (
     LineFramer,
     Method,
     Model,
-    Notification,
     PeerInfo,
     RuntimeEventParams,
     RuntimeInfo,
@@ -48,8 +47,10 @@ from protocol import (
     TaskStopped,
     WorkerEvent,
     decode_json,
+    encode_event_notification,
     encode_message,
     error_response,
+    readable_id,
 )
 
 from .adapters.base import (
@@ -293,6 +294,8 @@ class WorkerServer:
             self._run_after_response()
             return
         assert isinstance(response, dict)
+        if "error" in response and response.get("id") is None:  # jsonrpcserver drops the id of a bad request
+            response["id"] = readable_id(value)
         if isinstance(response.get("result"), _Deferred):
             assert self._aux_nursery is not None
             self._aux_nursery.start_soon(self._answer_deferred, response["id"], response["result"])
@@ -477,20 +480,6 @@ class WorkerServer:
         self.shutting_down = True
         self._after_response.append(self._read_scope.cancel)
         return Success(Ack().to_json_obj())
-
-
-_EVENT_HEAD = b'{"jsonrpc":"2.0","method":"' + Method.EVENT.value.encode() + b'","params":'
-
-
-def encode_event_notification(params: RuntimeEventParams) -> bytes:
-    """The ``runtime.event`` line for ``params``: the same JSON ``encode_message`` gives, serialized in one
-    pass by pydantic instead of model -> dict -> Notification -> dict -> json.dumps (the hot path of a
-    streaming runtime). What pydantic refuses goes the old way, which raises as it always did."""
-    try:
-        body = params.__pydantic_serializer__.to_json(params, exclude_none=True)
-    except ValueError:  # PydanticSerializationError
-        return encode_message(Notification(method=Method.EVENT, params=params.to_json_obj()))
-    return _EVENT_HEAD + body + b"}\n"
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

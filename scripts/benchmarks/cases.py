@@ -35,6 +35,7 @@ DELTA = "x" * 20  # a typical small streamed token or two
 async def engine_in(tmp: Path, *, bench_worker: bool = False, idle_timeout_s: float = 300.0) -> AsyncIterator[Engine]:
     """A whole supervisor (store at its shipped durability, pool, tools) in a scratch data dir."""
     options = SupervisorOptions(data_dir=tmp / "data", worker_env={"*": {"CODESDK_SCENARIO_DIR": SCENARIOS}},
+                                test_scenarios=True,
                                 idle_timeout_s=idle_timeout_s,
                                 worker_argv=(sys.executable, BENCH_WORKER) if bench_worker else ())
     async with open_engine(options) as engine:
@@ -268,3 +269,16 @@ def density_baseline() -> dict[str, float]:
 
 def os_cpu_note() -> str:
     return f"{os.cpu_count()} cores"
+
+
+# -- 8. cold start of a real runtime --------------------------------------------------------------------------
+
+
+def cold(p: dict[str, Any]) -> list[Any]:
+    """Case 8 (``cold``): one cold ``codesdk run --runtime claude`` vs ``claude -p`` directly, as a ratio and a
+    difference (``real_runtime.case_cold``; like case 7 it runs inside scripts/netns-run or skips with the reason).
+    scripts/bench.py runs it as ``--case cold`` once ``"cold"`` is in its CASES and ``"cold": cases.cold`` in its
+    RUNNERS."""
+    from . import real_runtime
+
+    return real_runtime.case_cold(p["real_repeat"])

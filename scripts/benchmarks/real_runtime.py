@@ -1,16 +1,33 @@
-"""Case 7: overhead over a real runtime. One turn with one tool call on Claude Code (the installed runtime),
-run directly through claude-agent-sdk with an in-process tool versus through CodeSDK (supervisor + worker +
-tools), both against the fake Anthropic server. Must run inside scripts/netns-run (loopback only): nothing
+"""Real-runtime cases, against the fake Anthropic server. Must run inside scripts/netns-run (loopback only): nothing
 here can reach a real API, and no real credentials are used.
+
+Case 7: overhead over a real runtime. One turn with one tool call on Claude Code (the installed runtime), run
+directly through claude-agent-sdk with an in-process tool versus through CodeSDK (supervisor + worker + tools).
+
+Case 8 (``cold``): cold start. One whole ``codesdk run "hello" --runtime claude`` process (supervisor, worker and
+the Claude Code CLI all started from nothing, then torn down) versus ``claude -p "hello"`` run directly, same fake
+API, same prompt, interleaved; reported as a ratio and as the difference. Run alone (it re-runs itself inside
+scripts/netns-run when needed, and skips with the reason where it cannot)::
+
+    .venv/bin/python scripts/benchmarks/real_runtime.py --cold [--repeat 5] [--json PATH]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+if __name__ == "__main__":  # run as a script: the repository and scripts/ are importable
+    sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
 import trio
 
@@ -97,3 +114,129 @@ def run(repeat: int) -> dict[str, Any]:
             tool_calls = sum(1 for r in fake.requests("/v1/messages")
                              if any(b.get("type") == "tool_use" for b in r.get("reply", {}).get("content", [])))
     return {"direct": direct, "codesdk": ours, "tool_turns": tool_calls}
+
+
+# -- case 8: cold start -------------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+COLD_PROMPT = "hello"
+COLD_MODEL = "claude-sonnet-4-5"
+NETNS_UNAVAILABLE = 97  # scripts/netns-run's exit code when no namespace can be made
+#: Allowed cold-start cost of going through CodeSDK, over running the CLI directly.
+COLD_GOAL_S = 0.5
+
+
+def _codesdk_argv() -> list[str]:
+    script = Path(sys.executable).with_name("codesdk")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "supervisor.cli"]
+
+
+def _timed(argv: list[str], env: dict[str, str], cwd: Path, check: str) -> float:
+    started = time.perf_counter()
+    done = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=300, check=False)
+    elapsed = time.perf_counter() - started
+    if done.returncode != 0 or check not in done.stdout:
+        raise RuntimeError(f"{argv[0]} failed (exit {done.returncode}): {done.stderr[-1000:] or done.stdout[-1000:]}")
+    return elapsed
+
+
+def cold_start(repeat: int) -> dict[str, list[float]]:
+    """Per-repetition wall times (seconds) of a cold ``codesdk run --runtime claude`` and of ``claude -p``,
+    interleaved (after one uncounted run of each: first start of the binary, its HOME, caches)."""
+    cli = _env.cli_path()
+    assert cli is not None
+    with tempfile.TemporaryDirectory(prefix="codesdk-bench-cold-") as tmp:
+        root = Path(tmp)
+        for sub in ("home", "operator", "ws"):
+            (root / sub).mkdir()
+        with FakeAnthropic.start(root / "api.jsonl") as fake:
+            base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+            direct_env = {**base, **CLAUDE_OFFLINE_ENV, "HOME": str(root / "home"), "TMPDIR": str(root),
+                          "ANTHROPIC_BASE_URL": fake.base_url}
+            direct = [str(cli), "-p", COLD_PROMPT, "--output-format", "stream-json", "--verbose", "--model", COLD_MODEL]
+            # `codesdk run` builds the worker's (and so the CLI's) environment itself; these go to the namespace.
+            ours = [*_codesdk_argv(), "--data-dir", str(root / "data"), "run", COLD_PROMPT, "--runtime", "claude",
+                    "--json", "--config", f"model={COLD_MODEL}", "--env", f"ANTHROPIC_BASE_URL={fake.base_url}",
+                    "--env", f"ANTHROPIC_API_KEY={CLAUDE_OFFLINE_ENV['ANTHROPIC_API_KEY']}",
+                    "--env", "CLAUDE_CODE_MAX_RETRIES=0"]
+            ours_env = {**base, "HOME": str(root / "operator")}
+            times: dict[str, list[float]] = {"direct": [], "codesdk": []}
+            for index in range(repeat + 1):
+                d = _timed(direct, direct_env, root / "ws", '"subtype":"success"')
+                o = _timed(ours, ours_env, REPO, '"type":"task.completed"')
+                if index:
+                    times["direct"].append(d)
+                    times["codesdk"].append(o)
+    return times
+
+
+def _loopback_only() -> bool:
+    return [name for _, name in socket.if_nameindex()] == ["lo"]
+
+
+def case_cold(repeat: int) -> list[Any]:
+    """Case 8's figures: cold ``codesdk run`` vs direct ``claude -p``, as a ratio and as a difference."""
+    from benchmarks.common import Figure, from_reps
+
+    missing = runtime_missing()
+    if missing:
+        return [_skipped(missing)]
+    if not _loopback_only():
+        return _cold_in_netns(repeat)
+    r = cold_start(repeat)
+    ours, direct = r["codesdk"], r["direct"]
+    ratio = from_reps("cold", "codesdk run, one turn, Claude Code, cold", "s", ours, direct,
+                      goal=f"<= direct + {COLD_GOAL_S:.1f} s",
+                      note="new process each: supervisor, worker, CLI; baseline: `claude -p` directly, same fake API")
+    ratio.met = ratio.baseline is not None and ratio.ours - ratio.baseline <= COLD_GOAL_S
+    diffs = [o - d for o, d in zip(ours, direct)]
+    difference = Figure("cold", "difference over direct `claude -p`", "s", statistics.median(diffs), None,
+                        (min(diffs), max(diffs)), goal=f"<= {COLD_GOAL_S:.1f} s", samples={"ours": diffs},
+                        note="median of the pairwise differences")
+    difference.met = difference.ours <= COLD_GOAL_S
+    return [ratio, difference]
+
+
+def _skipped(why: str) -> Any:
+    from benchmarks.common import Figure
+
+    print(f"cold: SKIPPED: {why}", flush=True)
+    return Figure("cold", "skipped", "s", float("nan"), None, note=f"skipped: {why}")
+
+
+def _cold_in_netns(repeat: int) -> list[Any]:
+    from benchmarks.common import Figure
+
+    with tempfile.TemporaryDirectory(prefix="codesdk-bench-") as tmp:
+        out = Path(tmp) / "cold.json"
+        argv = [str(REPO / "scripts" / "netns-run"), sys.executable, str(Path(__file__).resolve()), "--cold",
+                "--repeat", str(repeat), "--json", str(out), "--no-table"]
+        proc = subprocess.run(argv, check=False, cwd=REPO, stdin=subprocess.DEVNULL)
+        if proc.returncode == NETNS_UNAVAILABLE:
+            return [_skipped("no loopback-only network namespace can be made here (scripts/netns-run exited 97); "
+                             "a real runtime is never run outside one")]
+        if proc.returncode != 0 or not out.exists():
+            return [_skipped(f"the run inside scripts/netns-run failed (exit {proc.returncode})")]
+        return [Figure(**{k: v for k, v in row.items() if k != "ratio"}) for row in json.loads(out.read_text())]
+
+
+def main() -> int:
+    from benchmarks.common import print_table
+
+    parser = argparse.ArgumentParser(description="real-runtime benchmark cases (case 8: --cold)")
+    parser.add_argument("--cold", action="store_true", required=True, help="case 8: cold start")
+    parser.add_argument("--repeat", type=int, default=5, help="counted repetitions (default 5)")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--no-table", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    figures = case_cold(args.repeat)
+    if not args.no_table:
+        print_table(figures)
+    if args.json:
+        args.json.write_text(json.dumps([f.to_json() for f in figures], indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -20,10 +20,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from protocol import InteractionMode, PermissionMode
+from protocol import BadFrame, InteractionMode, PermissionMode, decode_json
 
 from ..engine import Engine
-from ..engine._engine import EngineError, TaskNotActive
+from ..engine._engine import EngineError, InvalidTaskInput, TaskNotActive
 from ..engine._transcript import derive_transcript
 from ..namespace_env import NamespaceEnvError
 from ..namespaces import InvalidNamespace, Namespace
@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 KEEPALIVE_S = 15.0
 MAX_PAGE = 1000
 MAX_BODY = 1 << 20
+#: Largest seq/offset a client may name: SQLite integers are 64-bit signed.
+MAX_SEQ = 2**63 - 1
 DRAIN_LIMIT = 16 << 20
 M = TypeVar("M", bound=BaseModel)
 
@@ -91,19 +93,19 @@ class EnvUpdateBody(_Body):
 
 
 class EventsQuery(_Body):
-    after_seq: int = Field(default=0, ge=0)
+    after_seq: int = Field(default=0, ge=0, le=MAX_SEQ)
     limit: int = Field(default=100, ge=1, le=MAX_PAGE)
 
 
 class StreamQuery(_Body):
-    after_seq: int | None = Field(default=None, ge=0)
+    after_seq: int | None = Field(default=None, ge=0, le=MAX_SEQ)
     until_terminal: bool = False
 
 
 class ListQuery(_Body):
     namespace: str | None = None
     limit: int = Field(default=100, ge=1, le=MAX_PAGE)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=MAX_SEQ)
 
 
 def _validation_message(exc: ValidationError, where: str) -> str:
@@ -138,11 +140,10 @@ async def _body(request: Request, model: type[M]) -> M:
     raw = b"".join(chunks)
     if not raw.strip():
         data: Any = {}
-    else:
-        try:
-            data = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            raise ApiError(422, "invalid_json", f"request body is not valid JSON: {exc}") from exc
+    else:  # the worker protocol's strict decoder: no duplicate keys, NaN, lone surrogates, absurd nesting
+        data = decode_json(raw)
+        if isinstance(data, BadFrame):
+            raise ApiError(422, "invalid_json", f"request body is not valid JSON: {data.detail}")
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_request", "request body must be a JSON object")
     return _validate(model, data, "body")
@@ -279,6 +280,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
                 durable_approvals=body.interaction_mode == InteractionMode.INTERACTIVE)
         except SessionBusy as exc:
             raise ApiError(409, "session_busy", str(exc)) from exc
+        except InvalidTaskInput as exc:
+            raise ApiError(422, "invalid_request", str(exc)) from exc
         except EngineError as exc:
             raise ApiError(409, "conflict", str(exc)) from exc
         return JSONResponse(record.to_json_obj(), status_code=202)
@@ -406,8 +409,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             except ValueError:
                 raise ApiError(422, "invalid_request", "header 'Last-Event-ID' must be an event seq (integer)") \
                     from None
-            if after < 0:
-                raise ApiError(422, "invalid_request", "header 'Last-Event-ID' must be >= 0")
+            if not 0 <= after <= MAX_SEQ:
+                raise ApiError(422, "invalid_request", f"header 'Last-Event-ID' must be between 0 and {MAX_SEQ}")
         return _SSEResponse(engine, session.session_id, after or 0, query.until_terminal, metrics.sse_events,
                             keepalive_s)
 

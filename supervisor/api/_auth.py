@@ -14,15 +14,20 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
 from .._private_files import write_private
+from ..config import ADMIN_TOKEN_FILE
 from ..namespaces import Namespace
 
+log = logging.getLogger("codesdk.supervisor.api.auth")
+
 TOKENS_FILE = "api-tokens.json"
-ADMIN_TOKEN_FILE = "admin.token"
 
 
 def hash_token(token: str) -> str:
@@ -43,6 +48,44 @@ class Principal:
         return self.admin or namespace in self.namespaces
 
 
+class TokenFileInvalid(ValueError):
+    """The tokens file is not a valid token table (syntax, or a field of the wrong type)."""
+
+
+class _TokenRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str = Field(min_length=1, max_length=200)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    admin: bool = False  # strict: "false" (a string) is an error, never a truthy grant
+    namespaces: list[str] = Field(default_factory=list)
+
+    @field_validator("namespaces")
+    @classmethod
+    def _valid_namespaces(cls, namespaces: list[str]) -> list[str]:
+        for namespace in namespaces:
+            Namespace.parse(namespace)
+        return namespaces
+
+
+class _TokenTable(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    version: int = 1
+    tokens: list[_TokenRecord] = Field(default_factory=list)
+
+
+def _read_entries(path: Path) -> list[_Entry]:
+    try:
+        table = _TokenTable.model_validate_json(path.read_bytes())
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'file'}: {e['msg']}"
+                             for e in exc.errors(include_url=False))
+        raise TokenFileInvalid(f"{path} is not a valid token table ({problems})") from None
+    return [_Entry(r.sha256, Principal(name=r.name, admin=r.admin, namespaces=frozenset(r.namespaces)))
+            for r in table.tokens]
+
+
 @dataclass(frozen=True)
 class _Entry:
     digest: str
@@ -58,13 +101,9 @@ class TokenAuth:
 
     @classmethod
     def load(cls, data_dir: Path) -> TokenAuth:
+        """The token table of ``data_dir``; ``TokenFileInvalid`` (saying what is wrong) if the file is not one."""
         path = Path(data_dir) / TOKENS_FILE
-        raw = json.loads(path.read_text(encoding="utf-8"))
-        entries = [_Entry(str(item["sha256"]), Principal(
-            name=str(item["name"]), admin=bool(item.get("admin", False)),
-            namespaces=frozenset(str(n) for n in item.get("namespaces", []))))
-            for item in raw.get("tokens", [])]
-        return cls(entries, path)
+        return cls(_read_entries(path), path)
 
     @classmethod
     def bootstrap(cls, data_dir: Path) -> TokenAuth:
@@ -107,8 +146,11 @@ class TokenAuth:
         except OSError:
             return
         if mtime != getattr(self, "_mtime", None):
-            self._entries = TokenAuth.load(self.path.parent)._entries
             self._mtime = mtime
+            try:
+                self._entries = _read_entries(self.path)
+            except (TokenFileInvalid, OSError) as exc:  # keep the last good table: no lock-out, no 500s
+                log.error("%s; the tokens loaded before stay in force until it is fixed", exc)
 
     def authenticate(self, token: str | None) -> Principal | None:
         if not token:

@@ -8,6 +8,7 @@ policy_evaluated* -> approved|denied -> started -> completed (the last two only 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import uuid
@@ -55,7 +56,7 @@ from protocol import (
 )
 
 from .._orphans import end_adopted, reap_orphans_forever
-from ..namespaces import Namespace, give_workspace
+from ..namespaces import InvalidNamespace, Namespace, WorkspaceRefused, check_workspace, give_workspace
 from ..store import (
     INLINE_BLOB_MAX,
     DatabaseError,
@@ -96,6 +97,10 @@ class EngineError(Exception):
 
 class TaskNotActive(EngineError):
     pass
+
+
+class InvalidTaskInput(EngineError):
+    """The caller's input for a task cannot be stored (nothing was)."""
 
 
 @dataclass
@@ -182,7 +187,10 @@ class Engine:
         if workspace is None:
             root = self.config.workspaces_dir or self.config.data_dir / "workspaces"
             workspace = root / session_id
-        workspace = workspace.resolve()
+        try:
+            workspace = check_workspace(workspace, self.config.data_dir)
+        except WorkspaceRefused as exc:
+            raise EngineError(str(exc)) from exc
         await trio.to_thread.run_sync(lambda: workspace.mkdir(parents=True, exist_ok=True, mode=0o700))
         try:  # with per-namespace uids the workspace becomes the namespace's own; else a no-op
             await trio.to_thread.run_sync(give_workspace, workspace, namespace, self.config.pool.data_dir,
@@ -222,25 +230,56 @@ class Engine:
             task_id=task_id, workspace=session.workspace, messages=messages, tool_manifest=self.tooling.manifest(),
             permission_mode=permission_mode, interaction_mode=interaction_mode,
             runtime_config=runtime_config or {}, trace=trace or TraceContext())
+        compiled = params.model_dump(mode="json", exclude={"trace"})
+        try:  # all of the input is checked before anything is stored: a refused task leaves no trace
+            compiled_json = canonical_json(compiled)
+            started = TaskStarted(task_id=task_id, prompt_preview=prompt[:200], permission_mode=permission_mode,
+                                  interaction_mode=interaction_mode, runtime_config=runtime_config or {})
+            canonical_json(started.to_json_obj())
+        except (CanonicalizationError, ValueError, TypeError) as exc:
+            raise InvalidTaskInput(f"the task's input cannot be stored (runtime_config and the prompt must be plain "
+                              f"JSON: strings of valid text, integers within ±2^53): {exc}") from exc
         record = await self.store.create_task(session_id, task_id, runtime=session.runtime,
                                               metadata={"prompt_preview": prompt[:200]})
-        compiled = params.model_dump(mode="json", exclude={"trace"})
-        input_ref = await self.store.put_json_blob(compiled)
         tr = trace or TraceContext()
         run = TaskRun(task_id=task_id, session=session, params=params, approver=approver,
                       trace=Trace(session_id=session_id, task_id=task_id, request_id=tr.request_id,
                                   client_id=tr.client_id, user_id=tr.user_id),
                       runtime=RuntimeInfo(name=session.runtime, runtime_session_id=session.runtime_session_id))
-        run.model_input = ModelInput(input_ref=input_ref, input_hash=canonical_hash(compiled),
-                                     message_count=len(messages), tool_names=tuple(self.tooling.manifest().names()))
-        self._runs[task_id] = run
-        await self._append(run, [
-            (EventType.TASK_STARTED, TaskStarted(task_id=task_id, prompt_preview=prompt[:200],
-                                                 permission_mode=permission_mode, interaction_mode=interaction_mode,
-                                                 runtime_config=runtime_config or {})),
-        ])
+        try:
+            input_ref = await self.store.put_blob(compiled_json, "application/json")
+            run.model_input = ModelInput(input_ref=input_ref, input_hash=sha256_hex(compiled_json),
+                                         message_count=len(messages),
+                                         tool_names=tuple(self.tooling.manifest().names()))
+            self._runs[task_id] = run
+            await self.store.append(session_id, [self._draft(run, EventType.TASK_STARTED, started)],
+                                    idempotency_key=f"{task_id}:started")
+        except BaseException as exc:  # the task row exists: it ends now, with exactly one terminal event
+            self._runs.pop(task_id, None)
+            with trio.CancelScope(shield=True):
+                await self._abandon(run, started, exc)
+            raise
         self._nursery.start_soon(self._drive, run, name=f"drive:{task_id}")
         return record
+
+    async def _abandon(self, run: TaskRun, started: TaskStarted, exc: BaseException) -> None:
+        """A task whose start could not be completed (its row exists) ends now: ``task.started`` (a no-op if it
+        was stored, or is still on its way: same idempotency key) then ``task.failed INTERNAL`` — the session is
+        never left with a task that never ends."""
+        failed = TaskFailed(code=TaskFailureCode.INTERNAL, retryable=True,
+                            message=f"the task could not be started: {type(exc).__name__}: {exc}")
+        try:
+            await self.store.append(run.session_id, [self._draft(run, EventType.TASK_STARTED, started)],
+                                    idempotency_key=f"{run.task_id}:started")
+            await self.store.append(run.session_id, [self._draft(run, EventType.TASK_FAILED, failed)],
+                                    task_update=TaskUpdate(task_id=run.task_id, state=TaskState.FAILED,
+                                                           error=failed.to_json_obj()))
+        except StoreError as store_error:  # the store itself fails: the next start recovers the task
+            log.error("task %s could not be ended after its failed start: %s", run.task_id, store_error)
+
+    @staticmethod
+    def _draft(run: TaskRun, event_type: EventType, payload: Model) -> EventDraft:
+        return EventDraft(type=event_type, runtime=run.runtime, payload=payload, trace=run.trace)
 
     async def stop_task(self, task_id: str, reason: str = "stop requested", requested_by: str = "user") -> TaskRecord:
         """Store ``task.stopped`` now; tell the worker (best effort). Later worker events are dropped."""
@@ -271,6 +310,16 @@ class Engine:
             yield worker
         finally:
             self.pool.release(namespace, worker)
+
+    def prewarm(self, namespace: str) -> None:
+        """Start the namespace's worker now, in the background, so a task started soon finds it running (a new
+        process imports for a fraction of a second). Failures are left to the task's own start to report."""
+        async def warm() -> None:
+            with contextlib.suppress(EngineError, InvalidNamespace):
+                async with self._borrowed_worker(namespace):
+                    pass
+
+        self._nursery.start_soon(warm, name=f"prewarm:{namespace}")
 
     async def ensure_login(self, namespace: str, runtime: str) -> EnsureLoginResult:
         """Ask the namespace's worker whether ``runtime`` is logged in there, and what to do if not."""

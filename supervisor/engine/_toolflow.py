@@ -237,17 +237,21 @@ class ToolFlow:
         return found if found is not None and not found.is_error else None
 
     async def _index(self, session_id: str) -> None:
-        """Load the session's completed calls once (so replays work across supervisor restarts)."""
-        from ._transcript import session_events
-
+        """Load the session's completed calls once (so replays work across supervisor restarts); only the
+        tool-call events are read, a page at a time."""
+        store = self.engine.store
         requested: dict[tuple[str | None, str, int], ToolCallRequested] = {}
-        for event in await session_events(self.engine.store, session_id):
-            p = event.payload
-            key = (event.trace.task_id, getattr(p, "tool_call_id", ""), getattr(p, "attempt", 0))
-            if isinstance(p, ToolCallRequested) and event.type == EventType.TOOL_CALL_REQUESTED:
-                requested[key] = p
-            elif isinstance(p, ToolCallCompleted) and key in requested:
-                self._completed[(session_id, requested[key].runtime_tool_call_id, p.tool_name, p.input_hash)] = p
+        after = 0
+        while page := await store.read_types(session_id, _INDEX_TYPES, after, 1000):
+            after = page[-1].seq
+            for event in page:
+                p = event.payload
+                key = (event.trace.task_id, getattr(p, "tool_call_id", ""), getattr(p, "attempt", 0))
+                if isinstance(p, ToolCallRequested) and event.type == EventType.TOOL_CALL_REQUESTED:
+                    requested[key] = p
+                elif isinstance(p, ToolCallCompleted) and key in requested:
+                    self._completed[(session_id, requested[key].runtime_tool_call_id, p.tool_name,
+                                     p.input_hash)] = p
         self._indexed_sessions.add(session_id)
 
     async def _record_replay(self, run: TaskRun, identity: ToolCallIdentity, done: ToolCallCompleted,
@@ -283,6 +287,9 @@ class ToolFlow:
             await run.worker.connection.request(method, params)
         except WorkerError as exc:
             log.info("task %s: %s not delivered: %s", run.task_id, method, exc)
+
+
+_INDEX_TYPES = (EventType.TOOL_CALL_REQUESTED, EventType.TOOL_CALL_COMPLETED)
 
 
 def _outcome(step: ApprovalNeeded, final: ApprovalRecord) -> PolicyOutcome:

@@ -2,7 +2,8 @@
 
 The last task's compiled input (``model.input`` -> blob) holds every message up to and including its
 prompt; the events after it add the assistant's output and the tool calls and results. So the next
-task's messages are: that input + what the last task produced.
+task's messages are: that input + what the last task produced. Only the events that make messages are read
+(filtered in SQL, a page at a time): memory grows with the transcript, never with the session's deltas.
 """
 
 from __future__ import annotations
@@ -42,17 +43,24 @@ async def session_events(store: EventStore, session_id: str) -> list[NormalizedE
             return events
 
 
+#: The event types a transcript is made of (after the last model.input).
+TRANSCRIPT_TYPES = (EventType.MODEL_OUTPUT_COMPLETED, EventType.TOOL_CALL_REQUESTED, EventType.TOOL_CALL_COMPLETED,
+                    EventType.TOOL_CALL_DENIED)
+
+
 async def derive_transcript(store: EventStore, session_id: str) -> list[Message]:
-    events = await session_events(store, session_id)
-    last_input = next((i for i in range(len(events) - 1, -1, -1) if events[i].type == EventType.MODEL_INPUT), None)
+    last_input = await store.last_event_of_type(session_id, EventType.MODEL_INPUT)
     if last_input is None:
         return []
-    payload = events[last_input].payload
+    payload = last_input.payload
     assert isinstance(payload, ModelInput)
     compiled = json.loads(await store.get_blob(payload.input_ref))
     messages = [Message.model_validate(m) for m in compiled.get("messages", [])]
-    task_id = events[last_input].trace.task_id
-    later = [e for e in events[last_input + 1:] if e.trace.task_id == task_id]
+    later: list[NormalizedEvent] = []
+    after = last_input.seq
+    while page := await store.read_types(session_id, TRANSCRIPT_TYPES, after, PAGE, task_id=last_input.trace.task_id):
+        later += page
+        after = page[-1].seq
     messages += await _messages_from(store, later)
     return messages
 

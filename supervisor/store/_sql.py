@@ -157,6 +157,28 @@ def select_events(conn: apsw.Connection, session_id: str, after_seq: int, limit:
     return [_event(seq, body) for seq, body in rows]
 
 
+def select_events_of_types(conn: apsw.Connection, session_id: str, types: Sequence[str], after_seq: int,
+                           limit: int, task_id: str | None = None) -> list[NormalizedEvent]:
+    """Like ``select_events``, only events of these types (and of one task): filtered in SQL, so a session's
+    many deltas are never even decoded."""
+    marks = ",".join("?" * len(types))
+    task_clause = " AND task_id = ?" if task_id is not None else ""
+    rows = cast(list[tuple[int, str]], conn.execute(
+        f"SELECT seq, body FROM events WHERE session_id = ? AND seq > ? AND type IN ({marks}){task_clause} "
+        "ORDER BY seq LIMIT ?",
+        (session_id, after_seq, *types, *((task_id,) if task_id is not None else ()), limit)).fetchall())
+    return [_event(seq, body) for seq, body in rows]
+
+
+def select_last_event_of_type(conn: apsw.Connection, session_id: str, event_type: str) -> NormalizedEvent | None:
+    """The session's last event of ``event_type`` (a scan from the end, in SQLite)."""
+    for seq, body in conn.execute("SELECT seq, body FROM events WHERE session_id = ? AND type = ? "
+                                  "ORDER BY seq DESC LIMIT 1", (session_id, event_type)):
+        return _event(seq, body)
+    select_last_seq(conn, session_id)  # unknown session -> UnknownSession
+    return None
+
+
 def select_keyed_append(conn: apsw.Connection, session_id: str, key: str) -> list[NormalizedEvent] | None:
     """The events an earlier append with this idempotency key stored, or None if there was none."""
     for first_seq, last_seq in conn.execute(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -357,6 +358,22 @@ class EventStore:
             partial(_sql.select_events, session_id=session_id, after_seq=after_seq, limit=limit),
         )
 
+    async def read_types(self, session_id: str, types: Sequence[str], after_seq: int = 0, limit: int = 1000, *,
+                         task_id: str | None = None) -> list[NormalizedEvent]:
+        """Up to ``limit`` events of these types (of ``task_id`` when given) after ``after_seq``, in seq order:
+        what a projection needs, without reading every delta of a long session."""
+        _check_page(limit, after_seq)
+        if not types:
+            return []
+        return await self._read(f"reading events of session {session_id!r}", partial(
+            _sql.select_events_of_types, session_id=session_id, types=[str(t) for t in types], after_seq=after_seq,
+            limit=limit, task_id=task_id))
+
+    async def last_event_of_type(self, session_id: str, event_type: str) -> NormalizedEvent | None:
+        """The session's last event of ``event_type``, or None."""
+        return await self._read(f"reading events of session {session_id!r}", partial(
+            _sql.select_last_event_of_type, session_id=session_id, event_type=str(event_type)))
+
     @asynccontextmanager
     async def subscribe(
         self, session_id: str, after_seq: int = 0, *, until_terminal: bool = False
@@ -501,6 +518,9 @@ def _open_sync(root: Path, synchronous: str, readers: int,
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         writer = _sql.open_connection(path, readonly=False, synchronous=synchronous, vfs=vfs)
         opened.append(writer)
+        for suffix in ("", "-wal", "-shm"):  # whatever the umask was: the store is the supervisor's alone
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(path + suffix, 0o600)
         migrate(writer, path)
         for _ in range(readers):
             opened.append(_sql.open_connection(path, readonly=True, synchronous=synchronous, vfs=vfs))

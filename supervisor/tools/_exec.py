@@ -4,7 +4,8 @@ The sandbox: cwd is the workspace, the environment is built from scratch (``PATH
 the operator's explicit ``env``), no network (a fresh network namespace; when that is unavailable and
 isolation is required the call is refused rather than run unsandboxed), a wall-time limit, an address-space
 limit, output capped per stream. The command runs in its own session/process group; on timeout, and after
-it exits (for stragglers holding the pipes), the whole group is SIGKILLed.
+it exits (for stragglers holding the pipes), the whole group is SIGKILLed, then what is left of its session (a
+process that left the group), and all of it is reaped before the call returns.
 
 File system: where namespaces work, the command also gets a mount namespace whose root holds only the
 system directories (read-only), ``ExecPolicy.read_only_paths``, a private /tmp and /dev, its own /proc, and
@@ -32,7 +33,7 @@ from pydantic import Field, field_validator
 
 from protocol import SandboxSummary, ToolClass
 
-from .._orphans import reap_session
+from .._orphans import end_session
 from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolInput, ToolResult, clip
 from ._paths import workspace_root
 from ._sandbox import SYSTEM_PATHS, SandboxProber, SandboxTools, confine_spec, visible_in_confinement
@@ -123,14 +124,14 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-async def _kill_and_reap_group(pid: int) -> None:
-    """SIGKILL the command's group; stragglers re-parented to the supervisor (a child subreaper) are reaped."""
-    _kill_group(pid)
-    await trio.to_thread.run_sync(reap_session, pid)
-
-
-async def _deliver_cancel(process: trio.Process) -> None:
-    await _kill_and_reap_group(process.pid)
+async def _end_command(process: trio.Process) -> None:
+    """SIGKILL the command's group and reap all it started before returning: the leader first, so that what it
+    started has been re-parented by the time its session is ended. Shielded, so that a cancelled call does not
+    leave half of it behind; not bounded in time, so that a slow machine does not either."""
+    with trio.CancelScope(shield=True):
+        _kill_group(process.pid)
+        await process.wait()
+        await trio.to_thread.run_sync(end_session, process.pid)
 
 
 async def _supervise(
@@ -149,9 +150,8 @@ async def _supervise(
     nursery.start_soon(drain)
     with trio.move_on_after(timeout) as deadline:
         await process.wait()
-    await _kill_and_reap_group(process.pid)  # on timeout, and for stragglers still holding the pipes
-    await process.wait()
-    with trio.move_on_after(_DRAIN_GRACE_S):  # a daemon that left the group may keep a pipe open
+    await _end_command(process)  # on timeout, and for stragglers still holding the pipes
+    with trio.move_on_after(_DRAIN_GRACE_S):  # a daemon that left the session may keep a pipe open
         await drained.wait()
     nursery.cancel_scope.cancel()
     return deadline.cancelled_caught
@@ -175,7 +175,7 @@ async def _run(command: list[str], cwd: str, env: dict[str, str], timeout: float
                     cwd=cwd,
                     env=env,
                     start_new_session=True,
-                    deliver_cancel=_deliver_cancel,
+                    deliver_cancel=_end_command,
                 )
             )
         except OSError as exc:  # raised here bare; re-raised below, outside the nursery's exception group

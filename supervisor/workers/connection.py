@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,10 @@ _EVENT_KEYS = frozenset({"jsonrpc", "method", "params"})
 EVENT_BUFFER = 1024
 #: Protocol violations kept for diagnostics (the count is exact; the list is the most recent).
 VIOLATIONS_KEPT = 100
+#: Violations logged one by one per worker and window; the rest are counted and logged as one line per window,
+#: so a worker writing thousands of bad lines cannot flood the supervisor's log.
+VIOLATION_LOGS_PER_WINDOW = 10
+VIOLATION_LOG_WINDOW_S = 60.0
 
 
 class WorkerError(Exception):
@@ -98,6 +103,9 @@ class WorkerConnection:
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._write_lock = trio.Lock()
+        self._log_window_started = -VIOLATION_LOG_WINDOW_S  # the first violation opens a window
+        self._logged = 0
+        self._suppressed = 0
         self._closed = False
         self._broken: WorkerBroken | None = None
         self.stats = ConnectionStats()
@@ -126,6 +134,7 @@ class WorkerConnection:
                     if not chunk:
                         return
         finally:
+            self._log_suppressed()
             self._broken = WorkerBroken(f"{self.name}: worker output ended (process exited or crashed)")
             for pending in self._pending.values():
                 pending.error = self._broken
@@ -190,7 +199,21 @@ class WorkerConnection:
     def _violation(self, kind: str, detail: str) -> None:
         self.stats.violations += 1
         self.stats.recent_violations.append(ProtocolViolation(kind, detail))
-        log.warning("%s: protocol violation (%s): %s", self.name, kind, detail)
+        now = time.monotonic()
+        if now - self._log_window_started >= VIOLATION_LOG_WINDOW_S:
+            self._log_suppressed()
+            self._log_window_started, self._logged = now, 0
+        if self._logged < VIOLATION_LOGS_PER_WINDOW:
+            self._logged += 1
+            log.warning("%s: protocol violation (%s): %s", self.name, kind, detail)
+        else:
+            self._suppressed += 1
+
+    def _log_suppressed(self) -> None:
+        if self._suppressed:
+            log.warning("%s: %d more protocol violations not logged one by one (%d in all; the last %d are kept)",
+                        self.name, self._suppressed, self.stats.violations, VIOLATIONS_KEPT)
+            self._suppressed = 0
 
     async def wait_unmatched(self, request_id: int | str | None) -> Response | ErrorResponse:
         """Wait for an unmatched response with this id (e.g. the answer to a line sent with send_raw)."""

@@ -164,7 +164,7 @@ async def test_runtimes_and_auth_status_per_namespace(api: Api) -> None:
         assert hidden.status_code == 404
         auth = await api.client.get("/v1/namespaces/user:alice/auth/claude", headers=api.auth(api.alice))
         assert auth.status_code == 200 and auth.json()["logged_in"] is False
-        assert "claude login" in auth.json()["instructions"]
+        assert "codesdk auth login --runtime claude --namespace user:alice" in auth.json()["instructions"]
         other = await api.client.get("/v1/namespaces/user:alice/auth/claude", headers=api.auth(api.bob))
         assert other.status_code == 404
         bad = await api.client.get("/v1/namespaces/user:alice/auth/nope", headers=api.auth(api.alice))

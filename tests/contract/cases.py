@@ -50,15 +50,20 @@ class ScriptedCase:
     def slow(self) -> Turn:
         return Turn("count slowly", {"scenario": "slow-stream", "stop_grace_s": 0.5})
 
-    def with_runtime_process(self) -> Turn:
-        """Streams a little, then waits on a runtime process of its own (what the test kills)."""
-        program = f"import sys, time; print({STDERR_MARKER!r}, file=sys.stderr, flush=True); time.sleep(3600)"
+    def with_runtime_process(self, ready: Path) -> Turn:
+        """Streams a little, then waits on a runtime process of its own (what the test kills); the process says
+        it is working (``ready``) once its stderr line is written."""
+        program = (f"import sys, time; print({STDERR_MARKER!r}, file=sys.stderr, flush=True); "
+                   f"open({str(ready)!r}, 'w').close(); time.sleep(3600)")
         steps = [{"text": "working on it, for a long while", "chunk_size": 4},
                  {"runtime_process": [sys.executable, "-c", program]}, {"complete": {}}]
         return Turn("work", {"scenario_inline": {"name": "runtime-process", "steps": steps}})
 
     def is_runtime_process(self, process: psutil.Process) -> bool:
         return STDERR_MARKER in " ".join(process.cmdline())
+
+    def runtime_ready(self, ready: Path) -> bool:
+        return ready.exists()
 
     #: What the runtime's process writes to stderr before the crash (found in the report's stderr tail).
     stderr_before_crash: str | None = STDERR_MARKER
@@ -92,11 +97,14 @@ class ClaudeCase:
     def slow(self) -> Turn:
         return Turn("SLOW 20", {"stop_grace_s": 2})
 
-    def with_runtime_process(self) -> Turn:
+    def with_runtime_process(self, ready: Path) -> Turn:
         return Turn("SLOW 60")
 
     def is_runtime_process(self, process: psutil.Process) -> bool:
         return process.name() == "claude"
+
+    def runtime_ready(self, ready: Path) -> bool:
+        return True  # streaming: it is working
 
     #: Claude Code writes nothing to stderr on a quiet run.
     stderr_before_crash: str | None = None

@@ -158,10 +158,11 @@ async def test_worker_crash_mid_task_fails_it_once(make_engine, case) -> None:
     assert record.state == TaskState.FAILED and len(failed) == 1 and failed[0].code == "WORKER_CRASHED"
 
 
-async def test_runtime_process_killed_mid_task_is_a_retryable_runtime_crash(make_engine, case) -> None:
+async def test_runtime_process_killed_mid_task_is_a_retryable_runtime_crash(make_engine, case, tmp_path: Path) -> None:
     """The runtime's own process dies (SIGKILL): the task fails RUNTIME_CRASHED, retryable, with the signal and
     the process's stderr tail as a blob; the worker lives on and serves the next task."""
-    turn = case.with_runtime_process()
+    ready = tmp_path / "runtime-ready"
+    turn = case.with_runtime_process(ready)
     with trio.fail_after(120):
         async with make_engine(worker_env={"*": case.worker_env()}) as engine:
             session = await engine.create_session(runtime=case.runtime)
@@ -173,6 +174,8 @@ async def test_runtime_process_killed_mid_task_is_a_retryable_runtime_crash(make
                 found = [p for p in psutil.Process(worker.pid).children(recursive=True) if case.is_runtime_process(p)]
                 await trio.sleep(0.05)
             assert len(found) == 1
+            while not case.runtime_ready(ready):  # it has written what its crash report must show
+                await trio.sleep(0.02)
             found[0].kill()
             record = await engine.wait_task(task.task_id)
             events = await session_events(engine.store, session.session_id)

@@ -63,20 +63,18 @@ def _read_until(proc: subprocess.Popen[str], needle: str) -> str:
     return seen
 
 
-def _alive(pid: int) -> bool:
+def _gone(pid: int) -> bool:
+    """Dead and reaped, or dead and someone else's to reap; a zombie re-parented to this (subreaper) test process
+    is reaped here."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _reap_if_ours(pids: list[int]) -> None:
-    """Zombies re-parented to this (subreaper) test process are ours to reap."""
-    for pid in pids:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
+        process = psutil.Process(pid)
+        if process.status() != psutil.STATUS_ZOMBIE:
+            return False
+        if process.ppid() == os.getpid():
+            os.waitpid(pid, 0)
+        return True
+    except (psutil.Error, ChildProcessError):
+        return True
 
 
 def _serving(data: Path) -> bool:
@@ -187,7 +185,7 @@ def test_a_stop_signal_stops_the_task_and_leaves_nothing_running(tmp_path: Path,
     name = signal.Signals(signum).name
     assert run.returncode == code and f"task.stopped interrupted ({name})" in out
     assert "task stopped. Read it again" in out
-    _wait_for(lambda: not any(_alive(pid) for pid in tree), "the worker to be gone")
+    _wait_for(lambda: all(_gone(pid) for pid in tree), "the worker to be gone")
     session_id = json.loads(_cli(data, "sessions", "--json").stdout)["session_id"]
     stored = [json.loads(line) for line in _cli(data, "events", session_id, "--json").stdout.splitlines()]
     assert stored[-1]["type"] == "task.stopped"
@@ -210,8 +208,7 @@ def test_nothing_outlives_a_killed_supervisor(tmp_path: Path) -> None:
             assert len(sleepers) == 2 and {p.pid for p in sleepers} <= set(tree)
         finally:
             run.kill()
-    _wait_for(lambda: not any(_alive(pid) for pid in tree), "the worker and what it started to be gone")
-    _reap_if_ours(tree)
+    _wait_for(lambda: all(_gone(pid) for pid in tree), "the worker and what it started to be gone")
     assert current_holder(data) is None  # the kernel released the dead supervisor's lock
     again = _cli(data, "run", "hello again")
     assert again.returncode == 0, again.stderr

@@ -75,7 +75,8 @@ async def test_namespaces_get_their_own_home_and_no_supervisor_env(make_engine, 
                 homes[namespace] = env["HOME"]
                 assert "CODESDK_TEST_CANARY" not in env
                 assert set(env) <= {"HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME",
-                                    "TMPDIR", "PATH", "LANG", "LC_ALL", "CODESDK_SCENARIO_DIR", "ALICE_ONLY"}
+                                    "TMPDIR", "PATH", "LANG", "LC_ALL", "CODESDK_SCENARIO_DIR", "ALICE_ONLY",
+                                    "CODESDK_SCRIPTED_TEST_STEPS"}
                 assert ("ALICE_ONLY" in env) == (namespace == "user:alice")
                 assert env["TMPDIR"].startswith(str(Path(env["HOME"]).parent))
                 assert (Path(env["HOME"]).parent.stat().st_mode & 0o777) == 0o700

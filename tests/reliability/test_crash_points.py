@@ -2,18 +2,17 @@
 
 After every kill: the database passes ``PRAGMA integrity_check``, every event a subscriber was handed is
 stored unchanged, each session's seq is gap-free, and every task has exactly one terminal event.
-The random rounds are bounded; ``CODESDK_CRASH_ROUNDS=N`` runs them longer locally (default 4).
+The random rounds are bounded; ``CODESDK_CRASH_ROUNDS=N`` runs them longer locally (default 4). Their seed is
+named in any failure; ``CODESDK_CRASH_SEED=N`` replays it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +27,11 @@ from supervisor.engine._transcript import session_events
 from supervisor.store import DB_FILENAME, EventStore, TaskState
 
 from ..e2e.invariants import check_session
+from ..seeds import Seed
 from ..service.test_service import _client, _start, _wait_socket, kill_and_reap
 
 ROUNDS = int(os.environ.get("CODESDK_CRASH_ROUNDS", "4"))
-SEED = int(os.environ.get("CODESDK_CRASH_SEED", str(random.randrange(1 << 30))))
+SEED = Seed.from_env("CODESDK_CRASH_SEED")
 
 
 def _busy_scenario(calls: int = 6) -> dict[str, Any]:
@@ -55,7 +55,8 @@ def integrity_ok(data_dir: Path) -> None:
 
 
 async def _kill_worker_when(engine: Engine, session_id: str, should_kill: Any, after_seq: int = 0) -> list[Any]:
-    """Follow the session; SIGKILL its worker the moment ``should_kill(event, seen)`` says so."""
+    """Follow the session; SIGKILL its worker the moment ``should_kill(event, seen)`` says so (and there is one:
+    a task's first events are stored before its worker is started)."""
     seen: list[Any] = []
     killed = False
     async with engine.store.subscribe(session_id, after_seq) as events:
@@ -64,9 +65,9 @@ async def _kill_worker_when(engine: Engine, session_id: str, should_kill: Any, a
             if not killed and should_kill(event, seen):
                 session = await engine.store.get_session(session_id)
                 worker = engine.pool.worker_of(session.namespace)
-                assert worker is not None
-                os.kill(worker.pid, signal.SIGKILL)
-                killed = True
+                if worker is not None:
+                    os.kill(worker.pid, signal.SIGKILL)
+                    killed = True
             if event.type in TERMINAL_EVENT_TYPES:
                 break
     assert killed, f"the kill point was never reached: {[(e.type.value, getattr(e.payload, 'code', '')) for e in seen]}"
@@ -150,8 +151,7 @@ async def test_worker_that_dies_before_initialize_fails_the_task_once(make_engin
 
 
 async def test_worker_sigkill_at_random_points(make_engine, tmp_path: Path) -> None:
-    rng = random.Random(SEED)
-    with trio.fail_after(30 + 15 * ROUNDS):
+    with SEED.rng() as rng, trio.fail_after(30 + 15 * ROUNDS):
         async with make_engine(max_restarts=ROUNDS + 5) as engine:
             session = await engine.create_session(workspace=tmp_path / "ws")
             for round_ in range(ROUNDS):
@@ -160,55 +160,98 @@ async def test_worker_sigkill_at_random_points(make_engine, tmp_path: Path) -> N
                 task = await engine.start_task(session.session_id, f"round {round_}", permission_mode="yolo",
                                                runtime_config={"scenario_inline": _busy_scenario()})
                 seen = await _kill_worker_when(engine, session.session_id,
-                                               lambda e, s, at=at: len(s) == at, after_seq=before)
+                                               lambda e, s, at=at: len(s) >= at, after_seq=before)
                 await _check_after(engine, session.session_id, task.task_id, seen)
     integrity_ok(tmp_path / "data")
 
 
 # -- the supervisor itself, killed during heavy writes -----------------------------------------------
 
+#: Per round, the service is SIGKILLed once its followers together have been handed a number of events drawn
+#: from this range: deep into three floods, however fast or slow the machine is.
+HANDED_BEFORE_KILL = (1_500, 6_000)
+#: Hang guard only (a round that never gets there fails, with the counts); it never decides when to kill.
+HANDED_GUARD_S = 180.0
 
-def _follow(tmp_path: Path, session_id: str, into: list[dict[str, Any]]) -> None:
+
+class _Handed:
+    """The events the followers were handed, per session; one can wait until they add up to a number."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, list[dict[str, Any]]] = {}
+        self.terminals: list[dict[str, Any]] = []  # a flood of a million events that ended before the kill failed
+        self._grew = threading.Condition()
+
+    def add(self, session_id: str, event: dict[str, Any]) -> None:
+        with self._grew:
+            self.events.setdefault(session_id, []).append(event)
+            if event["type"] in {t.value for t in TERMINAL_EVENT_TYPES}:
+                self.terminals.append(event)
+            self._grew.notify_all()
+
+    def count(self, session_ids: list[str]) -> int:
+        with self._grew:
+            return sum(len(self.events.get(sid, [])) for sid in session_ids)
+
+    def wait_for(self, session_ids: list[str], count: int, guard_s: float) -> bool:
+        """Until every follower of ``session_ids`` is live (was handed something) and together they were handed
+        ``count`` events, or a task ended; False if ``guard_s`` ran out first."""
+        def enough() -> bool:
+            live = all(self.events.get(sid) for sid in session_ids)
+            return (live and self.count(session_ids) >= count) or bool(self.terminals)
+
+        with self._grew:
+            return self._grew.wait_for(enough, guard_s)
+
+
+def _follow(tmp_path: Path, session_id: str, handed: _Handed) -> None:
     """Collect the SSE events a client was handed until the connection breaks."""
     try:
         with _client(tmp_path) as client, client.stream(
                 "GET", f"/v1/sessions/{session_id}/events/stream", timeout=None) as response:
             for line in response.iter_lines():
                 if line.startswith("data: "):
-                    into.append(json.loads(line[6:]))
+                    handed.add(session_id, json.loads(line[6:]))
     except (httpx.TransportError, httpx.HTTPError):
         pass
 
 
 def test_supervisor_sigkill_during_heavy_writes_loses_nothing_it_published(tmp_path: Path) -> None:
-    rng = random.Random(SEED)
     data = tmp_path / "data"
-    published: dict[str, list[dict[str, Any]]] = {}
-    for _round in range(max(2, ROUNDS // 2)):
-        proc = _start(tmp_path, quiet=True)
-        try:
-            _wait_socket(tmp_path)
-            followers = []
-            with _client(tmp_path) as client:
-                for i in range(3):  # three tenants writing at once
-                    session = client.post("/v1/sessions", json={"namespace": f"user:t{i}"}).json()
-                    sid = session["session_id"]
-                    published[sid] = []
-                    follower = threading.Thread(target=_follow, args=(tmp_path, sid, published[sid]), daemon=True)
-                    follower.start()
-                    followers.append(follower)
-                    flood = {"name": "flood", "steps": [{"flood": 1_000_000, "delta": "y" * 16}, {"complete": {}}]}
-                    client.post(f"/v1/sessions/{sid}/tasks",
-                                json={"prompt": "x", "runtime_config": {"scenario_inline": flood}})
-            time.sleep(rng.uniform(0.5, 2.0))
-        finally:
-            kill_and_reap(proc)
-        for follower in followers:
-            follower.join(timeout=30)
-        (data / "api.sock").unlink(missing_ok=True)
-        integrity_ok(data)  # before anyone recovers anything
-    assert sum(map(len, published.values())) > 1000, "the writes were not heavy: too few events published"
-    trio.run(_check_every_session, data, published)
+    handed = _Handed()
+    with SEED.rng() as rng:
+        for round_ in range(max(2, ROUNDS // 2)):
+            kill_at = rng.randrange(*HANDED_BEFORE_KILL)
+            proc = _start(tmp_path, quiet=True)
+            try:
+                _wait_socket(tmp_path, HANDED_GUARD_S)
+                sessions: list[str] = []
+                followers = []
+                with _client(tmp_path) as client:
+                    for i in range(3):  # three tenants writing at once
+                        session = client.post("/v1/sessions", json={"namespace": f"user:t{i}"}).json()
+                        sid = session["session_id"]
+                        handed.events[sid] = []
+                        sessions.append(sid)
+                        follower = threading.Thread(target=_follow, args=(tmp_path, sid, handed), daemon=True)
+                        follower.start()
+                        followers.append(follower)
+                        flood = {"name": "flood", "steps": [{"flood": 1_000_000, "delta": "y" * 16}, {"complete": {}}]}
+                        client.post(f"/v1/sessions/{sid}/tasks",
+                                    json={"prompt": "x", "runtime_config": {"scenario_inline": flood}})
+                reached = handed.wait_for(sessions, kill_at, HANDED_GUARD_S)
+                assert not handed.terminals, f"round {round_}: a flood ended before the kill: {handed.terminals}"
+                if not reached:
+                    pytest.fail(f"round {round_}: the followers were handed {handed.count(sessions)} events, not "
+                                f"the {kill_at} to kill at, within the {HANDED_GUARD_S:g}s hang guard")
+            finally:
+                kill_and_reap(proc)
+            for follower in followers:
+                follower.join(timeout=HANDED_GUARD_S)  # the stream breaks with the service: a hang guard only
+                assert not follower.is_alive(), f"round {round_}: a follower still reads from a killed service"
+            (data / "api.sock").unlink(missing_ok=True)
+            integrity_ok(data)  # before anyone recovers anything
+        trio.run(_check_every_session, data, handed.events)
 
 
 async def _check_every_session(data: Path, published: dict[str, list[dict[str, Any]]]) -> None:

@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from protocol import TERMINAL_EVENT_TYPES, EventType, RuntimeInfo
+from supervisor.app import TEST_STEPS_ENV
 from supervisor.engine import Engine, EngineConfig
 from supervisor.store import DatabaseError, EventDraft, EventStore
 from supervisor.tools import ToolRegistry, ToolsConfig
@@ -116,7 +117,7 @@ async def test_the_engine_stops_a_task_whose_events_cannot_be_stored_and_readyz_
     from supervisor.api import TokenAuth, create_app
 
     data = tmp_path / "data"
-    pool = PoolConfig(data_dir=data, env={"*": {"CODESDK_SCENARIO_DIR": SCENARIOS}})
+    pool = PoolConfig(data_dir=data, env={"*": {"CODESDK_SCENARIO_DIR": SCENARIOS, TEST_STEPS_ENV: "1"}})
     config = EngineConfig(data_dir=data, pool=pool, store_vfs=faulty.vfs_name)
     with trio.fail_after(60):
         async with Engine.open(config, ToolRegistry(ToolsConfig())) as engine:

@@ -73,8 +73,8 @@ def test_each_trap_decodes_to_a_bad_frame_with_its_json_rpc_code(trap: Trap) -> 
     result = decode_message(trap.line)
     assert isinstance(result, BadFrame), result
     assert (result.problem, result.error_code) == (trap.problem, trap.code), result.detail
-    if trap.code == ErrorCode.PARSE_ERROR:
-        assert result.id is None  # nothing is read from a line that does not parse, not even its id
+    # The id is kept exactly when the line is a JSON object with a readable one (the answer carries it).
+    assert result.id == ("r7" if trap.echoes_id else None), result
 
 
 @pytest.mark.parametrize("trap", TRAPS, ids=str)

@@ -7,6 +7,7 @@ hostile peer process (hostile_worker.py), then the engine with a real worker tor
 from __future__ import annotations
 
 import base64
+import logging
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -356,3 +357,22 @@ async def test_a_frame_torn_by_a_killed_worker_fails_its_task_exactly_once_and_o
             assert (await engine.wait_task(retry.task_id)).state == TaskState.COMPLETED
             check_session(await session_events(engine.store, session.session_id))
 
+
+
+async def test_a_worker_writing_thousands_of_bad_lines_cannot_flood_the_log(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Each bad line is counted; only the first few per minute are logged one by one, the rest in one line."""
+    from supervisor.workers.connection import VIOLATION_LOGS_PER_WINDOW
+
+    with trio.fail_after(60), caplog.at_level(logging.WARNING, logger="codesdk.supervisor.worker"):
+        async with _connection() as (connection, peer):
+            await peer.output.send_all(b"".join(b"garbage %d\n" % n for n in range(5000)))
+            assert await _ask_while_peer_writes(connection, peer, lambda rid: encode_message(
+                Response(id=rid, result="pong"))) == "pong"  # everything before the answer was read
+            assert connection.stats.violations == 5000
+    one_by_one = [r for r in caplog.records if "protocol violation (bad_frame)" in r.getMessage()]
+    summaries = [r.getMessage() for r in caplog.records if "more protocol violations not logged" in r.getMessage()]
+    assert len(one_by_one) == VIOLATION_LOGS_PER_WINDOW
+    expected = (f"fake-worker: {5000 - VIOLATION_LOGS_PER_WINDOW} more protocol violations not logged one by one "
+                "(5000 in all; the last 100 are kept)")
+    assert summaries == [expected]

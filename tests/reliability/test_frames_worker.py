@@ -1,6 +1,7 @@
 """Frames, worker side: a real codesdk-worker fed hostile stdin answers each bad line and keeps serving.
 
-Errors about lines whose id can't be trusted carry ``"id": null`` (JSON-RPC 2.0, section 5).
+An error about a line that is a JSON object with a readable id carries that id; only a line whose id cannot
+be read is answered with ``"id": null`` (JSON-RPC 2.0, section 5).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ async def test_every_trap_gets_its_json_rpc_error_and_the_worker_keeps_serving(t
         async with running_worker(tmp_path) as h:
             for index, trap in enumerate(TRAPS):
                 await h.conn.send_raw(trap.line + b"\n" + _auth_request(f"after-{index}"))
-                reply = await _reply(h, None)
+                reply = await _reply(h, "r7" if trap.echoes_id else None)
                 assert reply["error"]["code"] == trap.code, (trap.name, reply)
                 answered = await _reply(h, f"after-{index}")
                 assert answered["result"]["state"] == "not_required", trap.name

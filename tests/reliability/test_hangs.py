@@ -117,11 +117,12 @@ async def test_a_daemon_that_left_the_workers_session_dies_with_the_worker(make_
             task = await engine.start_task(session.session_id, "x", runtime_config={"scenario": "hang"})
             while (await engine.store.get_task(task.task_id)).state != TaskState.RUNNING:
                 await trio.sleep(0.02)
-            await trio.sleep(0.3)  # a few snapshots of the worker's tree
             daemon = int(pidfile.read_text().split()[0])
             assert psutil.Process(daemon).status() != psutil.STATUS_ZOMBIE
             worker = engine.pool.worker_of("default")
             assert worker is not None
+            while daemon not in worker._known:  # a snapshot of the worker's tree has seen it (on a busy host a
+                await trio.sleep(0.02)  # scan of /proc can take longer than the snapshot interval)
             os.kill(worker.pid, signal.SIGKILL)
             record = await engine.wait_task(task.task_id)
             assert record.error is not None and record.error["code"] == "WORKER_CRASHED"

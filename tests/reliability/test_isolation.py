@@ -31,7 +31,7 @@ import trio
 
 from protocol import EventType, PermissionMode
 from supervisor.api import TokenAuth
-from supervisor.app import SupervisorOptions, open_engine
+from supervisor.app import TEST_STEPS_ENV, SupervisorOptions, open_engine
 from supervisor.cli import main as cli_main
 from supervisor.engine import Engine, EngineError
 from supervisor.engine._transcript import session_events
@@ -167,7 +167,7 @@ async def _scenario(run: TenancyRun, tmp: Path) -> None:
     options = SupervisorOptions(
         data_dir=data_dir, exec_allowlist=("env",), idle_timeout_s=60,
         worker_argv=(*python, str(PROBE), str(probe_out), json.dumps(PEEK), *worker),
-        worker_env={"*": COMMON_ENV}, worker_uids=run.uids)
+        worker_env={"*": COMMON_ENV}, worker_uids=run.uids, test_scenarios=True)
     NamespaceEnv(data_dir).update(BOB, BOB_ENV)
     workspaces = {ns: tmp / f"ws-{ns.split(':')[1]}" for ns in (ALICE, BOB)}
     for ws in workspaces.values():
@@ -256,7 +256,7 @@ def test_each_worker_environment_is_built_from_scratch(tenancy: TenancyRun) -> N
     for ns, extra in ((ALICE, {}), (BOB, BOB_ENV)):
         root = str(tenancy.data_dir.resolve() / "namespaces" / Namespace.parse(ns).safe_name)
         env = tenancy.findings[Namespace.parse(ns).safe_name]["env"]
-        assert set(env) == BASE_NAMES | set(COMMON_ENV) | set(extra), ns
+        assert set(env) == BASE_NAMES | set(COMMON_ENV) | set(extra) | {TEST_STEPS_ENV}, ns
         assert {k: env[k] for k in extra} == extra
         for name in ("HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "TMPDIR"):
             assert str(Path(env[name]).resolve()).startswith(root + "/"), (ns, name, env[name])

@@ -182,7 +182,7 @@ def test_a_workspace_is_given_to_its_namespace_and_not_to_a_second_one(tmp_path:
     assert give_workspace(workspace, "user:a", data, RANGE) == identity  # again: fine
     with pytest.raises(ValueError, match="belongs to another namespace"):
         give_workspace(workspace, "user:b", data, RANGE)
-    with pytest.raises(ValueError, match="overlaps the supervisor's data dir"):
+    with pytest.raises(ValueError, match="lies inside the supervisor's data dir"):
         give_workspace(data / "namespaces" / "user.a" / "home", "user:a", data, RANGE)
     inside = data / "workspaces" / "ses_1"
     inside.mkdir(parents=True, mode=0o700)
@@ -204,7 +204,7 @@ def test_the_scripted_engine_flow_works_with_worker_uids_and_survives_a_restart(
     assert argv is not None
     options = SupervisorOptions(
         data_dir=data, worker_argv=tuple(argv), worker_uids=RANGE, idle_timeout_s=60,
-        worker_env={"*": {"CODESDK_SCENARIO_DIR": str(REPO / "fixtures" / "scenarios")}})
+        worker_env={"*": {"CODESDK_SCENARIO_DIR": str(REPO / "fixtures" / "scenarios")}}, test_scenarios=True)
     seen: dict[str, set[int]] = {"user:a": set(), "user:b": set()}
 
     async def worker_uid(engine: object, namespace: str) -> int:
@@ -253,7 +253,7 @@ def test_tools_leave_workspace_files_to_the_namespace_and_exec_works_in_it(open_
     assert argv is not None
     options = SupervisorOptions(
         data_dir=data, worker_argv=tuple(argv), worker_uids=RANGE, idle_timeout_s=60, exec_allowlist=("sh",),
-        worker_env={"*": {"CODESDK_SCENARIO_DIR": str(REPO / "fixtures" / "scenarios")}})
+        worker_env={"*": {"CODESDK_SCENARIO_DIR": str(REPO / "fixtures" / "scenarios")}}, test_scenarios=True)
     steps = [
         {"tool_calls": [{"id": "w", "name": "workspace.write", "input": {"path": "sub/new.txt", "content": "x\n"}}]},
         {"tool_calls": [{"id": "e", "name": "workspace.exec",

@@ -42,7 +42,8 @@ def test_auth_reports_per_namespace(tmp_path: Path) -> None:
     data = tmp_path / "data"
     missing = _cli(data, "auth", "--runtime", "claude", "--namespace", "user:alice")
     assert missing.returncode == 1
-    assert "unauthenticated" in missing.stdout and "namespaces/user.alice/home claude login" in missing.stdout
+    assert "unauthenticated" in missing.stdout
+    assert f"codesdk auth login --runtime claude --namespace user:alice --data-dir {data}" in missing.stdout
     creds = data / "namespaces" / "user.alice" / "home" / ".claude"
     creds.mkdir(parents=True, exist_ok=True)
     (creds / ".credentials.json").write_text('{"claudeAiOauth": {"accessToken": "tok-secret"}}')
@@ -53,3 +54,16 @@ def test_auth_reports_per_namespace(tmp_path: Path) -> None:
     assert "tok-secret" not in ok.stdout
     other = _cli(data, "auth", "--runtime", "claude", "--namespace", "user:bob")
     assert other.returncode == 1  # alice's login is not bob's
+
+
+def test_run_without_a_login_fails_and_says_how_to_log_in(tmp_path: Path) -> None:
+    with FakeAnthropic.start(tmp_path / "api.jsonl") as fake:
+        done = _cli(tmp_path / "data", "run", "hello", "--runtime", "claude", "--json",
+                    "--env", f"ANTHROPIC_BASE_URL={fake.base_url}", "--env", "CLAUDE_CODE_MAX_RETRIES=0")
+        assert fake.requests() == []
+    assert done.returncode == 1, done.stderr[-2000:]
+    failed = [json.loads(line) for line in done.stdout.splitlines()][-1]
+    assert failed["type"] == "task.failed" and failed["payload"]["code"] == "AUTH_REQUIRED"
+    assert not failed["payload"]["retryable"]
+    assert (f"codesdk auth login --runtime claude --namespace default --data-dir {tmp_path / 'data'}"
+            in failed["payload"]["message"])

@@ -26,7 +26,8 @@ def _start(tmp_path: Path, notify: Path | None = None, *serve_args: str, quiet: 
     full_env = {**os.environ, "CODESDK_SCENARIO_DIR": SCENARIOS, **env}
     if notify is not None:
         full_env["NOTIFY_SOCKET"] = str(notify)
-    argv = [sys.executable, "-m", "supervisor.service", "serve", "--data-dir", str(tmp_path / "data"), *serve_args]
+    argv = [sys.executable, "-m", "supervisor.service", "serve", "--data-dir", str(tmp_path / "data"),
+            "--enable-test-scenarios", *serve_args]
     return subprocess.Popen(argv, env=full_env, cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL if quiet else subprocess.PIPE)
 
@@ -161,18 +162,25 @@ def test_sigkill_mid_task_then_restart_recovers(tmp_path: Path) -> None:
     assert "restarted" in approvals[0]["decision_reason"]
 
 
-def _wait_socket(tmp_path: Path, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (tmp_path / "data" / "api.sock").exists() and (tmp_path / "data" / "admin.token").exists():
-            try:
-                with _client(tmp_path) as client:
-                    if client.get("/healthz").status_code == 200:
-                        return
-            except httpx.TransportError:
-                pass
-        time.sleep(0.05)
-    raise AssertionError("the supervisor did not start serving")
+def _wait_socket(tmp_path: Path, guard_s: float = 60) -> None:
+    """Until the service answers /healthz. Probed first with a socket closed here: a refused httpx connection
+    (between the service's bind and listen) leaks its socket, a ResourceWarning that fails whichever test is
+    running when it is collected."""
+    path = tmp_path / "data" / "api.sock"
+    deadline = time.monotonic() + guard_s  # a hang guard only
+    while True:
+        if path.exists() and (tmp_path / "data" / "admin.token").exists():
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.connect(str(path))
+                except (FileNotFoundError, ConnectionRefusedError):
+                    pass
+                else:
+                    with _client(tmp_path) as client:
+                        if client.get("/healthz").status_code == 200:
+                            return
+        assert time.monotonic() < deadline, f"the supervisor did not start serving on {path} within {guard_s:g} s"
+        time.sleep(0.02)
 
 
 def _wait_for_running(client: httpx.Client, task_id: str, timeout: float = 30) -> None:

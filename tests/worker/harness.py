@@ -23,6 +23,7 @@ def minimal_env(home: Path) -> dict[str, str]:
         "HOME": str(home),
         "LANG": "C.UTF-8",
         "CODESDK_SCENARIO_DIR": str(REPO / "fixtures" / "scenarios"),
+        "CODESDK_SCRIPTED_TEST_STEPS": "1",  # the protocol tests drive faults through the scripted runtime
     }
 
 

@@ -140,7 +140,11 @@ async def test_runtime_failure_is_reported_as_task_failed(tmp_path: Path) -> Non
     assert failed.payload.details == {"status": 429}
 
 
-_NULL_ID_CODES = {ErrorCode.PARSE_ERROR, ErrorCode.INVALID_REQUEST}
+def _answered_id(line: bytes, code: int) -> str | None:
+    """The id an error carries: the request's whenever the line is a JSON object with a readable id; null when
+    the line does not parse or is not an object (a batch)."""
+    readable = b'"r7"' in line and not line.startswith(b"[") and code != ErrorCode.PARSE_ERROR
+    return "r7" if readable else None
 
 
 @pytest.mark.parametrize(
@@ -171,8 +175,7 @@ async def test_bad_input_gets_the_right_error_and_the_worker_keeps_serving(
     with trio.fail_after(30):
         async with running_worker(tmp_path) as h:
             await h.conn.send_raw(line)
-            # Errors about lines whose id can't be read carry id null (JSON-RPC 2.0, section 5).
-            reply = await _raw_reply(h, "r7" if b'"r7"' in line and code not in _NULL_ID_CODES else None)
+            reply = await _raw_reply(h, _answered_id(line, code))
             assert reply["error"]["code"] == code, reply
             await h.start_task("after", "echo")  # still serving
             assert (await h.until_terminal("after"))[-1].event.type == EventType.TASK_COMPLETED

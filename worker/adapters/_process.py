@@ -2,8 +2,10 @@
 
 Every runtime that is a separate program (Claude Code, Codex, an ACP agent) is started through ``RuntimeProcess``:
 
-- it leads its own process group (and session), so ending it signals the group — SIGTERM, a grace, SIGKILL — and
-  whatever it started goes too; nothing is left when the task ends, is stopped, or is cancelled;
+- it leads its own process group, so ending it signals the group — SIGTERM, a grace, SIGKILL — and whatever it
+  started goes too; nothing is left when the task ends, is stopped, or is cancelled. The group stays in the
+  worker's session: if the worker itself is killed, the supervisor (a child subreaper) reaps what that session
+  left behind, which it does not do for a process that leads a session of its own;
 - its stderr is drained all the time (a full pipe would stall it) and the last 64 KiB are kept;
 - its stdout is read as lines (bounded: a line over ``max_line_bytes`` is an error, never unbounded memory);
 - when it dies while the task still needs it, ``crashed()`` is the ``RuntimeCrashed`` to raise: exit code or
@@ -58,7 +60,7 @@ class RuntimeProcess:
         async with trio.open_nursery() as nursery:
             process: trio.Process = await nursery.start(partial(
                 trio.run_process, list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=dict(env), cwd=cwd, check=False, start_new_session=True,
+                env=dict(env), cwd=cwd, check=False, process_group=0,
                 deliver_cancel=partial(_end_group, grace_s=term_grace_s)))
             runtime = cls(process, label, max_line_bytes)
             nursery.start_soon(runtime._pump_stderr)

@@ -216,7 +216,7 @@ def default_scenario_dir() -> Path:
 
 
 def load_scenario(name: str, directory: Path) -> Scenario:
-    if not SCENARIO_NAME.match(name):
+    if not SCENARIO_NAME.fullmatch(name):
         raise ScenarioError(f"invalid scenario name {name!r}: use letters, digits, '-' and '_'")
     path = directory / f"{name}.json"
     try:

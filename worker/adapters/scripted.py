@@ -83,6 +83,12 @@ from .scenario import (
 
 VERSION = "1.0"
 DEFAULT_SCENARIO = "echo"
+#: Set (to 1) by the supervisor when its operator enabled test instruments (``serve --enable-test-scenarios``;
+#: ``codesdk run``, a single user's own supervisor, has them on).
+TEST_STEPS_ENV = "CODESDK_SCRIPTED_TEST_STEPS"
+#: Steps that exist to break things on purpose: a tenant may not use them unless the operator enabled them.
+TEST_INSTRUMENTS = (CrashStep, HangStep, FloodStep, MalformedLineStep, OversizedLineStep, TornFrameStep,
+                    PolluteStdoutStep, IgnoreStopStep, SpawnStep, RuntimeProcessStep)
 
 
 class ScriptedAdapter(RuntimeAdapter):
@@ -122,14 +128,19 @@ class ScriptedAdapter(RuntimeAdapter):
 
     def start_task(self, params: StartTaskParams, io: TaskIO) -> TaskHandle:
         config = params.runtime_config
+        instruments = os.environ.get(TEST_STEPS_ENV) == "1"
         try:
             if "scenario_inline" in config:
+                if not instruments:
+                    raise ScenarioError(_INSTRUMENTS_OFF.format(what="runtime_config.scenario_inline"))
                 scenario = parse_scenario(config["scenario_inline"])
             else:
                 name = config.get("scenario", DEFAULT_SCENARIO)
                 if not isinstance(name, str):
                     raise ScenarioError("runtime_config.scenario must be a scenario name (string)")
                 scenario = load_scenario(name, self.scenario_dir)
+            if not instruments and (used := _instruments_in(scenario.steps)):
+                raise ScenarioError(_INSTRUMENTS_OFF.format(what=f"scenario {scenario.name!r} (its {used} step)"))
         except ScenarioError as exc:
             raise StartTaskRefused(ErrorCode.INVALID_SCENARIO, str(exc)) from None
         grace = config.get("stop_grace_s", ScriptedTask.stop_grace_s)
@@ -138,6 +149,22 @@ class ScriptedAdapter(RuntimeAdapter):
         io.set_runtime_session_id(params.session.runtime_session_id or f"scripted-{params.session.session_id}")
         io.set_model(scenario.model)
         return ScriptedTask(scenario, params, io, float(grace))
+
+
+_INSTRUMENTS_OFF = ("{what} is a test instrument, off on this supervisor; an operator enables fault-injection "
+                    "steps and inline scenarios with `codesdk-supervisor serve --enable-test-scenarios`")
+
+
+def _instruments_in(steps: tuple[Step, ...]) -> str | None:
+    """The kind of the first test-instrument step (also inside tool-call branches), if any."""
+    for step in steps:
+        if isinstance(step, TEST_INSTRUMENTS):
+            return next(iter(type(step).model_fields))
+        if isinstance(step, ToolCallsStep):
+            for branch in (step.on_denied, step.on_error):
+                if branch and (found := _instruments_in(branch)):
+                    return found
+    return None
 
 
 class _Template:

@@ -1,4 +1,5 @@
-"""The Claude Code runtime, driven through the pinned ``claude-agent-sdk`` (which bundles the CLI)."""
+"""The Claude Code runtime: the pinned CLI (bundled in the ``claude-agent-sdk`` wheel) driven directly over its
+stream-json control protocol; the SDK itself is never imported."""
 
 from ._adapter import ClaudeAdapter
 

@@ -1,9 +1,16 @@
-"""Claude Code adapter: the SDK's client under trio, our tools as an in-process MCP server.
+"""Claude Code adapter: the pinned CLI driven over its stream-json control protocol, under trio.
 
-Tool calls: a PreToolUse hook sees every call with Claude's ``tool_use_id``. For CodeSDK's tools it emits
-``tool.call.requested`` and waits for the supervisor: a denial becomes the hook's ``deny`` (Claude gets the
-reason as the tool's error and carries on); a result is handed to the MCP tool handler, which returns it to
-Claude. Built-in tools are off (``tools=[]``); a built-in call that still arrives is denied in the hook.
+One CLI process per task (``RuntimeProcess``: its own process group, stderr tail, ended with the task), started
+as soon as the task runs. No ``claude_agent_sdk`` import at run time: its wheel is only how the pinned binary is
+installed (``_env.cli_path``), and its import costs ~1.2 s — more than a whole one-turn run of the CLI.
+
+Tool calls: a PreToolUse hook (registered with ``onFailure: "block"``, so a failing answer blocks the call) sees
+every call with Claude's ``tool_use_id`` and asks the supervisor (``tool.call.requested``). Approved: the hook
+answers ``allow``; our tool's result then goes back through the in-process MCP server (``_mcp``), a built-in runs
+inside Claude Code and is reported by a PostToolUse hook. Denied: the hook answers ``ask`` and the permission
+request that follows (``can_use_tool``, routed to us by ``--permission-prompt-tool stdio``) is answered ``deny``
+with the supervisor's reason — Claude gets that reason as the tool's error, verbatim (a hook's own ``deny`` would
+reach the model as "PreToolUse:… hook error: …").
 """
 
 from __future__ import annotations
@@ -13,20 +20,20 @@ import logging
 import os
 import re
 from collections import defaultdict, deque
-from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import trio
 
 from protocol import (
+    AuthState,
     AuthStatus,
     BlockKind,
     CancellationSupport,
     ErrorCode,
     EventType,
     ExecutedBy,
-    ExitStatus,
     InteractionMode,
     IsolationMode,
     ModelOutputCompleted,
@@ -46,16 +53,11 @@ from protocol import (
 )
 
 from ..._tool_calls import PendingToolCalls, ToolOutcome
-from ..base import (
-    Availability,
-    RuntimeAdapter,
-    RuntimeCrashed,
-    StartTaskRefused,
-    TaskHandle,
-    TaskIO,
-    TaskOutcome,
-)
+from .._process import RuntimeProcess
+from ..base import Availability, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
 from . import _env
+from ._control import ChannelClosed, ControlChannel, ControlError
+from ._mcp import McpServer, McpTool, ToolCallResult
 
 log = logging.getLogger("codesdk.worker.claude")
 
@@ -63,16 +65,20 @@ MCP_SERVER = "codesdk"
 DEFAULT_MODEL = "claude-sonnet-4-5"
 #: Claude's tool names must match this; ours may contain dots, so they are mapped.
 _CLAUDE_TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
+#: Our ids for the hook callbacks registered at initialize.
+PRE_TOOL_USE, POST_TOOL_USE = "codesdk_pre_tool_use", "codesdk_post_tool_use"
+#: How long a PreToolUse hook may wait for the supervisor (a human may be deciding).
+HOOK_TIMEOUT_S = 24 * 3600
+#: Bound on the CLI's answer to ``initialize`` (it starts in well under a second).
+INITIALIZE_TIMEOUT_S = 60.0
+#: After the turn, stdin is closed and the CLI gets this long to flush its transcript and exit by itself.
+EXIT_GRACE_S = 5.0
+#: SIGTERM -> SIGKILL when we end the CLI's process group (stop after its grace, cancellation, crash report).
+TERM_GRACE_S = 1.0
 
 
 def claude_tool_name(name: str) -> str:
     return _CLAUDE_TOOL_NAME.sub("_", name)[:64]
-
-
-def _jsonable(value: Any) -> Any:
-    if is_dataclass(value) and not isinstance(value, type):
-        return {"type": type(value).__name__, **asdict(value)}
-    return value
 
 
 class ClaudeAdapter(RuntimeAdapter):
@@ -81,8 +87,9 @@ class ClaudeAdapter(RuntimeAdapter):
     def capabilities(self) -> RuntimeCapabilities:
         return RuntimeCapabilities(
             name=self.name, version=self._version(), isolation_modes=(IsolationMode.SUBPROCESS,),
-            requires_auth=True, auth_methods=("oauth_local", "api_key"), streaming_text=True,
-            streaming_thinking=True, tool_calls=True, parallel_tool_calls=True, tool_routing=(ToolRouting.MCP,),
+            requires_auth=True, auth_methods=("oauth_local", "api_key", "oauth_token", "third_party"),
+            streaming_text=True, streaming_thinking=True, tool_calls=True, parallel_tool_calls=True,
+            tool_routing=(ToolRouting.MCP,),
             builtin_tools=("Bash", "Read", "Write", "Edit", "Glob", "Grep", "WebFetch", "WebSearch"),
             builtin_tools_default_enabled=False, permission_prompts=True,
             interaction_modes=(InteractionMode.NON_INTERACTIVE,), session_create=True, session_resume=True,
@@ -95,22 +102,27 @@ class ClaudeAdapter(RuntimeAdapter):
     def availability(self) -> Availability:
         path = _env.cli_path()
         if path is None:
-            return Availability(False, "claude-agent-sdk is not installed (pip install 'codesdk[claude]')")
+            return Availability(False, "claude-agent-sdk is not installed (pip install 'codesdk[claude]'): its "
+                                       "wheel carries the pinned Claude Code CLI")
         return Availability(True)
 
     async def auth_status(self) -> AuthStatus:
         return _env.auth_status(os.environ)
 
+    def login_command(self) -> list[str] | None:
+        path = _env.cli_path()
+        return [str(path), "auth", "login"] if path is not None else None
+
     def start_task(self, params: StartTaskParams, io: TaskIO) -> TaskHandle:
-        availability = self.availability()
-        if not availability.available:
-            raise StartTaskRefused(ErrorCode.RUNTIME_UNAVAILABLE, availability.reason or "claude is unavailable")
+        cli = _env.cli_path()
+        if cli is None:
+            raise StartTaskRefused(ErrorCode.RUNTIME_UNAVAILABLE, self.availability().reason or "claude is unavailable")
         prompt = params.last_user_text()  # earlier turns live in Claude's own session (resumed by id)
         if not prompt:
             raise StartTaskRefused(ErrorCode.INVALID_PARAMS, "startTask needs a user message for claude")
         if params.session.runtime_session_id:
             io.set_runtime_session_id(params.session.runtime_session_id)
-        task = ClaudeTask(params, io, prompt)
+        task = ClaudeTask(params, io, prompt, cli)
         task.implicit_sources = _env.implicit_sources(os.environ, task.cwd)
         return task
 
@@ -118,26 +130,46 @@ class ClaudeAdapter(RuntimeAdapter):
 class ClaudeTask(TaskHandle):
     stop_grace_s = 5.0
 
-    def __init__(self, params: StartTaskParams, io: TaskIO, prompt: str) -> None:
+    def __init__(self, params: StartTaskParams, io: TaskIO, prompt: str, cli: Path) -> None:
         self.params = params
         self.io = io
         self.prompt = prompt
-        self.tools = PendingToolCalls()
-        self.by_claude_name: dict[str, ToolSpec] = {
-            f"mcp__{MCP_SERVER}__{claude_tool_name(t.name)}": t for t in params.tool_manifest.tools}
-        self._answers: dict[tuple[str, str], deque[ToolOutcome]] = defaultdict(deque)
-        self._stop = trio.Event()
-        self._stop_reason: str | None = None
-        self._blocks: dict[int, tuple[str, BlockKind, list[str]]] = {}
-        self._message_id: str | None = None
-        self._raw: list[Any] = []
-        self._stderr: deque[str] = deque(maxlen=400)  # the CLI's last stderr lines, for a crash report
-        self.cwd = Path(params.workspace or os.environ.get("TMPDIR") or "/tmp")
-        builtins = params.runtime_config.get("builtin_tools") or []
+        self.cli = cli
+        config = params.runtime_config
+        self.model = str(config.get("model") or DEFAULT_MODEL)
+        max_turns = config.get("max_turns", 50)
+        if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+            raise StartTaskRefused(ErrorCode.INVALID_PARAMS, "runtime_config.max_turns must be an integer >= 1")
+        self.max_turns = max_turns
+        grace = config.get("stop_grace_s", ClaudeTask.stop_grace_s)
+        if not isinstance(grace, int | float) or isinstance(grace, bool) or grace < 0:
+            raise StartTaskRefused(ErrorCode.INVALID_PARAMS, "runtime_config.stop_grace_s must be a number >= 0")
+        self.stop_grace_s = float(grace)
+        builtins = config.get("builtin_tools") or []
         if not isinstance(builtins, list) or not all(isinstance(b, str) for b in builtins):
             raise StartTaskRefused(ErrorCode.INVALID_PARAMS, "runtime_config.builtin_tools must be a list of names")
         #: Claude's own tools the operator enabled for this task; each call is still decided by the supervisor.
         self.builtins: list[str] = builtins
+        self.cwd = Path(params.workspace or os.environ.get("TMPDIR") or "/tmp")
+        self.by_claude_name: dict[str, ToolSpec] = {
+            f"mcp__{MCP_SERVER}__{claude_tool_name(t.name)}": t for t in params.tool_manifest.tools}
+        self.mcp = McpServer(MCP_SERVER, "1.0.0", [
+            McpTool(claude_tool_name(t.name), t.description or t.name, dict(t.input_schema))
+            for t in params.tool_manifest.tools], self._call_tool)
+        self.tools = PendingToolCalls()
+        #: Every call the PreToolUse hook decided, by tool_use_id: (allowed, reason) — what can_use_tool answers.
+        self._decisions: dict[str, tuple[bool, str]] = {}
+        #: The supervisor's answers to approved calls of our tools, waiting for Claude's tools/call.
+        self._results: dict[str, ToolOutcome] = {}
+        self._approved_by_input: dict[tuple[str, str], deque[str]] = defaultdict(deque)
+        self._stop = trio.Event()
+        self._stop_reason: str | None = None
+        self._blocks: dict[int, tuple[str, BlockKind, list[str]]] = {}
+        self._message_id: str | None = None
+        self._message_stop_reason: str | None = None
+        self._served_model: str | None = None
+        self._assistant_error: str | None = None
+        self._raw: list[Any] = []
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -147,168 +179,248 @@ class ClaudeTask(TaskHandle):
     def send_tool_denied(self, tool_call_id: str, reason: str) -> None:
         self.tools.answer(tool_call_id, ToolOutcome(denied=True, reason=reason))
 
+    def send_tool_approved(self, tool_call_id: str, reason: str) -> None:
+        self.tools.answer(tool_call_id, ToolOutcome(approved=True, reason=reason))
+
     def stop(self, reason: str | None) -> None:
         self._stop_reason = reason or "stop requested"
         self._stop.set()
 
-    def _on_stderr(self, line: str) -> None:
-        log.info("claude: %s", line.rstrip())
-        self._stderr.append(line if line.endswith("\n") else line + "\n")
+    # -- the CLI --------------------------------------------------------------------------------
+
+    def argv(self) -> list[str]:
+        """The CLI's command line (the flags claude-agent-sdk 0.2.187 passes for the same options)."""
+        argv = [str(self.cli), "--output-format", "stream-json", "--verbose", "--input-format", "stream-json",
+                "--system-prompt", "", "--tools", ",".join(self.builtins), "--model", self.model,
+                "--max-turns", str(self.max_turns), "--permission-prompt-tool", "stdio",
+                "--mcp-config", json.dumps({"mcpServers": {MCP_SERVER: {"type": "sdk", "name": MCP_SERVER}}}),
+                "--strict-mcp-config", "--setting-sources=", "--include-partial-messages"]
+        allowed = [*self.by_claude_name, *self.builtins]
+        if allowed:
+            argv += ["--allowedTools", ",".join(allowed)]
+        if self.params.session.runtime_session_id:
+            argv.append(f"--resume={self.params.session.runtime_session_id}")  # one token: never read as a flag
+        return argv
+
+    def environment(self) -> dict[str, str]:
+        """The worker's environment (built by the supervisor for the namespace) with the quiet switches on."""
+        env = {k: v for k, v in os.environ.items() if k != "CLAUDECODE"}  # not "inside another Claude Code"
+        env.update(_env.QUIET_ENV)
+        env["PWD"] = str(self.cwd)
+        return env
+
+    def initialize_request(self) -> dict[str, Any]:
+        pre = {"matcher": None, "hookCallbackIds": [PRE_TOOL_USE], "timeout": HOOK_TIMEOUT_S, "onFailure": "block"}
+        hooks: dict[str, list[dict[str, Any]]] = {"PreToolUse": [pre]}
+        if self.builtins:  # only built-ins are reported from the runtime side
+            post = {"matcher": None, "hookCallbackIds": [POST_TOOL_USE]}
+            hooks["PostToolUse"] = [post]
+            hooks["PostToolUseFailure"] = [post]
+        return {"subtype": "initialize", "hooks": hooks}
 
     # -- the run --------------------------------------------------------------------------------
 
-    def _options(self) -> Any:
-        from claude_agent_sdk import ClaudeAgentOptions, HookMatcher
+    async def run(self) -> TaskOutcome:
+        leftovers: list[psutil.Process] = []
+        try:
+            async with RuntimeProcess.open(self.argv(), env=self.environment(), cwd=str(self.cwd),
+                                           name="Claude Code", term_grace_s=TERM_GRACE_S) as process:
+                try:
+                    return await self._session(process)
+                finally:
+                    # What the CLI started (a built-in Bash's children) ends with it, even outside its group.
+                    leftovers = _descendants(process)
+        finally:
+            _kill(leftovers)
 
-        config = self.params.runtime_config
-        cwd = self.cwd
-        env = dict(_env.QUIET_ENV)
-        return ClaudeAgentOptions(
-            tools=list(self.builtins), allowed_tools=[*self.by_claude_name, *self.builtins],
-            mcp_servers={MCP_SERVER: self._mcp_server()},
-            strict_mcp_config=True, setting_sources=[], plugins=[], model=config.get("model") or DEFAULT_MODEL,
-            resume=self.params.session.runtime_session_id, cwd=str(cwd), env=env, include_partial_messages=True,
-            hooks={"PreToolUse": [HookMatcher(matcher=None, hooks=[self._pre_tool_use],  # type: ignore[list-item]
-                                              timeout=24 * 3600)],
-                   "PostToolUse": [HookMatcher(matcher=None, hooks=[self._post_tool_use])],  # type: ignore[list-item]
-                   "PostToolUseFailure": [HookMatcher(matcher=None,
-                                                      hooks=[self._post_tool_use])]},  # type: ignore[list-item]
-            cli_path=str(_env.cli_path()), max_turns=int(config.get("max_turns", 50)),
-            stderr=self._on_stderr,
-        )
+    async def _session(self, process: RuntimeProcess) -> TaskOutcome:
+        channel = ControlChannel(process, self._answer)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(channel.run)
+            nursery.start_soon(self._stop_when_asked, channel)
+            outcome = await self._converse(channel)
+            channel.messages.close()
+            if outcome is not None:
+                await process.close_stdin()  # the turn is over: the CLI writes its transcript and exits
+            with trio.move_on_after(EXIT_GRACE_S):
+                await process.wait()
+            nursery.cancel_scope.cancel()
+        if outcome is not None:
+            return outcome
+        if self._stop.is_set():
+            return TaskOutcome.stop(self._stop_reason or "stop requested")
+        if process.returncode is None:  # its output ended but it lives on: end it, then report
+            await process.end(TERM_GRACE_S)
+        raise process.crashed()
 
-    def _mcp_server(self) -> Any:
-        from claude_agent_sdk import SdkMcpTool, create_sdk_mcp_server
+    async def _converse(self, channel: ControlChannel) -> TaskOutcome | None:
+        """Initialize, send the prompt, follow the turn to its result. None: the CLI's output ended first."""
+        try:
+            with trio.fail_after(INITIALIZE_TIMEOUT_S):
+                ready = await channel.request(self.initialize_request())
+        except ChannelClosed:
+            return None
+        except ControlError as exc:
+            return TaskOutcome.failure(TaskFailureCode.RUNTIME_ERROR, f"Claude Code refused the session: {exc}")
+        except trio.TooSlowError:
+            return TaskOutcome.failure(TaskFailureCode.RUNTIME_ERROR, "Claude Code did not answer initialize "
+                                       f"within {INITIALIZE_TIMEOUT_S:.0f} s", retryable=True)
+        if not ready.get("hook_on_failure_supported") or ready.get("hooks_applied") is False:
+            return TaskOutcome.failure(
+                TaskFailureCode.RUNTIME_ERROR, "this Claude Code cannot make a failing PreToolUse hook block the "
+                "call (no hook_on_failure_supported), so tool calls could run undecided; refusing to run it")
+        if self._stop.is_set():  # stopped before the turn began: do not begin it
+            return TaskOutcome.stop(self._stop_reason or "stop requested")
+        try:
+            await channel.send({"type": "user", "message": {"role": "user", "content": self.prompt},
+                                "parent_tool_use_id": None, "session_id": "default"})
+        except ChannelClosed:
+            return None
+        async for message in channel.messages:
+            outcome = await self._handle(message)
+            if outcome is not None:
+                return outcome
+        return None
 
-        tools = []
-        for claude_name, spec in self.by_claude_name.items():
-            tools.append(SdkMcpTool(name=claude_tool_name(spec.name), description=spec.description or spec.name,
-                                    input_schema=spec.input_schema, handler=self._make_handler(claude_name)))
-        return create_sdk_mcp_server(MCP_SERVER, "1.0.0", tools)
+    async def _stop_when_asked(self, channel: ControlChannel) -> None:
+        """On stop: interrupt the turn; whatever is still running after the grace ends with the process group."""
+        await self._stop.wait()
+        deadline = trio.current_time() + self.stop_grace_s
+        with trio.move_on_at(deadline):
+            try:
+                await channel.request({"subtype": "interrupt"})
+            except (ChannelClosed, ControlError) as exc:
+                log.info("interrupting Claude Code: %s", exc)
+            await trio.sleep_until(deadline)
+        leftovers = _descendants(channel.process)
+        await channel.process.end(TERM_GRACE_S)
+        _kill(leftovers)
 
-    def _make_handler(self, claude_name: str) -> Any:
-        async def handler(args: dict[str, Any]) -> dict[str, Any]:
-            queue = self._answers.get((claude_name, canonical_hash(args)))
-            if queue:
-                outcome = queue.popleft()
-            else:  # no hook saw this call (should not happen): ask the supervisor from here
-                outcome = await self._request(claude_name, args, f"mcp-{canonical_hash(args)[7:19]}")
-            if outcome.denied:
-                return {"content": [{"type": "text", "text": f"denied: {outcome.reason}"}], "is_error": True}
-            result = outcome.result
-            text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
-            return {"content": [{"type": "text", "text": text}], "is_error": outcome.is_error}
+    # -- the CLI's requests ---------------------------------------------------------------------
 
-        return handler
+    async def _answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        subtype = request.get("subtype")
+        if subtype == "hook_callback":
+            hook_input = request.get("input") or {}
+            tool_use_id = request.get("tool_use_id") or hook_input.get("tool_use_id")
+            if request.get("callback_id") == PRE_TOOL_USE:
+                return await self._pre_tool_use(hook_input, tool_use_id)
+            if request.get("callback_id") == POST_TOOL_USE:
+                return await self._post_tool_use(hook_input, tool_use_id)
+            raise LookupError(f"no hook callback {request.get('callback_id')!r}")
+        if subtype == "can_use_tool":
+            return self._can_use_tool(request)
+        if subtype == "mcp_message":
+            message = request.get("message")
+            if request.get("server_name") != MCP_SERVER:
+                response: dict[str, Any] | None = {
+                    "jsonrpc": "2.0", "id": message.get("id") if isinstance(message, dict) else None,
+                    "error": {"code": -32601, "message": f"Server '{request.get('server_name')}' not found"}}
+            else:
+                response = await self.mcp.handle(message)
+            # A notification gets no JSON-RPC answer, but the control request carrying it is acknowledged.
+            return {"mcp_response": response if response is not None else {"jsonrpc": "2.0", "result": {}}}
+        raise LookupError(f"unsupported control request {subtype!r}")
+
+    async def _pre_tool_use(self, hook_input: dict[str, Any], tool_use_id: str | None) -> dict[str, Any]:
+        name = str(hook_input.get("tool_name", ""))
+        tool_input = hook_input.get("tool_input") or {}
+        call_id = tool_use_id or f"call-{canonical_hash(tool_input)[7:19]}"
+        if name not in self.by_claude_name and name not in self.builtins:
+            return self._deny(call_id, f"{name} is not enabled: CodeSDK runs this task with Claude's built-in "
+                                       "tools off")
+        outcome = await self._request(name, tool_input, call_id)
+        if outcome.denied:
+            return self._deny(call_id, outcome.reason or "denied by policy")
+        reason = outcome.reason or "approved by CodeSDK"
+        self._decisions[call_id] = (True, reason)
+        if name in self.builtins:  # approved: Claude runs its own tool now; PostToolUse reports the end
+            await self.io.emit(EventType.TOOL_CALL_STARTED, ToolCallStarted(
+                **_identity(call_id, tool_input), tool_name=name, executed_by=ExecutedBy.RUNTIME,
+                execution_env="runtime:claude"))
+        else:  # our tool: the result is handed over when Claude calls it through MCP
+            self._results[call_id] = outcome
+            self._approved_by_input[(name, canonical_hash(tool_input))].append(call_id)
+        return _hook_decision("allow", reason)
+
+    def _deny(self, call_id: str, reason: str) -> dict[str, Any]:
+        """Answer "ask": the CLI then asks us (can_use_tool), and our deny reaches the model as the plain reason."""
+        self._decisions[call_id] = (False, reason)
+        return _hook_decision("ask", reason)
+
+    def _can_use_tool(self, request: dict[str, Any]) -> dict[str, Any]:
+        call_id = request.get("tool_use_id")
+        decision = self._decisions.get(call_id) if isinstance(call_id, str) else None
+        if decision is None:
+            return {"behavior": "deny", "message": f"{request.get('tool_name')} was not decided by CodeSDK"}
+        allowed, reason = decision
+        if allowed:  # the CLI wants a prompt although the hook allowed it: the supervisor has decided already
+            tool_input = request.get("input")
+            return {"behavior": "allow", "updatedInput": tool_input if isinstance(tool_input, dict) else {}}
+        return {"behavior": "deny", "message": reason}
+
+    async def _call_tool(self, name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> ToolCallResult:
+        """MCP tools/call: hand over the supervisor's answer to the call the hook approved (Claude Code names it in
+        ``_meta["claudecode/toolUseId"]``; without that, the oldest approved call with the same input)."""
+        claude_name = f"mcp__{MCP_SERVER}__{name}"
+        waiting = self._approved_by_input[(claude_name, canonical_hash(arguments))]
+        call_id = meta.get("claudecode/toolUseId")
+        if not isinstance(call_id, str):
+            call_id = waiting[0] if waiting else None
+        if call_id is not None and call_id in waiting:
+            waiting.remove(call_id)
+        outcome = self._results.pop(call_id, None) if call_id is not None else None
+        if outcome is None:
+            if call_id is not None and call_id in self._decisions:  # denied, or answered once already
+                allowed, reason = self._decisions[call_id]
+                return ToolCallResult("this call was answered already" if allowed else reason, is_error=True)
+            # No hook saw this call (it should not happen): ask the supervisor from here.
+            outcome = await self._request(claude_name, arguments, call_id or f"mcp-{canonical_hash(arguments)[7:19]}")
+        if outcome.denied:
+            return ToolCallResult(outcome.reason or "denied by policy", is_error=True)
+        result = outcome.result
+        text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+        return ToolCallResult(text, outcome.is_error)
 
     async def _request(self, claude_name: str, tool_input: dict[str, Any], tool_use_id: str) -> ToolOutcome:
         spec = self.by_claude_name.get(claude_name)
         self.tools.expect(tool_use_id)
         await self.io.emit(EventType.TOOL_CALL_REQUESTED, ToolCallRequested(
-            tool_call_id=tool_use_id, runtime_tool_call_id=tool_use_id, input_hash=canonical_hash(tool_input),
-            tool_name=spec.name if spec else claude_name, input=tool_input,
+            **_identity(tool_use_id, tool_input), tool_name=spec.name if spec else claude_name, input=tool_input,
             executed_by=ExecutedBy.SUPERVISOR if spec else ExecutedBy.RUNTIME))
         return await self.tools.wait(tool_use_id)
 
-    def send_tool_approved(self, tool_call_id: str, reason: str) -> None:
-        self.tools.answer(tool_call_id, ToolOutcome(approved=True, reason=reason))
-
-    def _identity(self, call_id: str, tool_input: dict[str, Any]) -> dict[str, Any]:
-        return {"tool_call_id": call_id, "runtime_tool_call_id": call_id, "input_hash": canonical_hash(tool_input)}
-
-    async def _post_tool_use(self, hook_input: Any, tool_use_id: str | None, context: Any) -> dict[str, Any]:
+    async def _post_tool_use(self, hook_input: dict[str, Any], tool_use_id: str | None) -> dict[str, Any]:
         """A built-in finished (or failed): report it; our own tools were reported by the supervisor."""
-        name = hook_input.get("tool_name", "")
+        name = str(hook_input.get("tool_name", ""))
         if name not in self.builtins:
             return {}
-        call_id = tool_use_id or hook_input.get("tool_use_id") or ""
+        call_id = tool_use_id or ""
         failed = hook_input.get("hook_event_name") == "PostToolUseFailure"
         response = hook_input.get("error") if failed else hook_input.get("tool_response")
         preview = response if isinstance(response, str) else json.dumps(response, ensure_ascii=False, default=str)
         await self.io.emit(EventType.TOOL_CALL_COMPLETED, ToolCallCompleted(
-            **self._identity(call_id, hook_input.get("tool_input") or {}), tool_name=name, is_error=failed,
+            **_identity(call_id, hook_input.get("tool_input") or {}), tool_name=name, is_error=failed,
             executed_by=ExecutedBy.RUNTIME, execution_env="runtime:claude", result_preview=preview[:500]),
             raw={"tool_response": response})
         return {}
 
-    async def _pre_tool_use(self, hook_input: Any, tool_use_id: str | None, context: Any) -> dict[str, Any]:
-        name = hook_input.get("tool_name", "")
-        tool_input = hook_input.get("tool_input") or {}
-        call_id = tool_use_id or hook_input.get("tool_use_id") or f"call-{canonical_hash(tool_input)[7:19]}"
-        if name not in self.by_claude_name and name not in self.builtins:
-            return _deny(f"{name} is not enabled: CodeSDK runs this task with Claude's built-in tools off")
-        outcome = await self._request(name, tool_input, call_id)
-        if outcome.denied:
-            return _deny(outcome.reason or "denied by policy")
-        if name in self.builtins:  # approved: Claude runs its own tool now; PostToolUse reports the end
-            await self.io.emit(EventType.TOOL_CALL_STARTED, ToolCallStarted(
-                **self._identity(call_id, tool_input), tool_name=name, executed_by=ExecutedBy.RUNTIME,
-                execution_env="runtime:claude"))
-            return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "allow",
-                                           "permissionDecisionReason": outcome.reason or "approved by CodeSDK"}}
-        self._answers[(name, canonical_hash(tool_input))].append(outcome)
-        return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "allow",
-                                       "permissionDecisionReason": "approved by CodeSDK"}}
+    # -- the CLI's messages ---------------------------------------------------------------------
 
-    async def run(self) -> TaskOutcome:
-        from claude_agent_sdk import ClaudeSDKClient
-        from claude_agent_sdk._errors import ClaudeSDKError
-
-        outcome: TaskOutcome | None = None
-        leftovers: list[Any] = []
-        cli_pid: int | None = None
-        try:
-            async with ClaudeSDKClient(options=self._options()) as client:
-                cli_pid = _cli_pid(client)
-                try:
-                    async with trio.open_nursery() as nursery:
-
-                        async def interrupt_on_stop() -> None:
-                            await self._stop.wait()
-                            with trio.move_on_after(self.stop_grace_s):
-                                await client.interrupt()
-
-                        nursery.start_soon(interrupt_on_stop)
-                        await client.query(self.prompt)
-                        async for message in client.receive_response():
-                            outcome = await self._handle(message)
-                            if outcome is not None:
-                                break
-                        nursery.cancel_scope.cancel()
-                finally:
-                    # Seen while the CLI still runs: what it started (a built-in Bash's children) must end too.
-                    leftovers = _descendants(cli_pid)
-        except (ClaudeSDKError, ExceptionGroup) as exc:
-            if self._stop.is_set():
-                return TaskOutcome.stop(self._stop_reason or "stop requested")
-            died = _process_error(exc)
-            if died is not None and died.exit_code is not None:
-                raise RuntimeCrashed("Claude Code", cli_pid, ExitStatus.from_returncode(died.exit_code),
-                                     "".join(self._stderr)) from exc
-            if isinstance(exc, ExceptionGroup):
-                raise
-            return TaskOutcome.failure(TaskFailureCode.RUNTIME_ERROR, f"Claude Code failed: {exc}", retryable=True)
-        finally:
-            _kill(leftovers)  # the SDK has ended the CLI itself by now (SIGTERM, then SIGKILL)
-        if self._stop.is_set():
-            return TaskOutcome.stop(self._stop_reason or "stop requested")
-        return outcome or TaskOutcome.failure(TaskFailureCode.RUNTIME_ERROR,
-                                              "Claude Code ended without a result", retryable=True)
-
-    async def _handle(self, message: Any) -> TaskOutcome | None:
-        from claude_agent_sdk import ResultMessage, StreamEvent, SystemMessage
-
-        if isinstance(message, SystemMessage):
-            if message.subtype == "init" and message.data.get("session_id"):
-                self.io.set_runtime_session_id(str(message.data["session_id"]))
-            return None
-        if isinstance(message, StreamEvent):
-            if message.parent_tool_use_id is None:
-                await self._stream_event(message.event)
-            return None
-        if isinstance(message, ResultMessage):
+    async def _handle(self, message: dict[str, Any]) -> TaskOutcome | None:
+        kind = message.get("type")
+        if kind == "stream_event":
+            if message.get("parent_tool_use_id") is None:
+                await self._stream_event(message.get("event") or {})
+        elif kind == "system":
+            if message.get("subtype") == "init" and message.get("session_id"):
+                self.io.set_runtime_session_id(str(message["session_id"]))
+        elif kind == "assistant":  # its content already arrived as stream events; an error does not
+            if message.get("error") and message.get("parent_tool_use_id") is None:
+                self._assistant_error = str(message["error"])
+        elif kind == "result":
             return await self._result(message)
-        return None  # AssistantMessage/UserMessage: their content already arrived as stream events
+        return None
 
     async def _stream_event(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
@@ -317,7 +429,8 @@ class ClaudeTask(TaskHandle):
             message = event.get("message") or {}
             self._message_id = str(message.get("id") or f"msg{len(self._raw)}")
             if message.get("model"):
-                self.io.set_model(str(message["model"]))
+                self._served_model = str(message["model"])
+                self.io.set_model(self._served_model)
             await self.io.emit(EventType.RUNTIME_REQUEST_STARTED, RuntimeRequestStarted(
                 request_id=self._message_id, model=message.get("model")))
         elif kind == "content_block_start":
@@ -342,70 +455,57 @@ class ClaudeTask(TaskHandle):
                 await self.io.emit(EventType.MODEL_OUTPUT_COMPLETED, ModelOutputCompleted(
                     block_id=block_id, kind=block_kind, text="".join(parts)))
         elif kind == "message_delta":
-            self._stop_reason_seen = (event.get("delta") or {}).get("stop_reason")
+            self._message_stop_reason = (event.get("delta") or {}).get("stop_reason")
         elif kind == "message_stop":
             raw, self._raw = self._raw, []
             await self.io.emit(EventType.RUNTIME_REQUEST_COMPLETED, RuntimeRequestCompleted(
-                request_id=self._message_id or "unknown", stop_reason=getattr(self, "_stop_reason_seen", None)),
-                raw=raw)
+                request_id=self._message_id or "unknown", stop_reason=self._message_stop_reason), raw=raw)
 
-    async def _result(self, result: Any) -> TaskOutcome:
-        if result.session_id:
-            self.io.set_runtime_session_id(str(result.session_id))
-        usage = result.usage or {}
+    async def _result(self, result: dict[str, Any]) -> TaskOutcome:
+        if result.get("session_id"):
+            self.io.set_runtime_session_id(str(result["session_id"]))
+        usage = result.get("usage") or {}
+        cost = result.get("total_cost_usd")
         await self.io.emit(EventType.USAGE_REPORTED, UsageReported(
-            model=None, input_tokens=int(usage.get("input_tokens") or 0),
+            model=self._served_model or self.model, input_tokens=int(usage.get("input_tokens") or 0),
             output_tokens=int(usage.get("output_tokens") or 0),
             cache_read_tokens=int(usage.get("cache_read_input_tokens") or 0),
             cache_write_tokens=int(usage.get("cache_creation_input_tokens") or 0),
-            cost_usd=result.total_cost_usd), raw=_jsonable(result))
+            cost_usd=float(cost) if isinstance(cost, int | float) and cost >= 0 else None), raw=result)
         if self._stop.is_set():
             return TaskOutcome.stop(self._stop_reason or "stop requested")
-        if result.is_error:
+        if self._assistant_error == "authentication_failed":
+            return _auth_failure(result)
+        if result.get("is_error"):
             return _failure_from(result)
-        return TaskOutcome.success(result.stop_reason or "end_turn", (result.result or "")[-200:])
+        return TaskOutcome.success(str(result.get("stop_reason") or "end_turn"), str(result.get("result") or "")[-200:])
 
 
-def _process_error(exc: BaseException) -> Any:
-    """The SDK's ProcessError (the CLI exited under us) inside ``exc``, also inside exception groups."""
-    from claude_agent_sdk._errors import ProcessError
-
-    if isinstance(exc, BaseExceptionGroup):
-        return next((found for inner in exc.exceptions if (found := _process_error(inner)) is not None), None)
-    return exc if isinstance(exc, ProcessError) else None
+def _identity(call_id: str, tool_input: dict[str, Any]) -> dict[str, Any]:
+    return {"tool_call_id": call_id, "runtime_tool_call_id": call_id, "input_hash": canonical_hash(tool_input)}
 
 
-def _cli_pid(client: Any) -> int | None:
-    """The CLI's pid (the SDK keeps its process private; read defensively)."""
-    process = getattr(getattr(client, "_transport", None), "_process", None)
-    pid = getattr(process, "pid", None)
-    return pid if isinstance(pid, int) else None
+def _hook_decision(decision: str, reason: str) -> dict[str, Any]:
+    return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": decision,
+                                   "permissionDecisionReason": reason}}
 
 
-def _descendants(pid: int | None) -> list[Any]:
-    import psutil
-
-    if pid is None:
+def _descendants(process: RuntimeProcess) -> list[psutil.Process]:
+    """What the CLI started, while it has not been reaped (after that its pid may belong to someone else)."""
+    if process.returncode is not None:
         return []
     try:
-        return list(psutil.Process(pid).children(recursive=True))
+        return list(psutil.Process(process.pid).children(recursive=True))
     except psutil.Error:
         return []
 
 
-def _kill(processes: list[Any]) -> None:
-    import psutil
-
+def _kill(processes: list[psutil.Process]) -> None:
     for process in processes:
         try:
             process.kill()
         except psutil.Error:
             pass
-
-
-def _deny(reason: str) -> dict[str, Any]:
-    return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "deny",
-                                   "permissionDecisionReason": reason}}
 
 
 #: HTTP status of the failing API call -> (task.failed code, retryable)
@@ -417,14 +517,34 @@ _API_FAILURES = {
 }
 
 
-def _failure_from(result: Any) -> TaskOutcome:
-    text = (result.result or "; ".join(result.errors or []) or "Claude Code reported an error").strip()
-    status = result.api_error_status
-    if status is None and (match := re.search(r"\b(4\d\d|5\d\d)\b", text)):
-        status = int(match.group(1))
+def _result_text(result: dict[str, Any]) -> str:
+    errors = result.get("errors") or []
+    text = result.get("result") or "; ".join(str(e) for e in errors if e) or "Claude Code reported an error"
+    return str(text).strip()
+
+
+def _auth_failure(result: dict[str, Any]) -> TaskOutcome:
+    """Claude Code had no usable login ("Not logged in · Please run /login", no request made) or the API
+    refused its credentials: the namespace's own login instructions."""
+    text = _result_text(result)
+    status = _env.auth_status(os.environ)
+    if status.state == AuthState.UNAUTHENTICATED:
+        message = status.message
+    else:
+        message = f"{text} — the credentials of this namespace were refused: {_env.login_instructions(os.environ)}"
+    return TaskOutcome.failure(TaskFailureCode.AUTH_REQUIRED, message[:2000], False, runtime_message=text[:500],
+                               api_error_status=result.get("api_error_status"), subtype=result.get("subtype"))
+
+
+def _failure_from(result: dict[str, Any]) -> TaskOutcome:
+    text = _result_text(result)
+    status = result.get("api_error_status")
+    if not isinstance(status, int):
+        status = int(match.group(1)) if (match := re.search(r"\b(4\d\d|5\d\d)\b", text)) else None
     code, retryable = _API_FAILURES.get(status or 0, (TaskFailureCode.RUNTIME_ERROR, False))
     if "prompt is too long" in text.lower() or "context" in text.lower() and "too long" in text.lower():
         code, retryable = "CONTEXT_TOO_LARGE", False
     if code == TaskFailureCode.AUTH_REQUIRED:
-        text += " — log in for this namespace (`claude login` with its HOME) or configure an API key for it"
-    return TaskOutcome.failure(str(code), text[:2000], retryable, api_error_status=status, subtype=result.subtype)
+        text += " — " + _env.login_instructions(os.environ)
+    return TaskOutcome.failure(str(code), text[:2000], retryable, api_error_status=status,
+                               subtype=result.get("subtype"))

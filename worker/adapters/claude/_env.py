@@ -38,7 +38,8 @@ def global_config_file(env: dict[str, str] | os._Environ[str]) -> Path:
 
 
 def _sdk_dir() -> Path | None:
-    """Where claude-agent-sdk is installed, found without importing it (the import costs ~1 s)."""
+    """Where claude-agent-sdk is installed, found without importing it (the import costs ~1.2 s). The wheel is
+    only how the pinned CLI binary is installed: nothing imports the SDK at run time."""
     spec = importlib.util.find_spec("claude_agent_sdk")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -70,29 +71,80 @@ def _mask(email: str) -> str:
     return f"{name[:1]}***@{domain}" if domain else "***"
 
 
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _global_config(env: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
+    try:
+        value = json.loads(global_config_file(env).read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def namespace_of(env: dict[str, str] | os._Environ[str]) -> tuple[str, Path] | None:
+    """The credential namespace and data dir a worker's HOME belongs to (``<data-dir>/namespaces/<ns>/home``)."""
+    home = Path(env.get("HOME", "")) if env.get("HOME") else None
+    if home is None or home.name != "home" or home.parent.parent.name != "namespaces":
+        return None
+    safe = home.parent.name
+    name = safe if safe == "default" else safe.replace(".", ":", 1)
+    return name, home.parent.parent.parent
+
+
+def login_instructions(env: dict[str, str] | os._Environ[str]) -> str:
+    """How an operator logs this namespace in (CodeSDK never opens a browser, and there is no `claude login`)."""
+    found = namespace_of(env)
+    if found is not None:
+        name, data_dir = found
+        how = (f"run `codesdk auth login --runtime claude --namespace {name} --data-dir {data_dir}` (it runs "
+               "`claude auth login` with this namespace's HOME: open the URL it prints and paste the code)")
+    else:
+        how = (f"run `HOME={env.get('HOME', '?')} claude auth login` as the service user (open the URL it prints and "
+               "paste the code)")
+    return (how + ", or configure ANTHROPIC_API_KEY (or CLAUDE_CODE_OAUTH_TOKEN from `claude setup-token`) for "
+            "this namespace; CodeSDK never opens a browser")
+
+
 def auth_status(env: dict[str, str] | os._Environ[str]) -> AuthStatus:
-    """Logged in or not, and how — never a token. Cheap: looks at the environment and two files."""
+    """Logged in or not, and how — never a token. Cheap: looks at the environment and two files.
+
+    What counts (as Claude Code 2.1.330 does, checked offline): ``ANTHROPIC_API_KEY``, ``ANTHROPIC_AUTH_TOKEN``,
+    ``CLAUDE_CODE_OAUTH_TOKEN`` in the namespace's environment; a claude.ai login (``.credentials.json`` in
+    ``CLAUDE_CONFIG_DIR`` or ``~/.claude``); a Console login's key (``primaryApiKey`` in ``.claude.json``);
+    ``CLAUDE_CODE_USE_BEDROCK`` / ``CLAUDE_CODE_USE_VERTEX`` (a third-party provider whose own credentials are
+    not checked here). A value is only ever tested for presence.
+    """
     now = utc_now()
-    if env.get("ANTHROPIC_API_KEY") or env.get("ANTHROPIC_AUTH_TOKEN"):
-        return AuthStatus(runtime="claude", state=AuthState.AUTHENTICATED, method="api_key", checked_at=now,
-                          account_hint="API key from the namespace environment",
-                          message="using the API key configured for this namespace")
+
+    def ok(method: str, hint: str | None, message: str) -> AuthStatus:
+        return AuthStatus(runtime="claude", state=AuthState.AUTHENTICATED, method=method, checked_at=now,
+                          account_hint=hint, message=message)
+
+    for variable in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"):
+        if env.get(variable):
+            return ok("api_key", f"{variable} from the namespace environment",
+                      f"using the {variable} configured for this namespace")
+    if env.get("CLAUDE_CODE_OAUTH_TOKEN"):
+        return ok("oauth_token", "CLAUDE_CODE_OAUTH_TOKEN from the namespace environment",
+                  "using the CLAUDE_CODE_OAUTH_TOKEN configured for this namespace")
+    for variable, provider in (("CLAUDE_CODE_USE_BEDROCK", "Amazon Bedrock"),
+                               ("CLAUDE_CODE_USE_VERTEX", "Google Vertex AI")):
+        if _truthy(env.get(variable)):
+            return ok("third_party", provider, f"{variable} is set: Claude Code uses {provider} with its own "
+                      "credentials (not checked by CodeSDK)")
     credentials = config_dir(env) / ".credentials.json"
     if credentials.exists():
         hint = None
-        try:
-            account = json.loads(global_config_file(env).read_text()).get("oauthAccount") or {}
-            if email := account.get("emailAddress"):
-                hint = _mask(str(email))
-        except (OSError, ValueError):
-            pass
-        return AuthStatus(runtime="claude", state=AuthState.AUTHENTICATED, method="oauth_local", checked_at=now,
-                          account_hint=hint, message=f"OAuth login found in {credentials.parent}")
-    home = env.get("HOME", "?")
-    return AuthStatus(
-        runtime="claude", state=AuthState.UNAUTHENTICATED, checked_at=now,
-        message=("not logged in: run `HOME=" + home + " claude login` as the service user for this namespace "
-                 "(or configure ANTHROPIC_API_KEY for it); CodeSDK never opens a browser"))
+        account = _global_config(env).get("oauthAccount")
+        if isinstance(account, dict) and (email := account.get("emailAddress")):
+            hint = _mask(str(email))
+        return ok("oauth_local", hint, f"claude.ai login found in {credentials.parent}")
+    if _global_config(env).get("primaryApiKey"):
+        return ok("api_key", "/login managed key", f"Console login's API key found in {global_config_file(env)}")
+    return AuthStatus(runtime="claude", state=AuthState.UNAUTHENTICATED, checked_at=now,
+                      message="not logged in: " + login_instructions(env))
 
 
 def implicit_sources(env: dict[str, str] | os._Environ[str], cwd: Path) -> dict[str, Any]:
@@ -116,8 +168,8 @@ def implicit_sources(env: dict[str, str] | os._Environ[str], cwd: Path) -> dict[
                 entry["sha256"] = sha256_hex(path.read_bytes())
             found.append(entry)
     return {
-        "policy": "setting_sources=[] (no user/project/local settings, no CLAUDE.md), --strict-mcp-config "
-                  "(only CodeSDK's MCP server), no plugins, built-in tools off",
+        "policy": "--setting-sources= (no user/project/local settings, no CLAUDE.md), --strict-mcp-config "
+                  "(only CodeSDK's MCP server), no plugins, built-in tools off unless enabled",
         "home": str(home),
         "found": found,
     }

@@ -1,0 +1,170 @@
+"""Claude Code's stream-json control protocol over the CLI's stdio, under trio.
+
+The CLI runs as ``claude --input-format stream-json --output-format stream-json --verbose …``. Both directions
+carry one JSON object per line:
+
+- to the CLI: user messages ``{"type": "user", "message": {"role": "user", "content": …}, …}``, our control
+  requests ``{"type": "control_request", "request_id": ID, "request": {"subtype": "initialize" | "interrupt", …}}``
+  and our answers to its requests ``{"type": "control_response", "response": {"subtype": "success",
+  "request_id": ID, "response": {…}}}`` (or ``{"subtype": "error", "request_id": ID, "error": TEXT}``);
+- from the CLI: SDK messages (``system``, ``stream_event``, ``assistant``, ``user``, ``result``), answers to our
+  requests (``control_response``), its own requests (``control_request`` with subtype ``hook_callback``,
+  ``can_use_tool``, ``mcp_message`` …) and ``control_cancel_request`` {request_id} when it no longer waits for
+  one of them (then nothing is answered).
+
+``ControlChannel`` reads the CLI's stdout in one task, answers the CLI's requests each in a task of its own (a hook
+may wait for the supervisor for a long time) and hands every other message, in order, to whoever reads
+``messages``. It learned the wire format from claude-agent-sdk 0.2.187 (``_internal/query.py``) and from the CLI
+itself; it does not import the SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import aclosing
+from typing import Any, cast
+
+import trio
+
+from .._process import RuntimeProcess
+
+log = logging.getLogger("codesdk.worker.claude")
+
+#: Answers one request of the CLI (its ``request`` object) with the ``response`` object; raising answers an error.
+RequestHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class ChannelClosed(Exception):
+    """The CLI's output ended (it exited or closed stdout) before our request was answered."""
+
+
+class ControlError(Exception):
+    """The CLI answered one of our control requests with an error."""
+
+
+class ControlChannel:
+    """One CLI process's stdio, spoken as the control protocol. Start ``run`` in a nursery, then use it."""
+
+    def __init__(self, process: RuntimeProcess, handler: RequestHandler, buffer: int = 256) -> None:
+        self.process = process
+        self._handler = handler
+        self._write_lock = trio.Lock()
+        self._pending: dict[str, tuple[trio.Event, list[dict[str, Any] | BaseException]]] = {}
+        self._serving: dict[str, trio.CancelScope] = {}
+        self._counter = 0
+        self._send_messages, self.messages = trio.open_memory_channel[dict[str, Any]](buffer)
+        self.closed = False
+
+    async def run(self) -> None:
+        """Read the CLI's stdout until it ends; then fail what still waits for an answer and close ``messages``."""
+        try:
+            lines = cast(AsyncGenerator[bytes, None], self.process.lines())
+            async with trio.open_nursery() as handlers, aclosing(lines):
+                async for line in lines:
+                    message = _decode(line)
+                    if message is not None:
+                        await self._route(message, handlers)
+                handlers.cancel_scope.cancel()  # the CLI is gone: nobody is left to answer
+        finally:
+            self.closed = True
+            for event, slot in self._pending.values():
+                slot.append(ChannelClosed("Claude Code's output ended"))
+                event.set()
+            self._send_messages.close()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        """Write one message to the CLI. ``ChannelClosed`` if its stdin is gone."""
+        data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+        async with self._write_lock:
+            try:
+                await self.process.send(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                raise ChannelClosed(f"Claude Code's stdin is closed: {exc}") from exc
+
+    async def request(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Send a control request and wait for its answer (the ``response`` object of a success)."""
+        if self.closed:
+            raise ChannelClosed("Claude Code's output ended")
+        self._counter += 1
+        request_id = f"req_{self._counter}_{os.urandom(4).hex()}"
+        event, slot = trio.Event(), list[dict[str, Any] | BaseException]()
+        self._pending[request_id] = (event, slot)
+        try:
+            await self.send({"type": "control_request", "request_id": request_id, "request": request})
+            await event.wait()
+        finally:
+            del self._pending[request_id]
+        answer = slot[0]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    async def _route(self, message: dict[str, Any], handlers: trio.Nursery) -> None:
+        kind = message.get("type")
+        if kind == "control_response":
+            response = message.get("response") or {}
+            waiting = self._pending.get(str(response.get("request_id")))
+            if waiting is None:
+                log.debug("control response for an unknown request: %s", response.get("request_id"))
+                return
+            event, slot = waiting
+            if response.get("subtype") == "error":
+                slot.append(ControlError(str(response.get("error") or "unknown error")))
+            else:
+                answer = response.get("response")
+                slot.append(answer if isinstance(answer, dict) else {})
+            event.set()
+        elif kind == "control_request":
+            request_id = str(message.get("request_id"))
+            scope = trio.CancelScope()
+            self._serving[request_id] = scope
+            handlers.start_soon(self._serve, request_id, message.get("request") or {}, scope)
+        elif kind == "control_cancel_request":
+            serving = self._serving.get(str(message.get("request_id")))
+            if serving is not None:
+                serving.cancel()
+        else:
+            try:
+                await self._send_messages.send(message)
+            except trio.BrokenResourceError:
+                pass  # nobody reads messages any more (the task has its outcome): drop them
+
+    async def _serve(self, request_id: str, request: dict[str, Any], scope: trio.CancelScope) -> None:
+        reply: dict[str, Any] | None = None
+        try:
+            with scope:
+                try:
+                    response = await self._handler(request)
+                    reply = {"subtype": "success", "request_id": request_id, "response": response}
+                except Exception as exc:  # the CLI gets the error (a PreToolUse hook then blocks the call)
+                    log.exception("answering Claude Code's %s request failed", request.get("subtype"))
+                    reply = {"subtype": "error", "request_id": request_id, "error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            self._serving.pop(request_id, None)
+        if reply is None:  # cancelled by the CLI (control_cancel_request): it waits for nothing
+            return
+        try:
+            await self.send({"type": "control_response", "response": reply})
+        except ChannelClosed:
+            log.debug("Claude Code went away before our answer to %s", request.get("subtype"))
+
+
+def _decode(line: bytes) -> dict[str, Any] | None:
+    """One stdout line as a message; lines that are not JSON objects (a stray log line) are skipped."""
+    text = line.strip()
+    if not text.startswith(b"{"):
+        if text:
+            log.info("Claude Code (stdout): %s", text[:500].decode("utf-8", "replace"))
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ProtocolError(f"Claude Code wrote a line that is not JSON: {exc}: {text[:200]!r}") from exc
+    return value if isinstance(value, dict) else None
+
+
+class ProtocolError(Exception):
+    """Claude Code wrote something on stdout that breaks the protocol."""
