@@ -403,5 +403,18 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+def entry() -> None:
+    """The ``codesdk`` command: ``main``, then out without the interpreter's teardown of every module (its
+    output is flushed and every process it started is already reaped: nothing is left to finalise)."""
+    code = main()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more to say anyway
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
