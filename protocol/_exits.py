@@ -52,6 +52,15 @@ class StderrTail:
         self._chunks: deque[bytes] = deque()
         self._size = 0
         self.limit = limit
+        self._partial = b""  # the start of a line whose end has not arrived yet (for ``feed``)
+
+    def feed(self, data: bytes | bytearray) -> list[str]:
+        """Keep ``data`` and return the lines it completed (to be logged as they come; a partial line is held
+        back, up to ``limit`` bytes)."""
+        self.add(data)
+        *complete, partial = (self._partial + bytes(data)).split(b"\n")
+        self._partial = partial[-self.limit:]
+        return [line.decode("utf-8", "replace") for line in complete]
 
     def add(self, data: bytes | bytearray) -> None:
         if not data:

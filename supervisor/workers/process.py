@@ -215,14 +215,10 @@ class WorkerProcess:
 
     async def _pump_stderr(self) -> None:
         assert self.process.stderr is not None
-        pending = b""
         try:
             async for chunk in self.process.stderr:
-                self.stderr.add(chunk)
-                pending += bytes(chunk)
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    log.debug("%s stderr: %s", self.spec.name, line.decode("utf-8", "replace"))
+                for line in self.stderr.feed(chunk):
+                    log.debug("%s stderr: %s", self.spec.name, line)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
 

@@ -136,14 +136,10 @@ class RuntimeProcess:
 
     async def _pump_stderr(self) -> None:
         assert self.process.stderr is not None
-        pending = b""
         try:
             async for chunk in self.process.stderr:
-                self.stderr.add(chunk)
-                pending += bytes(chunk)
-                *complete, pending = pending.split(b"\n")
-                for line in complete:
-                    log.info("%s: %s", self.name, line.decode("utf-8", "replace"))
+                for line in self.stderr.feed(chunk):
+                    log.info("%s: %s", self.name, line)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
 
