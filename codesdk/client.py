@@ -8,7 +8,7 @@
 Events come back as ``protocol.NormalizedEvent``. ``stream`` follows a session over SSE and, when the
 connection drops, reconnects with ``Last-Event-ID`` = the last seq it handed out: no gaps, no duplicates.
 Errors are typed by status: Unauthorized (401), Forbidden (403), NotFound (404), Conflict (409),
-InvalidRequest (422), else ApiError.
+InvalidRequest (422), TooManyRequests (429), else ApiError.
 """
 
 from __future__ import annotations
@@ -53,8 +53,14 @@ class Conflict(ApiError): ...
 class InvalidRequest(ApiError): ...
 
 
+class TooManyRequests(ApiError):
+    """A limit of the service (429): ``code`` says which — ``too_many_tasks``, ``too_many_streams``,
+    ``too_many_connections``, ``session_quota_exceeded``, ``namespace_quota_exceeded`` — and the message how to
+    go on (wait, close something, or have the operator raise the limit)."""
+
+
 _BY_STATUS: dict[int, type[ApiError]] = {401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
-                                         422: InvalidRequest}
+                                         422: InvalidRequest, 429: TooManyRequests}
 
 
 def _raise_for(response: httpx.Response) -> None:

@@ -249,6 +249,7 @@ class TaskFailureCode(StrEnum):
     PROTOCOL_ERROR = "PROTOCOL_ERROR"
     TIMEOUT = "TIMEOUT"
     SUPERVISOR_RESTARTED = "SUPERVISOR_RESTARTED"
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"  # the session or namespace reached a stored-data quota (details name it)
     INTERNAL = "INTERNAL"
 
 

@@ -16,6 +16,7 @@ Machines here are small and noisy, so each figure is the median of several repet
   store    append one per commit / batched, paging, restart with many stored events; baseline: raw apsw
   real     one turn with one tool call on Claude Code against the fake API, direct vs through CodeSDK
            (re-runs itself inside scripts/netns-run; skipped with a reason when that or the runtime is missing)
+  fairness another tenant's small task while one tenant floods (p50), against its quiet p50 in the same run
 
 No thresholds are asserted: the goals are printed next to the figures. --quick is the CI smoke run.
 """
@@ -44,7 +45,7 @@ import trio
 from benchmarks import cases, store
 from benchmarks.common import Figure, from_reps, median, percentile, print_table
 
-CASES = ("events", "latency", "tool", "spawn", "density", "store", "real", "cold")
+CASES = ("events", "latency", "tool", "spawn", "density", "store", "real", "cold", "fairness")
 NETNS_UNAVAILABLE = 97  # scripts/netns-run's exit code when no namespace can be made
 
 
@@ -52,10 +53,11 @@ def parameters(quick: bool, repeat: int | None) -> dict[str, Any]:
     """Sizes of each case: --quick keeps the whole run well under two minutes on a 2-core machine."""
     if quick:
         return {"repeat": repeat or 2, "events": 20_000, "latency_count": 1_000, "rate": 2_000.0, "calls": 50,
-                "spawns": 5, "density": [10], "single": 300, "batched": 10_000, "stored": 50_000, "real_repeat": 1}
+                "spawns": 5, "density": [10], "single": 300, "batched": 10_000, "stored": 50_000, "real_repeat": 1,
+                "fair_tasks": 10}
     return {"repeat": repeat or 3, "events": 200_000, "latency_count": 10_000, "rate": 2_000.0, "calls": 300,
             "spawns": 10, "density": [50, 100, 200], "single": 2_000, "batched": 50_000, "stored": 1_000_000,
-            "real_repeat": 5}
+            "real_repeat": 5, "fair_tasks": 30}
 
 
 def repeat(times: int, run: Callable[[], Any]) -> list[Any]:
@@ -156,6 +158,23 @@ def case_store(p: dict[str, Any]) -> list[Figure]:
     ]
 
 
+def case_fairness(p: dict[str, Any]) -> list[Figure]:
+    """The other tenant's small task while one tenant floods, against its own quiet p50 from the same run."""
+    runs = [trio.run(cases.fairness_codesdk, p["fair_tasks"]) for _ in range(p["repeat"])]
+    ratios = ", ".join(f"{r['flooded_p50'] / r['quiet_p50']:.1f}" for r in runs)
+    p50 = from_reps("fairness", "other tenant's task while one floods, p50", "s", [r["flooded_p50"] for r in runs],
+                    [r["quiet_p50"] for r in runs], goal="<= 2x its quiet p50",
+                    note=f"{p['fair_tasks']} echo tasks a run, quiet then during a flood of another namespace; "
+                         f"baseline: the same tasks with nothing else running (same run); ratio per run: {ratios}")
+    p50.met = p50.ratio is not None and p50.ratio <= 2
+    p90 = from_reps("fairness", "other tenant's task while one floods, p90", "s", [r["flooded_p90"] for r in runs],
+                    [r["quiet_p90"] for r in runs])
+    rate = from_reps("fairness", "the flood's own rate while it shares", "ev/s",
+                     [r["flood_shared_rate"] for r in runs], [r["flood_alone_rate"] for r in runs],
+                     higher_is_better=True, note="baseline: the same flood alone, just before (same run)")
+    return [p50, p90, rate]
+
+
 def case_real(p: dict[str, Any]) -> list[Figure]:
     """Runs inside the loopback-only namespace (re-executing this script there when needed)."""
     from benchmarks import real_runtime
@@ -198,6 +217,7 @@ def _loopback_only() -> bool:
 RUNNERS: dict[str, Callable[[dict[str, Any]], list[Figure]]] = {
     "events": case_events, "latency": case_latency, "tool": case_tool, "spawn": case_spawn,
     "density": case_density, "store": case_store, "real": case_real, "cold": cases.cold,
+    "fairness": case_fairness,
 }
 
 

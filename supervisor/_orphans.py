@@ -10,6 +10,7 @@ is in neither: it belongs to the session of a leader that died. Only those are r
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -35,13 +36,18 @@ class _Stat(NamedTuple):
     session: int
 
 
-def _stat(pid: int) -> _Stat | None:
-    """``pid``'s state, parent and session (also of a zombie); None if it is gone."""
+def _stat(pid: int, *, strict: bool = False) -> _Stat | None:
+    """``pid``'s state, parent and session (also of a zombie); None if it is gone (or, unless ``strict``, if there
+    is no descriptor to look with: ``strict`` raises that OSError rather than take the process for gone)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             fields = stat.read().rsplit(b")", 1)[1].split()
         return _Stat(zombie=fields[0] == b"Z", parent=int(fields[1]), session=int(fields[3]))
-    except (OSError, IndexError, ValueError):
+    except OSError as exc:
+        if strict and exc.errno in _DESCRIPTORS_EXHAUSTED:
+            raise
+        return None
+    except (IndexError, ValueError):
         return None
 
 
@@ -52,11 +58,15 @@ def session_of(pid: int) -> int | None:
 
 
 def adopted_orphans() -> list[psutil.Process]:
-    """Our children that are adopted orphans (running or zombie)."""
+    """Our children that are adopted orphans (running or zombie). [] when /proc cannot be read now (out of file
+    descriptors: the next sweep tries again)."""
     ours = os.getsid(0)
     try:
         children = psutil.Process().children()
     except psutil.Error:
+        return []
+    except OSError as exc:  # EMFILE/ENFILE: psutil opens a file per process
+        _out_of_descriptors("listing adopted orphans", exc)
         return []
     return [child for child in children if session_of(child.pid) not in (None, child.pid, ours)]
 
@@ -68,7 +78,7 @@ def sweep_adopted() -> list[int]:
         try:
             if child.status() != psutil.STATUS_ZOMBIE:
                 continue
-        except psutil.Error:
+        except (psutil.Error, OSError):  # gone, or no descriptor to look (the next sweep does)
             continue
         try:
             if os.waitpid(child.pid, os.WNOHANG)[0] == child.pid:
@@ -93,11 +103,14 @@ def reap_session(sid: int, wait_s: float = 2.0, extra: set[int] | frozenset[int]
                        if c.pid != sid and (c.pid in extra or session_of(c.pid) == sid)]
         except psutil.Error:
             return
+        except OSError as exc:  # out of descriptors: what is left is reaped by the periodic sweep
+            _out_of_descriptors(f"reaping session {sid}", exc)
+            return
         for member in members:
             try:
                 if member.ppid() == me:  # re-parented to us (still running ones are reaped next round)
                     os.waitpid(member.pid, os.WNOHANG)
-            except (ChildProcessError, psutil.Error):
+            except (ChildProcessError, psutil.Error, OSError):
                 pass
         if not members or time.monotonic() > deadline:
             return
@@ -115,7 +128,12 @@ def end_session(sid: int) -> None:
     me = os.getpid()
     unkillable: set[int] = set()
     while True:
-        members = {pid: stat for pid, stat in _session_members(sid).items() if pid not in unkillable}
+        try:
+            members = {pid: stat for pid, stat in _session_members(sid).items() if pid not in unkillable}
+        except OSError as exc:  # out of descriptors to read /proc: wait for some, never give up (see above)
+            _out_of_descriptors(f"ending session {sid}", exc)
+            time.sleep(_EMFILE_RETRY_S)
+            continue
         if all(stat.zombie and stat.parent != me for stat in members.values()):
             return
         for pid in members:  # zombies too: a process whose main thread ended looks like one
@@ -137,10 +155,12 @@ def end_session(sid: int) -> None:
 
 
 def _session_members(sid: int) -> dict[int, _Stat]:
-    """Every process of session ``sid`` but its leader, alive or zombie, wherever it was re-parented."""
+    """Every process of session ``sid`` but its leader, alive or zombie, wherever it was re-parented. OSError if
+    /proc cannot be read now (out of descriptors) — never a partial answer."""
     members: dict[int, _Stat] = {}
     for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != sid and (stat := _stat(int(name))) is not None and stat.session == sid:
+        if name.isdigit() and int(name) != sid and (stat := _stat(int(name), strict=True)) is not None \
+                and stat.session == sid:
             members[int(name)] = stat
     return members
 
@@ -172,7 +192,29 @@ async def end_adopted(wait_s: float) -> None:
 
 
 async def reap_orphans_forever(interval_s: float = SWEEP_INTERVAL_S) -> None:
-    """Sweep adopted orphans for as long as the supervisor runs."""
+    """Sweep adopted orphans for as long as the supervisor runs. A sweep that fails (out of file descriptors, say)
+    is logged and tried again next time: it must never take the supervisor down."""
     while True:
-        await trio.to_thread.run_sync(sweep_adopted)
+        try:
+            await trio.to_thread.run_sync(sweep_adopted)
+        except OSError as exc:
+            _out_of_descriptors("sweeping adopted orphans", exc)
         await trio.sleep(interval_s)
+
+
+#: errnos that mean "no descriptor to open /proc with now": a scan is retried, never taken as "nothing there".
+_DESCRIPTORS_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+#: Seconds between tries of a scan that has to finish when descriptors ran out.
+_EMFILE_RETRY_S = 0.1
+#: Seconds between two warnings about running out of descriptors (they come in bursts).
+_WARN_EVERY_S = 10.0
+_last_warning = [float("-inf")]
+
+
+def _out_of_descriptors(what: str, exc: OSError) -> None:
+    """Log (at most every _WARN_EVERY_S) that a scan of /proc failed, with what to do."""
+    now = time.monotonic()
+    if now - _last_warning[0] >= _WARN_EVERY_S:
+        _last_warning[0] = now
+        log.warning("%s failed (%s); trying again shortly. If this is EMFILE, raise LimitNOFILE= or lower the API's "
+                    "--max-connections", what, exc)

@@ -8,16 +8,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._orphans import become_subreaper
+from .api._serve import ApiLimits
 from .config import default_data_dir
 from .engine import Engine, EngineConfig
 from .namespaces import (
     UidRange,
+    UidRangeError,
     check_can_switch_uids,
     check_reachable_by_workers,
     secure_data_dir,
     tighten_data_dir,
 )
+from .store._store import Quotas
 from .tools import ExecPolicy, ToolRegistry, ToolsConfig
+from .tools._exec import DEFAULT_EXEC_UID, check_exec_identity
 from .workers.pool import PoolConfig
 from .workers.process import worker_argv
 
@@ -43,18 +47,34 @@ class SupervisorOptions:
     # CAP_SETUID/CAP_SETGID/...). None (the default): every worker runs as the supervisor's uid — one trust
     # domain, where tenants are separated by environment and directories but not by the kernel.
     worker_uids: UidRange | None = None
+    #: The uid and gid ``workspace.exec`` commands run as when the supervisor is root and the workspace is not a
+    #: namespace's own (``serve --exec-uid UID[:GID]``): never 0, outside ``worker_uids``; with no passwd entry by
+    #: default, so it owns nothing on the host. The workspace is lent to it for each run.
+    exec_uid: tuple[int, int] = (DEFAULT_EXEC_UID, DEFAULT_EXEC_UID)
     #: Who this supervisor is, for a second process that finds the data dir locked ("codesdk run", ...).
     holder: str = "an embedded CodeSDK supervisor"
     #: The scripted runtime's fault-injection steps and inline scenarios (test instruments): off for tenants of a
     #: service unless the operator enables them; ``codesdk run`` (one user's own supervisor) turns them on.
     test_scenarios: bool = False
+    #: Per-tenant quotas: events and bytes stored per session and per namespace, tasks at once per namespace.
+    quotas: Quotas = field(default_factory=Quotas)
+    #: What API clients may hold: connections (in all, per token), event streams per token, header/body timeouts.
+    api_limits: ApiLimits = field(default_factory=ApiLimits)
 
 
 def check_options(options: SupervisorOptions) -> None:
     """Fail at start-up, with what to do, on options that could only fail later (``UidRangeError``)."""
+    try:
+        check_exec_identity(*options.exec_uid, _namespace_uids(options.worker_uids))
+    except ValueError as exc:
+        raise UidRangeError(str(exc)) from exc
     if options.worker_uids is not None:
         check_can_switch_uids()
         check_reachable_by_workers((list(options.worker_argv) or worker_argv())[0])
+
+
+def _namespace_uids(uids: UidRange | None) -> range | None:
+    return None if uids is None else range(uids.start, uids.start + uids.count)
 
 
 @asynccontextmanager
@@ -75,9 +95,12 @@ async def open_engine(options: SupervisorOptions) -> AsyncIterator[Engine]:
                       sustained_window_s=options.sustained_window_s, quarantine_s=options.quarantine_s,
                       shutdown_grace_s=options.shutdown_grace_s,
                       env=worker_env, path=options.worker_path, worker_uids=options.worker_uids)
-    exec_policy = ExecPolicy(enabled=bool(options.exec_allowlist), allowlist=options.exec_allowlist)
+    exec_policy = ExecPolicy(enabled=bool(options.exec_allowlist), allowlist=options.exec_allowlist,
+                             exec_uid=options.exec_uid[0], exec_gid=options.exec_uid[1],
+                             namespace_uids=_namespace_uids(options.worker_uids))
     tools = ToolRegistry(ToolsConfig(exec=exec_policy))
-    async with Engine.open(EngineConfig(data_dir=data_dir, pool=pool, holder=options.holder), tools) as engine:
+    async with Engine.open(EngineConfig(data_dir=data_dir, pool=pool, holder=options.holder,
+                                        quotas=options.quotas), tools) as engine:
         if options.worker_uids is not None:  # the data dir becomes 0711: nothing in it may rely on the umask
             tighten_data_dir(data_dir)
         yield engine

@@ -20,11 +20,14 @@ import trio
 
 from ._sdnotify import Notifier, watchdog_interval_s
 from .api import ADMIN_TOKEN_FILE, TokenAuth, TokenFileInvalid, serve_api
+from .api._serve import ApiLimits
 from .app import SupervisorOptions, check_options, open_engine
 from .config import default_data_dir
 from .engine import Engine
 from .namespaces import UidRange, UidRangeError, UnsafeDataDir
 from .store import DataDirBusy, current_holder
+from .store._store import QUOTA_FLAGS, Quotas
+from .tools._exec import DEFAULT_EXEC_UID, check_exec_identity
 
 log = logging.getLogger("codesdk.supervisor.service")
 
@@ -39,7 +42,8 @@ async def serve(options: SupervisorOptions, socket_path: Path, port: int | None,
         async with open_engine(options) as engine:
             auth = TokenAuth.bootstrap(data_dir)
             async with trio.open_nursery() as nursery:
-                bound = await nursery.start(partial(serve_api, engine, auth, socket_path, port))
+                bound = await nursery.start(partial(serve_api, engine, auth, socket_path, port,
+                                                    limits=options.api_limits))
                 if engine.store.lock is not None:  # a CLI that finds the data dir locked comes here instead
                     engine.store.lock.announce([f"unix:{socket_path}",
                                                 *([f"http://127.0.0.1:{port}"] if port else [])])
@@ -81,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
                      help="run each namespace's worker as its own uid/gid from this range of unused ids (no "
                           "passwd entries needed; needs root or CAP_SETUID/CAP_SETGID/CAP_CHOWN/CAP_DAC_OVERRIDE/"
                           "CAP_FOWNER). Default: every worker runs as the supervisor's uid (one trust domain)")
+    run.add_argument("--exec-uid", type=_exec_identity, default=None, metavar="UID[:GID]",
+                     help="the uid (and gid; default: the same number) workspace.exec commands run as when the "
+                          "service is root and the workspace is not a namespace's own: never 0, outside "
+                          f"--worker-uids; the workspace is lent to it for each run. Default: {DEFAULT_EXEC_UID}, "
+                          "which should have no passwd entry")
     token = sub.add_parser("token", help="API tokens")
     token_sub = token.add_subparsers(dest="token_command", required=True)
     add = token_sub.add_parser("add", help="create a token bound to namespaces; prints it once")
@@ -121,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="crashes within --sustained-window that quarantine")
     run.add_argument("--sustained-window", type=float, default=3600.0, help="seconds (sustained intensity)")
     run.add_argument("--quarantine", type=float, default=600.0, help="seconds a quarantine lasts unless lifted")
+    _add_limit_flags(run)
     args = parser.parse_args(argv)
     if args.command == "quarantine":
         return _quarantine_command(args)
@@ -140,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         data_dir=data_dir, max_restarts=args.max_restarts, restart_window_s=args.restart_window,
         sustained_max_restarts=args.sustained_max_restarts, sustained_window_s=args.sustained_window,
         quarantine_s=args.quarantine, worker_uids=args.worker_uids, holder="codesdk-supervisor serve",
-        test_scenarios=args.enable_test_scenarios)
+        test_scenarios=args.enable_test_scenarios, quotas=_quotas(args), api_limits=_api_limits(args),
+        **({"exec_uid": args.exec_uid} if args.exec_uid is not None else {}))
     try:
         check_options(options)
     except UidRangeError as exc:
@@ -160,6 +171,71 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _add_limit_flags(run: argparse.ArgumentParser) -> None:
+    """Per-tenant quotas and API limits (docs/operations.md, "Limits")."""
+    quotas, api = Quotas(), ApiLimits()
+    limits = run.add_argument_group("limits", "what one tenant may store, run and hold open (sizes take K/M/G/T; "
+                                              "'none' lifts a quota)")
+    for name, (flag, unit) in QUOTA_FLAGS.items():
+        limits.add_argument(flag, dest=f"quota_{name}", type=_quota_value, default=getattr(quotas, name),
+                            metavar="N", help=f"{unit} (default {getattr(quotas, name)})")
+    limits.add_argument("--max-connections", type=_positive_int, default=api.max_connections, metavar="N",
+                        help="open API connections in all (default %(default)s; lowered to fit RLIMIT_NOFILE, keeping "
+                             "a reserve of descriptors for the store and workers)")
+    limits.add_argument("--max-connections-per-principal", type=_positive_int, metavar="N",
+                        default=api.max_connections_per_principal, help="open API connections per token "
+                                                                        "(default %(default)s)")
+    limits.add_argument("--max-streams-per-principal", type=_positive_int, default=api.max_streams_per_principal,
+                        metavar="N", help="open SSE event streams per token (default %(default)s)")
+    limits.add_argument("--header-timeout", type=_positive_float, default=api.header_timeout_s, metavar="SECONDS",
+                        help="time a connection has to send a request's headers, also the keep-alive idle time "
+                             "(default %(default)s)")
+    limits.add_argument("--body-timeout", type=_positive_float, default=api.body_timeout_s, metavar="SECONDS",
+                        help="time a request body may take to arrive (default %(default)s)")
+
+
+def _quotas(args: argparse.Namespace) -> Quotas:
+    return Quotas(**{name: getattr(args, f"quota_{name}") for name in QUOTA_FLAGS})
+
+
+def _api_limits(args: argparse.Namespace) -> ApiLimits:
+    return ApiLimits(max_connections=args.max_connections,
+                     max_connections_per_principal=args.max_connections_per_principal,
+                     max_streams_per_principal=args.max_streams_per_principal,
+                     header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout)
+
+
+_SIZE_SUFFIXES = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _quota_value(text: str) -> int | None:
+    """A positive count or size (``2G``, ``512M``, ``100k``), or ``none`` for no limit."""
+    value = text.strip().lower()
+    if value == "none":
+        return None
+    scale = _SIZE_SUFFIXES.get(value[-1:], 1)
+    number = value[:-1] if scale > 1 else value
+    if not number.isdigit() or int(number) < 1:
+        raise argparse.ArgumentTypeError(f"invalid limit {text!r}: a positive number (K/M/G/T allowed) or 'none'")
+    return int(number) * scale
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}: must be > 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}: must be a positive integer")
+    return int(text)
+
+
 def _leaf(exc: BaseException) -> BaseException:
     """The one error inside trio's exception groups, if there is exactly one."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
@@ -172,6 +248,18 @@ def _uid_range(text: str) -> UidRange:
         return UidRange.parse(text)
     except UidRangeError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _exec_identity(text: str) -> tuple[int, int]:
+    uid, sep, gid = text.partition(":")
+    if not uid.strip().isdigit() or (sep and not gid.strip().isdigit()):
+        raise argparse.ArgumentTypeError(f"invalid exec uid {text!r}: use UID or UID:GID, e.g. {DEFAULT_EXEC_UID}")
+    identity = (int(uid), int(gid) if sep else int(uid))
+    try:
+        check_exec_identity(*identity)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return identity
 
 
 def _make_non_dumpable() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,11 +26,25 @@ from supervisor.tools import (
     ToolsConfig,
     probe_sandbox,
 )
+from supervisor.tools._sandbox import DEFAULT_EXEC_UID
 
 from .seeds import Seed
 
 ALLOW = ("echo", "sh", "sleep", "python3", "env", "pwd", "false")
 EXEC_SEED = Seed.from_env("CODESDK_EXEC_SEED")
+#: The uid a command runs as here: the exec uid when the tests run as root (as in CI), else ours.
+EXEC_UID = DEFAULT_EXEC_UID if os.geteuid() == 0 else os.getuid()
+NO_BWRAP = "bubblewrap is not installed or cannot run here (Debian: apt-get install bubblewrap; .ci/run installs it)"
+
+
+def env_label(label: str) -> str:
+    """The ``execution_env`` of a call that ran in the sandbox called ``label``."""
+    return f"supervisor:sandbox({label},uid={EXEC_UID})"
+
+
+def expected_label(tools: SandboxTools) -> str:
+    """Which sandbox the default policy picks with these tools: bubblewrap where it runs, else the helper."""
+    return "bwrap" if tools.bwrap is not None else str(tools.netns_label)
 
 
 class FixedProber(SandboxProber):
@@ -103,17 +119,23 @@ def subreaper(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
 
 
-@pytest.fixture(params=["namespaces", "no-namespaces"])
+@pytest.fixture(params=["bwrap", "helper", "no-namespaces"])
 def sandboxed(request: pytest.FixtureRequest, sandbox_tools: SandboxTools) -> ToolRegistry:
-    """The exec tool with the sandbox this machine has (pid namespace: the command is its init), or with none
-    (the command leads its session itself)."""
+    """The exec tool with bubblewrap (its init is pid 1 of the pid namespace, the command its child), with the
+    built-in helper (the command is the pid namespace's init), or with no sandbox (the command leads its session
+    itself)."""
     if sandbox_tools.prlimit is None:
         pytest.skip("`prlimit` is unavailable here")
-    if request.param == "namespaces":
-        if sandbox_tools.netns_prefix is None:
-            pytest.skip("no network namespace here: `unshare -n` and `unshare -r -n` both fail")
+    if request.param == "bwrap":
+        if sandbox_tools.bwrap is None:
+            pytest.skip(NO_BWRAP)
         return registry()
-    bare = SandboxTools(netns_prefix=None, netns_label=None, prlimit=sandbox_tools.prlimit)
+    if request.param == "helper":
+        if sandbox_tools.confine_prefix is None:
+            pytest.skip("no mount namespace with a new root here (`unshare -m` + pivot_root)")
+        return registry(FixedProber(dataclasses.replace(sandbox_tools, bwrap=None)))
+    bare = SandboxTools(netns_prefix=None, netns_label=None, prlimit=sandbox_tools.prlimit,
+                        setpriv=sandbox_tools.setpriv)
     return registry(FixedProber(bare), require_network_isolation=False)
 
 
@@ -140,7 +162,7 @@ async def test_echo_runs_in_the_sandbox(tmp_path: Path, netns: SandboxTools) -> 
     assert result.stdout == "hello $HOME ; rm -rf /\n"  # argv, no shell expansion
     body = content(result)
     assert (body["exit_code"], body["timed_out"], body["stdout_bytes"]) == (0, False, len(result.stdout))
-    assert result.execution_env == f"supervisor:sandbox({netns.netns_label})"
+    assert result.execution_env == env_label(expected_label(netns))
     assert result.sandbox.kind == "subprocess" and result.sandbox.network is False
     assert result.sandbox.memory_limit_mb == 1024 and result.sandbox.time_limit_s == 60
     assert result.preview.startswith("$ echo hello")
@@ -219,14 +241,15 @@ async def test_timeout_kills_the_group_without_namespaces(
     """The plain process-group kill, without a pid namespace to help."""
     if sandbox_tools.prlimit is None:
         pytest.skip("`prlimit` is unavailable here")
-    prober = FixedProber(SandboxTools(netns_prefix=None, netns_label=None, prlimit=sandbox_tools.prlimit))
+    prober = FixedProber(SandboxTools(netns_prefix=None, netns_label=None, prlimit=sandbox_tools.prlimit,
+                                      setpriv=sandbox_tools.setpriv))
     reg = registry(prober, require_network_isolation=False)
     marker = f"32.{uuid.uuid4().int % 10**6:06d}"
     result = await run(
         reg, tmp_path, {"argv": ["sh", "-c", f"sleep {marker} & sleep {marker}; wait"], "timeout_s": 0.5}
     )
     assert content(result)["timed_out"] is True
-    assert result.execution_env == "supervisor:sandbox(no-netns)" and result.sandbox.network is True
+    assert result.execution_env == env_label("no-netns") and result.sandbox.network is True
     assert processes_with(marker) == []
 
 

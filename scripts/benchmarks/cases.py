@@ -282,3 +282,58 @@ def cold(p: dict[str, Any]) -> list[Any]:
     from . import real_runtime
 
     return real_runtime.case_cold(p["real_repeat"])
+
+
+# -- 9. fairness: another tenant's small task while one tenant floods --------------------------------------------
+
+FAIR_FLOOD = 1_000_000  # far more than is stored while the other tenant's tasks run; the flood is stopped after
+FAIR_WARM_EVENTS = 2_000  # the flood is streaming (past the stream threshold) before anything is timed
+FAIR_ALONE_EVENTS = 10_000  # the flood's rate alone, measured over this many events
+
+
+async def _small_task(engine: Engine, session_id: str) -> float:
+    """Seconds from start_task to the stored terminal event of a small task (scripted ``echo``)."""
+    started = time.perf_counter()
+    task = await engine.start_task(session_id, "hello", runtime_config={"scenario": "echo"})
+    record = await engine.wait_task(task.task_id)
+    elapsed = time.perf_counter() - started
+    if record.state != "completed":
+        raise RuntimeError(f"the other tenant's task ended {record.state}: {record.error}")
+    return elapsed
+
+
+async def _stored_at_least(engine: Engine, session_id: str, count: int) -> None:
+    with trio.fail_after(120):
+        while await engine.store.last_seq(session_id) < count:
+            await trio.sleep(0.02)
+
+
+async def fairness_codesdk(tasks: int) -> dict[str, Any]:
+    """One supervisor, two tenants (namespaces): the other tenant's small tasks one after another, first with
+    nothing else running (its quiet p50, the same-run baseline), then while the flooding tenant streams a
+    million deltas. Also the flood's own rate alone and while it shares."""
+    with tempfile.TemporaryDirectory(prefix="codesdk-bench-") as tmp:
+        async with engine_in(Path(tmp)) as engine:
+            flooder = await engine.create_session(namespace="user:flooder")
+            other = await engine.create_session(namespace="user:other")
+            for session in (flooder, other):  # both workers running: spawn time is case 4
+                await _small_task(engine, session.session_id)
+            quiet = [await _small_task(engine, other.session_id) for _ in range(tasks)]
+            base = await engine.store.last_seq(flooder.session_id)
+            scenario = {"name": "flood", "steps": [{"flood": FAIR_FLOOD, "delta": "y" * 16}, {"complete": {}}]}
+            flood = await engine.start_task(flooder.session_id, "flood", runtime_config={"scenario_inline": scenario})
+            await _stored_at_least(engine, flooder.session_id, base + FAIR_WARM_EVENTS)
+            alone_from, alone_started = await engine.store.last_seq(flooder.session_id), time.perf_counter()
+            await _stored_at_least(engine, flooder.session_id, alone_from + FAIR_ALONE_EVENTS)
+            alone_to, alone_ended = await engine.store.last_seq(flooder.session_id), time.perf_counter()
+            flooded = [await _small_task(engine, other.session_id) for _ in range(tasks)]
+            shared_to, shared_ended = await engine.store.last_seq(flooder.session_id), time.perf_counter()
+            still = (await engine.store.get_task(flood.task_id)).state
+            await engine.stop_task(flood.task_id)
+    if still != "running":
+        raise RuntimeError(f"the flood ended ({still}) before the other tenant's tasks did: raise FAIR_FLOOD")
+    return {"quiet": quiet, "flooded": flooded, "quiet_p50": percentile(quiet, 50),
+            "flooded_p50": percentile(flooded, 50), "quiet_p90": percentile(quiet, 90),
+            "flooded_p90": percentile(flooded, 90),
+            "flood_alone_rate": (alone_to - alone_from) / (alone_ended - alone_started),
+            "flood_shared_rate": (shared_to - alone_to) / (shared_ended - alone_ended)}

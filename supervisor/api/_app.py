@@ -29,6 +29,7 @@ from ..namespace_env import NamespaceEnvError
 from ..namespaces import InvalidNamespace, Namespace
 from ..store import ApprovalDecided, SessionBusy, StoreError, UnknownApproval, UnknownSession, UnknownTask
 from ..store._records import SessionRecord, TaskRecord
+from ..store._store import QuotaExceeded
 from ._auth import Principal, TokenAuth
 from ._openapi import Operation, openapi_document
 
@@ -44,15 +45,16 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = headers
 
 
-def _error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
 
 # -- request models ---------------------------------------------------------------------------------
@@ -126,13 +128,18 @@ def _validate(model: type[M], data: Any, where: str) -> M:
 async def _body(request: Request, model: type[M]) -> M:
     chunks: list[bytes] = []
     size = 0
-    async with contextlib.aclosing(request.stream()) as stream:
-        async for chunk in stream:
-            size += len(chunk)
-            if size <= MAX_BODY:
-                chunks.append(chunk)
-            elif size > DRAIN_LIMIT:
-                break  # stop reading; the client gets the 413 (or a reset) while still sending
+    timeout_s: float = request.app.state.body_timeout_s  # set by create_app
+    with trio.move_on_after(timeout_s) as reading:  # a body trickled in slowly holds a connection: bounded
+        async with contextlib.aclosing(request.stream()) as stream:
+            async for chunk in stream:
+                size += len(chunk)
+                if size <= MAX_BODY:
+                    chunks.append(chunk)
+                elif size > DRAIN_LIMIT:
+                    break  # stop reading; the client gets the 413 (or a reset) while still sending
+    if reading.cancelled_caught:
+        raise ApiError(408, "body_timeout", f"the request body did not arrive within {timeout_s:g} s (the limit: "
+                                            "`codesdk-supervisor serve --body-timeout`)", {"connection": "close"})
     if size > MAX_BODY:
         # Draining (up to DRAIN_LIMIT) first means a client that writes its whole body before reading
         # the response sees the 413 instead of stalling on a full socket buffer.
@@ -169,9 +176,14 @@ class _Metrics:
                                 ["route", "status"], registry=self.registry)
 
 
-def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIVE_S) -> Starlette:
+def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIVE_S,
+               max_streams_per_principal: int = 32, body_timeout_s: float = 30.0,
+               claim_connection: Callable[[str], str | None] | None = None) -> Starlette:
+    """``claim_connection(principal name)`` charges the request's connection to the principal (the server's
+    per-token connection cap); it returns why not, if the token holds too many (429)."""
     metrics = _Metrics()
     store = engine.store
+    streams = _StreamSlots(max_streams_per_principal)
 
     def principal_of(request: Request) -> Principal:
         header = request.headers.get("authorization", "")
@@ -179,6 +191,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         principal = auth.authenticate(token.strip()) if scheme.lower() == "bearer" else None
         if principal is None:
             raise ApiError(401, "unauthorized", "missing or invalid bearer token (Authorization: Bearer <token>)")
+        if claim_connection is not None and (refused := claim_connection(principal.name)) is not None:
+            raise ApiError(429, "too_many_connections", refused, {"connection": "close", "retry-after": "1"})
         return principal
 
     async def session_for(principal: Principal, session_id: str) -> SessionRecord:
@@ -280,6 +294,9 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
                 durable_approvals=body.interaction_mode == InteractionMode.INTERACTIVE)
         except SessionBusy as exc:
             raise ApiError(409, "session_busy", str(exc)) from exc
+        except QuotaExceeded as exc:  # the session's or namespace's stored data, or the namespace's running tasks
+            raise ApiError(429, exc.code, str(exc), {"retry-after": "1"} if exc.code == "too_many_tasks" else None) \
+                from exc
         except InvalidTaskInput as exc:
             raise ApiError(422, "invalid_request", str(exc)) from exc
         except EngineError as exc:
@@ -399,7 +416,10 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         })
 
     async def stream_events(request: Request) -> Response:
-        session = await session_for(principal_of(request), request.path_params["session_id"])
+        principal = principal_of(request)
+        session = await session_for(principal, request.path_params["session_id"])
+        if streams.full(principal.name):
+            raise streams.refusal()
         query = _query(request, StreamQuery)
         after = query.after_seq
         last_id = request.headers.get("last-event-id")
@@ -412,7 +432,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             if not 0 <= after <= MAX_SEQ:
                 raise ApiError(422, "invalid_request", f"header 'Last-Event-ID' must be between 0 and {MAX_SEQ}")
         return _SSEResponse(engine, session.session_id, after or 0, query.until_terminal, metrics.sse_events,
-                            keepalive_s)
+                            keepalive_s, streams=streams, principal=principal.name)
 
     async def transcript(request: Request) -> Response:
         session = await session_for(principal_of(request), request.path_params["session_id"])
@@ -426,7 +446,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             try:
                 response = await handler(request)
             except ApiError as exc:
-                response = _error(exc.status, exc.code, exc.message)
+                response = _error(exc.status, exc.code, exc.message, exc.headers)
             except StoreError as exc:
                 log.warning("%s %s: store error: %s", request.method, request.url.path, exc)
                 response = _error(503, "store_error", str(exc))
@@ -498,7 +518,38 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return _error(exc.status_code, code, str(exc.detail))
 
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    app.state.body_timeout_s = body_timeout_s
+    return app
+
+
+class _StreamSlots:
+    """Open SSE streams per principal, at most ``limit`` each (``--max-streams-per-principal``)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open: dict[str, int] = {}
+
+    def full(self, principal: str) -> bool:
+        return self.open.get(principal, 0) >= self.limit
+
+    def acquire(self, principal: str) -> bool:
+        if self.full(principal):
+            return False
+        self.open[principal] = self.open.get(principal, 0) + 1
+        return True
+
+    def release(self, principal: str) -> None:
+        left = self.open[principal] - 1
+        if left:
+            self.open[principal] = left
+        else:
+            del self.open[principal]
+
+    def refusal(self) -> ApiError:
+        return ApiError(429, "too_many_streams",
+                        f"this token already has {self.limit} event streams open, its limit (`codesdk-supervisor serve "
+                        f"--max-streams-per-principal`); close one first", {"retry-after": "1"})
 
 
 class _SSEResponse(Response):
@@ -507,7 +558,8 @@ class _SSEResponse(Response):
     (with ``until_terminal``) after the next terminal event."""
 
     def __init__(self, engine: Engine, session_id: str, after_seq: int, until_terminal: bool,
-                 sent: Counter, keepalive_s: float = KEEPALIVE_S) -> None:
+                 sent: Counter, keepalive_s: float = KEEPALIVE_S, *, streams: _StreamSlots | None = None,
+                 principal: str = "") -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
         if "content-length" in self.headers:
             del self.headers["content-length"]
@@ -519,8 +571,24 @@ class _SSEResponse(Response):
         self._until_terminal = until_terminal
         self._sent = sent
         self._keepalive_s = keepalive_s
+        self._streams = streams
+        self._principal = principal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        streams = self._streams
+        if streams is None:
+            await self._stream(scope, receive, send)
+            return
+        if not streams.acquire(self._principal):  # the route checked; this is the count that holds
+            refusal = streams.refusal()
+            await _error(refusal.status, refusal.code, refusal.message, refusal.headers)(scope, receive, send)
+            return
+        try:
+            await self._stream(scope, receive, send)
+        finally:
+            streams.release(self._principal)
+
+    async def _stream(self, scope: Scope, receive: Receive, send: Send) -> None:
         lock = trio.Lock()
 
         async def emit(chunk: bytes) -> None:

@@ -15,7 +15,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,7 @@ from ..store import (
     TaskState,
     TaskUpdate,
 )
+from ..store._store import QuotaExceeded, Quotas
 from ..workers import RpcError, WorkerError, WorkerProcess
 from ..workers.pool import NamespaceFailing, PoolConfig, WorkerPool
 from ..workers.process import REAP_WAIT_S
@@ -122,6 +123,8 @@ class EngineConfig:
     approval_timeout_s: float = APPROVAL_TIMEOUT_S
     store_vfs: str | None = None  # a registered SQLite VFS for the store (fault-injection tests)
     holder: str = "a CodeSDK supervisor"  # who we are, to a second process that finds the data dir locked
+    #: Per-tenant limits: checked when a task is admitted (``start_task``) and whenever its events are stored.
+    quotas: Quotas = field(default_factory=Quotas)
 
 
 class Engine:
@@ -239,8 +242,10 @@ class Engine:
         except (CanonicalizationError, ValueError, TypeError) as exc:
             raise InvalidTaskInput(f"the task's input cannot be stored (runtime_config and the prompt must be plain "
                               f"JSON: strings of valid text, integers within ±2^53): {exc}") from exc
+        # Admission (QuotaExceeded, nothing stored): the session and namespace are under their stored-data quotas and
+        # the namespace runs fewer tasks than it may — checked in the transaction that records the task.
         record = await self.store.create_task(session_id, task_id, runtime=session.runtime,
-                                              metadata={"prompt_preview": prompt[:200]})
+                                              metadata={"prompt_preview": prompt[:200]}, quotas=self.config.quotas)
         tr = trace or TraceContext()
         run = TaskRun(task_id=task_id, session=session, params=params, approver=approver,
                       trace=Trace(session_id=session_id, task_id=task_id, request_id=tr.request_id,
@@ -415,13 +420,30 @@ class Engine:
         raw_blobs: dict[str, dict[str, tuple[bytes, str]]] = {}  # task -> small raw blobs its events name
 
         async def flush() -> None:
-            pending = list(plain.values())
+            # Short runs first. A stream's events are bulk appends: the writer commits them taking turns with
+            # everyone else's writes, and while others are writing they go in small parts, each followed by a
+            # pause as long as it took (``_share``): a flood slows only itself.
+            pending = sorted(plain.values(), key=lambda entry: _is_stream(entry[0]))
             plain.clear()
             for run, items in pending:
-                try:
-                    await self._append(run, items, blobs=raw_blobs.pop(run.task_id, None))
-                except DatabaseError as exc:
-                    await self._lost_events(run, exc)
+                blobs = raw_blobs.pop(run.task_id, None)
+                if not _is_stream(run):
+                    try:
+                        await self._append(run, items, blobs=blobs)
+                    except DatabaseError as exc:
+                        await self._lost_events(run, exc)
+                    continue
+                while items:
+                    part_size = SHARE_QUANTUM if self._others_writing() else len(items)
+                    part, items = items[:part_size], items[part_size:]
+                    started = trio.current_time()
+                    try:
+                        if not await self._append(run, part, blobs=_named_blobs(part, blobs), bulk=True):
+                            break
+                    except DatabaseError as exc:
+                        await self._lost_events(run, exc)
+                        break
+                    await self._share(started)
 
         for params in batch:
             run = self._accept(worker, params)
@@ -478,6 +500,17 @@ class Engine:
                                           f"the supervisor could not handle the runtime's {params.event.type}: "
                                           f"{type(exc).__name__}: {exc}", retryable=False)
         await flush()
+
+    def _others_writing(self) -> bool:
+        """Someone's ordinary (not bulk) write was committed within the last SHARE_WINDOW_S."""
+        return trio.current_time() - self.store.writer_stats.last_ordinary_at <= SHARE_WINDOW_S
+
+    async def _share(self, started: float) -> None:
+        """After a stream's part: while others are writing, pause as long as the part took, so a flood gets at
+        most about half of the event loop, the GIL and the writer, and others' small steps find them free. A
+        stream alone never pauses."""
+        if self._others_writing():
+            await trio.sleep(min(trio.current_time() - started, SHARE_WINDOW_S))
 
     async def _lost_events(self, run: TaskRun, exc: DatabaseError) -> None:
         """Events of this task could not be stored (the disk failed): the task cannot complete truthfully.
@@ -607,15 +640,24 @@ class Engine:
     # -- appending ------------------------------------------------------------------------------
 
     async def _append(self, run: TaskRun, items: Sequence[tuple[Any, ...]],
-                      blobs: Mapping[str, tuple[bytes, str]] | None = None) -> bool:
+                      blobs: Mapping[str, tuple[bytes, str]] | None = None, *, bulk: bool = False) -> bool:
         """Store events of a running task: (type, payload[, runtime info]) each, with the small blobs they name.
-        False once the task has ended."""
+        False once the task has ended. ``bulk``: part of a long stream (see ``EventStore.append``)."""
         if run.ended:
             return False
-        await self.store.append(run.session_id, [
-            EventDraft(type=item[0], runtime=(item[2] if len(item) > 2 and item[2] else run.runtime),
-                       payload=item[1], trace=run.trace) for item in items], blobs=blobs)
+        try:
+            await self.store.append(run.session_id, [
+                EventDraft(type=item[0], runtime=(item[2] if len(item) > 2 and item[2] else run.runtime),
+                           payload=item[1], trace=run.trace) for item in items], blobs=blobs, bulk=bulk,
+                quotas=self.config.quotas)
+        except QuotaExceeded as exc:  # nothing of these was stored; the task ends here, once
+            await self._over_quota(run, exc)
+            return False
         return True
+
+    async def _over_quota(self, run: TaskRun, exc: QuotaExceeded) -> None:
+        log.warning("task %s: %s", run.task_id, exc)
+        await self._fail_and_stop(run, TaskFailureCode.QUOTA_EXCEEDED, str(exc), retryable=False, **exc.details())
 
     async def _fail(self, run: TaskRun, code: str, message: str, *, retryable: bool, **details: Any) -> None:
         details = {k: v for k, v in details.items() if v is not None}
@@ -672,6 +714,28 @@ class Engine:
                     return
         finally:
             run.done.set()
+
+
+#: A task whose runtime has sent more events than this is a stream: its plain events are stored as bulk appends
+#: (at most the pool's EVENT_BATCH each), which the store's writer commits taking turns with every other write.
+STREAM_AFTER_EVENTS = 256
+#: While anyone else's write was committed this recently, a stream's events go in parts of SHARE_QUANTUM events,
+#: each followed by a pause as long as it took (``Engine._share``).
+SHARE_WINDOW_S = 0.1
+SHARE_QUANTUM = 32
+
+
+def _named_blobs(items: Sequence[tuple[Any, ...]],
+                 blobs: Mapping[str, tuple[bytes, str]] | None) -> dict[str, tuple[bytes, str]] | None:
+    """The small raw blobs these events name (a stream's part is committed with its own events' blobs)."""
+    if not blobs:
+        return None
+    refs = {item[2].raw_ref for item in items if len(item) > 2 and item[2] is not None}
+    return {ref: blob for ref, blob in blobs.items() if ref in refs} or None
+
+
+def _is_stream(run: TaskRun) -> bool:
+    return run.next_n > STREAM_AFTER_EVENTS
 
 
 #: Tool events a worker may send only for runtime-executed calls the policy approved.

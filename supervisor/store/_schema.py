@@ -125,6 +125,23 @@ MIGRATIONS: tuple[Migration, ...] = (
         ALTER TABLE blobs ADD COLUMN content BLOB;
         """,
     ),
+    Migration(
+        6,
+        "stored bytes per session and events/bytes per namespace, for quotas",
+        """
+        ALTER TABLE sessions ADD COLUMN stored_bytes INTEGER NOT NULL DEFAULT 0 CHECK (stored_bytes >= 0);
+        UPDATE sessions SET stored_bytes = (
+            SELECT COALESCE(SUM(length(CAST(body AS BLOB))), 0) FROM events WHERE events.session_id = sessions.session_id
+        );
+        CREATE TABLE namespace_usage (
+            namespace TEXT PRIMARY KEY,
+            events INTEGER NOT NULL DEFAULT 0 CHECK (events >= 0),
+            bytes INTEGER NOT NULL DEFAULT 0 CHECK (bytes >= 0)
+        ) WITHOUT ROWID;
+        INSERT INTO namespace_usage(namespace, events, bytes)
+            SELECT namespace, SUM(last_seq), SUM(stored_bytes) FROM sessions GROUP BY namespace;
+        """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

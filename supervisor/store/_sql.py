@@ -7,6 +7,7 @@ functions expect to be called inside the writer's transaction (they never BEGIN/
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -333,9 +334,10 @@ class PreparedEvent:
 
 
 def insert_events(
-    conn: apsw.Connection, session_id: str, events: Sequence[PreparedEvent]
+    conn: apsw.Connection, session_id: str, events: Sequence[PreparedEvent], stored_bytes: int = 0
 ) -> list[NormalizedEvent]:
-    """Give ``events`` the next seqs of the session and insert them; return them as stored."""
+    """Give ``events`` the next seqs of the session and insert them; return them as stored. ``stored_bytes``
+    (``batch_bytes``) is added to the session's and its namespace's usage, with the number of events."""
     seq = select_last_seq(conn, session_id)
     stored: list[NormalizedEvent] = []
     rows = []
@@ -351,8 +353,68 @@ def insert_events(
         "VALUES (?, ?, ?, ?, ?, ?, ?)",
         rows,
     )
-    conn.execute("UPDATE sessions SET last_seq = ? WHERE session_id = ?", (seq, session_id))
+    conn.execute("UPDATE sessions SET last_seq = ?, stored_bytes = stored_bytes + ? WHERE session_id = ?",
+                 (seq, stored_bytes, session_id))
+    conn.execute(
+        "INSERT INTO namespace_usage(namespace, events, bytes) SELECT namespace, ?, ? FROM sessions "
+        "WHERE session_id = ? ON CONFLICT(namespace) DO UPDATE SET events = events + excluded.events, "
+        "bytes = bytes + excluded.bytes",
+        (len(events), stored_bytes, session_id),
+    )
     return stored
+
+
+# --- accounting (quotas) ---------------------------------------------------------------------------
+
+_BLOB_REF = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def batch_bytes(conn: apsw.Connection, events: Sequence[PreparedEvent], inline: Mapping[str, bytes]) -> int:
+    """What storing ``events`` costs: their bodies (UTF-8), the small blobs committed with them (``inline``: ref ->
+    bytes), and the blob files they name (each once per batch; refs that name no blob, like input hashes, cost
+    nothing)."""
+    total = sum(len(e.body) if e.body.isascii() else len(e.body.encode()) for e in events)
+    total += sum(len(data) for data in inline.values())
+    refs: set[str] = set()
+    for event in events:
+        if "sha256:" in event.body:
+            refs.update(_BLOB_REF.findall(event.body))
+    refs.difference_update(inline)
+    named = sorted(refs)
+    for start in range(0, len(named), 500):
+        chunk = named[start:start + 500]
+        total += int(conn.execute(
+            f"SELECT COALESCE(SUM(size), 0) FROM blobs WHERE content IS NULL AND ref IN ({','.join('?' * len(chunk))})",
+            chunk).get)
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What a session and its namespace have stored."""
+
+    namespace: str
+    session_events: int
+    session_bytes: int
+    namespace_events: int
+    namespace_bytes: int
+
+
+def select_usage(conn: apsw.Connection, session_id: str) -> Usage:
+    for namespace, events, stored, ns_events, ns_bytes in conn.execute(
+        "SELECT s.namespace, s.last_seq, s.stored_bytes, COALESCE(u.events, 0), COALESCE(u.bytes, 0) "
+        "FROM sessions s LEFT JOIN namespace_usage u ON u.namespace = s.namespace WHERE s.session_id = ?",
+        (session_id,),
+    ):
+        return Usage(namespace, events, stored, ns_events, ns_bytes)
+    raise UnknownSession(session_id)
+
+
+def count_active_tasks(conn: apsw.Connection, namespace: str) -> int:
+    """Tasks pending or running in the namespace's sessions."""
+    return int(conn.execute(
+        "SELECT count(*) FROM tasks JOIN sessions USING (session_id) "
+        "WHERE tasks.state IN ('pending', 'running') AND sessions.namespace = ?", (namespace,)).get)
 
 
 def insert_blob(conn: apsw.Connection, info: BlobInfo) -> None:

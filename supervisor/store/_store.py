@@ -7,10 +7,11 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 import apsw
 import trio
@@ -227,24 +228,26 @@ class EventStore:
         state: TaskState = TaskState.PENDING,
         metadata: Mapping[str, Any] | None = None,
         worker_pid: int | None = None,
+        quotas: Quotas | None = None,
     ) -> TaskRecord:
-        """Record a task (PENDING or RUNNING). A session has at most one pending/running task (``SessionBusy``)."""
+        """Record a task (PENDING or RUNNING). A session has at most one pending/running task (``SessionBusy``).
+
+        With ``quotas``, the task is admitted only while its session and namespace are under their stored-data
+        limits and the namespace runs fewer tasks than its limit (``QuotaExceeded``; checked in the transaction
+        that inserts the task, so concurrent starts cannot both slip in)."""
         state = TaskState(state)
         if state.is_terminal:
             raise ValueError(f"a task starts pending or running, not {state}")
         task_id = task_id or new_id("task")
-        return await self._write(
-            f"creating task {task_id!r}",
-            partial(
-                _sql.insert_task,
-                task_id=task_id,
-                session_id=session_id,
-                state=state,
-                runtime=runtime,
-                metadata=dict(metadata or {}),
-                worker_pid=worker_pid,
-            ),
-        )
+        insert = partial(_sql.insert_task, task_id=task_id, session_id=session_id, state=state, runtime=runtime,
+                         metadata=dict(metadata or {}), worker_pid=worker_pid)
+
+        def op(conn: apsw.Connection) -> TaskRecord:
+            if quotas is not None:
+                quotas.check_admission(conn, session_id)
+            return insert(conn)
+
+        return await self._write(f"creating task {task_id!r}", op)
 
     async def update_task(
         self,
@@ -312,6 +315,7 @@ class EventStore:
     async def append(
         self, session_id: str, drafts: Sequence[EventDraft], *, task_update: TaskUpdate | None = None,
         idempotency_key: str | None = None, blobs: Mapping[str, tuple[bytes, str]] | None = None,
+        bulk: bool = False, quotas: Quotas | None = None,
     ) -> list[NormalizedEvent]:
         """Store ``drafts`` atomically as the session's next events; return them with their seqs.
 
@@ -325,6 +329,13 @@ class EventStore:
         ``blobs`` maps refs to ``(bytes, media type)`` of small blobs (up to ``INLINE_BLOB_MAX`` bytes) the events
         name: they are kept in the database and committed with the events — no extra fsyncs, and never an event
         naming a blob that is not there. Each ref is checked against its bytes first.
+
+        Every append adds its events and bytes (``_sql.batch_bytes``) to the session's and namespace's usage; with
+        ``quotas``, an append that would take either past its limit stores nothing and raises ``QuotaExceeded``.
+
+        ``bulk`` marks part of a long stream (the engine sets it for a task that has streamed many events, in
+        appends of bounded size): the writer commits bulk appends in transactions of their own that take turns
+        with all other writes, so a flood delays others by at most one such transaction (see ``_writer``).
         """
         inline = _check_inline_blobs(blobs or {})
         prepared = prepare(session_id, drafts)
@@ -338,9 +349,12 @@ class EventStore:
                 earlier = _sql.select_keyed_append(conn, session_id, idempotency_key)
                 if earlier is not None:
                     return AlreadyStored(earlier)
+            size = _sql.batch_bytes(conn, prepared, {ref: data for ref, (data, _) in inline.items()})
+            if quotas is not None:
+                quotas.check_append(conn, session_id, len(prepared), size)
             for ref, (data, media_type) in inline.items():
                 _sql.insert_inline_blob(conn, ref, data, media_type)
-            stored = _sql.insert_events(conn, session_id, prepared)
+            stored = _sql.insert_events(conn, session_id, prepared, size)
             if idempotency_key is not None:
                 _sql.insert_keyed_append(conn, session_id, idempotency_key, stored)
             if task_update is not None:
@@ -348,7 +362,7 @@ class EventStore:
             return stored
 
         where = f"appending {len(prepared)} event(s) to session {session_id!r}"
-        return await self._write(where, op, publish_to=session_id)
+        return await self._write(where, op, publish_to=session_id, bulk=bulk)
 
     async def read(self, session_id: str, after_seq: int = 0, limit: int = 1000) -> list[NormalizedEvent]:
         """Up to ``limit`` events with seq > ``after_seq``, in seq order. Page with the last seq you got."""
@@ -447,14 +461,14 @@ class EventStore:
     # --- plumbing ---------------------------------------------------------------------------------
 
     async def _write(
-        self, where: str, op: Callable[[apsw.Connection], T], *, publish_to: str | None = None
+        self, where: str, op: Callable[[apsw.Connection], T], *, publish_to: str | None = None, bulk: bool = False
     ) -> T:
         if self._closed:
             raise StoreClosed(where)
         if self._writer is None:
             raise StoreReadOnly(self.data_dir, where)
         try:
-            result = await self._writer.submit(WriteRequest(op, where, publish_to))
+            result = await self._writer.submit(WriteRequest(op, where, publish_to, bulk=bulk))
         except DatabaseError as exc:
             if isinstance(exc.__cause__, _WRITE_FAULTS):
                 self.write_failure = str(exc)  # reported by /readyz until a write succeeds again
@@ -476,6 +490,95 @@ class EventStore:
 
 #: Largest blob kept in the database (committed with its events) rather than as a file.
 INLINE_BLOB_MAX = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """Per-tenant limits on what is stored and run (None: no limit). Set with ``codesdk-supervisor serve`` flags;
+    defaults in docs/operations.md. A session's or namespace's usage counts its events and their bytes: event
+    bodies, the small blobs committed with them and the blob files they name."""
+
+    session_events: int | None = 2_000_000
+    session_bytes: int | None = 2 << 30
+    namespace_events: int | None = 20_000_000
+    namespace_bytes: int | None = 20 << 30
+    #: tasks pending or running at once in one namespace
+    namespace_tasks: int | None = 32
+
+    def __post_init__(self) -> None:
+        for name in QUOTA_FLAGS:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"quota {name} must be >= 1 (or None: no limit), not {value}")
+
+    def check_append(self, conn: apsw.Connection, session_id: str, events: int, size: int) -> None:
+        """Raise ``QuotaExceeded`` if storing ``events`` events of ``size`` bytes passes a limit (writer thread)."""
+        usage = _sql.select_usage(conn, session_id)
+        for name, used, adding in (("session_events", usage.session_events, events),
+                                   ("session_bytes", usage.session_bytes, size),
+                                   ("namespace_events", usage.namespace_events, events),
+                                   ("namespace_bytes", usage.namespace_bytes, size)):
+            limit = getattr(self, name)
+            if limit is not None and used + adding > limit:
+                raise QuotaExceeded(name, limit, used, adding, session_id, usage.namespace)
+
+    def check_admission(self, conn: apsw.Connection, session_id: str) -> None:
+        """Raise ``QuotaExceeded`` if a new task may not start in the session: it or its namespace is at a stored-
+        data limit, or the namespace runs as many tasks as it may (writer thread, before the task is inserted)."""
+        usage = _sql.select_usage(conn, session_id)
+        for name, used in (("session_events", usage.session_events), ("session_bytes", usage.session_bytes),
+                           ("namespace_events", usage.namespace_events), ("namespace_bytes", usage.namespace_bytes)):
+            limit = getattr(self, name)
+            if limit is not None and used >= limit:
+                raise QuotaExceeded(name, limit, used, 0, session_id, usage.namespace, starting=True)
+        if self.namespace_tasks is not None:
+            running = _sql.count_active_tasks(conn, usage.namespace)
+            if running >= self.namespace_tasks:
+                raise QuotaExceeded("namespace_tasks", self.namespace_tasks, running, 1, session_id, usage.namespace,
+                                    starting=True)
+
+
+#: The ``codesdk-supervisor serve`` flag that sets each quota, and what it counts.
+QUOTA_FLAGS: dict[str, tuple[str, str]] = {
+    "session_events": ("--max-session-events", "events stored per session"),
+    "session_bytes": ("--max-session-bytes", "bytes stored per session"),
+    "namespace_events": ("--max-namespace-events", "events stored per namespace"),
+    "namespace_bytes": ("--max-namespace-bytes", "bytes stored per namespace"),
+    "namespace_tasks": ("--max-tasks-per-namespace", "tasks running at once per namespace"),
+}
+
+
+class QuotaExceeded(StoreError):
+    """A session or namespace is at one of its ``Quotas``; nothing was stored. ``code`` is the API's error code."""
+
+    def __init__(self, quota: str, limit: int, used: int, adding: int, session_id: str, namespace: str, *,
+                 starting: bool = False) -> None:
+        self.quota = quota
+        self.limit = limit
+        self.used = used
+        self.session_id = session_id
+        self.namespace = namespace
+        flag, what = QUOTA_FLAGS[quota]
+        scope, _, unit = quota.partition("_")
+        whose = f"session {session_id}" if scope == "session" else f"namespace {namespace!r}"
+        if quota == "namespace_tasks":
+            self.code = "too_many_tasks"
+            situation = f"{whose} already has {used} tasks pending or running, its limit of {limit:,} {what}"
+            advice = "wait for one to end (or stop one)"
+        else:
+            self.code = f"{scope}_quota_exceeded"
+            situation = (f"{whose} has {used:,} {unit} stored, at its limit of {limit:,} {what}" if starting else
+                         f"{whose} has {used:,} {unit} stored and the task's next {adding:,} would pass its limit of "
+                         f"{limit:,} {what}")
+            advice = "start a new session" if scope == "session" else "use another namespace"
+        self.flag = flag
+        verdict = "no new task may start" if starting else "the task was stopped"
+        super().__init__(f"{situation}: {verdict}. To go on, {advice}, or have the operator raise the limit "
+                         f"(`codesdk-supervisor serve {flag} N`)")
+
+    def details(self) -> dict[str, Any]:
+        return {"quota": self.quota, "limit": self.limit, "used": self.used, "flag": self.flag,
+                "namespace": self.namespace}
 
 
 def _check_inline_blobs(blobs: Mapping[str, tuple[bytes, str]]) -> dict[str, tuple[bytes, str]]:
@@ -524,13 +627,18 @@ def _open_sync(root: Path, synchronous: str, readers: int,
         migrate(writer, path)
         for _ in range(readers):
             opened.append(_sql.open_connection(path, readonly=True, synchronous=synchronous, vfs=vfs))
-    except BaseException as exc:
-        close_all(opened)
-        translated = translate(exc, f"opening the event store at {path}")
-        if translated is exc:
-            raise
-        raise translated from exc
+    except BaseException as exc:  # noqa: BLE001 - re-raised, translated
+        _closed_and_translated(opened, exc, f"opening the event store at {path}")
     return opened[0], opened[1:]
+
+
+def _closed_and_translated(opened: list[apsw.Connection], exc: BaseException, where: str) -> NoReturn:
+    """A failed open: close what was opened, raise what callers understand (a ``StoreError`` saying where)."""
+    close_all(opened)
+    translated = translate(exc, where)
+    if translated is exc:
+        raise exc
+    raise translated from exc
 
 
 def _lock_data_dir(root: Path, holder: str) -> DataDirLock:
@@ -551,12 +659,8 @@ def _open_read_only(root: Path, readers: int, vfs: str | None = None) -> list[ap
         for _ in range(readers):
             opened.append(_sql.open_connection(str(path), readonly=True, synchronous="FULL", vfs=vfs))
         check_version(opened[0], str(path))
-    except BaseException as exc:
-        close_all(opened)
-        translated = translate(exc, f"opening the event store at {path} read-only")
-        if translated is exc:
-            raise
-        raise translated from exc
+    except BaseException as exc:  # noqa: BLE001 - re-raised, translated
+        _closed_and_translated(opened, exc, f"opening the event store at {path} read-only")
     return opened
 
 

@@ -1,14 +1,24 @@
-"""The single writer: one connection, one trio task, group commit.
+"""The single writer: one connection, one trio task, group commit, two classes of work that take turns.
 
-Callers queue ``WriteRequest``s; the writer task takes everything queued (up to ``max_batch``) and runs it
-in one transaction on a worker thread, each request inside its own SAVEPOINT so one failing request is
-rolled back alone. Only after COMMIT returns are the requests answered and their events published, so
-no subscriber ever sees an event that is not durable. Fast producers therefore share fsyncs instead of
+Callers queue ``WriteRequest``s; the writer task takes what is queued (up to ``max_batch``) and runs it in
+one transaction on a worker thread, each request inside its own SAVEPOINT so one failing request is rolled
+back alone. Only after COMMIT returns are the requests answered and their events published, so no
+subscriber ever sees an event that is not durable. Fast producers therefore share fsyncs instead of
 queueing behind one each.
+
+Fairness. A request is either ordinary or **bulk**: the events of a long stream (the engine marks a task's
+streamed events as bulk once it has sent many, in appends of bounded size). Bulk requests are committed in
+transactions of their own, and when both kinds are waiting the two kinds take turns: ordinary work waits
+for at most one (bounded) bulk transaction, and a stream for at most one ordinary transaction — so a
+tenant's flood delays another tenant's write by one short transaction, not by a queue of its events. Within
+a bulk transaction each session gets one bulk request (round robin across streams). Requests of one session
+are always committed in the order they were queued: an ordinary request queued behind a bulk one of the same
+session goes with the bulk turn, right after it.
 """
 
 from __future__ import annotations
 
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -26,13 +36,16 @@ T = TypeVar("T")
 class WriteRequest(Generic[T]):
     """One unit of work for the writer: ``op(conn)`` runs inside the group transaction."""
 
-    __slots__ = ("done", "error", "op", "publish_to", "result", "where")
+    __slots__ = ("bulk", "done", "error", "op", "publish_to", "result", "where")
 
-    def __init__(self, op: Callable[[apsw.Connection], T], where: str, publish_to: str | None = None) -> None:
+    def __init__(self, op: Callable[[apsw.Connection], T], where: str, publish_to: str | None = None, *,
+                 bulk: bool = False) -> None:
         self.op = op
         self.where = where
         #: session whose subscribers get the op's result (a list of stored events) after commit
         self.publish_to = publish_to
+        #: part of a long stream: committed in bulk transactions, which take turns with the others
+        self.bulk = bulk
         self.done = trio.Event()
         self.result: T | None = None
         self.error: BaseException | None = None
@@ -48,6 +61,11 @@ class WriterStats:
     transactions: int = 0
     requests: int = 0
     largest_batch: int = 0
+    bulk_transactions: int = 0  # transactions of bulk requests (streams), taking turns with the others
+    bulk_requests: int = 0
+    #: trio.current_time() when an ordinary request was last committed (-inf: never): how the engine tells that
+    #: others are writing while a stream ingests
+    last_ordinary_at: float = float("-inf")
 
 
 def run_batch(conn: apsw.Connection, batch: list[WriteRequest[Any]]) -> None:
@@ -90,7 +108,13 @@ class Writer:
         self._conn = conn
         self._publish = publish
         self._max_batch = max_batch
+        self._queue_size = queue_size
         self._send, self._receive = trio.open_memory_channel[WriteRequest[Any]](queue_size)
+        # Taken off the channel, waiting for their turn (at most queue_size): ordinary and bulk work.
+        self._ordinary: deque[WriteRequest[Any]] = deque()
+        self._bulk: deque[WriteRequest[Any]] = deque()
+        self._bulk_of: Counter[str | None] = Counter()  # session -> its requests in _bulk (keeps its order)
+        self._last_was_bulk = False
         self._limiter = trio.CapacityLimiter(1)  # belt and braces: the connection is never shared
         self.stats = WriterStats()
 
@@ -112,16 +136,62 @@ class Writer:
 
     async def run(self) -> None:
         try:
-            async for first in self._receive:
-                batch = [first]
-                while len(batch) < self._max_batch:
+            while True:
+                if not self._ordinary and not self._bulk:
                     try:
-                        batch.append(self._receive.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                await self._run(batch)
+                        self._stage(await self._receive.receive())
+                    except trio.EndOfChannel:
+                        return
+                self._stage_queued()
+                await self._run(self._next_batch())
         finally:
             self._fail_leftovers()
+
+    def _stage(self, request: WriteRequest[Any]) -> None:
+        key = request.publish_to
+        if request.bulk or self._bulk_of[key]:  # behind a bulk request of its session: keeps its place
+            self._bulk.append(request)
+            self._bulk_of[key] += 1
+        else:
+            self._ordinary.append(request)
+
+    def _stage_queued(self) -> None:
+        while len(self._ordinary) + len(self._bulk) < self._queue_size:
+            try:
+                self._stage(self._receive.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return
+
+    def _next_batch(self) -> list[WriteRequest[Any]]:
+        """The next transaction: ordinary and bulk work take turns when both wait."""
+        if self._bulk and (not self._ordinary or not self._last_was_bulk):
+            self._last_was_bulk = True
+            return self._bulk_turn()
+        self._last_was_bulk = False
+        return [self._ordinary.popleft() for _ in range(min(self._max_batch, len(self._ordinary)))]
+
+    def _bulk_turn(self) -> list[WriteRequest[Any]]:
+        """One bulk request per session, in queue order, with the ordinary requests queued right behind it in
+        the same session; a session's later requests wait for the next turn, so its order holds."""
+        batch: list[WriteRequest[Any]] = []
+        kept: deque[WriteRequest[Any]] = deque()
+        seen: set[str | None] = set()
+        closed: set[str | None] = set()
+        for request in self._bulk:
+            key = request.publish_to
+            if len(batch) >= self._max_batch or key in closed or (request.bulk and key in seen):
+                closed.add(key)
+                kept.append(request)
+                continue
+            if request.bulk:
+                seen.add(key)
+            batch.append(request)
+            self._bulk_of[key] -= 1
+            if not self._bulk_of[key]:
+                del self._bulk_of[key]
+        self._bulk = kept
+        self.stats.bulk_transactions += 1
+        return batch
 
     async def _run(self, batch: list[WriteRequest[Any]]) -> None:
         try:
@@ -135,6 +205,10 @@ class Writer:
         finally:
             self.stats.transactions += 1
             self.stats.requests += len(batch)
+            bulk = sum(1 for request in batch if request.bulk)
+            self.stats.bulk_requests += bulk
+            if bulk < len(batch):
+                self.stats.last_ordinary_at = trio.current_time()
             self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
             for request in batch:
                 if request.error is None and request.publish_to is not None and request.result:
@@ -142,11 +216,16 @@ class Writer:
                 request.done.set()
 
     def _fail_leftovers(self) -> None:
+        leftovers = [*self._ordinary, *self._bulk]
+        self._ordinary.clear()
+        self._bulk.clear()
+        self._bulk_of.clear()
         while True:
             try:
-                request = self._receive.receive_nowait()
+                leftovers.append(self._receive.receive_nowait())
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
+        for request in leftovers:
             request.error = StoreClosed(request.where)
             request.done.set()
         # Nobody will read again (the writer ended, maybe cancelled from outside): later submits must fail

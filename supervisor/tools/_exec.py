@@ -7,23 +7,33 @@ limit, output capped per stream. The command runs in its own session/process gro
 it exits (for stragglers holding the pipes), the whole group is SIGKILLed, then what is left of its session (a
 process that left the group), and all of it is reaped before the call returns.
 
+Who it runs as (``run_identity``): never a kernel uid or gid of 0. A root supervisor runs it as the workspace's
+namespace uid when the workspace belongs to one (``--worker-uids``), otherwise as the dedicated exec uid
+(``ExecPolicy.exec_uid``, ``serve --exec-uid``), to which the workspace is lent for the run (``_lend_tree``); a
+non-root supervisor's command keeps its uid. Whatever it leaves in the workspace ends up owned as before the run
+(new files: by their directory's owner) and without set-uid/set-gid bits (``_settle_tree``).
+
 File system: where namespaces work, the command also gets a mount namespace whose root holds only the
-system directories (read-only), ``ExecPolicy.read_only_paths``, a private /tmp and /dev, its own /proc, and
-the workspace — the supervisor's data dir (every namespace's HOME, the store, the tokens) and everything else
-do not exist for it — and it runs without any capability (see ``_sandbox``). Where that can't be set up the
-call is refused unless ``confine_filesystem`` is off; with network isolation also off (no namespaces at all)
-the command sees the file system as the supervisor's user does.
+system directories (read-only), ``ExecPolicy.read_only_paths``, a private /tmp and a minimal /dev, its own
+read-only /proc, no /sys, and the workspace (``nosuid,nodev``) — the supervisor's data dir (every namespace's
+HOME, the store, the tokens) and everything else do not exist for it — built by bubblewrap where it runs, else by
+the built-in helper (see ``_sandbox``; the label in ``execution_env`` says which ran, and as which uid). Where
+that can't be set up the call is refused unless ``confine_filesystem`` is off; with network isolation also off
+(no namespaces at all) the command sees the file system as its (unprivileged) uid does.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
@@ -36,10 +46,24 @@ from protocol import SandboxSummary, ToolClass
 from .._orphans import end_session
 from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolInput, ToolResult, clip
 from ._paths import workspace_root
-from ._sandbox import SYSTEM_PATHS, SandboxProber, SandboxTools, confine_spec, visible_in_confinement
+from ._sandbox import (
+    DEFAULT_EXEC_UID,
+    SYSTEM_PATHS,
+    SandboxProber,
+    SandboxTools,
+    bwrap_argv,
+    confine_spec,
+    setpriv_argv,
+    visible_in_confinement,
+)
+
+log = logging.getLogger(__name__)
 
 DEFAULT_EXEC_PATH = "/usr/local/bin:/usr/bin:/bin"
 _DRAIN_GRACE_S = 2.0
+_SETID = stat.S_ISUID | stat.S_ISGID
+
+__all__ = ["DEFAULT_EXEC_UID", "ExecInput", "ExecPolicy", "ExecTool", "check_exec_identity", "make_exec_tool"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +79,28 @@ class ExecPolicy:
     # where that is impossible while namespaces are in use.
     confine_filesystem: bool = True
     read_only_paths: tuple[str, ...] = ()
+    # Whom commands run as when the supervisor is root and the workspace is not a namespace's own: a uid and
+    # gid that own nothing on the host (``serve --exec-uid UID[:GID]``). Never 0.
+    exec_uid: int = DEFAULT_EXEC_UID
+    exec_gid: int = DEFAULT_EXEC_UID
+    # The ``--worker-uids`` range: a workspace owned by one of these uids is that namespace's, and its commands
+    # run as that uid (gid the same) instead.
+    namespace_uids: range | None = None
+
+    def __post_init__(self) -> None:
+        check_exec_identity(self.exec_uid, self.exec_gid, self.namespace_uids)
+
+
+def check_exec_identity(uid: int, gid: int, namespace_uids: range | None = None) -> None:
+    """``ValueError`` unless ``uid``:``gid`` may be the exec identity: not root, a valid id, and no namespace's
+    (a command of one tenant would otherwise own another tenant's files)."""
+    for kind, value in (("uid", uid), ("gid", gid)):
+        if not 0 < value < 2**32 - 1:
+            raise ValueError(f"invalid exec {kind} {value}: it must be between 1 and {2**32 - 2} (never root)")
+        if namespace_uids is not None and value in namespace_uids:
+            raise ValueError(
+                f"exec {kind} {value} lies in the worker uid range {namespace_uids.start}:{len(namespace_uids)}: "
+                "a command would own a namespace's files; choose an exec uid outside it")
 
 
 class ExecInput(ToolInput):
@@ -107,14 +153,274 @@ class _Completed:
     duration_ms: float
 
 
-def _workspace_owner(workspace: str) -> tuple[int, int] | None:
-    """Whom a confined command runs as: the workspace's owner when that is not the supervisor (a namespace's
-    uid), so the command can work there and what it creates stays the namespace's. Only a root supervisor can
-    switch; otherwise the command runs as the supervisor, as it always did."""
-    info = os.stat(workspace)
-    if os.geteuid() != 0 or info.st_uid == 0:
+@dataclass(frozen=True)
+class RunAs:
+    """The uid and gid a command runs as, and whether the workspace is lent to them for the run."""
+
+    uid: int
+    gid: int
+    lend: bool
+
+
+def run_identity(policy: ExecPolicy, workspace: str) -> RunAs | None:
+    """Whom a command runs as; ``None``: the supervisor is not root, and the command keeps its (non-zero) uid.
+
+    A root supervisor never lets a command keep uid 0 — not even without capabilities, which is still root for
+    ``/proc/sys`` and for what it creates (a set-uid-root shell). A workspace that belongs to a namespace's uid
+    (``--worker-uids``) is worked in as that uid: it owns the workspace already, and what it makes there stays its
+    own. Every other workspace (the supervisor's, or a local user's) is worked in as the dedicated exec uid, which
+    owns nothing anywhere, and the workspace is lent to it for the run (``_lend_tree``)."""
+    if os.geteuid() != 0:
         return None
-    return (info.st_uid, info.st_gid)
+    owner = os.stat(workspace).st_uid
+    if policy.namespace_uids is not None and owner in policy.namespace_uids:
+        return RunAs(owner, owner, lend=False)
+    return RunAs(policy.exec_uid, policy.exec_gid, lend=True)
+
+
+_Owners = dict[tuple[int, int], tuple[int, int]]
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _walk(root_fd: int) -> Iterator[tuple[int, str, os.stat_result]]:
+    """Every entry below the directory ``root_fd`` as (its directory's fd, name, lstat), parents before children.
+
+    Built for trees a hostile command shaped: a symlink is never followed (``O_NOFOLLOW``; a directory is entered
+    only if it is still the one that was listed), nothing that is not a directory is ever opened (a FIFO would
+    block), and it holds one directory descriptor at a time — back up through ``..``, checked against the
+    directory it came from — and no recursion, so a tree thousands of levels deep costs neither descriptors nor
+    stack. If the tree is moved under it, the walk stops there."""
+    fd = os.dup(root_fd)
+    top = os.fstat(fd)
+    frames: list[tuple[tuple[int, int], list[str]]] = [((top.st_dev, top.st_ino), _names(fd))]
+    try:
+        while frames:
+            names = frames[-1][1]
+            if not names:
+                frames.pop()
+                if not frames:
+                    return
+                try:
+                    up = os.open("..", _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    log.warning("exec: could not walk back up the workspace (%s); stopped there", exc)
+                    return
+                os.close(fd)
+                fd = up
+                info = os.fstat(fd)
+                if (info.st_dev, info.st_ino) != frames[-1][0]:
+                    log.warning("exec: the workspace changed while it was being walked; stopped there")
+                    return
+                continue
+            name = names.pop()
+            try:
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue
+            yield fd, name, info
+            if not stat.S_ISDIR(info.st_mode):
+                continue
+            sub = _enter(fd, name, info)
+            if sub is None:
+                continue
+            try:
+                listing = _names(sub)
+            except OSError:
+                os.close(sub)
+                continue
+            os.close(fd)
+            fd = sub
+            frames.append(((info.st_dev, info.st_ino), listing))
+    finally:
+        os.close(fd)
+
+
+def _names(fd: int) -> list[str]:
+    with os.scandir(fd) as entries:
+        return [entry.name for entry in entries]
+
+
+def _enter(fd: int, name: str, info: os.stat_result) -> int | None:
+    """A descriptor of directory ``name`` if it is still the listed one and can be walked back out of; a
+    directory of ours that we may not read or pass through (a non-root supervisor) gets its owner bits first."""
+    for attempt in (1, 2):
+        try:
+            sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+        except PermissionError:
+            sub = None
+        if sub is not None:
+            got = os.fstat(sub)
+            try:
+                if (got.st_dev, got.st_ino) != (info.st_dev, info.st_ino):
+                    os.close(sub)
+                    return None
+                os.close(os.open("..", _DIR_FLAGS, dir_fd=sub))  # the way back up works
+                return sub
+            except PermissionError:
+                os.close(sub)
+        if attempt == 2 or info.st_uid != os.geteuid():
+            return None
+        _chmod_entry(fd, name, lambda mode: mode | stat.S_IRWXU)
+    return None
+
+
+def _lend_tree(root: str, uid: int, gid: int) -> _Owners:
+    """Give the workspace tree to ``uid``:``gid`` for a run; returns who owned each inode before.
+
+    Why lend it (chown there and back) rather than something else: the command must be able to write the
+    workspace, and must not be root. A group or an ACL would need every file's mode or ACL changed (and an ACL a
+    file system that has them), a world-writable workspace is out of the question, and the command's new files
+    would belong to the exec uid either way — so they need handing back in any case. Ownership is the one thing
+    the run changes and puts back exactly; modes stay as they are; the walk never follows a symlink."""
+    owners: _Owners = {}
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        info = os.fstat(fd)
+        owners[(info.st_dev, info.st_ino)] = (info.st_uid, info.st_gid)
+        os.fchown(fd, uid, gid)
+        for dir_fd, name, info in _walk(fd):
+            owners.setdefault((info.st_dev, info.st_ino), (info.st_uid, info.st_gid))
+            try:
+                os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError as exc:  # read-only, immutable, gone meanwhile: the command cannot change it, that's all
+                log.debug("exec: could not lend %s in %s: %s", name, root, exc)
+    except OSError:
+        _settle_tree(root, owners, (uid, gid))  # give back what was lent before failing
+        raise
+    finally:
+        os.close(fd)
+    return owners
+
+
+def _settle_tree(root: str, owners: _Owners | None, lent_to: tuple[int, int] | None) -> None:
+    """After a run, once every process of the command is gone: no set-uid/set-gid bit survives on anything but a
+    directory, and, if the tree was lent (``owners``), each entry goes back to its owner from before — a new one to
+    the owner of the directory it is in (the workspace's owner, as the supervisor's own tools do it). Logs what it
+    cannot do rather than failing the call: the command has run."""
+    try:
+        fd = os.open(root, _DIR_FLAGS)
+    except OSError as exc:
+        log.warning("exec: could not settle the workspace %s after the command: %s", root, exc)
+        return
+    try:
+        if owners is not None:
+            info = os.fstat(fd)
+            was = owners.get((info.st_dev, info.st_ino))
+            os.fchown(fd, *(was if was is not None and was != lent_to else (os.getuid(), os.getgid())))
+        for dir_fd, name, info in _walk(fd):
+            try:
+                if owners is not None:
+                    was = owners.get((info.st_dev, info.st_ino))
+                    if was is None or was == lent_to:  # made during the run (or left lent by a crash)
+                        folder = os.fstat(dir_fd)
+                        was = (folder.st_uid, folder.st_gid)
+                    if (info.st_uid, info.st_gid) != was:
+                        os.chown(name, *was, dir_fd=dir_fd, follow_symlinks=False)  # clears set-uid on a file too
+                        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if info.st_mode & _SETID and not stat.S_ISDIR(info.st_mode) and not stat.S_ISLNK(info.st_mode):
+                    _chmod_entry(dir_fd, name, lambda mode: mode & ~_SETID)
+            except OSError as exc:
+                log.warning("exec: could not settle %s in %s after the command: %s", name, root, exc)
+    except OSError as exc:
+        log.warning("exec: could not settle the workspace %s after the command: %s", root, exc)
+    finally:
+        os.close(fd)
+
+
+def _chmod_entry(dir_fd: int, name: str, change: Callable[[int], int]) -> None:
+    """chmod an entry through an ``O_PATH`` descriptor of the entry itself: were it swapped for a symlink
+    meanwhile, the symlink's target is never touched (nor opened: a FIFO or device stays closed)."""
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISLNK(info.st_mode):
+            os.chmod(f"/proc/self/fd/{fd}", change(stat.S_IMODE(info.st_mode)))
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class _Loan:
+    to: tuple[int, int]
+    owners: _Owners
+    users: int = 0
+
+
+class _Lender:
+    """The workspaces lent to an exec uid right now (per trio run): concurrent commands in one workspace share a
+    loan, the last one to end gives it back; a workspace inside or around a lent one waits for it."""
+
+    def __init__(self) -> None:
+        self.loans: dict[str, _Loan] = {}
+        self.lock = trio.Lock()
+        self.changed = trio.Event()
+
+    def _blocked(self, root: str, to: tuple[int, int]) -> bool:
+        for other, loan in self.loans.items():
+            if other == root:
+                return loan.to != to
+            if root.startswith(other.rstrip("/") + "/") or other.startswith(root.rstrip("/") + "/"):
+                return True
+        return False
+
+    async def take(self, root: str, to: tuple[int, int]) -> _Loan:
+        while True:
+            async with self.lock:
+                if not self._blocked(root, to):
+                    with trio.CancelScope(shield=True):  # a loan half made would never be given back
+                        loan = self.loans.get(root)
+                        if loan is None:
+                            owners = await trio.to_thread.run_sync(_lend_tree, root, *to)
+                            loan = self.loans[root] = _Loan(to, owners)
+                        loan.users += 1
+                        return loan
+                changed = self.changed
+            await changed.wait()
+
+    async def give_back(self, root: str, loan: _Loan) -> None:
+        with trio.CancelScope(shield=True):
+            async with self.lock:
+                loan.users -= 1
+                if loan.users:
+                    return
+                del self.loans[root]
+                try:
+                    await trio.to_thread.run_sync(_settle_tree, root, loan.owners, loan.to)
+                finally:
+                    self.changed.set()
+                    self.changed = trio.Event()
+
+
+_LENDER: trio.lowlevel.RunVar[_Lender] = trio.lowlevel.RunVar("codesdk_exec_lender")
+
+
+def _lender() -> _Lender:
+    try:
+        return _LENDER.get()
+    except LookupError:
+        lender = _Lender()
+        _LENDER.set(lender)
+        return lender
+
+
+@asynccontextmanager
+async def _workspace_for(root: str, who: RunAs | None) -> AsyncIterator[None]:
+    """The workspace, writable by ``who`` for the body; settled after it (see ``_settle_tree``)."""
+    if who is None or not who.lend:
+        try:
+            yield
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(_settle_tree, root, None, None)
+        return
+    lender = _lender()
+    loan = await lender.take(root, (who.uid, who.gid))
+    try:
+        yield
+    finally:
+        await lender.give_back(root, loan)
 
 
 def _kill_group(pid: int) -> None:
@@ -215,41 +521,64 @@ class ExecTool:
             )
         return found
 
-    def _prefix(self, tools: SandboxTools, memory_mb: int, workspace: str,
-                executable: str) -> tuple[list[str], str, bool]:
-        """(command prefix, sandbox label, network reachable) or ``SANDBOX_UNAVAILABLE``."""
-        prefix: list[str] = []
-        if tools.netns_prefix is not None and tools.netns_label is not None:
-            prefix += self._namespaces(tools, memory_mb, workspace, executable)
-            label, network = tools.netns_label, False
-        elif self.policy.require_network_isolation:
-            raise ToolError(
-                ErrorCode.SANDBOX_UNAVAILABLE,
-                "network isolation is required but no network namespace can be created here "
-                "(`unshare -n` and `unshare -r -n` both failed); refusing to run unsandboxed",
-            )
-        else:
-            label, network = "no-netns", True
+    def _plan(self, tools: SandboxTools, memory_mb: int, workspace: str, executable: str,
+              who: RunAs | None) -> tuple[list[str], str, bool]:
+        """(command prefix, sandbox label, network reachable) or ``SANDBOX_UNAVAILABLE``.
+
+        Which sandbox: with a confined file system (the default), bubblewrap where it runs, else the built-in
+        helper; with ``confine_filesystem`` off, ``unshare``'s namespaces only; with no namespaces at all and
+        network isolation not required, none. Every chain ends in ``prlimit`` (the memory limit), and a root
+        supervisor's chain switches to ``who`` before that (``setpriv``, or the helper itself)."""
         if tools.prlimit is None:
             raise ToolError(
                 ErrorCode.SANDBOX_UNAVAILABLE,
                 "`prlimit` is not available, so the memory limit cannot be enforced",
             )
-        prefix += [tools.prlimit, f"--as={memory_mb * 1024 * 1024}", "--core=0", "--"]
-        return prefix, label, network
-
-    def _namespaces(self, tools: SandboxTools, memory_mb: int, workspace: str, executable: str) -> list[str]:
-        """The namespace prefix: with a confined file system unless the policy turned that off."""
-        assert tools.netns_prefix is not None
-        if not self.policy.confine_filesystem:
-            return list(tools.netns_prefix)
-        if tools.confine_prefix is None:
+        limit = [tools.prlimit, f"--as={memory_mb * 1024 * 1024}", "--core=0", "--"]
+        confine = self.policy.confine_filesystem
+        if confine and (tools.bwrap is not None or tools.netns_prefix is not None):
+            self._check_visible(executable, workspace)
+        if confine and tools.bwrap is not None:
+            sandbox = bwrap_argv(tools.bwrap, workspace, self.policy.read_only_paths, tmp_mb=memory_mb,
+                                 privileged=who is not None)
+            return [*sandbox, *self._switch(tools, who), *limit], "bwrap", False
+        if tools.netns_prefix is not None and tools.netns_label is not None:
+            if not confine:
+                return [*tools.netns_prefix, *self._switch(tools, who), *limit], tools.netns_label, False
+            if tools.confine_prefix is None:
+                raise ToolError(
+                    ErrorCode.SANDBOX_UNAVAILABLE,
+                    "file-system confinement is required but neither bubblewrap nor a mount namespace can be set "
+                    f"up here ({tools.bwrap_problem or 'bwrap failed'}; `unshare -m` with a new root failed); "
+                    "refusing to run with the whole file system visible — install bubblewrap, or an operator may "
+                    "set ExecPolicy.confine_filesystem=False to accept that",
+                )
+            spec = confine_spec(workspace, self.policy.read_only_paths, tmp_mb=memory_mb,
+                                run_as=(who.uid, who.gid) if who is not None else None)
+            return [*tools.confine_prefix, spec, *limit], tools.netns_label, False
+        if self.policy.require_network_isolation:
             raise ToolError(
                 ErrorCode.SANDBOX_UNAVAILABLE,
-                "file-system confinement is required but no mount namespace could be set up here (`unshare -m` "
-                "with a new root failed); refusing to run with the whole file system visible — an operator may "
-                "set ExecPolicy.confine_filesystem=False to accept that",
+                "network isolation is required but no network namespace can be created here "
+                f"(bubblewrap: {tools.bwrap_problem or 'not used'}; `unshare -n` and `unshare -r -n` both failed); "
+                "refusing to run unsandboxed",
             )
+        return [*self._switch(tools, who), *limit], "no-netns", True
+
+    @staticmethod
+    def _switch(tools: SandboxTools, who: RunAs | None) -> list[str]:
+        """The ``setpriv`` step that makes a root supervisor's command ``who``; none for a non-root one."""
+        if who is None:
+            return []
+        if tools.setpriv is None:
+            raise ToolError(
+                ErrorCode.SANDBOX_UNAVAILABLE,
+                "`setpriv` (util-linux) is not available, so the command could not be switched away from root; "
+                "refusing to run it as root",
+            )
+        return setpriv_argv(tools.setpriv, who.uid, who.gid)
+
+    def _check_visible(self, executable: str, workspace: str) -> None:
         read_only = self.policy.read_only_paths
         if not visible_in_confinement(executable, (*read_only, workspace)):
             raise ToolError(
@@ -258,8 +587,6 @@ class ExecTool:
                 f"{', '.join(SYSTEM_PATHS)}, the workspace and ExecPolicy.read_only_paths "
                 f"({', '.join(read_only) or 'none'}); add its directory to read_only_paths",
             )
-        return [*tools.confine_prefix, confine_spec(workspace, read_only, tmp_mb=memory_mb,
-                                                    run_as=_workspace_owner(workspace))]
 
     def environment(self, workspace: str) -> dict[str, str]:
         base = {"PATH": self.policy.path, "HOME": workspace, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
@@ -269,7 +596,8 @@ class ExecTool:
         executable = self.resolve(args.argv[0])
         root = str(workspace_root(ctx.workspace))
         limits = ctx.limits
-        prefix, label, network = self._prefix(await self.prober.get(), limits.exec_memory_mb, root, executable)
+        who = run_identity(self.policy, root)
+        prefix, label, network = self._plan(await self.prober.get(), limits.exec_memory_mb, root, executable, who)
         timeout = min(args.timeout_s or math.inf, limits.exec_timeout_s)
         sandbox = SandboxSummary(
             kind="subprocess",
@@ -278,10 +606,11 @@ class ExecTool:
             memory_limit_mb=limits.exec_memory_mb,
             workspace=root,
         )
-        env_name = f"supervisor:sandbox({label})"
+        env_name = f"supervisor:sandbox({label},uid={who.uid if who is not None else os.getuid()})"
         command = [*prefix, executable, *args.argv[1:]]
         try:
-            done = await _run(command, root, self.environment(root), timeout, limits.exec_output_max_bytes)
+            async with _workspace_for(root, who):
+                done = await _run(command, root, self.environment(root), timeout, limits.exec_output_max_bytes)
         except OSError as exc:
             raise ToolError(
                 ErrorCode.IO_ERROR, f"could not start {args.argv[0]!r}: {exc.strerror or exc}"

@@ -188,7 +188,10 @@ class WorkerProcess:
                 if not self._known and not self._busy.is_set():  # idle, nothing started: no polling at all
                     await self._busy.wait()
                 if time.monotonic() - _table.taken > TREE_SNAPSHOT_S:  # one /proc scan serves every worker
-                    await trio.to_thread.run_sync(_process_table, TREE_SNAPSHOT_S)
+                    try:
+                        await trio.to_thread.run_sync(_process_table, TREE_SNAPSHOT_S)
+                    except OSError as exc:  # out of descriptors: keep what is known, look again next time
+                        _scan_failed(f"{self.spec.name}: snapshot of its process tree", exc)
                 self._remember_tree(_table)  # a walk of the shared table: cheap, no thread
                 await trio.sleep(TREE_SNAPSHOT_S)
 
@@ -353,18 +356,31 @@ def _sigkill(pids: Iterable[int]) -> None:
 
 
 def _started_at(pid: int) -> float | None:
-    """A running (not zombie) process's start time, None if it is gone."""
-    try:
-        process = psutil.Process(pid)
-        return None if process.status() == psutil.STATUS_ZOMBIE else process.create_time()
-    except psutil.Error:
-        return None
+    """A running (not zombie) process's start time, None if it is gone. Out of descriptors to look with, it tries
+    again for up to _SCAN_RETRY_S (a thread's wait) before taking the process for gone."""
+    deadline = time.monotonic() + _SCAN_RETRY_S
+    while True:
+        try:
+            process = psutil.Process(pid)
+            return None if process.status() == psutil.STATUS_ZOMBIE else process.create_time()
+        except psutil.Error:
+            return None
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                _scan_failed(f"start time of pid {pid}", exc)
+                return None
+            time.sleep(0.05)
 
 
 def _process_tree(pid: int) -> list[psutil.Process]:
+    """``pid``'s descendants now; [] if it is gone or /proc cannot be read (out of descriptors: its process group
+    is still signalled, and the descendants remembered from earlier snapshots)."""
     try:
         return psutil.Process(pid).children(recursive=True)
     except psutil.Error:
+        return []
+    except OSError as exc:
+        _scan_failed(f"process tree of pid {pid}", exc)
         return []
 
 
@@ -373,6 +389,8 @@ def _alive(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+    except OSError:  # cannot look (out of descriptors): assume it still runs; every wait on this is bounded
+        return True
 
 
 def _signal_tree(pid: int, descendants: list[psutil.Process], sig: signal.Signals) -> None:
@@ -384,25 +402,57 @@ def _signal_tree(pid: int, descendants: list[psutil.Process], sig: signal.Signal
     for child in descendants:
         try:
             child.send_signal(sig)
-        except psutil.Error:
+        except (psutil.Error, OSError):  # gone, or its identity cannot be checked now: not signalled blindly
             pass
 
 
 def _pipe_holders(inodes: set[int]) -> set[int]:
-    """Pids (other than ours) with a descriptor on one of these pipes, found through /proc."""
+    """Pids (other than ours) with a descriptor on one of these pipes, found through /proc. Out of descriptors to
+    scan with, it tries again for up to _SCAN_RETRY_S, then returns what it found."""
     wanted = {f"pipe:[{inode}]" for inode in inodes}
     found: set[int] = set()
     me = os.getpid()
-    with os.scandir("/proc") as processes:
-        pids = [int(e.name) for e in processes if e.name.isdigit() and int(e.name) != me]
-    for pid in pids:
+    deadline = time.monotonic() + _SCAN_RETRY_S
+    while True:
         try:
-            with os.scandir(f"/proc/{pid}/fd") as fds:
-                if any(os.readlink(fd.path) in wanted for fd in fds):
-                    found.add(pid)
-        except OSError:  # gone meanwhile, or not ours to look at
-            continue
+            with os.scandir("/proc") as processes:
+                pids = [int(e.name) for e in processes if e.name.isdigit() and int(e.name) != me]
+            break
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                _scan_failed("looking for the holders of a dead worker's pipes", exc)
+                return found
+            time.sleep(0.05)
+    for pid in pids:
+        while True:
+            try:
+                with os.scandir(f"/proc/{pid}/fd") as fds:
+                    if any(os.readlink(fd.path) in wanted for fd in fds):
+                        found.add(pid)
+            except OSError as exc:
+                if exc.errno in _DESCRIPTORS_EXHAUSTED and time.monotonic() <= deadline:
+                    time.sleep(0.05)
+                    continue
+                # gone meanwhile, or not ours to look at (or still no descriptor: given up)
+            break
     return found
+
+
+#: errnos meaning there is no descriptor (or memory) to open /proc with now.
+_DESCRIPTORS_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+#: Seconds a scan that has to finish retries while descriptors are exhausted (always in a thread).
+_SCAN_RETRY_S = 2.0
+#: Seconds between two warnings about scans that failed (they come in bursts).
+_WARN_EVERY_S = 10.0
+_last_warning = [float("-inf")]
+
+
+def _scan_failed(what: str, exc: OSError) -> None:
+    now = time.monotonic()
+    if now - _last_warning[0] >= _WARN_EVERY_S:
+        _last_warning[0] = now
+        log.warning("%s failed (%s); going on without it. If this is EMFILE, raise LimitNOFILE= or lower the "
+                    "API's --max-connections", what, exc)
 
 
 def worker_argv(*extra: str) -> list[str]:
