@@ -17,6 +17,9 @@ Machines here are small and noisy, so each figure is the median of several repet
   real     one turn with one tool call on Claude Code against the fake API, direct vs through CodeSDK
            (re-runs itself inside scripts/netns-run; skipped with a reason when that or the runtime is missing)
   fairness another tenant's small task while one tenant floods (p50), against its quiet p50 in the same run
+  transcript peak RSS growth of a supervisor process serving the transcript of a 200k-event session (one, and
+           four at once); baseline: a raw apsw SELECT of the same events, kept (fetchall), measured the same way
+           (--quick: 20k events, measured once)
 
 No thresholds are asserted: the goals are printed next to the figures. --quick is the CI smoke run.
 """
@@ -42,10 +45,10 @@ sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 import psutil
 import trio
-from benchmarks import cases, store
+from benchmarks import cases, store, transcript
 from benchmarks.common import Figure, from_reps, median, percentile, print_table
 
-CASES = ("events", "latency", "tool", "spawn", "density", "store", "real", "cold", "fairness")
+CASES = ("events", "latency", "tool", "spawn", "density", "store", "real", "cold", "fairness", "transcript")
 NETNS_UNAVAILABLE = 97  # scripts/netns-run's exit code when no namespace can be made
 
 
@@ -54,10 +57,10 @@ def parameters(quick: bool, repeat: int | None) -> dict[str, Any]:
     if quick:
         return {"repeat": repeat or 2, "events": 20_000, "latency_count": 1_000, "rate": 2_000.0, "calls": 50,
                 "spawns": 5, "density": [10], "single": 300, "batched": 10_000, "stored": 50_000, "real_repeat": 1,
-                "fair_tasks": 10}
+                "fair_tasks": 10, "transcript_events": 20_000, "transcript_repeat": repeat or 1}
     return {"repeat": repeat or 3, "events": 200_000, "latency_count": 10_000, "rate": 2_000.0, "calls": 300,
             "spawns": 10, "density": [50, 100, 200], "single": 2_000, "batched": 50_000, "stored": 1_000_000,
-            "real_repeat": 5, "fair_tasks": 30}
+            "real_repeat": 5, "fair_tasks": 30, "transcript_events": 200_000, "transcript_repeat": repeat or 3}
 
 
 def repeat(times: int, run: Callable[[], Any]) -> list[Any]:
@@ -175,6 +178,35 @@ def case_fairness(p: dict[str, Any]) -> list[Figure]:
     return [p50, p90, rate]
 
 
+def case_transcript(p: dict[str, Any]) -> list[Figure]:
+    """A supervisor's peak RSS growth while it serves a long session's transcript, each measurement in a fresh
+    process (see benchmarks/transcript.py), against a raw SELECT of the same events in the same run."""
+    with tempfile.TemporaryDirectory(prefix="codesdk-bench-transcript-") as tmp:
+        data_dir = Path(tmp) / "data"
+        built = trio.run(transcript.build, data_dir, p["transcript_events"])
+        one, four, fetchall, streamed = [], [], [], []
+        for _ in range(p["transcript_repeat"]):  # interleaved; the peaks vary by tenths of a MB, so quick runs once
+            fetchall.append(transcript.raw_growth(data_dir, "fetchall"))
+            one.append(transcript.supervisor_growth(data_dir, built))
+            four.append(transcript.supervisor_growth(data_dir, built, transcript.CONCURRENT))
+            streamed.append(transcript.raw_growth(data_dir, "stream"))
+    methods = sorted({m["method"] for m in (*one, *four, *fetchall, *streamed)})
+    session = (f"{built['events']:,} events ({built['db_mb']:.0f} MB stored, built at {built['build_rate']:,.0f} ev/s), "
+               f"transcript {built['messages']} messages, {built['text_chars'] / 1e6:.1f} MB of text")
+    single = from_reps("transcript", "RSS growth serving its transcript", "MB", [r["growth_mb"] for r in one],
+                       [r["growth_mb"] for r in fetchall], goal="<= 50 MB (200k events)",
+                       note=f"{session}; served in {median([r['seconds'] for r in one]) * 1000:.0f} ms by a fresh "
+                            f"supervisor at {median([r['rss_before_mb'] for r in one]):.0f} MB; baseline: raw apsw "
+                            f"SELECT of the same events, rows kept (streamed and dropped instead: "
+                            f"{median([r['growth_mb'] for r in streamed]):.2f} MB); peak by {', '.join(methods)}")
+    single.met = single.ours <= 50
+    together = from_reps("transcript", f"RSS growth serving {transcript.CONCURRENT} transcripts at once", "MB",
+                         [r["growth_mb"] for r in four], [r["growth_mb"] for r in fetchall],
+                         note=f"the same session, {transcript.CONCURRENT} requests at once, answered in "
+                              f"{median([r['seconds'] for r in four]) * 1000:.0f} ms; baseline: one raw SELECT")
+    return [single, together]
+
+
 def case_real(p: dict[str, Any]) -> list[Figure]:
     """Runs inside the loopback-only namespace (re-executing this script there when needed)."""
     from benchmarks import real_runtime
@@ -217,7 +249,7 @@ def _loopback_only() -> bool:
 RUNNERS: dict[str, Callable[[dict[str, Any]], list[Figure]]] = {
     "events": case_events, "latency": case_latency, "tool": case_tool, "spawn": case_spawn,
     "density": case_density, "store": case_store, "real": case_real, "cold": cases.cold,
-    "fairness": case_fairness,
+    "fairness": case_fairness, "transcript": case_transcript,
 }
 
 

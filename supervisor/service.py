@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="run each namespace's worker as its own uid/gid from this range of unused ids (no "
                           "passwd entries needed; needs root or CAP_SETUID/CAP_SETGID/CAP_CHOWN/CAP_DAC_OVERRIDE/"
                           "CAP_FOWNER). Default: every worker runs as the supervisor's uid (one trust domain)")
+    run.add_argument("--allow-exec", action="append", metavar="COMMAND", default=None,
+                     help="enable the sandboxed workspace.exec tool for tenants, for this command (an executable "
+                          "name or absolute path; repeatable). Default: off")
     run.add_argument("--exec-uid", type=_exec_identity, default=None, metavar="UID[:GID]",
                      help="the uid (and gid; default: the same number) workspace.exec commands run as when the "
                           "service is root and the workspace is not a namespace's own: never 0, outside "
@@ -150,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         data_dir=data_dir, max_restarts=args.max_restarts, restart_window_s=args.restart_window,
         sustained_max_restarts=args.sustained_max_restarts, sustained_window_s=args.sustained_window,
         quarantine_s=args.quarantine, worker_uids=args.worker_uids, holder="codesdk-supervisor serve",
-        test_scenarios=args.enable_test_scenarios, quotas=_quotas(args), api_limits=_api_limits(args),
+        test_scenarios=args.enable_test_scenarios, exec_allowlist=tuple(args.allow_exec or ()),
+        quotas=_quotas(args), api_limits=_api_limits(args),
         **({"exec_uid": args.exec_uid} if args.exec_uid is not None else {}))
     try:
         check_options(options)
@@ -215,7 +219,7 @@ def _quota_value(text: str) -> int | None:
         return None
     scale = _SIZE_SUFFIXES.get(value[-1:], 1)
     number = value[:-1] if scale > 1 else value
-    if not number.isdigit() or int(number) < 1:
+    if not _is_digits(number) or int(number) < 1:
         raise argparse.ArgumentTypeError(f"invalid limit {text!r}: a positive number (K/M/G/T allowed) or 'none'")
     return int(number) * scale
 
@@ -231,9 +235,14 @@ def _positive_float(text: str) -> float:
 
 
 def _positive_int(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
+    if not _is_digits(text.strip()) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"invalid number {text!r}: must be a positive integer")
     return int(text)
+
+
+def _is_digits(text: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` also takes '²', which ``int`` then refuses with an unclear error."""
+    return text.isascii() and text.isdigit()
 
 
 def _leaf(exc: BaseException) -> BaseException:

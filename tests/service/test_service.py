@@ -246,3 +246,36 @@ def test_a_token_added_while_serving_works_at_once(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
+
+
+def test_serve_allow_exec_enables_workspace_exec_for_tenants(tmp_path: Path) -> None:
+    """``serve --allow-exec CMD`` turns the sandboxed tool on for the service's tenants (off without it), and only
+    for the commands named."""
+    scenario = {"name": "exec", "steps": [
+        {"tool_calls": [{"id": "a", "name": "workspace.exec", "input": {"argv": ["echo", "from-exec"]}},
+                        {"id": "b", "name": "workspace.exec", "input": {"argv": ["sh", "-c", "true"]}}]},
+        {"text": "done"}, {"complete": {}}]}
+    proc = _start(tmp_path, None, "--allow-exec", "echo")
+    try:
+        _wait_socket(tmp_path)
+        with _client(tmp_path) as client:
+            session = client.post("/v1/sessions", json={"namespace": "user:exec"}).json()
+            sid = session["session_id"]
+            started = client.post(f"/v1/sessions/{sid}/tasks", json={
+                "prompt": "run it", "permission_mode": "yolo", "runtime_config": {"scenario_inline": scenario}})
+            assert started.status_code in (200, 201, 202), started.text
+            deadline = time.monotonic() + 60  # a hang guard only
+            events: list[dict[str, object]] = []
+            while time.monotonic() < deadline:
+                events = client.get(f"/v1/sessions/{sid}/events").json()["events"]
+                if any(e["type"] in ("task.completed", "task.failed") for e in events):
+                    break
+                time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    completed = {e["payload"]["tool_call_id"]: e["payload"] for e in events if e["type"] == "tool.call.completed"}
+    denied = {e["payload"]["tool_call_id"]: e["payload"] for e in events if e["type"] == "tool.call.denied"}
+    assert events[-1]["type"] == "task.completed", events[-1]
+    assert completed["a"]["is_error"] is False and "from-exec" in str(completed["a"]["result_preview"])
+    assert "b" in denied or completed["b"]["is_error"] is True  # sh is not on the allowlist
