@@ -36,7 +36,7 @@ T = TypeVar("T")
 class WriteRequest(Generic[T]):
     """One unit of work for the writer: ``op(conn)`` runs inside the group transaction."""
 
-    __slots__ = ("bulk", "done", "error", "op", "publish_to", "result", "where")
+    __slots__ = ("bulk", "done", "error", "op", "publish_to", "result", "staged_at_bulk", "where")
 
     def __init__(self, op: Callable[[apsw.Connection], T], where: str, publish_to: str | None = None, *,
                  bulk: bool = False) -> None:
@@ -46,6 +46,8 @@ class WriteRequest(Generic[T]):
         self.publish_to = publish_to
         #: part of a long stream: committed in bulk transactions, which take turns with the others
         self.bulk = bulk
+        #: ``WriterStats.bulk_transactions`` when it was queued as ordinary work (-1: it goes in bulk turns)
+        self.staged_at_bulk = -1
         self.done = trio.Event()
         self.result: T | None = None
         self.error: BaseException | None = None
@@ -66,6 +68,9 @@ class WriterStats:
     #: trio.current_time() when an ordinary request was last committed (-inf: never): how the engine tells that
     #: others are writing while a stream ingests
     last_ordinary_at: float = float("-inf")
+    #: the most bulk transactions committed between an ordinary request's queueing and its own transaction: the
+    #: turn-taking promise is that this never exceeds 1, however long the streams' backlog
+    most_bulk_waited: int = 0
 
 
 def run_batch(conn: apsw.Connection, batch: list[WriteRequest[Any]]) -> None:
@@ -153,6 +158,7 @@ class Writer:
             self._bulk.append(request)
             self._bulk_of[key] += 1
         else:
+            request.staged_at_bulk = self.stats.bulk_transactions
             self._ordinary.append(request)
 
     def _stage_queued(self) -> None:
@@ -209,6 +215,10 @@ class Writer:
             self.stats.bulk_requests += bulk
             if bulk < len(batch):
                 self.stats.last_ordinary_at = trio.current_time()
+            if not self._last_was_bulk:
+                waited = max((self.stats.bulk_transactions - r.staged_at_bulk for r in batch if r.staged_at_bulk >= 0),
+                             default=0)
+                self.stats.most_bulk_waited = max(self.stats.most_bulk_waited, waited)
             self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
             for request in batch:
                 if request.error is None and request.publish_to is not None and request.result:
