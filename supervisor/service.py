@@ -196,6 +196,9 @@ def _add_limit_flags(run: argparse.ArgumentParser) -> None:
                              "(default %(default)s)")
     limits.add_argument("--body-timeout", type=_positive_float, default=api.body_timeout_s, metavar="SECONDS",
                         help="time a request body may take to arrive (default %(default)s)")
+    limits.add_argument("--send-timeout", type=_positive_float, default=api.send_timeout_s, metavar="SECONDS",
+                        help="time a client may take to read each 64 KiB of a response (or an event of a stream) "
+                             "before its connection is closed (default %(default)s)")
 
 
 def _quotas(args: argparse.Namespace) -> Quotas:
@@ -206,7 +209,8 @@ def _api_limits(args: argparse.Namespace) -> ApiLimits:
     return ApiLimits(max_connections=args.max_connections,
                      max_connections_per_principal=args.max_connections_per_principal,
                      max_streams_per_principal=args.max_streams_per_principal,
-                     header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout)
+                     header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                     send_timeout_s=args.send_timeout)
 
 
 _SIZE_SUFFIXES = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}

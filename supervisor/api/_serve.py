@@ -12,6 +12,9 @@ the connections, so that no number of clients can take the service's file descri
   ``max_connections_per_principal`` (its idle ones are closed first, else ``429``);
 - request headers must be complete within ``header_timeout_s`` of the connection's start (or of the end of its
   previous response) — hypercorn's keep-alive timer; bodies within ``body_timeout_s`` (the app answers ``408``);
+- a response must be taken: each ``SEND_CHUNK`` of it within ``send_timeout_s``, else the connection is cut. Hypercorn
+  shields its writes from cancellation, so without this a client that stops reading (or a peer that vanished while
+  its answer was on the way) would hold its connection, and keep the service from stopping, for as long as it liked;
 - a peer that has gone (closed, reset, killed — also while its connection is paused or its response stalled) is
   noticed within about a second by polling every connection for ``POLLRDHUP``/``POLLHUP``, and its connection is
   ended: the app's handler is cancelled (an SSE stream's subscriber and feed go with it) and the descriptor closed.
@@ -61,6 +64,8 @@ BACKLOG = 128
 #: TCP keep-alive of accepted loopback connections: a peer that vanished without a FIN/RST is noticed in ~1 min.
 TCP_KEEPALIVE = ((socket.SO_KEEPALIVE, 1, socket.SOL_SOCKET), (socket.TCP_KEEPIDLE, 30, socket.IPPROTO_TCP),
                  (socket.TCP_KEEPINTVL, 10, socket.IPPROTO_TCP), (socket.TCP_KEEPCNT, 3, socket.IPPROTO_TCP))
+#: A response is written in pieces of this size, each of which the client has ``send_timeout_s`` to take.
+SEND_CHUNK = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -77,14 +82,16 @@ class ApiLimits:
     header_timeout_s: float = 10.0
     #: Seconds a request body may take to arrive.
     body_timeout_s: float = 30.0
+    #: Seconds a client may take to read each ``SEND_CHUNK`` of a response (an event stream's each event).
+    send_timeout_s: float = 30.0
     #: Descriptors never given to connections (None: a quarter of RLIMIT_NOFILE, at least 64).
     fd_reserve: int | None = None
 
     def __post_init__(self) -> None:
         if min(self.max_connections, self.max_connections_per_principal, self.max_streams_per_principal) < 1:
             raise ValueError("connection and stream limits must be >= 1")
-        if min(self.header_timeout_s, self.body_timeout_s) <= 0:
-            raise ValueError("header and body timeouts must be > 0 seconds")
+        if min(self.header_timeout_s, self.body_timeout_s, self.send_timeout_s) <= 0:
+            raise ValueError("header, body and send timeouts must be > 0 seconds")
         if self.fd_reserve is not None and self.fd_reserve < 0:
             raise ValueError("fd_reserve must be >= 0")
 
@@ -100,7 +107,7 @@ class ApiLimits:
 class _Connection:
     """One accepted connection: its socket, the scope that ends it, and what it is doing."""
 
-    __slots__ = ("active", "half_closed_at", "idle_since", "principal", "scope", "sock")
+    __slots__ = ("active", "ended", "half_closed_at", "idle_since", "principal", "scope", "sending", "sock")
 
     def __init__(self, sock: trio.socket.SocketType, now: float) -> None:
         self.sock = sock
@@ -109,6 +116,65 @@ class _Connection:
         self.active = 0  # requests the app is serving on it (HTTP/1.1: 0 or 1)
         self.idle_since = now
         self.half_closed_at: float | None = None
+        self.sending: trio.CancelScope | None = None  # the write in progress (hypercorn shields it: see _BoundedStream)
+        self.ended = False
+
+    def end(self) -> None:
+        """Cancel everything serving it, the shielded write in progress included; later writes fail at once."""
+        self.ended = True
+        self.scope.cancel()
+        if self.sending is not None:
+            self.sending.cancel()
+
+
+class _BoundedStream(trio.abc.HalfCloseableStream):
+    """The connection's stream as hypercorn sees it: each ``SEND_CHUNK`` written must be taken by the client within
+    ``timeout_s``, and a write ends at once when its connection is ended (evicted, peer gone, service stopping) —
+    hypercorn runs its writes in a shielded scope, which nothing else could interrupt."""
+
+    def __init__(self, stream: trio.SocketStream, conn: _Connection, timeout_s: float) -> None:
+        self.stream = stream
+        self.socket = stream.socket  # hypercorn reads the addresses from it
+        self._conn = conn
+        self._timeout_s = timeout_s
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        conn = self._conn
+        with memoryview(data) as view:
+            for start in range(0, max(len(view), 1), SEND_CHUNK):
+                with trio.CancelScope(deadline=trio.current_time() + self._timeout_s) as sending:
+                    if conn.ended:
+                        sending.cancel()
+                    conn.sending = sending
+                    try:
+                        await self.stream.send_all(view[start:start + SEND_CHUNK])
+                    finally:
+                        conn.sending = None
+                if sending.cancelled_caught:
+                    if not conn.ended:
+                        log.info("API client %s did not read its response for %g s; connection closed",
+                                 _peer(self.socket), self._timeout_s)
+                        conn.end()
+                    raise trio.BrokenResourceError("the connection was ended while a response was being written")
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.stream.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self.stream.send_eof()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self.stream.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+def _peer(sock: trio.socket.SocketType) -> str:
+    try:
+        return repr_socket_addr(sock.family, sock.getpeername())
+    except OSError:
+        return "(gone)"
 
 
 #: The connection the current task serves (set by the connection's handler; hypercorn's tasks for it inherit it).
@@ -181,7 +247,12 @@ class ConnectionGuard:
     def _end(self, conn: _Connection) -> None:
         """Free the slot now; the handler unwinds (and closes the descriptor) at its next checkpoint."""
         self.release(conn)
-        conn.scope.cancel()
+        conn.end()
+
+    def end_all(self) -> None:
+        """End every connection (the service is stopping): also the writes hypercorn shields."""
+        for conn in list(self._open):
+            conn.end()
 
     # -- requests (the app wrapper) --
 
@@ -236,10 +307,11 @@ class ConnectionGuard:
 class _Server:
     """Hypercorn's per-connection HTTP server behind our connection slots."""
 
-    def __init__(self, app: AppWrapper, config: Config, guard: ConnectionGuard) -> None:
+    def __init__(self, app: AppWrapper, config: Config, guard: ConnectionGuard, send_timeout_s: float) -> None:
         self.app = app
         self.config = config
         self.guard = guard
+        self.send_timeout_s = send_timeout_s
         self.context = WorkerContext(None)
         self.state = ConnectionState({})
 
@@ -256,7 +328,8 @@ class _Server:
         token = _CURRENT.set(conn)  # the tasks hypercorn starts for this connection inherit it
         try:
             with conn.scope:
-                await TCPServer(self.app, self.config, self.context, self.state, stream).run()  # type: ignore[arg-type]
+                bounded = _BoundedStream(stream, conn, self.send_timeout_s)
+                await TCPServer(self.app, self.config, self.context, self.state, bounded).run()  # type: ignore[arg-type]
         finally:
             _CURRENT.reset(token)
             self.guard.release(conn)
@@ -371,17 +444,17 @@ async def serve_api(engine: Engine, auth: TokenAuth, unix_socket: Path | None = 
             sock.close()
         raise
     try:
-        await _serve(wrapped, config, guard, listeners, task_status)
+        await _serve(wrapped, config, guard, limits.send_timeout_s, listeners, task_status)
     finally:
         if unix_socket is not None:
             with contextlib.suppress(FileNotFoundError):
                 Path(unix_socket).unlink()
 
 
-async def _serve(app: AppWrapper, config: Config, guard: ConnectionGuard, listeners: list[trio.SocketListener],
-                 task_status: trio.TaskStatus[list[str]]) -> None:
-    """What hypercorn's ``worker_serve`` does (lifespan, accept loop, graceful end), with our connection handler."""
-    server = _Server(app, config, guard)
+async def _serve(app: AppWrapper, config: Config, guard: ConnectionGuard, send_timeout_s: float,
+                 listeners: list[trio.SocketListener], task_status: trio.TaskStatus[list[str]]) -> None:
+    """What hypercorn's ``worker_serve`` does (lifespan, accept loop, end), with our connection handler."""
+    server = _Server(app, config, guard, send_timeout_s)
     lifespan = Lifespan(app, config, {})
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
@@ -400,6 +473,10 @@ async def _serve(app: AppWrapper, config: Config, guard: ConnectionGuard, listen
             finally:
                 await server.context.terminated.set()
                 server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+                # The accept loop only ends cancelled (the service stops) or failing: either way every handler is being
+                # cancelled; the writes hypercorn shields from that end here, else a client that stopped reading would
+                # keep the service from ever stopping.
+                guard.end_all()
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()
 

@@ -10,7 +10,9 @@ untouched, and the quarantine lifts after ``quarantine_s`` or when an operator l
 
 from __future__ import annotations
 
+import errno
 import logging
+import resource
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -99,6 +101,11 @@ class _Slot:
     workers_started: int = 0
     vacated: trio.Event = field(default_factory=trio.Event)  # set once the current worker is gone
     env_stamp: str = ""  # the stored variables' stamp the current worker was started with
+
+
+def _nofile() -> str:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return f"limit {soft}, hard {hard}"
 
 
 def _describe(exc: BaseException) -> str:
@@ -283,12 +290,18 @@ class WorkerPool:
             try:
                 dirs, identity = await trio.to_thread.run_sync(
                     prepare_namespace, self.config.data_dir, slot.namespace, self.config.worker_uids)
+                slot.env_stamp = await trio.to_thread.run_sync(self.namespace_env.stamp, name)  # before the values
+                stored = await trio.to_thread.run_sync(self.namespace_env.values, name)
             except UidRangeError as exc:  # e.g. the range is exhausted: the operator's to fix, not a crash
                 slot.last_error = str(exc)
                 log.error("namespace %s: %s", name, exc)
                 raise NamespaceFailing(f"namespace {name!r}: {exc}") from exc
-            slot.env_stamp = await trio.to_thread.run_sync(self.namespace_env.stamp, name)  # before the values
-            stored = await trio.to_thread.run_sync(self.namespace_env.values, name)
+            except OSError as exc:  # out of descriptors or memory, a broken data dir: this start fails, not us
+                why = (f"the supervisor has run out of file descriptors ({_nofile()}): raise "
+                       "LimitNOFILE= in its unit, or lower the number of live workers (idle timeout)"
+                       if exc.errno == errno.EMFILE else str(exc))
+                log.error("namespace %s: preparing its directories failed: %s", name, why)
+                raise NamespaceFailing(f"namespace {name!r}: no worker could be started: {why}") from exc
             env = build_env(dirs, {**stored, **self.config.env_for(name)}, self.config.path)
             spec = WorkerSpec(argv=self.config.worker_argv(), env=env, cwd=str(dirs.home),
                               name=f"worker[{name}]", runtime_env=runtime_env(slot.namespace, env),
