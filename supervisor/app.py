@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._orphans import become_subreaper
-from .api._serve import ApiLimits
+from .api_limits import ApiLimits
 from .config import default_data_dir
 from .engine import Engine, EngineConfig
 from .namespaces import (

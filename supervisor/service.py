@@ -20,7 +20,7 @@ import trio
 
 from ._sdnotify import Notifier, watchdog_interval_s
 from .api import ADMIN_TOKEN_FILE, TokenAuth, TokenFileInvalid, serve_api
-from .api._serve import ApiLimits
+from .api_limits import ApiLimits
 from .app import SupervisorOptions, check_options, open_engine
 from .config import default_data_dir
 from .engine import Engine
