@@ -7,6 +7,7 @@ can cause print one clear line to stderr and exit non-zero; ``run`` exits 0 only
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -28,20 +29,30 @@ from .cli_common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     STOP_SIGNALS,
     CliError,
+    api_exit_code,
     ask_on_terminal,
     check_session_flags,
     exit_code,
 )
 from .config import ADMIN_TOKEN_FILE, default_data_dir
-from .engine import ApprovalRequest, ApproverAnswer, Engine, EngineError
+from .engine import (
+    ApprovalRequest,
+    ApproverAnswer,
+    Engine,
+    EngineError,
+    NamespaceUnavailable,
+    RuntimeUnavailable,
+    TaskNotActive,
+)
 from .engine._transcript import derive_transcript
 from .login import run_login
 from .namespaces import InvalidNamespace, UnsafeDataDir
 from .render import EventPrinter, json_line, print_stored_events, print_transcript
-from .store import DataDirBusy, EventStore, StoreError
+from .store import DataDirBusy, EventStore, QuotaExceeded, SessionBusy, StoreError
 
 # -- run ------------------------------------------------------------------------------------------
 
@@ -120,7 +131,8 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
             async for signum in signals:
                 received.append(signum)
                 name = signal.Signals(signum).name
-                await engine.stop_task(task.task_id, reason=f"interrupted ({name})", requested_by="user")
+                with contextlib.suppress(TaskNotActive):  # it ended meanwhile: its end is being printed
+                    await engine.stop_task(task.task_id, reason=f"interrupted ({name})", requested_by="user")
                 return
 
         nursery.start_soon(stop_on_signal)
@@ -370,7 +382,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Errors a user can cause: printed as one line, no traceback (``refusal_exit_code`` says which exit code).
 _USER_ERRORS: tuple[type[BaseException], ...] = (CliError, EngineError, StoreError, InvalidNamespace, UnsafeDataDir)
+#: Refusals of the service's state rather than of the command (EXIT_UNAVAILABLE); every other one is EXIT_USAGE.
+_SERVICE_REFUSALS: tuple[type[BaseException], ...] = (NamespaceUnavailable, RuntimeUnavailable, SessionBusy,
+                                                      QuotaExceeded)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -383,6 +399,15 @@ def _user_error(exc: BaseException) -> BaseException | None:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc if isinstance(exc, _user_errors()) else None
+
+
+def refusal_exit_code(error: BaseException) -> int:
+    """The exit code of a user error, by whose move it is: the command's (EXIT_USAGE) or the service's
+    (EXIT_UNAVAILABLE: try again later, or the operator acts). An API error maps by its status."""
+    client = sys.modules.get("codesdk.client")
+    if client is not None and isinstance(error, client.ApiError):
+        return api_exit_code(error.status, error.code)
+    return EXIT_UNAVAILABLE if isinstance(error, _SERVICE_REFUSALS) else EXIT_USAGE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -398,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         if user_error is None:
             raise
         print(f"codesdk: {user_error}", file=sys.stderr)
-        return EXIT_USAGE
+        return refusal_exit_code(user_error)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
 

@@ -10,6 +10,12 @@ import trio
 
 #: Exit codes of ``codesdk run`` (README): a stop by signal exits 128 + the signal's number, as shells report.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 128 + signal.SIGINT
+#: A refusal the command could not have avoided (sysexits' EX_UNAVAILABLE): a namespace's worker failing, a runtime
+#: not answering, a session busy, a quota reached. Try again later, or the operator acts; EXIT_USAGE is for
+#: refusals the command itself must change to get past.
+EXIT_UNAVAILABLE = 69
+#: HTTP statuses of the API's refusals that are the service's state, not the request's fault (``api_exit_code``).
+_UNAVAILABLE_STATUSES = frozenset({429, 503})
 #: Signals that stop the running task (task.stopped) rather than kill the process: Ctrl-C, systemd/kill, a
 #: closed terminal.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -28,6 +34,11 @@ def check_session_flags(args: argparse.Namespace, namespace: str, runtime: str) 
     if args.runtime and args.runtime != runtime:
         raise CliError(f"session {args.session} runs on runtime {runtime!r}, not {args.runtime!r}; drop "
                        "--runtime, or start a new session for another runtime")
+
+
+def api_exit_code(status: int, code: str) -> int:
+    """The exit code for an API refusal, as for the same refusal in-process (``supervisor.cli.refusal_exit_code``)."""
+    return EXIT_UNAVAILABLE if status in _UNAVAILABLE_STATUSES or code == "session_busy" else EXIT_USAGE
 
 
 def exit_code(terminal_type: str | None, signum: int | None = None) -> int:

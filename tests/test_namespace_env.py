@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,11 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from supervisor.engine import Engine
 from supervisor.namespace_env import ENV_DIR, MAX_VALUE_BYTES, NamespaceEnv, NamespaceEnvError
+
+#: The ``make_engine`` fixture (tests/conftest.py): options in, an open engine out.
+MakeEngine = Callable[..., AbstractAsyncContextManager[Engine]]
 
 SECRET = "canary-namespace-env-4711"
 
@@ -80,7 +86,7 @@ def test_the_stamp_changes_with_every_write(tmp_path: Path) -> None:
 
 @given(st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,20}", fullmatch=True).filter(
     lambda n: n not in {"HOME", "PATH", "LANG", "LC_ALL", "TMPDIR"} and not n.startswith("XDG_")),
-    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=50), max_size=8))
+    st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=50), max_size=8))
 def test_values_round_trip(values: dict[str, str]) -> None:
     import tempfile
 
@@ -90,7 +96,7 @@ def test_values_round_trip(values: dict[str, str]) -> None:
         assert env.values("default") == values
 
 
-async def test_the_namespace_s_next_worker_has_the_new_variables(make_engine, tmp_path: Path) -> None:
+async def test_the_namespace_s_next_worker_has_the_new_variables(make_engine: MakeEngine, tmp_path: Path) -> None:
     """An idle worker is replaced as soon as the variables change; the next task's worker sees them."""
     with trio.fail_after(60):
         async with make_engine(idle_timeout_s=60) as engine:
@@ -111,7 +117,7 @@ async def test_the_namespace_s_next_worker_has_the_new_variables(make_engine, tm
     assert os.environ.get("API_KEY") != SECRET
 
 
-async def test_a_busy_worker_finishes_its_task_and_is_replaced_when_idle(make_engine) -> None:
+async def test_a_busy_worker_finishes_its_task_and_is_replaced_when_idle(make_engine: MakeEngine) -> None:
     with trio.fail_after(60):
         async with make_engine(idle_timeout_s=60) as engine:
             session = await engine.create_session()
@@ -128,7 +134,7 @@ async def test_a_busy_worker_finishes_its_task_and_is_replaced_when_idle(make_en
             assert engine.pool.worker_of("default").spec.env["API_KEY"] == SECRET  # type: ignore[union-attr]
 
 
-async def test_a_change_written_by_another_process_reaches_the_next_task(make_engine, tmp_path: Path) -> None:
+async def test_a_change_written_by_another_process_reaches_the_next_task(make_engine: MakeEngine, tmp_path: Path) -> None:
     """No notification (the CLI wrote the file while this supervisor ran): the next acquire notices."""
     with trio.fail_after(60):
         async with make_engine(idle_timeout_s=60) as engine:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from supervisor import _safe_dirs
 from supervisor.tools import ErrorCode, ToolContext, ToolError, ToolRegistry, confine
 from supervisor.tools._paths import open_dir
 
@@ -102,6 +104,23 @@ def test_walk_refuses_a_symlink_component_even_if_it_appears_after_the_check(
     with pytest.raises(OSError) as info:
         open_dir(ws.resolve(), ("out_dir",))
     assert info.value.errno in (40, 20)  # ELOOP (or ENOTDIR on some kernels)
+
+
+@pytest.mark.parametrize(("name", "errno_"), [("in_dir", errno.ELOOP), ("out_file", errno.ELOOP),
+                                              ("loop1", errno.ELOOP), ("a/f.txt", errno.ENOTDIR)])
+def test_the_shared_opener_refuses_every_symlink_as_eloop(layout: tuple[Path, Path], name: str, errno_: int) -> None:
+    """Symlinks to a directory (even inside), to a file, or in a loop: ELOOP, the refusal; a plain file: ENOTDIR."""
+    ws, _ = layout
+    root = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(OSError) as info:
+            _safe_dirs.open_dir(name, root)
+        assert info.value.errno == errno_
+        fd = _safe_dirs.open_dir("a", root)
+        os.close(fd)
+        assert not _safe_dirs.make_dir("a", root, 0o700) and _safe_dirs.make_dir("new", root, 0o700)
+    finally:
+        os.close(root)
 
 
 async def _call(ws: Path, name: str, args: dict[str, object]) -> tuple[bool, str, object]:

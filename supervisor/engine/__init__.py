@@ -1,7 +1,34 @@
-"""The task engine: sessions, tasks, events, tool calls — the invariants of the contract live here."""
+"""The task engine: sessions, tasks, events, tool calls — the invariants of the contract live here.
+
+Layering, lowest first (no module imports one below it in this list): ``_transcript`` (a session's messages),
+``_errors`` (refusals and their HTTP answers), ``_ports`` (what the engine needs of workers: the test seam), ``_runs`` (a running task's state, the
+run table), ``_recorder`` (a run's appends), ``_batch`` (a worker's batch on its way to the store),
+``_approvals``, ``_toolport`` / ``_toolflow`` (one tool call, through its port), ``_ending`` (a task's one
+end), ``_intake`` (events from workers), ``_engine`` (sessions and tasks).
+"""
 
 from ..tools import ApprovalRequest, Approver, ApproverAnswer
-from ._engine import Engine, EngineConfig, EngineError, EngineStats, InvalidTaskInput, TaskNotActive
+from ._engine import Engine, EngineConfig
+from ._errors import (
+    ERROR_STATUS,
+    ApproverRequired,
+    EngineError,
+    ErrorStatus,
+    InvalidTaskInput,
+    NamespaceUnavailable,
+    RuntimeUnavailable,
+    SessionBusy,
+    TaskNotActive,
+    UnknownRuntime,
+    WorkspaceRefused,
+    error_status,
+)
+from ._ports import PoolWorkers, RequestChannel, WorkerEvents, WorkerExit, WorkerLink, Workers, WorkersFactory
+from ._runs import EngineStats
 
-__all__ = ["ApprovalRequest", "Approver", "ApproverAnswer", "Engine", "EngineConfig", "EngineError", "EngineStats",
-           "InvalidTaskInput", "TaskNotActive"]
+__all__ = [
+    "ERROR_STATUS", "ApprovalRequest", "Approver", "ApproverAnswer", "ApproverRequired", "Engine", "EngineConfig",
+    "EngineError", "EngineStats", "ErrorStatus", "InvalidTaskInput", "NamespaceUnavailable", "PoolWorkers",
+    "RequestChannel", "RuntimeUnavailable", "SessionBusy", "TaskNotActive", "UnknownRuntime", "WorkerEvents",
+    "WorkerExit", "WorkerLink", "Workers", "WorkersFactory", "WorkspaceRefused", "error_status",
+]

@@ -18,7 +18,7 @@ import trio
 from protocol import utc_now
 
 from ..store import ApprovalDecided, ApprovalRecord, EventStore
-from ..tools import ApprovalRequest
+from ..tools import ApprovalRequest, Approver
 from ._runs import TaskRun
 
 log = logging.getLogger("codesdk.supervisor.approvals")
@@ -59,7 +59,7 @@ class ApprovalBroker:
                 if run.approver is None:
                     await decided.wait()
                 else:
-                    await self._ask_approver(run, approval_id, request)
+                    await self._ask_approver(run.approver, approval_id, request)
             return await self.close(approval_id, f"no decision within {self.timeout_s:.0f} s")
         except trio.Cancelled:
             with trio.CancelScope(shield=True):  # the task ended while waiting: close the approval too
@@ -69,9 +69,9 @@ class ApprovalBroker:
         finally:
             self._waiting.pop(approval_id, None)
 
-    async def _ask_approver(self, run: TaskRun, approval_id: str, request: ApprovalRequest) -> None:
+    async def _ask_approver(self, approver: Approver, approval_id: str, request: ApprovalRequest) -> None:
         try:
-            answer = await run.approver(request)
+            answer = await approver(request)
         except Exception as exc:  # the caller's approver broke: deny, never run unapproved
             log.exception("approver failed for %s", approval_id)
             await self.close(approval_id, f"approval failed: {type(exc).__name__}: {exc}", state="denied")

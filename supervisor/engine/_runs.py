@@ -2,15 +2,41 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
 
 import trio
 
-from protocol import ModelInput, RuntimeInfo, StartTaskParams, ToolCallIdentity, Trace
+from protocol import EventType, Model, ModelInput, RuntimeInfo, StartTaskParams, ToolCallIdentity, Trace
 
 from ..store import SessionRecord
-from ..workers import WorkerProcess
+from ..tools import Approver
+from ._ports import WorkerLink
+
+#: Small blobs committed with the events that name them: ref -> (bytes, media type).
+Blobs = dict[str, tuple[bytes, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingEvent:
+    """An event of a running task on its way to the store. ``runtime``: the run's runtime info as of this
+    event when it differs (it names the event's raw message); None: the run's own."""
+
+    type: EventType
+    payload: Model
+    runtime: RuntimeInfo | None = None
+
+
+@dataclass
+class EngineStats:
+    """What the engine dropped rather than stored, by reason."""
+
+    late_events: int = 0
+    unknown_task_events: int = 0
+    ordinal_gaps: int = 0
+    duplicate_events: int = 0  # repeated ordinals or tool requests, dropped
+    invalid_events: int = 0
+    worker_crashes: int = 0
 
 
 @dataclass
@@ -20,8 +46,8 @@ class TaskRun:
     params: StartTaskParams
     trace: Trace
     runtime: RuntimeInfo
-    approver: Any = None
-    worker: WorkerProcess | None = None
+    approver: Approver | None = None
+    worker: WorkerLink | None = None
     next_n: int = 1
     ended: bool = False  # set (synchronously) before the terminal event is appended
     terminal_type: str | None = None
@@ -46,3 +72,47 @@ class TaskRun:
     @property
     def namespace(self) -> str:
         return self.session.namespace
+
+
+class RunTable:
+    """The engine's runs: the active ones, and the last ``keep_recent`` ended ones — so their late events are
+    recognised (and counted) rather than "unknown task", and a session's next task can wait for their worker
+    to let go of them."""
+
+    def __init__(self, keep_recent: int) -> None:
+        self._active: dict[str, TaskRun] = {}
+        self._recent: OrderedDict[str, TaskRun] = OrderedDict()
+        self._keep_recent = keep_recent
+
+    def add(self, run: TaskRun) -> None:
+        self._active[run.task_id] = run
+
+    def discard(self, run: TaskRun) -> None:
+        """Forget a run that never started."""
+        self._active.pop(run.task_id, None)
+
+    def end(self, run: TaskRun) -> None:
+        self._active.pop(run.task_id, None)
+        self._recent[run.task_id] = run
+        while len(self._recent) > self._keep_recent:
+            self._recent.popitem(last=False)
+
+    def active(self, task_id: str) -> TaskRun | None:
+        return self._active.get(task_id)
+
+    def find(self, task_id: str) -> TaskRun | None:
+        """The run, active or recently ended."""
+        return self._active.get(task_id) or self._recent.get(task_id)
+
+    def active_runs(self) -> list[TaskRun]:
+        return list(self._active.values())
+
+    def every_run(self) -> list[TaskRun]:
+        return [*self._active.values(), *self._recent.values()]
+
+    def active_in(self, session_id: str) -> TaskRun | None:
+        return next((r for r in self._active.values() if r.session_id == session_id), None)
+
+    def unreleased_in(self, session_id: str) -> list[TaskRun]:
+        """Ended runs of the session that their worker may still be running (a stopped task's grace)."""
+        return [r for r in self._recent.values() if r.session_id == session_id and not r.released.is_set()]

@@ -2,7 +2,8 @@
 
 Every step is stored before the next begins, so the events of an attempt always read
 requested -> policy_evaluated* -> approved|denied -> started -> completed. Nothing is stored or run once
-the task has ended (``Engine._append`` refuses and the task's tool nursery is cancelled).
+the task has ended (the port's ``append`` refuses and the task's tool nursery is cancelled). The flow reaches
+the engine only through its ``ToolFlowPort``.
 """
 
 from __future__ import annotations
@@ -13,19 +14,22 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from protocol import (
     ApprovalRequested,
     EventType,
+    ExecutedBy,
+    InteractionMode,
     Method,
     PolicyDecision,
     PolicySource,
     SandboxSummary,
     ToolCallApproved,
     ToolCallCompleted,
+    ToolCallDenied,
     ToolCallIdentity,
     ToolCallPolicyEvaluated,
     ToolCallRequested,
@@ -53,12 +57,9 @@ from ..tools import (
     policy_payloads,
     runtime_tool_spec,
 )
-from ..workers import WorkerError
 from ._approvals import BY_CODESDK
-from ._runs import TaskRun
-
-if TYPE_CHECKING:
-    from ._engine import Engine
+from ._runs import EngineStats, PendingEvent, TaskRun
+from ._toolport import ToolFlowPort
 
 log = logging.getLogger("codesdk.supervisor.tools")
 
@@ -66,6 +67,10 @@ Tooling = ToolRegistry
 
 #: Characters of a tool result kept inline in tool.call.completed (the full result is a blob).
 PREVIEW_CHARS = 500
+#: Tool inputs larger than this (canonical JSON bytes) are stored as a blob and referenced.
+INLINE_INPUT_MAX_BYTES = 16 * 1024
+#: The rest of an attempt once its decision is stored, to run in the task's tool nursery.
+Rest = Callable[[], Awaitable[None]]
 
 
 def _preview(content: Any) -> str:
@@ -74,29 +79,75 @@ def _preview(content: Any) -> str:
 
 
 class ToolFlow:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    """Tool calls of running tasks. Remembers the session's completed calls so a replayed safe one is answered
+    from the store."""
+
+    def __init__(self, port: ToolFlowPort, stats: EngineStats) -> None:
+        self._port = port
+        self._stats = stats
         # (session_id, runtime_tool_call_id, tool_name, input_hash) -> completed payload, for replays
         self._completed: dict[tuple[str, str | None, str, str], ToolCallCompleted] = {}
         self._indexed_sessions: set[str] = set()
 
-    async def handle(self, run: TaskRun, requested: ToolCallRequested, tool_input: dict[str, Any]) -> None:
+    async def requested(self, run: TaskRun, requested: ToolCallRequested) -> None:
+        """A runtime's ``tool.call.requested``, handled in its worker's order. A repeat of a request already
+        handled is dropped (counted); a new one gets our attempt number and input hash. Where nobody is asked,
+        the request and its decision are stored here, in one commit; the rest of the call runs in the task's
+        tool nursery. ``CanonicalizationError`` if the input cannot be stored."""
+        stamped = await self._stamp(run, requested)
+        if stamped is None:
+            return
+        requested, tool_input = stamped
+        if requested.executed_by == ExecutedBy.SUPERVISOR and \
+                run.params.interaction_mode != InteractionMode.INTERACTIVE:
+            rest = await self._begin(run, requested, tool_input, request_stored=False)
+            if rest is not None and run.tools_nursery is not None:
+                run.tools_nursery.start_soon(rest)
+            return
+        if not await self._port.append(run, [PendingEvent(EventType.TOOL_CALL_REQUESTED, requested)]):
+            return
+        assert run.tools_nursery is not None
+        handle = self._handle_runtime_call if requested.executed_by == ExecutedBy.RUNTIME else self._handle
+        run.tools_nursery.start_soon(handle, run, requested, tool_input)
+
+    async def _stamp(self, run: TaskRun, requested: ToolCallRequested,
+                     ) -> tuple[ToolCallRequested, dict[str, Any]] | None:
+        """The request with our attempt number and input hash (a large input moved to a blob), and its input;
+        None for a repeat."""
+        tool_input = requested.input or {}
+        data = canonical_json(tool_input)
+        input_hash = sha256_hex(data)  # ours, not the worker's word for it
+        key = (requested.tool_call_id, requested.attempt, input_hash)
+        if key in run.requests_seen:  # the same request again (a replayed notification): it is handled already
+            self._stats.duplicate_events += 1
+            log.warning("task %s: tool call %s (attempt %d) requested again; not run twice", run.task_id,
+                        requested.tool_call_id, requested.attempt)
+            return None
+        run.requests_seen.add(key)
+        attempt = run.attempts.get(requested.tool_call_id, 0) + 1
+        run.attempts[requested.tool_call_id] = attempt
+        if input_hash != requested.input_hash:
+            self._stats.invalid_events += 1
+            log.warning("task %s: worker's input_hash for %s was wrong", run.task_id, requested.tool_call_id)
+        update: dict[str, Any] = {"attempt": attempt, "input_hash": input_hash}
+        if len(data) > INLINE_INPUT_MAX_BYTES:
+            update.update(input=None, input_ref=await self._port.put_blob(data, "application/json"))
+        return requested.model_copy(update=update), tool_input
+
+    async def _handle(self, run: TaskRun, requested: ToolCallRequested, tool_input: dict[str, Any]) -> None:
         """The whole attempt, for a request already stored (tasks that may wait for a human)."""
-        rest = await self.begin(run, requested, tool_input, request_stored=True)
+        rest = await self._begin(run, requested, tool_input, request_stored=True)
         if rest is not None:
             await rest()
 
-    async def begin(self, run: TaskRun, requested: ToolCallRequested, tool_input: dict[str, Any], *,
-                    request_stored: bool) -> Callable[[], Awaitable[None]] | None:
+    async def _begin(self, run: TaskRun, requested: ToolCallRequested, tool_input: dict[str, Any], *,
+                     request_stored: bool) -> Rest | None:
         """Replay check and policy, and store the decision — with the request itself when it is not stored yet,
         in one commit (one fsync fewer per call). Returns the rest of the attempt (run the tool, store and send
         the result, or send the denial), to be run in the task's tool nursery; None if nothing is left to do."""
-        engine = self.engine
-        identity = ToolCallIdentity(tool_call_id=requested.tool_call_id,
-                                    runtime_tool_call_id=requested.runtime_tool_call_id,
-                                    attempt=requested.attempt, input_hash=requested.input_hash)
-        prefix: list[tuple[EventType, Any]] = [] if request_stored else [(EventType.TOOL_CALL_REQUESTED, requested)]
-        tools = engine.tooling
+        identity = _identity(requested)
+        prefix = [] if request_stored else [PendingEvent(EventType.TOOL_CALL_REQUESTED, requested)]
+        tools = self._port.tools
         spec = tools.spec(requested.tool_name)
 
         replay = await self._replayable(run, requested) if spec is not None and is_replay_safe(spec) else None
@@ -113,18 +164,18 @@ class ToolFlow:
             return None
         outcome, decision = decided
         if not outcome.approved:
-            if not await engine._append(run, decision):
+            if not await self._port.append(run, decision):
                 return None
-            return partial(self._send, run, Method.SEND_TOOL_DENIED, {"task_id": run.task_id,
-                                                                      "tool_call_id": requested.tool_call_id,
-                                                                      "reason": outcome.effective.reason})
+            return partial(self._answer, run, Method.SEND_TOOL_DENIED, {"task_id": run.task_id,
+                                                                        "tool_call_id": requested.tool_call_id,
+                                                                        "reason": outcome.effective.reason})
 
         assert spec is not None
         workspace = Path(run.session.workspace or ".")
         started_at = time.monotonic()
         # The decision and tool.call.started share one commit: nothing happens between them, and both are
         # durable before the tool runs.
-        if not await engine._append(run, [*decision, (EventType.TOOL_CALL_STARTED, ToolCallStarted(
+        if not await self._port.append(run, [*decision, PendingEvent(EventType.TOOL_CALL_STARTED, ToolCallStarted(
                 **identity.model_dump(), tool_name=requested.tool_name,
                 execution_env="supervisor", sandbox=SandboxSummary(kind="workspace", workspace=str(workspace))))]):
             return None
@@ -134,8 +185,7 @@ class ToolFlow:
     async def _execute(self, run: TaskRun, requested: ToolCallRequested, identity: ToolCallIdentity,
                        tool_input: dict[str, Any], policy_snapshot: dict[str, Any], workspace: Path,
                        started_at: float) -> None:
-        engine = self.engine
-        result = await engine.tooling.execute(requested.tool_name, tool_input, ToolContext(workspace=workspace))
+        result = await self._port.tools.execute(requested.tool_name, tool_input, ToolContext(workspace=workspace))
         duration_ms = (time.monotonic() - started_at) * 1000
         await self._store_output(run, identity, result)
         data = await trio.to_thread.run_sync(canonical_json, result.content)
@@ -144,26 +194,25 @@ class ToolFlow:
         if len(data) <= INLINE_BLOB_MAX:  # committed with tool.call.completed: no separate fsyncs
             blobs[result_ref] = (data, "application/json")
         else:
-            await engine.store.put_blob(data, "application/json")
+            await self._port.put_blob(data, "application/json")
         completed = ToolCallCompleted(
             **identity.model_dump(), tool_name=requested.tool_name, is_error=result.is_error,
             execution_env=result.execution_env, policy_snapshot=policy_snapshot, sandbox=result.sandbox,
             result_ref=result_ref, result_preview=result.preview or _preview(result.content),
             result_hash=result_ref, duration_ms=round(duration_ms, 3))
-        if not await engine._append(run, [(EventType.TOOL_CALL_COMPLETED, completed)], blobs=blobs):
+        if not await self._port.append(run, [PendingEvent(EventType.TOOL_CALL_COMPLETED, completed)], blobs):
             return
         self._completed[(run.session_id, requested.runtime_tool_call_id, requested.tool_name,
                          requested.input_hash)] = completed
-        await self._send(run, Method.SEND_TOOL_RESULT, {"task_id": run.task_id, "tool_call_id": requested.tool_call_id,
-                                                        "result": result.content, "is_error": result.is_error})
+        await self._answer(run, Method.SEND_TOOL_RESULT, {"task_id": run.task_id,
+                                                          "tool_call_id": requested.tool_call_id,
+                                                          "result": result.content, "is_error": result.is_error})
 
-    async def handle_runtime_call(self, run: TaskRun, requested: ToolCallRequested,
-                                  tool_input: dict[str, Any]) -> None:
+    async def _handle_runtime_call(self, run: TaskRun, requested: ToolCallRequested,
+                                   tool_input: dict[str, Any]) -> None:
         """A call the runtime runs itself: the supervisor only decides. On approval the runtime runs it and
         reports tool.call.started/completed, which the engine accepts only for approved calls."""
-        identity = ToolCallIdentity(tool_call_id=requested.tool_call_id,
-                                    runtime_tool_call_id=requested.runtime_tool_call_id,
-                                    attempt=requested.attempt, input_hash=requested.input_hash)
+        identity = _identity(requested)
         spec = runtime_tool_spec(requested.tool_name)
         decided = await self._decide(run, identity, requested, tool_input, [], PolicyRequest(
             tool_name=requested.tool_name, tool=spec, permission_mode=run.params.permission_mode,
@@ -172,43 +221,40 @@ class ToolFlow:
         if decided is None:
             return
         outcome, decision = decided
-        if not await self.engine._append(run, decision):
+        if not await self._port.append(run, decision):
             return
         if outcome.approved:
             run.approved_runtime_calls[requested.tool_call_id] = identity
-            await self._send(run, Method.SEND_TOOL_APPROVED, {"task_id": run.task_id,
-                                                              "tool_call_id": requested.tool_call_id,
-                                                              "reason": outcome.effective.reason})
-        else:
-            await self._send(run, Method.SEND_TOOL_DENIED, {"task_id": run.task_id,
-                                                            "tool_call_id": requested.tool_call_id,
-                                                            "reason": outcome.effective.reason})
+        await self._answer(run, Method.SEND_TOOL_APPROVED if outcome.approved else Method.SEND_TOOL_DENIED,
+                           {"task_id": run.task_id, "tool_call_id": requested.tool_call_id,
+                            "reason": outcome.effective.reason})
 
     async def _decide(self, run: TaskRun, identity: ToolCallIdentity, requested: ToolCallRequested,
-                      tool_input: dict[str, Any], prefix: list[tuple[EventType, Any]], request: PolicyRequest,
+                      tool_input: dict[str, Any], prefix: list[PendingEvent], request: PolicyRequest,
                       snapshot_extra: dict[str, Any] | None = None,
-                      ) -> tuple[PolicyOutcome, list[tuple[EventType, Any]]] | None:
+                      ) -> tuple[PolicyOutcome, list[PendingEvent]] | None:
         """The policy's outcome, and the events still to store for it (``prefix`` first). An "ask" is stored at
         once — with ``prefix``, the evaluations so far and ``approval.requested`` — before the human is asked;
         then the answer's events are what is left. None: the task ended meanwhile."""
 
-        def events(payloads: Sequence[PolicyPayload]) -> list[tuple[EventType, Any]]:
+        def events(payloads: Sequence[PolicyPayload]) -> list[PendingEvent]:
             if snapshot_extra:
                 payloads = [p.model_copy(update={"policy_snapshot": {**p.policy_snapshot, **snapshot_extra}})
                             for p in payloads]
-            return [(_type_of(p), p) for p in payloads]
+            return [PendingEvent(_type_of(p), p) for p in payloads]
 
         step = evaluate(request)
         if isinstance(step, PolicyOutcome):
             return step, [*prefix, *events(policy_payloads(step, identity))]
-        approvals = self.engine.approvals
+        approvals = self._port.approvals
         record = await approvals.open(run, step.approval)
         asked = ApprovalRequested(**identity.model_dump(), approval_id=record.approval_id,
                                   tool_name=requested.tool_name, tool_class=step.approval.tool_class.value,
                                   reason=step.approval.reason, expires_at=record.expires_at,
                                   input_preview=_preview(tool_input))
         stored_now = events(evaluation_payloads(step.evaluations, step.policy_snapshot, identity))
-        if not await self.engine._append(run, [*prefix, *stored_now, (EventType.APPROVAL_REQUESTED, asked)]):
+        if not await self._port.append(run, [*prefix, *stored_now,
+                                             PendingEvent(EventType.APPROVAL_REQUESTED, asked)]):
             await approvals.close(record.approval_id, "the task ended before anyone was asked")
             return None
         final = await approvals.wait(run, record, step.approval)
@@ -220,14 +266,15 @@ class ToolFlow:
         if result.stdout is None and result.stderr is None:
             return
         ids = identity.model_dump()
-        items: list[tuple[EventType, Any]] = []
+        events: list[PendingEvent] = []
         for stream in ("stdout", "stderr"):
             text = getattr(result, stream)
             if text:
-                items.append((EventType.TOOL_OUTPUT_DELTA, ToolOutputDelta(**ids, stream=stream, delta=text)))
-        items.append((EventType.TOOL_OUTPUT_COMPLETED, ToolOutputCompleted(
+                events.append(PendingEvent(EventType.TOOL_OUTPUT_DELTA, ToolOutputDelta(**ids, stream=stream,
+                                                                                        delta=text)))
+        events.append(PendingEvent(EventType.TOOL_OUTPUT_COMPLETED, ToolOutputCompleted(
             **ids, stdout_bytes=len((result.stdout or "").encode()), stderr_bytes=len((result.stderr or "").encode()))))
-        await self.engine._append(run, items)
+        await self._port.append(run, events)
 
     async def _replayable(self, run: TaskRun, requested: ToolCallRequested) -> ToolCallCompleted | None:
         if run.session_id not in self._indexed_sessions:
@@ -239,10 +286,9 @@ class ToolFlow:
     async def _index(self, session_id: str) -> None:
         """Load the session's completed calls once (so replays work across supervisor restarts); only the
         tool-call events are read, a page at a time."""
-        store = self.engine.store
         requested: dict[tuple[str | None, str, int], ToolCallRequested] = {}
         after = 0
-        while page := await store.read_types(session_id, _INDEX_TYPES, after, 1000):
+        while page := await self._port.read_types(session_id, _INDEX_TYPES, after, 1000):
             after = page[-1].seq
             for event in page:
                 p = event.payload
@@ -255,41 +301,43 @@ class ToolFlow:
         self._indexed_sessions.add(session_id)
 
     async def _record_replay(self, run: TaskRun, identity: ToolCallIdentity, done: ToolCallCompleted,
-                             prefix: list[tuple[EventType, Any]]) -> bool:
+                             prefix: list[PendingEvent]) -> bool:
         snapshot = {**done.policy_snapshot, "rule": "replay.read_only", "replay_of_attempt": done.attempt}
         reason = "identical read-only call already completed in this session; answered from the store"
         ids = identity.model_dump()
-        return await self.engine._append(run, [
+        return await self._port.append(run, [
             *prefix,
-            (EventType.TOOL_CALL_POLICY_EVALUATED, ToolCallPolicyEvaluated(
+            PendingEvent(EventType.TOOL_CALL_POLICY_EVALUATED, ToolCallPolicyEvaluated(
                 **ids, source=PolicySource.CODESDK, decision=PolicyDecision.ALLOW, reason=reason,
                 rule="replay.read_only", policy_snapshot=snapshot)),
-            (EventType.TOOL_CALL_APPROVED, ToolCallApproved(**ids, source=PolicySource.CODESDK, reason=reason,
-                                                            policy_snapshot=snapshot)),
-            (EventType.TOOL_CALL_STARTED, ToolCallStarted(**ids, tool_name=done.tool_name, execution_env="store",
-                                                          sandbox=SandboxSummary(kind="none"))),
-            (EventType.TOOL_CALL_COMPLETED, done.model_copy(update={**ids, "replayed": True, "duration_ms": 0.0,
-                                                                     "execution_env": "store",
-                                                                     "policy_snapshot": snapshot})),
+            PendingEvent(EventType.TOOL_CALL_APPROVED, ToolCallApproved(**ids, source=PolicySource.CODESDK,
+                                                                        reason=reason, policy_snapshot=snapshot)),
+            PendingEvent(EventType.TOOL_CALL_STARTED, ToolCallStarted(**ids, tool_name=done.tool_name,
+                                                                      execution_env="store",
+                                                                      sandbox=SandboxSummary(kind="none"))),
+            PendingEvent(EventType.TOOL_CALL_COMPLETED, done.model_copy(update={
+                **ids, "replayed": True, "duration_ms": 0.0, "execution_env": "store", "policy_snapshot": snapshot})),
         ])
 
     async def _send_replayed(self, run: TaskRun, identity: ToolCallIdentity, done: ToolCallCompleted) -> None:
         if done.result_ref is None:
             return
-        content = json.loads(await self.engine.store.get_blob(done.result_ref))
-        await self._send(run, Method.SEND_TOOL_RESULT, {"task_id": run.task_id, "tool_call_id": identity.tool_call_id,
-                                                        "result": content, "is_error": done.is_error})
+        content = json.loads(await self._port.get_blob(done.result_ref))
+        await self._answer(run, Method.SEND_TOOL_RESULT, {"task_id": run.task_id,
+                                                          "tool_call_id": identity.tool_call_id,
+                                                          "result": content, "is_error": done.is_error})
 
-    async def _send(self, run: TaskRun, method: str, params: dict[str, Any]) -> None:
-        if run.ended or run.worker is None:
-            return
-        try:
-            await run.worker.connection.request(method, params)
-        except WorkerError as exc:
-            log.info("task %s: %s not delivered: %s", run.task_id, method, exc)
+    async def _answer(self, run: TaskRun, method: str, params: dict[str, Any]) -> None:
+        if not run.ended:  # an ended task's runtime is being stopped: nothing more to tell it
+            await self._port.answer(run, method, params)
 
 
 _INDEX_TYPES = (EventType.TOOL_CALL_REQUESTED, EventType.TOOL_CALL_COMPLETED)
+
+
+def _identity(requested: ToolCallRequested) -> ToolCallIdentity:
+    return ToolCallIdentity(tool_call_id=requested.tool_call_id, runtime_tool_call_id=requested.runtime_tool_call_id,
+                            attempt=requested.attempt, input_hash=requested.input_hash)
 
 
 def _outcome(step: ApprovalNeeded, final: ApprovalRecord) -> PolicyOutcome:
@@ -303,9 +351,7 @@ def _outcome(step: ApprovalNeeded, final: ApprovalRecord) -> PolicyOutcome:
                     approval_id=final.approval_id)
 
 
-def _type_of(payload: Any) -> EventType:
-    from protocol import ToolCallDenied
-
+def _type_of(payload: PolicyPayload) -> EventType:
     if isinstance(payload, ToolCallPolicyEvaluated):
         return EventType.TOOL_CALL_POLICY_EVALUATED
     if isinstance(payload, ToolCallApproved):

@@ -26,6 +26,10 @@ commits. A crash never leaves a half-written batch: each batch is all or nothing
 
 Threads: one writer connection, used only by the writer task through one worker thread at a time; a
 small pool of read-only connections for reads. The trio loop never runs SQLite or file I/O itself.
+
+Interfaces: callers depend on the recorder protocols (``Recorder`` for the engine and the HTTP API,
+``StoreReader`` for reading beside the writer, ``ApprovalRecords`` … see ``_recorder``), which ``EventStore``
+implements; another backend implements the same ones and passes the same contract suite.
 """
 
 from ._errors import (
@@ -49,6 +53,22 @@ from ._errors import (
     UnknownTask,
 )
 from ._lock import LOCK_FILENAME, DataDirBusy, DataDirLock, LockHolder, current_holder
+from ._quotas import QUOTA_FLAGS, QuotaExceeded, Quotas, Usage
+from ._recorder import (
+    ApprovalRecords,
+    BlobReader,
+    BlobStore,
+    EventLog,
+    EventLogReader,
+    Recorder,
+    SessionReader,
+    SessionRecords,
+    StoreHealth,
+    StoreReader,
+    TaskReader,
+    TaskRecords,
+    WriterLock,
+)
 from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
 from ._schema import LATEST as SCHEMA_VERSION
 from ._store import DB_FILENAME, INLINE_BLOB_MAX, EventStore, Synchronous, new_id
@@ -59,38 +79,55 @@ __all__ = [
     "DB_FILENAME",
     "INLINE_BLOB_MAX",
     "LOCK_FILENAME",
+    "QUOTA_FLAGS",
     "SCHEMA_VERSION",
     "ApprovalDecided",
     "ApprovalRecord",
+    "ApprovalRecords",
     "BlobCorrupt",
     "BlobInfo",
     "BlobNotFound",
+    "BlobReader",
+    "BlobStore",
     "DataDirBusy",
     "DataDirLock",
     "DatabaseError",
     "EventDraft",
+    "EventLog",
+    "EventLogReader",
     "EventStore",
     "InvalidBlobRef",
     "InvalidEvent",
     "InvalidTransition",
     "LockHolder",
     "MigrationFailed",
+    "QuotaExceeded",
+    "Quotas",
+    "Recorder",
     "SchemaTooNew",
     "SessionBusy",
     "SessionExists",
+    "SessionReader",
     "SessionRecord",
+    "SessionRecords",
     "StoreClosed",
     "StoreError",
+    "StoreHealth",
     "StoreReadOnly",
+    "StoreReader",
     "Subscription",
     "Synchronous",
     "TaskExists",
+    "TaskReader",
     "TaskRecord",
+    "TaskRecords",
     "TaskState",
     "TaskUpdate",
     "UnknownApproval",
     "UnknownSession",
     "UnknownTask",
+    "Usage",
+    "WriterLock",
     "WriterStats",
     "current_holder",
     "new_id",

@@ -27,6 +27,7 @@ from ._errors import (
     UnknownSession,
     UnknownTask,
 )
+from ._quotas import Usage
 from ._records import TRANSITIONS, ApprovalRecord, BlobInfo, SessionRecord, TaskRecord, TaskState, TaskUpdate
 from ._time import from_text, now_text, to_text
 
@@ -387,17 +388,6 @@ def batch_bytes(conn: apsw.Connection, events: Sequence[PreparedEvent], inline: 
             f"SELECT COALESCE(SUM(size), 0) FROM blobs WHERE content IS NULL AND ref IN ({','.join('?' * len(chunk))})",
             chunk).get)
     return total
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """What a session and its namespace have stored."""
-
-    namespace: str
-    session_events: int
-    session_bytes: int
-    namespace_events: int
-    namespace_bytes: int
 
 
 def select_usage(conn: apsw.Connection, session_id: str) -> Usage:

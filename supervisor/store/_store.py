@@ -7,7 +7,6 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -23,13 +22,19 @@ from ._blobs import BlobFiles, check_ref
 from ._errors import BlobCorrupt, DatabaseError, StoreClosed, StoreError, StoreReadOnly, translate
 from ._lock import DataDirLock
 from ._prepare import prepare
+from ._quotas import QUOTA_FLAGS, QuotaExceeded, Quotas
 from ._readers import ReaderPool, close_all
+from ._recorder import Recorder
 from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
 from ._schema import check_version, migrate
 from ._subscribe import Hub, Subscription
 from ._writer import Writer, WriteRequest, WriterStats
 
 T = TypeVar("T")
+
+# Quotas are re-exported: the engine, API and service import them from here.
+__all__ = ["DB_FILENAME", "INLINE_BLOB_MAX", "QUOTA_FLAGS", "EventStore", "QuotaExceeded", "Quotas", "Synchronous",
+           "new_id"]
 
 DB_FILENAME = "codesdk.sqlite3"
 Synchronous = Literal["FULL", "NORMAL"]
@@ -39,8 +44,8 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-class EventStore:
-    """Sessions, tasks, events and blobs of one data dir. Create with ``EventStore.open``."""
+class EventStore(Recorder):
+    """Sessions, tasks, events and blobs of one data dir, in SQLite. Create with ``EventStore.open``."""
 
     def __init__(
         self,
@@ -55,8 +60,7 @@ class EventStore:
         lock: DataDirLock | None = None,
     ) -> None:
         self.data_dir = data_dir
-        #: The data dir's writer lock (None when opened read-only): ``lock.announce`` tells others our API.
-        self.lock = lock
+        self._lock = lock
         self.db_path = data_dir / DB_FILENAME
         self._writer = writer
         self._readers = readers
@@ -65,8 +69,7 @@ class EventStore:
         self._subscriber_buffer = subscriber_buffer
         self._page_size = page_size
         self._closed = False
-        #: The last write's failure if it was the disk's (full, I/O error), else None: what /readyz reports.
-        self.write_failure: str | None = None
+        self._write_failure: str | None = None
 
     @classmethod
     @asynccontextmanager
@@ -148,6 +151,16 @@ class EventStore:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def lock(self) -> DataDirLock | None:
+        """The data dir's writer lock (None when opened read-only): ``lock.announce`` tells others our API."""
+        return self._lock
+
+    @property
+    def write_failure(self) -> str | None:
+        """The last write's failure if it was the disk's (full, I/O error), else None: what /readyz reports."""
+        return self._write_failure
 
     @property
     def writer_stats(self) -> WriterStats:
@@ -244,7 +257,8 @@ class EventStore:
 
         def op(conn: apsw.Connection) -> TaskRecord:
             if quotas is not None:
-                quotas.check_admission(conn, session_id)
+                quotas.check_admission(_sql.select_usage(conn, session_id), session_id,
+                                       partial(_sql.count_active_tasks, conn))
             return insert(conn)
 
         return await self._write(f"creating task {task_id!r}", op)
@@ -351,7 +365,7 @@ class EventStore:
                     return AlreadyStored(earlier)
             size = _sql.batch_bytes(conn, prepared, {ref: data for ref, (data, _) in inline.items()})
             if quotas is not None:
-                quotas.check_append(conn, session_id, len(prepared), size)
+                quotas.check_append(_sql.select_usage(conn, session_id), session_id, len(prepared), size)
             for ref, (data, media_type) in inline.items():
                 _sql.insert_inline_blob(conn, ref, data, media_type)
             stored = _sql.insert_events(conn, session_id, prepared, size)
@@ -471,9 +485,9 @@ class EventStore:
             result = await self._writer.submit(WriteRequest(op, where, publish_to, bulk=bulk))
         except DatabaseError as exc:
             if isinstance(exc.__cause__, _WRITE_FAULTS):
-                self.write_failure = str(exc)  # reported by /readyz until a write succeeds again
+                self._write_failure = str(exc)  # reported by /readyz until a write succeeds again
             raise
-        self.write_failure = None
+        self._write_failure = None
         return result
 
     async def _read(self, where: str, function: Callable[[apsw.Connection], T]) -> T:
@@ -490,95 +504,6 @@ class EventStore:
 
 #: Largest blob kept in the database (committed with its events) rather than as a file.
 INLINE_BLOB_MAX = 64 * 1024
-
-
-@dataclass(frozen=True)
-class Quotas:
-    """Per-tenant limits on what is stored and run (None: no limit). Set with ``codesdk-supervisor serve`` flags;
-    defaults in docs/operations.md. A session's or namespace's usage counts its events and their bytes: event
-    bodies, the small blobs committed with them and the blob files they name."""
-
-    session_events: int | None = 2_000_000
-    session_bytes: int | None = 2 << 30
-    namespace_events: int | None = 20_000_000
-    namespace_bytes: int | None = 20 << 30
-    #: tasks pending or running at once in one namespace
-    namespace_tasks: int | None = 32
-
-    def __post_init__(self) -> None:
-        for name in QUOTA_FLAGS:
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"quota {name} must be >= 1 (or None: no limit), not {value}")
-
-    def check_append(self, conn: apsw.Connection, session_id: str, events: int, size: int) -> None:
-        """Raise ``QuotaExceeded`` if storing ``events`` events of ``size`` bytes passes a limit (writer thread)."""
-        usage = _sql.select_usage(conn, session_id)
-        for name, used, adding in (("session_events", usage.session_events, events),
-                                   ("session_bytes", usage.session_bytes, size),
-                                   ("namespace_events", usage.namespace_events, events),
-                                   ("namespace_bytes", usage.namespace_bytes, size)):
-            limit = getattr(self, name)
-            if limit is not None and used + adding > limit:
-                raise QuotaExceeded(name, limit, used, adding, session_id, usage.namespace)
-
-    def check_admission(self, conn: apsw.Connection, session_id: str) -> None:
-        """Raise ``QuotaExceeded`` if a new task may not start in the session: it or its namespace is at a stored-
-        data limit, or the namespace runs as many tasks as it may (writer thread, before the task is inserted)."""
-        usage = _sql.select_usage(conn, session_id)
-        for name, used in (("session_events", usage.session_events), ("session_bytes", usage.session_bytes),
-                           ("namespace_events", usage.namespace_events), ("namespace_bytes", usage.namespace_bytes)):
-            limit = getattr(self, name)
-            if limit is not None and used >= limit:
-                raise QuotaExceeded(name, limit, used, 0, session_id, usage.namespace, starting=True)
-        if self.namespace_tasks is not None:
-            running = _sql.count_active_tasks(conn, usage.namespace)
-            if running >= self.namespace_tasks:
-                raise QuotaExceeded("namespace_tasks", self.namespace_tasks, running, 1, session_id, usage.namespace,
-                                    starting=True)
-
-
-#: The ``codesdk-supervisor serve`` flag that sets each quota, and what it counts.
-QUOTA_FLAGS: dict[str, tuple[str, str]] = {
-    "session_events": ("--max-session-events", "events stored per session"),
-    "session_bytes": ("--max-session-bytes", "bytes stored per session"),
-    "namespace_events": ("--max-namespace-events", "events stored per namespace"),
-    "namespace_bytes": ("--max-namespace-bytes", "bytes stored per namespace"),
-    "namespace_tasks": ("--max-tasks-per-namespace", "tasks running at once per namespace"),
-}
-
-
-class QuotaExceeded(StoreError):
-    """A session or namespace is at one of its ``Quotas``; nothing was stored. ``code`` is the API's error code."""
-
-    def __init__(self, quota: str, limit: int, used: int, adding: int, session_id: str, namespace: str, *,
-                 starting: bool = False) -> None:
-        self.quota = quota
-        self.limit = limit
-        self.used = used
-        self.session_id = session_id
-        self.namespace = namespace
-        flag, what = QUOTA_FLAGS[quota]
-        scope, _, unit = quota.partition("_")
-        whose = f"session {session_id}" if scope == "session" else f"namespace {namespace!r}"
-        if quota == "namespace_tasks":
-            self.code = "too_many_tasks"
-            situation = f"{whose} already has {used} tasks pending or running, its limit of {limit:,} {what}"
-            advice = "wait for one to end (or stop one)"
-        else:
-            self.code = f"{scope}_quota_exceeded"
-            situation = (f"{whose} has {used:,} {unit} stored, at its limit of {limit:,} {what}" if starting else
-                         f"{whose} has {used:,} {unit} stored and the task's next {adding:,} would pass its limit of "
-                         f"{limit:,} {what}")
-            advice = "start a new session" if scope == "session" else "use another namespace"
-        self.flag = flag
-        verdict = "no new task may start" if starting else "the task was stopped"
-        super().__init__(f"{situation}: {verdict}. To go on, {advice}, or have the operator raise the limit "
-                         f"(`codesdk-supervisor serve {flag} N`)")
-
-    def details(self) -> dict[str, Any]:
-        return {"quota": self.quota, "limit": self.limit, "used": self.used, "flag": self.flag,
-                "namespace": self.namespace}
 
 
 def _check_inline_blobs(blobs: Mapping[str, tuple[bytes, str]]) -> dict[str, tuple[bytes, str]]:

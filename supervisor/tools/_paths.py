@@ -5,8 +5,9 @@ Two layers, because either alone has a gap:
 1. ``confine`` resolves the path (``os.path.realpath``: symlinks followed, ``..`` applied the way the kernel
    would) and refuses absolute paths, lexical ``..`` escapes and anything whose resolution leaves the
    workspace, including through a dangling symlink or a symlinked parent of a file not yet created.
-2. The fd helpers then walk the resolved components from the workspace fd with ``O_NOFOLLOW`` at every step,
-   so a symlink swapped in between the check and the use is refused (ELOOP) instead of followed.
+2. The fd helpers then walk the resolved components from the workspace fd with ``O_NOFOLLOW`` at every step
+   (``supervisor._safe_dirs``), so a symlink swapped in between the check and the use is refused (ELOOP) instead
+   of followed.
 """
 
 from __future__ import annotations
@@ -14,15 +15,13 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
-import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import _safe_dirs
 from ._base import ErrorCode, ToolError
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -101,24 +100,6 @@ def os_error(exc: OSError, given: str) -> ToolError:
     return ToolError(ErrorCode.IO_ERROR, f"{given!r}: {exc.strerror or exc}")
 
 
-def _open_subdir(name: str, parent: int) -> int:
-    """Open one directory component without following it; a symlink is always reported as ``ELOOP``.
-
-    Linux answers ``O_DIRECTORY | O_NOFOLLOW`` on a symlink with ``ENOTDIR``, which would read as "not a
-    directory" instead of the refusal it is.
-    """
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent)
-    except NotADirectoryError:
-        try:
-            is_link = stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode)
-        except OSError:
-            is_link = False
-        if is_link:
-            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), name) from None
-        raise
-
-
 def _inherit_owner(parent: int, name: str) -> None:
     """A directory the tools create belongs to whoever owns the one it is in (see ``_fsops.owner_for``)."""
     info = os.fstat(parent)
@@ -136,19 +117,14 @@ def open_dir(
 
     Directories this call creates are appended to ``created`` (outermost first) so a caller can undo them.
     """
-    fd = os.open(root, _DIR_FLAGS)
+    fd = os.open(root, _safe_dirs.DIR_FLAGS)
     try:
         for index, name in enumerate(parts):
-            if create:
-                try:
-                    os.mkdir(name, 0o777, dir_fd=fd)
-                except FileExistsError:
-                    pass
-                else:
-                    _inherit_owner(fd, name)
-                    if created is not None:
-                        created.append(root.joinpath(*parts[: index + 1]))
-            next_fd = _open_subdir(name, fd)
+            if create and _safe_dirs.make_dir(name, fd, 0o777):
+                _inherit_owner(fd, name)
+                if created is not None:
+                    created.append(root.joinpath(*parts[: index + 1]))
+            next_fd = _safe_dirs.open_dir(name, fd)
             os.close(fd)
             fd = next_fd
     except BaseException:

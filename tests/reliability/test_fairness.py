@@ -2,7 +2,7 @@
 
 A task that has streamed many events is a stream: its events are stored as bulk appends, which the writer commits
 in transactions of their own, taking turns with everyone else's writes; while others are writing, a stream's events
-go in small parts, each followed by a pause as long as it took (``Engine._share``). Nothing here is timed or
+go in small parts, each followed by a pause as long as it took (``PendingBatch._share``). Nothing here is timed or
 counted against the clock: the tests look at the order in which the writer commits (how much of the flood any other
 write waited behind). How much the flood slows the other tenant is a ratio, measured by ``scripts/bench --case
 fairness``.

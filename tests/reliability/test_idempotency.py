@@ -2,7 +2,7 @@
 again, and input the store cannot hash ends only its own task — never a dropped batch and a hung task.
 
 The engine-level cases feed the supervisor's real event handler with what a hostile or buggy worker could
-send, while a real worker holds the task open.
+send, through the engine's worker seam (a double holds the task open: a real process adds nothing here).
 """
 
 from __future__ import annotations
@@ -15,18 +15,21 @@ import trio
 
 from protocol import (
     EventType,
+    Method,
     ModelOutputDelta,
     RuntimeEventParams,
     RuntimeInfo,
+    TaskCompleted,
+    TaskStopped,
     ToolCallRequested,
     WorkerEvent,
     canonical_hash,
 )
-from supervisor.engine import Engine
 from supervisor.engine._transcript import session_events
 from supervisor.store import EventDraft, EventStore, TaskState, TaskUpdate
 
 from ..e2e.invariants import check_session
+from ..engine.doubles import engine_with_doubles, running_task
 
 
 def _draft(text: str) -> EventDraft:
@@ -85,67 +88,40 @@ async def test_a_key_needs_events(tmp_path: Path) -> None:
 # -- the engine, fed repeats and poison by a worker ------------------------------------------------
 
 
-async def _running(engine: Engine, workspace: Path) -> tuple[str, str, Any]:
-    session = await engine.create_session(workspace=workspace)
-    task = await engine.start_task(session.session_id, "x", permission_mode="yolo",
-                                   runtime_config={"scenario": "hang"})
-    while (await engine.store.get_task(task.task_id)).state != TaskState.RUNNING or not \
-            await _has(engine, session.session_id, EventType.MODEL_OUTPUT_DELTA):
-        await trio.sleep(0.02)
-    worker = engine.pool.worker_of("default")
-    assert worker is not None
-    return session.session_id, task.task_id, worker
-
-
-async def _has(engine: Engine, session_id: str, type_: EventType) -> bool:
-    return any(e.type == type_ for e in await session_events(engine.store, session_id))
-
-
 def _event(type_: EventType, payload: Any) -> WorkerEvent:
     return WorkerEvent(type=type_, runtime=RuntimeInfo(name="scripted"), payload=payload)
 
 
-def _next_n(engine: Engine, task_id: str) -> int:
-    return engine._runs[task_id].next_n  # the ordinal the worker would use next
-
-
-async def test_a_repeated_event_ordinal_is_stored_once(make_engine, tmp_path: Path) -> None:
+async def test_a_repeated_event_ordinal_is_stored_once(tmp_path: Path) -> None:
     with trio.fail_after(60):
-        async with make_engine() as engine:
-            sid, task_id, worker = await _running(engine, tmp_path / "ws")
-            n = _next_n(engine, task_id)
+        async with engine_with_doubles(tmp_path / "data") as (engine, workers):
+            sid, task_id, worker = await running_task(engine, workers, tmp_path / "ws")
+            n = worker.next_n(task_id)
             delta = _event(EventType.MODEL_OUTPUT_DELTA, ModelOutputDelta(block_id="b9", delta="once"))
             batch = [RuntimeEventParams(task_id=task_id, n=n, event=delta)] * 3
-            await engine._on_worker_events(worker, batch)
-            await engine._on_worker_events(worker, batch[:1])
+            await worker.emit_batch(batch)
+            await worker.emit_batch(batch[:1])
             events = await session_events(engine.store, sid)
             assert [getattr(e.payload, "delta", None) for e in events].count("once") == 1
             assert engine.stats.duplicate_events == 3
             await engine.stop_task(task_id)
 
 
-async def test_a_repeated_tool_request_never_runs_a_write_twice(make_engine, tmp_path: Path) -> None:
+async def test_a_repeated_tool_request_never_runs_a_write_twice(tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
     with trio.fail_after(60):
-        async with make_engine() as engine:
-            sid, task_id, worker = await _running(engine, workspace)
+        async with engine_with_doubles(tmp_path / "data") as (engine, workers):
+            sid, task_id, worker = await running_task(engine, workers, workspace, permission_mode="yolo")
             tool_input = {"path": "log.txt", "content": "written\n"}
             request = ToolCallRequested(tool_call_id="call_w", attempt=1, input_hash=canonical_hash(tool_input),
                                         tool_name="workspace.write", input=tool_input)
             for _ in range(3):  # the same request, sent again under new ordinals
-                n = _next_n(engine, task_id)
-                await engine._on_worker_events(worker, [RuntimeEventParams(
-                    task_id=task_id, n=n, event=_event(EventType.TOOL_CALL_REQUESTED, request))])
-            with trio.fail_after(10):
-                while not await _has(engine, sid, EventType.TOOL_CALL_COMPLETED):
-                    await trio.sleep(0.02)
+                await worker.emit(task_id, EventType.TOOL_CALL_REQUESTED, request)
+            await worker.connection.wait_for(Method.SEND_TOOL_RESULT)
             # A genuine retry (the runtime's next attempt) is a new call and may run.
             retry = request.model_copy(update={"attempt": 2})
-            await engine._on_worker_events(worker, [RuntimeEventParams(
-                task_id=task_id, n=_next_n(engine, task_id), event=_event(EventType.TOOL_CALL_REQUESTED, retry))])
-            with trio.fail_after(10):
-                while sum(e.type == EventType.TOOL_CALL_COMPLETED for e in await session_events(engine.store, sid)) < 2:
-                    await trio.sleep(0.02)
+            await worker.emit(task_id, EventType.TOOL_CALL_REQUESTED, retry)
+            await worker.connection.wait_for(Method.SEND_TOOL_RESULT, count=2)
             await engine.stop_task(task_id)
             events = await session_events(engine.store, sid)
     check_session(events)
@@ -154,19 +130,17 @@ async def test_a_repeated_tool_request_never_runs_a_write_twice(make_engine, tmp
     assert (workspace / "log.txt").read_text() == "written\n"
 
 
-async def test_input_the_store_cannot_hash_ends_only_that_task(make_engine, tmp_path: Path) -> None:
+async def test_input_the_store_cannot_hash_ends_only_that_task(tmp_path: Path) -> None:
     """An integer beyond 2**53 cannot be canonically hashed: the task fails with a clear protocol error, the
     events before it in the same batch are kept, and the worker and other tasks go on."""
     with trio.fail_after(60):
-        async with make_engine() as engine:
-            sid, task_id, worker = await _running(engine, tmp_path / "ws")
+        async with engine_with_doubles(tmp_path / "data") as (engine, workers):
+            sid, task_id, worker = await running_task(engine, workers, tmp_path / "ws")
             poison = ToolCallRequested(tool_call_id="call_p", attempt=1, input_hash="sha256:" + "0" * 64,
                                        tool_name="workspace.read", input={"path": "a", "offset": 2**60})
-            n = _next_n(engine, task_id)
-            before = _event(EventType.MODEL_OUTPUT_DELTA, ModelOutputDelta(block_id="b8", delta="kept"))
-            await engine._on_worker_events(worker, [
-                RuntimeEventParams(task_id=task_id, n=n, event=before),
-                RuntimeEventParams(task_id=task_id, n=n + 1, event=_event(EventType.TOOL_CALL_REQUESTED, poison)),
+            await worker.emit_batch([
+                worker.event(task_id, EventType.MODEL_OUTPUT_DELTA, ModelOutputDelta(block_id="b8", delta="kept")),
+                worker.event(task_id, EventType.TOOL_CALL_REQUESTED, poison),
             ])
             record = await engine.wait_task(task_id)
             assert record.state == TaskState.FAILED and record.error is not None
@@ -175,6 +149,10 @@ async def test_input_the_store_cannot_hash_ends_only_that_task(make_engine, tmp_
             events = await session_events(engine.store, sid)
             check_session(events)
             assert any(getattr(e.payload, "delta", None) == "kept" for e in events)
-            nxt = await engine.start_task(sid, "next", runtime_config={"scenario": "echo"})
+            await worker.connection.wait_for(Method.STOP)  # the runtime is told to stop, and lets go of the task
+            await worker.emit(task_id, EventType.TASK_STOPPED, TaskStopped(reason="stop requested"))
+            nxt = await engine.start_task(sid, "next")
+            await worker.connection.wait_for(Method.START_TASK, count=2)  # the same worker serves on
+            await worker.emit(nxt.task_id, EventType.TASK_COMPLETED, TaskCompleted())
             assert (await engine.wait_task(nxt.task_id)).state == TaskState.COMPLETED
-            assert engine.pool.worker_of("default") is worker  # the same worker served on
+            assert workers.worker("default") is worker

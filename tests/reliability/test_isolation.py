@@ -36,7 +36,7 @@ from supervisor.cli import main as cli_main
 from supervisor.engine import Engine, EngineError
 from supervisor.engine._transcript import session_events
 from supervisor.namespace_env import ENV_DIR, NamespaceEnv
-from supervisor.namespaces import SUBDIRS, UIDS_FILE, Namespace, UidRange, prepare_dirs
+from supervisor.namespaces import SUBDIRS, UIDS_FILE, InvalidNamespace, Namespace, UidRange, prepare_dirs
 from supervisor.store import DB_FILENAME
 from supervisor.workers import WorkerProcess, worker_argv
 from worker.adapters.claude import _env as claude_env
@@ -160,13 +160,13 @@ async def _scenario(run: TenancyRun, tmp: Path) -> None:
     run.api_tokens = _plant_secrets(data_dir)
     probe_out = tmp / "probe"
     probe_out.mkdir()
-    python, worker = [sys.executable], worker_argv()
+    python, worker_cmd = [sys.executable], worker_argv()
     if run.uids is not None:  # the probe runs as the worker's uid: it may add its findings, not list them
         os.chmod(probe_out, 0o1733)
-        python, worker = interpreter_for_any_uid() or [], worker_argv_for_any_uid() or []
+        python, worker_cmd = interpreter_for_any_uid() or [], worker_argv_for_any_uid() or []
     options = SupervisorOptions(
         data_dir=data_dir, exec_allowlist=("env",), idle_timeout_s=60,
-        worker_argv=(*python, str(PROBE), str(probe_out), json.dumps(PEEK), *worker),
+        worker_argv=(*python, str(PROBE), str(probe_out), json.dumps(PEEK), *worker_cmd),
         worker_env={"*": COMMON_ENV}, worker_uids=run.uids, test_scenarios=True)
     NamespaceEnv(data_dir).update(BOB, BOB_ENV)
     workspaces = {ns: tmp / f"ws-{ns.split(':')[1]}" for ns in (ALICE, BOB)}
@@ -314,6 +314,15 @@ def test_prepare_dirs_tightens_loose_modes_and_refuses_symlinked_dirs(tmp_path: 
     dirs.cache.symlink_to(elsewhere)
     with pytest.raises(ValueError, match="is a symlink"):
         prepare_dirs(tmp_path, ns)
+
+
+def test_prepare_dirs_refuses_a_symlink_planted_for_the_namespace_itself(tmp_path: Path) -> None:
+    """The namespace's own directory swapped for a symlink (to another tenant's) is refused, not followed."""
+    bob = prepare_dirs(tmp_path, Namespace.parse("user:bob"))
+    (tmp_path / "namespaces" / "user.mallory").symlink_to(bob.root)
+    with pytest.raises(InvalidNamespace, match="user.mallory is a symlink"):
+        prepare_dirs(tmp_path, Namespace.parse("user:mallory"))
+    assert stat.S_IMODE(bob.root.stat().st_mode) == 0o700
 
 
 # --- inherited handles ------------------------------------------------------------------------------

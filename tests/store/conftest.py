@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.store import EventStore
+from supervisor.store import EventStore, Recorder
+
+from .backends import BACKENDS, Backend
 
 
 @pytest.fixture
@@ -15,6 +17,19 @@ def data_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 async def store(data_dir: Path) -> AsyncIterator[EventStore]:
+    """The SQLite store itself, for the tests of what is particular to it (files, SQL, options)."""
     # NORMAL keeps tests fast; FULL (the default) is covered by its own test.
     async with EventStore.open(data_dir, synchronous="NORMAL") as opened:
+        yield opened
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """Each backend in turn (see ``backends``): the tests that take it are the recorder contract."""
+    return BACKENDS[request.param](tmp_path / "data")
+
+
+@pytest.fixture
+async def recorder(backend: Backend) -> AsyncIterator[Recorder]:
+    async with backend.open() as opened:
         yield opened

@@ -1,4 +1,7 @@
-"""Blob store: content addressing, idempotence, canonical JSON refs, corruption detection."""
+"""Blob store: content addressing, idempotence, canonical JSON refs, corruption detection.
+
+The tests that take ``recorder`` or ``backend`` are part of the recorder contract (run against each backend); the
+others look at the SQLite store's files and rows."""
 
 from __future__ import annotations
 
@@ -17,7 +20,10 @@ from supervisor.store import (
     EventDraft,
     EventStore,
     InvalidBlobRef,
+    Recorder,
 )
+
+from .backends import Backend
 
 
 def _blob_files(data_dir: Path) -> list[Path]:
@@ -53,33 +59,33 @@ async def test_put_is_idempotent_and_deduplicated(store: EventStore, data_dir: P
         assert await store.get_blob(sha256_hex(b"")) == b""
 
 
-async def test_json_blob_ref_is_the_canonical_hash(store: EventStore) -> None:
+async def test_json_blob_ref_is_the_canonical_hash(recorder: Recorder) -> None:
     with trio.fail_after(10):
         value = {"b": [1, 2.5, "é"], "a": {"z": None, "y": True}}
-        ref = await store.put_json_blob(value)
+        ref = await recorder.put_json_blob(value)
         assert ref == canonical_hash(value)
-        assert ref == await store.put_json_blob({"a": {"y": True, "z": None}, "b": [1, 2.5, "é"]})
-        assert await store.get_blob(ref) == b'{"a":{"y":true,"z":null},"b":[1,2.5,"\xc3\xa9"]}'
-        assert (await store.blob_info(ref)).media_type == "application/json"
+        assert ref == await recorder.put_json_blob({"a": {"y": True, "z": None}, "b": [1, 2.5, "é"]})
+        assert await recorder.get_blob(ref) == b'{"a":{"y":true,"z":null},"b":[1,2.5,"\xc3\xa9"]}'
+        assert (await recorder.blob_info(ref)).media_type == "application/json"
         with pytest.raises(CanonicalizationError, match="/x"):
-            await store.put_json_blob({"x": float("nan")})
+            await recorder.put_json_blob({"x": float("nan")})
 
 
-async def test_unknown_and_malformed_refs(store: EventStore) -> None:
+async def test_unknown_and_malformed_refs(recorder: Recorder) -> None:
     with trio.fail_after(10):
         missing = sha256_hex(b"never stored")
         with pytest.raises(BlobNotFound, match=missing):
-            await store.get_blob(missing)
+            await recorder.get_blob(missing)
         with pytest.raises(BlobNotFound):
-            await store.blob_info(missing)
-        assert not await store.blob_exists(missing)
+            await recorder.blob_info(missing)
+        assert not await recorder.blob_exists(missing)
         for bad in ("sha256:abc", "md5:" + "0" * 64, "sha256:" + "G" * 64, "sha256:../../etc/passwd"):
             with pytest.raises(InvalidBlobRef, match="64 lowercase hex"):
-                await store.get_blob(bad)
+                await recorder.get_blob(bad)
             with pytest.raises(InvalidBlobRef):
-                await store.blob_exists(bad)
+                await recorder.blob_exists(bad)
         with pytest.raises(TypeError, match="bytes"):
-            await store.put_blob("text")  # type: ignore[arg-type]
+            await recorder.put_blob("text")  # type: ignore[arg-type]
 
 
 async def test_corruption_is_detected(store: EventStore, data_dir: Path) -> None:
@@ -132,8 +138,8 @@ async def test_inline_blobs_commit_with_their_events_and_read_back_verified(data
         assert await store.get_blob(ref) == data
 
 
-async def test_bad_inline_blobs_store_nothing(data_dir: Path) -> None:
-    async with EventStore.open(data_dir) as store:
+async def test_bad_inline_blobs_store_nothing(backend: Backend) -> None:
+    async with backend.open() as store:
         sid = (await store.create_session(runtime="scripted", namespace="default")).session_id
         wrong = sha256_hex(b"other")
         with pytest.raises(ValueError, match="does not match its bytes"):

@@ -2,7 +2,8 @@
 
 The store lives in a trio loop on a background thread (``StoreRunner``) so Hypothesis can drive it with
 plain synchronous rules while subscribers keep running between steps — started at arbitrary cursors and
-times, paused (so their bounded feeds overflow) and resumed.
+times, paused (so their bounded feeds overflow) and resumed. Part of the recorder contract: one machine runs
+per backend (``backends.BACKENDS``).
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
+import unittest
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import hypothesis.strategies as st
 import trio
@@ -20,8 +22,9 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from protocol import NormalizedEvent
-from supervisor.store import EventStore, InvalidEvent, StoreClosed, TaskState, TaskUpdate, UnknownTask
+from supervisor.store import InvalidEvent, Recorder, StoreClosed, TaskState, TaskUpdate, UnknownTask
 
+from .backends import BACKENDS, Backend
 from .store_helpers import bad_delta, delta, texts
 
 T = TypeVar("T")
@@ -29,10 +32,10 @@ STEP_TIMEOUT = 15
 
 
 class StoreRunner:
-    """An open EventStore inside ``trio.run`` on its own thread; ``call`` runs a coroutine there."""
+    """An open recorder inside ``trio.run`` on its own thread; ``call`` runs a coroutine there."""
 
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._thread_main, name="store-runner", daemon=True)
@@ -51,9 +54,7 @@ class StoreRunner:
     async def _main(self) -> None:
         # Tiny feeds, pages and batches so overflow, paging and group commit happen in few steps.
         async with (
-            EventStore.open(
-                self.data_dir, synchronous="NORMAL", subscriber_buffer=3, page_size=4, max_batch=5
-            ) as store,
+            self.backend.open(subscriber_buffer=3, page_size=4, max_batch=5) as store,
             trio.open_nursery() as nursery,
         ):
             self.store, self.nursery = store, nursery
@@ -94,7 +95,7 @@ class Follower:
     def position(self) -> int:
         return self.seen[-1].seq if self.seen else self.after_seq
 
-    async def run(self, store: EventStore, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, store: Recorder, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with store.subscribe(self.session_id, self.after_seq) as events:
             task_status.started()
             try:
@@ -118,10 +119,14 @@ class Follower:
 
 
 class StoreMachine(RuleBasedStateMachine):
+    #: the backend under test: a key of ``BACKENDS`` (see ``machine_for``)
+    backend_name: ClassVar[str]
+
     def __init__(self) -> None:
         super().__init__()
         self.tmp = Path(tempfile.mkdtemp(prefix="codesdk-store-sm-"))
-        self.runner = StoreRunner(self.tmp)
+        self.backend = BACKENDS[self.backend_name](self.tmp)
+        self.runner = StoreRunner(self.backend)
         self.expected: dict[str, list[NormalizedEvent]] = {}
         self.followers: list[Follower] = []
         self.batches = 0
@@ -239,7 +244,7 @@ class StoreMachine(RuleBasedStateMachine):
             self.check_followers()
         self.runner.close()
         self.followers = []
-        self.runner = StoreRunner(self.tmp)
+        self.runner = StoreRunner(self.backend)
         for session_id, expected in self.expected.items():
             assert self._read_all(session_id) == expected
             assert self.runner.call(self.runner.store.last_seq, session_id) == len(expected)
@@ -255,10 +260,22 @@ class StoreMachine(RuleBasedStateMachine):
                 shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-StoreMachine.TestCase.settings = settings(
-    max_examples=60,
-    stateful_step_count=20,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-TestStoreMachine = StoreMachine.TestCase
+def machine_for(name: str) -> type[unittest.TestCase]:
+    """The state machine's test case for one backend."""
+    class Machine(StoreMachine):
+        backend_name = name
+
+    Machine.__name__ = Machine.__qualname__ = f"StoreMachine_{name}"
+    case: type[unittest.TestCase] = Machine.TestCase
+    case.settings = settings(  # type: ignore[attr-defined]
+        max_examples=60,
+        stateful_step_count=20,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    return case
+
+
+# One test case per backend, named for it (TestStoreMachine_sqlite, ...), so pytest collects each.
+for _name in BACKENDS:
+    globals()[f"TestStoreMachine_{_name}"] = machine_for(_name)

@@ -1,9 +1,10 @@
-"""Subscriptions: stored past then live tail, no gaps or duplicates, bounded feeds, terminal, close."""
+"""Subscriptions: stored past then live tail, no gaps or duplicates, bounded feeds, terminal, close.
+
+Part of the recorder contract: every test runs against each backend (``backends.BACKENDS``)."""
 
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 import trio
@@ -11,8 +12,9 @@ import trio.lowlevel
 import trio.testing
 
 from protocol import EventType, NormalizedEvent
-from supervisor.store import EventStore, StoreClosed, Subscription, TaskState, TaskUpdate, UnknownSession
+from supervisor.store import Recorder, StoreClosed, Subscription, TaskState, TaskUpdate, UnknownSession
 
+from .backends import Backend
 from .store_helpers import delta, terminal, texts
 
 
@@ -25,61 +27,61 @@ async def _take(subscription: Subscription, count: int) -> list[NormalizedEvent]
     return events
 
 
-async def test_past_then_live(store: EventStore) -> None:
+async def test_past_then_live(recorder: Recorder) -> None:
     with trio.fail_after(10):
-        await store.create_session("s1", runtime="scripted")
-        await store.append("s1", [delta(str(i)) for i in range(1, 6)])
-        async with store.subscribe("s1", after_seq=2) as events:
+        await recorder.create_session("s1", runtime="scripted")
+        await recorder.append("s1", [delta(str(i)) for i in range(1, 6)])
+        async with recorder.subscribe("s1", after_seq=2) as events:
             assert texts(await _take(events, 3)) == ["3", "4", "5"]
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(store.append, "s1", [delta("6"), delta("7")])
-                nursery.start_soon(store.append, "s1", [delta("8")])
+                nursery.start_soon(recorder.append, "s1", [delta("6"), delta("7")])
+                nursery.start_soon(recorder.append, "s1", [delta("8")])
                 live = await _take(events, 3)
             assert [e.seq for e in live] == [6, 7, 8]
-            assert live == (await store.read("s1"))[5:]
+            assert live == (await recorder.read("s1"))[5:]
 
 
-async def test_after_seq_beyond_the_end_waits_for_that_seq(store: EventStore) -> None:
+async def test_after_seq_beyond_the_end_waits_for_that_seq(recorder: Recorder) -> None:
     with trio.fail_after(10):
-        await store.create_session("s1", runtime="scripted")
-        await store.append("s1", [delta("1")])
-        async with store.subscribe("s1", after_seq=3) as events:
-            await store.append("s1", [delta(str(i)) for i in range(2, 6)])
+        await recorder.create_session("s1", runtime="scripted")
+        await recorder.append("s1", [delta("1")])
+        async with recorder.subscribe("s1", after_seq=3) as events:
+            await recorder.append("s1", [delta(str(i)) for i in range(2, 6)])
             assert [e.seq for e in await _take(events, 2)] == [4, 5]
 
 
-async def test_unknown_session(store: EventStore) -> None:
+async def test_unknown_session(backend: Backend, recorder: Recorder) -> None:
     with trio.fail_after(10):
         with pytest.raises(UnknownSession):
-            async with store.subscribe("nope"):
+            async with recorder.subscribe("nope"):
                 pass
-        assert store.subscriber_count("nope") == 0
+        assert backend.subscriber_count(recorder, "nope") == 0
 
 
-async def test_until_terminal_ends_after_the_terminal_event(store: EventStore) -> None:
+async def test_until_terminal_ends_after_the_terminal_event(backend: Backend, recorder: Recorder) -> None:
     with trio.fail_after(10):
-        await store.create_session("s1", runtime="scripted")
-        await store.create_task("s1", "t1", state=TaskState.RUNNING)
+        await recorder.create_session("s1", runtime="scripted")
+        await recorder.create_task("s1", "t1", state=TaskState.RUNNING)
         seen: list[NormalizedEvent] = []
 
         async def follow() -> None:
-            async with store.subscribe("s1", until_terminal=True) as events:
+            async with recorder.subscribe("s1", until_terminal=True) as events:
                 seen.extend([event async for event in events])
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(follow)
-            await store.append("s1", [delta("a")])
-            await store.append(
+            await recorder.append("s1", [delta("a")])
+            await recorder.append(
                 "s1", [delta("b"), terminal(EventType.TASK_FAILED, code="X", message="m"), delta("after")],
                 task_update=TaskUpdate("t1", state=TaskState.FAILED),
             )
         assert [e.type for e in seen] == [EventType.MODEL_OUTPUT_DELTA] * 2 + [EventType.TASK_FAILED]
-        assert store.subscriber_count("s1") == 0
+        assert backend.subscriber_count(recorder, "s1") == 0
 
 
-async def test_slow_subscriber_does_not_block_appends_and_misses_nothing(data_dir: Path) -> None:
+async def test_slow_subscriber_does_not_block_appends_and_misses_nothing(backend: Backend) -> None:
     with trio.fail_after(20):
-        async with EventStore.open(data_dir, synchronous="NORMAL", subscriber_buffer=4, page_size=3) as store:
+        async with backend.open(subscriber_buffer=4, page_size=3) as store:
             await store.create_session("s1", runtime="scripted")
             await store.append("s1", [delta("0")])
             async with store.subscribe("s1") as events:
@@ -93,11 +95,11 @@ async def test_slow_subscriber_does_not_block_appends_and_misses_nothing(data_di
                 assert texts(await _take(events, 1)) == ["live"]
 
 
-async def test_subscriber_ends_with_store_closed(data_dir: Path) -> None:
+async def test_subscriber_ends_with_store_closed(backend: Backend) -> None:
     with trio.fail_after(10):
         outcome: list[object] = []
 
-        async def follow(store: EventStore, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async def follow(store: Recorder, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             async with store.subscribe("s1") as events:
                 task_status.started()
                 try:
@@ -106,7 +108,7 @@ async def test_subscriber_ends_with_store_closed(data_dir: Path) -> None:
                 except StoreClosed as exc:
                     outcome.append(exc)
 
-        async with trio.open_nursery() as nursery, EventStore.open(data_dir, synchronous="NORMAL") as store:
+        async with trio.open_nursery() as nursery, backend.open() as store:
             await store.create_session("s1", runtime="scripted")
             await nursery.start(follow, store)
             await store.append("s1", [delta("a")])
@@ -114,12 +116,12 @@ async def test_subscriber_ends_with_store_closed(data_dir: Path) -> None:
         assert outcome[0] == 1 and isinstance(outcome[1], StoreClosed)
 
 
-async def test_many_appenders_and_subscribers(data_dir: Path) -> None:
+async def test_many_appenders_and_subscribers(backend: Backend) -> None:
     """Concurrent appends across sessions; subscribers joining at random points see exactly the log."""
     rng = random.Random(1234)
     sessions = [f"s{i}" for i in range(6)]
     with trio.fail_after(40):
-        async with EventStore.open(data_dir, synchronous="NORMAL", subscriber_buffer=8, page_size=7) as store:
+        async with backend.open(subscriber_buffer=8, page_size=7) as store:
             for sid in sessions:
                 await store.create_session(sid, runtime="scripted")
                 await store.create_task(sid, f"{sid}-task", state=TaskState.RUNNING)

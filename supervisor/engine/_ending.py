@@ -1,0 +1,117 @@
+"""How a task ends: its one terminal event, stored with its final state, and then nothing more of it."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from protocol import EventType, Method, Model, TaskFailed, TaskFailureCode
+
+from ..store import DatabaseError, EventDraft, EventStore, QuotaExceeded, StoreError, TaskState, TaskUpdate
+from ..workers import WorkerError
+from ._ports import WorkerLink
+from ._runs import RunTable, TaskRun
+
+log = logging.getLogger("codesdk.supervisor.engine")
+
+#: Seconds to wait for a worker to accept runtime.startTask / runtime.stop.
+REQUEST_TIMEOUT_S = 30.0
+#: Seconds between retries of a terminal event the disk refused, at first; doubled up to the maximum.
+TERMINAL_RETRY_S, TERMINAL_RETRY_MAX_S = 0.1, 5.0
+
+
+class TaskEnder:
+    """Ends tasks, each exactly once. Runs in the engine's nursery what outlives the call: telling a worker to
+    stop, and storing a terminal event the disk refused once it takes writes again."""
+
+    def __init__(self, store: EventStore, runs: RunTable, nursery: trio.Nursery) -> None:
+        self._store = store
+        self._runs = runs
+        self._nursery = nursery
+
+    async def finish(self, run: TaskRun, event_type: EventType, payload: Model) -> None:
+        """Store the one terminal event with the task's final state, atomically. Idempotent."""
+        if run.ended:
+            return
+        run.ended = True  # before any await: nothing else of this task gets stored from here on
+        run.terminal_type = event_type.value
+        run.input_stored.set()
+        if run.tools_nursery is not None:
+            run.tools_nursery.cancel_scope.cancel()  # no tool starts or finishes after the end
+        state = TaskState(event_type.value.removeprefix("task."))
+        error = payload.to_json_obj() if event_type == EventType.TASK_FAILED else None
+        draft = EventDraft(type=event_type, runtime=run.runtime, payload=payload, trace=run.trace)
+        update = TaskUpdate(task_id=run.task_id, state=state, error=error)
+        stored = False
+        try:
+            with trio.CancelScope(shield=True):
+                try:
+                    await self._store.append(run.session_id, [draft], task_update=update)
+                    stored = True
+                except DatabaseError as exc:  # the disk failed: keep trying; never report an unstored end
+                    log.error("task %s: its %s could not be stored (%s); retrying until the store takes "
+                              "writes again", run.task_id, event_type, exc)
+                    self._nursery.start_soon(self._store_when_writable, run, draft, update)
+        finally:
+            self._runs.end(run)
+            if stored or self._nursery.cancel_scope.cancel_called:
+                run.done.set()
+
+    async def fail(self, run: TaskRun, code: str, message: str, *, retryable: bool, **details: Any) -> None:
+        details = {k: v for k, v in details.items() if v is not None}
+        await self.finish(run, EventType.TASK_FAILED, TaskFailed(code=code, message=message, retryable=retryable,
+                                                                  details=details))
+
+    async def fail_and_stop(self, run: TaskRun, code: str, message: str, *, retryable: bool,
+                            **details: Any) -> None:
+        """End a task the supervisor cannot carry on with, and tell its worker to stop it."""
+        worker = run.worker
+        await self.fail(run, code, message, retryable=retryable, **details)
+        if worker is not None:
+            self.tell_worker_stop(worker, run.task_id, message)
+
+    async def lost_events(self, run: TaskRun, exc: DatabaseError) -> None:
+        """Events of this task could not be stored (the disk failed): the task cannot complete truthfully.
+
+        Its terminal event is stored as soon as the disk takes writes again; until then (or if the process
+        dies first) the task stays running in the store and the next start fails it as SUPERVISOR_RESTARTED.
+        """
+        if run.ended:
+            return
+        log.error("task %s: events could not be stored (%s); stopping the task", run.task_id, exc)
+        await self.fail_and_stop(run, TaskFailureCode.INTERNAL,
+                                 f"the supervisor could not store the task's events: {exc}", retryable=True)
+
+    async def over_quota(self, run: TaskRun, exc: QuotaExceeded) -> None:
+        """The task's next events would pass a quota (none of them was stored): it ends here."""
+        await self.fail_and_stop(run, TaskFailureCode.QUOTA_EXCEEDED, str(exc), retryable=False, **exc.details())
+
+    def tell_worker_stop(self, worker: WorkerLink, task_id: str, reason: str) -> None:
+        """Ask the worker to stop the task, in the background (best effort: the task has ended here)."""
+        self._nursery.start_soon(self._request_stop, worker, task_id, reason)
+
+    async def _request_stop(self, worker: WorkerLink, task_id: str, reason: str) -> None:
+        with trio.move_on_after(REQUEST_TIMEOUT_S):
+            try:
+                await worker.connection.request(Method.STOP, {"task_id": task_id, "reason": reason})
+            except WorkerError as exc:
+                log.info("stop of %s not delivered: %s", task_id, exc)
+
+    async def _store_when_writable(self, run: TaskRun, draft: EventDraft, update: TaskUpdate) -> None:
+        delay = TERMINAL_RETRY_S
+        try:
+            while True:
+                await trio.sleep(delay)
+                delay = min(delay * 2, TERMINAL_RETRY_MAX_S)
+                try:
+                    await self._store.append(run.session_id, [draft], task_update=update)
+                    log.info("task %s: its %s is stored now", run.task_id, draft.type)
+                    return
+                except DatabaseError:
+                    continue
+                except StoreError:  # closed: the next start fails the task as SUPERVISOR_RESTARTED
+                    return
+        finally:
+            run.done.set()

@@ -1,0 +1,101 @@
+"""What the engine refuses, typed by whose move it is, and the one table that says how each is answered.
+
+Every refusal is an ``EngineError``: nothing was stored, and the message says what to do instead. Its
+subclass names the reason, so the API and the CLI map them by type, never by message text. The caller's
+move: ``InvalidTaskInput``, ``WorkspaceRefused``, ``UnknownRuntime``, ``ApproverRequired``. Wait and retry
+(or stop something): ``SessionBusy``, ``TaskNotActive``. The service's side: ``NamespaceUnavailable``,
+``RuntimeUnavailable``. Refusals raised below the engine keep their own types and are listed here too:
+``QuotaExceeded`` (an operator's limit), ``InvalidNamespace`` and the store's unknown session/task.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..namespaces import InvalidNamespace
+from ..store import QuotaExceeded, UnknownSession, UnknownTask
+from ..store import SessionBusy as StoredSessionBusy
+
+
+class EngineError(Exception):
+    """A request the engine refuses; the message says what to do instead."""
+
+
+class TaskNotActive(EngineError):
+    """The task has ended (or never ran here): there is nothing to stop."""
+
+
+class InvalidTaskInput(EngineError):
+    """The caller's input for a task cannot be stored (nothing was)."""
+
+
+class WorkspaceRefused(EngineError):
+    """The session's workspace may not be used: it would expose the data dir or the whole file system, or it
+    cannot be handed to the namespace's own uid."""
+
+
+class NamespaceUnavailable(EngineError):
+    """The namespace's worker cannot be started now (start failures, quarantine, shutting down)."""
+
+
+class UnknownRuntime(EngineError):
+    """The namespace's worker does not host a runtime of that name."""
+
+
+class RuntimeUnavailable(EngineError):
+    """The namespace's worker could not answer for the runtime (it failed the request, or took too long)."""
+
+
+class ApproverRequired(EngineError):
+    """An interactive task needs someone to ask: an approver, or approvals decided over the API."""
+
+
+class SessionBusy(EngineError, StoredSessionBusy):
+    """The session already has an active task. Also the store's ``SessionBusy``: the same refusal, whether the
+    engine saw the running task or the store's transaction did."""
+
+    def __init__(self, session_id: str, active_task_id: str) -> None:
+        self.session_id = session_id
+        self.active_task_id = active_task_id
+        Exception.__init__(self, f"session {session_id} already has an active task ({active_task_id}); "
+                                 "wait for it to end or stop it first")
+
+
+class ErrorStatus(NamedTuple):
+    """How the HTTP API answers a refusal."""
+
+    status: int
+    code: str
+    #: Seconds for a ``Retry-After`` header: the refusal passes by itself soon (None: no header).
+    retry_after_s: int | None = None
+
+
+#: The HTTP answer to each refusal. A class not listed takes its nearest listed base's (``error_status``).
+ERROR_STATUS: dict[type[Exception], ErrorStatus] = {
+    EngineError: ErrorStatus(409, "conflict"),
+    TaskNotActive: ErrorStatus(409, "task_not_active"),
+    InvalidTaskInput: ErrorStatus(422, "invalid_request"),
+    WorkspaceRefused: ErrorStatus(409, "workspace_refused"),
+    NamespaceUnavailable: ErrorStatus(503, "namespace_failing"),
+    UnknownRuntime: ErrorStatus(404, "unknown_runtime"),
+    RuntimeUnavailable: ErrorStatus(503, "runtime_unavailable"),
+    ApproverRequired: ErrorStatus(422, "approver_required"),
+    SessionBusy: ErrorStatus(409, "session_busy"),
+    StoredSessionBusy: ErrorStatus(409, "session_busy"),
+    QuotaExceeded: ErrorStatus(429, "quota_exceeded"),  # answered with the exception's own code
+    InvalidNamespace: ErrorStatus(422, "invalid_namespace"),
+    UnknownSession: ErrorStatus(404, "session_not_found"),
+    UnknownTask: ErrorStatus(404, "task_not_found"),
+}
+
+
+def error_status(exc: BaseException) -> ErrorStatus | None:
+    """The answer to ``exc`` (its most specific listed class's), or None if it is no refusal: a fault."""
+    for cls in type(exc).__mro__:
+        found = ERROR_STATUS.get(cls)
+        if found is None:
+            continue
+        if isinstance(exc, QuotaExceeded):  # which quota: the code names it; a full namespace empties soon
+            return found._replace(code=exc.code, retry_after_s=1 if exc.code == "too_many_tasks" else None)
+        return found
+    return None

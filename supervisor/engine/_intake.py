@@ -1,0 +1,198 @@
+"""Events from workers: each checked against its task run, then stored, handed to the tool flow, or ending it.
+
+Nothing a worker sends is taken on its word: an event for an unknown or ended task, a repeated ordinal, a
+tool event for a call nobody approved is dropped and counted (``EngineStats``). What goes wrong with one event
+ends its own task only; the rest of the batch goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from protocol import (
+    TERMINAL_EVENT_TYPES,
+    CanonicalizationError,
+    EventType,
+    ExitStatus,
+    Model,
+    RuntimeEventParams,
+    TaskFailed,
+    TaskFailureCode,
+    ToolCallRequested,
+    WorkerEvent,
+    canonical_json,
+    sha256_hex,
+)
+
+from ..store import INLINE_BLOB_MAX, DatabaseError, EventStore, StoreError
+from ._batch import PendingBatch
+from ._ending import TaskEnder
+from ._ports import WorkerLink
+from ._recorder import RunRecorder
+from ._runs import Blobs, EngineStats, PendingEvent, RunTable, TaskRun
+from ._toolflow import ToolFlow
+
+log = logging.getLogger("codesdk.supervisor.engine")
+
+#: Tool events a worker may send only for runtime-executed calls the policy approved.
+_RUNTIME_TOOL_EVENTS = frozenset({EventType.TOOL_CALL_STARTED, EventType.TOOL_OUTPUT_DELTA,
+                                  EventType.TOOL_OUTPUT_COMPLETED, EventType.TOOL_CALL_COMPLETED})
+
+
+class EventIntake:
+    """The workers' two callbacks into the engine: ``on_events`` (a batch, in order) and ``on_exit``."""
+
+    def __init__(self, store: EventStore, runs: RunTable, stats: EngineStats, recorder: RunRecorder,
+                 tools: ToolFlow, ender: TaskEnder) -> None:
+        self._store = store
+        self._runs = runs
+        self._stats = stats
+        self._recorder = recorder
+        self._tools = tools
+        self._ender = ender
+
+    async def on_events(self, worker: WorkerLink, batch: Sequence[RuntimeEventParams]) -> None:
+        """Store a worker's events in order. Plain events wait in a ``PendingBatch``, one append per task, so a
+        fast stream is group-committed; tool requests and terminal events are handled one by one, in place,
+        once what came before them is stored."""
+        pending = PendingBatch(self._recorder, self._ender.lost_events)
+        for params in batch:
+            run = self._accept(worker, params)
+            if run is not None:
+                await self._route(run, params.event, pending)
+        await pending.flush()
+
+    async def on_exit(self, namespace: str, worker: WorkerLink, status: ExitStatus) -> None:
+        """A worker is gone: it holds none of its tasks any more, and each still running fails WORKER_CRASHED."""
+        for run in self._runs.every_run():
+            if run.worker is worker:
+                run.released.set()
+        orphans = [r for r in self._runs.active_runs() if r.worker is worker and not r.ended]
+        if not orphans:
+            return
+        self._stats.worker_crashes += 1
+        tail = worker.stderr.text()
+        tail_ref = await self._store.put_blob(tail.encode("utf-8"), "text/plain; charset=utf-8") if tail else None
+        for run in orphans:
+            await self._ender.fail(run, TaskFailureCode.WORKER_CRASHED,
+                                   f"the worker for namespace {namespace!r} {status.describe()} while the task was "
+                                   "running", retryable=True, worker_pid=worker.pid, stderr_tail_ref=tail_ref,
+                                   **status.to_json_obj())
+
+    def _accept(self, worker: WorkerLink, params: RuntimeEventParams) -> TaskRun | None:
+        """The run an event belongs to, or None (counted) if it is for an unknown or already ended task."""
+        run = self._runs.find(params.task_id)
+        if run is None or run.worker is not worker:
+            self._stats.unknown_task_events += 1
+            log.warning("%s: event %s for unknown task %r dropped", worker.spec.name, params.event.type,
+                        params.task_id)
+            return None
+        if params.n < run.next_n:  # sent again (a retried notification): it was handled already
+            self._stats.duplicate_events += 1
+            log.warning("task %s: event ordinal %d again (expected %d); the repeat is dropped", run.task_id,
+                        params.n, run.next_n)
+            return None
+        if params.n != run.next_n:
+            self._stats.ordinal_gaps += 1
+            log.warning("task %s: event ordinal %d, expected %d", run.task_id, params.n, run.next_n)
+        run.next_n = params.n + 1
+        if params.event.type in TERMINAL_EVENT_TYPES:
+            run.released.set()
+        if run.ended:
+            run.late_events += 1
+            self._stats.late_events += 1
+            return None
+        runtime, current = params.event.runtime, run.runtime
+        if (runtime.runtime_session_id or runtime.model) and (
+                runtime.name, runtime.model, runtime.runtime_session_id) != (
+                current.name, current.model, current.runtime_session_id):  # copy only on change: hot path
+            run.runtime = runtime.model_copy(update={"raw_ref": None})
+        return run
+
+    async def _route(self, run: TaskRun, event: WorkerEvent, pending: PendingBatch) -> None:
+        """Handle one accepted event. What goes wrong with it ends its own task only, never the batch."""
+        try:
+            await self._handle(run, event, pending)
+        except CanonicalizationError as exc:  # hostile or buggy input
+            await pending.flush()
+            await self._ender.fail_and_stop(run, TaskFailureCode.PROTOCOL_ERROR,
+                                            f"the runtime sent a {event.type} that cannot be stored: {exc}",
+                                            retryable=False)
+        except DatabaseError as exc:  # the disk failed: what was not stored was never acknowledged
+            pending.drop(run)
+            await pending.flush()
+            await self._ender.lost_events(run, exc)
+        except StoreError:
+            raise
+        except Exception as exc:  # never drop a batch (and a terminal event in it) silently
+            log.exception("task %s: handling %s failed", run.task_id, event.type)
+            await pending.flush()
+            await self._ender.fail_and_stop(run, TaskFailureCode.INTERNAL,
+                                            f"the supervisor could not handle the runtime's {event.type}: "
+                                            f"{type(exc).__name__}: {exc}", retryable=False)
+
+    async def _handle(self, run: TaskRun, event: WorkerEvent, pending: PendingBatch) -> None:
+        if not run.input_stored.is_set():  # model.input comes first; it is being stored right now
+            await pending.flush()
+            await run.input_stored.wait()
+            if run.ended:
+                return
+        runtime_session_id = run.runtime.runtime_session_id
+        if runtime_session_id and runtime_session_id != run.session.runtime_session_id:
+            # The runtime named its own session: keep it, so the session's next task resumes it.
+            run.session = await self._store.update_session(run.session_id, runtime_session_id=runtime_session_id)
+        if event.type == EventType.TOOL_CALL_REQUESTED:
+            assert isinstance(event.payload, ToolCallRequested)
+            await pending.flush()
+            await self._tools.requested(run, event.payload)
+        elif event.type in TERMINAL_EVENT_TYPES:
+            await pending.flush()
+            await self._ender.finish(run, event.type, await self._stderr_tail_as_blob(event.payload))
+        else:
+            plain = await self._plain(run, event, pending.blobs_for(run))
+            if plain is not None:
+                pending.add(run, plain)
+
+    async def _plain(self, run: TaskRun, event: WorkerEvent, blobs: Blobs) -> PendingEvent | None:
+        """A plain event as it is to be stored (its raw message a blob, small ones into ``blobs``), or None
+        (counted) for a runtime tool event the policy never approved."""
+        payload = event.payload
+        if event.type in _RUNTIME_TOOL_EVENTS:
+            identity = run.approved_runtime_calls.get(getattr(payload, "tool_call_id", ""))
+            if identity is None:  # the runtime ran a tool nobody approved: record, never store as fact
+                self._stats.invalid_events += 1
+                log.warning("task %s: %s for a call that was not approved; dropped", run.task_id, event.type)
+                return None
+            payload = payload.model_copy(update={"attempt": identity.attempt, "input_hash": identity.input_hash})
+        if event.raw is None:
+            return PendingEvent(event.type, payload)
+        ref = await self._raw_blob(event.raw, blobs)
+        return PendingEvent(event.type, payload, run.runtime.model_copy(update={"raw_ref": ref}))
+
+    async def _raw_blob(self, raw: Any, inline: Blobs) -> str:
+        """A runtime's raw message as a blob: small ones go into ``inline`` (committed with their event), big
+        ones are written now. JSON that can't be canonicalized (a 64-bit int, say) is kept as plain JSON."""
+        try:
+            data = canonical_json(raw)
+        except CanonicalizationError:
+            data = json.dumps(raw, ensure_ascii=False, default=str).encode()
+        ref = sha256_hex(data)
+        if len(data) <= INLINE_BLOB_MAX:
+            inline[ref] = (data, "application/json")
+            return ref
+        return await self._store.put_blob(data, "application/json")
+
+    async def _stderr_tail_as_blob(self, payload: Model) -> Model:
+        """A worker's ``task.failed`` may carry its runtime's stderr tail as text (``details.stderr_tail``): it
+        is stored as a blob and the event keeps only ``details.stderr_tail_ref``, as for a crashed worker."""
+        if not isinstance(payload, TaskFailed) or not isinstance(payload.details.get("stderr_tail"), str):
+            return payload
+        details = dict(payload.details)
+        tail = details.pop("stderr_tail")
+        if tail:
+            details["stderr_tail_ref"] = await self._store.put_blob(tail.encode("utf-8", "replace"),
+                                                                    "text/plain; charset=utf-8")
+        return payload.model_copy(update={"details": details})

@@ -1,0 +1,87 @@
+"""What the engine needs of workers, as narrow interfaces: the seam where a test puts a double.
+
+The engine never spawns a process itself. It borrows a namespace's worker (``Workers.borrow``), sends it
+requests and hears its events and its exit through the two callbacks it gave the ``WorkersFactory``. In
+production that is the pool of real worker processes (``pool_workers``); a test that has no use for a real
+process passes a factory of doubles to ``Engine.open``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Protocol
+
+import trio
+
+from protocol import ExitStatus, InitializeResult, RuntimeEventParams, StderrTail
+
+from ..workers import WorkerProcess, WorkerSpec
+from ..workers.pool import NamespaceFailing, PoolConfig, WorkerPool
+from ._errors import NamespaceUnavailable
+
+
+class RequestChannel(Protocol):
+    async def request(self, method: str, params: dict[str, Any] | None = None) -> Any: ...
+
+
+class WorkerLink(Protocol):
+    """One running worker as the engine uses it: requests to it, its offer, its end, its name for logs."""
+
+    @property
+    def spec(self) -> WorkerSpec: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def connection(self) -> RequestChannel: ...
+    @property
+    def info(self) -> InitializeResult | None: ...
+    @property
+    def exited(self) -> trio.Event: ...
+    @property
+    def stderr(self) -> StderrTail: ...
+
+
+class Workers(Protocol):
+    """Where the engine gets a namespace's worker."""
+
+    def borrow(self, namespace: str) -> AbstractAsyncContextManager[WorkerLink]:
+        """The namespace's worker (started if needed) while the block runs; ``NamespaceUnavailable`` if none
+        can be had."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+#: Called with a batch of one worker's events, in the order it sent them.
+WorkerEvents = Callable[[WorkerLink, Sequence[RuntimeEventParams]], Awaitable[None]]
+#: Called once a worker has exited and its output is drained: (namespace, worker, how it ended).
+WorkerExit = Callable[[str, WorkerLink, ExitStatus], Awaitable[None]]
+#: Makes the engine's ``Workers``: (pool configuration, the engine's nursery, its two callbacks).
+WorkersFactory = Callable[[PoolConfig, trio.Nursery, WorkerEvents, WorkerExit], Workers]
+
+
+class PoolWorkers:
+    """The real thing: the pool of worker processes, one per namespace."""
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self.pool = pool
+
+    @asynccontextmanager
+    async def borrow(self, namespace: str) -> AsyncIterator[WorkerProcess]:
+        try:
+            worker = await self.pool.acquire(namespace)
+        except NamespaceFailing as exc:
+            raise NamespaceUnavailable(str(exc)) from exc
+        try:
+            yield worker
+        finally:
+            self.pool.release(namespace, worker)
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+
+def pool_workers(config: PoolConfig, nursery: trio.Nursery, on_events: WorkerEvents,
+                 on_exit: WorkerExit) -> PoolWorkers:
+    return PoolWorkers(WorkerPool(config, nursery, on_events, on_exit))

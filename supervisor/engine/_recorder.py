@@ -1,0 +1,42 @@
+"""Storing a running task's events: the one path by which they reach the store, closed at the task's end."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+from ..store import EventDraft, EventStore, QuotaExceeded, Quotas
+from ._runs import PendingEvent, TaskRun
+
+log = logging.getLogger("codesdk.supervisor.engine")
+
+#: Ends a task whose events would pass a quota (the engine's failure and stop; see ``RunRecorder``).
+OverQuota = Callable[[TaskRun, QuotaExceeded], Awaitable[None]]
+
+
+class RunRecorder:
+    """Appends a task's events with its trace and runtime info, under the tenant's quotas.
+
+    Refuses (False) once the task has ended, so nothing is stored after a terminal event. Events that would pass
+    a quota are not stored at all and the task ends there, once (``over_quota``)."""
+
+    def __init__(self, store: EventStore, quotas: Quotas, over_quota: OverQuota) -> None:
+        self.store = store
+        self.quotas = quotas
+        self._over_quota = over_quota
+
+    async def append(self, run: TaskRun, events: Sequence[PendingEvent],
+                     blobs: Mapping[str, tuple[bytes, str]] | None = None, *, bulk: bool = False) -> bool:
+        """Store ``events`` and the small ``blobs`` they name in one commit; False if the task has ended (or
+        ends now, over a quota). ``bulk``: part of a long stream (see ``EventStore.append``)."""
+        if run.ended:
+            return False
+        try:
+            await self.store.append(run.session_id, [
+                EventDraft(type=event.type, runtime=event.runtime or run.runtime, payload=event.payload,
+                           trace=run.trace) for event in events], blobs=blobs, bulk=bulk, quotas=self.quotas)
+        except QuotaExceeded as exc:  # nothing of these was stored; the task ends here, once
+            log.warning("task %s: %s", run.task_id, exc)
+            await self._over_quota(run, exc)
+            return False
+        return True

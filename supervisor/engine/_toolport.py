@@ -1,0 +1,92 @@
+"""The tool flow's port: all it may reach of the engine, so it runs (and is tested) with no engine or worker.
+
+``ToolFlowPort`` is what one tool call needs: store events for its task run, store and read blobs, read the
+session's earlier tool calls (for replays), the tool registry, approvals, and a way to answer the runtime.
+``EnginePort`` is the engine's implementation over the store, the run recorder and the task's worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from protocol import NormalizedEvent, ToolSpec
+
+from ..store import ApprovalRecord, EventStore
+from ..tools import ApprovalRequest, ToolContext, ToolRegistry, ToolResult
+from ..workers import WorkerError
+from ._approvals import ApprovalBroker
+from ._recorder import RunRecorder
+from ._runs import Blobs, PendingEvent, TaskRun
+
+log = logging.getLogger("codesdk.supervisor.tools")
+
+
+class ToolRunner(Protocol):
+    """The tools a call may use (``ToolRegistry``)."""
+
+    def spec(self, name: str) -> ToolSpec | None: ...
+    def manifest_hash(self) -> str: ...
+    async def execute(self, name: str, input: Any, ctx: ToolContext) -> ToolResult: ...
+
+
+class Approvals(Protocol):
+    """Where an "ask" waits for a decision (``ApprovalBroker``)."""
+
+    async def open(self, run: TaskRun, request: ApprovalRequest) -> ApprovalRecord: ...
+    async def wait(self, run: TaskRun, record: ApprovalRecord, request: ApprovalRequest) -> ApprovalRecord: ...
+    async def close(self, approval_id: str, why: str, state: str = "expired") -> ApprovalRecord: ...
+
+
+class ToolFlowPort(Protocol):
+    @property
+    def tools(self) -> ToolRunner: ...
+    @property
+    def approvals(self) -> Approvals: ...
+
+    async def append(self, run: TaskRun, events: Sequence[PendingEvent], blobs: Blobs | None = None) -> bool:
+        """Store ``events`` of ``run`` (with the small ``blobs`` they name) in one commit; False once it ended."""
+        ...
+
+    async def put_blob(self, data: bytes, media_type: str) -> str: ...
+    async def get_blob(self, ref: str) -> bytes: ...
+
+    async def read_types(self, session_id: str, types: Sequence[str], after_seq: int,
+                         limit: int) -> Sequence[NormalizedEvent]:
+        """Up to ``limit`` stored events of these types after ``after_seq``, in order."""
+        ...
+
+    async def answer(self, run: TaskRun, method: str, params: dict[str, Any]) -> None:
+        """Send the runtime a request about one of its calls (result, denial, approval); best effort."""
+        ...
+
+
+class EnginePort:
+    def __init__(self, store: EventStore, recorder: RunRecorder, tools: ToolRegistry,
+                 approvals: ApprovalBroker) -> None:
+        self.store = store
+        self.recorder = recorder
+        self.tools = tools
+        self.approvals = approvals
+
+    async def append(self, run: TaskRun, events: Sequence[PendingEvent], blobs: Blobs | None = None) -> bool:
+        return await self.recorder.append(run, events, blobs)
+
+    async def put_blob(self, data: bytes, media_type: str) -> str:
+        return await self.store.put_blob(data, media_type)
+
+    async def get_blob(self, ref: str) -> bytes:
+        return await self.store.get_blob(ref)
+
+    async def read_types(self, session_id: str, types: Sequence[str], after_seq: int,
+                         limit: int) -> Sequence[NormalizedEvent]:
+        return await self.store.read_types(session_id, types, after_seq, limit)
+
+    async def answer(self, run: TaskRun, method: str, params: dict[str, Any]) -> None:
+        if run.worker is None:
+            return
+        try:
+            await run.worker.connection.request(method, params)
+        except WorkerError as exc:  # the worker is gone: its exit fails the task
+            log.info("task %s: %s not delivered: %s", run.task_id, method, exc)

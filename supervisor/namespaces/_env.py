@@ -1,0 +1,39 @@
+"""A worker's environment, built from scratch: its namespace's paths, PATH, LANG and the operator's variables."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from protocol import IsolationLevel, IsolationMode, RuntimeEnv
+
+from ._dirs import NamespaceDirs
+from ._names import Namespace
+
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def build_env(dirs: NamespaceDirs, extra: Mapping[str, str] | None = None, path: str | None = None) -> dict[str, str]:
+    """The worker's whole environment: namespace paths, PATH, LANG and the operator's variables only."""
+    env = {
+        "HOME": str(dirs.home),
+        "XDG_CONFIG_HOME": str(dirs.config),
+        "XDG_STATE_HOME": str(dirs.state),
+        "XDG_CACHE_HOME": str(dirs.cache),
+        "XDG_DATA_HOME": str(dirs.data),
+        "TMPDIR": str(dirs.tmp),
+        "PATH": path or DEFAULT_PATH,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+    }
+    env.update(extra or {})
+    return env
+
+
+def runtime_env(namespace: Namespace, env: Mapping[str, str]) -> RuntimeEnv:
+    """The safe view sent to the worker: paths and variable names, never values of other variables."""
+    return RuntimeEnv(
+        namespace=namespace.name, isolation=IsolationLevel.NAMESPACED, mode=IsolationMode.SUBPROCESS,
+        home=env["HOME"], xdg_config_home=env["XDG_CONFIG_HOME"], xdg_state_home=env["XDG_STATE_HOME"],
+        xdg_cache_home=env["XDG_CACHE_HOME"], xdg_data_home=env["XDG_DATA_HOME"], tmpdir=env["TMPDIR"],
+        path=env["PATH"], variable_names=tuple(sorted(env)),
+    )

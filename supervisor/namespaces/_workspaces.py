@@ -1,0 +1,67 @@
+"""Session workspaces: refused where they would expose the supervisor's files, handed to the namespace's uid."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from pathlib import Path
+
+from ._names import Namespace
+from ._uids import Identity, UidRange, hand_over, namespace_identity
+
+log = logging.getLogger("codesdk.supervisor.namespaces")
+
+
+class WorkspaceRefused(ValueError):
+    """A workspace that would expose the supervisor's own files (or the whole host) to a tenant's tools."""
+
+
+def check_workspace(workspace: Path, data_dir: Path) -> Path:
+    """The workspace's real path, unless it is ``/`` or overlaps the data dir (the store, the tokens, every
+    namespace's HOME) — is it, contains it, or lies inside it other than under ``workspaces/``."""
+    real = workspace.resolve()
+    data = data_dir.resolve()
+    own = data / "workspaces"  # where the supervisor makes default workspaces: safe, one per session
+    if real == Path(real.anchor):
+        raise WorkspaceRefused(f"workspace {workspace} is the root of the file system; tools would reach everything")
+    if real == data or data.is_relative_to(real):
+        raise WorkspaceRefused(f"workspace {workspace} contains the supervisor's data dir {data} (its store, tokens "
+                               "and every namespace's HOME); use a directory outside it")
+    if real.is_relative_to(data) and not (real != own and real.is_relative_to(own)):
+        raise WorkspaceRefused(f"workspace {workspace} lies inside the supervisor's data dir {data}; use a "
+                               "directory outside it")
+    return real
+
+
+def give_workspace(workspace: Path, namespace: str, data_dir: Path, uids: UidRange | None) -> Identity | None:
+    """Make a session's workspace the namespace's own, so its worker's runtime can work in it.
+
+    A no-op (``None``) without a uid range. Otherwise the workspace tree is handed to the namespace's uid
+    (already-owned trees are left alone), and a workspace under the data dir gets 0711 on the directories
+    leading to it. Refused when the workspace belongs to another namespace's uid: two tenants sharing a
+    workspace would share files. The supervisor keeps access through its capabilities.
+    """
+    if uids is None:
+        return None
+    identity = namespace_identity(data_dir, uids, Namespace.parse(namespace))
+    workspace = check_workspace(workspace, data_dir)
+    data_dir = data_dir.resolve()
+    if not workspace.is_dir():
+        raise ValueError(f"workspace {workspace} is not a directory that can be given to a namespace")
+    owner = workspace.stat().st_uid
+    if owner != identity.uid:
+        if owner in uids:
+            raise ValueError(
+                f"workspace {workspace} belongs to another namespace (uid {owner}); namespace {namespace!r} "
+                f"(uid {identity.uid}) needs a workspace of its own")
+        hand_over(workspace, identity)
+    if workspace.is_relative_to(data_dir):
+        for folder in workspace.relative_to(data_dir).parents:  # includes "." (the data dir itself)
+            os.chmod(data_dir / folder, 0o711)
+    else:
+        closed = [str(p) for p in workspace.parents if not p.stat().st_mode & stat.S_IXOTH]
+        if closed:
+            log.warning("workspace %s: %s not searchable by others, so namespace %s's worker cannot reach it",
+                        workspace, ", ".join(closed), namespace)
+    return identity

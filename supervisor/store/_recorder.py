@@ -1,0 +1,158 @@
+"""The store as its callers see it: narrow recorder interfaces, one concern each (``typing.Protocol``).
+
+The engine, the HTTP API and the CLI should depend on these rather than on ``EventStore``, so that a second
+backend (PostgreSQL) only has to implement them and pass the contract suite (``tests/store/backends.py`` says which
+tests). ``EventStore`` (SQLite) implements ``Recorder``, which mypy checks. The split follows who needs what: a
+transcript or a CLI listing only reads (``StoreReader``), the approval broker only touches approvals
+(``ApprovalRecords``), the engine records everything (``Recorder``).
+
+Every method raises the store's own errors (``StoreError`` subclasses, see ``_errors``), never a driver's; the
+semantics each method promises are stated once, on ``EventStore``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from datetime import datetime
+from typing import Any, Protocol
+
+from protocol import NormalizedEvent
+
+from ._quotas import Quotas
+from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
+from ._subscribe import Subscription
+from ._writer import WriterStats
+
+
+class EventLogReader(Protocol):
+    """A session's events in seq order: pages, the types a projection needs, and the live tail."""
+
+    async def read(self, session_id: str, after_seq: int = 0, limit: int = 1000) -> list[NormalizedEvent]: ...
+
+    async def read_types(self, session_id: str, types: Sequence[str], after_seq: int = 0, limit: int = 1000, *,
+                         task_id: str | None = None) -> list[NormalizedEvent]: ...
+
+    async def last_event_of_type(self, session_id: str, event_type: str) -> NormalizedEvent | None: ...
+
+    async def last_seq(self, session_id: str) -> int: ...
+
+    def subscribe(self, session_id: str, after_seq: int = 0, *,
+                  until_terminal: bool = False) -> AbstractAsyncContextManager[Subscription]: ...
+
+
+class EventLog(EventLogReader, Protocol):
+    """Appending: gap-free seqs per session, each batch atomic with its task update, durable before it is seen."""
+
+    async def append(
+        self, session_id: str, drafts: Sequence[EventDraft], *, task_update: TaskUpdate | None = None,
+        idempotency_key: str | None = None, blobs: Mapping[str, tuple[bytes, str]] | None = None,
+        bulk: bool = False, quotas: Quotas | None = None,
+    ) -> list[NormalizedEvent]: ...
+
+
+class SessionReader(Protocol):
+    async def get_session(self, session_id: str) -> SessionRecord: ...
+
+    async def list_sessions(self, *, namespace: str | None = None, limit: int = 100,
+                            offset: int = 0) -> list[SessionRecord]: ...
+
+
+class SessionRecords(SessionReader, Protocol):
+    async def create_session(
+        self, session_id: str | None = None, *, runtime: str, namespace: str = "default",
+        workspace: str | None = None, metadata: Mapping[str, Any] | None = None, created_at: datetime | None = None,
+    ) -> SessionRecord: ...
+
+    async def update_session(self, session_id: str, *, runtime_session_id: str | None = None,
+                             metadata: Mapping[str, Any] | None = None) -> SessionRecord: ...
+
+
+class TaskReader(Protocol):
+    async def get_task(self, task_id: str) -> TaskRecord: ...
+
+    async def list_tasks(self, session_id: str) -> list[TaskRecord]: ...
+
+    async def list_active_tasks(self) -> list[TaskRecord]: ...
+
+
+class TaskRecords(TaskReader, Protocol):
+    """Task rows: at most one active task per session, checked state changes, quotas admitted atomically."""
+
+    async def create_task(
+        self, session_id: str, task_id: str | None = None, *, runtime: str | None = None,
+        state: TaskState = TaskState.PENDING, metadata: Mapping[str, Any] | None = None,
+        worker_pid: int | None = None, quotas: Quotas | None = None,
+    ) -> TaskRecord: ...
+
+    async def update_task(
+        self, task_id: str, *, state: TaskState | None = None, worker_pid: int | None = None,
+        terminal_type: str | None = None, error: Mapping[str, Any] | None = None, ended_at: datetime | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> TaskRecord: ...
+
+
+class ApprovalRecords(Protocol):
+    """Tool calls waiting for a human: pending ones outlive the process; each is decided exactly once."""
+
+    async def create_approval(self, record: ApprovalRecord) -> ApprovalRecord: ...
+
+    async def decide_approval(self, approval_id: str, state: str, decided_by: str,
+                              reason: str) -> ApprovalRecord: ...
+
+    async def get_approval(self, approval_id: str) -> ApprovalRecord: ...
+
+    async def list_approvals(self, *, state: str | None = "pending",
+                             namespaces: Sequence[str] | None = None) -> list[ApprovalRecord]: ...
+
+
+class BlobReader(Protocol):
+    async def get_blob(self, ref: str) -> bytes: ...
+
+    async def blob_exists(self, ref: str) -> bool: ...
+
+    async def blob_info(self, ref: str) -> BlobInfo: ...
+
+
+class BlobStore(BlobReader, Protocol):
+    """Content-addressed bytes (``sha256:<hex>`` refs) that events name instead of carrying them."""
+
+    async def put_blob(self, data: bytes, media_type: str = "application/octet-stream") -> str: ...
+
+    async def put_json_blob(self, value: Any) -> str: ...
+
+
+class StoreHealth(Protocol):
+    """What readiness, metrics, the watchdog and the engine's flood fairness read about the writer."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def write_failure(self) -> str | None:
+        """The last write's failure if the disk (or database) caused it, until a write succeeds again."""
+
+    @property
+    def writer_stats(self) -> WriterStats: ...
+
+    async def ping(self) -> None:
+        """Return once the writer has committed an empty transaction: proof that writes still get through."""
+
+
+class WriterLock(Protocol):
+    """This process's claim to be the one writer (the data dir's flock); it tells others where our API is."""
+
+    def announce(self, api: Sequence[str]) -> None: ...
+
+
+class StoreReader(EventLogReader, SessionReader, TaskReader, BlobReader, Protocol):
+    """Reading a store beside its writer: the CLI's listings and event dumps, transcripts."""
+
+
+class Recorder(EventLog, SessionRecords, TaskRecords, ApprovalRecords, BlobStore, StoreHealth, StoreReader,
+               Protocol):
+    """Everything the engine records and the HTTP API serves."""
+
+    @property
+    def lock(self) -> WriterLock | None:
+        """The writer's claim on the data dir (None when opened read-only)."""
