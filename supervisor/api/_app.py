@@ -22,14 +22,12 @@ from starlette.types import Receive, Scope, Send
 
 from protocol import BadFrame, InteractionMode, PermissionMode, decode_json
 
-from ..engine import Engine
-from ..engine._engine import EngineError, InvalidTaskInput, TaskNotActive
+from ..engine import Engine, error_status
 from ..engine._transcript import derive_transcript
 from ..namespace_env import NamespaceEnvError
 from ..namespaces import InvalidNamespace, Namespace
-from ..store import ApprovalDecided, SessionBusy, StoreError, UnknownApproval, UnknownSession, UnknownTask
+from ..store import ApprovalDecided, StoreError, UnknownApproval, UnknownSession, UnknownTask
 from ..store._records import SessionRecord, TaskRecord
-from ..store._store import QuotaExceeded
 from ._auth import Principal, TokenAuth
 from ._openapi import Operation, openapi_document
 
@@ -251,12 +249,9 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(403, "forbidden", f"this token may not create sessions in namespace {body.namespace!r}")
         if body.workspace is not None and not principal.admin:
             raise ApiError(403, "forbidden", "only the admin token may choose a workspace path")
-        try:
-            record = await engine.create_session(runtime=body.runtime, namespace=body.namespace,
-                                                 workspace=Path(body.workspace) if body.workspace else None,
-                                                 metadata=body.metadata)
-        except EngineError as exc:
-            raise ApiError(409, "workspace_refused", str(exc)) from exc
+        record = await engine.create_session(runtime=body.runtime, namespace=body.namespace,
+                                             workspace=Path(body.workspace) if body.workspace else None,
+                                             metadata=body.metadata)
         return JSONResponse(record.to_json_obj(), status_code=201)
 
     async def list_sessions(request: Request) -> Response:
@@ -283,24 +278,10 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         principal = principal_of(request)
         session = await session_for(principal, request.path_params["session_id"])
         body = await _body(request, StartTaskBody)
-        active = engine.active_task(session.session_id)
-        if active is not None:
-            raise ApiError(409, "session_busy", f"session {session.session_id} already has an active task "
-                                                f"({active}); wait for it to end or stop it first")
-        try:
-            record = await engine.start_task(
-                session.session_id, body.prompt, permission_mode=body.permission_mode,
-                runtime_config=body.runtime_config,
-                durable_approvals=body.interaction_mode == InteractionMode.INTERACTIVE)
-        except SessionBusy as exc:
-            raise ApiError(409, "session_busy", str(exc)) from exc
-        except QuotaExceeded as exc:  # the session's or namespace's stored data, or the namespace's running tasks
-            raise ApiError(429, exc.code, str(exc), {"retry-after": "1"} if exc.code == "too_many_tasks" else None) \
-                from exc
-        except InvalidTaskInput as exc:
-            raise ApiError(422, "invalid_request", str(exc)) from exc
-        except EngineError as exc:
-            raise ApiError(409, "conflict", str(exc)) from exc
+        record = await engine.start_task(
+            session.session_id, body.prompt, permission_mode=body.permission_mode,
+            runtime_config=body.runtime_config,
+            durable_approvals=body.interaction_mode == InteractionMode.INTERACTIVE)
         return JSONResponse(record.to_json_obj(), status_code=202)
 
     async def get_task(request: Request) -> Response:
@@ -311,10 +292,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         principal = principal_of(request)
         task = await task_for(principal, request.path_params["task_id"])
         body = await _body(request, StopTaskBody)
-        try:
-            record = await engine.stop_task(task.task_id, reason=body.reason, requested_by=f"api:{principal.name}")
-        except TaskNotActive as exc:
-            raise ApiError(409, "task_not_active", str(exc)) from exc
+        record = await engine.stop_task(task.task_id, reason=body.reason, requested_by=f"api:{principal.name}")
         return JSONResponse(record.to_json_obj())
 
     def namespace_for(principal: Principal, namespace: str) -> str:
@@ -328,10 +306,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def list_runtimes(request: Request) -> Response:
         namespace = namespace_for(principal_of(request), request.query_params.get("namespace", "default"))
-        try:
-            offers = await engine.runtimes(namespace)
-        except EngineError as exc:
-            raise ApiError(503, "namespace_failing", str(exc)) from exc
+        offers = await engine.runtimes(namespace)
         return JSONResponse({"namespace": namespace, "runtimes": [o.to_json_obj() for o in offers]})
 
     def require_admin(request: Request, what: str) -> None:
@@ -373,10 +348,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def auth_status(request: Request) -> Response:
         namespace = namespace_for(principal_of(request), request.path_params["namespace"])
-        try:
-            result = await engine.ensure_login(namespace, request.path_params["runtime"])
-        except EngineError as exc:
-            raise ApiError(404 if "unknown runtime" in str(exc) else 503, "auth_status_unavailable", str(exc)) from exc
+        result = await engine.ensure_login(namespace, request.path_params["runtime"])
         return JSONResponse(result.to_json_obj())
 
     async def list_approvals(request: Request) -> Response:
@@ -440,11 +412,23 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         return JSONResponse({"session_id": session.session_id,
                              "messages": [m.model_dump(mode="json") for m in messages]})
 
+    async def refusals_answered(handler: Callable[[Request], Awaitable[Response]], request: Request) -> Response:
+        """The handler's response, or the answer to a refusal of the engine (or the store below it), by its type
+        (``supervisor.engine.ERROR_STATUS``); anything else goes on up."""
+        try:
+            return await handler(request)
+        except Exception as exc:
+            answer = error_status(exc)
+            if answer is None:
+                raise
+            return _error(answer.status, answer.code, str(exc),
+                          {"retry-after": str(answer.retry_after_s)} if answer.retry_after_s else None)
+
     def counted(name: str, handler: Callable[[Request], Awaitable[Response]]) -> Callable[
             [Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
             try:
-                response = await handler(request)
+                response = await refusals_answered(handler, request)
             except ApiError as exc:
                 response = _error(exc.status, exc.code, exc.message, exc.headers)
             except StoreError as exc:
