@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import _safe_dirs
 from ._data_dir import tighten_data_dir
 from ._names import InvalidNamespace, Namespace
-from ._uids import Identity, UidRange, hand_over, namespace_identity
+from ._uids import Identity, UidRange, hand_over_dir, namespace_identity
 
 SUBDIRS = ("home", "config", "state", "cache", "data", "tmp")
 
@@ -51,7 +51,7 @@ def prepare_dirs(data_dir: Path, namespace: Namespace, identity: Identity | None
                 handed_over = identity is not None and os.fstat(root_fd).st_uid != identity.uid
                 if handed_over:
                     assert identity is not None
-                    hand_over(root, identity)
+                    hand_over_dir(root_fd, identity)
                 _own(root_fd, identity)
                 for name in SUBDIRS:
                     with _open_dir(Path(name), root_fd, create=True, shown_as=root / name) as sub_fd:

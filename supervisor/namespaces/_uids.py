@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._private_files import write_private
+from .._safe_dirs import open_dir, walk_tree
 from ._names import Namespace
 
 #: Where the namespace -> uid assignments live (supervisor-owned, 0600), so they survive restarts.
@@ -106,11 +107,25 @@ def namespace_identity(data_dir: Path, uids: UidRange, namespace: Namespace) -> 
 
 
 def hand_over(root: Path, identity: Identity) -> None:
-    """Hand a whole tree to ``identity`` (never following symlinks; they are re-owned themselves)."""
-    for folder, dirs, files in os.walk(root, followlinks=False):
-        for name in (*dirs, *files):
-            os.chown(os.path.join(folder, name), identity.uid, identity.gid, follow_symlinks=False)
-    os.chown(root, identity.uid, identity.gid, follow_symlinks=False)
+    """Hand a whole tree to ``identity`` (``hand_over_dir`` of the directory ``root``, opened without following a
+    symlink)."""
+    fd = open_dir(root)
+    try:
+        hand_over_dir(fd, identity)
+    finally:
+        os.close(fd)
+
+
+def hand_over_dir(fd: int, identity: Identity) -> None:
+    """Hand the directory ``fd`` and everything in it to ``identity``: each entry chowned through its directory's
+    descriptor, never following a symlink (symlinks are re-owned themselves) — a tenant that swaps a directory for
+    a symlink meanwhile cannot redirect the chown outside the tree (``walk_tree``)."""
+    for dir_fd, name, _ in walk_tree(fd):
+        try:
+            os.chown(name, identity.uid, identity.gid, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:  # removed meanwhile
+            continue
+    os.fchown(fd, identity.uid, identity.gid)
 
 
 def _unused(uid: int) -> bool:

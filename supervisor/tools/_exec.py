@@ -32,7 +32,7 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -44,6 +44,7 @@ from pydantic import Field, field_validator
 from protocol import SandboxSummary, ToolClass
 
 from .._orphans import end_session
+from .._safe_dirs import WALK_FLAGS, chmod_entry, walk_tree
 from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolInput, ToolResult, clip
 from ._paths import workspace_root
 from ._sandbox import (
@@ -181,91 +182,6 @@ def run_identity(policy: ExecPolicy, workspace: str) -> RunAs | None:
 _Owners = dict[tuple[int, int], tuple[int, int]]
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-def _walk(root_fd: int) -> Iterator[tuple[int, str, os.stat_result]]:
-    """Every entry below the directory ``root_fd`` as (its directory's fd, name, lstat), parents before children.
-
-    Built for trees a hostile command shaped: a symlink is never followed (``O_NOFOLLOW``; a directory is entered
-    only if it is still the one that was listed), nothing that is not a directory is ever opened (a FIFO would
-    block), and it holds one directory descriptor at a time — back up through ``..``, checked against the
-    directory it came from — and no recursion, so a tree thousands of levels deep costs neither descriptors nor
-    stack. If the tree is moved under it, the walk stops there."""
-    fd = os.dup(root_fd)
-    top = os.fstat(fd)
-    frames: list[tuple[tuple[int, int], list[str]]] = [((top.st_dev, top.st_ino), _names(fd))]
-    try:
-        while frames:
-            names = frames[-1][1]
-            if not names:
-                frames.pop()
-                if not frames:
-                    return
-                try:
-                    up = os.open("..", _DIR_FLAGS, dir_fd=fd)
-                except OSError as exc:
-                    log.warning("exec: could not walk back up the workspace (%s); stopped there", exc)
-                    return
-                os.close(fd)
-                fd = up
-                info = os.fstat(fd)
-                if (info.st_dev, info.st_ino) != frames[-1][0]:
-                    log.warning("exec: the workspace changed while it was being walked; stopped there")
-                    return
-                continue
-            name = names.pop()
-            try:
-                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except OSError:
-                continue
-            yield fd, name, info
-            if not stat.S_ISDIR(info.st_mode):
-                continue
-            sub = _enter(fd, name, info)
-            if sub is None:
-                continue
-            try:
-                listing = _names(sub)
-            except OSError:
-                os.close(sub)
-                continue
-            os.close(fd)
-            fd = sub
-            frames.append(((info.st_dev, info.st_ino), listing))
-    finally:
-        os.close(fd)
-
-
-def _names(fd: int) -> list[str]:
-    with os.scandir(fd) as entries:
-        return [entry.name for entry in entries]
-
-
-def _enter(fd: int, name: str, info: os.stat_result) -> int | None:
-    """A descriptor of directory ``name`` if it is still the listed one and can be walked back out of; a
-    directory of ours that we may not read or pass through (a non-root supervisor) gets its owner bits first."""
-    for attempt in (1, 2):
-        try:
-            sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
-        except PermissionError:
-            sub = None
-        if sub is not None:
-            got = os.fstat(sub)
-            try:
-                if (got.st_dev, got.st_ino) != (info.st_dev, info.st_ino):
-                    os.close(sub)
-                    return None
-                os.close(os.open("..", _DIR_FLAGS, dir_fd=sub))  # the way back up works
-                return sub
-            except PermissionError:
-                os.close(sub)
-        if attempt == 2 or info.st_uid != os.geteuid():
-            return None
-        _chmod_entry(fd, name, lambda mode: mode | stat.S_IRWXU)
-    return None
-
-
 def _lend_tree(root: str, uid: int, gid: int) -> _Owners:
     """Give the workspace tree to ``uid``:``gid`` for a run; returns who owned each inode before.
 
@@ -275,12 +191,12 @@ def _lend_tree(root: str, uid: int, gid: int) -> _Owners:
     would belong to the exec uid either way — so they need handing back in any case. Ownership is the one thing
     the run changes and puts back exactly; modes stay as they are; the walk never follows a symlink."""
     owners: _Owners = {}
-    fd = os.open(root, _DIR_FLAGS)
+    fd = os.open(root, WALK_FLAGS)
     try:
         info = os.fstat(fd)
         owners[(info.st_dev, info.st_ino)] = (info.st_uid, info.st_gid)
         os.fchown(fd, uid, gid)
-        for dir_fd, name, info in _walk(fd):
+        for dir_fd, name, info in walk_tree(fd):
             owners.setdefault((info.st_dev, info.st_ino), (info.st_uid, info.st_gid))
             try:
                 os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
@@ -300,7 +216,7 @@ def _settle_tree(root: str, owners: _Owners | None, lent_to: tuple[int, int] | N
     the owner of the directory it is in (the workspace's owner, as the supervisor's own tools do it). Logs what it
     cannot do rather than failing the call: the command has run."""
     try:
-        fd = os.open(root, _DIR_FLAGS)
+        fd = os.open(root, WALK_FLAGS)
     except OSError as exc:
         log.warning("exec: could not settle the workspace %s after the command: %s", root, exc)
         return
@@ -309,7 +225,7 @@ def _settle_tree(root: str, owners: _Owners | None, lent_to: tuple[int, int] | N
             info = os.fstat(fd)
             was = owners.get((info.st_dev, info.st_ino))
             os.fchown(fd, *(was if was is not None and was != lent_to else (os.getuid(), os.getgid())))
-        for dir_fd, name, info in _walk(fd):
+        for dir_fd, name, info in walk_tree(fd):
             try:
                 if owners is not None:
                     was = owners.get((info.st_dev, info.st_ino))
@@ -320,23 +236,11 @@ def _settle_tree(root: str, owners: _Owners | None, lent_to: tuple[int, int] | N
                         os.chown(name, *was, dir_fd=dir_fd, follow_symlinks=False)  # clears set-uid on a file too
                         info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 if info.st_mode & _SETID and not stat.S_ISDIR(info.st_mode) and not stat.S_ISLNK(info.st_mode):
-                    _chmod_entry(dir_fd, name, lambda mode: mode & ~_SETID)
+                    chmod_entry(dir_fd, name, lambda mode: mode & ~_SETID)
             except OSError as exc:
                 log.warning("exec: could not settle %s in %s after the command: %s", name, root, exc)
     except OSError as exc:
         log.warning("exec: could not settle the workspace %s after the command: %s", root, exc)
-    finally:
-        os.close(fd)
-
-
-def _chmod_entry(dir_fd: int, name: str, change: Callable[[int], int]) -> None:
-    """chmod an entry through an ``O_PATH`` descriptor of the entry itself: were it swapped for a symlink
-    meanwhile, the symlink's target is never touched (nor opened: a FIFO or device stays closed)."""
-    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISLNK(info.st_mode):
-            os.chmod(f"/proc/self/fd/{fd}", change(stat.S_IMODE(info.st_mode)))
     finally:
         os.close(fd)
 
