@@ -10,13 +10,13 @@ an API reconnect and are listed after a supervisor restart as expired: their tas
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import timedelta
 
 import trio
 
 from protocol import utc_now
 
+from ..ids import new_id
 from ..store import ApprovalDecided, ApprovalRecord, EventStore
 from ..tools import ApprovalRequest, Approver
 from ._runs import TaskRun
@@ -42,7 +42,7 @@ class ApprovalBroker:
         now = utc_now()
         identity = request.identity
         return await self.store.create_approval(ApprovalRecord(
-            approval_id=f"apr_{uuid.uuid4().hex[:16]}", session_id=run.session_id, task_id=run.task_id,
+            approval_id=new_id("apr"), session_id=run.session_id, task_id=run.task_id,
             namespace=run.namespace, tool_call_id=identity.tool_call_id if identity else "",
             attempt=identity.attempt if identity else 1, tool_name=request.tool_name,
             tool_class=request.tool_class.value, input=dict(request.input), reason=request.reason,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from protocol import (
 )
 
 from .._orphans import end_adopted, reap_orphans_forever
+from ..ids import new_id
 from ..namespaces import InvalidNamespace, Namespace, check_workspace, give_workspace
 from ..namespaces import WorkspaceRefused as WorkspacePathRefused
 from ..store import (
@@ -186,7 +186,7 @@ class Engine:
         """A new session and its ``session.created``. ``InvalidNamespace``; ``WorkspaceRefused``."""
         Namespace.parse(namespace)  # InvalidNamespace with a clear message
         runtime = runtime or self.config.default_runtime
-        session_id = f"ses_{uuid.uuid4().hex[:16]}"
+        session_id = new_id("ses")
         if workspace is None:
             root = self.config.workspaces_dir or self.config.data_dir / "workspaces"
             workspace = root / session_id
@@ -232,7 +232,7 @@ class Engine:
             interaction_mode, approver = InteractionMode.INTERACTIVE, None
         elif interaction_mode == InteractionMode.INTERACTIVE and approver is None:
             raise ApproverRequired("an interactive task needs an approver (or durable_approvals, decided over the API)")
-        task_id = f"task_{uuid.uuid4().hex[:16]}"
+        task_id = new_id("task")
         messages = (*await derive_transcript(self.store, session_id), Message.user_text(prompt))
         params = StartTaskParams(
             runtime=session.runtime, session=SessionRef(session_id=session_id,

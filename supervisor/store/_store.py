@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -17,6 +16,7 @@ import trio
 
 from protocol import NormalizedEvent, canonical_json, sha256_hex, utc_now
 
+from ..ids import new_id
 from . import _sql
 from ._blobs import BlobFiles, check_ref
 from ._errors import BlobCorrupt, DatabaseError, StoreClosed, StoreError, StoreReadOnly, translate
@@ -38,10 +38,6 @@ __all__ = ["DB_FILENAME", "INLINE_BLOB_MAX", "QUOTA_FLAGS", "EventStore", "Quota
 
 DB_FILENAME = "codesdk.sqlite3"
 Synchronous = Literal["FULL", "NORMAL"]
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
 
 
 class EventStore(Recorder):
