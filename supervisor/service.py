@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import time
@@ -126,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         cmd.add_argument("--data-dir", type=Path, default=default_data_dir())
     run.add_argument("--enable-test-scenarios", action="store_true",
                      help="let tenants use the scripted runtime's fault-injection steps (crash, hang, flood, ...) and "
-                          "inline scenarios: test instruments, off by default")
+                          "inline scenarios: test instruments for test rigs, off by default. DANGER: any tenant can "
+                          "then run any command as its worker's uid, outside the exec sandbox (root without "
+                          "--worker-uids); never on a host with tenants you do not trust")
     run.add_argument("--max-restarts", type=int, default=5, help="crashes within --restart-window that quarantine")
     run.add_argument("--restart-window", type=float, default=60.0, help="seconds (burst intensity)")
     run.add_argument("--sustained-max-restarts", type=int, default=20,
@@ -162,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"codesdk-supervisor: {exc}", file=sys.stderr)
         return 2
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _warn_about_trust(options)
     socket_path: Path = args.listen or data_dir / "api.sock"
     _make_non_dumpable()
     try:
@@ -173,6 +177,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"codesdk-supervisor: {refused}", file=sys.stderr)
         return 2
     return 0
+
+
+def _warn_about_trust(options: SupervisorOptions) -> None:
+    """Say at start-up what the operator's choices give tenants (docs/operations.md, "Tenant isolation")."""
+    root_workers = os.geteuid() == 0 and options.worker_uids is None
+    if root_workers:
+        log.warning("running as root without --worker-uids: every worker and runtime runs as root, in one trust "
+                    "domain (tenants are kept apart by environment and directories, not by the kernel); give each "
+                    "namespace its own uid with --worker-uids START:COUNT")
+    if options.test_scenarios:
+        log.warning("--enable-test-scenarios: any tenant can run any command as its worker's uid%s, outside the "
+                    "exec sandbox (scripted `spawn` steps); use it on test rigs only", " (root)" if root_workers else "")
 
 
 def _add_limit_flags(run: argparse.ArgumentParser) -> None:

@@ -332,7 +332,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         return namespace
 
     async def list_env(request: Request) -> Response:
-        namespace = admin_namespace(request, "a namespace's variables")
+        namespace = admin_namespace(request, "reading a namespace's variables")
         entries = await trio.to_thread.run_sync(engine.pool.namespace_env.entries, namespace)
         return JSONResponse({"namespace": namespace, "variables": [e.to_json_obj() for e in entries]})
 

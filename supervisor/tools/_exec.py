@@ -211,8 +211,8 @@ def _lend_tree(root: str, uid: int, gid: int) -> _Owners:
 
 
 def _settle_tree(root: str, owners: _Owners | None, lent_to: tuple[int, int] | None) -> None:
-    """After a run, once every process of the command is gone: no set-uid/set-gid bit survives on anything but a
-    directory, and, if the tree was lent (``owners``), each entry goes back to its owner from before — a new one to
+    """After a run, once every process of the command is gone: no set-uid/set-gid bit survives on anything (a set-gid
+    directory would give its group to whatever is created in it later), and, if the tree was lent (``owners``), each entry goes back to its owner from before — a new one to
     the owner of the directory it is in (the workspace's owner, as the supervisor's own tools do it). Logs what it
     cannot do rather than failing the call: the command has run."""
     try:
@@ -235,7 +235,7 @@ def _settle_tree(root: str, owners: _Owners | None, lent_to: tuple[int, int] | N
                     if (info.st_uid, info.st_gid) != was:
                         os.chown(name, *was, dir_fd=dir_fd, follow_symlinks=False)  # clears set-uid on a file too
                         info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                if info.st_mode & _SETID and not stat.S_ISDIR(info.st_mode) and not stat.S_ISLNK(info.st_mode):
+                if info.st_mode & _SETID and not stat.S_ISLNK(info.st_mode):
                     chmod_entry(dir_fd, name, lambda mode: mode & ~_SETID)
             except OSError as exc:
                 log.warning("exec: could not settle %s in %s after the command: %s", name, root, exc)

@@ -314,8 +314,8 @@ def entries(root: Path) -> dict[str, os.stat_result]:
 
 async def test_no_setuid_or_setgid_file_survives(open_tmp: Path, sandbox: Sandbox, owner: str) -> None:
     """The command copies a shell and makes it set-uid, set-gid, both (in a set-gid directory), and tries to give
-    it to root: inside, the set-uid bit gives it nothing; afterwards no file in the workspace has a set-uid or
-    set-gid bit, and everything belongs to the workspace's owner — what was someone else's stays theirs, and
+    it to root: inside, the set-uid bit gives it nothing; afterwards nothing in the workspace (files and
+    directories) has a set-uid or set-gid bit, and everything belongs to the workspace's owner — what was someone else's stays theirs, and
     nothing is left to the exec uid."""
     ws, uid = workspace_of(open_tmp, owner)
     someone = 12_345
@@ -328,7 +328,7 @@ async def test_no_setuid_or_setgid_file_survives(open_tmp: Path, sandbox: Sandbo
     landed = entries(ws)
     assert {"suid-sh", "sgid-sh", "sgid-dir/both-sh"} <= set(landed), sorted(landed)
     for name, info in landed.items():
-        if not stat.S_ISDIR(info.st_mode):
+        if name != ".":  # the workspace itself keeps the modes its owner gave it
             assert not info.st_mode & (stat.S_ISUID | stat.S_ISGID), f"{name} kept {oct(info.st_mode)}"
         expected = someone if name == "theirs.txt" else workspace_owner
         assert (info.st_uid, info.st_gid) == (expected, expected), f"{name} is {info.st_uid}:{info.st_gid}"
