@@ -54,6 +54,7 @@ from ..store import (
     EventDraft,
     EventStore,
     InvalidTransition,
+    QuotaExceeded,
     Quotas,
     SessionRecord,
     StoreError,
@@ -190,9 +191,17 @@ class Engine:
         if workspace is None:
             root = self.config.workspaces_dir or self.config.data_dir / "workspaces"
             workspace = root / session_id
+        made = not workspace.exists()
         workspace = await self._prepare_workspace(workspace, namespace)
-        record = await self.store.create_session(session_id, runtime=runtime, namespace=namespace,
-                                                 workspace=str(workspace), metadata=metadata)
+        try:
+            record = await self.store.create_session(session_id, runtime=runtime, namespace=namespace,
+                                                     workspace=str(workspace), metadata=metadata,
+                                                     quotas=self.config.quotas)
+        except QuotaExceeded:
+            if made:  # nothing of the refused session is left behind
+                with contextlib.suppress(OSError):
+                    await trio.to_thread.run_sync(workspace.rmdir)
+            raise
         await self.store.append(session_id, [EventDraft(
             type=EventType.SESSION_CREATED, runtime=RuntimeInfo(name=runtime),
             payload=SessionCreated(contract_version=CONTRACT_VERSION, runtime=runtime, namespace=namespace,

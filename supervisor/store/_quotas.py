@@ -36,6 +36,8 @@ class Quotas:
     namespace_bytes: int | None = 20 << 30
     #: tasks pending or running at once in one namespace
     namespace_tasks: int | None = 32
+    #: sessions in one namespace (each has a workspace directory and a session.created event)
+    namespace_sessions: int | None = 100_000
 
     def __post_init__(self) -> None:
         for name in QUOTA_FLAGS:
@@ -52,6 +54,18 @@ class Quotas:
             limit = getattr(self, name)
             if limit is not None and used + adding > limit:
                 raise QuotaExceeded(name, limit, used, adding, session_id, usage.namespace)
+
+    def check_new_session(self, namespace: str, sessions: int, events: int, stored_bytes: int) -> None:
+        """Raise ``QuotaExceeded`` if the namespace may not have another session: it has as many as it may, or is
+        at its stored-events or stored-bytes limit (a session's ``session.created``, with its metadata, is stored
+        too)."""
+        if self.namespace_sessions is not None and sessions >= self.namespace_sessions:
+            raise QuotaExceeded("namespace_sessions", self.namespace_sessions, sessions, 1, "", namespace,
+                                starting=True)
+        for name, used in (("namespace_events", events), ("namespace_bytes", stored_bytes)):
+            limit = getattr(self, name)
+            if limit is not None and used >= limit:
+                raise QuotaExceeded(name, limit, used, 0, "", namespace, starting=True, new_session=True)
 
     def check_admission(self, usage: Usage, session_id: str, count_active_tasks: Callable[[str], int]) -> None:
         """Raise ``QuotaExceeded`` if a new task may not start in the session: it or its namespace is at a stored-
@@ -76,6 +90,7 @@ QUOTA_FLAGS: dict[str, tuple[str, str]] = {
     "namespace_events": ("--max-namespace-events", "events stored per namespace"),
     "namespace_bytes": ("--max-namespace-bytes", "bytes stored per namespace"),
     "namespace_tasks": ("--max-tasks-per-namespace", "tasks running at once per namespace"),
+    "namespace_sessions": ("--max-sessions-per-namespace", "sessions per namespace"),
 }
 
 
@@ -83,7 +98,7 @@ class QuotaExceeded(StoreError):
     """A session or namespace is at one of its ``Quotas``; nothing was stored. ``code`` is the API's error code."""
 
     def __init__(self, quota: str, limit: int, used: int, adding: int, session_id: str, namespace: str, *,
-                 starting: bool = False) -> None:
+                 starting: bool = False, new_session: bool = False) -> None:
         self.quota = quota
         self.limit = limit
         self.used = used
@@ -92,7 +107,11 @@ class QuotaExceeded(StoreError):
         flag, what = QUOTA_FLAGS[quota]
         scope, _, unit = quota.partition("_")
         whose = f"session {session_id}" if scope == "session" else f"namespace {namespace!r}"
-        if quota == "namespace_tasks":
+        if quota == "namespace_sessions":
+            self.code = "too_many_sessions"
+            situation = f"{whose} already has {used:,} sessions, its limit of {limit:,} {what}"
+            advice = "reuse an existing session (or have old ones removed)"
+        elif quota == "namespace_tasks":
             self.code = "too_many_tasks"
             situation = f"{whose} already has {used} tasks pending or running, its limit of {limit:,} {what}"
             advice = "wait for one to end (or stop one)"
@@ -103,7 +122,8 @@ class QuotaExceeded(StoreError):
                          f"{limit:,} {what}")
             advice = "start a new session" if scope == "session" else "use another namespace"
         self.flag = flag
-        verdict = "no new task may start" if starting else "the task was stopped"
+        verdict = ("no new session may be created" if new_session or quota == "namespace_sessions" else
+                   "no new task may start" if starting else "the task was stopped")
         super().__init__(f"{situation}: {verdict}. To go on, {advice}, or have the operator raise the limit "
                          f"(`codesdk-supervisor serve {flag} N`)")
 

@@ -62,6 +62,7 @@ class SessionRecords(SessionReader, Protocol):
     async def create_session(
         self, session_id: str | None = None, *, runtime: str, namespace: str = "default",
         workspace: str | None = None, metadata: Mapping[str, Any] | None = None, created_at: datetime | None = None,
+        quotas: Quotas | None = None,
     ) -> SessionRecord: ...
 
     async def update_session(self, session_id: str, *, runtime_session_id: str | None = None,

@@ -142,6 +142,13 @@ MIGRATIONS: tuple[Migration, ...] = (
             SELECT namespace, SUM(last_seq), SUM(stored_bytes) FROM sessions GROUP BY namespace;
         """,
     ),
+    Migration(
+        7,
+        "sessions by namespace, for the sessions-per-namespace quota",
+        """
+        CREATE INDEX sessions_by_namespace ON sessions(namespace, created_at);
+        """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

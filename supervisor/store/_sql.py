@@ -400,6 +400,14 @@ def select_usage(conn: apsw.Connection, session_id: str) -> Usage:
     raise UnknownSession(session_id)
 
 
+def namespace_totals(conn: apsw.Connection, namespace: str) -> tuple[int, int, int]:
+    """(sessions, events stored, bytes stored) of the namespace."""
+    sessions = int(conn.execute("SELECT count(*) FROM sessions WHERE namespace = ?", (namespace,)).get)
+    for events, stored in conn.execute("SELECT events, bytes FROM namespace_usage WHERE namespace = ?", (namespace,)):
+        return sessions, int(events), int(stored)
+    return sessions, 0, 0
+
+
 def count_active_tasks(conn: apsw.Connection, namespace: str) -> int:
     """Tasks pending or running in the namespace's sessions."""
     return int(conn.execute(

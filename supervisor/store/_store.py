@@ -174,8 +174,11 @@ class EventStore(Recorder):
         workspace: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         created_at: datetime | None = None,
+        quotas: Quotas | None = None,
     ) -> SessionRecord:
-        """Record a new session (no events: the engine appends ``session.created`` itself)."""
+        """Record a new session (no events: the engine appends ``session.created`` itself). With ``quotas``, a
+        namespace at its sessions or stored-bytes limit gets none (``QuotaExceeded``, checked in the transaction
+        that inserts it)."""
         record = SessionRecord(
             session_id=session_id or new_id("ses"),
             runtime=runtime,
@@ -184,9 +187,12 @@ class EventStore(Recorder):
             created_at=created_at or utc_now(),
             metadata=dict(metadata or {}),
         )
-        return await self._write(
-            f"creating session {record.session_id!r}", partial(_sql.insert_session, record=record)
-        )
+        def op(conn: apsw.Connection) -> SessionRecord:
+            if quotas is not None:
+                quotas.check_new_session(namespace, *_sql.namespace_totals(conn, namespace))
+            return _sql.insert_session(conn, record)
+
+        return await self._write(f"creating session {record.session_id!r}", op)
 
     async def update_session(
         self,

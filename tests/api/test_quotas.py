@@ -169,15 +169,17 @@ async def test_a_start_over_a_stored_data_quota_is_a_429_that_stores_nothing(
             assert error.status == 429 and error.code == f"{scope}_quota_exceeded", error
             assert f"codesdk-supervisor serve {flag} N" in error.message and "no new task may start" in error.message
             assert await stored(engine, data, full) == before
-            # A new session of alice's: a session quota is per session; a namespace quota holds for it too.
-            fresh = (await alice.create_session(namespace="user:alice"))["session_id"]
+            # A new session of alice's: a session quota is per session; a full namespace gets no new session (its
+            # session.created would be stored too) — or, had it one already, no task in it.
             if scope == "session":
+                fresh = (await alice.create_session(namespace="user:alice"))["session_id"]
                 assert (await client_run(alice, fresh, ECHO)).type == EventType.TASK_COMPLETED
             else:
-                before = await stored(engine, data, fresh)
-                with pytest.raises(TooManyRequests, match=f"{scope}_quota_exceeded"):
-                    await alice.start_task(fresh, "more", runtime_config=ECHO)
-                assert await stored(engine, data, fresh) == before
+                sessions = await engine.store.list_sessions(namespace="user:alice")
+                with pytest.raises(TooManyRequests, match="no new session may be created") as no_session:
+                    await alice.create_session(namespace="user:alice")
+                assert no_session.value.code == f"{scope}_quota_exceeded"
+                assert await engine.store.list_sessions(namespace="user:alice") == sessions
             # bob's namespace is his own.
             session = (await bob.create_session(namespace="user:bob"))["session_id"]
             assert (await client_run(bob, session, ECHO)).type == EventType.TASK_COMPLETED
@@ -222,6 +224,29 @@ async def test_tasks_per_namespace_past_the_limit_is_a_429_until_one_ends(make_e
                 await engine.stop_task(task.task_id)
 
 
+async def test_sessions_per_namespace_past_the_limit_is_a_429_that_leaves_nothing(make_engine: Callable[..., Any],
+                                                                                  tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with trio.fail_after(GUARD_S):
+        async with make_engine(data_dir=data, quotas=serve_flags("--max-sessions-per-namespace", "2")) as engine, \
+                tenants(engine, data, tmp_path) as clients:
+            for _ in range(2):
+                await clients.alice.create_session(namespace="user:alice")
+            workspaces = sorted((data / "workspaces").iterdir())
+            with pytest.raises(TooManyRequests) as refused:
+                await clients.alice.create_session(namespace="user:alice")
+            error = refused.value
+            assert error.code == "too_many_sessions", error
+            assert "already has 2 sessions" in error.message and "--max-sessions-per-namespace" in error.message
+            assert len(await engine.store.list_sessions(namespace="user:alice")) == 2
+            assert sorted((data / "workspaces").iterdir()) == workspaces  # no workspace left for the refused one
+            await clients.bob.create_session(namespace="user:bob")  # another namespace goes on
+        async with make_engine(data_dir=tmp_path / "lifted",
+                               quotas=serve_flags("--max-sessions-per-namespace", "none")) as engine:
+            for _ in range(3):
+                await engine.create_session(namespace="user:alice")
+
+
 async def test_concurrent_starts_cannot_slip_past_the_tasks_limit(make_engine: Callable[..., Any]) -> None:
     """Admission is decided in the transaction that records the task: of six starts at once, two get in."""
     with trio.fail_after(GUARD_S):
@@ -253,7 +278,7 @@ async def test_concurrent_starts_cannot_slip_past_the_tasks_limit(make_engine: C
 
 def test_limit_flags_take_counts_sizes_and_none() -> None:
     assert serve_flags() == Quotas()
-    assert lifted() == Quotas(None, None, None, None, None)
+    assert lifted() == Quotas(None, None, None, None, None, None)
     quotas = serve_flags("--max-session-bytes", "512M", "--max-namespace-bytes", "2g", "--max-session-events", "100k",
                          "--max-namespace-events", " 7 ", "--max-tasks-per-namespace", "NONE")
     assert quotas == Quotas(session_events=100 << 10, session_bytes=512 << 20, namespace_events=7,
