@@ -20,5 +20,5 @@ class Model(BaseModel):
         return self.model_dump(mode="json", exclude_none=True)
 
     @classmethod
-    def from_json_obj(cls, obj: Any) -> Self:
+    def from_json_obj(cls, obj: object) -> Self:
         return cls.model_validate(obj)

@@ -29,7 +29,7 @@ class CanonicalizationError(ValueError):
         super().__init__(f"cannot canonicalize value at {self.path}: {problem}")
 
 
-def _find_problem(value: Any, path: str) -> CanonicalizationError | None:
+def _find_problem(value: object, path: str) -> CanonicalizationError | None:
     """Locate the first value JSON can't represent, so the error names where it is."""
     if value is None or isinstance(value, (bool, str)):
         if isinstance(value, str):

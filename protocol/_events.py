@@ -2,20 +2,38 @@
 
 The supervisor assigns ``seq`` (per session, gap-free) when it stores an event. Workers send the same
 ``type``/``payload`` shapes without ``seq`` or ``trace`` inside ``runtime.event`` (see ``WorkerEvent``).
+
+Events are typed by ``type``: each type has its own envelope class (``ModelOutputDeltaEvent``,
+``ModelOutputDeltaWorkerEvent`` …) whose ``payload`` is that type's model, and ``AnyEvent`` /
+``AnyWorkerEvent`` are their unions, discriminated by ``type`` (narrow with ``event.type == EventType.X``,
+``match`` or ``isinstance``). ``NormalizedEvent`` and ``WorkerEvent`` are the bases: constructing, validating
+or ``model_construct``-ing one of them yields the class of its ``type``, and a field annotated with a base
+validates as the discriminated union — pydantic-core picks the class by the tag, no Python per event.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Self, TypeAlias, TypeVar, cast, get_args
 
-from pydantic import Field, SerializeAsAny, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    PlainSerializer,
+    SerializeAsAny,
+    TypeAdapter,
+    field_validator,
+)
+from pydantic_core import CoreSchema, core_schema
 
 from ._base import Model
 from ._runtime import InteractionMode, PermissionMode
-from ._tools import ExecutedBy, ToolCallIdentity
+from ._tools import ExecutedBy, ToolCallIdentity, ToolClass
 from ._versions import CONTRACT_VERSION, SCHEMA_VERSION
 
 
@@ -160,6 +178,15 @@ class ToolCallPolicyEvaluated(ToolCallIdentity):
     approval_id: str | None = None  # the answered approval, on a ``user`` evaluation
 
 
+class ApprovalState(StrEnum):
+    """Where one ``approval.requested`` stands: pending until decided once (approved / denied) or expired."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"
+
+
 class ApprovalRequested(ToolCallIdentity):
     """A human is being asked about this call now: stored before anyone is asked, answered once (by
     ``approval_id``) or expired at ``expires_at`` (then denied). The decision follows as a ``user`` (or
@@ -167,7 +194,7 @@ class ApprovalRequested(ToolCallIdentity):
 
     approval_id: str
     tool_name: str
-    tool_class: str
+    tool_class: ToolClass
     reason: str
     expires_at: datetime
     input_preview: str = ""  # the call's input, clipped; the whole input is on tool.call.requested
@@ -185,8 +212,16 @@ class ToolCallDenied(ToolCallIdentity):
     policy_snapshot: dict[str, Any] = Field(default_factory=dict)
 
 
+class SandboxKind(StrEnum):
+    """How a tool call was confined."""
+
+    NONE = "none"  # not at all (a pure supervisor tool, or a runtime's own)
+    WORKSPACE = "workspace"  # paths confined to the session workspace, in the supervisor
+    SUBPROCESS = "subprocess"  # a sandboxed child process (workspace.exec)
+
+
 class SandboxSummary(Model):
-    kind: str = "none"  # none | workspace | subprocess
+    kind: SandboxKind = SandboxKind.NONE
     network: bool = False
     time_limit_s: float | None = None
     memory_limit_mb: int | None = None
@@ -240,6 +275,9 @@ class TaskCompleted(Model):
 
 
 class TaskFailureCode(StrEnum):
+    """``task.failed`` codes. The first group is CodeSDK's own; the second is what runtimes report, named once
+    here so adapters and apps share the spelling. A runtime may still send a code of its own (a plain string)."""
+
     WORKER_CRASHED = "WORKER_CRASHED"
     WORKER_UNAVAILABLE = "WORKER_UNAVAILABLE"
     RUNTIME_ERROR = "RUNTIME_ERROR"
@@ -251,13 +289,30 @@ class TaskFailureCode(StrEnum):
     SUPERVISOR_RESTARTED = "SUPERVISOR_RESTARTED"
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"  # the session or namespace reached a stored-data quota (details name it)
     INTERNAL = "INTERNAL"
+    # reported by runtimes (the model API's answer, or the scripted runtime's scenario)
+    INVALID_SCENARIO = "INVALID_SCENARIO"  # scripted runtime: the scenario is missing or malformed
+    INVALID_REQUEST = "INVALID_REQUEST"  # the model API refused the request as malformed (HTTP 400)
+    CONTEXT_TOO_LARGE = "CONTEXT_TOO_LARGE"  # the request exceeds the model's context (HTTP 413)
+    RATE_LIMITED = "RATE_LIMITED"  # HTTP 429 (retryable)
+    OVERLOADED = "OVERLOADED"  # HTTP 529 (retryable)
+    API_ERROR = "API_ERROR"  # the model API failed (HTTP 5xx, retryable)
+
+
+_FAILURE_CODES = frozenset(TaskFailureCode)
 
 
 class TaskFailed(Model):
-    code: str  # a TaskFailureCode, or a runtime-specific code
+    #: The TaskFailureCode member when the code is one of them, else the runtime's own code as it sent it.
+    code: TaskFailureCode | str
     message: str
     retryable: bool = False
     details: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("code", mode="before")
+    @classmethod
+    def _known_code(cls, value: object) -> object:
+        # a smart union would keep "RATE_LIMITED" a str: the member is the typed value
+        return TaskFailureCode(value) if isinstance(value, str) and value in _FAILURE_CODES else value
 
 
 class TaskStopped(Model):
@@ -289,7 +344,7 @@ PAYLOAD_MODELS: dict[EventType, type[Model]] = {
 }
 
 
-def parse_payload(event_type: EventType | str, payload: Any) -> Model:
+def parse_payload(event_type: EventType | str, payload: object) -> Model:
     """Validate a payload against its type's model (pydantic ValidationError on mismatch)."""
     model = PAYLOAD_MODELS[EventType(event_type)]
     if isinstance(payload, model):
@@ -321,13 +376,6 @@ class RuntimeInfo(Model):
     raw_ref: str | None = None
 
 
-def _validate_payload_by_type(data: Any) -> Any:
-    if isinstance(data, dict) and "type" in data:
-        data = dict(data)
-        data["payload"] = parse_payload(data["type"], data.get("payload", {}))
-    return data
-
-
 def _require_utc(value: datetime) -> datetime:
     if value.tzinfo is None:
         raise ValueError("time must carry a timezone (UTC)")
@@ -337,8 +385,60 @@ def _require_utc(value: datetime) -> datetime:
         raise ValueError("time is out of range once normalized to UTC") from None
 
 
-class WorkerEvent(Model):
-    """An event as a worker reports it: no seq, no trace (the supervisor adds both)."""
+class _TypedByTag(Model):
+    """Base of an envelope family (NormalizedEvent, WorkerEvent): an instance's class is the one for its ``type``.
+
+    Each subclass names its ``type`` as a ``Literal`` and its ``payload`` model. The family's base validates as
+    the union of its subclasses discriminated by ``type``, and ``Base(...)`` / ``Base.model_construct(...)``
+    build the subclass, so an event object has its precise class however it was made (a validated wire line, a
+    stored row, a constructor call, the store's trusted fast path).
+    """
+
+    # Built on first use: a base's schema is the union of subclasses that do not exist yet when it is created.
+    model_config = ConfigDict(defer_build=True)
+
+    @classmethod
+    def _narrow(cls, event_type: object) -> type[Self]:
+        family = _FAMILIES.get(cls)
+        if family is None or not isinstance(event_type, str):
+            return cls
+        return cast(type[Self], family[0].get(event_type, cls))
+
+    def __init__(self, /, **data: Any) -> None:
+        narrowed = type(self)._narrow(data.get("type"))
+        if narrowed is not type(self):
+            # Base(type=X, ...) becomes X's class before it is validated (the classes share one layout), so it is
+            # validated by X's schema. Done here, not in __new__: pydantic-core calls a class's __new__ for every
+            # instance it validates, and this hook is for Python callers only. An unknown or supervisor-only type
+            # keeps the base, whose validator then refuses it.
+            object.__setattr__(self, "__class__", narrowed)
+        super().__init__(**data)
+
+    # What pydantic's RootModel does too: not a "custom init" that validation of these classes would call.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    @classmethod
+    def model_construct(cls, _fields_set: set[str] | None = None, **values: Any) -> Self:  # type: ignore[override]
+        narrowed = cls._narrow(values.get("type"))
+        if narrowed is not cls:
+            return cast(Self, narrowed.model_construct(_fields_set, **values))
+        return cast(Self, super().model_construct(_fields_set, **values))
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: type[BaseModel], handler: GetCoreSchemaHandler, /) -> CoreSchema:
+        family = _FAMILIES.get(source)
+        return handler(source) if family is None else handler.generate_schema(family[1])
+
+
+#: Each envelope family's base -> (its classes by type, its discriminated union); filled in below the classes.
+_FAMILIES: dict[type[BaseModel], tuple[Mapping[str, type[_TypedByTag]], object]] = {}
+
+
+class WorkerEvent(_TypedByTag):
+    """An event as a worker reports it: no seq, no trace (the supervisor adds both).
+
+    ``WorkerEvent(type=..., ...)`` builds the class of that type (``ModelOutputDeltaWorkerEvent`` …); the types
+    only the supervisor emits are refused."""
 
     type: EventType
     time: datetime = Field(default_factory=utc_now)
@@ -348,19 +448,14 @@ class WorkerEvent(Model):
     #: store and stores only ``runtime.raw_ref``; stored events never carry raw payloads inline.
     raw: Any = None
 
-    _by_type = model_validator(mode="before")(_validate_payload_by_type)
     _utc = field_validator("time")(_require_utc)
 
-    @field_validator("type")
-    @classmethod
-    def _worker_may_send(cls, value: EventType) -> EventType:
-        if value not in WORKER_EVENT_TYPES:
-            raise ValueError(f"{value} is emitted by the supervisor, not by a worker")
-        return value
 
+class NormalizedEvent(_TypedByTag):
+    """A stored event: the unit apps read, page and subscribe to.
 
-class NormalizedEvent(Model):
-    """A stored event: the unit apps read, page and subscribe to."""
+    ``NormalizedEvent(type=..., ...)`` and ``NormalizedEvent.model_validate(...)`` give the class of that type
+    (``ToolCallRequestedEvent`` …)."""
 
     schema_version: int = SCHEMA_VERSION
     seq: int = Field(ge=1)
@@ -370,12 +465,260 @@ class NormalizedEvent(Model):
     runtime: RuntimeInfo
     payload: SerializeAsAny[Model]
 
-    _by_type = model_validator(mode="before")(_validate_payload_by_type)
     _utc = field_validator("time")(_require_utc)
 
     @property
     def is_terminal(self) -> bool:
         return self.type in TERMINAL_EVENT_TYPES
+
+
+# --- one envelope class per type ------------------------------------------------------------------
+# (written out, not generated: the checker sees each type's payload)
+
+_T = TypeVar("_T")
+#: An envelope's ``type``: a Literal of one EventType for validation and the checker, written out as its text
+#: (pydantic-core serializes a Literal enum member several times slower than it calls ``str`` on it).
+_Tag: TypeAlias = Annotated[_T, PlainSerializer(str, return_type=str, when_used="json")]
+
+
+class SessionCreatedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.SESSION_CREATED]] = EventType.SESSION_CREATED
+    payload: SessionCreated
+
+
+class TaskStartedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.TASK_STARTED]] = EventType.TASK_STARTED
+    payload: TaskStarted
+
+
+class ModelInputEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.MODEL_INPUT]] = EventType.MODEL_INPUT
+    payload: ModelInput
+
+
+class RuntimeRequestStartedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.RUNTIME_REQUEST_STARTED]] = EventType.RUNTIME_REQUEST_STARTED
+    payload: RuntimeRequestStarted
+
+
+class RuntimeRequestCompletedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.RUNTIME_REQUEST_COMPLETED]] = EventType.RUNTIME_REQUEST_COMPLETED
+    payload: RuntimeRequestCompleted
+
+
+class ModelOutputDeltaEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.MODEL_OUTPUT_DELTA]] = EventType.MODEL_OUTPUT_DELTA
+    payload: ModelOutputDelta
+
+
+class ModelOutputCompletedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.MODEL_OUTPUT_COMPLETED]] = EventType.MODEL_OUTPUT_COMPLETED
+    payload: ModelOutputCompleted
+
+
+class ToolCallRequestedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.TOOL_CALL_REQUESTED]] = EventType.TOOL_CALL_REQUESTED
+    payload: ToolCallRequested
+
+
+class ToolCallPolicyEvaluatedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.TOOL_CALL_POLICY_EVALUATED]] = EventType.TOOL_CALL_POLICY_EVALUATED
+    payload: ToolCallPolicyEvaluated
+
+
+class ApprovalRequestedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.APPROVAL_REQUESTED]] = EventType.APPROVAL_REQUESTED
+    payload: ApprovalRequested
+
+
+class ToolCallApprovedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.TOOL_CALL_APPROVED]] = EventType.TOOL_CALL_APPROVED
+    payload: ToolCallApproved
+
+
+class ToolCallDeniedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.TOOL_CALL_DENIED]] = EventType.TOOL_CALL_DENIED
+    payload: ToolCallDenied
+
+
+class ToolCallStartedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.TOOL_CALL_STARTED]] = EventType.TOOL_CALL_STARTED
+    payload: ToolCallStarted
+
+
+class ToolOutputDeltaEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.TOOL_OUTPUT_DELTA]] = EventType.TOOL_OUTPUT_DELTA
+    payload: ToolOutputDelta
+
+
+class ToolOutputCompletedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.TOOL_OUTPUT_COMPLETED]] = EventType.TOOL_OUTPUT_COMPLETED
+    payload: ToolOutputCompleted
+
+
+class ToolCallCompletedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.TOOL_CALL_COMPLETED]] = EventType.TOOL_CALL_COMPLETED
+    payload: ToolCallCompleted
+
+
+class UsageReportedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.USAGE_REPORTED]] = EventType.USAGE_REPORTED
+    payload: UsageReported = Field(default_factory=UsageReported)
+
+
+class TaskCompletedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.TASK_COMPLETED]] = EventType.TASK_COMPLETED
+    payload: TaskCompleted = Field(default_factory=TaskCompleted)
+
+
+class TaskFailedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.TASK_FAILED]] = EventType.TASK_FAILED
+    payload: TaskFailed
+
+
+class TaskStoppedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.TASK_STOPPED]] = EventType.TASK_STOPPED
+    payload: TaskStopped = Field(default_factory=TaskStopped)
+
+
+class RuntimeRequestStartedWorkerEvent(WorkerEvent):
+    type: _Tag[Literal[EventType.RUNTIME_REQUEST_STARTED]] = EventType.RUNTIME_REQUEST_STARTED
+    payload: RuntimeRequestStarted
+
+
+class RuntimeRequestCompletedWorkerEvent(WorkerEvent):
+    type: _Tag[Literal[EventType.RUNTIME_REQUEST_COMPLETED]] = EventType.RUNTIME_REQUEST_COMPLETED
+    payload: RuntimeRequestCompleted
+
+
+class ModelOutputDeltaWorkerEvent(WorkerEvent):
+    type: _Tag[Literal[EventType.MODEL_OUTPUT_DELTA]] = EventType.MODEL_OUTPUT_DELTA
+    payload: ModelOutputDelta
+
+
+class ModelOutputCompletedWorkerEvent(WorkerEvent):
+    type: _Tag[Literal[EventType.MODEL_OUTPUT_COMPLETED]] = EventType.MODEL_OUTPUT_COMPLETED
+    payload: ModelOutputCompleted
+
+
+class ToolCallRequestedWorkerEvent(WorkerEvent):
+    type: _Tag[Literal[EventType.TOOL_CALL_REQUESTED]] = EventType.TOOL_CALL_REQUESTED
+    payload: ToolCallRequested
+
+
+class ToolCallPolicyEvaluatedWorkerEvent(WorkerEvent):
+    type: _Tag[Literal[EventType.TOOL_CALL_POLICY_EVALUATED]] = EventType.TOOL_CALL_POLICY_EVALUATED
+    payload: ToolCallPolicyEvaluated
+
+
+class ToolCallStartedWorkerEvent(WorkerEvent):
+    type: _Tag[Literal[EventType.TOOL_CALL_STARTED]] = EventType.TOOL_CALL_STARTED
+    payload: ToolCallStarted
+
+
+class ToolOutputDeltaWorkerEvent(WorkerEvent):
+    type: _Tag[Literal[EventType.TOOL_OUTPUT_DELTA]] = EventType.TOOL_OUTPUT_DELTA
+    payload: ToolOutputDelta
+
+
+class ToolOutputCompletedWorkerEvent(WorkerEvent):
+    type: _Tag[Literal[EventType.TOOL_OUTPUT_COMPLETED]] = EventType.TOOL_OUTPUT_COMPLETED
+    payload: ToolOutputCompleted
+
+
+class ToolCallCompletedWorkerEvent(WorkerEvent):
+    type: _Tag[Literal[EventType.TOOL_CALL_COMPLETED]] = EventType.TOOL_CALL_COMPLETED
+    payload: ToolCallCompleted
+
+
+class UsageReportedWorkerEvent(WorkerEvent):
+    type: _Tag[Literal[EventType.USAGE_REPORTED]] = EventType.USAGE_REPORTED
+    payload: UsageReported = Field(default_factory=UsageReported)
+
+
+class TaskCompletedWorkerEvent(WorkerEvent):
+    type: _Tag[Literal[EventType.TASK_COMPLETED]] = EventType.TASK_COMPLETED
+    payload: TaskCompleted = Field(default_factory=TaskCompleted)
+
+
+class TaskFailedWorkerEvent(WorkerEvent):
+    type: _Tag[Literal[EventType.TASK_FAILED]] = EventType.TASK_FAILED
+    payload: TaskFailed
+
+
+class TaskStoppedWorkerEvent(WorkerEvent):
+    type: _Tag[Literal[EventType.TASK_STOPPED]] = EventType.TASK_STOPPED
+    payload: TaskStopped = Field(default_factory=TaskStopped)
+
+
+EventUnion: TypeAlias = (
+    SessionCreatedEvent | TaskStartedEvent | ModelInputEvent | RuntimeRequestStartedEvent
+    | RuntimeRequestCompletedEvent | ModelOutputDeltaEvent | ModelOutputCompletedEvent | ToolCallRequestedEvent
+    | ToolCallPolicyEvaluatedEvent | ApprovalRequestedEvent | ToolCallApprovedEvent | ToolCallDeniedEvent
+    | ToolCallStartedEvent | ToolOutputDeltaEvent | ToolOutputCompletedEvent | ToolCallCompletedEvent
+    | UsageReportedEvent | TaskCompletedEvent | TaskFailedEvent | TaskStoppedEvent
+)
+WorkerEventUnion: TypeAlias = (
+    RuntimeRequestStartedWorkerEvent | RuntimeRequestCompletedWorkerEvent | ModelOutputDeltaWorkerEvent
+    | ModelOutputCompletedWorkerEvent | ToolCallRequestedWorkerEvent | ToolCallPolicyEvaluatedWorkerEvent
+    | ToolCallStartedWorkerEvent | ToolOutputDeltaWorkerEvent | ToolOutputCompletedWorkerEvent
+    | ToolCallCompletedWorkerEvent | UsageReportedWorkerEvent | TaskCompletedWorkerEvent | TaskFailedWorkerEvent
+    | TaskStoppedWorkerEvent
+)
+
+@dataclass(frozen=True, slots=True)
+class _ByType:
+    """Validates a union of envelope classes as a union tagged by ``type``: one lookup in pydantic-core picks
+    the class (``Discriminator("type")`` would do the same but drops a custom error)."""
+
+    error_type: str | None = None
+    error_message: str | None = None
+
+    def __get_pydantic_core_schema__(self, source: object, handler: GetCoreSchemaHandler) -> CoreSchema:
+        choices: dict[Hashable, CoreSchema] = {
+            cls.model_fields["type"].default.value: handler.generate_schema(cls) for cls in get_args(source)}
+        return core_schema.tagged_union_schema(choices, "type", custom_error_type=self.error_type,
+                                               custom_error_message=self.error_message)
+
+
+#: A stored event, typed by ``type`` (annotate fields with it; validation picks the class by the tag).
+AnyEvent: TypeAlias = Annotated[EventUnion, _ByType()]
+#: A ``runtime.event``'s event, typed by ``type``; a supervisor-only type is refused.
+AnyWorkerEvent: TypeAlias = Annotated[WorkerEventUnion, _ByType(
+    "worker_event_type",
+    "type must be an event type a worker may send (runtime.request.*, model.output.*, tool.call.requested, "
+    "tool.call.policy_evaluated, tool.call.started|completed, tool.output.*, usage.reported, "
+    "task.completed|failed|stopped); the others are emitted by the supervisor, not by a worker")]
+
+
+#: The envelope class of each type (a subclass's ``type`` defaults to its tag).
+EVENT_MODELS: Mapping[EventType, type[NormalizedEvent]] = {
+    cls.model_fields["type"].default: cls for cls in get_args(EventUnion)}
+WORKER_EVENT_MODELS: Mapping[EventType, type[WorkerEvent]] = {
+    cls.model_fields["type"].default: cls for cls in get_args(WorkerEventUnion)}
+assert set(EVENT_MODELS) == set(EventType) and set(WORKER_EVENT_MODELS) == WORKER_EVENT_TYPES
+_FAMILIES.update({
+    NormalizedEvent: ({t.value: cls for t, cls in EVENT_MODELS.items()}, AnyEvent),
+    WorkerEvent: ({t.value: cls for t, cls in WORKER_EVENT_MODELS.items()}, AnyWorkerEvent),
+})
+
+_ANY_EVENT: TypeAdapter[EventUnion] = TypeAdapter(AnyEvent)
+_ANY_WORKER_EVENT: TypeAdapter[WorkerEventUnion] = TypeAdapter(AnyWorkerEvent)
+
+
+def parse_event(obj: object) -> EventUnion:
+    """A stored event from its JSON-compatible form, as the class of its type (ValidationError if invalid)."""
+    return _ANY_EVENT.validate_python(obj)
+
+
+def parse_event_json(data: str | bytes) -> EventUnion:
+    """A stored event from JSON text, validated in pydantic-core (not a strict decoder: trusted input only)."""
+    return _ANY_EVENT.validate_json(data)
+
+
+def parse_worker_event(obj: object) -> WorkerEventUnion:
+    """A worker's event from its JSON-compatible form, as the class of its type (ValidationError if invalid)."""
+    return _ANY_WORKER_EVENT.validate_python(obj)
 
 
 # --- upcasting old schema versions ----------------------------------------------------------------

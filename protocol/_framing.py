@@ -7,12 +7,21 @@ Sans-IO in the h11 style: feed bytes in, take complete frames out. Problems come
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
+import types
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any
+from datetime import datetime
+from enum import Enum, StrEnum
+from functools import cache
+from typing import Annotated, Any, Literal, NoReturn, Union, get_args, get_origin
 
+from pydantic import BaseModel, JsonValue
+from pydantic_core import to_json
+
+from ._base import Model
+from ._events import WorkerEvent
 from ._jsonrpc import (
     ErrorCode,
     InvalidMessage,
@@ -137,7 +146,7 @@ MAX_NESTING_DEPTH = 200
 MAX_INTEGER_DIGITS = 4300
 
 
-def _reject_constant(name: str) -> Any:
+def _reject_constant(name: str) -> NoReturn:
     raise _JsonRejected(f"{name} is not valid JSON")
 
 
@@ -155,7 +164,7 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _no_duplicate_keys(pairs: list[tuple[str, JsonValue]]) -> dict[str, JsonValue]:
     result = dict(pairs)
     if len(result) != len(pairs):
         seen: set[str] = set()
@@ -177,9 +186,9 @@ def _is_utf8_clean(text: str) -> bool:
     return True
 
 
-def _structure_problem(value: Any, *, max_depth: int, check_strings: bool) -> str | None:
+def _structure_problem(value: object, *, max_depth: int, check_strings: bool) -> str | None:
     """Walk a decoded value without recursion: too deep, or a string holding a lone surrogate."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
+    stack: list[tuple[object, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, str):
@@ -198,7 +207,7 @@ def _structure_problem(value: Any, *, max_depth: int, check_strings: bool) -> st
     return None
 
 
-def decode_json(line: bytes, max_depth: int = MAX_NESTING_DEPTH) -> Any | BadFrame:
+def decode_json(line: bytes, max_depth: int = MAX_NESTING_DEPTH) -> JsonValue | BadFrame:
     """Decode one line as strict JSON. Returns the value or a BadFrame; never raises.
 
     Stricter than ``json.loads``: NaN/Infinity, overflowing numbers, duplicate keys, lone surrogates,
@@ -209,8 +218,8 @@ def decode_json(line: bytes, max_depth: int = MAX_NESTING_DEPTH) -> Any | BadFra
     except UnicodeDecodeError as exc:
         return BadFrame(FrameProblem.NOT_UTF8, f"not UTF-8: {exc.reason} at byte {exc.start}", len(line))
     try:
-        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
-                           parse_int=_bounded_int, object_pairs_hook=_no_duplicate_keys)
+        value: JsonValue = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
+                                      parse_int=_bounded_int, object_pairs_hook=_no_duplicate_keys)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, _JsonRejected, nesting past the stack
         detail = "nesting too deep" if isinstance(exc, RecursionError) else str(exc)
         return BadFrame(FrameProblem.INVALID_JSON, f"invalid JSON: {detail}", len(line))
@@ -223,6 +232,118 @@ def decode_json(line: bytes, max_depth: int = MAX_NESTING_DEPTH) -> Any | BadFra
         if problem is not None:  # the JSON itself parsed: keep the id when it can be read
             return BadFrame(FrameProblem.INVALID_JSON, f"invalid JSON: {problem}", len(line), readable_id(value))
     return value
+
+
+# --- the event fast path -------------------------------------------------------------------------
+
+
+class _EventLine(Model):
+    """A whole ``runtime.event`` notification line: validated from its bytes in one pydantic-core pass."""
+
+    jsonrpc: Literal["2.0"]
+    method: Literal[Method.EVENT]
+    params: RuntimeEventParams
+
+
+_EVENT_LINE = _EventLine.__pydantic_validator__
+
+
+class _NotFinite(Exception):
+    pass
+
+
+def decode_event_line(line: bytes) -> RuntimeEventParams | None:
+    """The params of a ``runtime.event`` line — or None when the line is not *proven* to be a valid one.
+
+    The supervisor's hot path: ``decode_json`` with its Python hooks per object and number, then validation
+    in Python, costs tens of µs per event; here pydantic-core parses and validates the line in one pass. Its
+    parser is laxer than ``decode_json`` in exactly these ways, each closed without a hook per object:
+
+    - nesting deeper than MAX_NESTING_DEPTH: lines that could be that deep (by a count of ``[`` and ``{``)
+      are not tried;
+    - NaN, Infinity and numbers that overflow a double are read as floats: the floats of the result (typed
+      fields and free-form JSON) are checked to be finite;
+    - integers over MAX_INTEGER_DIGITS digits: the parser refuses them too (the same 4300, whatever the
+      interpreter's setting; tests/protocol pins it);
+    - duplicate keys (the last one wins): proven absent by counting. Every key ends with ``":`` (a line with
+      a space before a colon, or any tab or line break, is not tried), so the ``":`` whose quote is not
+      escaped (not after an odd run of backslashes) bound the line's keys from above, and the result gives
+      the distinct keys of each object (a model's ``fields_set``: every model here forbids extra keys and has
+      no aliases or model validators, which tests/protocol checks; a dict's length). Equal counts leave no
+      room for a duplicate.
+
+    None means "take the general path" (``decode_json`` then ``RuntimeEventParams.model_validate``), which
+    then decides: a line this accepts is one the general path accepts too, with an equal result (a property
+    test holds it to that, with the general path as the oracle). Never raises.
+    """
+    # Tabs and line breaks never occur raw inside a JSON string, so outside one they are whitespace: not tried.
+    if b"\t" in line or b"\r" in line or b"\n" in line or b" :" in line \
+            or line.count(b"[") + line.count(b"{") > MAX_NESTING_DEPTH:
+        return None
+    try:
+        params = _EVENT_LINE.validate_json(line).params
+        distinct = _distinct_keys(params) + 3  # + the envelope's jsonrpc, method and params
+    except (_NotFinite, RecursionError):
+        return None
+    except Exception:  # noqa: BLE001 - a ValidationError, or a validator tripping on hostile input: not proven
+        return None
+    bound = line.count(b'":')  # distinct <= keys <= the key bound <= bound: equal ends, equal middle
+    return params if bound == distinct or _key_bound(line, bound) == distinct else None
+
+
+def _key_bound(line: bytes, colons: int) -> int:
+    """How many keys ``line`` can hold at most: its ``colons`` (``":``) minus those whose quote is escaped, i.e.
+    preceded by an odd run of backslashes (runs of at least k backslashes, for k = 1, 2 …, alternate in sign)."""
+    bound = colons
+    run, sign = b"\\", -1
+    while count := line.count(run + b'":'):
+        bound += sign * count
+        run, sign = run + b"\\", -sign
+    return bound
+
+
+def _distinct_keys(model: BaseModel) -> int:
+    """Keys of the JSON objects ``model`` was validated from, each object's counted once; raises _NotFinite."""
+    present = model.__pydantic_fields_set__
+    keys = len(present)
+    values = model.__dict__
+    for name in _fields_to_walk(type(model)):
+        if name in present:
+            keys += _json_keys(values[name])
+    return keys
+
+
+def _json_keys(value: object) -> int:
+    if isinstance(value, BaseModel):
+        return _distinct_keys(value)
+    if isinstance(value, dict):
+        return len(value) + sum([_json_keys(item) for item in value.values()])
+    if isinstance(value, (list, tuple)):
+        return sum([_json_keys(item) for item in value])
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _NotFinite
+    return 0
+
+
+@cache
+def _fields_to_walk(model: type[BaseModel]) -> tuple[str, ...]:
+    """The fields of ``model`` that can hold an object or a float (the rest hold strings, integers, booleans,
+    enums, literals or times, which carry neither keys nor non-finite numbers)."""
+    return tuple(name for name, info in model.model_fields.items() if not _plain_scalar(info.annotation))
+
+
+_PLAIN_SCALARS = (str, int, datetime, type(None))  # int includes bool; float is not plain (NaN, inf)
+
+
+def _plain_scalar(annotation: object) -> bool:
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return True
+    if origin is Annotated:
+        return _plain_scalar(get_args(annotation)[0])
+    if origin is Union or origin is types.UnionType:
+        return all(_plain_scalar(arg) for arg in get_args(annotation))
+    return isinstance(annotation, type) and issubclass(annotation, (Enum, *_PLAIN_SCALARS))
 
 
 def decode_message(line: bytes) -> JsonRpcMessage | BadFrame:
@@ -262,15 +383,24 @@ def encode_message(message: JsonRpcMessage | dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8") + b"\n"
 
 
-_EVENT_HEAD = b'{"jsonrpc":"2.0","method":"' + Method.EVENT.value.encode() + b'","params":'
+_EVENT_HEAD = b'{"jsonrpc":"2.0","method":"' + Method.EVENT.value.encode() + b'","params":{"task_id":'
 
 
 def encode_event_notification(params: RuntimeEventParams) -> bytes:
-    """The ``runtime.event`` line for ``params``: the same JSON ``encode_message`` would give, serialized in one
-    pass by pydantic instead of model -> dict -> Notification -> dict -> json.dumps (the worker's hot path).
+    """The ``runtime.event`` line for ``params``: the same JSON ``encode_message`` would give, serialized by
+    pydantic-core instead of model -> dict -> Notification -> dict -> json.dumps (the worker's hot path)."""
+    return encode_event(params.task_id, params.n, params.event)
+
+
+def encode_event(task_id: str, n: int, event: WorkerEvent) -> bytes:
+    """The ``runtime.event`` line of the task's ``n``-th event, from parts that are already valid (a task id
+    accepted with its startTask, ``n`` >= 1, a WorkerEvent): no RuntimeEventParams is built only to be written.
+    The event goes through its own class's serializer, not the union's (which would look the class up again).
     Anything pydantic cannot serialize the same way falls back to ``encode_message``, which raises as before."""
     try:
-        body = params.__pydantic_serializer__.to_json(params, exclude_none=True)
+        body = event.__pydantic_serializer__.to_json(event, exclude_none=True)
+        task = to_json(task_id)
     except ValueError:  # PydanticSerializationError: unencodable text or values
-        return encode_message(Notification(method=Method.EVENT, params=params.to_json_obj()))
-    return _EVENT_HEAD + body + b"}\n"
+        params = {"task_id": task_id, "n": n, "event": event.to_json_obj()}
+        return encode_message(Notification(method=Method.EVENT, params=params))
+    return b"".join((_EVENT_HEAD, task, b',"n":', str(n).encode(), b',"event":', body, b"}}\n"))

@@ -1,14 +1,21 @@
-"""JSON-RPC 2.0 message shapes and the worker protocol's methods, params, results and error codes."""
+"""JSON-RPC 2.0 message shapes and the worker protocol's methods, params, results and error codes.
+
+Two readers share this module: ``parse_message`` classifies whatever a peer wrote (the supervisor reading a
+worker's output), ``parse_request`` applies the rules a request to the worker must follow (§1.4 of
+docs/protocol.md). ``METHOD_TABLE`` / ``Rpc`` type each method's params and result for both sides.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import IntEnum, StrEnum
-from typing import Any, Literal
+from typing import Any, Final, Generic, Literal, TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field, JsonValue, ValidationError
 
 from ._base import Model
-from ._events import WorkerEvent
+from ._events import AnyWorkerEvent
 from ._runtime import AuthStatus, InteractionMode, PermissionMode, RuntimeCapabilities, RuntimeEnv
 from ._tools import ToolManifest
 from ._transcript import Message, Role
@@ -22,6 +29,7 @@ class ErrorCode(IntEnum):
     METHOD_NOT_FOUND = -32601
     INVALID_PARAMS = -32602
     INTERNAL_ERROR = -32603
+    SERVER_ERROR = -32000  # the worker failed to answer a request (a bug of its own; never expected)
     FRAME_TOO_LARGE = -32001  # the line exceeded the frame limit; it was discarded unread
     NOT_INITIALIZED = -32002  # a method other than runtime.initialize before the handshake
     PROTOCOL_VERSION_MISMATCH = -32003
@@ -58,25 +66,26 @@ class Request(Model):
     jsonrpc: Literal["2.0"] = "2.0"
     id: RequestId
     method: str
-    params: dict[str, Any] | list[Any] | None = None
+    params: dict[str, JsonValue] | list[JsonValue] | None = None
 
 
 class Notification(Model):
     jsonrpc: Literal["2.0"] = "2.0"
     method: str
-    params: dict[str, Any] | list[Any] | None = None
+    params: dict[str, JsonValue] | list[JsonValue] | None = None
 
 
 class ErrorObject(Model):
     code: int
     message: str
-    data: Any = None
+    data: JsonValue = None
 
 
 class Response(Model):
     jsonrpc: Literal["2.0"] = "2.0"
     id: RequestId
-    result: Any = None
+    #: Any JSON: each method's result model reads it (``MethodSpec.parse_result``).
+    result: JsonValue = None
 
 
 class ErrorResponse(Model):
@@ -100,7 +109,7 @@ class InvalidMessage(Model):
     id: RequestId | None = None
 
 
-def readable_id(obj: Any) -> RequestId | None:
+def readable_id(obj: object) -> RequestId | None:
     """The id of a (possibly invalid) message, when there is one an answer can carry: an integer (not a boolean)
     or a string of valid text. An error about a message whose id could be read is answered with that id, so
     the peer waiting for it gets its answer; only an unreadable id is answered with ``null``."""
@@ -115,7 +124,7 @@ def readable_id(obj: Any) -> RequestId | None:
     return raw
 
 
-def parse_message(obj: Any) -> JsonRpcMessage | InvalidMessage:
+def parse_message(obj: object) -> JsonRpcMessage | InvalidMessage:
     """Classify one decoded JSON value as a JSON-RPC message. Never raises."""
     if not isinstance(obj, dict):
         return InvalidMessage(reason=f"expected a JSON object, got {type(obj).__name__}")
@@ -140,8 +149,70 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {err['msg']}"
 
 
-def error_response(msg_id: RequestId | None, code: ErrorCode | int, message: str, data: Any = None) -> ErrorResponse:
+def error_response(msg_id: RequestId | None, code: ErrorCode | int, message: str,
+                   data: JsonValue = None) -> ErrorResponse:
     return ErrorResponse(id=msg_id, error=ErrorObject(code=int(code), message=message, data=data))
+
+
+# --- a request as the worker reads it -------------------------------------------------------------
+
+#: What a request's ``id`` may be on the way in: JSON-RPC allows a fractional number or null too (they are
+#: echoed; drivers must not use them). Booleans, objects and arrays are not ids.
+IncomingId = int | float | str | None
+
+_REQUEST_MEMBERS = frozenset({"jsonrpc", "method", "id", "params"})
+
+#: The ``data`` of -32600 for an object that is not a valid request (kept from the worker's first release).
+INVALID_REQUEST_DATA = "The request failed schema validation"
+
+
+@dataclass(frozen=True, slots=True)
+class IncomingRequest:
+    """A request object that follows §1.4: the method and params are not checked yet (that is the table's job).
+
+    ``params`` is None when the member is absent. Without an ``id`` member the request is a notification: it
+    is executed and never answered."""
+
+    method: str
+    params: dict[str, JsonValue] | list[JsonValue] | None
+    id: IncomingId = None
+    notification: bool = False
+
+
+def parse_request(obj: object) -> IncomingRequest | InvalidMessage:
+    """Check one decoded value against the request rules; never raises.
+
+    Exactly the members ``jsonrpc`` ("2.0"), ``method`` (a string), optional ``id`` (string, number or null,
+    not a boolean) and optional ``params`` (object or array; null is not allowed). Anything else is an
+    InvalidMessage carrying the id when it can be read."""
+    if not isinstance(obj, dict):
+        return InvalidMessage(reason=f"expected a JSON object, got {type(obj).__name__}")
+    reason = _request_problem(obj)
+    if reason is not None:
+        return InvalidMessage(reason=reason, id=readable_id(obj))
+    return IncomingRequest(method=obj["method"], params=obj.get("params"), id=obj.get("id"),
+                           notification="id" not in obj)
+
+
+def _request_problem(obj: dict[str, object]) -> str | None:
+    extra = obj.keys() - _REQUEST_MEMBERS
+    if extra:
+        return f"unexpected member(s): {', '.join(sorted(extra))}"
+    if obj.get("jsonrpc") != "2.0" or not isinstance(obj["jsonrpc"], str):
+        return '"jsonrpc" must be "2.0"'
+    if not isinstance(obj.get("method"), str):
+        return '"method" must be a string'
+    if "id" in obj and (isinstance(obj["id"], bool) or not isinstance(obj["id"], (int, float, str, type(None)))):
+        return '"id" must be a string, a number or null'
+    if "params" in obj and not isinstance(obj["params"], (dict, list)):
+        return '"params" must be an object or an array'
+    return None
+
+
+def invalid_params_data(exc: ValidationError) -> dict[str, list[dict[str, str]]]:
+    """The ``data`` of -32602 for params that failed their model: each error's location, message and type."""
+    return {"errors": [{"loc": ".".join(str(part) for part in err["loc"]), "msg": err["msg"], "type": err["type"]}
+                       for err in exc.errors(include_url=False)]}
 
 
 # --- the worker protocol's params and results -----------------------------------------------------
@@ -263,8 +334,61 @@ class Ack(Model):
 
 
 class RuntimeEventParams(Model):
-    """Params of the ``runtime.event`` notification. ``n`` counts a task's events from 1, gap-free."""
+    """Params of the ``runtime.event`` notification. ``n`` counts a task's events from 1, gap-free.
+
+    ``event`` is the class of its type (narrow with ``params.event.type == EventType.X``)."""
 
     task_id: str
     n: int = Field(ge=1)
-    event: WorkerEvent
+    event: AnyWorkerEvent
+
+
+class NoParams(Model):
+    """Params of a method that takes none (``runtime.shutdown``): sent without a ``params`` member."""
+
+
+# --- the method table -----------------------------------------------------------------------------
+
+P_co = TypeVar("P_co", bound=Model, covariant=True)
+R_co = TypeVar("R_co", bound=Model, covariant=True)
+
+
+@dataclass(frozen=True, slots=True)
+class MethodSpec(Generic[P_co, R_co]):
+    """One request of the worker protocol: its name, the model its params validate against, its result's model.
+
+    The worker validates params once, with ``params``; the supervisor sends a ``params`` instance and reads the
+    answer as ``result`` (``WorkerConnection.request(Rpc.START_TASK, params) -> StartTaskResult``)."""
+
+    method: Method
+    params: type[P_co]
+    result: type[R_co]
+
+    @property
+    def takes_params(self) -> bool:
+        return self.params is not NoParams
+
+    def parse_result(self, value: object) -> R_co:
+        """The answer as its model (ValidationError when the peer answered something else)."""
+        return self.result.model_validate(value)
+
+
+class Rpc:
+    """The worker protocol's requests, typed. ``runtime.event`` is a notification, not a request: it has none."""
+
+    INITIALIZE: Final = MethodSpec(Method.INITIALIZE, InitializeParams, InitializeResult)
+    GET_AUTH_STATUS: Final = MethodSpec(Method.GET_AUTH_STATUS, GetAuthStatusParams, AuthStatus)
+    ENSURE_LOGIN: Final = MethodSpec(Method.ENSURE_LOGIN, GetAuthStatusParams, EnsureLoginResult)
+    START_TASK: Final = MethodSpec(Method.START_TASK, StartTaskParams, StartTaskResult)
+    SEND_TOOL_RESULT: Final = MethodSpec(Method.SEND_TOOL_RESULT, SendToolResultParams, Ack)
+    SEND_TOOL_DENIED: Final = MethodSpec(Method.SEND_TOOL_DENIED, SendToolDeniedParams, Ack)
+    SEND_TOOL_APPROVED: Final = MethodSpec(Method.SEND_TOOL_APPROVED, SendToolApprovedParams, Ack)
+    STOP: Final = MethodSpec(Method.STOP, StopParams, Ack)
+    SHUTDOWN: Final = MethodSpec(Method.SHUTDOWN, NoParams, Ack)
+
+
+#: Method name -> its spec: every request a worker serves.
+METHOD_TABLE: Mapping[str, MethodSpec[Model, Model]] = {
+    spec.method.value: spec for spec in vars(Rpc).values() if isinstance(spec, MethodSpec)
+}
+assert set(METHOD_TABLE) == {m.value for m in Method} - {Method.EVENT.value}

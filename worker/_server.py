@@ -1,9 +1,11 @@
 """The worker's stdio JSON-RPC server: one reader, one writer, one owner nursery for running tasks.
 
-Requests are parsed with the protocol framer and dispatched with jsonrpcserver (synchronous handlers
-that only validate and schedule). Responses and ``runtime.event`` notifications share one bounded
-outgoing channel drained by a single writer, so lines never interleave and a slow supervisor
-backpressures the runtimes instead of growing a queue.
+Requests are framed and decoded by ``protocol`` (strict JSON, ``parse_request``) and dispatched through
+``protocol.METHOD_TABLE``: the table's params model validates each request's params once, then a synchronous
+handler takes the typed params, checks, schedules and answers (a value, an ``RpcFailure``, or ``Later`` for
+the questions that take time). Responses and ``runtime.event`` notifications share one bounded outgoing
+channel drained by a single writer, so lines never interleave and a slow supervisor backpressures the
+runtimes instead of growing a queue.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
-from jsonrpcserver import Error, InvalidParams, Success, dispatch_to_serializable
 from pydantic import ValidationError
 
 from protocol import (
     DEFAULT_MAX_FRAME_BYTES,
+    INVALID_REQUEST_DATA,
+    METHOD_TABLE,
     PROTOCOL_VERSION,
     TERMINAL_EVENT_TYPES,
     Ack,
@@ -27,13 +30,16 @@ from protocol import (
     ErrorCode,
     EventType,
     GetAuthStatusParams,
+    IncomingId,
+    IncomingRequest,
     InitializeParams,
     InitializeResult,
+    InvalidMessage,
     LineFramer,
     Method,
     Model,
+    NoParams,
     PeerInfo,
-    RuntimeEventParams,
     RuntimeInfo,
     RuntimeOffer,
     SendToolApprovedParams,
@@ -47,10 +53,11 @@ from protocol import (
     TaskStopped,
     WorkerEvent,
     decode_json,
-    encode_event_notification,
+    encode_event,
     encode_message,
     error_response,
-    readable_id,
+    invalid_params_data,
+    parse_request,
 )
 
 from .adapters.base import (
@@ -78,7 +85,41 @@ WRITE_COALESCE_BYTES = 64 * 1024
 #: Bytes per read from stdin.
 READ_CHUNK_BYTES = 64 * 1024
 
-RpcResult = Any  # the Either value jsonrpcserver handlers return
+
+class _Omitted:
+    """The ``data`` of an error that has none: the member is left out (``None`` is sent as ``"data": null``)."""
+
+
+OMITTED = _Omitted()
+
+
+class RpcFailure(Exception):
+    """A request refused: answered with this JSON-RPC error (``data`` left out when OMITTED)."""
+
+    def __init__(self, code: ErrorCode | int, message: str, data: Any = OMITTED) -> None:
+        super().__init__(message)
+        self.code = int(code)
+        self.message = message
+        self.data = data
+
+    def error_object(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not OMITTED:
+            error["data"] = self.data
+        return error
+
+
+@dataclass(frozen=True, slots=True)
+class Later:
+    """A handler's answer that takes time (it may look at files or run the runtime): the reader goes on, and the
+    response is written when ``run`` completes — so later requests can be answered first."""
+
+    run: Callable[[], Awaitable[Model]]
+
+
+#: What a handler gives back: the result, or an answer to come.
+Reply = Model | Later
+Handler = Callable[[Any], Reply]
 
 
 class EventTooLarge(ValueError):
@@ -87,13 +128,6 @@ class EventTooLarge(ValueError):
 
 class TaskEnded(RuntimeError):
     """An adapter tried to emit after its task's terminal event."""
-
-
-@dataclass
-class _Deferred:
-    """A handler result that needs awaiting; the reader answers when it completes."""
-
-    run: Callable[[], Awaitable[Model]]
 
 
 @dataclass
@@ -122,10 +156,10 @@ class _RunningTask:
         await self._send(event_type, payload, raw)
 
     async def _send(self, event_type: EventType, payload: Model | dict[str, Any], raw: Any = None) -> None:
+        # validated here (a supervisor-only type or a payload of another type is refused), then written as it is
         event = WorkerEvent(type=event_type, runtime=self.runtime, payload=payload, raw=raw)
         async with self._emit_lock:  # n is used only once its line is queued: no gaps on cancellation
-            params = RuntimeEventParams(task_id=self.task_id, n=self.n + 1, event=event)
-            line = encode_event_notification(params)
+            line = encode_event(self.task_id, self.n + 1, event)
             if len(line) > self.server.max_frame_bytes:
                 raise EventTooLarge(f"{event_type} event of {len(line)} bytes exceeds the frame limit of "
                                     f"{self.server.max_frame_bytes} bytes; split it or store it by reference")
@@ -184,17 +218,19 @@ class WorkerServer:
         self._read_scope = trio.CancelScope()
         self._tasks_nursery: trio.Nursery | None = None
         self._aux_nursery: trio.Nursery | None = None
-        self._methods: dict[str, Callable[..., RpcResult]] = {
+        # One handler per entry of protocol.METHOD_TABLE, each taking that method's params model.
+        self._handlers: dict[str, Handler] = {
             Method.INITIALIZE: self._initialize,
             Method.GET_AUTH_STATUS: self._get_auth_status,
             Method.ENSURE_LOGIN: self._ensure_login,
             Method.START_TASK: self._start_task,
-            Method.SEND_TOOL_RESULT: self._send_tool_result,
-            Method.SEND_TOOL_DENIED: self._send_tool_denied,
-            Method.SEND_TOOL_APPROVED: self._send_tool_approved,
+            Method.SEND_TOOL_RESULT: self._answer_tool,
+            Method.SEND_TOOL_DENIED: self._answer_tool,
+            Method.SEND_TOOL_APPROVED: self._answer_tool,
             Method.STOP: self._stop,
             Method.SHUTDOWN: self._shutdown,
         }
+        assert self._handlers.keys() == METHOD_TABLE.keys()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -282,52 +318,109 @@ class WorkerServer:
         await self.send_line(encode_message(error_response(item.id, item.error_code, _frame_message(item),
                                                            {"detail": item.detail})))
 
-    async def _dispatch(self, value: Any) -> None:
+    async def _dispatch(self, value: object) -> None:
         self.stats.requests += 1
         if isinstance(value, list):
             msg = "batch requests are not supported by this protocol; send one object per line"
             await self.send_line(encode_message(error_response(None, ErrorCode.INVALID_REQUEST, msg)))
             return
-        # The line is already decoded (strictly); jsonrpcserver validates, routes and binds params.
-        response = dispatch_to_serializable("", self._methods, deserializer=lambda _text: value)
-        if response is None:  # a notification: nothing to answer
-            self._run_after_response()
+        request = parse_request(value)
+        if isinstance(request, InvalidMessage):
+            failure = RpcFailure(ErrorCode.INVALID_REQUEST, "Invalid request", INVALID_REQUEST_DATA)
+            await self.send_line(_error_line(request.id, failure))
             return
-        assert isinstance(response, dict)
-        if "error" in response and response.get("id") is None:  # jsonrpcserver drops the id of a bad request
-            response["id"] = readable_id(value)
-        if isinstance(response.get("result"), _Deferred):
+        try:
+            answer = self._answer(request)
+        except Exception as exc:  # a bug of ours, not the peer's: the request is answered and the worker goes on
+            log.exception("request %r (%s) could not be answered", request.id, request.method)
+            answer = _error_line(request.id, RpcFailure(ErrorCode.SERVER_ERROR, "Server error", str(exc)))
+        if isinstance(answer, Later):
             assert self._aux_nursery is not None
-            self._aux_nursery.start_soon(self._answer_deferred, response["id"], response["result"])
+            self._aux_nursery.start_soon(self._answer_later, request.id, answer)
             return
-        await self.send_line(encode_message(response))
+        if answer is not None:
+            await self.send_line(answer)
         self._run_after_response()
+
+    def _answer(self, request: IncomingRequest) -> bytes | Later | None:
+        """The line answering ``request``, a Later to await, or None for a notification (executed, never
+        answered; its Later is never run)."""
+        try:
+            reply = self._call(request)
+            if isinstance(reply, Later):
+                return None if request.notification else reply
+            result = reply.to_json_obj()
+        except RpcFailure as failure:
+            refusal = failure
+        except Exception as exc:  # the result would not serialize: the handler's failure, as if it had raised
+            log.exception("request %r (%s) failed", request.id, request.method)
+            refusal = RpcFailure(ErrorCode.INTERNAL_ERROR, "Internal error", str(exc))
+        else:
+            if request.notification:
+                return None
+            return encode_message({"jsonrpc": "2.0", "result": result, "id": request.id})
+        return None if request.notification else _error_line(request.id, refusal)
+
+    def _call(self, request: IncomingRequest) -> Reply:
+        """Route one request through the method table: the method, its params (validated once, by the table's
+        model) and its handler. Raises RpcFailure for every refusal; the checks run in the order of §3."""
+        spec = METHOD_TABLE.get(request.method)
+        if spec is None:
+            raise RpcFailure(ErrorCode.METHOD_NOT_FOUND, "Method not found", request.method)
+        if isinstance(request.params, list) and request.params:
+            raise RpcFailure(ErrorCode.INVALID_PARAMS, "Invalid params", "too many positional arguments")
+        raw = request.params if isinstance(request.params, dict) else {}
+        try:
+            self._admit(spec.method)
+            if not spec.takes_params:
+                if raw:
+                    raise RpcFailure(ErrorCode.INVALID_PARAMS, "Invalid params",
+                                     {"detail": f"{spec.method} takes no params"})
+                params: Model = NoParams()
+            else:
+                try:
+                    params = spec.params.model_validate(raw)
+                except ValidationError as exc:
+                    raise RpcFailure(ErrorCode.INVALID_PARAMS, "Invalid params", invalid_params_data(exc)) from None
+            return self._handlers[spec.method](params)
+        except RpcFailure:
+            raise
+        except Exception as exc:
+            log.exception("request %r (%s) failed", request.id, request.method)
+            raise RpcFailure(ErrorCode.INTERNAL_ERROR, "Internal error", str(exc)) from exc
+
+    def _admit(self, method: Method) -> None:
+        """Refuse what this worker's state does not allow yet (before params are looked at)."""
+        if method in (Method.INITIALIZE, Method.SHUTDOWN):
+            return
+        if not self.initialized:
+            raise RpcFailure(ErrorCode.NOT_INITIALIZED, "call runtime.initialize first")
+        if method == Method.START_TASK and self.shutting_down:
+            raise RpcFailure(ErrorCode.SHUTTING_DOWN, "the worker is shutting down; start the task on a new worker")
 
     def _run_after_response(self) -> None:
         pending, self._after_response = self._after_response, []
         for action in pending:
             action()
 
-    async def _answer_deferred(self, request_id: Any, deferred: _Deferred) -> None:
+    async def _answer_later(self, request_id: IncomingId, later: Later) -> None:
         try:
-            result = await deferred.run()
+            result = await later.run()
             line = {"jsonrpc": "2.0", "id": request_id, "result": result.to_json_obj()}
         except Exception:
             log.exception("request %r failed", request_id)
-            line = error_response(request_id, ErrorCode.INTERNAL_ERROR, "Internal error").to_json_obj()
+            line = {"jsonrpc": "2.0", "id": request_id, "error": RpcFailure(ErrorCode.INTERNAL_ERROR,
+                                                                             "Internal error").error_object()}
         await self.send_line(encode_message(line))
 
-    # -- handlers (sync: validate, schedule, answer) ---------------------------------------------
+    # -- handlers (sync: check, schedule, answer) -------------------------------------------------
 
-    def _initialize(self, **raw: Any) -> RpcResult:
-        params = _validate(InitializeParams, raw)
-        if not isinstance(params, InitializeParams):
-            return params
+    def _initialize(self, params: InitializeParams) -> Reply:
         ours, theirs = PROTOCOL_VERSION.split(".")[0], params.protocol_version.split(".")[0]
         if ours != theirs:
-            return Error(ErrorCode.PROTOCOL_VERSION_MISMATCH,
-                         f"protocol {params.protocol_version} is not supported; this worker speaks {PROTOCOL_VERSION}",
-                         {"supported": [PROTOCOL_VERSION]})
+            raise RpcFailure(ErrorCode.PROTOCOL_VERSION_MISMATCH,
+                             f"protocol {params.protocol_version} is not supported; this worker speaks "
+                             f"{PROTOCOL_VERSION}", {"supported": [PROTOCOL_VERSION]})
         self.initialized = True
         offers = []
         for adapter in self.registry.adapters.values():
@@ -336,61 +429,45 @@ class WorkerServer:
             offers.append(RuntimeOffer(name=adapter.name, version=caps.version, capabilities=caps,
                                        available=availability.available,
                                        unavailable_reason=availability.reason))
-        result = InitializeResult(protocol_version=PROTOCOL_VERSION, worker=PeerInfo(name=WORKER_NAME,
-                                  version=WORKER_VERSION), pid=os.getpid(), runtimes=tuple(offers))
-        return Success(result.to_json_obj())
+        return InitializeResult(protocol_version=PROTOCOL_VERSION, worker=PeerInfo(name=WORKER_NAME,
+                                version=WORKER_VERSION), pid=os.getpid(), runtimes=tuple(offers))
 
-    def _get_auth_status(self, **raw: Any) -> RpcResult:
-        return self._ask_adapter(raw, lambda adapter: adapter.auth_status)
+    def _get_auth_status(self, params: GetAuthStatusParams) -> Reply:
+        return Later(self._adapter(params.runtime).auth_status)
 
-    def _ensure_login(self, **raw: Any) -> RpcResult:
-        return self._ask_adapter(raw, lambda adapter: adapter.ensure_login)
+    def _ensure_login(self, params: GetAuthStatusParams) -> Reply:
+        return Later(self._adapter(params.runtime).ensure_login)
 
-    def _ask_adapter(self, raw: dict[str, Any],
-                     pick: Callable[[RuntimeAdapter], Callable[[], Awaitable[Model]]]) -> RpcResult:
-        """A per-runtime question answered asynchronously (it may look at files or run the runtime)."""
-        if not self.initialized:
-            return _not_initialized()
-        params = _validate(GetAuthStatusParams, raw)
-        if not isinstance(params, GetAuthStatusParams):
-            return params
-        adapter = self.registry.get(params.runtime)
+    def _adapter(self, name: str) -> RuntimeAdapter:
+        adapter = self.registry.get(name)
         if adapter is None:
-            return _unknown_runtime(params.runtime, self.registry)
-        return Success(_Deferred(pick(adapter)))
+            raise RpcFailure(ErrorCode.UNKNOWN_RUNTIME, f"unknown runtime {name!r}",
+                             {"known": sorted(self.registry.adapters)})
+        return adapter
 
-    def _start_task(self, **raw: Any) -> RpcResult:
-        if not self.initialized:
-            return _not_initialized()
-        if self.shutting_down:
-            return Error(ErrorCode.SHUTTING_DOWN, "the worker is shutting down; start the task on a new worker")
-        params = _validate(StartTaskParams, raw)
-        if not isinstance(params, StartTaskParams):
-            return params
-        adapter = self.registry.get(params.runtime)
-        if adapter is None:
-            return _unknown_runtime(params.runtime, self.registry)
+    def _start_task(self, params: StartTaskParams) -> Reply:
+        adapter = self._adapter(params.runtime)
         availability = adapter.availability()
         if not availability.available:
-            return Error(ErrorCode.RUNTIME_UNAVAILABLE, f"runtime {params.runtime!r} is unavailable: "
-                         f"{availability.reason}")
+            raise RpcFailure(ErrorCode.RUNTIME_UNAVAILABLE, f"runtime {params.runtime!r} is unavailable: "
+                             f"{availability.reason}")
         if params.task_id in self.tasks:
-            return Error(ErrorCode.DUPLICATE_TASK, f"task {params.task_id!r} is already running in this worker")
+            raise RpcFailure(ErrorCode.DUPLICATE_TASK, f"task {params.task_id!r} is already running in this worker")
         busy = next((t for t in self.tasks.values() if t.params.session.session_id == params.session.session_id), None)
         if busy is not None:
-            return Error(ErrorCode.SESSION_BUSY, f"session {params.session.session_id!r} already has an active "
-                         f"task ({busy.task_id}); stop it or wait for it to end", {"active_task_id": busy.task_id})
+            raise RpcFailure(ErrorCode.SESSION_BUSY, f"session {params.session.session_id!r} already has an active "
+                             f"task ({busy.task_id}); stop it or wait for it to end", {"active_task_id": busy.task_id})
         task = _RunningTask(params=params, server=self, runtime=RuntimeInfo(name=adapter.name))
         try:
             task.handle = adapter.start_task(params, task)
         except StartTaskRefused as exc:
-            return Error(exc.code, exc.message, exc.data)
+            raise RpcFailure(exc.code, exc.message, exc.data) from None
         self.tasks[params.task_id] = task
         self.stats.tasks_started += 1
         # Started only after the response is queued, so the supervisor sees "accepted" before any event.
         self._after_response.append(lambda: self._spawn(task))
-        return Success(StartTaskResult(task_id=params.task_id, runtime_session_id=task.runtime.runtime_session_id,
-                                       implicit_sources=task.handle.implicit_sources).to_json_obj())
+        return StartTaskResult(task_id=params.task_id, runtime_session_id=task.runtime.runtime_session_id,
+                               implicit_sources=task.handle.implicit_sources)
 
     def _spawn(self, task: _RunningTask) -> None:
         assert self._tasks_nursery is not None
@@ -416,56 +493,33 @@ class WorkerServer:
         finally:
             self.tasks.pop(task.task_id, None)
 
-    def _task_or_error(self, task_id: str) -> _RunningTask | RpcResult:
+    def _active_task(self, task_id: str) -> _RunningTask:
         task = self.tasks.get(task_id)
         if task is None or task.ended:
-            return Error(ErrorCode.UNKNOWN_TASK, f"no active task {task_id!r} in this worker")
+            raise RpcFailure(ErrorCode.UNKNOWN_TASK, f"no active task {task_id!r} in this worker")
+        assert task.handle is not None
         return task
 
-    def _send_tool_result(self, **raw: Any) -> RpcResult:
-        return self._answer_tool(SendToolResultParams, raw)
-
-    def _send_tool_denied(self, **raw: Any) -> RpcResult:
-        return self._answer_tool(SendToolDeniedParams, raw)
-
-    def _send_tool_approved(self, **raw: Any) -> RpcResult:
-        return self._answer_tool(SendToolApprovedParams, raw)
-
-    def _answer_tool(self, model: type[SendToolResultParams | SendToolDeniedParams | SendToolApprovedParams],
-                     raw: dict[str, Any]) -> RpcResult:
-        if not self.initialized:
-            return _not_initialized()
-        params = _validate(model, raw)
-        if not isinstance(params, model):
-            return params
-        task = self._task_or_error(params.task_id)
-        if not isinstance(task, _RunningTask):
-            return task
-        assert task.handle is not None
+    def _answer_tool(self, params: SendToolResultParams | SendToolDeniedParams | SendToolApprovedParams) -> Reply:
+        handle = self._active_task(params.task_id).handle
+        assert handle is not None
         try:
             if isinstance(params, SendToolResultParams):
-                task.handle.send_tool_result(params.tool_call_id, params.result, params.is_error)
+                handle.send_tool_result(params.tool_call_id, params.result, params.is_error)
             elif isinstance(params, SendToolApprovedParams):
-                task.handle.send_tool_approved(params.tool_call_id, params.reason)
+                handle.send_tool_approved(params.tool_call_id, params.reason)
             else:
-                task.handle.send_tool_denied(params.tool_call_id, params.reason)
+                handle.send_tool_denied(params.tool_call_id, params.reason)
         except UnknownToolCall:
-            return Error(ErrorCode.UNKNOWN_TOOL_CALL, f"task {params.task_id!r} has no pending tool call "
-                         f"{params.tool_call_id!r} (unknown or already answered)")
-        return Success(Ack().to_json_obj())
+            raise RpcFailure(ErrorCode.UNKNOWN_TOOL_CALL, f"task {params.task_id!r} has no pending tool call "
+                             f"{params.tool_call_id!r} (unknown or already answered)") from None
+        return Ack()
 
-    def _stop(self, **raw: Any) -> RpcResult:
-        if not self.initialized:
-            return _not_initialized()
-        params = _validate(StopParams, raw)
-        if not isinstance(params, StopParams):
-            return params
-        task = self._task_or_error(params.task_id)
-        if not isinstance(task, _RunningTask):
-            return task
+    def _stop(self, params: StopParams) -> Reply:
+        task = self._active_task(params.task_id)
         assert task.handle is not None
         self._request_stop(task, params.reason or "stop requested", grace_s=task.handle.stop_grace_s)
-        return Success(Ack().to_json_obj())
+        return Ack()
 
     def _request_stop(self, task: _RunningTask, reason: str, grace_s: float) -> None:
         """Ask cooperatively; cancel by force once ``grace_s`` has passed (the scope's deadline)."""
@@ -474,12 +528,10 @@ class WorkerServer:
         task.handle.stop(reason)
         task.scope.deadline = min(task.scope.deadline, trio.current_time() + grace_s)
 
-    def _shutdown(self, **raw: Any) -> RpcResult:
-        if raw:
-            return InvalidParams({"detail": "runtime.shutdown takes no params"})
+    def _shutdown(self, params: NoParams) -> Reply:
         self.shutting_down = True
         self._after_response.append(self._read_scope.cancel)
-        return Success(Ack().to_json_obj())
+        return Ack()
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -501,22 +553,8 @@ def _outcome_of_error(task_id: str, exc: Exception) -> TaskOutcome:
     return TaskOutcome.failure(TaskFailureCode.RUNTIME_ERROR, f"runtime adapter error: {text}", retryable=False)
 
 
-def _validate(model: type[Model], raw: dict[str, Any]) -> Any:
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        errors = [{"loc": ".".join(str(p) for p in err["loc"]), "msg": err["msg"], "type": err["type"]}
-                  for err in exc.errors(include_url=False)]
-        return InvalidParams({"errors": errors})
-
-
-def _not_initialized() -> RpcResult:
-    return Error(ErrorCode.NOT_INITIALIZED, "call runtime.initialize first")
-
-
-def _unknown_runtime(name: str, registry: AdapterRegistry) -> RpcResult:
-    return Error(ErrorCode.UNKNOWN_RUNTIME, f"unknown runtime {name!r}",
-                 {"known": sorted(registry.adapters)})
+def _error_line(request_id: IncomingId, failure: RpcFailure) -> bytes:
+    return encode_message({"jsonrpc": "2.0", "error": failure.error_object(), "id": request_id})
 
 
 def _frame_message(frame: BadFrame) -> str:

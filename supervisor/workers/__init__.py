@@ -1,6 +1,7 @@
 """Worker processes as seen from the supervisor: the JSON-RPC connection, one process, the pool."""
 
 from .connection import (
+    InvalidResult,
     ProtocolViolation,
     RpcError,
     WorkerBroken,
@@ -11,6 +12,6 @@ from .connection import (
 from .process import WorkerProcess, WorkerSpec, WorkerStartError, worker_argv
 
 __all__ = [
-    "ProtocolViolation", "RpcError", "WorkerBroken", "WorkerClosed",
+    "InvalidResult", "ProtocolViolation", "RpcError", "WorkerBroken", "WorkerClosed",
     "WorkerConnection", "WorkerError", "WorkerProcess", "WorkerSpec", "WorkerStartError", "worker_argv",
 ]

@@ -429,9 +429,12 @@ def test_a_disconnected_stream_client_is_released_within_seconds(tmp_path: Path,
                 sock.shutdown(socket.SHUT_WR)
             else:
                 sock.close()
-        assert streaming == baseline + 1
-        wait_for("the stream's descriptor to be released", lambda: service.fds() <= baseline, RELEASE_S)
+        assert streaming >= baseline + 1
+        # The stream's own connection is what must go within seconds; the descriptor count (which other, passing
+        # descriptors of the service blur) only has to come back.
+        wait_for("the stream's connection to be closed by the service", lambda: service.tcp_peers() == 0, RELEASE_S)
         released_s = time.monotonic() - gone_at
+        wait_for(f"the service's descriptors to return to {baseline}", lambda: service.fds() <= baseline)
         print(f"{how}: the stream's descriptor was released {released_s:.2f} s after the client went")
         with service.client("alice") as alice:  # its stream slot is free again, and the service serves
             assert len(alice.events(session)) >= 1

@@ -98,7 +98,7 @@ class TaskOutcome:
         return cls(completed=TaskCompleted(stop_reason=stop_reason, result_preview=result_preview))
 
     @classmethod
-    def failure(cls, code: str, message: str, retryable: bool = False, **details: Any) -> TaskOutcome:
+    def failure(cls, code: TaskFailureCode | str, message: str, retryable: bool = False, **details: Any) -> TaskOutcome:
         return cls(failed=TaskFailed(code=code, message=message, retryable=retryable, details=details))
 
 

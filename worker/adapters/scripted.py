@@ -39,6 +39,7 @@ from protocol import (
     RuntimeRequestStarted,
     SessionRef,
     StartTaskParams,
+    TaskFailureCode,
     ToolCallCompleted,
     ToolCallRequested,
     ToolCallStarted,
@@ -303,7 +304,7 @@ class ScriptedTask(TaskHandle):
                     await trio.lowlevel.open_process(list(step.spawn), stdin=subprocess.DEVNULL,
                                                      stdout=subprocess.DEVNULL, start_new_session=step.new_session)
                 except OSError as exc:
-                    return TaskOutcome.failure("INVALID_SCENARIO", f"spawn {step.spawn[0]!r}: {exc}")
+                    return TaskOutcome.failure(TaskFailureCode.INVALID_SCENARIO, f"spawn {step.spawn[0]!r}: {exc}")
         return None
 
     async def _run_builtin(self, call: ToolCallSpec) -> ToolOutcome:

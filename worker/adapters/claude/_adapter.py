@@ -509,11 +509,12 @@ def _kill(processes: list[psutil.Process]) -> None:
 
 
 #: HTTP status of the failing API call -> (task.failed code, retryable)
-_API_FAILURES = {
-    400: ("INVALID_REQUEST", False), 401: (TaskFailureCode.AUTH_REQUIRED, False),
-    403: (TaskFailureCode.AUTH_REQUIRED, False), 413: ("CONTEXT_TOO_LARGE", False), 429: ("RATE_LIMITED", True),
-    500: ("API_ERROR", True), 502: ("API_ERROR", True), 503: ("API_ERROR", True), 504: ("API_ERROR", True),
-    529: ("OVERLOADED", True),
+_API_FAILURES: dict[int, tuple[TaskFailureCode, bool]] = {
+    400: (TaskFailureCode.INVALID_REQUEST, False), 401: (TaskFailureCode.AUTH_REQUIRED, False),
+    403: (TaskFailureCode.AUTH_REQUIRED, False), 413: (TaskFailureCode.CONTEXT_TOO_LARGE, False),
+    429: (TaskFailureCode.RATE_LIMITED, True), 500: (TaskFailureCode.API_ERROR, True),
+    502: (TaskFailureCode.API_ERROR, True), 503: (TaskFailureCode.API_ERROR, True),
+    504: (TaskFailureCode.API_ERROR, True), 529: (TaskFailureCode.OVERLOADED, True),
 }
 
 
@@ -543,8 +544,8 @@ def _failure_from(result: dict[str, Any]) -> TaskOutcome:
         status = int(match.group(1)) if (match := re.search(r"\b(4\d\d|5\d\d)\b", text)) else None
     code, retryable = _API_FAILURES.get(status or 0, (TaskFailureCode.RUNTIME_ERROR, False))
     if "prompt is too long" in text.lower() or "context" in text.lower() and "too long" in text.lower():
-        code, retryable = "CONTEXT_TOO_LARGE", False
+        code, retryable = TaskFailureCode.CONTEXT_TOO_LARGE, False
     if code == TaskFailureCode.AUTH_REQUIRED:
         text += " — " + _env.login_instructions(os.environ)
-    return TaskOutcome.failure(str(code), text[:2000], retryable, api_error_status=status,
+    return TaskOutcome.failure(code, text[:2000], retryable, api_error_status=status,
                                subtype=result.get("subtype"))
