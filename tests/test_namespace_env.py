@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from supervisor.engine import Engine
 from supervisor.namespace_env import ENV_DIR, MAX_VALUE_BYTES, NamespaceEnv, NamespaceEnvError
+from supervisor.store import TaskState
 
 #: The ``make_engine`` fixture (tests/conftest.py): options in, an open engine out.
 MakeEngine = Callable[..., AbstractAsyncContextManager[Engine]]
@@ -122,8 +123,10 @@ async def test_a_busy_worker_finishes_its_task_and_is_replaced_when_idle(make_en
         async with make_engine(idle_timeout_s=60) as engine:
             session = await engine.create_session()
             busy = await engine.start_task(session.session_id, "hi", runtime_config={"scenario": "hang"})
-            while (worker := engine.pool.worker_of("default")) is None:
+            while (await engine.store.get_task(busy.task_id)).state != TaskState.RUNNING:  # the worker has it
                 await trio.sleep(0.01)
+            worker = engine.pool.worker_of("default")
+            assert worker is not None
             engine.pool.namespace_env.update("default", {"API_KEY": SECRET})
             await engine.pool.env_changed("default")
             assert not worker.stopping and engine.active_task(session.session_id) == busy.task_id
