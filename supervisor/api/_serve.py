@@ -261,6 +261,7 @@ class ConnectionGuard:
                 gone = now - conn.half_closed_at >= HALF_CLOSED_GRACE_S
             if gone:
                 self.peers_gone += 1
+                log.debug("API connection %s: its peer has gone; ended by the peer watch", conn.principal or "-")
                 self._end(conn)
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import psutil
@@ -54,11 +55,16 @@ def test_claude_login_runs_in_the_namespace_home_and_prints_the_url(tmp_path: Pa
                           stderr=subprocess.PIPE, text=True, env=env, cwd=REPO) as login:
         try:
             assert login.stdout is not None and login.stdin is not None
+            lines: queue.Queue[str] = queue.Queue()  # what it prints, then "" at its end
+            stdout = login.stdout
+            threading.Thread(target=lambda: [*map(lines.put, stdout), lines.put("")], daemon=True).start()
             seen = ""
-            deadline = time.monotonic() + HANG_GUARD_S
             while "https://" not in seen:
-                line = login.stdout.readline()
-                assert line and time.monotonic() < deadline, f"no URL printed: {seen!r}"
+                try:
+                    line = lines.get(timeout=HANG_GUARD_S)  # a hang guard only
+                except queue.Empty:
+                    line = ""
+                assert line, f"no URL printed: {seen!r}"
                 seen += line
             # offline, exchanging the code fails: the login ends with an error
             _, err = login.communicate("not-a-real-code#not-a-real-state\n", timeout=120)
