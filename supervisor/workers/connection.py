@@ -268,6 +268,10 @@ class WorkerConnection:
                       params: Model | dict[str, Any] | None = None) -> Any:
         """Send a request and wait for its answer. Callers bound the wait (``trio.fail_after``).
 
+        The answer is read after every event the worker sent before it, so something must be taking ``events``
+        meanwhile (the pool always is): with nobody reading them, the bounded event buffer fills, the reader
+        waits for room, and the answer is never read.
+
         Typed: ``request(Rpc.START_TASK, StartTaskParams(...))`` returns a ``StartTaskResult`` (InvalidResult when
         the worker answers something else). Untyped: a method name and JSON params give the JSON result."""
         if isinstance(method, MethodSpec):

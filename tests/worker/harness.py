@@ -28,10 +28,29 @@ def minimal_env(home: Path) -> dict[str, str]:
 
 
 class WorkerHarness:
+    """A worker and everything it has sent. Its events are drained into ``received`` all along, as the
+    supervisor's pool does: a driver that waits for an answer while a task floods must not leave the events
+    unread, or the connection's bounded event buffer fills, its reader stops, and the answer never arrives."""
+
     def __init__(self, worker: WorkerProcess) -> None:
         self.worker = worker
         self.conn = worker.connection
         self.by_task: dict[str, list[RuntimeEventParams]] = defaultdict(list)
+        self.received: list[RuntimeEventParams] = []
+        self._next = 0  # the first event of ``received`` that next_event has not looked at
+        self._arrived = trio.Event()
+        self._ended = False
+
+    async def collect(self) -> None:
+        """Move every event of the worker into ``received``/``by_task`` until its output ends."""
+        try:
+            async for params in self.conn.events:
+                self.received.append(params)
+                self.by_task[params.task_id].append(params)
+                self._arrived.set()
+        finally:
+            self._ended = True
+            self._arrived.set()
 
     async def request(self, method: str, params: dict[str, Any] | None = None) -> Any:
         return await self.conn.request(method, params)
@@ -51,12 +70,17 @@ class WorkerHarness:
 
     async def next_event(self, task_id: str | None = None,
                          where: Callable[[RuntimeEventParams], bool] = lambda e: True) -> RuntimeEventParams:
-        """Receive events until one for ``task_id`` matches; every event is also kept in ``by_task``."""
-        async for params in self.conn.events:
-            self.by_task[params.task_id].append(params)
-            if (task_id is None or params.task_id == task_id) and where(params):
-                return params
-        raise AssertionError("worker output ended before the expected event")
+        """The next event (after those already looked at) for ``task_id`` that matches."""
+        while True:
+            while self._next < len(self.received):
+                params = self.received[self._next]
+                self._next += 1
+                if (task_id is None or params.task_id == task_id) and where(params):
+                    return params
+            if self._ended:
+                raise AssertionError("worker output ended before the expected event")
+            self._arrived = trio.Event()
+            await self._arrived.wait()
 
     async def until_terminal(self, task_id: str) -> list[RuntimeEventParams]:
         if not any(e.event.type in TERMINAL_EVENT_TYPES for e in self.by_task[task_id]):
@@ -71,7 +95,9 @@ async def running_worker(tmp_path: Path, *args: str) -> AsyncIterator[WorkerHarn
     spec = WorkerSpec(argv=worker_argv(*args), env=minimal_env(home), cwd=str(tmp_path), name="test-worker")
     async with trio.open_nursery() as nursery:
         worker = await WorkerProcess.start(nursery, spec)
+        harness = WorkerHarness(worker)
+        nursery.start_soon(harness.collect)
         try:
-            yield WorkerHarness(worker)
+            yield harness
         finally:
             await worker.shutdown(grace_s=5)
