@@ -44,7 +44,7 @@ def _stat(pid: int, *, strict: bool = False) -> _Stat | None:
             fields = stat.read().rsplit(b")", 1)[1].split()
         return _Stat(zombie=fields[0] == b"Z", parent=int(fields[1]), session=int(fields[3]))
     except OSError as exc:
-        if strict and exc.errno in _DESCRIPTORS_EXHAUSTED:
+        if strict and exc.errno in DESCRIPTORS_EXHAUSTED:
             raise
         return None
     except (IndexError, ValueError):
@@ -66,7 +66,7 @@ def adopted_orphans() -> list[psutil.Process]:
     except psutil.Error:
         return []
     except OSError as exc:  # EMFILE/ENFILE: psutil opens a file per process
-        _out_of_descriptors("listing adopted orphans", exc)
+        warn_scan_failed("listing adopted orphans", exc)
         return []
     return [child for child in children if session_of(child.pid) not in (None, child.pid, ours)]
 
@@ -104,7 +104,7 @@ def reap_session(sid: int, wait_s: float = 2.0, extra: set[int] | frozenset[int]
         except psutil.Error:
             return
         except OSError as exc:  # out of descriptors: what is left is reaped by the periodic sweep
-            _out_of_descriptors(f"reaping session {sid}", exc)
+            warn_scan_failed(f"reaping session {sid}", exc)
             return
         for member in members:
             try:
@@ -131,7 +131,7 @@ def end_session(sid: int) -> None:
         try:
             members = {pid: stat for pid, stat in _session_members(sid).items() if pid not in unkillable}
         except OSError as exc:  # out of descriptors to read /proc: wait for some, never give up (see above)
-            _out_of_descriptors(f"ending session {sid}", exc)
+            warn_scan_failed(f"ending session {sid}", exc)
             time.sleep(_EMFILE_RETRY_S)
             continue
         if all(stat.zombie and stat.parent != me for stat in members.values()):
@@ -198,23 +198,25 @@ async def reap_orphans_forever(interval_s: float = SWEEP_INTERVAL_S) -> None:
         try:
             await trio.to_thread.run_sync(sweep_adopted)
         except OSError as exc:
-            _out_of_descriptors("sweeping adopted orphans", exc)
+            warn_scan_failed("sweeping adopted orphans", exc)
         await trio.sleep(interval_s)
 
 
-#: errnos that mean "no descriptor to open /proc with now": a scan is retried, never taken as "nothing there".
-_DESCRIPTORS_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+#: errnos that mean "no descriptor (or memory) to open /proc with now": a scan is retried or skipped, never
+#: taken as "nothing there".
+DESCRIPTORS_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 #: Seconds between tries of a scan that has to finish when descriptors ran out.
 _EMFILE_RETRY_S = 0.1
-#: Seconds between two warnings about running out of descriptors (they come in bursts).
+#: Seconds between two warnings about /proc scans that failed (they come in bursts).
 _WARN_EVERY_S = 10.0
 _last_warning = [float("-inf")]
 
 
-def _out_of_descriptors(what: str, exc: OSError) -> None:
-    """Log (at most every _WARN_EVERY_S) that a scan of /proc failed, with what to do."""
+def warn_scan_failed(what: str, exc: OSError, then: str = "trying again shortly") -> None:
+    """Log (at most every _WARN_EVERY_S, for every scan of /proc in the supervisor) that a scan failed, what
+    happens next, and what to do."""
     now = time.monotonic()
     if now - _last_warning[0] >= _WARN_EVERY_S:
         _last_warning[0] = now
-        log.warning("%s failed (%s); trying again shortly. If this is EMFILE, raise LimitNOFILE= or lower the API's "
-                    "--max-connections", what, exc)
+        log.warning("%s failed (%s); %s. If this is EMFILE, raise LimitNOFILE= or lower the API's "
+                    "--max-connections", what, exc, then)

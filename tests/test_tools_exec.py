@@ -28,13 +28,13 @@ from supervisor.tools import (
 )
 from supervisor.tools._sandbox import DEFAULT_EXEC_UID
 
+from .sandboxes import NO_BWRAP, FixedProber
 from .seeds import Seed
 
 ALLOW = ("echo", "sh", "sleep", "python3", "env", "pwd", "false")
 EXEC_SEED = Seed.from_env("CODESDK_EXEC_SEED")
 #: The uid a command runs as here: the exec uid when the tests run as root (as in CI), else ours.
 EXEC_UID = DEFAULT_EXEC_UID if os.geteuid() == 0 else os.getuid()
-NO_BWRAP = "bubblewrap is not installed or cannot run here (Debian: apt-get install bubblewrap; .ci/run installs it)"
 
 
 def env_label(label: str) -> str:
@@ -45,17 +45,6 @@ def env_label(label: str) -> str:
 def expected_label(tools: SandboxTools) -> str:
     """Which sandbox the default policy picks with these tools: bubblewrap where it runs, else the helper."""
     return "bwrap" if tools.bwrap is not None else str(tools.netns_label)
-
-
-class FixedProber(SandboxProber):
-    """A prober that reports what the test says is available."""
-
-    def __init__(self, tools: SandboxTools) -> None:
-        super().__init__()
-        self.tools = tools
-
-    async def get(self) -> SandboxTools:
-        return self.tools
 
 
 @pytest.fixture(scope="module")

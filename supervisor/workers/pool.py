@@ -10,9 +10,7 @@ untouched, and the quarantine lifts after ``quarantine_s`` or when an operator l
 
 from __future__ import annotations
 
-import errno
 import logging
-import resource
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -26,7 +24,15 @@ from protocol import ExitStatus, RuntimeEventParams
 
 from ..namespace_env import NamespaceEnv
 from ..namespaces import Namespace, UidRange, UidRangeError, build_env, prepare_namespace, runtime_env
-from .process import REAP_WAIT_S, WorkerProcess, WorkerResourcesExhausted, WorkerSpec, worker_argv
+from .process import (
+    REAP_WAIT_S,
+    RESOURCE_ERRNOS,
+    WorkerProcess,
+    WorkerResourcesExhausted,
+    WorkerSpec,
+    exhausted_message,
+    worker_argv,
+)
 
 log = logging.getLogger("codesdk.supervisor.pool")
 
@@ -101,11 +107,6 @@ class _Slot:
     workers_started: int = 0
     vacated: trio.Event = field(default_factory=trio.Event)  # set once the current worker is gone
     env_stamp: str = ""  # the stored variables' stamp the current worker was started with
-
-
-def _nofile() -> str:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return f"limit {soft}, hard {hard}"
 
 
 def _describe(exc: BaseException) -> str:
@@ -297,11 +298,10 @@ class WorkerPool:
                 log.error("namespace %s: %s", name, exc)
                 raise NamespaceFailing(f"namespace {name!r}: {exc}") from exc
             except OSError as exc:  # out of descriptors or memory, a broken data dir: this start fails, not us
-                why = (f"the supervisor has run out of file descriptors ({_nofile()}): raise "
-                       "LimitNOFILE= in its unit, or lower the number of live workers (idle timeout)"
-                       if exc.errno == errno.EMFILE else str(exc))
-                log.error("namespace %s: preparing its directories failed: %s", name, why)
-                raise NamespaceFailing(f"namespace {name!r}: no worker could be started: {why}") from exc
+                why = (exhausted_message(f"namespace {name!r}", exc) if exc.errno in RESOURCE_ERRNOS else
+                       f"namespace {name!r}: {exc}")
+                log.error("preparing the directories failed: %s", why)
+                raise NamespaceFailing(f"no worker could be started: {why}") from exc
             env = build_env(dirs, {**stored, **self.config.env_for(name)}, self.config.path)
             spec = WorkerSpec(argv=self.config.worker_argv(), env=env, cwd=str(dirs.home),
                               name=f"worker[{name}]", runtime_env=runtime_env(slot.namespace, env),

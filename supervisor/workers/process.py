@@ -33,7 +33,7 @@ from protocol import (
     StderrTail,
 )
 
-from .._orphans import reap_session
+from .._orphans import DESCRIPTORS_EXHAUSTED, reap_session, warn_scan_failed
 from .connection import WorkerBroken, WorkerConnection, WorkerError
 
 log = logging.getLogger("codesdk.supervisor.worker")
@@ -89,8 +89,8 @@ class WorkerProcess:
         try:
             process: trio.Process = await nursery.start(_run_worker_process, spec)
         except OSError as exc:
-            if exc.errno in _RESOURCE_ERRNOS:
-                raise WorkerResourcesExhausted(_exhausted_message(spec, exc)) from exc
+            if exc.errno in RESOURCE_ERRNOS:
+                raise WorkerResourcesExhausted(exhausted_message(spec.name, exc)) from exc
             raise WorkerStartError(f"{spec.name}: cannot start {spec.argv[0]!r}: {exc.strerror or exc}") from exc
         assert process.stdin is not None and process.stdout is not None
         worker = cls(spec, process, WorkerConnection(process.stdin, process.stdout, spec.max_frame_bytes, spec.name))
@@ -275,17 +275,18 @@ class WorkerResourcesExhausted(WorkerStartError):
     """The supervisor's host is out of descriptors/processes/memory: not the namespace's fault, not a crash."""
 
 
-_RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM}
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
 
 
-def _exhausted_message(spec: WorkerSpec, exc: OSError) -> str:
+def exhausted_message(who: str, exc: OSError) -> str:
+    """What ran out (an errno of RESOURCE_ERRNOS) when ``who`` could not be started, and what to do."""
     if exc.errno == errno.EMFILE:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        return (f"{spec.name}: the supervisor has run out of file descriptors (limit {soft}, hard {hard}); "
+        return (f"{who}: the supervisor has run out of file descriptors (limit {soft}, hard {hard}); "
                 f"raise LimitNOFILE= in its unit, or lower the number of live workers (idle timeout)")
     if exc.errno == errno.ENFILE:
-        return f"{spec.name}: the system-wide open-file table is full (fs.file-max); nothing was started"
-    return (f"{spec.name}: the host cannot start another process now ({exc.strerror}); check memory and the "
+        return f"{who}: the system-wide open-file table is full (fs.file-max); nothing was started"
+    return (f"{who}: the host cannot start another process now ({exc.strerror}); check memory and the "
             f"process limit (TasksMax=, ulimit -u)")
 
 
@@ -430,7 +431,7 @@ def _pipe_holders(inodes: set[int]) -> set[int]:
                     if any(os.readlink(fd.path) in wanted for fd in fds):
                         found.add(pid)
             except OSError as exc:
-                if exc.errno in _DESCRIPTORS_EXHAUSTED and time.monotonic() <= deadline:
+                if exc.errno in DESCRIPTORS_EXHAUSTED and time.monotonic() <= deadline:
                     time.sleep(0.05)
                     continue
                 # gone meanwhile, or not ours to look at (or still no descriptor: given up)
@@ -438,21 +439,12 @@ def _pipe_holders(inodes: set[int]) -> set[int]:
     return found
 
 
-#: errnos meaning there is no descriptor (or memory) to open /proc with now.
-_DESCRIPTORS_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 #: Seconds a scan that has to finish retries while descriptors are exhausted (always in a thread).
 _SCAN_RETRY_S = 2.0
-#: Seconds between two warnings about scans that failed (they come in bursts).
-_WARN_EVERY_S = 10.0
-_last_warning = [float("-inf")]
 
 
 def _scan_failed(what: str, exc: OSError) -> None:
-    now = time.monotonic()
-    if now - _last_warning[0] >= _WARN_EVERY_S:
-        _last_warning[0] = now
-        log.warning("%s failed (%s); going on without it. If this is EMFILE, raise LimitNOFILE= or lower the "
-                    "API's --max-connections", what, exc)
+    warn_scan_failed(what, exc, "going on without it")
 
 
 def worker_argv(*extra: str) -> list[str]:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -18,6 +18,7 @@ import pytest
 
 from supervisor.store import current_holder
 
+from ..waits import wait_for
 from ..worker.harness import REPO
 
 CLI = [sys.executable, "-m", "supervisor.cli"]
@@ -40,14 +41,6 @@ def _cli(data: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def _start_cli(data: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env(data), stdin=subprocess.DEVNULL, cwd=REPO)
-
-
-def _wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + HANG_GUARD_S
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"gave up waiting for {what}")
-        time.sleep(0.05)
 
 
 def _read_until(proc: subprocess.Popen[str], needle: str) -> str:
@@ -87,7 +80,7 @@ def _service(data: Path) -> Iterator[subprocess.Popen[str]]:
     proc = subprocess.Popen([*SERVICE, "serve", "--data-dir", str(data)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=_env(data), cwd=REPO)
     try:
-        _wait_for(lambda: _serving(data), "the service to hold the data dir and announce its API")
+        wait_for("the service to hold the data dir and announce its API", lambda: _serving(data))
         yield proc
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -185,7 +178,7 @@ def test_a_stop_signal_stops_the_task_and_leaves_nothing_running(tmp_path: Path,
     name = signal.Signals(signum).name
     assert run.returncode == code and f"task.stopped interrupted ({name})" in out
     assert "task stopped. Read it again" in out
-    _wait_for(lambda: all(_gone(pid) for pid in tree), "the worker to be gone")
+    wait_for("the worker to be gone", lambda: all(_gone(pid) for pid in tree))
     session_id = json.loads(_cli(data, "sessions", "--json").stdout)["session_id"]
     stored = [json.loads(line) for line in _cli(data, "events", session_id, "--json").stdout.splitlines()]
     assert stored[-1]["type"] == "task.stopped"
@@ -208,7 +201,7 @@ def test_nothing_outlives_a_killed_supervisor(tmp_path: Path) -> None:
             assert len(sleepers) == 2 and {p.pid for p in sleepers} <= set(tree)
         finally:
             run.kill()
-    _wait_for(lambda: all(_gone(pid) for pid in tree), "the worker and what it started to be gone")
+    wait_for("the worker and what it started to be gone", lambda: all(_gone(pid) for pid in tree))
     assert current_holder(data) is None  # the kernel released the dead supervisor's lock
     again = _cli(data, "run", "hello again")
     assert again.returncode == 0, again.stderr

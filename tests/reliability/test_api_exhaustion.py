@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +31,7 @@ from codesdk.client import Client
 from supervisor.api import TokenAuth
 from supervisor.api._serve import MAX_REFUSING
 
+from ..waits import wait_for
 from ..worker.harness import REPO
 
 SCENARIOS = str(REPO / "fixtures" / "scenarios")
@@ -47,18 +48,6 @@ GUARD_S = 60.0
 #: Runs ``codesdk-supervisor`` with RLIMIT_NOFILE lowered first, in the same process (exec keeps the pid).
 _LIMITED = ("import os, resource, sys; n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_NOFILE, (n, n)); "
             "os.execv(sys.executable, [sys.executable, '-m', 'supervisor.service', *sys.argv[2:]])")
-
-
-def wait_for(what: str, condition: Callable[[], Any], guard_s: float = GUARD_S) -> Any:
-    """Poll ``condition`` until it is truthy; its value. Fails naming ``what`` after ``guard_s`` (a hang)."""
-    deadline = time.monotonic() + guard_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {guard_s:g} s waiting for {what}")
-        time.sleep(0.02)
 
 
 @dataclass

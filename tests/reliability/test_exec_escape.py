@@ -36,24 +36,16 @@ from supervisor.tools import (
 )
 from supervisor.tools._sandbox import DEFAULT_EXEC_UID
 
+from ..sandboxes import NO_BWRAP, FixedProber
+
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the escapes are those of a root supervisor: run as root "
                                                            "(as CI does); as another uid exec keeps that uid")
 
-NO_BWRAP = "bubblewrap is not installed or cannot run here (Debian: apt-get install bubblewrap; .ci/run installs it)"
 #: A --worker-uids range for the "namespace" variants; its first uid owns those workspaces.
 NAMESPACE_UIDS = range(3_920_000, 3_920_004)
 NAMESPACE_UID = NAMESPACE_UIDS.start
 #: The host values the sysctl probe tries to change, and harmless other values for each.
 SYSCTLS = ("kernel/core_pattern", "vm/stat_interval")
-
-
-class FixedProber(SandboxProber):
-    def __init__(self, tools: SandboxTools) -> None:
-        super().__init__()
-        self.tools = tools
-
-    async def get(self) -> SandboxTools:
-        return self.tools
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx2 as httpx
 import psutil
 
+from ..waits import wait_for
 from ..worker.harness import REPO
 
 SCENARIOS = str(REPO / "fixtures" / "scenarios")
@@ -264,13 +266,12 @@ def test_serve_allow_exec_enables_workspace_exec_for_tenants(tmp_path: Path) -> 
             started = client.post(f"/v1/sessions/{sid}/tasks", json={
                 "prompt": "run it", "permission_mode": "yolo", "runtime_config": {"scenario_inline": scenario}})
             assert started.status_code in (200, 201, 202), started.text
-            deadline = time.monotonic() + 60  # a hang guard only
-            events: list[dict[str, object]] = []
-            while time.monotonic() < deadline:
-                events = client.get(f"/v1/sessions/{sid}/events").json()["events"]
-                if any(e["type"] in ("task.completed", "task.failed") for e in events):
-                    break
-                time.sleep(0.05)
+
+            def ended() -> list[dict[str, Any]] | None:
+                stored: list[dict[str, Any]] = client.get(f"/v1/sessions/{sid}/events").json()["events"]
+                return stored if any(e["type"] in ("task.completed", "task.failed") for e in stored) else None
+
+            events = wait_for("the task to end", ended)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)

@@ -1,0 +1,25 @@
+"""Waiting for a condition from synchronous test code (a process's state, a socket, a file): poll until it holds,
+with a hang guard that only a broken product reaches — never a duration that depends on this machine's speed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+#: Seconds after which a wait is a hang: far beyond anything a working product needs, even on a loaded machine.
+HANG_GUARD_S = 120.0
+
+
+def wait_for(what: str, condition: Callable[[], T | None], guard_s: float = HANG_GUARD_S) -> T:
+    """Poll ``condition`` until it is truthy; its value. Fails naming ``what`` once ``guard_s`` has passed."""
+    deadline = time.monotonic() + guard_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {guard_s:g} s waiting for {what}")
+        time.sleep(0.02)
