@@ -31,7 +31,8 @@ class StoreReadOnly(StoreError):
 class UnknownSession(StoreError, LookupError):
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
-        super().__init__(f"unknown session {session_id!r}; create it first (create_session)")
+        super().__init__(f"no session {session_id!r} here: list the sessions there are with `codesdk sessions` "
+                         "(GET /v1/sessions), or start a new one")
 
 
 class SessionExists(StoreError):
@@ -43,7 +44,8 @@ class SessionExists(StoreError):
 class UnknownTask(StoreError, LookupError):
     def __init__(self, task_id: str) -> None:
         self.task_id = task_id
-        super().__init__(f"unknown task {task_id!r}; create it first (create_task)")
+        super().__init__(f"no task {task_id!r} here: a session's tasks are listed by `codesdk events SESSION_ID` "
+                         "(GET /v1/sessions/{id}/events)")
 
 
 class TaskExists(StoreError):

@@ -54,7 +54,7 @@ def test_human_output_and_exit_codes(tmp_path: Path) -> None:
     failed = _run(tmp_path, "run", "x", "--scenario", "fail")
     assert failed.returncode == 1 and "RATE_LIMITED" in failed.stdout
     missing = _run(tmp_path, "events", "ses_nope")
-    assert missing.returncode == 2 and "unknown session 'ses_nope'" in missing.stderr
+    assert missing.returncode == 2 and "no session 'ses_nope'" in missing.stderr
     bad_ns = _run(tmp_path, "run", "x", "--namespace", "user:../../etc")
     assert bad_ns.returncode == 2 and "invalid namespace" in bad_ns.stderr
     assert "Traceback" not in bad_ns.stderr + missing.stderr

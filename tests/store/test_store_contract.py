@@ -245,7 +245,7 @@ async def test_append_cancelled_before_it_is_queued_stores_nothing(recorder: Rec
 
 async def test_append_to_unknown_session_writes_nothing(recorder: Recorder) -> None:
     with trio.fail_after(10):
-        with pytest.raises(UnknownSession, match="create it first"):
+        with pytest.raises(UnknownSession, match="codesdk sessions"):
             await recorder.append("nope", [delta("x")])
         assert await recorder.list_sessions() == []
 
