@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 
-from protocol import EventType, Method, Model, TaskFailed, TaskFailureCode
+from protocol import EventType, Model, Rpc, StopParams, TaskFailed, TaskFailureCode
 
 from ..store import DatabaseError, EventDraft, EventStore, QuotaExceeded, StoreError, TaskState, TaskUpdate
 from ..workers import WorkerError
@@ -95,7 +95,7 @@ class TaskEnder:
     async def _request_stop(self, worker: WorkerLink, task_id: str, reason: str) -> None:
         with trio.move_on_after(REQUEST_TIMEOUT_S):
             try:
-                await worker.connection.request(Method.STOP, {"task_id": task_id, "reason": reason})
+                await worker.connection.request(Rpc.STOP, StopParams(task_id=task_id, reason=reason))
             except WorkerError as exc:
                 log.info("stop of %s not delivered: %s", task_id, exc)
 

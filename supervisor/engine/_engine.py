@@ -24,12 +24,13 @@ from protocol import (
     EnsureLoginResult,
     ErrorCode,
     EventType,
+    GetAuthStatusParams,
     InteractionMode,
     Message,
-    Method,
     Model,
     ModelInput,
     PermissionMode,
+    Rpc,
     RuntimeInfo,
     RuntimeOffer,
     SessionCreated,
@@ -64,7 +65,7 @@ from ..store import (
 )
 from ..store import SessionBusy as StoredSessionBusy
 from ..tools import Approver
-from ..workers import RpcError, WorkerError
+from ..workers import InvalidResult, RpcError, WorkerError
 from ..workers.pool import PoolConfig, WorkerPool
 from ..workers.process import REAP_WAIT_S
 from ._approvals import APPROVAL_TIMEOUT_S, ApprovalBroker
@@ -355,7 +356,7 @@ class Engine:
         async with self._borrowed_worker(namespace) as worker:
             try:
                 with trio.fail_after(REQUEST_TIMEOUT_S):
-                    result = await worker.connection.request(Method.ENSURE_LOGIN, {"runtime": runtime})
+                    result = await worker.connection.request(Rpc.ENSURE_LOGIN, GetAuthStatusParams(runtime=runtime))
             except RpcError as exc:
                 refusal = UnknownRuntime if exc.code == ErrorCode.UNKNOWN_RUNTIME else RuntimeUnavailable
                 raise refusal(f"{exc.message}" + (f" ({exc.data})" if exc.data else "")) from exc
@@ -364,7 +365,7 @@ class Engine:
                                          f"within {REQUEST_TIMEOUT_S:.0f} s") from exc
             except WorkerError as exc:
                 raise RuntimeUnavailable(f"the worker of namespace {namespace!r} went away: {exc}") from exc
-        return EnsureLoginResult.model_validate(result)
+        return result
 
     async def runtimes(self, namespace: str) -> list[RuntimeOffer]:
         """What the namespace's worker can host (it is started if needed), with capabilities and versions."""
@@ -395,7 +396,7 @@ class Engine:
     async def _start_in_worker(self, run: TaskRun, worker: WorkerLink) -> None:
         try:
             with trio.fail_after(REQUEST_TIMEOUT_S):
-                accepted = await worker.connection.request(Method.START_TASK, run.params.to_json_obj())
+                accepted = await worker.connection.request(Rpc.START_TASK, run.params)
         except RpcError as exc:
             run.released.set()
             await self._ender.fail(run, _code_for_rpc(exc.code), f"the worker refused the task: {exc.message}",
@@ -403,15 +404,16 @@ class Engine:
         except trio.TooSlowError:
             await self._ender.fail(run, TaskFailureCode.TIMEOUT, "the worker did not accept the task in time",
                                    retryable=True)
+        except InvalidResult as exc:  # it answered, but not with a StartTaskResult: the worker is broken
+            await self._ender.fail_and_stop(run, TaskFailureCode.PROTOCOL_ERROR, str(exc), retryable=False)
         except WorkerError:
             pass  # the worker died: its exit fails the task with WORKER_CRASHED (EventIntake.on_exit)
         else:
             await self._accepted(run, worker, accepted)
 
-    async def _accepted(self, run: TaskRun, worker: WorkerLink, accepted: Any) -> None:
+    async def _accepted(self, run: TaskRun, worker: WorkerLink, result: StartTaskResult) -> None:
         """The runtime has the task: store ``model.input`` (with what the runtime loads implicitly, as the
         worker reported it) before any of the runtime's events, which wait for ``input_stored``."""
-        result = StartTaskResult.model_validate(accepted)
         try:
             model_input = run.model_input
             assert model_input is not None

@@ -10,19 +10,24 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 import trio
 
-from protocol import ExitStatus, InitializeResult, RuntimeEventParams, StderrTail
+from protocol import ExitStatus, InitializeResult, MethodSpec, Model, RuntimeEventParams, StderrTail
 
 from ..workers import WorkerProcess, WorkerSpec
 from ..workers.pool import NamespaceFailing, PoolConfig, WorkerPool
 from ._errors import NamespaceUnavailable
 
+P = TypeVar("P", bound=Model)
+R = TypeVar("R", bound=Model)
+
 
 class RequestChannel(Protocol):
-    async def request(self, method: str, params: dict[str, Any] | None = None) -> Any: ...
+    """Requests to a worker, typed by the protocol's method table (``Rpc``)."""
+
+    async def request(self, method: MethodSpec[P, R], params: P) -> R: ...
 
 
 class WorkerLink(Protocol):

@@ -23,10 +23,14 @@ from protocol import (
     EventType,
     ExecutedBy,
     InteractionMode,
-    Method,
+    Model,
     PolicyDecision,
     PolicySource,
+    Rpc,
     SandboxSummary,
+    SendToolApprovedParams,
+    SendToolDeniedParams,
+    SendToolResultParams,
     ToolCallApproved,
     ToolCallCompleted,
     ToolCallDenied,
@@ -59,7 +63,7 @@ from ..tools import (
 )
 from ._approvals import BY_CODESDK
 from ._runs import EngineStats, PendingEvent, TaskRun
-from ._toolport import ToolFlowPort
+from ._toolport import ToolAnswer, ToolFlowPort
 
 log = logging.getLogger("codesdk.supervisor.tools")
 
@@ -166,9 +170,8 @@ class ToolFlow:
         if not outcome.approved:
             if not await self._port.append(run, decision):
                 return None
-            return partial(self._answer, run, Method.SEND_TOOL_DENIED, {"task_id": run.task_id,
-                                                                        "tool_call_id": requested.tool_call_id,
-                                                                        "reason": outcome.effective.reason})
+            return partial(self._answer, run, Rpc.SEND_TOOL_DENIED, SendToolDeniedParams(
+                task_id=run.task_id, tool_call_id=requested.tool_call_id, reason=outcome.effective.reason))
 
         assert spec is not None
         workspace = Path(run.session.workspace or ".")
@@ -204,9 +207,8 @@ class ToolFlow:
             return
         self._completed[(run.session_id, requested.runtime_tool_call_id, requested.tool_name,
                          requested.input_hash)] = completed
-        await self._answer(run, Method.SEND_TOOL_RESULT, {"task_id": run.task_id,
-                                                          "tool_call_id": requested.tool_call_id,
-                                                          "result": result.content, "is_error": result.is_error})
+        await self._answer(run, Rpc.SEND_TOOL_RESULT, SendToolResultParams(
+            task_id=run.task_id, tool_call_id=requested.tool_call_id, result=result.content, is_error=result.is_error))
 
     async def _handle_runtime_call(self, run: TaskRun, requested: ToolCallRequested,
                                    tool_input: dict[str, Any]) -> None:
@@ -225,9 +227,12 @@ class ToolFlow:
             return
         if outcome.approved:
             run.approved_runtime_calls[requested.tool_call_id] = identity
-        await self._answer(run, Method.SEND_TOOL_APPROVED if outcome.approved else Method.SEND_TOOL_DENIED,
-                           {"task_id": run.task_id, "tool_call_id": requested.tool_call_id,
-                            "reason": outcome.effective.reason})
+        if outcome.approved:
+            await self._answer(run, Rpc.SEND_TOOL_APPROVED, SendToolApprovedParams(
+                task_id=run.task_id, tool_call_id=requested.tool_call_id, reason=outcome.effective.reason))
+        else:
+            await self._answer(run, Rpc.SEND_TOOL_DENIED, SendToolDeniedParams(
+                task_id=run.task_id, tool_call_id=requested.tool_call_id, reason=outcome.effective.reason))
 
     async def _decide(self, run: TaskRun, identity: ToolCallIdentity, requested: ToolCallRequested,
                       tool_input: dict[str, Any], prefix: list[PendingEvent], request: PolicyRequest,
@@ -323,11 +328,10 @@ class ToolFlow:
         if done.result_ref is None:
             return
         content = json.loads(await self._port.get_blob(done.result_ref))
-        await self._answer(run, Method.SEND_TOOL_RESULT, {"task_id": run.task_id,
-                                                          "tool_call_id": identity.tool_call_id,
-                                                          "result": content, "is_error": done.is_error})
+        await self._answer(run, Rpc.SEND_TOOL_RESULT, SendToolResultParams(
+            task_id=run.task_id, tool_call_id=identity.tool_call_id, result=content, is_error=done.is_error))
 
-    async def _answer(self, run: TaskRun, method: str, params: dict[str, Any]) -> None:
+    async def _answer(self, run: TaskRun, method: ToolAnswer, params: Model) -> None:
         if not run.ended:  # an ended task's runtime is being stopped: nothing more to tell it
             await self._port.answer(run, method, params)
 

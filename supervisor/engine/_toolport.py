@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from protocol import NormalizedEvent, ToolSpec
+from protocol import Ack, MethodSpec, Model, NormalizedEvent, ToolSpec
 
 from ..store import ApprovalRecord, EventStore
 from ..tools import ApprovalRequest, ToolContext, ToolRegistry, ToolResult
@@ -19,6 +19,9 @@ from ..workers import WorkerError
 from ._approvals import ApprovalBroker
 from ._recorder import RunRecorder
 from ._runs import Blobs, PendingEvent, TaskRun
+
+#: A request that answers a runtime about one of its calls (``Rpc.SEND_TOOL_RESULT`` / ``_DENIED`` / ``_APPROVED``).
+ToolAnswer = MethodSpec[Model, Ack]
 
 log = logging.getLogger("codesdk.supervisor.tools")
 
@@ -57,7 +60,7 @@ class ToolFlowPort(Protocol):
         """Up to ``limit`` stored events of these types after ``after_seq``, in order."""
         ...
 
-    async def answer(self, run: TaskRun, method: str, params: dict[str, Any]) -> None:
+    async def answer(self, run: TaskRun, method: ToolAnswer, params: Model) -> None:
         """Send the runtime a request about one of its calls (result, denial, approval); best effort."""
         ...
 
@@ -83,10 +86,10 @@ class EnginePort:
                          limit: int) -> Sequence[NormalizedEvent]:
         return await self.store.read_types(session_id, types, after_seq, limit)
 
-    async def answer(self, run: TaskRun, method: str, params: dict[str, Any]) -> None:
+    async def answer(self, run: TaskRun, method: ToolAnswer, params: Model) -> None:
         if run.worker is None:
             return
         try:
             await run.worker.connection.request(method, params)
         except WorkerError as exc:  # the worker is gone: its exit fails the task
-            log.info("task %s: %s not delivered: %s", run.task_id, method, exc)
+            log.info("task %s: %s not delivered: %s", run.task_id, method.method, exc)

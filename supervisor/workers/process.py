@@ -27,8 +27,9 @@ from protocol import (
     ExitStatus,
     InitializeParams,
     InitializeResult,
-    Method,
+    NoParams,
     PeerInfo,
+    Rpc,
     RuntimeEnv,
     StderrTail,
 )
@@ -97,12 +98,11 @@ class WorkerProcess:
         nursery.start_soon(worker._watch)
         try:
             with trio.fail_after(handshake_timeout_s):
-                result = await worker.connection.request(Method.INITIALIZE, InitializeParams(
+                worker.info = await worker.connection.request(Rpc.INITIALIZE, InitializeParams(
                     protocol_version=PROTOCOL_VERSION,
                     supervisor=PeerInfo(name="codesdk-supervisor", version="0.1.0"),
                     env=spec.runtime_env,
-                ).to_json_obj())
-            worker.info = InitializeResult.model_validate(result)
+                ))
             if worker.info.protocol_version.split(".")[0] != PROTOCOL_VERSION.split(".")[0]:
                 raise ValueError(f"worker speaks protocol {worker.info.protocol_version}, "
                                  f"this supervisor {PROTOCOL_VERSION}")
@@ -232,7 +232,7 @@ class WorkerProcess:
             if not self.exited.is_set():
                 with trio.move_on_after(grace_s / 2):
                     try:
-                        await self.connection.request(Method.SHUTDOWN)
+                        await self.connection.request(Rpc.SHUTDOWN, NoParams())
                     except WorkerError:
                         pass
                 try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -18,6 +18,7 @@ from protocol import (
     EventType,
     ExitStatus,
     Method,
+    MethodSpec,
     Model,
     RuntimeEventParams,
     RuntimeInfo,
@@ -29,6 +30,9 @@ from supervisor.store import Quotas
 from supervisor.tools import ToolRegistry, ToolsConfig
 from supervisor.workers import RpcError, WorkerSpec
 from supervisor.workers.pool import PoolConfig
+
+P = TypeVar("P", bound=Model)
+R = TypeVar("R", bound=Model)
 
 #: What a double answers to a request: a result, or an exception to raise (an ``RpcError``, say).
 Answer = Callable[[dict[str, Any]], Any]
@@ -42,15 +46,18 @@ class FakeConnection:
         }
         self._changed = trio.Event()
 
-    async def request(self, method: str, params: dict[str, Any] | None = None) -> Any:
-        self.requests.append((method, params or {}))
+    async def request(self, method: MethodSpec[P, R], params: P) -> R:
+        """Recorded as (method name, JSON params), as they would go on the wire; answered from ``answers``
+        (a JSON result, or an exception) and read as the method's result model, as the real connection does."""
+        sent = params.to_json_obj()
+        self.requests.append((method.method, sent))
         self._changed.set()
         self._changed = trio.Event()
-        answer = self.answers.get(method)
-        result = answer(params or {}) if answer is not None else {}
+        answer = self.answers.get(method.method)
+        result = answer(sent) if answer is not None else {}
         if isinstance(result, Exception):
             raise result
-        return result
+        return method.parse_result(result)
 
     async def wait_for(self, method: str, count: int = 1) -> list[dict[str, Any]]:
         """The params of the first ``count`` requests of ``method``, once they have arrived."""

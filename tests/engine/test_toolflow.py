@@ -20,6 +20,7 @@ from protocol import (
     ExecutedBy,
     InteractionMode,
     Method,
+    Model,
     NormalizedEvent,
     PermissionMode,
     PolicySource,
@@ -38,7 +39,7 @@ from protocol import (
 from supervisor.engine import EngineStats
 from supervisor.engine._runs import Blobs, PendingEvent, TaskRun
 from supervisor.engine._toolflow import INLINE_INPUT_MAX_BYTES, ToolFlow
-from supervisor.engine._toolport import Approvals, ToolRunner
+from supervisor.engine._toolport import Approvals, ToolAnswer, ToolRunner
 from supervisor.store import ApprovalRecord, SessionRecord
 from supervisor.tools import ApprovalRequest, ToolRegistry, ToolsConfig
 
@@ -75,8 +76,8 @@ class MemoryPort:
                          limit: int) -> Sequence[NormalizedEvent]:
         return [e for e in self.history if e.seq > after_seq and e.type in types][:limit]
 
-    async def answer(self, run: TaskRun, method: str, params: dict[str, Any]) -> None:
-        self.answers.append((method, params))
+    async def answer(self, run: TaskRun, method: ToolAnswer, params: Model) -> None:
+        self.answers.append((method.method, params.to_json_obj()))
 
     def types(self) -> list[EventType]:
         return [e.type for e in self.stored]

@@ -300,7 +300,7 @@ async def test_one_workers_garbage_does_not_disturb_another_worker(tmp_path: Pat
             real = await WorkerProcess.start(nursery, WorkerSpec(
                 argv=worker_argv(), env=minimal_env(home), cwd=str(tmp_path), name="bystander-worker"))
             try:
-                harness = WorkerHarness(real)
+                harness = WorkerHarness.draining(nursery, real)
                 async with trio.open_nursery() as both:
                     both.start_soon(partial(_write, hostile, garbage, bytewise=True))
                     await harness.start_task("t1", "echo", prompt="still here")

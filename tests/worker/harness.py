@@ -41,6 +41,14 @@ class WorkerHarness:
         self._arrived = trio.Event()
         self._ended = False
 
+    @classmethod
+    def draining(cls, nursery: trio.Nursery, worker: WorkerProcess) -> WorkerHarness:
+        """A harness whose events are collected from now on by a task of ``nursery``; the only way to get one,
+        so no driver can forget to drain."""
+        harness = cls(worker)
+        nursery.start_soon(harness.collect)
+        return harness
+
     async def collect(self) -> None:
         """Move every event of the worker into ``received``/``by_task`` until its output ends."""
         try:
@@ -95,8 +103,7 @@ async def running_worker(tmp_path: Path, *args: str) -> AsyncIterator[WorkerHarn
     spec = WorkerSpec(argv=worker_argv(*args), env=minimal_env(home), cwd=str(tmp_path), name="test-worker")
     async with trio.open_nursery() as nursery:
         worker = await WorkerProcess.start(nursery, spec)
-        harness = WorkerHarness(worker)
-        nursery.start_soon(harness.collect)
+        harness = WorkerHarness.draining(nursery, worker)
         try:
             yield harness
         finally:
