@@ -29,7 +29,6 @@ from .cli_common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
-    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     STOP_SIGNALS,
     CliError,
@@ -44,15 +43,14 @@ from .engine import (
     ApproverAnswer,
     Engine,
     EngineError,
-    NamespaceUnavailable,
-    RuntimeUnavailable,
     TaskNotActive,
+    error_status,
 )
 from .engine._transcript import derive_transcript
 from .login import run_login
 from .namespaces import InvalidNamespace, UnsafeDataDir
 from .render import EventPrinter, json_line, print_stored_events, print_transcript
-from .store import DataDirBusy, EventStore, QuotaExceeded, SessionBusy, StoreError
+from .store import DataDirBusy, EventStore, StoreError
 
 # -- run ------------------------------------------------------------------------------------------
 
@@ -384,9 +382,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: Errors a user can cause: printed as one line, no traceback (``refusal_exit_code`` says which exit code).
 _USER_ERRORS: tuple[type[BaseException], ...] = (CliError, EngineError, StoreError, InvalidNamespace, UnsafeDataDir)
-#: Refusals of the service's state rather than of the command (EXIT_UNAVAILABLE); every other one is EXIT_USAGE.
-_SERVICE_REFUSALS: tuple[type[BaseException], ...] = (NamespaceUnavailable, RuntimeUnavailable, SessionBusy,
-                                                      QuotaExceeded)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -403,11 +398,13 @@ def _user_error(exc: BaseException) -> BaseException | None:
 
 def refusal_exit_code(error: BaseException) -> int:
     """The exit code of a user error, by whose move it is: the command's (EXIT_USAGE) or the service's
-    (EXIT_UNAVAILABLE: try again later, or the operator acts). An API error maps by its status."""
+    (EXIT_UNAVAILABLE: try again later, or the operator acts). A refusal maps as the API answers it
+    (``error_status``), so the embedded and the remote CLI exit alike."""
     client = sys.modules.get("codesdk.client")
     if client is not None and isinstance(error, client.ApiError):
         return api_exit_code(error.status, error.code)
-    return EXIT_UNAVAILABLE if isinstance(error, _SERVICE_REFUSALS) else EXIT_USAGE
+    answer = error_status(error)
+    return api_exit_code(answer.status, answer.code) if answer is not None else EXIT_USAGE
 
 
 def main(argv: list[str] | None = None) -> int:

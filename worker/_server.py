@@ -60,11 +60,11 @@ from protocol import (
     parse_request,
 )
 
+from ._failure import RpcFailure
 from .adapters.base import (
     AdapterRegistry,
     RuntimeAdapter,
     RuntimeCrashed,
-    StartTaskRefused,
     TaskHandle,
     TaskOutcome,
     UnknownToolCall,
@@ -84,29 +84,6 @@ WRITE_COALESCE_BYTES = 64 * 1024
 
 #: Bytes per read from stdin.
 READ_CHUNK_BYTES = 64 * 1024
-
-
-class _Omitted:
-    """The ``data`` of an error that has none: the member is left out (``None`` is sent as ``"data": null``)."""
-
-
-OMITTED = _Omitted()
-
-
-class RpcFailure(Exception):
-    """A request refused: answered with this JSON-RPC error (``data`` left out when OMITTED)."""
-
-    def __init__(self, code: ErrorCode | int, message: str, data: Any = OMITTED) -> None:
-        super().__init__(message)
-        self.code = int(code)
-        self.message = message
-        self.data = data
-
-    def error_object(self) -> dict[str, Any]:
-        error: dict[str, Any] = {"code": self.code, "message": self.message}
-        if self.data is not OMITTED:
-            error["data"] = self.data
-        return error
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,13 +304,13 @@ class WorkerServer:
         request = parse_request(value)
         if isinstance(request, InvalidMessage):
             failure = RpcFailure(ErrorCode.INVALID_REQUEST, "Invalid request", INVALID_REQUEST_DATA)
-            await self.send_line(_error_line(request.id, failure))
+            await self.send_line(failure.line(request.id))
             return
         try:
             answer = self._answer(request)
         except Exception as exc:  # a bug of ours, not the peer's: the request is answered and the worker goes on
             log.exception("request %r (%s) could not be answered", request.id, request.method)
-            answer = _error_line(request.id, RpcFailure(ErrorCode.SERVER_ERROR, "Server error", str(exc)))
+            answer = RpcFailure(ErrorCode.SERVER_ERROR, "Server error", str(exc)).line(request.id)
         if isinstance(answer, Later):
             assert self._aux_nursery is not None
             self._aux_nursery.start_soon(self._answer_later, request.id, answer)
@@ -352,14 +329,14 @@ class WorkerServer:
             result = reply.to_json_obj()
         except RpcFailure as failure:
             refusal = failure
-        except Exception as exc:  # the result would not serialize: the handler's failure, as if it had raised
+        except Exception as exc:  # the handler failed, or its result would not serialize: a fault of ours
             log.exception("request %r (%s) failed", request.id, request.method)
             refusal = RpcFailure(ErrorCode.INTERNAL_ERROR, "Internal error", str(exc))
         else:
             if request.notification:
                 return None
             return encode_message({"jsonrpc": "2.0", "result": result, "id": request.id})
-        return None if request.notification else _error_line(request.id, refusal)
+        return None if request.notification else refusal.line(request.id)
 
     def _call(self, request: IncomingRequest) -> Reply:
         """Route one request through the method table: the method, its params (validated once, by the table's
@@ -370,24 +347,18 @@ class WorkerServer:
         if isinstance(request.params, list) and request.params:
             raise RpcFailure(ErrorCode.INVALID_PARAMS, "Invalid params", "too many positional arguments")
         raw = request.params if isinstance(request.params, dict) else {}
-        try:
-            self._admit(spec.method)
-            if not spec.takes_params:
-                if raw:
-                    raise RpcFailure(ErrorCode.INVALID_PARAMS, "Invalid params",
-                                     {"detail": f"{spec.method} takes no params"})
-                params: Model = NoParams()
-            else:
-                try:
-                    params = spec.params.model_validate(raw)
-                except ValidationError as exc:
-                    raise RpcFailure(ErrorCode.INVALID_PARAMS, "Invalid params", invalid_params_data(exc)) from None
-            return self._handlers[spec.method](params)
-        except RpcFailure:
-            raise
-        except Exception as exc:
-            log.exception("request %r (%s) failed", request.id, request.method)
-            raise RpcFailure(ErrorCode.INTERNAL_ERROR, "Internal error", str(exc)) from exc
+        self._admit(spec.method)
+        if not spec.takes_params:
+            if raw:
+                raise RpcFailure(ErrorCode.INVALID_PARAMS, "Invalid params",
+                                 {"detail": f"{spec.method} takes no params"})
+            params: Model = NoParams()
+        else:
+            try:
+                params = spec.params.model_validate(raw)
+            except ValidationError as exc:
+                raise RpcFailure(ErrorCode.INVALID_PARAMS, "Invalid params", invalid_params_data(exc)) from None
+        return self._handlers[spec.method](params)
 
     def _admit(self, method: Method) -> None:
         """Refuse what this worker's state does not allow yet (before params are looked at)."""
@@ -406,12 +377,13 @@ class WorkerServer:
     async def _answer_later(self, request_id: IncomingId, later: Later) -> None:
         try:
             result = await later.run()
-            line = {"jsonrpc": "2.0", "id": request_id, "result": result.to_json_obj()}
-        except Exception:
+            line = encode_message({"jsonrpc": "2.0", "id": request_id, "result": result.to_json_obj()})
+        except RpcFailure as failure:
+            line = failure.line(request_id)
+        except Exception as exc:
             log.exception("request %r failed", request_id)
-            line = {"jsonrpc": "2.0", "id": request_id, "error": RpcFailure(ErrorCode.INTERNAL_ERROR,
-                                                                             "Internal error").error_object()}
-        await self.send_line(encode_message(line))
+            line = RpcFailure(ErrorCode.INTERNAL_ERROR, "Internal error", str(exc)).line(request_id)
+        await self.send_line(line)
 
     # -- handlers (sync: check, schedule, answer) -------------------------------------------------
 
@@ -458,10 +430,7 @@ class WorkerServer:
             raise RpcFailure(ErrorCode.SESSION_BUSY, f"session {params.session.session_id!r} already has an active "
                              f"task ({busy.task_id}); stop it or wait for it to end", {"active_task_id": busy.task_id})
         task = _RunningTask(params=params, server=self, runtime=RuntimeInfo(name=adapter.name))
-        try:
-            task.handle = adapter.start_task(params, task)
-        except StartTaskRefused as exc:
-            raise RpcFailure(exc.code, exc.message, exc.data) from None
+        task.handle = adapter.start_task(params, task)  # StartTaskRefused is an RpcFailure: answered as it is
         self.tasks[params.task_id] = task
         self.stats.tasks_started += 1
         # Started only after the response is queued, so the supervisor sees "accepted" before any event.
@@ -551,10 +520,6 @@ def _outcome_of_error(task_id: str, exc: Exception) -> TaskOutcome:
     log.error("task %s: runtime adapter raised", task_id, exc_info=exc)
     text = "; ".join(f"{type(leaf).__name__}: {leaf}" for leaf in leaves)
     return TaskOutcome.failure(TaskFailureCode.RUNTIME_ERROR, f"runtime adapter error: {text}", retryable=False)
-
-
-def _error_line(request_id: IncomingId, failure: RpcFailure) -> bytes:
-    return encode_message({"jsonrpc": "2.0", "error": failure.error_object(), "id": request_id})
 
 
 def _frame_message(frame: BadFrame) -> str:

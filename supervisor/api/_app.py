@@ -296,10 +296,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         return JSONResponse(record.to_json_obj())
 
     def namespace_for(principal: Principal, namespace: str) -> str:
-        try:
-            Namespace.parse(namespace)
-        except InvalidNamespace as exc:
-            raise ApiError(422, "invalid_namespace", str(exc)) from exc
+        Namespace.parse(namespace)  # InvalidNamespace: 422 invalid_namespace (ERROR_STATUS)
         if not principal.can_access(namespace):
             raise ApiError(404, "not_found", f"no namespace {namespace}")
         return namespace
@@ -325,10 +322,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     def admin_namespace(request: Request, what: str) -> str:
         require_admin(request, what)
         namespace = str(request.path_params["namespace"])
-        try:
-            Namespace.parse(namespace)
-        except InvalidNamespace as exc:
-            raise ApiError(422, "invalid_namespace", str(exc)) from exc
+        Namespace.parse(namespace)  # InvalidNamespace: 422 invalid_namespace (ERROR_STATUS)
         return namespace
 
     async def list_env(request: Request) -> Response:

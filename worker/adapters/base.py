@@ -15,6 +15,7 @@ from protocol import (
     AuthState,
     AuthStatus,
     EnsureLoginResult,
+    ErrorCode,
     EventType,
     ExitStatus,
     Model,
@@ -27,15 +28,15 @@ from protocol import (
     TaskStopped,
 )
 
+from .._failure import RpcFailure
 
-class StartTaskRefused(Exception):
-    """The adapter can't start this task; ``code`` is the JSON-RPC error code to answer with."""
 
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.data = data
+class StartTaskRefused(RpcFailure):
+    """The adapter can't start this task: answered with this JSON-RPC error. Its ``data`` is ``null`` unless
+    given (the wire answer since protocol 1.0)."""
+
+    def __init__(self, code: ErrorCode | int, message: str, data: Any = None) -> None:
+        super().__init__(code, message, data)
 
 
 class UnknownToolCall(LookupError):

@@ -22,17 +22,15 @@ from typing import Any
 
 import trio
 
+from protocol import ErrorCode
+
 log = logging.getLogger("codesdk.worker.claude.mcp")
 
 #: Protocol revisions negotiated through ``initialize``, oldest to newest.
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 LATEST_PROTOCOL_VERSION = PROTOCOL_VERSIONS[-1]
 
-# JSON-RPC 2.0 / MCP error codes.
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
+#: MCP's own error code (the JSON-RPC ones are the protocol's ``ErrorCode``).
 REQUEST_CANCELLED = -32800
 
 
@@ -84,7 +82,7 @@ class McpServer:
     async def handle(self, message: Any) -> dict[str, Any] | None:
         """The JSON-RPC response to ``message``, or None for a notification (or a response: we send no requests)."""
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
-            return _error(message.get("id") if isinstance(message, dict) else None, INVALID_REQUEST,
+            return _error(message.get("id") if isinstance(message, dict) else None, ErrorCode.INVALID_REQUEST,
                           "not a JSON-RPC 2.0 message")
         method = message.get("method")
         if not isinstance(method, str):
@@ -97,15 +95,15 @@ class McpServer:
             return None
         request_id = message["id"]
         if not isinstance(request_id, str | int) or isinstance(request_id, bool):
-            return _error(None, INVALID_REQUEST, "a request id must be a string or an integer")
+            return _error(None, ErrorCode.INVALID_REQUEST, "a request id must be a string or an integer")
         if not isinstance(params, dict):
-            return _error(request_id, INVALID_PARAMS, "params must be an object")
+            return _error(request_id, ErrorCode.INVALID_PARAMS, "params must be an object")
         try:
             return _result(request_id, await self._request(request_id, method, params))
         except ToolError as exc:
-            return _error(request_id, INVALID_PARAMS, str(exc))
+            return _error(request_id, ErrorCode.INVALID_PARAMS, str(exc))
         except _MethodNotFound:
-            return _error(request_id, METHOD_NOT_FOUND, f"Method not found: {method}")
+            return _error(request_id, ErrorCode.METHOD_NOT_FOUND, f"Method not found: {method}")
         except _Cancelled:
             return _error(request_id, REQUEST_CANCELLED, "Request cancelled")
 
@@ -163,4 +161,4 @@ def _result(request_id: str | int, result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _error(request_id: Any, code: int, message: str) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": int(code), "message": message}}
