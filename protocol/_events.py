@@ -298,50 +298,18 @@ class TaskFailureCode(StrEnum):
     API_ERROR = "API_ERROR"  # the model API failed (HTTP 5xx, retryable)
 
 
-_FAILURE_CODES = frozenset(TaskFailureCode)
-
-
 class TaskFailed(Model):
     #: The TaskFailureCode member when the code is one of them, else the runtime's own code as it sent it.
-    code: TaskFailureCode | str
+    #: (left to right: a smart union would keep "RATE_LIMITED" a str; the member is the typed value)
+    code: Annotated[TaskFailureCode | str, Field(union_mode="left_to_right")]
     message: str
     retryable: bool = False
     details: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("code", mode="before")
-    @classmethod
-    def _known_code(cls, value: object) -> object:
-        # a smart union would keep "RATE_LIMITED" a str: the member is the typed value
-        return TaskFailureCode(value) if isinstance(value, str) and value in _FAILURE_CODES else value
 
 
 class TaskStopped(Model):
     reason: str = "stop requested"
     requested_by: str | None = None
-
-
-PAYLOAD_MODELS: dict[EventType, type[Model]] = {
-    EventType.SESSION_CREATED: SessionCreated,
-    EventType.TASK_STARTED: TaskStarted,
-    EventType.MODEL_INPUT: ModelInput,
-    EventType.RUNTIME_REQUEST_STARTED: RuntimeRequestStarted,
-    EventType.RUNTIME_REQUEST_COMPLETED: RuntimeRequestCompleted,
-    EventType.MODEL_OUTPUT_DELTA: ModelOutputDelta,
-    EventType.MODEL_OUTPUT_COMPLETED: ModelOutputCompleted,
-    EventType.TOOL_CALL_REQUESTED: ToolCallRequested,
-    EventType.TOOL_CALL_POLICY_EVALUATED: ToolCallPolicyEvaluated,
-    EventType.APPROVAL_REQUESTED: ApprovalRequested,
-    EventType.TOOL_CALL_APPROVED: ToolCallApproved,
-    EventType.TOOL_CALL_DENIED: ToolCallDenied,
-    EventType.TOOL_CALL_STARTED: ToolCallStarted,
-    EventType.TOOL_OUTPUT_DELTA: ToolOutputDelta,
-    EventType.TOOL_OUTPUT_COMPLETED: ToolOutputCompleted,
-    EventType.TOOL_CALL_COMPLETED: ToolCallCompleted,
-    EventType.USAGE_REPORTED: UsageReported,
-    EventType.TASK_COMPLETED: TaskCompleted,
-    EventType.TASK_FAILED: TaskFailed,
-    EventType.TASK_STOPPED: TaskStopped,
-}
 
 
 def parse_payload(event_type: EventType | str, payload: object) -> Model:
@@ -697,6 +665,10 @@ EVENT_MODELS: Mapping[EventType, type[NormalizedEvent]] = {
 WORKER_EVENT_MODELS: Mapping[EventType, type[WorkerEvent]] = {
     cls.model_fields["type"].default: cls for cls in get_args(WorkerEventUnion)}
 assert set(EVENT_MODELS) == set(EventType) and set(WORKER_EVENT_MODELS) == WORKER_EVENT_TYPES
+#: The payload model of each type, as its envelope class declares it.
+PAYLOAD_MODELS: Mapping[EventType, type[Model]] = {
+    event_type: cast(type[Model], cls.model_fields["payload"].annotation) for event_type, cls in EVENT_MODELS.items()}
+assert all(isinstance(model, type) and issubclass(model, Model) for model in PAYLOAD_MODELS.values())
 _FAMILIES.update({
     NormalizedEvent: ({t.value: cls for t, cls in EVENT_MODELS.items()}, AnyEvent),
     WorkerEvent: ({t.value: cls for t, cls in WORKER_EVENT_MODELS.items()}, AnyWorkerEvent),

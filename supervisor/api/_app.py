@@ -536,8 +536,7 @@ class _SSEResponse(Response):
     (with ``until_terminal``) after the next terminal event."""
 
     def __init__(self, engine: Engine, session_id: str, after_seq: int, until_terminal: bool,
-                 sent: Counter, keepalive_s: float = KEEPALIVE_S, *, streams: _StreamSlots | None = None,
-                 principal: str = "") -> None:
+                 sent: Counter, keepalive_s: float, *, streams: _StreamSlots, principal: str) -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
         if "content-length" in self.headers:
             del self.headers["content-length"]
@@ -554,10 +553,9 @@ class _SSEResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         streams = self._streams
-        if streams is None:
-            await self._stream(scope, receive, send)
-            return
-        if not streams.acquire(self._principal):  # the route checked; this is the count that holds
+        # The route refused a full principal already (a counted 429); this is the count that holds, taken only
+        # when the stream really starts and given back when it ends, however it ends.
+        if not streams.acquire(self._principal):
             refusal = streams.refusal()
             await _error(refusal.status, refusal.code, refusal.message, refusal.headers)(scope, receive, send)
             return

@@ -12,13 +12,14 @@ from datetime import UTC
 from pydantic import ValidationError
 
 from protocol import (
+    EVENT_MODELS,
     PAYLOAD_MODELS,
     SCHEMA_VERSION,
     EventType,
+    Model,
     NormalizedEvent,
     RuntimeInfo,
     Trace,
-    parse_payload,
     utc_now,
 )
 
@@ -44,13 +45,13 @@ def _prepare_one(session_id: str, index: int, draft: EventDraft) -> PreparedEven
     if trace.session_id != session_id:
         raise InvalidEvent(f"{where} has trace.session_id {trace.session_id!r}; it must match the session")
     try:
-        event = _trusted(event_type, draft, trace) or NormalizedEvent(
+        event = _trusted(event_type, draft, trace) or EVENT_MODELS[event_type](  # its class validates the payload
             seq=1,  # placeholder: the writer assigns the real seq inside its transaction
             time=draft.time if draft.time is not None else utc_now(),
             type=event_type,
             trace=trace,
             runtime=draft.runtime,
-            payload=parse_payload(event_type, draft.payload),
+            payload=draft.payload if isinstance(draft.payload, Model) else dict(draft.payload),
         )
         # the wire form (``to_json_obj``) minus seq; fails here on lone surrogates, bytes, sets ...
         body = event.model_dump_json(exclude_none=True, exclude={"seq"})
@@ -72,5 +73,5 @@ def _trusted(event_type: EventType, draft: EventDraft, trace: Trace) -> Normaliz
     time = draft.time if draft.time is not None else utc_now()
     if time.tzinfo is not UTC:
         return None
-    return NormalizedEvent.model_construct(schema_version=SCHEMA_VERSION, seq=1, time=time, type=event_type,
-                                           trace=trace, runtime=runtime, payload=payload)
+    return EVENT_MODELS[event_type].model_construct(schema_version=SCHEMA_VERSION, seq=1, time=time,
+                                                    type=event_type, trace=trace, runtime=runtime, payload=payload)

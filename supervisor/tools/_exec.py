@@ -56,6 +56,7 @@ from ._sandbox import (
     confine_spec,
     setpriv_argv,
     visible_in_confinement,
+    within,
 )
 
 log = logging.getLogger(__name__)
@@ -265,7 +266,7 @@ class _Lender:
         for other, loan in self.loans.items():
             if other == root:
                 return loan.to != to
-            if root.startswith(other.rstrip("/") + "/") or other.startswith(root.rstrip("/") + "/"):
+            if within(root, other) or within(other, root):
                 return True
         return False
 

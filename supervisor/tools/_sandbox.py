@@ -119,10 +119,11 @@ def visible_in_confinement(path: str, read_only: Sequence[str] = ()) -> bool:
     """Whether a confined command could see ``path`` (its real path) through the system or extra paths."""
     real = os.path.realpath(path)
     roots = [os.path.realpath(p) for p in (*SYSTEM_PATHS, *read_only)]
-    return any(_within(real, root) for root in roots)
+    return any(within(real, root) for root in roots)
 
 
-def _within(path: str, root: str) -> bool:
+def within(path: str, root: str) -> bool:
+    """``path`` is ``root`` or below it (both normalized, no trailing slash needed)."""
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
@@ -179,7 +180,7 @@ def _parents(path: str, bound: Sequence[str]) -> list[str]:
         chain.append(parent)
         parent = os.path.dirname(parent)
     for folder in reversed(chain):
-        if folder in ("/tmp", "/proc", "/dev") or any(_within(folder, root) for root in bound):
+        if folder in ("/tmp", "/proc", "/dev") or any(within(folder, root) for root in bound):
             continue
         argv += ["--perms", "0755", "--dir", folder]
     return argv
