@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ from .engine._transcript import derive_transcript
 from .login import run_login
 from .namespaces import InvalidNamespace, UnsafeDataDir
 from .render import EventPrinter, json_line, print_stored_events, print_transcript
-from .store import DataDirBusy, EventStore, StoreError
+from .store import DataDirBusy, EventStore, StoreError, StoreReader
 
 # -- run ------------------------------------------------------------------------------------------
 
@@ -292,7 +293,7 @@ async def cmd_namespaces(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _store(args: argparse.Namespace) -> Any:
+def _store(args: argparse.Namespace) -> AbstractAsyncContextManager[StoreReader]:
     """The store, read-only: reading needs no lock, so it works beside a running supervisor."""
     if not Path(args.data_dir).exists():
         raise CliError(f"no data in {args.data_dir} yet (run a task first, or pass --data-dir)")

@@ -17,7 +17,7 @@ import trio
 from protocol import utc_now
 
 from ..ids import new_id
-from ..store import ApprovalDecided, ApprovalRecord, EventStore
+from ..store import ApprovalDecided, ApprovalRecord, ApprovalRecords
 from ..tools import ApprovalRequest, Approver
 from ._runs import TaskRun
 
@@ -32,7 +32,7 @@ BY_APPROVER = "approver"
 
 
 class ApprovalBroker:
-    def __init__(self, store: EventStore, timeout_s: float = APPROVAL_TIMEOUT_S) -> None:
+    def __init__(self, store: ApprovalRecords, timeout_s: float = APPROVAL_TIMEOUT_S) -> None:
         self.store = store
         self.timeout_s = timeout_s
         self._waiting: dict[str, trio.Event] = {}

@@ -9,7 +9,7 @@ import trio
 
 from protocol import EventType, Model, Rpc, StopParams, TaskFailed, TaskFailureCode
 
-from ..store import DatabaseError, EventDraft, EventStore, QuotaExceeded, StoreError, TaskState, TaskUpdate
+from ..store import DatabaseError, EventDraft, QuotaExceeded, Recorder, StoreError, TaskState, TaskUpdate
 from ..workers import WorkerError
 from ._ports import WorkerLink
 from ._runs import RunTable, TaskRun
@@ -26,7 +26,7 @@ class TaskEnder:
     """Ends tasks, each exactly once. Runs in the engine's nursery what outlives the call: telling a worker to
     stop, and storing a terminal event the disk refused once it takes writes again."""
 
-    def __init__(self, store: EventStore, runs: RunTable, nursery: trio.Nursery) -> None:
+    def __init__(self, store: Recorder, runs: RunTable, nursery: trio.Nursery) -> None:
         self._store = store
         self._runs = runs
         self._nursery = nursery

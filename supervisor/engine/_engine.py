@@ -57,6 +57,7 @@ from ..store import (
     InvalidTransition,
     QuotaExceeded,
     Quotas,
+    Recorder,
     SessionRecord,
     StoreError,
     TaskRecord,
@@ -118,7 +119,7 @@ class Engine:
     """Sessions and tasks. ``workers`` makes where the engine gets each namespace's worker: the pool of real
     worker processes unless a test gives a double (see ``_ports``)."""
 
-    def __init__(self, config: EngineConfig, store: EventStore, tooling: Tooling, nursery: trio.Nursery, *,
+    def __init__(self, config: EngineConfig, store: Recorder, tooling: Tooling, nursery: trio.Nursery, *,
                  workers: WorkersFactory = pool_workers) -> None:
         self.config = config
         self.store = store

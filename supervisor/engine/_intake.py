@@ -27,7 +27,7 @@ from protocol import (
     sha256_hex,
 )
 
-from ..store import INLINE_BLOB_MAX, DatabaseError, EventStore, StoreError
+from ..store import INLINE_BLOB_MAX, DatabaseError, Recorder, StoreError
 from ._batch import PendingBatch
 from ._ending import TaskEnder
 from ._ports import WorkerLink
@@ -45,7 +45,7 @@ _RUNTIME_TOOL_EVENTS = frozenset({EventType.TOOL_CALL_STARTED, EventType.TOOL_OU
 class EventIntake:
     """The workers' two callbacks into the engine: ``on_events`` (a batch, in order) and ``on_exit``."""
 
-    def __init__(self, store: EventStore, runs: RunTable, stats: EngineStats, recorder: RunRecorder,
+    def __init__(self, store: Recorder, runs: RunTable, stats: EngineStats, recorder: RunRecorder,
                  tools: ToolFlow, ender: TaskEnder) -> None:
         self._store = store
         self._runs = runs

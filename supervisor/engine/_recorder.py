@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from ..store import EventDraft, EventStore, QuotaExceeded, Quotas
+from ..store import EventDraft, QuotaExceeded, Quotas, Recorder
 from ._runs import PendingEvent, TaskRun
 
 log = logging.getLogger("codesdk.supervisor.engine")
@@ -20,7 +20,7 @@ class RunRecorder:
     Refuses (False) once the task has ended, so nothing is stored after a terminal event. Events that would pass
     a quota are not stored at all and the task ends there, once (``over_quota``)."""
 
-    def __init__(self, store: EventStore, quotas: Quotas, over_quota: OverQuota) -> None:
+    def __init__(self, store: Recorder, quotas: Quotas, over_quota: OverQuota) -> None:
         self.store = store
         self.quotas = quotas
         self._over_quota = over_quota

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from protocol import Ack, MethodSpec, Model, NormalizedEvent, ToolSpec
 
-from ..store import ApprovalRecord, EventStore
+from ..store import ApprovalRecord, Recorder
 from ..tools import ApprovalRequest, ToolContext, ToolRegistry, ToolResult
 from ..workers import WorkerError
 from ._approvals import ApprovalBroker
@@ -66,7 +66,7 @@ class ToolFlowPort(Protocol):
 
 
 class EnginePort:
-    def __init__(self, store: EventStore, recorder: RunRecorder, tools: ToolRegistry,
+    def __init__(self, store: Recorder, recorder: RunRecorder, tools: ToolRegistry,
                  approvals: ApprovalBroker) -> None:
         self.store = store
         self.recorder = recorder

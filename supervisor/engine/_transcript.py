@@ -29,12 +29,12 @@ from protocol import (
     ToolUseBlock,
 )
 
-from ..store import EventStore
+from ..store import StoreReader
 
 PAGE = 1000
 
 
-async def session_events(store: EventStore, session_id: str) -> list[NormalizedEvent]:
+async def session_events(store: StoreReader, session_id: str) -> list[NormalizedEvent]:
     events: list[NormalizedEvent] = []
     while True:
         page = await store.read(session_id, after_seq=events[-1].seq if events else 0, limit=PAGE)
@@ -48,7 +48,7 @@ TRANSCRIPT_TYPES = (EventType.MODEL_OUTPUT_COMPLETED, EventType.TOOL_CALL_REQUES
                     EventType.TOOL_CALL_DENIED)
 
 
-async def derive_transcript(store: EventStore, session_id: str) -> list[Message]:
+async def derive_transcript(store: StoreReader, session_id: str) -> list[Message]:
     last_input = await store.last_event_of_type(session_id, EventType.MODEL_INPUT)
     if last_input is None:
         return []
@@ -65,7 +65,7 @@ async def derive_transcript(store: EventStore, session_id: str) -> list[Message]
     return messages
 
 
-async def _messages_from(store: EventStore, events: list[NormalizedEvent]) -> list[Message]:
+async def _messages_from(store: StoreReader, events: list[NormalizedEvent]) -> list[Message]:
     """Turn one task's output events into assistant messages and tool-result messages."""
     out: list[Message] = []
     assistant: list[ContentBlock] = []
