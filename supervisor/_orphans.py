@@ -15,7 +15,8 @@ import logging
 import os
 import signal
 import time
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar
 
 import psutil
 import trio
@@ -128,12 +129,9 @@ def end_session(sid: int) -> None:
     me = os.getpid()
     unkillable: set[int] = set()
     while True:
-        try:
-            members = {pid: stat for pid, stat in _session_members(sid).items() if pid not in unkillable}
-        except OSError as exc:  # out of descriptors to read /proc: wait for some, never give up (see above)
-            warn_scan_failed(f"ending session {sid}", exc)
-            time.sleep(_EMFILE_RETRY_S)
-            continue
+        # out of descriptors to read /proc: wait for some, never give up (see above)
+        found = scan_retrying(f"ending session {sid}", lambda: _session_members(sid), for_s=None)
+        members = {pid: stat for pid, stat in found.items() if pid not in unkillable}
         if all(stat.zombie and stat.parent != me for stat in members.values()):
             return
         for pid in members:  # zombies too: a process whose main thread ended looks like one
@@ -205,11 +203,27 @@ async def reap_orphans_forever(interval_s: float = SWEEP_INTERVAL_S) -> None:
 #: errnos that mean "no descriptor (or memory) to open /proc with now": a scan is retried or skipped, never
 #: taken as "nothing there".
 DESCRIPTORS_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+_T = TypeVar("_T")
 #: Seconds between tries of a scan that has to finish when descriptors ran out.
 _EMFILE_RETRY_S = 0.1
 #: Seconds between two warnings about /proc scans that failed (they come in bursts).
 _WARN_EVERY_S = 10.0
 _last_warning = [float("-inf")]
+
+
+def scan_retrying(what: str, scan: Callable[[], _T], *, for_s: float | None) -> _T:
+    """``scan()`` of /proc, tried again (with a warning) while descriptors are exhausted, for up to ``for_s``
+    seconds (None: until it succeeds). Blocks: run it in a thread. Any other OSError, or the last one once the
+    time is up, goes to the caller: a scan that could not look never answers "nothing there"."""
+    deadline = None if for_s is None else time.monotonic() + for_s
+    while True:
+        try:
+            return scan()
+        except OSError as exc:
+            if exc.errno not in DESCRIPTORS_EXHAUSTED or (deadline is not None and time.monotonic() > deadline):
+                raise
+            warn_scan_failed(what, exc)
+        time.sleep(_EMFILE_RETRY_S)
 
 
 def warn_scan_failed(what: str, exc: OSError, then: str = "trying again shortly") -> None:

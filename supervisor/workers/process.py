@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import psutil
 import trio
@@ -34,7 +35,7 @@ from protocol import (
     StderrTail,
 )
 
-from .._orphans import DESCRIPTORS_EXHAUSTED, reap_session, warn_scan_failed
+from .._orphans import DESCRIPTORS_EXHAUSTED, reap_session, scan_retrying, warn_scan_failed
 from .connection import WorkerBroken, WorkerConnection, WorkerError
 
 log = logging.getLogger("codesdk.supervisor.worker")
@@ -359,18 +360,17 @@ def _sigkill(pids: Iterable[int]) -> None:
 def _started_at(pid: int) -> float | None:
     """A running (not zombie) process's start time, None if it is gone. Out of descriptors to look with, it tries
     again for up to _SCAN_RETRY_S (a thread's wait) before taking the process for gone."""
-    deadline = time.monotonic() + _SCAN_RETRY_S
-    while True:
+    def look() -> float | None:
         try:
             process = psutil.Process(pid)
             return None if process.status() == psutil.STATUS_ZOMBIE else process.create_time()
         except psutil.Error:
             return None
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                _scan_failed(f"start time of pid {pid}", exc)
-                return None
-            time.sleep(0.05)
+    try:
+        return scan_retrying(f"start time of pid {pid}", look, for_s=_SCAN_RETRY_S)
+    except OSError as exc:
+        _scan_failed(f"start time of pid {pid}", exc)
+        return None
 
 
 def _process_tree(pid: int) -> list[psutil.Process]:
@@ -411,31 +411,30 @@ def _pipe_holders(inodes: set[int]) -> set[int]:
     """Pids (other than ours) with a descriptor on one of these pipes, found through /proc. Out of descriptors to
     scan with, it tries again for up to _SCAN_RETRY_S, then returns what it found."""
     wanted = {f"pipe:[{inode}]" for inode in inodes}
-    found: set[int] = set()
     me = os.getpid()
+    what = "looking for the holders of a dead worker's pipes"
     deadline = time.monotonic() + _SCAN_RETRY_S
-    while True:
-        try:
-            with os.scandir("/proc") as processes:
-                pids = [int(e.name) for e in processes if e.name.isdigit() and int(e.name) != me]
-            break
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                _scan_failed("looking for the holders of a dead worker's pipes", exc)
-                return found
-            time.sleep(0.05)
-    for pid in pids:
-        while True:
+
+    def pids() -> list[int]:
+        with os.scandir("/proc") as processes:
+            return [int(e.name) for e in processes if e.name.isdigit() and int(e.name) != me]
+
+    def holds(pid: int) -> bool:
+        with os.scandir(f"/proc/{pid}/fd") as fds:
+            return any(os.readlink(fd.path) in wanted for fd in fds)
+
+    found: set[int] = set()
+    try:
+        for pid in scan_retrying(what, pids, for_s=_SCAN_RETRY_S):
             try:
-                with os.scandir(f"/proc/{pid}/fd") as fds:
-                    if any(os.readlink(fd.path) in wanted for fd in fds):
-                        found.add(pid)
+                if scan_retrying(what, partial(holds, pid), for_s=max(0.0, deadline - time.monotonic())):
+                    found.add(pid)
             except OSError as exc:
-                if exc.errno in DESCRIPTORS_EXHAUSTED and time.monotonic() <= deadline:
-                    time.sleep(0.05)
-                    continue
-                # gone meanwhile, or not ours to look at (or still no descriptor: given up)
-            break
+                if exc.errno in DESCRIPTORS_EXHAUSTED:
+                    raise
+                # gone meanwhile, or not ours to look at
+    except OSError as exc:
+        _scan_failed(what, exc)
     return found
 
 
