@@ -118,6 +118,20 @@ def reap_session(sid: int, wait_s: float = 2.0, extra: set[int] | frozenset[int]
         time.sleep(0.01)
 
 
+async def end_command(process: trio.Process) -> None:
+    """End a command started in a session of its own (``start_new_session``): SIGKILL its group and reap all it
+    started before returning — the leader first, so that what it started has been re-parented by the time its
+    session is ended. Shielded, so that a cancelled call does not leave half of it behind; not bounded in time,
+    so that a slow machine does not either."""
+    with trio.CancelScope(shield=True):
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        await process.wait()
+        await trio.to_thread.run_sync(end_session, process.pid)
+
+
 def end_session(sid: int) -> None:
     """After the leader of session ``sid`` has exited and been reaped: SIGKILL what is left of the session and
     reap each member that is our child, until only zombies someone else reaps are left. Blocks; run it in a thread.

@@ -28,7 +28,6 @@ import logging
 import math
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import time
@@ -43,7 +42,7 @@ from pydantic import Field, field_validator
 
 from protocol import SandboxSummary, ToolClass
 
-from .._orphans import end_session
+from .._orphans import end_command
 from .._safe_dirs import WALK_FLAGS, chmod_entry, walk_tree
 from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolInput, ToolResult, clip
 from ._paths import workspace_root
@@ -328,23 +327,6 @@ async def _workspace_for(root: str, who: RunAs | None) -> AsyncIterator[None]:
         await lender.give_back(root, loan)
 
 
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-async def _end_command(process: trio.Process) -> None:
-    """SIGKILL the command's group and reap all it started before returning: the leader first, so that what it
-    started has been re-parented by the time its session is ended. Shielded, so that a cancelled call does not
-    leave half of it behind; not bounded in time, so that a slow machine does not either."""
-    with trio.CancelScope(shield=True):
-        _kill_group(process.pid)
-        await process.wait()
-        await trio.to_thread.run_sync(end_session, process.pid)
-
-
 async def _supervise(
     process: trio.Process, nursery: trio.Nursery, timeout: float, out: _Capture, err: _Capture
 ) -> bool:
@@ -361,7 +343,7 @@ async def _supervise(
     nursery.start_soon(drain)
     with trio.move_on_after(timeout) as deadline:
         await process.wait()
-    await _end_command(process)  # on timeout, and for stragglers still holding the pipes
+    await end_command(process)  # on timeout, and for stragglers still holding the pipes
     with trio.move_on_after(_DRAIN_GRACE_S):  # a daemon that left the session may keep a pipe open
         await drained.wait()
     nursery.cancel_scope.cancel()
@@ -386,7 +368,7 @@ async def _run(command: list[str], cwd: str, env: dict[str, str], timeout: float
                     cwd=cwd,
                     env=env,
                     start_new_session=True,
-                    deliver_cancel=_end_command,
+                    deliver_cancel=end_command,
                 )
             )
         except OSError as exc:  # raised here bare; re-raised below, outside the nursery's exception group

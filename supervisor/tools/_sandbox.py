@@ -190,11 +190,9 @@ async def _works(argv: list[str]) -> tuple[bool, str]:
     """Whether ``argv`` runs and exits 0, and what it said on stderr otherwise. Run in a session of its own that
     is ended and reaped afterwards, as exec does: bubblewrap's init may outlive bwrap by a moment, and it would
     be left as a zombie to a supervisor that is a child subreaper."""
-    import signal
-
     import trio
 
-    from .._orphans import end_session
+    from .._orphans import end_command
 
     with tempfile.TemporaryFile() as err:
         try:
@@ -207,13 +205,7 @@ async def _works(argv: list[str]) -> tuple[bool, str]:
             with trio.move_on_after(_PROBE_TIMEOUT_S) as timer:
                 await process.wait()
         finally:
-            with trio.CancelScope(shield=True):
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                await process.wait()
-                await trio.to_thread.run_sync(end_session, process.pid)
+            await end_command(process)
         if timer.cancelled_caught:
             return False, f"timed out after {_PROBE_TIMEOUT_S:g}s"
         err.seek(0)
