@@ -683,8 +683,9 @@ _FAMILIES.update({
     WorkerEvent: ({t.value: cls for t, cls in WORKER_EVENT_MODELS.items()}, AnyWorkerEvent),
 })
 
-_ANY_EVENT: TypeAdapter[EventUnion] = TypeAdapter(AnyEvent)
-_ANY_WORKER_EVENT: TypeAdapter[WorkerEventUnion] = TypeAdapter(AnyWorkerEvent)
+# Built on first use, like the models (``Model``'s ``defer_build``): a worker never parses stored events.
+_ANY_EVENT: TypeAdapter[EventUnion] = TypeAdapter(AnyEvent, config=ConfigDict(defer_build=True))
+_ANY_WORKER_EVENT: TypeAdapter[WorkerEventUnion] = TypeAdapter(AnyWorkerEvent, config=ConfigDict(defer_build=True))
 
 
 def parse_event(obj: object) -> EventUnion:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,12 @@ from .worker.harness import REPO
 
 SCENARIOS = str(REPO / "fixtures" / "scenarios")
 
+#: The ``make_engine`` fixture: SupervisorOptions (and ``worker_env``) in, an open engine out.
+MakeEngine = Callable[..., AbstractAsyncContextManager[Engine]]
+
 
 @pytest.fixture
-def make_engine(tmp_path: Path) -> Callable[..., Any]:
+def make_engine(tmp_path: Path) -> MakeEngine:
     @asynccontextmanager
     async def make(**options: Any) -> AsyncIterator[Engine]:
         env = options.pop("worker_env", {})

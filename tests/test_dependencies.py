@@ -29,6 +29,7 @@ async def test_pytest_trio_runs_this_under_trio() -> None:
 async def test_mcp_in_process_client_and_server_under_trio() -> None:
     from mcp import Client
     from mcp.server.mcpserver import MCPServer
+    from mcp.types import TextContent
 
     server = MCPServer("codesdk-check")
 
@@ -42,4 +43,5 @@ async def test_mcp_in_process_client_and_server_under_trio() -> None:
             tools = await client.list_tools()
             assert [t.name for t in tools.tools] == ["echo"]
             result = await client.call_tool("echo", {"text": "hi"})
-            assert result.content[0].text == "echo: hi"
+            content = result.content[0]
+            assert isinstance(content, TextContent) and content.text == "echo: hi"

@@ -80,7 +80,7 @@ def assemble(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
             blocks.append(dict(data["content_block"]))
             partial[open_index] = ""
         elif name == "content_block_delta":
-            assert data["index"] == open_index
+            assert open_index is not None and data["index"] == open_index
             delta = data["delta"]
             if delta["type"] == "text_delta":
                 blocks[open_index]["text"] += delta["text"]
@@ -88,7 +88,7 @@ def assemble(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
                 assert delta["type"] == "input_json_delta"
                 partial[open_index] += delta["partial_json"]
         elif name == "content_block_stop":
-            assert data["index"] == open_index
+            assert open_index is not None and data["index"] == open_index
             if blocks[open_index]["type"] == "tool_use":
                 blocks[open_index]["input"] = json.loads(partial[open_index])
             open_index = None
@@ -101,7 +101,8 @@ def assemble(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     return message
 
 
-def stream(fake: FakeAnthropic, content: Any, **kw: Any) -> tuple[dict[str, Any], list[tuple[str, dict]]]:
+def stream(fake: FakeAnthropic, content: Any, **kw: Any) -> tuple[dict[str, Any], list[tuple[str, dict[str,
+           Any]]]]:
     status, headers, raw = post(fake, body(content, **kw))
     assert status == 200, raw
     assert headers["content-type"].startswith("text/event-stream")

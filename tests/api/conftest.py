@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from functools import partial
@@ -16,6 +16,8 @@ import trio
 
 from supervisor.api import TokenAuth, serve_api
 from supervisor.engine import Engine
+
+from ..conftest import MakeEngine
 
 KEEPALIVE_S = 0.3
 
@@ -45,7 +47,7 @@ class Api:
 
 
 @pytest.fixture
-async def api(make_engine: Callable[..., Any], tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[Api]:
+async def api(make_engine: MakeEngine, tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[Api]:
     data_dir = tmp_path / "data"
     async with make_engine(data_dir=data_dir) as engine:
         auth = TokenAuth.bootstrap(data_dir)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -13,6 +13,9 @@ from protocol import EventType, NormalizedEvent
 
 from ..e2e.invariants import check_session
 from .conftest import Api
+
+if TYPE_CHECKING:
+    from starlette.routing import Route
 
 
 async def _pending(api: Api, token: str) -> list[dict[str, Any]]:
@@ -182,7 +185,7 @@ async def test_openapi_document_lists_every_route(api: Api) -> None:
     assert "StartTaskBody" in doc["components"]["schemas"]
 
 
-def api_routes(api: Api) -> list:
+def api_routes(api: Api) -> list[Route]:
     from starlette.routing import Route
 
     from supervisor.api import create_app

@@ -21,7 +21,9 @@ async def test_async_client_runs_a_task_and_streams_it(api: Api) -> None:
             assert [e.seq for e in events] == list(range(events[0].seq, events[-1].seq + 1))
             stored = await client.events(session["session_id"])
             assert stored[-len(events):] == events
-            task = await client.get_task(events[0].trace.task_id)
+            task_id = events[0].trace.task_id
+            assert task_id is not None
+            task = await client.get_task(task_id)
             assert task["state"] == "completed"
 
 

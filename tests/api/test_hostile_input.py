@@ -15,6 +15,7 @@ from supervisor.api import TOKENS_FILE, TokenAuth, TokenFileInvalid, hash_token
 from supervisor.engine import EngineError
 from supervisor.namespaces import InvalidNamespace, Namespace
 
+from ..conftest import MakeEngine
 from ..worker.harness import REPO
 from .conftest import Api
 
@@ -90,10 +91,13 @@ def test_a_string_admin_flag_is_refused_not_granted(tmp_path: Path, caplog: pyte
     eve = auth.add_principal("eve", ["user:eve"])
     doc = _tokens(tmp_path)
     good = TokenAuth.load(tmp_path)
-    assert good.authenticate(eve) is not None and not good.authenticate(eve).admin  # type: ignore[union-attr]
-    for entry in doc["tokens"]:  # type: ignore[union-attr]
-        if entry["name"] == "eve":  # type: ignore[index]
-            entry["admin"] = "false"  # type: ignore[index]
+    principal = good.authenticate(eve)
+    assert principal is not None and not principal.admin
+    tokens = doc["tokens"]
+    assert isinstance(tokens, list)
+    for entry in tokens:
+        if entry["name"] == "eve":
+            entry["admin"] = "false"
     (tmp_path / TOKENS_FILE).write_text(json.dumps(doc))
     with pytest.raises(TokenFileInvalid, match="admin"):
         TokenAuth.load(tmp_path)
@@ -123,7 +127,7 @@ def test_the_service_refuses_to_start_on_a_broken_token_file(tmp_path: Path) -> 
     {"scenario": "stdout-pollution"}, {"scenario": "malformed-line"},
 ])
 async def test_test_instruments_are_off_for_tenants_unless_the_operator_enables_them(
-        make_engine, config: dict[str, object]) -> None:
+        make_engine: MakeEngine, config: dict[str, object]) -> None:
     with trio.fail_after(60):
         async with make_engine(test_scenarios=False) as engine:
             session = await engine.create_session()
@@ -138,7 +142,8 @@ async def test_test_instruments_are_off_for_tenants_unless_the_operator_enables_
 
 @pytest.mark.parametrize("where", ["/", "data", "data/namespaces/user.bob/home", "data/blobs", ".",
                                    "data/workspaces"])
-async def test_a_workspace_overlapping_the_data_dir_is_refused(make_engine, tmp_path: Path, where: str) -> None:
+async def test_a_workspace_overlapping_the_data_dir_is_refused(make_engine: MakeEngine, tmp_path: Path,
+                                                               where: str) -> None:
     """With or without per-namespace uids, a workspace may not expose the store, the tokens or a HOME."""
     workspace = Path(where) if where.startswith("/") else tmp_path / where
     workspace.mkdir(parents=True, exist_ok=True)
@@ -158,7 +163,8 @@ async def test_the_api_refuses_an_overlapping_workspace_with_a_clear_error(api: 
         assert r.status_code == 409 and "data dir" in r.json()["error"]["message"]
 
 
-async def test_a_loose_data_dir_is_tightened_before_anything_is_stored(make_engine, tmp_path: Path) -> None:
+async def test_a_loose_data_dir_is_tightened_before_anything_is_stored(make_engine: MakeEngine,
+                                                                       tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir(mode=0o755)
     data.chmod(0o755)

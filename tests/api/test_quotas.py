@@ -10,7 +10,7 @@ API served in this process.
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -22,13 +22,14 @@ import pytest
 import trio
 
 from codesdk.client import AsyncClient, TooManyRequests
-from protocol import TERMINAL_EVENT_TYPES, EventType, NormalizedEvent, TaskFailureCode
+from protocol import TERMINAL_EVENT_TYPES, EventType, NormalizedEvent, TaskFailed, TaskFailureCode
 from supervisor.api import TokenAuth, serve_api
 from supervisor.engine import Engine
 from supervisor.engine._transcript import session_events
 from supervisor.service import _add_limit_flags, _quotas, main
 from supervisor.store._store import QUOTA_FLAGS, QuotaExceeded, Quotas
 
+from ..conftest import MakeEngine
 from ..e2e.invariants import check_session
 
 #: Hang guard of each test (seconds): reached only when something is broken.
@@ -109,7 +110,7 @@ async def stored(engine: Engine, data_dir: Path, session_id: str) -> tuple[Any, 
 
 
 @pytest.mark.parametrize("quota", list(STORED_LIMITS))
-async def test_a_task_crossing_a_stored_data_quota_fails_once_naming_it(make_engine: Callable[..., Any],
+async def test_a_task_crossing_a_stored_data_quota_fails_once_naming_it(make_engine: MakeEngine,
                                                                          tmp_path: Path, quota: str) -> None:
     flag, _ = QUOTA_FLAGS[quota]
     limit = STORED_LIMITS[quota]
@@ -123,6 +124,7 @@ async def test_a_task_crossing_a_stored_data_quota_fails_once_naming_it(make_eng
             terminal = the_terminal(events)
             assert terminal.type == EventType.TASK_FAILED and terminal is events[-1]
             payload = terminal.payload
+            assert isinstance(payload, TaskFailed)
             assert payload.code == TaskFailureCode.QUOTA_EXCEEDED and not payload.retryable
             assert payload.details["quota"] == quota and payload.details["limit"] == limit
             assert payload.details["flag"] == flag and payload.details["namespace"] == "user:carol"
@@ -151,7 +153,7 @@ async def test_a_task_crossing_a_stored_data_quota_fails_once_naming_it(make_eng
 
 @pytest.mark.parametrize("quota", list(STORED_LIMITS))
 async def test_a_start_over_a_stored_data_quota_is_a_429_that_stores_nothing(
-        make_engine: Callable[..., Any], tmp_path: Path, quota: str) -> None:
+        make_engine: MakeEngine, tmp_path: Path, quota: str) -> None:
     flag, _ = QUOTA_FLAGS[quota]
     scope = quota.partition("_")[0]
     data = tmp_path / "data"
@@ -187,7 +189,7 @@ async def test_a_start_over_a_stored_data_quota_is_a_429_that_stores_nothing(
             assert (await run(engine, full, ECHO))[0] == "completed"  # lifted: alice goes on
 
 
-async def test_tasks_per_namespace_past_the_limit_is_a_429_until_one_ends(make_engine: Callable[..., Any],
+async def test_tasks_per_namespace_past_the_limit_is_a_429_until_one_ends(make_engine: MakeEngine,
                                                                           tmp_path: Path) -> None:
     data = tmp_path / "data"
     with trio.fail_after(GUARD_S):
@@ -224,7 +226,7 @@ async def test_tasks_per_namespace_past_the_limit_is_a_429_until_one_ends(make_e
                 await engine.stop_task(task.task_id)
 
 
-async def test_sessions_per_namespace_past_the_limit_is_a_429_that_leaves_nothing(make_engine: Callable[..., Any],
+async def test_sessions_per_namespace_past_the_limit_is_a_429_that_leaves_nothing(make_engine: MakeEngine,
                                                                                   tmp_path: Path) -> None:
     data = tmp_path / "data"
     with trio.fail_after(GUARD_S):
@@ -247,7 +249,7 @@ async def test_sessions_per_namespace_past_the_limit_is_a_429_that_leaves_nothin
                 await engine.create_session(namespace="user:alice")
 
 
-async def test_concurrent_starts_cannot_slip_past_the_tasks_limit(make_engine: Callable[..., Any]) -> None:
+async def test_concurrent_starts_cannot_slip_past_the_tasks_limit(make_engine: MakeEngine) -> None:
     """Admission is decided in the transaction that records the task: of six starts at once, two get in."""
     with trio.fail_after(GUARD_S):
         async with make_engine(quotas=serve_flags("--max-tasks-per-namespace", "2")) as engine:

@@ -14,6 +14,7 @@ import trio
 
 from supervisor.api import TokenAuth, serve_api
 
+from ..conftest import MakeEngine
 from .conftest import KEEPALIVE_S, Api
 
 pytestmark = [
@@ -54,7 +55,7 @@ def test_tokens_file_round_trip(tmp_path: Path) -> None:
         auth.add_principal("eve", ["nope"])
 
 
-async def test_optional_loopback_tcp_port(make_engine: Any, tmp_path: Path) -> None:
+async def test_optional_loopback_tcp_port(make_engine: MakeEngine, tmp_path: Path) -> None:
     with trio.fail_after(15):
         data = tmp_path / "data"
         async with make_engine(data_dir=data) as engine, trio.open_nursery() as nursery:
@@ -72,7 +73,7 @@ async def test_optional_loopback_tcp_port(make_engine: Any, tmp_path: Path) -> N
             nursery.cancel_scope.cancel()
 
 
-async def test_serve_needs_somewhere_to_listen(make_engine: Any, tmp_path: Path) -> None:
+async def test_serve_needs_somewhere_to_listen(make_engine: MakeEngine, tmp_path: Path) -> None:
     with trio.fail_after(10):
         async with make_engine() as engine:
             with pytest.raises(ValueError, match="unix socket"):

@@ -6,21 +6,24 @@ import json
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import psutil
 import trio
 
-from protocol import EventType, InteractionMode, PermissionMode
-from supervisor.engine import ApproverAnswer
+from protocol import EventType, InteractionMode, NormalizedEvent, PermissionMode, TaskStoppedEvent
+from supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
 from supervisor.engine._transcript import session_events
-from supervisor.store import TaskState
+from supervisor.store import TaskRecord, TaskState
 
+from ..conftest import MakeEngine
 from ..e2e.conftest import of_type
 from ..e2e.invariants import check_session
-from .cases import workspace
+from .cases import Case, Turn, workspace
 
 
-async def _run(make_engine, case, turn, ws: Path | None = None, **kwargs):
+async def _run(make_engine: MakeEngine, case: Case, turn: Turn, ws: Path | None = None,
+               **kwargs: Any) -> tuple[TaskRecord, list[NormalizedEvent], dict[str, Any]]:
     async with make_engine(worker_env={"*": case.worker_env()}) as engine:
         session = await engine.create_session(runtime=case.runtime, workspace=ws)
         task = await engine.start_task(session.session_id, turn.prompt, runtime_config=turn.runtime_config,
@@ -28,18 +31,18 @@ async def _run(make_engine, case, turn, ws: Path | None = None, **kwargs):
         record = await engine.wait_task(task.task_id)
         events = await session_events(engine.store, session.session_id)
         check_session(events)
-        blobs = {}
+        blobs: dict[str, Any] = {}
         for payload in of_type(events, EventType.MODEL_INPUT):
             if payload.implicit_sources_ref:
                 blobs["implicit"] = json.loads(await engine.store.get_blob(payload.implicit_sources_ref))
         return record, events, blobs
 
 
-def _texts(events) -> list[str]:
+def _texts(events: list[NormalizedEvent]) -> list[str]:
     return [p.text for p in of_type(events, EventType.MODEL_OUTPUT_COMPLETED) if p.kind == "text"]
 
 
-async def test_streams_deltas_then_completes(make_engine, case) -> None:
+async def test_streams_deltas_then_completes(make_engine: MakeEngine, case: Case) -> None:
     with trio.fail_after(120):
         record, events, _ = await _run(make_engine, case, case.stream("hello contract"))
     assert record.state == TaskState.COMPLETED
@@ -54,7 +57,8 @@ async def test_streams_deltas_then_completes(make_engine, case) -> None:
     assert of_type(events, EventType.USAGE_REPORTED)
 
 
-async def test_parallel_calls_one_approved_one_denied(make_engine, case, tmp_path: Path) -> None:
+async def test_parallel_calls_one_approved_one_denied(make_engine: MakeEngine, case: Case,
+                                                      tmp_path: Path) -> None:
     ws = workspace(tmp_path)
     turn = case.tools(("workspace.read", {"path": "a.txt"}), ("workspace.write", {"path": "b.txt", "content": "x"}))
     with trio.fail_after(120):
@@ -72,11 +76,12 @@ async def test_parallel_calls_one_approved_one_denied(make_engine, case, tmp_pat
     assert "non-interactive" in final  # and so did the denial's reason; the runtime carried on
 
 
-async def test_interactive_approval_runs_the_write(make_engine, case, tmp_path: Path) -> None:
+async def test_interactive_approval_runs_the_write(make_engine: MakeEngine, case: Case,
+                                                   tmp_path: Path) -> None:
     ws = workspace(tmp_path)
-    asked = []
+    asked: list[str] = []
 
-    async def approve(request):
+    async def approve(request: ApprovalRequest) -> ApproverAnswer:
         asked.append(request.tool_name)
         return ApproverAnswer(allow=True, reason="fine by the test")
 
@@ -89,10 +94,10 @@ async def test_interactive_approval_runs_the_write(make_engine, case, tmp_path: 
     assert of_type(events, EventType.TOOL_CALL_APPROVED)[0].source == "user"
 
 
-async def test_denial_reason_reaches_the_runtime(make_engine, case, tmp_path: Path) -> None:
+async def test_denial_reason_reaches_the_runtime(make_engine: MakeEngine, case: Case, tmp_path: Path) -> None:
     ws = workspace(tmp_path)
 
-    async def deny(request):
+    async def deny(request: ApprovalRequest) -> ApproverAnswer:
         return ApproverAnswer(allow=False, reason="no-writes-today-4711")
 
     turn = case.tools(("workspace.write", {"path": "notes.txt", "content": "x"}))
@@ -105,7 +110,7 @@ async def test_denial_reason_reaches_the_runtime(make_engine, case, tmp_path: Pa
     assert "no-writes-today-4711" in _texts(events)[-1]
 
 
-async def test_forbidden_tools_never_execute(make_engine, case, tmp_path: Path) -> None:
+async def test_forbidden_tools_never_execute(make_engine: MakeEngine, case: Case, tmp_path: Path) -> None:
     ws = workspace(tmp_path)
     turn = case.tools(("workspace.exec", {"argv": ["touch", str(ws / "pwned")]}),
                       ("Bash", {"command": f"touch {ws / 'pwned2'}"}))
@@ -116,14 +121,15 @@ async def test_forbidden_tools_never_execute(make_engine, case, tmp_path: Path) 
     assert not of_type(events, EventType.TOOL_CALL_STARTED)
 
 
-async def test_implicit_sources_are_recorded_with_the_model_input(make_engine, case) -> None:
+async def test_implicit_sources_are_recorded_with_the_model_input(make_engine: MakeEngine,
+                                                                  case: Case) -> None:
     with trio.fail_after(120):
         _, events, blobs = await _run(make_engine, case, case.stream("hi"))
     assert of_type(events, EventType.MODEL_INPUT)[0].implicit_sources_ref
     assert blobs["implicit"]["policy"] and isinstance(blobs["implicit"]["found"], list)
 
 
-async def test_stop_mid_stream(make_engine, case, tmp_path: Path) -> None:
+async def test_stop_mid_stream(make_engine: MakeEngine, case: Case, tmp_path: Path) -> None:
     ws = workspace(tmp_path)
     turn = case.slow()
     with trio.fail_after(120):
@@ -138,19 +144,22 @@ async def test_stop_mid_stream(make_engine, case, tmp_path: Path) -> None:
                     await trio.sleep(0.05)
             events = await session_events(engine.store, session.session_id)
     check_session(events)
-    assert events[-1].type == EventType.TASK_STOPPED and events[-1].payload.reason == "enough"
+    last = events[-1]
+    assert isinstance(last, TaskStoppedEvent) and last.payload.reason == "enough"
     assert not [e for e in events if e.type.value.startswith("tool.")]
     assert not (ws / "late.txt").exists()
 
 
-async def test_worker_crash_mid_task_fails_it_once(make_engine, case) -> None:
+async def test_worker_crash_mid_task_fails_it_once(make_engine: MakeEngine, case: Case) -> None:
     turn = case.slow()
     with trio.fail_after(120):
         async with make_engine(worker_env={"*": case.worker_env()}) as engine:
             session = await engine.create_session(runtime=case.runtime)
             task = await engine.start_task(session.session_id, turn.prompt, runtime_config=turn.runtime_config)
             await _deltas(engine, session.session_id, 2)
-            os.kill(engine.pool.worker_of("default").pid, signal.SIGKILL)
+            worker = engine.pool.worker_of("default")
+            assert worker is not None
+            os.kill(worker.pid, signal.SIGKILL)
             record = await engine.wait_task(task.task_id)
             events = await session_events(engine.store, session.session_id)
     check_session(events)
@@ -158,7 +167,9 @@ async def test_worker_crash_mid_task_fails_it_once(make_engine, case) -> None:
     assert record.state == TaskState.FAILED and len(failed) == 1 and failed[0].code == "WORKER_CRASHED"
 
 
-async def test_runtime_process_killed_mid_task_is_a_retryable_runtime_crash(make_engine, case, tmp_path: Path) -> None:
+async def test_runtime_process_killed_mid_task_is_a_retryable_runtime_crash(make_engine: MakeEngine,
+                                                                            case: Case,
+                                                                            tmp_path: Path) -> None:
     """The runtime's own process dies (SIGKILL): the task fails RUNTIME_CRASHED, retryable, with the signal and
     the process's stderr tail as a blob; the worker lives on and serves the next task."""
     ready = tmp_path / "runtime-ready"
@@ -169,7 +180,8 @@ async def test_runtime_process_killed_mid_task_is_a_retryable_runtime_crash(make
             task = await engine.start_task(session.session_id, turn.prompt, runtime_config=turn.runtime_config)
             await _deltas(engine, session.session_id, 2)
             worker = engine.pool.worker_of("default")
-            found = []
+            assert worker is not None
+            found: list[psutil.Process] = []
             while not found:  # the process may still be starting
                 found = [p for p in psutil.Process(worker.pid).children(recursive=True) if case.is_runtime_process(p)]
                 await trio.sleep(0.05)
@@ -195,7 +207,7 @@ async def test_runtime_process_killed_mid_task_is_a_retryable_runtime_crash(make
     check_session(events)
 
 
-async def _deltas(engine, session_id: str, count: int) -> None:
+async def _deltas(engine: Engine, session_id: str, count: int) -> None:
     seen = 0
     async with engine.store.subscribe(session_id) as sub:
         async for event in sub:
@@ -204,7 +216,9 @@ async def _deltas(engine, session_id: str, count: int) -> None:
                 return
 
 
-async def test_runtime_builtin_tool_runs_only_when_the_supervisor_approves(make_engine, case, tmp_path: Path) -> None:
+async def test_runtime_builtin_tool_runs_only_when_the_supervisor_approves(make_engine: MakeEngine,
+                                                                           case: Case,
+                                                                           tmp_path: Path) -> None:
     ws = workspace(tmp_path)
     target = ws / "by-builtin.txt"
     with trio.fail_after(120):
@@ -220,7 +234,8 @@ async def test_runtime_builtin_tool_runs_only_when_the_supervisor_approves(make_
     assert target.exists() == case.builtins_touch_files
 
 
-async def test_runtime_builtin_tool_denied_never_runs(make_engine, case, tmp_path: Path) -> None:
+async def test_runtime_builtin_tool_denied_never_runs(make_engine: MakeEngine, case: Case,
+                                                      tmp_path: Path) -> None:
     ws = workspace(tmp_path)
     target = ws / "by-builtin.txt"
     with trio.fail_after(120):

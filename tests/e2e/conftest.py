@@ -1,16 +1,21 @@
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from protocol import EventType, NormalizedEvent
 from supervisor.engine import Engine
 from supervisor.engine._transcript import session_events
+from supervisor.store import TaskRecord
+from supervisor.workers import WorkerProcess
 
 from .invariants import check_session
 
 
 async def run_task(engine: Engine, prompt: str = "hello", *, session_id: str | None = None,
-                   namespace: str = "default", workspace: Path | None = None, **kwargs: Any):
+                   namespace: str = "default", workspace: Path | None = None,
+                   **kwargs: Any) -> tuple[str, TaskRecord, list[NormalizedEvent]]:
     """Start a task (new session unless given), wait for its end; return (session_id, task record, events)."""
     if session_id is None:
         session = await engine.create_session(namespace=namespace, workspace=workspace)
@@ -22,5 +27,13 @@ async def run_task(engine: Engine, prompt: str = "hello", *, session_id: str | N
     return session_id, record, [e for e in events if e.trace.task_id == task.task_id]
 
 
-def of_type(events, event_type) -> list:
+def of_type(events: Iterable[NormalizedEvent], event_type: EventType) -> list[Any]:
+    """The payloads of the events of this type (each a ``PAYLOAD_MODELS[event_type]``)."""
     return [e.payload for e in events if e.type == event_type]
+
+
+def worker_of(engine: Engine, namespace: str = "default") -> WorkerProcess:
+    """The namespace's worker, which the test knows to be there."""
+    worker = engine.pool.worker_of(namespace)
+    assert worker is not None, f"no worker for {namespace}"
+    return worker

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from ..worker.harness import REPO
 
@@ -101,7 +102,7 @@ def test_events_follow_sees_a_task_run_by_another_process(tmp_path: Path) -> Non
                       "--config", "stop_grace_s=0")
         assert second.returncode == 0, second.stderr
         deadline = time.monotonic() + 30
-        seen: list[dict] = []
+        seen: list[dict[str, Any]] = []
         assert follower.stdout is not None
         while time.monotonic() < deadline:
             line = follower.stdout.readline()

@@ -8,16 +8,17 @@ from pathlib import Path
 import pytest
 import trio
 
-from protocol import EventType, InteractionMode, PermissionMode
-from supervisor.engine import ApproverAnswer, EngineError
+from protocol import EventType, InteractionMode, PermissionMode, TaskStoppedEvent
+from supervisor.engine import ApprovalRequest, ApproverAnswer, EngineError
 from supervisor.engine._transcript import derive_transcript, session_events
 from supervisor.store import SessionBusy, TaskState
 
+from ..conftest import MakeEngine
 from .conftest import of_type, run_task
 from .invariants import check_session
 
 
-async def test_streaming_task_is_stored_in_order(make_engine) -> None:
+async def test_streaming_task_is_stored_in_order(make_engine: MakeEngine) -> None:
     with trio.fail_after(60):
         async with make_engine() as engine:
             _, record, events = await run_task(engine, "stream me", runtime_config={"scenario": "echo"})
@@ -34,7 +35,8 @@ async def test_streaming_task_is_stored_in_order(make_engine) -> None:
             assert model_input.input_hash == canonical_hash(compiled)
 
 
-async def test_parallel_tool_calls_run_and_results_reach_the_runtime(make_engine, tmp_path: Path) -> None:
+async def test_parallel_tool_calls_run_and_results_reach_the_runtime(make_engine: MakeEngine,
+                                                                     tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "a.txt").write_text("alpha\n")
@@ -52,12 +54,13 @@ async def test_parallel_tool_calls_run_and_results_reach_the_runtime(make_engine
 
 
 @pytest.mark.parametrize("allow", [True, False])
-async def test_interactive_approval_decides_a_write(make_engine, tmp_path: Path, allow: bool) -> None:
+async def test_interactive_approval_decides_a_write(make_engine: MakeEngine, tmp_path: Path,
+                                                    allow: bool) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
-    asked = []
+    asked: list[ApprovalRequest] = []
 
-    async def approver(request):
+    async def approver(request: ApprovalRequest) -> ApproverAnswer:
         asked.append(request)
         return ApproverAnswer(allow=allow, reason="ok by test" if allow else "not today")
 
@@ -81,7 +84,7 @@ async def test_interactive_approval_decides_a_write(make_engine, tmp_path: Path,
         assert not of_type(events, EventType.TOOL_CALL_STARTED)
 
 
-async def test_ask_mode_non_interactive_degrades_to_deny(make_engine, tmp_path: Path) -> None:
+async def test_ask_mode_non_interactive_degrades_to_deny(make_engine: MakeEngine, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     with trio.fail_after(60):
@@ -94,7 +97,7 @@ async def test_ask_mode_non_interactive_degrades_to_deny(make_engine, tmp_path: 
     assert record.state == TaskState.COMPLETED
 
 
-async def test_auto_mode_applies_a_patch(make_engine, tmp_path: Path) -> None:
+async def test_auto_mode_applies_a_patch(make_engine: MakeEngine, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "README.md").write_text("# Demo\n")
@@ -108,7 +111,7 @@ async def test_auto_mode_applies_a_patch(make_engine, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", ["../outside.txt", "/etc/passwd", "link/secret.txt"])
-async def test_path_escapes_are_refused(make_engine, tmp_path: Path, path: str) -> None:
+async def test_path_escapes_are_refused(make_engine: MakeEngine, tmp_path: Path, path: str) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     outside = tmp_path / "outside"
@@ -130,12 +133,12 @@ async def test_path_escapes_are_refused(make_engine, tmp_path: Path, path: str) 
     assert "top secret" not in json.dumps([e.to_json_obj() for e in events])
 
 
-async def _blob(make_engine, tmp_path, ref):
+async def _blob(make_engine: MakeEngine, tmp_path: Path, ref: str) -> bytes:
     async with make_engine() as engine:
         return await engine.store.get_blob(ref)
 
 
-async def test_stop_mid_stream_stops_and_no_tool_runs_after(make_engine, tmp_path: Path) -> None:
+async def test_stop_mid_stream_stops_and_no_tool_runs_after(make_engine: MakeEngine, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     with trio.fail_after(60):
@@ -156,12 +159,13 @@ async def test_stop_mid_stream_stops_and_no_tool_runs_after(make_engine, tmp_pat
             await trio.sleep(0.5)  # let the worker's stop and any late events arrive
             events = await session_events(engine.store, session.session_id)
     check_session(events)
-    assert events[-1].type == EventType.TASK_STOPPED and events[-1].payload.reason == "enough"
+    last = events[-1]
+    assert isinstance(last, TaskStoppedEvent) and last.payload.reason == "enough"
     assert not [e for e in events if e.type.value.startswith("tool.")]
     assert not (ws / "late.txt").exists()
 
 
-async def test_runtime_that_ignores_stop_has_its_late_events_dropped(make_engine) -> None:
+async def test_runtime_that_ignores_stop_has_its_late_events_dropped(make_engine: MakeEngine) -> None:
     with trio.fail_after(60):
         async with make_engine() as engine:
             session = await engine.create_session()
@@ -184,7 +188,7 @@ async def test_runtime_that_ignores_stop_has_its_late_events_dropped(make_engine
             assert record.state == TaskState.COMPLETED
 
 
-async def test_second_concurrent_task_on_a_session_is_refused(make_engine) -> None:
+async def test_second_concurrent_task_on_a_session_is_refused(make_engine: MakeEngine) -> None:
     with trio.fail_after(60):
         async with make_engine() as engine:
             session = await engine.create_session()
@@ -196,7 +200,7 @@ async def test_second_concurrent_task_on_a_session_is_refused(make_engine) -> No
             assert record.state == TaskState.COMPLETED
 
 
-async def test_second_task_gets_the_prior_transcript(make_engine) -> None:
+async def test_second_task_gets_the_prior_transcript(make_engine: MakeEngine) -> None:
     with trio.fail_after(60):
         async with make_engine() as engine:
             session_id, _, _ = await run_task(engine, "first question", runtime_config={"scenario": "echo"})
@@ -211,7 +215,8 @@ async def test_second_task_gets_the_prior_transcript(make_engine) -> None:
             assert [m.text() for m in transcript][-1] == "You said: second question"
 
 
-async def test_identical_read_only_call_is_replayed_from_the_store(make_engine, tmp_path: Path) -> None:
+async def test_identical_read_only_call_is_replayed_from_the_store(make_engine: MakeEngine,
+                                                                   tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "a.txt").write_text("alpha\n")
@@ -229,17 +234,17 @@ async def test_identical_read_only_call_is_replayed_from_the_store(make_engine, 
     assert any("a.txt says alpha\n" in p.text for p in of_type(second, EventType.MODEL_OUTPUT_COMPLETED))
 
 
-async def test_runtime_reported_failure(make_engine) -> None:
+async def test_runtime_reported_failure(make_engine: MakeEngine) -> None:
     with trio.fail_after(60):
         async with make_engine() as engine:
             _, record, events = await run_task(engine, runtime_config={"scenario": "fail"})
     assert record.state == TaskState.FAILED
     failed = of_type(events, EventType.TASK_FAILED)[0]
     assert (failed.code, failed.retryable) == ("RATE_LIMITED", True)
-    assert record.error["code"] == "RATE_LIMITED"
+    assert record.error is not None and record.error["code"] == "RATE_LIMITED"
 
 
-async def test_unknown_scenario_fails_the_task_clearly(make_engine) -> None:
+async def test_unknown_scenario_fails_the_task_clearly(make_engine: MakeEngine) -> None:
     with trio.fail_after(60):
         async with make_engine() as engine:
             _, _, events = await run_task(engine, runtime_config={"scenario": "no-such-scenario"})

@@ -9,13 +9,15 @@ import trio
 from supervisor.engine._transcript import derive_transcript
 from supervisor.store import TaskState
 
+from ..conftest import MakeEngine
+
 #: Deltas in the long session: decoded as events they would take tens of MB.
 DELTAS = 20_000
 #: What deriving its (tiny) transcript may allocate at its peak.
 PEAK_LIMIT_BYTES = 4 * 1024 * 1024
 
 
-async def test_a_transcript_of_a_long_session_reads_no_deltas(make_engine) -> None:
+async def test_a_transcript_of_a_long_session_reads_no_deltas(make_engine: MakeEngine) -> None:
     flood = {"name": "long", "steps": [{"flood": DELTAS, "delta": "token "}, {"complete": {}}]}
     with trio.fail_after(120):
         async with make_engine() as engine:

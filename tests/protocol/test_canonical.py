@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 
@@ -19,7 +20,7 @@ values = st.recursive(scalars, lambda kids: st.lists(kids, max_size=4) | st.dict
                       max_leaves=20)
 
 
-def _shuffled(value, rnd):
+def _shuffled(value: object, rnd: random.Random) -> object:
     if isinstance(value, dict):
         items = list(value.items())
         rnd.shuffle(items)
@@ -30,7 +31,7 @@ def _shuffled(value, rnd):
 
 
 @given(values, st.randoms())
-def test_hash_ignores_key_order_and_whitespace(value, rnd) -> None:
+def test_hash_ignores_key_order_and_whitespace(value: object, rnd: random.Random) -> None:
     reordered = _shuffled(value, rnd)
     assert canonical_hash(reordered) == canonical_hash(value)
     assert canonical_hash(json.loads(json.dumps(value, indent=3))) == canonical_hash(value)
@@ -61,7 +62,8 @@ def test_models_hash_like_their_json() -> None:
     ({"b": b"bytes"}, "/b", "not a JSON type"),
     ({"u": "\ud800"}, "/u", "surrogate"),
 ])
-def test_unrepresentable_values_get_clear_errors(value, where, problem) -> None:
+def test_unrepresentable_values_get_clear_errors(value: dict[object, object], where: str,
+                                                 problem: str) -> None:
     with pytest.raises(CanonicalizationError) as err:
         canonical_hash(value)
     assert err.value.path == where

@@ -11,6 +11,7 @@ from protocol import (
     BadFrame,
     ErrorCode,
     FrameProblem,
+    JsonRpcMessage,
     LineFramer,
     MessageReader,
     Notification,
@@ -46,10 +47,11 @@ def _splits(data: bytes, cuts: list[int]) -> list[bytes]:
 
 @settings(max_examples=200)
 @given(st.lists(requests | notifications, min_size=1, max_size=8), st.lists(st.integers(0, 10_000), max_size=20))
-def test_any_split_of_a_stream_yields_the_same_messages(messages, cuts) -> None:
+def test_any_split_of_a_stream_yields_the_same_messages(messages: list[Request | Notification],
+                                                        cuts: list[int]) -> None:
     stream = b"".join(encode_message(m) for m in messages)
     reader = MessageReader()
-    decoded = []
+    decoded: list[JsonRpcMessage | BadFrame] = []
     for piece in _splits(stream, cuts):
         decoded += reader.feed(piece)
     decoded += reader.close()
@@ -57,17 +59,17 @@ def test_any_split_of_a_stream_yields_the_same_messages(messages, cuts) -> None:
 
 
 @given(st.lists(requests, min_size=1, max_size=5))
-def test_one_byte_at_a_time(messages) -> None:
+def test_one_byte_at_a_time(messages: list[Request]) -> None:
     stream = b"".join(encode_message(m) for m in messages)
     reader = MessageReader()
-    decoded = []
+    decoded: list[JsonRpcMessage | BadFrame] = []
     for i in range(len(stream)):
         decoded += reader.feed(stream[i:i + 1])
     assert decoded == messages
 
 
 @given(st.binary(max_size=300), st.lists(st.integers(0, 400), max_size=10))
-def test_arbitrary_bytes_never_raise(data, cuts) -> None:
+def test_arbitrary_bytes_never_raise(data: bytes, cuts: list[int]) -> None:
     reader = MessageReader(max_frame_bytes=64)
     for piece in _splits(data, cuts):
         for item in reader.feed(piece):
@@ -76,14 +78,14 @@ def test_arbitrary_bytes_never_raise(data, cuts) -> None:
 
 
 @given(st.binary(max_size=200))
-def test_decode_is_total(line) -> None:
+def test_decode_is_total(line: bytes) -> None:
     result = decode_json(line)
     if not isinstance(result, BadFrame):
         json.dumps(result, allow_nan=False).encode("utf-8")  # whatever decodes re-encodes cleanly
 
 
 @given(st.integers(1, 200), st.integers(1, 3))
-def test_frame_limit_is_enforced_before_the_newline(limit, extra) -> None:
+def test_frame_limit_is_enforced_before_the_newline(limit: int, extra: int) -> None:
     framer = LineFramer(max_frame_bytes=limit)
     out = framer.feed(b"a" * (limit + extra))  # no newline yet
     assert len(out) == 1 and isinstance(out[0], BadFrame) and out[0].problem == FrameProblem.TOO_LARGE

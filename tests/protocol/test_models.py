@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -16,11 +17,13 @@ from protocol import (
     EventType,
     InitializeResult,
     Message,
+    Model,
     NormalizedEvent,
     RuntimeCapabilities,
     RuntimeEnv,
     RuntimeEventParams,
     StartTaskParams,
+    TaskStoppedEvent,
     ToolManifest,
     UpcasterRegistry,
     WorkerEvent,
@@ -31,12 +34,12 @@ ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_:", min_size=1, ma
 times = st.datetimes(timezones=st.just(UTC))
 
 
-def _payload(model):
+def _payload(model: type[Model]) -> st.SearchStrategy[Model]:
     return st.builds(model)
 
 
 @st.composite
-def normalized_events(draw):
+def normalized_events(draw: st.DrawFn) -> NormalizedEvent:
     event_type = draw(st.sampled_from(list(EventType)))
     payload = draw(st.builds(PAYLOAD_MODELS[event_type]))
     return NormalizedEvent(
@@ -47,20 +50,21 @@ def normalized_events(draw):
 
 
 @given(normalized_events())
-def test_normalized_event_round_trips_through_json(event) -> None:
+def test_normalized_event_round_trips_through_json(event: NormalizedEvent) -> None:
     assert NormalizedEvent.model_validate_json(event.model_dump_json()) == event
     assert NormalizedEvent.model_validate(event.to_json_obj()) == event
 
 
 @given(st.builds(StartTaskParams, runtime=ids, task_id=ids,
                  session=st.builds(dict, session_id=ids), messages=st.lists(st.builds(Message), max_size=3)))
-def test_start_task_params_round_trip(params) -> None:
+def test_start_task_params_round_trip(params: StartTaskParams) -> None:
     assert StartTaskParams.model_validate(params.to_json_obj()) == params
 
 
 @given(st.builds(RuntimeCapabilities, name=ids, version=text), st.builds(AuthStatus, runtime=ids),
        st.builds(RuntimeEnv, namespace=ids, home=text), st.builds(ToolManifest))
-def test_runtime_models_round_trip(caps, auth, env, manifest) -> None:
+def test_runtime_models_round_trip(caps: RuntimeCapabilities, auth: AuthStatus, env: RuntimeEnv,
+                                   manifest: ToolManifest) -> None:
     for model in (caps, auth, env, manifest):
         assert type(model).model_validate_json(model.model_dump_json()) == model
 
@@ -94,12 +98,12 @@ def test_upcaster_walks_old_versions_forward() -> None:
     registry = UpcasterRegistry(current=3)
 
     @registry.register(1)
-    def rename_kind(raw: dict) -> dict:
+    def rename_kind(raw: dict[str, Any]) -> dict[str, Any]:
         raw["payload"]["delta"] = raw["payload"].pop("text")
         return raw
 
     @registry.register(2)
-    def add_index(raw: dict) -> dict:
+    def add_index(raw: dict[str, Any]) -> dict[str, Any]:
         raw["payload"].setdefault("index", 0)
         return raw
 
@@ -114,4 +118,5 @@ def test_upcaster_walks_old_versions_forward() -> None:
 def test_current_schema_loads_without_upcasting() -> None:
     raw = {"schema_version": SCHEMA_VERSION, "seq": 1, "time": "2026-01-01T00:00:00+00:00", "type": "task.stopped",
            "trace": {"session_id": "s"}, "runtime": {"name": "x"}, "payload": {}}
-    assert UpcasterRegistry().load(raw).payload.reason == "stop requested"
+    event = UpcasterRegistry().load(raw)
+    assert isinstance(event, TaskStoppedEvent) and event.payload.reason == "stop requested"

@@ -68,8 +68,9 @@ def test_every_type_has_its_class_and_every_worker_type_its_worker_class() -> No
     assert set(EVENT_MODELS) == set(EventType) and set(WORKER_EVENT_MODELS) == WORKER_EVENT_TYPES
     for event_type, cls in EVENT_MODELS.items():
         assert issubclass(cls, NormalizedEvent) and cls.model_fields["payload"].annotation is PAYLOAD_MODELS[event_type]
-    for event_type, cls in WORKER_EVENT_MODELS.items():
-        assert issubclass(cls, WorkerEvent) and cls.model_fields["payload"].annotation is PAYLOAD_MODELS[event_type]
+    for event_type, worker_cls in WORKER_EVENT_MODELS.items():
+        assert (issubclass(worker_cls, WorkerEvent)
+                and worker_cls.model_fields["payload"].annotation is PAYLOAD_MODELS[event_type])
 
 
 def test_constructing_validating_and_constructing_unchecked_all_give_the_class_of_the_type() -> None:
@@ -133,7 +134,7 @@ def test_unknown_types_and_mismatched_payloads_are_refused() -> None:
 
 def test_times_are_normalized_to_utc_in_every_class() -> None:
     event = WorkerEvent(type=EventType.TASK_STOPPED, time=datetime(2026, 1, 1, 1, tzinfo=timezone(timedelta(hours=1))),
-                        runtime={"name": "x"})
+                        runtime={"name": "x"}, payload=TaskStopped())
     assert event.time == datetime(2026, 1, 1, tzinfo=UTC) and event.time.tzinfo is UTC
 
 

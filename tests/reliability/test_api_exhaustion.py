@@ -9,6 +9,7 @@ the product — its peer watch looks every second — so that deadline is the re
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -29,7 +30,7 @@ import pytest
 
 from codesdk.client import Client
 from supervisor.api import TokenAuth
-from supervisor.api._serve import MAX_REFUSING
+from supervisor.api_limits import MAX_REFUSING
 
 from ..waits import wait_for
 from ..worker.harness import REPO
@@ -240,9 +241,12 @@ def closed_by_peer(sock: socket.socket) -> bool:
 
 def run_task(client: Client, session_id: str, scenario: str = "echo") -> dict[str, Any]:
     task = client.start_task(session_id, "hello", runtime_config={"scenario": scenario})
-    return dict(wait_for(f"task {task['task_id']} to end",
-                         lambda: (t := client.get_task(task["task_id"]))["state"] not in ("pending", "running")
-                         and t))
+
+    def ended() -> dict[str, Any] | None:
+        record = client.get_task(task["task_id"])
+        return record if record["state"] not in ("pending", "running") else None
+
+    return wait_for(f"task {task['task_id']} to end", ended)
 
 
 def _check_error_body(body: Any, code: str, *mentions: str) -> None:
@@ -490,7 +494,7 @@ def test_a_body_that_does_not_arrive_in_time_gets_a_408(tmp_path: Path) -> None:
             print(f"408 after {time.monotonic() - started:.2f} s (--body-timeout {body_timeout:g})")
             assert status == 408 and headers.get("connection") == "close", (status, headers, body)
             _check_error_body(body, "body_timeout", "--body-timeout", f"{body_timeout:g} s")
-            wait_for("the connection to be closed", lambda sock=sock: closed_by_peer(sock))
+            wait_for("the connection to be closed", functools.partial(closed_by_peer, sock))
         with httpx.Client(base_url=service.url, headers={"Authorization": f"Bearer {token}"}) as http:
             assert http.get("/v1/sessions").json() == {"sessions": []}  # nothing was created
 
@@ -525,7 +529,7 @@ def stalled_stream(service: Service, session_id: str) -> socket.socket:
 def _big_session(service: Service) -> str:
     """alice's session with ~10 MB of stored events."""
     with service.client("alice") as alice:
-        session = alice.create_session(namespace="user:alice")["session_id"]
+        session: str = alice.create_session(namespace="user:alice")["session_id"]
         steps = [{"flood": 20_000, "delta": "x" * 400}, {"complete": {}}]
         task = alice.start_task(session, "flood", runtime_config={"scenario_inline": {"name": "big", "steps": steps}})
         wait_for("the flood to be stored", lambda: alice.get_task(task["task_id"])["state"] == "completed")

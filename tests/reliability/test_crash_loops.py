@@ -13,12 +13,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from protocol import EventType
+from supervisor.engine import Engine
 from supervisor.store import TaskState
 
+from ..conftest import MakeEngine
 from ..e2e.conftest import of_type, run_task
 from ..service.test_service import _client, _datagrams, _start
 from ..worker.harness import REPO
@@ -27,17 +30,17 @@ CRASH = {"scenario": "crash-exit"}
 ECHO = {"scenario": "echo"}
 
 
-async def _crash(engine, times: int, namespace: str = "default") -> None:
+async def _crash(engine: Engine, times: int, namespace: str = "default") -> None:
     for _ in range(times):
         _, record, _ = await run_task(engine, namespace=namespace, runtime_config=CRASH)
-        assert record.error["code"] == "WORKER_CRASHED"
+        assert record.error is not None and record.error["code"] == "WORKER_CRASHED"
 
 
-def _slot(engine, namespace: str = "default") -> dict:
+def _slot(engine: Engine, namespace: str = "default") -> dict[str, Any]:
     return {s["namespace"]: s for s in engine.pool.status()}[namespace]
 
 
-async def test_a_burst_of_crashes_quarantines_only_that_namespace(make_engine) -> None:
+async def test_a_burst_of_crashes_quarantines_only_that_namespace(make_engine: MakeEngine) -> None:
     with trio.fail_after(90):
         async with make_engine(max_restarts=3, restart_window_s=300, quarantine_s=3600) as engine:
             await _crash(engine, 3)
@@ -57,7 +60,7 @@ async def test_a_burst_of_crashes_quarantines_only_that_namespace(make_engine) -
             assert other.state == TaskState.COMPLETED
 
 
-async def test_a_sustained_crash_rate_quarantines_too(make_engine) -> None:
+async def test_a_sustained_crash_rate_quarantines_too(make_engine: MakeEngine) -> None:
     """Crashes too far apart to ever make a burst still add up over the long window."""
     with trio.fail_after(90):
         async with make_engine(max_restarts=2, restart_window_s=0.001, sustained_max_restarts=4,
@@ -69,16 +72,16 @@ async def test_a_sustained_crash_rate_quarantines_too(make_engine) -> None:
             assert slot["quarantined_until"] is not None
             assert "4 crashes in 300 s" in slot["quarantine_reason"]
             _, record, _ = await run_task(engine, runtime_config=ECHO)
-            assert record.error["code"] == "WORKER_UNAVAILABLE"
+            assert record.error is not None and record.error["code"] == "WORKER_UNAVAILABLE"
 
 
-async def test_the_quarantine_lifts_by_itself_after_its_time(make_engine) -> None:
+async def test_the_quarantine_lifts_by_itself_after_its_time(make_engine: MakeEngine) -> None:
     quarantine_s = 1.0
     with trio.fail_after(90):
         async with make_engine(max_restarts=2, restart_window_s=300, quarantine_s=quarantine_s) as engine:
             await _crash(engine, 2)
             _, refused, _ = await run_task(engine, runtime_config=ECHO)
-            assert refused.error["code"] == "WORKER_UNAVAILABLE"
+            assert refused.error is not None and refused.error["code"] == "WORKER_UNAVAILABLE"
             await trio.sleep(quarantine_s)
             _, record, _ = await run_task(engine, runtime_config=ECHO)
             assert record.state == TaskState.COMPLETED
@@ -88,7 +91,7 @@ async def test_the_quarantine_lifts_by_itself_after_its_time(make_engine) -> Non
             assert again.state == TaskState.COMPLETED
 
 
-async def test_the_operator_lifts_a_quarantine_at_once(make_engine) -> None:
+async def test_the_operator_lifts_a_quarantine_at_once(make_engine: MakeEngine) -> None:
     with trio.fail_after(90):
         async with make_engine(max_restarts=2, restart_window_s=300, quarantine_s=3600) as engine:
             assert engine.pool.lift_quarantine("default") is False  # nothing to lift
@@ -114,7 +117,7 @@ def test_codesdk_supervisor_quarantine_lift_against_the_running_service(tmp_path
         try:
             _datagrams(sock, "READY=1")
             with _client(tmp_path) as client:
-                def run(config: dict) -> dict:
+                def run(config: dict[str, str]) -> dict[str, Any]:
                     session = client.post("/v1/sessions", json={"namespace": "default"}).json()
                     task = client.post(f"/v1/sessions/{session['session_id']}/tasks",
                                        json={"prompt": "x", "runtime_config": config}).json()

@@ -21,11 +21,12 @@ import httpx2 as httpx
 import pytest
 import trio
 
-from protocol import TERMINAL_EVENT_TYPES, EventType, InteractionMode, NormalizedEvent
+from protocol import TERMINAL_EVENT_TYPES, EventType, InteractionMode, NormalizedEvent, PermissionMode
 from supervisor.engine import Engine
 from supervisor.engine._transcript import session_events
 from supervisor.store import DB_FILENAME, EventStore, TaskState
 
+from ..conftest import MakeEngine
 from ..e2e.invariants import check_session
 from ..seeds import Seed
 from ..service.test_service import _client, _start, _wait_socket, kill_and_reap
@@ -102,11 +103,11 @@ NAMED_POINTS = {
 
 
 @pytest.mark.parametrize("point", list(NAMED_POINTS))
-async def test_worker_sigkill_at_a_named_point(make_engine, tmp_path: Path, point: str) -> None:
+async def test_worker_sigkill_at_a_named_point(make_engine: MakeEngine, tmp_path: Path, point: str) -> None:
     with trio.fail_after(60):
         async with make_engine() as engine:
             session = await engine.create_session(workspace=tmp_path / "ws")
-            task = await engine.start_task(session.session_id, "go", permission_mode="yolo",
+            task = await engine.start_task(session.session_id, "go", permission_mode=PermissionMode.YOLO,
                                            runtime_config={"scenario_inline": _busy_scenario()})
             seen = await _kill_worker_when(engine, session.session_id, NAMED_POINTS[point])
             await _check_after(engine, session.session_id, task.task_id, seen)
@@ -116,7 +117,8 @@ async def test_worker_sigkill_at_a_named_point(make_engine, tmp_path: Path, poin
     integrity_ok(tmp_path / "data")
 
 
-async def test_worker_sigkill_with_a_call_waiting_for_approval(make_engine, tmp_path: Path) -> None:
+async def test_worker_sigkill_with_a_call_waiting_for_approval(make_engine: MakeEngine,
+                                                               tmp_path: Path) -> None:
     async def never_answers(request: Any) -> Any:
         await trio.sleep_forever()
 
@@ -134,7 +136,8 @@ async def test_worker_sigkill_with_a_call_waiting_for_approval(make_engine, tmp_
     integrity_ok(tmp_path / "data")
 
 
-async def test_worker_that_dies_before_initialize_fails_the_task_once(make_engine, tmp_path: Path) -> None:
+async def test_worker_that_dies_before_initialize_fails_the_task_once(make_engine: MakeEngine,
+                                                                      tmp_path: Path) -> None:
     suicide = (sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     with trio.fail_after(60):
         async with make_engine(worker_argv=suicide, max_restarts=100) as engine:
@@ -150,14 +153,15 @@ async def test_worker_that_dies_before_initialize_fails_the_task_once(make_engin
     integrity_ok(tmp_path / "data")
 
 
-async def test_worker_sigkill_at_random_points(make_engine, tmp_path: Path) -> None:
+async def test_worker_sigkill_at_random_points(make_engine: MakeEngine, tmp_path: Path) -> None:
     with SEED.rng() as rng, trio.fail_after(30 + 15 * ROUNDS):
         async with make_engine(max_restarts=ROUNDS + 5) as engine:
             session = await engine.create_session(workspace=tmp_path / "ws")
             for round_ in range(ROUNDS):
                 at = rng.randrange(1, 60)  # the busy scenario stores ~100 events per task
                 before = await engine.store.last_seq(session.session_id)
-                task = await engine.start_task(session.session_id, f"round {round_}", permission_mode="yolo",
+                task = await engine.start_task(session.session_id, f"round {round_}",
+                                               permission_mode=PermissionMode.YOLO,
                                                runtime_config={"scenario_inline": _busy_scenario()})
                 seen = await _kill_worker_when(engine, session.session_id,
                                                lambda e, s, at=at: len(s) >= at, after_seq=before)

@@ -160,9 +160,9 @@ async def _get(app: Any, path: str) -> tuple[int, bytes]:
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(), "query_string": b"",
-             "headers": [], "http_version": "1.1", "scheme": "http", "server": ("test", 80), "client": None,
-             "root_path": ""}
+    scope: dict[str, Any] = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(),
+                             "query_string": b"", "headers": [], "http_version": "1.1", "scheme": "http",
+                             "server": ("test", 80), "client": None, "root_path": ""}
     await app(scope, receive, send)
     status = next(m["status"] for m in sent if m["type"] == "http.response.start")
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")

@@ -15,6 +15,7 @@ import trio
 from protocol import EventType
 from supervisor.store import TaskState
 
+from ..conftest import MakeEngine
 from ..e2e.conftest import of_type, run_task
 
 
@@ -22,7 +23,7 @@ def _open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
 
-async def test_descriptor_limit_at_spawn_is_a_typed_error_and_leaks_nothing(make_engine) -> None:
+async def test_descriptor_limit_at_spawn_is_a_typed_error_and_leaks_nothing(make_engine: MakeEngine) -> None:
     with trio.fail_after(60):
         async with make_engine() as engine:
             session = await engine.create_session()

@@ -24,6 +24,7 @@ from supervisor.engine._transcript import session_events
 from supervisor.store import TaskState
 from supervisor.store._writer import Writer, WriteRequest
 
+from ..conftest import MakeEngine
 from ..e2e.invariants import check_session
 
 FLOOD = 1_000_000  # never reached: the flood is stopped at the end
@@ -41,7 +42,7 @@ async def _echo(engine: Engine, session_id: str) -> None:
     assert record.state == TaskState.COMPLETED, record
 
 
-async def test_another_tenants_tasks_finish_while_a_flood_is_far_from_done(make_engine: Any) -> None:
+async def test_another_tenants_tasks_finish_while_a_flood_is_far_from_done(make_engine: MakeEngine) -> None:
     with trio.fail_after(240):
         async with make_engine() as engine:
             flooder = await engine.create_session(namespace="user:flooder")

@@ -114,7 +114,9 @@ def test_the_deepest_accepted_message_still_serializes_through_the_models() -> N
     assert isinstance(message, Notification)
     assert isinstance(message.params, dict)
     params = RuntimeEventParams.model_validate(message.params)
-    assert params.to_json_obj()["event"]["raw"] == message.params["event"]["raw"]
+    event = message.params["event"]
+    assert isinstance(event, dict)
+    assert params.to_json_obj()["event"]["raw"] == event["raw"]
     too_deep = decode_message(_nested_event(MAX_NESTING_DEPTH - envelope + 1))
     assert isinstance(too_deep, BadFrame) and "nesting too deep" in too_deep.detail
 

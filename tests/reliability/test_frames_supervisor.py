@@ -41,6 +41,8 @@ from supervisor.engine import Engine
 from supervisor.engine._transcript import session_events
 from supervisor.store import TaskState
 from supervisor.workers import WorkerBroken, WorkerConnection, WorkerProcess, WorkerSpec, worker_argv
+from tests.conftest import MakeEngine
+from tests.e2e.conftest import worker_of
 from tests.e2e.invariants import check_session
 from tests.worker.harness import WorkerHarness, minimal_env
 
@@ -325,13 +327,13 @@ async def _wait_for_event(engine: Engine, session_id: str, event_type: EventType
 
 
 async def test_a_frame_torn_by_a_killed_worker_fails_its_task_exactly_once_and_others_keep_serving(
-        make_engine: Callable[..., Any]) -> None:
+        make_engine: MakeEngine) -> None:
     with trio.fail_after(60):
         async with make_engine() as engine:
             bystander = await engine.create_session(namespace="user:bystander")
             waiting = await engine.start_task(bystander.session_id, "x", runtime_config={"scenario": "hang"})
             await _wait_for_event(engine, bystander.session_id, EventType.MODEL_OUTPUT_COMPLETED)
-            bystander_pid = engine.pool.worker_of("user:bystander").pid
+            bystander_pid = worker_of(engine, "user:bystander").pid
 
             session = await engine.create_session()
             task = await engine.start_task(session.session_id, "x", runtime_config={"scenario": "torn-frame"})
@@ -347,7 +349,7 @@ async def test_a_frame_torn_by_a_killed_worker_fails_its_task_exactly_once_and_o
             assert texts == ["About to be torn."]  # everything before the tear was stored
 
             # The other namespace never noticed: same worker, and it still answers.
-            assert engine.pool.worker_of("user:bystander").pid == bystander_pid
+            assert worker_of(engine, "user:bystander").pid == bystander_pid
             await engine.stop_task(waiting.task_id)
             assert (await engine.wait_task(waiting.task_id)).state == TaskState.STOPPED
             again = await engine.start_task(bystander.session_id, "y", runtime_config={"scenario": "echo"})

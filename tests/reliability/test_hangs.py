@@ -20,6 +20,7 @@ from protocol import EventType
 from supervisor.store import TaskState
 from supervisor.workers import worker_argv
 
+from ..conftest import MakeEngine
 from ..e2e.conftest import of_type, run_task
 
 #: Starts a grandchild that inherits the worker's pipes (in its own session when asked), records its pid,
@@ -43,7 +44,8 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("setsid", [False, True], ids=["same-group", "own-session"])
-async def test_a_crash_is_reported_though_a_grandchild_holds_the_pipes(make_engine, tmp_path: Path,
+async def test_a_crash_is_reported_though_a_grandchild_holds_the_pipes(make_engine: MakeEngine,
+                                                                       tmp_path: Path,
                                                                        setsid: bool) -> None:
     pidfile = tmp_path / "grandchildren"
     argv = (sys.executable, "-c", WRAPPER, *worker_argv())
@@ -67,7 +69,8 @@ async def test_a_crash_is_reported_though_a_grandchild_holds_the_pipes(make_engi
                 await trio.sleep(0.05)
 
 
-async def test_a_frozen_worker_is_killed_on_shutdown_with_its_whole_tree(make_engine, tmp_path: Path) -> None:
+async def test_a_frozen_worker_is_killed_on_shutdown_with_its_whole_tree(make_engine: MakeEngine,
+                                                                         tmp_path: Path) -> None:
     """A SIGSTOPped worker answers nothing and cannot act on SIGTERM; with its grandchild holding the pipes,
     shutdown must still end in SIGKILL for all of them, within its grace periods, and reap them."""
     pidfile = tmp_path / "grandchildren"
@@ -104,7 +107,8 @@ os.execv(sys.argv[1], sys.argv[1:])
 """
 
 
-async def test_a_daemon_that_left_the_workers_session_dies_with_the_worker(make_engine, tmp_path: Path,
+async def test_a_daemon_that_left_the_workers_session_dies_with_the_worker(make_engine: MakeEngine,
+                                                                           tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from supervisor.workers import process
 

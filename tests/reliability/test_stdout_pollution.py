@@ -8,15 +8,14 @@ text blocks; the protocol stream must not notice and the output must land on std
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from protocol import EventType, ModelOutputCompleted
 from supervisor.engine._transcript import session_events
 from supervisor.store import TaskState
+from tests.conftest import MakeEngine
 from tests.e2e.invariants import check_session
 from tests.worker.harness import running_worker
 
@@ -43,7 +42,7 @@ async def test_stdout_pollution_never_reaches_the_protocol_stream_and_lands_on_s
     assert '{"jsonrpc":"2.0","method":' in stderr  # the would-be torn frame went to the log, not the wire
 
 
-async def test_a_polluting_task_streams_intact_through_the_engine(make_engine: Callable[..., Any]) -> None:
+async def test_a_polluting_task_streams_intact_through_the_engine(make_engine: MakeEngine) -> None:
     with trio.fail_after(60):
         async with make_engine() as engine:
             session = await engine.create_session()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from supervisor.engine import Engine
 from supervisor.store import TaskState
 from supervisor.tools import probe_sandbox
 
+from ..conftest import MakeEngine
 from ..e2e.conftest import of_type, run_task
 
 
@@ -47,7 +47,7 @@ ESCAPES: list[tuple[str, str, dict[str, Any]]] = [
 
 
 async def test_every_file_tool_refuses_escapes_through_the_engine(
-    make_engine: Callable[..., Any], tmp_path: Path
+    make_engine: MakeEngine, tmp_path: Path
 ) -> None:
     """Even in yolo mode: each escape is a tool.call.completed error with code path_refused and a reason."""
     ws, outside = tmp_path / "ws", tmp_path / "outside"
@@ -77,7 +77,7 @@ async def test_every_file_tool_refuses_escapes_through_the_engine(
 
 
 async def test_exec_is_denied_through_the_engine_unless_enabled(
-    make_engine: Callable[..., Any], tmp_path: Path
+    make_engine: MakeEngine, tmp_path: Path
 ) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -112,7 +112,7 @@ except MemoryError:
 
 
 async def test_enabled_exec_runs_sandboxed_through_the_engine(
-    make_engine: Callable[..., Any], tmp_path: Path
+    make_engine: MakeEngine, tmp_path: Path
 ) -> None:
     """With exec allowlisted, the command runs, but cannot reach the host's loopback nor allocate 2 GiB."""
     tools = await probe_sandbox()

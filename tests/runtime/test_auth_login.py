@@ -57,7 +57,13 @@ def test_claude_login_runs_in_the_namespace_home_and_prints_the_url(tmp_path: Pa
             assert login.stdout is not None and login.stdin is not None
             lines: queue.Queue[str] = queue.Queue()  # what it prints, then "" at its end
             stdout = login.stdout
-            threading.Thread(target=lambda: [*map(lines.put, stdout), lines.put("")], daemon=True).start()
+
+            def pump() -> None:
+                for printed in stdout:
+                    lines.put(printed)
+                lines.put("")
+
+            threading.Thread(target=pump, daemon=True).start()
             seen = ""
             while "https://" not in seen:
                 try:
@@ -66,8 +72,18 @@ def test_claude_login_runs_in_the_namespace_home_and_prints_the_url(tmp_path: Pa
                     line = ""
                 assert line, f"no URL printed: {seen!r}"
                 seen += line
-            # offline, exchanging the code fails: the login ends with an error
-            _, err = login.communicate("not-a-real-code#not-a-real-state\n", timeout=120)
+            # offline, exchanging the code fails: the login ends with an error. (Not communicate(): it would
+            # read stdout beside the pump thread.)
+            assert login.stderr is not None
+            stderr = login.stderr
+            errors: list[str] = []
+            reader = threading.Thread(target=lambda: errors.append(stderr.read()), daemon=True)
+            reader.start()
+            login.stdin.write("not-a-real-code#not-a-real-state\n")
+            login.stdin.close()
+            login.wait(timeout=HANG_GUARD_S)
+            reader.join(timeout=HANG_GUARD_S)
+            err = "".join(errors)
         finally:  # the runtime's login does not end on EOF: never leave it (or this test) waiting
             with contextlib.suppress(psutil.Error):
                 for process in [*psutil.Process(login.pid).children(recursive=True), psutil.Process(login.pid)]:

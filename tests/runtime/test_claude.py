@@ -7,13 +7,14 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 import trio
+from pydantic import BaseModel
 
 from fixtures.fake_anthropic import FakeAnthropic
 from fixtures.fake_anthropic.scenario import block_text
@@ -21,17 +22,19 @@ from protocol import (
     AuthState,
     EventType,
     InteractionMode,
+    NormalizedEvent,
     PermissionMode,
     StartTaskParams,
     ToolCallRequested,
 )
-from supervisor.engine import ApproverAnswer
+from supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
 from supervisor.engine._transcript import session_events
-from supervisor.store import TaskState
+from supervisor.store import TaskRecord, TaskState
 from worker.adapters.claude import ClaudeAdapter, _env
 from worker.adapters.claude._adapter import ClaudeTask
 from worker.adapters.claude._env import cli_path
 
+from ..conftest import MakeEngine
 from ..contract.cases import ClaudeCase, workspace
 from ..e2e.conftest import of_type
 from ..e2e.invariants import check_session
@@ -42,12 +45,13 @@ needs_claude = pytest.mark.skipif(cli_path() is None, reason="claude-agent-sdk i
 
 
 @pytest.fixture
-def fake(tmp_path: Path):
+def fake(tmp_path: Path) -> Iterator[FakeAnthropic]:
     with FakeAnthropic.start(tmp_path / "api.jsonl") as server:
         yield server
 
 
-async def _task(engine, session_id: str, prompt: str, **kwargs):
+async def _task(engine: Engine, session_id: str, prompt: str,
+                **kwargs: Any) -> tuple[TaskRecord, list[NormalizedEvent]]:
     task = await engine.start_task(session_id, prompt, **kwargs)
     record = await engine.wait_task(task.task_id)
     events = [e for e in await session_events(engine.store, session_id) if e.trace.task_id == task.task_id]
@@ -57,7 +61,9 @@ async def _task(engine, session_id: str, prompt: str, **kwargs):
 @pytest.mark.runtime
 @skip_outside_netns
 @needs_claude
-async def test_second_request_carries_the_approved_result_and_the_denial(make_engine, fake, tmp_path) -> None:
+async def test_second_request_carries_the_approved_result_and_the_denial(make_engine: MakeEngine,
+                                                                         fake: FakeAnthropic,
+                                                                         tmp_path: Path) -> None:
     ws = workspace(tmp_path)
     case = ClaudeCase(fake.base_url)
     turn = case.tools(("workspace.read", {"path": "a.txt"}), ("workspace.write", {"path": "b.txt", "content": "x"}))
@@ -92,7 +98,9 @@ async def test_second_request_carries_the_approved_result_and_the_denial(make_en
     ("ERROR 429", "RATE_LIMITED", True), ("ERROR 401", "AUTH_REQUIRED", False), ("ERROR 529", "OVERLOADED", True),
     ("ERROR 500", "API_ERROR", True), ("ERROR prompt_too_long", "CONTEXT_TOO_LARGE", False),
 ])
-async def test_api_errors_become_structured_failures(make_engine, fake, directive, code, retryable) -> None:
+async def test_api_errors_become_structured_failures(make_engine: MakeEngine, fake: FakeAnthropic,
+                                                     directive: str,
+                                                     code: str, retryable: bool) -> None:
     case = ClaudeCase(fake.base_url)
     with trio.fail_after(120):
         async with make_engine(worker_env={"*": case.worker_env()}) as engine:
@@ -106,8 +114,8 @@ async def test_api_errors_become_structured_failures(make_engine, fake, directiv
 @pytest.mark.runtime
 @skip_outside_netns
 @needs_claude
-async def test_a_session_resumes_the_runtime_session_and_keeps_raw_messages_as_blobs(make_engine, fake,
-                                                                                     tmp_path) -> None:
+async def test_a_session_resumes_the_runtime_session_and_keeps_raw_messages_as_blobs(
+        make_engine: MakeEngine, fake: FakeAnthropic, tmp_path: Path) -> None:
     case = ClaudeCase(fake.base_url)
     with trio.fail_after(120):
         async with make_engine(worker_env={"*": case.worker_env()}) as engine:
@@ -117,6 +125,7 @@ async def test_a_session_resumes_the_runtime_session_and_keeps_raw_messages_as_b
             second, events2 = await _task(engine, session.session_id, "second question")
             completed = of_type(events1, EventType.RUNTIME_REQUEST_COMPLETED)
             raw_refs = [e.runtime.raw_ref for e in events1 if e.type == EventType.RUNTIME_REQUEST_COMPLETED]
+            assert raw_refs[0] is not None  # a completed request keeps the runtime's messages as a blob
             raw = json.loads(await engine.store.get_blob(raw_refs[0]))
             all_events = await session_events(engine.store, session.session_id)
     check_session(all_events)
@@ -218,7 +227,9 @@ def test_implicit_sources_name_files_without_reading_secrets(tmp_path: Path) -> 
 @pytest.mark.runtime
 @skip_outside_netns
 @needs_claude
-async def test_stopping_during_a_builtin_command_ends_its_processes(make_engine, fake, tmp_path) -> None:
+async def test_stopping_during_a_builtin_command_ends_its_processes(make_engine: MakeEngine,
+                                                                    fake: FakeAnthropic,
+                                                                    tmp_path: Path) -> None:
     ws = workspace(tmp_path)
     marker = ws / "marker"
     case = ClaudeCase(fake.base_url)
@@ -246,10 +257,10 @@ async def test_stopping_during_a_builtin_command_ends_its_processes(make_engine,
     assert not marker.exists()
 
     
-def _sleepers() -> list:
+def _sleepers() -> list[psutil.Process]:
     import psutil
 
-    found = []
+    found: list[psutil.Process] = []
     for process in psutil.process_iter(["cmdline"]):
         if "37.5" in " ".join(process.info["cmdline"] or []):
             found.append(process)
@@ -276,7 +287,8 @@ def _tool_results(fake: FakeAnthropic, request: int) -> dict[str, dict[str, Any]
 @skip_outside_netns
 @needs_claude
 @pytest.mark.parametrize("tool", ["workspace.write", "Write"])
-async def test_a_denial_reaches_the_model_as_the_plain_reason(make_engine, fake, tmp_path, tool) -> None:
+async def test_a_denial_reaches_the_model_as_the_plain_reason(make_engine: MakeEngine, fake: FakeAnthropic,
+                                                              tmp_path: Path, tool: str) -> None:
     """Our tool or a built-in: the model gets exactly the supervisor's reason as the tool's error — not
     "PreToolUse:… hook error: …" (the hook answers "ask", and the permission request that follows is denied)."""
     ws = workspace(tmp_path)
@@ -286,7 +298,7 @@ async def test_a_denial_reaches_the_model_as_the_plain_reason(make_engine, fake,
     else:
         turn = case.tools(("workspace.write", {"path": "notes.txt", "content": "x"}))
 
-    async def deny(request):
+    async def deny(request: ApprovalRequest) -> ApproverAnswer:
         return ApproverAnswer(allow=False, reason="no-writes-today-4711: ask again on Monday")
 
     with trio.fail_after(120):
@@ -306,7 +318,9 @@ async def test_a_denial_reaches_the_model_as_the_plain_reason(make_engine, fake,
 @pytest.mark.runtime
 @skip_outside_netns
 @needs_claude
-async def test_read_only_builtins_are_decided_by_the_supervisor_too(make_engine, fake, tmp_path) -> None:
+async def test_read_only_builtins_are_decided_by_the_supervisor_too(make_engine: MakeEngine,
+                                                                    fake: FakeAnthropic,
+                                                                    tmp_path: Path) -> None:
     """Claude Code would run Read without asking anyone: the PreToolUse hook still puts it before the supervisor."""
     ws = workspace(tmp_path)
     case = ClaudeCase(fake.base_url)
@@ -332,8 +346,8 @@ async def test_read_only_builtins_are_decided_by_the_supervisor_too(make_engine,
 @pytest.mark.runtime
 @skip_outside_netns
 @needs_claude
-async def test_without_credentials_the_task_fails_auth_required_with_the_namespace_login(make_engine, fake,
-                                                                                         tmp_path) -> None:
+async def test_without_credentials_the_task_fails_auth_required_with_the_namespace_login(
+        make_engine: MakeEngine, fake: FakeAnthropic, tmp_path: Path) -> None:
     """Claude Code says "Not logged in · Please run /login" without a request: AUTH_REQUIRED, not retryable, with
     the operator command that logs this namespace in."""
     with trio.fail_after(120):
@@ -352,7 +366,8 @@ async def test_without_credentials_the_task_fails_auth_required_with_the_namespa
 @pytest.mark.runtime
 @skip_outside_netns
 @needs_claude
-async def test_usage_names_the_model_that_answered_else_the_requested_one(make_engine, fake) -> None:
+async def test_usage_names_the_model_that_answered_else_the_requested_one(make_engine: MakeEngine,
+                                                                          fake: FakeAnthropic) -> None:
     case = ClaudeCase(fake.base_url)
     with trio.fail_after(120):
         async with make_engine(worker_env={"*": case.worker_env()}) as engine:
@@ -394,7 +409,7 @@ class _Io:
         pass
 
 
-READ_TOOL = {"name": "workspace.read", "description": "Read a file of the workspace",
+READ_TOOL: dict[str, Any] = {"name": "workspace.read", "description": "Read a file of the workspace",
              "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
 
 
@@ -427,7 +442,8 @@ def _start(io: _Io, prompt: str, ws: Path, tools: tuple[dict[str, Any], ...] = (
 @pytest.mark.runtime
 @skip_outside_netns
 @needs_claude
-async def test_the_clis_mcp_messages_and_our_answers_are_mcp(here, fake, monkeypatch) -> None:
+async def test_the_clis_mcp_messages_and_our_answers_are_mcp(here: Path, fake: FakeAnthropic,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Every message the real CLI tunnels to our in-process server is an MCP client message, and every answer a
     valid MCP response (checked with the mcp package's own models, which the worker never imports)."""
     import mcp.types as mcp
@@ -447,8 +463,9 @@ async def test_the_clis_mcp_messages_and_our_answers_are_mcp(here, fake, monkeyp
         outcome = await task.run()
     assert outcome.completed is not None
     assert {"initialize", "notifications/initialized", "tools/list", "tools/call"} <= {m["method"] for m, _ in seen}
-    results = {"initialize": mcp.InitializeResult, "tools/list": mcp.ListToolsResult,
-               "tools/call": mcp.CallToolResult, "ping": mcp.EmptyResult}
+    results: dict[str, type[BaseModel]] = {"initialize": mcp.InitializeResult,
+                                           "tools/list": mcp.ListToolsResult,
+                                           "tools/call": mcp.CallToolResult, "ping": mcp.EmptyResult}
     for message, answer in seen:
         request = {k: message[k] for k in ("method", "params") if k in message}
         if "id" not in message:
@@ -466,7 +483,8 @@ async def test_the_clis_mcp_messages_and_our_answers_are_mcp(here, fake, monkeyp
 @pytest.mark.runtime
 @skip_outside_netns
 @needs_claude
-async def test_a_failing_hook_answer_blocks_the_call(here, fake, monkeypatch) -> None:
+async def test_a_failing_hook_answer_blocks_the_call(here: Path, fake: FakeAnthropic,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The PreToolUse hook is registered with onFailure "block": if answering it fails, the call does not run (the
     CLI's default would run it — a built-in Write here — as if the hook had said nothing)."""
     target = here / "by-builtin.txt"
@@ -488,7 +506,7 @@ async def test_a_failing_hook_answer_blocks_the_call(here, fake, monkeypatch) ->
 @pytest.mark.runtime
 @skip_outside_netns
 @needs_claude
-async def test_cancelling_the_run_ends_the_cli_before_it_returns(here, fake) -> None:
+async def test_cancelling_the_run_ends_the_cli_before_it_returns(here: Path, fake: FakeAnthropic) -> None:
     """A forced stop cancels run(): the CLI's group is ended at once (no waiting for it to finish its answer) and
     reaped before run() gives up."""
     io = _Io()
@@ -508,7 +526,7 @@ async def test_cancelling_the_run_ends_the_cli_before_it_returns(here, fake) -> 
 @pytest.mark.runtime
 @skip_outside_netns
 @needs_claude
-async def test_stop_interrupts_the_turn_and_the_cli_ends_by_itself(here, fake) -> None:
+async def test_stop_interrupts_the_turn_and_the_cli_ends_by_itself(here: Path, fake: FakeAnthropic) -> None:
     """stop() sends the interrupt control request: Claude Code aborts the streaming answer and ends the turn on
     its own, long before the grace after which its process group would be ended."""
     io = _Io()
@@ -592,7 +610,11 @@ async def test_the_mcp_server_speaks_mcp_2025_11_25() -> None:
     import mcp.types as mcp
 
     answers = await _our_answers(CLI_MESSAGES)
-    by_id = {message["id"]: answer for message, answer in zip(CLI_MESSAGES, answers) if "id" in message}
+    by_id: dict[int | str, dict[str, Any]] = {}
+    for message, answer in zip(CLI_MESSAGES, answers):
+        if "id" in message:
+            assert answer is not None, message
+            by_id[message["id"]] = answer
     assert [a for m, a in zip(CLI_MESSAGES, answers) if "id" not in m] == [None, None]  # notifications
     for answer in by_id.values():
         mcp.jsonrpc_message_adapter.validate_python(answer)
@@ -601,7 +623,8 @@ async def test_the_mcp_server_speaks_mcp_2025_11_25() -> None:
     assert by_id[4]["result"]["protocolVersion"] == "2025-11-25"  # one we don't: our latest
     [tool] = mcp.ListToolsResult.model_validate(by_id[1]["result"]).tools
     assert (tool.name, tool.input_schema) == ("workspace_read", READ_TOOL["input_schema"])
-    assert mcp.CallToolResult.model_validate(by_id[2]["result"]).content[0].text == "alpha"
+    content = mcp.CallToolResult.model_validate(by_id[2]["result"]).content[0]
+    assert isinstance(content, mcp.TextContent) and content.text == "alpha"
     assert by_id["p-1"]["result"] == {}
     assert by_id[5]["error"]["code"] == -32601
     [unknown] = await _our_answers([{"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": {"name": "nope"}}])

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
-from protocol import PROTOCOL_VERSION, ErrorCode, EventType, Method
+from protocol import PROTOCOL_VERSION, ErrorCode, EventType, Method, RuntimeEventParams
 from supervisor.workers import RpcError
 
-from .harness import running_worker
+from .harness import WorkerHarness, running_worker
 
 
-def types(events: list) -> list[str]:
+def types(events: list[RuntimeEventParams]) -> list[str]:
     return [e.event.type.value for e in events]
 
 
@@ -55,6 +56,7 @@ async def test_parallel_tool_calls_answered_out_of_order(tmp_path: Path) -> None
             await h.start_task("t1", "parallel-tools")
             first = await h.next_event("t1", lambda e: e.event.type == EventType.TOOL_CALL_REQUESTED)
             second = await h.next_event("t1", lambda e: e.event.type == EventType.TOOL_CALL_REQUESTED)
+            assert first.event.type == second.event.type == EventType.TOOL_CALL_REQUESTED
             assert (first.event.payload.tool_call_id, second.event.payload.tool_call_id) == ("call_a", "call_b")
             # Both are outstanding at once; answer the second first.
             await h.request(Method.SEND_TOOL_RESULT, {"task_id": "t1", "tool_call_id": "call_b", "result": {"text": "BEE"}})
@@ -77,6 +79,7 @@ async def test_denial_takes_the_denied_branch(tmp_path: Path) -> None:
         async with running_worker(tmp_path) as h:
             await h.start_task("t1", "write-or-deny")
             call = await h.next_event("t1", lambda e: e.event.type == EventType.TOOL_CALL_REQUESTED)
+            assert call.event.type == EventType.TOOL_CALL_REQUESTED
             await h.request(Method.SEND_TOOL_DENIED, {"task_id": "t1", "tool_call_id": call.event.payload.tool_call_id,
                                                       "reason": "writes need approval"})
             events = await h.until_terminal("t1")
@@ -181,6 +184,6 @@ async def test_bad_input_gets_the_right_error_and_the_worker_keeps_serving(
             assert (await h.until_terminal("after"))[-1].event.type == EventType.TASK_COMPLETED
 
 
-async def _raw_reply(h, request_id: str | None) -> dict:
+async def _raw_reply(h: WorkerHarness, request_id: str | None) -> dict[str, Any]:
     reply = await h.conn.wait_unmatched(request_id)
     return reply.to_json_obj()

@@ -11,7 +11,7 @@ import psutil
 import pytest
 import trio
 
-from protocol import ErrorCode, EventType, Method
+from protocol import ErrorCode, ErrorResponse, EventType, Method
 from supervisor.workers import RpcError, WorkerBroken
 
 from .harness import running_worker
@@ -65,14 +65,17 @@ async def test_oversized_request_frame_is_rejected_and_worker_keeps_serving(tmp_
             big = b'{"jsonrpc":"2.0","id":"big","method":"runtime.stop","params":{"task_id":"' + b"x" * 200_000 + b'"}}\n'
             await h.conn.send_raw(big)
             reply = await h.conn.wait_unmatched(None)
-            assert reply.error.code == ErrorCode.FRAME_TOO_LARGE
-            assert "65536" in reply.error.data["detail"]
+            assert isinstance(reply, ErrorResponse) and reply.error.code == ErrorCode.FRAME_TOO_LARGE
+            data = reply.error.data
+            assert isinstance(data, dict) and isinstance(data["detail"], str) and "65536" in data["detail"]
             await h.start_task("after", "echo")
             assert (await h.until_terminal("after"))[-1].event.type == EventType.TASK_COMPLETED
 
 
 @pytest.mark.parametrize(("scenario", "exit_code", "sig"), [("crash-exit", 3, None), ("crash-signal", None, 9)])
-async def test_runtime_crash_ends_the_worker_with_its_status(tmp_path: Path, scenario: str, exit_code, sig) -> None:
+async def test_runtime_crash_ends_the_worker_with_its_status(tmp_path: Path, scenario: str,
+                                                             exit_code: int | None,
+                                                              sig: int | None) -> None:
     with trio.fail_after(30):
         async with running_worker(tmp_path) as h:
             await h.start_task("t1", scenario)
