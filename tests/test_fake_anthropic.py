@@ -18,6 +18,8 @@ import pytest
 from fixtures.fake_anthropic import FakeAnthropic
 from fixtures.fake_anthropic.scenario import PROMPT_TOO_LONG, decide
 
+from .waits import wait_for
+
 TIMEOUT = 10.0
 TOOLS = [{"name": "Read", "input_schema": {"type": "object"}},
          {"name": "mcp__codesdk__echo", "input_schema": {"type": "object"}},
@@ -255,11 +257,8 @@ def test_slow_client_abort_is_logged(fake: FakeAnthropic) -> None:
         request_id = resp.getheader("request-id")
     finally:
         conn.close()
-    deadline = time.monotonic() + TIMEOUT
-    while not any(e.get("type") == "disconnect" and e["request_id"] == request_id for e in fake.entries()):
-        if time.monotonic() > deadline:
-            raise AssertionError("abort was not logged")
-        time.sleep(0.05)
+    wait_for("the abort to be logged", lambda: any(
+        e.get("type") == "disconnect" and e["request_id"] == request_id for e in fake.entries()))
 
 
 def test_non_stream_message(fake: FakeAnthropic) -> None:

@@ -24,6 +24,7 @@ from supervisor.store import TaskState
 from ..conftest import MakeEngine
 from ..e2e.conftest import of_type, run_task
 from ..service.test_service import _client, _datagrams, _start
+from ..waits import wait_for
 from ..worker.harness import REPO
 
 CRASH = {"scenario": "crash-exit"}
@@ -121,13 +122,11 @@ def test_codesdk_supervisor_quarantine_lift_against_the_running_service(tmp_path
                     session = client.post("/v1/sessions", json={"namespace": "default"}).json()
                     task = client.post(f"/v1/sessions/{session['session_id']}/tasks",
                                        json={"prompt": "x", "runtime_config": config}).json()
-                    deadline = time.monotonic() + 60
-                    while time.monotonic() < deadline:
+                    def ended() -> dict[str, Any] | None:
                         record = client.get(f"/v1/tasks/{task['task_id']}").json()
-                        if record["state"] not in ("pending", "running"):
-                            return dict(record)
-                        time.sleep(0.05)
-                    raise AssertionError(f"task {task['task_id']} did not end")
+                        return None if record["state"] in ("pending", "running") else dict(record)
+
+                    return wait_for(f"task {task['task_id']} to end", ended)
 
                 assert run(CRASH)["error"]["code"] == "WORKER_CRASHED"
                 assert run(ECHO)["error"]["code"] == "WORKER_UNAVAILABLE"

@@ -8,14 +8,14 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
 import psutil
 
-from ..waits import wait_for
+from ..waits import HANG_GUARD_S, wait_for
 from ..worker.harness import REPO
 
 SCENARIOS = str(REPO / "fixtures" / "scenarios")
@@ -43,29 +43,26 @@ def kill_and_reap(proc: subprocess.Popen[bytes]) -> None:
         workers = []
     proc.kill()
     proc.wait(timeout=30)
-    deadline = time.monotonic() + 30
+    def reaped(pid: int) -> bool:
+        try:
+            return os.waitpid(pid, os.WNOHANG)[0] == pid
+        except ChildProcessError:  # not ours: pid 1 reaps it
+            return True
+
     for pid in workers:
-        while time.monotonic() < deadline:
-            try:
-                if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                    break
-            except ChildProcessError:  # not ours: pid 1 reaps it
-                break
-            time.sleep(0.02)
+        wait_for(f"worker {pid} to end and be reaped", partial(reaped, pid))
 
 
-def _datagrams(sock: socket.socket, until: str, timeout: float = 30) -> list[str]:
+def _datagrams(sock: socket.socket, until: str) -> list[str]:
+    """The notify socket's lines until one starts with ``until`` (a silent socket past the hang guard fails)."""
     seen: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        sock.settimeout(max(0.1, deadline - time.monotonic()))
+    sock.settimeout(HANG_GUARD_S)
+    while not any(line.startswith(until) for line in seen):
         try:
             seen += sock.recv(4096).decode().splitlines()
         except TimeoutError:
-            break
-        if any(line.startswith(until) for line in seen):
-            return seen
-    raise AssertionError(f"no {until} among {seen}")
+            raise AssertionError(f"no {until} among {seen}") from None
+    return seen
 
 
 def _client(tmp_path: Path) -> httpx.Client:
@@ -134,11 +131,8 @@ def test_sigkill_mid_task_then_restart_recovers(tmp_path: Path) -> None:
                                json={"prompt": "x", "interaction_mode": "interactive",
                                      "runtime_config": {"scenario": "write-or-deny"}}).json()
             _wait_for_running(client, task["task_id"])
-            deadline = time.monotonic() + 30
-            while not client.get("/v1/approvals").json()["approvals"]:  # the write waits for a human
-                if time.monotonic() > deadline:
-                    raise AssertionError("no pending approval appeared")
-                time.sleep(0.05)
+            wait_for("a pending approval (the write waits for a human)",
+                     lambda: client.get("/v1/approvals").json()["approvals"])
             before = client.get(f"/v1/sessions/{session['session_id']}/events").json()["events"]
         kill_and_reap(proc)
     finally:
@@ -164,34 +158,29 @@ def test_sigkill_mid_task_then_restart_recovers(tmp_path: Path) -> None:
     assert "restarted" in approvals[0]["decision_reason"]
 
 
-def _wait_socket(tmp_path: Path, guard_s: float = 60) -> None:
+def _wait_socket(tmp_path: Path, guard_s: float = HANG_GUARD_S) -> None:
     """Until the service answers /healthz. Probed first with a socket closed here: a refused httpx connection
     (between the service's bind and listen) leaks its socket, a ResourceWarning that fails whichever test is
     running when it is collected."""
     path = tmp_path / "data" / "api.sock"
-    deadline = time.monotonic() + guard_s  # a hang guard only
-    while True:
-        if path.exists() and (tmp_path / "data" / "admin.token").exists():
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-                try:
-                    probe.connect(str(path))
-                except (FileNotFoundError, ConnectionRefusedError):
-                    pass
-                else:
-                    with _client(tmp_path) as client:
-                        if client.get("/healthz").status_code == 200:
-                            return
-        assert time.monotonic() < deadline, f"the supervisor did not start serving on {path} within {guard_s:g} s"
-        time.sleep(0.02)
+
+    def serving() -> bool:
+        if not (path.exists() and (tmp_path / "data" / "admin.token").exists()):
+            return False
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(path))
+            except (FileNotFoundError, ConnectionRefusedError):
+                return False
+        with _client(tmp_path) as client:
+            return client.get("/healthz").status_code == 200
+
+    wait_for(f"the supervisor to serve on {path}", serving, guard_s)
 
 
-def _wait_for_running(client: httpx.Client, task_id: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if client.get(f"/v1/tasks/{task_id}").json()["state"] == "running":
-            return
-        time.sleep(0.05)
-    raise AssertionError(json.dumps(client.get(f"/v1/tasks/{task_id}").json()))
+def _wait_for_running(client: httpx.Client, task_id: str) -> None:
+    wait_for(f"task {task_id} to be running",
+             lambda: client.get(f"/v1/tasks/{task_id}").json()["state"] == "running")
 
 
 def test_cli_through_the_api(tmp_path: Path) -> None:
