@@ -22,11 +22,7 @@ from .namespaces import (
 from .store._store import Quotas
 from .tools import ExecPolicy, ToolRegistry, ToolsConfig
 from .tools._exec import DEFAULT_EXEC_UID, check_exec_identity
-from .workers.pool import PoolConfig
-from .workers.process import worker_argv
-
-#: The scripted runtime's switch for its test instruments (``worker.adapters.scripted.TEST_STEPS_ENV``).
-TEST_STEPS_ENV = "CODESDK_SCRIPTED_TEST_STEPS"
+from .worker_launch import PoolConfig, worker_argv, workers_env
 
 
 @dataclass(frozen=True)
@@ -86,9 +82,7 @@ async def open_engine(options: SupervisorOptions) -> AsyncIterator[Engine]:
     if options.worker_uids is not None:  # created here with 0700, not later by mkdir(parents=True) with the umask
         for private in ("blobs", "workspaces"):
             (data_dir / private).mkdir(exist_ok=True, mode=0o700)
-    worker_env = dict(options.worker_env)
-    if options.test_scenarios:
-        worker_env["*"] = {TEST_STEPS_ENV: "1", **worker_env.get("*", {})}
+    worker_env = workers_env(options.worker_env, test_scenarios=options.test_scenarios)
     pool = PoolConfig(data_dir=data_dir, argv=options.worker_argv, idle_timeout_s=options.idle_timeout_s,
                       max_restarts=options.max_restarts, restart_window_s=options.restart_window_s,
                       sustained_max_restarts=options.sustained_max_restarts,

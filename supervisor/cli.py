@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from functools import partial
 from pathlib import Path
@@ -38,6 +38,7 @@ from .cli_common import (
     check_session_flags,
     exit_code,
 )
+from .cli_entry import build_parser, run_env
 from .config import ADMIN_TOKEN_FILE, default_data_dir
 from .engine import (
     ApprovalRequest,
@@ -52,6 +53,7 @@ from .login import run_login
 from .namespaces import InvalidNamespace, UnsafeDataDir
 from .render import EventPrinter, json_line, print_stored_events, print_transcript
 from .store import DataDirBusy, EventStore, StoreError, StoreReader
+from .worker_launch import Headstart
 
 # -- run ------------------------------------------------------------------------------------------
 
@@ -64,7 +66,7 @@ async def _terminal_approver(request: ApprovalRequest) -> ApproverAnswer:
     return ApproverAnswer(allow=allow, reason=reason)
 
 
-async def cmd_run(args: argparse.Namespace) -> int:
+async def cmd_run(args: argparse.Namespace, headstart: Headstart | None = None) -> int:
     runtime_config: dict[str, Any] = {}
     if args.scenario:
         runtime_config["scenario"] = args.scenario
@@ -81,18 +83,14 @@ async def cmd_run(args: argparse.Namespace) -> int:
     if args.url:
         from . import cli_remote  # imported only when used: the HTTP client costs start-up time
         return await cli_remote.run(args, runtime_config)
-    worker_env: dict[str, str] = {}
-    for item in args.env or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise CliError(f"--env expects KEY=VALUE, got {item!r}")
-        worker_env[key] = value
     # This supervisor serves one task in one namespace: the variables are that namespace's.
     options = SupervisorOptions(data_dir=args.data_dir, exec_allowlist=tuple(args.allow_exec or ()),
-                                worker_env={"*": worker_env}, holder="codesdk run", test_scenarios=True)
+                                worker_env={"*": run_env(args.env)}, holder="codesdk run", test_scenarios=True)
     with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         try:
             async with open_engine(options) as engine:
+                if headstart is not None:
+                    engine.pool.offer(headstart)
                 return await _run_embedded(args, engine, runtime_config, signals)
         except DataDirBusy as busy:
             _service_instead(args, busy)
@@ -303,84 +301,6 @@ def _store(args: argparse.Namespace) -> AbstractAsyncContextManager[StoreReader]
 # -- entry point ----------------------------------------------------------------------------------
 
 
-def _global_options(parser: argparse.ArgumentParser, *, in_subcommand: bool) -> None:
-    """Options every command takes, before or after the subcommand's name (after it, they win)."""
-    def default(value: Any) -> Any:
-        return argparse.SUPPRESS if in_subcommand else value
-
-    parser.add_argument("--data-dir", type=Path, default=default(default_data_dir()),
-                        help="where the event store, blobs, workspaces and namespaces live (default: "
-                             f"{default_data_dir()})")
-    parser.add_argument("-v", "--verbose", action="count", default=default(0),
-                        help="more logging on stderr (-vv: debug)")
-    parser.add_argument("--url", default=default(os.environ.get("CODESDK_URL")),
-                        help="use a running supervisor instead (unix:/path/api.sock or http://127.0.0.1:PORT) for "
-                             "run, sessions, events, show and auth; token from --token or CODESDK_TOKEN")
-    parser.add_argument("--token", default=default(None), help="API bearer token (with --url)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="codesdk", description="CodeSDK: run coding-agent tasks, read sessions.")
-    _global_options(parser, in_subcommand=False)
-    common = argparse.ArgumentParser(add_help=False)
-    _global_options(common, in_subcommand=True)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def command(name: str, text: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=text, parents=[common])
-
-    run = command("run", "run a prompt as a task and stream its events as they happen")
-    run.add_argument("prompt")
-    run.add_argument("--runtime", help=f"runtime to use (default: {DEFAULT_RUNTIME}; with --session: the session's)")
-    run.add_argument("--scenario", help="scripted runtime: scenario name from fixtures/scenarios (default: echo)")
-    run.add_argument("--config", action="append", metavar="KEY=VALUE", help="extra runtime_config (JSON values)")
-    run.add_argument("--session", help="continue an existing session (its transcript is sent along)")
-    run.add_argument("--namespace", help="credential namespace: default | user:<id> | ci:<job> (default: "
-                                          f"{DEFAULT_NAMESPACE}; with --session: the session's)")
-    run.add_argument("--workspace", help="directory the tools work in (default: a new one in the data dir)")
-    run.add_argument("--mode", choices=[m.value for m in PermissionMode], default="ask",
-                     help="permission mode (default: ask; asks on the terminal, denies when non-interactive)")
-    run.add_argument("--non-interactive", action="store_true", help="never prompt; 'ask' decisions become denials")
-    run.add_argument("--allow-exec", action="append", metavar="COMMAND",
-                     help="enable the sandboxed workspace.exec tool for this command (repeatable)")
-    run.add_argument("--env", action="append", metavar="KEY=VALUE",
-                     help="a variable for the namespace's worker and runtime (e.g. ANTHROPIC_BASE_URL); repeatable")
-    run.add_argument("--json", action="store_true", help="print events as JSON lines")
-    run.set_defaults(handler=cmd_run)
-
-    sessions = command("sessions", "list sessions")
-    sessions.add_argument("--namespace")
-    sessions.add_argument("--limit", type=int, default=100)
-    sessions.add_argument("--json", action="store_true")
-    sessions.set_defaults(handler=cmd_sessions)
-
-    events = command("events", "print a session's events from the store")
-    events.add_argument("session")
-    events.add_argument("--after", type=int, default=0, help="only events with seq > AFTER")
-    events.add_argument("--follow", "-f", action="store_true", help="keep printing new events as they are stored")
-    events.add_argument("--json", action="store_true")
-    events.set_defaults(handler=cmd_events)
-
-    show = command("show", "print a session's transcript")
-    show.add_argument("session")
-    show.add_argument("--json", action="store_true")
-    show.set_defaults(handler=cmd_show)
-
-    auth = command("auth", "is a runtime logged in for a namespace (status), or log it in there (login)")
-    auth.add_argument("action", nargs="?", choices=["status", "login"], default="status",
-                      help="status (default): logged in or not, and how to log in; login: run the runtime's own "
-                           "login with the namespace's HOME (it prints a URL; CodeSDK never opens a browser)")
-    auth.add_argument("--runtime", default="claude")
-    auth.add_argument("--namespace", default="default")
-    auth.add_argument("--json", action="store_true")
-    auth.set_defaults(handler=cmd_auth)
-
-    namespaces = command("namespaces", "list credential namespaces and their directories")
-    namespaces.add_argument("--json", action="store_true")
-    namespaces.set_defaults(handler=cmd_namespaces)
-    return parser
-
-
 #: Errors a user can cause: printed as one line, no traceback (``refusal_exit_code`` says which exit code).
 _USER_ERRORS: tuple[type[BaseException], ...] = (CliError, EngineError, StoreError, InvalidNamespace, UnsafeDataDir)
 
@@ -409,11 +329,18 @@ def refusal_exit_code(error: BaseException) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return run_command(build_parser().parse_args(argv))
+
+
+def run_command(args: argparse.Namespace, headstart: Headstart | None = None) -> int:
+    """Run a parsed command; ``headstart``: ``run``'s worker, started before this module was imported."""
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    commands: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
+        "run": partial(cmd_run, headstart=headstart), "sessions": cmd_sessions, "events": cmd_events,
+                "show": cmd_show, "auth": cmd_auth, "namespaces": cmd_namespaces}
     try:
-        return int(trio.run(args.handler, args))
+        return int(trio.run(commands[args.command], args))
     except BrokenPipeError:
         return EXIT_OK
     except (Exception, BaseExceptionGroup) as exc:
@@ -426,18 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def entry() -> None:
-    """The ``codesdk`` command: ``main``, then out without the interpreter's teardown of every module (its
-    output is flushed and every process it started is already reaped: nothing is left to finalise)."""
-    code = main()
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more to say anyway
-            pass
-    os._exit(code)
-
-
 if __name__ == "__main__":
+    from .cli_entry import entry
+
     entry()

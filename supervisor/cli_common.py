@@ -1,12 +1,12 @@
-"""What the local and the remote ``codesdk`` commands share: exit codes, stop signals, flag rules, user errors."""
+"""What the local and the remote ``codesdk`` commands share: exit codes, stop signals, flag rules, user errors.
+
+Imported by ``cli_entry`` before the heavy imports: the standard library only."""
 
 from __future__ import annotations
 
 import argparse
 import signal
 import sys
-
-import trio
 
 #: Exit codes of ``codesdk run`` (README): a stop by signal exits 128 + the signal's number, as shells report.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 128 + signal.SIGINT
@@ -50,6 +50,7 @@ def exit_code(terminal_type: str | None, signum: int | None = None) -> int:
 
 async def ask_on_terminal(question: str) -> tuple[bool, str]:
     """Ask a yes/no question on the terminal (stderr, stdin); anything but y/yes is a no. (allow, reason)."""
+    import trio  # here, not above: this module is imported before trio is (``cli_entry``), and trio is not light
     sys.stdout.flush()
     sys.stderr.write(question)
     sys.stderr.flush()

@@ -128,7 +128,7 @@ COLD_GOAL_S = 0.5
 
 def _codesdk_argv() -> list[str]:
     script = Path(sys.executable).with_name("codesdk")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "supervisor.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "supervisor.cli_entry"]
 
 
 def _timed(argv: list[str], env: dict[str, str], cwd: Path, check: str) -> float:

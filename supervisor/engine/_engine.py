@@ -66,8 +66,9 @@ from ..store import (
 )
 from ..store import SessionBusy as StoredSessionBusy
 from ..tools import Approver
+from ..worker_launch import PoolConfig
 from ..workers import InvalidResult, RpcError, WorkerError
-from ..workers.pool import PoolConfig, WorkerPool
+from ..workers.pool import WorkerPool
 from ..workers.process import REAP_WAIT_S
 from ._approvals import APPROVAL_TIMEOUT_S, ApprovalBroker
 from ._ending import REQUEST_TIMEOUT_S, TaskEnder

@@ -16,8 +16,9 @@ import trio
 
 from protocol import ExitStatus, InitializeResult, MethodSpec, Model, RuntimeEventParams, StderrTail
 
+from ..worker_launch import PoolConfig
 from ..workers import WorkerProcess, WorkerSpec
-from ..workers.pool import NamespaceFailing, PoolConfig, WorkerPool
+from ..workers.pool import NamespaceFailing, WorkerPool
 from ._errors import NamespaceUnavailable
 
 P = TypeVar("P", bound=Model)

@@ -19,7 +19,7 @@ handing files to it), ``_uid_checks`` (start-up checks for a range), ``_data_dir
 
 from ._data_dir import UnsafeDataDir, secure_data_dir, tighten_data_dir
 from ._dirs import SUBDIRS, NamespaceDirs, prepare_dirs, prepare_namespace
-from ._env import DEFAULT_PATH, build_env, runtime_env
+from ._env import DEFAULT_PATH, build_env
 from ._names import InvalidNamespace, Namespace
 from ._uid_checks import check_can_switch_uids, check_reachable_by_workers
 from ._uids import UIDS_FILE, Identity, UidRange, UidRangeError, namespace_identity
@@ -45,7 +45,6 @@ __all__ = [
     "namespace_identity",
     "prepare_dirs",
     "prepare_namespace",
-    "runtime_env",
     "secure_data_dir",
     "tighten_data_dir",
 ]

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from protocol import IsolationLevel, IsolationMode, RuntimeEnv
-
 from ._dirs import NamespaceDirs
-from ._names import Namespace
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -28,12 +25,3 @@ def build_env(dirs: NamespaceDirs, extra: Mapping[str, str] | None = None, path:
     env.update(extra or {})
     return env
 
-
-def runtime_env(namespace: Namespace, env: Mapping[str, str]) -> RuntimeEnv:
-    """The safe view sent to the worker: paths and variable names, never values of other variables."""
-    return RuntimeEnv(
-        namespace=namespace.name, isolation=IsolationLevel.NAMESPACED, mode=IsolationMode.SUBPROCESS,
-        home=env["HOME"], xdg_config_home=env["XDG_CONFIG_HOME"], xdg_state_home=env["XDG_STATE_HOME"],
-        xdg_cache_home=env["XDG_CACHE_HOME"], xdg_data_home=env["XDG_DATA_HOME"], tmpdir=env["TMPDIR"],
-        path=env["PATH"], variable_names=tuple(sorted(env)),
-    )

@@ -1,5 +1,6 @@
 """Worker processes as seen from the supervisor: the JSON-RPC connection, one process, the pool."""
 
+from ..worker_launch import worker_argv
 from .connection import (
     InvalidResult,
     ProtocolViolation,
@@ -9,7 +10,7 @@ from .connection import (
     WorkerConnection,
     WorkerError,
 )
-from .process import WorkerProcess, WorkerSpec, WorkerStartError, worker_argv
+from .process import WorkerProcess, WorkerSpec, WorkerStartError
 
 __all__ = [
     "InvalidResult", "ProtocolViolation", "RpcError", "WorkerBroken", "WorkerClosed",

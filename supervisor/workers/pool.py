@@ -11,19 +11,20 @@ untouched, and the quarantine lifts after ``quarantine_s`` or when an operator l
 from __future__ import annotations
 
 import logging
+import subprocess
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 
 import trio
 
 from protocol import ExitStatus, RuntimeEventParams
 
 from ..namespace_env import NamespaceEnv
-from ..namespaces import Namespace, UidRange, UidRangeError, build_env, prepare_namespace, runtime_env
+from ..namespaces import Namespace, UidRangeError
+from ..worker_launch import Headstart, PoolConfig, prepare_launch
 from .process import (
     REAP_WAIT_S,
     RESOURCE_ERRNOS,
@@ -31,7 +32,7 @@ from .process import (
     WorkerResourcesExhausted,
     WorkerSpec,
     exhausted_message,
-    worker_argv,
+    runtime_env,
 )
 
 log = logging.getLogger("codesdk.supervisor.pool")
@@ -41,33 +42,6 @@ EventHandler = Callable[[WorkerProcess, Sequence[RuntimeEventParams]], Awaitable
 EVENT_BATCH = 512
 
 ExitHandler = Callable[[str, WorkerProcess, ExitStatus], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class PoolConfig:
-    data_dir: Path
-    argv: tuple[str, ...] = ()
-    idle_timeout_s: float = 300.0  # an unused worker is shut down after this long
-    max_restarts: int = 5  # burst intensity: this many crashes within restart_window_s quarantine the namespace
-    restart_window_s: float = 60.0
-    sustained_max_restarts: int = 20  # sustained intensity: this many within sustained_window_s do too
-    sustained_window_s: float = 3600.0
-    quarantine_s: float = 600.0  # how long a quarantined namespace refuses new workers (an operator may lift it)
-    backoff_initial_s: float = 0.25  # delay before restarting after a crash; doubles per recent crash
-    backoff_max_s: float = 10.0
-    shutdown_grace_s: float = 5.0
-    handshake_timeout_s: float = 30.0
-    path: str | None = None  # PATH for workers
-    # namespace (or "*") -> variables given at start-up; they win over the stored ones (``NamespaceEnv``)
-    env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    # Each namespace's worker runs as its own uid+gid from this range (None: as the supervisor's uid).
-    worker_uids: UidRange | None = None
-
-    def worker_argv(self) -> list[str]:
-        return list(self.argv) or worker_argv()
-
-    def env_for(self, namespace: str) -> dict[str, str]:
-        return {**self.env.get("*", {}), **self.env.get(namespace, {})}
 
 
 class SlotState(StrEnum):
@@ -132,6 +106,7 @@ class WorkerPool:
         self._slots: dict[str, _Slot] = {}
         self._closing = False
         self.namespace_env = NamespaceEnv(config.data_dir)
+        self._headstarts: dict[str, Headstart] = {}
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -161,6 +136,17 @@ class WorkerPool:
                     raise NamespaceFailing(slot.last_error or f"namespace {namespace!r}: worker failed to start")
                 continue
             await self._start(slot)
+
+    def offer(self, headstart: Headstart) -> None:
+        """A worker started ahead of the pool (``worker_launch.Headstart``): adopted by its namespace's next start
+        if it was launched exactly as that start would launch it, discarded otherwise (or when the pool closes)."""
+        previous = self._headstarts.pop(headstart.namespace, None)
+        if previous is not None:
+            previous.discard()
+        if self._closing:
+            headstart.discard()
+        else:
+            self._headstarts[headstart.namespace] = headstart
 
     def release(self, namespace: str, worker: WorkerProcess) -> None:
         slot = self._slots.get(namespace)
@@ -217,6 +203,9 @@ class WorkerPool:
     async def aclose(self) -> None:
         """Shut every worker down (bounded) and wait for their exits to be reported."""
         self._closing = True
+        for headstart in self._headstarts.values():
+            headstart.discard()
+        self._headstarts.clear()
         with trio.CancelScope(shield=True):
             async with trio.open_nursery() as nursery:
                 for slot in self._slots.values():
@@ -289,10 +278,7 @@ class WorkerPool:
                 log.info("namespace %s: restarting worker after %.2f s backoff", name, delay)
                 await trio.sleep(delay)
             try:
-                dirs, identity = await trio.to_thread.run_sync(
-                    prepare_namespace, self.config.data_dir, slot.namespace, self.config.worker_uids)
-                slot.env_stamp = await trio.to_thread.run_sync(self.namespace_env.stamp, name)  # before the values
-                stored = await trio.to_thread.run_sync(self.namespace_env.values, name)
+                prepared = await trio.to_thread.run_sync(prepare_launch, self.config, slot.namespace)
             except UidRangeError as exc:  # e.g. the range is exhausted: the operator's to fix, not a crash
                 slot.last_error = str(exc)
                 log.error("namespace %s: %s", name, exc)
@@ -302,14 +288,14 @@ class WorkerPool:
                        f"namespace {name!r}: {exc}")
                 log.error("preparing the directories failed: %s", why)
                 raise NamespaceFailing(f"no worker could be started: {why}") from exc
-            env = build_env(dirs, {**stored, **self.config.env_for(name)}, self.config.path)
-            spec = WorkerSpec(argv=self.config.worker_argv(), env=env, cwd=str(dirs.home),
-                              name=f"worker[{name}]", runtime_env=runtime_env(slot.namespace, env),
-                              user=identity.uid if identity else None, group=identity.gid if identity else None,
-                              extra_groups=() if identity else None)
+            slot.env_stamp = prepared.env_stamp
+            launch = prepared.launch
+            spec = WorkerSpec.of(launch, f"worker[{name}]", runtime_env(slot.namespace, launch.env))
+            headstart = self._headstarts.pop(name, None)
+            adopted = headstart.take(launch) if headstart is not None else None
             try:
                 slot.vacated = trio.Event()
-                slot.worker = await self._nursery.start(self._run_worker, slot, spec)
+                slot.worker = await self._nursery.start(self._run_worker, slot, spec, adopted)
             except Exception as exc:
                 if _contains(exc, WorkerResourcesExhausted):  # the host's trouble, not the namespace's: no crash
                     log.error("namespace %s: %s", name, _describe(exc))
@@ -323,14 +309,15 @@ class WorkerPool:
             starting, slot.starting = slot.starting, None
             starting.set()
 
-    async def _run_worker(self, slot: _Slot, spec: WorkerSpec,
+    async def _run_worker(self, slot: _Slot, spec: WorkerSpec, adopted: subprocess.Popen[bytes] | None,
                           task_status: trio.TaskStatus[WorkerProcess] = trio.TASK_STATUS_IGNORED) -> None:
         vacated = slot.vacated
         worker: WorkerProcess | None = None
         try:
             async with trio.open_nursery() as nursery:
-                worker = await WorkerProcess.start(nursery, spec, self.config.handshake_timeout_s)
-                log.info("namespace %s: worker pid %d ready", slot.namespace.name, worker.pid)
+                worker = await WorkerProcess.start(nursery, spec, self.config.handshake_timeout_s, adopted)
+                log.info("namespace %s: worker pid %d ready%s", slot.namespace.name, worker.pid,
+                         " (started ahead)" if adopted is not None else "")
                 nursery.start_soon(self._pump_events, worker)
                 task_status.started(worker)
                 await worker.wait_exit()

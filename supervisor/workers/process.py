@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import IO, Protocol
 
 import psutil
 import trio
@@ -28,6 +29,8 @@ from protocol import (
     ExitStatus,
     InitializeParams,
     InitializeResult,
+    IsolationLevel,
+    IsolationMode,
     NoParams,
     PeerInfo,
     Rpc,
@@ -36,6 +39,8 @@ from protocol import (
 )
 
 from .._orphans import DESCRIPTORS_EXHAUSTED, reap_session, scan_retrying, warn_scan_failed
+from ..namespaces import Namespace
+from ..worker_launch import WorkerLaunch
 from .connection import WorkerBroken, WorkerConnection, WorkerError
 
 log = logging.getLogger("codesdk.supervisor.worker")
@@ -63,11 +68,94 @@ class WorkerSpec:
     group: int | None = None
     extra_groups: Sequence[int] | None = None
 
+    @classmethod
+    def of(cls, launch: WorkerLaunch, name: str, runtime_env: RuntimeEnv | None = None) -> WorkerSpec:
+        return cls(argv=launch.argv, env=launch.env, cwd=launch.cwd, name=name, runtime_env=runtime_env,
+                   user=launch.user, group=launch.group, extra_groups=launch.extra_groups)
+
+    @property
+    def launch(self) -> WorkerLaunch:
+        return WorkerLaunch(argv=tuple(self.argv), env=self.env, cwd=self.cwd or "", user=self.user,
+                            group=self.group,
+                            extra_groups=tuple(self.extra_groups) if self.extra_groups is not None else None)
+
+
+def runtime_env(namespace: Namespace, env: Mapping[str, str]) -> RuntimeEnv:
+    """The safe view sent to the worker: paths and variable names, never values of other variables."""
+    return RuntimeEnv(
+        namespace=namespace.name, isolation=IsolationLevel.NAMESPACED, mode=IsolationMode.SUBPROCESS,
+        home=env["HOME"], xdg_config_home=env["XDG_CONFIG_HOME"], xdg_state_home=env["XDG_STATE_HOME"],
+        xdg_cache_home=env["XDG_CACHE_HOME"], xdg_data_home=env["XDG_DATA_HOME"], tmpdir=env["TMPDIR"],
+        path=env["PATH"], variable_names=tuple(sorted(env)),
+    )
+
+
+class ChildProcess(Protocol):
+    """What a worker's process object offers: a ``trio.Process``, or an ``AdoptedProcess``."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+    @property
+    def stdin(self) -> trio.abc.SendStream | None: ...
+    @property
+    def stdout(self) -> trio.abc.ReceiveStream | None: ...
+    @property
+    def stderr(self) -> trio.abc.ReceiveStream | None: ...
+    async def wait(self) -> int: ...
+
+
+class AdoptedProcess:
+    """A worker that was started with ``subprocess.Popen`` before trio ran (``worker_launch.Headstart``), seen
+    as ``WorkerProcess`` sees a ``trio.Process``. Only its owner task (``_own_adopted``) reaps it, woken by a
+    pidfd; everybody else waits for that."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
+        self._popen = popen
+        self._pidfd = os.pidfd_open(popen.pid)
+        self.stdin: trio.abc.SendStream | None = trio.lowlevel.FdStream(_detach(popen.stdin))
+        self.stdout: trio.abc.ReceiveStream | None = trio.lowlevel.FdStream(_detach(popen.stdout))
+        self.stderr: trio.abc.ReceiveStream | None = trio.lowlevel.FdStream(_detach(popen.stderr))
+        self._reaped = trio.Event()
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.returncode
+
+    async def wait(self) -> int:
+        await self._reaped.wait()
+        assert self._popen.returncode is not None
+        return self._popen.returncode
+
+    async def reap(self) -> None:
+        """Wait for the exit and reap (the owner task only)."""
+        try:
+            while self._popen.poll() is None:
+                await trio.lowlevel.wait_readable(self._pidfd)
+        finally:
+            if self._popen.returncode is not None:
+                trio.lowlevel.notify_closing(self._pidfd)
+                os.close(self._pidfd)
+                self._reaped.set()
+
+
+def _detach(stream: IO[bytes]) -> int:
+    """The descriptor under one of Popen's pipe files, which no longer owns it."""
+    fd = os.dup(stream.fileno())
+    stream.close()
+    return fd
+
 
 class WorkerProcess:
     """A running, initialized worker. Create with ``await WorkerProcess.start(nursery, spec)``."""
 
-    def __init__(self, spec: WorkerSpec, process: trio.Process, connection: WorkerConnection) -> None:
+    def __init__(self, spec: WorkerSpec, process: ChildProcess, connection: WorkerConnection) -> None:
         self.spec = spec
         self.process = process
         self.connection = connection
@@ -85,11 +173,16 @@ class WorkerProcess:
         return int(self.process.pid)
 
     @classmethod
-    async def start(cls, nursery: trio.Nursery, spec: WorkerSpec,
-                    handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> WorkerProcess:
-        """Spawn the worker in its own session, start its reader tasks, and complete the handshake."""
+    async def start(cls, nursery: trio.Nursery, spec: WorkerSpec, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+                    adopted: subprocess.Popen[bytes] | None = None) -> WorkerProcess:
+        """Spawn the worker in its own session (or adopt one started as ``spec`` says, before trio ran), start its
+        reader tasks, and complete the handshake."""
         try:
-            process: trio.Process = await nursery.start(_run_worker_process, spec)
+            process: ChildProcess
+            if adopted is not None:
+                process = await nursery.start(_own_adopted, AdoptedProcess(adopted))
+            else:
+                process = await nursery.start(_run_worker_process, spec)
         except OSError as exc:
             if exc.errno in RESOURCE_ERRNOS:
                 raise WorkerResourcesExhausted(exhausted_message(spec.name, exc)) from exc
@@ -291,20 +384,37 @@ def exhausted_message(who: str, exc: OSError) -> str:
             f"process limit (TasksMax=, ulimit -u)")
 
 
-async def _run_worker_process(spec: WorkerSpec, task_status: trio.TaskStatus[trio.Process]) -> None:
-    async def deliver_cancel(process: trio.Process) -> None:
-        tree = _process_tree(process.pid)
-        _signal_tree(process.pid, tree, signal.SIGTERM)
-        await trio.sleep(2.0)
-        _signal_tree(process.pid, tree, signal.SIGKILL)
+async def _terminate_tree(process: ChildProcess) -> None:
+    """How a worker is ended when its owner is cancelled: SIGTERM its tree, SIGKILL after 2 s."""
+    tree = _process_tree(process.pid)
+    _signal_tree(process.pid, tree, signal.SIGTERM)
+    await trio.sleep(2.0)
+    _signal_tree(process.pid, tree, signal.SIGKILL)
 
+
+async def _run_worker_process(spec: WorkerSpec, task_status: trio.TaskStatus[ChildProcess]) -> None:
     await trio.run_process(
         list(spec.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=dict(spec.env), cwd=spec.cwd, check=False, start_new_session=True,
         user=spec.user, group=spec.group,
         extra_groups=list(spec.extra_groups) if spec.extra_groups is not None else None,
-        deliver_cancel=deliver_cancel, task_status=task_status,
+        deliver_cancel=_terminate_tree, task_status=task_status,
     )
+
+
+async def _own_adopted(process: AdoptedProcess, task_status: trio.TaskStatus[ChildProcess]) -> None:
+    """What ``trio.run_process`` does for a process it started, for one it is handed: hold it until it exits;
+    if cancelled first, end it (``_terminate_tree``) and still reap it."""
+    task_status.started(process)
+    try:
+        await process.reap()
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_terminate_tree, process)
+                await process.reap()
+                nursery.cancel_scope.cancel()
+        raise
 
 
 @dataclass(frozen=True)
@@ -444,13 +554,3 @@ _SCAN_RETRY_S = 2.0
 
 def _scan_failed(what: str, exc: OSError) -> None:
     warn_scan_failed(what, exc, "going on without it")
-
-
-def worker_argv(*extra: str) -> list[str]:
-    """How to start ``codesdk-worker`` with the same interpreter/venv as this process."""
-    import sys
-    from pathlib import Path
-
-    script = Path(sys.executable).parent / "codesdk-worker"
-    base = [str(script)] if script.exists() else [sys.executable, "-m", "worker.main"]
-    return base + list(extra)

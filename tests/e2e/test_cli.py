@@ -14,7 +14,7 @@ from typing import Any
 
 from ..worker.harness import REPO
 
-CLI = [sys.executable, "-m", "supervisor.cli"]
+CLI = [sys.executable, "-m", "supervisor.cli_entry"]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

@@ -21,7 +21,7 @@ from supervisor.store import current_holder
 from ..waits import wait_for
 from ..worker.harness import REPO
 
-CLI = [sys.executable, "-m", "supervisor.cli"]
+CLI = [sys.executable, "-m", "supervisor.cli_entry"]
 SERVICE = [sys.executable, "-m", "supervisor.service"]
 #: Seconds a condition these tests wait for may take before the test fails as hung (never a timing claim).
 HANG_GUARD_S = 60.0

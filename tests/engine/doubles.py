@@ -28,8 +28,8 @@ from protocol import (
 from supervisor.engine import Engine, EngineConfig, NamespaceUnavailable, WorkerEvents, WorkerExit, WorkerLink
 from supervisor.store import Quotas
 from supervisor.tools import ToolRegistry, ToolsConfig
+from supervisor.worker_launch import PoolConfig
 from supervisor.workers import RpcError, WorkerSpec
-from supervisor.workers.pool import PoolConfig
 
 P = TypeVar("P", bound=Model)
 R = TypeVar("R", bound=Model)

@@ -606,6 +606,7 @@ _EMFILE_PROBE = """
 import errno, json, os, resource, sys
 import trio
 from supervisor import _orphans
+from supervisor.worker_launch import worker_argv
 from supervisor.workers import process
 
 results = {}
@@ -652,7 +653,7 @@ async def main():
         results["reap_orphans_forever"] = f"raised {type(exc).__name__}: {exc}"
     try:
         async with trio.open_nursery() as nursery:
-            spec = process.WorkerSpec(argv=process.worker_argv(), env=dict(os.environ))
+            spec = process.WorkerSpec(argv=worker_argv(), env=dict(os.environ))
             await process.WorkerProcess.start(nursery, spec)
         results["spawn"] = "started"
     except BaseException as exc:

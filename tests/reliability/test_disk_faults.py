@@ -17,11 +17,10 @@ import pytest
 import trio
 
 from protocol import TERMINAL_EVENT_TYPES, EventType, RuntimeInfo
-from supervisor.app import TEST_STEPS_ENV
 from supervisor.engine import Engine, EngineConfig
 from supervisor.store import DatabaseError, EventDraft, EventStore
 from supervisor.tools import ToolRegistry, ToolsConfig
-from supervisor.workers.pool import PoolConfig
+from supervisor.worker_launch import TEST_STEPS_ENV, PoolConfig
 
 from ..conftest import SCENARIOS
 from .test_crash_points import integrity_ok

@@ -31,13 +31,14 @@ import trio
 
 from protocol import EventType, PermissionMode
 from supervisor.api import TokenAuth
-from supervisor.app import TEST_STEPS_ENV, SupervisorOptions, open_engine
+from supervisor.app import SupervisorOptions, open_engine
 from supervisor.cli import main as cli_main
 from supervisor.engine import Engine, EngineError
 from supervisor.engine._transcript import session_events
 from supervisor.namespace_env import ENV_DIR, NamespaceEnv
 from supervisor.namespaces import SUBDIRS, UIDS_FILE, InvalidNamespace, Namespace, UidRange, prepare_dirs
 from supervisor.store import DB_FILENAME
+from supervisor.worker_launch import TEST_STEPS_ENV
 from supervisor.workers import WorkerProcess, worker_argv
 from worker.adapters.claude import _env as claude_env
 

@@ -18,7 +18,7 @@ from worker.adapters.claude._env import cli_path
 from ..netns import skip_outside_netns
 from ..worker.harness import REPO
 
-CLI = [sys.executable, "-m", "supervisor.cli"]
+CLI = [sys.executable, "-m", "supervisor.cli_entry"]
 #: Seconds the login may take to print its URL before the test gives up as hung (not a timing claim).
 HANG_GUARD_S = 60.0
 

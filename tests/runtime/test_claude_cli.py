@@ -15,7 +15,7 @@ from worker.adapters.claude._env import cli_path
 from ..netns import skip_outside_netns
 from ..worker.harness import REPO
 
-CLI = [sys.executable, "-m", "supervisor.cli"]
+CLI = [sys.executable, "-m", "supervisor.cli_entry"]
 pytestmark = [pytest.mark.runtime, skip_outside_netns,
               pytest.mark.skipif(cli_path() is None, reason="claude-agent-sdk is not installed")]
 

@@ -188,7 +188,7 @@ def test_cli_through_the_api(tmp_path: Path) -> None:
     try:
         _wait_socket(tmp_path)
         token = (tmp_path / "data" / "admin.token").read_text().strip()
-        base = [sys.executable, "-m", "supervisor.cli", "--url", f"unix:{tmp_path / 'data' / 'api.sock'}"]
+        base = [sys.executable, "-m", "supervisor.cli_entry", "--url", f"unix:{tmp_path / 'data' / 'api.sock'}"]
         env = {**os.environ, "CODESDK_TOKEN": token, "NO_COLOR": "1"}
 
         def cli(*args: str) -> subprocess.CompletedProcess[str]:

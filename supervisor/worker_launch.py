@@ -1,0 +1,181 @@
+"""How a namespace's worker is launched, and a worker launched ahead of the supervisor (a headstart).
+
+Light on purpose — the standard library and the namespace helpers only, no trio, no protocol models — so that
+``codesdk run`` can start the namespace's worker before its own heavy imports (trio, pydantic, the store: about
+half a second) and the two interpreters start side by side instead of one after the other. The pool adopts such
+a headstart only if it was launched exactly as the pool itself would launch it now (``WorkerLaunch``: argv,
+environment, directory, identity); otherwise it is killed and the pool starts its own. A headstart is only ever
+an optimisation: whatever goes wrong with it, the pool's own start follows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .namespace_env import NamespaceEnv
+from .namespaces import (
+    Identity,
+    Namespace,
+    UidRange,
+    UnsafeDataDir,
+    build_env,
+    prepare_namespace,
+    secure_data_dir,
+)
+
+log = logging.getLogger("codesdk.supervisor.pool")
+
+#: The scripted runtime's switch for its test instruments (``worker.adapters.scripted.TEST_STEPS_ENV``).
+TEST_STEPS_ENV = "CODESDK_SCRIPTED_TEST_STEPS"
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    data_dir: Path
+    argv: tuple[str, ...] = ()
+    idle_timeout_s: float = 300.0  # an unused worker is shut down after this long
+    max_restarts: int = 5  # burst intensity: this many crashes within restart_window_s quarantine the namespace
+    restart_window_s: float = 60.0
+    sustained_max_restarts: int = 20  # sustained intensity: this many within sustained_window_s do too
+    sustained_window_s: float = 3600.0
+    quarantine_s: float = 600.0  # how long a quarantined namespace refuses new workers (an operator may lift it)
+    backoff_initial_s: float = 0.25  # delay before restarting after a crash; doubles per recent crash
+    backoff_max_s: float = 10.0
+    shutdown_grace_s: float = 5.0
+    handshake_timeout_s: float = 30.0
+    path: str | None = None  # PATH for workers
+    # namespace (or "*") -> variables given at start-up; they win over the stored ones (``NamespaceEnv``)
+    env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # Each namespace's worker runs as its own uid+gid from this range (None: as the supervisor's uid).
+    worker_uids: UidRange | None = None
+
+    def worker_argv(self) -> list[str]:
+        return list(self.argv) or worker_argv()
+
+    def env_for(self, namespace: str) -> dict[str, str]:
+        return {**self.env.get("*", {}), **self.env.get(namespace, {})}
+
+
+def workers_env(env: Mapping[str, Mapping[str, str]], *, test_scenarios: bool) -> dict[str, Mapping[str, str]]:
+    """The operator's variables per namespace (``PoolConfig.env``), with the scripted runtime's test instruments
+    switched on for every namespace when ``test_scenarios``."""
+    composed = dict(env)
+    if test_scenarios:
+        composed["*"] = {TEST_STEPS_ENV: "1", **composed.get("*", {})}
+    return composed
+
+
+def worker_argv(*extra: str) -> list[str]:
+    """How to start ``codesdk-worker`` with the same interpreter/venv as this process."""
+    script = Path(sys.executable).parent / "codesdk-worker"
+    base = [str(script)] if script.exists() else [sys.executable, "-m", "worker.main"]
+    return base + list(extra)
+
+
+@dataclass(frozen=True)
+class WorkerLaunch:
+    """Everything the operating system is told when a worker starts: two equal launches start the same worker."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    user: int | None = None
+    group: int | None = None
+    extra_groups: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class PreparedLaunch:
+    launch: WorkerLaunch
+    identity: Identity | None
+    env_stamp: str  # the namespace's stored variables' stamp, taken before they were read
+
+
+def prepare_launch(config: PoolConfig, namespace: Namespace) -> PreparedLaunch:
+    """Make the namespace's directories (and identity, with a uid range) and compose its worker's launch.
+    Blocking file work: the pool runs it in a thread. ``UidRangeError``; ``OSError``."""
+    dirs, identity = prepare_namespace(config.data_dir, namespace, config.worker_uids)
+    stored_env = NamespaceEnv(config.data_dir)
+    stamp = stored_env.stamp(namespace.name)  # before the values: a write in between shows as a change
+    env = build_env(dirs, {**stored_env.values(namespace.name), **config.env_for(namespace.name)}, config.path)
+    launch = WorkerLaunch(argv=tuple(config.worker_argv()), env=env, cwd=str(dirs.home),
+                          user=identity.uid if identity else None, group=identity.gid if identity else None,
+                          extra_groups=() if identity else None)
+    return PreparedLaunch(launch, identity, stamp)
+
+
+class Headstart:
+    """A worker launched before the supervisor runs, waiting (its handshake unanswered) to be adopted by the pool.
+
+    ``take`` hands it over if it was launched as asked; ``discard`` kills and reaps it otherwise. Either happens
+    exactly once; both are safe to call again.
+    """
+
+    def __init__(self, namespace: str, launch: WorkerLaunch, process: subprocess.Popen[bytes]) -> None:
+        self.namespace = namespace
+        self.launch = launch
+        self._process: subprocess.Popen[bytes] | None = process
+
+    @classmethod
+    def start(cls, config: PoolConfig, namespace: str) -> Headstart | None:
+        """Launch ``namespace``'s worker now, as the pool would; None (logged) when that cannot be done here —
+        the pool then starts the worker itself, and reports any real problem with a clear error."""
+        if not hasattr(os, "pidfd_open"):  # adoption waits for the process through a pidfd
+            return None
+        try:
+            secure_data_dir(config.data_dir)  # as the supervisor does before anything is made inside
+            launch = prepare_launch(config, Namespace.parse(namespace)).launch
+            process = subprocess.Popen(
+                list(launch.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=dict(launch.env), cwd=launch.cwd, start_new_session=True, user=launch.user,
+                group=launch.group, extra_groups=launch.extra_groups)
+        except (OSError, ValueError, UnsafeDataDir) as exc:  # the pool's own start says what is wrong, in context
+            log.debug("no headstart for namespace %s: %s", namespace, exc)
+            return None
+        return cls(namespace, launch, process)
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def take(self, launch: WorkerLaunch) -> subprocess.Popen[bytes] | None:
+        """The process, if it is still unclaimed, alive, and was launched exactly as ``launch``; else it is
+        discarded and None returned (the caller starts its own worker)."""
+        process = self._process
+        if process is None:
+            return None
+        if launch != self.launch or process.poll() is not None:
+            why = ", ".join(launch_differences(self.launch, launch)) or "it has exited"
+            log.info("namespace %s: not adopting the worker started ahead (%s); starting another", self.namespace, why)
+            self.discard()
+            return None
+        self._process = None
+        return process
+
+    def discard(self) -> None:
+        """Kill the unclaimed worker and everything it started (its own session), and reap it."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        for stream in (process.stdin, process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        process.wait()
+
+
+def launch_differences(a: WorkerLaunch, b: WorkerLaunch) -> Sequence[str]:
+    """Which parts of two launches differ (names only, never values: the environment holds credentials)."""
+    parts = [name for name in ("argv", "cwd", "user", "group", "extra_groups") if getattr(a, name) != getattr(b, name)]
+    parts += [f"env[{key}]" for key in sorted(set(a.env) | set(b.env)) if a.env.get(key) != b.env.get(key)]
+    return parts

@@ -1,0 +1,163 @@
+"""A worker started ahead of the supervisor (``codesdk run``'s head start) is adopted only when it was launched
+exactly as the pool would launch it, and it never outlives anything: not adopted, it is killed and reaped."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import trio
+
+from protocol import EventType, PermissionMode
+from supervisor.cli_entry import PERMISSION_MODES
+from supervisor.store import DataDirLock, TaskState
+from supervisor.worker_launch import Headstart, PoolConfig
+
+from ..conftest import MakeEngine
+from ..waits import wait_for
+from ..worker.harness import REPO
+from .conftest import of_type, run_task, worker_of
+
+
+def _headstart(config: PoolConfig, namespace: str = "default") -> Headstart:
+    headstart = Headstart.start(config, namespace)
+    assert headstart is not None and headstart.pid is not None
+    return headstart
+
+
+def _gone(pid: int) -> bool:
+    """Not running and reaped (a zombie still has its pid)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_DEAD
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def test_a_worker_launched_as_the_pool_would_is_adopted_and_serves_the_task(make_engine: MakeEngine) -> None:
+    with trio.fail_after(60):
+        async with make_engine() as engine:
+            headstart = _headstart(engine.pool.config)
+            pid = headstart.pid
+            engine.pool.offer(headstart)
+            _, record, events = await run_task(engine, runtime_config={"scenario": "echo"})
+            assert record.state == TaskState.COMPLETED and record.worker_pid == pid
+            assert [p.text for p in of_type(events, EventType.MODEL_OUTPUT_COMPLETED)] == ["You said: hello"]
+            assert headstart.pid is None  # handed over: nothing left to discard
+        assert pid is not None and _gone(pid)
+
+
+async def test_a_worker_launched_differently_is_killed_and_the_pool_starts_its_own(make_engine: MakeEngine) -> None:
+    with trio.fail_after(60):
+        async with make_engine() as engine:
+            other = dataclasses.replace(engine.pool.config, env={"*": {"NOT_THE_POOLS": "1"}})
+            headstart = _headstart(other)
+            pid = headstart.pid
+            engine.pool.offer(headstart)
+            _, record, _ = await run_task(engine, runtime_config={"scenario": "echo"})
+            assert record.state == TaskState.COMPLETED and record.worker_pid not in (None, pid)
+            assert pid is not None and _gone(pid)
+            assert "NOT_THE_POOLS" not in psutil.Process(worker_of(engine).pid).environ()
+
+
+async def test_a_worker_that_died_before_adoption_is_replaced(make_engine: MakeEngine) -> None:
+    with trio.fail_after(60):
+        async with make_engine() as engine:
+            headstart = _headstart(engine.pool.config)
+            pid = headstart.pid
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            wait_for("the worker died", lambda: psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+            engine.pool.offer(headstart)
+            _, record, _ = await run_task(engine, runtime_config={"scenario": "echo"})
+            assert record.state == TaskState.COMPLETED and record.worker_pid != pid
+            assert _gone(pid)
+
+
+async def test_an_unclaimed_worker_is_discarded_when_the_pool_closes(make_engine: MakeEngine) -> None:
+    with trio.fail_after(60):
+        async with make_engine() as engine:
+            headstart = _headstart(engine.pool.config, "user:never-used")
+            pid = headstart.pid
+            engine.pool.offer(headstart)
+            assert pid is not None and not _gone(pid)
+        assert _gone(pid)
+
+
+async def test_an_adopted_worker_is_killed_and_reaped_when_its_supervisor_is_cancelled(
+        make_engine: MakeEngine) -> None:
+    with trio.fail_after(60):
+        with trio.CancelScope() as scope:
+            async with make_engine() as engine:
+                headstart = _headstart(engine.pool.config)
+                pid = headstart.pid
+                engine.pool.offer(headstart)
+                session = await engine.create_session()
+                await engine.start_task(session.session_id, "x", runtime_config={"scenario": "hang"})
+                async with engine.store.subscribe(session.session_id) as events:
+                    async for event in events:  # the hang scenario says something, then hangs
+                        if event.type == EventType.MODEL_OUTPUT_COMPLETED:
+                            break
+                assert worker_of(engine).pid == pid
+                scope.cancel()
+                await trio.sleep_forever()
+        assert pid is not None and _gone(pid)
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+
+def _codesdk(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODESDK_")}
+    return subprocess.run([sys.executable, "-m", "supervisor.cli_entry", "--data-dir", str(tmp_path / "data"),
+                           *args], capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL,
+                          cwd=REPO, check=False)
+
+
+def _workers_under(data_dir: Path) -> list[int]:
+    """Processes whose working directory is a namespace's home in ``data_dir`` (where workers run)."""
+    homes = str(data_dir / "namespaces")
+    found = []
+    for process in psutil.process_iter(["cwd"]):
+        cwd = process.info.get("cwd")
+        if cwd and cwd.startswith(homes):
+            found.append(process.pid)
+    return found
+
+
+def test_codesdk_run_adopts_the_worker_it_started_ahead(tmp_path: Path) -> None:
+    done = _codesdk(tmp_path, "-v", "run", "hello", "--env", "SOME_KEY=1", "--namespace", "user:alice")
+    assert done.returncode == 0, done.stderr
+    assert "namespace user:alice: worker pid" in done.stderr and "(started ahead)" in done.stderr
+    assert "not adopting" not in done.stderr
+    assert not _workers_under(tmp_path / "data")
+
+
+def test_codesdk_run_on_a_busy_data_dir_leaves_no_worker_behind(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    lock = DataDirLock.acquire(data, "a test holding the data dir")
+    try:
+        done = _codesdk(tmp_path, "run", "hello", "--json")
+    finally:
+        lock.release()
+    assert done.returncode == 2 and "is in use by a test holding the data dir" in done.stderr, done.stderr
+    assert not _workers_under(data)
+
+
+def test_the_command_front_imports_nothing_heavy() -> None:
+    """What runs before the worker is started stays the standard library: that is the head start."""
+    probe = ("import sys, json, supervisor.cli_entry; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} "
+             "& {'trio', 'pydantic', 'pydantic_core', 'protocol', 'apsw', 'psutil', 'worker'})))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO,
+                          check=True)
+    assert json.loads(done.stdout) == []
+
+
+def test_the_commands_permission_modes_are_the_protocols() -> None:
+    assert list(PERMISSION_MODES) == [mode.value for mode in PermissionMode]
