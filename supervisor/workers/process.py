@@ -73,12 +73,6 @@ class WorkerSpec:
         return cls(argv=launch.argv, env=launch.env, cwd=launch.cwd, name=name, runtime_env=runtime_env,
                    user=launch.user, group=launch.group, extra_groups=launch.extra_groups)
 
-    @property
-    def launch(self) -> WorkerLaunch:
-        return WorkerLaunch(argv=tuple(self.argv), env=self.env, cwd=self.cwd or "", user=self.user,
-                            group=self.group,
-                            extra_groups=tuple(self.extra_groups) if self.extra_groups is not None else None)
-
 
 def runtime_env(namespace: Namespace, env: Mapping[str, str]) -> RuntimeEnv:
     """The safe view sent to the worker: paths and variable names, never values of other variables."""
