@@ -38,7 +38,7 @@ from .cli_common import (
     check_session_flags,
     exit_code,
 )
-from .cli_entry import build_parser, run_env
+from .cli_entry import RunAhead, build_parser, run_config, run_env
 from .config import ADMIN_TOKEN_FILE, default_data_dir
 from .engine import (
     ApprovalRequest,
@@ -53,7 +53,6 @@ from .login import run_login
 from .namespaces import InvalidNamespace, UnsafeDataDir
 from .render import EventPrinter, json_line, print_stored_events, print_transcript
 from .store import DataDirBusy, EventStore, StoreError, StoreReader
-from .worker_launch import Headstart
 
 # -- run ------------------------------------------------------------------------------------------
 
@@ -66,18 +65,8 @@ async def _terminal_approver(request: ApprovalRequest) -> ApproverAnswer:
     return ApproverAnswer(allow=allow, reason=reason)
 
 
-async def cmd_run(args: argparse.Namespace, headstart: Headstart | None = None) -> int:
-    runtime_config: dict[str, Any] = {}
-    if args.scenario:
-        runtime_config["scenario"] = args.scenario
-    for item in args.config or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise CliError(f"--config expects KEY=VALUE, got {item!r}")
-        try:
-            runtime_config[key] = json.loads(value)
-        except json.JSONDecodeError:
-            runtime_config[key] = value
+async def cmd_run(args: argparse.Namespace, ahead: RunAhead | None = None) -> int:
+    runtime_config = run_config(args)
     if args.session and args.workspace:
         raise CliError("--workspace cannot be used with --session: a session keeps the workspace it was created with")
     if args.url:
@@ -89,9 +78,9 @@ async def cmd_run(args: argparse.Namespace, headstart: Headstart | None = None) 
     with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         try:
             async with open_engine(options) as engine:
-                if headstart is not None:
-                    engine.pool.offer(headstart)
-                return await _run_embedded(args, engine, runtime_config, signals)
+                if ahead is not None and ahead.headstart is not None:
+                    engine.pool.offer(ahead.headstart)
+                return await _run_embedded(args, engine, runtime_config, signals, ahead)
         except DataDirBusy as busy:
             _service_instead(args, busy)
     from . import cli_remote  # imported only when used: the HTTP client costs start-up time
@@ -99,7 +88,7 @@ async def cmd_run(args: argparse.Namespace, headstart: Headstart | None = None) 
 
 
 async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config: dict[str, Any],
-                        signals: AsyncIterator[int]) -> int:
+                        signals: AsyncIterator[int], ahead: RunAhead | None) -> int:
     interactive = not args.non_interactive and sys.stdin.isatty()
     printer = EventPrinter(sys.stdout, color=sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
     if args.session:
@@ -112,7 +101,10 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
         if workspace is not None and not workspace.is_dir():
             raise CliError(f"--workspace {args.workspace} is not a directory")
         session = await engine.create_session(runtime=args.runtime or DEFAULT_RUNTIME,
-                                              namespace=args.namespace or DEFAULT_NAMESPACE, workspace=workspace)
+                                              namespace=args.namespace or DEFAULT_NAMESPACE, workspace=workspace,
+                                              session_id=ahead.session_id if ahead is not None else None)
+        if ahead is not None:
+            ahead.claim(session.workspace)
     before = await engine.store.last_seq(session.session_id) if args.session else 0  # a new one: session.created
     task = await engine.start_task(
         session.session_id, args.prompt, permission_mode=PermissionMode(args.mode),
@@ -310,10 +302,16 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (*_USER_ERRORS, client.ApiError) if client is not None else _USER_ERRORS
 
 
-def _user_error(exc: BaseException) -> BaseException | None:
-    """The user error inside ``exc`` (unwrapping trio's exception groups), if that's what it is."""
+def _innermost(exc: BaseException) -> BaseException:
+    """``exc`` out of trio's exception groups of one."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
+    return exc
+
+
+def _user_error(exc: BaseException) -> BaseException | None:
+    """The user error inside ``exc`` (unwrapping trio's exception groups), if that's what it is."""
+    exc = _innermost(exc)
     return exc if isinstance(exc, _user_errors()) else None
 
 
@@ -332,18 +330,20 @@ def main(argv: list[str] | None = None) -> int:
     return run_command(build_parser().parse_args(argv))
 
 
-def run_command(args: argparse.Namespace, headstart: Headstart | None = None) -> int:
-    """Run a parsed command; ``headstart``: ``run``'s worker, started before this module was imported."""
+def run_command(args: argparse.Namespace, ahead: RunAhead | None = None) -> int:
+    """Run a parsed command; ``ahead``: what ``run`` prepared before this module was imported."""
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     commands: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
-        "run": partial(cmd_run, headstart=headstart), "sessions": cmd_sessions, "events": cmd_events,
+        "run": partial(cmd_run, ahead=ahead), "sessions": cmd_sessions, "events": cmd_events,
                 "show": cmd_show, "auth": cmd_auth, "namespaces": cmd_namespaces}
     try:
         return int(trio.run(commands[args.command], args))
     except BrokenPipeError:
         return EXIT_OK
     except (Exception, BaseExceptionGroup) as exc:
+        if isinstance(_innermost(exc), BrokenPipeError):  # whoever read our output went away (`| head`)
+            return EXIT_OK
         user_error = _user_error(exc)
         if user_error is None:
             raise

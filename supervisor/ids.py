@@ -9,3 +9,9 @@ import uuid
 def new_id(prefix: str) -> str:
     """``{prefix}_`` and 32 hex digits of a random UUID: unique without coordination between supervisors."""
     return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def is_id(value: str, prefix: str) -> bool:
+    """Whether ``value`` is an id ``new_id(prefix)`` could have made."""
+    head, sep, tail = value.partition("_")
+    return head == prefix and bool(sep) and len(tail) == 32 and all(c in "0123456789abcdef" for c in tail)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._private_files import write_private
-from .namespaces import Namespace
+from .namespaces import RUNTIME_AHEAD_ENV, Namespace
 
 ENV_DIR = "namespace-env"
 _KEY_FILE = ".fingerprint-key"
@@ -34,7 +34,7 @@ _LOCK_FILE = ".lock"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 #: Set by CodeSDK for every worker: the namespace's isolation rests on them, so nobody may override them here.
 RESERVED = frozenset({"HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "TMPDIR",
-                      "PATH", "LANG", "LC_ALL"})
+                      "PATH", "LANG", "LC_ALL", RUNTIME_AHEAD_ENV})
 #: Bytes of one value, and variables per namespace: generous for keys and URLs, bounded for a hostile caller.
 MAX_VALUE_BYTES = 32 * 1024
 MAX_VARIABLES = 200
@@ -159,6 +159,9 @@ def _check_name(name: str) -> None:
     if not _NAME.fullmatch(name):
         raise NamespaceEnvError(f"invalid variable name {name!r}: use letters, digits and '_', not starting with a "
                                 "digit (at most 128 characters)")
+    if name == RUNTIME_AHEAD_ENV:
+        raise NamespaceEnvError(f"{name} is set by CodeSDK itself, only for a worker that `codesdk run` starts, and "
+                                "cannot be configured per namespace")
     if name in RESERVED:
         raise NamespaceEnvError(f"{name} is set by CodeSDK for every worker (the namespace's isolation rests on "
                                 "it) and cannot be configured per namespace")

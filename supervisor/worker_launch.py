@@ -10,6 +10,7 @@ an optimisation: whatever goes wrong with it, the pool's own start follows.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from .namespace_env import NamespaceEnv
 from .namespaces import (
+    RUNTIME_AHEAD_ENV,
     Identity,
     Namespace,
     UidRange,
@@ -124,17 +126,26 @@ class Headstart:
         self._process: subprocess.Popen[bytes] | None = process
 
     @classmethod
-    def start(cls, config: PoolConfig, namespace: str) -> Headstart | None:
+    def start(cls, config: PoolConfig, namespace: str, runtime_ahead: Mapping[str, object] | None = None,
+              ) -> Headstart | None:
         """Launch ``namespace``'s worker now, as the pool would; None (logged) when that cannot be done here —
-        the pool then starts the worker itself, and reports any real problem with a clear error."""
+        the pool then starts the worker itself, and reports any real problem with a clear error.
+
+        ``runtime_ahead``: what the worker's first task will ask (``runtime``, ``runtime_config``, ``workspace``),
+        so that the worker starts that runtime's program at once (``worker._ahead``). It goes to the worker in
+        ``RUNTIME_AHEAD_ENV``, outside the launch the pool compares: the worker takes it out of its environment
+        before anything reads it, and its task uses that program only if it asks for exactly that launch."""
         if not hasattr(os, "pidfd_open"):  # adoption waits for the process through a pidfd
             return None
         try:
             secure_data_dir(config.data_dir)  # as the supervisor does before anything is made inside
             launch = prepare_launch(config, Namespace.parse(namespace)).launch
+            env = dict(launch.env)
+            if runtime_ahead is not None:
+                env[RUNTIME_AHEAD_ENV] = json.dumps(dict(runtime_ahead))
             process = subprocess.Popen(
                 list(launch.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=dict(launch.env), cwd=launch.cwd, start_new_session=True, user=launch.user,
+                env=env, cwd=launch.cwd, start_new_session=True, user=launch.user,
                 group=launch.group, extra_groups=launch.extra_groups)
         except (OSError, ValueError, UnsafeDataDir) as exc:  # the pool's own start says what is wrong, in context
             log.debug("no headstart for namespace %s: %s", namespace, exc)
@@ -160,7 +171,8 @@ class Headstart:
         return process
 
     def discard(self) -> None:
-        """Kill the unclaimed worker and everything it started (its own session), and reap it."""
+        """Kill the unclaimed worker and everything it started (its own session, where a runtime started ahead
+        leads a process group of its own), and reap them."""
         process, self._process = self._process, None
         if process is None:
             return
@@ -172,6 +184,11 @@ class Headstart:
         except (ProcessLookupError, PermissionError):
             pass
         process.wait()
+        from ._orphans import (
+            end_session,  # only now: it needs psutil and trio, which a headstart runs without
+        )
+
+        end_session(process.pid)
 
 
 def launch_differences(a: WorkerLaunch, b: WorkerLaunch) -> Sequence[str]:

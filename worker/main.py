@@ -48,22 +48,36 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
     import trio  # imported after stdout is claimed: nothing it or its deps print can reach the wire
 
-    from ._lifeline import end_descendants, watch_parent
-    from ._server import WorkerServer
-    from .adapters import default_registry
+    from ._ahead import RuntimeAhead, hint_from_env
+
+    hint = hint_from_env()  # out of our environment before anything copies it
 
     async def run() -> None:
+        # The runtime a task is expected to need starts first: it takes longer to start than we do to import.
+        ahead = await RuntimeAhead.start(*hint) if hint is not None else None
+        from ._lifeline import watch_parent
+        from ._server import WorkerServer
+        from .adapters import default_registry
+
         stdin = trio.lowlevel.FdStream(os.dup(0))
         stdout = trio.lowlevel.FdStream(protocol_fd)
-        server = WorkerServer(default_registry(args.scenario_dir), stdout, args.max_frame_bytes)
-        async with stdin, stdout, trio.open_nursery() as nursery:
-            nursery.start_soon(watch_parent, parent, server.stop_serving)
-            await server.serve(stdin)
-            nursery.cancel_scope.cancel()
+        server = WorkerServer(default_registry(args.scenario_dir, ahead), stdout, args.max_frame_bytes)
+        try:
+            async with stdin, stdout, trio.open_nursery() as nursery:
+                nursery.start_soon(watch_parent, parent, server.stop_serving)
+                if ahead is not None:
+                    nursery.start_soon(ahead.expire)
+                await server.serve(stdin)
+                nursery.cancel_scope.cancel()
+        finally:
+            if ahead is not None:
+                await ahead.discard()
 
     try:
         trio.run(run)
     finally:
+        from ._lifeline import end_descendants
+
         end_descendants()  # a runtime its adapter could not stop does not outlive the worker
     # Everything is written and closed: skip the interpreter's teardown of every module (~0.1 s that the
     # supervisor would wait for at each worker's exit).

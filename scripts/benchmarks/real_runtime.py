@@ -34,7 +34,7 @@ import trio
 from fixtures.fake_anthropic import CLAUDE_OFFLINE_ENV, FakeAnthropic
 from supervisor.app import SupervisorOptions, open_engine
 from supervisor.store import TaskState
-from worker.adapters.claude import _env
+from worker.adapters.claude import _launch
 
 PROMPT = 'CALL workspace_read {"path": "a.txt"}'
 TOOL = "workspace_read"
@@ -42,7 +42,7 @@ TOOL = "workspace_read"
 
 def runtime_missing() -> str | None:
     """Why case 7 cannot run here, or None."""
-    if _env.cli_path() is None:
+    if _launch.cli_path() is None:
         return "no real runtime installed (claude-agent-sdk with its bundled Claude Code CLI not found)"
     return None
 
@@ -65,7 +65,7 @@ async def _direct_once(base_url: str, home: Path, ws: Path) -> float:
     options = ClaudeAgentOptions(
         tools=[], allowed_tools=[f"mcp__codesdk__{TOOL}"], strict_mcp_config=True, setting_sources=[], plugins=[],
         mcp_servers={"codesdk": create_sdk_mcp_server("codesdk", "1.0.0", [workspace_read])},
-        cwd=str(ws), include_partial_messages=True, cli_path=str(_env.cli_path()), model="claude-sonnet-4-5",
+        cwd=str(ws), include_partial_messages=True, cli_path=str(_launch.cli_path()), model="claude-sonnet-4-5",
         env={**CLAUDE_OFFLINE_ENV, "ANTHROPIC_BASE_URL": base_url, "HOME": str(home)})
     started = time.perf_counter()
     result = None
@@ -144,7 +144,7 @@ def _timed(argv: list[str], env: dict[str, str], cwd: Path, check: str) -> float
 def cold_start(repeat: int) -> dict[str, list[float]]:
     """Per-repetition wall times (seconds) of a cold ``codesdk run --runtime claude`` and of ``claude -p``,
     interleaved (after one uncounted run of each: first start of the binary, its HOME, caches)."""
-    cli = _env.cli_path()
+    cli = _launch.cli_path()
     assert cli is not None
     with tempfile.TemporaryDirectory(prefix="codesdk-bench-cold-") as tmp:
         root = Path(tmp)

@@ -48,8 +48,8 @@ from protocol import (
 )
 
 from .._orphans import end_adopted, reap_orphans_forever
-from ..ids import new_id
-from ..namespaces import InvalidNamespace, Namespace, check_workspace, give_workspace
+from ..ids import is_id, new_id
+from ..namespaces import InvalidNamespace, Namespace, make_workspace
 from ..namespaces import WorkspaceRefused as WorkspacePathRefused
 from ..store import (
     EventDraft,
@@ -186,15 +186,22 @@ class Engine:
     # -- sessions -------------------------------------------------------------------------------
 
     async def create_session(self, *, runtime: str | None = None, namespace: str = "default",
-                             workspace: Path | None = None, metadata: dict[str, Any] | None = None) -> SessionRecord:
-        """A new session and its ``session.created``. ``InvalidNamespace``; ``WorkspaceRefused``."""
+                             workspace: Path | None = None, metadata: dict[str, Any] | None = None,
+                             session_id: str | None = None) -> SessionRecord:
+        """A new session and its ``session.created``. ``InvalidNamespace``; ``WorkspaceRefused``.
+
+        ``session_id``: one chosen ahead (``new_id("ses")``: ``codesdk run`` chooses it, and makes the default
+        workspace, before the supervisor is even imported); the default workspace is that session's own either way,
+        so it is removed (if still empty) when the session is refused."""
         Namespace.parse(namespace)  # InvalidNamespace with a clear message
         runtime = runtime or self.config.default_runtime
-        session_id = new_id("ses")
+        if session_id is not None and not is_id(session_id, "ses"):
+            raise ValueError(f"not a session id: {session_id!r}")
+        session_id = session_id or new_id("ses")
+        made = workspace is None or not workspace.exists()
         if workspace is None:
             root = self.config.workspaces_dir or self.config.data_dir / "workspaces"
             workspace = root / session_id
-        made = not workspace.exists()
         workspace = await self._prepare_workspace(workspace, namespace)
         try:
             record = await self.store.create_session(session_id, runtime=runtime, namespace=namespace,
@@ -215,16 +222,10 @@ class Engine:
     async def _prepare_workspace(self, workspace: Path, namespace: str) -> Path:
         """The checked workspace, created, and the namespace's own with per-namespace uids."""
         try:
-            workspace = check_workspace(workspace, self.config.data_dir)
+            return await trio.to_thread.run_sync(make_workspace, workspace, namespace, self.config.pool.data_dir,
+                                                 self.config.pool.worker_uids)
         except WorkspacePathRefused as exc:
             raise WorkspaceRefused(str(exc)) from exc
-        await trio.to_thread.run_sync(lambda: workspace.mkdir(parents=True, exist_ok=True, mode=0o700))
-        try:  # with per-namespace uids the workspace becomes the namespace's own; else a no-op
-            await trio.to_thread.run_sync(give_workspace, workspace, namespace, self.config.pool.data_dir,
-                                          self.config.pool.worker_uids)
-        except (ValueError, RuntimeError) as exc:
-            raise WorkspaceRefused(f"cannot give workspace {workspace} to namespace {namespace!r}: {exc}") from exc
-        return workspace
 
     # -- tasks ----------------------------------------------------------------------------------
 

@@ -7,6 +7,10 @@ from collections.abc import Mapping
 from ._dirs import NamespaceDirs
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: How ``codesdk run`` asks the worker it launches ahead to start a runtime before its task
+#: (``worker._ahead.RUNTIME_AHEAD_ENV``; a test holds the two equal). Set only there: never from an operator's or a
+#: tenant's variables, which could otherwise have a worker start programs nobody asked for.
+RUNTIME_AHEAD_ENV = "CODESDK_RUNTIME_AHEAD"
 
 
 def build_env(dirs: NamespaceDirs, extra: Mapping[str, str] | None = None, path: str | None = None) -> dict[str, str]:
@@ -22,6 +26,6 @@ def build_env(dirs: NamespaceDirs, extra: Mapping[str, str] | None = None, path:
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
     }
-    env.update(extra or {})
+    env.update({name: value for name, value in (extra or {}).items() if name != RUNTIME_AHEAD_ENV})
     return env
 

@@ -34,6 +34,18 @@ def check_workspace(workspace: Path, data_dir: Path) -> Path:
     return real
 
 
+def make_workspace(workspace: Path, namespace: str, data_dir: Path, uids: UidRange | None) -> Path:
+    """A session's workspace, checked (``check_workspace``), made if missing (0700) and given to the namespace
+    (``give_workspace``): its real path. ``WorkspaceRefused`` says why it cannot be; OSError. Blocking."""
+    workspace = check_workspace(workspace, data_dir)
+    workspace.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:  # with per-namespace uids the workspace becomes the namespace's own; else a no-op
+        give_workspace(workspace, namespace, data_dir, uids)
+    except (ValueError, RuntimeError) as exc:
+        raise WorkspaceRefused(f"cannot give workspace {workspace} to namespace {namespace!r}: {exc}") from exc
+    return workspace
+
+
 def give_workspace(workspace: Path, namespace: str, data_dir: Path, uids: UidRange | None) -> Identity | None:
     """Make a session's workspace the namespace's own, so its worker's runtime can work in it.
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.fake_anthropic import FakeAnthropic
-from worker.adapters.claude._env import cli_path
+from worker.adapters.claude._launch import cli_path
 
 from ..netns import loopback_only
 from .cases import ClaudeCase, ScriptedCase

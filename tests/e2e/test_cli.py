@@ -114,3 +114,18 @@ def test_events_follow_sees_a_task_run_by_another_process(tmp_path: Path) -> Non
     finally:
         follower.kill()
         follower.communicate(timeout=30)  # reaps it and closes its pipes
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    """``codesdk run … --json | head -1``: the rest of the output has nowhere to go; no traceback, exit 0."""
+    process = subprocess.Popen([*CLI, "--data-dir", str(tmp_path / "data"),
+                                "run", "hello", "--json", "--scenario", "slow-stream"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                               env=_env(tmp_path), cwd=REPO)
+    assert process.stdout is not None and process.stderr is not None
+    first = json.loads(process.stdout.readline())
+    process.stdout.close()
+    with process.stderr:
+        stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 0, stderr
+    assert first["type"] == "session.created" and "Traceback" not in stderr

@@ -12,10 +12,15 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 import trio
 
+import worker._ahead as worker_ahead
 from protocol import EventType, PermissionMode
 from supervisor.cli_entry import PERMISSION_MODES
+from supervisor.ids import is_id, new_id
+from supervisor.namespace_env import NamespaceEnv, NamespaceEnvError
+from supervisor.namespaces import RUNTIME_AHEAD_ENV, Namespace, build_env, prepare_namespace
 from supervisor.store import DataDirLock, TaskState
 from supervisor.worker_launch import Headstart, PoolConfig
 
@@ -138,7 +143,18 @@ def test_codesdk_run_adopts_the_worker_it_started_ahead(tmp_path: Path) -> None:
     assert not _workers_under(tmp_path / "data")
 
 
-def test_codesdk_run_on_a_busy_data_dir_leaves_no_worker_behind(tmp_path: Path) -> None:
+def test_codesdk_run_makes_the_session_in_the_workspace_it_chose_ahead(tmp_path: Path) -> None:
+    done = _codesdk(tmp_path, "run", "hello", "--json")
+    assert done.returncode == 0, done.stderr
+    created = json.loads(done.stdout.splitlines()[0])
+    assert created["type"] == "session.created"
+    session_id = created["trace"]["session_id"]
+    workspaces = tmp_path / "data" / "workspaces"
+    assert [p.name for p in workspaces.iterdir()] == [session_id]
+    assert created["payload"]["workspace"] == str((workspaces / session_id).resolve())
+
+
+def test_codesdk_run_on_a_busy_data_dir_leaves_no_worker_and_no_workspace_behind(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir(mode=0o700)
     lock = DataDirLock.acquire(data, "a test holding the data dir")
@@ -148,6 +164,31 @@ def test_codesdk_run_on_a_busy_data_dir_leaves_no_worker_behind(tmp_path: Path) 
         lock.release()
     assert done.returncode == 2 and "is in use by a test holding the data dir" in done.stderr, done.stderr
     assert not _workers_under(data)
+    assert not any((data / "workspaces").iterdir())  # the one made ahead went with the command
+
+
+def test_a_session_id_chosen_ahead_must_be_one() -> None:
+    assert is_id(new_id("ses"), "ses")
+    for bad in ("ses_", "ses_../../etc", "task_" + "0" * 32, "ses_" + "G" * 32, "ses_" + "0" * 33):
+        assert not is_id(bad, "ses"), bad
+
+
+async def test_the_engine_refuses_a_session_id_that_is_not_one(make_engine: MakeEngine) -> None:
+    async with make_engine() as engine:
+        with pytest.raises(ValueError, match="not a session id"):
+            await engine.create_session(session_id="ses_../../elsewhere")
+        chosen = new_id("ses")
+        session = await engine.create_session(session_id=chosen)
+        assert session.session_id == chosen and Path(session.workspace or "").name == chosen
+
+
+def test_nobody_but_the_command_asks_a_worker_for_a_runtime_ahead(tmp_path: Path) -> None:
+    """A tenant's stored variables and an operator's could otherwise make a worker start programs."""
+    with pytest.raises(NamespaceEnvError, match=RUNTIME_AHEAD_ENV):
+        NamespaceEnv(tmp_path).update("default", {RUNTIME_AHEAD_ENV: "{}"})
+    dirs = prepare_namespace(tmp_path, Namespace.parse("default"), None)[0]
+    assert RUNTIME_AHEAD_ENV not in build_env(dirs, {RUNTIME_AHEAD_ENV: '{"runtime": "claude"}', "KEEP": "1"})
+    assert RUNTIME_AHEAD_ENV == worker_ahead.RUNTIME_AHEAD_ENV
 
 
 def test_the_command_front_imports_nothing_heavy() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from worker.adapters.claude._env import cli_path
+from worker.adapters.claude._launch import cli_path
 
 from ..netns import skip_outside_netns
 from ..worker.harness import REPO

@@ -30,9 +30,10 @@ from protocol import (
 from supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
 from supervisor.engine._transcript import session_events
 from supervisor.store import TaskRecord, TaskState
+from worker._ahead import RUNTIME_AHEAD_ENV, RuntimeAhead
 from worker.adapters.claude import ClaudeAdapter, _env
 from worker.adapters.claude._adapter import ClaudeTask
-from worker.adapters.claude._env import cli_path
+from worker.adapters.claude._launch import cli_path
 
 from ..conftest import MakeEngine
 from ..contract.cases import ClaudeCase, workspace
@@ -428,12 +429,12 @@ def here(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fake: FakeAnthropic) -
 
 
 def _start(io: _Io, prompt: str, ws: Path, tools: tuple[dict[str, Any], ...] = (),
-           runtime_config: dict[str, Any] | None = None) -> ClaudeTask:
+           runtime_config: dict[str, Any] | None = None, ahead: RuntimeAhead | None = None) -> ClaudeTask:
     params = StartTaskParams.model_validate({
         "runtime": "claude", "session": {"session_id": "s1"}, "task_id": "t1", "workspace": str(ws),
         "messages": [{"role": "user", "blocks": [{"type": "text", "text": prompt}]}],
         "tool_manifest": {"tools": list(tools)}, "runtime_config": runtime_config or {}})
-    task = ClaudeAdapter().start_task(params, io)
+    task = ClaudeAdapter(ahead).start_task(params, io)
     assert isinstance(task, ClaudeTask)
     io.task = task
     return task
@@ -629,3 +630,107 @@ async def test_the_mcp_server_speaks_mcp_2025_11_25() -> None:
     assert by_id[5]["error"]["code"] == -32601
     [unknown] = await _our_answers([{"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": {"name": "nope"}}])
     assert unknown is not None and unknown["error"]["code"] == -32602  # unknown tool: a protocol error (spec)
+
+
+# -- the CLI started ahead of its task ----------------------------------------------------------------------------
+
+
+def _clis_below(pid: int) -> list[int]:
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True) if p.name() == "claude"]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _gone(pid: int) -> bool:
+    """Not running and reaped (a zombie still has its pid)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_DEAD
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def _ahead(ws: Path, runtime_config: dict[str, Any] | None = None) -> tuple[RuntimeAhead, int]:
+    ahead = await RuntimeAhead.start("claude", {"runtime_config": runtime_config or {}, "workspace": str(ws)})
+    assert ahead is not None
+    [pid] = _clis_below(os.getpid())
+    return ahead, pid
+
+
+@pytest.mark.runtime
+@skip_outside_netns
+@needs_claude
+async def test_a_cli_started_ahead_serves_the_task_that_asks_for_its_launch(here: Path, fake: FakeAnthropic) -> None:
+    """The task's tools are not part of the launch: the CLI started before they were known serves the task, tool
+    call included, and no second CLI is started."""
+    ahead, pid = await _ahead(here, {"max_turns": 7})
+    io = _Io(answer=lambda task, call: task.send_tool_result(call.tool_call_id, {"path": "a.txt", "text": "alpha\n"}))
+    task = _start(io, 'CALL workspace_read {"path": "a.txt"}', here, tools=(READ_TOOL,), runtime_config={"max_turns": 7},
+                  ahead=ahead)
+    seen: set[int] = set()
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                while True:
+                    seen.update(_clis_below(os.getpid()))
+                    await trio.sleep(0.01)
+
+            nursery.start_soon(watch)
+            outcome = await task.run()
+            nursery.cancel_scope.cancel()
+    assert outcome.completed is not None
+    assert [kind for kind, _ in io.events].count(EventType.TOOL_CALL_REQUESTED) == 1
+    assert seen == {pid} and _gone(pid)
+    assert await ahead.take("claude", task.launch()) is None  # taken once, by that task
+
+
+@pytest.mark.runtime
+@skip_outside_netns
+@needs_claude
+async def test_a_cli_started_for_another_launch_is_ended_and_the_task_starts_its_own(
+        here: Path, fake: FakeAnthropic) -> None:
+    ahead, pid = await _ahead(here, {"model": "claude-another-model"})
+    io = _Io()
+    task = _start(io, "hello", here, ahead=ahead)
+    with trio.fail_after(120):
+        outcome = await task.run()
+    assert outcome.completed is not None and _gone(pid)
+    assert [r["body"]["model"] for r in fake.requests("/v1/messages")] == ["claude-sonnet-4-5"]
+
+
+@pytest.mark.runtime
+@skip_outside_netns
+@needs_claude
+async def test_a_cli_nobody_claims_is_ended_when_it_expires(here: Path, fake: FakeAnthropic) -> None:
+    ahead, pid = await _ahead(here)
+    await ahead.expire(after_s=0)
+    assert _gone(pid) and not fake.requests()
+
+
+@pytest.mark.runtime
+@skip_outside_netns
+@needs_claude
+def test_a_worker_ends_the_cli_it_started_ahead_when_its_supervisor_goes(here: Path, fake: FakeAnthropic) -> None:
+    """Over real pipes: the worker takes the request out of its environment (no runtime inherits it), starts the
+    CLI at once, and ends it with itself when its stdin closes."""
+    env = {**os.environ, RUNTIME_AHEAD_ENV: json.dumps({"runtime": "claude", "runtime_config": {},
+                                                         "workspace": str(here)})}
+    worker = subprocess.Popen([sys.executable, "-m", "worker.main"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, env=env, cwd=REPO)
+    try:
+        assert worker.stdin is not None and worker.stderr is not None
+        for line in worker.stderr:  # its log says when (and which) it started
+            if b"started claude ahead of its task" in line:
+                break
+        [pid] = _clis_below(worker.pid)
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            assert RUNTIME_AHEAD_ENV.encode() not in environ.read()
+        worker.stdin.close()
+        assert worker.wait(timeout=60) == 0
+        worker.stderr.close()
+        assert _gone(pid)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert not fake.requests()  # started, never asked anything

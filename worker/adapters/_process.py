@@ -26,6 +26,7 @@ import trio
 
 from protocol import BadFrame, ExitStatus, LineFramer, StderrTail
 
+from .._ahead import close_and_reap
 from .base import RuntimeCrashed
 
 log = logging.getLogger("codesdk.worker.runtime")
@@ -54,23 +55,32 @@ class RuntimeProcess:
     @asynccontextmanager
     async def open(cls, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None,
                    name: str | None = None, max_line_bytes: int = MAX_LINE_BYTES,
-                   term_grace_s: float = TERM_GRACE_S) -> AsyncIterator[RuntimeProcess]:
-        """Start ``argv``; on leaving the block (however it is left) the process group is ended and reaped."""
+                   term_grace_s: float = TERM_GRACE_S, started: trio.Process | None = None,
+                   ) -> AsyncIterator[RuntimeProcess]:
+        """Start ``argv`` (or take over ``started``: the same program, started ahead with pipes on its stdio and its
+        own process group); on leaving the block (however it is left) the process group is ended and reaped."""
         label = name or os.path.basename(argv[0])
-        async with trio.open_nursery() as nursery:
-            process: trio.Process = await nursery.start(partial(
-                trio.run_process, list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=dict(env), cwd=cwd, check=False, process_group=0,
-                deliver_cancel=partial(_end_group, grace_s=term_grace_s)))
-            runtime = cls(process, label, max_line_bytes)
-            nursery.start_soon(runtime._pump_stderr)
-            nursery.start_soon(runtime._watch_exit)
-            try:
-                yield runtime
-            finally:
-                with trio.CancelScope(shield=True):
-                    await runtime.end(term_grace_s)
-                nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                if started is not None:  # ended below like one we start: the finally does what deliver_cancel would
+                    process = started
+                else:
+                    process = await nursery.start(partial(
+                        trio.run_process, list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, env=dict(env), cwd=cwd, check=False, process_group=0,
+                        deliver_cancel=partial(_end_group, grace_s=term_grace_s)))
+                runtime = cls(process, label, max_line_bytes)
+                nursery.start_soon(runtime._pump_stderr)
+                nursery.start_soon(runtime._watch_exit)
+                try:
+                    yield runtime
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await runtime.end(term_grace_s)
+                    nursery.cancel_scope.cancel()
+        finally:
+            if started is not None:  # its pipes closed and its status reaped, as run_process does for its own
+                await close_and_reap(started)
 
     @property
     def pid(self) -> int:

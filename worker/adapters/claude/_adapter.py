@@ -52,17 +52,25 @@ from protocol import (
     canonical_hash,
 )
 
+from ..._ahead import RuntimeAhead, RuntimeLaunch
 from ..._tool_calls import PendingToolCalls, ToolOutcome
 from .._process import RuntimeProcess
 from ..base import Availability, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
 from . import _env
 from ._control import ChannelClosed, ControlChannel, ControlError
+from ._launch import (
+    MCP_SERVER,
+    BadClaudeConfig,
+    ClaudeSettings,
+    claude_launch,
+    cli_path,
+    cli_version,
+    default_cwd,
+)
 from ._mcp import McpServer, McpTool, ToolCallResult
 
 log = logging.getLogger("codesdk.worker.claude")
 
-MCP_SERVER = "codesdk"
-DEFAULT_MODEL = "claude-sonnet-4-5"
 #: Claude's tool names must match this; ours may contain dots, so they are mapped.
 _CLAUDE_TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
 #: Our ids for the hook callbacks registered at initialize.
@@ -84,6 +92,10 @@ def claude_tool_name(name: str) -> str:
 class ClaudeAdapter(RuntimeAdapter):
     name = "claude"
 
+    def __init__(self, ahead: RuntimeAhead | None = None) -> None:
+        #: The CLI started ahead of this worker's first task, if asked (``worker._ahead``).
+        self.ahead = ahead
+
     def capabilities(self) -> RuntimeCapabilities:
         return RuntimeCapabilities(
             name=self.name, version=self._version(), isolation_modes=(IsolationMode.SUBPROCESS,),
@@ -94,13 +106,13 @@ class ClaudeAdapter(RuntimeAdapter):
             builtin_tools_default_enabled=False, permission_prompts=True,
             interaction_modes=(InteractionMode.NON_INTERACTIVE,), session_create=True, session_resume=True,
             transcript_input=False, cancellation=CancellationSupport.COOPERATIVE, usage_reporting=True,
-            cost_reporting=True, default_model=DEFAULT_MODEL)
+            cost_reporting=True, default_model=ClaudeSettings().model)
 
     def _version(self) -> str:
-        return _env.cli_version()
+        return cli_version()
 
     def availability(self) -> Availability:
-        path = _env.cli_path()
+        path = cli_path()
         if path is None:
             return Availability(False, "claude-agent-sdk is not installed (pip install 'codesdk[claude]'): its "
                                        "wheel carries the pinned Claude Code CLI")
@@ -110,11 +122,11 @@ class ClaudeAdapter(RuntimeAdapter):
         return _env.auth_status(os.environ)
 
     def login_command(self) -> list[str] | None:
-        path = _env.cli_path()
+        path = cli_path()
         return [str(path), "auth", "login"] if path is not None else None
 
     def start_task(self, params: StartTaskParams, io: TaskIO) -> TaskHandle:
-        cli = _env.cli_path()
+        cli = cli_path()
         if cli is None:
             raise StartTaskRefused(ErrorCode.RUNTIME_UNAVAILABLE, self.availability().reason or "claude is unavailable")
         prompt = params.last_user_text()  # earlier turns live in Claude's own session (resumed by id)
@@ -122,7 +134,7 @@ class ClaudeAdapter(RuntimeAdapter):
             raise StartTaskRefused(ErrorCode.INVALID_PARAMS, "startTask needs a user message for claude")
         if params.session.runtime_session_id:
             io.set_runtime_session_id(params.session.runtime_session_id)
-        task = ClaudeTask(params, io, prompt, cli)
+        task = ClaudeTask(params, io, prompt, cli, self.ahead)
         task.implicit_sources = _env.implicit_sources(os.environ, task.cwd)
         return task
 
@@ -130,27 +142,21 @@ class ClaudeAdapter(RuntimeAdapter):
 class ClaudeTask(TaskHandle):
     stop_grace_s = 5.0
 
-    def __init__(self, params: StartTaskParams, io: TaskIO, prompt: str, cli: Path) -> None:
+    def __init__(self, params: StartTaskParams, io: TaskIO, prompt: str, cli: Path,
+                 ahead: RuntimeAhead | None = None) -> None:
         self.params = params
         self.io = io
         self.prompt = prompt
         self.cli = cli
-        config = params.runtime_config
-        self.model = str(config.get("model") or DEFAULT_MODEL)
-        max_turns = config.get("max_turns", 50)
-        if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
-            raise StartTaskRefused(ErrorCode.INVALID_PARAMS, "runtime_config.max_turns must be an integer >= 1")
-        self.max_turns = max_turns
-        grace = config.get("stop_grace_s", ClaudeTask.stop_grace_s)
-        if not isinstance(grace, int | float) or isinstance(grace, bool) or grace < 0:
-            raise StartTaskRefused(ErrorCode.INVALID_PARAMS, "runtime_config.stop_grace_s must be a number >= 0")
-        self.stop_grace_s = float(grace)
-        builtins = config.get("builtin_tools") or []
-        if not isinstance(builtins, list) or not all(isinstance(b, str) for b in builtins):
-            raise StartTaskRefused(ErrorCode.INVALID_PARAMS, "runtime_config.builtin_tools must be a list of names")
+        self.ahead = ahead
+        try:
+            self.settings = ClaudeSettings.from_config(params.runtime_config)
+        except BadClaudeConfig as exc:
+            raise StartTaskRefused(ErrorCode.INVALID_PARAMS, str(exc)) from exc
+        self.stop_grace_s = self.settings.stop_grace_s
         #: Claude's own tools the operator enabled for this task; each call is still decided by the supervisor.
-        self.builtins: list[str] = builtins
-        self.cwd = Path(params.workspace or os.environ.get("TMPDIR") or "/tmp")
+        self.builtins: tuple[str, ...] = self.settings.builtins
+        self.cwd = Path(default_cwd(params.workspace))
         self.by_claude_name: dict[str, ToolSpec] = {
             f"mcp__{MCP_SERVER}__{claude_tool_name(t.name)}": t for t in params.tool_manifest.tools}
         self.mcp = McpServer(MCP_SERVER, "1.0.0", [
@@ -188,26 +194,10 @@ class ClaudeTask(TaskHandle):
 
     # -- the CLI --------------------------------------------------------------------------------
 
-    def argv(self) -> list[str]:
-        """The CLI's command line (the flags claude-agent-sdk 0.2.187 passes for the same options)."""
-        argv = [str(self.cli), "--output-format", "stream-json", "--verbose", "--input-format", "stream-json",
-                "--system-prompt", "", "--tools", ",".join(self.builtins), "--model", self.model,
-                "--max-turns", str(self.max_turns), "--permission-prompt-tool", "stdio",
-                "--mcp-config", json.dumps({"mcpServers": {MCP_SERVER: {"type": "sdk", "name": MCP_SERVER}}}),
-                "--strict-mcp-config", "--setting-sources=", "--include-partial-messages"]
-        allowed = [*self.by_claude_name, *self.builtins]
-        if allowed:
-            argv += ["--allowedTools", ",".join(allowed)]
-        if self.params.session.runtime_session_id:
-            argv.append(f"--resume={self.params.session.runtime_session_id}")  # one token: never read as a flag
-        return argv
-
-    def environment(self) -> dict[str, str]:
-        """The worker's environment (built by the supervisor for the namespace) with the quiet switches on."""
-        env = {k: v for k, v in os.environ.items() if k != "CLAUDECODE"}  # not "inside another Claude Code"
-        env.update(_env.QUIET_ENV)
-        env["PWD"] = str(self.cwd)
-        return env
+    def launch(self) -> RuntimeLaunch:
+        """How the CLI is started for this task (``_launch.claude_launch``; the same for a CLI started ahead)."""
+        return claude_launch(self.cli, self.settings, cwd=str(self.cwd),
+                             resume=self.params.session.runtime_session_id, environ=os.environ)
 
     def initialize_request(self) -> dict[str, Any]:
         pre = {"matcher": None, "hookCallbackIds": [PRE_TOOL_USE], "timeout": HOOK_TIMEOUT_S, "onFailure": "block"}
@@ -223,8 +213,10 @@ class ClaudeTask(TaskHandle):
     async def run(self) -> TaskOutcome:
         leftovers: list[psutil.Process] = []
         try:
-            async with RuntimeProcess.open(self.argv(), env=self.environment(), cwd=str(self.cwd),
-                                           name="Claude Code", term_grace_s=TERM_GRACE_S) as process:
+            launch = self.launch()
+            started = await self.ahead.take("claude", launch) if self.ahead is not None else None
+            async with RuntimeProcess.open(launch.argv, env=launch.env, cwd=launch.cwd, name="Claude Code",
+                                           term_grace_s=TERM_GRACE_S, started=started) as process:
                 try:
                     return await self._session(process)
                 finally:
@@ -467,7 +459,7 @@ class ClaudeTask(TaskHandle):
         usage = result.get("usage") or {}
         cost = result.get("total_cost_usd")
         await self.io.emit(EventType.USAGE_REPORTED, UsageReported(
-            model=self._served_model or self.model, input_tokens=int(usage.get("input_tokens") or 0),
+            model=self._served_model or self.settings.model, input_tokens=int(usage.get("input_tokens") or 0),
             output_tokens=int(usage.get("output_tokens") or 0),
             cache_read_tokens=int(usage.get("cache_read_input_tokens") or 0),
             cache_write_tokens=int(usage.get("cache_creation_input_tokens") or 0),

@@ -7,24 +7,12 @@ secret's value beyond deciding that it exists.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from protocol import AuthState, AuthStatus, sha256_hex, utc_now
-
-#: Switches that keep Claude Code from phoning home, updating itself or deferring our tools.
-QUIET_ENV = {
-    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    "DISABLE_TELEMETRY": "1",
-    "DISABLE_AUTOUPDATER": "1",
-    "DISABLE_ERROR_REPORTING": "1",
-    "DISABLE_BUG_COMMAND": "1",
-    "ENABLE_TOOL_SEARCH": "false",  # otherwise MCP tools hide behind a ToolSearch tool
-}
 
 
 def config_dir(env: dict[str, str] | os._Environ[str]) -> Path:
@@ -35,35 +23,6 @@ def config_dir(env: dict[str, str] | os._Environ[str]) -> Path:
 def global_config_file(env: dict[str, str] | os._Environ[str]) -> Path:
     explicit = env.get("CLAUDE_CONFIG_DIR")
     return Path(explicit) / ".claude.json" if explicit else Path(env.get("HOME", "~")).expanduser() / ".claude.json"
-
-
-def _sdk_dir() -> Path | None:
-    """Where claude-agent-sdk is installed, found without importing it (the import costs ~1.2 s). The wheel is
-    only how the pinned CLI binary is installed: nothing imports the SDK at run time."""
-    spec = importlib.util.find_spec("claude_agent_sdk")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def cli_path() -> Path | None:
-    """The CLI bundled in the SDK wheel (pinned with it), else one on PATH; None if the SDK is missing."""
-    sdk = _sdk_dir()
-    if sdk is None:
-        return None
-    bundled = sdk / "_bundled" / "claude"
-    if bundled.exists():
-        return bundled
-    found = shutil.which("claude")
-    return Path(found) if found else None
-
-
-def cli_version() -> str:
-    sdk = _sdk_dir()
-    try:
-        return (sdk / "_bundled" / "claude.version").read_text().split()[0] if sdk else "unavailable"
-    except OSError:
-        return "unknown"
 
 
 def _mask(email: str) -> str:
