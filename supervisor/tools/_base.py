@@ -77,7 +77,7 @@ class ToolContext:
 class ToolResult(BaseModel):
     """What a tool call produced. ``content`` goes back to the runtime; the rest feeds events/audit."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)  # its JsonValue schema is costly: built on first use
 
     content: JsonValue
     is_error: bool = False
