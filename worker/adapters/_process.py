@@ -3,7 +3,7 @@
 Every runtime that is a separate program (Claude Code, Codex, an ACP agent) is started through ``RuntimeProcess``:
 
 - it leads its own process group, so ending it signals the group — SIGTERM, a grace, SIGKILL — and whatever it
-  started goes too; nothing is left when the task ends, is stopped, or is cancelled. The group stays in the
+  started goes too (also what left the group: its descendants, found before it is ended); nothing is left when the task ends, is stopped, or is cancelled. The group stays in the
   worker's session: if the worker itself is killed, the supervisor (a child subreaper) reaps what that session
   left behind, which it does not do for a process that leads a session of its own;
 - its stderr is drained all the time (a full pipe would stall it) and the last 64 KiB are kept;
@@ -14,14 +14,16 @@ Every runtime that is a separate program (Claude Code, Codex, an ACP agent) is s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 
+import psutil
 import trio
 
 from protocol import BadFrame, ExitStatus, LineFramer, StderrTail
@@ -102,7 +104,7 @@ class RuntimeProcess:
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 pass
 
-    async def lines(self) -> AsyncIterator[bytes]:
+    async def lines(self) -> AsyncGenerator[bytes, None]:
         """stdout, line by line (without the newline), until EOF. ``RuntimeOutputError`` for an oversized line."""
         assert self.process.stdout is not None
         while True:
@@ -131,14 +133,28 @@ class RuntimeProcess:
         return RuntimeCrashed(self.name, self.pid, self.status(), self.stderr.text())
 
     async def end(self, grace_s: float = TERM_GRACE_S) -> None:
-        """End the whole process group: close stdin, SIGTERM, ``grace_s``, SIGKILL; wait until reaped."""
+        """End the whole process group: close stdin, SIGTERM, ``grace_s``, SIGKILL; wait until reaped. What it
+        started and moved out of its group (a built-in shell's children) is SIGKILLed too, found while the program
+        still runs (once it is reaped its pid may belong to someone else)."""
         with trio.CancelScope(shield=True):
+            escaped = self._descendants()
             await self.close_stdin()
             if self.process.returncode is None:
                 await _end_group(self.process, grace_s=grace_s)
             _signal_group(self.pid, signal.SIGKILL)  # what it started, even if it exited by itself
+            for process in escaped:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
             with trio.move_on_after(grace_s):
                 await self.exited.wait()
+
+    def _descendants(self) -> list[psutil.Process]:
+        if self.process.returncode is not None:
+            return []
+        try:
+            return list(psutil.Process(self.pid).children(recursive=True))
+        except psutil.Error:
+            return []
 
     async def _watch_exit(self) -> None:
         await self.process.wait()

@@ -23,7 +23,6 @@ from collections import defaultdict, deque
 from pathlib import Path
 from typing import Any
 
-import psutil
 import trio
 
 from protocol import (
@@ -211,19 +210,12 @@ class ClaudeTask(TaskHandle):
     # -- the run --------------------------------------------------------------------------------
 
     async def run(self) -> TaskOutcome:
-        leftovers: list[psutil.Process] = []
-        try:
-            launch = self.launch()
-            started = await self.ahead.take("claude", launch) if self.ahead is not None else None
-            async with RuntimeProcess.open(launch.argv, env=launch.env, cwd=launch.cwd, name="Claude Code",
-                                           term_grace_s=TERM_GRACE_S, started=started) as process:
-                try:
-                    return await self._session(process)
-                finally:
-                    # What the CLI started (a built-in Bash's children) ends with it, even outside its group.
-                    leftovers = _descendants(process)
-        finally:
-            _kill(leftovers)
+        launch = self.launch()
+        started = await self.ahead.take("claude", launch) if self.ahead is not None else None
+        # Ended on the way out, with what it started (a built-in Bash's children), even outside its group.
+        async with RuntimeProcess.open(launch.argv, env=launch.env, cwd=launch.cwd, name="Claude Code",
+                                       term_grace_s=TERM_GRACE_S, started=started) as process:
+            return await self._session(process)
 
     async def _session(self, process: RuntimeProcess) -> TaskOutcome:
         channel = ControlChannel(process, self._answer)
@@ -284,9 +276,7 @@ class ClaudeTask(TaskHandle):
             except (ChannelClosed, ControlError) as exc:
                 log.info("interrupting Claude Code: %s", exc)
             await trio.sleep_until(deadline)
-        leftovers = _descendants(channel.process)
         await channel.process.end(TERM_GRACE_S)
-        _kill(leftovers)
 
     # -- the CLI's requests ---------------------------------------------------------------------
 
@@ -480,24 +470,6 @@ def _identity(call_id: str, tool_input: dict[str, Any]) -> dict[str, Any]:
 def _hook_decision(decision: str, reason: str) -> dict[str, Any]:
     return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": decision,
                                    "permissionDecisionReason": reason}}
-
-
-def _descendants(process: RuntimeProcess) -> list[psutil.Process]:
-    """What the CLI started, while it has not been reaped (after that its pid may belong to someone else)."""
-    if process.returncode is not None:
-        return []
-    try:
-        return list(psutil.Process(process.pid).children(recursive=True))
-    except psutil.Error:
-        return []
-
-
-def _kill(processes: list[psutil.Process]) -> None:
-    for process in processes:
-        try:
-            process.kill()
-        except psutil.Error:
-            pass
 
 
 #: HTTP status of the failing API call -> (task.failed code, retryable)

@@ -23,9 +23,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
-from typing import Any, cast
+from typing import Any
 
 import trio
 
@@ -61,7 +61,7 @@ class ControlChannel:
     async def run(self) -> None:
         """Read the CLI's stdout until it ends; then fail what still waits for an answer and close ``messages``."""
         try:
-            lines = cast(AsyncGenerator[bytes, None], self.process.lines())
+            lines = self.process.lines()
             async with trio.open_nursery() as handlers, aclosing(lines):
                 async for line in lines:
                     message = _decode(line)
