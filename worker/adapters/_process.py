@@ -22,14 +22,17 @@ import subprocess
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import TYPE_CHECKING
 
-import psutil
 import trio
 
 from protocol import BadFrame, ExitStatus, LineFramer, StderrTail
 
 from .._ahead import close_and_reap
 from .base import RuntimeCrashed
+
+if TYPE_CHECKING:
+    import psutil
 
 log = logging.getLogger("codesdk.worker.runtime")
 
@@ -142,15 +145,15 @@ class RuntimeProcess:
             if self.process.returncode is None:
                 await _end_group(self.process, grace_s=grace_s)
             _signal_group(self.pid, signal.SIGKILL)  # what it started, even if it exited by itself
-            for process in escaped:
-                with contextlib.suppress(psutil.Error):
-                    process.kill()
+            _kill_all(escaped)
             with trio.move_on_after(grace_s):
                 await self.exited.wait()
 
     def _descendants(self) -> list[psutil.Process]:
         if self.process.returncode is not None:
             return []
+        import psutil  # only here: ~13 ms of every worker's start otherwise
+
         try:
             return list(psutil.Process(self.pid).children(recursive=True))
         except psutil.Error:
@@ -168,6 +171,17 @@ class RuntimeProcess:
                     log.info("%s: %s", self.name, line)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+
+
+def _kill_all(processes: list[psutil.Process]) -> None:
+    """SIGKILL each (psutil checks it is still the process found, not a reused pid)."""
+    if not processes:
+        return
+    import psutil
+
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
 
 
 def _signal_group(pgid: int, sig: int) -> None:
