@@ -41,6 +41,7 @@ class ErrorCode(IntEnum):
     UNKNOWN_TOOL_CALL = -32009  # no pending tool call with that id in the task
     SHUTTING_DOWN = -32010  # the worker is shutting down and accepts no new tasks
     INVALID_SCENARIO = -32011  # scripted runtime: scenario missing or malformed
+    INVALID_RUNTIME_CONFIG = -32012  # the task's runtime_config is unusable for its runtime (the caller's to fix)
 
 
 class Method(StrEnum):

@@ -129,3 +129,12 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> Non
         stderr = process.stderr.read().decode()
     assert process.wait(timeout=120) == 0, stderr
     assert first["type"] == "session.created" and "Traceback" not in stderr
+
+
+def test_a_runtime_config_the_runtime_cannot_use_is_the_callers_mistake(tmp_path: Path) -> None:
+    done = _run(tmp_path, "run", "hello", "--json", "--config", "stop_grace_s=-1")
+    assert done.returncode == 1, done.stderr
+    failed = json.loads(done.stdout.splitlines()[-1])
+    assert failed["type"] == "task.failed"
+    assert failed["payload"]["code"] == "INVALID_RUNTIME_CONFIG"
+    assert "runtime_config.stop_grace_s must be a number >= 0" in failed["payload"]["message"]

@@ -146,7 +146,8 @@ class ScriptedAdapter(RuntimeAdapter):
             raise StartTaskRefused(ErrorCode.INVALID_SCENARIO, str(exc)) from None
         grace = config.get("stop_grace_s", ScriptedTask.stop_grace_s)
         if not isinstance(grace, (int, float)) or grace < 0:
-            raise StartTaskRefused(ErrorCode.INVALID_PARAMS, "runtime_config.stop_grace_s must be a number >= 0")
+            raise StartTaskRefused(ErrorCode.INVALID_RUNTIME_CONFIG,
+                                   "runtime_config.stop_grace_s must be a number >= 0")
         io.set_runtime_session_id(params.session.runtime_session_id or f"scripted-{params.session.session_id}")
         io.set_model(scenario.model)
         return ScriptedTask(scenario, params, io, float(grace))

@@ -151,7 +151,7 @@ class ClaudeTask(TaskHandle):
         try:
             self.settings = ClaudeSettings.from_config(params.runtime_config)
         except BadClaudeConfig as exc:
-            raise StartTaskRefused(ErrorCode.INVALID_PARAMS, str(exc)) from exc
+            raise StartTaskRefused(ErrorCode.INVALID_RUNTIME_CONFIG, str(exc)) from exc
         self.stop_grace_s = self.settings.stop_grace_s
         #: Claude's own tools the operator enabled for this task; each call is still decided by the supervisor.
         self.builtins: tuple[str, ...] = self.settings.builtins
