@@ -106,11 +106,12 @@ def _bench_adapter() -> Any:
 def main() -> int:
     import worker.adapters
     import worker.main
+    from worker._ahead import RuntimeAhead
 
     default_registry = worker.adapters.default_registry
 
-    def with_bench(scenario_dir: Path | None = None) -> Any:
-        registry = default_registry(scenario_dir)
+    def with_bench(scenario_dir: Path | None = None, ahead: RuntimeAhead | None = None) -> Any:
+        registry = default_registry(scenario_dir, ahead)
         registry.add(_bench_adapter())
         return registry
 
