@@ -204,5 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     namespaces = command("namespaces", "list credential namespaces and their directories")
     namespaces.add_argument("--json", action="store_true")
     return parser
+
+
 if __name__ == "__main__":
     entry()

@@ -139,8 +139,6 @@ class ClaudeAdapter(RuntimeAdapter):
 
 
 class ClaudeTask(TaskHandle):
-    stop_grace_s = 5.0
-
     def __init__(self, params: StartTaskParams, io: TaskIO, prompt: str, cli: Path,
                  ahead: RuntimeAhead | None = None) -> None:
         self.params = params
