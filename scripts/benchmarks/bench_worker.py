@@ -106,7 +106,7 @@ def _bench_adapter() -> Any:
 def main() -> int:
     import worker.adapters
     import worker.main
-    from worker._ahead import RuntimeAhead
+    from worker.adapters._process import RuntimeAhead
 
     default_registry = worker.adapters.default_registry
 

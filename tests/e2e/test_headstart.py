@@ -200,5 +200,16 @@ def test_the_command_front_imports_nothing_heavy() -> None:
     assert json.loads(done.stdout) == []
 
 
+def test_what_the_worker_runs_before_starting_a_runtime_ahead_imports_nothing_heavy() -> None:
+    """The worker starts a runtime ahead before it imports trio or the protocol's models: the runtime's own start
+    overlaps those imports."""
+    probe = ("import sys, json, worker.main, worker._ahead, worker.adapters.claude._launch; "
+             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} "
+             "& {'trio', 'pydantic', 'pydantic_core', 'protocol', 'psutil', 'supervisor'})))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO,
+                          check=True)
+    assert json.loads(done.stdout) == []
+
+
 def test_the_commands_permission_modes_are_the_protocols() -> None:
     assert list(PERMISSION_MODES) == [mode.value for mode in PermissionMode]

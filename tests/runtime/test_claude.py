@@ -30,7 +30,8 @@ from protocol import (
 from supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
 from supervisor.engine._transcript import session_events
 from supervisor.store import TaskRecord, TaskState
-from worker._ahead import RUNTIME_AHEAD_ENV, RuntimeAhead
+from worker._ahead import RUNTIME_AHEAD_ENV
+from worker.adapters._process import RuntimeAhead
 from worker.adapters.claude import ClaudeAdapter, _env
 from worker.adapters.claude._adapter import ClaudeTask
 from worker.adapters.claude._launch import cli_path
@@ -651,7 +652,7 @@ def _gone(pid: int) -> bool:
 
 
 async def _ahead(ws: Path, runtime_config: dict[str, Any] | None = None) -> tuple[RuntimeAhead, int]:
-    ahead = await RuntimeAhead.start("claude", {"runtime_config": runtime_config or {}, "workspace": str(ws)})
+    ahead = RuntimeAhead.start("claude", {"runtime_config": runtime_config or {}, "workspace": str(ws)})
     assert ahead is not None
     [pid] = _clis_below(os.getpid())
     return ahead, pid

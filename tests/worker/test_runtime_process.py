@@ -10,8 +10,9 @@ from contextlib import aclosing
 
 import psutil
 import trio
+import trio.testing
 
-from worker.adapters._process import RuntimeProcess
+from worker.adapters._process import AdoptedProcess, RuntimeProcess, close_and_reap
 
 from ..waits import wait_for
 
@@ -34,6 +35,12 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _started_before_trio(code: str) -> subprocess.Popen[bytes]:
+    """Python running ``code`` as the worker starts a runtime ahead: Popen, pipes on its stdio, its own group."""
+    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, process_group=0)
+
+
 async def _first_line(process: RuntimeProcess) -> bytes:
     async with aclosing(process.lines()) as lines:
         async for line in lines:
@@ -53,8 +60,7 @@ async def test_ending_a_program_ends_what_left_its_group() -> None:
 
 async def test_a_program_started_ahead_is_owned_like_one_started_here() -> None:
     with trio.fail_after(60):
-        ahead = await trio.lowlevel.open_process([sys.executable, "-c", ESCAPER], stdin=subprocess.PIPE,
-                                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0)
+        ahead = AdoptedProcess(_started_before_trio(ESCAPER))
         async with RuntimeProcess.open(["unused"], env={}, term_grace_s=1, started=ahead) as process:
             assert process.pid == ahead.pid
             escaped = int(await _first_line(process))
@@ -66,3 +72,24 @@ async def test_a_program_started_ahead_is_owned_like_one_started_here() -> None:
         raise AssertionError("stdout still open")
     except trio.ClosedResourceError:
         pass
+
+
+async def test_an_adopted_process_can_be_waited_for_by_many_tasks_at_once() -> None:
+    """Each waiter gets the exit status; the process is reaped once (no zombie), and waiting again still answers."""
+    popen = _started_before_trio("import sys; sys.stdin.read(); sys.exit(3)")
+    adopted = AdoptedProcess(popen)
+    statuses: list[int] = []
+
+    async def wait() -> None:
+        statuses.append(await adopted.wait())
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(wait)
+            await trio.testing.wait_all_tasks_blocked()
+            assert adopted.returncode is None
+            await close_and_reap(adopted)  # closing stdin ends it
+        assert statuses == [3, 3, 3]
+        assert await adopted.wait() == 3
+    assert _gone(popen.pid)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .._ahead import RuntimeAhead
+    from ._process import RuntimeAhead
     from .base import AdapterRegistry, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
     from .claude import ClaudeAdapter
     from .scripted import ScriptedAdapter

@@ -22,13 +22,13 @@ import subprocess
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Protocol
 
 import trio
 
 from protocol import BadFrame, ExitStatus, LineFramer, StderrTail
 
-from .._ahead import close_and_reap
+from .._ahead import AHEAD_TTL_S, RuntimeLaunch, StartedAhead, differences, start_ahead
 from .base import RuntimeCrashed
 
 if TYPE_CHECKING:
@@ -42,6 +42,134 @@ TERM_GRACE_S = 2.0
 MAX_LINE_BYTES = 64 * 1024 * 1024
 
 
+class ChildProcess(Protocol):
+    """What a runtime's process object offers: a ``trio.Process``, or an ``AdoptedProcess``."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+    @property
+    def stdin(self) -> trio.abc.SendStream | None: ...
+    @property
+    def stdout(self) -> trio.abc.ReceiveStream | None: ...
+    @property
+    def stderr(self) -> trio.abc.ReceiveStream | None: ...
+    async def wait(self) -> int: ...
+
+
+class AdoptedProcess:
+    """A program started with ``subprocess.Popen`` before trio was imported (``_ahead.start_ahead``), seen as a
+    ``trio.Process``: its pipes as trio streams, ``wait`` woken by a pidfd. Any number of tasks may wait; the first
+    to see the exit reaps it. trio offers no public way to wrap a ``Popen``, hence this."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
+        self._popen = popen
+        self._pidfd: int | None = os.pidfd_open(popen.pid)
+        self.stdin: trio.abc.SendStream | None = trio.lowlevel.FdStream(_detach(popen.stdin))
+        self.stdout: trio.abc.ReceiveStream | None = trio.lowlevel.FdStream(_detach(popen.stdout))
+        self.stderr: trio.abc.ReceiveStream | None = trio.lowlevel.FdStream(_detach(popen.stderr))
+        self._waiting = trio.Lock()  # one task at a time waits on the pidfd (trio allows one waiter per fd)
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.returncode
+
+    async def wait(self) -> int:
+        async with self._waiting:
+            while self._popen.poll() is None:
+                assert self._pidfd is not None
+                await trio.lowlevel.wait_readable(self._pidfd)
+            if self._pidfd is not None:
+                trio.lowlevel.notify_closing(self._pidfd)
+                os.close(self._pidfd)
+                self._pidfd = None
+        assert self._popen.returncode is not None
+        return self._popen.returncode
+
+
+def _detach(stream: IO[bytes]) -> int:
+    """The descriptor under one of Popen's pipe files, which no longer owns it."""
+    fd = os.dup(stream.fileno())
+    stream.close()
+    return fd
+
+
+class RuntimeAhead:
+    """A runtime's program, started before its task: ``take`` hands it over to the task that composes the same
+    launch; ``discard`` ends it. Either happens once; both are safe to call again."""
+
+    def __init__(self, runtime: str, launch: RuntimeLaunch, process: AdoptedProcess) -> None:
+        self.runtime = runtime
+        self.launch = launch
+        self._process: AdoptedProcess | None = process
+
+    @classmethod
+    def adopt(cls, started: StartedAhead) -> RuntimeAhead | None:
+        """Take charge of a program ``_ahead.start_ahead`` started; None (it is killed and reaped) if it cannot be
+        watched (no descriptor for its pidfd)."""
+        try:
+            process = AdoptedProcess(started.popen)
+        except OSError as exc:
+            log.info("not using the %s started ahead: %s", started.runtime, exc)
+            _signal_group(started.popen.pid, signal.SIGKILL)
+            started.popen.wait()  # SIGKILLed: a moment
+            return None
+        return cls(started.runtime, started.launch, process)
+
+    @classmethod
+    def start(cls, runtime: str, hint: Mapping[str, object]) -> RuntimeAhead | None:
+        """Start ``runtime``'s program now and take charge of it (the worker starts it before it imports trio,
+        with ``_ahead.start_ahead``, and adopts it once trio runs)."""
+        started = start_ahead(runtime, hint)
+        return cls.adopt(started) if started is not None else None
+
+    async def take(self, runtime: str, launch: RuntimeLaunch) -> AdoptedProcess | None:
+        """The program, if it is unclaimed, alive, of ``runtime`` and launched exactly as ``launch``; else it is
+        ended (it can serve nobody else) and None returned: the caller starts its own."""
+        process = self._process
+        if process is None:
+            return None
+        if runtime != self.runtime or launch != self.launch or process.returncode is not None:
+            why = ", ".join(differences(self.launch, launch)) if runtime == self.runtime else f"runtime {runtime}"
+            log.info("not using the %s started ahead (%s); starting another", self.runtime, why or "it has exited")
+            await self.discard()
+            return None
+        self._process = None
+        return process
+
+    async def expire(self, after_s: float = AHEAD_TTL_S) -> None:
+        """End the program if no task has claimed it after ``after_s`` (run in the worker's nursery)."""
+        await trio.sleep(after_s)
+        if self._process is not None:
+            log.info("the %s started ahead was not claimed within %.0f s; ending it", self.runtime, after_s)
+            await self.discard()
+
+    async def discard(self) -> None:
+        """SIGKILL the unclaimed program's process group and reap it."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        with trio.CancelScope(shield=True):
+            _signal_group(process.pid, signal.SIGKILL)
+            await close_and_reap(process)
+
+
+async def close_and_reap(process: ChildProcess) -> None:
+    """Close our ends of a started process's pipes and wait for its exit status (what ``trio.run_process`` does
+    for a process it started itself)."""
+    with trio.CancelScope(shield=True):
+        for stream in (process.stdin, process.stdout, process.stderr):
+            if stream is not None:
+                await stream.aclose()
+        await process.wait()
+
+
 class RuntimeOutputError(Exception):
     """The runtime wrote something on stdout that is not a line we can take (too long)."""
 
@@ -49,7 +177,7 @@ class RuntimeOutputError(Exception):
 class RuntimeProcess:
     """One running runtime program. Create with ``async with RuntimeProcess.open(...)``."""
 
-    def __init__(self, process: trio.Process, name: str, max_line_bytes: int) -> None:
+    def __init__(self, process: ChildProcess, name: str, max_line_bytes: int) -> None:
         self.process = process
         self.name = name
         self.stderr = StderrTail()
@@ -60,13 +188,14 @@ class RuntimeProcess:
     @asynccontextmanager
     async def open(cls, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None,
                    name: str | None = None, max_line_bytes: int = MAX_LINE_BYTES,
-                   term_grace_s: float = TERM_GRACE_S, started: trio.Process | None = None,
+                   term_grace_s: float = TERM_GRACE_S, started: AdoptedProcess | None = None,
                    ) -> AsyncIterator[RuntimeProcess]:
         """Start ``argv`` (or take over ``started``: the same program, started ahead with pipes on its stdio and its
         own process group); on leaving the block (however it is left) the process group is ended and reaped."""
         label = name or os.path.basename(argv[0])
         try:
             async with trio.open_nursery() as nursery:
+                process: ChildProcess
                 if started is not None:  # ended below like one we start: the finally does what deliver_cancel would
                     process = started
                 else:
@@ -191,7 +320,7 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-async def _end_group(process: trio.Process, *, grace_s: float) -> None:
+async def _end_group(process: ChildProcess, *, grace_s: float) -> None:
     """SIGTERM the process's group, SIGKILL it after ``grace_s`` if the process has not exited by then."""
     _signal_group(process.pid, signal.SIGTERM)
     with trio.move_on_after(grace_s):

@@ -51,9 +51,9 @@ from protocol import (
     canonical_hash,
 )
 
-from ..._ahead import RuntimeAhead, RuntimeLaunch
+from ..._ahead import RuntimeLaunch
 from ..._tool_calls import PendingToolCalls, ToolOutcome
-from .._process import RuntimeProcess
+from .._process import RuntimeAhead, RuntimeProcess
 from ..base import Availability, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
 from . import _env
 from ._control import ChannelClosed, ControlChannel, ControlError
