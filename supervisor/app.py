@@ -39,6 +39,9 @@ class SupervisorOptions:
     worker_env: dict[str, dict[str, str]] = field(default_factory=dict)
     worker_argv: tuple[str, ...] = ()
     worker_path: str | None = None
+    #: Fork ``codesdk-worker``s from a pre-imported template process (``PoolConfig.template``): the service does;
+    #: one ``codesdk run`` would pay the template's start for a single worker, so it does not.
+    worker_template: bool = False
     # A range of otherwise unused uids/gids: each namespace's worker runs as its own uid from it (needs root or
     # CAP_SETUID/CAP_SETGID/...). None (the default): every worker runs as the supervisor's uid — one trust
     # domain, where tenants are separated by environment and directories but not by the kernel.
@@ -88,7 +91,8 @@ async def open_engine(options: SupervisorOptions) -> AsyncIterator[Engine]:
                       sustained_max_restarts=options.sustained_max_restarts,
                       sustained_window_s=options.sustained_window_s, quarantine_s=options.quarantine_s,
                       shutdown_grace_s=options.shutdown_grace_s,
-                      env=worker_env, path=options.worker_path, worker_uids=options.worker_uids)
+                      env=worker_env, path=options.worker_path, worker_uids=options.worker_uids,
+                      template=options.worker_template)
     exec_policy = ExecPolicy(enabled=bool(options.exec_allowlist), allowlist=options.exec_allowlist,
                              exec_uid=options.exec_uid[0], exec_gid=options.exec_uid[1],
                              namespace_uids=_namespace_uids(options.worker_uids))

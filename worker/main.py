@@ -33,6 +33,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--scenario-dir", type=Path, default=os.environ.get("CODESDK_SCENARIO_DIR"),
                         help="where the scripted runtime finds scenario files (default: fixtures/scenarios)")
     parser.add_argument("--log-level", default=os.environ.get("CODESDK_LOG_LEVEL", "INFO"))
+    parser.add_argument("--template", action="store_true",
+                        help="serve as the pool's worker template: fork workers on request (stdin is a unix socket "
+                             "from the supervisor; see worker/template.py)")
     args = parser.parse_args(argv)
     if args.max_frame_bytes is not None and args.max_frame_bytes < 1024:
         parser.error("--max-frame-bytes must be at least 1024")
@@ -44,6 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # _lifeline.PARENT_DEATH_SIGNAL, before anything else
     protocol_fd = _claim_stdout()
     args = _parse_args(argv)
+    if args.template:  # before logging is configured: each forked worker configures its own
+        import socket
+
+        from .template import serve
+
+        os.close(protocol_fd)
+        return serve(socket.socket(fileno=os.dup(0)))
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
     from ._ahead import hint_from_env, start_ahead

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -21,9 +22,12 @@ import psutil
 import trio
 
 from protocol import EventType, ModelOutputDelta
+from supervisor._orphans import become_subreaper
 from supervisor.app import SupervisorOptions, open_engine
 from supervisor.engine import Engine
+from supervisor.worker_launch import WorkerLaunch
 from supervisor.workers import WorkerProcess, WorkerSpec, worker_argv
+from supervisor.workers.template import WorkerTemplate
 
 from .common import BENCH_WORKER, SCENARIOS, percentile
 
@@ -32,10 +36,11 @@ DELTA = "x" * 20  # a typical small streamed token or two
 
 
 @asynccontextmanager
-async def engine_in(tmp: Path, *, bench_worker: bool = False, idle_timeout_s: float = 300.0) -> AsyncIterator[Engine]:
+async def engine_in(tmp: Path, *, bench_worker: bool = False, idle_timeout_s: float = 300.0,
+                    template: bool = False) -> AsyncIterator[Engine]:
     """A whole supervisor (store at its shipped durability, pool, tools) in a scratch data dir."""
     options = SupervisorOptions(data_dir=tmp / "data", worker_env={"*": {"CODESDK_SCENARIO_DIR": SCENARIOS}},
-                                test_scenarios=True,
+                                test_scenarios=True, worker_template=template,
                                 idle_timeout_s=idle_timeout_s,
                                 worker_argv=(sys.executable, BENCH_WORKER) if bench_worker else ())
     async with open_engine(options) as engine:
@@ -45,8 +50,15 @@ async def engine_in(tmp: Path, *, bench_worker: bool = False, idle_timeout_s: fl
 # -- 1. event throughput ----------------------------------------------------------------------------
 
 
-async def events_codesdk(n: int) -> float:
-    """Events/s: n deltas from the scripted runtime until one live subscriber has seen task.completed."""
+def _cpu_s() -> float:
+    """CPU seconds this process (all its threads, not its children) has used."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def events_codesdk(n: int) -> tuple[float, float]:
+    """Events/s: n deltas from the scripted runtime until one live subscriber has seen task.completed; and the
+    supervisor's CPU seconds per event meanwhile (this process: store, engine, subscriber; not the worker)."""
     with tempfile.TemporaryDirectory(prefix="codesdk-bench-") as tmp:
         async with engine_in(Path(tmp)) as engine:
             session = await engine.create_session()
@@ -56,14 +68,14 @@ async def events_codesdk(n: int) -> float:
             scenario = {"name": "flood", "steps": [{"flood": n, "delta": DELTA}, {"complete": {}}]}
             seen = 0
             async with engine.store.subscribe(session.session_id, after_seq=after, until_terminal=True) as sub:
-                started = time.perf_counter()
+                started, cpu = time.perf_counter(), _cpu_s()
                 await engine.start_task(session.session_id, "flood", runtime_config={"scenario_inline": scenario})
                 async for event in sub:
                     seen += event.type == EventType.MODEL_OUTPUT_DELTA
-                elapsed = time.perf_counter() - started
+                elapsed, cpu = time.perf_counter() - started, _cpu_s() - cpu
     if seen != n:
         raise RuntimeError(f"the subscriber saw {seen} deltas of {n}")
-    return n / elapsed
+    return n / elapsed, cpu / n
 
 
 def _event_line(n: int, delta: str) -> str:
@@ -72,17 +84,18 @@ def _event_line(n: int, delta: str) -> str:
         "payload": {"block_id": "b", "kind": "text", "delta": delta, "index": n}}}}, separators=(",", ":"))
 
 
-def events_baseline(n: int) -> float:
-    """Lines/s: a child writes the same lines to a pipe; the parent reads and json.loads each."""
+def events_baseline(n: int) -> tuple[float, float]:
+    """Lines/s: a child writes the same lines to a pipe; the parent reads and json.loads each. And the parent's
+    CPU seconds per line."""
     program = f"import sys\nline = {_event_line(1, DELTA)!r} + '\\n'\nw = sys.stdout.write\nfor _ in range({n}): w(line)\n"
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _cpu_s()
     with subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE) as child:
         assert child.stdout is not None
         count = sum(1 for raw in child.stdout if json.loads(raw))
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, _cpu_s() - cpu
     if count != n:
         raise RuntimeError(f"baseline read {count} lines of {n}")
-    return n / elapsed
+    return n / elapsed, cpu / n
 
 
 # -- 2. latency at a fixed offered rate ------------------------------------------------------------------
@@ -203,13 +216,32 @@ def rpc_baseline(calls: int) -> list[float]:
 
 
 async def spawn_codesdk() -> float:
-    """Seconds from spawning codesdk-worker to a completed runtime.initialize."""
+    """Seconds from spawning codesdk-worker (a new interpreter) to a completed runtime.initialize."""
     async with trio.open_nursery() as nursery:
         started = time.perf_counter()
         worker = await WorkerProcess.start(nursery, WorkerSpec(argv=worker_argv(), env=WORKER_ENV, name="bench"))
         elapsed = time.perf_counter() - started
         await worker.shutdown()
     return elapsed
+
+
+async def spawn_forked_codesdk(spawns: int) -> list[float]:
+    """Seconds from asking the worker template for a worker to a completed runtime.initialize, ``spawns`` times
+    (the template started once, before: what a service pays per new namespace)."""
+    become_subreaper()  # as the supervisor is: the forked workers become our children
+    launch = WorkerLaunch(argv=tuple(worker_argv()), env=WORKER_ENV, cwd="/")
+    spec = WorkerSpec(argv=launch.argv, env=launch.env, name="bench")
+    template = WorkerTemplate(worker_argv(), WORKER_ENV)
+    times = []
+    async with trio.open_nursery() as nursery:
+        for index in range(spawns + 1):  # the first one also starts the template: not counted
+            started = time.perf_counter()
+            worker = await WorkerProcess.start(nursery, spec, adopted=await template.fork(nursery, launch))
+            if index:
+                times.append(time.perf_counter() - started)
+            await worker.shutdown()
+        template.close()
+    return times
 
 
 def spawn_baseline() -> float:
@@ -228,10 +260,11 @@ def _memory(pid: int) -> tuple[float, float]:
     return info.rss / MB, info.uss / MB
 
 
-async def density_codesdk(workers: int) -> dict[str, Any]:
-    """Start ``workers`` idle namespaces through the pool; per-worker RSS/USS (medians) and supervisor RSS."""
+async def density_codesdk(workers: int, template: bool = True) -> dict[str, Any]:
+    """Start ``workers`` idle namespaces through the pool (forked from the worker template, as the service does,
+    or each a new interpreter); per-worker RSS/USS (medians) and supervisor RSS."""
     with tempfile.TemporaryDirectory(prefix="codesdk-bench-") as tmp:
-        async with engine_in(Path(tmp), idle_timeout_s=3600) as engine:
+        async with engine_in(Path(tmp), idle_timeout_s=3600, template=template) as engine:
             rss_before = psutil.Process().memory_info().rss / MB
             limiter = trio.CapacityLimiter(4)
             pids: list[int] = []

@@ -30,14 +30,20 @@ def secure_data_dir(data_dir: Path) -> None:
 
 
 def tighten_data_dir(data_dir: Path) -> None:
-    """Close every top-level entry of the data dir but ``namespaces/`` to group and others.
+    """Close every top-level entry of the data dir to group and others, but the passages to the tenants' own
+    directories: ``namespaces/`` (``prepare_dirs`` sets it) and ``workspaces/`` when it is 0711.
 
     With a uid range the data dir is 0711, so anything in it is reachable by name: the store, blobs and
-    token files must then not rely on the umask they were created with.
+    token files must then not rely on the umask they were created with. ``workspaces/`` is made 0711 when a
+    session's default workspace in it is given to a namespace (``give_workspace``); closing it again would cut
+    that namespace's worker off from its own workspace (each is 0700 and its namespace's; the session ids that
+    name them are not listable).
     """
     for entry in os.scandir(data_dir):
         if entry.name == "namespaces" or entry.is_symlink():
             continue
         mode = stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode)
+        if entry.name == "workspaces" and mode == 0o711:
+            continue
         if mode & 0o077:
             os.chmod(entry.path, mode & 0o700, follow_symlinks=True)

@@ -11,7 +11,6 @@ untouched, and the quarantine lifts after ``quarantine_s`` or when an operator l
 from __future__ import annotations
 
 import logging
-import subprocess
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -24,16 +23,19 @@ from protocol import ExitStatus, RuntimeEventParams
 
 from ..namespace_env import NamespaceEnv
 from ..namespaces import Namespace, UidRangeError
-from ..worker_launch import Headstart, PoolConfig, prepare_launch
+from ..worker_launch import Headstart, PoolConfig, WorkerLaunch, prepare_launch, template_env
 from .process import (
     REAP_WAIT_S,
     RESOURCE_ERRNOS,
+    ForkedChild,
+    StartedWorker,
     WorkerProcess,
     WorkerResourcesExhausted,
     WorkerSpec,
     exhausted_message,
     runtime_env,
 )
+from .template import TemplateUnavailable, WorkerTemplate
 
 log = logging.getLogger("codesdk.supervisor.pool")
 
@@ -107,6 +109,7 @@ class WorkerPool:
         self._closing = False
         self.namespace_env = NamespaceEnv(config.data_dir)
         self._headstarts: dict[str, Headstart] = {}
+        self._template = WorkerTemplate(config.worker_argv(), template_env(config)) if config.template else None
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -206,6 +209,8 @@ class WorkerPool:
         for headstart in self._headstarts.values():
             headstart.discard()
         self._headstarts.clear()
+        if self._template is not None:
+            self._template.close()
         with trio.CancelScope(shield=True):
             async with trio.open_nursery() as nursery:
                 for slot in self._slots.values():
@@ -291,8 +296,7 @@ class WorkerPool:
             slot.env_stamp = prepared.env_stamp
             launch = prepared.launch
             spec = WorkerSpec.of(launch, f"worker[{name}]", runtime_env(slot.namespace, launch.env))
-            headstart = self._headstarts.pop(name, None)
-            adopted = headstart.take(launch) if headstart is not None else None
+            adopted = await self._started_elsewhere(name, launch)
             try:
                 slot.vacated = trio.Event()
                 slot.worker = await self._nursery.start(self._run_worker, slot, spec, adopted)
@@ -309,15 +313,30 @@ class WorkerPool:
             starting, slot.starting = slot.starting, None
             starting.set()
 
-    async def _run_worker(self, slot: _Slot, spec: WorkerSpec, adopted: subprocess.Popen[bytes] | None,
+    async def _started_elsewhere(self, namespace: str, launch: WorkerLaunch) -> StartedWorker | None:
+        """The namespace's worker started ahead of us (``offer``), or forked by the template; None: spawn it."""
+        headstart = self._headstarts.pop(namespace, None)
+        popen = headstart.take(launch) if headstart is not None else None
+        if popen is not None:
+            return StartedWorker.of_popen(popen)
+        if self._template is None or not self._template.serves(launch):
+            return None
+        try:
+            return await self._template.fork(self._nursery, launch)
+        except TemplateUnavailable as exc:
+            log.info("namespace %s: starting its worker without the template: %s", namespace, exc)
+            return None
+
+    async def _run_worker(self, slot: _Slot, spec: WorkerSpec, adopted: StartedWorker | None,
                           task_status: trio.TaskStatus[WorkerProcess] = trio.TASK_STATUS_IGNORED) -> None:
         vacated = slot.vacated
         worker: WorkerProcess | None = None
         try:
             async with trio.open_nursery() as nursery:
                 worker = await WorkerProcess.start(nursery, spec, self.config.handshake_timeout_s, adopted)
-                log.info("namespace %s: worker pid %d ready%s", slot.namespace.name, worker.pid,
-                         " (started ahead)" if adopted is not None else "")
+                how = "" if adopted is None else (" (forked by the template)" if isinstance(adopted.child, ForkedChild)
+                                                  else " (started ahead)")
+                log.info("namespace %s: worker pid %d ready%s", slot.namespace.name, worker.pid, how)
                 nursery.start_soon(self._pump_events, worker)
                 task_status.started(worker)
                 await worker.wait_exit()

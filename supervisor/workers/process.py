@@ -38,7 +38,7 @@ from protocol import (
     StderrTail,
 )
 
-from .._orphans import DESCRIPTORS_EXHAUSTED, reap_session, scan_retrying, warn_scan_failed
+from .._orphans import DESCRIPTORS_EXHAUSTED, end_session, reap_session, scan_retrying, warn_scan_failed
 from ..namespaces import Namespace
 from ..worker_launch import WorkerLaunch
 from .connection import WorkerBroken, WorkerConnection, WorkerError
@@ -100,40 +100,97 @@ class ChildProcess(Protocol):
     async def wait(self) -> int: ...
 
 
-class AdoptedProcess:
-    """A worker that was started with ``subprocess.Popen`` before trio ran (``worker_launch.Headstart``), seen
-    as ``WorkerProcess`` sees a ``trio.Process``. Only its owner task (``_own_adopted``) reaps it, woken by a
-    pidfd; everybody else waits for that."""
+class Reapable(Protocol):
+    """Who reaps a worker started outside ``trio.run_process``: its ``subprocess.Popen``, or a ``ForkedChild``."""
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+    def poll(self) -> int | None: ...
+
+
+class ForkedChild:
+    """A child of ours that we did not fork ourselves: a worker the template forked, re-parented to us (we are a
+    child subreaper). ``poll`` reaps it as ``Popen.poll`` does."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by someone else: its status is lost, it is gone
+                self.returncode = -signal.SIGKILL
+            else:
+                if pid == self.pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+@dataclass(frozen=True)
+class StartedWorker:
+    """A worker process started before the pool took it: by ``codesdk run`` ahead of the supervisor (a ``Popen``),
+    or forked by the worker template. Our ends of its stdio pipes, as descriptors the adopter owns."""
+
+    child: Reapable
+    stdin: int
+    stdout: int
+    stderr: int
+
+    @classmethod
+    def of_popen(cls, popen: subprocess.Popen[bytes]) -> StartedWorker:
         assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
-        self._popen = popen
-        self._pidfd = os.pidfd_open(popen.pid)
-        self.stdin: trio.abc.SendStream | None = trio.lowlevel.FdStream(_detach(popen.stdin))
-        self.stdout: trio.abc.ReceiveStream | None = trio.lowlevel.FdStream(_detach(popen.stdout))
-        self.stderr: trio.abc.ReceiveStream | None = trio.lowlevel.FdStream(_detach(popen.stderr))
+        return cls(popen, _detach(popen.stdin), _detach(popen.stdout), _detach(popen.stderr))
+
+    def discard(self) -> None:
+        """SIGKILL its session and reap it (it was never adopted: nothing else will)."""
+        for fd in (self.stdin, self.stdout, self.stderr):
+            os.close(fd)
+        try:
+            os.killpg(self.child.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        while self.child.poll() is None:
+            os.waitid(os.P_PID, self.child.pid, os.WEXITED | os.WNOWAIT)
+        end_session(self.child.pid)  # a runtime it started ahead leads a group of its own in its session
+
+
+class AdoptedProcess:
+    """A worker the pool did not start with ``trio.run_process`` (``StartedWorker``), seen as ``WorkerProcess`` sees
+    a ``trio.Process``. Only its owner task (``_own_adopted``) reaps it, woken by a pidfd; everybody else waits for
+    that."""
+
+    def __init__(self, started: StartedWorker) -> None:
+        self._child = started.child
+        self._pidfd = os.pidfd_open(started.child.pid)
+        self.stdin: trio.abc.SendStream | None = trio.lowlevel.FdStream(started.stdin)
+        self.stdout: trio.abc.ReceiveStream | None = trio.lowlevel.FdStream(started.stdout)
+        self.stderr: trio.abc.ReceiveStream | None = trio.lowlevel.FdStream(started.stderr)
         self._reaped = trio.Event()
 
     @property
     def pid(self) -> int:
-        return self._popen.pid
+        return self._child.pid
 
     @property
     def returncode(self) -> int | None:
-        return self._popen.returncode
+        return self._child.returncode
 
     async def wait(self) -> int:
         await self._reaped.wait()
-        assert self._popen.returncode is not None
-        return self._popen.returncode
+        assert self._child.returncode is not None
+        return self._child.returncode
 
     async def reap(self) -> None:
         """Wait for the exit and reap (the owner task only)."""
         try:
-            while self._popen.poll() is None:
+            while self._child.poll() is None:
                 await trio.lowlevel.wait_readable(self._pidfd)
         finally:
-            if self._popen.returncode is not None:
+            if self._child.returncode is not None:
                 trio.lowlevel.notify_closing(self._pidfd)
                 os.close(self._pidfd)
                 self._reaped.set()
@@ -168,13 +225,18 @@ class WorkerProcess:
 
     @classmethod
     async def start(cls, nursery: trio.Nursery, spec: WorkerSpec, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
-                    adopted: subprocess.Popen[bytes] | None = None) -> WorkerProcess:
-        """Spawn the worker in its own session (or adopt one started as ``spec`` says, before trio ran), start its
-        reader tasks, and complete the handshake."""
+                    adopted: StartedWorker | None = None) -> WorkerProcess:
+        """Spawn the worker in its own session (or adopt one started as ``spec`` says: ahead of the supervisor, or
+        forked by the template), start its reader tasks, and complete the handshake."""
         try:
             process: ChildProcess
             if adopted is not None:
-                process = await nursery.start(_own_adopted, AdoptedProcess(adopted))
+                try:
+                    owned = AdoptedProcess(adopted)
+                except OSError:  # no descriptor for its pidfd: it cannot be watched, so it must not run
+                    adopted.discard()
+                    raise
+                process = await nursery.start(_own_adopted, owned)
             else:
                 process = await nursery.start(_run_worker_process, spec)
         except OSError as exc:
