@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -38,6 +40,18 @@ def make_engine(tmp_path: Path) -> MakeEngine:
     return make
 
 
+
+
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A temp dir every uid can pass through (pytest's own are 0700): for workers and commands of other uids, so
+    that only the files' own modes and owners decide what they can reach."""
+    path = Path(tempfile.mkdtemp(prefix="codesdk-open-"))
+    os.chmod(path, 0o711)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 #: Seconds a test's processes get to be gone (reaped) after it ended, before it is failed for leaving them.

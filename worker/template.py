@@ -76,8 +76,14 @@ def serve(sock: socket.socket) -> int:
 
 
 def _fork_worker(sock: socket.socket, fds: list[int]) -> bytes:
-    """Fork the intermediate child, reap it, and say what became of the worker (one JSON line)."""
-    report_r, report_w = os.pipe()
+    """Fork the intermediate child, reap it, and say what became of the worker (one JSON line). Out of descriptors
+    or processes, this request fails and the template serves on."""
+    try:
+        report_r, report_w = os.pipe()
+    except OSError as exc:
+        for fd in fds:
+            os.close(fd)
+        return _line({"error": f"the template has no descriptor left: {exc}"})
     try:
         pid = os.fork()
     except OSError as exc:
@@ -106,8 +112,12 @@ def _intermediate(sock: socket.socket, fds: list[int], report_w: int) -> int:
     except (OSError, ValueError) as exc:
         os.write(report_w, _line({"error": f"unreadable launch: {exc}"}))
         return 1
-    ready_r, ready_w = os.pipe()
-    pid = os.fork()
+    try:
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+    except OSError as exc:
+        os.write(report_w, _line({"error": f"cannot fork the worker: {exc}"}))
+        return 1
     if pid == 0:
         os.close(ready_r)
         os.close(report_w)

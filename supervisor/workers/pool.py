@@ -32,6 +32,7 @@ from .process import (
     WorkerProcess,
     WorkerResourcesExhausted,
     WorkerSpec,
+    check_descriptor_headroom,
     exhausted_message,
     runtime_env,
 )
@@ -296,6 +297,11 @@ class WorkerPool:
             slot.env_stamp = prepared.env_stamp
             launch = prepared.launch
             spec = WorkerSpec.of(launch, f"worker[{name}]", runtime_env(slot.namespace, launch.env))
+            try:
+                check_descriptor_headroom(f"namespace {name!r}")
+            except WorkerResourcesExhausted as exc:  # the host's trouble, not the namespace's: no crash
+                log.error("namespace %s: %s", name, exc)
+                raise NamespaceFailing(f"namespace {name!r}: no worker could be started: {exc}") from exc
             adopted = await self._started_elsewhere(name, launch)
             try:
                 slot.vacated = trio.Event()

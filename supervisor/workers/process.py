@@ -428,6 +428,25 @@ class WorkerResourcesExhausted(WorkerStartError):
 RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
 
 
+#: File descriptors a new worker's start must leave free: the store, the API and the running workers need some to
+#: go on (a blob read, a commit, an accepted connection); a start that would take the last of them fails instead.
+WORKER_FD_RESERVE = 16
+
+
+def check_descriptor_headroom(who: str) -> None:
+    """``WorkerResourcesExhausted`` unless a worker can start and still leave ``WORKER_FD_RESERVE`` descriptors."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError as exc:
+        if exc.errno not in RESOURCE_ERRNOS:
+            return  # no /proc: nothing to measure with; the start itself fails clearly if it must
+        used = soft
+    if soft - used < WORKER_FD_RESERVE + 8:  # + its pipes, pidfd and the spawn's own error pipe
+        exhausted = OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        raise WorkerResourcesExhausted(exhausted_message(who, exhausted)) from exhausted
+
+
 def exhausted_message(who: str, exc: OSError) -> str:
     """What ran out (an errno of RESOURCE_ERRNOS) when ``who`` could not be started, and what to do."""
     if exc.errno == errno.EMFILE:

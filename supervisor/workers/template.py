@@ -132,9 +132,15 @@ class WorkerTemplate:
             self._scope.cancel()
 
     async def _fork(self, sock: trio.socket.SocketType, launch: WorkerLaunch) -> StartedWorker:
-        stdin_r, stdin_w = os.pipe()
-        stdout_r, stdout_w = os.pipe()
-        stderr_r, stderr_w = os.pipe()
+        pipes: list[int] = []
+        try:
+            for _ in range(3):
+                pipes += os.pipe()
+        except OSError as exc:  # out of descriptors: this start fails, not the template
+            for fd in pipes:
+                os.close(fd)
+            raise TemplateUnavailable(f"no descriptors for the worker's pipes: {exc}") from exc
+        stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w = pipes
         ours = [stdin_w, stdout_r, stderr_r]
         try:
             body = json.dumps({"args": list(launch.argv[len(self.base_argv):]), "env": dict(launch.env),
@@ -157,7 +163,9 @@ class WorkerTemplate:
             for fd in ours:
                 os.close(fd)
             error = answer.get("error") if isinstance(answer, dict) else None
-            raise _TemplateBroke(str(error or f"unexpected answer {answer!r}"))
+            if isinstance(error, str):  # this worker could not be forked (out of processes, say): the next may
+                raise TemplateUnavailable(f"it could not fork this worker: {error}")
+            raise _TemplateBroke(f"unexpected answer {answer!r}")
         started = StartedWorker(ForkedChild(pid), stdin_w, stdout_r, stderr_r)
         if not _is_our_child(pid):  # only when we are a child subreaper is it; otherwise nobody could reap it
             self._permanent = ("this supervisor is not a child subreaper, so a forked worker would not be its "

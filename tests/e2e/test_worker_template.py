@@ -11,8 +11,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,7 @@ from supervisor.store import TaskState
 from supervisor.workers import WorkerProcess
 
 from ..conftest import MakeEngine
-from ..reliability.probe_worker import interpreter_for_any_uid, worker_argv_for_any_uid
+from ..reliability.probe_worker import interpreter_for_any_uid, why_no_worker_uids, worker_argv_for_any_uid
 from .conftest import run_task, worker_of
 from .invariants import check_session
 
@@ -126,41 +124,20 @@ async def test_a_dead_template_costs_only_speed(make_engine: MakeEngine, tmp_pat
             assert worker_of(engine, "user:alice") is alice
 
 
-def _why_no_uids() -> str | None:
-    if os.geteuid() != 0:
-        return "workers of their own uids need root; run the tests as root"
-    if worker_argv_for_any_uid() is None:
-        return "no Python interpreter here is runnable by other uids"
-    return None
-
-
-@pytest.fixture
-def reachable_tmp() -> Iterator[Path]:
-    """A temporary directory the workers' uids can reach (pytest's base temp dir is 0700)."""
-    tmp = Path(tempfile.mkdtemp(prefix="codesdk-template-"))
-    os.chmod(tmp, 0o711)
-    try:
-        yield tmp
-    finally:
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-@pytest.mark.skipif(_why_no_uids() is not None, reason=_why_no_uids() or "")
+@pytest.mark.skipif(why_no_worker_uids() is not None, reason=why_no_worker_uids() or "")
 @pytest.mark.parametrize("template", [True, False], ids=["forked", "spawned"])
 async def test_workers_run_as_their_namespaces_uid_without_groups_in_their_default_workspace(
-        make_engine: MakeEngine, reachable_tmp: Path, template: bool) -> None:
+        make_engine: MakeEngine, open_tmp: Path, template: bool) -> None:
     """Also the default workspace of a session made before its namespace's worker started stays reachable to it
     (the worker's start once closed ``workspaces/`` again)."""
     argv, python = worker_argv_for_any_uid(), interpreter_for_any_uid()
     assert argv is not None and python is not None
-    out = reachable_tmp / "out"
+    out = open_tmp / "out"
     out.mkdir()
     os.chmod(out, 0o1733)
     with trio.fail_after(120):
         async with make_engine(worker_template=template, worker_uids=UIDS, worker_argv=tuple(argv),
-                               data_dir=reachable_tmp / "data") as engine:
+                               data_dir=open_tmp / "data") as engine:
             reports = {ns: await _report(engine, ns, out / f"{ns.replace(':', '.')}.json", python[0])
                        for ns in ("user:alice", "user:bob")}
             uids = set()

@@ -134,5 +134,14 @@ def worker_argv_for_any_uid() -> list[str] | None:
     return None if python is None else [*python, "worker.main"]
 
 
+def why_no_worker_uids() -> str | None:
+    """Why this machine cannot run workers under their own uids (None if it can)."""
+    if os.geteuid() != 0:
+        return "per-namespace worker uids need root (or CAP_SETUID/CAP_SETGID/...); run the tests as root"
+    if worker_argv_for_any_uid() is None:
+        return "no Python interpreter here is runnable by other uids (ours is under a closed directory)"
+    return None
+
+
 if __name__ == "__main__":
     main()

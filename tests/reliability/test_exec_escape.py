@@ -12,9 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import stat
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,18 +77,6 @@ def sandbox(request: pytest.FixtureRequest, tools: SandboxTools) -> Sandbox:
             pytest.skip("no mount namespace with a new root here (`unshare -m` + pivot_root)")
         return Sandbox("helper", without, confined=True)
     return Sandbox("unconfined", without, confined=False)
-
-
-@pytest.fixture
-def open_tmp() -> Iterator[Path]:
-    """A temp dir every uid can pass through (pytest's own are 0700), so that only the files' own modes and
-    owners decide what the command can reach when it sees the host's file system."""
-    path = Path(tempfile.mkdtemp(prefix="codesdk-escape-"))
-    os.chmod(path, 0o711)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(params=["exec-uid", "namespace-uid"])

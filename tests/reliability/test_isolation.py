@@ -44,7 +44,7 @@ from worker.adapters.claude import _env as claude_env
 
 from ..e2e.invariants import check_session
 from ..worker.harness import REPO
-from .probe_worker import interpreter_for_any_uid, worker_argv_for_any_uid
+from .probe_worker import interpreter_for_any_uid, why_no_worker_uids, worker_argv_for_any_uid
 
 PROBE = Path(__file__).with_name("probe_worker.py")
 ALICE, BOB = "user:alice", "user:bob"
@@ -70,15 +70,6 @@ WORKER_UIDS = UidRange(3_900_000, 8)
 PEEK = {"namespaces": ["user.alice", "user.bob"],
         "home_files": ["secret.txt", ".claude/.credentials.json", ".claude.json"],
         "data_files": ["admin.token", "api-tokens.json", UIDS_FILE, DB_FILENAME, f"{DB_FILENAME}-wal", "blobs"]}
-
-
-def _why_no_uids() -> str | None:
-    """Why this machine can't run the workers under their own uids (None if it can)."""
-    if os.geteuid() != 0:
-        return "per-namespace worker uids need root (or CAP_SETUID/CAP_SETGID/...); run the tests as root"
-    if worker_argv_for_any_uid() is None:
-        return "no Python interpreter here is runnable by other uids (ours is under a closed directory)"
-    return None
 
 
 @dataclass
@@ -222,7 +213,7 @@ class _Collect(logging.Handler):
 
 @pytest.fixture(scope="module")
 def tenancy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TenancyRun]:
-    uids = None if _why_no_uids() else WORKER_UIDS
+    uids = None if why_no_worker_uids() else WORKER_UIDS
     if uids is None:
         tmp = tmp_path_factory.mktemp("tenancy")
     else:  # pytest's base temp dir is 0700: workers of other uids could not even reach their own homes
@@ -442,7 +433,7 @@ def test_claude_auth_status_never_contains_a_secret(tmp_path: Path) -> None:
 
 def _needs_uids(run: TenancyRun) -> None:
     if run.uids is None:
-        pytest.skip(_why_no_uids() or "the run had no worker uid range")
+        pytest.skip(why_no_worker_uids() or "the run had no worker uid range")
 
 
 def test_each_namespace_worker_runs_as_its_own_uid_without_groups(tenancy: TenancyRun) -> None:

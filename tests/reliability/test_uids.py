@@ -7,12 +7,9 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -35,32 +32,13 @@ from supervisor.service import main as service_main
 
 from ..e2e.conftest import of_type, run_task
 from ..worker.harness import REPO
-from .probe_worker import interpreter_for_any_uid, worker_argv_for_any_uid
+from .probe_worker import interpreter_for_any_uid, why_no_worker_uids, worker_argv_for_any_uid
 
 RANGE = UidRange(3_910_000, 4)
 NOBODY = 65534
 
 
-def _root_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root: only root (or CAP_SETUID/CAP_SETGID/...) can run workers as other uids"
-    if worker_argv_for_any_uid() is None:
-        return "no Python interpreter here is runnable by other uids"
-    return None
-
-
-needs_root = pytest.mark.skipif(_root_reason() is not None, reason=_root_reason() or "")
-
-
-@pytest.fixture
-def open_tmp() -> Iterator[Path]:
-    """A temp dir other uids can pass through (pytest's own base dir is 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="codesdk-uids-"))
-    os.chmod(path, 0o711)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+needs_root = pytest.mark.skipif(why_no_worker_uids() is not None, reason=why_no_worker_uids() or "")
 
 
 # --- allocation ---------------------------------------------------------------------------------------------
