@@ -1,6 +1,16 @@
 """CodeSDK for applications: a client of a running ``codesdk-supervisor`` (see ``codesdk.client``)."""
 
-from .client import ApiError, AsyncClient, Client, Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized
+from .client import (
+    ApiError,
+    AsyncClient,
+    Client,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    TooManyRequests,
+    Unauthorized,
+)
 
 __all__ = ["ApiError", "AsyncClient", "Client", "Conflict", "Forbidden", "InvalidRequest", "NotFound",
-           "Unauthorized"]
+           "TooManyRequests", "Unauthorized"]

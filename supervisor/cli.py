@@ -37,9 +37,10 @@ from .cli_common import (
     ask_on_terminal,
     check_session_flags,
     exit_code,
+    read_again,
 )
 from .cli_entry import RunAhead, build_parser, run_config, run_env
-from .config import ADMIN_TOKEN_FILE, default_data_dir
+from .config import ADMIN_TOKEN_FILE
 from .engine import (
     ApprovalRequest,
     ApproverAnswer,
@@ -134,15 +135,9 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
         nursery.cancel_scope.cancel()
     record = await engine.wait_task(task.task_id)
     if not args.json:
-        printer.note(f"task {record.state}. Read it again: {_again(args, 'events', session.session_id)}  |  "
-                     f"transcript: {_again(args, 'show', session.session_id)}")
+        printer.note(f"task {record.state}. Read it again: {read_again(args, 'events', session.session_id)}  |  "
+                     f"transcript: {read_again(args, 'show', session.session_id)}")
     return exit_code(record.terminal_type, received[0] if received else None)
-
-
-def _again(args: argparse.Namespace, command: str, session_id: str) -> str:
-    """The command that reads this session back, with the data dir when it is not the default one."""
-    data_dir = "" if Path(args.data_dir) == default_data_dir() else f"--data-dir {args.data_dir} "
-    return f"codesdk {data_dir}{command} {session_id}"
 
 
 def _service_instead(args: argparse.Namespace, busy: DataDirBusy) -> None:
@@ -162,6 +157,7 @@ def _service_instead(args: argparse.Namespace, busy: DataDirBusy) -> None:
     print(f"codesdk: {args.data_dir} is in use by {holder.describe()}; going through its API at {url}",
           file=sys.stderr)
     args.url, args.token = url, token
+    args.url_from_data_dir = True  # reading it again goes the same way: by the data dir
 
 
 # -- reading the store ----------------------------------------------------------------------------

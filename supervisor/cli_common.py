@@ -36,6 +36,19 @@ def check_session_flags(args: argparse.Namespace, namespace: str, runtime: str) 
                        "--runtime, or start a new session for another runtime")
 
 
+def read_again(args: argparse.Namespace, command: str, session_id: str) -> str:
+    """The command that reads this session back: through the same ``--url``, or by the data dir (named when it is
+    not the default one)."""
+    if args.url and not getattr(args, "url_from_data_dir", False):
+        return f"codesdk --url {args.url} {command} {session_id}"
+    from pathlib import Path
+
+    from .config import default_data_dir
+
+    data_dir = "" if Path(args.data_dir) == default_data_dir() else f"--data-dir {args.data_dir} "
+    return f"codesdk {data_dir}{command} {session_id}"
+
+
 def api_exit_code(status: int, code: str) -> int:
     """The exit code for an API refusal, as for the same refusal in-process (``supervisor.cli.refusal_exit_code``)."""
     return EXIT_UNAVAILABLE if status in _UNAVAILABLE_STATUSES or code == "session_busy" else EXIT_USAGE

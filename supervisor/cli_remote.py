@@ -19,7 +19,7 @@ import trio
 from codesdk import ApiError, AsyncClient
 from protocol import TERMINAL_EVENT_TYPES, EnsureLoginResult, EventType, Message, NormalizedEvent
 
-from .cli_common import STOP_SIGNALS, CliError, ask_on_terminal, check_session_flags, exit_code
+from .cli_common import STOP_SIGNALS, CliError, ask_on_terminal, check_session_flags, exit_code, read_again
 from .render import EventPrinter, json_line, print_stored_events, print_transcript
 
 
@@ -79,12 +79,19 @@ async def run(args: argparse.Namespace, runtime_config: dict[str, Any]) -> int:
                                               approver=_terminal_approver if interactive else None):
                     if event.type == EventType.TASK_STARTED and event.trace.task_id:
                         task_id.append(event.trace.task_id)
+                        if not args.json:
+                            printer.note(f"session {session['session_id']}  task {event.trace.task_id}  runtime "
+                                         f"{session['runtime']}  namespace {session['namespace']}  workspace "
+                                         f"{session['workspace']}")
                     json_line(event.to_json_obj()) if args.json else printer.print(event)
                     last = event
                 nursery.cancel_scope.cancel()
-        if not args.json:
-            printer.end_line()
     ended = last.type.value if last is not None and last.type in TERMINAL_EVENT_TYPES else None
+    if not args.json:
+        printer.end_line()
+        sid = session["session_id"]
+        printer.note(f"task {(ended or 'not ended').removeprefix('task.')}. Read it again: "
+                     f"{read_again(args, 'events', sid)}  |  transcript: {read_again(args, 'show', sid)}")
     return exit_code(ended, received[0] if received else None)
 
 

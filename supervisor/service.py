@@ -137,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--sustained-window", type=float, default=3600.0, help="seconds (sustained intensity)")
     run.add_argument("--quarantine", type=float, default=600.0, help="seconds a quarantine lasts unless lifted")
     run.add_argument("--worker-template", action=argparse.BooleanOptionalAction, default=True,
-                     help="fork workers from a pre-imported template process: ~20 ms and ~9 MB of memory of their "
-                          "own each, instead of ~0.4 s and ~24 MB (docs/operations.md; default: on)")
+                     help="fork workers from a pre-imported template process: ~30 ms and ~6 MB of memory of their "
+                          "own each when idle, instead of ~0.5 s and ~24 MB (docs/operations.md; default: on; "
+                          "--no-worker-template spawns each as a new interpreter)")
     _add_limit_flags(run)
     args = parser.parse_args(argv)
     if args.command == "quarantine":

@@ -58,8 +58,8 @@ class PoolConfig:
     env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     # Each namespace's worker runs as its own uid+gid from this range (None: as the supervisor's uid).
     worker_uids: UidRange | None = None
-    # Fork ``codesdk-worker``s from a pre-imported template (workers/template.py): ~20 ms and ~9 MB of their own
-    # instead of ~0.4 s and ~24 MB. Worth its one-off start for a service; not for one ``codesdk run``.
+    # Fork ``codesdk-worker``s from a pre-imported template (workers/template.py): ~30 ms and ~6 MB of their own
+    # (idle) instead of ~0.5 s and ~24 MB. Worth its one-off start for a service; not for one ``codesdk run``.
     template: bool = False
 
     def worker_argv(self) -> list[str]:

@@ -312,7 +312,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def list_workers(request: Request) -> Response:
         require_admin(request, "/v1/workers")  # names every tenant's namespace
-        return JSONResponse({"workers": engine.pool.status()})
+        return JSONResponse({"workers": engine.pool.status(), "template": engine.pool.template_state()})
 
     async def lift_quarantine(request: Request) -> Response:
         namespace = admin_namespace(request, "lifting a quarantine")

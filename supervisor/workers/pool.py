@@ -84,6 +84,7 @@ class _Slot:
     workers_started: int = 0
     vacated: trio.Event = field(default_factory=trio.Event)  # set once the current worker is gone
     env_stamp: str = ""  # the stored variables' stamp the current worker was started with
+    started_by: str | None = None  # how the current (or last) worker started: "template", "ahead", "new interpreter"
 
 
 def _describe(exc: BaseException) -> str:
@@ -111,6 +112,8 @@ class WorkerPool:
         self.namespace_env = NamespaceEnv(config.data_dir)
         self._headstarts: dict[str, Headstart] = {}
         self._template = WorkerTemplate(config.worker_argv(), template_env(config)) if config.template else None
+        if self._template is not None:  # in the background: until it is ready, workers start the usual way
+            self._template.ensure_started(nursery)
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -174,6 +177,7 @@ class WorkerPool:
                 "pid": slot.worker.pid if slot.worker and not slot.worker.exited.is_set() else None,
                 "active_tasks": slot.active,
                 "workers_started": slot.workers_started,
+                "started_by": slot.started_by,
                 "recent_crashes": self._crashes_within(slot, self.config.restart_window_s, now),
                 "last_exit": slot.last_exit.describe() if slot.last_exit else None,
                 "last_error": slot.last_error,
@@ -181,6 +185,10 @@ class WorkerPool:
                 "quarantine_reason": slot.quarantine.reason if slot.quarantine else None,
             })
         return out
+
+    def template_state(self) -> str:
+        """The worker template's state for operators (``WorkerTemplate.state``), or ``off`` when not configured."""
+        return "off" if self._template is None else self._template.state()
 
     def lift_quarantine(self, namespace: str) -> bool:
         """Let the namespace start workers again now, with a fresh crash budget. False if it was not quarantined."""
@@ -340,9 +348,11 @@ class WorkerPool:
         try:
             async with trio.open_nursery() as nursery:
                 worker = await WorkerProcess.start(nursery, spec, self.config.handshake_timeout_s, adopted)
-                how = "" if adopted is None else (" (forked by the template)" if isinstance(adopted.child, ForkedChild)
-                                                  else " (started ahead)")
-                log.info("namespace %s: worker pid %d ready%s", slot.namespace.name, worker.pid, how)
+                slot.started_by = ("new interpreter" if adopted is None else
+                                   "template" if isinstance(adopted.child, ForkedChild) else "ahead")
+                log.info("namespace %s: worker pid %d ready (%s)", slot.namespace.name, worker.pid, {
+                    "template": "forked by the template", "ahead": "started ahead"}.get(slot.started_by,
+                                                                                      slot.started_by))
                 nursery.start_soon(self._pump_events, worker)
                 task_status.started(worker)
                 await worker.wait_exit()

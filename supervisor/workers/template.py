@@ -25,6 +25,8 @@ from functools import partial
 
 import trio
 
+from protocol import ExitStatus
+
 from ..worker_launch import WorkerLaunch
 from .process import ForkedChild, StartedWorker
 
@@ -32,10 +34,11 @@ log = logging.getLogger("codesdk.supervisor.template")
 
 #: Seconds before a template that failed is tried again (meanwhile workers start the usual way).
 RETRY_AFTER_S = 60.0
-#: Seconds the template gets to import everything and say it is ready.
-READY_TIMEOUT_S = 60.0
-#: Seconds one fork may take before the template is taken for stuck (and ended).
-FORK_TIMEOUT_S = 30.0
+#: Seconds the template gets to import everything and say it is ready (~0.5 s on an idle machine).
+READY_TIMEOUT_S = 30.0
+#: Seconds one fork may take before the template is taken for stuck, ended, and the worker started the usual way
+#: (a fork takes ~20 ms).
+FORK_TIMEOUT_S = 5.0
 _LENGTH = struct.Struct(">I")
 
 
@@ -48,63 +51,86 @@ class _TemplateBroke(Exception):
 
 
 class WorkerTemplate:
-    """One template process, owned by the pool's nursery (``run``), started on first use."""
+    """One template process at a time, owned by the pool's nursery: started in the background (``ensure_started``),
+    never waited for — until it is ready, and while it is down, workers start the usual way."""
 
     def __init__(self, base_argv: Sequence[str], env: Mapping[str, str]) -> None:
         #: How ``codesdk-worker`` is started (``worker_argv()``): only launches with this program are forked.
         self.base_argv = tuple(base_argv)
         self._env = dict(env)
         self._lock = trio.Lock()
-        self._socket: trio.socket.SocketType | None = None
+        self._running = False  # a process is starting or ready (``_run`` owns it)
+        self._socket: trio.socket.SocketType | None = None  # set while it is ready
         self._scope: trio.CancelScope | None = None
+        self._stopping = False  # this process's end was asked for (and logged) already
         self._failed_at: float | None = None
+        self._failure: str | None = None
         self._permanent: str | None = None  # a reason that does not go away with a retry
+        self._closed = False
 
     def serves(self, launch: WorkerLaunch) -> bool:
         """Whether ``launch`` is one the template can fork: the ``codesdk-worker`` program with its own options."""
         return launch.argv[:len(self.base_argv)] == self.base_argv
 
+    def state(self) -> str:
+        """For operators: ``ready``, ``starting``, ``off: why`` (for good), or ``down: why`` (retried later)."""
+        if self._permanent is not None:
+            return f"off: {self._permanent}"
+        if self._socket is not None:
+            return "ready"
+        if self._running:
+            return "starting"
+        return f"down: {self._failure or 'not started yet'}"
+
+    def ensure_started(self, nursery: trio.Nursery) -> None:
+        """Start the template in the background, unless it runs, is off, or failed within ``RETRY_AFTER_S``."""
+        if self._running or self._permanent is not None or self._closed:
+            return
+        if self._failed_at is not None and trio.current_time() - self._failed_at < RETRY_AFTER_S:
+            return
+        self._running, self._stopping = True, False
+        nursery.start_soon(self._run)
+
     async def fork(self, nursery: trio.Nursery, launch: WorkerLaunch) -> StartedWorker:
-        """A worker forked as ``launch`` says, already our child; ``TemplateUnavailable`` otherwise."""
+        """A worker forked as ``launch`` says, already our child; ``TemplateUnavailable`` (at once) when the
+        template is not ready or cannot fork it."""
+        self.ensure_started(nursery)
         async with self._lock:
             if self._permanent is not None:
                 raise TemplateUnavailable(self._permanent)
-            if self._socket is None:
-                if self._failed_at is not None and trio.current_time() - self._failed_at < RETRY_AFTER_S:
-                    raise TemplateUnavailable("it failed recently; trying again later")
-                await self._start(nursery)
-            assert self._socket is not None
+            sock = self._socket
+            if sock is None:
+                raise TemplateUnavailable(f"it is {self.state()}")
             try:
                 with trio.fail_after(FORK_TIMEOUT_S):
-                    return await self._fork(self._socket, launch)
-            except (OSError, ValueError, _TemplateBroke, trio.TooSlowError, trio.BrokenResourceError) as exc:
-                self._stop(f"it failed to fork a worker ({type(exc).__name__}: {exc})")
-                raise TemplateUnavailable(f"it failed to fork a worker: {exc}") from exc
+                    return await self._fork(sock, launch)
+            except trio.TooSlowError as exc:
+                why = f"it did not answer a fork within {FORK_TIMEOUT_S:.0f} s"
+                self._stop(why)
+                raise TemplateUnavailable(why) from exc
+            except (OSError, ValueError, _TemplateBroke, trio.BrokenResourceError) as exc:
+                why = f"it failed to fork a worker ({_describe(exc)})"
+                self._stop(why)
+                raise TemplateUnavailable(why) from exc
 
     def close(self) -> None:
-        """End the template (the pool is closing): its socket closes, so it exits; ``run`` reaps it."""
+        """End the template for good (the pool is closing): ``_run`` ends and reaps it."""
+        self._closed = True
         if self._scope is not None:
             self._scope.cancel()
 
     # -- internals ------------------------------------------------------------------------------
 
-    async def _start(self, nursery: trio.Nursery) -> None:
-        try:
-            self._socket = await nursery.start(self._run)
-        except (OSError, _TemplateBroke, trio.TooSlowError) as exc:
-            self._failed_at = trio.current_time()
-            log.warning("the worker template did not start (%s: %s); workers start the usual way for %.0f s",
-                        type(exc).__name__, exc, RETRY_AFTER_S)
-            raise TemplateUnavailable(f"it did not start: {exc}") from exc
-
-    async def _run(self, task_status: trio.TaskStatus[trio.socket.SocketType]) -> None:
-        """Own the template process: start it, hand its socket over once it is ready, end and reap it when
-        cancelled (``close``) or when it dies."""
+    async def _run(self) -> None:
+        """Own one template process: start it, serve forks once it says it is ready, end and reap it when it
+        dies, stalls or is closed. Never raises: whatever goes wrong, workers start the usual way."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        with trio.CancelScope() as scope, ours:
-            self._scope = scope
-            sock = trio.socket.from_stdlib_socket(ours)
-            try:
+        try:
+            with trio.CancelScope() as scope, ours:
+                self._scope = scope
+                if self._closed:
+                    scope.cancel()
+                sock = trio.socket.from_stdlib_socket(ours)
                 async with trio.open_nursery() as nursery:
                     with theirs:
                         process: trio.Process = await nursery.start(partial(
@@ -112,22 +138,31 @@ class WorkerTemplate:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=self._env, cwd="/",
                             check=False, start_new_session=True, deliver_cancel=_end_template))
                     nursery.start_soon(_pump_stderr, process)
-                    with trio.fail_after(READY_TIMEOUT_S):
-                        ready = await sock.recv(1)
+                    try:
+                        with trio.fail_after(READY_TIMEOUT_S):
+                            ready = await sock.recv(1)
+                    except trio.TooSlowError:
+                        raise _TemplateBroke(f"it was not ready within {READY_TIMEOUT_S:.0f} s") from None
                     if ready != b"R":
                         raise _TemplateBroke("it ended before it was ready" if not ready else f"it said {ready!r}")
                     log.info("worker template ready (pid %d)", process.pid)
-                    task_status.started(sock)
-                    await process.wait()
-                    self._stop(f"it exited ({process.returncode})")
-            finally:
-                self._socket = None
-                self._scope = None
+                    self._socket = sock
+                    returncode = await process.wait()
+                    self._stop(f"it exited ({ExitStatus.from_returncode(returncode).describe()})")
+        except Exception as exc:  # noqa: BLE001 - also an ExceptionGroup of its tasks: never the pool's problem
+            self._stop(_describe(exc))
+        finally:
+            theirs.close()
+            self._socket, self._scope, self._running = None, None, False
 
     def _stop(self, why: str) -> None:
-        if self._socket is not None or self._scope is not None:
-            log.warning("the worker template stopped: %s; workers start the usual way until it is restarted", why)
-        self._failed_at = trio.current_time()
+        """End the current process (once), and start no other for ``RETRY_AFTER_S``."""
+        if not self._stopping and not self._closed:
+            log.warning("the worker template stopped: %s; workers start the usual way, the template is tried "
+                        "again in %.0f s", why, RETRY_AFTER_S)
+        self._stopping = True
+        self._failed_at, self._failure = trio.current_time(), why
+        self._socket = None
         if self._scope is not None:
             self._scope.cancel()
 
@@ -213,6 +248,15 @@ async def _receive_line(sock: trio.socket.SocketType, limit: int = 64 * 1024) ->
         if len(line) > limit:
             raise ValueError("the template's answer is too long")
     return line
+
+
+def _describe(exc: BaseException) -> str:
+    """What went wrong, in words: the first leaf of a group, its type when it has no message."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, _TemplateBroke):  # ours: the message says it all
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _is_our_child(pid: int) -> bool:

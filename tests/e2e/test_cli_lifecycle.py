@@ -125,6 +125,14 @@ def test_cli_goes_through_the_service_that_holds_the_data_dir(tmp_path: Path) ->
         events = [json.loads(line) for line in done.stdout.splitlines()]
         assert events[-1]["type"] == "task.completed"
         assert "hello through the service" in "".join(e["payload"].get("delta", "") for e in events)
+        session_id = events[-1]["trace"]["session_id"]
+        shown = _cli(data, "run", "again, as text", "--session", session_id)  # says where to read it back
+        assert shown.returncode == 0, shown.stderr
+        assert f"session {session_id}  task task_" in shown.stdout + shown.stderr
+        assert "task completed. Read it again: codesdk " in shown.stdout
+        assert f"events {session_id}  |  transcript: codesdk " in shown.stdout
+        again = _cli(data, "events", session_id)
+        assert again.returncode == 0 and "again, as text" in again.stdout
         refused = _cli(data, "run", "x", "--env", "A=B")
         assert refused.returncode == 2 and "--env cannot be honoured through the API" in refused.stderr
         refused = _cli(data, "run", "x", "--allow-exec", "ls")

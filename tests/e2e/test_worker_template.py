@@ -55,6 +55,13 @@ def _is_worker(process: psutil.Process) -> bool:
     return process.cwd() != "/"
 
 
+async def _template_ready(engine: Engine) -> None:
+    """Wait until the template (started in the background with the pool) is ready to fork."""
+    while (state := engine.pool.template_state()) != "ready":
+        assert state == "starting", state
+        await trio.sleep(0.01)
+
+
 async def _report(engine: Engine, namespace: str, out: Path, python: str = sys.executable) -> dict[str, Any]:
     _, record, _ = await run_task(engine, namespace=namespace, runtime_config={"scenario_inline": {
         "name": "report", "steps": [{"runtime_process": [python, "-c", REPORT, str(out)]},
@@ -70,6 +77,7 @@ async def test_a_forked_worker_is_the_namespaces_worker(make_engine: MakeEngine,
     NamespaceEnv(tmp_path / "data").update("user:alice", {"ALICE_ONLY": "alice's secret"})
     with trio.fail_after(120):
         async with make_engine(worker_template=True) as engine:
+            await _template_ready(engine)
             alice = await _report(engine, "user:alice", tmp_path / "alice.json")
             bob = await _report(engine, "user:bob", tmp_path / "bob.json")
             for namespace, report in (("user:alice", alice), ("user:bob", bob)):
@@ -90,6 +98,7 @@ async def test_a_forked_worker_is_the_namespaces_worker(make_engine: MakeEngine,
 async def test_a_killed_forked_worker_fails_its_task_once_and_is_replaced(make_engine: MakeEngine) -> None:
     with trio.fail_after(120):
         async with make_engine(worker_template=True) as engine:
+            await _template_ready(engine)
             session = await engine.create_session()
             task = await engine.start_task(session.session_id, "x", runtime_config={"scenario": "hang"})
             async with engine.store.subscribe(session.session_id) as sub:
@@ -114,12 +123,15 @@ async def test_a_killed_forked_worker_fails_its_task_once_and_is_replaced(make_e
 async def test_a_dead_template_costs_only_speed(make_engine: MakeEngine, tmp_path: Path) -> None:
     with trio.fail_after(120):
         async with make_engine(worker_template=True) as engine:
+            await _template_ready(engine)
             await _report(engine, "user:alice", tmp_path / "alice.json")
             alice = worker_of(engine, "user:alice")
             template = _template_pid()
             os.kill(template, signal.SIGKILL)
             await _report(engine, "user:bob", tmp_path / "bob.json")  # started the usual way meanwhile
             assert not _forked(worker_of(engine, "user:bob"))
+            assert engine.pool.template_state().startswith("down: it exited (killed by signal SIGKILL")
+            assert engine.pool.status()[1]["started_by"] == "new interpreter"
             await _report(engine, "user:alice", tmp_path / "alice2.json")  # its forked worker is unaffected
             assert worker_of(engine, "user:alice") is alice
 
@@ -138,6 +150,8 @@ async def test_workers_run_as_their_namespaces_uid_without_groups_in_their_defau
     with trio.fail_after(120):
         async with make_engine(worker_template=template, worker_uids=UIDS, worker_argv=tuple(argv),
                                data_dir=open_tmp / "data") as engine:
+            if template:
+                await _template_ready(engine)
             reports = {ns: await _report(engine, ns, out / f"{ns.replace(':', '.')}.json", python[0])
                        for ns in ("user:alice", "user:bob")}
             uids = set()
@@ -154,3 +168,27 @@ async def test_workers_run_as_their_namespaces_uid_without_groups_in_their_defau
                 assert home.parent.name == namespace.replace(":", ".")
                 assert (home.parent.parent / other).exists()
             assert len(uids) == 2
+
+
+#: A worker program whose template mode fails (exit 3) or never gets ready (sleeps), and which works as a worker.
+BROKEN_TEMPLATE = ("import sys, time\n"
+                   "if '--template' in sys.argv:\n"
+                   "    time.sleep(3600) if sys.argv[1] == 'stall' else sys.exit(3)\n"
+                   "from worker.main import main\n"
+                   "sys.exit(main(sys.argv[2:]))\n")
+
+
+@pytest.mark.parametrize("how", ["exit", "stall"])
+async def test_a_template_that_never_gets_ready_costs_only_speed(make_engine: MakeEngine, tmp_path: Path,
+                                                               how: str) -> None:
+    """Workers start the usual way meanwhile, tasks in every namespace run, and the engine closes cleanly."""
+    with trio.fail_after(120):
+        async with make_engine(worker_template=True,
+                               worker_argv=(sys.executable, "-c", BROKEN_TEMPLATE, how)) as engine:
+            if how == "exit":
+                while engine.pool.template_state() == "starting":
+                    await trio.sleep(0.01)
+                assert engine.pool.template_state() == "down: it ended before it was ready"
+            for namespace in ("user:alice", "user:bob"):
+                await _report(engine, namespace, tmp_path / f"{namespace}.json")
+            assert {w["started_by"] for w in engine.pool.status()} == {"new interpreter"}
