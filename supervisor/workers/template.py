@@ -101,17 +101,26 @@ class WorkerTemplate:
             sock = self._socket
             if sock is None:
                 raise TemplateUnavailable(f"it is {self.state()}")
-            try:
-                with trio.fail_after(FORK_TIMEOUT_S):
-                    return await self._fork(sock, launch)
-            except trio.TooSlowError as exc:
-                why = f"it did not answer a fork within {FORK_TIMEOUT_S:.0f} s"
-                self._stop(why)
-                raise TemplateUnavailable(why) from exc
-            except (OSError, ValueError, _TemplateBroke, trio.BrokenResourceError) as exc:
-                why = f"it failed to fork a worker ({_describe(exc)})"
-                self._stop(why)
-                raise TemplateUnavailable(why) from exc
+            # Shielded (and bounded): a request given up half-way would leave the socket out of step and the
+            # worker it forked owned by nobody.
+            with trio.CancelScope(shield=True):
+                try:
+                    with trio.fail_after(FORK_TIMEOUT_S):
+                        started = await self._fork(sock, launch)
+                except trio.TooSlowError as exc:
+                    why = f"it did not answer a fork within {FORK_TIMEOUT_S:.0f} s"
+                    self._stop(why)
+                    raise TemplateUnavailable(why) from exc
+                except (OSError, ValueError, _TemplateBroke, trio.BrokenResourceError) as exc:
+                    why = f"it failed to fork a worker ({_describe(exc)})"
+                    self._stop(why)
+                    raise TemplateUnavailable(why) from exc
+        try:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        except BaseException:  # the start was given up meanwhile: the forked worker goes, reaped
+            started.discard()
+            raise
+        return started
 
     def close(self) -> None:
         """End the template for good (the pool is closing): ``_run`` ends and reaps it."""
