@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         from .template import serve
 
         os.close(protocol_fd)
-        return serve(socket.socket(fileno=os.dup(0)))
+        worker_args = [arg for arg in (sys.argv[1:] if argv is None else argv) if arg != "--template"]
+        return serve(socket.socket(fileno=os.dup(0)), worker_args)
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
     from ._ahead import hint_from_env, start_ahead

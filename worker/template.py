@@ -9,7 +9,9 @@ The supervisor's pool starts the template (``codesdk-worker --template``) with a
 asks it for a worker like this:
 
 1. one byte, ``F``, with three descriptors (SCM_RIGHTS): the worker's stdin, stdout and stderr;
-2. the launch: a 4-byte big-endian length, then JSON ``{"args", "env", "cwd", "user", "group", "groups"}``.
+2. the launch: a 4-byte big-endian length, then JSON ``{"env", "cwd", "user", "group", "groups"}``.
+
+A forked worker runs with the command-line options the template itself was started with (without ``--template``).
 
 The template reads only the first part. It forks an intermediate child that reads the launch, forks the worker and
 exits; the template then answers one JSON line, ``{"pid": N}`` or ``{"error": "..."}``.
@@ -56,9 +58,9 @@ class BadLaunch(ValueError):
 MAX_LAUNCH_BYTES = 4 * 1024 * 1024
 
 
-def serve(sock: socket.socket) -> int:
-    """Answer fork requests on ``sock`` until the supervisor closes it. Single-threaded on purpose: a fork
-    copies only the thread that calls it."""
+def serve(sock: socket.socket, worker_args: list[str]) -> int:
+    """Answer fork requests on ``sock`` until the supervisor closes it; each worker runs ``main(worker_args)``.
+    Single-threaded on purpose: a fork copies only the thread that calls it."""
     _warm()
     sock.sendall(READY)
     while True:
@@ -72,10 +74,10 @@ def serve(sock: socket.socket) -> int:
             print(f"worker template: unexpected request {message!r} with {len(fds)} descriptors; ending",
                   file=sys.stderr, flush=True)
             return 1
-        sock.sendall(_fork_worker(sock, fds))
+        sock.sendall(_fork_worker(sock, fds, worker_args))
 
 
-def _fork_worker(sock: socket.socket, fds: list[int]) -> bytes:
+def _fork_worker(sock: socket.socket, fds: list[int], worker_args: list[str]) -> bytes:
     """Fork the intermediate child, reap it, and say what became of the worker (one JSON line). Out of descriptors
     or processes, this request fails and the template serves on."""
     try:
@@ -94,7 +96,7 @@ def _fork_worker(sock: socket.socket, fds: list[int]) -> bytes:
         os.close(report_r)
         code = 1
         try:
-            code = _intermediate(sock, fds, report_w)
+            code = _intermediate(sock, fds, report_w, worker_args)
         finally:
             os._exit(code)
     for fd in (*fds, report_w):
@@ -105,7 +107,7 @@ def _fork_worker(sock: socket.socket, fds: list[int]) -> bytes:
     return said if said.endswith(b"\n") else _line({"error": "the template's child died before it answered"})
 
 
-def _intermediate(sock: socket.socket, fds: list[int], report_w: int) -> int:
+def _intermediate(sock: socket.socket, fds: list[int], report_w: int, worker_args: list[str]) -> int:
     """Read the launch, fork the worker, report its pid once it leads its own session."""
     try:
         launch = _read_launch(sock)
@@ -121,14 +123,14 @@ def _intermediate(sock: socket.socket, fds: list[int], report_w: int) -> int:
     if pid == 0:
         os.close(ready_r)
         os.close(report_w)
-        _become_worker(launch, fds, ready_w)  # never returns
+        _become_worker(launch, fds, ready_w, worker_args)  # never returns
     os.close(ready_w)
     os.read(ready_r, 1)  # EOF: the worker leads its own session now (or has died: the supervisor sees its exit)
     os.write(report_w, _line({"pid": pid}))
     return 0
 
 
-def _become_worker(launch: dict[str, Any], fds: list[int], ready_w: int) -> None:
+def _become_worker(launch: dict[str, Any], fds: list[int], ready_w: int, worker_args: list[str]) -> None:
     """In the forked worker: take its session, wait to be the supervisor's child, become the launch, run."""
     stderr = fds[2]  # where a failure is told: the worker's stderr, which the supervisor reads
     try:
@@ -152,7 +154,6 @@ def _become_worker(launch: dict[str, Any], fds: list[int], ready_w: int) -> None
         os.environ.clear()
         os.environ.update(launch["env"])
         random.seed()  # not the template's sequence: each worker its own
-        sys.argv = ["codesdk-worker", *launch["args"]]
     except BaseException as exc:  # noqa: BLE001 - anything: this process must never run as the template's user
         os.write(stderr, f"codesdk-worker (from the template): cannot become the namespace's "
                  f"worker: {type(exc).__name__}: {exc}\n".encode(errors="replace"))
@@ -161,7 +162,7 @@ def _become_worker(launch: dict[str, Any], fds: list[int], ready_w: int) -> None
     try:
         from .main import main
 
-        code = main(launch["args"])
+        code = main(worker_args)
     finally:
         os._exit(code)
 
@@ -171,10 +172,9 @@ def _read_launch(sock: socket.socket) -> dict[str, Any]:
     if length > MAX_LAUNCH_BYTES:
         raise BadLaunch(f"{length} bytes is over the limit of {MAX_LAUNCH_BYTES}")
     launch = json.loads(_read_exactly(sock, length))
-    if not isinstance(launch, dict) or not isinstance(launch.get("env"), dict) \
-            or not isinstance(launch.get("args"), list):
+    if not isinstance(launch, dict) or not isinstance(launch.get("env"), dict):
         raise BadLaunch("not a launch object")
-    return {key: launch.get(key) for key in ("args", "env", "cwd", "user", "group", "groups")}
+    return {key: launch.get(key) for key in ("env", "cwd", "user", "group", "groups")}
 
 
 def _read_exactly(sock: socket.socket, size: int) -> bytes:

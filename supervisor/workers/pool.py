@@ -333,7 +333,7 @@ class WorkerPool:
         popen = headstart.take(launch) if headstart is not None else None
         if popen is not None:
             return StartedWorker.of_popen(popen)
-        if self._template is None or not self._template.serves(launch):
+        if self._template is None:
             return None
         try:
             return await self._template.fork(self._nursery, launch)

@@ -54,9 +54,10 @@ class WorkerTemplate:
     """One template process at a time, owned by the pool's nursery: started in the background (``ensure_started``),
     never waited for — until it is ready, and while it is down, workers start the usual way."""
 
-    def __init__(self, base_argv: Sequence[str], env: Mapping[str, str]) -> None:
-        #: How ``codesdk-worker`` is started (``worker_argv()``): only launches with this program are forked.
-        self.base_argv = tuple(base_argv)
+    def __init__(self, worker_argv: Sequence[str], env: Mapping[str, str]) -> None:
+        #: How the pool starts a worker (``PoolConfig.worker_argv()``); the template is that with ``--template``,
+        #: and each worker it forks runs with the same options.
+        self.worker_argv = tuple(worker_argv)
         self._env = dict(env)
         self._lock = trio.Lock()
         self._running = False  # a process is starting or ready (``_run`` owns it)
@@ -67,10 +68,6 @@ class WorkerTemplate:
         self._failure: str | None = None
         self._permanent: str | None = None  # a reason that does not go away with a retry
         self._closed = False
-
-    def serves(self, launch: WorkerLaunch) -> bool:
-        """Whether ``launch`` is one the template can fork: the ``codesdk-worker`` program with its own options."""
-        return launch.argv[:len(self.base_argv)] == self.base_argv
 
     def state(self) -> str:
         """For operators: ``ready``, ``starting``, ``off: why`` (for good), or ``down: why`` (retried later)."""
@@ -143,7 +140,7 @@ class WorkerTemplate:
                 async with trio.open_nursery() as nursery:
                     with theirs:
                         process: trio.Process = await nursery.start(partial(
-                            trio.run_process, [*self.base_argv, "--template"], stdin=theirs.fileno(),
+                            trio.run_process, [*self.worker_argv, "--template"], stdin=theirs.fileno(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=self._env, cwd="/",
                             check=False, start_new_session=True, deliver_cancel=_end_template))
                     nursery.start_soon(_pump_stderr, process)
@@ -187,8 +184,7 @@ class WorkerTemplate:
         stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w = pipes
         ours = [stdin_w, stdout_r, stderr_r]
         try:
-            body = json.dumps({"args": list(launch.argv[len(self.base_argv):]), "env": dict(launch.env),
-                               "cwd": launch.cwd, "user": launch.user, "group": launch.group,
+            body = json.dumps({"env": dict(launch.env), "cwd": launch.cwd, "user": launch.user, "group": launch.group,
                                "groups": list(launch.extra_groups) if launch.extra_groups is not None else None,
                                }).encode()
             await sock.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,

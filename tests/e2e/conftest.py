@@ -27,6 +27,14 @@ async def run_task(engine: Engine, prompt: str = "hello", *, session_id: str | N
     return session_id, record, [e for e in events if e.trace.task_id == task.task_id]
 
 
+async def wait_for_event(event_type: EventType, engine: Engine, session_id: str) -> None:
+    """Until an event of this type is stored in the session (already, or from now on)."""
+    async with engine.store.subscribe(session_id) as sub:
+        async for event in sub:
+            if event.type == event_type:
+                return
+
+
 def of_type(events: Iterable[NormalizedEvent], event_type: EventType) -> list[Any]:
     """The payloads of the events of this type (each a ``PAYLOAD_MODELS[event_type]``)."""
     return [e.payload for e in events if e.type == event_type]

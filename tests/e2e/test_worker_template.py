@@ -28,7 +28,7 @@ from supervisor.workers import WorkerProcess
 
 from ..conftest import MakeEngine
 from ..reliability.probe_worker import interpreter_for_any_uid, why_no_worker_uids, worker_argv_for_any_uid
-from .conftest import run_task, worker_of
+from .conftest import run_task, wait_for_event, worker_of
 from .invariants import check_session
 
 #: Run by the scripted runtime as its "runtime process": what a worker's child inherits from the worker.
@@ -101,10 +101,7 @@ async def test_a_killed_forked_worker_fails_its_task_once_and_is_replaced(make_e
             await _template_ready(engine)
             session = await engine.create_session()
             task = await engine.start_task(session.session_id, "x", runtime_config={"scenario": "hang"})
-            async with engine.store.subscribe(session.session_id) as sub:
-                async for event in sub:
-                    if event.type == EventType.MODEL_OUTPUT_COMPLETED:
-                        break
+            await wait_for_event(EventType.MODEL_OUTPUT_COMPLETED, engine, session.session_id)
             worker = worker_of(engine)
             assert _forked(worker)
             os.kill(worker.pid, signal.SIGKILL)

@@ -11,20 +11,12 @@ import pytest
 import trio
 
 from protocol import EventType, TaskFailed, TaskFailedEvent, TaskStoppedEvent
-from supervisor.engine import Engine
 from supervisor.engine._transcript import session_events
 from supervisor.store import TaskState
 
 from ..conftest import MakeEngine
-from .conftest import of_type, run_task, worker_of
+from .conftest import of_type, run_task, wait_for_event, worker_of
 from .invariants import check_session
-
-
-async def _wait_for(event_type: EventType, engine: Engine, session_id: str) -> None:
-    async with engine.store.subscribe(session_id) as sub:
-        async for event in sub:
-            if event.type == event_type:
-                return
 
 
 async def test_worker_killed_mid_task_fails_it_once_and_the_next_task_works(make_engine: MakeEngine) -> None:
@@ -32,7 +24,7 @@ async def test_worker_killed_mid_task_fails_it_once_and_the_next_task_works(make
         async with make_engine() as engine:
             session = await engine.create_session()
             task = await engine.start_task(session.session_id, "x", runtime_config={"scenario": "hang"})
-            await _wait_for(EventType.MODEL_OUTPUT_COMPLETED, engine, session.session_id)
+            await wait_for_event(EventType.MODEL_OUTPUT_COMPLETED, engine, session.session_id)
             worker = engine.pool.worker_of("default")
             assert worker is not None
             old_pid = worker.pid
@@ -74,7 +66,7 @@ async def test_namespaces_get_their_own_home_and_no_supervisor_env(make_engine: 
             for namespace in ("user:alice", "ci:job-7"):
                 session = await engine.create_session(namespace=namespace)
                 task = await engine.start_task(session.session_id, "x", runtime_config={"scenario": "hang"})
-                await _wait_for(EventType.MODEL_OUTPUT_COMPLETED, engine, session.session_id)
+                await wait_for_event(EventType.MODEL_OUTPUT_COMPLETED, engine, session.session_id)
                 worker = worker_of(engine, namespace)
                 env = psutil.Process(worker.pid).environ()
                 homes[namespace] = env["HOME"]
@@ -138,7 +130,7 @@ async def test_closing_the_supervisor_stops_tasks_and_reaps_workers(make_engine:
         async with make_engine() as engine:
             session = await engine.create_session()
             task = await engine.start_task(session.session_id, "x", runtime_config={"scenario": "hang"})
-            await _wait_for(EventType.MODEL_OUTPUT_COMPLETED, engine, session.session_id)
+            await wait_for_event(EventType.MODEL_OUTPUT_COMPLETED, engine, session.session_id)
             pid = worker_of(engine).pid
         async with make_engine() as engine:
             record = await engine.store.get_task(task.task_id)
@@ -156,7 +148,7 @@ async def test_cancelling_the_supervisor_from_outside_reaps_its_workers(make_eng
             async with make_engine() as engine:
                 session = await engine.create_session()
                 await engine.start_task(session.session_id, "x", runtime_config={"scenario": "hang"})
-                await _wait_for(EventType.MODEL_OUTPUT_COMPLETED, engine, session.session_id)
+                await wait_for_event(EventType.MODEL_OUTPUT_COMPLETED, engine, session.session_id)
                 pids.append(worker_of(engine).pid)
                 await trio.sleep_forever()
     assert cancelled.cancelled_caught and not guard.cancelled_caught
@@ -169,7 +161,7 @@ async def test_a_task_left_running_by_a_dead_supervisor_is_failed_on_restart(mak
             async with make_engine() as engine:
                 session = await engine.create_session()
                 task = await engine.start_task(session.session_id, "x", runtime_config={"scenario": "hang"})
-                await _wait_for(EventType.MODEL_OUTPUT_COMPLETED, engine, session.session_id)
+                await wait_for_event(EventType.MODEL_OUTPUT_COMPLETED, engine, session.session_id)
                 await trio.sleep_forever()
         async with make_engine() as engine:
             record = await engine.store.get_task(task.task_id)

@@ -23,6 +23,7 @@ from supervisor.tools import ToolRegistry, ToolsConfig
 from supervisor.worker_launch import TEST_STEPS_ENV, PoolConfig
 
 from ..conftest import SCENARIOS
+from ..e2e.conftest import wait_for_event
 from .test_crash_points import integrity_ok
 
 _names = itertools.count()
@@ -122,10 +123,7 @@ async def test_the_engine_stops_a_task_whose_events_cannot_be_stored_and_readyz_
         async with Engine.open(config, ToolRegistry(ToolsConfig())) as engine:
             session = await engine.create_session()
             task = await engine.start_task(session.session_id, "x", runtime_config={"scenario": "slow-stream"})
-            async with engine.store.subscribe(session.session_id) as events:
-                async for event in events:
-                    if event.type == EventType.MODEL_OUTPUT_DELTA:
-                        break
+            await wait_for_event(EventType.MODEL_OUTPUT_DELTA, engine, session.session_id)
             acknowledged = await engine.store.last_seq(session.session_id)
             faulty.failing = apsw.FullError
             with trio.fail_after(20):

@@ -9,6 +9,7 @@ import socket
 import struct
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +39,13 @@ class Template:
         return answer
 
 
-@pytest.fixture
-def template() -> Iterator[Template]:
+@contextmanager
+def _started(*options: str) -> Iterator[Template]:
+    """``codesdk-worker [options] --template`` on a socket, ready."""
     assert become_subreaper()  # what the supervisor is: the workers the template forks become our children
     ours, theirs = socket.socketpair()
-    process = subprocess.Popen([*worker_argv(), "--template"], stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, env=ENV, start_new_session=True)
+    process = subprocess.Popen([*worker_argv(), *options, "--template"], stdin=theirs.fileno(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV, start_new_session=True)
     theirs.close()
     try:
         assert ours.recv(1) == b"R"
@@ -55,8 +57,14 @@ def template() -> Iterator[Template]:
         process.stderr.close()
 
 
+@pytest.fixture
+def template() -> Iterator[Template]:
+    with _started() as started:
+        yield started
+
+
 def _launch(home: Path, **changes: Any) -> bytes:
-    return json.dumps({"args": [], "env": {**ENV, "HOME": str(home)}, "cwd": str(home), "user": None,
+    return json.dumps({"env": {**ENV, "HOME": str(home)}, "cwd": str(home), "user": None,
                        "group": None, "groups": None, **changes}).encode()
 
 
@@ -91,7 +99,7 @@ def test_a_forked_worker_answers_its_handshake_and_is_our_child(template: Templa
 
 
 def test_an_unreadable_launch_is_refused_and_the_template_serves_on(template: Template, tmp_path: Path) -> None:
-    for bad in (b"not json", b"[1, 2]", json.dumps({"args": "x", "env": {}}).encode()):
+    for bad in (b"not json", b"[1, 2]", json.dumps({"env": "x"}).encode()):
         answer, stdin, stdout, stderr = _fork(template, bad)
         assert "unreadable launch" in answer["error"]
         for fd in (stdin, stdout, stderr):
@@ -119,3 +127,17 @@ def test_a_request_without_its_descriptors_ends_the_template(template: Template,
     assert template.process.wait() == 1
     assert template.process.stderr is not None
     assert b"unexpected request" in template.process.stderr.read()
+
+
+def test_forked_workers_take_the_templates_own_options(tmp_path: Path) -> None:
+    with _started("--max-frame-bytes", "1024") as template:
+        answer, stdin, stdout, stderr = _fork(template, _launch(tmp_path))
+        os.write(stdin, b'{"jsonrpc":"2.0","id":1,"method":"x","params":{"pad":"' + b"a" * 2000 + b'"}}\n')
+        with os.fdopen(stdout, "rb") as out:
+            reply = json.loads(out.readline())
+            assert "frame limit of 1024 bytes" in reply["error"]["data"]["detail"]
+            os.close(stdin)
+            assert out.read() == b""
+        _, status = os.waitpid(answer["pid"], 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        os.close(stderr)
