@@ -57,10 +57,10 @@ def parameters(quick: bool, repeat: int | None) -> dict[str, Any]:
     if quick:
         return {"repeat": repeat or 2, "events": 20_000, "latency_count": 1_000, "rate": 2_000.0, "calls": 50,
                 "spawns": 5, "density": [10], "single": 300, "batched": 10_000, "stored": 50_000, "real_repeat": 1,
-                "fair_tasks": 10, "transcript_events": 20_000, "transcript_repeat": repeat or 1}
+                "cold_repeat": 1, "fair_tasks": 10, "transcript_events": 20_000, "transcript_repeat": repeat or 1}
     return {"repeat": repeat or 3, "events": 200_000, "latency_count": 10_000, "rate": 2_000.0, "calls": 300,
             "spawns": 10, "density": [50, 100, 200], "single": 2_000, "batched": 50_000, "stored": 1_000_000,
-            "real_repeat": 5, "fair_tasks": 30, "transcript_events": 200_000, "transcript_repeat": repeat or 3}
+            "real_repeat": 5, "cold_repeat": 12, "fair_tasks": 30, "transcript_events": 200_000, "transcript_repeat": repeat or 3}
 
 
 def repeat(times: int, run: Callable[[], Any]) -> list[Any]:

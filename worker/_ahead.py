@@ -40,6 +40,9 @@ class RuntimeLaunch:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     cwd: str
+    #: Written to the program's stdin as soon as it starts, before anyone waits for it (Claude Code's
+    #: ``initialize``): the program reads it while the worker is still importing. Part of what must be equal.
+    opening: bytes = b""
 
 
 #: How one runtime composes its launch from a hint (``{"runtime_config": {...}, "workspace": "..."}``) and the
@@ -91,11 +94,21 @@ def start_ahead(runtime: str, hint: Mapping[str, object]) -> StartedAhead | None
     except OSError as exc:  # the task's own start reports a real problem, in context
         log.info("not starting %s ahead of its task: %s", runtime, exc)
         return None
+    if launch.opening:
+        assert popen.stdin is not None
+        try:  # a few hundred bytes into an empty pipe: this does not block
+            popen.stdin.write(launch.opening)
+            popen.stdin.flush()
+        except OSError as exc:  # it died at once: the task starts its own, which then says why
+            log.info("not starting %s ahead of its task: %s", runtime, exc)
+            popen.kill()
+            popen.wait()
+            return None
     log.info("started %s ahead of its task (pid %d)", runtime, popen.pid)
     return StartedAhead(runtime, launch, popen)
 
 
 def differences(a: RuntimeLaunch, b: RuntimeLaunch) -> list[str]:
     """Which parts of two launches differ (names only, never values: the environment holds credentials)."""
-    parts = [name for name in ("argv", "cwd") if getattr(a, name) != getattr(b, name)]
+    parts = [name for name in ("argv", "cwd", "opening") if getattr(a, name) != getattr(b, name)]
     return parts + [f"env[{key}]" for key in sorted(set(a.env) | set(b.env)) if a.env.get(key) != b.env.get(key)]

@@ -322,7 +322,7 @@ def cold(p: dict[str, Any]) -> list[Any]:
     RUNNERS."""
     from . import real_runtime
 
-    return real_runtime.case_cold(p["real_repeat"])
+    return real_runtime.case_cold(p["cold_repeat"])
 
 
 # -- 9. fairness: another tenant's small task while one tenant floods --------------------------------------------

@@ -187,14 +187,15 @@ def case_cold(repeat: int) -> list[Any]:
     r = cold_start(repeat)
     ours, direct = r["codesdk"], r["direct"]
     ratio = from_reps("cold", "codesdk run, one turn, Claude Code, cold", "s", ours, direct,
-                      goal=f"<= direct + {COLD_GOAL_S:.1f} s",
+                      goal=f"<= direct + {COLD_GOAL_S:.1f} s (next line)",
                       note="new process each: supervisor, worker, CLI; baseline: `claude -p` directly, same fake API")
-    ratio.met = ratio.baseline is not None and ratio.ours - ratio.baseline <= COLD_GOAL_S
+    # One criterion for both lines: the runs are interleaved in pairs, so the median of the pairwise differences
+    # is what the goal is judged by (the difference of two medians mixes pairs from different moments).
     diffs = [o - d for o, d in zip(ours, direct)]
     difference = Figure("cold", "difference over direct `claude -p`", "s", statistics.median(diffs), None,
                         (min(diffs), max(diffs)), goal=f"<= {COLD_GOAL_S:.1f} s", samples={"ours": diffs},
                         note="median of the pairwise differences")
-    difference.met = difference.ours <= COLD_GOAL_S
+    difference.met = ratio.met = difference.ours <= COLD_GOAL_S
     return [ratio, difference]
 
 

@@ -689,6 +689,25 @@ async def test_a_cli_started_ahead_serves_the_task_that_asks_for_its_launch(here
 @pytest.mark.runtime
 @skip_outside_netns
 @needs_claude
+async def test_a_cli_started_ahead_with_builtins_was_opened_with_their_hooks(here: Path, fake: FakeAnthropic) -> None:
+    """The ``initialize`` a CLI is sent as it starts ahead registers the hooks its task needs: a built-in's call is
+    put before the supervisor (PreToolUse) and its end reported (PostToolUse), by the CLI started ahead."""
+    target = here / "by-builtin.txt"
+    ahead, pid = await _ahead(here, {"builtin_tools": ["Write"]})
+    io = _Io(answer=lambda task, call: task.send_tool_approved(call.tool_call_id, "fine"))
+    task = _start(io, "CALL Write " + json.dumps({"file_path": str(target), "content": "x"}), here,
+                  runtime_config={"builtin_tools": ["Write"]}, ahead=ahead)
+    with trio.fail_after(120):
+        outcome = await task.run()
+    assert outcome.completed is not None and target.read_text() == "x" and _gone(pid)
+    assert [kind for kind, _ in io.events if kind.value.startswith("tool.call.")] == [
+        EventType.TOOL_CALL_REQUESTED, EventType.TOOL_CALL_STARTED, EventType.TOOL_CALL_COMPLETED]
+    assert await ahead.take("claude", task.launch()) is None  # it was the one started ahead that served
+
+
+@pytest.mark.runtime
+@skip_outside_netns
+@needs_claude
 async def test_a_cli_started_for_another_launch_is_ended_and_the_task_starts_its_own(
         here: Path, fake: FakeAnthropic) -> None:
     ahead, pid = await _ahead(here, {"model": "claude-another-model"})

@@ -58,7 +58,10 @@ from ..base import Availability, RuntimeAdapter, StartTaskRefused, TaskHandle, T
 from . import _env
 from ._control import ChannelClosed, ControlChannel, ControlError
 from ._launch import (
+    INITIALIZE_REQUEST_ID,
     MCP_SERVER,
+    POST_TOOL_USE,
+    PRE_TOOL_USE,
     BadClaudeConfig,
     ClaudeSettings,
     claude_launch,
@@ -72,10 +75,6 @@ log = logging.getLogger("codesdk.worker.claude")
 
 #: Claude's tool names must match this; ours may contain dots, so they are mapped.
 _CLAUDE_TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
-#: Our ids for the hook callbacks registered at initialize.
-PRE_TOOL_USE, POST_TOOL_USE = "codesdk_pre_tool_use", "codesdk_post_tool_use"
-#: How long a PreToolUse hook may wait for the supervisor (a human may be deciding).
-HOOK_TIMEOUT_S = 24 * 3600
 #: Bound on the CLI's answer to ``initialize`` (it starts in well under a second).
 INITIALIZE_TIMEOUT_S = 60.0
 #: After the turn, stdin is closed and the CLI gets this long to flush its transcript and exit by itself.
@@ -196,15 +195,6 @@ class ClaudeTask(TaskHandle):
         return claude_launch(self.cli, self.settings, cwd=str(self.cwd),
                              resume=self.params.session.runtime_session_id, environ=os.environ)
 
-    def initialize_request(self) -> dict[str, Any]:
-        pre = {"matcher": None, "hookCallbackIds": [PRE_TOOL_USE], "timeout": HOOK_TIMEOUT_S, "onFailure": "block"}
-        hooks: dict[str, list[dict[str, Any]]] = {"PreToolUse": [pre]}
-        if self.builtins:  # only built-ins are reported from the runtime side
-            post = {"matcher": None, "hookCallbackIds": [POST_TOOL_USE]}
-            hooks["PostToolUse"] = [post]
-            hooks["PostToolUseFailure"] = [post]
-        return {"subtype": "initialize", "hooks": hooks}
-
     # -- the run --------------------------------------------------------------------------------
 
     async def run(self) -> TaskOutcome:
@@ -213,10 +203,16 @@ class ClaudeTask(TaskHandle):
         # Ended on the way out, with what it started (a built-in Bash's children), even outside its group.
         async with RuntimeProcess.open(launch.argv, env=launch.env, cwd=launch.cwd, name="Claude Code",
                                        term_grace_s=TERM_GRACE_S, started=started) as process:
-            return await self._session(process)
+            return await self._session(process, launch.opening if started is None else b"")
 
-    async def _session(self, process: RuntimeProcess) -> TaskOutcome:
-        channel = ControlChannel(process, self._answer)
+    async def _session(self, process: RuntimeProcess, opening: bytes) -> TaskOutcome:
+        """The launch's ``initialize`` was written already when the CLI was started ahead; else ``opening`` is."""
+        channel = ControlChannel(process, self._answer, sent=(INITIALIZE_REQUEST_ID,))
+        if opening:
+            try:
+                await process.send(opening)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass  # it is gone already: its output ends, which the channel reports
         async with trio.open_nursery() as nursery:
             nursery.start_soon(channel.run)
             nursery.start_soon(self._stop_when_asked, channel)
@@ -239,7 +235,7 @@ class ClaudeTask(TaskHandle):
         """Initialize, send the prompt, follow the turn to its result. None: the CLI's output ended first."""
         try:
             with trio.fail_after(INITIALIZE_TIMEOUT_S):
-                ready = await channel.request(self.initialize_request())
+                ready = await channel.answer_to(INITIALIZE_REQUEST_ID)
         except ChannelClosed:
             return None
         except ControlError as exc:

@@ -48,11 +48,15 @@ class ControlError(Exception):
 class ControlChannel:
     """One CLI process's stdio, spoken as the control protocol. Start ``run`` in a nursery, then use it."""
 
-    def __init__(self, process: RuntimeProcess, handler: RequestHandler, buffer: int = 256) -> None:
+    def __init__(self, process: RuntimeProcess, handler: RequestHandler, buffer: int = 256,
+                 sent: tuple[str, ...] = ()) -> None:
+        """``sent``: ids of requests written before the channel existed (a launch's opening); ``answer_to`` waits
+        for their answers."""
         self.process = process
         self._handler = handler
         self._write_lock = trio.Lock()
-        self._pending: dict[str, tuple[trio.Event, list[dict[str, Any] | BaseException]]] = {}
+        self._pending: dict[str, tuple[trio.Event, list[dict[str, Any] | BaseException]]] = {
+            request_id: (trio.Event(), []) for request_id in sent}
         self._serving: dict[str, trio.CancelScope] = {}
         self._counter = 0
         self._send_messages, self.messages = trio.open_memory_channel[dict[str, Any]](buffer)
@@ -90,10 +94,18 @@ class ControlChannel:
             raise ChannelClosed("Claude Code's output ended")
         self._counter += 1
         request_id = f"req_{self._counter}_{os.urandom(4).hex()}"
-        event, slot = trio.Event(), list[dict[str, Any] | BaseException]()
-        self._pending[request_id] = (event, slot)
+        self._pending[request_id] = (trio.Event(), [])
         try:
             await self.send({"type": "control_request", "request_id": request_id, "request": request})
+        except BaseException:
+            del self._pending[request_id]
+            raise
+        return await self.answer_to(request_id)
+
+    async def answer_to(self, request_id: str) -> dict[str, Any]:
+        """Wait for the answer to a request already sent (by ``request``, or before the channel: ``sent``)."""
+        event, slot = self._pending[request_id]
+        try:
             await event.wait()
         finally:
             del self._pending[request_id]

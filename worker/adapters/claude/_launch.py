@@ -33,6 +33,14 @@ QUIET_ENV = {
 }
 
 
+#: Our ids for the hook callbacks registered at initialize.
+PRE_TOOL_USE, POST_TOOL_USE = "codesdk_pre_tool_use", "codesdk_post_tool_use"
+#: How long a PreToolUse hook may wait for the supervisor (a human may be deciding).
+HOOK_TIMEOUT_S = 24 * 3600
+#: The id of the ``initialize`` control request every launch opens with (the launch's ``opening``).
+INITIALIZE_REQUEST_ID = "codesdk_initialize"
+
+
 class BadClaudeConfig(ValueError):
     """The task's ``runtime_config`` cannot be used (the caller's mistake); the message says which key and why."""
 
@@ -81,7 +89,23 @@ def claude_launch(cli: Path, settings: ClaudeSettings, *, cwd: str, resume: str 
     env = {k: v for k, v in environ.items() if k != "CLAUDECODE"}  # not "inside another Claude Code"
     env.update(QUIET_ENV)
     env["PWD"] = cwd
-    return RuntimeLaunch(argv=tuple(argv), env=env, cwd=cwd)
+    opening = {"type": "control_request", "request_id": INITIALIZE_REQUEST_ID,
+               "request": initialize_request(settings.builtins)}
+    return RuntimeLaunch(argv=tuple(argv), env=env, cwd=cwd,
+                         opening=json.dumps(opening, separators=(",", ":")).encode() + b"\n")
+
+
+def initialize_request(builtins: tuple[str, ...]) -> dict[str, object]:
+    """The control protocol's ``initialize``: our hooks. PreToolUse decides every call (a failing hook blocks it);
+    PostToolUse reports the end of Claude's own tools, the only ones that run on the runtime's side."""
+    pre: dict[str, object] = {"matcher": None, "hookCallbackIds": [PRE_TOOL_USE], "timeout": HOOK_TIMEOUT_S,
+                              "onFailure": "block"}
+    hooks: dict[str, list[dict[str, object]]] = {"PreToolUse": [pre]}
+    if builtins:
+        post: dict[str, object] = {"matcher": None, "hookCallbackIds": [POST_TOOL_USE]}
+        hooks["PostToolUse"] = [post]
+        hooks["PostToolUseFailure"] = [post]
+    return {"subtype": "initialize", "hooks": hooks}
 
 
 def launch_ahead(hint: Mapping[str, object], environ: Mapping[str, str]) -> RuntimeLaunch | None:
