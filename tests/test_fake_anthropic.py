@@ -414,3 +414,72 @@ def test_real_claude_cli_mcp_tool_round_trip(tmp_path: Path) -> None:
     result = events[-1]
     assert result["type"] == "result" and not result["is_error"]
     assert result["result"].startswith(f"RESULTS: {tool_use['id']}=ok:") and "echoed: hi" in result["result"]
+
+
+# -- the OpenAI Responses dialect (Codex) ----------------------------------------------------------------------
+
+RESPONSES_TOOLS = [{"type": "function", "name": "workspace_read", "parameters": {"type": "object"}},
+                   {"type": "function", "name": "request_user_input", "parameters": {"type": "object"}}]
+
+
+def responses_body(prompt: str, *history: dict[str, Any]) -> dict[str, Any]:
+    """A request as Codex makes it: developer instructions, its environment context, then the prompt."""
+    return {"model": "fake-model", "stream": True, "tools": RESPONSES_TOOLS, "input": [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "be helpful"}]},
+        {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "<environment_context><cwd>/ws</cwd></environment_context>"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": prompt}]}, *history]}
+
+
+def post_responses(fake: FakeAnthropic, payload: Any) -> tuple[int, list[tuple[str, dict[str, Any]]], bytes]:
+    status, _, raw = post(fake, payload, path="/v1/responses")
+    return status, (parse_sse(raw) if status == 200 else []), raw
+
+
+def test_responses_text_streams_then_completes_with_usage(fake: FakeAnthropic) -> None:
+    status, events, _ = post_responses(fake, responses_body("SAY hello from the fake"))
+    assert status == 200
+    kinds = [kind for kind, _ in events]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert all(data["type"] == kind for kind, data in events)
+    text = "".join(d["delta"] for k, d in events if k == "response.output_text.delta")
+    assert text == "hello from the fake" and kinds.count("response.output_text.delta") >= 2
+    usage = events[-1][1]["response"]["usage"]
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] > 0
+
+
+def test_responses_reasoning_then_parallel_function_calls(fake: FakeAnthropic) -> None:
+    prompt = 'THINK first I look\nCALL workspace_read {"path": "a.txt"}\nCALL workspace_read {"path": "b.txt"}'
+    _, events, _ = post_responses(fake, responses_body(prompt))
+    items = [d["item"] for k, d in events if k == "response.output_item.done"]
+    assert [i["type"] for i in items] == ["reasoning", "function_call", "function_call"]
+    assert items[0]["summary"] == [{"type": "summary_text", "text": "first I look"}]
+    calls = items[1:]
+    assert [json.loads(c["arguments"]) for c in calls] == [{"path": "a.txt"}, {"path": "b.txt"}]
+    assert len({c["call_id"] for c in calls}) == 2 and all(c["name"] == "workspace_read" for c in calls)
+
+
+def test_responses_answer_quotes_the_function_outputs(fake: FakeAnthropic) -> None:
+    history = [{"type": "function_call", "call_id": "call_1", "name": "workspace_read", "arguments": "{}"},
+               {"type": "function_call_output", "call_id": "call_1", "output": "alpha"},
+               {"type": "function_call_output", "call_id": "call_2", "output": "DENIED: not today"}]
+    _, events, _ = post_responses(fake, responses_body('CALL workspace_read {"path": "a.txt"}', *history))
+    [item] = [d["item"] for k, d in events if k == "response.output_item.done"]
+    assert item["content"][0]["text"] == "RESULTS: call_1=alpha | call_2=DENIED: not today"
+
+
+@pytest.mark.parametrize(("status", "kind"), [(401, "invalid_request_error"), (429, "rate_limit_exceeded"),
+                                              (500, "server_error")])
+def test_responses_http_errors_have_openai_bodies(fake: FakeAnthropic, status: int, kind: str) -> None:
+    got, _, raw = post_responses(fake, responses_body(f"ERROR {status}"))
+    assert got == status and json.loads(raw)["error"]["type"] == kind
+
+
+def test_responses_failures_in_the_stream(fake: FakeAnthropic) -> None:
+    _, events, _ = post_responses(fake, responses_body("ERROR prompt_too_long"))
+    assert events[-1][0] == "response.failed"
+    assert events[-1][1]["response"]["error"]["code"] == "context_length_exceeded"
+    _, events, _ = post_responses(fake, responses_body("ERROR stream"))
+    kinds = [kind for kind, _ in events]
+    assert "response.output_text.delta" in kinds and kinds[-1] == "response.failed"
+    assert events[-1][1]["response"]["error"]["code"] == "server_error"
