@@ -2,7 +2,7 @@
 
 The contract tests say *what* must happen (stream, call tools, be stopped, crash); each case says how its
 runtime is made to do it: a scenario for the scripted runtime, prompt directives for the fake model API
-that the real Claude Code talks to.
+that the real Claude Code and Codex talk to.
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ class ScriptedCase:
     #: What the runtime's process writes to stderr before the crash (found in the report's stderr tail).
     stderr_before_crash: str | None = STDERR_MARKER
 
+    #: Whether the runtime has built-in tools an operator may enable (the built-in contract tests apply).
+    builtins: bool = True
     #: The scripted runtime only pretends to run its built-ins: no file appears.
     builtins_touch_files = False
 
@@ -109,13 +111,58 @@ class ClaudeCase:
     #: Claude Code writes nothing to stderr on a quiet run.
     stderr_before_crash: str | None = None
 
+    builtins: bool = True
     builtins_touch_files = True
 
     def builtin_write(self, path: Path, content: str) -> Turn:
         return Turn(_call("Write", {"file_path": str(path), "content": content}), {"builtin_tools": ["Write"]})
 
 
-Case = ScriptedCase | ClaudeCase
+#: A model the fake serves and Codex has no metadata for (with a known one Codex may defer tools behind its tool
+#: search); no retries, so an API error ends the turn at once.
+CODEX_CONFIG: dict[str, Any] = {"model": "fake-model", "max_retries": 0}
+
+
+class CodexCase:
+    name = "codex"
+    runtime = "codex"
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+
+    def worker_env(self) -> dict[str, str]:
+        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": "sk-test"}
+
+    def stream(self, text: str) -> Turn:
+        return Turn(text, dict(CODEX_CONFIG))
+
+    def tools(self, *calls: tuple[str, dict[str, Any]]) -> Turn:
+        return Turn("\n".join(_call(name, args) for name, args in calls), dict(CODEX_CONFIG))
+
+    def slow(self) -> Turn:
+        return Turn("SLOW 20", {**CODEX_CONFIG, "stop_grace_s": 2})
+
+    def with_runtime_process(self, ready: Path) -> Turn:
+        return Turn("SLOW 60", dict(CODEX_CONFIG))
+
+    def is_runtime_process(self, process: psutil.Process) -> bool:
+        return process.name() == "codex"
+
+    def runtime_ready(self, ready: Path) -> bool:
+        return True  # streaming: it is working
+
+    #: Codex writes nothing to stderr that the test could plant.
+    stderr_before_crash: str | None = None
+
+    #: Codex's built-in tools stay off under CodeSDK: the built-in contract tests do not apply.
+    builtins: bool = False
+    builtins_touch_files = False
+
+    def builtin_write(self, path: Path, content: str) -> Turn:
+        raise NotImplementedError("Codex runs with its built-in tools off")
+
+
+Case = ScriptedCase | ClaudeCase | CodexCase
 
 
 def workspace(tmp_path: Path) -> Path:

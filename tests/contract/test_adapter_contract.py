@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 import trio
 
 from protocol import EventType, InteractionMode, NormalizedEvent, PermissionMode, TaskStoppedEvent
@@ -216,6 +217,7 @@ async def _deltas(engine: Engine, session_id: str, count: int) -> None:
                 return
 
 
+@pytest.mark.builtin_tools
 async def test_runtime_builtin_tool_runs_only_when_the_supervisor_approves(make_engine: MakeEngine,
                                                                            case: Case,
                                                                            tmp_path: Path) -> None:
@@ -234,6 +236,7 @@ async def test_runtime_builtin_tool_runs_only_when_the_supervisor_approves(make_
     assert target.exists() == case.builtins_touch_files
 
 
+@pytest.mark.builtin_tools
 async def test_runtime_builtin_tool_denied_never_runs(make_engine: MakeEngine, case: Case,
                                                       tmp_path: Path) -> None:
     ws = workspace(tmp_path)

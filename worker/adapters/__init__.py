@@ -14,13 +14,15 @@ if TYPE_CHECKING:
     from ._process import RuntimeAhead
     from .base import AdapterRegistry, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
     from .claude import ClaudeAdapter
+    from .codex import CodexAdapter
     from .scripted import ScriptedAdapter
 
-__all__ = ["AdapterRegistry", "ClaudeAdapter", "RuntimeAdapter", "ScriptedAdapter", "StartTaskRefused", "TaskHandle",
+__all__ = ["AdapterRegistry", "ClaudeAdapter", "CodexAdapter", "RuntimeAdapter", "ScriptedAdapter", "StartTaskRefused", "TaskHandle",
            "TaskIO", "TaskOutcome", "default_registry"]
 
 _HOMES = {"AdapterRegistry": ".base", "RuntimeAdapter": ".base", "StartTaskRefused": ".base", "TaskHandle": ".base",
-          "TaskIO": ".base", "TaskOutcome": ".base", "ClaudeAdapter": ".claude", "ScriptedAdapter": ".scripted"}
+          "TaskIO": ".base", "TaskOutcome": ".base", "ClaudeAdapter": ".claude", "CodexAdapter": ".codex",
+          "ScriptedAdapter": ".scripted"}
 
 
 def __getattr__(name: str) -> object:
@@ -34,9 +36,11 @@ def default_registry(scenario_dir: Path | None = None, ahead: RuntimeAhead | Non
     """Every adapter; ``ahead``: a runtime's program started ahead of the first task, for its adapter to adopt."""
     from .base import AdapterRegistry
     from .claude import ClaudeAdapter
+    from .codex import CodexAdapter
     from .scripted import ScriptedAdapter
 
     registry = AdapterRegistry()
     registry.add(ScriptedAdapter(scenario_dir))
     registry.add(ClaudeAdapter(ahead if ahead is not None and ahead.runtime == ClaudeAdapter.name else None))
+    registry.add(CodexAdapter())
     return registry

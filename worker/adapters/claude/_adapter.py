@@ -53,6 +53,7 @@ from protocol import (
 
 from ..._ahead import RuntimeLaunch
 from ..._tool_calls import PendingToolCalls, ToolOutcome
+from .._api_failures import failure_for_status
 from .._process import RuntimeAhead, RuntimeProcess
 from ..base import Availability, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
 from . import _env
@@ -466,16 +467,6 @@ def _hook_decision(decision: str, reason: str) -> dict[str, Any]:
                                    "permissionDecisionReason": reason}}
 
 
-#: HTTP status of the failing API call -> (task.failed code, retryable)
-_API_FAILURES: dict[int, tuple[TaskFailureCode, bool]] = {
-    400: (TaskFailureCode.INVALID_REQUEST, False), 401: (TaskFailureCode.AUTH_REQUIRED, False),
-    403: (TaskFailureCode.AUTH_REQUIRED, False), 413: (TaskFailureCode.CONTEXT_TOO_LARGE, False),
-    429: (TaskFailureCode.RATE_LIMITED, True), 500: (TaskFailureCode.API_ERROR, True),
-    502: (TaskFailureCode.API_ERROR, True), 503: (TaskFailureCode.API_ERROR, True),
-    504: (TaskFailureCode.API_ERROR, True), 529: (TaskFailureCode.OVERLOADED, True),
-}
-
-
 def _result_text(result: dict[str, Any]) -> str:
     errors = result.get("errors") or []
     text = result.get("result") or "; ".join(str(e) for e in errors if e) or "Claude Code reported an error"
@@ -500,7 +491,7 @@ def _failure_from(result: dict[str, Any]) -> TaskOutcome:
     status = result.get("api_error_status")
     if not isinstance(status, int):
         status = int(match.group(1)) if (match := re.search(r"\b(4\d\d|5\d\d)\b", text)) else None
-    code, retryable = _API_FAILURES.get(status or 0, (TaskFailureCode.RUNTIME_ERROR, False))
+    code, retryable = failure_for_status(status)
     if "prompt is too long" in text.lower() or "context" in text.lower() and "too long" in text.lower():
         code, retryable = TaskFailureCode.CONTEXT_TOO_LARGE, False
     if code == TaskFailureCode.AUTH_REQUIRED:

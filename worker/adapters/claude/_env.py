@@ -14,6 +14,8 @@ from typing import Any
 
 from protocol import AuthState, AuthStatus, sha256_hex, utc_now
 
+from .._namespace_home import namespace_of
+
 
 def config_dir(env: dict[str, str] | os._Environ[str]) -> Path:
     explicit = env.get("CLAUDE_CONFIG_DIR")
@@ -40,16 +42,6 @@ def _global_config(env: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
-
-
-def namespace_of(env: dict[str, str] | os._Environ[str]) -> tuple[str, Path] | None:
-    """The credential namespace and data dir a worker's HOME belongs to (``<data-dir>/namespaces/<ns>/home``)."""
-    home = Path(env.get("HOME", "")) if env.get("HOME") else None
-    if home is None or home.name != "home" or home.parent.parent.name != "namespaces":
-        return None
-    safe = home.parent.name
-    name = safe if safe == "default" else safe.replace(".", ":", 1)
-    return name, home.parent.parent.parent
 
 
 def login_instructions(env: dict[str, str] | os._Environ[str]) -> str:

@@ -1,0 +1,455 @@
+"""Codex adapter: the pinned ``codex app-server`` driven over its JSON-RPC stdio protocol, under trio.
+
+One app-server process per task (``RuntimeProcess``: its own process group, stderr tail, ended with the task):
+``initialize`` (experimental API: dynamic tools need it) → ``thread/start`` (or ``thread/resume`` of the session's
+thread: native resume, the thread id is the runtime session id) → ``turn/start``; the turn's notifications become
+normalized events until ``turn/completed``. Stop is ``turn/interrupt``, then the process group after the grace.
+
+Tools: CodeSDK's tools reach the model as Codex's *dynamic tools*; each call arrives as the server's
+``item/tool/call`` request, becomes ``tool.call.requested`` and is answered with the supervisor's result or denial
+(its reason is what the model reads). Codex's own tools are switched off (``_launch.DISABLED_FEATURES``); an
+approval request that still comes (a command, a file change) is put before the supervisor like any call
+(``executed_by: runtime``) and never approved by the adapter itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from protocol import (
+    AuthStatus,
+    BlockKind,
+    CancellationSupport,
+    ErrorCode,
+    EventType,
+    ExecutedBy,
+    InteractionMode,
+    IsolationMode,
+    ModelOutputCompleted,
+    ModelOutputDelta,
+    RuntimeCapabilities,
+    RuntimeRequestCompleted,
+    RuntimeRequestStarted,
+    StartTaskParams,
+    TaskFailureCode,
+    ToolCallCompleted,
+    ToolCallRequested,
+    ToolCallStarted,
+    ToolRouting,
+    ToolSpec,
+    UsageReported,
+    canonical_hash,
+)
+
+from ..._server import WORKER_VERSION
+from ..._tool_calls import PendingToolCalls, ToolOutcome
+from .._api_failures import failure_for_status
+from .._process import RuntimeProcess
+from .._rpc_peer import METHOD_NOT_FOUND, PeerClosed, PeerError, PeerProtocolError, RpcPeer
+from ..base import Availability, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
+from . import _env
+from ._launch import CODEX_VERSION, BadCodexConfig, CodexSettings, codex_launch, codex_path, codex_version
+
+log = logging.getLogger("codesdk.worker.codex")
+
+#: Dynamic tool names must match this; ours may contain dots, so they are mapped.
+_CODEX_TOOL_NAME = re.compile(r"[^a-zA-Z0-9_-]")
+#: Bound on each of the app-server's answers before the turn runs (a fresh CODEX_HOME takes ~0.5 s).
+HANDSHAKE_TIMEOUT_S = 60.0
+#: After the turn, stdin is closed and app-server gets this long to exit by itself (it takes ~50 ms).
+EXIT_GRACE_S = 5.0
+#: SIGTERM -> SIGKILL when we end its process group.
+TERM_GRACE_S = 1.0
+#: Codex's approval requests for its own tools: method -> the tool name recorded for the call.
+_APPROVALS = {"item/commandExecution/requestApproval": "commandExecution",
+              "item/fileChange/requestApproval": "fileChange", "execCommandApproval": "commandExecution",
+              "applyPatchApproval": "fileChange"}
+
+
+def codex_tool_name(name: str) -> str:
+    return _CODEX_TOOL_NAME.sub("_", name)[:64]
+
+
+class CodexAdapter(RuntimeAdapter):
+    name = "codex"
+
+    def capabilities(self) -> RuntimeCapabilities:
+        return RuntimeCapabilities(
+            name=self.name, version=codex_version() or CODEX_VERSION, isolation_modes=(IsolationMode.SUBPROCESS,),
+            requires_auth=True, auth_methods=("api_key", "oauth_local"), streaming_text=True,
+            streaming_thinking=True, tool_calls=True, parallel_tool_calls=True, tool_routing=(ToolRouting.IN_BAND,),
+            builtin_tools=(), builtin_tools_default_enabled=False, permission_prompts=True,
+            interaction_modes=(InteractionMode.NON_INTERACTIVE,), session_create=True, session_resume=True,
+            transcript_input=False, cancellation=CancellationSupport.COOPERATIVE, usage_reporting=True,
+            cost_reporting=False, default_model=None)
+
+    def availability(self) -> Availability:
+        if codex_path() is None:
+            return Availability(False, f"Codex {CODEX_VERSION} is not installed: run ./scripts/install-runtimes "
+                                       "(needs node and npm; installs the pinned @openai/codex into runtimes/)")
+        return Availability(True)
+
+    async def auth_status(self) -> AuthStatus:
+        return _env.auth_status(os.environ)
+
+    def login_command(self) -> list[str] | None:
+        path = codex_path()
+        return [str(path), "login", "--device-auth"] if path is not None else None
+
+    def start_task(self, params: StartTaskParams, io: TaskIO) -> TaskHandle:
+        binary = codex_path()
+        if binary is None:
+            raise StartTaskRefused(ErrorCode.RUNTIME_UNAVAILABLE, self.availability().reason or "codex is unavailable")
+        prompt = params.last_user_text()  # earlier turns live in Codex's own thread (resumed by id)
+        if not prompt:
+            raise StartTaskRefused(ErrorCode.INVALID_PARAMS, "startTask needs a user message for codex")
+        try:
+            settings = CodexSettings.from_config(params.runtime_config)
+        except BadCodexConfig as exc:
+            raise StartTaskRefused(ErrorCode.INVALID_RUNTIME_CONFIG, str(exc)) from exc
+        if params.session.runtime_session_id:
+            io.set_runtime_session_id(params.session.runtime_session_id)
+        task = CodexTask(params, io, prompt, binary, settings)
+        task.implicit_sources = _env.implicit_sources(os.environ, task.cwd)
+        return task
+
+
+class CodexTask(TaskHandle):
+    def __init__(self, params: StartTaskParams, io: TaskIO, prompt: str, binary: Path,
+                 settings: CodexSettings) -> None:
+        self.params = params
+        self.io = io
+        self.prompt = prompt
+        self.binary = binary
+        self.settings = settings
+        self.stop_grace_s = settings.stop_grace_s
+        self.cwd = Path(params.workspace) if params.workspace else Path(os.environ.get("HOME", "/"))
+        self.by_codex_name: dict[str, ToolSpec] = {codex_tool_name(t.name): t for t in params.tool_manifest.tools}
+        self.tools = PendingToolCalls()
+        self._stop = trio.Event()
+        self._stop_reason: str | None = None
+        self._thread_id: str | None = params.session.runtime_session_id
+        self._turn_id: str | None = None
+        self._model: str | None = settings.model
+        #: The model request in flight (Codex reports none: one opens at the turn's start and again at the first
+        #: item after a usage report, and closes at each usage report).
+        self._request: str | None = None
+        self._requests = 0
+        self._usage: dict[str, int] = {}
+        self._blocks: dict[tuple[str, str], tuple[str, BlockKind, list[str]]] = {}
+        self._runtime_calls: dict[str, tuple[str, dict[str, Any]]] = {}
+        self._error: dict[str, Any] | None = None
+        self._last_text = ""
+        self._raw: list[Any] = []
+
+    # -- inputs ---------------------------------------------------------------------------------
+
+    def send_tool_result(self, tool_call_id: str, result: Any, is_error: bool = False) -> None:
+        self.tools.answer(tool_call_id, ToolOutcome(result=result, is_error=is_error))
+
+    def send_tool_denied(self, tool_call_id: str, reason: str) -> None:
+        self.tools.answer(tool_call_id, ToolOutcome(denied=True, reason=reason))
+
+    def send_tool_approved(self, tool_call_id: str, reason: str) -> None:
+        self.tools.answer(tool_call_id, ToolOutcome(approved=True, reason=reason))
+
+    def stop(self, reason: str | None) -> None:
+        self._stop_reason = reason or "stop requested"
+        self._stop.set()
+
+    # -- the run --------------------------------------------------------------------------------
+
+    async def run(self) -> TaskOutcome:
+        _env.prepare_home(os.environ)
+        launch = codex_launch(self.binary, self.settings, cwd=str(self.cwd), environ=os.environ)
+        async with RuntimeProcess.open(launch.argv, env=launch.env, cwd=launch.cwd, name="Codex",
+                                       term_grace_s=TERM_GRACE_S) as process:
+            peer = RpcPeer(process, self._answer, versioned=False)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(peer.run)
+                    nursery.start_soon(self._stop_when_asked, peer)
+                    outcome = await self._converse(peer)
+                    if outcome is not None:
+                        await process.close_stdin()  # the turn is over: it writes its rollout and exits
+                    with trio.move_on_after(EXIT_GRACE_S):
+                        await process.wait()
+                    nursery.cancel_scope.cancel()
+            except PeerProtocolError as exc:
+                return TaskOutcome.failure(TaskFailureCode.PROTOCOL_ERROR, f"Codex broke its protocol: {exc}",
+                                           stderr_tail=process.stderr.text()[-2000:])
+            if outcome is not None:
+                return outcome
+            if self._stop.is_set():
+                return TaskOutcome.stop(self._stop_reason or "stop requested")
+            if process.returncode is None:  # its output ended but it lives on: end it, then report
+                await process.end(TERM_GRACE_S)
+            raise process.crashed()
+
+    async def _converse(self, peer: RpcPeer) -> TaskOutcome | None:
+        """Handshake, thread, turn; then follow the turn to its end. None: Codex's output ended first."""
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                await peer.request("initialize", {"clientInfo": {"name": "codesdk", "title": "CodeSDK",
+                                                                 "version": WORKER_VERSION},
+                                                  "capabilities": {"experimentalApi": True}})
+                await peer.notify("initialized")
+                thread = await self._open_thread(peer)
+                self._thread_id = str(thread["thread"]["id"])
+                self.io.set_runtime_session_id(self._thread_id)
+                if thread.get("model"):
+                    self._model = str(thread["model"])
+                    self.io.set_model(self._model)
+                if self._stop.is_set():  # stopped before the turn began: do not begin it
+                    return TaskOutcome.stop(self._stop_reason or "stop requested")
+                turn = await peer.request("turn/start", {"threadId": self._thread_id,
+                                                         "input": [{"type": "text", "text": self.prompt}]})
+                self._turn_id = str(turn["turn"]["id"])
+        except PeerClosed:
+            return None
+        except PeerError as exc:
+            return TaskOutcome.failure(TaskFailureCode.RUNTIME_ERROR, f"Codex refused the task: {exc.message}",
+                                       rpc_code=exc.code)
+        except trio.TooSlowError:
+            return TaskOutcome.failure(TaskFailureCode.RUNTIME_ERROR, "Codex did not answer its handshake within "
+                                       f"{HANDSHAKE_TIMEOUT_S:.0f} s", retryable=True)
+        async for method, params in peer.notifications:
+            outcome = await self._handle(method, params)
+            if outcome is not None:
+                return outcome
+        return None
+
+    async def _open_thread(self, peer: RpcPeer) -> dict[str, Any]:
+        common: dict[str, Any] = {"cwd": str(self.cwd), "approvalPolicy": "untrusted", "sandbox": "read-only"}
+        if self.settings.model:
+            common["model"] = self.settings.model
+        if self._thread_id:  # native resume: the thread keeps its dynamic tools
+            return dict(await peer.request("thread/resume", {"threadId": self._thread_id, **common}))
+        tools = [{"type": "function", "name": name, "description": spec.description or spec.name,
+                  "inputSchema": dict(spec.input_schema)} for name, spec in self.by_codex_name.items()]
+        return dict(await peer.request("thread/start", {**common, "dynamicTools": tools}))
+
+    async def _stop_when_asked(self, peer: RpcPeer) -> None:
+        """On stop: interrupt the turn; whatever still runs after the grace ends with the process group."""
+        await self._stop.wait()
+        deadline = trio.current_time() + self.stop_grace_s
+        with trio.move_on_at(deadline):
+            while self._turn_id is None and not peer.closed:  # the turn is being started: interrupt it once it is
+                await trio.sleep(0.01)
+            if self._turn_id is not None:
+                try:
+                    await peer.request("turn/interrupt", {"threadId": self._thread_id, "turnId": self._turn_id})
+                except (PeerClosed, PeerError) as exc:  # "no active turn": it ended meanwhile
+                    log.info("interrupting Codex: %s", exc)
+            await trio.sleep_until(deadline)
+        await peer.process.end(TERM_GRACE_S)
+
+    # -- the server's requests ------------------------------------------------------------------
+
+    async def _answer(self, method: str, params: dict[str, Any]) -> Any:
+        if method == "item/tool/call":
+            return await self._tool_call(params)
+        if method in _APPROVALS:
+            return await self._approval(_APPROVALS[method], params)
+        if method == "item/tool/requestUserInput":  # nobody is at Codex's side to answer it
+            return {"answers": {}}
+        if method == "mcpServer/elicitation/request":
+            return {"action": "decline"}
+        raise PeerError(METHOD_NOT_FOUND, f"CodeSDK does not serve {method}")
+
+    async def _tool_call(self, params: dict[str, Any]) -> dict[str, Any]:
+        name, call_id = str(params.get("tool", "")), str(params.get("callId", ""))
+        arguments = params.get("arguments")
+        tool_input: dict[str, Any] = arguments if isinstance(arguments, dict) else {"arguments": arguments}
+        spec = self.by_codex_name.get(name)
+        if spec is None or not call_id:
+            return _tool_answer(f"{name} is not a tool of this task", success=False)
+        outcome = await self._request_call(spec.name, tool_input, call_id, ExecutedBy.SUPERVISOR)
+        if outcome.denied:
+            return _tool_answer(outcome.reason or "denied by policy", success=False)
+        result = outcome.result
+        text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+        return _tool_answer(text, success=not outcome.is_error)
+
+    async def _approval(self, tool: str, params: dict[str, Any]) -> dict[str, Any]:
+        """One of Codex's own tools wants to run: the supervisor decides; approved, Codex runs it."""
+        call_id = str(params.get("itemId") or params.get("callId") or f"codex-{canonical_hash(params)[7:19]}")
+        tool_input = {k: v for k, v in params.items() if k not in ("threadId", "turnId", "itemId", "callId",
+                                                                     "availableDecisions", "startedAtMs")}
+        outcome = await self._request_call(tool, tool_input, call_id, ExecutedBy.RUNTIME)
+        if outcome.denied:
+            return {"decision": "decline"}
+        self._runtime_calls[call_id] = (tool, tool_input)
+        await self.io.emit(EventType.TOOL_CALL_STARTED, ToolCallStarted(
+            **_identity(call_id, tool_input), tool_name=tool, executed_by=ExecutedBy.RUNTIME,
+            execution_env="runtime:codex"))
+        return {"decision": "accept"}
+
+    async def _request_call(self, tool_name: str, tool_input: dict[str, Any], call_id: str,
+                            executed_by: ExecutedBy) -> ToolOutcome:
+        self.tools.expect(call_id)
+        await self.io.emit(EventType.TOOL_CALL_REQUESTED, ToolCallRequested(
+            **_identity(call_id, tool_input), tool_name=tool_name, input=tool_input, executed_by=executed_by))
+        return await self.tools.wait(call_id)
+
+    # -- the turn's notifications ---------------------------------------------------------------
+
+    async def _handle(self, method: str, params: dict[str, Any]) -> TaskOutcome | None:
+        if params.get("threadId") not in (None, self._thread_id):
+            return None  # another thread's (none are started by us)
+        self._raw.append({"method": method, "params": params})
+        if method == "turn/started":
+            await self._open_request()
+        elif method == "item/started":
+            if (params.get("item") or {}).get("type") not in ("userMessage", None):
+                await self._open_request()
+        elif method == "item/agentMessage/delta":
+            await self._delta((str(params.get("itemId")), "text"), BlockKind.TEXT, params.get("delta"))
+        elif method == "item/reasoning/summaryTextDelta":
+            await self._delta((str(params.get("itemId")), f"summary:{params.get('summaryIndex', 0)}"),
+                              BlockKind.THINKING, params.get("delta"))
+        elif method == "item/reasoning/textDelta":
+            await self._delta((str(params.get("itemId")), f"content:{params.get('contentIndex', 0)}"),
+                              BlockKind.THINKING, params.get("delta"))
+        elif method == "item/completed":
+            await self._item_completed(params.get("item") or {})
+        elif method == "thread/tokenUsage/updated":
+            await self._usage_reported(params.get("tokenUsage") or {})
+        elif method == "error":
+            if not params.get("willRetry"):
+                self._error = params.get("error") or {}
+        elif method == "warning":
+            log.info("Codex: %s", params.get("message"))
+        elif method == "turn/completed":
+            turn = params.get("turn") or {}
+            if turn.get("id") == self._turn_id:
+                return await self._turn_completed(turn)
+        return None
+
+    async def _open_request(self) -> None:
+        if self._request is None:
+            self._requests += 1
+            self._request = f"{self._turn_id}:{self._requests}"
+            await self.io.emit(EventType.RUNTIME_REQUEST_STARTED, RuntimeRequestStarted(
+                request_id=self._request, model=self._model))
+
+    async def _close_request(self, stop_reason: str | None) -> None:
+        if self._request is not None:
+            request, self._request = self._request, None
+            raw, self._raw = self._raw, []
+            await self.io.emit(EventType.RUNTIME_REQUEST_COMPLETED, RuntimeRequestCompleted(
+                request_id=request, stop_reason=stop_reason), raw=raw)
+
+    async def _delta(self, key: tuple[str, str], kind: BlockKind, delta: object) -> None:
+        if not isinstance(delta, str) or not delta:
+            return
+        block = self._blocks.get(key)
+        if block is None:
+            block = self._blocks[key] = (f"{self.params.task_id}:{self._turn_id}:{':'.join(key)}", kind, [])
+        block_id, _, parts = block
+        await self.io.emit(EventType.MODEL_OUTPUT_DELTA, ModelOutputDelta(
+            block_id=block_id, kind=kind, delta=delta, index=len(parts)))
+        parts.append(delta)
+
+    async def _item_completed(self, item: dict[str, Any]) -> None:
+        kind, item_id = item.get("type"), str(item.get("id"))
+        if kind == "agentMessage":
+            text = str(item.get("text") or "")
+            await self._complete_block((item_id, "text"), BlockKind.TEXT, text)
+            self._last_text = text or self._last_text
+        elif kind == "reasoning":
+            for index, text in enumerate(item.get("summary") or []):
+                await self._complete_block((item_id, f"summary:{index}"), BlockKind.THINKING, str(text))
+            for index, text in enumerate(item.get("content") or []):
+                await self._complete_block((item_id, f"content:{index}"), BlockKind.THINKING, str(text))
+        elif item_id in self._runtime_calls:  # one of Codex's own tools that the supervisor approved
+            tool, tool_input = self._runtime_calls.pop(item_id)
+            failed = item.get("status") != "completed" or bool(item.get("exitCode"))
+            output = item.get("aggregatedOutput") or item.get("changes") or ""
+            preview = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+            await self.io.emit(EventType.TOOL_CALL_COMPLETED, ToolCallCompleted(
+                **_identity(item_id, tool_input), tool_name=tool, is_error=failed, executed_by=ExecutedBy.RUNTIME,
+                execution_env="runtime:codex", result_preview=preview[:500]), raw={"item": item})
+
+    async def _complete_block(self, key: tuple[str, str], kind: BlockKind, text: str) -> None:
+        """The block's text is what was streamed; an item that came whole (no deltas) is streamed as one."""
+        block = self._blocks.pop(key, None)
+        if block is None:
+            if not text:
+                return
+            await self._delta(key, kind, text)
+            block = self._blocks.pop(key)
+        block_id, block_kind, parts = block
+        await self.io.emit(EventType.MODEL_OUTPUT_COMPLETED, ModelOutputCompleted(
+            block_id=block_id, kind=block_kind, text="".join(parts)))
+
+    async def _usage_reported(self, token_usage: dict[str, Any]) -> None:
+        last = token_usage.get("last") or {}
+        for key in ("inputTokens", "cachedInputTokens", "cacheWriteInputTokens", "outputTokens",
+                    "reasoningOutputTokens"):
+            value = last.get(key)
+            if isinstance(value, int):
+                self._usage[key] = self._usage.get(key, 0) + value
+        await self._close_request(None)
+
+    async def _turn_completed(self, turn: dict[str, Any]) -> TaskOutcome:
+        status = turn.get("status")
+        await self._close_request(str(status))
+        await self.io.emit(EventType.USAGE_REPORTED, UsageReported(
+            model=self._model or "codex-default", input_tokens=self._usage.get("inputTokens", 0),
+            output_tokens=self._usage.get("outputTokens", 0),
+            cache_read_tokens=self._usage.get("cachedInputTokens", 0),
+            cache_write_tokens=self._usage.get("cacheWriteInputTokens", 0)), raw={"turn": turn})
+        if status == "interrupted" or self._stop.is_set():
+            return TaskOutcome.stop(self._stop_reason or "Codex interrupted the turn")
+        if status == "failed":
+            return _failure(turn.get("error") or self._error or {})
+        return TaskOutcome.success("end_turn", self._last_text[-200:])
+
+
+def _identity(call_id: str, tool_input: dict[str, Any]) -> dict[str, Any]:
+    return {"tool_call_id": call_id, "runtime_tool_call_id": call_id, "input_hash": canonical_hash(tool_input)}
+
+
+def _tool_answer(text: str, *, success: bool) -> dict[str, Any]:
+    return {"contentItems": [{"type": "inputText", "text": text}], "success": success}
+
+
+#: ``codexErrorInfo`` values that are not an HTTP status -> (code, retryable).
+_CODEX_ERRORS: dict[str, tuple[TaskFailureCode, bool]] = {
+    "contextWindowExceeded": (TaskFailureCode.CONTEXT_TOO_LARGE, False),
+    "unauthorized": (TaskFailureCode.AUTH_REQUIRED, False),
+    "rateLimitExceeded": (TaskFailureCode.RATE_LIMITED, True),
+    "usageLimitExceeded": (TaskFailureCode.RATE_LIMITED, False),
+    "serverOverloaded": (TaskFailureCode.OVERLOADED, True),
+    "internalServerError": (TaskFailureCode.API_ERROR, True),
+    "responseStreamDisconnected": (TaskFailureCode.API_ERROR, True),
+}
+
+
+def _failure(error: dict[str, Any]) -> TaskOutcome:
+    """A failed turn's error: ``codexErrorInfo`` is a name, or an object naming the failure with an HTTP status."""
+    message = str(error.get("message") or "Codex reported an error")
+    info = error.get("codexErrorInfo")
+    status: int | None = None
+    name = info if isinstance(info, str) else next(iter(info), None) if isinstance(info, dict) and info else None
+    if isinstance(info, dict) and isinstance(detail := info.get(name), dict):
+        found = detail.get("httpStatusCode")
+        status = found if isinstance(found, int) else None
+    if status is not None:
+        code, retryable = failure_for_status(status)
+    else:
+        code, retryable = _CODEX_ERRORS.get(str(name), (TaskFailureCode.RUNTIME_ERROR, False))
+    if code == TaskFailureCode.RUNTIME_ERROR and "Missing environment variable" in message:
+        code = TaskFailureCode.AUTH_REQUIRED
+    if code == TaskFailureCode.AUTH_REQUIRED:
+        message += " — " + _env.login_instructions(os.environ)
+    return TaskOutcome.failure(code, message[:2000], retryable, codex_error=name, api_error_status=status)
+

@@ -1,0 +1,145 @@
+"""How Codex is started for a task: the pinned binary, ``codex app-server``'s command line, environment, directory.
+
+The binary comes from npm (``runtimes/package.json`` pins ``@openai/codex``; ``scripts/install-runtimes`` installs
+it with ``--ignore-scripts``). Its JS launcher only sets two variables and execs the platform build, so the adapter
+runs the platform build directly. Everything Codex keeps lives under ``CODEX_HOME``, which is the namespace HOME's
+``.codex``: logins and threads of two namespaces never meet. The standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..._ahead import RuntimeLaunch
+
+#: The version ``runtimes/package.json`` pins (a test holds the two equal).
+CODEX_VERSION = "0.169.0"
+#: Where the npm-installed runtimes are (``runtimes/`` of the checkout when unset).
+RUNTIMES_DIR_ENV = "CODESDK_RUNTIMES_DIR"
+#: The platform builds' directory names, as Codex's own launcher maps them.
+_TRIPLES = {("Linux", "x86_64"): ("linux-x64", "x86_64-unknown-linux-musl"),
+            ("Linux", "aarch64"): ("linux-arm64", "aarch64-unknown-linux-musl"),
+            ("Darwin", "x86_64"): ("darwin-x64", "x86_64-apple-darwin"),
+            ("Darwin", "arm64"): ("darwin-arm64", "aarch64-apple-darwin")}
+#: The model provider CodeSDK configures when the namespace has an API key (base URL and key from its environment).
+PROVIDER = "codesdk"
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+#: Seconds the runtime gets to end its turn by itself after a stop (``turn/interrupt``) before its group is ended.
+DEFAULT_STOP_GRACE_S = 5.0
+#: Codex features switched off for every task: anything that runs code, reaches the network beyond the model
+#: provider, installs or updates things, or lets something other than the supervisor decide a call. Our tools reach
+#: the model as dynamic tools; what is left on its side is ``request_user_input`` (answered with no answers).
+DISABLED_FEATURES = (
+    "shell_tool", "unified_exec", "view_image", "multi_agent", "goals", "image_generation", "apps", "plugins",
+    "remote_plugin", "plugin_sharing", "browser_use", "browser_use_external", "computer_use", "code_mode_host",
+    "hooks", "skill_mcp_dependency_install", "tool_suggest", "daemon_auto_start", "sleep_tool",
+    "workspace_dependencies", "in_app_updates", "guardian_approval", "enable_request_compression",
+)
+#: ``-c`` settings for every task: no analytics, no update check, no web search, no AGENTS.md project docs.
+QUIET_CONFIG = {"analytics.enabled": False, "check_for_update_on_startup": False, "web_search": "disabled",
+                "project_doc_max_bytes": 0}
+
+
+class BadCodexConfig(ValueError):
+    """The task's ``runtime_config`` cannot be used (the caller's mistake); the message says which key and why."""
+
+
+@dataclass(frozen=True)
+class CodexSettings:
+    """What a task's ``runtime_config`` asks of Codex, checked."""
+
+    model: str | None = None  # None: the provider's default, as Codex picks it
+    #: Retries of a failing model request (Codex's own default when None).
+    max_retries: int | None = None
+    stop_grace_s: float = DEFAULT_STOP_GRACE_S
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, object]) -> CodexSettings:
+        unknown = sorted(set(config) - {"model", "max_retries", "stop_grace_s", "builtin_tools"})
+        if unknown:
+            raise BadCodexConfig(f"runtime_config has keys Codex does not take: {', '.join(unknown)} "
+                                 "(known: model, max_retries, stop_grace_s)")
+        if config.get("builtin_tools"):
+            raise BadCodexConfig("runtime_config.builtin_tools: Codex's built-in tools (commands, file edits, MCP) "
+                                 "stay off under CodeSDK; its tools are CodeSDK's, decided and run by the supervisor")
+        model = config.get("model")
+        if model is not None and (not isinstance(model, str) or not model.strip()):
+            raise BadCodexConfig("runtime_config.model must be a model name")
+        retries = config.get("max_retries")
+        if retries is not None and (not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 10):
+            raise BadCodexConfig("runtime_config.max_retries must be a whole number from 0 to 10")
+        grace = config.get("stop_grace_s", DEFAULT_STOP_GRACE_S)
+        if not isinstance(grace, int | float) or isinstance(grace, bool) or not 0 <= grace <= 60:
+            raise BadCodexConfig("runtime_config.stop_grace_s must be a number of seconds from 0 to 60")
+        return cls(model=model, max_retries=retries, stop_grace_s=float(grace))
+
+
+def runtimes_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    explicit = environ.get(RUNTIMES_DIR_ENV)
+    return Path(explicit) if explicit else Path(__file__).resolve().parents[3] / "runtimes"
+
+
+def _platform_build(environ: Mapping[str, str]) -> Path | None:
+    names = _TRIPLES.get((platform.system(), platform.machine()))
+    if names is None:
+        return None
+    package, triple = names
+    return runtimes_dir(environ) / "node_modules" / "@openai" / f"codex-{package}" / "vendor" / triple
+
+
+def codex_path(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """The pinned platform binary, if installed (its ``codex-package.json`` names it and its version)."""
+    build = _platform_build(environ)
+    if build is None:
+        return None
+    try:
+        layout = json.loads((build / "codex-package.json").read_text())
+    except (OSError, ValueError):
+        return None
+    binary = build / str(layout.get("entrypoint", "bin/codex"))
+    return binary if binary.is_file() and os.access(binary, os.X_OK) else None
+
+
+def codex_version(environ: Mapping[str, str] = os.environ) -> str:
+    """The installed build's version, read from its layout file (no process started); "" if not installed."""
+    build = _platform_build(environ)
+    try:
+        return str(json.loads((build / "codex-package.json").read_text())["version"]) if build else ""
+    except (OSError, ValueError, KeyError):
+        return ""
+
+
+def codex_home(environ: Mapping[str, str]) -> Path:
+    explicit = environ.get("CODEX_HOME")
+    return Path(explicit) if explicit else Path(environ.get("HOME", "~")).expanduser() / ".codex"
+
+
+def _setting(key: str, value: object) -> list[str]:
+    return ["-c", f"{key}={json.dumps(value)}"]  # a TOML value: JSON's strings, numbers and booleans are TOML's
+
+
+def codex_launch(binary: Path, settings: CodexSettings, *, cwd: str, environ: Mapping[str, str]) -> RuntimeLaunch:
+    """``codex app-server`` on stdio for one task. With ``OPENAI_API_KEY`` in the namespace's environment, the
+    model provider is CodeSDK's (``OPENAI_BASE_URL`` or OpenAI's API, that key); without it, Codex's own login in
+    the namespace's ``CODEX_HOME`` is used."""
+    argv = [str(binary), "app-server"]
+    for key, value in QUIET_CONFIG.items():
+        argv += _setting(key, value)
+    for feature in DISABLED_FEATURES:
+        argv += ["--disable", feature]
+    if environ.get("OPENAI_API_KEY"):
+        provider = f"model_providers.{PROVIDER}"
+        argv += _setting("model_provider", PROVIDER) + _setting(f"{provider}.name", "CodeSDK")
+        argv += _setting(f"{provider}.base_url", environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL)
+        argv += _setting(f"{provider}.wire_api", "responses") + _setting(f"{provider}.env_key", "OPENAI_API_KEY")
+        if settings.max_retries is not None:
+            argv += _setting(f"{provider}.request_max_retries", settings.max_retries)
+            argv += _setting(f"{provider}.stream_max_retries", settings.max_retries)
+    env = dict(environ)
+    env.update({"CODEX_HOME": str(codex_home(environ)), "NO_COLOR": "1", "PWD": cwd})
+    return RuntimeLaunch(argv=tuple(argv), env=env, cwd=cwd)
