@@ -72,14 +72,20 @@ class RpcPeer:
     async def run(self) -> None:
         """Read the runtime's stdout until it ends; then fail what still waits for an answer and close
         ``notifications``. Raises ``PeerProtocolError`` on a line that is not JSON-RPC."""
+        broken: PeerProtocolError | None = None
         try:
             lines = self.process.lines()
             async with trio.open_nursery() as handlers, aclosing(lines):
-                async for line in lines:
-                    message = _decode(line)
-                    if message is not None:
-                        await self._route(message, handlers)
-                handlers.cancel_scope.cancel()  # the runtime is gone: nobody is left to answer
+                try:
+                    async for line in lines:
+                        message = _decode(line)
+                        if message is not None:
+                            await self._route(message, handlers)
+                except PeerProtocolError as exc:  # raised below, outside the nursery (not as a group)
+                    broken = exc
+                handlers.cancel_scope.cancel()  # the runtime is gone or unreadable: nobody is left to answer
+            if broken is not None:
+                raise broken
         finally:
             self.closed = True
             for event, slot in self._pending.values():

@@ -24,6 +24,7 @@ from typing import Any
 import trio
 
 from protocol import (
+    AuthState,
     AuthStatus,
     BlockKind,
     CancellationSupport,
@@ -167,23 +168,27 @@ class CodexTask(TaskHandle):
     # -- the run --------------------------------------------------------------------------------
 
     async def run(self) -> TaskOutcome:
+        auth = _env.auth_status(os.environ)
+        if auth.state != AuthState.AUTHENTICATED:  # Codex would try its default provider without credentials
+            return TaskOutcome.failure(TaskFailureCode.AUTH_REQUIRED, auth.message)
         _env.prepare_home(os.environ)
         launch = codex_launch(self.binary, self.settings, cwd=str(self.cwd), environ=os.environ)
         async with RuntimeProcess.open(launch.argv, env=launch.env, cwd=launch.cwd, name="Codex",
                                        term_grace_s=TERM_GRACE_S) as process:
             peer = RpcPeer(process, self._answer, versioned=False)
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(peer.run)
-                    nursery.start_soon(self._stop_when_asked, peer)
-                    outcome = await self._converse(peer)
-                    if outcome is not None:
-                        await process.close_stdin()  # the turn is over: it writes its rollout and exits
-                    with trio.move_on_after(EXIT_GRACE_S):
-                        await process.wait()
-                    nursery.cancel_scope.cancel()
-            except PeerProtocolError as exc:
-                return TaskOutcome.failure(TaskFailureCode.PROTOCOL_ERROR, f"Codex broke its protocol: {exc}",
+            broken: list[PeerProtocolError] = []
+            outcome: TaskOutcome | None = None
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read, peer, broken, nursery.cancel_scope)
+                nursery.start_soon(self._stop_when_asked, peer)
+                outcome = await self._converse(peer)
+                if outcome is not None:
+                    await process.close_stdin()  # the turn is over: it writes its rollout and exits
+                with trio.move_on_after(EXIT_GRACE_S):
+                    await process.wait()
+                nursery.cancel_scope.cancel()
+            if broken:
+                return TaskOutcome.failure(TaskFailureCode.PROTOCOL_ERROR, f"Codex broke its protocol: {broken[0]}",
                                            stderr_tail=process.stderr.text()[-2000:])
             if outcome is not None:
                 return outcome
@@ -192,6 +197,15 @@ class CodexTask(TaskHandle):
             if process.returncode is None:  # its output ended but it lives on: end it, then report
                 await process.end(TERM_GRACE_S)
             raise process.crashed()
+
+    @staticmethod
+    async def _read(peer: RpcPeer, broken: list[PeerProtocolError], scope: trio.CancelScope) -> None:
+        """The peer's reader; a line that breaks the protocol ends the whole conversation (noted in ``broken``)."""
+        try:
+            await peer.run()
+        except PeerProtocolError as exc:
+            broken.append(exc)
+            scope.cancel()
 
     async def _converse(self, peer: RpcPeer) -> TaskOutcome | None:
         """Handshake, thread, turn; then follow the turn to its end. None: Codex's output ended first."""
