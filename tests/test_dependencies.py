@@ -45,3 +45,18 @@ async def test_mcp_in_process_client_and_server_under_trio() -> None:
             result = await client.call_tool("echo", {"text": "hi"})
             content = result.content[0]
             assert isinstance(content, TextContent) and content.text == "echo: hi"
+
+
+def test_the_codex_the_adapter_expects_is_the_one_pinned_and_locked() -> None:
+    """``runtimes/package.json`` pins Codex exactly and its lock holds that version with an integrity hash; the
+    adapter's ``CODEX_VERSION`` (what it reports when no build is installed) says the same."""
+    import json
+    from pathlib import Path
+
+    from worker.adapters.codex._launch import CODEX_VERSION, codex_version
+
+    runtimes = Path(__file__).resolve().parents[1] / "runtimes"
+    pinned = json.loads((runtimes / "package.json").read_text())["dependencies"]["@openai/codex"]
+    locked = json.loads((runtimes / "package-lock.json").read_text())["packages"]["node_modules/@openai/codex"]
+    assert pinned == locked["version"] == CODEX_VERSION and locked["integrity"].startswith("sha512-")
+    assert codex_version() in ("", CODEX_VERSION)  # installed: the same build

@@ -138,6 +138,7 @@ class CodexTask(TaskHandle):
         self._stop_reason: str | None = None
         self._thread_id: str | None = params.session.runtime_session_id
         self._turn_id: str | None = None
+        self._turn_started = trio.Event()
         self._model: str | None = settings.model
         #: The model request in flight (Codex reports none: one opens at the turn's start and again at the first
         #: item after a usage report, and closes at each usage report).
@@ -226,6 +227,7 @@ class CodexTask(TaskHandle):
                 turn = await peer.request("turn/start", {"threadId": self._thread_id,
                                                          "input": [{"type": "text", "text": self.prompt}]})
                 self._turn_id = str(turn["turn"]["id"])
+                self._turn_started.set()
         except PeerClosed:
             return None
         except PeerError as exc:
@@ -255,8 +257,7 @@ class CodexTask(TaskHandle):
         await self._stop.wait()
         deadline = trio.current_time() + self.stop_grace_s
         with trio.move_on_at(deadline):
-            while self._turn_id is None and not peer.closed:  # the turn is being started: interrupt it once it is
-                await trio.sleep(0.01)
+            await self._turn_started.wait()  # a turn being started is interrupted once it is (until the deadline)
             if self._turn_id is not None:
                 try:
                     await peer.request("turn/interrupt", {"threadId": self._thread_id, "turnId": self._turn_id})
