@@ -16,6 +16,9 @@ Machines here are small and noisy, so each figure is the median of several repet
   store    append one per commit / batched, paging, restart with many stored events; baseline: raw apsw
   real     one turn with one tool call on Claude Code against the fake API, direct vs through CodeSDK
            (re-runs itself inside scripts/netns-run; skipped with a reason when that or the runtime is missing)
+  cold     one whole cold `codesdk run --runtime claude` vs `claude -p` (scripts/benchmarks/real_runtime.py)
+  codex    one turn with one tool call on Codex, through CodeSDK vs a minimal client of `codex app-server`
+           (warm), and a cold `codesdk run --runtime codex` vs `codex exec`; in scripts/netns-run like `real`
   fairness another tenant's small task while one tenant floods (p50), against its quiet p50 in the same run
   transcript peak RSS growth of a supervisor process serving the transcript of a 200k-event session (one, and
            four at once); baseline: a raw apsw SELECT of the same events, kept (fetchall), measured the same way
@@ -48,7 +51,7 @@ import trio
 from benchmarks import cases, store, transcript
 from benchmarks.common import Figure, from_reps, median, percentile, print_table
 
-CASES = ("events", "latency", "tool", "spawn", "density", "store", "real", "cold", "fairness", "transcript")
+CASES = ("events", "latency", "tool", "spawn", "density", "store", "real", "cold", "codex", "fairness", "transcript")
 NETNS_UNAVAILABLE = 97  # scripts/netns-run's exit code when no namespace can be made
 
 
@@ -229,7 +232,7 @@ def case_real(p: dict[str, Any]) -> list[Figure]:
     if missing:
         return [_skipped("real", missing)]
     if not _loopback_only():
-        return _real_in_netns(p)
+        return _in_netns("real", p)
     r = real_runtime.run(p["real_repeat"])
     f = from_reps("real", "one turn + one tool call, Claude Code", "s", r["codesdk"], r["direct"],
                   goal="<= 1.05x direct", note="direct: claude-agent-sdk with an in-process tool, same fake API")
@@ -237,17 +240,38 @@ def case_real(p: dict[str, Any]) -> list[Figure]:
     return [f]
 
 
-def _real_in_netns(p: dict[str, Any]) -> list[Figure]:
+def case_codex(p: dict[str, Any]) -> list[Figure]:
+    """Codex, warm and cold, inside the loopback-only namespace (re-executing this script there when needed)."""
+    from benchmarks import codex_runtime
+
+    missing = codex_runtime.runtime_missing()
+    if missing:
+        return [_skipped("codex", missing)]
+    if not _loopback_only():
+        return _in_netns("codex", p)
+    r = codex_runtime.warm(p["real_repeat"])
+    warm = from_reps("codex", "one turn + one tool call, Codex, warm", "s", r["codesdk"], r["direct"],
+                     goal="<= 1.05x direct", note="each a new `codex app-server`; direct: a minimal client of it "
+                                                  "answering the tool in-process; same flags, same fake API")
+    warm.met = warm.ratio is not None and warm.ratio <= 1.05
+    c = codex_runtime.cold(p["cold_repeat"])
+    cold = from_reps("codex", "`codesdk run --runtime codex`, one turn, cold", "s", c["codesdk"], c["direct"],
+                     note="new process each: supervisor, worker, app-server; baseline: `codex exec`, same flags")
+    return [warm, cold]
+
+
+def _in_netns(case: str, p: dict[str, Any]) -> list[Figure]:
     with tempfile.TemporaryDirectory(prefix="codesdk-bench-") as tmp:
-        out = Path(tmp) / "real.json"
+        out = Path(tmp) / f"{case}.json"
         argv = [str(REPO / "scripts" / "netns-run"), sys.executable, str(Path(__file__).resolve()),
-                "--case", "real", "--json", str(out), "--real-repeat", str(p["real_repeat"]), "--no-table"]
+                "--case", case, "--json", str(out), "--real-repeat", str(p["real_repeat"]),
+                "--cold-repeat", str(p["cold_repeat"]), "--no-table"]
         proc = subprocess.run(argv, check=False, cwd=REPO, stdin=subprocess.DEVNULL)
         if proc.returncode == NETNS_UNAVAILABLE:
-            return [_skipped("real", "no loopback-only network namespace can be made here (scripts/netns-run "
-                                     "exited 97); a real runtime is never run outside one")]
+            return [_skipped(case, "no loopback-only network namespace can be made here (scripts/netns-run "
+                                   "exited 97); a real runtime is never run outside one")]
         if proc.returncode != 0 or not out.exists():
-            return [_skipped("real", f"the run inside scripts/netns-run failed (exit {proc.returncode})")]
+            return [_skipped(case, f"the run inside scripts/netns-run failed (exit {proc.returncode})")]
         return [Figure(**{k: v for k, v in row.items() if k != "ratio"}) for row in json.loads(out.read_text())["figures"]]
 
 
@@ -262,7 +286,7 @@ def _loopback_only() -> bool:
 
 RUNNERS: dict[str, Callable[[dict[str, Any]], list[Figure]]] = {
     "events": case_events, "latency": case_latency, "tool": case_tool, "spawn": case_spawn,
-    "density": case_density, "store": case_store, "real": case_real, "cold": cases.cold,
+    "density": case_density, "store": case_store, "real": case_real, "cold": cases.cold, "codex": case_codex,
     "fairness": case_fairness, "transcript": case_transcript,
 }
 
@@ -280,6 +304,7 @@ def main() -> int:
     parser.add_argument("--case", action="append", choices=CASES, help="run only this case (repeatable)")
     parser.add_argument("--repeat", type=int, help="repetitions per case (default 3, quick 2)")
     parser.add_argument("--real-repeat", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--cold-repeat", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, default=REPO / "build" / "bench" / "results.json",
                         help="where to write the results (default build/bench/results.json)")
     parser.add_argument("--no-table", action="store_true", help=argparse.SUPPRESS)
@@ -287,6 +312,8 @@ def main() -> int:
     p = parameters(args.quick, args.repeat)
     if args.real_repeat:
         p["real_repeat"] = args.real_repeat
+    if args.cold_repeat:
+        p["cold_repeat"] = args.cold_repeat
     started = time.perf_counter()
     info = machine()
     if not args.no_table:

@@ -52,8 +52,9 @@ Composer = Callable[[Mapping[str, object], Mapping[str, str]], RuntimeLaunch | N
 
 def _composers() -> dict[str, Composer]:
     from .adapters.claude._launch import launch_ahead as claude  # light: no protocol models
+    from .adapters.codex._launch import launch_ahead as codex
 
-    return {"claude": claude}
+    return {"claude": claude, "codex": codex}
 
 
 def hint_from_env() -> tuple[str, dict[str, object]] | None:

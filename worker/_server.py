@@ -60,6 +60,7 @@ from protocol import (
     parse_request,
 )
 
+from . import WORKER_VERSION
 from ._failure import RpcFailure
 from .adapters.base import (
     AdapterRegistry,
@@ -73,7 +74,6 @@ from .adapters.base import (
 log = logging.getLogger("codesdk.worker")
 
 WORKER_NAME = "codesdk-worker"
-WORKER_VERSION = "0.1.0"
 
 #: Outgoing lines buffered before emitters wait for the writer. Bounded so a flooding runtime
 #: slows down instead of exhausting memory when the supervisor reads slowly.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,7 @@ from ..contract.cases import CODEX_CONFIG, CodexCase, workspace
 from ..e2e.conftest import of_type
 from ..e2e.invariants import check_session
 from ..netns import skip_outside_netns
+from ..worker.harness import REPO
 
 needs_codex = pytest.mark.skipif(codex_path() is None,
                                  reason="Codex is not installed: ./scripts/install-runtimes (needs node and npm)")
@@ -207,3 +209,46 @@ async def test_a_binary_that_dies_at_once_is_a_retryable_crash_with_its_stderr(
     [failed] = of_type(events, EventType.TASK_FAILED)
     assert record.state == TaskState.FAILED and (failed.code, failed.retryable) == ("RUNTIME_CRASHED", True)
     assert failed.details["exit_code"] == 3 and "stderr_tail_ref" in failed.details
+
+
+# -- as an operator uses it: `codesdk run --runtime codex`, `codesdk auth` ---------------------------------------
+
+CLI = [sys.executable, "-m", "supervisor.cli_entry"]
+
+
+def _cli(data: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, "--data-dir", str(data), *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO, stdin=subprocess.DEVNULL, check=False)
+
+
+def test_codesdk_run_with_codex_streams_from_the_app_server_it_started_ahead(fake: FakeAnthropic,
+                                                                             tmp_path: Path) -> None:
+    """The worker started ahead of the supervisor starts app-server ahead of the task (with its initialize
+    already sent), and that one serves the task: no second app-server, nothing refused."""
+    done = _cli(tmp_path / "data", "-vv", "run", "THINK briefly\nSAY hello from the cli", "--runtime", "codex",
+                "--json", "--config", "model=fake-model", "--config", "max_retries=0",
+                "--env", f"OPENAI_BASE_URL={fake.openai_base_url}", "--env", "OPENAI_API_KEY=sk-test")
+    assert done.returncode == 0, done.stderr[-2000:]
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert events[-1]["type"] == "task.completed" and all(e["runtime"]["name"] == "codex" for e in events)
+    assert "hello from the cli" in "".join(e["payload"].get("delta", "") for e in events)
+    assert "started codex ahead of its task" in done.stderr
+    assert "not using the codex started ahead" not in done.stderr and "not adopting" not in done.stderr
+    assert len(fake.requests("/v1/responses")) == 1
+
+
+def test_codesdk_auth_reports_codex_per_namespace(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    missing = _cli(data, "auth", "--runtime", "codex", "--namespace", "user:alice")
+    assert missing.returncode == 1 and "unauthenticated" in missing.stdout
+    assert "codesdk-supervisor namespace env set user:alice OPENAI_API_KEY" in missing.stdout
+    assert f"codesdk auth login --runtime codex --namespace user:alice --data-dir {data}" in missing.stdout
+    home = data / "namespaces" / "user.alice" / "home" / ".codex"
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "auth.json").write_text('{"auth_mode": "apikey", "OPENAI_API_KEY": "sk-secret-value-99"}')
+    ok = _cli(data, "auth", "--runtime", "codex", "--namespace", "user:alice", "--json")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert json.loads(ok.stdout)["status"]["state"] == "authenticated"
+    assert "sk-secret-value-99" not in ok.stdout + ok.stderr
+    other = _cli(data, "auth", "--runtime", "codex", "--namespace", "user:bob")
+    assert other.returncode == 1  # alice's login is hers

@@ -42,5 +42,5 @@ def default_registry(scenario_dir: Path | None = None, ahead: RuntimeAhead | Non
     registry = AdapterRegistry()
     registry.add(ScriptedAdapter(scenario_dir))
     registry.add(ClaudeAdapter(ahead if ahead is not None and ahead.runtime == ClaudeAdapter.name else None))
-    registry.add(CodexAdapter())
+    registry.add(CodexAdapter(ahead if ahead is not None and ahead.runtime == CodexAdapter.name else None))
     return registry

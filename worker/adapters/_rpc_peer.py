@@ -59,12 +59,15 @@ class RpcPeer:
     """
 
     def __init__(self, process: RuntimeProcess, handler: RequestHandler, *, versioned: bool = True,
-                 buffer: int = 1024) -> None:
+                 buffer: int = 1024, sent: tuple[str, ...] = ()) -> None:
+        """``sent``: ids of requests written before the peer existed (a launch's opening); ``answer_to`` waits for
+        their answers."""
         self.process = process
         self._handler = handler
         self._versioned = versioned
         self._write_lock = trio.Lock()
-        self._pending: dict[str, tuple[trio.Event, list[Any]]] = {}
+        self._pending: dict[str, tuple[trio.Event, list[Any]]] = {
+            request_id: (trio.Event(), []) for request_id in sent}
         self._counter = 0
         self._send_notifications, self.notifications = trio.open_memory_channel[tuple[str, dict[str, Any]]](buffer)
         self.closed = False
@@ -100,10 +103,18 @@ class RpcPeer:
             raise PeerClosed(f"{self.process.name}'s output ended")
         self._counter += 1
         request_id = f"codesdk-{self._counter}"
-        event, slot = trio.Event(), list[Any]()
-        self._pending[request_id] = (event, slot)
+        self._pending[request_id] = (trio.Event(), [])
         try:
             await self._send({"id": request_id, "method": method, **({"params": params} if params is not None else {})})
+        except BaseException:
+            del self._pending[request_id]
+            raise
+        return await self.answer_to(request_id)
+
+    async def answer_to(self, request_id: str) -> Any:
+        """Wait for the answer to a request already sent (by ``request``, or before the peer: ``sent``)."""
+        event, slot = self._pending[request_id]
+        try:
             await event.wait()
         finally:
             del self._pending[request_id]

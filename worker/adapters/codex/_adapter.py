@@ -14,6 +14,7 @@ approval request that still comes (a command, a file change) is put before the s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -49,14 +50,22 @@ from protocol import (
     canonical_hash,
 )
 
-from ..._server import WORKER_VERSION
 from ..._tool_calls import PendingToolCalls, ToolOutcome
 from .._api_failures import failure_for_status
-from .._process import RuntimeProcess
+from .._process import RuntimeAhead, RuntimeProcess
 from .._rpc_peer import METHOD_NOT_FOUND, PeerClosed, PeerError, PeerProtocolError, RpcPeer
 from ..base import Availability, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
 from . import _env
-from ._launch import CODEX_VERSION, BadCodexConfig, CodexSettings, codex_launch, codex_path, codex_version
+from ._launch import (
+    CODEX_VERSION,
+    INITIALIZE_REQUEST_ID,
+    BadCodexConfig,
+    CodexSettings,
+    codex_launch,
+    codex_path,
+    codex_version,
+    prepare_codex_home,
+)
 
 log = logging.getLogger("codesdk.worker.codex")
 
@@ -80,6 +89,10 @@ def codex_tool_name(name: str) -> str:
 
 class CodexAdapter(RuntimeAdapter):
     name = "codex"
+
+    def __init__(self, ahead: RuntimeAhead | None = None) -> None:
+        #: The app-server started ahead of this worker's first task, if asked (``worker._ahead``).
+        self.ahead = ahead
 
     def capabilities(self) -> RuntimeCapabilities:
         return RuntimeCapabilities(
@@ -117,15 +130,16 @@ class CodexAdapter(RuntimeAdapter):
             raise StartTaskRefused(ErrorCode.INVALID_RUNTIME_CONFIG, str(exc)) from exc
         if params.session.runtime_session_id:
             io.set_runtime_session_id(params.session.runtime_session_id)
-        task = CodexTask(params, io, prompt, binary, settings)
+        task = CodexTask(params, io, prompt, binary, settings, self.ahead)
         task.implicit_sources = _env.implicit_sources(os.environ, task.cwd)
         return task
 
 
 class CodexTask(TaskHandle):
     def __init__(self, params: StartTaskParams, io: TaskIO, prompt: str, binary: Path,
-                 settings: CodexSettings) -> None:
+                 settings: CodexSettings, ahead: RuntimeAhead | None = None) -> None:
         self.params = params
+        self.ahead = ahead
         self.io = io
         self.prompt = prompt
         self.binary = binary
@@ -172,11 +186,16 @@ class CodexTask(TaskHandle):
         auth = _env.auth_status(os.environ)
         if auth.state != AuthState.AUTHENTICATED:  # Codex would try its default provider without credentials
             return TaskOutcome.failure(TaskFailureCode.AUTH_REQUIRED, auth.message)
-        _env.prepare_home(os.environ)
+        prepare_codex_home(os.environ)
         launch = codex_launch(self.binary, self.settings, cwd=str(self.cwd), environ=os.environ)
+        started = await self.ahead.take("codex", launch) if self.ahead is not None else None
         async with RuntimeProcess.open(launch.argv, env=launch.env, cwd=launch.cwd, name="Codex",
-                                       term_grace_s=TERM_GRACE_S) as process:
-            peer = RpcPeer(process, self._answer, versioned=False)
+                                       term_grace_s=TERM_GRACE_S, started=started) as process:
+            # The launch opens with initialize: written already to an app-server started ahead, else now.
+            peer = RpcPeer(process, self._answer, versioned=False, sent=(INITIALIZE_REQUEST_ID,))
+            if started is None:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    await process.send(launch.opening)  # if it is gone already, its output ends: reported below
             broken: list[PeerProtocolError] = []
             outcome: TaskOutcome | None = None
             async with trio.open_nursery() as nursery:
@@ -212,10 +231,7 @@ class CodexTask(TaskHandle):
         """Handshake, thread, turn; then follow the turn to its end. None: Codex's output ended first."""
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-                await peer.request("initialize", {"clientInfo": {"name": "codesdk", "title": "CodeSDK",
-                                                                 "version": WORKER_VERSION},
-                                                  "capabilities": {"experimentalApi": True}})
-                await peer.notify("initialized")
+                await peer.answer_to(INITIALIZE_REQUEST_ID)  # the launch's opening
                 thread = await self._open_thread(peer)
                 self._thread_id = str(thread["thread"]["id"])
                 self.io.set_runtime_session_id(self._thread_id)

@@ -76,9 +76,3 @@ def implicit_sources(env: Mapping[str, str], cwd: Path) -> dict[str, Any]:
     }
 
 
-def prepare_home(env: Mapping[str, str]) -> Path:
-    """``CODEX_HOME`` must exist before Codex starts (it refuses a missing one); private to the namespace."""
-    home = codex_home(env)
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return home
-

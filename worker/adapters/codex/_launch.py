@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ... import WORKER_VERSION
 from ..._ahead import RuntimeLaunch
 
 #: The version ``runtimes/package.json`` pins (a test holds the two equal).
@@ -43,6 +44,10 @@ DISABLED_FEATURES = (
 #: ``-c`` settings for every task: no analytics, no update check, no web search, no AGENTS.md project docs.
 QUIET_CONFIG = {"analytics.enabled": False, "check_for_update_on_startup": False, "web_search": "disabled",
                 "project_doc_max_bytes": 0}
+
+
+#: The id of the ``initialize`` request every launch opens with (the launch's ``opening``).
+INITIALIZE_REQUEST_ID = "codesdk-initialize"
 
 
 class BadCodexConfig(ValueError):
@@ -142,4 +147,43 @@ def codex_launch(binary: Path, settings: CodexSettings, *, cwd: str, environ: Ma
             argv += _setting(f"{provider}.stream_max_retries", settings.max_retries)
     env = dict(environ)
     env.update({"CODEX_HOME": str(codex_home(environ)), "NO_COLOR": "1", "PWD": cwd})
-    return RuntimeLaunch(argv=tuple(argv), env=env, cwd=cwd)
+    return RuntimeLaunch(argv=tuple(argv), env=env, cwd=cwd, opening=OPENING)
+
+
+#: What every launch writes first: ``initialize`` (dynamic tools need the experimental API) and ``initialized``.
+#: Sent as the process starts, so a Codex started ahead has answered it before its task runs.
+OPENING = b"".join(json.dumps(message, separators=(",", ":")).encode() + b"\n" for message in (
+    {"id": INITIALIZE_REQUEST_ID, "method": "initialize", "params": {
+        "clientInfo": {"name": "codesdk", "title": "CodeSDK", "version": WORKER_VERSION},
+        "capabilities": {"experimentalApi": True}}},
+    {"method": "initialized"}))
+
+
+def prepare_codex_home(environ: Mapping[str, str]) -> Path:
+    """``CODEX_HOME`` must exist before Codex starts (it refuses a missing one); private to the namespace."""
+    home = codex_home(environ)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return home
+
+
+def has_credentials(environ: Mapping[str, str]) -> bool:
+    """An API key in the environment or a ``codex login`` in ``CODEX_HOME`` (without either a task fails at once)."""
+    return bool(environ.get("OPENAI_API_KEY")) or (codex_home(environ) / "auth.json").is_file()
+
+
+def launch_ahead(hint: Mapping[str, object], environ: Mapping[str, str]) -> RuntimeLaunch | None:
+    """The launch of a new session's first task, from what ``codesdk run`` knows of it; None when the binary is
+    missing, the hint unusable, or there are no credentials (the task itself then says why). Makes
+    ``CODEX_HOME``, as a task does before it starts Codex."""
+    binary = codex_path(environ)
+    config, workspace = hint.get("runtime_config", {}), hint.get("workspace")
+    if binary is None or not isinstance(config, dict) or not isinstance(workspace, str) or not workspace:
+        return None
+    try:
+        settings = CodexSettings.from_config(config)
+    except BadCodexConfig:
+        return None
+    if not has_credentials(environ):
+        return None
+    prepare_codex_home(environ)
+    return codex_launch(binary, settings, cwd=workspace, environ=environ)
