@@ -12,14 +12,17 @@ import stat
 import subprocess
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
+from codesdk import AsyncClient
 from fixtures.fake_anthropic import FakeAnthropic
 from protocol import BlockKind, EventType, NormalizedEvent, TaskFailureCode
+from supervisor.api import TokenAuth, serve_api
 from supervisor.engine import Engine
 from supervisor.engine._transcript import session_events
 from supervisor.store import TaskRecord, TaskState
@@ -252,3 +255,34 @@ def test_codesdk_auth_reports_codex_per_namespace(tmp_path: Path) -> None:
     assert "sk-secret-value-99" not in ok.stdout + ok.stderr
     other = _cli(data, "auth", "--runtime", "codex", "--namespace", "user:bob")
     assert other.returncode == 1  # alice's login is hers
+
+
+async def test_an_interactive_approval_over_the_api_lets_codex_write(make_engine: MakeEngine, fake: FakeAnthropic,
+                                                                     tmp_path: Path) -> None:
+    """Through the service as an app uses it: a tenant's client follows the task's stream, answers the
+    ``approval.requested`` of Codex's write, and the supervisor runs it; the model reads the result."""
+    asked: list[str] = []
+
+    async def approver(event: NormalizedEvent) -> tuple[bool, str]:
+        asked.append(event.payload.tool_name)  # type: ignore[attr-defined]
+        return True, "fine by alice"
+
+    data_dir = tmp_path / "data"
+    with trio.fail_after(120):
+        async with make_engine(data_dir=data_dir, worker_env={"*": CodexCase(fake.openai_base_url).worker_env()}) \
+                as engine, trio.open_nursery() as nursery:
+            auth = TokenAuth.bootstrap(data_dir)
+            alice = auth.add_principal("alice", ["user:alice"])
+            sock = tmp_path / "run" / "api.sock"
+            await nursery.start(partial(serve_api, engine, auth, sock, None))
+            async with AsyncClient(socket=sock, token=alice) as client:
+                session = await client.create_session(namespace="user:alice", runtime="codex")  # its own workspace
+                prompt = 'CALL workspace_write {"path": "notes.txt", "content": "written by codex\\n"}'
+                events = [e async for e in client.run(session["session_id"], prompt, approver=approver,
+                                                      runtime_config=dict(CODEX_CONFIG))]
+            nursery.cancel_scope.cancel()
+    assert asked == ["workspace.write"] and events[-1].type == EventType.TASK_COMPLETED
+    assert (Path(session["workspace"]) / "notes.txt").read_text() == "written by codex\n"
+    approved = [e.payload for e in events if e.type == EventType.TOOL_CALL_APPROVED]
+    assert approved[0].source == "user"  # type: ignore[attr-defined]
+    assert "RESULTS:" in _texts(events)[-1]
