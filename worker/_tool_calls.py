@@ -7,6 +7,8 @@ from typing import Any
 
 import trio
 
+from protocol import canonical_hash
+
 from .adapters.base import UnknownToolCall
 
 
@@ -47,3 +49,24 @@ class PendingToolCalls:
 
     def pending(self) -> list[str]:
         return [call for call, event in self._waiting.items() if not event.is_set()]
+
+
+class AnswersToolCalls:
+    """The inbound half of a task handle whose runtime waits on ``PendingToolCalls`` (``self.tools``): each of the
+    supervisor's answers wakes the call it names (``UnknownToolCall`` if none waits)."""
+
+    tools: PendingToolCalls
+
+    def send_tool_result(self, tool_call_id: str, result: Any, is_error: bool = False) -> None:
+        self.tools.answer(tool_call_id, ToolOutcome(result=result, is_error=is_error))
+
+    def send_tool_denied(self, tool_call_id: str, reason: str) -> None:
+        self.tools.answer(tool_call_id, ToolOutcome(denied=True, reason=reason))
+
+    def send_tool_approved(self, tool_call_id: str, reason: str) -> None:
+        self.tools.answer(tool_call_id, ToolOutcome(approved=True, reason=reason))
+
+
+def call_identity(call_id: str, tool_input: dict[str, Any]) -> dict[str, Any]:
+    """The identity fields of a runtime's call in its tool events: its id (ours is the runtime's) and input hash."""
+    return {"tool_call_id": call_id, "runtime_tool_call_id": call_id, "input_hash": canonical_hash(tool_input)}

@@ -24,6 +24,7 @@ from typing import Any
 
 import trio
 
+from benchmarks.common import timed_command
 from fixtures.fake_anthropic import FakeAnthropic
 from supervisor.app import SupervisorOptions, open_engine
 from supervisor.store import TaskState
@@ -142,16 +143,6 @@ def warm(repeat: int) -> dict[str, list[float]]:
             return trio.run(_pairs, fake.openai_base_url, root, ws, home, repeat)
 
 
-def _timed(argv: list[str], env: dict[str, str], cwd: Path, check: str) -> float:
-    started = time.perf_counter()
-    done = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=300, check=False)
-    elapsed = time.perf_counter() - started
-    if done.returncode != 0 or check not in done.stdout:
-        raise RuntimeError(f"{argv[0]} failed (exit {done.returncode}): {done.stderr[-1000:] or done.stdout[-1000:]}")
-    return elapsed
-
-
 def cold(repeat: int) -> dict[str, list[float]]:
     """Per-repetition wall times of a cold ``codesdk run --runtime codex`` and of ``codex exec``, interleaved
     (after one uncounted run of each)."""
@@ -173,8 +164,8 @@ def cold(repeat: int) -> dict[str, list[float]]:
             ours_env = {"PATH": env["PATH"], "LANG": "C.UTF-8", "HOME": str(root / "operator")}
             times: dict[str, list[float]] = {"direct": [], "codesdk": []}
             for index in range(repeat + 1):
-                d = _timed(direct, dict(launch.env), root / "ws", "Echo: hello")
-                o = _timed(ours, ours_env, REPO, '"type":"task.completed"')
+                d = timed_command(direct, dict(launch.env), root / "ws", "Echo: hello")
+                o = timed_command(ours, ours_env, REPO, '"type":"task.completed"')
                 if index:
                     times["direct"].append(d)
                     times["codesdk"].append(o)

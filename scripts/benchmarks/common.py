@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import statistics
+import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,6 +20,17 @@ def percentile(samples: Sequence[float], q: float) -> float:
     ordered = sorted(samples)
     rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
     return ordered[rank - 1]
+
+
+def timed_command(argv: list[str], env: dict[str, str], cwd: Path, check: str) -> float:
+    """Wall seconds of one whole command; it must exit 0 with ``check`` in its stdout (else RuntimeError)."""
+    started = time.perf_counter()
+    done = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=300, check=False)
+    elapsed = time.perf_counter() - started
+    if done.returncode != 0 or check not in done.stdout:
+        raise RuntimeError(f"{argv[0]} failed (exit {done.returncode}): {done.stderr[-1000:] or done.stdout[-1000:]}")
+    return elapsed
 
 
 def median(samples: Sequence[float]) -> float:

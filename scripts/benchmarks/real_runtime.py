@@ -31,6 +31,7 @@ if __name__ == "__main__":  # run as a script: the repository and scripts/ are i
 
 import trio
 
+from benchmarks.common import timed_command
 from fixtures.fake_anthropic import CLAUDE_OFFLINE_ENV, FakeAnthropic
 from supervisor.app import SupervisorOptions, open_engine
 from supervisor.store import TaskState
@@ -131,16 +132,6 @@ def _codesdk_argv() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "supervisor.cli_entry"]
 
 
-def _timed(argv: list[str], env: dict[str, str], cwd: Path, check: str) -> float:
-    started = time.perf_counter()
-    done = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=300, check=False)
-    elapsed = time.perf_counter() - started
-    if done.returncode != 0 or check not in done.stdout:
-        raise RuntimeError(f"{argv[0]} failed (exit {done.returncode}): {done.stderr[-1000:] or done.stdout[-1000:]}")
-    return elapsed
-
-
 def cold_start(repeat: int) -> dict[str, list[float]]:
     """Per-repetition wall times (seconds) of a cold ``codesdk run --runtime claude`` and of ``claude -p``,
     interleaved (after one uncounted run of each: first start of the binary, its HOME, caches)."""
@@ -163,8 +154,8 @@ def cold_start(repeat: int) -> dict[str, list[float]]:
             ours_env = {**base, "HOME": str(root / "operator")}
             times: dict[str, list[float]] = {"direct": [], "codesdk": []}
             for index in range(repeat + 1):
-                d = _timed(direct, direct_env, root / "ws", '"subtype":"success"')
-                o = _timed(ours, ours_env, REPO, '"type":"task.completed"')
+                d = timed_command(direct, direct_env, root / "ws", '"subtype":"success"')
+                o = timed_command(ours, ours_env, REPO, '"type":"task.completed"')
                 if index:
                     times["direct"].append(d)
                     times["codesdk"].append(o)

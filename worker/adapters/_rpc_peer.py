@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 
+from ._awaited import AwaitedAnswers
 from ._process import RuntimeProcess
 
 log = logging.getLogger("codesdk.worker.rpc_peer")
@@ -66,8 +67,7 @@ class RpcPeer:
         self._handler = handler
         self._versioned = versioned
         self._write_lock = trio.Lock()
-        self._pending: dict[str, tuple[trio.Event, list[Any]]] = {
-            request_id: (trio.Event(), []) for request_id in sent}
+        self._answers = AwaitedAnswers(sent)
         self._counter = 0
         self._send_notifications, self.notifications = trio.open_memory_channel[tuple[str, dict[str, Any]]](buffer)
         self.closed = False
@@ -91,9 +91,7 @@ class RpcPeer:
                 raise broken
         finally:
             self.closed = True
-            for event, slot in self._pending.values():
-                slot.append(PeerClosed(f"{self.process.name}'s output ended"))
-                event.set()
+            self._answers.fail_all(PeerClosed(f"{self.process.name}'s output ended"))
             self._send_notifications.close()
 
     async def request(self, method: str, params: dict[str, Any] | None = None) -> Any:
@@ -103,25 +101,17 @@ class RpcPeer:
             raise PeerClosed(f"{self.process.name}'s output ended")
         self._counter += 1
         request_id = f"codesdk-{self._counter}"
-        self._pending[request_id] = (trio.Event(), [])
+        self._answers.expect(request_id)
         try:
             await self._send({"id": request_id, "method": method, **({"params": params} if params is not None else {})})
         except BaseException:
-            del self._pending[request_id]
+            self._answers.forget(request_id)
             raise
         return await self.answer_to(request_id)
 
     async def answer_to(self, request_id: str) -> Any:
         """Wait for the answer to a request already sent (by ``request``, or before the peer: ``sent``)."""
-        event, slot = self._pending[request_id]
-        try:
-            await event.wait()
-        finally:
-            del self._pending[request_id]
-        answer = slot[0]
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer
+        return await self._answers.wait(request_id)
 
     async def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
         await self._send({"method": method, **({"params": params} if params is not None else {})})
@@ -150,19 +140,15 @@ class RpcPeer:
                     pass  # nobody reads notifications any more (the task has its outcome): drop them
             return
         if "id" in message and ("result" in message or "error" in message):
-            waiting = self._pending.get(str(message["id"]))
-            if waiting is None:
-                log.debug("%s answered a request we did not send: %r", self.process.name, message["id"])
-                return
-            event, slot = waiting
             error = message.get("error")
             if error is not None:
                 error = error if isinstance(error, dict) else {}
-                slot.append(PeerError(int(error.get("code") or INTERNAL_ERROR), str(error.get("message") or "error"),
-                                      error.get("data")))
+                answer: Any = PeerError(int(error.get("code") or INTERNAL_ERROR), str(error.get("message") or "error"),
+                                        error.get("data"))
             else:
-                slot.append(message.get("result"))
-            event.set()
+                answer = message.get("result")
+            if not self._answers.resolve(str(message["id"]), answer):
+                log.debug("%s answered a request we did not send: %r", self.process.name, message["id"])
             return
         raise PeerProtocolError(f"{self.process.name} wrote a JSON object that is not JSON-RPC: "
                                 f"{json.dumps(message)[:200]}")

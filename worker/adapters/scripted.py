@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import trio
 
@@ -50,7 +49,7 @@ from protocol import (
     encode_message,
 )
 
-from .._tool_calls import PendingToolCalls, ToolOutcome
+from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome
 from ._process import RuntimeProcess
 from .base import RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
 from .scenario import (
@@ -191,7 +190,7 @@ class _Template:
         return text
 
 
-class ScriptedTask(TaskHandle):
+class ScriptedTask(AnswersToolCalls, TaskHandle):
     def __init__(self, scenario: Scenario, params: StartTaskParams, io: TaskIO, stop_grace_s: float) -> None:
         self.scenario = scenario
         self.params = params
@@ -208,16 +207,7 @@ class ScriptedTask(TaskHandle):
         self._stop_reason: str | None = None
         self.implicit_sources = {"policy": "the scripted runtime loads nothing implicitly", "found": []}
 
-    # -- inputs ---------------------------------------------------------------------------------
-
-    def send_tool_result(self, tool_call_id: str, result: Any, is_error: bool = False) -> None:
-        self.tools.answer(tool_call_id, ToolOutcome(result=result, is_error=is_error))
-
-    def send_tool_denied(self, tool_call_id: str, reason: str) -> None:
-        self.tools.answer(tool_call_id, ToolOutcome(denied=True, reason=reason))
-
-    def send_tool_approved(self, tool_call_id: str, reason: str) -> None:
-        self.tools.answer(tool_call_id, ToolOutcome(approved=True, reason=reason))
+    # -- inputs (tool answers: AnswersToolCalls) ----------------------------------------------
 
     def stop(self, reason: str | None) -> None:
         self._stop_reason = reason or "stop requested"

@@ -52,7 +52,7 @@ from protocol import (
 )
 
 from ..._ahead import RuntimeLaunch
-from ..._tool_calls import PendingToolCalls, ToolOutcome
+from ..._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
 from .._api_failures import failure_for_status
 from .._process import RuntimeAhead, RuntimeProcess
 from ..base import Availability, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
@@ -138,7 +138,7 @@ class ClaudeAdapter(RuntimeAdapter):
         return task
 
 
-class ClaudeTask(TaskHandle):
+class ClaudeTask(AnswersToolCalls, TaskHandle):
     def __init__(self, params: StartTaskParams, io: TaskIO, prompt: str, cli: Path,
                  ahead: RuntimeAhead | None = None) -> None:
         self.params = params
@@ -174,16 +174,7 @@ class ClaudeTask(TaskHandle):
         self._assistant_error: str | None = None
         self._raw: list[Any] = []
 
-    # -- inputs ---------------------------------------------------------------------------------
-
-    def send_tool_result(self, tool_call_id: str, result: Any, is_error: bool = False) -> None:
-        self.tools.answer(tool_call_id, ToolOutcome(result=result, is_error=is_error))
-
-    def send_tool_denied(self, tool_call_id: str, reason: str) -> None:
-        self.tools.answer(tool_call_id, ToolOutcome(denied=True, reason=reason))
-
-    def send_tool_approved(self, tool_call_id: str, reason: str) -> None:
-        self.tools.answer(tool_call_id, ToolOutcome(approved=True, reason=reason))
+    # -- inputs (tool answers: AnswersToolCalls) ----------------------------------------------
 
     def stop(self, reason: str | None) -> None:
         self._stop_reason = reason or "stop requested"
@@ -313,7 +304,7 @@ class ClaudeTask(TaskHandle):
         self._decisions[call_id] = (True, reason)
         if name in self.builtins:  # approved: Claude runs its own tool now; PostToolUse reports the end
             await self.io.emit(EventType.TOOL_CALL_STARTED, ToolCallStarted(
-                **_identity(call_id, tool_input), tool_name=name, executed_by=ExecutedBy.RUNTIME,
+                **call_identity(call_id, tool_input), tool_name=name, executed_by=ExecutedBy.RUNTIME,
                 execution_env="runtime:claude"))
         else:  # our tool: the result is handed over when Claude calls it through MCP
             self._results[call_id] = outcome
@@ -363,7 +354,7 @@ class ClaudeTask(TaskHandle):
         spec = self.by_claude_name.get(claude_name)
         self.tools.expect(tool_use_id)
         await self.io.emit(EventType.TOOL_CALL_REQUESTED, ToolCallRequested(
-            **_identity(tool_use_id, tool_input), tool_name=spec.name if spec else claude_name, input=tool_input,
+            **call_identity(tool_use_id, tool_input), tool_name=spec.name if spec else claude_name, input=tool_input,
             executed_by=ExecutedBy.SUPERVISOR if spec else ExecutedBy.RUNTIME))
         return await self.tools.wait(tool_use_id)
 
@@ -377,7 +368,7 @@ class ClaudeTask(TaskHandle):
         response = hook_input.get("error") if failed else hook_input.get("tool_response")
         preview = response if isinstance(response, str) else json.dumps(response, ensure_ascii=False, default=str)
         await self.io.emit(EventType.TOOL_CALL_COMPLETED, ToolCallCompleted(
-            **_identity(call_id, hook_input.get("tool_input") or {}), tool_name=name, is_error=failed,
+            **call_identity(call_id, hook_input.get("tool_input") or {}), tool_name=name, is_error=failed,
             executed_by=ExecutedBy.RUNTIME, execution_env="runtime:claude", result_preview=preview[:500]),
             raw={"tool_response": response})
         return {}
@@ -456,10 +447,6 @@ class ClaudeTask(TaskHandle):
         if result.get("is_error"):
             return _failure_from(result)
         return TaskOutcome.success(str(result.get("stop_reason") or "end_turn"), str(result.get("result") or "")[-200:])
-
-
-def _identity(call_id: str, tool_input: dict[str, Any]) -> dict[str, Any]:
-    return {"tool_call_id": call_id, "runtime_tool_call_id": call_id, "input_hash": canonical_hash(tool_input)}
 
 
 def _hook_decision(decision: str, reason: str) -> dict[str, Any]:

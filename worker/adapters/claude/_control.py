@@ -29,6 +29,7 @@ from typing import Any
 
 import trio
 
+from .._awaited import AwaitedAnswers
 from .._process import RuntimeProcess
 
 log = logging.getLogger("codesdk.worker.claude")
@@ -55,8 +56,7 @@ class ControlChannel:
         self.process = process
         self._handler = handler
         self._write_lock = trio.Lock()
-        self._pending: dict[str, tuple[trio.Event, list[dict[str, Any] | BaseException]]] = {
-            request_id: (trio.Event(), []) for request_id in sent}
+        self._answers = AwaitedAnswers(sent)
         self._serving: dict[str, trio.CancelScope] = {}
         self._counter = 0
         self._send_messages, self.messages = trio.open_memory_channel[dict[str, Any]](buffer)
@@ -74,9 +74,7 @@ class ControlChannel:
                 handlers.cancel_scope.cancel()  # the CLI is gone: nobody is left to answer
         finally:
             self.closed = True
-            for event, slot in self._pending.values():
-                slot.append(ChannelClosed("Claude Code's output ended"))
-                event.set()
+            self._answers.fail_all(ChannelClosed("Claude Code's output ended"))
             self._send_messages.close()
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -94,41 +92,29 @@ class ControlChannel:
             raise ChannelClosed("Claude Code's output ended")
         self._counter += 1
         request_id = f"req_{self._counter}_{os.urandom(4).hex()}"
-        self._pending[request_id] = (trio.Event(), [])
+        self._answers.expect(request_id)
         try:
             await self.send({"type": "control_request", "request_id": request_id, "request": request})
         except BaseException:
-            del self._pending[request_id]
+            self._answers.forget(request_id)
             raise
         return await self.answer_to(request_id)
 
     async def answer_to(self, request_id: str) -> dict[str, Any]:
         """Wait for the answer to a request already sent (by ``request``, or before the channel: ``sent``)."""
-        event, slot = self._pending[request_id]
-        try:
-            await event.wait()
-        finally:
-            del self._pending[request_id]
-        answer = slot[0]
-        if isinstance(answer, BaseException):
-            raise answer
+        answer: dict[str, Any] = await self._answers.wait(request_id)
         return answer
 
     async def _route(self, message: dict[str, Any], handlers: trio.Nursery) -> None:
         kind = message.get("type")
         if kind == "control_response":
             response = message.get("response") or {}
-            waiting = self._pending.get(str(response.get("request_id")))
-            if waiting is None:
+            answer = response.get("response")
+            resolved = self._answers.resolve(str(response.get("request_id")), ControlError(
+                str(response.get("error") or "unknown error")) if response.get("subtype") == "error"
+                else answer if isinstance(answer, dict) else {})
+            if not resolved:
                 log.debug("control response for an unknown request: %s", response.get("request_id"))
-                return
-            event, slot = waiting
-            if response.get("subtype") == "error":
-                slot.append(ControlError(str(response.get("error") or "unknown error")))
-            else:
-                answer = response.get("response")
-                slot.append(answer if isinstance(answer, dict) else {})
-            event.set()
         elif kind == "control_request":
             request_id = str(message.get("request_id"))
             scope = trio.CancelScope()

@@ -50,7 +50,7 @@ from protocol import (
     canonical_hash,
 )
 
-from ..._tool_calls import PendingToolCalls, ToolOutcome
+from ..._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
 from .._api_failures import failure_for_status
 from .._process import RuntimeAhead, RuntimeProcess
 from .._rpc_peer import METHOD_NOT_FOUND, PeerClosed, PeerError, PeerProtocolError, RpcPeer
@@ -135,7 +135,7 @@ class CodexAdapter(RuntimeAdapter):
         return task
 
 
-class CodexTask(TaskHandle):
+class CodexTask(AnswersToolCalls, TaskHandle):
     def __init__(self, params: StartTaskParams, io: TaskIO, prompt: str, binary: Path,
                  settings: CodexSettings, ahead: RuntimeAhead | None = None) -> None:
         self.params = params
@@ -165,16 +165,7 @@ class CodexTask(TaskHandle):
         self._last_text = ""
         self._raw: list[Any] = []
 
-    # -- inputs ---------------------------------------------------------------------------------
-
-    def send_tool_result(self, tool_call_id: str, result: Any, is_error: bool = False) -> None:
-        self.tools.answer(tool_call_id, ToolOutcome(result=result, is_error=is_error))
-
-    def send_tool_denied(self, tool_call_id: str, reason: str) -> None:
-        self.tools.answer(tool_call_id, ToolOutcome(denied=True, reason=reason))
-
-    def send_tool_approved(self, tool_call_id: str, reason: str) -> None:
-        self.tools.answer(tool_call_id, ToolOutcome(approved=True, reason=reason))
+    # -- inputs (tool answers: AnswersToolCalls) ----------------------------------------------
 
     def stop(self, reason: str | None) -> None:
         self._stop_reason = reason or "stop requested"
@@ -319,7 +310,7 @@ class CodexTask(TaskHandle):
             return {"decision": "decline"}
         self._runtime_calls[call_id] = (tool, tool_input)
         await self.io.emit(EventType.TOOL_CALL_STARTED, ToolCallStarted(
-            **_identity(call_id, tool_input), tool_name=tool, executed_by=ExecutedBy.RUNTIME,
+            **call_identity(call_id, tool_input), tool_name=tool, executed_by=ExecutedBy.RUNTIME,
             execution_env="runtime:codex"))
         return {"decision": "accept"}
 
@@ -327,7 +318,7 @@ class CodexTask(TaskHandle):
                             executed_by: ExecutedBy) -> ToolOutcome:
         self.tools.expect(call_id)
         await self.io.emit(EventType.TOOL_CALL_REQUESTED, ToolCallRequested(
-            **_identity(call_id, tool_input), tool_name=tool_name, input=tool_input, executed_by=executed_by))
+            **call_identity(call_id, tool_input), tool_name=tool_name, input=tool_input, executed_by=executed_by))
         return await self.tools.wait(call_id)
 
     # -- the turn's notifications ---------------------------------------------------------------
@@ -406,7 +397,7 @@ class CodexTask(TaskHandle):
             output = item.get("aggregatedOutput") or item.get("changes") or ""
             preview = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
             await self.io.emit(EventType.TOOL_CALL_COMPLETED, ToolCallCompleted(
-                **_identity(item_id, tool_input), tool_name=tool, is_error=failed, executed_by=ExecutedBy.RUNTIME,
+                **call_identity(item_id, tool_input), tool_name=tool, is_error=failed, executed_by=ExecutedBy.RUNTIME,
                 execution_env="runtime:codex", result_preview=preview[:500]), raw={"item": item})
 
     async def _complete_block(self, key: tuple[str, str], kind: BlockKind, text: str) -> None:
@@ -443,10 +434,6 @@ class CodexTask(TaskHandle):
         if status == "failed":
             return _failure(turn.get("error") or self._error or {})
         return TaskOutcome.success("end_turn", self._last_text[-200:])
-
-
-def _identity(call_id: str, tool_input: dict[str, Any]) -> dict[str, Any]:
-    return {"tool_call_id": call_id, "runtime_tool_call_id": call_id, "input_hash": canonical_hash(tool_input)}
 
 
 def _tool_answer(text: str, *, success: bool) -> dict[str, Any]:
