@@ -18,8 +18,8 @@ from ._runs import Blobs, PendingEvent, TaskRun
 #: A task whose runtime has sent more events than this is a stream: its plain events are stored as bulk appends
 #: (at most the pool's EVENT_BATCH each), which the store's writer commits taking turns with every other write.
 STREAM_AFTER_EVENTS = 256
-#: While anyone else's write was committed this recently, a stream's events go in parts of SHARE_QUANTUM events,
-#: each followed by a pause as long as it took (``PendingBatch._share``).
+#: While another session's write was committed this recently, a stream's events go in parts of SHARE_QUANTUM
+#: events, each followed by a pause as long as it took (``PendingBatch._share``).
 SHARE_WINDOW_S = 0.1
 SHARE_QUANTUM = 32
 
@@ -66,22 +66,25 @@ class PendingBatch:
 
     async def _store_stream(self, run: TaskRun, events: list[PendingEvent], blobs: Blobs | None) -> None:
         while events:
-            part_size = SHARE_QUANTUM if self._others_writing() else len(events)
+            part_size = SHARE_QUANTUM if self._others_writing(run) else len(events)
             part, events = events[:part_size], events[part_size:]
             started = trio.current_time()
             if not await self._recorder.append(run, part, blobs=_named_blobs(part, blobs), bulk=True):
                 return
-            await self._share(started)
+            await self._share(run, started)
 
-    def _others_writing(self) -> bool:
-        """Someone's ordinary (not bulk) write was committed within the last SHARE_WINDOW_S."""
-        return trio.current_time() - self._recorder.store.writer_stats.last_ordinary_at <= SHARE_WINDOW_S
+    def _others_writing(self, run: TaskRun) -> bool:
+        """Another session's ordinary (not bulk) append was committed within the last SHARE_WINDOW_S. The stream's
+        own appends do not count: its first STREAM_AFTER_EVENTS events are ordinary ones, and counting them made a
+        stream that is alone pause itself for its first SHARE_WINDOW_S as a stream."""
+        last = self._recorder.store.writer_stats.last_ordinary_of_others(run.session_id)
+        return trio.current_time() - last <= SHARE_WINDOW_S
 
-    async def _share(self, started: float) -> None:
+    async def _share(self, run: TaskRun, started: float) -> None:
         """After a stream's part: while others are writing, pause as long as the part took, so a flood gets at
         most about half of the event loop, the GIL and the writer, and others' small steps find them free. A
         stream alone never pauses."""
-        if self._others_writing():
+        if self._others_writing(run):
             await trio.sleep(min(trio.current_time() - started, SHARE_WINDOW_S))
 
 

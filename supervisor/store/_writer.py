@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import apsw
@@ -65,12 +65,32 @@ class WriterStats:
     largest_batch: int = 0
     bulk_transactions: int = 0  # transactions of bulk requests (streams), taking turns with the others
     bulk_requests: int = 0
-    #: trio.current_time() when an ordinary request was last committed (-inf: never): how the engine tells that
-    #: others are writing while a stream ingests
-    last_ordinary_at: float = float("-inf")
     #: the most bulk transactions committed between an ordinary request's queueing and its own transaction: the
     #: turn-taking promise is that this never exceeds 1, however long the streams' backlog
     most_bulk_waited: int = 0
+    # When a session's ordinary append was last committed, and whose it was (None: several sessions' at once, or
+    # none yet); and the last one of any session but that one. Two slots answer "when did a session other than S
+    # last append" for every S, without a map that grows with the sessions (see ``last_ordinary_of_others``).
+    _last_append_at: float = field(default=float("-inf"), init=False, repr=False)
+    _last_append_by: str | None = field(default=None, init=False, repr=False)
+    _other_append_at: float = field(default=float("-inf"), init=False, repr=False)
+
+    def note_ordinary(self, now: float, sessions: set[str]) -> None:
+        """An ordinary transaction was committed at ``now`` (``trio.current_time()``) with appends of ``sessions``."""
+        if not sessions:
+            return
+        by = next(iter(sessions)) if len(sessions) == 1 else None
+        if by is None or by != self._last_append_by:
+            self._other_append_at = self._last_append_at
+        self._last_append_at, self._last_append_by = now, by
+
+    def last_ordinary_of_others(self, session_id: str) -> float:
+        """trio.current_time() when an ordinary append of a session other than ``session_id`` was last committed
+        (-inf: never): how the engine tells that others are writing while a stream ingests. The session's own
+        appends (its ordinary ones before it became a stream, say) do not count, nor do writes that belong to no
+        session (task and session rows, blobs, approvals, the watchdog's ping): those go with some session's
+        appends when another tenant is active, and are mostly the stream's own task's when it is alone."""
+        return self._last_append_at if self._last_append_by != session_id else self._other_append_at
 
 
 def run_batch(conn: apsw.Connection, batch: list[WriteRequest[Any]]) -> None:
@@ -214,7 +234,8 @@ class Writer:
             bulk = sum(1 for request in batch if request.bulk)
             self.stats.bulk_requests += bulk
             if bulk < len(batch):
-                self.stats.last_ordinary_at = trio.current_time()
+                self.stats.note_ordinary(trio.current_time(), {
+                    r.publish_to for r in batch if not r.bulk and r.publish_to is not None})
             if not self._last_was_bulk:
                 waited = max((self.stats.bulk_transactions - r.staged_at_bulk for r in batch if r.staged_at_bulk >= 0),
                              default=0)

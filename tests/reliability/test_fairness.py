@@ -4,7 +4,8 @@ A task that has streamed many events is a stream: its events are stored as bulk 
 in transactions of their own, taking turns with everyone else's writes; while others are writing, a stream's events
 go in small parts, each followed by a pause as long as it took (``PendingBatch._share``). Nothing here is timed or
 counted against the clock: the tests look at the order in which the writer commits (how much of the flood any other
-write waited behind). How much the flood slows the other tenant is a ratio, measured by ``scripts/bench --case
+write waited behind) and at how a stream's events were split into appends (trio time standing still where "lately"
+matters). How much the flood slows the other tenant is a ratio, measured by ``scripts/bench --case
 fairness``.
 """
 
@@ -15,17 +16,20 @@ from pathlib import Path
 from typing import Any
 
 import apsw
+import pytest
 import trio
 import trio.testing
 
-from protocol import TERMINAL_EVENT_TYPES
+from protocol import TERMINAL_EVENT_TYPES, EventType, ModelOutputDelta, RuntimeEventParams
 from supervisor.engine import Engine
+from supervisor.engine._batch import SHARE_QUANTUM, STREAM_AFTER_EVENTS
 from supervisor.engine._transcript import session_events
 from supervisor.store import TaskState
-from supervisor.store._writer import Writer, WriteRequest
+from supervisor.store._writer import Writer, WriteRequest, WriterStats
 
 from ..conftest import MakeEngine
 from ..e2e.invariants import check_session
+from ..engine.doubles import FakeWorker, engine_with_doubles, running_task
 
 FLOOD = 1_000_000  # never reached: the flood is stopped at the end
 WARM = 3_000  # the flood is a stream with a backlog before the other tenant starts
@@ -113,3 +117,75 @@ async def test_the_writer_lets_ordinary_writes_pass_a_stream_and_keeps_each_sess
     ]
     assert writer.stats.bulk_transactions == 2 and writer.stats.bulk_requests == 4
     assert writer.stats.most_bulk_waited == 1
+
+
+@pytest.fixture
+def still_clock() -> trio.testing.MockClock:
+    """Trio time that stands still, so "written within the last SHARE_WINDOW_S" does not depend on how fast the
+    machine is. If everything waits for 10 s of real time, it jumps to the next deadline (``fail_after`` fires)."""
+    return trio.testing.MockClock(autojump_threshold=10)
+
+
+def _deltas(worker: FakeWorker, task_id: str, count: int) -> list[RuntimeEventParams]:
+    return [worker.event(task_id, EventType.MODEL_OUTPUT_DELTA, ModelOutputDelta(block_id="b1", delta="f"))
+            for _ in range(count)]
+
+
+async def test_a_stream_alone_is_never_paced_by_its_own_writes(tmp_path: Path,
+                                                              still_clock: trio.testing.MockClock) -> None:
+    """A stream goes in small parts, pausing after each, only while another session writes. Its own first events
+    (ordinary appends, before it is a stream) are not someone else writing: before the fix, a stream alone split
+    its events into parts of SHARE_QUANTUM and paused after each, for its first SHARE_WINDOW_S as a stream. Seen
+    here as the number of bulk appends each batch was stored in: one means it never paused."""
+    with trio.fail_after(60):
+        async with engine_with_doubles(tmp_path) as (engine, workers):
+            _, task_id, worker = await running_task(engine, workers)
+            stats = engine.store.writer_stats
+            await worker.emit_batch(_deltas(worker, task_id, STREAM_AFTER_EVENTS - 1))  # ordinary, just committed
+            assert stats.bulk_requests == 0
+            for _ in range(3):  # a stream now, alone
+                before = stats.bulk_requests
+                await worker.emit_batch(_deltas(worker, task_id, 4 * SHARE_QUANTUM))
+                assert stats.bulk_requests - before == 1, "the stream paced itself while nobody else wrote"
+
+
+async def test_a_stream_goes_in_parts_while_another_session_writes(tmp_path: Path,
+                                                                  still_clock: trio.testing.MockClock) -> None:
+    """The other side of the fix: another session's appends still make a stream go in parts of SHARE_QUANTUM."""
+    with trio.fail_after(60):
+        async with engine_with_doubles(tmp_path) as (engine, workers):
+            _, task_id, worker = await running_task(engine, workers)
+            stats = engine.store.writer_stats
+            await worker.emit_batch(_deltas(worker, task_id, STREAM_AFTER_EVENTS - 1))
+            await running_task(engine, workers)  # another session's task starts: its events are appended
+            before = stats.bulk_requests
+            await worker.emit_batch(_deltas(worker, task_id, 4 * SHARE_QUANTUM))
+            assert stats.bulk_requests - before == 4
+
+
+def test_only_other_sessions_appends_count_as_others_writing() -> None:
+    """What the stream's pacing asks: when a session other than this one last committed an ordinary append. The
+    writer notes each ordinary transaction with the sessions whose appends it held (none for a task row or a
+    blob); a session's own appends never count for it."""
+    stats = WriterStats()
+    never = float("-inf")
+
+    def others() -> tuple[float, float, float]:
+        of = stats.last_ordinary_of_others
+        return of("s1"), of("s2"), of("s3")
+
+    assert others() == (never, never, never)
+    stats.note_ordinary(1.0, {"s1"})
+    stats.note_ordinary(2.0, {"s1"})
+    assert others() == (never, 2.0, 2.0)
+    stats.note_ordinary(3.0, set())  # no session's appends in it
+    assert others() == (never, 2.0, 2.0)
+    stats.note_ordinary(4.0, {"s2"})
+    assert others() == (4.0, 2.0, 4.0)
+    stats.note_ordinary(5.0, {"s2"})
+    assert others() == (5.0, 2.0, 5.0)
+    stats.note_ordinary(6.0, {"s1", "s3"})  # two sessions' appends in one transaction
+    assert others() == (6.0, 6.0, 6.0)
+    stats.note_ordinary(7.0, {"s3"})
+    assert others() == (7.0, 7.0, 6.0)
+
