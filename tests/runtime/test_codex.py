@@ -160,7 +160,7 @@ async def test_a_namespace_without_credentials_is_told_how_to_get_them(make_engi
             record, events = await _task(engine, session.session_id, "SAY hello")
     [failed] = of_type(events, EventType.TASK_FAILED)
     assert record.state == TaskState.FAILED and failed.code == TaskFailureCode.AUTH_REQUIRED
-    assert "codesdk-supervisor namespace env set user:bob OPENAI_API_KEY" in failed.message
+    assert "namespace env set --data-dir" in failed.message and "user:bob OPENAI_API_KEY" in failed.message
     assert not fake.requests("/v1/responses")
 
 
@@ -244,7 +244,7 @@ def test_codesdk_auth_reports_codex_per_namespace(tmp_path: Path) -> None:
     data = tmp_path / "data"
     missing = _cli(data, "auth", "--runtime", "codex", "--namespace", "user:alice")
     assert missing.returncode == 1 and "unauthenticated" in missing.stdout
-    assert "codesdk-supervisor namespace env set user:alice OPENAI_API_KEY" in missing.stdout
+    assert f"codesdk-supervisor namespace env set --data-dir {data} user:alice OPENAI_API_KEY" in missing.stdout
     assert f"codesdk auth login --runtime codex --namespace user:alice --data-dir {data}" in missing.stdout
     home = data / "namespaces" / "user.alice" / "home" / ".codex"
     home.mkdir(parents=True, exist_ok=True)

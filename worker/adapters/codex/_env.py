@@ -23,7 +23,8 @@ def login_instructions(env: Mapping[str, str]) -> str:
         name, data_dir = found
         login = (f"`codesdk auth login --runtime codex --namespace {name} --data-dir {data_dir}` (it runs "
                  "`codex login --device-auth` with this namespace's CODEX_HOME)")
-        key = f"`codesdk-supervisor namespace env set {name} OPENAI_API_KEY=…`"
+        key = (f"`codesdk-supervisor namespace env set --data-dir {data_dir} {name} OPENAI_API_KEY` (the value "
+               "is read from stdin)")
     else:
         login = f"`CODEX_HOME={codex_home(env)} codex login --device-auth` as the service user"
         key = "OPENAI_API_KEY in this namespace's environment"
