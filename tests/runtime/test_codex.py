@@ -286,3 +286,14 @@ async def test_an_interactive_approval_over_the_api_lets_codex_write(make_engine
     approved = [e.payload for e in events if e.type == EventType.TOOL_CALL_APPROVED]
     assert approved[0].source == "user"  # type: ignore[attr-defined]
     assert "RESULTS:" in _texts(events)[-1]
+
+
+async def test_an_answer_without_its_thread_is_a_protocol_error(make_engine: MakeEngine, fake: FakeAnthropic,
+                                                                tmp_path: Path) -> None:
+    """A program that answers every request with an empty result: valid JSON-RPC, but no thread to run in."""
+    program = ("import json, sys\nfor line in sys.stdin:\n    message = json.loads(line)\n"
+               "    if 'id' in message:\n        print(json.dumps({'id': message['id'], 'result': {}}), flush=True)\n")
+    record, events = await _run_with(make_engine, fake, _stand_in(tmp_path, program))
+    [failed] = of_type(events, EventType.TASK_FAILED)
+    assert record.state == TaskState.FAILED and failed.code == TaskFailureCode.PROTOCOL_ERROR, failed
+    assert "without its thread or turn" in failed.message

@@ -243,6 +243,9 @@ class CodexTask(AnswersToolCalls, TaskHandle):
         except trio.TooSlowError:
             return TaskOutcome.failure(TaskFailureCode.RUNTIME_ERROR, "Codex did not answer its handshake within "
                                        f"{HANDSHAKE_TIMEOUT_S:.0f} s", retryable=True)
+        except (KeyError, TypeError, ValueError) as exc:  # an answer without the thread or turn it must carry
+            return TaskOutcome.failure(TaskFailureCode.PROTOCOL_ERROR, f"Codex answered without its thread or "
+                                       f"turn: {type(exc).__name__}: {exc}")
         async for method, params in peer.notifications:
             outcome = await self._handle(method, params)
             if outcome is not None:
