@@ -63,11 +63,16 @@ class ApprovalBroker:
             return await self.close(approval_id, f"no decision within {self.timeout_s:.0f} s")
         except trio.Cancelled:
             with trio.CancelScope(shield=True):  # the task ended while waiting: close the approval too
-                ended = (run.terminal_type or "task.ended").removeprefix("task.")
-                await self.close(approval_id, f"the task was {ended} before a decision")
+                await self.close_for_end(run, approval_id)
             raise
         finally:
             self._waiting.pop(approval_id, None)
+
+    async def close_for_end(self, run: TaskRun, approval_id: str) -> ApprovalRecord:
+        """The task ended before the approval was decided (at any point after it was opened): close it, saying how
+        the task ended."""
+        ended = (run.terminal_type or "task.ended").removeprefix("task.")
+        return await self.close(approval_id, f"the task was {ended} before a decision")
 
     async def _ask_approver(self, approver: Approver, approval_id: str, request: ApprovalRequest) -> None:
         try:

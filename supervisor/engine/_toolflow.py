@@ -297,11 +297,18 @@ class ToolFlow:
                                   reason=step.approval.reason, expires_at=record.expires_at,
                                   input_preview=_preview(tool_input))
         stored_now = events(evaluation_payloads(step.evaluations, step.policy_snapshot, identity))
-        if not await self._port.append(run, [*prefix, *stored_now,
-                                             PendingEvent(EventType.APPROVAL_REQUESTED, asked)]):
-            await approvals.close(record.approval_id, "the task ended before anyone was asked")
-            return None
-        final = await approvals.wait(run, record, step.approval)
+        # From here the approval is pending and listed: however the task ends before a decision (here, while its
+        # request is being stored, or while it waits), the approval is closed, never left pending.
+        try:
+            if await self._port.append(run, [*prefix, *stored_now, PendingEvent(EventType.APPROVAL_REQUESTED, asked)]):
+                final = await approvals.wait(run, record, step.approval)
+            else:
+                await approvals.close_for_end(run, record.approval_id)
+                return None
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True):
+                await approvals.close_for_end(run, record.approval_id)
+            raise
         outcome = _outcome(step, final)
         return outcome, events(policy_payloads(outcome, identity)[len(step.evaluations):])
 

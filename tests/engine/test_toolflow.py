@@ -112,6 +112,9 @@ class ScriptedApprovals:
         self.closed.append(approval_id)
         raise AssertionError("not expected in these tests")
 
+    async def close_for_end(self, run: TaskRun, approval_id: str) -> ApprovalRecord:
+        return await self.close(approval_id, "the task ended")
+
 
 def _run(workspace: Path, mode: PermissionMode = PermissionMode.ASK,
          interaction: InteractionMode = InteractionMode.NON_INTERACTIVE) -> TaskRun:
@@ -316,3 +319,51 @@ async def test_a_call_the_runtime_runs_itself_is_only_decided(workspace: Path) -
                               EventType.TOOL_CALL_APPROVED]
     assert [m for m, _ in f.port.answers] == [Method.SEND_TOOL_APPROVED]
     assert "call_1" in run.approved_runtime_calls  # only now may the runtime report it started/completed
+
+
+class ClosingApprovals(ScriptedApprovals):
+    """Records which approvals were closed because their task ended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended: list[str] = []
+
+    async def close_for_end(self, run: TaskRun, approval_id: str) -> ApprovalRecord:
+        self.ended.append(approval_id)
+        return (await self.open(run, self.asked[-1])).model_copy(update={"state": "expired"})
+
+
+@dataclass
+class BlockingPort(MemoryPort):
+    """Its second append (the "ask") waits until the test lets it go: the task can end meanwhile."""
+
+    entered: trio.Event = field(default_factory=trio.Event)
+    release: trio.Event = field(default_factory=trio.Event)
+
+    async def append(self, run: TaskRun, events: Sequence[PendingEvent], blobs: Blobs | None = None) -> bool:
+        if any(e.type == EventType.APPROVAL_REQUESTED for e in events):
+            self.entered.set()
+            await self.release.wait()
+        return await super().append(run, events, blobs)
+
+
+@pytest.mark.parametrize("released", [False, True], ids=["ended-while-storing", "ended-before-storing"])
+async def test_an_approval_is_closed_when_its_task_ends_while_the_ask_is_being_stored(workspace: Path,
+                                                                                     released: bool) -> None:
+    """Between the approval's row (listed as pending at once) and its wait, the task may end — cancelled in the
+    middle of storing the ask, or found ended by it: either way the approval is closed, never left pending."""
+    approvals = ClosingApprovals()
+    port = BlockingPort(ToolRegistry(ToolsConfig()), approvals)
+    flow = ToolFlow(port, EngineStats())
+    run = _run(workspace, interaction=InteractionMode.INTERACTIVE)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as tools:
+            run.tools_nursery = tools
+            await flow.requested(run, _request("workspace.write", {"path": "b.txt", "content": "x"}))
+            await port.entered.wait()
+            run.ended = True  # what TaskEnder.finish does first
+            if released:
+                port.release.set()  # the append finds the task ended
+            else:
+                tools.cancel_scope.cancel()  # the task's end cancels its tool nursery mid-append
+    assert approvals.ended == ["apr_1"] and not (workspace / "b.txt").exists()
