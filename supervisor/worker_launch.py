@@ -37,6 +37,9 @@ log = logging.getLogger("codesdk.supervisor.pool")
 
 #: The scripted runtime's switch for its test instruments (``worker.adapters.scripted.TEST_STEPS_ENV``).
 TEST_STEPS_ENV = "CODESDK_SCRIPTED_TEST_STEPS"
+#: Where the npm-installed runtimes are (``worker.adapters.codex._launch.RUNTIMES_DIR_ENV``; a test holds the two
+#: equal). Set for the supervisor (the systemd unit, a shell), it is passed on to every namespace's worker.
+RUNTIMES_DIR_ENV = "CODESDK_RUNTIMES_DIR"
 
 
 @dataclass(frozen=True)
@@ -75,12 +78,17 @@ def template_env(config: PoolConfig) -> dict[str, str]:
     return {"PATH": config.path or DEFAULT_PATH, "LANG": "C.UTF-8"}
 
 
-def workers_env(env: Mapping[str, Mapping[str, str]], *, test_scenarios: bool) -> dict[str, Mapping[str, str]]:
+def workers_env(env: Mapping[str, Mapping[str, str]], *, test_scenarios: bool,
+                environ: Mapping[str, str] = os.environ) -> dict[str, Mapping[str, str]]:
     """The operator's variables per namespace (``PoolConfig.env``), with the scripted runtime's test instruments
-    switched on for every namespace when ``test_scenarios``."""
+    switched on for every namespace when ``test_scenarios``, and the supervisor's own ``RUNTIMES_DIR_ENV`` (an
+    operator's setting, not a tenant's) for every namespace unless given."""
     composed = dict(env)
+    defaults = {RUNTIMES_DIR_ENV: environ[RUNTIMES_DIR_ENV]} if environ.get(RUNTIMES_DIR_ENV) else {}
     if test_scenarios:
-        composed["*"] = {TEST_STEPS_ENV: "1", **composed.get("*", {})}
+        defaults[TEST_STEPS_ENV] = "1"
+    if defaults:
+        composed["*"] = {**defaults, **composed.get("*", {})}
     return composed
 
 

@@ -59,12 +59,14 @@ from . import _env
 from ._launch import (
     CODEX_VERSION,
     INITIALIZE_REQUEST_ID,
+    RUNTIMES_DIR_ENV,
     BadCodexConfig,
     CodexSettings,
     codex_launch,
     codex_path,
     codex_version,
     prepare_codex_home,
+    runtimes_dir,
 )
 
 log = logging.getLogger("codesdk.worker.codex")
@@ -106,8 +108,9 @@ class CodexAdapter(RuntimeAdapter):
 
     def availability(self) -> Availability:
         if codex_path() is None:
-            return Availability(False, f"Codex {CODEX_VERSION} is not installed: run ./scripts/install-runtimes "
-                                       "(needs node and npm; installs the pinned @openai/codex into runtimes/)")
+            return Availability(False, f"Codex {CODEX_VERSION} is not installed in {runtimes_dir()}: run "
+                                       "./scripts/install-runtimes (needs node and npm; installs the pinned "
+                                       f"@openai/codex there), or point {RUNTIMES_DIR_ENV} at a copy")
         return Availability(True)
 
     async def auth_status(self) -> AuthStatus:
@@ -158,6 +161,7 @@ class CodexTask(AnswersToolCalls, TaskHandle):
         #: item after a usage report, and closes at each usage report).
         self._request: str | None = None
         self._requests = 0
+        self._retries = 0
         self._usage: dict[str, int] = {}
         self._blocks: dict[tuple[str, str], tuple[str, BlockKind, list[str]]] = {}
         self._runtime_calls: dict[str, tuple[str, dict[str, Any]]] = {}
@@ -348,8 +352,11 @@ class CodexTask(AnswersToolCalls, TaskHandle):
         elif method == "thread/tokenUsage/updated":
             await self._usage_reported(params.get("tokenUsage") or {})
         elif method == "error":
+            error = params.get("error") or {}
             if not params.get("willRetry"):
-                self._error = params.get("error") or {}
+                self._error = error
+            else:
+                return await self._retrying(error)
         elif method == "warning":
             log.info("Codex: %s", params.get("message"))
         elif method == "turn/completed":
@@ -357,6 +364,25 @@ class CodexTask(AnswersToolCalls, TaskHandle):
             if turn.get("id") == self._turn_id:
                 return await self._turn_completed(turn)
         return None
+
+    async def _retrying(self, error: dict[str, Any]) -> TaskOutcome | None:
+        """Codex failed a model request and will try again: that request ends (its stop reason says why) and the
+        next attempt is a request of its own, so the stream shows each one; past ``max_retries`` the task fails
+        instead of waiting on Codex's schedule."""
+        self._retries += 1
+        message = str(error.get("message") or "the model request failed")
+        if self._retries <= self.settings.retries_allowed:
+            await self._close_request(f"error, retrying: {message}"[:500])
+            await self._open_request()
+            return None
+        await self._close_request(f"error: {message}"[:500])
+        failed = _failure(error).failed
+        assert failed is not None
+        code, retryable = failed.code, failed.retryable
+        if code == TaskFailureCode.RUNTIME_ERROR:  # Codex's catch-all, on a request it was retrying
+            code, retryable = TaskFailureCode.API_ERROR, True
+        return TaskOutcome.failure(code, f"the model request failed {self._retries} times; Codex would keep "
+                                   f"retrying: {failed.message}"[:2000], retryable, **failed.details)
 
     async def _open_request(self) -> None:
         if self._request is None:
@@ -464,8 +490,13 @@ def _failure(error: dict[str, Any]) -> TaskOutcome:
     if isinstance(info, dict) and isinstance(detail := info.get(name), dict):
         found = detail.get("httpStatusCode")
         status = found if isinstance(found, int) else None
+    if status is None and name == "other":  # Codex's catch-all: an HTTP status, if any, is only in the message
+        found_status = re.search(r"\b(?:status|HTTP)[^0-9]{0,12}([45]\d\d)\b", message)
+        status = int(found_status.group(1)) if found_status else None
     if status is not None:
         code, retryable = failure_for_status(status)
+    elif name == "other" and re.search(r"stream (?:closed|disconnected|error)|response\.failed", message, re.IGNORECASE):
+        code, retryable = TaskFailureCode.API_ERROR, True
     else:
         code, retryable = _CODEX_ERRORS.get(str(name), (TaskFailureCode.RUNTIME_ERROR, False))
     if code == TaskFailureCode.RUNTIME_ERROR and "Missing environment variable" in message:

@@ -60,7 +60,8 @@ def implicit_sources(env: Mapping[str, str], cwd: Path) -> dict[str, Any]:
     home = codex_home(env)
     candidates = {"user_config": (home / "config.toml", False), "user_instructions": (home / "AGENTS.md", False),
                   "project_instructions": (cwd / "AGENTS.md", False), "project_config": (cwd / ".codex", False),
-                  "skills": (home / "skills", True), "login": (home / "auth.json", True)}
+                  "project_skills": (cwd / ".agents" / "skills", False), "user_skills": (home / "skills", False),
+                  "login": (home / "auth.json", True)}
     found = []
     for kind, (path, used) in candidates.items():
         if path.exists():
@@ -69,9 +70,9 @@ def implicit_sources(env: Mapping[str, str], cwd: Path) -> dict[str, Any]:
                 entry["sha256"] = sha256_hex(path.read_bytes())
             found.append(entry)
     return {
-        "policy": "Codex's own base instructions and system skills are sent; project docs (AGENTS.md) off "
-                  "(project_doc_max_bytes=0); built-in tools, plugins, apps, web search, hooks and MCP servers off; "
-                  "CodeSDK's tools as dynamic tools only",
+        "policy": "Codex's own base instructions are sent; project docs (AGENTS.md) off (project_doc_max_bytes=0), "
+                  "skills' instructions off (skills.include_instructions=false); built-in tools, plugins, apps, web "
+                  "search, hooks and MCP servers off; CodeSDK's tools as dynamic tools only",
         "codex_home": str(home),
         "found": found,
     }

@@ -41,9 +41,13 @@ DISABLED_FEATURES = (
     "hooks", "skill_mcp_dependency_install", "tool_suggest", "daemon_auto_start", "sleep_tool",
     "workspace_dependencies", "in_app_updates", "guardian_approval", "enable_request_compression",
 )
-#: ``-c`` settings for every task: no analytics, no update check, no web search, no AGENTS.md project docs.
+#: ``-c`` settings for every task: no analytics, no update check, no web search, no AGENTS.md project docs, no
+#: skills' instructions (a workspace's ``.agents/skills`` would otherwise reach the model as developer instructions).
 QUIET_CONFIG = {"analytics.enabled": False, "check_for_update_on_startup": False, "web_search": "disabled",
-                "project_doc_max_bytes": 0}
+                "project_doc_max_bytes": 0, "skills.include_instructions": False}
+#: Model requests Codex may retry on its own before the task fails (it retries connection failures on its own
+#: schedule — 5, 10, 20, 40, 60 s … — whatever ``request_max_retries`` says).
+DEFAULT_MAX_RETRIES = 4
 
 
 #: The id of the ``initialize`` request every launch opens with (the launch's ``opening``).
@@ -83,6 +87,11 @@ class CodexSettings:
             raise BadCodexConfig("runtime_config.stop_grace_s must be a number of seconds from 0 to 60")
         return cls(model=model, max_retries=retries, stop_grace_s=float(grace))
 
+    @property
+    def retries_allowed(self) -> int:
+        """Failed model requests Codex may retry before the task fails (``max_retries``, else the default)."""
+        return DEFAULT_MAX_RETRIES if self.max_retries is None else self.max_retries
+
 
 def runtimes_dir(environ: Mapping[str, str] = os.environ) -> Path:
     explicit = environ.get(RUNTIMES_DIR_ENV)
@@ -120,8 +129,9 @@ def codex_version(environ: Mapping[str, str] = os.environ) -> str:
 
 
 def codex_home(environ: Mapping[str, str]) -> Path:
-    explicit = environ.get("CODEX_HOME")
-    return Path(explicit) if explicit else Path(environ.get("HOME", "~")).expanduser() / ".codex"
+    """Always the namespace HOME's ``.codex``: a ``CODEX_HOME`` in a namespace's variables is not honoured, or one
+    namespace could name another's logins and threads."""
+    return Path(environ.get("HOME", "~")).expanduser() / ".codex"
 
 
 def _setting(key: str, value: object) -> list[str]:
