@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
@@ -10,6 +11,22 @@ from typing import Any, TextIO
 from protocol import EventType, Message, NormalizedEvent
 
 _DIM, _BOLD, _RED, _GREEN, _YELLOW, _RESET = "\033[2m", "\033[1m", "\033[31m", "\033[32m", "\033[33m", "\033[0m"
+#: Our own colour codes: the only escape sequences a printed line may carry as they are.
+_OURS = re.compile("(" + "|".join(re.escape(code) for code in (_DIM, _BOLD, _RED, _GREEN, _YELLOW, _RESET)) + ")")
+#: What a tenant's text could drive the operator's terminal with (control characters but newline and tab — escape
+#: sequences, bells, carriage returns — DEL, C1 controls, bidirectional overrides): printed escaped instead.
+_UNSAFE = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c not in (0x09, 0x0A)}
+_UNSAFE |= {c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that could drive a terminal shown escaped (``\\x1b``, ``\\u202e``)."""
+    return text.translate(_UNSAFE)
+
+
+def _printable_line(line: str) -> str:
+    """A line we composed: the stored text in it made printable, our own colour codes kept."""
+    return "".join(part if index % 2 else printable(part) for index, part in enumerate(_OURS.split(line)))
 
 
 def _short(value: Any, limit: int = 120) -> str:
@@ -33,7 +50,7 @@ class EventPrinter:
         if self._mid_line:
             self.out.write("\n")
             self._mid_line = False
-        self.out.write(text + "\n")
+        self.out.write(_printable_line(text) + "\n")
         self.out.flush()
 
     def end_line(self) -> None:
@@ -54,7 +71,7 @@ class EventPrinter:
                 kind = getattr(p, "kind", "text")
                 self.out.write(self._c(_DIM, f"{event.seq:>4}  ") + ("" if kind == "text" else f"[{kind}] "))
             delta = getattr(p, "delta", "")
-            self.out.write(delta)
+            self.out.write(printable(delta))
             self._mid_line = not delta.endswith("\n")
             self.out.flush()
             return
@@ -117,7 +134,7 @@ def print_transcript(messages: list[Message], out: TextIO, as_json: bool = False
                 text = body.get("text") or body.get("code", "")
             else:
                 text = f"[{block.type}] " + json.dumps(body, ensure_ascii=False)[:300]
-            out.write(f"{message.role.value:>9}: {text}\n")
+            out.write(f"{message.role.value:>9}: {printable(text)}\n")
     out.flush()
 
 

@@ -217,3 +217,18 @@ def test_nothing_outlives_a_killed_supervisor(tmp_path: Path) -> None:
     stored = [json.loads(line) for line in _cli(data, "events", session_id, "--json").stdout.splitlines()]
     assert [(e["type"], e["payload"].get("code")) for e in stored if e["type"].startswith("task.")][-1] == (
         "task.failed", "SUPERVISOR_RESTARTED")
+
+
+def test_a_tenants_control_characters_never_reach_the_operators_terminal(tmp_path: Path) -> None:
+    """A prompt (and so the echoed answer) carrying escape sequences, a bell, a carriage return and a bidi
+    override: `run`, `events` and `show` print them escaped, and keep them as they are in --json."""
+    data = tmp_path / "data"
+    hostile = "hi \x1b[2J\x1b]0;pwned\x07 \r\u202e done"
+    ran = _cli(data, "run", hostile, "--scenario", "echo")
+    assert ran.returncode == 0, ran.stderr
+    session = next(line.split()[1] for line in ran.stdout.splitlines() if line.startswith("session "))
+    for out in (ran.stdout, _cli(data, "events", session).stdout, _cli(data, "show", session).stdout):
+        assert "\\x1b[2J" in out and "\\x07" in out and "\\u202e" in out
+        assert not any(c in out for c in "\x1b\x07\r\u202e")
+    stored = [json.loads(line) for line in _cli(data, "events", session, "--json").stdout.splitlines()]
+    assert stored[1]["type"] == "task.started" and "\x1b[2J\x1b]0;pwned\x07" in stored[1]["payload"]["prompt_preview"]
