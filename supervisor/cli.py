@@ -247,7 +247,8 @@ async def _login(args: argparse.Namespace, result: EnsureLoginResult) -> int:
         print(f"{args.runtime} in {args.namespace} is logged in already ({result.status.method}); logging in again",
               file=sys.stderr)
     print(f"codesdk: running `{' '.join(result.login_command)}` for namespace {args.namespace} (its own HOME); "
-          "CodeSDK opens no browser — open the URL it prints yourself and paste the code here", file=sys.stderr)
+          "CodeSDK opens no browser — open the URL it prints yourself and follow what it says (enter the code it "
+          "shows there, or paste the one the page gives you here)", file=sys.stderr)
     code = await run_login(Path(args.data_dir), args.namespace, result.login_command)
     if code == 0:
         print(f"codesdk: done; check with: codesdk auth --runtime {args.runtime} --namespace {args.namespace}",

@@ -41,7 +41,8 @@ def check_reachable_by_workers(program: str) -> None:
             raise UidRangeError(
                 f"the worker program {program!r} (really {real}) cannot be run by the worker uids: {folder} is "
                 f"mode {stat.S_IMODE(mode):o}, not searchable/executable by others; install the interpreter and "
-                "the venv under a world-readable prefix (e.g. /opt or /usr/local), or pass a worker argv that is")
+                "the venv under a world-readable prefix (e.g. /opt or /usr/local), or pass a worker argv whose program "
+                "and every directory above it the worker uids can reach")
     if real.is_file():
         try:
             with open(real, "rb") as script:
