@@ -8,9 +8,10 @@ from .client import (
     Forbidden,
     InvalidRequest,
     NotFound,
+    ServiceUnreachable,
     TooManyRequests,
     Unauthorized,
 )
 
 __all__ = ["ApiError", "AsyncClient", "Client", "Conflict", "Forbidden", "InvalidRequest", "NotFound",
-           "TooManyRequests", "Unauthorized"]
+           "ServiceUnreachable", "TooManyRequests", "Unauthorized"]

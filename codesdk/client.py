@@ -59,6 +59,15 @@ class TooManyRequests(ApiError):
     go on (wait, close something, or have the operator raise the limit)."""
 
 
+class ServiceUnreachable(ApiError):
+    """Nothing answers at the socket or URL (status 503, code ``service_unreachable``): the service is not running
+    there, or the path or address is wrong."""
+
+    def __init__(self, where: str, why: BaseException) -> None:
+        super().__init__(503, "service_unreachable", f"cannot reach the CodeSDK service at {where} ({why}); is "
+                         "`codesdk-supervisor serve` running there, and is that the socket or URL it listens on?")
+
+
 _BY_STATUS: dict[int, type[ApiError]] = {401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
                                          422: InvalidRequest, 429: TooManyRequests}
 
@@ -144,6 +153,7 @@ class AsyncClient:
     def __init__(self, *, socket: str | Path | None = None, base_url: str | None = None, token: str,
                  timeout_s: float = 30.0) -> None:
         transport_args, url = _transport_args(socket, base_url)
+        self._where = f"unix:{socket}" if socket is not None else url
         self._http = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(**transport_args), base_url=url,
                                        headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s)
 
@@ -157,7 +167,10 @@ class AsyncClient:
         await self._http.aclose()
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = await self._http.request(method, path, **kwargs)
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise ServiceUnreachable(self._where, exc) from exc
         _raise_for(response)
         return response.json()
 
@@ -287,6 +300,8 @@ class Client:
     def __init__(self, *, socket: str | Path | None = None, base_url: str | None = None, token: str,
                  timeout_s: float = 30.0) -> None:
         transport_args, url = _transport_args(socket, base_url)
+        self._where = f"unix:{socket}" if socket is not None else url
+        self._socket = Path(socket) if socket is not None else None
         self._http = httpx.Client(transport=httpx.HTTPTransport(**transport_args), base_url=url,
                                   headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s)
 
@@ -300,7 +315,12 @@ class Client:
         self._http.close()
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = self._http.request(method, path, **kwargs)
+        if self._socket is not None and not self._socket.exists():  # httpx's blocking transport leaks the socket
+            raise ServiceUnreachable(self._where, FileNotFoundError(f"no such socket: {self._socket}"))
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise ServiceUnreachable(self._where, exc) from exc
         _raise_for(response)
         return response.json()
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import trio
 
-from codesdk import AsyncClient, Client, Conflict, InvalidRequest, NotFound, Unauthorized
+from codesdk import AsyncClient, Client, Conflict, InvalidRequest, NotFound, ServiceUnreachable, Unauthorized
 from protocol import EventType
 
 from .conftest import Api
@@ -70,3 +72,13 @@ async def test_client_decides_approvals(api: Api) -> None:
             while (await client.get_task(task["task_id"]))["state"] == "running":
                 await trio.sleep(0.05)
             assert (await client.approvals(state="denied"))[0]["decision_reason"] == "client says no"
+
+
+async def test_a_socket_nobody_listens_on_is_a_clear_unreachable_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nobody.sock"
+    async with AsyncClient(socket=missing, token="t") as client:
+        with pytest.raises(ServiceUnreachable, match="is `codesdk-supervisor serve` running there") as err:
+            await client.list_sessions()
+    assert (err.value.status, err.value.code) == (503, "service_unreachable") and str(missing) in err.value.message
+    with Client(socket=missing, token="t") as sync, pytest.raises(ServiceUnreachable):
+        sync.create_session(namespace="user:alice")
