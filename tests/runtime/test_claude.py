@@ -746,10 +746,16 @@ def test_a_worker_ends_the_cli_it_started_ahead_when_its_supervisor_goes(here: P
         [pid] = _clis_below(worker.pid)
         with open(f"/proc/{pid}/environ", "rb") as environ:
             assert RUNTIME_AHEAD_ENV.encode() not in environ.read()
+        below = {p.pid for p in psutil.Process(worker.pid).children(recursive=True)}
         worker.stdin.close()
         assert worker.wait(timeout=60) == 0
         worker.stderr.close()
         assert _gone(pid)
+        # Everything below the worker ended with it. What the CLI had started itself and outlived the CLI by a
+        # moment went to the nearest subreaper — this process, once an in-process supervisor made it one — dead:
+        # reap it, as the supervisor's orphan sweep does.
+        for orphan in below & {p.pid for p in psutil.Process().children()}:
+            psutil.Process(orphan).wait(timeout=10)  # it was ended: it exits (TimeoutExpired if it lived on)
     finally:
         worker.kill()
         worker.wait()
