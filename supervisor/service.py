@@ -366,7 +366,7 @@ def _quarantine_command(args: argparse.Namespace) -> int:
     """Talk to the running service over its socket with the admin token (the pool's state lives there)."""
     import httpx2
 
-    from codesdk.client import ApiError, Client
+    from codesdk.client import ApiError, Client, ServiceUnreachable
 
     data_dir: Path = args.data_dir
     socket_path: Path = args.listen or data_dir / "api.sock"
@@ -388,6 +388,10 @@ def _quarantine_command(args: argparse.Namespace) -> int:
                         f"{slot.get('quarantine_reason')}") if until else ""
                 print(f"{slot['namespace']}\t{slot['state']}\tcrashes={slot['recent_crashes']}\t{note}".rstrip())
             return 0
+    except ServiceUnreachable as exc:
+        print(f"codesdk-supervisor: the service is not reachable at {socket_path} ({exc.message}); is it running?",
+              file=sys.stderr)
+        return 3
     except ApiError as exc:
         print(f"codesdk-supervisor: {exc}", file=sys.stderr)
         return 1
