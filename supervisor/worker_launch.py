@@ -37,7 +37,7 @@ log = logging.getLogger("codesdk.supervisor.pool")
 
 #: The scripted runtime's switch for its test instruments (``worker.adapters.scripted.TEST_STEPS_ENV``).
 TEST_STEPS_ENV = "CODESDK_SCRIPTED_TEST_STEPS"
-#: Where the npm-installed runtimes are (``worker.adapters.codex._launch.RUNTIMES_DIR_ENV``; a test holds the two
+#: Where the npm-installed runtimes are (``worker.adapters._installed.RUNTIMES_DIR_ENV``; a test holds the two
 #: equal). Set for the supervisor (the systemd unit, a shell), it is passed on to every namespace's worker.
 RUNTIMES_DIR_ENV = "CODESDK_RUNTIMES_DIR"
 

@@ -43,6 +43,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    command_line = sys.argv[1:] if argv is None else argv
+    if command_line[:1] == ["mcp-bridge"]:  # an agent's MCP server (worker/mcp_bridge): stdio is MCP's, not ours
+        from .mcp_bridge._server import main as bridge_main
+
+        return bridge_main(command_line[1:])
     parent = os.getppid()  # the supervisor; see _lifeline
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # _lifeline.PARENT_DEATH_SIGNAL, before anything else
     protocol_fd = _claim_stdout()

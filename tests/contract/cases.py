@@ -15,6 +15,8 @@ from typing import Any
 
 import psutil
 
+from fixtures.fake_anthropic import opencode_config
+
 #: Written to stderr by the scripted runtime's process before it works, to find it in the crash report.
 STDERR_MARKER = "scripted-runtime-process: about to work"
 
@@ -162,7 +164,76 @@ class CodexCase:
         raise NotImplementedError("Codex runs with its built-in tools off")
 
 
-Case = ScriptedCase | ClaudeCase | CodexCase
+class _AcpCase:
+    """An Agent Client Protocol agent against the fake model: CodeSDK's tools reach it through the MCP bridge; its
+    own tools stay hidden, so the built-in contract tests do not apply."""
+
+    name: str
+    runtime: str
+    config: dict[str, Any]
+
+    def stream(self, text: str) -> Turn:
+        return Turn(text, dict(self.config))
+
+    def tools(self, *calls: tuple[str, dict[str, Any]]) -> Turn:
+        return Turn("\n".join(_call(name, args) for name, args in calls), dict(self.config))
+
+    def slow(self) -> Turn:
+        return Turn("SLOW 20", {**self.config, "stop_grace_s": 2})
+
+    def with_runtime_process(self, ready: Path) -> Turn:
+        return Turn("SLOW 60", dict(self.config))
+
+    def runtime_ready(self, ready: Path) -> bool:
+        return True  # streaming: it is working
+
+    stderr_before_crash: str | None = None
+    builtins: bool = False
+    builtins_touch_files = False
+
+    def builtin_write(self, path: Path, content: str) -> Turn:
+        raise NotImplementedError(f"{self.name} runs with its built-in tools hidden")
+
+
+#: A model the fake serves; no retries, so an API error ends the turn at once.
+GEMINI_CONFIG: dict[str, Any] = {"model": "gemini-2.5-flash", "max_retries": 0}
+
+
+class GeminiCase(_AcpCase):
+    name = "gemini"
+    runtime = "gemini"
+    config = GEMINI_CONFIG
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+
+    def worker_env(self) -> dict[str, str]:
+        return {"GOOGLE_GEMINI_BASE_URL": self.base_url, "GEMINI_API_KEY": "test-key"}
+
+    def is_runtime_process(self, process: psutil.Process) -> bool:
+        return any(part.endswith("gemini.js") for part in process.cmdline())
+
+
+#: The model of the fake provider OpenCode is configured with (``opencode_config``).
+OPENCODE_CONFIG: dict[str, Any] = {"model": "fake/fake-model"}
+
+
+class OpenCodeCase(_AcpCase):
+    name = "opencode"
+    runtime = "opencode"
+    config = OPENCODE_CONFIG
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+
+    def worker_env(self) -> dict[str, str]:
+        return {"OPENCODE_CONFIG_CONTENT": json.dumps(opencode_config(self.base_url))}
+
+    def is_runtime_process(self, process: psutil.Process) -> bool:
+        return process.name() == "opencode"
+
+
+Case = ScriptedCase | ClaudeCase | CodexCase | GeminiCase | OpenCodeCase
 
 
 def workspace(tmp_path: Path) -> Path:

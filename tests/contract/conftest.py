@@ -1,28 +1,38 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from fixtures.fake_anthropic import FakeAnthropic
+from worker.adapters.acp._gemini import GeminiProfile
+from worker.adapters.acp._opencode import OpenCodeProfile
 from worker.adapters.claude._launch import cli_path
 from worker.adapters.codex._launch import codex_path
 
 from ..netns import loopback_only
-from .cases import Case, ClaudeCase, CodexCase, ScriptedCase
+from .cases import Case, ClaudeCase, CodexCase, GeminiCase, OpenCodeCase, ScriptedCase
+
+#: Runtimes whose built-in tools stay off under CodeSDK: the built-in contract tests do not apply to them.
+_NO_BUILTINS = {"codex": "codex runs with its built-in tools off", "gemini": "gemini's built-in tools are excluded",
+                "opencode": "opencode's built-in tools are denied"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "builtin_tools: needs a runtime with built-in tools an operator may enable")
+    config.addinivalue_line("markers", "conversation: needs a runtime that keeps a conversation of its own")
 
 
-@pytest.fixture(params=["scripted", pytest.param("claude", marks=pytest.mark.runtime),
-                        pytest.param("codex", marks=pytest.mark.runtime)])
+@pytest.fixture(params=["scripted", *(pytest.param(name, marks=pytest.mark.runtime)
+                                      for name in ("claude", "codex", "gemini", "opencode"))])
 def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
-    if request.param == "codex" and request.node.get_closest_marker("builtin_tools"):
-        pytest.skip("codex runs with its built-in tools off under CodeSDK: no built-in to approve or deny")
+    if request.param in _NO_BUILTINS and request.node.get_closest_marker("builtin_tools"):
+        pytest.skip(f"{_NO_BUILTINS[request.param]} under CodeSDK: no built-in to approve or deny")
     if request.param == "scripted":
+        if request.node.get_closest_marker("conversation"):
+            pytest.skip("the scripted runtime keeps no conversation of its own")
         yield ScriptedCase()
         return
     if not loopback_only():
@@ -31,7 +41,18 @@ def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
         pytest.skip("claude-agent-sdk (with its bundled CLI) is not installed: pip install 'codesdk[claude]'")
     if request.param == "codex" and codex_path() is None:
         pytest.skip("Codex is not installed: ./scripts/install-runtimes (needs node and npm)")
+    for profile in (GeminiProfile(), OpenCodeProfile()):
+        if request.param == profile.name and profile.program(os.environ) is None:
+            pytest.skip(profile.missing_reason(os.environ))
     with FakeAnthropic.start(tmp_path / "api.jsonl") as fake:
-        case: Case = ClaudeCase(fake.base_url) if request.param == "claude" else CodexCase(fake.openai_base_url)
+        case: Case
+        if request.param == "claude":
+            case = ClaudeCase(fake.base_url)
+        elif request.param == "codex":
+            case = CodexCase(fake.openai_base_url)
+        elif request.param == "gemini":
+            case = GeminiCase(fake.gemini_base_url)
+        else:
+            case = OpenCodeCase(fake.chat_completions_base_url)
         case.fake = fake  # type: ignore[union-attr]
         yield case

@@ -130,6 +130,26 @@ async def test_implicit_sources_are_recorded_with_the_model_input(make_engine: M
     assert blobs["implicit"]["policy"] and isinstance(blobs["implicit"]["found"], list)
 
 
+@pytest.mark.conversation
+async def test_the_next_task_carries_the_sessions_history(make_engine: MakeEngine, case: Case,
+                                                         tmp_path: Path) -> None:
+    """The session's second task is taken up by the runtime's own session: the model is sent the first turn."""
+    fake = getattr(case, "fake")  # noqa: B009 (set by the fixture on cases with a fake model)
+    first, second = case.stream("remember marker-7741"), case.stream("and now marker-7742")
+    with trio.fail_after(120):
+        async with make_engine(worker_env={"*": case.worker_env()}) as engine:
+            session = await engine.create_session(runtime=case.runtime, workspace=workspace(tmp_path))
+            for turn in (first, second):
+                task = await engine.start_task(session.session_id, turn.prompt, runtime_config=turn.runtime_config)
+                assert (await engine.wait_task(task.task_id)).state == TaskState.COMPLETED
+            events = await session_events(engine.store, session.session_id)
+    check_session(events)
+    assert [t for t in _texts(events) if "marker-774" in t] == ["Echo: remember marker-7741",
+                                                                 "Echo: and now marker-7742"]
+    last = json.dumps(fake.requests()[-1]["body"])
+    assert "marker-7741" in last and "marker-7742" in last
+
+
 async def test_stop_mid_stream(make_engine: MakeEngine, case: Case, tmp_path: Path) -> None:
     ws = workspace(tmp_path)
     turn = case.slow()

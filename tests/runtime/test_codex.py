@@ -26,7 +26,8 @@ from supervisor.api import TokenAuth, serve_api
 from supervisor.engine import Engine
 from supervisor.engine._transcript import session_events
 from supervisor.store import TaskRecord, TaskState
-from worker.adapters.codex._launch import CODEX_VERSION, RUNTIMES_DIR_ENV, codex_path
+from worker.adapters._installed import RUNTIMES_DIR_ENV
+from worker.adapters.codex._launch import CODEX_VERSION, codex_path
 
 from ..conftest import MakeEngine
 from ..contract.cases import CODEX_CONFIG, CodexCase, workspace

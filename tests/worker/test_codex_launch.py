@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from supervisor import worker_launch
-from worker.adapters.codex import _launch
+from worker.adapters import _installed
 from worker.adapters.codex._launch import BadCodexConfig, CodexSettings, codex_home, codex_launch
 
 
 def test_the_supervisor_and_the_adapter_name_the_runtimes_dir_alike() -> None:
-    assert worker_launch.RUNTIMES_DIR_ENV == _launch.RUNTIMES_DIR_ENV
+    assert worker_launch.RUNTIMES_DIR_ENV == _installed.RUNTIMES_DIR_ENV
 
 
 def test_the_supervisors_runtimes_dir_reaches_every_namespace_unless_given() -> None:

@@ -12,15 +12,16 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._process import RuntimeAhead
+    from .acp import AcpAdapter
     from .base import AdapterRegistry, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
     from .claude import ClaudeAdapter
     from .codex import CodexAdapter
     from .scripted import ScriptedAdapter
 
-__all__ = ["AdapterRegistry", "ClaudeAdapter", "CodexAdapter", "RuntimeAdapter", "ScriptedAdapter", "StartTaskRefused", "TaskHandle",
+__all__ = ["AcpAdapter", "AdapterRegistry", "ClaudeAdapter", "CodexAdapter", "RuntimeAdapter", "ScriptedAdapter", "StartTaskRefused", "TaskHandle",
            "TaskIO", "TaskOutcome", "default_registry"]
 
-_HOMES = {"AdapterRegistry": ".base", "RuntimeAdapter": ".base", "StartTaskRefused": ".base", "TaskHandle": ".base",
+_HOMES = {"AcpAdapter": ".acp", "AdapterRegistry": ".base", "RuntimeAdapter": ".base", "StartTaskRefused": ".base", "TaskHandle": ".base",
           "TaskIO": ".base", "TaskOutcome": ".base", "ClaudeAdapter": ".claude", "CodexAdapter": ".codex",
           "ScriptedAdapter": ".scripted"}
 
@@ -34,6 +35,7 @@ def __getattr__(name: str) -> object:
 
 def default_registry(scenario_dir: Path | None = None, ahead: RuntimeAhead | None = None) -> AdapterRegistry:
     """Every adapter; ``ahead``: a runtime's program started ahead of the first task, for its adapter to adopt."""
+    from .acp import AcpAdapter, agent_profiles
     from .base import AdapterRegistry
     from .claude import ClaudeAdapter
     from .codex import CodexAdapter
@@ -43,4 +45,6 @@ def default_registry(scenario_dir: Path | None = None, ahead: RuntimeAhead | Non
     registry.add(ScriptedAdapter(scenario_dir))
     registry.add(ClaudeAdapter(ahead if ahead is not None and ahead.runtime == ClaudeAdapter.name else None))
     registry.add(CodexAdapter(ahead if ahead is not None and ahead.runtime == CodexAdapter.name else None))
+    for profile in agent_profiles():
+        registry.add(AcpAdapter(profile))
     return registry

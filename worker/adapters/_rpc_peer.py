@@ -70,6 +70,9 @@ class RpcPeer:
         self._answers = AwaitedAnswers(sent)
         self._counter = 0
         self._send_notifications, self.notifications = trio.open_memory_channel[tuple[str, dict[str, Any]]](buffer)
+        #: Notifications handed to ``notifications`` so far: every one the runtime wrote before the answer a caller
+        #: just got is counted (its reader can tell when it has caught up with that answer).
+        self.notified = 0
         self.closed = False
 
     async def run(self) -> None:
@@ -136,6 +139,7 @@ class RpcPeer:
             else:
                 try:
                     await self._send_notifications.send((method, params))
+                    self.notified += 1
                 except trio.BrokenResourceError:
                     pass  # nobody reads notifications any more (the task has its outcome): drop them
             return

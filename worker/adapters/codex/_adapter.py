@@ -52,6 +52,7 @@ from protocol import (
 
 from ..._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
 from .._api_failures import failure_for_status
+from .._installed import RUNTIMES_DIR_ENV, runtimes_dir
 from .._process import RuntimeAhead, RuntimeProcess
 from .._rpc_peer import METHOD_NOT_FOUND, PeerClosed, PeerError, PeerProtocolError, RpcPeer
 from ..base import Availability, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
@@ -59,14 +60,12 @@ from . import _env
 from ._launch import (
     CODEX_VERSION,
     INITIALIZE_REQUEST_ID,
-    RUNTIMES_DIR_ENV,
     BadCodexConfig,
     CodexSettings,
     codex_launch,
     codex_path,
     codex_version,
     prepare_codex_home,
-    runtimes_dir,
 )
 
 log = logging.getLogger("codesdk.worker.codex")

@@ -17,11 +17,10 @@ from pathlib import Path
 
 from ... import WORKER_VERSION
 from ..._ahead import RuntimeLaunch
+from .._installed import runtimes_dir
 
 #: The version ``runtimes/package.json`` pins (a test holds the two equal).
 CODEX_VERSION = "0.169.0"
-#: Where the npm-installed runtimes are (``runtimes/`` of the checkout when unset).
-RUNTIMES_DIR_ENV = "CODESDK_RUNTIMES_DIR"
 #: The platform builds' directory names, as Codex's own launcher maps them.
 _TRIPLES = {("Linux", "x86_64"): ("linux-x64", "x86_64-unknown-linux-musl"),
             ("Linux", "aarch64"): ("linux-arm64", "aarch64-unknown-linux-musl"),
@@ -91,11 +90,6 @@ class CodexSettings:
     def retries_allowed(self) -> int:
         """Failed model requests Codex may retry before the task fails (``max_retries``, else the default)."""
         return DEFAULT_MAX_RETRIES if self.max_retries is None else self.max_retries
-
-
-def runtimes_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    explicit = environ.get(RUNTIMES_DIR_ENV)
-    return Path(explicit) if explicit else Path(__file__).resolve().parents[3] / "runtimes"
 
 
 def _platform_build(environ: Mapping[str, str]) -> Path | None:

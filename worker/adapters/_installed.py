@@ -1,0 +1,21 @@
+"""Where the npm-installed runtimes live (``runtimes/package.json`` pins them; ``scripts/install-runtimes`` installs
+them with ``--ignore-scripts``), for every adapter whose program comes from there. The standard library only: the
+launch modules that use it run before the worker's heavy imports."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+#: Where the npm-installed runtimes are (``runtimes/`` of the checkout when unset).
+RUNTIMES_DIR_ENV = "CODESDK_RUNTIMES_DIR"
+
+
+def runtimes_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    explicit = environ.get(RUNTIMES_DIR_ENV)
+    return Path(explicit) if explicit else Path(__file__).resolve().parents[2] / "runtimes"
+
+
+def node_modules(environ: Mapping[str, str] = os.environ) -> Path:
+    return runtimes_dir(environ) / "node_modules"
