@@ -19,6 +19,8 @@ Machines here are small and noisy, so each figure is the median of several repet
   cold     one whole cold `codesdk run --runtime claude` vs `claude -p` (scripts/benchmarks/real_runtime.py)
   codex    one turn with one tool call on Codex, through CodeSDK vs a minimal client of `codex app-server`
            (warm), and a cold `codesdk run --runtime codex` vs `codex exec`; in scripts/netns-run like `real`
+  acp      one turn with one tool call on each ACP agent (Gemini CLI, OpenCode), through CodeSDK (its MCP bridge)
+           vs a minimal ACP client of the same agent with a minimal stdio MCP server (warm); in scripts/netns-run
   fairness another tenant's small task while one tenant floods (p50), against its quiet p50 in the same run
   transcript peak RSS growth of a supervisor process serving the transcript of a 200k-event session (one, and
            four at once); baseline: a raw apsw SELECT of the same events, kept (fetchall), measured the same way
@@ -51,7 +53,8 @@ import trio
 from benchmarks import cases, store, transcript
 from benchmarks.common import Figure, from_reps, median, percentile, print_table
 
-CASES = ("events", "latency", "tool", "spawn", "density", "store", "real", "cold", "codex", "fairness", "transcript")
+CASES = ("events", "latency", "tool", "spawn", "density", "store", "real", "cold", "codex", "acp", "fairness",
+         "transcript")
 NETNS_UNAVAILABLE = 97  # scripts/netns-run's exit code when no namespace can be made
 
 
@@ -260,6 +263,29 @@ def case_codex(p: dict[str, Any]) -> list[Figure]:
     return [warm, cold]
 
 
+def case_acp(p: dict[str, Any]) -> list[Figure]:
+    """Each installed ACP agent, warm, inside the loopback-only namespace (re-executing this script there)."""
+    from benchmarks import acp_runtime
+
+    figures: list[Figure] = []
+    agents = [agent for agent in acp_runtime.CONFIGS if not acp_runtime.runtime_missing(agent)]
+    for agent in acp_runtime.CONFIGS:
+        if agent not in agents:
+            figures.append(_skipped("acp", f"{agent}: {acp_runtime.runtime_missing(agent)}"))
+    if not agents:
+        return figures
+    if not _loopback_only():
+        return figures + _in_netns("acp", p)
+    for agent in agents:
+        r = acp_runtime.warm(agent, p["real_repeat"])
+        figure = from_reps("acp", f"one turn + one tool call, {agent}, warm", "s", r["codesdk"], r["direct"],
+                           goal="<= 1.05x direct", note="each a new agent process; direct: a minimal ACP client, "
+                                                        "a minimal stdio MCP server; same launch, same fake API")
+        figure.met = figure.ratio is not None and figure.ratio <= 1.05
+        figures.append(figure)
+    return figures
+
+
 def _in_netns(case: str, p: dict[str, Any]) -> list[Figure]:
     with tempfile.TemporaryDirectory(prefix="codesdk-bench-") as tmp:
         out = Path(tmp) / f"{case}.json"
@@ -287,6 +313,7 @@ def _loopback_only() -> bool:
 RUNNERS: dict[str, Callable[[dict[str, Any]], list[Figure]]] = {
     "events": case_events, "latency": case_latency, "tool": case_tool, "spawn": case_spawn,
     "density": case_density, "store": case_store, "real": case_real, "cold": cases.cold, "codex": case_codex,
+    "acp": case_acp,
     "fairness": case_fairness, "transcript": case_transcript,
 }
 

@@ -573,7 +573,7 @@ CLI_MESSAGES: list[dict[str, Any]] = [
 
 
 async def _our_answers(messages: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
-    from worker.adapters.claude._mcp import McpServer, McpTool, ToolCallResult
+    from worker.mcp_server import McpServer, McpTool, ToolCallResult
 
     async def call(name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> ToolCallResult:
         assert (name, arguments, meta["claudecode/toolUseId"]) == ("workspace_read", {"path": "a.txt"}, "toolu_1")

@@ -25,6 +25,7 @@ import trio
 import trio.testing
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.shared.exceptions import MCPError
 
 from worker.mcp_bridge import (
     BridgeAnswer,
@@ -167,12 +168,13 @@ async def test_errors_reach_the_model_as_tool_errors_and_the_bridge_goes_on(tmp_
         async with serve_tools(TOOLS, handler, directory=tmp_path) as endpoint, \
                 bridge_session(endpoint, tmp_path) as session:
             raised = await session.call_tool("fail", {})
-            unknown = await session.call_tool("no_such_tool", {})
+            with pytest.raises(MCPError, match="Unknown tool: no_such_tool") as unknown:  # MCP: a protocol error
+                await session.call_tool("no_such_tool", {})
             reported = await session.call_tool("text", {"text": "denied by policy", "error": True})
             after = await session.call_tool("text", {"text": "still here"})
     assert raised.is_error and "internal error (RuntimeError)" in text_of(raised)
     assert "the tool broke" not in text_of(raised)  # the exception is logged, not shown to the model
-    assert unknown.is_error and "unknown tool 'no_such_tool'" in text_of(unknown)
+    assert unknown.value.error.code == -32602
     assert reported.is_error and text_of(reported) == "denied by policy"
     assert not after.is_error and text_of(after) == "still here"
     assert [call.name for call in handler.calls] == ["fail", "text", "text"]  # the unknown tool never ran

@@ -1,17 +1,15 @@
-"""The bridge's MCP side: the ``mcp`` package's low-level server on stdio, relaying tool calls to the worker.
+"""The bridge's MCP side: CodeSDK's MCP server (``worker.mcp_server``) on stdio, relaying tool calls to the worker.
 
-Loaded only once the worker accepted our hello (importing ``mcp`` costs most of the bridge's start-up).
+Loaded once the worker accepted our hello. Not the ``mcp`` package's server: importing it costs ~0.8 s, and every
+ACP agent waits for its MCP servers before its first prompt, so that was most of what CodeSDK added to an agent's
+turn (``scripts/bench --case acp``); the project's own server, which Claude Code's in-process server uses too, needs
+trio only. The tests drive the bridge with the ``mcp`` package's client.
 
-Built on ``mcp.server.lowlevel.Server`` and ``mcp.server.stdio.stdio_server`` (under trio, through anyio). Two
-things are our own, for reasons:
-
-- stdin and stdout are handed to ``stdio_server`` as trio streams (``_StdinLines``, ``_StdoutLines``): its default
-  reads stdin in a worker thread that cancellation cannot stop, so a bridge whose task ended would hang until the
-  agent wrote again; ours stops at once, and bounds the length of a line.
-- ``_Relay`` shapes each answer for the agents we serve: an argument ``wait_for_previous`` that Gemini CLI adds to
-  every call is dropped unless the tool declares it; a text that parses as JSON but not as an object also goes out
-  as ``structuredContent = {"result": <value>}``, since Gemini CLI otherwise takes the parsed text itself as
-  structured content and fails validating a non-object.
+Requests from the agent are answered concurrently (an agent's parallel tool calls), each as it finishes; stdin's
+lines are bounded. ``_Relay`` shapes each call for the agents we serve: an argument ``wait_for_previous`` that
+Gemini CLI adds to every call is dropped unless the tool declares it; a text that parses as JSON but not as an
+object also goes out as ``structuredContent = {"result": <value>}``, since Gemini CLI otherwise takes the parsed
+text itself as structured content and fails validating a non-object.
 
 When the worker closes the socket (its task ended), every call in flight, and any call after, is answered
 ``TASK_ENDED``; once those answers are written the bridge exits, without waiting for stdin to end.
@@ -23,16 +21,12 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn
 
-import mcp_types as types
 import trio
-from mcp.server.context import ServerRequestContext
-from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
 
 from .. import WORKER_VERSION
+from ..mcp_server import McpServer, McpTool, ToolCallResult
 from ._server import WorkerLink
 from ._wire import MAX_LINE_BYTES, TASK_ENDED, LineReader, LineTooLong, encode_line
 
@@ -44,6 +38,7 @@ MAX_STDIN_LINE_BYTES = 2 * MAX_LINE_BYTES
 #: The argument Gemini CLI adds to every tool call (its scheduler's, not the tool's).
 GEMINI_SCHEDULING_ARGUMENT = "wait_for_previous"
 _READ_CHUNK_BYTES = 64 * 1024
+PARSE_ERROR = -32700
 
 
 async def serve(link: WorkerLink, wire_fd: int) -> None:
@@ -51,17 +46,39 @@ async def serve(link: WorkerLink, wire_fd: int) -> None:
     logging.basicConfig(stream=sys.stderr, level=level if level in logging.getLevelNamesMapping() else "WARNING",
                         format="codesdk mcp bridge: %(levelname)s %(name)s: %(message)s")
     relay = _Relay(link)
-    server: Server[Any] = Server("codesdk", version=WORKER_VERSION, on_list_tools=relay.list_tools,
-                                 on_call_tool=relay.call_tool)
-    async with relay.stream, trio.open_nursery() as nursery:
-        stdin = _StdinLines(trio.lowlevel.FdStream(os.dup(0)))
-        stdout = _StdoutLines(trio.lowlevel.FdStream(wire_fd), relay.written, nursery.cancel_scope.cancel)
-        nursery.start_soon(relay.read_answers)
-        nursery.start_soon(relay.end_when_drained, nursery.cancel_scope)
-        # Explicit streams: stdio_server then neither claims fds 0/1 nor reads stdin in a thread.
-        async with stdio_server(cast(Any, stdin), cast(Any, stdout)) as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
-        nursery.cancel_scope.cancel()  # stdin ended: the agent is done with us
+    tools = [McpTool(name=str(tool.get("name")), description=str(tool.get("description") or ""),
+                     input_schema=dict(tool.get("inputSchema") or {"type": "object"})) for tool in link.tools]
+    server = McpServer("codesdk", WORKER_VERSION, tools, relay.call)
+    stdout = trio.lowlevel.FdStream(wire_fd)
+    write_lock = trio.Lock()
+
+    async def answer(message: Any, response: dict[str, Any] | None = None) -> None:
+        """Answer one message of the agent (``response``: already known, a parse error)."""
+        relay.started()
+        try:
+            if response is None:
+                response = await server.handle(message)
+            if response is not None:
+                async with write_lock:
+                    await stdout.send_all(encode_line(response))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            log.info("the agent closed our stdout (%s): the bridge stops", exc)
+            requests.cancel_scope.cancel()
+        finally:
+            relay.finished()
+
+    async with relay.stream, trio.open_nursery() as requests:
+        requests.start_soon(relay.read_answers)
+        requests.start_soon(relay.end_when_drained, requests.cancel_scope)
+        async for line in _stdin_lines(trio.lowlevel.FdStream(os.dup(0))):
+            try:
+                message = json.loads(line)
+            except ValueError as exc:
+                requests.start_soon(answer, None, {"jsonrpc": "2.0", "id": None,
+                                                   "error": {"code": PARSE_ERROR, "message": f"Parse error: {exc}"}})
+                continue
+            requests.start_soon(answer, message)
+        requests.cancel_scope.cancel()  # stdin ended: the agent is done with us
 
 
 class _Relay:
@@ -71,41 +88,32 @@ class _Relay:
         self.stream = trio.SocketStream(trio.socket.from_stdlib_socket(link.sock))
         self.reader = link.reader
         self.tools = {str(tool.get("name")): tool for tool in link.tools}
-        self.listing = types.ListToolsResult(tools=[types.Tool(
-            name=str(tool.get("name")), description=str(tool.get("description") or ""),
-            input_schema=dict(tool.get("inputSchema") or {"type": "object"})) for tool in link.tools])
         self.worker_gone = trio.Event()
         #: Set once the worker is gone and every call's answer is written: time to exit.
         self.drained = trio.Event()
         self._next_id = 0
         self._waiting: dict[int, tuple[trio.Event, list[tuple[str, bool]]]] = {}
         self._send_lock = trio.Lock()
-        self._handlers_running = 0
-        #: MCP request ids answered after the worker went away, whose answers are not written yet.
-        self._unwritten: set[int | str] = set()
+        #: The agent's requests being answered (their answers not yet written).
+        self._answering = 0
 
     # -- MCP requests ---------------------------------------------------------------------------
 
-    async def list_tools(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None,
-                         ) -> types.ListToolsResult:
-        return self.listing
+    def started(self) -> None:
+        self._answering += 1
 
-    async def call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams,
-                        ) -> types.CallToolResult:
-        self._handlers_running += 1
-        try:
-            arguments = dict(params.arguments or {})
-            declared = (self.tools.get(params.name, {}).get("inputSchema") or {}).get("properties") or {}
-            if GEMINI_SCHEDULING_ARGUMENT not in declared:
-                arguments.pop(GEMINI_SCHEDULING_ARGUMENT, None)
-            meta = params.model_dump(by_alias=True, mode="json").get("_meta") or {}
-            text, is_error = await self._call(params.name, arguments, meta)
-            if self.worker_gone.is_set() and ctx.request_id is not None:
-                self._unwritten.add(ctx.request_id)
-            return _tool_result(text, is_error)
-        finally:
-            self._handlers_running -= 1
-            self._check_drained()
+    def finished(self) -> None:
+        self._answering -= 1
+        self._check_drained()
+
+    async def call(self, name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> ToolCallResult:
+        """One ``tools/call``, as the worker answers it."""
+        arguments = dict(arguments)
+        declared = (self.tools.get(name, {}).get("inputSchema") or {}).get("properties") or {}
+        if GEMINI_SCHEDULING_ARGUMENT not in declared:
+            arguments.pop(GEMINI_SCHEDULING_ARGUMENT, None)
+        text, is_error = await self._call(name, arguments, meta)
+        return _tool_result(text, is_error)
 
     # -- the worker -----------------------------------------------------------------------------
 
@@ -169,19 +177,8 @@ class _Relay:
 
     # -- ending ---------------------------------------------------------------------------------
 
-    def written(self, line: str) -> None:
-        """``_StdoutLines`` wrote ``line``: if it answers a call made after the worker left, it is no longer owed."""
-        if self._unwritten:
-            try:
-                message = json.loads(line)
-            except ValueError:
-                return
-            if isinstance(message, dict):
-                self._unwritten.discard(message.get("id"))
-                self._check_drained()
-
     def _check_drained(self) -> None:
-        if self.worker_gone.is_set() and not self._handlers_running and not self._unwritten:
+        if self.worker_gone.is_set() and not self._answering:
             self.drained.set()
 
     async def end_when_drained(self, scope: trio.CancelScope) -> None:
@@ -189,73 +186,42 @@ class _Relay:
         scope.cancel()
 
 
-def _tool_result(text: str, is_error: bool) -> types.CallToolResult:
-    result = types.CallToolResult(content=[types.TextContent(text=text)], is_error=is_error)
+def _tool_result(text: str, is_error: bool) -> ToolCallResult:
     try:
         value = json.loads(text, parse_constant=_not_json)
     except ValueError:
-        return result
-    if not isinstance(value, dict):
-        result.structured_content = {"result": value}
-    return result
+        return ToolCallResult(text, is_error)
+    return ToolCallResult(text, is_error, None if isinstance(value, dict) else {"result": value})
 
 
 def _not_json(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
-class _StdinLines:
-    """stdin as ``stdio_server`` reads it (``async for line``), from a trio stream: cancellable, bounded lines."""
-
-    def __init__(self, stream: trio.lowlevel.FdStream) -> None:
-        self.stream = stream
-        self.reader = LineReader(MAX_STDIN_LINE_BYTES)
-        self.ended = False
-
-    def __aiter__(self) -> _StdinLines:
-        return self
-
-    async def __anext__(self) -> str:
-        while True:
-            try:
-                line = self.reader.next_line()
-            except LineTooLong as exc:
-                log.error("dropped %s from the agent", exc)
-                continue
-            if line is None and self.ended:
-                line = self.reader.rest()
-                if line is None:
-                    raise StopAsyncIteration
-            if line is not None:
-                return line.decode("utf-8", "replace")
-            try:
-                chunk = await self.stream.receive_some(_READ_CHUNK_BYTES)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                chunk = b""
-            if chunk:
-                self.reader.feed(chunk)
-            else:
-                self.ended = True
-
-
-class _StdoutLines:
-    """stdout as ``stdio_server`` writes it (``write`` then ``flush``), to a trio stream. A write to an agent
-    that is gone ends the bridge (``on_broken``)."""
-
-    def __init__(self, stream: trio.lowlevel.FdStream, on_written: Callable[[str], None],
-                 on_broken: Callable[[], None]) -> None:
-        self.stream = stream
-        self.on_written = on_written
-        self.on_broken = on_broken
-
-    async def write(self, text: str) -> None:
+async def _stdin_lines(stream: trio.lowlevel.FdStream) -> Any:
+    """stdin's lines (without their newline), from a trio stream: cancellable, each bounded (a longer one is
+    dropped, logged)."""
+    reader = LineReader(MAX_STDIN_LINE_BYTES)
+    ended = False
+    while True:
         try:
-            await self.stream.send_all(text.encode("utf-8", "replace"))
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            log.info("the agent closed our stdout (%s): the bridge stops", exc)
-            self.on_broken()
-            return
-        self.on_written(text)
-
-    async def flush(self) -> None:
-        await trio.lowlevel.checkpoint()
+            line = reader.next_line()
+        except LineTooLong as exc:
+            log.error("dropped %s from the agent", exc)
+            continue
+        if line is None and ended:
+            line = reader.rest()
+            if line is None:
+                return
+        if line is not None:
+            if line.strip():
+                yield line
+            continue
+        try:
+            chunk = await stream.receive_some(_READ_CHUNK_BYTES)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            chunk = b""
+        if chunk:
+            reader.feed(chunk)
+        else:
+            ended = True

@@ -48,7 +48,8 @@ class GeminiProfile(AgentProfile):
     package = "@google/gemini-cli"
     version = "0.61.0"
     handshake_timeout_s = 60.0
-    exit_grace_s = 0.5  # with an MCP server attached it does not exit on stdin EOF: SIGTERM soon after
+    exit_grace_s = 0.0  # with an MCP server attached it does not exit on stdin EOF: SIGTERM at once (its transcript
+    # is written as the turn goes; it exits on SIGTERM in ~50 ms)
     default_max_retries = 2
     unsafe_workspace_entries = (".gemini", ".env")
 

@@ -6,7 +6,7 @@ installed (``_env.cli_path``), and its import costs ~1.2 s — more than a whole
 
 Tool calls: a PreToolUse hook (registered with ``onFailure: "block"``, so a failing answer blocks the call) sees
 every call with Claude's ``tool_use_id`` and asks the supervisor (``tool.call.requested``). Approved: the hook
-answers ``allow``; our tool's result then goes back through the in-process MCP server (``_mcp``), a built-in runs
+answers ``allow``; our tool's result then goes back through the in-process MCP server (``worker.mcp_server``), a built-in runs
 inside Claude Code and is reported by a PostToolUse hook. Denied: the hook answers ``ask`` and the permission
 request that follows (``can_use_tool``, routed to us by ``--permission-prompt-tool stdio``) is answered ``deny``
 with the supervisor's reason — Claude gets that reason as the tool's error, verbatim (a hook's own ``deny`` would
@@ -53,6 +53,7 @@ from protocol import (
 
 from ..._ahead import RuntimeLaunch
 from ..._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
+from ...mcp_server import McpServer, McpTool, ToolCallResult
 from .._api_failures import failure_for_status
 from .._process import RuntimeAhead, RuntimeProcess
 from ..base import Availability, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
@@ -70,7 +71,6 @@ from ._launch import (
     cli_version,
     default_cwd,
 )
-from ._mcp import McpServer, McpTool, ToolCallResult
 
 log = logging.getLogger("codesdk.worker.claude")
 

@@ -1,16 +1,17 @@
-"""CodeSDK's tools as an in-process ("sdk") MCP server, reached by Claude Code through the control protocol.
+"""CodeSDK's tools as an MCP server: the answers to an MCP client's JSON-RPC messages, whatever carries them.
 
-Claude Code is started with ``--mcp-config '{"mcpServers": {"codesdk": {"type": "sdk", "name": "codesdk"}}}'``:
-instead of starting a server process it tunnels every JSON-RPC message for that server through a
-``control_request`` ``{"subtype": "mcp_message", "server_name": "codesdk", "message": {...}}`` on its stdout and
-waits for ``{"mcp_response": {...}}`` in the ``control_response`` (an empty ``{"jsonrpc": "2.0", "result": {}}``
-acknowledges a notification). This module answers those messages.
+Two carriers use it. Claude Code tunnels the messages of an in-process ("sdk") server through its control protocol
+(``worker.adapters.claude``: started with ``--mcp-config '{"mcpServers": {"codesdk": {"type": "sdk", ...}}}'``, it
+sends ``control_request`` ``{"subtype": "mcp_message", ...}`` and waits for the ``mcp_response``). ACP agents spawn
+CodeSDK's MCP bridge, which speaks them on its stdio (``worker.mcp_bridge``).
 
 Why hand-written: the only MCP server we need serves ``initialize``, ``ping``, ``tools/list`` and ``tools/call``
-for a fixed tool list, and importing the ``mcp`` package (what ``claude_agent_sdk`` uses for this) costs ~0.8 s
-of a ~1.2 s SDK import (measured with ``python -X importtime``), i.e. most of a Claude Code turn. The messages
-follow MCP 2025-11-25 (versions 2024-11-05 .. 2025-11-25 are negotiated as the spec says); the tests check every
-answer against the ``mcp`` package's own models and against the SDK's bridge for the messages the CLI really sends.
+for a fixed tool list, and importing the ``mcp`` package costs ~0.8 s (measured with ``python -X importtime``): most
+of a Claude Code turn, and of every ACP agent's start (the agents wait for their MCP servers before the first
+prompt). The messages follow MCP 2025-11-25 (versions 2024-11-05 .. 2025-11-25 are negotiated as the spec says); the
+tests check the answers against the ``mcp`` package's own models and client, and against the Claude SDK's bridge
+for the messages the CLI really sends. Light on purpose: trio and the standard library only (the bridge process
+starts with it).
 """
 
 from __future__ import annotations
@@ -22,15 +23,16 @@ from typing import Any
 
 import trio
 
-from protocol import ErrorCode
-
-log = logging.getLogger("codesdk.worker.claude.mcp")
+log = logging.getLogger("codesdk.worker.mcp")
 
 #: Protocol revisions negotiated through ``initialize``, oldest to newest.
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 LATEST_PROTOCOL_VERSION = PROTOCOL_VERSIONS[-1]
 
-#: MCP's own error code (the JSON-RPC ones are the protocol's ``ErrorCode``).
+#: JSON-RPC's error codes, and MCP's own.
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
 REQUEST_CANCELLED = -32800
 
 
@@ -50,26 +52,31 @@ class McpTool:
 
 @dataclass(frozen=True)
 class ToolCallResult:
-    """What a ``tools/call`` returns: text content, and whether it is an error the model should see."""
+    """What a ``tools/call`` returns: text content, whether it is an error the model should see, and structured
+    content when the carrier sends some."""
 
     text: str
     is_error: bool = False
+    structured: dict[str, Any] | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"content": [{"type": "text", "text": self.text}], "isError": self.is_error}
+        wire: dict[str, Any] = {"content": [{"type": "text", "text": self.text}], "isError": self.is_error}
+        if self.structured is not None:
+            wire["structuredContent"] = self.structured
+        return wire
 
 
 class ToolError(Exception):
     """A ``tools/call`` that names no tool we serve, or has unusable params (answered -32602)."""
 
 
-#: ``call(tool_name, arguments, meta)``: run one call (``meta`` is the request's ``_meta``, where Claude Code puts
-#: ``claudecode/toolUseId``).
+#: ``call(tool_name, arguments, meta)``: run one call (``meta`` is the request's ``_meta``: Claude Code puts
+#: ``claudecode/toolUseId`` there, Gemini CLI a ``progressToken``).
 ToolCaller = Callable[[str, dict[str, Any], dict[str, Any]], Awaitable[ToolCallResult]]
 
 
 class McpServer:
-    """Answers the JSON-RPC messages of one MCP client session (the CLI) for a fixed list of tools."""
+    """Answers the JSON-RPC messages of one MCP client session (an agent) for a fixed list of tools."""
 
     def __init__(self, name: str, version: str, tools: list[McpTool], call: ToolCaller) -> None:
         self.name = name
@@ -82,7 +89,7 @@ class McpServer:
     async def handle(self, message: Any) -> dict[str, Any] | None:
         """The JSON-RPC response to ``message``, or None for a notification (or a response: we send no requests)."""
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
-            return _error(message.get("id") if isinstance(message, dict) else None, ErrorCode.INVALID_REQUEST,
+            return _error(message.get("id") if isinstance(message, dict) else None, INVALID_REQUEST,
                           "not a JSON-RPC 2.0 message")
         method = message.get("method")
         if not isinstance(method, str):
@@ -95,15 +102,15 @@ class McpServer:
             return None
         request_id = message["id"]
         if not isinstance(request_id, str | int) or isinstance(request_id, bool):
-            return _error(None, ErrorCode.INVALID_REQUEST, "a request id must be a string or an integer")
+            return _error(None, INVALID_REQUEST, "a request id must be a string or an integer")
         if not isinstance(params, dict):
-            return _error(request_id, ErrorCode.INVALID_PARAMS, "params must be an object")
+            return _error(request_id, INVALID_PARAMS, "params must be an object")
         try:
             return _result(request_id, await self._request(request_id, method, params))
         except ToolError as exc:
-            return _error(request_id, ErrorCode.INVALID_PARAMS, str(exc))
+            return _error(request_id, INVALID_PARAMS, str(exc))
         except _MethodNotFound:
-            return _error(request_id, ErrorCode.METHOD_NOT_FOUND, f"Method not found: {method}")
+            return _error(request_id, METHOD_NOT_FOUND, f"Method not found: {method}")
         except _Cancelled:
             return _error(request_id, REQUEST_CANCELLED, "Request cancelled")
 
