@@ -53,6 +53,7 @@ import trio
 
 from protocol import BadFrame, LineFramer, decode_json
 
+from ..mcp_server import McpTool
 from ._wire import MAX_LINE_BYTES, SOCKET_ENV, TOKEN_ENV, encode_line, socket_address
 
 log = logging.getLogger("codesdk.worker.mcp_bridge")
@@ -78,18 +79,8 @@ _READ_CHUNK_BYTES = 64 * 1024
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
-@dataclass(frozen=True)
-class BridgeTool:
-    """One tool as the agent sees it: ``name`` is [A-Za-z0-9_-], at most 64 characters."""
-
-    name: str
-    description: str
-    input_schema: dict[str, Any]
-
-    def to_wire(self) -> dict[str, Any]:
-        schema = dict(self.input_schema)
-        schema.setdefault("type", "object")  # MCP: a tool's inputSchema is an object schema
-        return {"name": self.name, "description": self.description, "inputSchema": schema}
+#: One tool as the agent sees it (``name``: [A-Za-z0-9_-], at most 64 characters): what the bridge's MCP server lists.
+BridgeTool = McpTool
 
 
 @dataclass(frozen=True)

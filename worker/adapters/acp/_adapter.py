@@ -24,6 +24,7 @@ import logging
 import os
 import re
 from collections.abc import Awaitable
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -57,10 +58,11 @@ from ... import WORKER_VERSION
 from ..._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
 from ...mcp_bridge import BridgeAnswer, BridgeCall, BridgeEndpoint, BridgeTool, serve_tools
 from .._api_failures import failure_for_status
+from .._conversation import hold_conversation
 from .._process import RuntimeProcess
-from .._rpc_peer import METHOD_NOT_FOUND, PeerClosed, PeerError, PeerProtocolError, RpcPeer
+from .._rpc_peer import METHOD_NOT_FOUND, PeerClosed, PeerError, RpcPeer
 from ..base import Availability, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
-from ._profile import MCP_SERVER_NAME, AcpSettings, AgentProfile, BadAcpConfig, UnsafeWorkspace
+from ._profile import MCP_SERVER_NAME, AcpSettings, AgentProfile, BadAcpConfig, UnsafeWorkspace, content_text
 from ._updates import CHUNK_KINDS, OutputBlocks
 
 log = logging.getLogger("codesdk.worker.acp")
@@ -202,38 +204,14 @@ class AcpTask(AnswersToolCalls, TaskHandle):
                 launch.argv, env=launch.env, cwd=launch.cwd, name=self.profile.title,
                 term_grace_s=TERM_GRACE_S) as process:
             peer = RpcPeer(process, self._answer, versioned=True)
-            broken: list[PeerProtocolError] = []
-            outcome: TaskOutcome | None = None
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read, peer, broken, nursery.cancel_scope)
-                nursery.start_soon(self._follow, peer)
-                nursery.start_soon(self._stop_when_asked, peer)
-                outcome = await self._converse(peer, endpoint)
-                if outcome is not None:
-                    await process.close_stdin()  # the turn is over; some agents exit by themselves
-                    with trio.move_on_after(self.profile.exit_grace_s):
-                        await process.wait()
-                nursery.cancel_scope.cancel()
-            if broken:
-                return TaskOutcome.failure(TaskFailureCode.PROTOCOL_ERROR,
-                                           f"{self.profile.title} broke the Agent Client Protocol: {broken[0]}",
-                                           stderr_tail=process.stderr.text()[-2000:])
-            if outcome is not None:
-                return outcome
-            if self._stop.is_set():
-                return TaskOutcome.stop(self._stop_reason or "stop requested")
-            if process.returncode is None:  # its output ended but it lives on: end it, then report
-                await process.end(TERM_GRACE_S)
-            raise process.crashed()
+            return await hold_conversation(
+                process, peer, partial(self._converse, peer, endpoint),
+                alongside=[partial(self._follow, peer), partial(self._stop_when_asked, peer)],
+                exit_grace_s=self.profile.exit_grace_s, term_grace_s=TERM_GRACE_S,
+                broke=f"{self.profile.title} broke the Agent Client Protocol", stopped=self._stopped)
 
-    @staticmethod
-    async def _read(peer: RpcPeer, broken: list[PeerProtocolError], scope: trio.CancelScope) -> None:
-        """The peer's reader; a line that breaks the protocol ends the whole conversation (noted in ``broken``)."""
-        try:
-            await peer.run()
-        except PeerProtocolError as exc:
-            broken.append(exc)
-            scope.cancel()
+    def _stopped(self) -> TaskOutcome | None:
+        return TaskOutcome.stop(self._stop_reason or "stop requested") if self._stop.is_set() else None
 
     async def _converse(self, peer: RpcPeer, endpoint: BridgeEndpoint) -> TaskOutcome | None:
         """Handshake, session, prompt. None: the agent's output ended first."""
@@ -353,6 +331,9 @@ class AcpTask(AnswersToolCalls, TaskHandle):
     def _failure(self, exc: PeerError) -> TaskOutcome:
         """The prompt's error answer: the model API's failure when the agent tells its HTTP status."""
         message = _inner_message(exc.message)
+        detail = exc.data.get("message") if isinstance(exc.data, dict) else None
+        if isinstance(detail, str) and detail.strip() and detail not in message:  # JSON-RPC's place for details
+            message = f"{message}: {detail}"
         status = self.profile.http_status(exc.code, exc.message, exc.data)
         code, retryable = failure_for_status(status)
         if code == TaskFailureCode.AUTH_REQUIRED:
@@ -416,14 +397,14 @@ class AcpTask(AnswersToolCalls, TaskHandle):
         call_id = str(update.get("toolCallId") or "")
         own = self.profile.own_tool(update, self.by_visible)
         if own is not None:
-            self._announce(call_id, own, _arguments(update))
+            self._announce(call_id, own, self.profile.tool_arguments(update))
             return
         if update.get("status") in ("completed", "failed") and call_id in self._runtime_calls:
             tool, tool_input = self._runtime_calls.pop(call_id)
             await self.io.emit(EventType.TOOL_CALL_COMPLETED, ToolCallCompleted(
                 **call_identity(call_id, tool_input), tool_name=tool, is_error=update.get("status") == "failed",
                 executed_by=ExecutedBy.RUNTIME, execution_env=f"runtime:{self.profile.name}",
-                result_preview=_content_text(update)[:500]), raw={"update": update})
+                result_preview=content_text(update)[:500]), raw={"update": update})
 
     # -- the agent's requests -------------------------------------------------------------------
 
@@ -441,10 +422,10 @@ class AcpTask(AnswersToolCalls, TaskHandle):
         if self._stop.is_set():
             return {"outcome": {"outcome": "cancelled"}}
         if own is not None:  # decided in the bridge, with the arguments the tool gets
-            self._announce(call_id, own, _arguments(tool_call))
+            self._announce(call_id, own, self.profile.tool_arguments(tool_call))
             return _choose(options, "allow_once")
         tool = str(tool_call.get("title") or tool_call.get("kind") or "tool")
-        tool_input = _arguments(tool_call) or {}
+        tool_input = self.profile.tool_arguments(tool_call) or {}
         call_id = self._fresh_id(call_id or f"{self.params.task_id}-runtime-{canonical_hash(tool_call)[7:19]}")
         outcome = await self._until_stopped(self._request_call(tool, tool_input, call_id, ExecutedBy.RUNTIME))
         if outcome is None:
@@ -533,28 +514,6 @@ def _choose(options: list[dict[str, Any]], kind: str) -> dict[str, Any]:
             if option.get("kind") == wanted and option.get("optionId") is not None:
                 return {"outcome": {"outcome": "selected", "optionId": option["optionId"]}}
     return {"outcome": {"outcome": "cancelled"}}
-
-
-def _arguments(tool_call: dict[str, Any]) -> dict[str, Any] | None:
-    """A tool call's arguments as the agent shows them: ``rawInput``, else a JSON object as its first content
-    text; None when it shows none (an empty ``rawInput`` is none: OpenCode sends it before the arguments)."""
-    raw = tool_call.get("rawInput")
-    if isinstance(raw, dict) and raw:
-        return raw
-    text = _content_text(tool_call)
-    with contextlib.suppress(ValueError):
-        value = json.loads(text) if text else None
-        if isinstance(value, dict):
-            return value
-    return None
-
-
-def _content_text(tool_call: dict[str, Any]) -> str:
-    for item in tool_call.get("content") or []:
-        inner = item.get("content") if isinstance(item, dict) else None
-        if isinstance(inner, dict) and inner.get("type") == "text":
-            return str(inner.get("text") or "")
-    return ""
 
 
 def _inner_message(message: str) -> str:

@@ -10,6 +10,8 @@ imports.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -143,6 +145,20 @@ class AgentProfile(ABC):
                 return name
         return None
 
+    def tool_arguments(self, tool_call: Mapping[str, Any]) -> dict[str, Any] | None:
+        """A tool call's arguments as the agent shows them in an ACP ``toolCall``: ``rawInput``, else a JSON object
+        as its first content text; None when it shows none (an empty ``rawInput`` is none: OpenCode sends it before
+        the arguments)."""
+        raw = tool_call.get("rawInput")
+        if isinstance(raw, dict) and raw:
+            return raw
+        text = content_text(tool_call)
+        with contextlib.suppress(ValueError):
+            value = json.loads(text) if text else None
+            if isinstance(value, dict):
+                return value
+        return None
+
     def http_status(self, code: int, message: str, data: Any) -> int | None:
         """The model API's HTTP status behind an error answer to ``session/prompt``, if the agent says it."""
         return code if 400 <= code <= 599 else None
@@ -155,6 +171,15 @@ class AgentProfile(ABC):
     def prepare_session_reuse(self, environ: Mapping[str, str], cwd: Path, session_id: str) -> None:
         """Make the agent's stored session safe to take up again in a new process (a no-op unless the agent needs
         it)."""
+
+
+def content_text(tool_call: Mapping[str, Any]) -> str:
+    """The first text of an ACP ``toolCall``'s content."""
+    for item in tool_call.get("content") or []:
+        inner = item.get("content") if isinstance(item, dict) else None
+        if isinstance(inner, dict) and inner.get("type") == "text":
+            return str(inner.get("text") or "")
+    return ""
 
 
 def runtime_env(environ: Mapping[str, str], cwd: str, extra: Mapping[str, str]) -> dict[str, str]:

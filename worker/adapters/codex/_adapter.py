@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,10 @@ from protocol import (
 
 from ..._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
 from .._api_failures import failure_for_status
+from .._conversation import hold_conversation
 from .._installed import RUNTIMES_DIR_ENV, runtimes_dir
 from .._process import RuntimeAhead, RuntimeProcess
-from .._rpc_peer import METHOD_NOT_FOUND, PeerClosed, PeerError, PeerProtocolError, RpcPeer
+from .._rpc_peer import METHOD_NOT_FOUND, PeerClosed, PeerError, RpcPeer
 from ..base import Availability, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
 from . import _env
 from ._launch import (
@@ -190,36 +192,13 @@ class CodexTask(AnswersToolCalls, TaskHandle):
             if started is None:
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     await process.send(launch.opening)  # if it is gone already, its output ends: reported below
-            broken: list[PeerProtocolError] = []
-            outcome: TaskOutcome | None = None
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read, peer, broken, nursery.cancel_scope)
-                nursery.start_soon(self._stop_when_asked, peer)
-                outcome = await self._converse(peer)
-                if outcome is not None:
-                    await process.close_stdin()  # the turn is over: it writes its rollout and exits
-                with trio.move_on_after(EXIT_GRACE_S):
-                    await process.wait()
-                nursery.cancel_scope.cancel()
-            if broken:
-                return TaskOutcome.failure(TaskFailureCode.PROTOCOL_ERROR, f"Codex broke its protocol: {broken[0]}",
-                                           stderr_tail=process.stderr.text()[-2000:])
-            if outcome is not None:
-                return outcome
-            if self._stop.is_set():
-                return TaskOutcome.stop(self._stop_reason or "stop requested")
-            if process.returncode is None:  # its output ended but it lives on: end it, then report
-                await process.end(TERM_GRACE_S)
-            raise process.crashed()
+            return await hold_conversation(
+                process, peer, partial(self._converse, peer), alongside=[partial(self._stop_when_asked, peer)],
+                exit_grace_s=EXIT_GRACE_S, term_grace_s=TERM_GRACE_S, broke="Codex broke its protocol",
+                stopped=self._stopped)
 
-    @staticmethod
-    async def _read(peer: RpcPeer, broken: list[PeerProtocolError], scope: trio.CancelScope) -> None:
-        """The peer's reader; a line that breaks the protocol ends the whole conversation (noted in ``broken``)."""
-        try:
-            await peer.run()
-        except PeerProtocolError as exc:
-            broken.append(exc)
-            scope.cancel()
+    def _stopped(self) -> TaskOutcome | None:
+        return TaskOutcome.stop(self._stop_reason or "stop requested") if self._stop.is_set() else None
 
     async def _converse(self, peer: RpcPeer) -> TaskOutcome | None:
         """Handshake, thread, turn; then follow the turn to its end. None: Codex's output ended first."""
