@@ -459,6 +459,17 @@ def test_responses_reasoning_then_parallel_function_calls(fake: FakeAnthropic) -
     assert len({c["call_id"] for c in calls}) == 2 and all(c["name"] == "workspace_read" for c in calls)
 
 
+def test_responses_calls_a_namespaced_mcp_tool_by_its_namespace_and_name(fake: FakeAnthropic) -> None:
+    """Codex (through codex-acp) offers an MCP server's tools as a ``namespace`` tool (``mcp__<server>``)."""
+    body = responses_body('CALL workspace_read {"path": "a.txt"}\nCALL request_user_input {}')
+    body["tools"] = [*RESPONSES_TOOLS[1:], {"type": "namespace", "name": "mcp__codesdk", "tools": [
+        {"type": "function", "name": "workspace_read", "parameters": {"type": "object"}}]}]
+    _, events, _ = post_responses(fake, body)
+    calls = [d["item"] for k, d in events if k == "response.output_item.done"]
+    assert [(c.get("namespace"), c["name"]) for c in calls] == [("mcp__codesdk", "workspace_read"),
+                                                                 (None, "request_user_input")]
+
+
 def test_responses_answer_quotes_the_function_outputs(fake: FakeAnthropic) -> None:
     history = [{"type": "function_call", "call_id": "call_1", "name": "workspace_read", "arguments": "{}"},
                {"type": "function_call_output", "call_id": "call_1", "output": "alpha"},

@@ -2,7 +2,7 @@
 
 The contract tests say *what* must happen (stream, call tools, be stopped, crash); each case says how its
 runtime is made to do it: a scenario for the scripted runtime, prompt directives for the fake model API
-that the real Claude Code and Codex talk to.
+that the real agents talk to.
 """
 
 from __future__ import annotations
@@ -172,6 +172,9 @@ class _AcpCase:
     runtime: str
     config: dict[str, Any]
 
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+
     def stream(self, text: str) -> Turn:
         return Turn(text, dict(self.config))
 
@@ -204,9 +207,6 @@ class GeminiCase(_AcpCase):
     runtime = "gemini"
     config = GEMINI_CONFIG
 
-    def __init__(self, base_url: str) -> None:
-        self.base_url = base_url
-
     def worker_env(self) -> dict[str, str]:
         return {"GOOGLE_GEMINI_BASE_URL": self.base_url, "GEMINI_API_KEY": "test-key"}
 
@@ -223,9 +223,6 @@ class OpenCodeCase(_AcpCase):
     runtime = "opencode"
     config = OPENCODE_CONFIG
 
-    def __init__(self, base_url: str) -> None:
-        self.base_url = base_url
-
     def worker_env(self) -> dict[str, str]:
         return {"OPENCODE_CONFIG_CONTENT": json.dumps(opencode_config(self.base_url))}
 
@@ -233,7 +230,24 @@ class OpenCodeCase(_AcpCase):
         return process.name() == "opencode"
 
 
-Case = ScriptedCase | ClaudeCase | CodexCase | GeminiCase | OpenCodeCase
+#: A model Codex has metadata for (for one it has none of, Codex's warning comes first as the agent's text); no
+#: retries, so an API error ends the turn at once.
+CODEX_ACP_CONFIG: dict[str, Any] = {"model": "gpt-5.4-mini", "max_retries": 0}
+
+
+class CodexAcpCase(_AcpCase):
+    name = "codex-acp"
+    runtime = "codex-acp"
+    config = CODEX_ACP_CONFIG
+
+    def worker_env(self) -> dict[str, str]:
+        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": "sk-test", "CODESDK_ALLOW_CODEX_ACP": "1"}
+
+    def is_runtime_process(self, process: psutil.Process) -> bool:
+        return process.name() == "codex-acp"
+
+
+Case = ScriptedCase | ClaudeCase | CodexCase | GeminiCase | OpenCodeCase | CodexAcpCase
 
 
 def workspace(tmp_path: Path) -> Path:

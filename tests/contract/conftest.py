@@ -7,17 +7,19 @@ from pathlib import Path
 import pytest
 
 from fixtures.fake_anthropic import FakeAnthropic
+from worker.adapters.acp._codex_acp import CodexAcpProfile
 from worker.adapters.acp._gemini import GeminiProfile
 from worker.adapters.acp._opencode import OpenCodeProfile
 from worker.adapters.claude._launch import cli_path
 from worker.adapters.codex._launch import codex_path
 
 from ..netns import loopback_only
-from .cases import Case, ClaudeCase, CodexCase, GeminiCase, OpenCodeCase, ScriptedCase
+from .cases import Case, ClaudeCase, CodexAcpCase, CodexCase, GeminiCase, OpenCodeCase, ScriptedCase
 
 #: Runtimes whose built-in tools stay off under CodeSDK: the built-in contract tests do not apply to them.
 _NO_BUILTINS = {"codex": "codex runs with its built-in tools off", "gemini": "gemini's built-in tools are excluded",
-                "opencode": "opencode's built-in tools are denied"}
+                "opencode": "opencode's built-in tools are denied",
+                "codex-acp": "codex-acp's own tools that act are off (view_image reads only, apply_patch is not driven here)"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -26,7 +28,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(params=["scripted", *(pytest.param(name, marks=pytest.mark.runtime)
-                                      for name in ("claude", "codex", "gemini", "opencode"))])
+                                      for name in ("claude", "codex", "gemini", "opencode", "codex-acp"))])
 def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
     if request.param in _NO_BUILTINS and request.node.get_closest_marker("builtin_tools"):
         pytest.skip(f"{_NO_BUILTINS[request.param]} under CodeSDK: no built-in to approve or deny")
@@ -41,7 +43,7 @@ def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
         pytest.skip("claude-agent-sdk (with its bundled CLI) is not installed: pip install 'codesdk[claude]'")
     if request.param == "codex" and codex_path() is None:
         pytest.skip("Codex is not installed: ./scripts/install-runtimes (needs node and npm)")
-    for profile in (GeminiProfile(), OpenCodeProfile()):
+    for profile in (GeminiProfile(), OpenCodeProfile(), CodexAcpProfile()):
         if request.param == profile.name and profile.program(os.environ) is None:
             pytest.skip(profile.missing_reason(os.environ))
     with FakeAnthropic.start(tmp_path / "api.jsonl") as fake:
@@ -52,6 +54,8 @@ def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
             case = CodexCase(fake.openai_base_url)
         elif request.param == "gemini":
             case = GeminiCase(fake.gemini_base_url)
+        elif request.param == "codex-acp":
+            case = CodexAcpCase(fake.openai_base_url)
         else:
             case = OpenCodeCase(fake.chat_completions_base_url)
         case.fake = fake  # type: ignore[union-attr]

@@ -1,5 +1,6 @@
 """How ACP agents are launched and configured, without starting them: pins, settings, environment, the config that
-hides their own tools, workspaces refused, tool names, error statuses, and Gemini's session files before a load."""
+hides their own tools, workspaces refused, tool names and arguments, error statuses, sessions never stored, and
+Gemini's session files before a load."""
 
 from __future__ import annotations
 
@@ -11,14 +12,16 @@ from typing import Any
 import pytest
 
 from protocol import ToolSpec
+from worker.adapters._installed import RUNTIMES_DIR_ENV
 from worker.adapters.acp._adapter import _choose, visible_names
+from worker.adapters.acp._codex_acp import DISABLED_FEATURES, CodexAcpProfile
 from worker.adapters.acp._gemini import BUILTIN_TOOLS, USER_SETTINGS, GeminiProfile
 from worker.adapters.acp._opencode import OpenCodeProfile
 from worker.adapters.acp._profile import AcpSettings, AgentProfile, BadAcpConfig, UnsafeWorkspace
 
 from .harness import REPO
 
-PROFILES: list[AgentProfile] = [GeminiProfile(), OpenCodeProfile()]
+PROFILES: list[AgentProfile] = [GeminiProfile(), OpenCodeProfile(), CodexAcpProfile()]
 
 
 @pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
@@ -99,7 +102,8 @@ def test_opencode_takes_the_operators_provider_but_not_its_tools_or_plugins() ->
 
 
 @pytest.mark.parametrize(("profile", "entry"), [(GeminiProfile(), ".gemini"), (GeminiProfile(), ".env"),
-                                                (OpenCodeProfile(), ".opencode"), (OpenCodeProfile(), "opencode.json")],
+                                                (OpenCodeProfile(), ".opencode"), (OpenCodeProfile(), "opencode.json"),
+                                                (CodexAcpProfile(), ".codex")],
                          ids=lambda v: v if isinstance(v, str) else v.name)
 def test_a_workspace_with_the_agents_own_config_is_refused(profile: AgentProfile, entry: str, tmp_path: Path) -> None:
     profile.check_workspace(tmp_path)
@@ -122,7 +126,18 @@ def test_tool_names_survive_every_agent_and_stay_unique() -> None:
     (GeminiProfile(), {"toolCallId": "run_shell_command_17", "title": "Shell"}, None),
     (OpenCodeProfile(), {"toolCallId": "call_0_17", "title": "codesdk_workspace_read"}, "workspace_read"),
     (OpenCodeProfile(), {"toolCallId": "call_1_17", "title": "bash"}, None),
-], ids=["gemini-ours", "gemini-own", "opencode-ours", "opencode-own"])
+    (CodexAcpProfile(), {"toolCallId": "call_a1", "title": "Tool: codesdk/workspace_read",
+                         "rawInput": {"server": "codesdk", "tool": "workspace_read", "arguments": {"path": "a"}}},
+     "workspace_read"),
+    (CodexAcpProfile(), {"toolCallId": "call_a1", "title": "Approve MCP tool call", "rawInput": {
+        "server_name": "codesdk", "id": "mcp_tool_call_approval_call_a1",
+        "request": {"message": 'Allow the codesdk MCP server to run tool "workspace_write"?'}}}, "workspace_write"),
+    (CodexAcpProfile(), {"toolCallId": "call_b2", "title": "Tool: codex/list_mcp_resources",
+                         "rawInput": {"server": "codex", "tool": "list_mcp_resources", "arguments": {}}}, None),
+    (CodexAcpProfile(), {"toolCallId": "call_c3", "title": "Tool: codesdk/workspace_exec"}, None),
+    (CodexAcpProfile(), {"toolCallId": "call_d4", "title": "Edit a.txt", "kind": "edit"}, None),
+], ids=["gemini-ours", "gemini-own", "opencode-ours", "opencode-own", "codex-acp-call", "codex-acp-approval",
+        "codex-acp-own-mcp", "codex-acp-not-offered", "codex-acp-patch"])
 def test_calls_of_codesdks_tools_are_told_from_the_agents_own(profile: AgentProfile, tool_call: dict[str, Any],
                                                               tool: str | None) -> None:
     assert profile.own_tool(tool_call, {"workspace_read": 1, "workspace_write": 1}) == tool
@@ -138,6 +153,75 @@ def test_calls_of_codesdks_tools_are_told_from_the_agents_own(profile: AgentProf
 def test_opencode_errors_are_read_for_the_status_they_lost(message: str, data: dict[str, Any],
                                                           status: int | None) -> None:
     assert OpenCodeProfile().http_status(-32603, message, data) == status
+
+
+@pytest.mark.parametrize(("data", "status"), [
+    ({"message": "unexpected status 401 Unauthorized: bad key, url: http://x/v1/responses", "codex_error_info": "other"},
+     401),
+    ({"message": "exceeded retry limit, last status: 429 Too Many Requests",
+      "codex_error_info": {"response_too_many_failed_attempts": {"http_status_code": 429}}}, 429),
+    ({"message": "We're currently experiencing high demand", "codex_error_info": "internal_server_error"}, 500),
+    ({"message": "Codex ran out of room in the model's context window", "codex_error_info": "context_window_exceeded"},
+     413),
+    ({"message": "stream disconnected", "codex_error_info": {"response_stream_disconnected": {"http_status_code": None}}},
+     None),
+    ({"message": "something else", "codex_error_info": "other"}, None),
+])
+def test_codex_acp_errors_carry_the_status_in_their_data(data: dict[str, Any], status: int | None) -> None:
+    assert CodexAcpProfile().http_status(-32603, "Internal error", data) == status
+
+
+def test_codex_acp_arguments_come_from_the_call_or_the_approval_request() -> None:
+    profile = CodexAcpProfile()
+    call = {"rawInput": {"server": "codesdk", "tool": "workspace_read", "arguments": {"path": "a.txt"}}}
+    approval = {"rawInput": {"server_name": "codesdk", "request": {"_meta": {"tool_params": {"path": "b.txt"}}}}}
+    assert profile.tool_arguments(call) == {"path": "a.txt"}
+    assert profile.tool_arguments(approval) == {"path": "b.txt"}
+    assert profile.tool_arguments({"rawInput": {}}) is None
+
+
+def test_only_a_session_codex_acp_has_no_rollout_of_is_never_stored() -> None:
+    profile = CodexAcpProfile()
+    assert profile.session_never_stored(-32002, "Resource not found", None)
+    assert not profile.session_never_stored(-32603, "Internal error", {"message": "rollout unreadable"})
+
+
+def test_codex_acp_runs_in_the_namespace_codex_home_with_codesdks_provider_and_its_tools_off(tmp_path: Path) -> None:
+    codex_home = tmp_path / ".codex"
+    codex_home.mkdir()
+    (codex_home / "config.toml").write_text('model = "operators"\n[mcp_servers.theirs]\ncommand = "touch"\n'
+                                            '[mcp_servers.codesdk]\ncommand = "x"\n')
+    environ = {"HOME": str(tmp_path), "OPENAI_API_KEY": "sk-k", "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+               "CODEX_HOME": "/another/namespace", "CODEX_SQLITE_HOME": "/another/db"}
+    profile = CodexAcpProfile()
+    settings = profile.settings({"model": "gpt-x", "max_retries": 1})
+    profile.prepare(settings, environ)
+    launch = profile.launch(["/bin/codex-acp"], settings, cwd="/w", environ=environ)
+    assert launch.argv[0] == "/bin/codex-acp" and len(launch.argv) % 2 == 1
+    given = dict(pair.split("=", 1) for pair in launch.argv[2::2])
+    assert all(flag == "-c" for flag in launch.argv[1::2])
+    assert given["model"] == '"gpt-x"' and given["model_provider"] == '"codesdk"'
+    assert given["model_providers.codesdk.base_url"] == '"http://127.0.0.1:9/v1"'
+    assert given["model_providers.codesdk.env_key"] == '"OPENAI_API_KEY"' and "sk-k" not in " ".join(launch.argv)
+    assert given["model_providers.codesdk.request_max_retries"] == "1"
+    assert all(given[f"features.{feature}"] == "false" for feature in DISABLED_FEATURES)
+    assert given["web_search"] == '"disabled"' and given["project_doc_max_bytes"] == "0"
+    assert given["approval_policy"] == '"untrusted"' and given["sandbox_mode"] == '"read-only"'
+    assert given["mcp_servers.theirs.enabled"] == "false" and "mcp_servers.codesdk.enabled" not in given
+    assert launch.env["CODEX_HOME"] == str(codex_home) and "CODEX_SQLITE_HOME" not in launch.env
+
+
+def test_codex_acp_without_an_api_key_uses_codexs_own_login(tmp_path: Path) -> None:
+    profile = CodexAcpProfile()
+    environ = {"HOME": str(tmp_path)}
+    assert profile.credentials(environ).method is None
+    profile.prepare(AcpSettings(), environ)
+    assert (tmp_path / ".codex").stat().st_mode & 0o777 == 0o700  # Codex refuses a CODEX_HOME that does not exist
+    launch = profile.launch(["codex-acp"], AcpSettings(), cwd="/w", environ=environ)
+    assert "model_provider" not in " ".join(launch.argv)
+    (tmp_path / ".codex" / "auth.json").write_text("{}")
+    assert profile.credentials(environ).method == "oauth_local"
+    assert profile.credentials({**environ, "OPENAI_API_KEY": "k"}).method == "api_key"
 
 
 def test_gemini_errors_carry_the_status_as_their_code() -> None:
@@ -164,3 +248,14 @@ def test_before_a_load_gemini_keeps_the_sessions_transcript_under_a_name_no_reco
     assert sorted(os.listdir(chats)) == ["session-2000-01-01T00-00-4bc6a423.jsonl",
                                          "session-2026-11-23T10-03-ffffffff.jsonl"]
     assert (chats / "session-2000-01-01T00-00-4bc6a423.jsonl").read_text() == "x" * 5000
+
+
+def test_an_agent_keeping_a_tool_of_its_own_runs_only_where_the_operator_opted_in(tmp_path: Path) -> None:
+    profile = CodexAcpProfile()
+    environ = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", ""), RUNTIMES_DIR_ENV: str(REPO / "runtimes")}
+    if profile.program(environ) is None:
+        pytest.skip(profile.missing_reason(environ))
+    refusal = profile.refusal(environ)
+    assert refusal is not None and "CODESDK_ALLOW_CODEX_ACP=1" in refusal and "view_image" in refusal
+    assert profile.refusal({**environ, "CODESDK_ALLOW_CODEX_ACP": "1"}) is None
+    assert GeminiProfile().opt_in is None and OpenCodeProfile().opt_in is None

@@ -120,7 +120,7 @@ async def test_typed_requests_return_their_result_models(tmp_path: Path) -> None
             assert (await h.conn.request(Rpc.STOP, StopParams(task_id="t1"))).ok
             with pytest.raises(RpcError) as err:
                 await h.conn.request(Rpc.GET_AUTH_STATUS, GetAuthStatusParams(runtime="nope"))
-            assert err.value.code == ErrorCode.UNKNOWN_RUNTIME and err.value.data == {"known": ["claude", "codex", "gemini", "opencode", "scripted"]}
+            assert err.value.code == ErrorCode.UNKNOWN_RUNTIME and err.value.data == {"known": ["claude", "codex", "codex-acp", "gemini", "opencode", "scripted"]}
             with pytest.raises(TypeError):
                 await h.conn.request(Rpc.STOP, GetAuthStatusParams(runtime="x"))  # type: ignore[arg-type]
             assert (await h.conn.request(Rpc.SHUTDOWN, NoParams())).ok

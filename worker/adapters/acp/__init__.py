@@ -1,5 +1,6 @@
-"""Agent Client Protocol agents (Gemini CLI, OpenCode, ...): one generic adapter (``AcpAdapter``) and one small
-profile per agent (``AgentProfile``: its program, environment, config files and quirks).
+"""Agent Client Protocol agents (Gemini CLI, OpenCode, Codex through codex-acp, ...): one generic adapter
+(``AcpAdapter``) and one small profile per agent (``AgentProfile``: its program, environment, config files and
+quirks).
 
 ``AcpAdapter`` is imported on first use, so that the profiles stay light (see ``worker.adapters``)."""
 
@@ -17,10 +18,11 @@ __all__ = ["AcpAdapter", "AgentProfile", "agent_profiles"]
 
 def agent_profiles() -> list[AgentProfile]:
     """One profile per ACP agent CodeSDK hosts (each is a runtime of its own name)."""
+    from ._codex_acp import CodexAcpProfile
     from ._gemini import GeminiProfile
     from ._opencode import OpenCodeProfile
 
-    return [GeminiProfile(), OpenCodeProfile()]
+    return [GeminiProfile(), OpenCodeProfile(), CodexAcpProfile()]
 
 
 def __getattr__(name: str) -> object:

@@ -112,9 +112,8 @@ class AcpAdapter(RuntimeAdapter):
             usage_reporting=True, cost_reporting=False, default_model=None)
 
     def availability(self) -> Availability:
-        if self.profile.program(os.environ) is None:
-            return Availability(False, self.profile.missing_reason(os.environ))
-        return Availability(True)
+        refusal = self.profile.refusal(os.environ)
+        return Availability(False, refusal) if refusal is not None else Availability(True)
 
     async def auth_status(self) -> AuthStatus:
         found = self.profile.credentials(os.environ)
@@ -124,8 +123,9 @@ class AcpAdapter(RuntimeAdapter):
 
     def start_task(self, params: StartTaskParams, io: TaskIO) -> TaskHandle:
         program = self.profile.program(os.environ)
-        if program is None:
-            raise StartTaskRefused(ErrorCode.RUNTIME_UNAVAILABLE, self.profile.missing_reason(os.environ))
+        refusal = self.profile.refusal(os.environ)
+        if program is None or refusal is not None:
+            raise StartTaskRefused(ErrorCode.RUNTIME_UNAVAILABLE, refusal or self.profile.missing_reason(os.environ))
         prompt = params.last_user_text()  # earlier turns live in the agent's own session (taken up by id)
         if not prompt:
             raise StartTaskRefused(ErrorCode.INVALID_PARAMS, f"startTask needs a user message for {self.name}")

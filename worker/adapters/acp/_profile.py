@@ -72,6 +72,10 @@ class AgentProfile(ABC):
     default_max_retries: int | None = 2
     #: Workspace entries that would make the agent load tenant-written configuration (refused).
     unsafe_workspace_entries: tuple[str, ...] = ()
+    #: (variable, why): an agent that keeps a tool of its own CodeSDK can neither switch off nor put before the
+    #: supervisor runs in a namespace only once the operator has set ``variable=1`` in its environment (an admin's
+    #: act: tenants cannot set namespace variables); ``why`` says what the operator accepts by it.
+    opt_in: tuple[str, str] | None = None
 
     @abstractmethod
     def program(self, environ: Mapping[str, str]) -> list[str] | None:
@@ -126,6 +130,16 @@ class AgentProfile(ABC):
         if not isinstance(grace, int | float) or isinstance(grace, bool) or not 0 <= grace <= 60:
             raise BadAcpConfig("runtime_config.stop_grace_s must be a number of seconds from 0 to 60")
         return AcpSettings(model=model, max_retries=retries, stop_grace_s=float(grace))
+
+    def refusal(self, environ: Mapping[str, str]) -> str | None:
+        """Why the agent may not run in this namespace (not installed, or not opted in), or None."""
+        if self.program(environ) is None:
+            return self.missing_reason(environ)
+        if self.opt_in is not None and environ.get(self.opt_in[0]) != "1":
+            variable, why = self.opt_in
+            return (f"{self.title} is off until the operator sets {variable}=1 in this namespace's environment: "
+                    f"{why}")
+        return None
 
     def check_workspace(self, cwd: Path) -> None:
         """Refuse a workspace holding configuration the agent would obey (see ``UnsafeWorkspace``)."""
