@@ -19,7 +19,7 @@ Machines here are small and noisy, so each figure is the median of several repet
   cold     one whole cold `codesdk run --runtime claude` vs `claude -p` (scripts/benchmarks/real_runtime.py)
   codex    one turn with one tool call on Codex, through CodeSDK vs a minimal client of `codex app-server`
            (warm), and a cold `codesdk run --runtime codex` vs `codex exec`; in scripts/netns-run like `real`
-  acp      one turn with one tool call on each ACP agent (Gemini CLI, OpenCode), through CodeSDK (its MCP bridge)
+  acp      one turn with one tool call on each ACP agent (Gemini CLI, OpenCode, codex-acp), through CodeSDK (its bridge)
            vs a minimal ACP client of the same agent with a minimal stdio MCP server (warm); in scripts/netns-run
   fairness another tenant's small task while one tenant floods (p50), against its quiet p50 in the same run
   transcript peak RSS growth of a supervisor process serving the transcript of a 200k-event session (one, and

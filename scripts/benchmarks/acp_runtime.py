@@ -1,4 +1,4 @@
-"""ACP agents (Gemini CLI, OpenCode), against the fake model server. Run inside scripts/netns-run only (bench.py
+"""ACP agents (Gemini CLI, OpenCode, codex-acp), against the fake model server. Run inside scripts/netns-run only (bench.py
 re-runs itself there for ``--case acp``): nothing here can reach a real API, and no real credentials are used.
 
 Warm: one turn with one tool call (``workspace_read``) through CodeSDK (supervisor + worker running; each task
@@ -32,7 +32,8 @@ PROMPT = 'CALL workspace_read {"path": "a.txt"}'
 MINI_MCP_SERVER = Path(__file__).resolve().with_name("mini_mcp_server.py")
 #: Agents measured, and the ``runtime_config`` of their turns.
 CONFIGS: dict[str, dict[str, Any]] = {"gemini": {"model": "gemini-2.5-flash", "max_retries": 0},
-                                      "opencode": {"model": "fake/fake-model"}}
+                                      "opencode": {"model": "fake/fake-model"},
+                                      "codex-acp": {"model": "gpt-5.4-mini", "max_retries": 0}}
 
 
 def profile_of(agent: str) -> AgentProfile:
@@ -41,13 +42,15 @@ def profile_of(agent: str) -> AgentProfile:
 
 def runtime_missing(agent: str) -> str | None:
     profile = profile_of(agent)
-    return profile.missing_reason(os.environ) if profile.program(os.environ) is None else None
+    return profile.missing_reason(os.environ) if profile.program(os.environ) is None else None  # opted in below
 
 
 def agent_env(agent: str, fake: FakeAnthropic) -> dict[str, str]:
     """What a namespace is configured with to reach the fake model (as the tests' cases do)."""
     if agent == "gemini":
         return {"GOOGLE_GEMINI_BASE_URL": fake.gemini_base_url, "GEMINI_API_KEY": "fake-key"}
+    if agent == "codex-acp":
+        return {"OPENAI_BASE_URL": fake.openai_base_url, "OPENAI_API_KEY": "fake-key", "CODESDK_ALLOW_CODEX_ACP": "1"}
     return {"OPENCODE_CONFIG_CONTENT": json.dumps(opencode_config(fake.chat_completions_base_url))}
 
 
