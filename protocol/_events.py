@@ -292,6 +292,7 @@ class TaskFailureCode(StrEnum):
     # reported by runtimes (the model API's answer, or the scripted runtime's scenario)
     INVALID_SCENARIO = "INVALID_SCENARIO"  # scripted runtime: the scenario is missing or malformed
     INVALID_RUNTIME_CONFIG = "INVALID_RUNTIME_CONFIG"  # the runtime refused the task's runtime_config (caller's)
+    UNSAFE_WORKSPACE = "UNSAFE_WORKSPACE"  # the workspace holds configuration the runtime would obey (caller's)
     INVALID_REQUEST = "INVALID_REQUEST"  # the model API refused the request as malformed (HTTP 400)
     CONTEXT_TOO_LARGE = "CONTEXT_TOO_LARGE"  # the request exceeds the model's context (HTTP 413)
     RATE_LIMITED = "RATE_LIMITED"  # HTTP 429 (retryable)

@@ -42,6 +42,7 @@ class ErrorCode(IntEnum):
     SHUTTING_DOWN = -32010  # the worker is shutting down and accepts no new tasks
     INVALID_SCENARIO = -32011  # scripted runtime: scenario missing or malformed
     INVALID_RUNTIME_CONFIG = -32012  # the task's runtime_config is unusable for its runtime (the caller's to fix)
+    UNSAFE_WORKSPACE = -32013  # the workspace holds what the runtime would load and obey (the caller's to fix)
 
 
 class Method(StrEnum):

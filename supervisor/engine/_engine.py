@@ -454,6 +454,7 @@ _FAILURE_FOR_RPC_ERROR: dict[int, str] = {
     ErrorCode.INVALID_PARAMS: TaskFailureCode.PROTOCOL_ERROR,
     ErrorCode.INVALID_SCENARIO: TaskFailureCode.INVALID_SCENARIO,
     ErrorCode.INVALID_RUNTIME_CONFIG: TaskFailureCode.INVALID_RUNTIME_CONFIG,
+    ErrorCode.UNSAFE_WORKSPACE: TaskFailureCode.UNSAFE_WORKSPACE,
 }
 
 

@@ -173,7 +173,8 @@ async def test_a_workspace_holding_the_agents_own_config_is_refused(make_engine:
             session = await engine.create_session(runtime="gemini", workspace=ws)
             record, events = await _task(engine, session.session_id, "SAY hi", case.config)
     [failed] = of_type(events, EventType.TASK_FAILED)
-    assert record.state == TaskState.FAILED and "'.gemini'" in failed.message and str(ws) in failed.message
+    assert record.state == TaskState.FAILED and failed.code == TaskFailureCode.UNSAFE_WORKSPACE
+    assert "'.gemini'" in failed.message and str(ws) in failed.message
     assert not fake.requests()
 
 

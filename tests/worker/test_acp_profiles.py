@@ -71,7 +71,7 @@ def test_gemini_settings_hide_its_tools_and_win_over_the_users(tmp_path: Path) -
     assert written["security"]["auth"]["selectedType"] == "gemini-api-key"
     assert written["mcp"]["allowed"] == ["codesdk"] and written["hooksConfig"]["enabled"] is False
     launch = profile.launch(["node", "gemini.js"], AcpSettings(model="gemini-x"), cwd="/w", environ=environ)
-    assert launch.argv == ("node", "gemini.js", "--acp", "-m", "gemini-x")
+    assert launch.argv == ("node", "gemini.js", "--acp", "--model=gemini-x")
     assert launch.env["GEMINI_CLI_NO_RELAUNCH"] == "true" and launch.env["GEMINI_TELEMETRY_ENABLED"] == "false"
 
 
@@ -259,3 +259,31 @@ def test_an_agent_keeping_a_tool_of_its_own_runs_only_where_the_operator_opted_i
     assert refusal is not None and "CODESDK_ALLOW_CODEX_ACP=1" in refusal and "view_image" in refusal
     assert profile.refusal({**environ, "CODESDK_ALLOW_CODEX_ACP": "1"}) is None
     assert GeminiProfile().opt_in is None and OpenCodeProfile().opt_in is None
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
+def test_a_model_name_can_never_be_an_option_of_the_agent(profile: AgentProfile) -> None:
+    for good in ("gemini-2.5-flash", "fake/fake-model", "gpt-5.4-mini", "models/x@2025:1+beta"):
+        assert profile.settings({"model": good}).model == good
+    for bad in ("--version", "-m=x", "--yolo", " x", "a b", "x\n--y", "x" * 201):
+        with pytest.raises(BadAcpConfig, match="model name"):
+            profile.settings({"model": bad})
+
+
+@pytest.mark.parametrize(("profile", "name"), [(GeminiProfile(), "GEMINI.md"), (OpenCodeProfile(), "AGENTS.md"),
+                                               (OpenCodeProfile(), "CLAUDE.md"), (CodexAcpProfile(), "AGENTS.md")],
+                         ids=lambda v: v if isinstance(v, str) else v.name)
+def test_an_instructions_file_that_is_not_a_plain_file_is_refused(profile: AgentProfile, name: str,
+                                                                 tmp_path: Path) -> None:
+    """A link would have the agent read whatever it points at (``/proc/self/environ``: the namespace's keys) into
+    its model's instructions; a FIFO would hang it."""
+    (tmp_path / name).write_text("plain instructions are fine\n")
+    profile.check_workspace(tmp_path)
+    (tmp_path / name).unlink()
+    (tmp_path / name).symlink_to("/proc/self/environ")
+    with pytest.raises(UnsafeWorkspace, match="not a plain file"):
+        profile.check_workspace(tmp_path)
+    (tmp_path / name).unlink()
+    os.mkfifo(tmp_path / name)
+    with pytest.raises(UnsafeWorkspace, match="not a plain file"):
+        profile.check_workspace(tmp_path)

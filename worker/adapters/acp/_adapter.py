@@ -137,7 +137,7 @@ class AcpAdapter(RuntimeAdapter):
         try:
             self.profile.check_workspace(cwd)
         except UnsafeWorkspace as exc:
-            raise StartTaskRefused(ErrorCode.INVALID_PARAMS, str(exc)) from exc
+            raise StartTaskRefused(ErrorCode.UNSAFE_WORKSPACE, str(exc)) from exc
         if params.session.runtime_session_id:
             io.set_runtime_session_id(params.session.runtime_session_id)
         if settings.model:

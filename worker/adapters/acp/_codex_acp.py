@@ -79,6 +79,7 @@ class CodexAcpProfile(AgentProfile):
     exit_grace_s = 0.0  # it never exits on stdin EOF; SIGTERM ends it at once, its rollout already written
     default_max_retries = 4  # Codex's own default for its provider's requests
     unsafe_workspace_entries = (".codex",)
+    context_files = ("AGENTS.md",)
     opt_in = ("CODESDK_ALLOW_CODEX_ACP",
               ("codex-acp 0.16.0 offers the model Codex's own view_image tool, which no setting removes and which "
                "reads an image file through Codex's sandbox without asking the supervisor: fine for trusted users, "

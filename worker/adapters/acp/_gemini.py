@@ -52,6 +52,7 @@ class GeminiProfile(AgentProfile):
     # is written as the turn goes; it exits on SIGTERM in ~50 ms)
     default_max_retries = 2
     unsafe_workspace_entries = (".gemini", ".env")
+    context_files = ("GEMINI.md",)
 
     def _bundle(self, environ: Mapping[str, str]) -> Path:
         return node_modules(environ) / "@google" / "gemini-cli" / "bundle" / "gemini.js"
@@ -115,7 +116,7 @@ class GeminiProfile(AgentProfile):
 
     def launch(self, program: list[str], settings: AcpSettings, *, cwd: str,
                environ: Mapping[str, str]) -> RuntimeLaunch:
-        argv = [*program, "--acp"] + (["-m", settings.model] if settings.model else [])
+        argv = [*program, "--acp"] + ([f"--model={settings.model}"] if settings.model else [])
         env = runtime_env(environ, cwd, {
             "GEMINI_CLI_NO_RELAUNCH": "true", "GEMINI_CLI_TRUST_WORKSPACE": "true",
             "GEMINI_TELEMETRY_ENABLED": "false", "NO_BROWSER": "true"})

@@ -59,6 +59,7 @@ class OpenCodeProfile(AgentProfile):
     exit_grace_s = 5.0  # it exits on stdin EOF in ~0.2 s
     default_max_retries = None
     unsafe_workspace_entries = (".opencode", "opencode.json", "opencode.jsonc")
+    context_files = ("AGENTS.md", "CLAUDE.md")
 
     def _binary(self, environ: Mapping[str, str]) -> Path | None:
         """The platform build's binary (only ``opencode-linux-x64`` is pinned; another platform's package, installed
@@ -142,11 +143,12 @@ class OpenCodeProfile(AgentProfile):
         config_dir = Path(environ.get("XDG_CONFIG_HOME") or home(environ) / ".config") / "opencode"
         candidates = {"user_config": (config_dir / "opencode.json", True),
                       "user_instructions": (config_dir / "AGENTS.md", True),
-                      "project_instructions": (cwd / "AGENTS.md", True),
+                      "project_instructions": (cwd / "AGENTS.md", False),
                       "login": (_data_home(environ) / "opencode" / "auth.json", True)}
         found = [{"kind": kind, "path": str(path), "used": used}
                  for kind, (path, used) in candidates.items() if path.exists()]
-        return {"policy": "OpenCode's own system prompt is sent; AGENTS.md files are loaded by OpenCode (recorded); "
+        return {"policy": "OpenCode's own system prompt is sent; the user's AGENTS.md is loaded by OpenCode, the "
+                          "workspace's is not (project config off; recorded); "
                           "every tool but CodeSDK's denied, no plugins, other MCP servers, sharing or updates; "
                           "project config off and a workspace with .opencode/ or opencode.json refused",
                 "found": found}

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import stat
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,6 +24,8 @@ from typing import Any
 from ..._ahead import RuntimeLaunch
 from .._namespace_home import namespace_of
 
+#: What a model name may be: it reaches the agent's command line or config, so never an option or odd characters.
+_MODEL_NAME = re.compile(r"[A-Za-z0-9_.:/@+][A-Za-z0-9_.:/@+-]{0,199}")
 #: The name CodeSDK's MCP server has in every session: agents prefix our tools with it (``mcp_codesdk_…``).
 MCP_SERVER_NAME = "codesdk"
 #: Seconds the agent gets to end its turn by itself after ``session/cancel`` before its process group is ended.
@@ -72,6 +76,9 @@ class AgentProfile(ABC):
     default_max_retries: int | None = 2
     #: Workspace entries that would make the agent load tenant-written configuration (refused).
     unsafe_workspace_entries: tuple[str, ...] = ()
+    #: Files the agent reads from the workspace's top as instructions for its model: each must be a plain file (a
+    #: link would have it send the model whatever the link points at: the worker's environment, another file).
+    context_files: tuple[str, ...] = ()
     #: (variable, why): an agent that keeps a tool of its own CodeSDK can neither switch off nor put before the
     #: supervisor runs in a namespace only once the operator has set ``variable=1`` in its environment (an admin's
     #: act: tenants cannot set namespace variables); ``why`` says what the operator accepts by it.
@@ -118,8 +125,9 @@ class AgentProfile(ABC):
             raise BadAcpConfig(f"runtime_config.builtin_tools: {self.title}'s built-in tools stay off under CodeSDK; "
                                "its tools are CodeSDK's, decided and run by the supervisor")
         model = config.get("model")
-        if model is not None and (not isinstance(model, str) or not model.strip()):
-            raise BadAcpConfig("runtime_config.model must be a model name")
+        if model is not None and (not isinstance(model, str) or not _MODEL_NAME.fullmatch(model)):
+            raise BadAcpConfig("runtime_config.model must be a model name (letters, digits and . _ : / @ + -, not "
+                               "starting with -)")
         retries = config.get("max_retries")
         if retries is not None:
             if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 9:
@@ -148,6 +156,16 @@ class AgentProfile(ABC):
                 raise UnsafeWorkspace(
                     f"the workspace holds {entry!r}, which {self.title} would load as its own configuration (it "
                     f"could start programs or lift CodeSDK's policy): remove it from {cwd} to run {self.name} there")
+        for name in self.context_files:
+            try:
+                mode = os.lstat(cwd / name).st_mode
+            except OSError:
+                continue  # absent (or unreadable: the agent cannot read it either)
+            if not stat.S_ISREG(mode):
+                raise UnsafeWorkspace(
+                    f"the workspace's {name!r} is not a plain file (a link or another kind of file): {self.title} "
+                    f"reads it into its model's instructions, following links to whatever they point at; make it a "
+                    f"plain file in {cwd}, or remove it, to run {self.name} there")
 
     def own_tool(self, tool_call: Mapping[str, Any], visible: Mapping[str, object]) -> str | None:
         """The CodeSDK tool (its name as the agent sees it, a key of ``visible``) an ACP ``toolCall`` is a call
