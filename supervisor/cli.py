@@ -233,7 +233,7 @@ async def cmd_auth(args: argparse.Namespace) -> int:
         hint = f" ({status.method}{', ' + status.account_hint if status.account_hint else ''})" if status.method else ""
         print(f"{args.runtime} in {args.namespace}: {status.state}{hint}")
         if result.instructions:
-            print(f"  to log in: {result.instructions}")
+            print(f"  what to do: {result.instructions}")
         elif status.message:
             print(f"  {status.message}")
     return EXIT_OK if result.logged_in else EXIT_FAILED
