@@ -8,7 +8,6 @@ restored from the in-memory originals (best effort: the disk failing twice can s
 
 from __future__ import annotations
 
-import errno
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,10 +150,13 @@ def _commit(root: Path, entries: list[_Staged]) -> None:
             except OSError:
                 pass
         remove_dirs(created_dirs)
-        if isinstance(exc, OSError) and exc.errno == errno.ELOOP and failing is not None:
-            refused = os_error(exc, failing.cp.given)  # a symlink swapped in after the check
-            undone = "changes were rolled back" if done else _UNCHANGED
-            raise ToolError(refused.code, f"{refused.message}; {undone}") from exc
+        if isinstance(exc, OSError) and failing is not None:
+            # A path that changed under us after the check (a symlink or directory swapped in: ELOOP, ENOTDIR,
+            # ENOENT) is told as such, like every tool tells it; anything else is an I/O error below.
+            named = os_error(exc, failing.cp.given)
+            if named.code != ErrorCode.IO_ERROR:
+                undone = "changes were rolled back" if done else _UNCHANGED
+                raise ToolError(named.code, f"{named.message}; {undone}") from exc
         if isinstance(exc, OSError):
             reason = exc.strerror or str(exc)
             message = f"writing the patch failed ({reason}); changes were rolled back"
