@@ -29,8 +29,8 @@ from ..codex._launch import DEFAULT_BASE_URL, PROVIDER, codex_home
 from ._profile import (
     MCP_SERVER_NAME,
     AcpSettings,
-    AgentProfile,
     Credentials,
+    PlatformBuildProfile,
     env_set_hint,
     private_dir,
     runtime_env,
@@ -70,7 +70,7 @@ RESOURCE_NOT_FOUND = -32002
 _SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
-class CodexAcpProfile(AgentProfile):
+class CodexAcpProfile(PlatformBuildProfile):
     name = "codex-acp"
     title = "Codex (ACP)"
     package = "@zed-industries/codex-acp"
@@ -85,27 +85,15 @@ class CodexAcpProfile(AgentProfile):
                "reads an image file through Codex's sandbox without asking the supervisor: fine for trusted users, "
                "not for hostile tenants (use --runtime codex, whose own tools are all off)"))
 
-    def _binary(self, environ: Mapping[str, str]) -> Path | None:
+    def binary(self, environ: Mapping[str, str]) -> Path | None:
         package = _PLATFORMS.get((platform.system(), platform.machine()))
         return node_modules(environ) / "@zed-industries" / package / "bin" / "codex-acp" if package else None
 
-    def program(self, environ: Mapping[str, str]) -> list[str] | None:
-        binary = self._binary(environ)
-        return [str(binary)] if binary is not None and binary.is_file() else None
-
     def missing_reason(self, environ: Mapping[str, str]) -> str:
-        if self._binary(environ) is None:
+        if self.binary(environ) is None:
             return (f"{self.title} has no build for {platform.system()} {platform.machine()} (its npm package has "
                     "Linux and macOS builds for x86_64 and arm64)")
-        return (f"{self.title} {self.version} is not installed in {node_modules(environ).parent}: run "
-                "./scripts/install-runtimes (needs node and npm), or point CODESDK_RUNTIMES_DIR at a copy")
-
-    def installed_version(self, environ: Mapping[str, str]) -> str:
-        binary = self._binary(environ)
-        try:
-            return str(json.loads((binary.parents[1] / "package.json").read_text())["version"]) if binary else ""
-        except (OSError, ValueError, KeyError):
-            return ""
+        return self.not_installed(environ)
 
     def tool_prefix(self) -> str:
         """The model sees CodeSDK's tools as functions of the namespace ``mcp__codesdk``."""

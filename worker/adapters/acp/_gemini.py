@@ -64,8 +64,7 @@ class GeminiProfile(AgentProfile):
 
     def missing_reason(self, environ: Mapping[str, str]) -> str:
         if not self._bundle(environ).is_file():
-            return (f"{self.title} {self.version} is not installed in {node_modules(environ).parent}: run "
-                    "./scripts/install-runtimes (needs node and npm), or point CODESDK_RUNTIMES_DIR at a copy")
+            return self.not_installed(environ)
         return f"{self.title} needs node (>= 20) on the worker's PATH ({environ.get('PATH', '')})"
 
     def installed_version(self, environ: Mapping[str, str]) -> str:

@@ -24,9 +24,9 @@ from .._installed import node_modules
 from ._profile import (
     MCP_SERVER_NAME,
     AcpSettings,
-    AgentProfile,
     BadAcpConfig,
     Credentials,
+    PlatformBuildProfile,
     env_set_hint,
     home,
     runtime_env,
@@ -50,7 +50,7 @@ _STATUS_WORDS = ((re.compile(r"unauthori[sz]ed|invalid api key|authentication", 
                  (re.compile(r"context.{0,20}(?:length|window)|too long", re.IGNORECASE), 413))
 
 
-class OpenCodeProfile(AgentProfile):
+class OpenCodeProfile(PlatformBuildProfile):
     name = "opencode"
     title = "OpenCode"
     package = "opencode-linux-x64"
@@ -61,31 +61,19 @@ class OpenCodeProfile(AgentProfile):
     unsafe_workspace_entries = (".opencode", "opencode.json", "opencode.jsonc")
     context_files = ("AGENTS.md", "CLAUDE.md")
 
-    def _binary(self, environ: Mapping[str, str]) -> Path | None:
+    def binary(self, environ: Mapping[str, str]) -> Path | None:
         """The platform build's binary (only ``opencode-linux-x64`` is pinned; another platform's package, installed
         into the runtimes directory by hand, is found too)."""
         package = _PLATFORMS.get((platform.system(), platform.machine()))
         return node_modules(environ) / package / "bin" / "opencode" if package else None
 
-    def program(self, environ: Mapping[str, str]) -> list[str] | None:
-        binary = self._binary(environ)
-        return [str(binary)] if binary is not None and binary.is_file() else None
-
     def missing_reason(self, environ: Mapping[str, str]) -> str:
-        binary = self._binary(environ)
+        binary = self.binary(environ)
         if binary is None or binary.parents[1].name != self.package:
             return (f"{self.title} {self.version} is pinned for Linux x86_64 only ({self.package}); on "
                     f"{platform.system()} {platform.machine()} install its platform package into "
                     f"{node_modules(environ)}, or point CODESDK_RUNTIMES_DIR at a copy that has it")
-        return (f"{self.title} {self.version} is not installed in {node_modules(environ).parent}: run "
-                "./scripts/install-runtimes (needs node and npm), or point CODESDK_RUNTIMES_DIR at a copy")
-
-    def installed_version(self, environ: Mapping[str, str]) -> str:
-        binary = self._binary(environ)
-        try:
-            return str(json.loads((binary.parents[1] / "package.json").read_text())["version"]) if binary else ""
-        except (OSError, ValueError, KeyError):
-            return ""
+        return self.not_installed(environ)
 
     def tool_prefix(self) -> str:
         return f"{MCP_SERVER_NAME}_"

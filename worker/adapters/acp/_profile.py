@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._ahead import RuntimeLaunch
+from .._installed import node_modules
 from .._namespace_home import namespace_of
 
 #: What a model name may be: it reaches the agent's command line or config, so never an option or odd characters.
@@ -139,6 +140,11 @@ class AgentProfile(ABC):
             raise BadAcpConfig("runtime_config.stop_grace_s must be a number of seconds from 0 to 60")
         return AcpSettings(model=model, max_retries=retries, stop_grace_s=float(grace))
 
+    def not_installed(self, environ: Mapping[str, str]) -> str:
+        """The pinned agent is not in the runtimes directory: where it was looked for, and what to run."""
+        return (f"{self.title} {self.version} is not installed in {node_modules(environ).parent}: run "
+                "./scripts/install-runtimes (needs node and npm), or point CODESDK_RUNTIMES_DIR at a copy")
+
     def refusal(self, environ: Mapping[str, str]) -> str | None:
         """Why the agent may not run in this namespace (not installed, or not opted in), or None."""
         if self.program(environ) is None:
@@ -212,6 +218,26 @@ def content_text(tool_call: Mapping[str, Any]) -> str:
         if isinstance(inner, dict) and inner.get("type") == "text":
             return str(inner.get("text") or "")
     return ""
+
+
+class PlatformBuildProfile(AgentProfile):
+    """An agent npm ships as one native build per platform (``<package>-<os>-<cpu>``), run directly: its program is
+    the build's binary, its version the build's ``package.json``."""
+
+    @abstractmethod
+    def binary(self, environ: Mapping[str, str]) -> Path | None:
+        """Where this platform's build keeps the binary (None: no build for this platform)."""
+
+    def program(self, environ: Mapping[str, str]) -> list[str] | None:
+        binary = self.binary(environ)
+        return [str(binary)] if binary is not None and binary.is_file() else None
+
+    def installed_version(self, environ: Mapping[str, str]) -> str:
+        binary = self.binary(environ)
+        try:
+            return str(json.loads((binary.parents[1] / "package.json").read_text())["version"]) if binary else ""
+        except (OSError, ValueError, KeyError):
+            return ""
 
 
 def runtime_env(environ: Mapping[str, str], cwd: str, extra: Mapping[str, str]) -> dict[str, str]:
