@@ -13,7 +13,8 @@ import pytest
 
 from protocol import ToolSpec
 from worker.adapters._installed import RUNTIMES_DIR_ENV
-from worker.adapters.acp._adapter import _choose, visible_names
+from worker.adapters._tool_names import model_tool_names
+from worker.adapters.acp._adapter import _choose
 from worker.adapters.acp._codex_acp import DISABLED_FEATURES, CodexAcpProfile
 from worker.adapters.acp._gemini import BUILTIN_TOOLS, USER_SETTINGS, GeminiProfile
 from worker.adapters.acp._opencode import OpenCodeProfile
@@ -114,7 +115,7 @@ def test_a_workspace_with_the_agents_own_config_is_refused(profile: AgentProfile
 
 def test_tool_names_survive_every_agent_and_stay_unique() -> None:
     specs = tuple(ToolSpec(name=n) for n in ("workspace.read", "workspace_read", "a" * 100, "a" * 100 + ".b"))
-    names = visible_names(specs, "mcp_codesdk_")
+    names = model_tool_names(specs, "mcp_codesdk_")
     assert list(names)[:2] == ["workspace_read", "workspace_read_2"]
     assert len(names) == 4 and all(len("mcp_codesdk_" + n) <= 64 for n in names)
     assert [spec.name for spec in names.values()] == [s.name for s in specs]

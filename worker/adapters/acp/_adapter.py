@@ -22,7 +22,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 from collections.abc import Awaitable
 from functools import partial
 from pathlib import Path
@@ -48,7 +47,6 @@ from protocol import (
     ToolCallRequested,
     ToolCallStarted,
     ToolRouting,
-    ToolSpec,
     UsageReported,
     canonical_hash,
     utc_now,
@@ -61,6 +59,7 @@ from .._api_failures import failure_for_status
 from .._conversation import hold_conversation
 from .._process import RuntimeProcess
 from .._rpc_peer import METHOD_NOT_FOUND, PeerClosed, PeerError, RpcPeer
+from .._tool_names import model_tool_names
 from ..base import Availability, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
 from ._profile import MCP_SERVER_NAME, AcpSettings, AgentProfile, BadAcpConfig, UnsafeWorkspace, content_text
 from ._updates import CHUNK_KINDS, OutputBlocks
@@ -71,27 +70,8 @@ log = logging.getLogger("codesdk.worker.acp")
 PROTOCOL_VERSION = 1
 #: SIGTERM -> SIGKILL when the agent's process group is ended.
 TERM_GRACE_S = 1.0
-#: Characters an agent-visible tool name may hold (function names of the model APIs behind the agents).
-_VISIBLE_NAME = re.compile(r"[^a-zA-Z0-9_-]")
-#: The longest tool name the agents pass through to their model APIs, prefix included.
-_MAX_VISIBLE = 64
 
 T = TypeVar("T")
-
-
-def visible_names(tools: tuple[ToolSpec, ...], prefix: str) -> dict[str, ToolSpec]:
-    """CodeSDK's tools under names every agent and model API takes (``workspace.read`` → ``workspace_read``),
-    unique, and short enough once the agent has prefixed them."""
-    names: dict[str, ToolSpec] = {}
-    room = _MAX_VISIBLE - len(prefix)
-    for spec in tools:
-        base = _VISIBLE_NAME.sub("_", spec.name)[:room]
-        name, n = base, 1
-        while name in names:
-            n += 1
-            name = f"{base[:room - len(str(n)) - 1]}_{n}"
-        names[name] = spec
-    return names
 
 
 class AcpAdapter(RuntimeAdapter):
@@ -158,7 +138,7 @@ class AcpTask(AnswersToolCalls, TaskHandle):
         self.settings = settings
         self.cwd = cwd
         self.stop_grace_s = settings.stop_grace_s
-        self.by_visible = visible_names(params.tool_manifest.tools, profile.tool_prefix())
+        self.by_visible = model_tool_names(params.tool_manifest.tools, profile.tool_prefix())
         self.tools = PendingToolCalls()
         self.blocks = OutputBlocks(io, f"{params.task_id}:acp")
         self._stop = trio.Event()

@@ -57,6 +57,7 @@ from .._conversation import hold_conversation
 from .._installed import RUNTIMES_DIR_ENV, runtimes_dir
 from .._process import RuntimeAhead, RuntimeProcess
 from .._rpc_peer import METHOD_NOT_FOUND, PeerClosed, PeerError, RpcPeer
+from .._tool_names import model_tool_names
 from ..base import Availability, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
 from . import _env
 from ._launch import (
@@ -72,8 +73,6 @@ from ._launch import (
 
 log = logging.getLogger("codesdk.worker.codex")
 
-#: Dynamic tool names must match this; ours may contain dots, so they are mapped.
-_CODEX_TOOL_NAME = re.compile(r"[^a-zA-Z0-9_-]")
 #: Bound on each of the app-server's answers before the turn runs (a fresh CODEX_HOME takes ~0.5 s).
 HANDSHAKE_TIMEOUT_S = 60.0
 #: After the turn, stdin is closed and app-server gets this long to exit by itself (it takes ~50 ms).
@@ -84,10 +83,6 @@ TERM_GRACE_S = 1.0
 _APPROVALS = {"item/commandExecution/requestApproval": "commandExecution",
               "item/fileChange/requestApproval": "fileChange", "execCommandApproval": "commandExecution",
               "applyPatchApproval": "fileChange"}
-
-
-def codex_tool_name(name: str) -> str:
-    return _CODEX_TOOL_NAME.sub("_", name)[:64]
 
 
 class CodexAdapter(RuntimeAdapter):
@@ -150,7 +145,7 @@ class CodexTask(AnswersToolCalls, TaskHandle):
         self.settings = settings
         self.stop_grace_s = settings.stop_grace_s
         self.cwd = Path(params.workspace) if params.workspace else Path(os.environ.get("HOME", "/"))
-        self.by_codex_name: dict[str, ToolSpec] = {codex_tool_name(t.name): t for t in params.tool_manifest.tools}
+        self.by_codex_name: dict[str, ToolSpec] = model_tool_names(params.tool_manifest.tools)
         self.tools = PendingToolCalls()
         self._stop = trio.Event()
         self._stop_reason: str | None = None
