@@ -2,10 +2,12 @@
 
 The supervisor marks itself a child subreaper, so when a worker or a tool command dies, whatever it left
 running is re-parented here rather than to pid 1 (which in a container may never reap). Those orphans must
-be reaped by us, without ever stealing the exit status of a process someone else here waits for. The rule
-that makes that safe: every process the supervisor spawns and waits for either leads its own session (workers,
-tool commands: ``start_new_session``) or stays in the supervisor's session (short probes). An adopted orphan
-is in neither: it belongs to the session of a leader that died. Only those are reaped.
+be reaped by us, without ever stealing the exit status of a process someone else here waits for (its owner
+would read "exit 0"). The rule that makes that safe: every process the supervisor spawns and waits for either
+stays in the supervisor's session (short probes), or leads a session of its own and is owned
+(``_own_children``) from the moment its start begins until it has been reaped. An adopted orphan is neither: it
+belongs to the session of a leader that died, or it leads a session it made itself (a helper a runtime detached
+before exiting). Only those are reaped.
 """
 
 from __future__ import annotations
@@ -21,12 +23,16 @@ from typing import NamedTuple, TypeVar
 import psutil
 import trio
 
+from ._own_children import own_children, starts_under_way
+
 log = logging.getLogger("codesdk.supervisor.orphans")
 
 #: Seconds between sweeps while the supervisor runs.
 SWEEP_INTERVAL_S = 1.0
 #: Seconds between looks at a dying session member that is not (yet) our child, so cannot be waited for.
 _MEMBER_POLL_S = 0.01
+#: Seconds between looks at whether the starts a sweep waits for have ended (a start takes milliseconds).
+_START_POLL_S = 0.005
 
 
 class _Stat(NamedTuple):
@@ -59,8 +65,9 @@ def session_of(pid: int) -> int | None:
 
 
 def adopted_orphans() -> list[psutil.Process]:
-    """Our children that are adopted orphans (running or zombie). [] when /proc cannot be read now (out of file
-    descriptors: the next sweep tries again)."""
+    """Our children that are adopted orphans (running or zombie): outside our session and not owned. [] when /proc
+    cannot be read now (out of file descriptors: the next sweep tries again). A child being started may be among
+    them; ``sweep_adopted`` waits for those starts before it reaps."""
     ours = os.getsid(0)
     try:
         children = psutil.Process().children()
@@ -69,21 +76,33 @@ def adopted_orphans() -> list[psutil.Process]:
     except OSError as exc:  # EMFILE/ENFILE: psutil opens a file per process
         warn_scan_failed("listing adopted orphans", exc)
         return []
-    return [child for child in children if session_of(child.pid) not in (None, child.pid, ours)]
+    return [child for child in children if session_of(child.pid) not in (None, ours) and child.pid not in own_children()]
 
 
 def sweep_adopted() -> list[int]:
-    """Reap every zombie child of ours that is an adopted orphan (see the module docstring); return their pids."""
-    reaped: list[int] = []
+    """Reap every zombie child of ours that is an adopted orphan (see the module docstring); return their pids.
+    Blocks (run it in a thread): before reaping, it waits for the starts under way once the zombies were found to
+    end, so that a child just started, whose owner does not know its pid yet, is owned by then and left alone."""
+    zombies: list[int] = []
     for child in adopted_orphans():
         try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                continue
+            if child.status() == psutil.STATUS_ZOMBIE:
+                zombies.append(child.pid)
         except (psutil.Error, OSError):  # gone, or no descriptor to look (the next sweep does)
             continue
+    if not zombies:
+        return []
+    pending = starts_under_way()  # taken after the zombies were found: any start that made one is in it
+    while pending & starts_under_way():
+        time.sleep(_START_POLL_S)
+    reaped: list[int] = []
+    owned = own_children()
+    for pid in zombies:
+        if pid in owned:
+            continue
         try:
-            if os.waitpid(child.pid, os.WNOHANG)[0] == child.pid:
-                reaped.append(child.pid)
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                reaped.append(pid)
         except ChildProcessError:
             continue
     if reaped:

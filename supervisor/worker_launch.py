@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._own_children import disown, starting
 from .namespace_env import NamespaceEnv
 from .namespaces import (
     DEFAULT_PATH,
@@ -161,10 +162,12 @@ class Headstart:
             env = dict(launch.env)
             if runtime_ahead is not None:
                 env[RUNTIME_AHEAD_ENV] = json.dumps(dict(runtime_ahead))
-            process = subprocess.Popen(
-                list(launch.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=env, cwd=launch.cwd, start_new_session=True, user=launch.user,
-                group=launch.group, extra_groups=launch.extra_groups)
+            with starting() as own:  # the pool reaps it (``AdoptedProcess``), or ``discard`` does
+                process = subprocess.Popen(
+                    list(launch.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    env=env, cwd=launch.cwd, start_new_session=True, user=launch.user,
+                    group=launch.group, extra_groups=launch.extra_groups)
+                own(process.pid)
         except (OSError, ValueError, UnsafeDataDir) as exc:  # the pool's own start says what is wrong, in context
             log.debug("no headstart for namespace %s: %s", namespace, exc)
             return None
@@ -202,6 +205,7 @@ class Headstart:
         except (ProcessLookupError, PermissionError):
             pass
         process.wait()
+        disown(process.pid)
         from ._orphans import (
             end_session,  # only now: it needs psutil and trio, which a headstart runs without
         )

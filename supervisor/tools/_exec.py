@@ -43,6 +43,7 @@ from pydantic import Field, field_validator
 from protocol import SandboxSummary, ToolClass
 
 from .._orphans import end_command
+from .._own_children import owned_child
 from .._safe_dirs import WALK_FLAGS, chmod_entry, walk_tree
 from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolInput, ToolResult, clip
 from ._paths import workspace_root
@@ -355,26 +356,28 @@ async def _run(command: list[str], cwd: str, env: dict[str, str], timeout: float
     started = time.monotonic()
     start_error: OSError | None = None
     timed_out = False
-    async with trio.open_nursery() as nursery:
-        try:
-            process: trio.Process = await nursery.start(
-                partial(
-                    trio.run_process,
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    check=False,
-                    cwd=cwd,
-                    env=env,
-                    start_new_session=True,
-                    deliver_cancel=end_command,
+    with owned_child() as own:  # the sweep of adopted orphans must not reap it: its exit status is the result
+        async with trio.open_nursery() as nursery:
+            try:
+                process: trio.Process = await nursery.start(
+                    partial(
+                        trio.run_process,
+                        command,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        check=False,
+                        cwd=cwd,
+                        env=env,
+                        start_new_session=True,
+                        deliver_cancel=end_command,
+                    )
                 )
-            )
-        except OSError as exc:  # raised here bare; re-raised below, outside the nursery's exception group
-            start_error = exc
-        else:
-            timed_out = await _supervise(process, nursery, timeout, out, err)
+            except OSError as exc:  # raised here bare; re-raised below, outside the nursery's exception group
+                start_error = exc
+            else:
+                own(process.pid)
+                timed_out = await _supervise(process, nursery, timeout, out, err)
     if start_error is not None:
         raise start_error
     duration_ms = (time.monotonic() - started) * 1000

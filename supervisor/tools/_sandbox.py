@@ -193,14 +193,16 @@ async def _works(argv: list[str]) -> tuple[bool, str]:
     import trio
 
     from .._orphans import end_command
+    from .._own_children import owned_child
 
-    with tempfile.TemporaryFile() as err:
+    with tempfile.TemporaryFile() as err, owned_child() as own:
         try:
             process = await trio.lowlevel.open_process(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env={}, start_new_session=True
             )
         except OSError as exc:
             return False, str(exc)
+        own(process.pid)
         try:
             with trio.move_on_after(_PROBE_TIMEOUT_S) as timer:
                 await process.wait()

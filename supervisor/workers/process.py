@@ -39,6 +39,7 @@ from protocol import (
 )
 
 from .._orphans import DESCRIPTORS_EXHAUSTED, end_session, reap_session, scan_retrying, warn_scan_failed
+from .._own_children import disown, owned_child
 from ..namespaces import Namespace
 from ..worker_launch import WorkerLaunch
 from .connection import WorkerBroken, WorkerConnection, WorkerError
@@ -155,6 +156,7 @@ class StartedWorker:
             pass
         while self.child.poll() is None:
             os.waitid(os.P_PID, self.child.pid, os.WEXITED | os.WNOWAIT)
+        disown(self.child.pid)
         end_session(self.child.pid)  # a runtime it started ahead leads a group of its own in its session
 
 
@@ -191,6 +193,7 @@ class AdoptedProcess:
                 await trio.lowlevel.wait_readable(self._pidfd)
         finally:
             if self._child.returncode is not None:
+                disown(self._child.pid)
                 trio.lowlevel.notify_closing(self._pidfd)
                 os.close(self._pidfd)
                 self._reaped.set()
@@ -468,13 +471,23 @@ async def _terminate_tree(process: ChildProcess) -> None:
 
 
 async def _run_worker_process(spec: WorkerSpec, task_status: trio.TaskStatus[ChildProcess]) -> None:
-    await trio.run_process(
-        list(spec.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=dict(spec.env), cwd=spec.cwd, check=False, start_new_session=True,
-        user=spec.user, group=spec.group,
-        extra_groups=list(spec.extra_groups) if spec.extra_groups is not None else None,
-        deliver_cancel=_terminate_tree, task_status=task_status,
-    )
+    start_error: OSError | None = None
+    with owned_child() as own:  # its exit status is ours to read, not the orphan sweep's
+        async with trio.open_nursery() as nursery:
+            try:
+                process: trio.Process = await nursery.start(partial(
+                    trio.run_process, list(spec.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, env=dict(spec.env), cwd=spec.cwd, check=False, start_new_session=True,
+                    user=spec.user, group=spec.group,
+                    extra_groups=list(spec.extra_groups) if spec.extra_groups is not None else None,
+                    deliver_cancel=_terminate_tree))
+            except OSError as exc:  # raised bare below, not in the nursery's exception group
+                start_error = exc
+            else:
+                own(process.pid)
+                task_status.started(process)
+    if start_error is not None:
+        raise start_error
 
 
 async def _own_adopted(process: AdoptedProcess, task_status: trio.TaskStatus[ChildProcess]) -> None:

@@ -20,13 +20,14 @@ import signal
 import socket
 import struct
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 import trio
 
 from protocol import ExitStatus
 
+from .._own_children import disown, owned_child, starting
 from ..worker_launch import WorkerLaunch
 from .process import ForkedChild, StartedWorker
 
@@ -102,8 +103,8 @@ class WorkerTemplate:
             # worker it forked owned by nobody.
             with trio.CancelScope(shield=True):
                 try:
-                    with trio.fail_after(FORK_TIMEOUT_S):
-                        started = await self._fork(sock, launch)
+                    with trio.fail_after(FORK_TIMEOUT_S), starting() as own:
+                        started = await self._fork(sock, launch, own)
                 except trio.TooSlowError as exc:
                     why = f"it did not answer a fork within {FORK_TIMEOUT_S:.0f} s"
                     self._stop(why)
@@ -132,7 +133,7 @@ class WorkerTemplate:
         dies, stalls or is closed. Never raises: whatever goes wrong, workers start the usual way."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            with trio.CancelScope() as scope, ours:
+            with trio.CancelScope() as scope, ours, owned_child() as own:
                 self._scope = scope
                 if self._closed:
                     scope.cancel()
@@ -143,6 +144,7 @@ class WorkerTemplate:
                             trio.run_process, [*self.worker_argv, "--template"], stdin=theirs.fileno(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=self._env, cwd="/",
                             check=False, start_new_session=True, deliver_cancel=_end_template))
+                    own(process.pid)
                     nursery.start_soon(_pump_stderr, process)
                     try:
                         with trio.fail_after(READY_TIMEOUT_S):
@@ -172,7 +174,8 @@ class WorkerTemplate:
         if self._scope is not None:
             self._scope.cancel()
 
-    async def _fork(self, sock: trio.socket.SocketType, launch: WorkerLaunch) -> StartedWorker:
+    async def _fork(self, sock: trio.socket.SocketType, launch: WorkerLaunch, own: Callable[[int], None],
+                    ) -> StartedWorker:
         pipes: list[int] = []
         try:
             for _ in range(3):
@@ -206,8 +209,10 @@ class WorkerTemplate:
             if isinstance(error, str):  # this worker could not be forked (out of processes, say): the next may
                 raise TemplateUnavailable(f"it could not fork this worker: {error}")
             raise _TemplateBroke(f"unexpected answer {answer!r}")
+        own(pid)  # ours to reap (``StartedWorker`` disowns it then), not the orphan sweep's
         started = StartedWorker(ForkedChild(pid), stdin_w, stdout_r, stderr_r)
         if not _is_our_child(pid):  # only when we are a child subreaper is it; otherwise nobody could reap it
+            disown(pid)
             self._permanent = ("this supervisor is not a child subreaper, so a forked worker would not be its "
                                "child")
             log.warning("the worker template is off: %s", self._permanent)

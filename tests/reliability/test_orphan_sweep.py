@@ -1,0 +1,112 @@
+"""The supervisor reaps what runtimes leave to it as a child subreaper, and never a child it waits for itself.
+
+A runtime may detach a helper into a session of its own and exit before it (OpenCode does, on shutdown): the
+helper is re-parented to the supervisor and, once it exits, must be reaped there, or each such task leaves a
+zombie for the service's lifetime. Workers and tool commands also lead sessions of their own, and their exit
+statuses are read by the supervisor: the sweep must leave those alone, also one whose start is still under way.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil  # type: ignore[import-untyped]
+import pytest
+import trio
+
+from supervisor import _orphans, _own_children
+from supervisor._orphans import become_subreaper, sweep_adopted
+from supervisor._own_children import disown, owned_child, starting
+from supervisor.store import TaskState
+
+from ..conftest import MakeEngine
+from ..e2e.conftest import run_task
+
+#: The runtime's own process: detaches a helper into a session of its own that waits on a FIFO, records its
+#: pid, and exits while the helper lives on.
+DETACHING_RUNTIME = """
+import subprocess, sys
+helper = subprocess.Popen(["sh", "-c", 'read x < "$0"', sys.argv[1]], start_new_session=True,
+                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+with open(sys.argv[2], "w") as f:
+    f.write(str(helper.pid))
+"""
+
+
+def _status(pid: int) -> tuple[str, int] | None:
+    """``pid``'s state and parent; None once it is gone."""
+    try:
+        process = psutil.Process(pid)
+        return process.status(), process.ppid()
+    except psutil.NoSuchProcess:
+        return None
+
+
+async def test_a_helper_a_runtime_detached_is_reaped_once_it_exits_after_the_runtime(
+        make_engine: MakeEngine, tmp_path: Path) -> None:
+    if not become_subreaper():
+        pytest.skip("this kernel does not offer PR_SET_CHILD_SUBREAPER")
+    fifo, pidfile = tmp_path / "release", tmp_path / "helper.pid"
+    os.mkfifo(fifo)
+    steps = [{"runtime_process": [sys.executable, "-c", DETACHING_RUNTIME, str(fifo), str(pidfile)]},
+             {"complete": {}}]
+    with trio.fail_after(60):
+        async with make_engine() as engine:
+            _, record, _ = await run_task(engine, runtime_config={"scenario_inline": {"name": "detaching-runtime", "steps": steps}})
+            assert record.state == TaskState.COMPLETED, record.error
+            helper = int(pidfile.read_text())
+            while (status := _status(helper)) is not None and status[1] != os.getpid():
+                await trio.sleep(0.02)  # re-parented to us once the runtime's process is gone
+            assert status is not None and status[0] != psutil.STATUS_ZOMBIE
+            release = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # the helper reads it: it exits
+            os.write(release, b"go\n")
+            os.close(release)
+            while (status := _status(helper)) is not None:  # exited: a zombie of ours until the sweep reaps it
+                await trio.sleep(0.05)
+
+
+def _exited_child(code: int) -> subprocess.Popen[bytes]:
+    """A child in a session of its own that has exited with ``code`` and is not reaped yet (a zombie of ours)."""
+    child = subprocess.Popen(["sh", "-c", f"exit {code}"], start_new_session=True)
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+    return child
+
+
+def test_the_sweep_reaps_an_unowned_zombie_and_leaves_an_owned_one_to_its_owner() -> None:
+    with owned_child() as own:
+        owned = _exited_child(3)
+        own(owned.pid)
+        orphan = _exited_child(4)
+        reaped = sweep_adopted()
+        assert orphan.pid in reaped and owned.pid not in reaped
+        assert owned.wait() == 3
+    orphan.wait()  # its status was taken by the sweep: what an owner that had not said so would get
+    assert orphan.returncode == 0
+
+
+def test_a_zombie_found_while_its_start_is_under_way_is_left_to_the_child_s_owner(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep found the zombie before its owner knew the pid: it waits for that start, then leaves it."""
+    found = threading.Event()
+    real = _own_children.starts_under_way
+
+    def noticed() -> frozenset[int]:
+        found.set()  # called once the sweep has listed the zombies
+        return real()
+
+    monkeypatch.setattr(_orphans, "starts_under_way", noticed)
+    with starting() as own:
+        child = _exited_child(5)
+        swept: list[list[int]] = []
+        sweep = threading.Thread(target=lambda: swept.append(sweep_adopted()))
+        sweep.start()
+        assert found.wait(timeout=60)
+        own(child.pid)
+        sweep.join()
+    assert len(swept) == 1 and child.pid not in swept[0]
+    assert child.wait() == 5
+    disown(child.pid)
