@@ -19,6 +19,9 @@ from supervisor.engine import Engine
 
 from .worker.harness import REPO
 
+#: pytester: the test kit's plugin is tested by running pytest on a user's test file (tests/kit).
+pytest_plugins = ["pytester"]
+
 SCENARIOS = str(REPO / "fixtures" / "scenarios")
 
 #: The ``make_engine`` fixture: SupervisorOptions (and ``worker_env``) in, an open engine out.

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
-
-def loopback_only() -> bool:
-    """True inside a network namespace whose only interface is loopback (see scripts/netns-run)."""
-    return [name for _, name in socket.if_nameindex()] == ["lo"]
-
+from codesdk.testing import loopback_only
 
 skip_outside_netns = pytest.mark.skipif(
     not loopback_only(),

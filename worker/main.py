@@ -44,6 +44,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     command_line = sys.argv[1:] if argv is None else argv
+    if command_line[:1] == ["conformance"]:  # the protocol's conformance suite, against any worker command
+        from codesdk.testing.conformance import main as conformance_main
+
+        return conformance_main(command_line[1:], prog="codesdk-worker conformance")
     if command_line[:1] == ["mcp-bridge"]:  # an agent's MCP server (worker/mcp_bridge): stdio is MCP's, not ours
         from .mcp_bridge._server import main as bridge_main
 

@@ -11,6 +11,7 @@ import itertools
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
@@ -109,8 +110,11 @@ class _Pending:
 
 class WorkerConnection:
     def __init__(self, send: trio.abc.SendStream, receive: trio.abc.ReceiveStream,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, name: str = "worker") -> None:
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, name: str = "worker",
+                 wire_tap: Callable[[bytes | BadFrame], None] | None = None) -> None:
         self.name = name
+        #: Called with every line read, in arrival order, before it is handled (the test kit's wire log).
+        self._wire_tap = wire_tap
         self._send = send
         self._receive = receive
         self._max_frame_bytes = max_frame_bytes
@@ -145,6 +149,8 @@ class WorkerConnection:
                         log.info("%s: output stream ended: %s", self.name, exc)
                         chunk = b""
                     for line in framer.feed(chunk) if chunk else framer.close():
+                        if self._wire_tap is not None:
+                            self._wire_tap(line)
                         await self._handle_line(line)
                     if not chunk:
                         return

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import IO, Protocol
@@ -26,6 +26,7 @@ import trio
 from protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
+    BadFrame,
     ExitStatus,
     InitializeParams,
     InitializeResult,
@@ -68,6 +69,8 @@ class WorkerSpec:
     user: int | None = None
     group: int | None = None
     extra_groups: Sequence[int] | None = None
+    #: Sees every line the worker writes, in order (``codesdk.testing``'s wire log); None in the supervisor.
+    wire_tap: Callable[[bytes | BadFrame], None] | None = None
 
     @classmethod
     def of(cls, launch: WorkerLaunch, name: str, runtime_env: RuntimeEnv | None = None) -> WorkerSpec:
@@ -228,9 +231,10 @@ class WorkerProcess:
 
     @classmethod
     async def start(cls, nursery: trio.Nursery, spec: WorkerSpec, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
-                    adopted: StartedWorker | None = None) -> WorkerProcess:
+                    adopted: StartedWorker | None = None, handshake: bool = True) -> WorkerProcess:
         """Spawn the worker in its own session (or adopt one started as ``spec`` says: ahead of the supervisor, or
-        forked by the template), start its reader tasks, and complete the handshake."""
+        forked by the template), start its reader tasks, and complete the handshake (unless ``handshake`` is
+        false: a protocol test that sends its own ``runtime.initialize``)."""
         try:
             process: ChildProcess
             if adopted is not None:
@@ -247,8 +251,11 @@ class WorkerProcess:
                 raise WorkerResourcesExhausted(exhausted_message(spec.name, exc)) from exc
             raise WorkerStartError(f"{spec.name}: cannot start {spec.argv[0]!r}: {exc.strerror or exc}") from exc
         assert process.stdin is not None and process.stdout is not None
-        worker = cls(spec, process, WorkerConnection(process.stdin, process.stdout, spec.max_frame_bytes, spec.name))
+        worker = cls(spec, process, WorkerConnection(process.stdin, process.stdout, spec.max_frame_bytes, spec.name,
+                                                          spec.wire_tap))
         nursery.start_soon(worker._watch)
+        if not handshake:
+            return worker
         try:
             with trio.fail_after(handshake_timeout_s):
                 worker.info = await worker.connection.request(Rpc.INITIALIZE, InitializeParams(

@@ -9,9 +9,9 @@ import pytest
 import trio
 
 from codesdk import AsyncClient
+from codesdk.testing.invariants import check_session
 from protocol import EventType, NormalizedEvent
 
-from ..e2e.invariants import check_session
 from .conftest import Api
 
 if TYPE_CHECKING:

@@ -22,6 +22,7 @@ import pytest
 import trio
 
 from codesdk.client import AsyncClient, TooManyRequests
+from codesdk.testing.invariants import check_session
 from protocol import TERMINAL_EVENT_TYPES, EventType, NormalizedEvent, TaskFailed, TaskFailureCode
 from supervisor.api import TokenAuth, serve_api
 from supervisor.engine import Engine
@@ -30,7 +31,6 @@ from supervisor.service import _add_limit_flags, _quotas, main
 from supervisor.store._store import QUOTA_FLAGS, QuotaExceeded, Quotas
 
 from ..conftest import MakeEngine
-from ..e2e.invariants import check_session
 
 #: Hang guard of each test (seconds): reached only when something is broken.
 GUARD_S = 120

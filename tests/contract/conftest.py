@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from codesdk.testing import loopback_only
 from fixtures.fake_anthropic import FakeAnthropic
 from worker.adapters.acp._codex_acp import CodexAcpProfile
 from worker.adapters.acp._gemini import GeminiProfile
@@ -13,7 +14,6 @@ from worker.adapters.acp._opencode import OpenCodeProfile
 from worker.adapters.claude._launch import cli_path
 from worker.adapters.codex._launch import codex_path
 
-from ..netns import loopback_only
 from .cases import Case, ClaudeCase, CodexAcpCase, CodexCase, GeminiCase, OpenCodeCase, ScriptedCase
 
 #: Runtimes whose built-in tools stay off under CodeSDK: the built-in contract tests do not apply to them.

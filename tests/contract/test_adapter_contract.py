@@ -12,6 +12,7 @@ import psutil
 import pytest
 import trio
 
+from codesdk.testing.invariants import check_session
 from protocol import EventType, InteractionMode, NormalizedEvent, PermissionMode, TaskStoppedEvent
 from supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
 from supervisor.engine._transcript import session_events
@@ -19,7 +20,6 @@ from supervisor.store import TaskRecord, TaskState
 
 from ..conftest import MakeEngine
 from ..e2e.conftest import of_type
-from ..e2e.invariants import check_session
 from .cases import Case, Turn, workspace
 
 

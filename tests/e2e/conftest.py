@@ -4,13 +4,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from codesdk.testing.invariants import check_session
 from protocol import EventType, NormalizedEvent
 from supervisor.engine import Engine
 from supervisor.engine._transcript import session_events
 from supervisor.store import TaskRecord
 from supervisor.workers import WorkerProcess
-
-from .invariants import check_session
 
 
 async def run_task(engine: Engine, prompt: str = "hello", *, session_id: str | None = None,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from codesdk.testing.invariants import check_session
 from protocol import EventType, InteractionMode, PermissionMode, TaskStoppedEvent
 from supervisor.engine import ApprovalRequest, ApproverAnswer, EngineError
 from supervisor.engine._transcript import derive_transcript, session_events
@@ -15,7 +16,6 @@ from supervisor.store import SessionBusy, TaskState
 
 from ..conftest import MakeEngine
 from .conftest import of_type, run_task
-from .invariants import check_session
 
 
 async def test_streaming_task_is_stored_in_order(make_engine: MakeEngine) -> None:

@@ -18,6 +18,7 @@ import psutil
 import pytest
 import trio
 
+from codesdk.testing.invariants import check_session
 from protocol import EventType, TaskFailed
 from supervisor.engine import Engine
 from supervisor.engine._transcript import session_events
@@ -29,7 +30,6 @@ from supervisor.workers import WorkerProcess
 from ..conftest import MakeEngine
 from ..reliability.probe_worker import interpreter_for_any_uid, why_no_worker_uids, worker_argv_for_any_uid
 from .conftest import run_task, wait_for_event, worker_of
-from .invariants import check_session
 
 #: Run by the scripted runtime as its "runtime process": what a worker's child inherits from the worker.
 REPORT = ("import json, os, sys\n"

@@ -10,13 +10,13 @@ import psutil
 import pytest
 import trio
 
+from codesdk.testing.invariants import check_session
 from protocol import EventType, TaskFailed, TaskFailedEvent, TaskStoppedEvent
 from supervisor.engine._transcript import session_events
 from supervisor.store import TaskState
 
 from ..conftest import MakeEngine
 from .conftest import of_type, run_task, wait_for_event, worker_of
-from .invariants import check_session
 
 
 async def test_worker_killed_mid_task_fails_it_once_and_the_next_task_works(make_engine: MakeEngine) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import trio
 
+from codesdk.testing.invariants import check_session
 from protocol import (
     EventType,
     Method,
@@ -21,7 +22,6 @@ from protocol import (
 from supervisor.engine._transcript import session_events
 from supervisor.store import Quotas, TaskState
 
-from ..e2e.invariants import check_session
 from .doubles import FakeWorkers, engine_with_doubles, rpc_error, running_task
 
 

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import trio
 
+from codesdk.testing.invariants import check_session
 from protocol import EventType, TaskFailureCode
 from supervisor.engine._transcript import session_events
 from supervisor.store import DatabaseError, TaskState
 
-from ..e2e.invariants import check_session
 from .doubles import engine_with_doubles
 
 

@@ -21,13 +21,13 @@ import httpx2 as httpx
 import pytest
 import trio
 
+from codesdk.testing.invariants import check_session
 from protocol import TERMINAL_EVENT_TYPES, EventType, InteractionMode, NormalizedEvent, PermissionMode
 from supervisor.engine import Engine
 from supervisor.engine._transcript import session_events
 from supervisor.store import DB_FILENAME, EventStore, TaskState
 
 from ..conftest import MakeEngine
-from ..e2e.invariants import check_session
 from ..seeds import Seed
 from ..service.test_service import _client, _start, _wait_socket, kill_and_reap
 

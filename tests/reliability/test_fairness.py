@@ -20,6 +20,7 @@ import pytest
 import trio
 import trio.testing
 
+from codesdk.testing.invariants import check_session
 from protocol import TERMINAL_EVENT_TYPES, EventType, ModelOutputDelta, RuntimeEventParams
 from supervisor.engine import Engine
 from supervisor.engine._batch import SHARE_QUANTUM, STREAM_AFTER_EVENTS
@@ -28,7 +29,6 @@ from supervisor.store import TaskState
 from supervisor.store._writer import Writer, WriteRequest, WriterStats
 
 from ..conftest import MakeEngine
-from ..e2e.invariants import check_session
 from ..engine.doubles import FakeWorker, engine_with_doubles, running_task
 
 FLOOD = 1_000_000  # never reached: the flood is stopped at the end

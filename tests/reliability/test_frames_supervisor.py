@@ -23,6 +23,7 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from codesdk.testing.invariants import check_session
 from protocol import (
     ErrorObject,
     ErrorResponse,
@@ -43,7 +44,6 @@ from supervisor.store import TaskState
 from supervisor.workers import WorkerBroken, WorkerConnection, WorkerProcess, WorkerSpec, worker_argv
 from tests.conftest import MakeEngine
 from tests.e2e.conftest import worker_of
-from tests.e2e.invariants import check_session
 from tests.worker.harness import WorkerHarness, minimal_env
 
 from .hostile_traps import TRAPS

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 
+from codesdk.testing.invariants import check_session
 from protocol import (
     EventType,
     Method,
@@ -28,7 +29,6 @@ from protocol import (
 from supervisor.engine._transcript import session_events
 from supervisor.store import EventDraft, EventStore, TaskState, TaskUpdate
 
-from ..e2e.invariants import check_session
 from ..engine.doubles import engine_with_doubles, running_task
 
 

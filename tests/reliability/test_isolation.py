@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import trio
 
+from codesdk.testing.invariants import check_session
 from protocol import EventType, PermissionMode
 from supervisor.api import TokenAuth
 from supervisor.app import SupervisorOptions, open_engine
@@ -42,7 +43,6 @@ from supervisor.worker_launch import TEST_STEPS_ENV
 from supervisor.workers import WorkerProcess, worker_argv
 from worker.adapters.claude import _env as claude_env
 
-from ..e2e.invariants import check_session
 from ..worker.harness import REPO
 from .probe_worker import interpreter_for_any_uid, why_no_worker_uids, worker_argv_for_any_uid
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import trio
 
+from codesdk.testing.invariants import check_session
 from protocol import EventType, ModelOutputCompleted
 from supervisor.engine._transcript import session_events
 from supervisor.store import TaskState
 from tests.conftest import MakeEngine
-from tests.e2e.invariants import check_session
 from tests.worker.harness import running_worker
 
 ROUTES = ("(print)", "(sys.__stdout__)", "(fd 1)", "(child process)")

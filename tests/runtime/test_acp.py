@@ -20,6 +20,7 @@ import psutil
 import pytest
 import trio
 
+from codesdk.testing.invariants import check_session
 from fixtures.fake_anthropic import FakeAnthropic, opencode_config
 from protocol import EventType, InteractionMode, NormalizedEvent, PermissionMode, TaskFailureCode
 from supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
@@ -33,7 +34,6 @@ from worker.adapters.acp._profile import AgentProfile
 from ..conftest import MakeEngine
 from ..contract.cases import GeminiCase, OpenCodeCase, workspace
 from ..e2e.conftest import of_type
-from ..e2e.invariants import check_session
 from ..netns import skip_outside_netns
 from ..worker.harness import REPO
 

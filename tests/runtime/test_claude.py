@@ -16,6 +16,7 @@ import pytest
 import trio
 from pydantic import BaseModel
 
+from codesdk.testing.invariants import check_session
 from fixtures.fake_anthropic import FakeAnthropic
 from fixtures.fake_anthropic.scenario import block_text
 from protocol import (
@@ -39,7 +40,6 @@ from worker.adapters.claude._launch import cli_path
 from ..conftest import MakeEngine
 from ..contract.cases import ClaudeCase, workspace
 from ..e2e.conftest import of_type
-from ..e2e.invariants import check_session
 from ..netns import skip_outside_netns
 from ..worker.harness import REPO
 

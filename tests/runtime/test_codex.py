@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from codesdk import AsyncClient
+from codesdk.testing.invariants import check_session
 from fixtures.fake_anthropic import FakeAnthropic
 from protocol import BlockKind, EventType, NormalizedEvent, TaskFailureCode
 from supervisor.api import TokenAuth, serve_api
@@ -32,7 +33,6 @@ from worker.adapters.codex._launch import CODEX_VERSION, codex_path
 from ..conftest import MakeEngine
 from ..contract.cases import CODEX_CONFIG, CodexCase, workspace
 from ..e2e.conftest import of_type
-from ..e2e.invariants import check_session
 from ..netns import skip_outside_netns
 from ..worker.harness import REPO
 

@@ -1,0 +1,214 @@
+"""The invariants of CodeSDK's event contract, as checks usable on any event stream.
+
+Two kinds of stream:
+
+- a worker's ``runtime.event`` notifications (``check_worker_events``): per-task ordinals ``n`` from 1 without
+  gaps, exactly one terminal event per task and nothing after it, tool-call identities whose ``input_hash`` is the
+  hash of their input, times in UTC that do not run backwards within a task (docs/protocol.md §4, §5, §7);
+- a session's stored events, as the store, the API and the client return them (``check_session``): ``seq`` from 1
+  without gaps, the current schema version, one active task at a time, and per task (``check_task``) one
+  ``task.started`` first, one terminal event last, and the tool-call graph — requested, then at most one decision,
+  then started/completed only after an approval.
+
+Each check raises ``InvariantError`` (an ``AssertionError``) naming every broken rule it found, with the events
+involved, so a failing test says what is wrong rather than only that something is.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
+
+from protocol import (
+    SCHEMA_VERSION,
+    TERMINAL_EVENT_TYPES,
+    EventType,
+    NormalizedEvent,
+    RuntimeEventParams,
+    ToolCallIdentity,
+    ToolCallRequested,
+    canonical_hash,
+)
+
+__all__ = ["InvariantError", "check_session", "check_task", "check_worker_events"]
+
+
+class InvariantError(AssertionError):
+    """Events that break the contract. ``problems`` lists each broken rule."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = list(problems)
+
+
+#: Where each tool-call event may come in a call's life (stored events).
+_TOOL_ORDER = {
+    EventType.TOOL_CALL_REQUESTED: 0,
+    EventType.TOOL_CALL_POLICY_EVALUATED: 1,
+    EventType.APPROVAL_REQUESTED: 1,  # between the "ask" and the user's evaluation
+    EventType.TOOL_CALL_APPROVED: 2,
+    EventType.TOOL_CALL_DENIED: 2,
+    EventType.TOOL_CALL_STARTED: 3,
+    EventType.TOOL_OUTPUT_DELTA: 4,
+    EventType.TOOL_OUTPUT_COMPLETED: 5,
+    EventType.TOOL_CALL_COMPLETED: 6,
+}
+#: What a worker may report of a call after requesting it (the decision is the driver's, not an event).
+_WORKER_TOOL_ORDER = {
+    EventType.TOOL_CALL_REQUESTED: 0,
+    EventType.TOOL_CALL_POLICY_EVALUATED: 1,
+    EventType.TOOL_CALL_STARTED: 2,
+    EventType.TOOL_OUTPUT_DELTA: 3,
+    EventType.TOOL_OUTPUT_COMPLETED: 4,
+    EventType.TOOL_CALL_COMPLETED: 5,
+}
+
+
+def check_worker_events(events: Iterable[RuntimeEventParams], *, ended: bool = True) -> None:
+    """The rules a worker's event stream keeps (docs/protocol.md §5). ``ended``: every task in it must have ended
+    (false for a stream cut short on purpose, e.g. by a crash)."""
+    by_task: defaultdict[str, list[RuntimeEventParams]] = defaultdict(list)
+    for params in events:
+        by_task[params.task_id].append(params)
+    problems: list[str] = []
+    for task_id, task_events in by_task.items():
+        problems += _worker_task_problems(task_id, task_events, ended)
+    if problems:
+        raise InvariantError(problems)
+
+
+def _worker_task_problems(task_id: str, events: list[RuntimeEventParams], ended: bool) -> list[str]:
+    problems: list[str] = []
+    ordinals = [e.n for e in events]
+    if ordinals != list(range(1, len(events) + 1)):
+        problems.append(f"task {task_id!r}: n must run 1, 2, 3 … without gaps or repeats; got {_runs(ordinals)}")
+    types = [e.event.type for e in events]
+    terminals = [i for i, t in enumerate(types) if t in TERMINAL_EVENT_TYPES]
+    if len(terminals) > 1:
+        problems.append(f"task {task_id!r}: {len(terminals)} terminal events "
+                        f"({', '.join(types[i].value for i in terminals)}); exactly one is allowed")
+    if terminals and terminals[0] != len(types) - 1:
+        after = ", ".join(t.value for t in types[terminals[0] + 1:][:5])
+        problems.append(f"task {task_id!r}: events after its terminal event ({after})")
+    if ended and not terminals:
+        problems.append(f"task {task_id!r}: no terminal event (task.completed, task.failed or task.stopped)")
+    for previous, event in itertools.pairwise(events):
+        if event.event.time < previous.event.time - _CLOCK_SLACK:
+            problems.append(f"task {task_id!r}: event n={event.n} is timed {event.event.time.isoformat()}, before "
+                            f"n={previous.n} ({previous.event.time.isoformat()})")
+            break
+    problems += _tool_problems(task_id, [(e.event.type, e.event.payload) for e in events], _WORKER_TOOL_ORDER)
+    for event in events:
+        payload = event.event.payload
+        if isinstance(payload, ToolCallRequested) and payload.input is not None \
+                and payload.input_hash != canonical_hash(payload.input):
+            problems.append(f"task {task_id!r}: tool call {payload.tool_call_id!r} has input_hash "
+                            f"{payload.input_hash}, but its input hashes to {canonical_hash(payload.input)}")
+    return problems
+
+
+#: A worker's clock may be read by several threads: times that go back by less than this are not a fault.
+_CLOCK_SLACK = timedelta(milliseconds=1)
+
+
+def check_session(events: Sequence[NormalizedEvent]) -> None:
+    """The rules a session's stored events keep: gap-free ``seq`` from 1, ``session.created`` first, the current
+    schema version, one active task at a time, and each task's own rules (``check_task``)."""
+    problems: list[str] = []
+    seqs = [e.seq for e in events]
+    if seqs != list(range(1, len(events) + 1)):
+        problems.append(f"seq must run 1, 2, 3 … without gaps; got {_runs(seqs)}")
+    if not events or events[0].type != EventType.SESSION_CREATED:
+        problems.append("the first event must be session.created")
+    if old := sorted({e.schema_version for e in events if e.schema_version != SCHEMA_VERSION}):
+        problems.append(f"events of schema version {old} (current: {SCHEMA_VERSION}); stored events are read "
+                        "upcast to the current version")
+    by_task: defaultdict[str, list[NormalizedEvent]] = defaultdict(list)
+    active: str | None = None
+    for event in events[1:]:
+        task_id = event.trace.task_id
+        if not task_id:
+            problems.append(f"event seq={event.seq} ({event.type.value}) belongs to no task")
+            continue
+        by_task[task_id].append(event)
+        if event.type == EventType.TASK_STARTED:
+            if active is not None:
+                problems.append(f"task {task_id!r} started (seq={event.seq}) while {active!r} was still active: "
+                                "one active task per session")
+            active = task_id
+        elif task_id != active:
+            problems.append(f"event seq={event.seq} ({event.type.value}) of task {task_id!r} is outside that task's "
+                            "lifetime")
+        if event.type in TERMINAL_EVENT_TYPES and task_id == active:
+            active = None
+    for task_events in by_task.values():
+        try:
+            check_task(task_events)
+        except InvariantError as exc:
+            problems += exc.problems
+    if problems:
+        raise InvariantError(problems)
+
+
+def check_task(events: Sequence[NormalizedEvent]) -> None:
+    """The rules one task's stored events keep: ``task.started`` first, then ``model.input`` (once the runtime
+    took the task), at most one terminal event and nothing after it, and the tool-call graph."""
+    if not events:
+        return
+    task_id = events[0].trace.task_id or "?"
+    types = [e.type for e in events]
+    problems: list[str] = []
+    if types[0] != EventType.TASK_STARTED:
+        problems.append(f"task {task_id!r}: its first event is {types[0].value}, not task.started")
+    # model.input follows once the runtime accepted the task; a task refused before that ends right away.
+    if len(types) > 1 and types[1] != EventType.MODEL_INPUT \
+            and not (len(types) == 2 and types[1] in TERMINAL_EVENT_TYPES):
+        problems.append(f"task {task_id!r}: its second event is {types[1].value}, not model.input")
+    if types.count(EventType.MODEL_INPUT) > 1:
+        problems.append(f"task {task_id!r}: more than one model.input")
+    terminals = [t for t in types if t in TERMINAL_EVENT_TYPES]
+    if len(terminals) > 1:
+        problems.append(f"task {task_id!r}: more than one terminal event: {[t.value for t in terminals]}")
+    if terminals and types[-1] not in TERMINAL_EVENT_TYPES:
+        problems.append(f"task {task_id!r}: events follow its terminal event")
+    problems += _tool_problems(task_id, [(e.type, e.payload) for e in events], _TOOL_ORDER)
+    if problems:
+        raise InvariantError(problems)
+
+
+def _tool_problems(task_id: str, events: Sequence[tuple[EventType, object]], order: dict[EventType, int],
+                   ) -> list[str]:
+    """The tool-call graph: per call (id and attempt) one request first, its events in ``order``, at most one
+    decision, and nothing run without an approval (where decisions are in the stream)."""
+    calls: defaultdict[tuple[str, int], list[EventType]] = defaultdict(list)
+    for event_type, payload in events:
+        if event_type in order and isinstance(payload, ToolCallIdentity):
+            calls[(payload.tool_call_id, payload.attempt)].append(event_type)
+    problems: list[str] = []
+    for (call_id, attempt), seen in calls.items():
+        name = f"task {task_id!r}: tool call {call_id!r} (attempt {attempt})"
+        ranks = [order[t] for t in seen]
+        if seen[0] != EventType.TOOL_CALL_REQUESTED or seen.count(EventType.TOOL_CALL_REQUESTED) != 1:
+            problems.append(f"{name} must begin with exactly one tool.call.requested: {[t.value for t in seen]}")
+        elif ranks != sorted(ranks):
+            problems.append(f"{name} is out of order: {[t.value for t in seen]}")
+        if EventType.TOOL_CALL_APPROVED not in order:
+            continue  # a worker's stream: the decisions are the driver's requests, not events
+        decisions = [t for t in seen if t in (EventType.TOOL_CALL_APPROVED, EventType.TOOL_CALL_DENIED)]
+        if len(decisions) > 1:
+            problems.append(f"{name} has more than one decision: {[t.value for t in decisions]}")
+        ran = EventType.TOOL_CALL_STARTED in seen or EventType.TOOL_CALL_COMPLETED in seen
+        if ran and decisions != [EventType.TOOL_CALL_APPROVED]:
+            problems.append(f"{name} ran without an approval")
+        if EventType.TOOL_CALL_COMPLETED in seen and EventType.TOOL_CALL_STARTED not in seen:
+            problems.append(f"{name} completed without having started")
+    return problems
+
+
+def _runs(numbers: Sequence[int], shown: int = 12) -> str:
+    """``numbers`` in short: the first few, and where they first break the 1, 2, 3 … run."""
+    broken = next((i for i, n in enumerate(numbers) if n != i + 1), None)
+    head = ", ".join(map(str, numbers[:shown])) + (" …" if len(numbers) > shown else "")
+    return head if broken is None else f"{head} (first off at position {broken + 1}: {numbers[broken]})"

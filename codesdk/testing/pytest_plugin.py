@@ -1,0 +1,108 @@
+"""pytest plugin of CodeSDK's test kit (registered under the ``pytest11`` entry point as ``codesdk``).
+
+Fixtures:
+
+- ``worker_home``: a scratch namespace HOME (0700) with its XDG directories, as the supervisor makes one;
+- ``worker_workspace``: an empty workspace directory for the tasks of a test;
+- ``open_test_worker``: ``open_worker`` with ``worker_home``'s environment and the command given by
+  ``--worker-command`` (default: CodeSDK's own worker), as an async context manager factory;
+- ``run_test_worker``: the same for tests without trio (``run_worker``).
+
+Marker ``loopback_only``: the test starts something that must not reach the network (a real agent runtime); it
+runs only inside a loopback-only network namespace and is skipped elsewhere with the reason and how to run it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+)
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ._driver import WorkerDriver, namespace_env, open_worker
+from ._netns import OUTSIDE_NETNS_REASON, loopback_only
+from ._sync import SyncWorkerDriver, run_worker
+
+#: ``open_test_worker(**options)``: an async context manager giving a ``WorkerDriver``.
+OpenTestWorker = Callable[..., AbstractAsyncContextManager[WorkerDriver]]
+#: ``run_test_worker(**options)``: a context manager giving a ``SyncWorkerDriver``.
+RunTestWorker = Callable[..., AbstractContextManager[SyncWorkerDriver]]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("codesdk", "CodeSDK test kit")
+    group.addoption("--worker-command", default=None, metavar="COMMAND",
+                    help="the worker the kit's fixtures start (a shell-quoted command line; default: CodeSDK's "
+                         "own codesdk-worker)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "loopback_only: needs a loopback-only network namespace (starts something "
+                                       "that must not reach the network); skipped elsewhere, saying why")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("loopback_only") is not None and not loopback_only():
+        pytest.skip(OUTSIDE_NETNS_REASON)
+
+
+@pytest.fixture
+def worker_home(tmp_path: Path) -> Path:
+    """A scratch namespace HOME with its XDG directories and TMPDIR (what ``namespace_env`` points at)."""
+    home = tmp_path / "worker-home"
+    home.mkdir(mode=0o700)
+    namespace_env(home)  # makes the directories
+    return home
+
+
+@pytest.fixture
+def worker_workspace(tmp_path: Path) -> Path:
+    """An empty workspace for the test's tasks."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    return workspace
+
+
+def _command(config: pytest.Config) -> list[str] | None:
+    command = config.getoption("--worker-command")
+    return shlex.split(command) if command else None
+
+
+def _options(request: pytest.FixtureRequest, home: Path, options: dict[str, Any]) -> dict[str, Any]:
+    extra: Mapping[str, str] = options.pop("extra_env", {})
+    options.setdefault("env", namespace_env(home, extra=extra))
+    options.setdefault("cwd", home)
+    return options
+
+
+@pytest.fixture
+def open_test_worker(request: pytest.FixtureRequest, worker_home: Path) -> OpenTestWorker:
+    """``open_test_worker(command=None, extra_env={...}, **open_worker_options)``: a worker with the scratch HOME."""
+
+    @asynccontextmanager
+    async def open_one(command: list[str] | None = None, **options: Any) -> AsyncIterator[WorkerDriver]:
+        async with open_worker(command or _command(request.config),
+                               **_options(request, worker_home, options)) as driver:
+            yield driver
+
+    return open_one
+
+
+@pytest.fixture
+def run_test_worker(request: pytest.FixtureRequest, worker_home: Path) -> RunTestWorker:
+    """``run_test_worker(command=None, extra_env={...}, **options)``: ``open_test_worker`` without trio."""
+
+    @contextmanager
+    def run_one(command: list[str] | None = None, **options: Any) -> Iterator[SyncWorkerDriver]:
+        with run_worker(command or _command(request.config), **_options(request, worker_home, options)) as driver:
+            yield driver
+
+    return run_one
