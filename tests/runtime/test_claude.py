@@ -28,6 +28,7 @@ from protocol import (
     StartTaskParams,
     ToolCallRequested,
 )
+from supervisor._orphans import end_session
 from supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
 from supervisor.engine._transcript import session_events
 from supervisor.store import TaskRecord, TaskState
@@ -643,6 +644,24 @@ def _clis_below(pid: int) -> list[int]:
         return []
 
 
+async def _until_only_zombies_in_session(sid: int) -> None:
+    with trio.fail_after(30):  # a hang guard: what the worker ended exits
+        while _running_in_session(sid):
+            await trio.sleep(0.05)
+
+
+def _running_in_session(sid: int) -> list[int]:
+    """Processes of session ``sid`` that are not (yet) zombies."""
+    running = []
+    for process in psutil.process_iter():
+        try:
+            if os.getsid(process.pid) == sid and process.status() != psutil.STATUS_ZOMBIE:
+                running.append(process.pid)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return running
+
+
 def _gone(pid: int) -> bool:
     """Not running and reaped (a zombie still has its pid)."""
     try:
@@ -737,7 +756,7 @@ def test_a_worker_ends_the_cli_it_started_ahead_when_its_supervisor_goes(here: P
     env = {**os.environ, RUNTIME_AHEAD_ENV: json.dumps({"runtime": "claude", "runtime_config": {},
                                                          "workspace": str(here)})}
     worker = subprocess.Popen([sys.executable, "-m", "worker.main"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, env=env, cwd=REPO)
+                              stderr=subprocess.PIPE, env=env, cwd=REPO, start_new_session=True)  # as spawned
     try:
         assert worker.stdin is not None and worker.stderr is not None
         for line in worker.stderr:  # its log says when (and which) it started
@@ -746,16 +765,15 @@ def test_a_worker_ends_the_cli_it_started_ahead_when_its_supervisor_goes(here: P
         [pid] = _clis_below(worker.pid)
         with open(f"/proc/{pid}/environ", "rb") as environ:
             assert RUNTIME_AHEAD_ENV.encode() not in environ.read()
-        below = {p.pid for p in psutil.Process(worker.pid).children(recursive=True)}
         worker.stdin.close()
         assert worker.wait(timeout=60) == 0
         worker.stderr.close()
         assert _gone(pid)
-        # Everything below the worker ended with it. What the CLI had started itself and outlived the CLI by a
-        # moment went to the nearest subreaper — this process, once an in-process supervisor made it one — dead:
-        # reap it, as the supervisor's orphan sweep does.
-        for orphan in below & {p.pid for p in psutil.Process().children()}:
-            psutil.Process(orphan).wait(timeout=10)  # it was ended: it exits (TimeoutExpired if it lived on)
+        # Everything in the worker's session ended with it, also what the CLI started while it was being ended.
+        # What outlived the CLI by a moment went to the nearest subreaper (this process, once an in-process
+        # supervisor made it one): it is dead, and reaped here as the supervisor reaps a session's leftovers.
+        trio.run(_until_only_zombies_in_session, worker.pid)
+        end_session(worker.pid)
     finally:
         worker.kill()
         worker.wait()
