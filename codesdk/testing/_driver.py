@@ -367,7 +367,10 @@ async def open_worker(command: Sequence[str] | None = None, *, env: Mapping[str,
         if env is None:
             assert home is not None
             env = namespace_env(home, scripted_test_steps=scripted_test_steps)
-        spec = WorkerSpec(argv=tuple(command) if command else worker_argv(), env=dict(env),
+        argv = tuple(command) if command else worker_argv()
+        if os.sep in argv[0]:  # a path relative to where the test runs, not to the worker's directory
+            argv = (os.path.abspath(argv[0]), *argv[1:])
+        spec = WorkerSpec(argv=argv, env=dict(env),
                           cwd=str(cwd if cwd is not None else home or "/"), name=name,
                           max_frame_bytes=max_frame_bytes, wire_tap=wire.record)
         try:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import trio
 
 from codesdk.testing.conformance import CHECKS, run_conformance
@@ -43,3 +45,40 @@ async def test_a_worker_that_is_not_one_fails_every_check_saying_why() -> None:
                                        timeout_s=5.0, only=["handshake", "stdout-clean"])
     assert report.failed() == ["handshake", "stdout-clean"]
     assert "exited with code 3" in report.table()
+
+
+#: A worker written from docs/protocol.md alone, with the standard library: nothing of CodeSDK's worker runs in it.
+MINIMAL_WORKER = [sys.executable, str(Path(__file__).resolve().parents[1] / "conformance" / "minimal_worker.py")]
+
+
+async def test_a_worker_written_from_the_spec_alone_passes_every_check() -> None:
+    report = await run_conformance(MINIMAL_WORKER, timeout_s=TIMEOUT_S)
+    assert report.passed, report.table()
+
+
+@pytest.mark.parametrize(("breakage", "failing"), [
+    ("logs-on-stdout", ["stdout-clean"]),
+    ("events-before-response", ["response-before-events"]),
+    ("ordinal-gap", ["event-stream"]),
+])
+async def test_a_worker_broken_in_one_way_fails_exactly_the_check_for_it(breakage: str, failing: list[str]) -> None:
+    report = await run_conformance([*MINIMAL_WORKER, "--break", breakage], timeout_s=TIMEOUT_S)
+    assert report.failed() == failing, report.table()
+    assert f"FAIL {failing[0]}" in report.table()
+
+
+async def test_a_worker_that_forgets_terminal_events_fails_saying_so() -> None:
+    """Every wait for a terminal event runs out (short waits: nothing would ever arrive), and the table says what
+    the task did send."""
+    report = await run_conformance([*MINIMAL_WORKER, "--break", "no-terminal-event"], timeout_s=3.0,
+                                   only=["event-stream", "stop"])
+    assert report.failed() == ["event-stream", "stop"], report.table()
+    assert "did not end within 3 s" in report.table() and "events of 'task-1' so far" in report.table()
+
+
+def test_a_relative_worker_command_runs_from_where_the_suite_was_started() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "codesdk.testing.conformance", "--only", "handshake", "--",
+                           sys.executable, "tests/conformance/minimal_worker.py"], cwd=repo, capture_output=True,
+                          text=True, timeout=300, check=False, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -45,13 +45,15 @@ class Target:
     timeout_s: float = 30.0
     scratch: Path = field(default_factory=lambda: Path("/tmp"))
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    cwd: Path | None = None  # None: the run's scratch HOME
 
     @asynccontextmanager
     async def worker(self, *, handshake: bool = True) -> AsyncIterator[WorkerDriver]:
         """A fresh worker in a scratch HOME of its own; shut down and reaped on leaving."""
         home = Path(tempfile.mkdtemp(prefix="home-", dir=self.scratch))
         # CODESDK_SCRIPTED_TEST_STEPS: CodeSDK's own worker plays `hang` only with its test steps on
-        async with open_worker(self.command, env=namespace_env(home, scripted_test_steps=True), cwd=home,
+        async with open_worker(self.command, env=namespace_env(home, scripted_test_steps=True),
+                               cwd=self.cwd or home,
                                handshake=handshake, handshake_timeout_s=self.timeout_s,
                                name="worker under test") as driver:
             yield driver

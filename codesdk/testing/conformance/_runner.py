@@ -78,9 +78,9 @@ async def run_conformance(command: Sequence[str], *, runtime: str = "scripted", 
         raise ValueError(f"no such check: {', '.join(unknown)} (checks: {', '.join(c.name for c in CHECKS)})")
     scratch = Path(tempfile.mkdtemp(prefix="codesdk-conformance-"))
     results: list[CheckResult] = []
-    try:
+    try:  # the worker runs in the caller's directory: a relative command or argument means what it says there
         target = Target(tuple(command), runtime=runtime, timeout_s=timeout_s, scratch=scratch,
-                        max_frame_bytes=max_frame_bytes)
+                        max_frame_bytes=max_frame_bytes, cwd=Path.cwd())
         for check in CHECKS:
             if only and check.name not in only:
                 continue
