@@ -362,7 +362,7 @@ CHECKS: tuple[Check, ...] = (
     Check("parallel-tool-calls", "§3.4 §7", "two calls answered out of order; a second answer -32009",
           parallel_tool_calls),
     Check("denial", "§3.5 §7", "a denied call takes the denied branch and the task completes", denial),
-    Check("stop", "§3.6 §8", "runtime.stop is acknowledged and ends the task task.stopped with its reason", stop),
+    Check("stop", "§3.6 §8", "runtime.stop is acknowledged; the task ends task.stopped with its reason", stop),
     Check("refusals", "§3.3 §6.2", "duplicate task -32006, busy session -32007, unknown runtime -32004, "
                                    "unknown field -32602", refusals),
     Check("hostile-frames", "§1.2 §1.3 §1.4 §6.2", "bad lines get the right error and the worker keeps serving",

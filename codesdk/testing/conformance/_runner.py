@@ -48,8 +48,8 @@ class ConformanceReport:
     def table(self) -> str:
         """One line per check — name, sections of docs/protocol.md, PASS/FAIL, behaviour — then what each failure
         saw, and a summary."""
-        name_width = max(len(r.check.name) for r in self.results) if self.results else 10
-        section_width = max(len(r.check.sections) for r in self.results) if self.results else 10
+        name_width = max([len("check"), *(len(r.check.name) for r in self.results)])
+        section_width = max([len("spec"), *(len(r.check.sections) for r in self.results)])
         lines = [f"Worker protocol conformance of: {' '.join(self.command)}", "",
                  f"  {'check':<{name_width}}  {'spec':<{section_width}}  result  behaviour"]
         for result in self.results:
@@ -63,8 +63,8 @@ class ConformanceReport:
                 detail = (result.failure or "").replace("\n", "\n      ")
                 lines.append(f"  FAIL {result.check.name} ({result.check.sections}):\n      {detail}")
         passed = len(self.results) - len(failures)
-        lines += ["", (f"{len(self.results)} checks: {passed} passed, {len(failures)} failed (sections: "
-                      "docs/protocol.md)")]
+        checks = f"{len(self.results)} check" + ("" if len(self.results) == 1 else "s")
+        lines += ["", f"{checks}: {passed} passed, {len(failures)} failed (sections: docs/protocol.md)"]
         return "\n".join(lines)
 
 
