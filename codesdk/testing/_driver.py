@@ -146,14 +146,16 @@ class DrivenTask:
         """Wait for the terminal event and return all the task's events. With ``answer``, every tool call the task
         requests meanwhile is answered as the policy decides; without, the test answers them itself (a call left
         unanswered makes this time out, and the failure names it)."""
-        answered: set[str] = set()
+        scanned = 0  # events already looked at for tool calls to answer
         with trio.move_on_after(timeout):
             while self.terminal is None:
                 if answer is not None:
-                    for event in self.driver._by_task[self.task_id]:
-                        payload = event.event.payload
-                        if isinstance(payload, ToolCallRequested) and payload.tool_call_id not in answered:
-                            answered.add(payload.tool_call_id)
+                    events = self.driver._by_task[self.task_id]
+                    while scanned < len(events):  # also what arrives while an answer is being sent
+                        payload = events[scanned].event.payload
+                        scanned += 1
+                        if isinstance(payload, ToolCallRequested) \
+                                and payload.tool_call_id not in self.driver._answered[self.task_id]:
                             decided = answer(payload)
                             await self.answer(payload.tool_call_id,
                                               await decided if isinstance(decided, Awaitable) else decided)

@@ -76,7 +76,7 @@ def _command(config: pytest.Config) -> list[str] | None:
     return shlex.split(command) if command else None
 
 
-def _options(request: pytest.FixtureRequest, home: Path, options: dict[str, Any]) -> dict[str, Any]:
+def _options(home: Path, options: dict[str, Any]) -> dict[str, Any]:
     extra: Mapping[str, str] = options.pop("extra_env", {})
     options.setdefault("env", namespace_env(home, extra=extra))
     options.setdefault("cwd", home)
@@ -90,7 +90,7 @@ def open_test_worker(request: pytest.FixtureRequest, worker_home: Path) -> OpenT
     @asynccontextmanager
     async def open_one(command: list[str] | None = None, **options: Any) -> AsyncIterator[WorkerDriver]:
         async with open_worker(command or _command(request.config),
-                               **_options(request, worker_home, options)) as driver:
+                               **_options(worker_home, options)) as driver:
             yield driver
 
     return open_one
@@ -102,7 +102,7 @@ def run_test_worker(request: pytest.FixtureRequest, worker_home: Path) -> RunTes
 
     @contextmanager
     def run_one(command: list[str] | None = None, **options: Any) -> Iterator[SyncWorkerDriver]:
-        with run_worker(command or _command(request.config), **_options(request, worker_home, options)) as driver:
+        with run_worker(command or _command(request.config), **_options(worker_home, options)) as driver:
             yield driver
 
     return run_one

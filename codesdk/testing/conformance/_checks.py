@@ -26,6 +26,7 @@ from protocol import (
     Method,
     ModelOutputCompleted,
 )
+from supervisor.workers import RpcError
 
 from .._driver import DrivenTask, WorkerDriver, namespace_env, open_worker
 from ..invariants import InvariantError, check_worker_events
@@ -82,8 +83,6 @@ def _expect(condition: bool, detail: str) -> None:
 async def _expect_error(driver: WorkerDriver, code: ErrorCode, method: str, params: dict[str, Any] | None,
                         timeout: float) -> Any:
     """Send a request the worker must refuse with ``code``; the error's ``data``."""
-    from supervisor.workers import RpcError
-
     try:
         result = await driver.request(method, params, timeout=timeout)
     except RpcError as exc:
