@@ -638,8 +638,9 @@ async def test_the_mcp_server_speaks_mcp_2025_11_25() -> None:
 
 
 def _clis_below(pid: int) -> list[int]:
+    """The Claude CLIs ``pid`` started itself (a CLI's own helpers, also named claude, are not more CLIs)."""
     try:
-        return [p.pid for p in psutil.Process(pid).children(recursive=True) if p.name() == "claude"]
+        return [p.pid for p in psutil.Process(pid).children() if p.name() == "claude"]
     except psutil.NoSuchProcess:
         return []
 
