@@ -79,30 +79,33 @@ def adopted_orphans() -> list[psutil.Process]:
     return [child for child in children if session_of(child.pid) not in (None, ours) and child.pid not in own_children()]
 
 
-def sweep_adopted() -> list[int]:
-    """Reap every zombie child of ours that is an adopted orphan (see the module docstring); return their pids.
-    Blocks (run it in a thread): before reaping, it waits for the starts under way once the zombies were found to
-    end, so that a child just started, whose owner does not know its pid yet, is owned by then and left alone."""
-    zombies: list[int] = []
-    for child in adopted_orphans():
-        try:
-            if child.status() == psutil.STATUS_ZOMBIE:
-                zombies.append(child.pid)
-        except (psutil.Error, OSError):  # gone, or no descriptor to look (the next sweep does)
-            continue
-    if not zombies:
+def settled_orphans() -> list[psutil.Process]:
+    """``adopted_orphans``, less those whose start was under way: it waits (blocks: run it in a thread) for the starts
+    under way once the orphans were listed to end, so that a child just started, whose owner did not know its pid
+    yet when it was listed, is owned by then and left alone."""
+    orphans = adopted_orphans()
+    if not orphans:
         return []
-    pending = starts_under_way()  # taken after the zombies were found: any start that made one is in it
+    pending = starts_under_way()  # taken after the listing: any start that made one of them is in it
     while pending & starts_under_way():
         time.sleep(_START_POLL_S)
-    reaped: list[int] = []
     owned = own_children()
-    for pid in zombies:
-        if pid in owned:
+    return [orphan for orphan in orphans if orphan.pid not in owned]
+
+
+def sweep_adopted() -> list[int]:
+    """Reap every zombie child of ours that is an adopted orphan (see the module docstring, and ``settled_orphans``);
+    return their pids. Blocks: run it in a thread."""
+    reaped: list[int] = []
+    for orphan in settled_orphans():
+        try:
+            if orphan.status() != psutil.STATUS_ZOMBIE:
+                continue
+        except (psutil.Error, OSError):  # gone, or no descriptor to look (the next sweep does)
             continue
         try:
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                reaped.append(pid)
+            if os.waitpid(orphan.pid, os.WNOHANG)[0] == orphan.pid:
+                reaped.append(orphan.pid)
         except ChildProcessError:
             continue
     if reaped:
@@ -212,7 +215,7 @@ def become_subreaper() -> bool:
 async def end_adopted(wait_s: float) -> None:
     """At shutdown: SIGKILL adopted orphans still running, and reap them all (bounded)."""
     with trio.move_on_after(wait_s):
-        while orphans := await trio.to_thread.run_sync(adopted_orphans):
+        while orphans := await trio.to_thread.run_sync(settled_orphans):  # never a child whose start is under way
             for orphan in orphans:
                 try:
                     orphan.kill()

@@ -58,6 +58,9 @@ class NamespaceFailing(RuntimeError):
     """No worker can serve this namespace now (it failed to start, is quarantined, or the pool is closing)."""
 
 
+SHUTTING_DOWN = "the supervisor is shutting down"
+
+
 class NamespaceQuarantined(NamespaceFailing):
     """Workers of this namespace crashed too often; none is started until the quarantine lifts."""
 
@@ -75,6 +78,7 @@ class _Slot:
     namespace: Namespace
     worker: WorkerProcess | None = None
     starting: trio.Event | None = None
+    start_scope: trio.CancelScope | None = None  # the start under way, cancelled when the pool closes
     active: int = 0
     crashes: deque[float] = field(default_factory=deque)  # monotonic times, within sustained_window_s
     quarantine: Quarantine | None = None
@@ -122,7 +126,7 @@ class WorkerPool:
         slot = self._slots.setdefault(namespace, _Slot(Namespace.parse(namespace)))
         while True:
             if self._closing:
-                raise NamespaceFailing("the supervisor is shutting down")
+                raise NamespaceFailing(SHUTTING_DOWN)
             if slot.worker is not None:
                 worker = slot.worker
                 if worker.exited.is_set() or worker.stopping:
@@ -139,7 +143,7 @@ class WorkerPool:
                 return slot.worker
             if slot.starting is not None:
                 await slot.starting.wait()
-                if slot.worker is None:  # the start we waited for failed
+                if slot.worker is None and not self._closing:  # the start we waited for failed
                     raise NamespaceFailing(slot.last_error or f"namespace {namespace!r}: worker failed to start")
                 continue
             await self._start(slot)
@@ -215,12 +219,18 @@ class WorkerPool:
     async def aclose(self) -> None:
         """Shut every worker down (bounded) and wait for their exits to be reported."""
         self._closing = True
+        for slot in self._slots.values():  # a start under way would spawn a worker nobody shuts down
+            if slot.start_scope is not None:
+                slot.start_scope.cancel()
         for headstart in self._headstarts.values():
             headstart.discard()
         self._headstarts.clear()
         if self._template is not None:
             self._template.close()
         with trio.CancelScope(shield=True):
+            for slot in self._slots.values():
+                if slot.starting is not None:
+                    await slot.starting.wait()
             async with trio.open_nursery() as nursery:
                 for slot in self._slots.values():
                     if slot.worker is not None:
@@ -285,47 +295,63 @@ class WorkerPool:
                 f"new tasks are refused until {until} (in {max(quarantine.deadline - now, 0):.0f} s) or until "
                 f"an operator runs `codesdk-supervisor quarantine lift {name}` — check the worker log first")
         slot.starting = trio.Event()
+        slot.start_scope = trio.CancelScope()
         try:
-            recent = self._crashes_within(slot, self.config.restart_window_s, now)
-            if recent:
-                delay = min(self.config.backoff_initial_s * 2 ** (recent - 1), self.config.backoff_max_s)
-                log.info("namespace %s: restarting worker after %.2f s backoff", name, delay)
-                await trio.sleep(delay)
-            try:
-                prepared = await trio.to_thread.run_sync(prepare_launch, self.config, slot.namespace)
-            except UidRangeError as exc:  # e.g. the range is exhausted: the operator's to fix, not a crash
-                slot.last_error = str(exc)
-                log.error("namespace %s: %s", name, exc)
-                raise NamespaceFailing(f"namespace {name!r}: {exc}") from exc
-            except OSError as exc:  # out of descriptors or memory, a broken data dir: this start fails, not us
-                why = (exhausted_message(f"namespace {name!r}", exc) if exc.errno in RESOURCE_ERRNOS else
-                       f"namespace {name!r}: {exc}")
-                log.error("preparing the directories failed: %s", why)
-                raise NamespaceFailing(f"no worker could be started: {why}") from exc
-            slot.env_stamp = prepared.env_stamp
-            launch = prepared.launch
-            spec = WorkerSpec.of(launch, f"worker[{name}]", runtime_env(slot.namespace, launch.env))
-            try:
-                check_descriptor_headroom(f"namespace {name!r}")
-            except WorkerResourcesExhausted as exc:  # the host's trouble, not the namespace's: no crash
-                log.error("namespace %s: %s", name, exc)
-                raise NamespaceFailing(f"namespace {name!r}: no worker could be started: {exc}") from exc
-            adopted = await self._started_elsewhere(name, launch)
-            try:
-                slot.vacated = trio.Event()
-                slot.worker = await self._nursery.start(self._run_worker, slot, spec, adopted)
-            except Exception as exc:
-                if _contains(exc, WorkerResourcesExhausted):  # the host's trouble, not the namespace's: no crash
-                    log.error("namespace %s: %s", name, _describe(exc))
-                    raise NamespaceFailing(f"namespace {name!r}: no worker could be started: {_describe(exc)}") from exc
-                slot.last_error = f"worker failed to start: {_describe(exc)}"
-                log.error("namespace %s: %s", name, slot.last_error)
-                self._record_crash(slot)
-                raise NamespaceFailing(f"namespace {name!r}: {slot.last_error}") from exc
-            slot.workers_started += 1
+            with slot.start_scope:
+                await self._launch(slot, now)
+            if slot.start_scope.cancelled_caught:
+                raise NamespaceFailing(SHUTTING_DOWN)
         finally:
+            slot.start_scope = None
             starting, slot.starting = slot.starting, None
             starting.set()
+
+    async def _launch(self, slot: _Slot, now: float) -> None:
+        """Start the slot's worker: the body of ``_start``, cancelled (``aclose``) when the pool closes meanwhile."""
+        name = slot.namespace.name
+        recent = self._crashes_within(slot, self.config.restart_window_s, now)
+        if recent:
+            delay = min(self.config.backoff_initial_s * 2 ** (recent - 1), self.config.backoff_max_s)
+            log.info("namespace %s: restarting worker after %.2f s backoff", name, delay)
+            await trio.sleep(delay)
+        try:
+            prepared = await trio.to_thread.run_sync(prepare_launch, self.config, slot.namespace)
+        except UidRangeError as exc:  # e.g. the range is exhausted: the operator's to fix, not a crash
+            slot.last_error = str(exc)
+            log.error("namespace %s: %s", name, exc)
+            raise NamespaceFailing(f"namespace {name!r}: {exc}") from exc
+        except OSError as exc:  # out of descriptors or memory, a broken data dir: this start fails, not us
+            why = (exhausted_message(f"namespace {name!r}", exc) if exc.errno in RESOURCE_ERRNOS else
+                   f"namespace {name!r}: {exc}")
+            log.error("preparing the directories failed: %s", why)
+            raise NamespaceFailing(f"no worker could be started: {why}") from exc
+        slot.env_stamp = prepared.env_stamp
+        launch = prepared.launch
+        spec = WorkerSpec.of(launch, f"worker[{name}]", runtime_env(slot.namespace, launch.env))
+        try:
+            check_descriptor_headroom(f"namespace {name!r}")
+        except WorkerResourcesExhausted as exc:  # the host's trouble, not the namespace's: no crash
+            log.error("namespace %s: %s", name, exc)
+            raise NamespaceFailing(f"namespace {name!r}: no worker could be started: {exc}") from exc
+        adopted = await self._started_elsewhere(name, launch)
+        if self._closing:  # closed meanwhile (``aclose`` cancels this start): start nothing more
+            if adopted is not None:
+                adopted.discard()
+            raise NamespaceFailing(SHUTTING_DOWN)
+        try:
+            slot.vacated = trio.Event()
+            slot.worker = await self._nursery.start(self._run_worker, slot, spec, adopted)
+        except Exception as exc:
+            if _contains(exc, WorkerResourcesExhausted):  # the host's trouble, not the namespace's: no crash
+                log.error("namespace %s: %s", name, _describe(exc))
+                raise NamespaceFailing(f"namespace {name!r}: no worker could be started: {_describe(exc)}") from exc
+            if self._closing:  # ended by the pool's own close: neither the namespace's fault nor a crash
+                raise NamespaceFailing(SHUTTING_DOWN) from exc
+            slot.last_error = f"worker failed to start: {_describe(exc)}"
+            log.error("namespace %s: %s", name, slot.last_error)
+            self._record_crash(slot)
+            raise NamespaceFailing(f"namespace {name!r}: {slot.last_error}") from exc
+        slot.workers_started += 1
 
     async def _started_elsewhere(self, namespace: str, launch: WorkerLaunch) -> StartedWorker | None:
         """The namespace's worker started ahead of us (``offer``), or forked by the template; None: spawn it."""

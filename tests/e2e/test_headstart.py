@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psutil
@@ -22,7 +24,8 @@ from supervisor.ids import is_id, new_id
 from supervisor.namespace_env import NamespaceEnv, NamespaceEnvError
 from supervisor.namespaces import RUNTIME_AHEAD_ENV, Namespace, build_env, prepare_namespace
 from supervisor.store import DataDirLock, TaskState
-from supervisor.worker_launch import Headstart, PoolConfig
+from supervisor.worker_launch import Headstart, PoolConfig, PreparedLaunch, prepare_launch
+from supervisor.workers import pool as pool_module
 
 from ..conftest import MakeEngine
 from ..waits import wait_for
@@ -92,6 +95,41 @@ async def test_an_unclaimed_worker_is_discarded_when_the_pool_closes(make_engine
             engine.pool.offer(headstart)
             assert pid is not None and not _gone(pid)
         assert _gone(pid)
+
+
+async def test_a_start_under_way_when_the_pool_closes_spawns_nothing_and_is_no_failure(
+        make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """``codesdk run`` refused its session while the prewarm prepared the worker's launch: the pool's close
+    discarded the headstart the prewarm was about to adopt. The start must end there, not spawn a worker of its own
+    that the close no longer shuts down (it was killed mid-handshake and logged as a failed start)."""
+    preparing, discarded = threading.Event(), threading.Event()
+    real_prepare = prepare_launch
+
+    def prepare_once_discarded(config: PoolConfig, namespace: Namespace) -> PreparedLaunch:
+        preparing.set()
+        assert discarded.wait(timeout=60)
+        return real_prepare(config, namespace)
+
+    with trio.fail_after(60), caplog.at_level(logging.INFO, logger="codesdk.supervisor"):
+        async with make_engine() as engine:
+            headstart = _headstart(engine.pool.config)
+            real_discard = headstart.discard
+
+            def discard() -> None:
+                real_discard()
+                discarded.set()
+
+            monkeypatch.setattr(headstart, "discard", discard)
+            engine.pool.offer(headstart)
+            monkeypatch.setattr(pool_module, "prepare_launch", prepare_once_discarded)
+            engine.prewarm("default")
+            assert await trio.to_thread.run_sync(preparing.wait, 60)
+            await engine.pool.aclose()
+            while (status := engine.pool.status()[0])["state"] == "starting":
+                await trio.sleep(0.01)  # the prewarm's start, if aclose did not wait for it
+            assert status["pid"] is None, "a worker runs after the pool closed"
+    assert status["workers_started"] == 0 and status["recent_crashes"] == 0 and status["last_error"] is None
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 async def test_an_adopted_worker_is_killed_and_reaped_when_its_supervisor_is_cancelled(

@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from supervisor import _orphans, _own_children
-from supervisor._orphans import become_subreaper, sweep_adopted
+from supervisor._orphans import become_subreaper, end_adopted, sweep_adopted
 from supervisor._own_children import disown, owned_child, starting
 from supervisor.store import TaskState
 
@@ -110,3 +110,30 @@ def test_a_zombie_found_while_its_start_is_under_way_is_left_to_the_child_s_owne
     assert len(swept) == 1 and child.pid not in swept[0]
     assert child.wait() == 5
     disown(child.pid)
+
+
+def test_shutdown_leaves_a_child_whose_start_is_under_way_to_its_owner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At shutdown the supervisor SIGKILLs the orphans it adopted; a worker being spawned looks like one until its
+    owner knows its pid (outside our session, not owned). It must wait for that start, then leave the child."""
+    listed = threading.Event()
+    real = _own_children.starts_under_way
+
+    def noticed() -> frozenset[int]:
+        listed.set()  # called once the orphans have been listed
+        return real()
+
+    monkeypatch.setattr(_orphans, "starts_under_way", noticed)
+    with starting() as own:
+        child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        ended = threading.Thread(target=trio.run, args=(end_adopted, 60.0))
+        ended.start()
+        while not listed.wait(timeout=0.05) and ended.is_alive():
+            pass  # before the fix, shutdown killed it without waiting: the thread ends instead
+        own(child.pid)
+        ended.join()
+    try:
+        assert child.poll() is None, "shutdown killed a child whose start was under way"
+    finally:
+        child.kill()
+        child.wait()
+        disown(child.pid)
