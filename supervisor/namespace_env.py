@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._private_files import write_private
-from .namespaces import RUNTIME_AHEAD_ENV, Namespace
+from .namespaces import RECORD_STREAMS_ENV, RUNTIME_AHEAD_ENV, Namespace
 
 ENV_DIR = "namespace-env"
 _KEY_FILE = ".fingerprint-key"
@@ -162,6 +162,9 @@ def _check_name(name: str) -> None:
     if name == RUNTIME_AHEAD_ENV:
         raise NamespaceEnvError(f"{name} is set by CodeSDK itself, only for a worker that `codesdk run` starts, and "
                                 "cannot be configured per namespace")
+    if name == RECORD_STREAMS_ENV:
+        raise NamespaceEnvError(f"{name} makes workers record everything their tasks see; it is the operator's test "
+                                "instrument and cannot be configured per namespace")
     if name in RESERVED:
         raise NamespaceEnvError(f"{name} is set by CodeSDK for every worker (the namespace's isolation rests on "
                                 "it) and cannot be configured per namespace")

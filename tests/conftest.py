@@ -23,6 +23,18 @@ from .worker.harness import REPO
 pytest_plugins = ["pytester"]
 
 SCENARIOS = str(REPO / "fixtures" / "scenarios")
+#: Recorded runtime streams (``--record-streams``) and the golden events their replays must give.
+STREAMS = REPO / "fixtures" / "streams"
+GOLDEN = REPO / "tests" / "golden"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("codesdk-goldens", "golden replays (tests/replay)")
+    group.addoption("--record-streams", action="store_true",
+                    help="record the real runtimes' streams of the contract tests into fixtures/streams/ "
+                         "(replacing what is there for each test that runs; needs the runtimes)")
+    group.addoption("--update-goldens", action="store_true",
+                    help="write the replays' normalized events into tests/golden/ instead of comparing them")
 
 #: The ``make_engine`` fixture: SupervisorOptions (and ``worker_env``) in, an open engine out.
 MakeEngine = Callable[..., AbstractAsyncContextManager[Engine]]

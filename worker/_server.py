@@ -14,6 +14,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -61,7 +62,9 @@ from protocol import (
 )
 
 from . import WORKER_VERSION
+from . import _recording as recording
 from ._failure import RpcFailure
+from ._recording import StreamRecorder
 from .adapters.base import (
     AdapterRegistry,
     RuntimeAdapter,
@@ -117,6 +120,8 @@ class _RunningTask:
     n: int = 0
     ended: bool = False
     stop_reason: str | None = None
+    #: Where this task's exchanges with its runtime are recorded (``_recording``), if they are.
+    recorder: StreamRecorder | None = None
     _emit_lock: trio.Lock = field(default_factory=trio.Lock)
 
     @property
@@ -142,6 +147,8 @@ class _RunningTask:
                                     f"{self.server.max_frame_bytes} bytes; split it or store it by reference")
             await self.server.send_line(line)
             self.n += 1
+            if self.recorder is not None:
+                self.recorder.write("event", n=self.n, event=event.to_json_obj())
 
     async def flush(self) -> None:
         await self.server.flush()
@@ -182,8 +189,10 @@ class WorkerStats:
 
 class WorkerServer:
     def __init__(self, registry: AdapterRegistry, output: trio.abc.SendStream,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, record_dir: Path | None = None) -> None:
         self.registry = registry
+        #: Where each task's exchanges with its runtime are recorded (``_recording``); None: nowhere.
+        self.record_dir = record_dir
         self.output = output
         self.max_frame_bytes = max_frame_bytes
         self.stats = WorkerStats()
@@ -430,6 +439,11 @@ class WorkerServer:
             raise RpcFailure(ErrorCode.SESSION_BUSY, f"session {params.session.session_id!r} already has an active "
                              f"task ({busy.task_id}); stop it or wait for it to end", {"active_task_id": busy.task_id})
         task = _RunningTask(params=params, server=self, runtime=RuntimeInfo(name=adapter.name))
+        if self.record_dir is not None:
+            task.recorder = StreamRecorder.create(self.record_dir, params.task_id)
+            if task.recorder is not None:
+                task.recorder.write("start", runtime=adapter.name, version=adapter.capabilities().version,
+                                    params=params.to_json_obj())
         task.handle = adapter.start_task(params, task)  # StartTaskRefused is an RpcFailure: answered as it is
         self.tasks[params.task_id] = task
         self.stats.tasks_started += 1
@@ -445,6 +459,7 @@ class WorkerServer:
     async def _run_task(self, task: _RunningTask) -> None:
         assert task.handle is not None
         outcome: TaskOutcome | None = None
+        recording.current.set(task.recorder)  # this task's context only: what its runtime's program says
         try:
             with task.scope:
                 outcome = await task.handle.run()
@@ -461,6 +476,8 @@ class WorkerServer:
             pass
         finally:
             self.tasks.pop(task.task_id, None)
+            if task.recorder is not None:
+                task.recorder.close()
 
     def _active_task(self, task_id: str) -> _RunningTask:
         task = self.tasks.get(task_id)
@@ -470,8 +487,13 @@ class WorkerServer:
         return task
 
     def _answer_tool(self, params: SendToolResultParams | SendToolDeniedParams | SendToolApprovedParams) -> Reply:
-        handle = self._active_task(params.task_id).handle
+        task = self._active_task(params.task_id)
+        handle = task.handle
         assert handle is not None
+        if task.recorder is not None:
+            answer = ("result" if isinstance(params, SendToolResultParams) else
+                      "approved" if isinstance(params, SendToolApprovedParams) else "denied")
+            task.recorder.write("answer", answer=answer, **params.to_json_obj())
         try:
             if isinstance(params, SendToolResultParams):
                 handle.send_tool_result(params.tool_call_id, params.result, params.is_error)
@@ -494,6 +516,8 @@ class WorkerServer:
         """Ask cooperatively; cancel by force once ``grace_s`` has passed (the scope's deadline)."""
         task.stop_reason = task.stop_reason or reason
         assert task.handle is not None
+        if task.recorder is not None:
+            task.recorder.write("stop", reason=reason)
         task.handle.stop(reason)
         task.scope.deadline = min(task.scope.deadline, trio.current_time() + grace_s)
 

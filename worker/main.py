@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     from ._ahead import hint_from_env, start_ahead
 
     hint = hint_from_env()  # out of our environment before anything copies it
+    from ._recording import record_dir_from_env
+
+    record_dir = record_dir_from_env()  # likewise: no runtime inherits it
     # The runtime a task is expected to need starts first, before trio: it takes longer to start than we do.
     started = start_ahead(*hint) if hint is not None else None
 
@@ -87,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         stdin = trio.lowlevel.FdStream(os.dup(0))
         stdout = trio.lowlevel.FdStream(protocol_fd)
         max_frame_bytes = DEFAULT_MAX_FRAME_BYTES if args.max_frame_bytes is None else args.max_frame_bytes
-        server = WorkerServer(default_registry(args.scenario_dir, ahead), stdout, max_frame_bytes)
+        server = WorkerServer(default_registry(args.scenario_dir, ahead), stdout, max_frame_bytes, record_dir)
         try:
             async with stdin, stdout, trio.open_nursery() as nursery:
                 nursery.start_soon(watch_parent, parent, server.stop_serving)

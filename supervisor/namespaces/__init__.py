@@ -19,7 +19,7 @@ handing files to it), ``_uid_checks`` (start-up checks for a range), ``_data_dir
 
 from ._data_dir import UnsafeDataDir, secure_data_dir, tighten_data_dir
 from ._dirs import SUBDIRS, NamespaceDirs, prepare_dirs, prepare_namespace
-from ._env import DEFAULT_PATH, RUNTIME_AHEAD_ENV, build_env
+from ._env import DEFAULT_PATH, RECORD_STREAMS_ENV, RUNTIME_AHEAD_ENV, build_env
 from ._names import InvalidNamespace, Namespace
 from ._uid_checks import check_can_switch_uids, check_reachable_by_workers
 from ._uids import UIDS_FILE, Identity, UidRange, UidRangeError, namespace_identity
@@ -27,6 +27,7 @@ from ._workspaces import WorkspaceRefused, check_workspace, give_workspace, make
 
 __all__ = [
     "DEFAULT_PATH",
+    "RECORD_STREAMS_ENV",
     "RUNTIME_AHEAD_ENV",
     "SUBDIRS",
     "UIDS_FILE",

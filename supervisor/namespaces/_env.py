@@ -11,6 +11,10 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 #: (``worker._ahead.RUNTIME_AHEAD_ENV``; a test holds the two equal). Set only there: never from an operator's or a
 #: tenant's variables, which could otherwise have a worker start programs nobody asked for.
 RUNTIME_AHEAD_ENV = "CODESDK_RUNTIME_AHEAD"
+#: Makes a worker record everything its tasks see into a directory, for golden replays (``worker._recording``; a
+#: test holds the two equal). A test instrument of the operator's (it needs ``CODESDK_SCRIPTED_TEST_STEPS=1`` too),
+#: never a tenant's: stored namespace variables may not set it.
+RECORD_STREAMS_ENV = "CODESDK_RECORD_STREAMS"
 
 
 def build_env(dirs: NamespaceDirs, extra: Mapping[str, str] | None = None, path: str | None = None) -> dict[str, str]:

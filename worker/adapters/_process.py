@@ -19,8 +19,9 @@ import logging
 import os
 import signal
 import subprocess
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextvars import ContextVar
 from functools import partial
 from typing import IO, TYPE_CHECKING, Protocol
 
@@ -28,6 +29,7 @@ import trio
 
 from protocol import BadFrame, ExitStatus, LineFramer, StderrTail
 
+from .. import _recording as recording
 from .._ahead import AHEAD_TTL_S, RuntimeLaunch, StartedAhead, differences, start_ahead
 from .base import RuntimeCrashed
 
@@ -174,6 +176,13 @@ class RuntimeOutputError(Exception):
     """The runtime wrote something on stdout that is not a line we can take (too long)."""
 
 
+#: What stands in for the runtime's program in this context, instead of starting it: a replay of a recording
+#: (``codesdk.testing.replay``) runs an adapter's real code against what its program once wrote. Called with the
+#: argv the adapter would have started, and the program's name for messages.
+stand_in: ContextVar[Callable[[Sequence[str], str], AbstractAsyncContextManager[RuntimeProcess]] | None] = ContextVar(
+    "codesdk_runtime_stand_in", default=None)
+
+
 class RuntimeProcess:
     """One running runtime program. Create with ``async with RuntimeProcess.open(...)``."""
 
@@ -193,6 +202,11 @@ class RuntimeProcess:
         """Start ``argv`` (or take over ``started``: the same program, started ahead with pipes on its stdio and its
         own process group); on leaving the block (however it is left) the process group is ended and reaped."""
         label = name or os.path.basename(argv[0])
+        if (replay := stand_in.get()) is not None:
+            async with replay(argv, label) as stand_in_process:
+                yield stand_in_process
+            return
+        recording.record("spawn", program=os.path.basename(argv[0]), started_ahead=started is not None)
         try:
             async with trio.open_nursery() as nursery:
                 process: ChildProcess
@@ -227,9 +241,11 @@ class RuntimeProcess:
     async def send(self, data: bytes) -> None:
         """Write to the runtime's stdin (``trio.BrokenResourceError`` once it is gone)."""
         assert self.process.stdin is not None
+        recording.record("stdin", data=data.decode("utf-8", "replace"))
         await self.process.stdin.send_all(data)
 
     async def close_stdin(self) -> None:
+        recording.record("stdin_closed")
         if self.process.stdin is not None:
             try:
                 await self.process.stdin.aclose()
@@ -248,8 +264,10 @@ class RuntimeProcess:
             for item in items:
                 if isinstance(item, BadFrame):
                     raise RuntimeOutputError(f"{self.name} wrote an unusable line on stdout: {item.detail}")
+                recording.record("stdout", line=item.decode("utf-8", "replace"))
                 yield item
             if not chunk:
+                recording.record("stdout_end")
                 return
 
     async def wait(self) -> ExitStatus:
@@ -290,6 +308,7 @@ class RuntimeProcess:
 
     async def _watch_exit(self) -> None:
         await self.process.wait()
+        recording.record("exit", returncode=self.process.returncode)
         self.exited.set()
 
     async def _pump_stderr(self) -> None:

@@ -1,0 +1,96 @@
+"""Recording what passes between a task and its runtime's program, for golden replays (``codesdk.testing.replay``).
+
+With ``CODESDK_RECORD_STREAMS=DIR`` (and the test instruments on: ``CODESDK_SCRIPTED_TEST_STEPS=1``, since a
+recording holds prompts, tool results and whatever the runtime printed), the worker writes one JSON-lines file
+per task into DIR. Each line is one thing that happened, in the order the worker saw it:
+
+- ``start``: the runtime's name and version, and the task's ``runtime.startTask`` params;
+- ``spawn``: the runtime's program was started (its program name);
+- ``stdout``: one line the program wrote; ``stdout_end``: its output ended;
+- ``stdin``: what the adapter wrote to the program; ``stdin_closed``;
+- ``exit``: the program's return code;
+- ``answer``: the supervisor's answer to a tool call (result, denial or approval);
+- ``stop``: the supervisor asked the task to stop;
+- ``event``: an event the worker sent for the task (the last one is its terminal event).
+
+A replay feeds the ``stdout`` lines, answers and stops back through the runtime's adapter without the program,
+and compares the events it gets with a golden file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from contextvars import ContextVar
+from pathlib import Path
+from typing import IO, Any
+
+log = logging.getLogger("codesdk.worker.recording")
+
+#: Where to write recordings (a directory); taken out of the worker's environment at start.
+RECORD_ENV = "CODESDK_RECORD_STREAMS"
+#: The switch that must be on too (the scripted runtime's test instruments: ``worker.adapters.scripted``).
+_TEST_STEPS_ENV = "CODESDK_SCRIPTED_TEST_STEPS"
+
+#: The recorder of the task whose code runs in this context (set by the worker for the task's run): what
+#: ``RuntimeProcess`` records its program's stdio into.
+current: ContextVar[StreamRecorder | None] = ContextVar("codesdk_stream_recorder", default=None)
+
+
+def record_dir_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> Path | None:
+    """Take ``RECORD_ENV`` out of the environment (no runtime inherits it); the directory, or None when absent or
+    when the test instruments are off (logged: a recording holds everything a task saw)."""
+    raw = environ.pop(RECORD_ENV, None)
+    if not raw:
+        return None
+    if environ.get(_TEST_STEPS_ENV) != "1":
+        log.warning("ignoring %s: recordings are a test instrument (%s=1 enables them)", RECORD_ENV, _TEST_STEPS_ENV)
+        return None
+    return Path(raw)
+
+
+class StreamRecorder:
+    """One task's recording: a JSON-lines file, written line by line as things happen (a worker that dies leaves
+    what it saw so far)."""
+
+    def __init__(self, file: IO[str]) -> None:
+        self._file: IO[str] | None = file
+
+    @classmethod
+    def create(cls, directory: Path, task_id: str) -> StreamRecorder | None:
+        """A new recording in ``directory``, named so that recordings sort in the order their tasks started; None
+        (logged) if it cannot be written: the task runs unrecorded."""
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in task_id)[:80]
+            return cls(open(directory / f"{time.time_ns()}-{safe}.jsonl", "x", encoding="utf-8"))
+        except OSError as exc:
+            log.warning("cannot record task %s into %s: %s", task_id, directory, exc)
+            return None
+
+    def write(self, kind: str, **fields: Any) -> None:
+        if self._file is None:
+            return
+        try:
+            self._file.write(json.dumps({"kind": kind, **fields}, ensure_ascii=False) + "\n")
+            self._file.flush()
+        except (OSError, ValueError) as exc:  # a full disk ends the recording, never the task
+            log.warning("recording stopped: %s", exc)
+            self.close()
+
+    def close(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            try:
+                file.close()
+            except OSError:
+                pass
+
+
+def record(kind: str, **fields: Any) -> None:
+    """Into the recording of the task running in this context, if it is recorded."""
+    recorder = current.get()
+    if recorder is not None:
+        recorder.write(kind, **fields)
