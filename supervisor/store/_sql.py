@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import apsw
 
-from protocol import NormalizedEvent, upcasters
+from protocol import NormalizedEvent, UpcasterRegistry, upcasters
 
 from ._errors import (
     ApprovalDecided,
@@ -94,10 +94,12 @@ def _task(row: Sequence[Any]) -> TaskRecord:
     )
 
 
-def _event(seq: int, body: str) -> NormalizedEvent:
+def _event(seq: int, body: str, registry: UpcasterRegistry = upcasters) -> NormalizedEvent:
+    """A stored row as an event of this build's schema: ``registry`` upcasts a row of an older schema version and
+    refuses one of a newer (the store's is ``protocol.upcasters``; tests give one of a fictional later build)."""
     raw = json.loads(body)
     raw["seq"] = seq  # the key column is the one source of seq
-    return upcasters.load(raw)
+    return registry.load(raw)
 
 
 # --- reads ----------------------------------------------------------------------------------------
@@ -146,7 +148,8 @@ def select_active_tasks(conn: apsw.Connection) -> list[TaskRecord]:
     return [_task(row) for row in rows]
 
 
-def select_events(conn: apsw.Connection, session_id: str, after_seq: int, limit: int) -> list[NormalizedEvent]:
+def select_events(conn: apsw.Connection, session_id: str, after_seq: int, limit: int,
+                  registry: UpcasterRegistry = upcasters) -> list[NormalizedEvent]:
     rows = cast(
         list[tuple[int, str]],
         conn.execute(
@@ -156,11 +159,12 @@ def select_events(conn: apsw.Connection, session_id: str, after_seq: int, limit:
     )
     if not rows:
         select_last_seq(conn, session_id)  # unknown session -> UnknownSession, not []
-    return [_event(seq, body) for seq, body in rows]
+    return [_event(seq, body, registry) for seq, body in rows]
 
 
 def select_events_of_types(conn: apsw.Connection, session_id: str, types: Sequence[str], after_seq: int,
-                           limit: int, task_id: str | None = None) -> list[NormalizedEvent]:
+                           limit: int, task_id: str | None = None,
+                           registry: UpcasterRegistry = upcasters) -> list[NormalizedEvent]:
     """Like ``select_events``, only events of these types (and of one task): filtered in SQL, so a session's
     many deltas are never even decoded."""
     marks = ",".join("?" * len(types))
@@ -169,24 +173,26 @@ def select_events_of_types(conn: apsw.Connection, session_id: str, types: Sequen
         f"SELECT seq, body FROM events WHERE session_id = ? AND seq > ? AND type IN ({marks}){task_clause} "
         "ORDER BY seq LIMIT ?",
         (session_id, after_seq, *types, *((task_id,) if task_id is not None else ()), limit)).fetchall())
-    return [_event(seq, body) for seq, body in rows]
+    return [_event(seq, body, registry) for seq, body in rows]
 
 
-def select_last_event_of_type(conn: apsw.Connection, session_id: str, event_type: str) -> NormalizedEvent | None:
+def select_last_event_of_type(conn: apsw.Connection, session_id: str, event_type: str,
+                              registry: UpcasterRegistry = upcasters) -> NormalizedEvent | None:
     """The session's last event of ``event_type`` (a scan from the end, in SQLite)."""
     for seq, body in conn.execute("SELECT seq, body FROM events WHERE session_id = ? AND type = ? "
                                   "ORDER BY seq DESC LIMIT 1", (session_id, event_type)):
-        return _event(seq, body)
+        return _event(seq, body, registry)
     select_last_seq(conn, session_id)  # unknown session -> UnknownSession
     return None
 
 
-def select_keyed_append(conn: apsw.Connection, session_id: str, key: str) -> list[NormalizedEvent] | None:
+def select_keyed_append(conn: apsw.Connection, session_id: str, key: str,
+                        registry: UpcasterRegistry = upcasters) -> list[NormalizedEvent] | None:
     """The events an earlier append with this idempotency key stored, or None if there was none."""
     for first_seq, last_seq in conn.execute(
         "SELECT first_seq, last_seq FROM appends WHERE session_id = ? AND idempotency_key = ?", (session_id, key)
     ):
-        return select_events(conn, session_id, first_seq - 1, last_seq - first_seq + 1)
+        return select_events(conn, session_id, first_seq - 1, last_seq - first_seq + 1, registry)
     return None
 
 

@@ -14,7 +14,8 @@ from typing import Any, Literal, NoReturn, TypeVar
 import apsw
 import trio
 
-from protocol import NormalizedEvent, canonical_json, sha256_hex, utc_now
+from protocol import NormalizedEvent, UpcasterRegistry, canonical_json, sha256_hex, utc_now
+from protocol import upcasters as this_builds_upcasters
 
 from ..ids import new_id
 from . import _sql
@@ -54,8 +55,10 @@ class EventStore(Recorder):
         subscriber_buffer: int,
         page_size: int,
         lock: DataDirLock | None = None,
+        upcasters: UpcasterRegistry = this_builds_upcasters,
     ) -> None:
         self.data_dir = data_dir
+        self._upcasters = upcasters
         self._lock = lock
         self.db_path = data_dir / DB_FILENAME
         self._writer = writer
@@ -81,6 +84,7 @@ class EventStore(Recorder):
         vfs: str | None = None,
         read_only: bool = False,
         holder: str = "a CodeSDK event store writer",
+        upcasters: UpcasterRegistry = this_builds_upcasters,
     ) -> AsyncIterator[EventStore]:
         """Open (creating or migrating) the store under ``data_dir``; closing flushes queued writes.
 
@@ -89,7 +93,9 @@ class EventStore(Recorder):
         no lock, no migration, every write refused (``StoreReadOnly``); subscriptions poll the database.
         ``max_batch`` bounds how many queued write requests share one transaction; ``subscriber_buffer``
         bounds each subscriber's in-memory feed (events); ``page_size`` is a subscriber's read page;
-        ``vfs`` names a registered SQLite VFS (the fault-injection tests use one).
+        ``vfs`` names a registered SQLite VFS (the fault-injection tests use one). ``upcasters`` reads stored
+        events of older schema versions (and refuses newer ones): this build's ``protocol.upcasters``; the tests
+        of stored schema versions give the registry of a fictional later build.
         """
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError(f"synchronous must be 'FULL' or 'NORMAL', not {synchronous!r}")
@@ -98,7 +104,8 @@ class EventStore(Recorder):
         root = Path(data_dir)
         if read_only:
             reader_conns = await trio.to_thread.run_sync(_open_read_only, root, readers, vfs)
-            async with _read_only_store(cls, root, reader_conns, subscriber_buffer, page_size) as store:
+            async with _read_only_store(cls, root, reader_conns, subscriber_buffer, page_size,
+                                        upcasters) as store:
                 yield store
             return
         lock = await trio.to_thread.run_sync(_lock_data_dir, root, holder)
@@ -119,6 +126,7 @@ class EventStore(Recorder):
             subscriber_buffer=subscriber_buffer,
             page_size=page_size,
             lock=lock,
+            upcasters=upcasters,
         )
         body_error: BaseException | None = None
         try:
@@ -362,7 +370,7 @@ class EventStore(Recorder):
 
         def op(conn: apsw.Connection) -> list[NormalizedEvent]:
             if idempotency_key is not None:
-                earlier = _sql.select_keyed_append(conn, session_id, idempotency_key)
+                earlier = _sql.select_keyed_append(conn, session_id, idempotency_key, self._upcasters)
                 if earlier is not None:
                     return AlreadyStored(earlier)
             size = _sql.batch_bytes(conn, prepared, {ref: data for ref, (data, _) in inline.items()})
@@ -385,7 +393,8 @@ class EventStore(Recorder):
         _check_page(limit, after_seq)
         return await self._read(
             f"reading events of session {session_id!r}",
-            partial(_sql.select_events, session_id=session_id, after_seq=after_seq, limit=limit),
+            partial(_sql.select_events, session_id=session_id, after_seq=after_seq, limit=limit,
+                    registry=self._upcasters),
         )
 
     async def read_types(self, session_id: str, types: Sequence[str], after_seq: int = 0, limit: int = 1000, *,
@@ -397,12 +406,13 @@ class EventStore(Recorder):
             return []
         return await self._read(f"reading events of session {session_id!r}", partial(
             _sql.select_events_of_types, session_id=session_id, types=[str(t) for t in types], after_seq=after_seq,
-            limit=limit, task_id=task_id))
+            limit=limit, task_id=task_id, registry=self._upcasters))
 
     async def last_event_of_type(self, session_id: str, event_type: str) -> NormalizedEvent | None:
         """The session's last event of ``event_type``, or None."""
         return await self._read(f"reading events of session {session_id!r}", partial(
-            _sql.select_last_event_of_type, session_id=session_id, event_type=str(event_type)))
+            _sql.select_last_event_of_type, session_id=session_id, event_type=str(event_type),
+            registry=self._upcasters))
 
     @asynccontextmanager
     async def subscribe(
@@ -593,11 +603,12 @@ def _open_read_only(root: Path, readers: int, vfs: str | None = None) -> list[ap
 
 @asynccontextmanager
 async def _read_only_store(cls: type[EventStore], root: Path, connections: list[apsw.Connection],
-                           subscriber_buffer: int, page_size: int) -> AsyncIterator[EventStore]:
+                           subscriber_buffer: int, page_size: int,
+                           upcasters: UpcasterRegistry) -> AsyncIterator[EventStore]:
     hub = Hub()
     pool = ReaderPool(connections)
     store = cls(root, None, pool, hub, BlobFiles(root / "blobs", fsync=False), subscriber_buffer=subscriber_buffer,
-                page_size=page_size)
+                page_size=page_size, upcasters=upcasters)
     try:
         yield store
     finally:
