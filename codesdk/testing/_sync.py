@@ -12,7 +12,16 @@ from typing import Any, TypeVar
 
 import trio
 
-from protocol import EventType, ExitStatus, InitializeResult, RuntimeEventParams
+from protocol import (
+    PROTOCOL_VERSION,
+    ErrorResponse,
+    EventType,
+    ExitStatus,
+    InitializeResult,
+    Response,
+    RuntimeEventParams,
+)
+from supervisor.workers.connection import ProtocolViolation
 
 from ._driver import DEFAULT_TIMEOUT_S, DrivenTask, ToolAnswer, ToolPolicy, WorkerDriver, open_worker
 from ._wire import WireLog
@@ -105,8 +114,32 @@ class SyncWorkerDriver:
         task: DrivenTask = self._call(partial(self._driver.start_task, prompt, **options))
         return SyncTask(task, self._call)
 
+    @property
+    def violations(self) -> list[ProtocolViolation]:
+        return self._driver.violations
+
+    def initialize(self, protocol_version: str = PROTOCOL_VERSION, **params: Any) -> Any:
+        return self._call(partial(self._driver.initialize, protocol_version, **params))
+
+    def answer_to(self, request_id: int | str | None, timeout: float = DEFAULT_TIMEOUT_S,
+                  ) -> Response | ErrorResponse:
+        return self._call(partial(self._driver.answer_to, request_id, timeout))
+
+    def task(self, task_id: str, session_id: str = "") -> SyncTask:
+        """A task started with ``request`` or ``send_raw``, followed like one ``start_task`` started."""
+        return SyncTask(self._driver.task(task_id, session_id), self._call)
+
     def shutdown(self, grace_s: float = 5.0) -> ExitStatus:
         return self._call(partial(self._driver.shutdown, grace_s))
+
+    def close_input(self) -> None:
+        self._call(self._driver.close_input)
+
+    def wait_exit(self, timeout: float = DEFAULT_TIMEOUT_S) -> ExitStatus:
+        return self._call(partial(self._driver.wait_exit, timeout))
+
+    def until_output_ends(self, timeout: float = DEFAULT_TIMEOUT_S) -> list[RuntimeEventParams]:
+        return self._call(partial(self._driver.until_output_ends, timeout))
 
 
 @contextmanager

@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from codesdk.testing import (
+    DrivenTask,
     RpcError,
     ToolAnswer,
     WorkerOutputEnded,
@@ -20,7 +21,7 @@ from codesdk.testing import (
     open_worker,
     run_worker,
 )
-from protocol import ErrorCode, EventType, ModelOutputCompleted, ToolCallRequested
+from protocol import ErrorCode, ErrorResponse, EventType, ModelOutputCompleted, ToolCallRequested
 
 
 def _texts(events: list) -> list[str]:  # type: ignore[type-arg]
@@ -68,6 +69,27 @@ async def test_a_policy_answers_tool_calls_and_a_hand_answer_is_checked_by_the_w
     assert sorted(seen) == ["call_a", "call_b"]
     assert any("<call_a>" in text and "<call_b>" in text for text in _texts(events))
     assert any("not in this test" in text for text in _texts(denied_events))
+
+
+async def test_two_tasks_awaited_at_once_both_see_their_end() -> None:
+    """Waits on one driver from two tasks at once: each wakes for the other's events too, and neither misses
+    its own end (one waiter used to replace the wake-up the other slept on)."""
+    ends: dict[str, EventType] = {}
+
+    async def until_end(task: DrivenTask) -> None:
+        ends[task.task_id] = (await task.until_terminal(timeout=60))[-1].event.type
+
+    with trio.fail_after(60):
+        async with open_worker() as worker:
+            first, second = await worker.start_task(scenario="hang"), await worker.start_task(scenario="hang")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(until_end, first)
+                nursery.start_soon(until_end, second)
+                await first.next_event()
+                await second.next_event()
+                await first.stop()
+                await second.stop()
+    assert ends == {first.task_id: EventType.TASK_STOPPED, second.task_id: EventType.TASK_STOPPED}
 
 
 async def test_waits_that_cannot_succeed_fail_saying_what_was_seen() -> None:
@@ -126,3 +148,21 @@ def test_the_blocking_driver_runs_a_task_without_trio() -> None:
         assert events[-1].event.type == EventType.TASK_STOPPED
         echo = worker.start_task("again", scenario="echo")
         assert any("again" in text for text in _texts(echo.until_terminal()))
+
+
+def test_the_blocking_driver_also_sends_hostile_lines_and_follows_the_worker_to_its_end() -> None:
+    with run_worker() as worker:
+        worker.send_raw(b"not json\n")
+        answer = worker.answer_to(None)
+        assert isinstance(answer, ErrorResponse) and answer.error.code == ErrorCode.PARSE_ERROR
+        worker.request("runtime.startTask", {
+            "runtime": "scripted", "task_id": "raw-1", "session": {"session_id": "s-raw"},
+            "messages": [{"role": "user", "blocks": [{"type": "text", "text": "by hand"}]}],
+            "runtime_config": {"scenario": "echo"}})
+        events = worker.task("raw-1").until_terminal()
+        assert events[-1].event.type == EventType.TASK_COMPLETED
+        worker.close_input()  # stdin's end is the supervisor's: the worker ends
+        assert worker.until_output_ends()[-1] == events[-1]
+        assert worker.wait_exit().exit_code == 0
+        # the parse error's answer has no id to match (by the spec), so the driver notes it as well
+        assert [v.kind for v in worker.violations] == ["error_without_id"]

@@ -23,6 +23,7 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from codesdk.testing import WorkerDriver, WorkerOutputEnded, open_worker
 from codesdk.testing.invariants import check_session
 from protocol import (
     ErrorObject,
@@ -41,10 +42,9 @@ from protocol import (
 from supervisor.engine import Engine
 from supervisor.engine._transcript import session_events
 from supervisor.store import TaskState
-from supervisor.workers import WorkerBroken, WorkerConnection, WorkerProcess, WorkerSpec, worker_argv
+from supervisor.workers import WorkerBroken, WorkerConnection
 from tests.conftest import MakeEngine
 from tests.e2e.conftest import worker_of
-from tests.worker.harness import WorkerHarness, minimal_env
 
 from .hostile_traps import TRAPS
 
@@ -200,39 +200,35 @@ async def test_a_well_framed_hostile_message_is_one_violation_and_the_next_event
 
 
 @asynccontextmanager
-async def _hostile_worker(tmp_path: Path, max_frame_bytes: int = SMALL_FRAME_LIMIT) -> AsyncIterator[WorkerProcess]:
-    home = tmp_path / "hostile-home"
-    home.mkdir(exist_ok=True)
-    spec = WorkerSpec(argv=[sys.executable, str(HOSTILE_WORKER)], env=minimal_env(home), cwd=str(tmp_path),
-                      name="hostile-worker", max_frame_bytes=max_frame_bytes)
-    async with trio.open_nursery() as nursery:
-        worker = await WorkerProcess.start(nursery, spec)
-        try:
-            yield worker
-        finally:
-            await worker.shutdown(grace_s=5)
+async def _hostile_worker(tmp_path: Path, max_frame_bytes: int = SMALL_FRAME_LIMIT) -> AsyncIterator[WorkerDriver]:
+    async with open_worker([sys.executable, str(HOSTILE_WORKER)], home=tmp_path / "hostile-home",
+                           max_frame_bytes=max_frame_bytes, name="hostile-worker") as worker:
+        yield worker
 
 
-async def _write(worker: WorkerProcess, data: bytes, *, bytewise: bool = False, then: str = "reply") -> Any:
-    return await worker.connection.request("hostile.write", {
+async def _write(worker: WorkerDriver, data: bytes, *, bytewise: bool = False, then: str = "reply") -> Any:
+    return await worker.request("hostile.write", {
         "data": base64.b64encode(data).decode(), "bytewise": bytewise, "then": then})
 
 
-async def _events_until_end(connection: WorkerConnection) -> list[RuntimeEventParams]:
-    return [params async for params in connection.events]
+async def _write_ends_the_output(worker: WorkerDriver, data: bytes, then: str) -> None:
+    """``_write`` with a ``then`` that ends the worker: the request fails as the supervisor sees it fail."""
+    with pytest.raises(WorkerOutputEnded) as ended:
+        await _write(worker, data, then=then)
+    assert isinstance(ended.value.__cause__, WorkerBroken)
 
 
 async def test_every_trap_from_a_worker_is_counted_and_the_connection_keeps_serving(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with _hostile_worker(tmp_path, max_frame_bytes=8 * 1024 * 1024) as worker:
-            connection = worker.connection
+            stats, events = worker.process.connection.stats, worker.task("t1")
             for n, trap in enumerate(TRAPS, start=1):
-                before = connection.stats.violations
+                before = stats.violations
                 data = trap.line + b"\n" + _event_line(n)
                 assert await _write(worker, data) == {"written": len(data)}, trap.name
-                assert await connection.events.receive() == _expected(n), trap.name
-                assert connection.stats.violations == before + 1, trap.name
-                assert connection.stats.recent_violations[-1].kind == "bad_frame", trap.name
+                assert await events.next_event() == _expected(n), trap.name
+                assert stats.violations == before + 1, trap.name
+                assert stats.recent_violations[-1].kind == "bad_frame", trap.name
             assert await _write(worker, b"") == {"written": 0}  # still answering
 
 
@@ -241,20 +237,22 @@ async def test_frames_written_one_byte_at_a_time_arrive_intact(tmp_path: Path) -
         async with _hostile_worker(tmp_path) as worker:
             data = b"".join(_event_line(n) for n in (1, 2, 3))
             await _write(worker, data, bytewise=True)
-            received = [await worker.connection.events.receive() for _ in range(3)]
+            events = worker.task("t1")
+            received = [await events.next_event() for _ in range(3)]
             assert received == [_expected(n) for n in (1, 2, 3)]
-            assert worker.connection.stats.violations == 0
+            assert worker.violations == []
 
 
 async def test_thousands_of_frames_in_one_write_arrive_complete_and_in_order(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with _hostile_worker(tmp_path) as worker:
             count = 3000
-            async with trio.open_nursery() as nursery:  # the event buffer is bounded: consume while writing
-                nursery.start_soon(_write, worker, b"".join(_event_line(n) for n in range(1, count + 1)))
-                received = [await worker.connection.events.receive() for _ in range(count)]
+            # the event buffer is bounded: this answer comes only because the driver takes events meanwhile
+            await _write(worker, b"".join(_event_line(n) for n in range(1, count + 1)))
+            events = worker.task("t1")
+            received = [await events.next_event() for _ in range(count)]
             assert [p.n for p in received] == list(range(1, count + 1))
-            assert received[-1] == _expected(count) and worker.connection.stats.violations == 0
+            assert received[-1] == _expected(count) and worker.violations == []
 
 
 async def test_an_oversized_line_between_valid_frames_costs_only_itself(tmp_path: Path) -> None:
@@ -262,8 +260,9 @@ async def test_an_oversized_line_between_valid_frames_costs_only_itself(tmp_path
         async with _hostile_worker(tmp_path) as worker:
             data = _event_line(1) + b'{"pad":"' + b"x" * (20 * SMALL_FRAME_LIMIT) + b'"}\n' + _event_line(2)
             assert await _write(worker, data) == {"written": len(data)}
-            assert [await worker.connection.events.receive() for _ in range(2)] == [_expected(1), _expected(2)]
-            [violation] = worker.connection.stats.recent_violations
+            events = worker.task("t1")
+            assert [await events.next_event() for _ in range(2)] == [_expected(1), _expected(2)]
+            [violation] = worker.violations
             assert violation.kind == "bad_frame" and "too_large" in violation.detail
 
 
@@ -271,49 +270,41 @@ async def test_an_oversized_line_without_newline_at_exit_ends_the_stream_cleanly
     """A valid frame, then an over-long line the worker never finishes: the frame counts, the rest is cut off."""
     with trio.fail_after(30):
         async with _hostile_worker(tmp_path) as worker:
-            with pytest.raises(WorkerBroken):
-                await _write(worker, _event_line(1) + b"y" * (5 * SMALL_FRAME_LIMIT), then="exit")
-            assert await _events_until_end(worker.connection) == [_expected(1)]
+            await _write_ends_the_output(worker, _event_line(1) + b"y" * (5 * SMALL_FRAME_LIMIT), then="exit")
+            assert await worker.until_output_ends() == [_expected(1)]
             assert (await worker.wait_exit()).exit_code == 0
-            assert [v.kind for v in worker.connection.stats.recent_violations] == ["bad_frame"]
-            with pytest.raises(WorkerBroken):  # later requests fail at once, typed: nothing hangs
-                await worker.connection.request("hostile.write", {"data": ""})
+            assert [v.kind for v in worker.violations] == ["bad_frame"]
+            with pytest.raises(WorkerOutputEnded) as later:  # later requests fail at once, typed: nothing hangs
+                await worker.request("hostile.write", {"data": ""})
+            assert isinstance(later.value.__cause__, WorkerBroken)
 
 
 async def test_a_frame_torn_by_sigkill_is_one_violation_and_fails_pending_requests(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with _hostile_worker(tmp_path) as worker:
             torn = _event_line(2)[: len(_event_line(2)) // 2]
-            with pytest.raises(WorkerBroken):
-                await _write(worker, _event_line(1) + torn, then="sigkill")
-            assert await _events_until_end(worker.connection) == [_expected(1)]
+            await _write_ends_the_output(worker, _event_line(1) + torn, then="sigkill")
+            assert await worker.until_output_ends() == [_expected(1)]
             assert (await worker.wait_exit()).signal == signal.SIGKILL
-            [violation] = worker.connection.stats.recent_violations
+            [violation] = worker.violations
             assert violation.kind == "bad_frame"
 
 
 async def test_one_workers_garbage_does_not_disturb_another_worker(tmp_path: Path) -> None:
     """Two namespaces, two processes: one spews every trap byte by byte while the other runs a task."""
-    home = tmp_path / "home"
-    home.mkdir()
     garbage = b"".join(trap.line + b"\n" for trap in TRAPS if len(trap.line) < 10_000)
     with trio.fail_after(60):
-        async with _hostile_worker(tmp_path, 8 * 1024 * 1024) as hostile, trio.open_nursery() as nursery:
-            real = await WorkerProcess.start(nursery, WorkerSpec(
-                argv=worker_argv(), env=minimal_env(home), cwd=str(tmp_path), name="bystander-worker"))
-            try:
-                harness = WorkerHarness.draining(nursery, real)
-                async with trio.open_nursery() as both:
-                    both.start_soon(partial(_write, hostile, garbage, bytewise=True))
-                    await harness.start_task("t1", "echo", prompt="still here")
-                    events = await harness.until_terminal("t1")
-                assert events[-1].event.type == EventType.TASK_COMPLETED
-                assert [e.n for e in events] == list(range(1, len(events) + 1))
-                assert real.connection.stats.violations == 0
-                assert hostile.connection.stats.violations == garbage.count(b"\n")
-                assert await _write(hostile, b"") == {"written": 0}
-            finally:
-                await real.shutdown(grace_s=5)
+        async with _hostile_worker(tmp_path, 8 * 1024 * 1024) as hostile, \
+                open_worker(home=tmp_path / "home", name="bystander-worker") as real:
+            async with trio.open_nursery() as both:
+                both.start_soon(partial(_write, hostile, garbage, bytewise=True))
+                task = await real.start_task("still here", scenario="echo")
+                events = await task.until_terminal()
+            assert events[-1].event.type == EventType.TASK_COMPLETED
+            assert [e.n for e in events] == list(range(1, len(events) + 1))
+            assert real.violations == []
+            assert hostile.process.connection.stats.violations == garbage.count(b"\n")
+            assert await _write(hostile, b"") == {"written": 0}
 
 
 # -- the engine: a real worker torn mid-write by SIGKILL -----------------------------------------------

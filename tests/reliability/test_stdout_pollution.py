@@ -12,27 +12,26 @@ from pathlib import Path
 
 import trio
 
+from codesdk.testing import open_worker
 from codesdk.testing.invariants import check_session
 from protocol import EventType, ModelOutputCompleted
 from supervisor.engine._transcript import session_events
 from supervisor.store import TaskState
 from tests.conftest import MakeEngine
-from tests.worker.harness import running_worker
 
 ROUTES = ("(print)", "(sys.__stdout__)", "(fd 1)", "(child process)")
 
 
 async def test_stdout_pollution_never_reaches_the_protocol_stream_and_lands_on_stderr(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with running_worker(tmp_path) as h:
-            await h.start_task("t1", "stdout-pollution")
-            events = await h.until_terminal("t1")
-            assert h.conn.stats.violations == 0  # not one stray byte was read as (part of) a frame
+        async with open_worker(home=tmp_path) as worker:
+            events = await (await worker.start_task(scenario="stdout-pollution")).until_terminal()
+            assert worker.violations == []  # not one stray byte was read as (part of) a frame
             # A second task after the pollution: the stream is still framed correctly.
-            await h.start_task("t2", "echo", prompt="clean")
-            assert (await h.until_terminal("t2"))[-1].event.type == EventType.TASK_COMPLETED
-            assert h.conn.stats.violations == 0
-        stderr = h.worker.stderr.text()  # complete now: the worker has exited and its stderr was drained
+            clean = await worker.start_task("clean", scenario="echo")
+            assert (await clean.until_terminal())[-1].event.type == EventType.TASK_COMPLETED
+            assert worker.violations == []
+        stderr = worker.stderr  # complete now: the worker has exited and its stderr was drained
     assert [e.n for e in events] == list(range(1, len(events) + 1))
     assert events[-1].event.type == EventType.TASK_COMPLETED
     texts = [e.event.payload.text for e in events if isinstance(e.event.payload, ModelOutputCompleted)]

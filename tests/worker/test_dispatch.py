@@ -15,6 +15,7 @@ import pytest
 import trio
 import trio.testing
 
+from codesdk.testing import open_worker
 from protocol import (
     PROTOCOL_VERSION,
     AuthStatus,
@@ -33,7 +34,7 @@ from protocol import (
 from supervisor.workers import RpcError, WorkerConnection, worker_argv
 from supervisor.workers.connection import InvalidResult
 
-from .harness import REPO, running_worker
+from .harness import REPO
 
 _INIT = b'{"jsonrpc":"2.0","id":"i","method":"runtime.initialize","params":{"protocol_version":"1.0"}}'
 
@@ -110,21 +111,22 @@ async def test_every_answer_is_the_one_jsonrpcserver_gave(tmp_path: Path) -> Non
 
 async def test_typed_requests_return_their_result_models(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with running_worker(tmp_path) as h:
-            auth = await h.conn.request(Rpc.GET_AUTH_STATUS, GetAuthStatusParams(runtime="scripted"))
+        async with open_worker(home=tmp_path) as worker:
+            conn = worker.process.connection  # the supervisor's typed client itself, under the driver
+            auth = await conn.request(Rpc.GET_AUTH_STATUS, GetAuthStatusParams(runtime="scripted"))
             assert isinstance(auth, AuthStatus) and auth.state == "not_required"
-            started = await h.conn.request(Rpc.START_TASK, StartTaskParams.model_validate({
+            started = await conn.request(Rpc.START_TASK, StartTaskParams.model_validate({
                 "runtime": "scripted", "session": {"session_id": "s1"}, "task_id": "t1",
                 "runtime_config": {"scenario": "hang"}}))
             assert isinstance(started, StartTaskResult) and started.task_id == "t1"
-            assert (await h.conn.request(Rpc.STOP, StopParams(task_id="t1"))).ok
+            assert (await conn.request(Rpc.STOP, StopParams(task_id="t1"))).ok
             with pytest.raises(RpcError) as err:
-                await h.conn.request(Rpc.GET_AUTH_STATUS, GetAuthStatusParams(runtime="nope"))
+                await conn.request(Rpc.GET_AUTH_STATUS, GetAuthStatusParams(runtime="nope"))
             assert err.value.code == ErrorCode.UNKNOWN_RUNTIME and err.value.data == {"known": ["claude", "codex", "codex-acp", "gemini", "opencode", "scripted"]}
             with pytest.raises(TypeError):
-                await h.conn.request(Rpc.STOP, GetAuthStatusParams(runtime="x"))  # type: ignore[arg-type]
-            assert (await h.conn.request(Rpc.SHUTDOWN, NoParams())).ok
-            assert (await h.worker.wait_exit()).exit_code == 0
+                await conn.request(Rpc.STOP, GetAuthStatusParams(runtime="x"))  # type: ignore[arg-type]
+            assert (await conn.request(Rpc.SHUTDOWN, NoParams())).ok
+            assert (await worker.wait_exit()).exit_code == 0
 
 
 async def test_a_result_its_model_refuses_is_an_invalid_result_and_a_violation() -> None:

@@ -11,39 +11,36 @@ import psutil
 import pytest
 import trio
 
+from codesdk.testing import WorkerOutputEnded, open_worker
 from protocol import ErrorCode, ErrorResponse, EventType, Method
-from supervisor.workers import RpcError, WorkerBroken
-
-from .harness import running_worker
+from supervisor.workers import RpcError, WorkerBroken, worker_argv
 
 
 async def test_shutdown_acks_then_exits_zero(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with running_worker(tmp_path) as h:
-            assert await h.request(Method.SHUTDOWN) == {"ok": True}
-            status = await h.worker.wait_exit()
+        async with open_worker(home=tmp_path) as worker:
+            assert await worker.request(Method.SHUTDOWN) == {"ok": True}
+            status = await worker.wait_exit()
             assert (status.exit_code, status.signal) == (0, None)
-            assert not psutil.pid_exists(h.worker.pid) or psutil.Process(h.worker.pid).status() == "zombie"
+            assert not psutil.pid_exists(worker.pid) or psutil.Process(worker.pid).status() == "zombie"
 
 
 async def test_stdin_eof_stops_in_flight_tasks_and_exits_zero(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with running_worker(tmp_path) as h:
-            await h.start_task("t1", "hang")
-            await h.next_event("t1", lambda e: e.event.type == EventType.MODEL_OUTPUT_COMPLETED)
-            await h.conn.close_input()
-            events = await h.until_terminal("t1")
+        async with open_worker(home=tmp_path) as worker:
+            task = await worker.start_task(scenario="hang")
+            await task.next_event(EventType.MODEL_OUTPUT_COMPLETED)
+            await worker.close_input()
+            events = await task.until_terminal()
             assert events[-1].event.type == EventType.TASK_STOPPED
             assert events[-1].event.payload.reason == "worker shutting down"
-            status = await h.worker.wait_exit()
+            status = await worker.wait_exit()
             assert status.exit_code == 0
 
 
 async def test_requests_before_initialize_are_refused(tmp_path: Path) -> None:
     with trio.fail_after(30):
         env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LANG": "C.UTF-8"}
-        from supervisor.workers import worker_argv
-
         line = b'{"jsonrpc":"2.0","id":1,"method":"runtime.startTask","params":{}}\n'
         result = await trio.run_process(worker_argv(), stdin=line, capture_stdout=True, capture_stderr=True,
                                         env=env, check=False)
@@ -53,23 +50,23 @@ async def test_requests_before_initialize_are_refused(tmp_path: Path) -> None:
 
 async def test_protocol_version_mismatch_is_refused(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with running_worker(tmp_path) as h:
+        async with open_worker(home=tmp_path) as worker:
             with pytest.raises(RpcError) as err:
-                await h.request(Method.INITIALIZE, {"protocol_version": "2.0"})
+                await worker.request(Method.INITIALIZE, {"protocol_version": "2.0"})
             assert err.value.code == ErrorCode.PROTOCOL_VERSION_MISMATCH
 
 
 async def test_oversized_request_frame_is_rejected_and_worker_keeps_serving(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with running_worker(tmp_path, "--max-frame-bytes", "65536") as h:
+        async with open_worker(worker_argv("--max-frame-bytes", "65536"), home=tmp_path) as worker:
             big = b'{"jsonrpc":"2.0","id":"big","method":"runtime.stop","params":{"task_id":"' + b"x" * 200_000 + b'"}}\n'
-            await h.conn.send_raw(big)
-            reply = await h.conn.wait_unmatched(None)
+            await worker.send_raw(big)
+            reply = await worker.answer_to(None)
             assert isinstance(reply, ErrorResponse) and reply.error.code == ErrorCode.FRAME_TOO_LARGE
             data = reply.error.data
             assert isinstance(data, dict) and isinstance(data["detail"], str) and "65536" in data["detail"]
-            await h.start_task("after", "echo")
-            assert (await h.until_terminal("after"))[-1].event.type == EventType.TASK_COMPLETED
+            after = await worker.start_task(scenario="echo")
+            assert (await after.until_terminal())[-1].event.type == EventType.TASK_COMPLETED
 
 
 @pytest.mark.parametrize(("scenario", "exit_code", "sig"), [("crash-exit", 3, None), ("crash-signal", None, 9)])
@@ -77,40 +74,38 @@ async def test_runtime_crash_ends_the_worker_with_its_status(tmp_path: Path, sce
                                                              exit_code: int | None,
                                                               sig: int | None) -> None:
     with trio.fail_after(30):
-        async with running_worker(tmp_path) as h:
-            await h.start_task("t1", scenario)
-            with pytest.raises(AssertionError, match="output ended"):
-                await h.until_terminal("t1")
+        async with open_worker(home=tmp_path) as worker:
+            task = await worker.start_task(scenario=scenario)
+            with pytest.raises(WorkerOutputEnded, match="output ended"):
+                await task.until_terminal()
             # Everything emitted before the crash was flushed first.
-            assert EventType.MODEL_OUTPUT_COMPLETED in [e.event.type for e in h.by_task["t1"]]
-            status = await h.worker.wait_exit()
+            assert EventType.MODEL_OUTPUT_COMPLETED in [e.event.type for e in task.events]
+            status = await worker.wait_exit()
             assert (status.exit_code, status.signal) == (exit_code, sig)
-            assert "crashing on purpose" in h.worker.stderr.text()
-            with pytest.raises(WorkerBroken):
-                await h.request(Method.STOP, {"task_id": "t1"})
+            assert "crashing on purpose" in worker.stderr
+            with pytest.raises(WorkerOutputEnded) as ended:  # at once: the connection knows the worker is gone
+                await task.stop()
+            assert isinstance(ended.value.__cause__, WorkerBroken)
 
 
 async def test_flood_arrives_complete_and_in_order(tmp_path: Path) -> None:
     with trio.fail_after(60):
-        async with running_worker(tmp_path) as h:
-            await h.start_task("t1", "flood")
-            events = await h.until_terminal("t1")
+        async with open_worker(home=tmp_path) as worker:
+            events = await (await worker.start_task(scenario="flood")).until_terminal(timeout=60)
     assert len(events) == 20_000 + 2
     assert [e.n for e in events] == list(range(1, len(events) + 1))
-    assert h.conn.stats.violations == 0
+    assert worker.violations == []
 
 
 @pytest.mark.parametrize(("scenario", "kind"), [("malformed-line", "bad_frame"), ("oversized-line", "bad_frame")])
 async def test_bad_lines_from_the_worker_are_counted_not_fatal(tmp_path: Path, scenario: str, kind: str) -> None:
     with trio.fail_after(60):
-        async with running_worker(tmp_path) as h:
-            await h.start_task("t1", scenario)
-            events = await h.until_terminal("t1")
+        async with open_worker(home=tmp_path) as worker:
+            events = await (await worker.start_task(scenario=scenario)).until_terminal(timeout=60)
             texts = [e.event.payload.text for e in events if e.event.type == EventType.MODEL_OUTPUT_COMPLETED]
             assert texts == ["before", "after"]
             assert events[-1].event.type == EventType.TASK_COMPLETED
-            assert h.conn.stats.violations == 1
-            assert h.conn.stats.recent_violations[-1].kind == kind
+            assert [violation.kind for violation in worker.violations] == [kind]  # one, and of this kind
 
 
 def test_stray_output_never_reaches_the_protocol_stream() -> None:
@@ -130,10 +125,11 @@ def test_stray_output_never_reaches_the_protocol_stream() -> None:
 
 async def test_stopping_a_flood_leaves_no_ordinal_gap(tmp_path: Path) -> None:
     with trio.fail_after(60):
-        async with running_worker(tmp_path) as h:
-            await h.start_task("t1", "flood")
-            await h.next_event("t1", lambda e: e.n == 200)
-            await h.request(Method.STOP, {"task_id": "t1", "reason": "enough"})
-            events = await h.until_terminal("t1")
+        async with open_worker(home=tmp_path) as worker:
+            task = await worker.start_task(scenario="flood")
+            while (await task.next_event()).n < 200:
+                pass
+            await task.stop("enough")
+            events = await task.until_terminal(timeout=60)
     assert [e.n for e in events] == list(range(1, len(events) + 1))
     assert events[-1].event.type == EventType.TASK_STOPPED and len(events) < 20_002
