@@ -41,6 +41,9 @@ from ._wire import WireLog
 
 #: Seconds a wait of the driver gives the worker by default before it fails with what it saw.
 DEFAULT_TIMEOUT_S = 30.0
+#: How the supervisor's connection files a response to no request of its own: after ``send_raw``, the answers to
+#: the test's own lines.
+_ANSWERS_TO_RAW_LINES = frozenset({"unmatched_response", "error_without_id"})
 
 
 class DriverError(AssertionError):
@@ -157,8 +160,13 @@ class DrivenTask:
                         if isinstance(payload, ToolCallRequested) \
                                 and payload.tool_call_id not in self.driver._answered[self.task_id]:
                             decided = answer(payload)
-                            await self.answer(payload.tool_call_id,
-                                              await decided if isinstance(decided, Awaitable) else decided)
+                            if isinstance(decided, Awaitable):
+                                decided = await decided
+                            if not isinstance(decided, ToolAnswer):
+                                raise TypeError(f"the policy answered tool call {payload.tool_call_id!r} with "
+                                                f"{decided!r}: return a ToolAnswer (ToolAnswer.result(...), "
+                                                ".deny(reason) or .approve())")
+                            await self.answer(payload.tool_call_id, decided)
                 if self.terminal is not None:
                     break
                 if self.driver._output_ended:
@@ -222,6 +230,7 @@ class WorkerDriver:
         # scan of the task's events per ask made a flood of 20,000 events take ~40 s instead of ~1.5 s.
         self._terminals: dict[str, RuntimeEventParams] = {}
         self._answered: defaultdict[str, set[str]] = defaultdict(set)
+        self._sent_raw = False
         self._arrived = trio.Event()
         self._output_ended = False
         self._tasks = 0
@@ -244,8 +253,13 @@ class WorkerDriver:
 
     @property
     def violations(self) -> list[ProtocolViolation]:
-        """What the worker wrote that breaks the protocol (bad lines, invalid events, stray messages)."""
-        return list(self.process.connection.stats.recent_violations)
+        """What the worker wrote that breaks the protocol (bad lines, invalid events, stray messages). Once the test
+        sent lines of its own (``send_raw``), responses the driver cannot match to a request of its own are the
+        answers to those (read them with ``answer_to``), not violations: they are left out."""
+        found = list(self.process.connection.stats.recent_violations)
+        if self._sent_raw:
+            found = [v for v in found if v.kind not in _ANSWERS_TO_RAW_LINES]
+        return found
 
     async def initialize(self, protocol_version: str = PROTOCOL_VERSION, **params: Any) -> Any:
         """Send ``runtime.initialize`` (for a worker opened with ``handshake=False``); its raw result."""
@@ -265,6 +279,7 @@ class WorkerDriver:
 
     async def send_raw(self, data: bytes) -> None:
         """Write bytes to the worker's stdin as they are: a hostile line, a torn frame."""
+        self._sent_raw = True
         await self.process.connection.send_raw(data)
 
     async def answer_to(self, request_id: int | str | None, timeout: float = DEFAULT_TIMEOUT_S,

@@ -76,10 +76,13 @@ def _command(config: pytest.Config) -> list[str] | None:
     return shlex.split(command) if command else None
 
 
-def _options(home: Path, options: dict[str, Any]) -> dict[str, Any]:
+def _options(config: pytest.Config, home: Path, command: list[str] | None, options: dict[str, Any]) -> dict[str, Any]:
+    """The worker's environment (the scratch HOME), and where it runs: the directory pytest was started from for
+    ``--worker-command`` (so that ``python my_worker.py`` means the file there, as for the conformance suite), the
+    scratch HOME for CodeSDK's own worker."""
     extra: Mapping[str, str] = options.pop("extra_env", {})
     options.setdefault("env", namespace_env(home, extra=extra))
-    options.setdefault("cwd", home)
+    options.setdefault("cwd", config.invocation_params.dir if command is None and _command(config) else home)
     return options
 
 
@@ -90,7 +93,7 @@ def open_test_worker(request: pytest.FixtureRequest, worker_home: Path) -> OpenT
     @asynccontextmanager
     async def open_one(command: list[str] | None = None, **options: Any) -> AsyncIterator[WorkerDriver]:
         async with open_worker(command or _command(request.config),
-                               **_options(worker_home, options)) as driver:
+                               **_options(request.config, worker_home, command, options)) as driver:
             yield driver
 
     return open_one
@@ -102,7 +105,8 @@ def run_test_worker(request: pytest.FixtureRequest, worker_home: Path) -> RunTes
 
     @contextmanager
     def run_one(command: list[str] | None = None, **options: Any) -> Iterator[SyncWorkerDriver]:
-        with run_worker(command or _command(request.config), **_options(worker_home, options)) as driver:
+        with run_worker(command or _command(request.config),
+                        **_options(request.config, worker_home, command, options)) as driver:
             yield driver
 
     return run_one

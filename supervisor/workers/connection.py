@@ -190,8 +190,11 @@ class WorkerConnection:
             self.stats.notifications += 1
             await self._handle_event(value["params"])
             return
-        # anything else (responses, bad lines): the full decode_message checks; decoding twice is rare
-        await self._handle(value if isinstance(value, BadFrame) else decode_message(line))
+        if isinstance(value, BadFrame):  # what the line began with tells who wrote it (a stray print, a log line)
+            self._violation("bad_frame", f"{value.problem}: {value.detail}; the line began {line[:80]!r}")
+            return
+        # anything else (responses): the full decode_message checks; decoding twice is rare
+        await self._handle(decode_message(line))
 
     async def _handle_event(self, params: Any) -> None:
         try:
@@ -321,7 +324,8 @@ class WorkerConnection:
             try:
                 await self._send.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                raise WorkerBroken(f"{self.name}: cannot write to the worker: {exc}") from exc
+                why = str(exc) or str(exc.__cause__ or "") or "its stdin is closed (it exited, or closed it)"
+                raise WorkerBroken(f"{self.name}: cannot write to the worker: {why}") from exc
 
     async def close_input(self) -> None:
         """Close the worker's stdin: the worker treats EOF as a shutdown request."""

@@ -271,9 +271,14 @@ class WorkerProcess:
                 await worker.kill()
                 await worker.exited.wait()
             tail = worker.stderr.text().strip()
-            how = f"; the process was {worker.exit_status.describe()}" if worker.exit_status else ""
+            status = worker.exit_status
+            how = f"; the process {'was ' if status.signal is not None else ''}{status.describe()}" if status else ""
+            why = str(exc) or (f"no answer within {handshake_timeout_s:g} s" if isinstance(exc, trio.TooSlowError)
+                               else type(exc).__name__)
+            wrote = [f"{v.kind}: {v.detail}" for v in worker.connection.stats.recent_violations]
             raise WorkerStartError(
-                f"{spec.name}: worker failed its handshake ({type(exc).__name__}: {exc}){how}"
+                f"{spec.name}: worker failed its handshake ({why}){how}"
+                + (f"; on stdout it wrote what is no protocol message: {'; '.join(wrote[-3:])}" if wrote else "")
                 + (f"; stderr: {tail[-2000:]}" if tail else "")
             ) from exc
         return worker

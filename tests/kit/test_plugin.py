@@ -3,9 +3,13 @@ its marker working in a separate pytest run."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from codesdk.testing import loopback_only
+
+from ..worker.harness import REPO
 
 USER_TESTS = '''
 import pytest
@@ -47,3 +51,23 @@ def test_the_plugin_s_fixtures_and_marker_in_a_user_s_suite(pytester: pytest.Pyt
 def test_the_marker_is_declared(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("--markers")
     result.stdout.fnmatch_lines(["@pytest.mark.loopback_only*"])
+
+
+def test_a_worker_command_given_with_a_relative_script_runs_from_where_pytest_started(
+        pytester: pytest.Pytester) -> None:
+    """``--worker-command "python my_worker.py"``: the script next to the user's tests, as the conformance suite
+    reads the same command (the worker used to run in the scratch HOME, where no my_worker.py is)."""
+    pytester.makepyfile(test_user='''
+from protocol import EventType
+
+
+def test_their_worker(run_test_worker):
+    with run_test_worker() as worker:
+        assert worker.info.worker.name != "codesdk-worker"
+        assert worker.start_task(scenario="echo").until_terminal()[-1].event.type == EventType.TASK_COMPLETED
+''')
+    pytester.makeini("[pytest]\ntrio_mode = true\n")
+    (pytester.path / "my_worker.py").write_text((REPO / "tests" / "conformance" / "minimal_worker.py").read_text())
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--worker-command",
+                                           f"{sys.executable} my_worker.py")
+    result.assert_outcomes(passed=1)

@@ -7,8 +7,8 @@ prints it as a table and exits 0 only when every check passed.
 
 from __future__ import annotations
 
-from ._checks import CHECKS, Check, CheckFailed, Target
+from ._checks import CHECKS, Check, CheckFailed, Target, Verdict
 from ._runner import CheckResult, ConformanceReport, main, run_conformance
 
-__all__ = ["CHECKS", "Check", "CheckFailed", "CheckResult", "ConformanceReport", "Target", "main",
+__all__ = ["CHECKS", "Check", "CheckFailed", "CheckResult", "ConformanceReport", "Target", "Verdict", "main",
            "run_conformance"]

@@ -8,6 +8,7 @@ check the same way, with the driver's account of what happened.
 
 from __future__ import annotations
 
+import enum
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -26,9 +27,9 @@ from protocol import (
     Method,
     ModelOutputCompleted,
 )
-from supervisor.workers import RpcError
+from supervisor.workers import RpcError, WorkerStartError
 
-from .._driver import DrivenTask, WorkerDriver, namespace_env, open_worker
+from .._driver import DrivenTask, DriverError, WorkerDriver, namespace_env, open_worker
 from ..invariants import InvariantError, check_worker_events
 
 
@@ -371,17 +372,26 @@ CHECKS: tuple[Check, ...] = (
 )
 
 
-async def run_check(check: Check, target: Target) -> str | None:
-    """None when the worker passed ``check``; else what it did wrong."""
+class Verdict(enum.Enum):
+    PASS = "PASS"
+    FAIL = "FAIL"  # the worker broke the check's rule
+    ERROR = "ERROR"  # the worker did not get far enough for the rule to be judged (it timed out, ended, died)
+    NOT_RUN = "SKIP"  # not run: the worker cannot complete a handshake, which every check begins with
+
+
+async def run_check(check: Check, target: Target) -> tuple[Verdict, str | None]:
+    """The verdict on ``check``, and what the worker did wrong (None when it passed)."""
     try:
         with trio.fail_after(target.timeout_s * 6):  # each wait is bounded; this bounds the whole check
             await check.run(target)
     except CheckFailed as exc:
-        return str(exc)
+        return Verdict.FAIL, str(exc)
     except trio.TooSlowError:
-        return f"the check did not finish within {target.timeout_s * 6:g} s"
+        return Verdict.ERROR, f"the check did not finish within {target.timeout_s * 6:g} s"
     except Exception as exc:  # noqa: BLE001 - any other failure is the worker's, reported with what happened
         while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
             exc = exc.exceptions[0]
-        return f"{type(exc).__name__}: {exc}"
-    return None
+        if isinstance(exc, WorkerStartError) and check.name != "handshake" or isinstance(exc, DriverError):
+            return Verdict.ERROR, f"could not judge it: {type(exc).__name__}: {exc}"
+        return Verdict.FAIL, f"{type(exc).__name__}: {exc}"
+    return Verdict.PASS, None

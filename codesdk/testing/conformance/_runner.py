@@ -16,7 +16,7 @@ import trio
 
 from protocol import DEFAULT_MAX_FRAME_BYTES
 
-from ._checks import CHECKS, Check, Target, run_check
+from ._checks import CHECKS, Check, Target, Verdict, run_check
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,11 @@ class CheckResult:
     check: Check
     failure: str | None
     seconds: float
+    verdict: Verdict = Verdict.PASS
 
     @property
     def passed(self) -> bool:
-        return self.failure is None
+        return self.verdict is Verdict.PASS
 
 
 @dataclass(frozen=True)
@@ -42,29 +43,37 @@ class ConformanceReport:
         return all(result.passed for result in self.results)
 
     def failed(self) -> list[str]:
-        """Names of the checks the worker failed."""
+        """Names of the checks the worker did not pass (failed, could not be judged, or not run)."""
         return [result.check.name for result in self.results if not result.passed]
 
+    def verdicts(self) -> dict[str, Verdict]:
+        return {result.check.name: result.verdict for result in self.results}
+
     def table(self) -> str:
-        """One line per check — name, sections of docs/protocol.md, PASS/FAIL, behaviour — then what each failure
-        saw, and a summary."""
+        """One line per check — name, sections of docs/protocol.md, PASS/FAIL/ERROR/SKIP, behaviour — then what
+        each failure saw, and a summary."""
         name_width = max([len("check"), *(len(r.check.name) for r in self.results)])
         section_width = max([len("spec"), *(len(r.check.sections) for r in self.results)])
         lines = [f"Worker protocol conformance of: {' '.join(self.command)}", "",
                  f"  {'check':<{name_width}}  {'spec':<{section_width}}  result  behaviour"]
         for result in self.results:
-            mark = "PASS" if result.passed else "FAIL"
+            mark = result.verdict.value
             lines.append(f"  {result.check.name:<{name_width}}  {result.check.sections:<{section_width}}  {mark:<6}  "
                          f"{result.check.behaviour}")
-        failures = [result for result in self.results if not result.passed]
-        if failures:
+        shown = [r for r in self.results if r.verdict in (Verdict.FAIL, Verdict.ERROR)]
+        if shown:
             lines.append("")
-            for result in failures:
+            for result in shown:
                 detail = (result.failure or "").replace("\n", "\n      ")
-                lines.append(f"  FAIL {result.check.name} ({result.check.sections}):\n      {detail}")
-        passed = len(self.results) - len(failures)
+                lines.append(f"  {result.verdict.value} {result.check.name} ({result.check.sections}):\n      {detail}")
+        counts = {verdict: sum(r.verdict is verdict for r in self.results) for verdict in Verdict}
         checks = f"{len(self.results)} check" + ("" if len(self.results) == 1 else "s")
-        lines += ["", f"{checks}: {passed} passed, {len(failures)} failed (sections: docs/protocol.md)"]
+        summary = f"{checks}: {counts[Verdict.PASS]} passed, {counts[Verdict.FAIL]} failed"
+        if counts[Verdict.ERROR]:
+            summary += f", {counts[Verdict.ERROR]} could not be judged (the worker did not get that far)"
+        if counts[Verdict.NOT_RUN]:
+            summary += f", {counts[Verdict.NOT_RUN]} not run (no handshake: every check begins with one)"
+        lines += ["", summary + " (sections: docs/protocol.md)"]
         return "\n".join(lines)
 
 
@@ -81,12 +90,18 @@ async def run_conformance(command: Sequence[str], *, runtime: str = "scripted", 
     try:  # the worker runs in the caller's directory: a relative command or argument means what it says there
         target = Target(tuple(command), runtime=runtime, timeout_s=timeout_s, scratch=scratch,
                         max_frame_bytes=max_frame_bytes, cwd=Path.cwd())
+        no_handshake = False  # once the handshake check failed, the others cannot even begin
         for check in CHECKS:
             if only and check.name not in only:
                 continue
             started = time.monotonic()
-            failure = await run_check(check, target)
-            result = CheckResult(check, failure, time.monotonic() - started)
+            failure: str | None
+            if no_handshake:
+                verdict, failure = Verdict.NOT_RUN, "not run: the worker did not complete its handshake"
+            else:
+                verdict, failure = await run_check(check, target)
+                no_handshake = check.name == "handshake" and verdict is not Verdict.PASS
+            result = CheckResult(check, failure, time.monotonic() - started, verdict)
             results.append(result)
             if on_result is not None:
                 on_result(result)
@@ -129,7 +144,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m codesdk.testi
         logging.getLogger("codesdk").propagate = False
 
     def progress(result: CheckResult) -> None:
-        print(f"{'PASS' if result.passed else 'FAIL'}  {result.check.name}  ({result.seconds:.1f} s)",
+        print(f"{result.verdict.value:<5} {result.check.name}  ({result.seconds:.1f} s)",
               file=sys.stderr, flush=True)
 
     try:
