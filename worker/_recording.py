@@ -4,12 +4,16 @@ With ``CODESDK_RECORD_STREAMS=DIR`` (and the test instruments on: ``CODESDK_SCRI
 recording holds prompts, tool results and whatever the runtime printed), the worker writes one JSON-lines file
 per task into DIR. Each line is one thing that happened, in the order the worker saw it:
 
-- ``start``: the runtime's name and version, and the task's ``runtime.startTask`` params;
+- ``start``: the runtime's name and version, the task's ``runtime.startTask`` params, and the worker's environment
+  (the value of a variable whose name says it is a secret — ``*KEY*``, ``*TOKEN*``, … — is never written: it is
+  ``<NAME>``, also wherever the value appears later);
 - ``spawn``: the runtime's program was started (its program name);
 - ``stdout``: one line the program wrote; ``stdout_end``: its output ended;
 - ``stdin``: what the adapter wrote to the program; ``stdin_closed``;
 - ``exit``: the program's return code;
 - ``answer``: the supervisor's answer to a tool call (result, denial or approval);
+- ``bridge``: the task's MCP bridge endpoint was opened (its socket; its token is never written);
+  ``bridge_call`` / ``bridge_answer``: a tool call the agent made through it, and what it was answered;
 - ``stop``: the supervisor asked the task to stop;
 - ``event``: an event the worker sent for the task (the last one is its terminal event).
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from contextvars import ContextVar
 from pathlib import Path
@@ -31,6 +36,8 @@ log = logging.getLogger("codesdk.worker.recording")
 
 #: Where to write recordings (a directory); taken out of the worker's environment at start.
 RECORD_ENV = "CODESDK_RECORD_STREAMS"
+#: Names of variables whose values are not written (keys, tokens, passwords).
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|AUTH|CREDENTIAL|COOKIE", re.IGNORECASE)
 #: The switch that must be on too (the scripted runtime's test instruments: ``worker.adapters.scripted``).
 _TEST_STEPS_ENV = "CODESDK_SCRIPTED_TEST_STEPS"
 
@@ -57,6 +64,8 @@ class StreamRecorder:
 
     def __init__(self, file: IO[str]) -> None:
         self._file: IO[str] | None = file
+        #: Secrets the task holds (its bridge's token), written as placeholders.
+        self._redacted: dict[str, str] = {}
 
     @classmethod
     def create(cls, directory: Path, task_id: str) -> StreamRecorder | None:
@@ -70,11 +79,30 @@ class StreamRecorder:
             log.warning("cannot record task %s into %s: %s", task_id, directory, exc)
             return None
 
+    def start(self, **fields: Any) -> None:
+        """The recording's first line, with the worker's environment, its secrets redacted from here on."""
+        environment = {}
+        for name, value in os.environ.items():
+            if _SECRET_NAME.search(name):
+                if len(value) >= 8:  # a shorter one would be found everywhere (and guessed anyway)
+                    self.redact(value, f"<{name}>")
+                value = f"<{name}>"
+            environment[name] = value
+        self.write("start", **fields, env=environment)
+
+    def redact(self, secret: str, placeholder: str) -> None:
+        """Write ``placeholder`` wherever ``secret`` would be, from now on."""
+        if secret:
+            self._redacted[secret] = placeholder
+
     def write(self, kind: str, **fields: Any) -> None:
         if self._file is None:
             return
         try:
-            self._file.write(json.dumps({"kind": kind, **fields}, ensure_ascii=False) + "\n")
+            line = json.dumps({"kind": kind, **fields}, ensure_ascii=False)
+            for secret, placeholder in self._redacted.items():
+                line = line.replace(secret, placeholder)
+            self._file.write(line + "\n")
             self._file.flush()
         except (OSError, ValueError) as exc:  # a full disk ends the recording, never the task
             log.warning("recording stopped: %s", exc)
@@ -87,6 +115,13 @@ class StreamRecorder:
                 file.close()
             except OSError:
                 pass
+
+
+def redact(secret: str, placeholder: str) -> None:
+    """In the recording of the task running in this context, if it is recorded: ``StreamRecorder.redact``."""
+    recorder = current.get()
+    if recorder is not None:
+        recorder.redact(secret, placeholder)
 
 
 def record(kind: str, **fields: Any) -> None:

@@ -442,7 +442,7 @@ class WorkerServer:
         if self.record_dir is not None:
             task.recorder = StreamRecorder.create(self.record_dir, params.task_id)
             if task.recorder is not None:
-                task.recorder.write("start", runtime=adapter.name, version=adapter.capabilities().version,
+                task.recorder.start(runtime=adapter.name, version=adapter.capabilities().version,
                                     params=params.to_json_obj())
         task.handle = adapter.start_task(params, task)  # StartTaskRefused is an RpcFailure: answered as it is
         self.tasks[params.task_id] = task

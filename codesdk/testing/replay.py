@@ -18,9 +18,11 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import re
 import signal
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +30,7 @@ from typing import Any
 
 import trio
 import trio.testing
+from pydantic import ValidationError
 
 from protocol import (
     PROTOCOL_VERSION,
@@ -44,6 +47,7 @@ from supervisor.workers.connection import RpcError, WorkerConnection
 from worker._server import WorkerServer
 from worker.adapters import default_registry
 from worker.adapters._process import MAX_LINE_BYTES, RuntimeProcess, stand_in
+from worker.mcp_bridge import _endpoint as bridge
 
 from .invariants import check_worker_events
 
@@ -60,6 +64,28 @@ class ReplayUnavailable(RuntimeError):
     program before it starts a task, though a replay never runs it."""
 
 
+#: Each step of a recording (``worker._recording``), and the fields it must have.
+_STEP_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "start": {"runtime": str, "params": dict}, "spawn": {}, "stdout": {"line": str}, "stdout_end": {},
+    "stdin": {"data": str}, "stdin_closed": {}, "exit": {"returncode": int},
+    "answer": {"answer": str, "tool_call_id": str}, "stop": {"reason": str}, "event": {"event": dict},
+    "bridge": {"socket_path": str, "command": list},
+    "bridge_call": {"call_id": (int, str), "name": str, "arguments": dict, "meta": dict},
+    "bridge_answer": {"call_id": (int, str), "text": str, "is_error": bool},
+}
+
+
+def _type_name(kind: type | tuple[type, ...]) -> str:
+    names = {str: "a string", dict: "an object", list: "a list", int: "an integer", bool: "true or false"}
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _first_problem(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    return f"{'.'.join(str(part) for part in error['loc']) or 'params'}: {error['msg']}"
+
+
 @dataclass(frozen=True)
 class Recording:
     """One task's recording, as the worker wrote it (``worker._recording``)."""
@@ -68,7 +94,9 @@ class Recording:
     entries: tuple[dict[str, Any], ...]
 
     @classmethod
-    def load(cls, path: Path) -> Recording:
+    def load(cls, path: Path | str) -> Recording:
+        """Read and check a recording (``RecordingError`` saying which line is wrong, and how)."""
+        path = Path(path)
         entries: list[dict[str, Any]] = []
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             try:
@@ -77,9 +105,26 @@ class Recording:
                 raise RecordingError(f"{path}:{number}: not JSON: {exc}") from None
             if not isinstance(entry, dict) or not isinstance(entry.get("kind"), str):
                 raise RecordingError(f"{path}:{number}: not a recorded step (an object with a 'kind')")
+            missing = [name for name, kind in _STEP_FIELDS.get(entry["kind"], {}).items()
+                       if not isinstance(entry.get(name), kind)]
+            if entry["kind"] not in _STEP_FIELDS:
+                raise RecordingError(f"{path}:{number}: unknown step {entry['kind']!r} (known: "
+                                     f"{', '.join(sorted(_STEP_FIELDS))})")
+            if missing:
+                raise RecordingError(f"{path}:{number}: a {entry['kind']} step needs "
+                                     + ", ".join(f"{name} ({_type_name(_STEP_FIELDS[entry['kind']][name])})"
+                                                 for name in missing))
             entries.append(entry)
-        if not entries or entries[0]["kind"] != "start":
-            raise RecordingError(f"{path}: does not begin with the task's start")
+        if not entries:
+            raise RecordingError(f"{path}: is empty (a recording begins with its task's start)")
+        if entries[0]["kind"] != "start":
+            raise RecordingError(f"{path}: does not begin with the task's start (its first step is "
+                                 f"{entries[0]['kind']!r})")
+        try:
+            StartTaskParams.model_validate(entries[0]["params"])
+        except ValidationError as exc:
+            raise RecordingError(f"{path}:1: the task's start params are not runtime.startTask params: "
+                                 f"{_first_problem(exc)}") from None
         return cls(path, tuple(entries))
 
     @property
@@ -191,8 +236,17 @@ class _Player:
         self.processes: list[ReplayProcess] = []
         self.sent: list[str] = []
         self.diverged: list[str] = []
-        #: The adapter's own ids for ids the recorded messages carried (a control request's random id).
+        #: The adapter's own ids for ids the recorded messages carried (a control request's random id), and this
+        #: run's bridge socket, token and command for the recorded ones.
         self.renamed: dict[str, str] = {}
+        #: The MCP bridge endpoints the adapter served (ACP agents call our tools through one), with their handlers.
+        self.bridges: list[tuple[bridge.BridgeEndpoint, bridge.CallHandler]] = []
+        #: What the adapter answered each bridge call, by the call's id on the bridge.
+        self.bridge_answers: dict[str, tuple[str, bool]] = {}
+        self._calls: trio.Nursery | None = None
+
+    def bridge_opened(self, endpoint: bridge.BridgeEndpoint, on_call: bridge.CallHandler) -> None:
+        self.bridges.append((endpoint, on_call))
 
     def written(self, data: str) -> None:
         self.sent.append(data)
@@ -233,16 +287,31 @@ class _Player:
 
     async def play(self) -> None:
         try:
-            await self._play()
+            async with trio.open_nursery() as self._calls:  # bridge calls run alongside, as the agent made them
+                await self._play()
         finally:  # the recording played out, was cut short (its worker was killed), or the task ended first
             for process in self.processes:
                 process.end_output()
                 process.exit(-signal.SIGKILL)
 
     async def _play(self) -> None:
-        written = spawned = 0
+        written = spawned = bridged = 0
         for entry in self.recording.entries[1:]:
             kind = entry["kind"]
+            if kind == "bridge":
+                bridged += 1
+                if not await self._settled(lambda count=bridged: len(self.bridges) >= count):  # type: ignore[misc]
+                    self.diverged.append(f"the adapter did not serve its tools to the agent (bridge #{bridged})")
+                    return
+                endpoint = self.bridges[bridged - 1][0]
+                self.renamed[self._rename(entry["socket_path"])] = str(endpoint.socket_path)  # under TMPDIR
+                self.renamed["<bridge token>"] = endpoint.token
+                self.renamed.update({then: now for then, now in zip(entry["command"], bridge.bridge_command())
+                                     if then != now})
+            elif kind == "bridge_call":
+                await self._settled(lambda: False)
+                assert self._calls is not None
+                self._calls.start_soon(self._bridge_call, self.bridges[-1][1], entry)
             if kind == "spawn":
                 spawned += 1
                 if not await self._settled(lambda count=spawned: len(self.processes) >= count):  # type: ignore[misc]
@@ -282,6 +351,17 @@ class _Player:
             else:
                 self.diverged.append(f"the adapter did not write (as recorded): {message[:300]!r}")
         self.diverged += [f"the adapter wrote what it did not when recorded: {m[:300]!r}" for m in unmatched]
+        for entry in self.recording.entries:
+            if entry["kind"] == "bridge_answer":
+                answered = self.bridge_answers.get(str(entry["call_id"]))
+                then = (self._rename(entry["text"]), bool(entry["is_error"]))
+                if answered != then:
+                    self.diverged.append(f"bridge call {entry['call_id']} was answered {answered!r}, not {then!r} "
+                                         "as when recorded")
+
+    async def _bridge_call(self, on_call: bridge.CallHandler, entry: dict[str, Any]) -> None:
+        answer = await on_call(bridge.BridgeCall(name=entry["name"], arguments=entry["arguments"], meta=entry["meta"]))
+        self.bridge_answers[str(entry["call_id"])] = (answer.text, answer.is_error)
 
     async def _answer(self, entry: dict[str, Any]) -> None:
         tool_call_id = str(entry["tool_call_id"])
@@ -311,6 +391,43 @@ async def replay(recording: Recording, *, timeout_s: float = 120.0) -> Replayed:
     task sends. ``check_worker_events`` holds for them (else ``InvariantError``). The timeout only bounds a replay
     that hangs (an adapter change that waits for what the recording never gives)."""
     params = recording.params
+    with tempfile.TemporaryDirectory(prefix="codesdk-replay-") as scratch, \
+            _recorded_environment(recording.entries[0].get("env", {}), Path(scratch)) as moved:
+        return await _replay(recording, params, moved, timeout_s)
+
+
+#: Variables that say where this machine's installed things are: this run's values, not the recorded ones.
+_THIS_MACHINE = frozenset({"PATH", "CODESDK_RUNTIMES_DIR", "CODESDK_SCENARIO_DIR"})
+#: The worker's own directories: made anew under a scratch directory for the replay (adapters write there).
+_WORKER_DIRS = ("HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "TMPDIR")
+
+
+@contextlib.contextmanager
+def _recorded_environment(recorded: dict[str, str], scratch: Path) -> Iterator[dict[str, str]]:
+    """The process environment as the recorded worker had it (adapters read ``os.environ``), for the replay's
+    duration: its directories re-rooted under ``scratch`` (the map from recorded to new paths is given), this
+    machine's PATH and install locations. A secret's recorded value is its placeholder (``<NAME>``), as in the
+    recording's lines."""
+    moved: dict[str, str] = {}
+    environment = {name: value for name, value in recorded.items() if name not in _THIS_MACHINE}
+    environment.update({name: os.environ[name] for name in _THIS_MACHINE if name in os.environ})
+    for name in _WORKER_DIRS:
+        if recorded.get(name, "").startswith("/"):
+            new = scratch / recorded[name].lstrip("/")
+            new.mkdir(parents=True, exist_ok=True)
+            moved[recorded[name]] = environment[name] = str(new)
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(environment)
+    try:
+        yield moved
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+async def _replay(recording: Recording, params: StartTaskParams, moved: dict[str, str],
+                  timeout_s: float) -> Replayed:
     registry = default_registry()
     adapter = registry.adapters.get(recording.runtime)
     if adapter is None:
@@ -324,6 +441,7 @@ async def replay(recording: Recording, *, timeout_s: float = 120.0) -> Replayed:
     events: list[RuntimeEventParams] = []
     ended = trio.Event()
     player = _Player(recording, connection, params.task_id, events)
+    player.renamed.update(sorted(moved.items(), key=lambda item: -len(item[0])))  # the longest path first
 
     async def collect() -> None:
         async for item in connection.events:
@@ -332,6 +450,7 @@ async def replay(recording: Recording, *, timeout_s: float = 120.0) -> Replayed:
                 ended.set()
 
     token = stand_in.set(player.open)  # the worker's tasks are spawned from here: they inherit it
+    bridge_token = bridge.stand_in.set(player.bridge_opened)
     try:
         with trio.fail_after(timeout_s):
             async with trio.open_nursery() as nursery:
@@ -350,8 +469,12 @@ async def replay(recording: Recording, *, timeout_s: float = 120.0) -> Replayed:
                 await connection.request(Method.SHUTDOWN, {})
                 await to_worker_send.aclose()
     finally:
+        bridge.stand_in.reset(bridge_token)
         stand_in.reset(token)
     check_worker_events(events)
+    if not recording.complete:
+        player.diverged.append("the recording ends before its task did (its worker was killed?): the task's end "
+                               "here is the replay's, not the runtime's")
     return Replayed(events, player.diverged)
 
 
@@ -372,8 +495,10 @@ async def _until_set(event: trio.Event, scope: trio.CancelScope) -> None:
 
 #: Ids a runtime or its model service makes up anew on each run: numbered by first appearance instead.
 _VOLATILE_IDS = re.compile(
-    r"\b(?:(?:msg|toolu|call|fc|req|srvtoolu|resp|item|chatcmpl|rs)_[A-Za-z0-9_-]{6,}"
-    r"|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\b")
+    r"\b(?:msg|toolu|call|fc|req|srvtoolu|resp|item|chatcmpl|rs|ses|prt)_[A-Za-z0-9_-]{6,}\b"
+    r"|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"
+    r"|(?<![0-9a-f])[0-9a-f]{20,}(?![0-9a-f])")  # a long hex run inside another id (fc-…, a hash)
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-")
 _PID = re.compile(r"\bpid \d+")
 #: Measured, not decided: their values differ on every run.
 _MEASURED = frozenset({"duration_ms", "duration_api_ms", "cost_usd", "total_cost_usd", "elapsed_ms", "pid"})
@@ -392,7 +517,7 @@ def normalize(entries: Iterable[dict[str, Any]], params: StartTaskParams) -> lis
     def rename(match: re.Match[str]) -> str:
         found = match.group(0)
         if found not in names:
-            prefix = found.split("_", 1)[0] if "_" in found and "-" not in found[:9] else "uuid"
+            prefix = "uuid" if _UUID.match(found) else found.split("_", 1)[0] if "_" in found else "hex"
             counters[prefix] = counters.get(prefix, 0) + 1
             names[found] = f"<{prefix}_{counters[prefix]}>"
         return names[found]

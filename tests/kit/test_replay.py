@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from codesdk.testing.replay import Recording, ReplayUnavailable, normalize, replay, to_golden
+from codesdk.testing.replay import Recording, RecordingError, ReplayUnavailable, normalize, replay, to_golden
 from protocol import StartTaskParams
 
 from ..conftest import GOLDEN, STREAMS
@@ -69,9 +69,37 @@ async def test_a_recording_cut_short_ends_its_task_as_a_crash(tmp_path: Path) ->
             seen["stdout"] += 1
         return entry if seen["stdout"] <= 6 and entry["kind"] not in ("exit", "stdout_end") else None
 
-    got = await _replayed(_edited(tmp_path, STREAMING, cut))
-    last = json.loads(got.splitlines()[-1])
+    recording = _edited(tmp_path, STREAMING, cut)
+    try:
+        replayed = await replay(recording)
+    except ReplayUnavailable as exc:
+        pytest.skip(str(exc))
+    last = replayed.events[-1].event.to_json_obj()
     assert last["type"] == "task.failed" and last["payload"]["code"] == "RUNTIME_CRASHED"
+    assert not recording.complete and any("ends before its task did" in d for d in replayed.diverged)
+
+
+@pytest.mark.parametrize(("content", "complaint"), [
+    ("", "is empty"),
+    ("[1]\n", ":1: not a recorded step"),
+    ('{"kind": "stdout", "line": "x"}\n', "does not begin with the task's start (its first step is 'stdout')"),
+    ('{"kind": "start", "params": {}}\n', ":1: a start step needs runtime (a string)"),
+    ('{"kind": "start", "runtime": "claude", "params": {"runtime": "claude"}}\n',
+     ":1: the task's start params are not runtime.startTask params: "),
+    (None, ":2: a stdout step needs line (a string)"),
+    (None, ":2: unknown step 'telepathy'"),
+])
+def test_a_malformed_recording_is_refused_saying_which_line_and_why(tmp_path: Path, content: str | None,
+                                                                     complaint: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    if content is None:  # a good start, then a bad step
+        start = STREAMING.read_text().splitlines()[0]
+        step = '{"kind": "stdout"}' if "stdout" in complaint else '{"kind": "telepathy"}'
+        content = f"{start}\n{step}\n"
+    path.write_text(content)
+    with pytest.raises(RecordingError) as refused:
+        Recording.load(str(path))  # a str path is fine too
+    assert complaint in str(refused.value)
 
 
 def _params(workspace: str = "/tmp/ws-1") -> StartTaskParams:

@@ -210,7 +210,7 @@ class ScriptedTask(AnswersToolCalls, TaskHandle):
     # -- inputs (tool answers: AnswersToolCalls) ----------------------------------------------
 
     def stop(self, reason: str | None) -> None:
-        self._stop_reason = reason or "stop requested"
+        self._stop_reason = self._stop_reason or reason or "stop requested"  # the first stop says why
         if not self._ignore_stop:
             self._scope.cancel()
 

@@ -44,6 +44,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -53,6 +54,7 @@ import trio
 
 from protocol import BadFrame, LineFramer, decode_json
 
+from .. import _recording as recording
 from ..mcp_server import McpTool
 from ._wire import MAX_LINE_BYTES, SOCKET_ENV, TOKEN_ENV, encode_line, socket_address
 
@@ -132,6 +134,12 @@ class BridgeEndpoint:
                         {"name": TOKEN_ENV, "value": self.token}]}
 
 
+#: Told of each endpoint served in this context and its handler, so that a replay of a recording
+#: (``codesdk.testing.replay``) can make the calls the agent's bridge made then. Nothing else sets it.
+stand_in: ContextVar[Callable[[BridgeEndpoint, CallHandler], None] | None] = ContextVar(
+    "codesdk_bridge_stand_in", default=None)
+
+
 @asynccontextmanager
 async def serve_tools(tools: Sequence[BridgeTool], on_call: CallHandler, *,
                       directory: Path | None = None) -> AsyncIterator[BridgeEndpoint]:
@@ -142,12 +150,18 @@ async def serve_tools(tools: Sequence[BridgeTool], on_call: CallHandler, *,
     try:
         os.chmod(workdir, 0o700)  # mkdtemp's mode, whatever the umask
         socket_path = workdir / SOCKET_NAME
+        endpoint = BridgeEndpoint(workdir, socket_path, service.token)
+        recording.redact(service.token, "<bridge token>")
+        recording.record("bridge", socket_path=str(socket_path), command=bridge_command())
+        if (replay := stand_in.get()) is not None:  # no agent connects: the replay makes the recorded calls
+            replay(endpoint, service.answer)
+            yield endpoint
+            return
         listening = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with listening:
             with socket_address(socket_path) as address:
                 await listening.bind(address)
             listening.listen(_LISTEN_BACKLOG)
-            endpoint = BridgeEndpoint(workdir, socket_path, service.token)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(partial(trio.serve_listeners, service.serve_connection,
                                            [trio.SocketListener(listening)], handler_nursery=nursery))
@@ -318,18 +332,25 @@ class _Service:
         calls.start_soon(self._run_call, connection, call_id, BridgeCall(name, arguments, meta))
 
     async def _run_call(self, connection: _Connection, call_id: int | str, call: BridgeCall) -> None:
+        recording.record("bridge_call", call_id=call_id, name=call.name, arguments=call.arguments, meta=call.meta)
         try:
-            try:
-                answer = await self.on_call(call)
-                if not isinstance(answer, BridgeAnswer):
-                    raise TypeError(f"the call handler returned {type(answer).__name__}, not a BridgeAnswer")
-            except Exception as exc:  # the model reads an error; the task goes on
-                log.exception("the MCP bridge's handler failed on a call of %s", call.name)
-                answer = BridgeAnswer(f"CodeSDK could not run {call.name}: internal error ({type(exc).__name__})",
-                                      is_error=True)
+            answer = await self.answer(call)
+            recording.record("bridge_answer", call_id=call_id, text=answer.text, is_error=answer.is_error)
             await connection.answer(call_id, answer)
         finally:
             connection.calls_in_flight.discard(call_id)
+
+    async def answer(self, call: BridgeCall) -> BridgeAnswer:
+        """The handler's answer to ``call``; an error answer if it failed (the model reads it; the task goes on)."""
+        try:
+            answer = await self.on_call(call)
+            if not isinstance(answer, BridgeAnswer):
+                raise TypeError(f"the call handler returned {type(answer).__name__}, not a BridgeAnswer")
+        except Exception as exc:
+            log.exception("the MCP bridge's handler failed on a call of %s", call.name)
+            answer = BridgeAnswer(f"CodeSDK could not run {call.name}: internal error ({type(exc).__name__})",
+                                  is_error=True)
+        return answer
 
 
 def _peer_uid(sock: trio.socket.SocketType) -> int:

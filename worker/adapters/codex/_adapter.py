@@ -168,7 +168,7 @@ class CodexTask(AnswersToolCalls, TaskHandle):
     # -- inputs (tool answers: AnswersToolCalls) ----------------------------------------------
 
     def stop(self, reason: str | None) -> None:
-        self._stop_reason = reason or "stop requested"
+        self._stop_reason = self._stop_reason or reason or "stop requested"  # the first stop says why
         self._stop.set()
 
     # -- the run --------------------------------------------------------------------------------
