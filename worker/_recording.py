@@ -5,8 +5,9 @@ recording holds prompts, tool results and whatever the runtime printed), the wor
 per task into DIR. Each line is one thing that happened, in the order the worker saw it:
 
 - ``start``: the runtime's name and version, the task's ``runtime.startTask`` params, and the worker's environment
-  (the value of a variable whose name says it is a secret — ``*KEY*``, ``*TOKEN*``, … — is never written: it is
-  ``<NAME>``, also wherever the value appears later);
+  (the value of a variable whose name says it is a secret — ``_SECRET_NAME``: ``*KEY*``, ``*TOKEN*``,
+  ``*SECRET*``, ``*PASSW*``, ``*AUTH*``, ``*CREDENTIAL*``, ``*COOKIE*``, ``*PRIVATE*``, ``*BEARER*``, ``*PAT`` — is
+  never written: it is ``<NAME>``, also wherever a value of 8 characters or more appears later);
 - ``spawn``: the runtime's program was started (its program name);
 - ``stdout``: one line the program wrote; ``stdout_end``: its output ended;
 - ``stdin``: what the adapter wrote to the program; ``stdin_closed``;
@@ -37,7 +38,7 @@ log = logging.getLogger("codesdk.worker.recording")
 #: Where to write recordings (a directory); taken out of the worker's environment at start.
 RECORD_ENV = "CODESDK_RECORD_STREAMS"
 #: Names of variables whose values are not written (keys, tokens, passwords).
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|AUTH|CREDENTIAL|COOKIE", re.IGNORECASE)
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|AUTH|CREDENTIAL|COOKIE|PRIVATE|BEARER|PAT(?![A-Z])", re.IGNORECASE)
 #: The switch that must be on too (the scripted runtime's test instruments: ``worker.adapters.scripted``).
 _TEST_STEPS_ENV = "CODESDK_SCRIPTED_TEST_STEPS"
 
@@ -98,15 +99,23 @@ class StreamRecorder:
     def write(self, kind: str, **fields: Any) -> None:
         if self._file is None:
             return
-        try:
-            line = json.dumps({"kind": kind, **fields}, ensure_ascii=False)
-            for secret, placeholder in self._redacted.items():
-                line = line.replace(secret, placeholder)
-            self._file.write(line + "\n")
+        try:  # redacted before it is serialized: a secret JSON would escape (a quote, a tab) is still found
+            self._file.write(json.dumps(self._scrub({"kind": kind, **fields}), ensure_ascii=False) + "\n")
             self._file.flush()
         except (OSError, ValueError) as exc:  # a full disk ends the recording, never the task
             log.warning("recording stopped: %s", exc)
             self.close()
+
+    def _scrub(self, value: Any) -> Any:
+        if isinstance(value, str):
+            for secret, placeholder in self._redacted.items():
+                value = value.replace(secret, placeholder)
+            return value
+        if isinstance(value, dict):
+            return {self._scrub(key): self._scrub(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [self._scrub(item) for item in value]
+        return value
 
     def close(self) -> None:
         file, self._file = self._file, None

@@ -272,12 +272,16 @@ class WorkerProcess:
                 await worker.exited.wait()
             tail = worker.stderr.text().strip()
             status = worker.exit_status
-            how = f"; the process {'was ' if status.signal is not None else ''}{status.describe()}" if status else ""
-            why = str(exc) or (f"no answer within {handshake_timeout_s:g} s" if isinstance(exc, trio.TooSlowError)
-                               else type(exc).__name__)
+            why = str(exc).removeprefix(f"{spec.name}: ") or (
+                f"no answer within {handshake_timeout_s:g} s" if isinstance(exc, trio.TooSlowError)
+                else type(exc).__name__)
+            if isinstance(exc, trio.TooSlowError) or status is None:
+                what = why  # it was ended here, after the wait: its exit status says nothing of its own
+            else:  # it ended by itself: that is the cause, what the connection saw only the symptom
+                what = f"the process {'was ' if status.signal is not None else ''}{status.describe()} ({why})"
             wrote = [f"{v.kind}: {v.detail}" for v in worker.connection.stats.recent_violations]
             raise WorkerStartError(
-                f"{spec.name}: worker failed its handshake ({why}){how}"
+                f"{spec.name}: worker failed its handshake: {what}"
                 + (f"; on stdout it wrote what is no protocol message: {'; '.join(wrote[-3:])}" if wrote else "")
                 + (f"; stderr: {tail[-2000:]}" if tail else "")
             ) from exc

@@ -43,7 +43,7 @@ async def test_a_worker_that_is_not_one_fails_every_check_saying_why() -> None:
     with trio.fail_after(300):
         report = await run_conformance([sys.executable, "-c", "import sys; print('hello'); sys.exit(3)"],
                                        timeout_s=5.0, only=["handshake", "stdout-clean"])
-    assert report.verdicts() == {"handshake": Verdict.FAIL, "stdout-clean": Verdict.NOT_RUN}, report.table()
+    assert report.verdicts() == {"handshake": Verdict.FAIL, "stdout-clean": Verdict.SKIP}, report.table()
     assert "exited with code 3" in report.table() and "1 not run (no handshake" in report.table()
 
 
@@ -71,10 +71,11 @@ async def test_a_worker_that_forgets_terminal_events_fails_saying_so() -> None:
     """Every wait for a terminal event runs out (short waits: nothing would ever arrive), and the table says what
     the task did send."""
     report = await run_conformance([*MINIMAL_WORKER, "--break", "no-terminal-event"], timeout_s=3.0,
-                                   only=["event-stream", "stop"])
-    assert report.verdicts() == {"event-stream": Verdict.ERROR, "stop": Verdict.ERROR}, report.table()
+                                   only=["event-stream", "stop", "denial"])
+    assert report.verdicts() == {"event-stream": Verdict.FAIL, "stop": Verdict.FAIL, "denial": Verdict.ERROR}, \
+        report.table()  # a task that never ends breaks how tasks end; it only keeps denial from being judged
     assert "did not end within 3 s" in report.table() and "events of 'task-1' so far" in report.table()
-    assert "2 could not be judged" in report.table()
+    assert "1 could not be judged" in report.table()
 
 
 def test_a_relative_worker_command_runs_from_where_the_suite_was_started() -> None:

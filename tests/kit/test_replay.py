@@ -88,18 +88,30 @@ async def test_a_recording_cut_short_ends_its_task_as_a_crash(tmp_path: Path) ->
      ":1: the task's start params are not runtime.startTask params: "),
     (None, ":2: a stdout step needs line (a string)"),
     (None, ":2: unknown step 'telepathy'"),
+    (None, ":2: a second start"),
+    (None, ":2: an event step's event is not one a worker sends"),
+    (None, ":2: not JSON (the file ends mid-line: was it cut short?)"),
 ])
 def test_a_malformed_recording_is_refused_saying_which_line_and_why(tmp_path: Path, content: str | None,
                                                                      complaint: str) -> None:
     path = tmp_path / "bad.jsonl"
     if content is None:  # a good start, then a bad step
         start = STREAMING.read_text().splitlines()[0]
-        step = '{"kind": "stdout"}' if "stdout" in complaint else '{"kind": "telepathy"}'
+        step = {"stdout": '{"kind": "stdout"}', "unknown": '{"kind": "telepathy"}', "second": start,
+                "event": '{"kind": "event", "n": 1, "event": {"type": "no.such.event", "payload": {}}}',
+                "JSON": '{"kind": "stdout", "li'}[next(word for word in ("stdout", "unknown", "second", "event", "JSON")
+                                                       if word in complaint)]
         content = f"{start}\n{step}\n"
     path.write_text(content)
     with pytest.raises(RecordingError) as refused:
         Recording.load(str(path))  # a str path is fine too
     assert complaint in str(refused.value)
+
+
+def test_blank_lines_in_a_recording_are_no_steps(tmp_path: Path) -> None:
+    path = tmp_path / "edited.jsonl"
+    path.write_text(STREAMING.read_text() + "\n\n")  # an editor's trailing blank lines
+    assert Recording.load(path).entries == Recording.load(STREAMING).entries
 
 
 def _params(workspace: str = "/tmp/ws-1") -> StartTaskParams:

@@ -29,7 +29,15 @@ from protocol import (
 )
 from supervisor.workers import RpcError, WorkerStartError
 
-from .._driver import DrivenTask, DriverError, WorkerDriver, namespace_env, open_worker
+from .._driver import (
+    DrivenTask,
+    DriverError,
+    WorkerDriver,
+    WorkerOutputEnded,
+    WorkerTimedOut,
+    namespace_env,
+    open_worker,
+)
 from ..invariants import InvariantError, check_worker_events
 
 
@@ -74,6 +82,14 @@ class Check:
     sections: str
     behaviour: str
     run: Callable[[Target], Awaitable[None]]
+    #: Waits whose running out breaks this check's own rule (a FAIL), not only keeps it from being judged (an
+    #: ERROR): e.g. a task that never ends, for the check of how tasks end.
+    judged_by: tuple[type[Exception], ...] = ()
+
+
+def _line(index: int | None) -> str:
+    """A wire log index as people count lines (from 1)."""
+    return "none" if index is None else str(index + 1)
 
 
 def _expect(condition: bool, detail: str) -> None:
@@ -168,7 +184,7 @@ async def stdout_clean(target: Target) -> None:
         await driver.shutdown()
         bad = driver.wire.bad_lines()
         _expect(not bad, f"{len(bad)} line(s) on stdout that are not JSON-RPC 2.0 messages, e.g. line "
-                         f"{bad[0].index}: {bad[0].text()!r}" if bad else "")
+                         f"{bad[0].index + 1}: {bad[0].text()!r}" if bad else "")
         wrong = [v for v in driver.violations if v.kind != "error_without_id"]
         _expect(not wrong, f"{len(wrong)} protocol violation(s), e.g. {wrong[0].kind}: {wrong[0].detail}"
                 if wrong else "")
@@ -182,8 +198,8 @@ async def response_before_events(target: Target) -> None:
             answered = driver.wire.first_index(partial(_answers_start_of, task.task_id))
             first = driver.wire.first_event_index(task.task_id)
             _expect(answered is not None and first is not None and answered < first,
-                    f"task {task.task_id!r}: its first event is line {first}, the startTask response line "
-                    f"{answered}: the response must come first")
+                    f"task {task.task_id!r}: its first event is line {_line(first)} of stdout, the startTask "
+                    f"response line {_line(answered)}: the response must come first")
 
 
 async def event_stream(target: Target) -> None:
@@ -350,7 +366,8 @@ async def _stopped_by_shutdown(task: DrivenTask, target: Target) -> None:
 
 
 CHECKS: tuple[Check, ...] = (
-    Check("handshake", "§2.2 §3.1", "runtime.initialize answers its own version, its pid and the runtime", handshake),
+    Check("handshake", "§2.2 §3.1", "runtime.initialize answers its own version, its pid and the runtime", handshake,
+          judged_by=(WorkerStartError, DriverError)),
     Check("before-initialize", "§2.2", "requests before runtime.initialize are refused -32002", before_initialize),
     Check("version-mismatch", "§2.2", "another major version is refused -32003 with data.supported",
           version_mismatch),
@@ -358,17 +375,20 @@ CHECKS: tuple[Check, ...] = (
     Check("response-before-events", "§3.3 §5.2", "the startTask response precedes the task's events",
           response_before_events),
     Check("event-stream", "§4 §5.3 §5.4", "n from 1 without gaps, valid events, one terminal event, last",
-          event_stream),
+          event_stream, judged_by=(WorkerTimedOut,)),
     Check("parallel-tool-calls", "§3.4 §7", "two calls answered out of order; a second answer -32009",
           parallel_tool_calls),
     Check("denial", "§3.5 §7", "a denied call takes the denied branch and the task completes", denial),
-    Check("stop", "§3.6 §8", "runtime.stop is acknowledged; the task ends task.stopped with its reason", stop),
+    Check("stop", "§3.6 §8", "runtime.stop is acknowledged; the task ends task.stopped with its reason", stop,
+          judged_by=(WorkerTimedOut,)),
     Check("refusals", "§3.3 §6.2", "duplicate task -32006, busy session -32007, unknown runtime -32004, "
                                    "unknown field -32602", refusals),
     Check("hostile-frames", "§1.2 §1.3 §1.4 §6.2", "bad lines get the right error and the worker keeps serving",
           hostile_frames),
-    Check("shutdown", "§2.4 §3.7", "runtime.shutdown stops tasks in flight and exits 0", shutdown),
-    Check("stdin-eof", "§2.4", "stdin EOF stops tasks in flight and exits 0", stdin_eof),
+    Check("shutdown", "§2.4 §3.7", "runtime.shutdown stops tasks in flight and exits 0", shutdown,
+          judged_by=(WorkerOutputEnded, WorkerTimedOut)),
+    Check("stdin-eof", "§2.4", "stdin EOF stops tasks in flight and exits 0", stdin_eof,
+          judged_by=(WorkerOutputEnded, WorkerTimedOut)),
 )
 
 
@@ -376,7 +396,7 @@ class Verdict(enum.Enum):
     PASS = "PASS"
     FAIL = "FAIL"  # the worker broke the check's rule
     ERROR = "ERROR"  # the worker did not get far enough for the rule to be judged (it timed out, ended, died)
-    NOT_RUN = "SKIP"  # not run: the worker cannot complete a handshake, which every check begins with
+    SKIP = "SKIP"  # not run: the worker cannot complete a handshake, which every check begins with
 
 
 async def run_check(check: Check, target: Target) -> tuple[Verdict, str | None]:
@@ -391,7 +411,7 @@ async def run_check(check: Check, target: Target) -> tuple[Verdict, str | None]:
     except Exception as exc:  # noqa: BLE001 - any other failure is the worker's, reported with what happened
         while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
             exc = exc.exceptions[0]
-        if isinstance(exc, WorkerStartError) and check.name != "handshake" or isinstance(exc, DriverError):
+        if isinstance(exc, WorkerStartError | DriverError) and not isinstance(exc, check.judged_by):
             return Verdict.ERROR, f"could not judge it: {type(exc).__name__}: {exc}"
         return Verdict.FAIL, f"{type(exc).__name__}: {exc}"
     return Verdict.PASS, None

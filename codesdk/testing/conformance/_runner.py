@@ -71,8 +71,8 @@ class ConformanceReport:
         summary = f"{checks}: {counts[Verdict.PASS]} passed, {counts[Verdict.FAIL]} failed"
         if counts[Verdict.ERROR]:
             summary += f", {counts[Verdict.ERROR]} could not be judged (the worker did not get that far)"
-        if counts[Verdict.NOT_RUN]:
-            summary += f", {counts[Verdict.NOT_RUN]} not run (no handshake: every check begins with one)"
+        if counts[Verdict.SKIP]:
+            summary += f", {counts[Verdict.SKIP]} not run (no handshake: every check begins with one)"
         lines += ["", summary + " (sections: docs/protocol.md)"]
         return "\n".join(lines)
 
@@ -97,7 +97,7 @@ async def run_conformance(command: Sequence[str], *, runtime: str = "scripted", 
             started = time.monotonic()
             failure: str | None
             if no_handshake:
-                verdict, failure = Verdict.NOT_RUN, "not run: the worker did not complete its handshake"
+                verdict, failure = Verdict.SKIP, "not run: the worker did not complete its handshake"
             else:
                 verdict, failure = await run_check(check, target)
                 no_handshake = check.name == "handshake" and verdict is not Verdict.PASS
@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m codesdk.testi
         at = args.index("--")
         args, command = args[:at], args[at + 1:]
     parser = argparse.ArgumentParser(
-        prog=prog, description="Run the worker protocol's required behaviours (docs/protocol.md §12) against a "
+        prog=prog, usage="%(prog)s [options] -- CMD ARGS…", description="Run the worker protocol's required behaviours (docs/protocol.md §12) against a "
                                "worker command, each against a fresh process, and print a pass/fail table.",
         epilog="example: codesdk-worker conformance -- codesdk-worker")
     parser.add_argument("--runtime", default="scripted",
@@ -131,7 +131,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m codesdk.testi
                         help="also log each protocol violation the driver sees as it happens")
     parser.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES, metavar="N",
                         help="the worker's input frame limit, for the oversized-line check (default: 8 MiB)")
-    options = parser.parse_args(args)
+    options, stray = parser.parse_known_args(args)
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)} (the worker command goes after --)")
     if not command:
         parser.error("give the worker command after --, e.g. `-- codesdk-worker`")
     if shutil.which(command[0]) is None:
