@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, Self
+from typing import IO, Any, Self
 from urllib.parse import quote
 
 import httpx2 as httpx
@@ -240,6 +240,22 @@ class AsyncClient:
 
     async def transcript(self, session_id: str) -> Any:
         return await self._call("GET", f"/v1/sessions/{_q(session_id)}/transcript")
+
+    async def bundle(self, session_id: str, into: IO[bytes]) -> int:
+        """Write the session's support bundle (a .tar.gz, secrets redacted) to ``into``; returns its size."""
+        written = 0
+        try:
+            async with self._http.stream("GET", f"/v1/sessions/{_q(session_id)}/bundle",
+                                         timeout=httpx.Timeout(30.0, read=None)) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    _raise_for(response)
+                async for chunk in response.aiter_bytes():
+                    into.write(chunk)
+                    written += len(chunk)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise ServiceUnreachable(self._where, exc) from exc
+        return written
 
     async def stream(self, session_id: str, *, after_seq: int = 0,
                      until_terminal: bool = False) -> AsyncIterator[NormalizedEvent]:

@@ -258,6 +258,49 @@ async def _login(args: argparse.Namespace, result: EnsureLoginResult) -> int:
     return EXIT_FAILED
 
 
+async def cmd_bundle(args: argparse.Namespace) -> int:
+    """A session's support bundle (``supervisor.bundle``), written by an embedded supervisor on the data dir or by
+    the running service (``--url``, or the one holding the data dir); or ``--inspect`` one."""
+    from . import bundle  # imported only when used
+
+    if args.inspect is not None:
+        if args.session or args.output:
+            raise CliError("--inspect FILE reads a bundle; it takes no SESSION or -o")
+        manifest = await trio.to_thread.run_sync(bundle.inspect_bundle, args.inspect)
+        if args.json:
+            json_line(manifest)
+        else:
+            print("\n".join(bundle.summary_lines(manifest)))
+        return EXIT_OK
+    if not args.session:
+        raise CliError("give the SESSION to bundle (or --inspect FILE)")
+    if args.output is None and ("/" in args.session or args.session.startswith(".")):
+        raise CliError(f"{args.session!r} is no session id to name a file after; give the output with -o FILE")
+    out = Path(args.output or f"codesdk-bundle-{args.session}.tar.gz").absolute()
+    bundle.check_output(out, args.force)  # before any work: a refusal costs nothing
+    if not args.url:
+        if not Path(args.data_dir).exists():
+            raise CliError(f"no data in {args.data_dir} yet (run a task first, or pass --data-dir)")
+        options = SupervisorOptions(data_dir=args.data_dir, holder="codesdk bundle")
+        try:
+            async with open_engine(options) as engine:
+                sources = await bundle.sources_from_engine(engine, args.session, extra_patterns=args.redact or ())
+                manifest = await bundle.write_bundle(sources, out, force=args.force)
+        except DataDirBusy as busy:
+            _service_instead(args, busy)
+        else:
+            _bundle_written(out, manifest)
+            return EXIT_OK
+    from . import cli_remote  # imported only when used: the HTTP client costs start-up time
+    return await cli_remote.bundle(args, out)
+
+
+def _bundle_written(out: Path, manifest: dict[str, Any]) -> None:
+    redacted = sum(sum(kinds.values()) for kinds in manifest["redactions"]["by_file"].values())
+    print(f"codesdk: wrote {out} ({manifest['counts']['events']} events, {manifest['counts']['blobs_included']} "
+          f"blobs, {redacted} redactions); check it with: codesdk bundle --inspect {out}", file=sys.stderr)
+
+
 async def cmd_namespaces(args: argparse.Namespace) -> int:
     root = Path(args.data_dir) / "namespaces"
     async with _store(args) as store:
@@ -296,7 +339,9 @@ _USER_ERRORS: tuple[type[BaseException], ...] = (CliError, EngineError, StoreErr
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     client = sys.modules.get("codesdk.client")  # its ApiError can only be raised once it was imported
-    return (*_USER_ERRORS, client.ApiError) if client is not None else _USER_ERRORS
+    bundle = sys.modules.get("supervisor.bundle")  # likewise its BundleError
+    found = (*_USER_ERRORS, client.ApiError) if client is not None else _USER_ERRORS
+    return (*found, bundle.BundleError) if bundle is not None else found
 
 
 def _innermost(exc: BaseException) -> BaseException:
@@ -333,7 +378,7 @@ def run_command(args: argparse.Namespace, ahead: RunAhead | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     commands: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
         "run": partial(cmd_run, ahead=ahead), "sessions": cmd_sessions, "events": cmd_events,
-                "show": cmd_show, "auth": cmd_auth, "namespaces": cmd_namespaces}
+                "show": cmd_show, "auth": cmd_auth, "namespaces": cmd_namespaces, "bundle": cmd_bundle}
     try:
         return int(trio.run(commands[args.command], args))
     except BrokenPipeError:

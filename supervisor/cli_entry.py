@@ -146,7 +146,7 @@ def _global_options(parser: argparse.ArgumentParser, *, in_subcommand: bool) -> 
                         help="more logging on stderr (-vv: debug)")
     parser.add_argument("--url", default=default(os.environ.get("CODESDK_URL")),
                         help="use a running supervisor instead (unix:/path/api.sock or http://127.0.0.1:PORT) for "
-                             "run, sessions, events, show and auth; token from --token or CODESDK_TOKEN")
+                             "run, sessions, events, show, auth and bundle; token from --token or CODESDK_TOKEN")
     parser.add_argument("--token", default=default(None), help="API bearer token (with --url)")
 
 
@@ -200,6 +200,17 @@ def build_parser() -> argparse.ArgumentParser:
     auth.add_argument("--runtime", default="claude")
     auth.add_argument("--namespace", default="default")
     auth.add_argument("--json", action="store_true")
+
+    bundle = command("bundle", "write a support bundle of a session (events, blobs, versions, worker logs; "
+                               "secrets redacted), or check and summarize one (--inspect)")
+    bundle.add_argument("session", nargs="?", help="the session to bundle")
+    bundle.add_argument("-o", "--output", type=Path, help="the archive to write (default: codesdk-bundle-SESSION.tar.gz)")
+    bundle.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
+    bundle.add_argument("--redact", action="append", metavar="REGEX",
+                        help="also redact what matches REGEX (repeatable; beside <data-dir>/bundle-redact.txt)")
+    bundle.add_argument("--inspect", metavar="FILE", type=Path,
+                        help="check a bundle against its manifest and summarize it (writes nothing)")
+    bundle.add_argument("--json", action="store_true", help="--inspect: print the manifest as JSON")
 
     namespaces = command("namespaces", "list credential namespaces and their directories")
     namespaces.add_argument("--json", action="store_true")

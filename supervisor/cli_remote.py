@@ -133,3 +133,25 @@ async def show(args: argparse.Namespace) -> int:
         transcript = await client.transcript(args.session)
     print_transcript([Message.model_validate(m) for m in transcript["messages"]], sys.stdout, as_json=args.json)
     return 0
+
+
+async def bundle(args: argparse.Namespace, out: Path) -> int:
+    """The session's support bundle, as the service writes it, saved to ``out`` atomically."""
+    from .bundle import BundleError, atomic_output, check_output, inspect_bundle
+
+    if args.redact:
+        raise CliError("--redact cannot be honoured through the API: the service redacts the patterns in its "
+                       "<data-dir>/bundle-redact.txt")
+    check_output(out, args.force)
+    async with client_for(args) as client:
+        with atomic_output(out) as handle:
+            await client.bundle(args.session, handle)
+            handle.flush()
+            try:  # what arrived is checked before it is kept: a cut-short download is no bundle
+                manifest = await trio.to_thread.run_sync(inspect_bundle, Path(handle.name))
+            except BundleError as exc:
+                raise BundleError(f"the service's bundle did not arrive intact ({exc})") from None
+    redacted = sum(sum(kinds.values()) for kinds in manifest["redactions"]["by_file"].values())
+    print(f"codesdk: wrote {out} ({manifest['counts']['events']} events, {redacted} redactions); check it with: "
+          f"codesdk bundle --inspect {out}", file=sys.stderr)
+    return 0

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -182,6 +184,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     metrics = _Metrics()
     store = engine.store
     streams = _StreamSlots(max_streams_per_principal)
+    bundling: set[str] = set()  # principals writing a support bundle now
 
     def principal_of(request: Request) -> Principal:
         header = request.headers.get("authorization", "")
@@ -406,6 +409,44 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         return JSONResponse({"session_id": session.session_id,
                              "messages": [m.model_dump(mode="json") for m in messages]})
 
+    async def support_bundle(request: Request) -> Response:
+        """The session's support bundle (``supervisor.bundle``): for its namespace's tokens and the admin; any other
+        token gets the 404 of a session it cannot see."""
+        from .. import bundle
+
+        principal = principal_of(request)
+        session = await session_for(principal, request.path_params["session_id"])
+        if principal.name in bundling:  # each costs disk and CPU: one at a time per token
+            raise ApiError(429, "bundle_in_progress", "this token is already writing a bundle; try again when it is "
+                                                      "done", {"retry-after": "1"})
+        bundling.add(principal.name)
+        try:
+            sources = await bundle.sources_from_engine(engine, session.session_id)
+            staging = await trio.to_thread.run_sync(lambda: Path(tempfile.mkdtemp(prefix=".bundle-",
+                                                                                  dir=engine.config.data_dir)))
+            try:
+                out = staging / "bundle.tar.gz"
+                await bundle.write_bundle(sources, out)
+                handle = await trio.to_thread.run_sync(out.open, "rb")
+            finally:  # the open file is all that is left of it: nothing stays on disk, however the response ends
+                await trio.to_thread.run_sync(shutil.rmtree, staging, True)
+        except bundle.BundleError as exc:  # the operator's to fix (a bad pattern file): not shown to a tenant
+            log.error("bundle of %s failed: %s", session.session_id, exc)
+            raise ApiError(500, "bundle_failed", "the bundle could not be written; see the supervisor log") from None
+        finally:
+            bundling.discard(principal.name)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                while chunk := await trio.to_thread.run_sync(handle.read, 1 << 20):
+                    yield chunk
+            finally:
+                handle.close()
+
+        name = f"codesdk-bundle-{session.session_id}.tar.gz"
+        return StreamingResponse(chunks(), media_type="application/gzip",
+                                 headers={"content-disposition": f'attachment; filename="{name}"'})
+
     async def refusals_answered(handler: Callable[[Request], Awaitable[Response]], request: Request) -> Response:
         """The handler's response, or the answer to a refusal of the engine (or the store below it), by its type
         (``supervisor.engine.ERROR_STATUS``); anything else goes on up."""
@@ -449,6 +490,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         route("/v1/sessions/{session_id}/events", list_events, ["GET"]),
         route("/v1/sessions/{session_id}/events/stream", stream_events, ["GET"]),
         route("/v1/sessions/{session_id}/transcript", transcript, ["GET"]),
+        route("/v1/sessions/{session_id}/bundle", support_bundle, ["GET"]),
         route("/v1/tasks/{task_id}", get_task, ["GET"]),
         route("/v1/tasks/{task_id}/stop", stop_task, ["POST"]),
         route("/v1/approvals", list_approvals, ["GET"]),
@@ -472,6 +514,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         ("GET", "/v1/sessions/{session_id}/events", "stored events, paged by after_seq/limit", None, 200),
         ("GET", "/v1/sessions/{session_id}/events/stream", "live events over SSE", None, 200),
         ("GET", "/v1/sessions/{session_id}/transcript", "the transcript derived from the events", None, 200),
+        ("GET", "/v1/sessions/{session_id}/bundle", "the session's support bundle (.tar.gz, secrets redacted)", None,
+         200),
         ("GET", "/v1/tasks/{task_id}", "one task", None, 200),
         ("POST", "/v1/tasks/{task_id}/stop", "stop a task (task.stopped at once)", StopTaskBody, 200),
         ("GET", "/v1/approvals", "pending (or ?state=) tool-call approvals", None, 200),
