@@ -125,18 +125,20 @@ def test_normalizing_numbers_made_up_ids_and_hides_paths_and_measurements() -> N
         {"type": "tool.call.requested", "payload": {"tool_call_id": "toolu_0123456789ab", "input_hash": "sha256:aa",
                                                     "input": {"path": "/tmp/ws-1/a.txt"}}},
         {"type": "tool.call.completed", "payload": {"tool_call_id": "toolu_0123456789ab", "input_hash": "sha256:aa",
-                                                    "result_preview": "3456789ab=ok", "duration_ms": 12}},
+                                                    "result_preview": "3456789ab=ok"}},
+        {"type": "usage.reported", "payload": {"input_tokens": 2541, "cost_usd": 0.0123}},
         {"type": "model.output.delta", "payload": {"block_id": "task_1:msg_abcdefgh:0", "kind": "text", "index": 0,
                                                    "delta": "called toolu_0"}},
         {"type": "model.output.delta", "payload": {"block_id": "task_1:msg_abcdefgh:0", "kind": "text", "index": 1,
                                                    "delta": "123456789ab"}},
     ]
-    requested, completed, delta = normalize(events, _params())
+    requested, completed, usage, delta = normalize(events, _params())
     assert requested["payload"] == {"tool_call_id": "<toolu_1>", "input_hash": "<input_hash_1>",
                                     "input": {"path": "<workspace>/a.txt"}}
     assert completed["payload"]["input_hash"] == "<input_hash_1>"
     assert completed["payload"]["result_preview"] == "<…toolu_1>=ok"  # the id the preview cut
-    assert completed["payload"]["duration_ms"] == "<measured>"
+    # what a run measured (a cost) is hidden; what the runtime decided (its token count) stays
+    assert usage["payload"] == {"input_tokens": 2541, "cost_usd": "<measured>"}
     assert delta["payload"] == {"block_id": "<task>:<msg_1>:0", "kind": "text", "delta": "called <toolu_1>",
                                 "deltas": 2}
 
