@@ -138,8 +138,12 @@ def _session_body(namespace: str, runtime: str | None, metadata: dict[str, Any] 
 
 
 def _task_body(prompt: str, permission_mode: str | None, runtime_config: dict[str, Any] | None,
-               interactive: bool) -> dict[str, Any]:
+               interactive: bool, runtime: str | None = None, max_input_tokens: int | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"prompt": prompt}
+    if runtime:
+        body["runtime"] = runtime
+    if max_input_tokens is not None:
+        body["max_input_tokens"] = max_input_tokens
     if interactive:
         body["interaction_mode"] = "interactive"
     if permission_mode:
@@ -188,9 +192,11 @@ class AsyncClient:
         return dict(await self._call("GET", f"/v1/sessions/{_q(session_id)}"))
 
     async def start_task(self, session_id: str, prompt: str, *, permission_mode: str | None = None,
-                         runtime_config: dict[str, Any] | None = None,
-                         interactive: bool = False) -> dict[str, Any]:
-        body = _task_body(prompt, permission_mode, runtime_config, interactive)
+                         runtime_config: dict[str, Any] | None = None, interactive: bool = False,
+                         runtime: str | None = None, max_input_tokens: int | None = None) -> dict[str, Any]:
+        """Start a task. ``runtime``: move the session to another runtime from this task on (it is given the
+        session's transcript); ``max_input_tokens``: cap the compiled input below the runtime's own budget."""
+        body = _task_body(prompt, permission_mode, runtime_config, interactive, runtime, max_input_tokens)
         return dict(await self._call("POST", f"/v1/sessions/{_q(session_id)}/tasks", json=body))
 
     async def get_task(self, task_id: str) -> dict[str, Any]:
@@ -348,8 +354,9 @@ class Client:
         return dict(self._call("GET", f"/v1/sessions/{_q(session_id)}"))
 
     def start_task(self, session_id: str, prompt: str, *, permission_mode: str | None = None,
-                   runtime_config: dict[str, Any] | None = None, interactive: bool = False) -> dict[str, Any]:
-        body = _task_body(prompt, permission_mode, runtime_config, interactive)
+                   runtime_config: dict[str, Any] | None = None, interactive: bool = False,
+                   runtime: str | None = None, max_input_tokens: int | None = None) -> dict[str, Any]:
+        body = _task_body(prompt, permission_mode, runtime_config, interactive, runtime, max_input_tokens)
         return dict(self._call("POST", f"/v1/sessions/{_q(session_id)}/tasks", json=body))
 
     def approvals(self, state: str = "pending") -> list[dict[str, Any]]:

@@ -32,6 +32,8 @@ from pydantic import (
 from pydantic_core import CoreSchema, core_schema
 
 from ._base import Model
+from ._context import ContextReport, InterruptedCall, ResumeMode
+from ._receipt import StopReceipt
 from ._runtime import InteractionMode, PermissionMode
 from ._tools import ExecutedBy, ToolCallIdentity, ToolClass
 from ._versions import CONTRACT_VERSION, SCHEMA_VERSION
@@ -111,6 +113,18 @@ class ModelInput(Model):
     message_count: int = Field(ge=0)
     tool_names: tuple[str, ...] = ()
     implicit_sources_ref: str | None = None  # blob: what the runtime would load implicitly, and what we did
+    #: How the runtime got the session's earlier turns (None: stored before CodeSDK recorded it).
+    resume: ResumeMode | None = None
+    #: sha256 of exactly what the runtime was sent: the prompt (native, new) or the reconstruction (reconstructed).
+    sent_hash: str | None = None
+    #: The runtime the session ran on before this task moved it (a runtime switch, by reconstruction).
+    switched_from: str | None = None
+    #: Tool calls of the transcript that never finished, answered as interrupted in what was compiled.
+    interrupted_calls: tuple[InterruptedCall, ...] = ()
+    #: The context budget: what was left out of the compiled transcript to fit it, with sizes.
+    context: ContextReport | None = None
+    #: The whole transcript (blob) when ``context`` left part of it out: the next task compiles from it.
+    transcript_ref: str | None = None
 
 
 class RuntimeRequestStarted(Model):
@@ -321,6 +335,8 @@ class TaskFailed(Model):
 class TaskStopped(Model):
     reason: str = "stop requested"
     requested_by: str | None = None
+    #: What the stop did and verified (``StopReceipt``); None for a stop nobody waited on (supervisor shutdown).
+    receipt: StopReceipt | None = None
 
 
 def parse_payload(event_type: EventType | str, payload: object) -> Model:

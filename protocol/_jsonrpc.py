@@ -15,6 +15,7 @@ from typing import Any, Final, Generic, Literal, TypeVar
 from pydantic import Field, JsonValue, ValidationError
 
 from ._base import Model
+from ._context import ResumeMode
 from ._events import AnyWorkerEvent
 from ._runtime import AuthStatus, InteractionMode, PermissionMode, RuntimeCapabilities, RuntimeEnv
 from ._tools import ToolManifest
@@ -303,6 +304,9 @@ class StartTaskResult(Model):
     #: What the runtime would load on its own (settings, memory files, MCP configs, plugins) and what the
     #: adapter did with each — paths and hashes, never contents or secrets. Recorded with model.input.
     implicit_sources: dict[str, Any] | None = None
+    #: How the runtime got the session's earlier turns, and the sha256 of exactly what it was sent.
+    resume: ResumeMode | None = None
+    sent_hash: str | None = None
 
 
 class SendToolResultParams(Model):

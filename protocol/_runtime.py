@@ -71,6 +71,8 @@ class RuntimeCapabilities(Model):
     session_resume: bool = False
     session_fork: bool = False
     transcript_input: bool = True  # accepts prior messages in startTask (else only resume)
+    #: Tokens of context its default model takes (None: unknown, no budget unless a task sets one).
+    context_window_tokens: int | None = Field(default=None, ge=1)
     cancellation: CancellationSupport = CancellationSupport.COOPERATIVE
     usage_reporting: bool = True
     cost_reporting: bool = False

@@ -46,6 +46,10 @@ class ToolResultBlock(Model):
     content: Any = None
     is_error: bool = False
     denied: bool = False
+    #: The call never finished (its task ended first); this result was written when the transcript was compiled.
+    interrupted: bool = False
+    #: The blob holding the whole output, when ``content`` is the output itself or stands for it.
+    content_ref: str | None = None
 
 
 ContentBlock = Annotated[

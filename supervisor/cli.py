@@ -38,6 +38,7 @@ from .cli_common import (
     check_session_flags,
     exit_code,
     read_again,
+    runtime_note,
 )
 from .cli_entry import RunAhead, build_parser, run_config, run_env
 from .config import ADMIN_TOKEN_FILE
@@ -94,13 +95,14 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
     printer = EventPrinter(sys.stdout, color=sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
     if args.session:
         session = await engine.store.get_session(args.session)
-        check_session_flags(args, session.namespace, session.runtime)
+        check_session_flags(args, session.namespace)
         engine.prewarm(session.namespace)
     else:
         engine.prewarm(args.namespace or DEFAULT_NAMESPACE)  # the worker starts while the session is made
         workspace = Path(args.workspace).resolve() if args.workspace else None
         if workspace is not None and not workspace.is_dir():
             raise CliError(f"--workspace {args.workspace} is not a directory")
+        check_session_flags(args, args.namespace or DEFAULT_NAMESPACE)
         session = await engine.create_session(runtime=args.runtime or DEFAULT_RUNTIME,
                                               namespace=args.namespace or DEFAULT_NAMESPACE, workspace=workspace,
                                               session_id=ahead.session_id if ahead is not None else None)
@@ -110,9 +112,11 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
     task = await engine.start_task(
         session.session_id, args.prompt, permission_mode=PermissionMode(args.mode),
         interaction_mode=InteractionMode.INTERACTIVE if interactive else InteractionMode.NON_INTERACTIVE,
-        runtime_config=runtime_config, approver=_terminal_approver if interactive else None)
+        runtime_config=runtime_config, approver=_terminal_approver if interactive else None,
+        runtime=args.runtime, max_input_tokens=args.max_input_tokens)
     if not args.json:
-        printer.note(f"session {session.session_id}  task {task.task_id}  runtime {session.runtime}  "
+        printer.note(f"session {session.session_id}  task {task.task_id}  runtime "
+                     f"{runtime_note(task.runtime, session.runtime)}  "
                      f"namespace {session.namespace}  workspace {session.workspace}")
     received: list[int] = []
     async with trio.open_nursery() as nursery:

@@ -26,14 +26,19 @@ class CliError(Exception):
     """A user error: printed as one line, exit code 2."""
 
 
-def check_session_flags(args: argparse.Namespace, namespace: str, runtime: str) -> None:
-    """``run --session``: the session decides namespace and runtime; a flag that says otherwise is an error."""
+def check_session_flags(args: argparse.Namespace, namespace: str) -> None:
+    """``run --session``: the session decides the namespace; a flag that says otherwise is an error. (``--runtime``
+    moves the session to that runtime.)"""
     if args.namespace and args.namespace != namespace:
         raise CliError(f"session {args.session} belongs to namespace {namespace!r}, not {args.namespace!r}; "
                        "drop --namespace (a session keeps its namespace)")
-    if args.runtime and args.runtime != runtime:
-        raise CliError(f"session {args.session} runs on runtime {runtime!r}, not {args.runtime!r}; drop "
-                       "--runtime, or start a new session for another runtime")
+    if args.max_input_tokens is not None and args.max_input_tokens < 1:
+        raise CliError(f"--max-input-tokens must be a positive number, not {args.max_input_tokens}")
+
+
+def runtime_note(runtime: str, previous: str) -> str:
+    """The runtime a task runs on, as the start line shows it: with the one it moves the session from."""
+    return runtime if runtime == previous else f"{runtime} (the session moves from {previous})"
 
 
 def read_again(args: argparse.Namespace, command: str, session_id: str) -> str:

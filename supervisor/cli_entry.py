@@ -162,7 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = command("run", "run a prompt as a task and stream its events as they happen")
     run.add_argument("prompt")
-    run.add_argument("--runtime", help=f"runtime to use (default: {DEFAULT_RUNTIME}; with --session: the session's)")
+    run.add_argument("--runtime", help=f"runtime to use (default: {DEFAULT_RUNTIME}); with --session: move the "
+                                        "session to this runtime, which is given the session's transcript")
+    run.add_argument("--max-input-tokens", type=int, metavar="N",
+                     help="cap the compiled input at about N tokens (below the runtime's own budget): the oldest "
+                          "turns and large tool outputs are left out first, and model.input reports what")
     run.add_argument("--scenario", help="scripted runtime: scenario name from fixtures/scenarios (default: echo)")
     run.add_argument("--config", action="append", metavar="KEY=VALUE", help="extra runtime_config (JSON values)")
     run.add_argument("--session", help="continue an existing session (its transcript is sent along)")

@@ -19,7 +19,15 @@ import trio
 from codesdk import ApiError, AsyncClient
 from protocol import TERMINAL_EVENT_TYPES, EnsureLoginResult, EventType, Message, NormalizedEvent
 
-from .cli_common import STOP_SIGNALS, CliError, ask_on_terminal, check_session_flags, exit_code, read_again
+from .cli_common import (
+    STOP_SIGNALS,
+    CliError,
+    ask_on_terminal,
+    check_session_flags,
+    exit_code,
+    read_again,
+    runtime_note,
+)
 from .render import EventPrinter, json_line, print_stored_events, print_transcript
 
 
@@ -54,8 +62,9 @@ async def run(args: argparse.Namespace, runtime_config: dict[str, Any]) -> int:
     async with client_for(args) as client:
         if args.session:
             session = await client.get_session(args.session)
-            check_session_flags(args, session["namespace"], session["runtime"])
+            check_session_flags(args, session["namespace"])
         else:
+            check_session_flags(args, args.namespace or "default")
             session = await client.create_session(namespace=args.namespace or "default", runtime=args.runtime,
                                                   workspace=args.workspace)
         last: Any = None
@@ -75,13 +84,15 @@ async def run(args: argparse.Namespace, runtime_config: dict[str, Any]) -> int:
                 nursery.start_soon(stop_on_signal)
                 interactive = not args.non_interactive and sys.stdin.isatty()
                 async for event in client.run(session["session_id"], args.prompt, permission_mode=args.mode,
-                                              runtime_config=runtime_config,
+                                              runtime_config=runtime_config, runtime=args.runtime,
+                                              max_input_tokens=args.max_input_tokens,
                                               approver=_terminal_approver if interactive else None):
                     if event.type == EventType.TASK_STARTED and event.trace.task_id:
                         task_id.append(event.trace.task_id)
                         if not args.json:
+                            runtime = runtime_note(args.runtime or session["runtime"], session["runtime"])
                             printer.note(f"session {session['session_id']}  task {event.trace.task_id}  runtime "
-                                         f"{session['runtime']}  namespace {session['namespace']}  workspace "
+                                         f"{runtime}  namespace {session['namespace']}  workspace "
                                          f"{session['workspace']}")
                     json_line(event.to_json_obj()) if args.json else printer.print(event)
                     last = event

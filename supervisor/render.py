@@ -8,7 +8,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
-from protocol import EventType, Message, NormalizedEvent
+from protocol import EventType, Message, ModelInput, NormalizedEvent, StopReceipt, WorkerAnswer
 
 _DIM, _BOLD, _RED, _GREEN, _YELLOW, _RESET = "\033[2m", "\033[1m", "\033[31m", "\033[32m", "\033[33m", "\033[0m"
 #: Our own colour codes: the only escape sequences a printed line may carry as they are.
@@ -87,7 +87,7 @@ class EventPrinter:
             case EventType.TASK_STARTED:
                 return f"{name} {p.task_id} mode={p.permission_mode} prompt={_short(p.prompt_preview, 60)}"
             case EventType.MODEL_INPUT:
-                return f"{name} {p.message_count} message(s), {len(p.tool_names)} tool(s), {p.input_hash[:19]}…"
+                return f"{name} {_model_input(p)}"
             case EventType.MODEL_OUTPUT_COMPLETED:
                 return self._c(_DIM, f"{t.value} {p.kind} block, {len(p.text)} chars")
             case EventType.TOOL_CALL_REQUESTED:
@@ -116,7 +116,8 @@ class EventPrinter:
                 retry = " — retryable" if p.retryable else ""
                 return f"{self._c(_RED, t.value)} {p.code}: {p.message}{retry}"
             case EventType.TASK_STOPPED:
-                return f"{self._c(_YELLOW, t.value)} {p.reason}"
+                receipt = f" — {describe_receipt(p.receipt)}" if p.receipt is not None else ""
+                return f"{self._c(_YELLOW, t.value)} {p.reason}{receipt}"
             case _:
                 return self._c(_DIM, f"{t.value} {_short(p.to_json_obj())}")
 
@@ -160,3 +161,40 @@ async def print_stored_events(read_page: ReadPage, after_seq: int, as_json: bool
         after_seq = page[-1].seq
     if not as_json:
         printer.end_line()
+
+
+def _model_input(p: ModelInput) -> str:
+    """How many messages, how the runtime got the earlier turns, and what the budget left out."""
+    parts = [f"{p.message_count} message(s)"]
+    if p.resume is not None:
+        parts.append(p.resume.value if p.switched_from is None else f"{p.resume.value} from {p.switched_from}")
+    if p.interrupted_calls:
+        parts.append(f"{len(p.interrupted_calls)} interrupted call(s) answered as such")
+    if p.context is not None and p.context.omitted:
+        parts.append(f"left out to fit {p.context.budget_tokens} tokens: {len(p.context.omitted_turns)} turn(s), "
+                     f"{len(p.context.shrunk_outputs)} large output(s)")
+    parts.append(f"{len(p.tool_names)} tool(s), {p.input_hash[:19]}…")
+    return ", ".join(parts)
+
+
+def describe_receipt(receipt: StopReceipt) -> str:
+    """A stop's receipt in a line: the worker's answer, the interrupt and whether it was honoured, each process as
+    it ended and whether it is gone, the calls in flight and how they ended."""
+    parts: list[str] = []
+    if receipt.worker is not None and receipt.worker != WorkerAnswer.CONFIRMED:
+        parts.append(receipt.worker_detail or f"worker: {receipt.worker.value}")
+    if receipt.interrupt_sent:
+        grace = f" within {receipt.grace_s:g} s" if receipt.grace_s is not None else ""
+        parts.append("interrupt sent, " + (f"runtime stopped by itself{grace}" if receipt.acknowledged
+                                           else f"runtime did not stop{grace}: cancelled by force"))
+    if receipt.runtime_ended_as:
+        parts.append(f"the runtime had ended already ({receipt.runtime_ended_as})")
+    for process in receipt.processes:
+        signals = "SIGTERM, SIGKILL" if process.kill_sent else "SIGTERM" if process.term_sent else "no signal"
+        parts.append(f"{process.name} pid {process.pid}: {signals}; {process.exit}; "
+                     + ("verified gone" if process.gone else "NOT verified gone"))
+    if receipt.tool_calls:
+        parts.append("calls in flight: " + ", ".join(f"{c.tool_name} {c.ended.value}" for c in receipt.tool_calls))
+    if receipt.duration_ms is not None:
+        parts.append(f"{receipt.duration_ms / 1000:.2f} s")
+    return "; ".join(parts) or "nothing was running"

@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 from fixtures.fake_anthropic import FakeAnthropic
-from fixtures.fake_anthropic.scenario import PROMPT_TOO_LONG, decide
+from fixtures.fake_anthropic.scenario import PROMPT_TOO_LONG, Reply, decide
+from protocol import Message, runtime_prompt
 
 from .waits import wait_for
 
@@ -146,6 +147,14 @@ def test_only_the_newest_prompt_of_a_merged_user_message_counts(fake: FakeAnthro
     content = [reminder, {"type": "text", "text": "SAY two"}, {"type": "text", "text": 'CALL echo {"a": 1}'}, reminder]
     message, _ = stream(fake, content)
     assert [b["type"] for b in message["content"]] == ["text", "tool_use"]
+
+
+def test_of_a_prompt_rebuilt_from_a_transcript_only_the_request_counts() -> None:
+    """The record of earlier turns may hold their directives: a model acts on the request after it."""
+    history = [Message.user_text("ERROR 401"), Message.user_text('CALL echo {"a": 1}')]
+    _, rebuilt = runtime_prompt([*history, Message.user_text("SAY now")], resumable=False)
+    reply = decide({"messages": [{"role": "user", "content": rebuilt}]})
+    assert isinstance(reply, Reply) and reply.blocks == [{"type": "text", "text": "now"}]
 
 
 def test_tool_use_streams_input_json_delta(fake: FakeAnthropic) -> None:

@@ -23,3 +23,16 @@ def wait_for(what: str, condition: Callable[[], T | None], guard_s: float = HANG
         if time.monotonic() > deadline:
             raise AssertionError(f"gave up after {guard_s:g} s waiting for {what}")
         time.sleep(0.02)
+
+
+async def until(what: str, condition: Callable[[], object]) -> None:
+    """In a trio test: poll ``condition`` until it is truthy, letting the rest of the test's tasks run (the test's
+    own ``trio.fail_after`` is the hang guard). ``what`` names the wait in the failure."""
+    import trio
+
+    try:
+        while not condition():
+            await trio.sleep(0.02)
+    except trio.Cancelled as exc:
+        exc.add_note(f"while waiting for {what}")
+        raise

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from protocol import (
     Model,
     NoParams,
     PeerInfo,
+    ProcessEnd,
     RuntimeInfo,
     RuntimeOffer,
     SendToolApprovedParams,
@@ -49,6 +50,7 @@ from protocol import (
     StartTaskParams,
     StartTaskResult,
     StopParams,
+    StopReceipt,
     TaskFailed,
     TaskFailureCode,
     TaskStopped,
@@ -65,6 +67,7 @@ from . import WORKER_VERSION
 from . import _recording as recording
 from ._failure import RpcFailure
 from ._recording import StreamRecorder
+from .adapters._process import ended_processes
 from .adapters.base import (
     AdapterRegistry,
     RuntimeAdapter,
@@ -120,6 +123,11 @@ class _RunningTask:
     n: int = 0
     ended: bool = False
     stop_reason: str | None = None
+    #: When the first stop was asked for (trio clock), and the grace it got: the receipt's timings.
+    stop_asked_at: float | None = None
+    stop_grace_s: float | None = None
+    #: The task's runtime processes as they were ended (``RuntimeProcess.end`` reports into it).
+    processes: list[ProcessEnd] = field(default_factory=list)
     #: Where this task's exchanges with its runtime are recorded (``_recording``), if they are.
     recorder: StreamRecorder | None = None
     _emit_lock: trio.Lock = field(default_factory=trio.Lock)
@@ -161,6 +169,15 @@ class _RunningTask:
 
     def set_model(self, model: str) -> None:
         self.runtime = self.runtime.model_copy(update={"model": model})
+
+    def receipt(self, forced: bool) -> StopReceipt:
+        """What this worker did to stop the task: the interrupt, whether the runtime honoured it within its grace,
+        each runtime process as it was ended."""
+        assert self.stop_asked_at is not None
+        processes = tuple(self.processes)
+        return StopReceipt(interrupt_sent=True, acknowledged=not forced, forced=forced, grace_s=self.stop_grace_s,
+                           processes=processes, processes_gone=all(p.gone for p in processes) if processes else None,
+                           worker_ms=round((trio.current_time() - self.stop_asked_at) * 1000, 3))
 
     async def finish(self, outcome: TaskOutcome) -> None:
         """Emit the task's one terminal event."""
@@ -445,12 +462,15 @@ class WorkerServer:
                 task.recorder.start(runtime=adapter.name, version=adapter.capabilities().version,
                                     params=params.to_json_obj())
         task.handle = adapter.start_task(params, task)  # StartTaskRefused is an RpcFailure: answered as it is
+        if task.recorder is not None and task.handle.resume is not None:  # a replay's adapter must decide alike
+            task.recorder.write("resume", mode=task.handle.resume.value)
         self.tasks[params.task_id] = task
         self.stats.tasks_started += 1
         # Started only after the response is queued, so the supervisor sees "accepted" before any event.
         self._after_response.append(lambda: self._spawn(task))
         return StartTaskResult(task_id=params.task_id, runtime_session_id=task.runtime.runtime_session_id,
-                               implicit_sources=task.handle.implicit_sources)
+                               implicit_sources=task.handle.implicit_sources, resume=task.handle.resume,
+                               sent_hash=task.handle.sent_hash)
 
     def _spawn(self, task: _RunningTask) -> None:
         assert self._tasks_nursery is not None
@@ -460,6 +480,7 @@ class WorkerServer:
         assert task.handle is not None
         outcome: TaskOutcome | None = None
         recording.current.set(task.recorder)  # this task's context only: what its runtime's program says
+        ended_processes.set(task.processes)
         try:
             with task.scope:
                 outcome = await task.handle.run()
@@ -467,8 +488,11 @@ class WorkerServer:
             log.exception("adapter emitted after the end of task %s", task.task_id)
         except Exception as exc:  # noqa: BLE001 - the adapter boundary: every error ends the task, logged there
             outcome = _outcome_of_error(task.task_id, exc)
+        forced = outcome is None
         if outcome is None:  # cancelled by force after a stop request's grace period
             outcome = TaskOutcome.stop(task.stop_reason or "stopped")
+        if task.stop_asked_at is not None and outcome.stopped is not None:
+            outcome = replace(outcome, stopped=outcome.stopped.model_copy(update={"receipt": task.receipt(forced)}))
         try:
             if not task.ended:
                 await task.finish(outcome)
@@ -515,6 +539,8 @@ class WorkerServer:
     def _request_stop(self, task: _RunningTask, reason: str, grace_s: float) -> None:
         """Ask cooperatively; cancel by force once ``grace_s`` has passed (the scope's deadline)."""
         task.stop_reason = task.stop_reason or reason
+        if task.stop_asked_at is None:
+            task.stop_asked_at, task.stop_grace_s = trio.current_time(), grace_s
         assert task.handle is not None
         if task.recorder is not None:
             task.recorder.write("stop", reason=reason)

@@ -38,6 +38,7 @@ from protocol import (
     InitializeParams,
     Method,
     PeerInfo,
+    ResumeMode,
     Rpc,
     RuntimeEnv,
     RuntimeEventParams,
@@ -48,6 +49,7 @@ from supervisor.workers.connection import RpcError, WorkerConnection
 from worker._server import WorkerServer
 from worker.adapters import default_registry
 from worker.adapters._process import MAX_LINE_BYTES, RuntimeProcess, stand_in
+from worker.adapters.base import stored_stand_in
 from worker.mcp_bridge import _endpoint as bridge
 
 from .invariants import check_worker_events
@@ -72,7 +74,7 @@ _STEP_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "answer": {"answer": str, "tool_call_id": str}, "stop": {"reason": str}, "event": {"event": dict},
     "bridge": {"socket_path": str, "command": list},
     "bridge_call": {"call_id": (int, str), "name": str, "arguments": dict, "meta": dict},
-    "bridge_answer": {"call_id": (int, str), "text": str, "is_error": bool},
+    "bridge_answer": {"call_id": (int, str), "text": str, "is_error": bool}, "resume": {"mode": str},
 }
 
 
@@ -164,6 +166,15 @@ class Recording:
         """Whether the task's terminal event was recorded: not, when its worker was killed (a recording cut short,
         whose replay could only make its end up)."""
         return any(e["kind"] == "event" and e["event"]["type"] in TERMINAL_EVENT_TYPES for e in self.entries)
+
+    @property
+    def resumed_natively(self) -> bool:
+        """Whether the runtime took up its own stored session when this was recorded (the ``resume`` step; before
+        it was recorded, a task resumed whenever its session had a runtime session id)."""
+        modes = [e["mode"] for e in self.entries if e["kind"] == "resume"]
+        if modes:
+            return bool(modes[0] == ResumeMode.NATIVE)
+        return bool(self.params.session.runtime_session_id)
 
     @property
     def live_events(self) -> list[dict[str, Any]]:
@@ -470,6 +481,8 @@ async def _replay(recording: Recording, params: StartTaskParams, moved: dict[str
 
     token = stand_in.set(player.open)  # the worker's tasks are spawned from here: they inherit it
     bridge_token = bridge.stand_in.set(player.bridge_opened)
+    resumed = recording.resumed_natively
+    stored_token = stored_stand_in.set(lambda _session_id: resumed)
     try:
         with trio.fail_after(timeout_s):
             async with trio.open_nursery() as nursery:
@@ -488,6 +501,7 @@ async def _replay(recording: Recording, params: StartTaskParams, moved: dict[str
                 await connection.request(Method.SHUTDOWN, {})
                 await to_worker_send.aclose()
     finally:
+        stored_stand_in.reset(stored_token)
         bridge.stand_in.reset(bridge_token)
         stand_in.reset(token)
     check_worker_events(events)
@@ -520,7 +534,7 @@ _VOLATILE_IDS = re.compile(
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-")
 _PID = re.compile(r"\bpid \d+")
 #: Measured, not decided: their values differ on every run.
-_MEASURED = frozenset({"duration_ms", "duration_api_ms", "cost_usd", "total_cost_usd", "elapsed_ms", "pid"})
+_MEASURED = frozenset({"duration_ms", "duration_api_ms", "cost_usd", "total_cost_usd", "elapsed_ms", "pid", "worker_ms"})
 _DROPPED = frozenset({"raw", "stderr_tail", "time"})
 
 

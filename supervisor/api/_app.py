@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from protocol import BadFrame, InteractionMode, PermissionMode, decode_json
+from protocol import BadFrame, EventType, InteractionMode, PermissionMode, TaskStopped, decode_json
 
 from ..engine import Engine, error_status
 from ..engine._transcript import derive_transcript
@@ -77,6 +77,10 @@ class StartTaskBody(_Body):
     #: expire to a denial). "non_interactive" (default): such calls are denied with a recorded reason.
     interaction_mode: InteractionMode = InteractionMode.NON_INTERACTIVE
     runtime_config: dict[str, Any] = Field(default_factory=dict)
+    #: Move the session to this runtime from this task on: the runtime is given the session's transcript.
+    runtime: str | None = Field(default=None, min_length=1, max_length=64)
+    #: A cap on the compiled input (estimated tokens), below the runtime's own budget.
+    max_input_tokens: int | None = Field(default=None, ge=1)
 
 
 class DecisionBody(_Body):
@@ -283,7 +287,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         body = await _body(request, StartTaskBody)
         record = await engine.start_task(
             session.session_id, body.prompt, permission_mode=body.permission_mode,
-            runtime_config=body.runtime_config,
+            runtime_config=body.runtime_config, runtime=body.runtime, max_input_tokens=body.max_input_tokens,
             durable_approvals=body.interaction_mode == InteractionMode.INTERACTIVE)
         return JSONResponse(record.to_json_obj(), status_code=202)
 
@@ -296,7 +300,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         task = await task_for(principal, request.path_params["task_id"])
         body = await _body(request, StopTaskBody)
         record = await engine.stop_task(task.task_id, reason=body.reason, requested_by=f"api:{principal.name}")
-        return JSONResponse(record.to_json_obj())
+        return JSONResponse({**record.to_json_obj(), "receipt": await _receipt_of(engine, record)})
 
     def namespace_for(principal: Principal, namespace: str) -> str:
         Namespace.parse(namespace)  # InvalidNamespace: 422 invalid_namespace (ERROR_STATUS)
@@ -647,3 +651,12 @@ class _SSEResponse(Response):
             nursery.start_soon(watch_disconnect)
         with trio.move_on_after(5, shield=True), contextlib.suppress(Exception):  # the client may be gone
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _receipt_of(engine: Engine, record: TaskRecord) -> Any:
+    """The receipt stored with the task's ``task.stopped`` (None: it ended otherwise, before the stop took)."""
+    page = await engine.store.read_types(record.session_id, [EventType.TASK_STOPPED], limit=1000,
+                                         task_id=record.task_id)
+    stopped = page[-1].payload if page else None
+    receipt = stopped.receipt if isinstance(stopped, TaskStopped) else None
+    return receipt.to_json_obj() if receipt is not None else None

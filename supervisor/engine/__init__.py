@@ -1,8 +1,9 @@
 """The task engine: sessions, tasks, events, tool calls — the invariants of the contract live here.
 
 Layering, lowest first (no module imports one below it in this list): ``_transcript`` (a session's messages),
-``_errors`` (refusals and their HTTP answers), ``_ports`` (what the engine needs of workers: the test seam), ``_runs`` (a running task's state, the
-run table), ``_recorder`` (a run's appends), ``_batch`` (a worker's batch on its way to the store),
+``_errors`` (refusals and their HTTP answers), ``_ports`` (what the engine needs of workers: the test seam),
+``_compile`` (a task's input from the transcript, fitted to the runtime's budget), ``_runs`` (a running task's
+state, the run table), ``_recorder`` (a run's appends), ``_batch`` (a worker's batch on its way to the store),
 ``_approvals``, ``_toolport`` / ``_toolflow`` (one tool call, through its port), ``_ending`` (a task's one
 end), ``_intake`` (events from workers), ``_engine`` (sessions and tasks).
 """

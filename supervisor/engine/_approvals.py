@@ -71,7 +71,7 @@ class ApprovalBroker:
     async def close_for_end(self, run: TaskRun, approval_id: str) -> ApprovalRecord:
         """The task ended before the approval was decided (at any point after it was opened): close it, saying how
         the task ended."""
-        ended = (run.terminal_type or "task.ended").removeprefix("task.")
+        ended = "stopped" if run.stop is not None else (run.terminal_type or "task.ended").removeprefix("task.")
         return await self.close(approval_id, f"the task was {ended} before a decision")
 
     async def _ask_approver(self, approver: Approver, approval_id: str, request: ApprovalRequest) -> None:

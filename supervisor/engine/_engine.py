@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -20,7 +21,9 @@ import trio
 
 from protocol import (
     CONTRACT_VERSION,
+    INPUT_SHARE,
     CanonicalizationError,
+    ContextTooLarge,
     EnsureLoginResult,
     ErrorCode,
     EventType,
@@ -28,8 +31,8 @@ from protocol import (
     InteractionMode,
     Message,
     Model,
-    ModelInput,
     PermissionMode,
+    ResumeMode,
     Rpc,
     RuntimeInfo,
     RuntimeOffer,
@@ -37,6 +40,7 @@ from protocol import (
     SessionRef,
     StartTaskParams,
     StartTaskResult,
+    StopReceipt,
     TaskFailed,
     TaskFailureCode,
     TaskStarted,
@@ -44,7 +48,6 @@ from protocol import (
     Trace,
     TraceContext,
     canonical_json,
-    sha256_hex,
 )
 
 from .._orphans import end_adopted, reap_orphans_forever
@@ -71,6 +74,7 @@ from ..workers import InvalidResult, RpcError, WorkerError
 from ..workers.pool import WorkerPool
 from ..workers.process import REAP_WAIT_S
 from ._approvals import APPROVAL_TIMEOUT_S, ApprovalBroker
+from ._compile import compile_input, context_window
 from ._ending import REQUEST_TIMEOUT_S, TaskEnder
 from ._errors import (
     ApproverRequired,
@@ -87,9 +91,16 @@ from ._intake import EventIntake
 from ._ports import PoolWorkers, WorkerLink, WorkersFactory, pool_workers
 from ._recorder import RunRecorder
 from ._runs import EngineStats, PendingEvent, RunTable, TaskRun
+from ._stopping import (
+    TOOLS_WAIT_S,
+    StopInProgress,
+    call_endings,
+    calls_in_flight,
+    end_wait_s,
+    stop_in_worker,
+)
 from ._toolflow import ToolFlow, Tooling
 from ._toolport import EnginePort
-from ._transcript import derive_transcript
 
 #: The refusals re-exported here are for modules that imported them from ``_engine`` before ``_errors``
 #: existed; import them from ``supervisor.engine``.
@@ -232,8 +243,14 @@ class Engine:
     async def start_task(self, session_id: str, prompt: str, *, permission_mode: PermissionMode = PermissionMode.ASK,
                          interaction_mode: InteractionMode = InteractionMode.NON_INTERACTIVE,
                          runtime_config: dict[str, Any] | None = None, approver: Approver | None = None,
-                         durable_approvals: bool = False, trace: TraceContext | None = None) -> TaskRecord:
-        """Record the task, its input and ``task.started``; the runtime is driven in the background.
+                         durable_approvals: bool = False, trace: TraceContext | None = None,
+                         runtime: str | None = None, max_input_tokens: int | None = None) -> TaskRecord:
+        """Record the task and ``task.started``; the runtime is driven in the background, given the session's
+        transcript compiled for it.
+
+        ``runtime``: move the session to this runtime from this task on (by reconstruction: the new runtime gets
+        the transcript); the move is kept once the runtime has taken the task. ``max_input_tokens``: a cap on the
+        compiled input, below the runtime's own budget.
 
         Refusals (nothing stored): ``SessionBusy``, ``ApproverRequired``, ``InvalidTaskInput``, and the store's
         ``QuotaExceeded`` (admission) and ``UnknownSession``."""
@@ -245,44 +262,46 @@ class Engine:
             interaction_mode, approver = InteractionMode.INTERACTIVE, None
         elif interaction_mode == InteractionMode.INTERACTIVE and approver is None:
             raise ApproverRequired("an interactive task needs an approver (or durable_approvals, decided over the API)")
+        if max_input_tokens is not None and max_input_tokens < 1:
+            raise InvalidTaskInput(f"max_input_tokens must be a positive number of tokens, not {max_input_tokens}")
+        target = runtime or session.runtime
+        if not _RUNTIME_NAME.fullmatch(target):
+            raise InvalidTaskInput(f"not a runtime name: {target[:100]!r} (letters, digits, '-', '_' and '.')")
+        switched_from = session.runtime if target != session.runtime else None
         task_id = new_id("task")
-        messages = (*await derive_transcript(self.store, session_id), Message.user_text(prompt))
+        runtime_session_id = None if switched_from else session.runtime_session_id  # another runtime's id is no use
         params = StartTaskParams(
-            runtime=session.runtime, session=SessionRef(session_id=session_id,
-                                                        runtime_session_id=session.runtime_session_id),
-            task_id=task_id, workspace=session.workspace, messages=messages, tool_manifest=self.tooling.manifest(),
-            permission_mode=permission_mode, interaction_mode=interaction_mode,
-            runtime_config=runtime_config or {}, trace=trace or TraceContext())
+            runtime=target, session=SessionRef(session_id=session_id, runtime_session_id=runtime_session_id),
+            task_id=task_id, workspace=session.workspace, messages=(Message.user_text(prompt),),
+            tool_manifest=self.tooling.manifest(), permission_mode=permission_mode,
+            interaction_mode=interaction_mode, runtime_config=runtime_config or {}, trace=trace or TraceContext())
         started = TaskStarted(task_id=task_id, prompt_preview=prompt[:200], permission_mode=permission_mode,
                               interaction_mode=interaction_mode, runtime_config=runtime_config or {})
-        compiled_json = _storable_input(params, started)
-        record = await self._admit(session, task_id, prompt)
+        _check_storable(params, started)
+        record = await self._admit(session, task_id, prompt, target)
         tr = params.trace
-        run = TaskRun(task_id=task_id, session=session, params=params, approver=approver,
+        run = TaskRun(task_id=task_id, session=session, params=params, approver=approver, prompt=prompt,
+                      max_input_tokens=max_input_tokens, switched_from=switched_from,
                       trace=Trace(session_id=session_id, task_id=task_id, request_id=tr.request_id,
                                   client_id=tr.client_id, user_id=tr.user_id),
-                      runtime=RuntimeInfo(name=session.runtime, runtime_session_id=session.runtime_session_id))
-        await self._record_start(run, started, compiled_json)
+                      runtime=RuntimeInfo(name=target, runtime_session_id=runtime_session_id))
+        await self._record_start(run, started)
         self._nursery.start_soon(self._drive, run, name=f"drive:{task_id}")
         return record
 
-    async def _admit(self, session: SessionRecord, task_id: str, prompt: str) -> TaskRecord:
+    async def _admit(self, session: SessionRecord, task_id: str, prompt: str, runtime: str) -> TaskRecord:
         """The task's row. Admission (``QuotaExceeded``, nothing stored): the session and namespace are under
         their stored-data quotas and the namespace runs fewer tasks than it may — checked in the transaction
         that records the task, as is the session's one active task."""
         try:
-            return await self.store.create_task(session.session_id, task_id, runtime=session.runtime,
+            return await self.store.create_task(session.session_id, task_id, runtime=runtime,
                                                 metadata={"prompt_preview": prompt[:200]}, quotas=self.config.quotas)
         except StoredSessionBusy as exc:
             raise SessionBusy(session.session_id, exc.active_task_id) from exc
 
-    async def _record_start(self, run: TaskRun, started: TaskStarted, compiled_json: bytes) -> None:
-        """Store the compiled input and ``task.started``; a start that fails halfway still ends the task."""
+    async def _record_start(self, run: TaskRun, started: TaskStarted) -> None:
+        """Store ``task.started``; a start that fails halfway still ends the task."""
         try:
-            input_ref = await self.store.put_blob(compiled_json, "application/json")
-            run.model_input = ModelInput(input_ref=input_ref, input_hash=sha256_hex(compiled_json),
-                                         message_count=len(run.params.messages),
-                                         tool_names=tuple(self.tooling.manifest().names()))
             self._runs.add(run)
             await self.store.append(run.session_id, [self._draft(run, EventType.TASK_STARTED, started)],
                                     idempotency_key=f"{run.task_id}:started")
@@ -312,16 +331,39 @@ class Engine:
         return EventDraft(type=event_type, runtime=run.runtime, payload=payload, trace=run.trace)
 
     async def stop_task(self, task_id: str, reason: str = "stop requested", requested_by: str = "user") -> TaskRecord:
-        """Store ``task.stopped`` now; tell the worker (best effort). Later worker events are dropped.
+        """Stop the task and end it with ``task.stopped`` and its receipt (``_stopping``): nothing of it is stored
+        from the request on; its tool calls in flight are ended; the worker is asked to stop it and waited for
+        (``end_wait_s``). Returns once the task has ended. A second stop waits for the first.
         ``TaskNotActive`` if it is not running."""
         run = self._runs.active(task_id)
         if run is None:
             record = await self.store.get_task(task_id)
             raise TaskNotActive(f"task {task_id} is not running (state: {record.state})")
-        await self._ender.finish(run, EventType.TASK_STOPPED, TaskStopped(reason=reason, requested_by=requested_by))
-        if run.worker is not None and not run.worker.exited.is_set():
-            self._ender.tell_worker_stop(run.worker, task_id, reason)
+        if run.stop is None:
+            run.stop = StopInProgress(reason=reason, requested_by=requested_by)
+            self._nursery.start_soon(self._carry_out_stop, run, name=f"stop:{task_id}")  # not the caller's to cancel
+        await run.done.wait()
         return await self.store.get_task(task_id)
+
+    async def _carry_out_stop(self, run: TaskRun) -> None:
+        stop = run.stop
+        assert stop is not None
+        try:
+            before = await calls_in_flight(self.store, run.session_id, run.task_id)
+            if run.tools_nursery is not None:
+                run.tools_nursery.cancel_scope.cancel()
+                with trio.move_on_after(TOOLS_WAIT_S):
+                    await run.tools_ended.wait()
+            receipt = await stop_in_worker(run.worker, run.task_id, stop, end_wait_s(run.params.runtime_config))
+            after = await calls_in_flight(self.store, run.session_id, run.task_id)
+            receipt = receipt.model_copy(update={
+                "tool_calls": call_endings(before, after),
+                "duration_ms": round((trio.current_time() - stop.started) * 1000, 3)})
+        except StoreError as exc:  # the store is failing: the stop is still stored, without what could not be read
+            log.error("task %s: its stop's receipt is incomplete: %s", run.task_id, exc)
+            receipt = StopReceipt(worker_detail=f"the receipt could not be completed: {exc}")
+        await self._ender.finish(run, EventType.TASK_STOPPED, TaskStopped(
+            reason=stop.reason, requested_by=stop.requested_by, receipt=receipt))
 
     async def wait_task(self, task_id: str) -> TaskRecord:
         run = self._runs.find(task_id)  # recently ended too: its end may still be being stored
@@ -387,14 +429,40 @@ class Engine:
                     run.released.set()
                     return
                 run.worker = worker
-                async with trio.open_nursery() as tools:
-                    run.tools_nursery = tools
-                    await self._start_in_worker(run, worker)
-                    await run.done.wait()
-                    tools.cancel_scope.cancel()
+                if not await self._compile(run, worker):
+                    run.released.set()
+                    return
+                try:
+                    async with trio.open_nursery() as tools:
+                        run.tools_nursery = tools
+                        await self._start_in_worker(run, worker)
+                        await run.done.wait()
+                        tools.cancel_scope.cancel()
+                finally:
+                    run.tools_ended.set()
         except NamespaceUnavailable as exc:  # no worker to be had
             run.released.set()
             await self._ender.fail(run, TaskFailureCode.WORKER_UNAVAILABLE, str(exc), retryable=True)
+
+    async def _compile(self, run: TaskRun, worker: WorkerLink) -> bool:
+        """Compile and store the task's input for its runtime; False when the task ended instead (failed: too
+        large for the budget, or not storable; or stopped meanwhile)."""
+        window = context_window(worker, run.params.runtime)
+        try:
+            run.params, run.model_input = await compile_input(
+                self.store, run.params, run.prompt, window_tokens=window, max_input_tokens=run.max_input_tokens,
+                switched_from=run.switched_from)
+        except ContextTooLarge as exc:
+            await self._ender.fail(run, TaskFailureCode.CONTEXT_TOO_LARGE, _too_large_hint(run, exc, window),
+                                   retryable=False, needed_tokens=exc.needed_tokens, budget_tokens=exc.budget_tokens,
+                                   window_tokens=window, max_input_tokens=run.max_input_tokens)
+            return False
+        except (StoreError, CanonicalizationError, ValueError) as exc:
+            log.error("task %s: its input could not be compiled: %s", run.task_id, exc)
+            await self._ender.fail(run, TaskFailureCode.INTERNAL, f"the task's input could not be compiled from the "
+                                   f"session's transcript: {type(exc).__name__}: {exc}", retryable=True)
+            return False
+        return not run.ended and run.stop is None
 
     async def _start_in_worker(self, run: TaskRun, worker: WorkerLink) -> None:
         try:
@@ -415,15 +483,22 @@ class Engine:
             await self._accepted(run, worker, accepted)
 
     async def _accepted(self, run: TaskRun, worker: WorkerLink, result: StartTaskResult) -> None:
-        """The runtime has the task: store ``model.input`` (with what the runtime loads implicitly, as the
-        worker reported it) before any of the runtime's events, which wait for ``input_stored``."""
+        """The runtime has the task: store ``model.input`` (with how the runtime was given the transcript and what
+        it loads implicitly, as the worker reported them) before any of the runtime's events, which wait for
+        ``input_stored``. A runtime switch is kept from now on."""
         try:
             model_input = run.model_input
             assert model_input is not None
+            update: dict[str, Any] = {"resume": result.resume, "sent_hash": result.sent_hash}
+            if result.resume == ResumeMode.NATIVE:  # the runtime was sent the prompt only: nothing was compiled
+                update |= {"context": None, "interrupted_calls": ()}
             if result.implicit_sources is not None:
-                ref = await self.store.put_json_blob(result.implicit_sources)
-                model_input = model_input.model_copy(update={"implicit_sources_ref": ref})
-            await self._recorder.append(run, [PendingEvent(EventType.MODEL_INPUT, model_input)])
+                update["implicit_sources_ref"] = await self.store.put_json_blob(result.implicit_sources)
+            if run.switched_from is not None:
+                run.session = await self.store.update_session(run.session_id, runtime=run.params.runtime,
+                                                              runtime_session_id=result.runtime_session_id)
+            await self._recorder.append(run, [PendingEvent(EventType.MODEL_INPUT, model_input.model_copy(
+                update=update))])
         finally:
             run.input_stored.set()
         if result.runtime_session_id and result.runtime_session_id != run.session.runtime_session_id:
@@ -435,17 +510,30 @@ class Engine:
                 log.debug("task %s ended before it was marked running", run.task_id)
 
 
+#: What a runtime may be called (the names adapters register).
+_RUNTIME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
-def _storable_input(params: StartTaskParams, started: TaskStarted) -> bytes:
-    """The task's compiled input as canonical JSON, once all of it is known to be storable; else
-    ``InvalidTaskInput`` — checked before anything is stored, so a refused task leaves no trace."""
+
+def _check_storable(params: StartTaskParams, started: TaskStarted) -> None:
+    """``InvalidTaskInput`` unless all of the task's input can be stored — checked before anything is stored, so
+    a refused task leaves no trace."""
     try:
-        compiled_json = canonical_json(params.model_dump(mode="json", exclude={"trace"}))
+        canonical_json(params.model_dump(mode="json", exclude={"trace"}))
         canonical_json(started.to_json_obj())
     except (CanonicalizationError, ValueError, TypeError) as exc:
         raise InvalidTaskInput(f"the task's input cannot be stored (runtime_config and the prompt must be plain "
                                f"JSON: strings of valid text, integers within ±2^53): {exc}") from exc
-    return compiled_json
+
+
+def _too_large_hint(run: TaskRun, exc: ContextTooLarge, window: int | None) -> str:
+    by_task = run.max_input_tokens is not None and exc.budget_tokens == run.max_input_tokens
+    limit = ("the task's max_input_tokens" if by_task else
+             f"{INPUT_SHARE:.0%} of {run.params.runtime}'s context window of {window} tokens, the rest left for the "
+             f"runtime's own instructions and its answer")
+    return (f"the request does not fit the context budget even without the session's earlier turns: it is about "
+            f"{exc.needed_tokens} tokens, the budget is {exc.budget_tokens} ({limit}). Shorten the prompt, or put "
+            f"large inputs in a file of the workspace and refer to it"
+            + (", or raise max_input_tokens" if by_task else "") + ".")
 
 
 _FAILURE_FOR_RPC_ERROR: dict[int, str] = {

@@ -70,7 +70,9 @@ class EventIntake:
         for run in self._runs.every_run():
             if run.worker is worker:
                 run.released.set()
-        orphans = [r for r in self._runs.active_runs() if r.worker is worker and not r.ended]
+                if run.stop is not None:  # its stop ends it, saying so
+                    run.stop.worker_exited(status.describe())
+        orphans = [r for r in self._runs.active_runs() if r.worker is worker and not r.ended and r.stop is None]
         if not orphans:
             return
         self._stats.worker_crashes += 1
@@ -101,7 +103,10 @@ class EventIntake:
         run.next_n = params.n + 1
         if params.event.type in TERMINAL_EVENT_TYPES:
             run.released.set()
-        if run.ended:
+            if run.stop is not None and not run.ended:  # the stop being carried out waits for it
+                run.stop.terminal_arrived(params.event.type, params.event.payload)
+                return None
+        if run.ended or run.stop is not None:
             run.late_events += 1
             self._stats.late_events += 1
             return None

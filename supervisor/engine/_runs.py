@@ -12,6 +12,7 @@ from protocol import EventType, Model, ModelInput, RuntimeInfo, StartTaskParams,
 from ..store import SessionRecord
 from ..tools import Approver
 from ._ports import WorkerLink
+from ._stopping import StopInProgress
 
 #: Small blobs committed with the events that name them: ref -> (bytes, media type).
 Blobs = dict[str, tuple[bytes, str]]
@@ -47,6 +48,14 @@ class TaskRun:
     trace: Trace
     runtime: RuntimeInfo
     approver: Approver | None = None
+    #: The request, and the task's own cap on compiled input; compiled into ``params.messages`` once the worker,
+    #: and so the runtime's window, is known.
+    prompt: str = ""
+    max_input_tokens: int | None = None
+    #: The session's runtime before this task moves it to ``params.runtime`` (None: no switch).
+    switched_from: str | None = None
+    #: A stop being carried out (its events are no longer stored; its worker's end is awaited).
+    stop: StopInProgress | None = None
     worker: WorkerLink | None = None
     next_n: int = 1
     ended: bool = False  # set (synchronously) before the terminal event is appended
@@ -58,6 +67,7 @@ class TaskRun:
     # Runtime-executed calls the policy approved: only these may report tool.call.started/completed.
     approved_runtime_calls: dict[str, ToolCallIdentity] = field(default_factory=dict)
     tools_nursery: trio.Nursery | None = None
+    tools_ended: trio.Event = field(default_factory=trio.Event)  # the tools nursery is closed: no call runs
     model_input: ModelInput | None = None  # stored once the worker accepted the task
     input_stored: trio.Event = field(default_factory=trio.Event)
     done: trio.Event = field(default_factory=trio.Event)  # the task's terminal event is stored

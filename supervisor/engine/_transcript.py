@@ -1,8 +1,9 @@
 """A session's transcript, derived from its stored events (the store is the only source of truth).
 
-The last task's compiled input (``model.input`` -> blob) holds every message up to and including its
-prompt; the events after it add the assistant's output and the tool calls and results. So the next
-task's messages are: that input + what the last task produced. Only the events that make messages are read
+The last task's compiled input (``model.input`` -> blob; its ``transcript_ref`` when the context budget left
+part of the transcript out of what was sent) holds every message up to and including its prompt; the events
+after it add the assistant's output and the tool calls and results. So the next task's messages are: that
+input + what the last task produced. Only the events that make messages are read
 (filtered in SQL, a page at a time): memory grows with the transcript, never with the session's deltas.
 """
 
@@ -54,7 +55,7 @@ async def derive_transcript(store: StoreReader, session_id: str) -> list[Message
         return []
     payload = last_input.payload
     assert isinstance(payload, ModelInput)
-    compiled = json.loads(await store.get_blob(payload.input_ref))
+    compiled = json.loads(await store.get_blob(payload.transcript_ref or payload.input_ref))
     messages = [Message.model_validate(m) for m in compiled.get("messages", [])]
     later: list[NormalizedEvent] = []
     after = last_input.seq
@@ -102,7 +103,7 @@ async def _messages_from(store: StoreReader, events: list[NormalizedEvent]) -> l
             if payload.result_ref:
                 content = json.loads(await store.get_blob(payload.result_ref))
             results.append(ToolResultBlock(tool_call_id=payload.tool_call_id, content=content,
-                                           is_error=payload.is_error))
+                                           is_error=payload.is_error, content_ref=payload.result_ref))
         elif isinstance(payload, ToolCallDenied):
             flush_assistant()
             results.append(ToolResultBlock(tool_call_id=payload.tool_call_id, content=payload.reason,

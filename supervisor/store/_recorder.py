@@ -66,7 +66,8 @@ class SessionRecords(SessionReader, Protocol):
     ) -> SessionRecord: ...
 
     async def update_session(self, session_id: str, *, runtime_session_id: str | None = None,
-                             metadata: Mapping[str, Any] | None = None) -> SessionRecord: ...
+                             metadata: Mapping[str, Any] | None = None, runtime: str | None = None,
+                             ) -> SessionRecord: ...
 
 
 class TaskReader(Protocol):

@@ -247,10 +247,19 @@ def insert_session(conn: apsw.Connection, record: SessionRecord) -> SessionRecor
 
 
 def update_session(
-    conn: apsw.Connection, session_id: str, runtime_session_id: str | None, metadata: Mapping[str, Any] | None
+    conn: apsw.Connection,
+    session_id: str,
+    runtime_session_id: str | None,
+    metadata: Mapping[str, Any] | None,
+    runtime: str | None = None,
 ) -> SessionRecord:
     select_last_seq(conn, session_id)
-    if runtime_session_id is not None:
+    if runtime is not None:
+        conn.execute(
+            "UPDATE sessions SET runtime = ?, runtime_session_id = ? WHERE session_id = ?",
+            (runtime, runtime_session_id, session_id),
+        )
+    elif runtime_session_id is not None:
         conn.execute(
             "UPDATE sessions SET runtime_session_id = ? WHERE session_id = ?", (runtime_session_id, session_id)
         )

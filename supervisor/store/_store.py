@@ -208,8 +208,10 @@ class EventStore(Recorder):
         *,
         runtime_session_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        runtime: str | None = None,
     ) -> SessionRecord:
-        """Set the runtime's own session id (for resuming) and/or replace the metadata."""
+        """Set the runtime's own session id (for resuming) and/or replace the metadata. ``runtime``: the session
+        moves to that runtime, and its runtime session id becomes ``runtime_session_id`` (None: none yet)."""
         return await self._write(
             f"updating session {session_id!r}",
             partial(
@@ -217,6 +219,7 @@ class EventStore(Recorder):
                 session_id=session_id,
                 runtime_session_id=runtime_session_id,
                 metadata=metadata,
+                runtime=runtime,
             ),
         )
 

@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from codesdk import AsyncClient, Client, Conflict, InvalidRequest, NotFound, ServiceUnreachable, Unauthorized
-from protocol import EventType
+from protocol import EventType, ModelInput, TaskFailed
 
 from .conftest import Api
 
@@ -27,6 +27,28 @@ async def test_async_client_runs_a_task_and_streams_it(api: Api) -> None:
             assert task_id is not None
             task = await client.get_task(task_id)
             assert task["state"] == "completed"
+
+
+async def test_a_task_may_move_the_session_and_cap_its_input(api: Api) -> None:
+    """``runtime`` moves the session (one the worker cannot host fails that task and leaves the session as it was);
+    ``max_input_tokens`` caps the compiled input (a request over it fails with a hint); bad values are refused."""
+    with trio.fail_after(30):
+        async with AsyncClient(socket=api.socket, token=api.alice) as client:
+            session = await client.create_session(namespace="user:alice")
+            sid = session["session_id"]
+            [e async for e in client.run(sid, "remember marker-404")]
+            moved = [e async for e in client.run(sid, "go on", runtime="no-such-runtime")]
+            assert isinstance(moved[-1].payload, TaskFailed) and moved[-1].payload.code == "RUNTIME_UNAVAILABLE"
+            assert (await client.get_session(sid))["runtime"] == "scripted"
+            capped = [e async for e in client.run(sid, "word " * 100, max_input_tokens=20)]
+            assert isinstance(capped[-1].payload, TaskFailed) and capped[-1].payload.code == "CONTEXT_TOO_LARGE"
+            fits = [e async for e in client.run(sid, "short", max_input_tokens=5000)]
+            [given] = [e.payload for e in fits if e.type == EventType.MODEL_INPUT]
+            assert isinstance(given, ModelInput) and given.resume == "reconstructed"
+            assert given.context is not None and given.context.budget_tokens == 5000
+            for bad in ({"max_input_tokens": 0}, {"runtime": "x" * 65}):
+                with pytest.raises(InvalidRequest):
+                    await client.start_task(sid, "x", **bad)  # type: ignore[arg-type]
 
 
 async def test_async_client_errors_are_typed(api: Api) -> None:

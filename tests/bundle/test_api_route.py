@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+import trio
 
 from supervisor.bundle import inspect_bundle
 
@@ -52,3 +57,39 @@ async def test_an_operator_misconfiguration_is_not_shown_to_the_tenant(api: Api,
     assert r.status_code == 500 and r.json()["error"]["code"] == "bundle_failed"
     assert "secret-shaped" not in r.text
     assert not list((tmp_path / "data").glob(".bundle-*"))
+
+
+async def test_a_token_writes_one_bundle_at_a_time(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each bundle costs disk and CPU: a second request by the same token while its first is being written is a
+    429 saying so; another token is not held up, and the first token may ask again once its bundle is done."""
+    from supervisor import bundle
+
+    writing, release = trio.Event(), trio.Event()
+    real_write = bundle.write_bundle
+
+    async def held_write(*args: Any, **kwargs: Any) -> Any:
+        writing.set()
+        await release.wait()
+        return await real_write(*args, **kwargs)
+
+    monkeypatch.setattr(bundle, "write_bundle", held_write)
+    session = await api.create_session(api.alice, "user:alice")
+    url = f"/v1/sessions/{session['session_id']}/bundle"
+    answers: list[httpx.Response] = []
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+
+            async def first() -> None:
+                answers.append(await api.client.get(url, headers=api.auth(api.alice)))
+
+            nursery.start_soon(first)
+            await writing.wait()
+            again = await api.client.get(url, headers=api.auth(api.alice))
+            assert again.status_code == 429 and again.json()["error"]["code"] == "bundle_in_progress"
+            assert again.headers["retry-after"] == "1"
+            monkeypatch.setattr(bundle, "write_bundle", real_write)
+            admin = await api.client.get(url, headers=api.auth(api.admin))  # another token is not held up
+            assert admin.status_code == 200
+            release.set()
+        assert answers[0].status_code == 200
+        assert (await api.client.get(url, headers=api.auth(api.alice))).status_code == 200

@@ -8,6 +8,7 @@ that the real agents talk to.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,9 @@ class ScriptedCase:
 
     def worker_env(self) -> dict[str, str]:
         return {}
+
+    def forget_sessions(self, home: Path, data: Path) -> None:
+        """Delete what the runtime keeps of its sessions in the namespace (the scripted runtime keeps nothing)."""
 
     def stream(self, text: str) -> Turn:
         return Turn(text, {"scenario": "echo"})
@@ -92,6 +96,9 @@ class ClaudeCase:
     def worker_env(self) -> dict[str, str]:
         return {"ANTHROPIC_BASE_URL": self.base_url, "ANTHROPIC_API_KEY": "sk-test", "CLAUDE_CODE_MAX_RETRIES": "0"}
 
+    def forget_sessions(self, home: Path, data: Path) -> None:
+        shutil.rmtree(home / ".claude" / "projects")
+
     def stream(self, text: str) -> Turn:
         return Turn(text)
 
@@ -135,6 +142,9 @@ class CodexCase:
     def worker_env(self) -> dict[str, str]:
         return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": "sk-test"}
 
+    def forget_sessions(self, home: Path, data: Path) -> None:
+        shutil.rmtree(home / ".codex" / "sessions")
+
     def stream(self, text: str) -> Turn:
         return Turn(text, dict(CODEX_CONFIG))
 
@@ -174,6 +184,17 @@ class _AcpCase:
 
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url
+
+    def forget_sessions(self, home: Path, data: Path) -> None:
+        """Gemini's chats, OpenCode's database, codex-acp's Codex rollouts."""
+        chats = list((home / ".gemini" / "tmp").glob("*/chats"))
+        databases = list((data / "opencode").glob("opencode.db*"))
+        rollouts = [home / ".codex" / "sessions"] if (home / ".codex" / "sessions").is_dir() else []
+        assert chats or databases or rollouts, f"no stored session of {self.runtime} under {home} or {data}"
+        for path in chats + rollouts:
+            shutil.rmtree(path)
+        for path in databases:
+            path.unlink()
 
     def stream(self, text: str) -> Turn:
         return Turn(text, dict(self.config))

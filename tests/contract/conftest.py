@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,8 +31,39 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conversation: needs a runtime that keeps a conversation of its own")
 
 
-@pytest.fixture(params=["scripted", *(pytest.param(name, marks=pytest.mark.runtime)
-                                      for name in ("claude", "codex", "gemini", "opencode", "codex-acp"))])
+#: Every runtime the contract covers, the scripted one first.
+RUNTIMES = ("scripted", "claude", "codex", "gemini", "opencode", "codex-acp")
+
+
+def unavailable(name: str) -> str | None:
+    """Why the runtime cannot be driven here (None: it can)."""
+    if name == "scripted":
+        return None
+    if not loopback_only():
+        return "real runtimes run only inside a loopback-only network namespace: use ./scripts/test"
+    if name == "claude" and cli_path() is None:
+        return "claude-agent-sdk (with its bundled CLI) is not installed: pip install 'codesdk[claude]'"
+    if name == "codex" and codex_path() is None:
+        return "Codex is not installed: ./scripts/install-runtimes (needs node and npm)"
+    for profile in (GeminiProfile(), OpenCodeProfile(), CodexAcpProfile()):
+        if name == profile.name and profile.program(os.environ) is None:
+            return profile.missing_reason(os.environ)
+    return None
+
+
+def make_case(name: str, fake: FakeAnthropic) -> Case:
+    """The case of a runtime, talking to ``fake`` (one fake serves every runtime's dialect)."""
+    cases: dict[str, Callable[[], Case]] = {
+        "scripted": ScriptedCase, "claude": lambda: ClaudeCase(fake.base_url),
+        "codex": lambda: CodexCase(fake.openai_base_url), "gemini": lambda: GeminiCase(fake.gemini_base_url),
+        "codex-acp": lambda: CodexAcpCase(fake.openai_base_url),
+        "opencode": lambda: OpenCodeCase(fake.chat_completions_base_url)}
+    case = cases[name]()
+    case.fake = fake  # type: ignore[union-attr]
+    return case
+
+
+@pytest.fixture(params=["scripted", *(pytest.param(name, marks=pytest.mark.runtime) for name in RUNTIMES[1:])])
 def case(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Case]:
     if request.param in _NO_BUILTINS and request.node.get_closest_marker("builtin_tools"):
         pytest.skip(f"{_NO_BUILTINS[request.param]} under CodeSDK: no built-in to approve or deny")
@@ -41,28 +72,10 @@ def case(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mon
             pytest.skip("the scripted runtime keeps no conversation of its own")
         yield ScriptedCase()
         return
-    if not loopback_only():
-        pytest.skip("real runtimes run only inside a loopback-only network namespace: use ./scripts/test")
-    if request.param == "claude" and cli_path() is None:
-        pytest.skip("claude-agent-sdk (with its bundled CLI) is not installed: pip install 'codesdk[claude]'")
-    if request.param == "codex" and codex_path() is None:
-        pytest.skip("Codex is not installed: ./scripts/install-runtimes (needs node and npm)")
-    for profile in (GeminiProfile(), OpenCodeProfile(), CodexAcpProfile()):
-        if request.param == profile.name and profile.program(os.environ) is None:
-            pytest.skip(profile.missing_reason(os.environ))
+    if (reason := unavailable(request.param)) is not None:
+        pytest.skip(reason)
     with FakeAnthropic.start(tmp_path / "api.jsonl") as fake:
-        case: Case
-        if request.param == "claude":
-            case = ClaudeCase(fake.base_url)
-        elif request.param == "codex":
-            case = CodexCase(fake.openai_base_url)
-        elif request.param == "gemini":
-            case = GeminiCase(fake.gemini_base_url)
-        elif request.param == "codex-acp":
-            case = CodexAcpCase(fake.openai_base_url)
-        else:
-            case = OpenCodeCase(fake.chat_completions_base_url)
-        case.fake = fake  # type: ignore[union-attr]
+        case = make_case(request.param, fake)
         if not request.config.getoption("--record-streams"):
             yield case
             return

@@ -13,14 +13,22 @@ import pytest
 import trio
 
 from codesdk.testing.invariants import check_session
-from protocol import EventType, InteractionMode, NormalizedEvent, PermissionMode, TaskStoppedEvent
+from protocol import (
+    EventType,
+    InteractionMode,
+    NormalizedEvent,
+    PermissionMode,
+    ResumeMode,
+    TaskStoppedEvent,
+    WorkerAnswer,
+)
 from supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
 from supervisor.engine._transcript import session_events
 from supervisor.store import TaskRecord, TaskState
 
 from ..conftest import MakeEngine
 from ..e2e.conftest import of_type
-from .cases import Case, Turn, workspace
+from .cases import Case, ScriptedCase, Turn, workspace
 
 
 async def _run(make_engine: MakeEngine, case: Case, turn: Turn, ws: Path | None = None,
@@ -133,21 +141,35 @@ async def test_implicit_sources_are_recorded_with_the_model_input(make_engine: M
 @pytest.mark.conversation
 async def test_the_next_task_carries_the_sessions_history(make_engine: MakeEngine, case: Case,
                                                          tmp_path: Path) -> None:
-    """The session's second task is taken up by the runtime's own session: the model is sent the first turn."""
+    """The session's second task is taken up by the runtime's own session: the model is sent the first turn, and
+    only the new prompt was sent for it. Then the runtime's stored sessions are deleted: the third task starts a
+    new runtime session whose first prompt carries the earlier turns (model.input says which way each went)."""
     fake = getattr(case, "fake")  # noqa: B009 (set by the fixture on cases with a fake model)
-    first, second = case.stream("remember marker-7741"), case.stream("and now marker-7742")
+    turns = [case.stream("remember marker-7741"), case.stream("and now marker-7742"), case.stream("then marker-7743")]
+    sessions: list[str | None] = []
     with trio.fail_after(120):
         async with make_engine(worker_env={"*": case.worker_env()}) as engine:
             session = await engine.create_session(runtime=case.runtime, workspace=workspace(tmp_path))
-            for turn in (first, second):
+            for number, turn in enumerate(turns):
+                if number == 2:
+                    dirs = engine.config.pool.data_dir / "namespaces" / "default"
+                    case.forget_sessions(dirs / "home", dirs / "data")
                 task = await engine.start_task(session.session_id, turn.prompt, runtime_config=turn.runtime_config)
                 assert (await engine.wait_task(task.task_id)).state == TaskState.COMPLETED
+                sessions.append((await engine.store.get_session(session.session_id)).runtime_session_id)
+                if number == 1:
+                    native = json.dumps(fake.requests()[-1]["body"])
             events = await session_events(engine.store, session.session_id)
     check_session(events)
-    assert [t for t in _texts(events) if "marker-774" in t] == ["Echo: remember marker-7741",
-                                                                 "Echo: and now marker-7742"]
-    last = json.dumps(fake.requests()[-1]["body"])
-    assert "marker-7741" in last and "marker-7742" in last
+    assert [t for t in _texts(events) if t.startswith("Echo:") and "marker-774" in t][:2] == [
+        "Echo: remember marker-7741", "Echo: and now marker-7742"]
+    assert "marker-7741" in native and "marker-7742" in native
+    assert "conversation_record" not in native  # taken up natively: only the new prompt was sent
+    rebuilt = json.dumps(fake.requests()[-1]["body"])
+    assert all(f"marker-774{i}" in rebuilt for i in (1, 2, 3)) and "conversation_record" in rebuilt
+    given = of_type(events, EventType.MODEL_INPUT)
+    assert [p.resume for p in given] == [ResumeMode.NEW, ResumeMode.NATIVE, ResumeMode.RECONSTRUCTED]
+    assert sessions[0] == sessions[1] and sessions[2] not in (None, sessions[1])  # a new runtime session, kept
 
 
 async def test_stop_mid_stream(make_engine: MakeEngine, case: Case, tmp_path: Path) -> None:
@@ -159,14 +181,16 @@ async def test_stop_mid_stream(make_engine: MakeEngine, case: Case, tmp_path: Pa
             task = await engine.start_task(session.session_id, turn.prompt, runtime_config=turn.runtime_config,
                                            permission_mode=PermissionMode.YOLO)
             await _deltas(engine, session.session_id, 3)
-            await engine.stop_task(task.task_id, reason="enough")
-            with trio.move_on_after(3):  # let late events arrive; they must not be stored
-                while engine.stats.late_events == 0:
-                    await trio.sleep(0.05)
+            await engine.stop_task(task.task_id, reason="enough")  # returns once the worker has ended the task
             events = await session_events(engine.store, session.session_id)
     check_session(events)
     last = events[-1]
     assert isinstance(last, TaskStoppedEvent) and last.payload.reason == "enough"
+    receipt = last.payload.receipt  # what the stop did: the runtime was interrupted, and its processes are gone
+    assert receipt is not None and receipt.worker == WorkerAnswer.CONFIRMED and receipt.interrupt_sent
+    assert receipt.processes_gone is not False and all(p.gone for p in receipt.processes)
+    if not isinstance(case, ScriptedCase):
+        assert receipt.processes, "a runtime with a process of its own reports how it ended"
     assert not [e for e in events if e.type.value.startswith("tool.")]
     assert not (ws / "late.txt").exists()
 

@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from codesdk.testing.invariants import check_session
-from protocol import EventType, NormalizedEvent
+from protocol import EventType, ModelInput, NormalizedEvent
 from supervisor.engine import Engine
 from supervisor.engine._transcript import session_events
 from supervisor.store import TaskRecord
@@ -37,6 +37,18 @@ async def wait_for_event(event_type: EventType, engine: Engine, session_id: str)
 def of_type(events: Iterable[NormalizedEvent], event_type: EventType) -> list[Any]:
     """The payloads of the events of this type (each a ``PAYLOAD_MODELS[event_type]``)."""
     return [e.payload for e in events if e.type == event_type]
+
+
+def the_model_input(events: Iterable[NormalizedEvent]) -> ModelInput:
+    """The one ``model.input`` among these events (a task's)."""
+    (model_input,) = of_type(events, EventType.MODEL_INPUT)
+    assert isinstance(model_input, ModelInput)
+    return model_input
+
+
+def said(events: Iterable[NormalizedEvent]) -> str:
+    """The text of every completed output block, joined."""
+    return "".join(p.text for p in of_type(events, EventType.MODEL_OUTPUT_COMPLETED))
 
 
 def worker_of(engine: Engine, namespace: str = "default") -> WorkerProcess:

@@ -141,7 +141,7 @@ def test_cli_goes_through_the_service_that_holds_the_data_dir(tmp_path: Path) ->
         assert auth.returncode == 0 and "scripted in default" in auth.stdout
 
 
-def test_run_session_takes_namespace_and_runtime_from_the_session(tmp_path: Path) -> None:
+def test_run_session_takes_its_namespace_and_moves_only_when_told(tmp_path: Path) -> None:
     data = tmp_path / "data"
     first = _cli(data, "run", "one", "--namespace", "user:alice", "--json")
     assert first.returncode == 0, first.stderr
@@ -152,8 +152,16 @@ def test_run_session_takes_namespace_and_runtime_from_the_session(tmp_path: Path
     assert "namespace user:alice" not in again.stderr  # nothing printed about it: it simply applies
     clash = _cli(data, "run", "three", "--session", session_id, "--namespace", "user:bob")
     assert clash.returncode == 2 and "belongs to namespace 'user:alice', not 'user:bob'" in clash.stderr
-    clash = _cli(data, "run", "three", "--session", session_id, "--runtime", "claude")
-    assert clash.returncode == 2 and "runs on runtime 'scripted'" in clash.stderr
+    moved = _cli(data, "run", "three", "--session", session_id, "--runtime", "no-such-runtime", "--json")
+    failed = [e for e in map(json.loads, moved.stdout.splitlines()) if e["type"] == "task.failed"]
+    assert moved.returncode == 1 and failed[0]["payload"]["code"] == "RUNTIME_UNAVAILABLE"
+    assert failed[0]["runtime"]["name"] == "no-such-runtime"
+    shown = _cli(data, "run", "four", "--session", session_id)  # a failed move leaves the session where it was
+    assert shown.returncode == 0 and " runtime scripted " in shown.stdout
+    capped = _cli(data, "run", "five " * 100, "--session", session_id, "--max-input-tokens", "20")
+    assert capped.returncode == 1 and "CONTEXT_TOO_LARGE" in capped.stdout and "raise max_input_tokens" in capped.stdout
+    bad = _cli(data, "run", "six", "--session", session_id, "--max-input-tokens", "0")
+    assert bad.returncode == 2 and "--max-input-tokens must be a positive number" in bad.stderr
     clash = _cli(data, "run", "three", "--session", session_id, "--workspace", str(tmp_path))
     assert clash.returncode == 2 and "keeps the workspace" in clash.stderr
 

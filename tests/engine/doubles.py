@@ -7,7 +7,7 @@ exactly as the pool does, and ends it with ``exit``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +23,7 @@ from protocol import (
     RuntimeEventParams,
     RuntimeInfo,
     StderrTail,
+    TaskStopped,
     WorkerEvent,
 )
 from supervisor.engine import Engine, EngineConfig, NamespaceUnavailable, WorkerEvents, WorkerExit, WorkerLink
@@ -45,6 +46,8 @@ class FakeConnection:
             Method.START_TASK: lambda params: {"accepted": True, "task_id": params["task_id"]},
         }
         self._changed = trio.Event()
+        #: How the worker ends a task it is asked to stop (unless ``answers`` says otherwise): as a worker does.
+        self.stopped: Callable[[dict[str, Any]], Awaitable[None]] | None = None
 
     async def request(self, method: MethodSpec[P, R], params: P) -> R:
         """Recorded as (method name, JSON params), as they would go on the wire; answered from ``answers``
@@ -57,6 +60,8 @@ class FakeConnection:
         result = answer(sent) if answer is not None else {}
         if isinstance(result, Exception):
             raise result
+        if method.method == Method.STOP and answer is None and self.stopped is not None:
+            await self.stopped(sent)
         return method.parse_result(result)
 
     async def wait_for(self, method: str, count: int = 1) -> list[dict[str, Any]]:
@@ -80,6 +85,12 @@ class FakeWorker:
         self._on_events = on_events
         self._on_exit = on_exit
         self._next_n: dict[str, int] = {}
+        self.connection.stopped = self._end_stopped_task
+
+    async def _end_stopped_task(self, params: dict[str, Any]) -> None:
+        """A worker asked to stop a task ends it with ``task.stopped``."""
+        await self.emit(params["task_id"], EventType.TASK_STOPPED, TaskStopped(reason=params.get("reason") or "stop",
+                                                                                requested_by="supervisor"))
 
     def next_n(self, task_id: str) -> int:
         """The ordinal this worker's next event of the task gets."""
@@ -99,6 +110,8 @@ class FakeWorker:
             type=type_, runtime=RuntimeInfo(name="scripted"), payload=payload, raw=raw))
 
     async def emit_batch(self, batch: list[RuntimeEventParams]) -> None:
+        for params in batch:  # ordinals a test chose are taken too
+            self._next_n[params.task_id] = max(self.next_n(params.task_id), params.n + 1)
         await self._on_events(self, batch)
 
     async def exit(self, returncode: int = 1, stderr: bytes = b"") -> None:

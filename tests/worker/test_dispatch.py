@@ -106,7 +106,9 @@ async def test_every_answer_is_the_one_jsonrpcserver_gave(tmp_path: Path) -> Non
     assert answers == [answer for _, answer in _EXCHANGES if answer is not None]
     events = [json.loads(line)["params"] for line in lines if b'"method":"runtime.event"' in line]
     assert {e["task_id"] for e in events} == {"quiet"}
-    assert events[-1]["event"]["payload"] == {"reason": "enough", "requested_by": "supervisor"}
+    stopped = events[-1]["event"]["payload"]
+    assert (stopped["reason"], stopped["requested_by"]) == ("enough", "supervisor")
+    assert stopped["receipt"]["interrupt_sent"] and stopped["receipt"]["processes"] == []
 
 
 async def test_typed_requests_return_their_result_models(tmp_path: Path) -> None:

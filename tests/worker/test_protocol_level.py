@@ -8,7 +8,15 @@ import pytest
 import trio
 
 from codesdk.testing import open_worker
-from protocol import PROTOCOL_VERSION, ErrorCode, EventType, Method, RuntimeEventParams
+from protocol import (
+    PROTOCOL_VERSION,
+    ErrorCode,
+    EventType,
+    Message,
+    Method,
+    RuntimeEventParams,
+    canonical_hash,
+)
 from supervisor.workers import RpcError
 
 
@@ -32,9 +40,10 @@ async def test_streaming_task_events_are_ordered_and_complete(tmp_path: Path) ->
     with trio.fail_after(30):
         async with open_worker(home=tmp_path) as worker:
             task = await worker.start_task("hello worker", scenario="echo", task_id="t1", session_id="s-t1")
+            sent = canonical_hash([Message.user_text("hello worker").to_json_obj()])
             assert task.accepted == {"accepted": True, "task_id": "t1", "runtime_session_id": "scripted-s-t1",
-                                "implicit_sources": {"policy": "the scripted runtime loads nothing implicitly",
-                                                     "found": []}}
+                                     "implicit_sources": {"policy": "the scripted runtime loads nothing implicitly",
+                                                          "found": []}, "resume": "new", "sent_hash": sent}
             events = await task.until_terminal()
     assert [e.n for e in events] == list(range(1, len(events) + 1))  # per-task ordinal, gap-free
     assert types(events)[0] == "runtime.request.started"

@@ -27,7 +27,7 @@ from typing import IO, TYPE_CHECKING, Protocol
 
 import trio
 
-from protocol import BadFrame, ExitStatus, LineFramer, StderrTail
+from protocol import BadFrame, ExitStatus, LineFramer, ProcessEnd, StderrTail
 
 from .. import _recording as recording
 from .._ahead import AHEAD_TTL_S, RuntimeLaunch, StartedAhead, differences, start_ahead
@@ -183,6 +183,14 @@ stand_in: ContextVar[Callable[[Sequence[str], str], AbstractAsyncContextManager[
     "codesdk_runtime_stand_in", default=None)
 
 
+#: Where the runtime processes of the task running in this context are reported as they are ended (the worker
+#: sets one per task; a stop's receipt lists them).
+ended_processes: ContextVar[list[ProcessEnd] | None] = ContextVar("codesdk_ended_processes", default=None)
+
+#: How long an ended process group is watched for its last members to be reaped before it is reported not gone.
+GONE_WAIT_S = 1.0
+
+
 class RuntimeProcess:
     """One running runtime program. Create with ``async with RuntimeProcess.open(...)``."""
 
@@ -285,16 +293,23 @@ class RuntimeProcess:
     async def end(self, grace_s: float = TERM_GRACE_S) -> None:
         """End the whole process group: close stdin, SIGTERM, ``grace_s``, SIGKILL; wait until reaped. What it
         started and moved out of its group (a built-in shell's children) is SIGKILLed too, found while the program
-        still runs (once it is reaped its pid may belong to someone else)."""
+        still runs (once it is reaped its pid may belong to someone else). How it ended, checked, is reported
+        (``ended_processes``)."""
         with trio.CancelScope(shield=True):
             escaped = self._descendants()
             await self.close_stdin()
+            signals = (False, False)
             if self.process.returncode is None:
-                await _end_group(self.process, grace_s=grace_s)
+                signals = await _end_group(self.process, grace_s=grace_s)
             _signal_group(self.pid, signal.SIGKILL)  # what it started, even if it exited by itself
             _kill_all(escaped)
             with trio.move_on_after(grace_s):
                 await self.exited.wait()
+            ledger = ended_processes.get()
+            if ledger is not None:
+                ledger.append(ProcessEnd(name=self.name, pid=self.pid, exit=self.status().describe(),
+                                         term_sent=signals[0], kill_sent=signals[1], escaped_killed=len(escaped),
+                                         gone=await _gone(self.pid, escaped)))
 
     def _descendants(self) -> list[psutil.Process]:
         if self.process.returncode is not None:
@@ -339,10 +354,48 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-async def _end_group(process: ChildProcess, *, grace_s: float) -> None:
-    """SIGTERM the process's group, SIGKILL it after ``grace_s`` if the process has not exited by then."""
+async def _end_group(process: ChildProcess, *, grace_s: float) -> tuple[bool, bool]:
+    """SIGTERM the process's group, SIGKILL it after ``grace_s`` if the process has not exited by then. Whether
+    each was sent: (SIGTERM, SIGKILL)."""
     _signal_group(process.pid, signal.SIGTERM)
     with trio.move_on_after(grace_s):
         await process.wait()
+    killed = process.returncode is None
     _signal_group(process.pid, signal.SIGKILL)
     await process.wait()
+    return True, killed
+
+
+def _group_empty(pgid: int) -> bool:
+    """No live process in the group: none at all, or only zombies (dead, waiting for their parent to reap them)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # someone is left in it, of another uid: look at each
+        pass
+    import psutil
+
+    for process in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                return False
+    return True
+
+
+async def _gone(pgid: int, escaped: list[psutil.Process]) -> bool:
+    """Whether nothing is left of an ended runtime: its group empty and its escaped processes dead, checked until
+    ``GONE_WAIT_S`` has passed (killed members stay zombies until their parent reaps them)."""
+    import psutil
+
+    def alive(process: psutil.Process) -> bool:
+        try:
+            return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    with trio.move_on_after(GONE_WAIT_S):
+        while not (_group_empty(pgid) and not any(map(alive, escaped))):
+            await trio.sleep(0.01)
+        return True
+    return False

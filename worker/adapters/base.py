@@ -8,6 +8,8 @@ handle's methods. The worker, not the adapter, emits the one terminal event from
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,6 +21,7 @@ from protocol import (
     EventType,
     ExitStatus,
     Model,
+    ResumeMode,
     RuntimeCapabilities,
     SessionRef,
     StartTaskParams,
@@ -26,6 +29,8 @@ from protocol import (
     TaskFailed,
     TaskFailureCode,
     TaskStopped,
+    runtime_prompt,
+    sha256_hex,
 )
 
 from .._failure import RpcFailure
@@ -131,6 +136,51 @@ class TaskHandle(ABC):
 
     #: What the runtime loads on its own and what the adapter did with it (see StartTaskResult).
     implicit_sources: dict[str, Any] | None = None
+
+    #: How the runtime gets the session's earlier turns, and the sha256 of exactly what it is sent (see
+    #: ``RuntimeInput``); reported in StartTaskResult and recorded with model.input.
+    resume: ResumeMode | None = None
+    sent_hash: str | None = None
+
+
+#: A test's answer to "does the runtime still have this session?" in place of the adapter's own look (a replay
+#: answers as its recording says: the runtime's stored sessions are not part of it).
+stored_stand_in: ContextVar[Callable[[str], bool | None] | None] = ContextVar("codesdk_stored_stand_in",
+                                                                              default=None)
+
+
+@dataclass(frozen=True)
+class RuntimeInput:
+    """What a prompt-only runtime (one that keeps its own conversation) is sent for a task, and how: its stored
+    session taken up again and the new prompt (``resume_id`` set), or a new session whose first prompt is the
+    session's transcript compiled by CodeSDK (``protocol.runtime_prompt``)."""
+
+    mode: ResumeMode
+    text: str
+    resume_id: str | None
+
+    @classmethod
+    def plan(cls, params: StartTaskParams, stored: Callable[[str], bool | None]) -> RuntimeInput:
+        """``stored(runtime_session_id)``: whether the runtime still has that session in this namespace (None:
+        it cannot be told without asking the runtime, which is then asked to take it up)."""
+        session_id = params.session.runtime_session_id
+        stored = stored_stand_in.get() or stored
+        resumable = bool(session_id) and stored(session_id or "") is not False
+        mode, text = runtime_prompt(params.messages, resumable=resumable)
+        return cls(mode, text, session_id if mode == ResumeMode.NATIVE else None)
+
+    @classmethod
+    def rebuilt(cls, params: StartTaskParams) -> RuntimeInput:
+        """The input for a new runtime session: the runtime turned out not to have its own any more."""
+        mode, text = runtime_prompt(params.messages, resumable=False)
+        return cls(mode, text, None)
+
+    @property
+    def sent_hash(self) -> str:
+        return sha256_hex(self.text.encode())
+
+    def apply(self, handle: TaskHandle) -> None:
+        handle.resume, handle.sent_hash = self.mode, self.sent_hash
 
 
 @dataclass

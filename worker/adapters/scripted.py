@@ -31,6 +31,7 @@ from protocol import (
     ModelOutputCompleted,
     ModelOutputDelta,
     Notification,
+    ResumeMode,
     RuntimeCapabilities,
     RuntimeEventParams,
     RuntimeInfo,
@@ -47,6 +48,8 @@ from protocol import (
     WorkerEvent,
     canonical_hash,
     encode_message,
+    render_history,
+    split_prompt,
 )
 
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome
@@ -115,6 +118,7 @@ class ScriptedAdapter(RuntimeAdapter):
             transcript_input=True,
             cancellation=CancellationSupport.COOPERATIVE,
             usage_reporting=True,
+            context_window_tokens=100_000,
             models=("scripted-1",),
             default_model="scripted-1",
         )
@@ -171,8 +175,8 @@ def _instruments_in(steps: tuple[Step, ...]) -> str | None:
 class _Template:
     """Fills ``{{prompt}}``, ``{{result:id}}`` and ``{{denied:id}}`` from what the task has seen."""
 
-    def __init__(self, prompt: str) -> None:
-        self.values: dict[str, str] = {"prompt": prompt}
+    def __init__(self, prompt: str, history: str) -> None:
+        self.values: dict[str, str] = {"prompt": prompt, "history": history}
 
     def record(self, call_id: str, outcome: ToolOutcome) -> None:
         if outcome.denied:
@@ -197,7 +201,11 @@ class ScriptedTask(AnswersToolCalls, TaskHandle):
         self.io = io
         self.stop_grace_s = stop_grace_s
         self.tools = PendingToolCalls()
-        self.template = _Template(params.last_user_text())
+        history, prompt = split_prompt(params.messages)
+        self.template = _Template(prompt, render_history(history))
+        # The scripted runtime keeps nothing between tasks: the messages it is given are all it knows.
+        self.resume = ResumeMode.RECONSTRUCTED if history else ResumeMode.NEW
+        self.sent_hash = canonical_hash([m.to_json_obj() for m in params.messages])
         self._block_counter = 0
         self._request_counter = 0
         self._in_request: str | None = None

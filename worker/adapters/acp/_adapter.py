@@ -60,7 +60,15 @@ from .._conversation import hold_conversation
 from .._process import RuntimeProcess
 from .._rpc_peer import METHOD_NOT_FOUND, PeerClosed, PeerError, RpcPeer
 from .._tool_names import model_tool_names
-from ..base import Availability, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
+from ..base import (
+    Availability,
+    RuntimeAdapter,
+    RuntimeInput,
+    StartTaskRefused,
+    TaskHandle,
+    TaskIO,
+    TaskOutcome,
+)
 from ._profile import MCP_SERVER_NAME, AcpSettings, AgentProfile, BadAcpConfig, UnsafeWorkspace, content_text
 from ._updates import CHUNK_KINDS, OutputBlocks
 
@@ -84,6 +92,7 @@ class AcpAdapter(RuntimeAdapter):
     def capabilities(self) -> RuntimeCapabilities:
         return RuntimeCapabilities(
             name=self.name, version=self.profile.installed_version(os.environ) or self.profile.version,
+            context_window_tokens=self.profile.context_window_tokens,
             isolation_modes=(IsolationMode.SUBPROCESS,), requires_auth=True, auth_methods=("api_key", "oauth_local"),
             streaming_text=True, streaming_thinking=True, tool_calls=True, parallel_tool_calls=True,
             tool_routing=(ToolRouting.MCP,), builtin_tools=(), builtin_tools_default_enabled=False,
@@ -106,8 +115,7 @@ class AcpAdapter(RuntimeAdapter):
         refusal = self.profile.refusal(os.environ)
         if program is None or refusal is not None:
             raise StartTaskRefused(ErrorCode.RUNTIME_UNAVAILABLE, refusal or self.profile.missing_reason(os.environ))
-        prompt = params.last_user_text()  # earlier turns live in the agent's own session (taken up by id)
-        if not prompt:
+        if not params.last_user_text():
             raise StartTaskRefused(ErrorCode.INVALID_PARAMS, f"startTask needs a user message for {self.name}")
         try:
             settings = self.profile.settings(params.runtime_config)
@@ -118,22 +126,26 @@ class AcpAdapter(RuntimeAdapter):
             self.profile.check_workspace(cwd)
         except UnsafeWorkspace as exc:
             raise StartTaskRefused(ErrorCode.UNSAFE_WORKSPACE, str(exc)) from exc
-        if params.session.runtime_session_id:
-            io.set_runtime_session_id(params.session.runtime_session_id)
+        # Earlier turns live in the agent's own session, taken up by id while the agent has it; else they are sent
+        # as the first prompt of a new one.
+        given = RuntimeInput.plan(params, lambda session_id: self.profile.stored_session(os.environ, cwd, session_id))
+        if given.resume_id:
+            io.set_runtime_session_id(given.resume_id)
         if settings.model:
             io.set_model(settings.model)
-        task = AcpTask(self.profile, params, io, prompt, program, settings, cwd)
+        task = AcpTask(self.profile, params, io, given, program, settings, cwd)
         task.implicit_sources = self.profile.implicit_sources(os.environ, cwd)
         return task
 
 
 class AcpTask(AnswersToolCalls, TaskHandle):
-    def __init__(self, profile: AgentProfile, params: StartTaskParams, io: TaskIO, prompt: str, program: list[str],
-                 settings: AcpSettings, cwd: Path) -> None:
+    def __init__(self, profile: AgentProfile, params: StartTaskParams, io: TaskIO, given: RuntimeInput,
+                 program: list[str], settings: AcpSettings, cwd: Path) -> None:
         self.profile = profile
         self.params = params
         self.io = io
-        self.prompt = prompt
+        given.apply(self)
+        self.prompt = given.text
         self.program = program
         self.settings = settings
         self.cwd = cwd
@@ -143,7 +155,7 @@ class AcpTask(AnswersToolCalls, TaskHandle):
         self.blocks = OutputBlocks(io, f"{params.task_id}:acp")
         self._stop = trio.Event()
         self._stop_reason: str | None = None
-        self._session_id: str | None = params.session.runtime_session_id
+        self._session_id: str | None = given.resume_id
         self._prompting = False
         self._model: str | None = settings.model
         #: Notifications the follower has handled, and an event set at each (see ``_caught_up``).
@@ -261,8 +273,10 @@ class AcpTask(AnswersToolCalls, TaskHandle):
             except PeerError as exc:
                 if not self.profile.session_never_stored(exc.code, exc.message, exc.data):
                     raise
-                log.info("%s stored nothing of session %s (its turns all failed before an answer): a new one "
-                         "takes its place", title, self._session_id)
+                log.warning("%s does not have session %s any more (or never stored it): a new one, given the "
+                            "session's transcript, takes its place; model.input says %s", title, self._session_id,
+                            self.resume)
+                self.prompt = RuntimeInput.rebuilt(self.params).text
         session = await peer.request("session/new", common)
         self._session_id = str(session["sessionId"])
         self.io.set_runtime_session_id(self._session_id)

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..._ahead import RuntimeLaunch
 from .._installed import node_modules
+from ..codex._env import stored_thread
 from ..codex._launch import DEFAULT_BASE_URL, PROVIDER, codex_home
 from ._profile import (
     MCP_SERVER_NAME,
@@ -75,6 +76,7 @@ class CodexAcpProfile(PlatformBuildProfile):
     title = "Codex (ACP)"
     package = "@zed-industries/codex-acp"
     version = "0.16.0"
+    context_window_tokens = 272_000  # Codex's default model
     handshake_timeout_s = 60.0  # initialize 0.05-0.15 s, session/new ~0.02 s (MCP servers start in the background)
     exit_grace_s = 0.0  # it never exits on stdin EOF; SIGTERM ends it at once, its rollout already written
     default_max_retries = 4  # Codex's own default for its provider's requests
@@ -196,6 +198,10 @@ class CodexAcpProfile(PlatformBuildProfile):
         """Codex writes a session's rollout when its first turn starts; a session whose process ended before that
         is "Resource not found" when resumed."""
         return code == RESOURCE_NOT_FOUND
+
+    def stored_session(self, environ: Mapping[str, str], cwd: Path, session_id: str) -> bool | None:
+        """codex-acp's session is a Codex thread: its rollout under CODEX_HOME."""
+        return stored_thread(environ, session_id)
 
     def implicit_sources(self, environ: Mapping[str, str], cwd: Path) -> dict[str, Any]:
         home = codex_home(environ)

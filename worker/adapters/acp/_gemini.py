@@ -47,6 +47,7 @@ class GeminiProfile(AgentProfile):
     title = "Gemini CLI"
     package = "@google/gemini-cli"
     version = "0.61.0"
+    context_window_tokens = 1_048_576  # the window of the Gemini models it defaults to
     handshake_timeout_s = 60.0
     exit_grace_s = 0.0  # with an MCP server attached it does not exit on stdin EOF: SIGTERM at once (its transcript
     # is written as the turn goes; it exits on SIGTERM in ~50 ms)
@@ -148,6 +149,20 @@ class GeminiProfile(AgentProfile):
             projects = {}
         short = projects.get(str(cwd)) if isinstance(projects, dict) else None
         return gemini / "tmp" / (short if isinstance(short, str) and short.strip(".") and "/" not in short else cwd.name) / "chats"
+
+    def stored_session(self, environ: Mapping[str, str], cwd: Path, session_id: str) -> bool | None:
+        """A transcript of the session in the workspace's chats (its name carries the id's first 8 characters,
+        its first line the whole id)."""
+        if not session_id or any(c in session_id for c in "/*?["):
+            return False
+        try:
+            for path in self._chats_dir(environ, cwd).glob(f"session-*-{session_id[:8]}.jsonl"):
+                with path.open("rb") as file:
+                    if session_id.encode() in file.readline(4096):
+                        return True
+        except OSError:
+            return None
+        return False
 
     def prepare_session_reuse(self, environ: Mapping[str, str], cwd: Path, session_id: str) -> None:
         """Gemini loads a session from ``~/.gemini/tmp/<project>/chats/session-<minute>-<id[:8]>.jsonl``, and a

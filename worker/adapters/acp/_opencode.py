@@ -12,6 +12,7 @@ schedule and cannot be told otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import re
@@ -126,6 +127,19 @@ class OpenCodeProfile(PlatformBuildProfile):
                     return status
             return 401 if data.get("errorName") == "ProviderAuthError" else 500
         return super().http_status(code, message, data)
+
+    def stored_session(self, environ: Mapping[str, str], cwd: Path, session_id: str) -> bool | None:
+        """A row of the session in OpenCode's database (``$XDG_DATA_HOME/opencode/opencode.db``), read-only."""
+        import sqlite3  # only here: a worker that hosts no OpenCode task never loads it
+
+        database = _data_home(environ) / "opencode" / "opencode.db"
+        if not database.is_file():
+            return False
+        try:
+            with contextlib.closing(sqlite3.connect(f"{database.as_uri()}?mode=ro", uri=True, timeout=2)) as conn:
+                return conn.execute("SELECT 1 FROM session WHERE id = ?", (session_id,)).fetchone() is not None
+        except sqlite3.Error:
+            return None  # a schema of another version, or locked: OpenCode is asked
 
     def implicit_sources(self, environ: Mapping[str, str], cwd: Path) -> dict[str, Any]:
         config_dir = Path(environ.get("XDG_CONFIG_HOME") or home(environ) / ".config") / "opencode"

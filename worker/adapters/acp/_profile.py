@@ -69,6 +69,8 @@ class AgentProfile(ABC):
     #: The npm package ``runtimes/package.json`` pins, and its version (a test holds the two equal).
     package: str
     version: str
+    #: Tokens of context of the agent's default model (None: the operator chooses the model; unknown).
+    context_window_tokens: int | None = None
     #: Bound on each answer before the turn runs (start-up, ``initialize``, ``session/new``).
     handshake_timeout_s: float = 60.0
     #: After the turn, stdin is closed and the agent gets this long to exit by itself before SIGTERM.
@@ -205,6 +207,11 @@ class AgentProfile(ABC):
         """Whether an error answer to ``session/resume`` or ``session/load`` means the agent never stored the
         session at all (every turn of it failed before an answer): nothing is lost by starting a new one."""
         return False
+
+    def stored_session(self, environ: Mapping[str, str], cwd: Path, session_id: str) -> bool | None:
+        """Whether the agent still has the session in this namespace (to take it up again rather than send it the
+        transcript); None: only the agent can tell, and it is asked."""
+        return None
 
     def prepare_session_reuse(self, environ: Mapping[str, str], cwd: Path, session_id: str) -> None:
         """Make the agent's stored session safe to take up again in a new process (a no-op unless the agent needs

@@ -56,7 +56,15 @@ from ..._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call
 from ...mcp_server import McpServer, McpTool, ToolCallResult
 from .._api_failures import failure_for_status
 from .._process import RuntimeAhead, RuntimeProcess
-from ..base import Availability, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
+from ..base import (
+    Availability,
+    RuntimeAdapter,
+    RuntimeInput,
+    StartTaskRefused,
+    TaskHandle,
+    TaskIO,
+    TaskOutcome,
+)
 from . import _env
 from ._control import ChannelClosed, ControlChannel, ControlError
 from ._launch import (
@@ -104,7 +112,7 @@ class ClaudeAdapter(RuntimeAdapter):
             builtin_tools=("Bash", "Read", "Write", "Edit", "Glob", "Grep", "WebFetch", "WebSearch"),
             builtin_tools_default_enabled=False, permission_prompts=True,
             interaction_modes=(InteractionMode.NON_INTERACTIVE,), session_create=True, session_resume=True,
-            transcript_input=False, cancellation=CancellationSupport.COOPERATIVE, usage_reporting=True,
+            transcript_input=False, context_window_tokens=200_000, cancellation=CancellationSupport.COOPERATIVE, usage_reporting=True,
             cost_reporting=True, default_model=ClaudeSettings().model)
 
     def _version(self) -> str:
@@ -128,22 +136,27 @@ class ClaudeAdapter(RuntimeAdapter):
         cli = cli_path()
         if cli is None:
             raise StartTaskRefused(ErrorCode.RUNTIME_UNAVAILABLE, self.availability().reason or "claude is unavailable")
-        prompt = params.last_user_text()  # earlier turns live in Claude's own session (resumed by id)
-        if not prompt:
+        if not params.last_user_text():
             raise StartTaskRefused(ErrorCode.INVALID_PARAMS, "startTask needs a user message for claude")
-        if params.session.runtime_session_id:
-            io.set_runtime_session_id(params.session.runtime_session_id)
-        task = ClaudeTask(params, io, prompt, cli, self.ahead)
+        cwd = Path(default_cwd(params.workspace))
+        # Earlier turns live in Claude's own session, resumed by id while its transcript is there; else they are
+        # sent as the first prompt of a new one.
+        given = RuntimeInput.plan(params, lambda session_id: _env.stored_session(os.environ, cwd, session_id))
+        if given.resume_id:
+            io.set_runtime_session_id(given.resume_id)
+        task = ClaudeTask(params, io, given, cli, self.ahead)
         task.implicit_sources = _env.implicit_sources(os.environ, task.cwd)
         return task
 
 
 class ClaudeTask(AnswersToolCalls, TaskHandle):
-    def __init__(self, params: StartTaskParams, io: TaskIO, prompt: str, cli: Path,
+    def __init__(self, params: StartTaskParams, io: TaskIO, given: RuntimeInput, cli: Path,
                  ahead: RuntimeAhead | None = None) -> None:
         self.params = params
         self.io = io
-        self.prompt = prompt
+        self.given = given
+        given.apply(self)
+        self.prompt = given.text
         self.cli = cli
         self.ahead = ahead
         try:
@@ -185,7 +198,7 @@ class ClaudeTask(AnswersToolCalls, TaskHandle):
     def launch(self) -> RuntimeLaunch:
         """How the CLI is started for this task (``_launch.claude_launch``; the same for a CLI started ahead)."""
         return claude_launch(self.cli, self.settings, cwd=str(self.cwd),
-                             resume=self.params.session.runtime_session_id, environ=os.environ)
+                             resume=self.given.resume_id, environ=os.environ)
 
     # -- the run --------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,13 @@ def config_dir(env: dict[str, str] | os._Environ[str]) -> Path:
 def global_config_file(env: dict[str, str] | os._Environ[str]) -> Path:
     explicit = env.get("CLAUDE_CONFIG_DIR")
     return Path(explicit) / ".claude.json" if explicit else Path(env.get("HOME", "~")).expanduser() / ".claude.json"
+
+
+def stored_session(env: dict[str, str] | os._Environ[str], cwd: Path, session_id: str) -> bool:
+    """Whether Claude Code still has the session's transcript, which ``--resume`` reads: ``<config dir>/projects/
+    <the real cwd, each character not a letter or digit made '-'>/<session id>.jsonl``."""
+    project = re.sub(r"[^A-Za-z0-9]", "-", os.path.realpath(cwd))
+    return "/" not in session_id and (config_dir(env) / "projects" / project / f"{session_id}.jsonl").is_file()
 
 
 def _mask(email: str) -> str:

@@ -58,7 +58,15 @@ from .._installed import RUNTIMES_DIR_ENV, runtimes_dir
 from .._process import RuntimeAhead, RuntimeProcess
 from .._rpc_peer import METHOD_NOT_FOUND, PeerClosed, PeerError, RpcPeer
 from .._tool_names import model_tool_names
-from ..base import Availability, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
+from ..base import (
+    Availability,
+    RuntimeAdapter,
+    RuntimeInput,
+    StartTaskRefused,
+    TaskHandle,
+    TaskIO,
+    TaskOutcome,
+)
 from . import _env
 from ._launch import (
     CODEX_VERSION,
@@ -99,7 +107,7 @@ class CodexAdapter(RuntimeAdapter):
             streaming_thinking=True, tool_calls=True, parallel_tool_calls=True, tool_routing=(ToolRouting.IN_BAND,),
             builtin_tools=(), builtin_tools_default_enabled=False, permission_prompts=True,
             interaction_modes=(InteractionMode.NON_INTERACTIVE,), session_create=True, session_resume=True,
-            transcript_input=False, cancellation=CancellationSupport.COOPERATIVE, usage_reporting=True,
+            transcript_input=False, context_window_tokens=272_000, cancellation=CancellationSupport.COOPERATIVE, usage_reporting=True,
             cost_reporting=False, default_model=None)
 
     def availability(self) -> Availability:
@@ -120,27 +128,30 @@ class CodexAdapter(RuntimeAdapter):
         binary = codex_path()
         if binary is None:
             raise StartTaskRefused(ErrorCode.RUNTIME_UNAVAILABLE, self.availability().reason or "codex is unavailable")
-        prompt = params.last_user_text()  # earlier turns live in Codex's own thread (resumed by id)
-        if not prompt:
+        if not params.last_user_text():
             raise StartTaskRefused(ErrorCode.INVALID_PARAMS, "startTask needs a user message for codex")
         try:
             settings = CodexSettings.from_config(params.runtime_config)
         except BadCodexConfig as exc:
             raise StartTaskRefused(ErrorCode.INVALID_RUNTIME_CONFIG, str(exc)) from exc
-        if params.session.runtime_session_id:
-            io.set_runtime_session_id(params.session.runtime_session_id)
-        task = CodexTask(params, io, prompt, binary, settings, self.ahead)
+        # Earlier turns live in Codex's own thread, resumed by id while its rollout is there; else they are sent as
+        # the first prompt of a new thread.
+        given = RuntimeInput.plan(params, lambda thread_id: _env.stored_thread(os.environ, thread_id))
+        if given.resume_id:
+            io.set_runtime_session_id(given.resume_id)
+        task = CodexTask(params, io, given, binary, settings, self.ahead)
         task.implicit_sources = _env.implicit_sources(os.environ, task.cwd)
         return task
 
 
 class CodexTask(AnswersToolCalls, TaskHandle):
-    def __init__(self, params: StartTaskParams, io: TaskIO, prompt: str, binary: Path,
+    def __init__(self, params: StartTaskParams, io: TaskIO, given: RuntimeInput, binary: Path,
                  settings: CodexSettings, ahead: RuntimeAhead | None = None) -> None:
         self.params = params
         self.ahead = ahead
         self.io = io
-        self.prompt = prompt
+        given.apply(self)
+        self.prompt = given.text
         self.binary = binary
         self.settings = settings
         self.stop_grace_s = settings.stop_grace_s
@@ -149,7 +160,7 @@ class CodexTask(AnswersToolCalls, TaskHandle):
         self.tools = PendingToolCalls()
         self._stop = trio.Event()
         self._stop_reason: str | None = None
-        self._thread_id: str | None = params.session.runtime_session_id
+        self._thread_id: str | None = given.resume_id
         self._turn_id: str | None = None
         self._turn_started = trio.Event()
         self._model: str | None = settings.model

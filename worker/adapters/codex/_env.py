@@ -78,3 +78,12 @@ def implicit_sources(env: Mapping[str, str], cwd: Path) -> dict[str, Any]:
     }
 
 
+
+
+def stored_thread(env: Mapping[str, str], thread_id: str) -> bool:
+    """Whether Codex still has the thread's rollout, which ``thread/resume`` reads:
+    ``CODEX_HOME/sessions/<yyyy>/<mm>/<dd>/rollout-<time>-<thread id>.jsonl``."""
+    if not thread_id or "/" in thread_id or any(c in thread_id for c in "*?["):
+        return False
+    sessions = codex_home(env) / "sessions"
+    return any(path.is_file() for path in sessions.glob(f"*/*/*/rollout-*-{thread_id}.jsonl"))
