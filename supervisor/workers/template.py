@@ -63,6 +63,7 @@ class WorkerTemplate:
         self._lock = trio.Lock()
         self._running = False  # a process is starting or ready (``_run`` owns it)
         self._socket: trio.socket.SocketType | None = None  # set while it is ready
+        self._process: trio.Process | None = None  # the template process, while it runs
         self._scope: trio.CancelScope | None = None
         self._stopping = False  # this process's end was asked for (and logged) already
         self._failed_at: float | None = None
@@ -110,7 +111,10 @@ class WorkerTemplate:
                     self._stop(why)
                     raise TemplateUnavailable(why) from exc
                 except (OSError, ValueError, _TemplateBroke, trio.BrokenResourceError) as exc:
-                    why = f"it failed to fork a worker ({_describe(exc)})"
+                    # A template that died breaks the request (its socket closes): its death is what to report.
+                    died = self._process.poll() if self._process is not None else None
+                    why = (f"it exited ({ExitStatus.from_returncode(died).describe()})" if died is not None
+                           else f"it failed to fork a worker ({_describe(exc)})")
                     self._stop(why)
                     raise TemplateUnavailable(why) from exc
         try:
@@ -145,6 +149,7 @@ class WorkerTemplate:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=self._env, cwd="/",
                             check=False, start_new_session=True, deliver_cancel=_end_template))
                     own(process.pid)
+                    self._process = process
                     nursery.start_soon(_pump_stderr, process)
                     try:
                         with trio.fail_after(READY_TIMEOUT_S):
@@ -161,7 +166,7 @@ class WorkerTemplate:
             self._stop(_describe(exc))
         finally:
             theirs.close()
-            self._socket, self._scope, self._running = None, None, False
+            self._socket, self._scope, self._running, self._process = None, None, False, None
 
     def _stop(self, why: str) -> None:
         """End the current process (once), and start no other for ``RETRY_AFTER_S``."""
