@@ -190,8 +190,9 @@ def describe_receipt(receipt: StopReceipt) -> str:
     if receipt.runtime_ended_as:
         parts.append(f"the runtime had ended already ({receipt.runtime_ended_as})")
     for process in receipt.processes:
-        signals = "SIGTERM, SIGKILL" if process.kill_sent else "SIGTERM" if process.term_sent else "no signal"
-        parts.append(f"{process.name} pid {process.pid}: {signals}; {process.exit}; "
+        ended = (f"SIGTERM, SIGKILL: {process.exit}" if process.kill_sent else f"SIGTERM: {process.exit}"
+                 if process.term_sent else f"ended by itself ({process.exit})")
+        parts.append(f"{process.name} pid {process.pid} {ended}, "
                      + ("verified gone" if process.gone else "NOT verified gone"))
     if receipt.tool_calls:
         parts.append("calls in flight: " + ", ".join(f"{c.tool_name} {c.ended.value}" for c in receipt.tool_calls))

@@ -372,9 +372,9 @@ def _group_empty(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return True
-    except PermissionError:  # someone is left in it, of another uid: look at each
+    except PermissionError:  # someone is left in it, of another uid
         pass
-    import psutil
+    import psutil  # someone is left in it: a zombie, or alive? look at each
 
     for process in psutil.process_iter(["status"]):
         with contextlib.suppress(psutil.Error, OSError):
@@ -396,6 +396,6 @@ async def _gone(pgid: int, escaped: list[psutil.Process]) -> bool:
 
     with trio.move_on_after(GONE_WAIT_S):
         while not (_group_empty(pgid) and not any(map(alive, escaped))):
-            await trio.sleep(0.01)
+            await trio.sleep(0.05)
         return True
     return False
