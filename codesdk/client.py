@@ -29,6 +29,10 @@ EventApprover = Callable[[NormalizedEvent], Awaitable[tuple[bool, str]]]
 #: Reconnects of one stream before giving up (each resumes where the last left off).
 MAX_RECONNECTS = 5
 
+#: Seconds a stop may take: the runtime's longest grace (``protocol.MAX_STOP_GRACE_S``), its SIGTERM grace and the
+#: checks that follow.
+STOP_TIMEOUT_S = 120.0
+
 
 class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str) -> None:
@@ -203,7 +207,10 @@ class AsyncClient:
         return dict(await self._call("GET", f"/v1/tasks/{_q(task_id)}"))
 
     async def stop_task(self, task_id: str, reason: str | None = None) -> dict[str, Any]:
-        return dict(await self._call("POST", f"/v1/tasks/{_q(task_id)}/stop", json={"reason": reason} if reason else {}))
+        """Stop the task; returns its record with ``receipt`` once it has ended (its runtime may take its whole
+        grace, up to a minute: this call waits longer than the client's timeout)."""
+        return dict(await self._call("POST", f"/v1/tasks/{_q(task_id)}/stop", json={"reason": reason} if reason else {},
+                                     timeout=STOP_TIMEOUT_S))
 
     async def events(self, session_id: str, *, after_seq: int = 0, limit: int = 500) -> list[NormalizedEvent]:
         page = await self._call("GET", f"/v1/sessions/{_q(session_id)}/events",
@@ -390,7 +397,8 @@ class Client:
         return bool(self._call("DELETE", f"/v1/namespaces/{_q(namespace)}/quarantine")["lifted"])
 
     def stop_task(self, task_id: str, reason: str | None = None) -> dict[str, Any]:
-        return dict(self._call("POST", f"/v1/tasks/{_q(task_id)}/stop", json={"reason": reason} if reason else {}))
+        return dict(self._call("POST", f"/v1/tasks/{_q(task_id)}/stop", json={"reason": reason} if reason else {},
+                               timeout=STOP_TIMEOUT_S))
 
     def events(self, session_id: str, *, after_seq: int = 0, limit: int = 500) -> list[NormalizedEvent]:
         page = self._call("GET", f"/v1/sessions/{_q(session_id)}/events", params={"after_seq": after_seq, "limit": limit})

@@ -13,6 +13,10 @@ from pydantic import Field
 
 from ._base import Model
 
+#: The longest grace a task may give its runtime to stop by itself (``runtime_config.stop_grace_s``): a stop waits
+#: for it, and so do the session and its caller.
+MAX_STOP_GRACE_S = 60.0
+
 
 class ProcessEnd(Model):
     """One runtime process of the task, as it was ended."""

@@ -32,8 +32,9 @@ def check_session_flags(args: argparse.Namespace, namespace: str) -> None:
     if args.namespace and args.namespace != namespace:
         raise CliError(f"session {args.session} belongs to namespace {namespace!r}, not {args.namespace!r}; "
                        "drop --namespace (a session keeps its namespace)")
-    if args.max_input_tokens is not None and args.max_input_tokens < 1:
-        raise CliError(f"--max-input-tokens must be a positive number, not {args.max_input_tokens}")
+    if args.max_input_tokens is not None and not 1 <= args.max_input_tokens <= 2**53:
+        raise CliError(f"--max-input-tokens must be a whole number of tokens from 1 to 2^53, not "
+                       f"{args.max_input_tokens}")
 
 
 def runtime_note(runtime: str, previous: str) -> str:

@@ -165,8 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--runtime", help=f"runtime to use (default: {DEFAULT_RUNTIME}); with --session: move the "
                                         "session to this runtime, which is given the session's transcript")
     run.add_argument("--max-input-tokens", type=int, metavar="N",
-                     help="cap the compiled input at about N tokens (below the runtime's own budget): the oldest "
-                          "turns and large tool outputs are left out first, and model.input reports what")
+                     help="cap the compiled input at about N tokens (below the runtime's own budget): large tool "
+                          "outputs, then the oldest turns are left out, and model.input reports what (a runtime "
+                          "that takes up its own session is sent the prompt only and manages its context itself)")
     run.add_argument("--scenario", help="scripted runtime: scenario name from fixtures/scenarios (default: echo)")
     run.add_argument("--config", action="append", metavar="KEY=VALUE", help="extra runtime_config (JSON values)")
     run.add_argument("--session", help="continue an existing session (its transcript is sent along)")

@@ -78,9 +78,9 @@ class StartTaskBody(_Body):
     interaction_mode: InteractionMode = InteractionMode.NON_INTERACTIVE
     runtime_config: dict[str, Any] = Field(default_factory=dict)
     #: Move the session to this runtime from this task on: the runtime is given the session's transcript.
-    runtime: str | None = Field(default=None, min_length=1, max_length=64)
+    runtime: str | None = Field(default=None, min_length=1, max_length=64, strict=True)
     #: A cap on the compiled input (estimated tokens), below the runtime's own budget.
-    max_input_tokens: int | None = Field(default=None, ge=1)
+    max_input_tokens: int | None = Field(default=None, ge=1, le=2**53, strict=True)
 
 
 class DecisionBody(_Body):

@@ -50,6 +50,8 @@ class TaskEnder:
                 try:
                     await self._store.append(run.session_id, [draft], task_update=update)
                     stored = True
+                    if run.switched_from is not None and event_type != EventType.TASK_FAILED:
+                        await self._keep_switch(run)
                 except DatabaseError as exc:  # the disk failed: keep trying; never report an unstored end
                     log.error("task %s: its %s could not be stored (%s); retrying until the store takes "
                               "writes again", run.task_id, event_type, exc)
@@ -58,6 +60,16 @@ class TaskEnder:
             self._runs.end(run)
             if stored or self._nursery.cancel_scope.cancel_called:
                 run.done.set()
+
+    async def _keep_switch(self, run: TaskRun) -> None:
+        """A task that moved its session to another runtime ended well there: the session is that runtime's now,
+        with the runtime's own session id (a failed one leaves the session where it was)."""
+        try:
+            run.session = await self._store.update_session(run.session_id, runtime=run.params.runtime,
+                                                           runtime_session_id=run.runtime.runtime_session_id)
+        except StoreError as exc:  # the move is lost, not the task: the session stays on its runtime
+            log.error("task %s: the session's move to %s could not be stored: %s", run.task_id,
+                      run.params.runtime, exc)
 
     async def fail(self, run: TaskRun, code: str, message: str, *, retryable: bool, **details: Any) -> None:
         details = {k: v for k, v in details.items() if v is not None}

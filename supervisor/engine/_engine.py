@@ -249,7 +249,8 @@ class Engine:
         transcript compiled for it.
 
         ``runtime``: move the session to this runtime from this task on (by reconstruction: the new runtime gets
-        the transcript); the move is kept once the runtime has taken the task. ``max_input_tokens``: a cap on the
+        the transcript); the move is kept once the task ends completed or stopped (``TaskEnder.finish``): a task
+        that fails there leaves the session where it was. ``max_input_tokens``: a cap on the
         compiled input, below the runtime's own budget.
 
         Refusals (nothing stored): ``SessionBusy``, ``ApproverRequired``, ``InvalidTaskInput``, and the store's
@@ -262,8 +263,10 @@ class Engine:
             interaction_mode, approver = InteractionMode.INTERACTIVE, None
         elif interaction_mode == InteractionMode.INTERACTIVE and approver is None:
             raise ApproverRequired("an interactive task needs an approver (or durable_approvals, decided over the API)")
-        if max_input_tokens is not None and max_input_tokens < 1:
-            raise InvalidTaskInput(f"max_input_tokens must be a positive number of tokens, not {max_input_tokens}")
+        if max_input_tokens is not None and (not isinstance(max_input_tokens, int) or isinstance(max_input_tokens, bool)
+                                             or not 1 <= max_input_tokens <= 2**53):
+            raise InvalidTaskInput(f"max_input_tokens must be a whole number of tokens from 1 to 2^53, not "
+                                   f"{max_input_tokens!r}")
         target = runtime or session.runtime
         if not _RUNTIME_NAME.fullmatch(target):
             raise InvalidTaskInput(f"not a runtime name: {target[:100]!r} (letters, digits, '-', '_' and '.')")
@@ -470,7 +473,9 @@ class Engine:
                 accepted = await worker.connection.request(Rpc.START_TASK, run.params)
         except RpcError as exc:
             run.released.set()
-            await self._ender.fail(run, _code_for_rpc(exc.code), f"the worker refused the task: {exc.message}",
+            known = exc.data.get("known") if isinstance(exc.data, dict) else None
+            hosted = f" (this namespace's worker hosts: {', '.join(map(str, known))})" if isinstance(known, list) else ""
+            await self._ender.fail(run, _code_for_rpc(exc.code), f"the worker refused the task: {exc.message}{hosted}",
                                    retryable=False, rpc_code=exc.code, data=exc.data)
         except trio.TooSlowError:
             await self._ender.fail(run, TaskFailureCode.TIMEOUT, "the worker did not accept the task in time",
@@ -485,7 +490,7 @@ class Engine:
     async def _accepted(self, run: TaskRun, worker: WorkerLink, result: StartTaskResult) -> None:
         """The runtime has the task: store ``model.input`` (with how the runtime was given the transcript and what
         it loads implicitly, as the worker reported them) before any of the runtime's events, which wait for
-        ``input_stored``. A runtime switch is kept from now on."""
+        ``input_stored``."""
         try:
             model_input = run.model_input
             assert model_input is not None
@@ -494,14 +499,12 @@ class Engine:
                 update |= {"context": None, "interrupted_calls": ()}
             if result.implicit_sources is not None:
                 update["implicit_sources_ref"] = await self.store.put_json_blob(result.implicit_sources)
-            if run.switched_from is not None:
-                run.session = await self.store.update_session(run.session_id, runtime=run.params.runtime,
-                                                              runtime_session_id=result.runtime_session_id)
             await self._recorder.append(run, [PendingEvent(EventType.MODEL_INPUT, model_input.model_copy(
                 update=update))])
         finally:
             run.input_stored.set()
-        if result.runtime_session_id and result.runtime_session_id != run.session.runtime_session_id:
+        if run.switched_from is None and result.runtime_session_id and \
+                result.runtime_session_id != run.session.runtime_session_id:
             await self.store.update_session(run.session_id, runtime_session_id=result.runtime_session_id)
         if not run.ended:
             try:

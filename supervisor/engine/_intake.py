@@ -146,7 +146,7 @@ class EventIntake:
             if run.ended:
                 return
         runtime_session_id = run.runtime.runtime_session_id
-        if runtime_session_id and runtime_session_id != run.session.runtime_session_id:
+        if run.switched_from is None and runtime_session_id and runtime_session_id != run.session.runtime_session_id:
             # The runtime named its own session: keep it, so the session's next task resumes it.
             run.session = await self._store.update_session(run.session_id, runtime_session_id=runtime_session_id)
         if event.type == EventType.TOOL_CALL_REQUESTED:

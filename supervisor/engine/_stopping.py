@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import trio
 
 from protocol import (
+    MAX_STOP_GRACE_S,
     CallEnding,
     CallInFlight,
     CallStage,
@@ -103,7 +104,7 @@ def end_wait_s(runtime_config: dict[str, object]) -> float:
     """How long a stop waits for the worker to end the task once it has acknowledged the stop."""
     grace = runtime_config.get("stop_grace_s")
     given = float(grace) if isinstance(grace, (int, float)) and not isinstance(grace, bool) else 0.0
-    return max(given, USUAL_GRACE_S) + END_MARGIN_S
+    return min(max(given, USUAL_GRACE_S), MAX_STOP_GRACE_S) + END_MARGIN_S
 
 
 async def stop_in_worker(worker: WorkerLink | None, task_id: str, stop: StopInProgress,

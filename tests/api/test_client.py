@@ -39,6 +39,7 @@ async def test_a_task_may_move_the_session_and_cap_its_input(api: Api) -> None:
             [e async for e in client.run(sid, "remember marker-404")]
             moved = [e async for e in client.run(sid, "go on", runtime="no-such-runtime")]
             assert isinstance(moved[-1].payload, TaskFailed) and moved[-1].payload.code == "RUNTIME_UNAVAILABLE"
+            assert "this namespace's worker hosts: " in moved[-1].payload.message  # which one to ask for instead
             assert (await client.get_session(sid))["runtime"] == "scripted"
             capped = [e async for e in client.run(sid, "word " * 100, max_input_tokens=20)]
             assert isinstance(capped[-1].payload, TaskFailed) and capped[-1].payload.code == "CONTEXT_TOO_LARGE"
@@ -46,9 +47,13 @@ async def test_a_task_may_move_the_session_and_cap_its_input(api: Api) -> None:
             [given] = [e.payload for e in fits if e.type == EventType.MODEL_INPUT]
             assert isinstance(given, ModelInput) and given.resume == "reconstructed"
             assert given.context is not None and given.context.budget_tokens == 5000
-            for bad in ({"max_input_tokens": 0}, {"runtime": "x" * 65}):
+            for bad in ({"max_input_tokens": 0}, {"max_input_tokens": 2**53 + 1}, {"runtime": "x" * 65}):
                 with pytest.raises(InvalidRequest):
                     await client.start_task(sid, "x", **bad)  # type: ignore[arg-type]
+            for raw in ({"max_input_tokens": True}, {"max_input_tokens": "5"}, {"max_input_tokens": 1.0},
+                        {"runtime": 7}):  # only what it says: no true for 1, no strings for numbers
+                with pytest.raises(InvalidRequest):
+                    await client._call("POST", f"/v1/sessions/{sid}/tasks", json={"prompt": "x", **raw})
 
 
 async def test_async_client_errors_are_typed(api: Api) -> None:

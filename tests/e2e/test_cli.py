@@ -137,4 +137,4 @@ def test_a_runtime_config_the_runtime_cannot_use_is_the_callers_mistake(tmp_path
     failed = json.loads(done.stdout.splitlines()[-1])
     assert failed["type"] == "task.failed"
     assert failed["payload"]["code"] == "INVALID_RUNTIME_CONFIG"
-    assert "runtime_config.stop_grace_s must be a number >= 0" in failed["payload"]["message"]
+    assert "runtime_config.stop_grace_s must be a number of seconds from 0 to 60" in failed["payload"]["message"]

@@ -161,7 +161,7 @@ def test_run_session_takes_its_namespace_and_moves_only_when_told(tmp_path: Path
     capped = _cli(data, "run", "five " * 100, "--session", session_id, "--max-input-tokens", "20")
     assert capped.returncode == 1 and "CONTEXT_TOO_LARGE" in capped.stdout and "raise max_input_tokens" in capped.stdout
     bad = _cli(data, "run", "six", "--session", session_id, "--max-input-tokens", "0")
-    assert bad.returncode == 2 and "--max-input-tokens must be a positive number" in bad.stderr
+    assert bad.returncode == 2 and "--max-input-tokens must be a whole number of tokens from 1" in bad.stderr
     clash = _cli(data, "run", "three", "--session", session_id, "--workspace", str(tmp_path))
     assert clash.returncode == 2 and "keeps the workspace" in clash.stderr
 

@@ -533,7 +533,7 @@ async def test_stop_interrupts_the_turn_and_the_cli_ends_by_itself(here: Path, f
     """stop() sends the interrupt control request: Claude Code aborts the streaming answer and ends the turn on
     its own, long before the grace after which its process group would be ended."""
     io = _Io()
-    task = _start(io, "SLOW 30", here, runtime_config={"stop_grace_s": 3600})
+    task = _start(io, "SLOW 30", here, runtime_config={"stop_grace_s": 60})
     with trio.fail_after(60):  # hang guard only: without the interrupt this would wait for the grace
         async with trio.open_nursery() as nursery:
             outcome = []

@@ -176,6 +176,9 @@ def _answered_id(line: bytes, code: int) -> str | None:
         ((b'{"jsonrpc":"2.0","id":"r7","method":"runtime.startTask","params":{"runtime":"scripted","session":'
           b'{"session_id":"s"},"task_id":"t","runtime_config":{"stop_grace_s":-1}}}\n'),
          ErrorCode.INVALID_RUNTIME_CONFIG),
+        ((b'{"jsonrpc":"2.0","id":"r7","method":"runtime.startTask","params":{"runtime":"scripted","session":'
+          b'{"session_id":"s"},"task_id":"t","runtime_config":{"stop_grace_s":1000000}}}\n'),
+         ErrorCode.INVALID_RUNTIME_CONFIG),  # a stop waits out the grace: it may not hold a session for long
         ((b'{"jsonrpc":"2.0","id":"r7","method":"runtime.sendToolResult","params":{"task_id":"zz",'
           b'"tool_call_id":"c"}}\n'), ErrorCode.UNKNOWN_TASK),
     ],

@@ -53,6 +53,7 @@ from protocol import (
 )
 
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome
+from ._grace import BadGrace, stop_grace
 from ._process import RuntimeProcess
 from .base import RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
 from .scenario import (
@@ -147,10 +148,10 @@ class ScriptedAdapter(RuntimeAdapter):
                 raise ScenarioError(_INSTRUMENTS_OFF.format(what=f"scenario {scenario.name!r} (its {used} step)"))
         except ScenarioError as exc:
             raise StartTaskRefused(ErrorCode.INVALID_SCENARIO, str(exc)) from None
-        grace = config.get("stop_grace_s", ScriptedTask.stop_grace_s)
-        if not isinstance(grace, (int, float)) or grace < 0:
-            raise StartTaskRefused(ErrorCode.INVALID_RUNTIME_CONFIG,
-                                   "runtime_config.stop_grace_s must be a number >= 0")
+        try:
+            grace = stop_grace(config, ScriptedTask.stop_grace_s)
+        except BadGrace as exc:
+            raise StartTaskRefused(ErrorCode.INVALID_RUNTIME_CONFIG, str(exc)) from None
         io.set_runtime_session_id(params.session.runtime_session_id or f"scripted-{params.session.session_id}")
         io.set_model(scenario.model)
         return ScriptedTask(scenario, params, io, float(grace))

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._ahead import RuntimeLaunch
+from .._grace import BadGrace, stop_grace
 from .._installed import node_modules
 from .._namespace_home import namespace_of
 
@@ -137,9 +138,10 @@ class AgentProfile(ABC):
                 raise BadAcpConfig("runtime_config.max_retries must be a whole number from 0 to 9")
             if self.default_max_retries is None:
                 raise BadAcpConfig(f"runtime_config.max_retries: {self.title} decides its retries itself")
-        grace = config.get("stop_grace_s", DEFAULT_STOP_GRACE_S)
-        if not isinstance(grace, int | float) or isinstance(grace, bool) or not 0 <= grace <= 60:
-            raise BadAcpConfig("runtime_config.stop_grace_s must be a number of seconds from 0 to 60")
+        try:
+            grace = stop_grace(config, DEFAULT_STOP_GRACE_S)
+        except BadGrace as exc:
+            raise BadAcpConfig(str(exc)) from None
         return AcpSettings(model=model, max_retries=retries, stop_grace_s=float(grace))
 
     def not_installed(self, environ: Mapping[str, str]) -> str:

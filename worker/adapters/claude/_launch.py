@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..._ahead import RuntimeLaunch
+from .._grace import BadGrace, stop_grace
 
 MCP_SERVER = "codesdk"
 DEFAULT_MODEL = "claude-sonnet-4-5"
@@ -60,9 +61,10 @@ class ClaudeSettings:
         max_turns = config.get("max_turns", DEFAULT_MAX_TURNS)
         if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
             raise BadClaudeConfig("runtime_config.max_turns must be an integer >= 1")
-        grace = config.get("stop_grace_s", DEFAULT_STOP_GRACE_S)
-        if not isinstance(grace, int | float) or isinstance(grace, bool) or grace < 0:
-            raise BadClaudeConfig("runtime_config.stop_grace_s must be a number >= 0")
+        try:
+            grace = stop_grace(config, DEFAULT_STOP_GRACE_S)
+        except BadGrace as exc:
+            raise BadClaudeConfig(str(exc)) from None
         builtins = config.get("builtin_tools") or []
         if not isinstance(builtins, list) or not all(isinstance(b, str) for b in builtins):
             raise BadClaudeConfig("runtime_config.builtin_tools must be a list of names")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ... import WORKER_VERSION
 from ..._ahead import RuntimeLaunch
+from .._grace import BadGrace, stop_grace
 from .._installed import runtimes_dir
 
 #: The version ``runtimes/package.json`` pins (a test holds the two equal).
@@ -81,9 +82,10 @@ class CodexSettings:
         retries = config.get("max_retries")
         if retries is not None and (not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 10):
             raise BadCodexConfig("runtime_config.max_retries must be a whole number from 0 to 10")
-        grace = config.get("stop_grace_s", DEFAULT_STOP_GRACE_S)
-        if not isinstance(grace, int | float) or isinstance(grace, bool) or not 0 <= grace <= 60:
-            raise BadCodexConfig("runtime_config.stop_grace_s must be a number of seconds from 0 to 60")
+        try:
+            grace = stop_grace(config, DEFAULT_STOP_GRACE_S)
+        except BadGrace as exc:
+            raise BadCodexConfig(str(exc)) from None
         return cls(model=model, max_retries=retries, stop_grace_s=float(grace))
 
     @property
