@@ -7,11 +7,12 @@ from .client import (
     Conflict,
     Forbidden,
     InvalidRequest,
+    NamespaceElsewhere,
     NotFound,
     ServiceUnreachable,
     TooManyRequests,
     Unauthorized,
 )
 
-__all__ = ["ApiError", "AsyncClient", "Client", "Conflict", "Forbidden", "InvalidRequest", "NotFound",
+__all__ = ["ApiError", "AsyncClient", "Client", "Conflict", "Forbidden", "InvalidRequest", "NamespaceElsewhere", "NotFound",
            "ServiceUnreachable", "TooManyRequests", "Unauthorized"]

@@ -8,7 +8,8 @@
 Events come back as ``protocol.NormalizedEvent``. ``stream`` follows a session over SSE and, when the
 connection drops, reconnects with ``Last-Event-ID`` = the last seq it handed out: no gaps, no duplicates.
 Errors are typed by status: Unauthorized (401), Forbidden (403), NotFound (404), Conflict (409),
-InvalidRequest (422), TooManyRequests (429), else ApiError.
+NamespaceElsewhere (421: another supervisor sharing the store runs the namespace; ``.api`` says where),
+InvalidRequest (422), TooManyRequests (429), else ApiError; ``.details`` holds what the service added.
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ STOP_TIMEOUT_S = 120.0
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, details: dict[str, Any] | None = None) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status = status
         self.code = code
         self.message = message
+        #: what the service added to the refusal (a quota's limit and use; where a namespace runs)
+        self.details: dict[str, Any] = details or {}
 
 
 class Unauthorized(ApiError): ...
@@ -63,6 +66,17 @@ class TooManyRequests(ApiError):
     go on (wait, close something, or have the operator raise the limit)."""
 
 
+class NamespaceElsewhere(ApiError):
+    """421: several supervisors share the service's store, and another one runs this namespace (creating its
+    sessions, starting, stopping and approving its tasks happen there; reading works on any). ``api`` lists where
+    that supervisor listens: send the request there, with a token it knows."""
+
+    @property
+    def api(self) -> list[str]:
+        supervisor = self.details.get("supervisor")
+        return [str(a) for a in supervisor.get("api", [])] if isinstance(supervisor, dict) else []
+
+
 class ServiceUnreachable(ApiError):
     """Nothing answers at the socket or URL (status 503, code ``service_unreachable``): the service is not running
     there, or the path or address is wrong."""
@@ -73,7 +87,7 @@ class ServiceUnreachable(ApiError):
 
 
 _BY_STATUS: dict[int, type[ApiError]] = {401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
-                                         422: InvalidRequest, 429: TooManyRequests}
+                                         421: NamespaceElsewhere, 422: InvalidRequest, 429: TooManyRequests}
 
 
 def _raise_for(response: httpx.Response) -> None:
@@ -82,9 +96,10 @@ def _raise_for(response: httpx.Response) -> None:
     try:
         error = response.json()["error"]
         code, message = str(error["code"]), str(error["message"])
-    except (ValueError, KeyError, TypeError):
-        code, message = "http_error", response.text[:500]
-    raise _BY_STATUS.get(response.status_code, ApiError)(response.status_code, code, message)
+        details = error.get("details") if isinstance(error.get("details"), dict) else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        code, message, details = "http_error", response.text[:500], None
+    raise _BY_STATUS.get(response.status_code, ApiError)(response.status_code, code, message, details)
 
 
 def _transport_args(socket: str | Path | None, base_url: str | None) -> tuple[dict[str, Any], str]:

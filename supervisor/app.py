@@ -19,6 +19,7 @@ from .namespaces import (
     secure_data_dir,
     tighten_data_dir,
 )
+from .store import LEASE_S
 from .store._store import Quotas
 from .tools import ExecPolicy, ToolRegistry, ToolsConfig
 from .tools._exec import DEFAULT_EXEC_UID, check_exec_identity
@@ -59,6 +60,12 @@ class SupervisorOptions:
     quotas: Quotas = field(default_factory=Quotas)
     #: What API clients may hold: connections (in all, per token), event streams per token, header/body timeouts.
     api_limits: ApiLimits = field(default_factory=ApiLimits)
+    #: The event store: None for SQLite in the data dir (the embedded default); a ``postgresql://`` URL for a
+    #: database several supervisors share, each running the namespaces whose leases it holds.
+    store: str | None = None
+    #: Seconds a namespace's lease outlives its supervisor's last renewal (PostgreSQL only): how soon another
+    #: supervisor takes over the namespaces of one that died.
+    lease_s: float = LEASE_S
 
 
 def check_options(options: SupervisorOptions) -> None:
@@ -98,7 +105,8 @@ async def open_engine(options: SupervisorOptions) -> AsyncIterator[Engine]:
                              namespace_uids=_namespace_uids(options.worker_uids))
     tools = ToolRegistry(ToolsConfig(exec=exec_policy))
     async with Engine.open(EngineConfig(data_dir=data_dir, pool=pool, holder=options.holder,
-                                        quotas=options.quotas), tools) as engine:
+                                        quotas=options.quotas, store=options.store, lease_s=options.lease_s),
+                           tools) as engine:
         if options.worker_uids is not None:  # the data dir becomes 0711: nothing in it may rely on the umask
             tighten_data_dir(data_dir)
         yield engine

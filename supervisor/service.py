@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from .app import SupervisorOptions, check_options, open_engine
 from .config import default_data_dir
 from .engine import Engine
 from .namespaces import UidRange, UidRangeError, UnsafeDataDir
-from .store import DataDirBusy, current_holder
+from .store import LEASE_S, DataDirBusy, StoreError, current_holder, is_postgres_url
 from .store._store import QUOTA_FLAGS, Quotas
 from .tools._exec import DEFAULT_EXEC_UID, check_exec_identity
 
@@ -37,7 +38,8 @@ STORE_PROBE_TIMEOUT_S = 10.0
 
 
 async def serve(options: SupervisorOptions, socket_path: Path, port: int | None, notifier: Notifier,
-                task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+                task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED, *,
+                advertise: Sequence[str] = ()) -> None:
     data_dir = options.data_dir
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with open_engine(options) as engine:
@@ -45,10 +47,13 @@ async def serve(options: SupervisorOptions, socket_path: Path, port: int | None,
             async with trio.open_nursery() as nursery:
                 bound = await nursery.start(partial(serve_api, engine, auth, socket_path, port,
                                                     limits=options.api_limits))
+                api = [f"unix:{socket_path}", *([f"http://127.0.0.1:{port}"] if port else [])]
                 if engine.store.lock is not None:  # a CLI that finds the data dir locked comes here instead
-                    engine.store.lock.announce([f"unix:{socket_path}",
-                                                *([f"http://127.0.0.1:{port}"] if port else [])])
-                log.info("codesdk-supervisor serving on %s (data dir %s)", ", ".join(bound), data_dir)
+                    engine.store.lock.announce(api)
+                # what a request for a namespace this supervisor runs is told on the others (PostgreSQL)
+                engine.leasing.leases.announce(list(advertise) or api)
+                log.info("codesdk-supervisor serving on %s (data dir %s, store %s, supervisor %s)", ", ".join(bound),
+                         data_dir, engine.store.location, engine.leasing.leases.supervisor_id)
                 notifier.notify("READY=1", f"STATUS=serving on {', '.join(bound)}")
                 interval = watchdog_interval_s()
                 if interval:
@@ -63,12 +68,19 @@ async def serve(options: SupervisorOptions, socket_path: Path, port: int | None,
 
 
 async def _feed_watchdog(engine: Engine, notifier: Notifier, interval: float) -> None:
-    """WATCHDOG=1 only while the store answers: a wedged writer lets systemd restart us."""
+    """WATCHDOG=1 only while the store's writer answers: a wedged writer lets systemd restart us. A probe that
+    fails at once (the disk is full, the database is away) is an answer: the writer works, readiness reports the
+    store (/readyz 503), and the service stays up to go on once the store is back — a restart would not help."""
     store = engine.store
     while True:
-        with trio.move_on_after(STORE_PROBE_TIMEOUT_S) as probe:
-            await store.ping()
-        if not probe.cancelled_caught:
+        answered = False
+        with trio.move_on_after(STORE_PROBE_TIMEOUT_S):
+            try:
+                await store.ping()
+            except StoreError as exc:
+                log.error("store probe failed: %s", exc)
+            answered = True
+        if answered:
             notifier.notify("WATCHDOG=1")
         await trio.sleep(interval)
 
@@ -136,6 +148,20 @@ def main(argv: list[str] | None = None) -> int:
                      help="crashes within --sustained-window that quarantine")
     run.add_argument("--sustained-window", type=float, default=3600.0, help="seconds (sustained intensity)")
     run.add_argument("--quarantine", type=float, default=600.0, help="seconds a quarantine lasts unless lifted")
+    run.add_argument("--store", default=os.environ.get("CODESDK_STORE") or None, metavar="URL",
+                     help="the event store: a postgresql://USER@HOST/DB URL for a database several supervisors share "
+                          "(each runs the namespaces whose leases it holds; docs/operations.md, \"Past one "
+                          "machine\"). Default: $CODESDK_STORE, else SQLite in the data dir. Keep the password out "
+                          "of the command line (ps shows it): $CODESDK_STORE from an EnvironmentFile, PGPASSWORD "
+                          "or ~/.pgpass")
+    run.add_argument("--lease-s", type=_positive_float, default=LEASE_S, metavar="SECONDS",
+                     help="with --store postgresql://: how long a namespace's lease outlives this supervisor's last "
+                          "renewal, i.e. how soon another supervisor takes its namespaces over if it dies "
+                          "(default %(default)s; renewed every third of it)")
+    run.add_argument("--advertise", action="append", default=None, metavar="URL",
+                     help="with --store postgresql://: where clients reach this supervisor's API, told to requests "
+                          "for its namespaces that reach another supervisor (repeatable; default: the socket and "
+                          "port it listens on)")
     run.add_argument("--worker-template", action=argparse.BooleanOptionalAction, default=True,
                      help="fork workers from a pre-imported template process: ~30 ms and ~6 MB of memory of their "
                           "own each when idle, instead of ~0.5 s and ~24 MB (docs/operations.md; default: on; "
@@ -162,10 +188,13 @@ def main(argv: list[str] | None = None) -> int:
         quarantine_s=args.quarantine, worker_uids=args.worker_uids, holder="codesdk-supervisor serve",
         test_scenarios=args.enable_test_scenarios, exec_allowlist=tuple(args.allow_exec or ()),
         quotas=_quotas(args), api_limits=_api_limits(args), worker_template=args.worker_template,
+        store=args.store, lease_s=args.lease_s,
         **({"exec_uid": args.exec_uid} if args.exec_uid is not None else {}))
     try:
         check_options(options)
-    except UidRangeError as exc:
+        if options.store is not None:
+            _check_store_url(options.store)
+    except (UidRangeError, StoreError) as exc:
         print(f"codesdk-supervisor: {exc}", file=sys.stderr)
         return 2
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -173,14 +202,30 @@ def main(argv: list[str] | None = None) -> int:
     socket_path: Path = args.listen or data_dir / "api.sock"
     _make_non_dumpable()
     try:
-        trio.run(serve, options, socket_path, args.port, Notifier())
-    except (DataDirBusy, TokenFileInvalid, UnsafeDataDir, BaseExceptionGroup) as exc:
+        trio.run(partial(serve, options, socket_path, args.port, Notifier(), advertise=args.advertise or ()))
+    except (DataDirBusy, TokenFileInvalid, UnsafeDataDir, StoreError, BaseExceptionGroup) as exc:
         refused = _leaf(exc)
+        if isinstance(refused, StoreError) and not isinstance(refused, DataDirBusy):
+            print(f"codesdk-supervisor: {refused}", file=sys.stderr)  # the database: systemd retries
+            return 1
         if not isinstance(refused, (DataDirBusy, TokenFileInvalid, UnsafeDataDir)):
             raise
         print(f"codesdk-supervisor: {refused}", file=sys.stderr)
         return 2
     return 0
+
+
+def _check_store_url(url: str) -> None:
+    """``--store`` names a PostgreSQL database psycopg can read (``StoreError`` saying what is wrong, never the
+    password)."""
+    if not is_postgres_url(url):
+        raise StoreError(f"--store takes a postgresql:// URL (the default store is SQLite in the data dir), not "
+                         f"{url.split(':', 1)[0]!r}…")
+    try:
+        from .store._pg import check_url
+    except ImportError as exc:
+        raise StoreError(f"a PostgreSQL store needs psycopg ({exc}): pip install 'codesdk[postgresql]'") from None
+    check_url(url)
 
 
 def _warn_about_trust(options: SupervisorOptions) -> None:

@@ -17,6 +17,8 @@ import pytest
 from supervisor.app import SupervisorOptions, open_engine
 from supervisor.engine import Engine
 
+from .postgres import PostgresServer
+from .postgres import unavailable as postgres_unavailable
 from .worker.harness import REPO
 
 #: pytester: the test kit's plugin is tested by running pytest on a user's test file (tests/kit).
@@ -71,6 +73,37 @@ def open_tmp() -> Iterator[Path]:
 
 #: Seconds a test's processes get to be gone (reaped) after it ended, before it is failed for leaving them.
 LEFTOVER_WAIT_S = 10.0
+#: Servers the session keeps for many tests (the throwaway PostgreSQL): they and their processes are not leftovers.
+SESSION_SERVERS: set[int] = set()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One throwaway PostgreSQL server per test process (skips, saying why, where none can be started)."""
+    reason = postgres_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    server = PostgresServer()
+    try:
+        server.start()
+        assert server.process is not None
+        SESSION_SERVERS.add(server.process.pid)
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """A fresh database of the session's server: its URL."""
+    return postgres_server.new_database()
+
+
+def _of_session_server(process: psutil.Process) -> bool:
+    try:
+        return any(parent.pid in SESSION_SERVERS for parent in process.parents())
+    except psutil.Error:
+        return True  # gone
 
 
 @pytest.fixture(autouse=True)
@@ -83,7 +116,7 @@ def no_processes_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
     while True:
         left = []
         for process in me.children(recursive=True):
-            if process.pid in before:
+            if process.pid in before or process.pid in SESSION_SERVERS or _of_session_server(process):
                 continue
             try:
                 left.append(f"{process.pid} {process.name()} ({process.status()}, session {os.getsid(process.pid)})")

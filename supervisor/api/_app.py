@@ -24,11 +24,11 @@ from starlette.types import Receive, Scope, Send
 
 from protocol import BadFrame, EventType, InteractionMode, PermissionMode, TaskStopped, decode_json
 
-from ..engine import Engine, error_status
+from ..engine import Engine, NamespaceElsewhere, error_status
 from ..engine._transcript import derive_transcript
 from ..namespace_env import NamespaceEnvError
 from ..namespaces import InvalidNamespace, Namespace
-from ..store import ApprovalDecided, StoreError, UnknownApproval, UnknownSession, UnknownTask
+from ..store import ApprovalDecided, QuotaExceeded, StoreError, UnknownApproval, UnknownSession, UnknownTask
 from ..store._records import SessionRecord, TaskRecord
 from ._auth import Principal, TokenAuth
 from ._openapi import Operation, openapi_document
@@ -53,8 +53,12 @@ class ApiError(Exception):
         self.headers = headers
 
 
-def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None, *,
+           details: dict[str, Any] | None = None) -> JSONResponse:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if details:
+        error["details"] = details
+    return JSONResponse({"error": error}, status_code=status, headers=headers)
 
 
 # -- request models ---------------------------------------------------------------------------------
@@ -229,6 +233,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             return _error(503, "not_ready", "the event store is closed")
         if store.write_failure is not None:
             return _error(503, "store_failing", f"the last write to the event store failed: {store.write_failure}")
+        if engine.leasing.leases.failure is not None:
+            return _error(503, "store_failing", f"the event store can't be reached: {engine.leasing.leases.failure}")
         return JSONResponse({"status": "ready"})
 
     async def metrics_route(request: Request) -> Response:
@@ -371,6 +377,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         if record is None or not principal.can_access(record.namespace):
             raise ApiError(404, "not_found", f"no approval {approval_id}")
         body = await _body(request, DecisionBody)
+        await engine.leasing.own(record.namespace)  # the task waiting for it runs here, or NamespaceElsewhere
         reason = body.reason or ("approved" if body.allow else "denied") + f" by {principal.name}"
         try:
             decided = await engine.approvals.decide(approval_id, body.allow, f"api:{principal.name}", reason)
@@ -460,8 +467,10 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             answer = error_status(exc)
             if answer is None:
                 raise
+            details = exc.details() if isinstance(exc, NamespaceElsewhere | QuotaExceeded) else None
             return _error(answer.status, answer.code, str(exc),
-                          {"retry-after": str(answer.retry_after_s)} if answer.retry_after_s else None)
+                          {"retry-after": str(answer.retry_after_s)} if answer.retry_after_s else None,
+                          details=details)
 
     def counted(name: str, handler: Callable[[Request], Awaitable[Response]]) -> Callable[
             [Request], Awaitable[Response]]:

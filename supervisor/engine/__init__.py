@@ -5,7 +5,8 @@ Layering, lowest first (no module imports one below it in this list): ``_transcr
 ``_compile`` (a task's input from the transcript, fitted to the runtime's budget), ``_runs`` (a running task's
 state, the run table), ``_recorder`` (a run's appends), ``_batch`` (a worker's batch on its way to the store),
 ``_approvals``, ``_toolport`` / ``_toolflow`` (one tool call, through its port), ``_ending`` (a task's one
-end), ``_intake`` (events from workers), ``_engine`` (sessions and tasks).
+end), ``_intake`` (events from workers), ``_leasing`` (which namespaces this supervisor runs), ``_engine``
+(sessions and tasks).
 """
 
 from ..tools import ApprovalRequest, Approver, ApproverAnswer
@@ -16,6 +17,7 @@ from ._errors import (
     EngineError,
     ErrorStatus,
     InvalidTaskInput,
+    NamespaceElsewhere,
     NamespaceUnavailable,
     RuntimeUnavailable,
     SessionBusy,
@@ -29,7 +31,7 @@ from ._runs import EngineStats
 
 __all__ = [
     "ERROR_STATUS", "ApprovalRequest", "Approver", "ApproverAnswer", "ApproverRequired", "Engine", "EngineConfig",
-    "EngineError", "EngineStats", "ErrorStatus", "InvalidTaskInput", "NamespaceUnavailable", "PoolWorkers",
+    "EngineError", "EngineStats", "ErrorStatus", "InvalidTaskInput", "NamespaceElsewhere", "NamespaceUnavailable", "PoolWorkers",
     "RequestChannel", "RuntimeUnavailable", "SessionBusy", "TaskNotActive", "UnknownRuntime", "WorkerEvents",
     "WorkerExit", "WorkerLink", "Workers", "WorkersFactory", "WorkspaceRefused", "error_status",
 ]

@@ -105,9 +105,10 @@ class ApprovalBroker:
             waiting.set()
         return record
 
-    async def expire_orphans(self) -> int:
-        """At start-up: approvals left pending by a previous supervisor can never be answered — close them."""
-        orphans = await self.store.list_approvals(state="pending")
+    async def expire_orphans(self, namespace: str) -> int:
+        """Approvals left pending in a namespace taken over from a supervisor that is gone (or at start-up) can
+        never be answered — close them."""
+        orphans = await self.store.list_approvals(state="pending", namespaces=[namespace])
         for record in orphans:
             await self.close(record.approval_id, "the supervisor restarted before a decision; the task ended")
         return len(orphans)

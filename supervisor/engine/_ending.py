@@ -9,7 +9,16 @@ import trio
 
 from protocol import EventType, Model, Rpc, StopParams, TaskFailed, TaskFailureCode
 
-from ..store import DatabaseError, EventDraft, QuotaExceeded, Recorder, StoreError, TaskState, TaskUpdate
+from ..store import (
+    DatabaseError,
+    EventDraft,
+    InvalidTransition,
+    QuotaExceeded,
+    Recorder,
+    StoreError,
+    TaskState,
+    TaskUpdate,
+)
 from ..workers import WorkerError
 from ._ports import WorkerLink
 from ._runs import RunTable, TaskRun
@@ -52,6 +61,9 @@ class TaskEnder:
                     stored = True
                     if run.switched_from is not None and event_type != EventType.TASK_FAILED:
                         await self._keep_switch(run)
+                except InvalidTransition:  # ended elsewhere: a supervisor that took the namespace over failed it
+                    log.warning("task %s was ended elsewhere before its %s could be stored", run.task_id, event_type)
+                    stored = True
                 except DatabaseError as exc:  # the disk failed: keep trying; never report an unstored end
                     log.error("task %s: its %s could not be stored (%s); retrying until the store takes "
                               "writes again", run.task_id, event_type, exc)

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import re
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,17 +55,22 @@ from ..ids import is_id, new_id
 from ..namespaces import InvalidNamespace, Namespace, make_workspace
 from ..namespaces import WorkspaceRefused as WorkspacePathRefused
 from ..store import (
+    LEASE_S,
     EventDraft,
     EventStore,
     InvalidTransition,
+    Leases,
+    PostgresLeases,
     QuotaExceeded,
     Quotas,
     Recorder,
     SessionRecord,
+    SoleLeases,
     StoreError,
     TaskRecord,
     TaskState,
     TaskUpdate,
+    open_postgres,
 )
 from ..store import SessionBusy as StoredSessionBusy
 from ..tools import Approver
@@ -88,6 +93,7 @@ from ._errors import (
     WorkspaceRefused,
 )
 from ._intake import EventIntake
+from ._leasing import Leasing
 from ._ports import PoolWorkers, WorkerLink, WorkersFactory, pool_workers
 from ._recorder import RunRecorder
 from ._runs import EngineStats, PendingEvent, RunTable, TaskRun
@@ -122,6 +128,10 @@ class EngineConfig:
     workspaces_dir: Path | None = None
     approval_timeout_s: float = APPROVAL_TIMEOUT_S
     store_vfs: str | None = None  # a registered SQLite VFS for the store (fault-injection tests)
+    #: A PostgreSQL URL: the store several supervisors share, with namespace leases (None: SQLite in data_dir).
+    store: str | None = None
+    #: Seconds a namespace lease outlives its holder's last renewal (PostgreSQL only; see ``store.Leases``).
+    lease_s: float = LEASE_S
     holder: str = "a CodeSDK supervisor"  # who we are, to a second process that finds the data dir locked
     #: Per-tenant limits: checked when a task is admitted (``start_task``) and whenever its events are stored.
     quotas: Quotas = field(default_factory=Quotas)
@@ -132,7 +142,7 @@ class Engine:
     worker processes unless a test gives a double (see ``_ports``)."""
 
     def __init__(self, config: EngineConfig, store: Recorder, tooling: Tooling, nursery: trio.Nursery, *,
-                 workers: WorkersFactory = pool_workers) -> None:
+                 workers: WorkersFactory = pool_workers, leases: Leases | None = None) -> None:
         self.config = config
         self.store = store
         self.tooling = tooling
@@ -145,15 +155,17 @@ class Engine:
         tools = ToolFlow(EnginePort(store, self._recorder, tooling, self.approvals), self.stats)
         intake = EventIntake(store, self._runs, self.stats, self._recorder, tools, self._ender)
         self._workers = workers(config.pool, nursery, intake.on_events, intake.on_exit)
+        self.leasing = Leasing(store, leases or SoleLeases(), self._runs, self.approvals, self._workers.let_go)
 
     @classmethod
     @asynccontextmanager
     async def open(cls, config: EngineConfig, tooling: Tooling, *,
                    workers: WorkersFactory = pool_workers) -> AsyncIterator[Engine]:
-        async with EventStore.open(config.data_dir, vfs=config.store_vfs, holder=config.holder) as store, \
+        async with _open_store(config) as store, _open_leases(config, store) as leases, \
                 trio.open_nursery() as nursery:
-            engine = cls(config, store, tooling, nursery, workers=workers)
-            await engine._recover()
+            engine = cls(config, store, tooling, nursery, workers=workers, leases=leases)
+            await engine.leasing.recover()
+            await nursery.start(engine.leasing.keep)
             nursery.start_soon(reap_orphans_forever)  # what dead workers and tools left is re-parented to us
             try:
                 yield engine
@@ -169,21 +181,6 @@ class Engine:
         if not isinstance(self._workers, PoolWorkers):
             raise TypeError("this engine was given worker doubles: it has no pool of worker processes")
         return self._workers.pool
-
-    async def _recover(self) -> None:
-        """Tasks left pending/running by a supervisor that died get their one terminal event now: their
-        worker died with it, so nothing else ever will. Their pending approvals are closed as expired.
-        Safe because we hold the data dir's lock: no other supervisor can be running them."""
-        await self.approvals.expire_orphans()
-        for record in await self.store.list_active_tasks():
-            session = await self.store.get_session(record.session_id)
-            failed = TaskFailed(code=TaskFailureCode.SUPERVISOR_RESTARTED, retryable=True,
-                                message="the supervisor stopped while this task was running; its worker went with it")
-            await self.store.append(record.session_id, [EventDraft(
-                type=EventType.TASK_FAILED, runtime=RuntimeInfo(name=session.runtime), payload=failed,
-                trace=Trace(session_id=record.session_id, task_id=record.task_id))],
-                task_update=TaskUpdate(task_id=record.task_id, state=TaskState.FAILED, error=failed.to_json_obj()))
-            log.warning("task %s was left %s by a previous supervisor; marked failed", record.task_id, record.state)
 
     async def _close(self) -> None:
         for run in self._runs.active_runs():
@@ -205,6 +202,7 @@ class Engine:
         workspace, before the supervisor is even imported); the default workspace is that session's own either way,
         so it is removed (if still empty) when the session is refused."""
         Namespace.parse(namespace)  # InvalidNamespace with a clear message
+        await self.leasing.own(namespace)  # its workspace and worker are on the supervisor that runs it
         runtime = runtime or self.config.default_runtime
         if session_id is not None and not is_id(session_id, "ses"):
             raise ValueError(f"not a session id: {session_id!r}")
@@ -256,6 +254,7 @@ class Engine:
         Refusals (nothing stored): ``SessionBusy``, ``ApproverRequired``, ``InvalidTaskInput``, and the store's
         ``QuotaExceeded`` (admission) and ``UnknownSession``."""
         session = await self.store.get_session(session_id)
+        await self.leasing.own(session.namespace)  # its worker runs on the supervisor holding its lease
         busy = self._runs.active_in(session_id)
         if busy is not None:
             raise SessionBusy(session_id, busy.task_id)
@@ -341,6 +340,9 @@ class Engine:
         run = self._runs.active(task_id)
         if run is None:
             record = await self.store.get_task(task_id)
+            if not record.state.is_terminal:  # running elsewhere (NamespaceElsewhere), or orphaned and failed now
+                await self.leasing.own((await self.store.get_session(record.session_id)).namespace)
+                record = await self.store.get_task(task_id)
             raise TaskNotActive(f"task {task_id} is not running (state: {record.state})")
         if run.stop is None:
             run.stop = StopInProgress(reason=reason, requested_by=requested_by)
@@ -551,3 +553,27 @@ _FAILURE_FOR_RPC_ERROR: dict[int, str] = {
 
 def _code_for_rpc(code: int) -> str:
     return _FAILURE_FOR_RPC_ERROR.get(code, TaskFailureCode.RUNTIME_ERROR)
+
+
+def _open_store(config: EngineConfig) -> AbstractAsyncContextManager[Recorder]:
+    """The store the config names: PostgreSQL at ``config.store``, else SQLite in the data dir."""
+    if config.store is not None:
+        return open_postgres(config.store)
+    return EventStore.open(config.data_dir, vfs=config.store_vfs, holder=config.holder)
+
+
+@asynccontextmanager
+async def _open_leases(config: EngineConfig, store: Recorder) -> AsyncIterator[Leases]:
+    """Namespace leases: in the PostgreSQL database the supervisors share, or every namespace ours (SQLite)."""
+    if config.store is None:
+        yield SoleLeases()
+        return
+    leases = await PostgresLeases.open(config.store, store.location, config.lease_s)
+    try:
+        yield leases
+    finally:
+        with trio.CancelScope(shield=True):
+            try:
+                await leases.aclose()
+            except StoreError as exc:  # they expire by themselves
+                log.error("namespace leases could not be given up (they expire in %.0f s): %s", config.lease_s, exc)

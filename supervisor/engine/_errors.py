@@ -3,17 +3,17 @@
 Every refusal is an ``EngineError``: nothing was stored, and the message says what to do instead. Its
 subclass names the reason, so the API and the CLI map them by type, never by message text. The caller's
 move: ``InvalidTaskInput``, ``WorkspaceRefused``, ``UnknownRuntime``, ``ApproverRequired``. Wait and retry
-(or stop something): ``SessionBusy``, ``TaskNotActive``. The service's side: ``NamespaceUnavailable``,
-``RuntimeUnavailable``. Refusals raised below the engine keep their own types and are listed here too:
+(or stop something): ``SessionBusy``, ``TaskNotActive``. Ask another supervisor: ``NamespaceElsewhere``. The
+service's side: ``NamespaceUnavailable``, ``RuntimeUnavailable``. Refusals raised below the engine keep their own types and are listed here too:
 ``QuotaExceeded`` (an operator's limit), ``InvalidNamespace`` and the store's unknown session/task.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..namespaces import InvalidNamespace
-from ..store import QuotaExceeded, UnknownSession, UnknownTask
+from ..store import Holder, QuotaExceeded, UnknownSession, UnknownTask
 from ..store import SessionBusy as StoredSessionBusy
 
 
@@ -36,6 +36,21 @@ class WorkspaceRefused(EngineError):
 
 class NamespaceUnavailable(EngineError):
     """The namespace's worker cannot be started now (start failures, quarantine, shutting down)."""
+
+
+class NamespaceElsewhere(EngineError):
+    """Another supervisor sharing the store runs the namespace (it holds the namespace's lease): the request goes
+    to that supervisor, whose API ``holder`` names."""
+
+    def __init__(self, namespace: str, holder: Holder) -> None:
+        self.namespace = namespace
+        self.holder = holder
+        where = ", ".join(holder.api) or "its API (it has not announced where yet: retry in a moment)"
+        super().__init__(f"namespace {namespace!r} runs on another supervisor ({holder.supervisor_id}); send this "
+                         f"request to {where}")
+
+    def details(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "supervisor": self.holder.to_json_obj()}
 
 
 class UnknownRuntime(EngineError):
@@ -77,6 +92,7 @@ ERROR_STATUS: dict[type[Exception], ErrorStatus] = {
     InvalidTaskInput: ErrorStatus(422, "invalid_request"),
     WorkspaceRefused: ErrorStatus(409, "workspace_refused"),
     NamespaceUnavailable: ErrorStatus(503, "namespace_failing"),
+    NamespaceElsewhere: ErrorStatus(421, "namespace_elsewhere"),
     UnknownRuntime: ErrorStatus(404, "unknown_runtime"),
     RuntimeUnavailable: ErrorStatus(503, "runtime_unavailable"),
     ApproverRequired: ErrorStatus(422, "approver_required"),

@@ -56,6 +56,9 @@ class Workers(Protocol):
         can be had."""
         ...
 
+    async def let_go(self, namespace: str) -> None:
+        """End the namespace's worker now (its lease was lost: another supervisor may run the namespace)."""
+
     async def aclose(self) -> None: ...
 
 
@@ -83,6 +86,9 @@ class PoolWorkers:
             yield worker
         finally:
             self.pool.release(namespace, worker)
+
+    async def let_go(self, namespace: str) -> None:
+        await self.pool.let_go(namespace)
 
     async def aclose(self) -> None:
         await self.pool.aclose()

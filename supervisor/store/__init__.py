@@ -1,4 +1,5 @@
-"""The supervisor's event store and blob store: SQLite (apsw, WAL) plus content-addressed files.
+"""The supervisor's event store and blob store: SQLite (apsw, WAL) plus content-addressed files, or PostgreSQL
+(``open_postgres``: several supervisors sharing one database; see ``_postgres``).
 
 Usage::
 
@@ -52,7 +53,9 @@ from ._errors import (
     UnknownSession,
     UnknownTask,
 )
+from ._leases import LEASE_S, Claim, Holder, Leases, PostgresLeases, Renewal, SoleLeases
 from ._lock import LOCK_FILENAME, DataDirBusy, DataDirLock, LockHolder, current_holder
+from ._postgres import is_postgres_url, open_postgres
 from ._quotas import QUOTA_FLAGS, QuotaExceeded, Quotas, Usage
 from ._recorder import (
     ApprovalRecords,
@@ -78,6 +81,7 @@ from ._writer import WriterStats
 __all__ = [
     "DB_FILENAME",
     "INLINE_BLOB_MAX",
+    "LEASE_S",
     "LOCK_FILENAME",
     "QUOTA_FLAGS",
     "SCHEMA_VERSION",
@@ -89,6 +93,7 @@ __all__ = [
     "BlobNotFound",
     "BlobReader",
     "BlobStore",
+    "Claim",
     "DataDirBusy",
     "DataDirLock",
     "DatabaseError",
@@ -96,20 +101,25 @@ __all__ = [
     "EventLog",
     "EventLogReader",
     "EventStore",
+    "Holder",
     "InvalidBlobRef",
     "InvalidEvent",
     "InvalidTransition",
+    "Leases",
     "LockHolder",
     "MigrationFailed",
+    "PostgresLeases",
     "QuotaExceeded",
     "Quotas",
     "Recorder",
+    "Renewal",
     "SchemaTooNew",
     "SessionBusy",
     "SessionExists",
     "SessionReader",
     "SessionRecord",
     "SessionRecords",
+    "SoleLeases",
     "StoreClosed",
     "StoreError",
     "StoreHealth",
@@ -130,5 +140,7 @@ __all__ = [
     "WriterLock",
     "WriterStats",
     "current_holder",
+    "is_postgres_url",
     "new_id",
+    "open_postgres",
 ]

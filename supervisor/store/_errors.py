@@ -1,4 +1,4 @@
-"""The store's own error types, and the one place where SQLite errors become them.
+"""The store's own error types, and the one place where SQLite errors become them (PostgreSQL's: ``_pg``).
 
 Callers (engine, HTTP API, CLI) handle ``StoreError`` subclasses and never import apsw. Every apsw call
 in the package runs through ``translate``, so a message like "database is locked" always arrives with
@@ -108,7 +108,12 @@ class MigrationFailed(StoreError):
 
 
 class DatabaseError(StoreError):
-    """SQLite reported a problem (locked, disk full, corrupt, I/O ...); see the message for the fix."""
+    """The database reported a problem (locked, disk full, corrupt, I/O, unreachable ...); see the message for the
+    fix. ``storage_fault``: the storage failed, not the request (what readiness reports until a write succeeds)."""
+
+    def __init__(self, message: str, *, storage_fault: bool = False) -> None:
+        super().__init__(message)
+        self.storage_fault = storage_fault
 
 
 class InvalidBlobRef(StoreError, ValueError):
@@ -146,6 +151,10 @@ _HINTS: tuple[tuple[type[apsw.Error], str], ...] = (
 )
 
 
+#: SQLite errors that mean the disk, not the request, failed.
+_STORAGE_FAULTS = (apsw.FullError, apsw.IOError, apsw.ReadOnlyError, apsw.CorruptError)
+
+
 def translate(exc: BaseException, where: str) -> BaseException:
     """Map an exception raised under the store to what callers see.
 
@@ -161,6 +170,6 @@ def translate(exc: BaseException, where: str) -> BaseException:
     if isinstance(exc, apsw.ConnectionClosedError):
         return StoreClosed(where)
     hint = next((text for kind, text in _HINTS if isinstance(exc, kind)), "unexpected SQLite error")
-    error = DatabaseError(f"{where}: {hint} (sqlite: {exc})")
+    error = DatabaseError(f"{where}: {hint} (sqlite: {exc})", storage_fault=isinstance(exc, _STORAGE_FAULTS))
     error.__cause__ = exc
     return error

@@ -1,30 +1,31 @@
-"""A small pool of read-only connections, used from worker threads.
+"""A small pool of read connections, used from worker threads.
 
-WAL lets readers run while the writer commits, so reads never wait for a write transaction; each
-connection is used by one thread at a time (apsw refuses concurrent use of a connection).
+SQLite's WAL (and PostgreSQL's MVCC) let readers run while the writer commits, so reads never wait for a write
+transaction; each connection is used by one thread at a time (neither driver shares a connection across threads
+safely). A connection that broke (PostgreSQL restarted) reconnects before its next read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
-import apsw
 import trio
 
-from ._errors import StoreClosed, translate
+from ._db import Db
+from ._errors import StoreClosed
 
 T = TypeVar("T")
 
 
 class ReaderPool:
-    def __init__(self, connections: list[apsw.Connection]) -> None:
+    def __init__(self, connections: list[Db]) -> None:
         self._free = list(connections)
         self._all = list(connections)
         self._slots = trio.Semaphore(len(connections))
         self._closed = False
 
-    async def run(self, where: str, function: Callable[[apsw.Connection], T]) -> T:
+    async def run(self, where: str, function: Callable[[Db], T]) -> T:
         """Run ``function(conn)`` on a free connection in a worker thread."""
         if self._closed:
             raise StoreClosed(where)
@@ -45,16 +46,27 @@ class ReaderPool:
         await trio.to_thread.run_sync(close_all, self._all)
 
 
-def _guarded(where: str, function: Callable[[apsw.Connection], T], conn: apsw.Connection) -> T:
+def _guarded(where: str, function: Callable[[Db], T], conn: Db) -> T:
     try:
-        return function(conn)
+        conn.ready()
+        try:
+            return function(conn)
+        except Exception as exc:
+            if not conn.lost_connection(exc):
+                raise
+            conn.ready()  # a connection the server dropped since its last use: reads are safe to repeat
+            return function(conn)
     except Exception as exc:
-        translated = translate(exc, where)
+        translated = conn.translate(exc, where)
         if translated is exc:
             raise
         raise translated from exc
 
 
-def close_all(connections: list[apsw.Connection]) -> None:
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+def close_all(connections: Sequence[_Closable]) -> None:
     for conn in connections:
         conn.close()

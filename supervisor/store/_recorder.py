@@ -157,4 +157,9 @@ class Recorder(EventLog, SessionRecords, TaskRecords, ApprovalRecords, BlobStore
 
     @property
     def lock(self) -> WriterLock | None:
-        """The writer's claim on the data dir (None when opened read-only)."""
+        """The writer's claim on the data dir (None when opened read-only, and on PostgreSQL, which several
+        supervisors share: see ``Leases``)."""
+
+    @property
+    def location(self) -> str:
+        """Where the store is, as messages name it (a file; a URL without its password)."""

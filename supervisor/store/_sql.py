@@ -1,7 +1,9 @@
-"""Synchronous SQL over one apsw connection: the store's core, run off the trio loop.
+"""Synchronous SQL over one connection (``_db.Db``, SQLite or PostgreSQL): the store's core, run off the trio loop.
 
 Nothing here is async or thread-aware; ``_writer`` and ``_readers`` decide which thread runs it. Write
-functions expect to be called inside the writer's transaction (they never BEGIN/COMMIT themselves).
+functions expect to be called inside the writer's transaction (they never BEGIN/COMMIT themselves). The SQL runs
+on both engines; where a concurrent writer could interleave (PostgreSQL, several supervisors), the rows a check
+depends on are locked first (``lock_session``) or the change is one conditional statement.
 """
 
 from __future__ import annotations
@@ -12,10 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-import apsw
-
 from protocol import NormalizedEvent, UpcasterRegistry, upcasters
 
+from ._db import Db
 from ._errors import (
     ApprovalDecided,
     InvalidEvent,
@@ -30,24 +31,6 @@ from ._errors import (
 from ._quotas import Usage
 from ._records import TRANSITIONS, ApprovalRecord, BlobInfo, SessionRecord, TaskRecord, TaskState, TaskUpdate
 from ._time import from_text, now_text, to_text
-
-BUSY_TIMEOUT_MS = 5_000
-
-
-def open_connection(path: str, *, readonly: bool, synchronous: str, vfs: str | None = None) -> apsw.Connection:
-    """A connection with the pragmas every store connection needs (WAL, foreign keys, busy timeout)."""
-    flags = apsw.SQLITE_OPEN_READONLY if readonly else apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
-    conn = apsw.Connection(path, flags=flags, vfs=vfs) if vfs else apsw.Connection(path, flags=flags)
-    try:
-        conn.set_busy_timeout(BUSY_TIMEOUT_MS)
-        if not readonly:
-            conn.pragma("journal_mode", "WAL")  # persistent: readers opened later see WAL too
-        conn.pragma("synchronous", synchronous)
-        conn.pragma("foreign_keys", True)
-    except BaseException:
-        conn.close()
-        raise
-    return conn
 
 
 def dumps(value: Any) -> str:
@@ -105,32 +88,43 @@ def _event(seq: int, body: str, registry: UpcasterRegistry = upcasters) -> Norma
 # --- reads ----------------------------------------------------------------------------------------
 
 
-def select_session(conn: apsw.Connection, session_id: str) -> SessionRecord:
+def select_session(conn: Db, session_id: str) -> SessionRecord:
     for row in conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE session_id = ?", (session_id,)):
         return _session(row)
     raise UnknownSession(session_id)
 
 
-def select_sessions(conn: apsw.Connection, namespace: str | None, limit: int, offset: int) -> list[SessionRecord]:
+def select_sessions(conn: Db, namespace: str | None, limit: int, offset: int) -> list[SessionRecord]:
     """Oldest first (insertion order)."""
     where, args = ("WHERE namespace = ?", (namespace,)) if namespace is not None else ("", ())
     sql = f"SELECT {_SESSION_COLUMNS} FROM sessions {where} ORDER BY rowid LIMIT ? OFFSET ?"
     return [_session(row) for row in conn.execute(sql, (*args, limit, offset))]
 
 
-def select_last_seq(conn: apsw.Connection, session_id: str) -> int:
+def lock_session(conn: Db, session_id: str) -> int:
+    """Inside a write transaction: hold the session's row until it ends (so checks on the session's tasks and
+    appends cannot interleave with another writer's), and return its last seq."""
+    for (last_seq,) in conn.execute(f"SELECT last_seq FROM sessions WHERE session_id = ?{conn.for_update}",
+                                    (session_id,)):
+        return int(last_seq)
+    raise UnknownSession(session_id)
+
+
+def select_last_seq(conn: Db, session_id: str) -> int:
     for (last_seq,) in conn.execute("SELECT last_seq FROM sessions WHERE session_id = ?", (session_id,)):
         return int(last_seq)
     raise UnknownSession(session_id)
 
 
-def select_task(conn: apsw.Connection, task_id: str) -> TaskRecord:
-    for row in conn.execute(f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id = ?", (task_id,)):
+def select_task(conn: Db, task_id: str, *, lock: bool = False) -> TaskRecord:
+    """``lock``: inside a write transaction, hold the task's row until it ends (its state is about to change)."""
+    for row in conn.execute(f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id = ?{conn.for_update if lock else ''}",
+                            (task_id,)):
         return _task(row)
     raise UnknownTask(task_id)
 
 
-def select_tasks(conn: apsw.Connection, session_id: str) -> list[TaskRecord]:
+def select_tasks(conn: Db, session_id: str) -> list[TaskRecord]:
     """Oldest first. Raises ``UnknownSession`` rather than returning [] for a session that isn't there."""
     rows = conn.execute(
         f"SELECT {_TASK_COLUMNS} FROM tasks WHERE session_id = ? ORDER BY created_at, rowid", (session_id,)
@@ -140,7 +134,7 @@ def select_tasks(conn: apsw.Connection, session_id: str) -> list[TaskRecord]:
     return [_task(row) for row in rows]
 
 
-def select_active_tasks(conn: apsw.Connection) -> list[TaskRecord]:
+def select_active_tasks(conn: Db) -> list[TaskRecord]:
     """Tasks still pending or running, oldest first (after a restart: tasks whose supervisor died)."""
     rows = conn.execute(
         f"SELECT {_TASK_COLUMNS} FROM tasks WHERE state IN ('pending', 'running') ORDER BY created_at, rowid"
@@ -148,7 +142,7 @@ def select_active_tasks(conn: apsw.Connection) -> list[TaskRecord]:
     return [_task(row) for row in rows]
 
 
-def select_events(conn: apsw.Connection, session_id: str, after_seq: int, limit: int,
+def select_events(conn: Db, session_id: str, after_seq: int, limit: int,
                   registry: UpcasterRegistry = upcasters) -> list[NormalizedEvent]:
     rows = cast(
         list[tuple[int, str]],
@@ -162,7 +156,7 @@ def select_events(conn: apsw.Connection, session_id: str, after_seq: int, limit:
     return [_event(seq, body, registry) for seq, body in rows]
 
 
-def select_events_of_types(conn: apsw.Connection, session_id: str, types: Sequence[str], after_seq: int,
+def select_events_of_types(conn: Db, session_id: str, types: Sequence[str], after_seq: int,
                            limit: int, task_id: str | None = None,
                            registry: UpcasterRegistry = upcasters) -> list[NormalizedEvent]:
     """Like ``select_events``, only events of these types (and of one task): filtered in SQL, so a session's
@@ -176,7 +170,7 @@ def select_events_of_types(conn: apsw.Connection, session_id: str, types: Sequen
     return [_event(seq, body, registry) for seq, body in rows]
 
 
-def select_last_event_of_type(conn: apsw.Connection, session_id: str, event_type: str,
+def select_last_event_of_type(conn: Db, session_id: str, event_type: str,
                               registry: UpcasterRegistry = upcasters) -> NormalizedEvent | None:
     """The session's last event of ``event_type`` (a scan from the end, in SQLite)."""
     for seq, body in conn.execute("SELECT seq, body FROM events WHERE session_id = ? AND type = ? "
@@ -186,7 +180,7 @@ def select_last_event_of_type(conn: apsw.Connection, session_id: str, event_type
     return None
 
 
-def select_keyed_append(conn: apsw.Connection, session_id: str, key: str,
+def select_keyed_append(conn: Db, session_id: str, key: str,
                         registry: UpcasterRegistry = upcasters) -> list[NormalizedEvent] | None:
     """The events an earlier append with this idempotency key stored, or None if there was none."""
     for first_seq, last_seq in conn.execute(
@@ -196,12 +190,12 @@ def select_keyed_append(conn: apsw.Connection, session_id: str, key: str,
     return None
 
 
-def insert_keyed_append(conn: apsw.Connection, session_id: str, key: str, stored: Sequence[NormalizedEvent]) -> None:
+def insert_keyed_append(conn: Db, session_id: str, key: str, stored: Sequence[NormalizedEvent]) -> None:
     conn.execute("INSERT INTO appends(session_id, idempotency_key, first_seq, last_seq) VALUES (?, ?, ?, ?)",
                  (session_id, key, stored[0].seq, stored[-1].seq))
 
 
-def insert_inline_blob(conn: apsw.Connection, ref: str, data: bytes, media_type: str) -> None:
+def insert_inline_blob(conn: Db, ref: str, data: bytes, media_type: str) -> None:
     """Keep a small blob in the database itself; a blob already known (inline or as a file) is left as it is."""
     conn.execute(
         "INSERT INTO blobs(ref, size, media_type, created_at, content) VALUES (?, ?, ?, ?, ?) "
@@ -210,14 +204,14 @@ def insert_inline_blob(conn: apsw.Connection, ref: str, data: bytes, media_type:
     )
 
 
-def select_blob_content(conn: apsw.Connection, ref: str) -> bytes | None:
+def select_blob_content(conn: Db, ref: str) -> bytes | None:
     """The bytes of a blob kept in the database, or None (not known, or kept as a file)."""
     for (content,) in conn.execute("SELECT content FROM blobs WHERE ref = ?", (ref,)):
         return None if content is None else bytes(content)
     return None
 
 
-def select_blob(conn: apsw.Connection, ref: str) -> BlobInfo | None:
+def select_blob(conn: Db, ref: str) -> BlobInfo | None:
     for size, media_type, created_at in conn.execute(
         "SELECT size, media_type, created_at FROM blobs WHERE ref = ?", (ref,)
     ):
@@ -228,7 +222,7 @@ def select_blob(conn: apsw.Connection, ref: str) -> BlobInfo | None:
 # --- writes (inside the writer's transaction) -----------------------------------------------------
 
 
-def insert_session(conn: apsw.Connection, record: SessionRecord) -> SessionRecord:
+def insert_session(conn: Db, record: SessionRecord) -> SessionRecord:
     inserted = conn.execute(
         "INSERT INTO sessions(session_id, runtime, namespace, workspace, created_at, metadata) "
         "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(session_id) DO NOTHING RETURNING session_id",
@@ -247,7 +241,7 @@ def insert_session(conn: apsw.Connection, record: SessionRecord) -> SessionRecor
 
 
 def update_session(
-    conn: apsw.Connection,
+    conn: Db,
     session_id: str,
     runtime_session_id: str | None,
     metadata: Mapping[str, Any] | None,
@@ -269,7 +263,7 @@ def update_session(
 
 
 def insert_task(
-    conn: apsw.Connection,
+    conn: Db,
     *,
     task_id: str,
     session_id: str,
@@ -279,6 +273,7 @@ def insert_task(
     worker_pid: int | None,
 ) -> TaskRecord:
     """Insert a PENDING or RUNNING task; ``runtime`` defaults to the session's."""
+    lock_session(conn, session_id)
     session = select_session(conn, session_id)
     for _ in conn.execute("SELECT 1 FROM tasks WHERE task_id = ?", (task_id,)):
         raise TaskExists(task_id)
@@ -304,9 +299,9 @@ def insert_task(
     return select_task(conn, task_id)
 
 
-def apply_task_update(conn: apsw.Connection, update: TaskUpdate, session_id: str | None = None) -> TaskRecord:
+def apply_task_update(conn: Db, update: TaskUpdate, session_id: str | None = None) -> TaskRecord:
     """Apply ``update`` (checking the state transition); ``session_id`` insists the task belongs to it."""
-    current = select_task(conn, update.task_id)
+    current = select_task(conn, update.task_id, lock=True)  # a task ends once, whoever else tries at the same time
     if session_id is not None and current.session_id != session_id:
         raise InvalidEvent(f"task {update.task_id!r} belongs to session {current.session_id!r}, not {session_id!r}")
     changes: dict[str, Any] = {}
@@ -350,11 +345,15 @@ class PreparedEvent:
 
 
 def insert_events(
-    conn: apsw.Connection, session_id: str, events: Sequence[PreparedEvent], stored_bytes: int = 0
+    conn: Db, session_id: str, events: Sequence[PreparedEvent], stored_bytes: int = 0
 ) -> list[NormalizedEvent]:
     """Give ``events`` the next seqs of the session and insert them; return them as stored. ``stored_bytes``
     (``batch_bytes``) is added to the session's and its namespace's usage, with the number of events."""
-    seq = select_last_seq(conn, session_id)
+    last = conn.scalar("UPDATE sessions SET last_seq = last_seq + ?, stored_bytes = stored_bytes + ? "
+                       "WHERE session_id = ? RETURNING last_seq", (len(events), stored_bytes, session_id))
+    if last is None:
+        raise UnknownSession(session_id)
+    seq = int(last) - len(events)  # the seqs are ours: the update holds the session's row until commit
     stored: list[NormalizedEvent] = []
     rows = []
     for prepared in events:
@@ -369,12 +368,10 @@ def insert_events(
         "VALUES (?, ?, ?, ?, ?, ?, ?)",
         rows,
     )
-    conn.execute("UPDATE sessions SET last_seq = ?, stored_bytes = stored_bytes + ? WHERE session_id = ?",
-                 (seq, stored_bytes, session_id))
     conn.execute(
         "INSERT INTO namespace_usage(namespace, events, bytes) SELECT namespace, ?, ? FROM sessions "
-        "WHERE session_id = ? ON CONFLICT(namespace) DO UPDATE SET events = events + excluded.events, "
-        "bytes = bytes + excluded.bytes",
+        "WHERE session_id = ? ON CONFLICT(namespace) DO UPDATE SET events = namespace_usage.events + excluded.events, "
+        "bytes = namespace_usage.bytes + excluded.bytes",
         (len(events), stored_bytes, session_id),
     )
     return stored
@@ -385,7 +382,7 @@ def insert_events(
 _BLOB_REF = re.compile(r"sha256:[0-9a-f]{64}")
 
 
-def batch_bytes(conn: apsw.Connection, events: Sequence[PreparedEvent], inline: Mapping[str, bytes]) -> int:
+def batch_bytes(conn: Db, events: Sequence[PreparedEvent], inline: Mapping[str, bytes]) -> int:
     """What storing ``events`` costs: their bodies (UTF-8), the small blobs committed with them (``inline``: ref ->
     bytes), and the blob files they name (each once per batch; refs that name no blob, like input hashes, cost
     nothing)."""
@@ -399,13 +396,13 @@ def batch_bytes(conn: apsw.Connection, events: Sequence[PreparedEvent], inline: 
     named = sorted(refs)
     for start in range(0, len(named), 500):
         chunk = named[start:start + 500]
-        total += int(conn.execute(
+        total += int(conn.scalar(
             f"SELECT COALESCE(SUM(size), 0) FROM blobs WHERE content IS NULL AND ref IN ({','.join('?' * len(chunk))})",
-            chunk).get)
+            chunk))
     return total
 
 
-def select_usage(conn: apsw.Connection, session_id: str) -> Usage:
+def select_usage(conn: Db, session_id: str) -> Usage:
     for namespace, events, stored, ns_events, ns_bytes in conn.execute(
         "SELECT s.namespace, s.last_seq, s.stored_bytes, COALESCE(u.events, 0), COALESCE(u.bytes, 0) "
         "FROM sessions s LEFT JOIN namespace_usage u ON u.namespace = s.namespace WHERE s.session_id = ?",
@@ -415,22 +412,22 @@ def select_usage(conn: apsw.Connection, session_id: str) -> Usage:
     raise UnknownSession(session_id)
 
 
-def namespace_totals(conn: apsw.Connection, namespace: str) -> tuple[int, int, int]:
+def namespace_totals(conn: Db, namespace: str) -> tuple[int, int, int]:
     """(sessions, events stored, bytes stored) of the namespace."""
-    sessions = int(conn.execute("SELECT count(*) FROM sessions WHERE namespace = ?", (namespace,)).get)
+    sessions = int(conn.scalar("SELECT count(*) FROM sessions WHERE namespace = ?", (namespace,)))
     for events, stored in conn.execute("SELECT events, bytes FROM namespace_usage WHERE namespace = ?", (namespace,)):
         return sessions, int(events), int(stored)
     return sessions, 0, 0
 
 
-def count_active_tasks(conn: apsw.Connection, namespace: str) -> int:
+def count_active_tasks(conn: Db, namespace: str) -> int:
     """Tasks pending or running in the namespace's sessions."""
-    return int(conn.execute(
+    return int(conn.scalar(
         "SELECT count(*) FROM tasks JOIN sessions USING (session_id) "
-        "WHERE tasks.state IN ('pending', 'running') AND sessions.namespace = ?", (namespace,)).get)
+        "WHERE tasks.state IN ('pending', 'running') AND sessions.namespace = ?", (namespace,)))
 
 
-def insert_blob(conn: apsw.Connection, info: BlobInfo) -> None:
+def insert_blob(conn: Db, info: BlobInfo) -> None:
     """Record a blob's metadata; the first writer's media type wins."""
     conn.execute(
         "INSERT INTO blobs(ref, size, media_type, created_at) VALUES (?, ?, ?, ?) ON CONFLICT(ref) DO NOTHING",
@@ -453,7 +450,7 @@ def _approval(row: Sequence[Any]) -> ApprovalRecord:
         decided_by=decided_by, decision_reason=decision_reason)
 
 
-def insert_approval(conn: apsw.Connection, record: ApprovalRecord) -> ApprovalRecord:
+def insert_approval(conn: Db, record: ApprovalRecord) -> ApprovalRecord:
     conn.execute(
         f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL)",
         (record.approval_id, record.session_id, record.task_id, record.namespace, record.tool_call_id,
@@ -462,13 +459,13 @@ def insert_approval(conn: apsw.Connection, record: ApprovalRecord) -> ApprovalRe
     return select_approval(conn, record.approval_id)
 
 
-def select_approval(conn: apsw.Connection, approval_id: str) -> ApprovalRecord:
+def select_approval(conn: Db, approval_id: str) -> ApprovalRecord:
     for row in conn.execute(f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE approval_id = ?", (approval_id,)):
         return _approval(row)
     raise UnknownApproval(approval_id)
 
 
-def select_approvals(conn: apsw.Connection, state: str | None, namespaces: Sequence[str] | None) -> list[ApprovalRecord]:
+def select_approvals(conn: Db, state: str | None, namespaces: Sequence[str] | None) -> list[ApprovalRecord]:
     sql = f"SELECT {_APPROVAL_COLUMNS} FROM approvals"
     where, args = [], []
     if state is not None:
@@ -482,12 +479,13 @@ def select_approvals(conn: apsw.Connection, state: str | None, namespaces: Seque
     return [_approval(row) for row in conn.execute(sql + " ORDER BY created_at, rowid", args)]
 
 
-def decide_approval(conn: apsw.Connection, approval_id: str, state: str, decided_by: str,
+def decide_approval(conn: Db, approval_id: str, state: str, decided_by: str,
                     reason: str) -> ApprovalRecord:
-    """Pending -> approved/denied/expired, exactly once (a second decision raises ApprovalDecided)."""
-    current = select_approval(conn, approval_id)
-    if current.state != "pending":
-        raise ApprovalDecided(approval_id, current.state)
-    conn.execute("UPDATE approvals SET state = ?, decided_at = ?, decided_by = ?, decision_reason = ? "
-                 "WHERE approval_id = ?", (state, now_text(), decided_by, reason, approval_id))
+    """Pending -> approved/denied/expired, exactly once (a second decision raises ApprovalDecided): one conditional
+    update, so two supervisors deciding at once cannot both win."""
+    decided = conn.scalar("UPDATE approvals SET state = ?, decided_at = ?, decided_by = ?, decision_reason = ? "
+                          "WHERE approval_id = ? AND state = 'pending' RETURNING approval_id",
+                          (state, now_text(), decided_by, reason, approval_id))
+    if decided is None:
+        raise ApprovalDecided(approval_id, select_approval(conn, approval_id).state)  # or UnknownApproval
     return select_approval(conn, approval_id)

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, NoReturn, TypeVar
+from typing import Any, Literal, NoReturn, Protocol, TypeVar
 
 import apsw
 import trio
@@ -20,7 +20,16 @@ from protocol import upcasters as this_builds_upcasters
 from ..ids import new_id
 from . import _sql
 from ._blobs import BlobFiles, check_ref
-from ._errors import BlobCorrupt, DatabaseError, StoreClosed, StoreError, StoreReadOnly, translate
+from ._db import Db, SQLiteDb, open_connection
+from ._errors import (
+    BlobCorrupt,
+    BlobNotFound,
+    DatabaseError,
+    StoreClosed,
+    StoreError,
+    StoreReadOnly,
+    translate,
+)
 from ._lock import DataDirLock
 from ._prepare import prepare
 from ._quotas import QUOTA_FLAGS, QuotaExceeded, Quotas
@@ -38,35 +47,41 @@ __all__ = ["DB_FILENAME", "INLINE_BLOB_MAX", "QUOTA_FLAGS", "EventStore", "Quota
            "new_id"]
 
 DB_FILENAME = "codesdk.sqlite3"
+#: Seconds an idle subscriber waits before it looks in the store itself, for events no one told it of (another
+#: process's appends to a shared data dir; on PostgreSQL, notices lost while the listener reconnected).
+POLL_INTERVAL_S = 0.5
 Synchronous = Literal["FULL", "NORMAL"]
 
 
 class EventStore(Recorder):
-    """Sessions, tasks, events and blobs of one data dir, in SQLite. Create with ``EventStore.open``."""
+    """Sessions, tasks, events and blobs: of one data dir, in SQLite (``EventStore.open``), or in a PostgreSQL
+    database several supervisors share (``open_postgres``). Both run the same SQL core (``_sql``) through the same
+    single writer and reader pool; what differs is the connection (``_db``) and where large blobs go."""
 
     def __init__(
         self,
-        data_dir: Path,
+        location: str,
         writer: Writer | None,
         readers: ReaderPool,
         hub: Hub,
-        blobs: BlobFiles,
+        blobs: BlobFiles | None,
         *,
         subscriber_buffer: int,
         page_size: int,
         lock: DataDirLock | None = None,
         upcasters: UpcasterRegistry = this_builds_upcasters,
+        poll_interval_s: float = POLL_INTERVAL_S,
     ) -> None:
-        self.data_dir = data_dir
+        self._location = location
         self._upcasters = upcasters
         self._lock = lock
-        self.db_path = data_dir / DB_FILENAME
         self._writer = writer
         self._readers = readers
         self._hub = hub
         self._blobs = blobs
         self._subscriber_buffer = subscriber_buffer
         self._page_size = page_size
+        self._poll_interval_s = poll_interval_s
         self._closed = False
         self._write_failure: str | None = None
 
@@ -115,10 +130,11 @@ class EventStore(Recorder):
             lock.release()
             raise
         hub = Hub()
-        writer = Writer(writer_conn, hub.publish, max_batch=max_batch)
-        pool = ReaderPool(reader_conns)
+        writer_db = SQLiteDb(writer_conn)
+        writer = Writer(writer_db, hub.publish, max_batch=max_batch)
+        pool = ReaderPool([SQLiteDb(conn) for conn in reader_conns])
         store = cls(
-            root,
+            str(root / DB_FILENAME),
             writer,
             pool,
             hub,
@@ -128,25 +144,13 @@ class EventStore(Recorder):
             lock=lock,
             upcasters=upcasters,
         )
-        body_error: BaseException | None = None
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(writer.run)
-                try:
-                    yield store
-                except BaseException as exc:  # noqa: BLE001 - re-raised below
-                    body_error = exc  # raised below, outside the nursery, so callers don't get a group
-                finally:
-                    store._closed = True
-                    writer.close()  # the writer commits what is queued, then returns
-        finally:
-            with trio.CancelScope(shield=True):
-                hub.close()
-                await pool.aclose()
-                await trio.to_thread.run_sync(close_all, [writer_conn])
-                lock.release()  # only once every write is committed and the connection closed
-        if body_error is not None:
-            raise body_error
+        async with running(store, writer, writer_db, pool, hub, release=lock.release):
+            yield store
+
+    @property
+    def location(self) -> str:
+        """Where the store is, as messages name it: the SQLite file, or the PostgreSQL URL without its password."""
+        return self._location
 
     @property
     def read_only(self) -> bool:
@@ -195,7 +199,7 @@ class EventStore(Recorder):
             created_at=created_at or utc_now(),
             metadata=dict(metadata or {}),
         )
-        def op(conn: apsw.Connection) -> SessionRecord:
+        def op(conn: Db) -> SessionRecord:
             if quotas is not None:
                 quotas.check_new_session(namespace, *_sql.namespace_totals(conn, namespace))
             return _sql.insert_session(conn, record)
@@ -268,7 +272,7 @@ class EventStore(Recorder):
         insert = partial(_sql.insert_task, task_id=task_id, session_id=session_id, state=state, runtime=runtime,
                          metadata=dict(metadata or {}), worker_pid=worker_pid)
 
-        def op(conn: apsw.Connection) -> TaskRecord:
+        def op(conn: Db) -> TaskRecord:
             if quotas is not None:
                 quotas.check_admission(_sql.select_usage(conn, session_id), session_id,
                                        partial(_sql.count_active_tasks, conn))
@@ -371,7 +375,8 @@ class EventStore(Recorder):
         if idempotency_key is not None and not prepared:
             raise ValueError("an idempotency key needs at least one event")
 
-        def op(conn: apsw.Connection) -> list[NormalizedEvent]:
+        def op(conn: Db) -> list[NormalizedEvent]:
+            _sql.lock_session(conn, session_id)  # the checks below hold until this commits
             if idempotency_key is not None:
                 earlier = _sql.select_keyed_append(conn, session_id, idempotency_key, self._upcasters)
                 if earlier is not None:
@@ -434,8 +439,8 @@ class EventStore(Recorder):
             await self.last_seq(session_id)  # UnknownSession here rather than on first iteration
             read_page = partial(self.read, session_id)
             yield Subscription(
-                read_page, feed, after_seq, until_terminal=until_terminal, page_size=self._page_size
-            )
+                read_page, feed, after_seq, until_terminal=until_terminal, page_size=self._page_size,
+                poll_interval_s=self._poll_interval_s)
         finally:
             self._hub.remove(session_id, feed)
 
@@ -461,27 +466,36 @@ class EventStore(Recorder):
         content = await self._read(f"reading blob {ref}", partial(_sql.select_blob_content, ref=ref))
         if content is not None:
             if sha256_hex(content) != ref:
-                raise BlobCorrupt(ref, f"{self.db_path} (table blobs)", sha256_hex(content))
+                raise BlobCorrupt(ref, f"{self.location} (table blobs)", sha256_hex(content))
             return content
+        if self._blobs is None:
+            raise BlobNotFound(ref)
         return await self._blob_io(f"reading blob {ref}", self._blobs.get, ref)
 
     async def blob_exists(self, ref: str) -> bool:
         check_ref(ref)
         if await self._read(f"checking blob {ref}", partial(_sql.select_blob_content, ref=ref)) is not None:
             return True
-        return await self._blob_io(f"checking blob {ref}", self._blobs.exists, ref)
+        return self._blobs is not None and await self._blob_io(f"checking blob {ref}", self._blobs.exists, ref)
 
     async def blob_info(self, ref: str) -> BlobInfo:
         check_ref(ref)
         info = await self._read(f"reading blob {ref}", partial(_sql.select_blob, ref=ref))
         if info is not None:
             return info
+        if self._blobs is None:
+            raise BlobNotFound(ref)
         size = await self._blob_io(f"reading blob {ref}", self._blobs.size, ref)  # file without row
         return BlobInfo(ref=ref, size=size, media_type="application/octet-stream")
 
     async def _put(self, data: bytes, media_type: str) -> str:
         if self._writer is None:
-            raise StoreReadOnly(self.data_dir, "writing a blob")
+            raise StoreReadOnly(self.location, "writing a blob")
+        if self._blobs is None:  # every blob in the database, committed like any write
+            ref = await trio.to_thread.run_sync(sha256_hex, data)
+            await self._write(f"recording blob {ref}", partial(_sql.insert_inline_blob, ref=ref, data=data,
+                                                                media_type=media_type))
+            return ref
         ref, _ = await self._blob_io("writing a blob", self._blobs.put, data)
         info = BlobInfo(ref=ref, size=len(data), media_type=media_type)
         await self._write(f"recording blob {ref}", partial(_sql.insert_blob, info=info))
@@ -490,22 +504,22 @@ class EventStore(Recorder):
     # --- plumbing ---------------------------------------------------------------------------------
 
     async def _write(
-        self, where: str, op: Callable[[apsw.Connection], T], *, publish_to: str | None = None, bulk: bool = False
+        self, where: str, op: Callable[[Db], T], *, publish_to: str | None = None, bulk: bool = False
     ) -> T:
         if self._closed:
             raise StoreClosed(where)
         if self._writer is None:
-            raise StoreReadOnly(self.data_dir, where)
+            raise StoreReadOnly(self.location, where)
         try:
             result = await self._writer.submit(WriteRequest(op, where, publish_to, bulk=bulk))
         except DatabaseError as exc:
-            if isinstance(exc.__cause__, _WRITE_FAULTS):
+            if exc.storage_fault:
                 self._write_failure = str(exc)  # reported by /readyz until a write succeeds again
             raise
         self._write_failure = None
         return result
 
-    async def _read(self, where: str, function: Callable[[apsw.Connection], T]) -> T:
+    async def _read(self, where: str, function: Callable[[Db], T]) -> T:
         return await self._readers.run(where, function)
 
     async def _blob_io(self, where: str, function: Callable[[Any], T], arg: Any) -> T:
@@ -533,10 +547,6 @@ def _check_inline_blobs(blobs: Mapping[str, tuple[bytes, str]]) -> dict[str, tup
     return checked
 
 
-#: SQLite errors that mean the disk, not the request, failed.
-_WRITE_FAULTS = (apsw.FullError, apsw.IOError, apsw.ReadOnlyError, apsw.CorruptError)
-
-
 class AlreadyStored(list[NormalizedEvent]):
     """Events an earlier append with the same idempotency key stored. Falsy, so the writer (which publishes
     a truthy result) does not hand them to subscribers a second time."""
@@ -559,14 +569,14 @@ def _open_sync(root: Path, synchronous: str, readers: int,
     opened: list[apsw.Connection] = []
     try:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        writer = _sql.open_connection(path, readonly=False, synchronous=synchronous, vfs=vfs)
+        writer = open_connection(path, readonly=False, synchronous=synchronous, vfs=vfs)
         opened.append(writer)
         for suffix in ("", "-wal", "-shm"):  # whatever the umask was: the store is the supervisor's alone
             with contextlib.suppress(FileNotFoundError):
                 os.chmod(path + suffix, 0o600)
         migrate(writer, path)
         for _ in range(readers):
-            opened.append(_sql.open_connection(path, readonly=True, synchronous=synchronous, vfs=vfs))
+            opened.append(open_connection(path, readonly=True, synchronous=synchronous, vfs=vfs))
     except BaseException as exc:  # noqa: BLE001 - re-raised, translated
         _closed_and_translated(opened, exc, f"opening the event store at {path}")
     return opened[0], opened[1:]
@@ -597,7 +607,7 @@ def _open_read_only(root: Path, readers: int, vfs: str | None = None) -> list[ap
     opened: list[apsw.Connection] = []
     try:
         for _ in range(readers):
-            opened.append(_sql.open_connection(str(path), readonly=True, synchronous="FULL", vfs=vfs))
+            opened.append(open_connection(str(path), readonly=True, synchronous="FULL", vfs=vfs))
         check_version(opened[0], str(path))
     except BaseException as exc:  # noqa: BLE001 - re-raised, translated
         _closed_and_translated(opened, exc, f"opening the event store at {path} read-only")
@@ -609,8 +619,9 @@ async def _read_only_store(cls: type[EventStore], root: Path, connections: list[
                            subscriber_buffer: int, page_size: int,
                            upcasters: UpcasterRegistry) -> AsyncIterator[EventStore]:
     hub = Hub()
-    pool = ReaderPool(connections)
-    store = cls(root, None, pool, hub, BlobFiles(root / "blobs", fsync=False), subscriber_buffer=subscriber_buffer,
+    pool = ReaderPool([SQLiteDb(conn) for conn in connections])
+    store = cls(str(root / DB_FILENAME), None, pool, hub, BlobFiles(root / "blobs", fsync=False),
+                subscriber_buffer=subscriber_buffer,
                 page_size=page_size, upcasters=upcasters)
     try:
         yield store
@@ -619,3 +630,43 @@ async def _read_only_store(cls: type[EventStore], root: Path, connections: list[
         with trio.CancelScope(shield=True):
             hub.close()
             await pool.aclose()
+
+
+class Background(Protocol):
+    """Work a store runs beside its writer (PostgreSQL's listener): ``run`` returns soon after ``stop``."""
+
+    async def run(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@asynccontextmanager
+async def running(store: EventStore, writer: Writer, writer_db: Db, pool: ReaderPool, hub: Hub, *,
+                  background: Sequence[Background] = (), release: Callable[[], None] = lambda: None,
+                  ) -> AsyncIterator[None]:
+    """Run the store's writer (and ``background``) while the body runs; on the way out, commit what is queued,
+    close the connections and only then ``release`` (the data dir's lock). An error of the body is raised as
+    itself, not inside a group."""
+    body_error: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run)
+            for work in background:
+                nursery.start_soon(work.run)
+            try:
+                yield
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                body_error = exc  # raised below, outside the nursery, so callers don't get a group
+            finally:
+                store._closed = True
+                writer.close()  # the writer commits what is queued, then returns
+                for work in background:
+                    work.stop()
+    finally:
+        with trio.CancelScope(shield=True):
+            hub.close()
+            await pool.aclose()
+            await trio.to_thread.run_sync(close_all, [writer_db])
+            release()  # only once every write is committed and the connection closed
+    if body_error is not None:
+        raise body_error

@@ -5,6 +5,11 @@ it reads, or is pushed to the feed after commit (or both; duplicates are dropped
 bounded: when a slow subscriber's feed would overflow it is emptied and marked, and the subscriber
 re-reads from the store after the last seq it handed out. Appends never wait for subscribers, and a
 subscriber never misses or repeats an event.
+
+Events another process committed (a second supervisor on the same PostgreSQL database) are not pushed: the hub
+is *nudged* for their session (``nudge``; everyone after a lost connection: ``nudge_all``) and the subscriber
+reads them from the store, the one source of truth. Without a nudge, an idle subscriber still looks every
+``poll_interval_s``.
 """
 
 from __future__ import annotations
@@ -24,12 +29,13 @@ ReadPage = Callable[[int, int], Awaitable[list[NormalizedEvent]]]
 class Feed:
     """One subscriber's mailbox, filled by the writer task after each commit."""
 
-    __slots__ = ("buffer", "capacity", "closed", "overflowed", "wake")
+    __slots__ = ("buffer", "capacity", "closed", "overflowed", "stale", "wake")
 
     def __init__(self, capacity: int) -> None:
         self.buffer: deque[NormalizedEvent] = deque()
         self.capacity = capacity
         self.overflowed = False
+        self.stale = False  # the store has events the feed was not given: read them there
         self.wake = trio.Event()
         self.closed = False
 
@@ -68,6 +74,17 @@ class Hub:
         for feed in self._feeds.get(session_id, ()):
             feed.push(events)
 
+    def nudge(self, session_id: str) -> None:
+        """Another process stored events of this session: its subscribers read them from the store."""
+        for feed in self._feeds.get(session_id, ()):
+            feed.stale = True
+            feed.wake.set()
+
+    def nudge_all(self) -> None:
+        """Events may have been stored unseen (the nudges' connection was lost): every subscriber reads."""
+        for session_id in list(self._feeds):
+            self.nudge(session_id)
+
     def close(self) -> None:
         self._closed = True
         for feeds in self._feeds.values():
@@ -84,7 +101,7 @@ class Subscription:
 
     def __init__(
         self, read_page: ReadPage, feed: Feed, after_seq: int, *, until_terminal: bool, page_size: int,
-        poll_interval_s: float = 0.5,
+        poll_interval_s: float,
     ) -> None:
         self._read_page = read_page
         self._feed = feed
@@ -122,6 +139,9 @@ class Subscription:
                 feed.buffer.clear()
                 self._catching_up = True
                 self.overflows += 1
+            if feed.stale:
+                feed.stale = False
+                self._catching_up = True
             if self._catching_up:
                 page = await self._read_page(self._cursor, self._page_size)
                 self._queue(page)

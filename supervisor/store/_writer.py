@@ -23,12 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-import apsw
 import trio
 
 from protocol import NormalizedEvent
 
-from ._errors import StoreClosed, translate
+from ._db import Db
+from ._errors import StoreClosed
 
 T = TypeVar("T")
 
@@ -38,7 +38,7 @@ class WriteRequest(Generic[T]):
 
     __slots__ = ("bulk", "done", "error", "op", "publish_to", "result", "staged_at_bulk", "where")
 
-    def __init__(self, op: Callable[[apsw.Connection], T], where: str, publish_to: str | None = None, *,
+    def __init__(self, op: Callable[[Db], T], where: str, publish_to: str | None = None, *,
                  bulk: bool = False) -> None:
         self.op = op
         self.where = where
@@ -93,12 +93,13 @@ class WriterStats:
         return self._last_append_at if self._last_append_by != session_id else self._other_append_at
 
 
-def run_batch(conn: apsw.Connection, batch: list[WriteRequest[Any]]) -> None:
+def run_batch(conn: Db, batch: list[WriteRequest[Any]]) -> None:
     """Run ``batch`` in one transaction (worker thread). Sets ``result``/``error`` on every request."""
     try:
-        conn.execute("BEGIN IMMEDIATE")
+        conn.ready()
+        conn.begin()
     except BaseException as exc:  # noqa: BLE001 - every request must get an outcome
-        error = translate(exc, "starting a write transaction")
+        error = conn.translate(exc, "starting a write transaction")
         for request in batch:
             request.error = error
         return
@@ -109,13 +110,14 @@ def run_batch(conn: apsw.Connection, batch: list[WriteRequest[Any]]) -> None:
                 request.result = request.op(conn)
             except Exception as exc:  # noqa: BLE001 - isolate a failing request from its batch
                 conn.execute("ROLLBACK TO request")
-                request.error = translate(exc, request.where)
+                request.error = conn.translate(exc, request.where)
             conn.execute("RELEASE request")
-        conn.execute("COMMIT")
+        conn.announce({request.publish_to for request in batch
+                       if request.publish_to is not None and request.error is None and request.result})
+        conn.commit()
     except BaseException as exc:  # noqa: BLE001 - every request must get an outcome
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        error = translate(exc, "committing a write transaction")
+        conn.rollback()
+        error = conn.translate(exc, "committing a write transaction")
         for request in batch:
             request.result = None
             request.error = error  # nothing of this transaction was stored
@@ -124,7 +126,7 @@ def run_batch(conn: apsw.Connection, batch: list[WriteRequest[Any]]) -> None:
 class Writer:
     def __init__(
         self,
-        conn: apsw.Connection,
+        conn: Db,
         publish: Callable[[str, list[NormalizedEvent]], None],
         *,
         max_batch: int,

@@ -212,6 +212,16 @@ class WorkerPool:
         if slot is not None and worker is not None and await self._env_changed(slot):
             self._retire(slot, worker, "its stored variables changed")
 
+    async def let_go(self, namespace: str) -> None:
+        """The namespace is no longer ours to run (its lease was lost to another supervisor): its worker and the
+        runtimes under it are killed now rather than shut down gracefully, and that is no crash."""
+        slot = self._slots.get(namespace)
+        worker = slot.worker if slot is not None else None
+        if worker is not None:
+            log.error("namespace %s: its lease was lost; killing its worker pid %d", namespace, worker.pid)
+            worker.stopping = True
+            await worker.kill()
+
     def worker_of(self, namespace: str) -> WorkerProcess | None:
         slot = self._slots.get(namespace)
         return slot.worker if slot else None

@@ -118,9 +118,13 @@ async def test_a_pending_approval_is_an_event_before_anyone_decides(api: Api) ->
         session = await api.create_session(api.alice, "user:alice")
         await _start(api, api.alice, session["session_id"])
         [approval] = await _pending(api, api.alice)
-        events = (await api.client.get(f"/v1/sessions/{session['session_id']}/events",
-                                       headers=api.auth(api.alice))).json()["events"]
-        asked = [e for e in events if e["type"] == "approval.requested"]
+        while True:  # listed as soon as it is opened; its event is stored right after (the stream's order is the point)
+            events = (await api.client.get(f"/v1/sessions/{session['session_id']}/events",
+                                           headers=api.auth(api.alice))).json()["events"]
+            asked = [e for e in events if e["type"] == "approval.requested"]
+            if asked:
+                break
+            await trio.sleep(0.05)
         assert [e["payload"]["approval_id"] for e in asked] == [approval["approval_id"]]
         payload = asked[0]["payload"]
         assert (payload["tool_name"], payload["tool_class"]) == ("workspace.write", "write")

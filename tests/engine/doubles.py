@@ -147,6 +147,11 @@ class FakeWorkers:
             raise NamespaceUnavailable(self.unavailable[namespace])
         yield self.worker(namespace)
 
+    async def let_go(self, namespace: str) -> None:
+        worker = self.workers.get(namespace)
+        if worker is not None and not worker.exited.is_set():
+            await worker.exit(-9)
+
     async def aclose(self) -> None:
         pass
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import supervisor.engine
 
 LAYERS = ["_transcript", "_errors", "_ports", "_compile", "_stopping", "_runs", "_recorder", "_batch", "_approvals", "_toolport",
-          "_toolflow", "_ending", "_intake", "_engine"]
+          "_toolflow", "_ending", "_intake", "_leasing", "_engine"]
 PACKAGE = Path(supervisor.engine.__file__).parent
 
 

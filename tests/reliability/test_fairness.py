@@ -26,6 +26,7 @@ from supervisor.engine import Engine
 from supervisor.engine._batch import SHARE_QUANTUM, STREAM_AFTER_EVENTS
 from supervisor.engine._transcript import session_events
 from supervisor.store import TaskState
+from supervisor.store._db import Db, SQLiteDb
 from supervisor.store._writer import Writer, WriteRequest, WriterStats
 
 from ..conftest import MakeEngine
@@ -82,12 +83,12 @@ async def test_the_writer_lets_ordinary_writes_pass_a_stream_and_keeps_each_sess
     waits for at most one bulk transaction. A session's requests commit in the order they were queued, so its
     ordinary request queued behind its own bulk one goes with that bulk turn. Each bulk turn takes one bulk
     request per session (round robin across streams)."""
-    conn = apsw.Connection(str(tmp_path / "writer.sqlite3"))
+    conn = SQLiteDb(apsw.Connection(str(tmp_path / "writer.sqlite3")))
     writer = Writer(conn, lambda session, events: None, max_batch=256)
     ran: list[tuple[str, int]] = []  # (request, the transaction it ran in)
     blocking, release = threading.Event(), threading.Event()
 
-    def block(_: apsw.Connection) -> None:
+    def block(_: Db) -> None:
         blocking.set()
         release.wait()
 

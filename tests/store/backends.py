@@ -2,7 +2,8 @@
 
 The contract is every test in tests/store that takes the ``backend`` or ``recorder`` fixture (and the state machine
 in ``test_store_stateful``): those tests use only the recorder interfaces (``supervisor.store.Recorder``) and run
-once per entry of ``BACKENDS``. A second backend (PostgreSQL) adds its factory there and must pass them all.
+once per entry of ``BACKENDS``: SQLite in a data dir of the test's own, PostgreSQL in a fresh database of the
+session's throwaway server (``tests/postgres.py``; those runs skip where no server can be started).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypedDict, Unpack
 
-from supervisor.store import EventStore, Recorder, Synchronous
+from supervisor.store import EventStore, Recorder, Synchronous, open_postgres
 
 
 class Sizes(TypedDict, total=False):
@@ -53,5 +54,23 @@ class SQLiteBackend:
         return recorder.subscriber_count(session_id)
 
 
-#: Backend name -> factory, given a scratch directory of the test's own.
-BACKENDS: dict[str, Callable[[Path], Backend]] = {"sqlite": SQLiteBackend}
+@dataclass(frozen=True)
+class PostgresBackend:
+    """``EventStore`` on a PostgreSQL database of its own."""
+
+    url: str
+
+    def open(self, **sizes: Unpack[Sizes]) -> AbstractAsyncContextManager[EventStore]:
+        return open_postgres(self.url, **sizes)
+
+    def subscriber_count(self, recorder: Recorder, session_id: str) -> int:
+        assert isinstance(recorder, EventStore)
+        return recorder.subscriber_count(session_id)
+
+
+#: Backend name -> factory, given what the test has: a scratch directory, and a function that makes a database
+#: on the session's PostgreSQL server (skipping the test where there is none).
+BACKENDS: dict[str, Callable[[Path, Callable[[], str]], Backend]] = {
+    "sqlite": lambda data_dir, _: SQLiteBackend(data_dir),
+    "postgresql": lambda _, new_database: PostgresBackend(new_database()),
+}

@@ -26,7 +26,7 @@ async def store(data_dir: Path) -> AsyncIterator[EventStore]:
 @pytest.fixture(params=sorted(BACKENDS))
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     """Each backend in turn (see ``backends``): the tests that take it are the recorder contract."""
-    return BACKENDS[request.param](tmp_path / "data")
+    return BACKENDS[request.param](tmp_path / "data", lambda: str(request.getfixturevalue("postgres_url")))
 
 
 @pytest.fixture

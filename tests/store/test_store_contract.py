@@ -437,7 +437,7 @@ async def test_quotas_refuse_whole_appends_and_new_tasks(recorder: Recorder) -> 
 async def test_a_healthy_writer_reports_no_failure(recorder: Recorder) -> None:
     with trio.fail_after(10):
         await recorder.ping()
-        assert not recorder.closed and recorder.write_failure is None and recorder.lock is not None
+        assert not recorder.closed and recorder.write_failure is None
         before = recorder.writer_stats.transactions
         await recorder.create_session("s1", runtime="scripted")
         assert recorder.writer_stats.transactions > before

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import hypothesis.strategies as st
+import pytest
 import trio
 from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
@@ -24,6 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from protocol import NormalizedEvent
 from supervisor.store import InvalidEvent, Recorder, StoreClosed, TaskState, TaskUpdate, UnknownTask
 
+from ..postgres import PostgresServer
 from .backends import BACKENDS, Backend
 from .store_helpers import bad_delta, delta, texts
 
@@ -121,15 +123,21 @@ class Follower:
 class StoreMachine(RuleBasedStateMachine):
     #: the backend under test: a key of ``BACKENDS`` (see ``machine_for``)
     backend_name: ClassVar[str]
+    #: the session's PostgreSQL server, for the PostgreSQL machine (set by ``postgres_for_the_machine``)
+    postgres: ClassVar[PostgresServer | None] = None
 
     def __init__(self) -> None:
         super().__init__()
         self.tmp = Path(tempfile.mkdtemp(prefix="codesdk-store-sm-"))
-        self.backend = BACKENDS[self.backend_name](self.tmp)
+        self.backend = BACKENDS[self.backend_name](self.tmp, self._new_database)
         self.runner = StoreRunner(self.backend)
         self.expected: dict[str, list[NormalizedEvent]] = {}
         self.followers: list[Follower] = []
         self.batches = 0
+
+    def _new_database(self) -> str:
+        assert self.postgres is not None, "the PostgreSQL machine runs with the postgres_server fixture"
+        return self.postgres.new_database()
 
     @property
     def sessions(self) -> list[str]:
@@ -267,6 +275,7 @@ def machine_for(name: str) -> type[unittest.TestCase]:
 
     Machine.__name__ = Machine.__qualname__ = f"StoreMachine_{name}"
     case: type[unittest.TestCase] = Machine.TestCase
+    case.backend_name = name  # type: ignore[attr-defined]
     case.settings = settings(  # type: ignore[attr-defined]
         max_examples=60,
         stateful_step_count=20,
@@ -274,6 +283,13 @@ def machine_for(name: str) -> type[unittest.TestCase]:
         suppress_health_check=[HealthCheck.too_slow],
     )
     return case
+
+
+@pytest.fixture(autouse=True)
+def postgres_for_the_machine(request: pytest.FixtureRequest) -> None:
+    """The PostgreSQL machine's examples each take a database of the session's server (or the case skips)."""
+    if getattr(request.cls, "backend_name", None) == "postgresql":
+        StoreMachine.postgres = request.getfixturevalue("postgres_server")
 
 
 # One test case per backend, named for it (TestStoreMachine_sqlite, ...), so pytest collects each.

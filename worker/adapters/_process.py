@@ -215,6 +215,16 @@ class RuntimeProcess:
                 yield stand_in_process
             return
         recording.record("spawn", program=os.path.basename(argv[0]), started_ahead=started is not None)
+        owned: list[RuntimeProcess] = []  # once it holds the runtime, the block's finally ends it (runtime.end)
+
+        async def deliver_cancel(process: ChildProcess) -> None:
+            """A cancellation reaching ``run_process`` leaves the ending to ``runtime.end``, so the group is signalled
+            by one of them only and its account of how it ended is the true one."""
+            if owned:
+                await process.wait()
+            else:  # cancelled while being started: nobody else will end it
+                await _end_group(process, grace_s=term_grace_s)
+
         try:
             async with trio.open_nursery() as nursery:
                 process: ChildProcess
@@ -224,8 +234,9 @@ class RuntimeProcess:
                     process = await nursery.start(partial(
                         trio.run_process, list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE, env=dict(env), cwd=cwd, check=False, process_group=0,
-                        deliver_cancel=partial(_end_group, grace_s=term_grace_s)))
+                        deliver_cancel=deliver_cancel))
                 runtime = cls(process, label, max_line_bytes)
+                owned.append(runtime)
                 nursery.start_soon(runtime._pump_stderr)
                 nursery.start_soon(runtime._watch_exit)
                 try:

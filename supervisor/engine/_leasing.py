@@ -1,0 +1,128 @@
+"""Which namespaces this supervisor runs (``store.Leases``), and what follows from a lease changing hands.
+
+- Before a namespace's session is created or its task started or stopped here, its lease must be ours
+  (``own``); a namespace another live supervisor holds is refused with where to go (``NamespaceElsewhere``).
+- A lease taken over (from nobody, or from a supervisor that is gone) makes the tasks left running in the
+  namespace orphans: each is failed once with ``SUPERVISOR_RESTARTED``, and its pending approvals are closed.
+  At start-up every namespace with such tasks is taken over where no live supervisor holds it (``recover``).
+- While the service runs (``keep``): leases are renewed; the namespaces of supervisors that died are taken over
+  where they left tasks running; a lease lost (we were cut off from the database for too long, and another may
+  have taken the namespace) ends our part at once: our runs there are dropped without storing anything, and the
+  namespace's worker is let go.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from protocol import EventType, RuntimeInfo, TaskFailed, TaskFailureCode, Trace
+
+from ..store import EventDraft, InvalidTransition, Leases, Recorder, StoreError, TaskState, TaskUpdate
+from ._approvals import ApprovalBroker
+from ._errors import NamespaceElsewhere
+from ._runs import RunTable
+
+log = logging.getLogger("codesdk.supervisor.engine")
+
+#: Lets go of a namespace's worker (its lease is lost: someone else may run the namespace now).
+LetGo = Callable[[str], Awaitable[None]]
+
+
+class Leasing:
+    def __init__(self, store: Recorder, leases: Leases, runs: RunTable, approvals: ApprovalBroker,
+                 let_go: LetGo) -> None:
+        self.store = store
+        self.leases = leases
+        self._runs = runs
+        self._approvals = approvals
+        self._let_go = let_go
+
+    async def own(self, namespace: str) -> None:
+        """Make the namespace's lease ours, or refuse (``NamespaceElsewhere``, nothing done)."""
+        claim = await self.leases.claim(namespace)
+        if claim.holder is not None:
+            raise NamespaceElsewhere(namespace, claim.holder)
+        if claim.taken_over:
+            await self._fail_orphans(namespace)
+
+    async def recover(self) -> None:
+        """At start-up: take over the namespaces where tasks were left running and no live supervisor holds the
+        lease, failing those tasks. Approvals can only be pending for running tasks, so theirs are closed too."""
+        for namespace in await self._namespaces_with_orphans():
+            try:
+                await self.own(namespace)
+            except NamespaceElsewhere:
+                continue  # another supervisor runs those tasks
+
+    async def keep(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Renew our leases for as long as the engine runs (nothing to do where they cannot be lost)."""
+        task_status.started()
+        every = self.leases.renew_every_s
+        if every is None:
+            return
+        while True:
+            with trio.move_on_after(every):
+                await self.leases.renewal_wanted.wait()
+            self.leases.renewal_wanted = trio.Event()
+            try:
+                renewal = await self.leases.renew()
+                for namespace in sorted(renewal.lost):
+                    await self._lost(namespace)
+                for namespace in await self.leases.expired():
+                    if namespace in await self._namespaces_with_orphans():
+                        try:
+                            await self.own(namespace)
+                            log.warning("namespace %s: its supervisor is gone; taken over here", namespace)
+                        except NamespaceElsewhere:
+                            pass  # another supervisor was quicker
+            except StoreError as exc:
+                log.error("namespace leases could not be renewed: %s", exc)
+
+    async def _namespaces_with_orphans(self) -> list[str]:
+        """Namespaces with tasks active in the store that this supervisor does not run, or approvals pending for
+        such tasks."""
+        namespaces: set[str] = set()
+        for record in await self.store.list_active_tasks():
+            if self._runs.active(record.task_id) is None:
+                namespaces.add((await self.store.get_session(record.session_id)).namespace)
+        for approval in await self.store.list_approvals(state="pending"):
+            if self._runs.active(approval.task_id) is None:
+                namespaces.add(approval.namespace)
+        return sorted(namespaces)
+
+    async def _fail_orphans(self, namespace: str) -> None:
+        for record in await self.store.list_active_tasks():
+            if self._runs.active(record.task_id) is not None:
+                continue
+            session = await self.store.get_session(record.session_id)
+            if session.namespace != namespace:
+                continue
+            failed = TaskFailed(code=TaskFailureCode.SUPERVISOR_RESTARTED, retryable=True,
+                                message="the supervisor running this task stopped (or lost the namespace); its "
+                                        "worker went with it")
+            try:
+                await self.store.append(record.session_id, [EventDraft(
+                    type=EventType.TASK_FAILED, runtime=RuntimeInfo(name=session.runtime), payload=failed,
+                    trace=Trace(session_id=record.session_id, task_id=record.task_id))],
+                    task_update=TaskUpdate(task_id=record.task_id, state=TaskState.FAILED,
+                                           error=failed.to_json_obj()))
+            except InvalidTransition:
+                continue  # it ended meanwhile: its one terminal event is stored already
+            log.warning("task %s was left %s by a supervisor that is gone; marked failed", record.task_id,
+                        record.state)
+        await self._approvals.expire_orphans(namespace)
+
+    async def _lost(self, namespace: str) -> None:
+        """The lease is no longer ours: drop our runs there (their end is the new holder's to record) and let the
+        namespace's worker go."""
+        for run in self._runs.active_runs():
+            if run.namespace == namespace:
+                run.ended = True  # nothing more of it is stored by us
+                self._runs.end(run)
+                run.done.set()
+                log.error("task %s: the lease of namespace %s was lost; the task is left to the supervisor that "
+                          "takes the namespace over", run.task_id, namespace)
+        await self._let_go(namespace)

@@ -1,0 +1,264 @@
+"""Namespace leases: each namespace's worker runs on exactly one supervisor at a time.
+
+With SQLite there is one supervisor (the data dir's lock says so), so every namespace is its own
+(``SoleLeases``). On PostgreSQL (``PostgresLeases``) a supervisor registers itself (``supervisors``: where its API
+is, its heartbeat) and takes a namespace's lease (``namespace_leases``) before it creates a session or starts a
+task there, that is before the namespace's worker is spawned. A lease lasts ``lease_s`` past its holder's last
+renewal; the holder renews all of its leases every ``lease_s / 3``. The database's clock decides expiry, so the
+hosts' clocks need not agree.
+
+- A request for a namespace another live supervisor holds is refused with where to go (``Claim.holder``).
+- A supervisor whose leases expired (it died, or lost the database for ``lease_s``) has lost them: another takes
+  them over (``Claim.taken_over``) and fails the tasks it left running, once each (the store's task-row lock makes
+  that exactly once, whoever else tries). The one that lost them learns it at its next renewal — or, cut off from
+  the database, once ``lease_s`` has passed since its last renewal began, which is before anyone else can take
+  them — and stops its workers there without recording anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import trio
+
+from ._errors import StoreError
+from ._time import now_text
+
+#: Seconds a lease outlives its holder's last renewal, unless the operator says otherwise (``--lease-s``).
+LEASE_S = 15.0
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A supervisor that holds a lease: who, and where its API is (what a refused request is told)."""
+
+    supervisor_id: str
+    host: str
+    pid: int
+    api: tuple[str, ...]
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {"supervisor_id": self.supervisor_id, "host": self.host, "pid": self.pid, "api": list(self.api)}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The outcome of asking for a namespace's lease."""
+
+    #: another supervisor's live lease (the request goes there); None: the lease is ours
+    holder: Holder | None = None
+    #: ours from now, after nobody's or a lost one's: tasks left running in the namespace are orphans to fail
+    taken_over: bool = False
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """What a renewal found: the namespaces still ours, and those that are not any more."""
+
+    held: frozenset[str]
+    lost: frozenset[str]
+
+
+class Leases(Protocol):
+    """Who runs which namespace (see the module's docstring)."""
+
+    @property
+    def supervisor_id(self) -> str: ...
+
+    #: set when a renewal should not wait for its time (the API was announced)
+    renewal_wanted: trio.Event
+
+    @property
+    def renew_every_s(self) -> float | None:
+        """How often ``renew`` must run (None: never, the leases cannot be lost)."""
+
+    @property
+    def failure(self) -> str | None:
+        """Why the last renewal failed, until one succeeds (what readiness reports)."""
+
+    async def claim(self, namespace: str) -> Claim: ...
+
+    async def renew(self) -> Renewal: ...
+
+    async def expired(self) -> list[str]:
+        """Namespaces whose leases have expired: their holders are gone, and someone should take them over."""
+
+    def announce(self, api: Sequence[str]) -> None:
+        """Where this supervisor's API listens (what requests refused elsewhere are told)."""
+
+    async def aclose(self) -> None:
+        """Give every lease up (a clean shutdown: others may take the namespaces at once)."""
+
+
+class SoleLeases:
+    """One supervisor per store (SQLite): every namespace is ours; the first claim of each is a takeover, since
+    whatever a previous process left running there is an orphan."""
+
+    renew_every_s = None
+    failure = None
+
+    def __init__(self) -> None:
+        self.supervisor_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.renewal_wanted = trio.Event()
+        self._held: set[str] = set()
+
+    async def claim(self, namespace: str) -> Claim:
+        taken_over = namespace not in self._held
+        self._held.add(namespace)
+        return Claim(taken_over=taken_over)
+
+    async def renew(self) -> Renewal:
+        return Renewal(frozenset(self._held), frozenset())
+
+    async def expired(self) -> list[str]:
+        return []
+
+    def announce(self, api: Sequence[str]) -> None:
+        """The data dir's lock file tells the CLI where the API is (``DataDirLock.announce``)."""
+
+    async def aclose(self) -> None:
+        self._held.clear()
+
+
+class PostgresLeases:
+    """Leases in the shared PostgreSQL database, on a connection of their own (renewals never queue behind the
+    event writer). Open with ``PostgresLeases.open``."""
+
+    def __init__(self, db: Any, lease_s: float) -> None:
+        self._db = db  # a PostgresDb (imported only with psycopg)
+        self.lease_s = lease_s
+        self.supervisor_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._host = socket.gethostname()
+        self._held: set[str] = set()
+        self._limiter = trio.CapacityLimiter(1)  # one thread at a time on the connection
+        self._api: tuple[str, ...] = ()
+        self._last_renewal_began = time.monotonic()
+        self.failure: str | None = None
+        #: set when a renewal should not wait for its time (the API was announced)
+        self.renewal_wanted = trio.Event()
+
+    @property
+    def renew_every_s(self) -> float:
+        return self.lease_s / 3
+
+    @classmethod
+    async def open(cls, url: str, location: str, lease_s: float = LEASE_S) -> PostgresLeases:
+        from ._pg import PostgresDb
+
+        if not lease_s > 0:
+            raise ValueError(f"a lease lasts more than 0 seconds, not {lease_s}")
+        leases = cls(PostgresDb(url, location, origin="leases"), lease_s)
+        await leases._run("registering this supervisor", leases._register)
+        return leases
+
+    async def _run(self, where: str, function: Any, *args: Any) -> Any:
+        def guarded() -> Any:
+            try:
+                self._db.ready()
+                try:
+                    return function(*args)
+                except Exception as exc:
+                    if not self._db.lost_connection(exc):
+                        raise
+                    self._db.ready()  # dropped since its last use (the server restarted): each step may repeat
+                    return function(*args)
+            except Exception as exc:
+                self._db.rollback()
+                translated = self._db.translate(exc, where)
+                if translated is exc:
+                    raise
+                raise translated from exc
+
+        return await trio.to_thread.run_sync(guarded, limiter=self._limiter)
+
+    def _register(self) -> None:
+        self._db.execute(  # supervisors long gone that hold nothing
+            "DELETE FROM supervisors s WHERE heartbeat_at < now() - interval '1 day' AND NOT EXISTS "
+            "(SELECT 1 FROM namespace_leases l WHERE l.supervisor_id = s.supervisor_id)")
+        self._db.execute(
+            "INSERT INTO supervisors(supervisor_id, host, pid, api, started_at, heartbeat_at) "
+            "VALUES (?, ?, ?, ?, ?, now())", (self.supervisor_id, self._host, os.getpid(), "[]", now_text()))
+
+    async def claim(self, namespace: str) -> Claim:
+        if namespace in self._held:
+            return Claim()
+        claim: Claim = await self._run(f"taking the lease of namespace {namespace!r}", self._claim, namespace)
+        if claim.holder is None:
+            self._held.add(namespace)
+        return claim
+
+    def _claim(self, namespace: str) -> Claim:
+        """One statement: insert the lease, or take it over where it expired (or is already ours)."""
+        row = self._db.execute(
+            "INSERT INTO namespace_leases AS l (namespace, supervisor_id, expires_at, taken_at) "
+            "VALUES (?, ?, now() + make_interval(secs => ?), now()) "
+            "ON CONFLICT (namespace) DO UPDATE SET supervisor_id = excluded.supervisor_id, "
+            "expires_at = excluded.expires_at, taken_at = excluded.taken_at, epoch = l.epoch + 1 "
+            "WHERE l.expires_at < now() OR l.supervisor_id = excluded.supervisor_id "
+            "RETURNING epoch", (namespace, self.supervisor_id, self.lease_s)).fetchall()
+        if row:
+            return Claim(taken_over=True)
+        for supervisor_id, host, pid, api in self._db.execute(
+                "SELECT s.supervisor_id, s.host, s.pid, s.api FROM namespace_leases l "
+                "JOIN supervisors s USING (supervisor_id) WHERE l.namespace = ?", (namespace,)):
+            return Claim(holder=Holder(supervisor_id, host, int(pid), tuple(json.loads(api))))
+        raise StoreError(f"namespace {namespace!r} is leased to a supervisor that is not registered")
+
+    async def renew(self) -> Renewal:
+        began = time.monotonic()
+        try:
+            held: set[str] = await self._run("renewing this supervisor's namespace leases", self._renew,
+                                             sorted(self._held))
+        except StoreError as exc:
+            self.failure = str(exc)
+            if time.monotonic() - self._last_renewal_began >= self.lease_s:
+                lost = frozenset(self._held)  # others may take them from now on: let go first
+                self._held.clear()
+                return Renewal(frozenset(), lost)
+            raise
+        self.failure = None
+        self._last_renewal_began = began
+        lost = frozenset(self._held - held)
+        self._held -= lost
+        return Renewal(frozenset(self._held), lost)
+
+    def _renew(self, held: list[str]) -> set[str]:
+        """Extend the leases we hold (those still ours come back); any other lease in our name is one we let go of
+        (cut off too long) and is given up, so that nobody waits on a lease nobody uses."""
+        self._db.execute("UPDATE supervisors SET heartbeat_at = now(), api = ? WHERE supervisor_id = ?",
+                         (json.dumps(list(self._api)), self.supervisor_id))
+        self._db.execute("DELETE FROM namespace_leases WHERE supervisor_id = ? AND NOT (namespace = ANY(?))",
+                         (self.supervisor_id, held))
+        return {namespace for (namespace,) in self._db.execute(
+            "UPDATE namespace_leases SET expires_at = now() + make_interval(secs => ?) "
+            "WHERE supervisor_id = ? AND namespace = ANY(?) RETURNING namespace",
+            (self.lease_s, self.supervisor_id, held))}
+
+    async def expired(self) -> list[str]:
+        return list(await self._run("listing expired namespace leases", self._expired))
+
+    def _expired(self) -> list[str]:
+        return [namespace for (namespace,) in self._db.execute(
+            "SELECT namespace FROM namespace_leases WHERE expires_at < now() ORDER BY namespace")]
+
+    def announce(self, api: Sequence[str]) -> None:
+        self._api = tuple(api)  # written by the next renewal, which comes at once
+        self.renewal_wanted.set()
+
+    async def aclose(self) -> None:
+        try:
+            await self._run("giving up this supervisor's namespace leases", self._give_up)
+        finally:
+            self._held.clear()
+            self._db.close()
+
+    def _give_up(self) -> None:
+        self._db.execute("DELETE FROM namespace_leases WHERE supervisor_id = ?", (self.supervisor_id,))
+        self._db.execute("DELETE FROM supervisors WHERE supervisor_id = ?", (self.supervisor_id,))

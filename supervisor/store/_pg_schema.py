@@ -1,0 +1,188 @@
+"""The PostgreSQL schema and its versioned migrations.
+
+The same tables and constraints as SQLite's latest schema (``_schema``), in PostgreSQL's types; the SQL core
+(``_sql``) runs unchanged on both. Insertion order, which SQLite reads from ``rowid``, is an identity column of
+that name here. Blobs are all kept in ``blobs.content`` (see ``_postgres`` for why).
+
+``schema_migrations`` holds the versions applied. Opening applies the missing steps in one transaction under an
+advisory lock, so supervisors starting together migrate once; a database whose version is newer than ``LATEST``
+is refused (``SchemaTooNew``), and a database with tables of its own but no ``schema_migrations`` is not ours.
+Append a ``Migration`` to change the schema — never edit a released one.
+"""
+
+from __future__ import annotations
+
+from ._errors import MigrationFailed, SchemaTooNew, StoreError
+from ._pg import PostgresDb
+from ._schema import Migration
+from ._time import now_text
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "sessions, tasks, events, blobs, approvals, idempotent appends, usage",
+        """
+        CREATE TABLE sessions (
+            rowid BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE,
+            session_id TEXT PRIMARY KEY,
+            runtime TEXT NOT NULL,
+            namespace TEXT NOT NULL,
+            workspace TEXT,
+            created_at TEXT NOT NULL,
+            metadata TEXT NOT NULL DEFAULT '{}',
+            runtime_session_id TEXT,
+            last_seq BIGINT NOT NULL DEFAULT 0 CHECK (last_seq >= 0),
+            stored_bytes BIGINT NOT NULL DEFAULT 0 CHECK (stored_bytes >= 0)
+        );
+        CREATE INDEX sessions_by_namespace ON sessions(namespace, created_at);
+        CREATE TABLE tasks (
+            rowid BIGINT GENERATED ALWAYS AS IDENTITY,
+            task_id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL REFERENCES sessions(session_id),
+            state TEXT NOT NULL
+                CHECK (state IN ('pending', 'running', 'completed', 'failed', 'stopped')),
+            runtime TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            started_at TEXT,
+            ended_at TEXT,
+            worker_pid BIGINT,
+            terminal_type TEXT,
+            error TEXT,
+            metadata TEXT NOT NULL DEFAULT '{}'
+        );
+        CREATE INDEX tasks_by_session ON tasks(session_id, created_at);
+        CREATE UNIQUE INDEX one_active_task_per_session ON tasks(session_id) WHERE state IN ('pending', 'running');
+        CREATE INDEX active_tasks ON tasks(created_at) WHERE state IN ('pending', 'running');
+        CREATE TABLE events (
+            session_id TEXT NOT NULL REFERENCES sessions(session_id),
+            seq BIGINT NOT NULL CHECK (seq >= 1),
+            task_id TEXT,
+            type TEXT NOT NULL,
+            time TEXT NOT NULL,
+            schema_version INTEGER NOT NULL,
+            body TEXT NOT NULL,
+            PRIMARY KEY (session_id, seq)
+        );
+        CREATE INDEX events_by_task ON events(task_id, seq) WHERE task_id IS NOT NULL;
+        CREATE TABLE blobs (
+            ref TEXT PRIMARY KEY,
+            size BIGINT NOT NULL CHECK (size >= 0),
+            media_type TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            content BYTEA
+        );
+        CREATE TABLE approvals (
+            rowid BIGINT GENERATED ALWAYS AS IDENTITY,
+            approval_id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL REFERENCES sessions(session_id),
+            task_id TEXT NOT NULL REFERENCES tasks(task_id),
+            namespace TEXT NOT NULL,
+            tool_call_id TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            tool_name TEXT NOT NULL,
+            tool_class TEXT NOT NULL,
+            input TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('pending', 'approved', 'denied', 'expired')),
+            created_at TEXT NOT NULL,
+            expires_at TEXT NOT NULL,
+            decided_at TEXT,
+            decided_by TEXT,
+            decision_reason TEXT
+        );
+        CREATE INDEX approvals_pending ON approvals(state, namespace) WHERE state = 'pending';
+        CREATE TABLE appends (
+            session_id TEXT NOT NULL REFERENCES sessions(session_id),
+            idempotency_key TEXT NOT NULL,
+            first_seq BIGINT NOT NULL,
+            last_seq BIGINT NOT NULL,
+            PRIMARY KEY (session_id, idempotency_key)
+        );
+        CREATE TABLE namespace_usage (
+            namespace TEXT PRIMARY KEY,
+            events BIGINT NOT NULL DEFAULT 0 CHECK (events >= 0),
+            bytes BIGINT NOT NULL DEFAULT 0 CHECK (bytes >= 0)
+        );
+        """,
+    ),
+    Migration(
+        2,
+        "supervisors sharing the database, and their namespace leases",
+        """
+        CREATE TABLE supervisors (
+            supervisor_id TEXT PRIMARY KEY,
+            host TEXT NOT NULL,
+            pid BIGINT NOT NULL,
+            api TEXT NOT NULL DEFAULT '[]',
+            started_at TEXT NOT NULL,
+            heartbeat_at TIMESTAMPTZ NOT NULL
+        );
+        CREATE TABLE namespace_leases (
+            namespace TEXT PRIMARY KEY,
+            supervisor_id TEXT NOT NULL,
+            expires_at TIMESTAMPTZ NOT NULL,
+            taken_at TIMESTAMPTZ NOT NULL,
+            epoch BIGINT NOT NULL DEFAULT 1
+        );
+        CREATE INDEX leases_by_supervisor ON namespace_leases(supervisor_id);
+        """,
+    ),
+)
+
+LATEST = MIGRATIONS[-1].version
+
+#: The advisory lock key migrations hold (any fixed number; ours is "CodeSDK\0" in ASCII).
+MIGRATION_LOCK = 0x436F646553444B00
+
+_HISTORY = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version INTEGER PRIMARY KEY,
+    name TEXT NOT NULL,
+    applied_at TEXT NOT NULL
+)
+"""
+
+
+def schema_version(db: PostgresDb) -> int | None:
+    """The version applied, or None where there is no ``schema_migrations`` table."""
+    # pg_tables, not to_regclass: a query sees what another migrator committed while we waited for its lock,
+    # where the catalog cache behind to_regclass may not yet
+    if not db.scalar("SELECT count(*) FROM pg_tables WHERE schemaname = current_schema() "
+                     "AND tablename = 'schema_migrations'"):
+        return None
+    return int(db.scalar("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"))
+
+
+def migrate(db: PostgresDb, target: int = LATEST) -> int:
+    """Bring the database up to ``target`` (connected, outside a transaction); return the version it was at."""
+    found = schema_version(db)
+    if found is not None and found > LATEST:
+        raise SchemaTooNew(db.location, found, LATEST)
+    if found is not None and found >= target:
+        return found
+    db.begin()
+    try:
+        db.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))  # one migrator; re-read under it
+        found = schema_version(db)
+        if found is None and db.scalar(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()"):
+            raise StoreError(f"{db.location} has tables but is not a CodeSDK database; give CodeSDK a database "
+                             "(or a schema, with ?options=-csearch_path%3D…) of its own")
+        found = found or 0
+        if found > LATEST:
+            raise SchemaTooNew(db.location, found, LATEST)
+        db.conn.execute(_HISTORY)  # no parameters: the simple protocol, which runs several statements
+        for step in MIGRATIONS[found:target]:
+            try:
+                db.conn.execute(step.sql.encode())
+            except Exception as exc:
+                raise MigrationFailed(
+                    f"migrating {db.location} to schema version {step.version} ({step.name}) failed; the database "
+                    f"was left at version {found}: {db.translate(exc, 'migration')}") from exc
+            db.execute("INSERT INTO schema_migrations(version, name, applied_at) VALUES (?, ?, ?)",
+                       (step.version, step.name, now_text()))
+        db.commit()
+    except BaseException:
+        db.rollback()
+        raise
+    return found

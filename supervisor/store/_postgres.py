@@ -1,0 +1,91 @@
+"""The event store on PostgreSQL: what a host needs once one machine is not enough (several supervisors, one
+database). The embedded default stays SQLite (``EventStore.open``); this opens the same ``EventStore`` over
+PostgreSQL connections, so both backends share one SQL core, one writer and one set of semantics.
+
+- **Writes**: one connection and the same group-committing writer as SQLite (``_writer``); seqs are taken by
+  an ``UPDATE … RETURNING`` of the session's row inside the inserting transaction, so they stay gap-free even
+  when several supervisors write one database. ``synchronous_commit`` is the server's: keep it ``on`` (the
+  default) for the promise that an acknowledged event survives a crash of the database.
+- **Reads**: a small pool of connections, each reconnecting after the server went away.
+- **Live tail**: each commit announces its sessions with NOTIFY; a listener (``_pg_listen``) wakes the local
+  subscribers of sessions another supervisor appended to, and the table is read for the events themselves.
+- **Blobs**: all of them in the ``blobs`` table, not in files. Every supervisor must read every blob (a task's
+  tool output, a transcript, a support bundle) whichever host wrote it; the database already is the one thing
+  they all reach, is backed up as a whole, and commits a blob with the row that names it. A directory mounted on
+  every host would add a second system whose fsync and locking semantics over the network vary. Blob sizes are
+  bounded by the callers (tool outputs and bundles are capped), far below PostgreSQL's 1 GB per value.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+from protocol import UpcasterRegistry
+from protocol import upcasters as this_builds_upcasters
+
+from ._errors import StoreError
+from ._readers import ReaderPool, close_all
+from ._store import POLL_INTERVAL_S, EventStore, running
+from ._subscribe import Hub
+from ._writer import Writer
+
+
+def is_postgres_url(location: object) -> bool:
+    """Whether ``--store`` names a PostgreSQL database rather than a data dir."""
+    return isinstance(location, str) and location.startswith(("postgresql://", "postgres://"))
+
+
+@asynccontextmanager
+async def open_postgres(
+    url: str,
+    *,
+    readers: int = 2,
+    max_batch: int = 256,
+    subscriber_buffer: int = 1024,
+    page_size: int = 500,
+    upcasters: UpcasterRegistry = this_builds_upcasters,
+    poll_interval_s: float = POLL_INTERVAL_S,
+) -> AsyncIterator[EventStore]:
+    """Open (creating or migrating the schema) the store in the PostgreSQL database at ``url``; closing commits
+    what is queued. ``StoreError`` when psycopg is missing, the URL can't be read or the database can't be
+    reached; ``SchemaTooNew`` when a newer CodeSDK migrated it. ``poll_interval_s``: how long an idle subscriber
+    relies on notices alone before it reads anyway. The other knobs are ``EventStore.open``'s."""
+    if min(readers, max_batch, subscriber_buffer, page_size) < 1:
+        raise ValueError("readers, max_batch, subscriber_buffer and page_size must be >= 1")
+    try:
+        from . import _pg, _pg_listen, _pg_schema
+    except ImportError as exc:  # psycopg is an optional dependency: codesdk[postgresql]
+        raise StoreError(f"a PostgreSQL store needs psycopg ({exc}): pip install 'codesdk[postgresql]'") from None
+    _pg.check_url(url)
+    location = _pg.redacted(url)
+    origin = secrets.token_hex(8)
+    writer_db = _pg.PostgresDb(url, location, origin)
+    reader_dbs = [_pg.PostgresDb(url, location, origin) for _ in range(readers)]
+
+    def connect_and_migrate() -> None:
+        try:
+            writer_db.ready()
+            _pg_schema.migrate(writer_db)
+        except Exception as exc:
+            translated = writer_db.translate(exc, f"opening the event store at {location}")
+            if translated is exc:
+                raise
+            raise translated from exc
+
+    try:
+        await trio.to_thread.run_sync(connect_and_migrate)
+    except BaseException:
+        await trio.to_thread.run_sync(close_all, [writer_db, *reader_dbs])
+        raise
+    hub = Hub()
+    writer = Writer(writer_db, hub.publish, max_batch=max_batch)
+    pool = ReaderPool(list(reader_dbs))
+    store = EventStore(location, writer, pool, hub, None, subscriber_buffer=subscriber_buffer,
+                       page_size=page_size, upcasters=upcasters, poll_interval_s=poll_interval_s)
+    listener = _pg_listen.Listener(url, location, origin, hub)
+    async with running(store, writer, writer_db, pool, hub, background=[listener]):
+        yield store

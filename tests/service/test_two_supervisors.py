@@ -1,0 +1,222 @@
+"""Two ``codesdk-supervisor serve`` processes on one PostgreSQL database: namespaces spread over both, a session
+followed on one while the other runs it, a supervisor SIGKILLed and its namespaces taken over, the database's
+postmaster SIGKILLed mid-write and the service recovering when it is back."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import psutil
+import pytest
+
+from codesdk import Client, NamespaceElsewhere
+
+from ..postgres import PostgresServer
+from ..postgres import unavailable as postgres_unavailable
+from ..waits import wait_for
+from ..worker.harness import REPO
+
+SCENARIOS = str(REPO / "fixtures" / "scenarios")
+#: Short leases, so a takeover comes soon after a death (renewed every third of it).
+LEASE_S = 2.0
+TERMINALS = ("task.completed", "task.failed", "task.stopped")
+
+pytestmark = pytest.mark.skipif(postgres_unavailable() is not None, reason=postgres_unavailable() or "")
+
+
+class Supervisor:
+    """One service process with a data dir of its own, on the shared store."""
+
+    def __init__(self, data_dir: Path, store: str) -> None:
+        self.data_dir = data_dir
+        self.socket = data_dir / "api.sock"
+        argv = [sys.executable, "-m", "supervisor.service", "serve", "--data-dir", str(data_dir),
+                "--enable-test-scenarios", "--store", store, "--lease-s", str(LEASE_S), "--no-worker-template"]
+        self.log = data_dir.parent / f"{data_dir.name}.log"
+        data_dir.mkdir(mode=0o700)
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(argv, env={**os.environ, "CODESDK_SCENARIO_DIR": SCENARIOS}, cwd=REPO,
+                                            stdout=subprocess.DEVNULL, stderr=log)
+        wait_for(f"the supervisor on {self.socket} to serve", self._serving)
+        self.client = self._client()
+
+    def _client(self) -> httpx.Client:
+        token = (self.data_dir / "admin.token").read_text().strip()
+        return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket)), base_url="http://codesdk",
+                            headers={"Authorization": f"Bearer {token}"}, timeout=60)
+
+    def _serving(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"the supervisor exited {self.process.returncode}: {self.log.read_text()[-3000:]}")
+        if not (self.socket.exists() and (self.data_dir / "admin.token").exists()):
+            return False
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(self.socket))
+            except (FileNotFoundError, ConnectionRefusedError):
+                return False
+        with self._client() as client:
+            return client.get("/readyz").status_code == 200
+
+    def session(self, namespace: str) -> dict[str, Any]:
+        response = self.client.post("/v1/sessions", json={"namespace": namespace})
+        assert response.status_code == 201, response.text
+        return dict(response.json())
+
+    def task(self, session_id: str, scenario: str = "echo", **config: Any) -> dict[str, Any]:
+        response = self.client.post(f"/v1/sessions/{session_id}/tasks",
+                                    json={"prompt": "hello", "runtime_config": {"scenario": scenario, **config}})
+        assert response.status_code == 202, response.text
+        return dict(response.json())
+
+    def events(self, session_id: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        while True:
+            page = self.client.get(f"/v1/sessions/{session_id}/events",
+                                   params={"after_seq": events[-1]["seq"] if events else 0}).json()["events"]
+            if not page:
+                return events
+            events += page
+
+    def task_state(self, task_id: str) -> str:
+        return str(self.client.get(f"/v1/tasks/{task_id}").json()["state"])
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would; its workers end on their stdin's EOF (reaped by pid 1 or by us)."""
+        try:
+            workers = [child.pid for child in psutil.Process(self.process.pid).children()]
+        except psutil.Error:
+            workers = []
+        self.process.kill()
+        self.process.wait()
+        for pid in workers:
+            wait_for(f"worker {pid} to end", partial(_gone, pid))
+
+    def stop(self) -> None:
+        self.client.close()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=120)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:  # not our child: pid 1 reaps it
+        return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+@contextmanager
+def supervisors(tmp_path: Path, store: str, count: int) -> Iterator[list[Supervisor]]:
+    started: list[Supervisor] = []
+    try:
+        for name in "abcdefgh"[:count]:
+            started.append(Supervisor(tmp_path / name, store))
+        yield started
+    finally:
+        for supervisor in started:
+            supervisor.stop()
+
+
+def follow(supervisor: Supervisor, session_id: str) -> list[dict[str, Any]]:
+    """The session's events over SSE from ``supervisor`` until the next terminal event."""
+    events: list[dict[str, Any]] = []
+    with supervisor.client.stream("GET", f"/v1/sessions/{session_id}/events/stream",
+                                  params={"until_terminal": "true"}) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[len("data: "):]))
+    return events
+
+
+def test_namespaces_spread_over_two_supervisors_and_each_is_followed_from_either(
+        tmp_path: Path, postgres_url: str) -> None:
+    with supervisors(tmp_path, postgres_url, 2) as (a, b):
+        on_a = a.session("user:alice")
+        on_b = b.session("user:bob")
+        # A namespace runs where its lease is: the other supervisor answers with where to go.
+        refused = b.client.post("/v1/sessions", json={"namespace": "user:alice"})
+        assert refused.status_code == 421, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "namespace_elsewhere"
+        assert error["details"]["supervisor"]["api"] == [f"unix:{a.socket}"]
+        refused = a.client.post(f"/v1/sessions/{on_b['session_id']}/tasks", json={"prompt": "x"})
+        assert refused.status_code == 421 and refused.json()["error"]["details"]["namespace"] == "user:bob"
+        token = (a.data_dir / "admin.token").read_text().strip()
+        with Client(socket=a.socket, token=token) as client, pytest.raises(NamespaceElsewhere) as elsewhere:
+            client.create_session(namespace="user:bob")
+        assert elsewhere.value.api == [f"unix:{b.socket}"] and "user:bob" in elsewhere.value.message
+        # A client of A follows the session B runs: every event, in order, no gap, up to its terminal.
+        task = b.task(on_b["session_id"], "slow-stream")
+        followed = follow(a, on_b["session_id"])
+        assert followed[-1]["type"] in TERMINALS and followed[-1]["trace"]["task_id"] == task["task_id"]
+        assert [e["seq"] for e in followed] == list(range(1, len(followed) + 1))
+        assert followed == b.events(on_b["session_id"])[:len(followed)]
+        # And each runs its own namespace's tasks.
+        done = a.task(on_a["session_id"])
+        wait_for("alice's task to complete", lambda: a.task_state(done["task_id"]) == "completed")
+        workers = {w["namespace"] for w in a.client.get("/v1/workers").json()["workers"]}
+        assert "user:alice" in workers and "user:bob" not in workers
+
+
+def test_a_killed_supervisors_namespaces_move_to_the_other_after_the_lease_expires(
+        tmp_path: Path, postgres_url: str) -> None:
+    with supervisors(tmp_path, postgres_url, 2) as (a, b):
+        session = a.session("user:carol")["session_id"]
+        task = a.task(session, "hang")["task_id"]
+        wait_for("carol's task to run and stream", lambda: any(
+            e["type"] == "model.output.delta" for e in a.events(session)))
+        acknowledged = a.events(session)
+        a.kill()
+        wait_for("B to fail the task A left running", lambda: b.task_state(task) == "failed")
+        after = b.events(session)
+        assert after[:len(acknowledged)] == acknowledged  # every acknowledged event kept
+        assert [e["seq"] for e in after] == list(range(1, len(after) + 1))
+        terminals = [e for e in after if e["type"] in TERMINALS]
+        assert len(terminals) == 1 and terminals[0]["payload"]["code"] == "SUPERVISOR_RESTARTED"
+        # The namespace runs on B now.
+        again = b.task(session)["task_id"]
+        wait_for("carol's next task to complete on B", lambda: b.task_state(again) == "completed")
+        assert len([e for e in b.events(session) if e["type"] in TERMINALS]) == 2
+
+
+def test_a_killed_database_is_reported_and_nothing_unstored_is_acknowledged(tmp_path: Path) -> None:
+    server = PostgresServer()
+    try:
+        server.start()
+        url = server.new_database()
+        with supervisors(tmp_path, url, 1) as (a,):
+            session = a.session("user:dave")["session_id"]
+            task = a.task(session, "hang")["task_id"]
+            wait_for("dave's task to stream", lambda: any(e["type"] == "model.output.delta"
+                                                           for e in a.events(session)))
+            acknowledged = a.events(session)
+            server.kill()
+            wait_for("readiness to report the store", lambda: a.client.get("/readyz").status_code == 503)
+            refused = a.client.post("/v1/sessions", json={"namespace": "user:erin"})
+            assert refused.status_code >= 500, refused.text  # not acknowledged: nothing claims it was stored
+            server.start()
+            wait_for("readiness to come back", lambda: a.client.get("/readyz").status_code == 200)
+            created = a.session("user:erin")
+            assert created["namespace"] == "user:erin"
+            stopped = a.client.post(f"/v1/tasks/{task}/stop", json={})
+            assert stopped.status_code in (200, 409), stopped.text
+            wait_for("dave's task to end", lambda: a.task_state(task) in ("failed", "stopped"))
+            after = a.events(session)
+            assert after[:len(acknowledged)] == acknowledged
+            assert [e["seq"] for e in after] == list(range(1, len(after) + 1))
+            assert len([e for e in after if e["type"] in TERMINALS]) == 1
+    finally:
+        server.close()

@@ -1,0 +1,222 @@
+"""What is particular to the PostgreSQL store: several stores (supervisors) on one database, the live tail between
+them, its schema and its errors. The recorder contract itself runs on it too (``backends``)."""
+
+from __future__ import annotations
+
+import random
+
+import psycopg
+import pytest
+import trio
+import trio.lowlevel
+
+from supervisor.store import (
+    DatabaseError,
+    EventStore,
+    InvalidTransition,
+    SchemaTooNew,
+    StoreError,
+    TaskState,
+    TaskUpdate,
+    open_postgres,
+)
+from supervisor.store._pg_schema import LATEST
+
+from ..postgres import PostgresServer
+from .store_helpers import delta, session_created
+
+#: A subscriber that would wait this long before reading on its own: only a notice can wake it within a test.
+NO_POLLING = 3600.0
+
+
+async def follow(store: EventStore, session_id: str, count: int, after_seq: int = 0) -> list[int]:
+    seqs = []
+    async with store.subscribe(session_id, after_seq) as events:
+        async for event in events:
+            seqs.append(event.seq)
+            if len(seqs) == count:
+                return seqs
+    raise AssertionError("the subscription ended early")
+
+
+async def test_a_subscriber_on_one_store_sees_what_another_store_commits_without_polling(postgres_url: str) -> None:
+    with trio.fail_after(60):
+        async with open_postgres(postgres_url, poll_interval_s=NO_POLLING) as a, \
+                open_postgres(postgres_url) as b:
+            await b.create_session("s1", runtime="scripted")
+            await b.append("s1", [session_created()])
+            got: list[int] = []
+
+            async def subscriber() -> None:
+                got.extend(await follow(a, "s1", 20))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(subscriber)
+                for i in range(19):
+                    await b.append("s1", [delta(f"d{i}")])
+                    await trio.lowlevel.checkpoint()
+            assert got == list(range(1, 21))
+
+
+async def test_the_tail_survives_a_lost_notification_connection_without_gaps_or_duplicates(
+        postgres_url: str) -> None:
+    """The listener's connection is terminated by the server while events keep coming: the follower still gets
+    every event once, in order (the listener reconnects and the subscriber reads what it missed)."""
+    with trio.fail_after(60):
+        async with open_postgres(postgres_url, poll_interval_s=NO_POLLING) as a, \
+                open_postgres(postgres_url) as b:
+            await b.create_session("s1", runtime="scripted")
+            await b.append("s1", [session_created()])
+            got: list[int] = []
+            half = trio.Event()
+
+            async def subscriber() -> None:
+                async with a.subscribe("s1") as events:
+                    async for event in events:
+                        got.append(event.seq)
+                        if event.seq == 10:
+                            half.set()
+                        if event.seq == 30:
+                            return
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(subscriber)
+                for i in range(9):
+                    await b.append("s1", [delta(f"d{i}")])
+                await half.wait()
+                killed = await trio.to_thread.run_sync(terminate_listeners, postgres_url)
+                assert killed >= 1
+                for i in range(20):
+                    await b.append("s1", [delta(f"e{i}")])
+            assert got == list(range(1, 31))
+
+
+def terminate_listeners(url: str) -> int:
+    """Have the server end every connection that LISTENs for CodeSDK's notices (as a restart or network cut
+    would); how many it ended."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                            "WHERE query LIKE 'LISTEN %' AND pid <> pg_backend_pid()").fetchall()
+    return len(rows)
+
+
+async def test_stores_appending_to_one_session_at_once_get_gap_free_seqs(postgres_url: str) -> None:
+    """Two supervisors' writers appending to the same session concurrently: every seq once, no gaps, and each
+    append's events consecutive."""
+    with trio.fail_after(120):
+        async with open_postgres(postgres_url) as a, open_postgres(postgres_url) as b:
+            await a.create_session("s1", runtime="scripted")
+            appended: list[list[int]] = []
+
+            async def writer(store: EventStore, name: str) -> None:
+                for i in range(40):
+                    stored = await store.append("s1", [delta(f"{name}{i}.{j}") for j in range(1 + i % 3)])
+                    appended.append([e.seq for e in stored])
+
+            async with trio.open_nursery() as nursery:
+                for store, name in ((a, "a"), (b, "b")):
+                    for k in range(3):
+                        nursery.start_soon(writer, store, f"{name}{k}")
+            seqs = sorted(seq for batch in appended for seq in batch)
+            assert seqs == list(range(1, len(seqs) + 1))
+            assert all(batch == list(range(batch[0], batch[0] + len(batch))) for batch in appended)
+            assert [e.seq for e in await b.read("s1", 0, 10_000)] == seqs
+            assert await a.last_seq("s1") == len(seqs)
+
+
+async def test_two_stores_ending_one_task_at_once_store_one_terminal_event(postgres_url: str) -> None:
+    """A task ended by two supervisors at the same moment (one failing it after a takeover, one completing it):
+    exactly one terminal event is stored, with its state; the other gets InvalidTransition and stores nothing."""
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    with trio.fail_after(120):
+        async with open_postgres(postgres_url) as a, open_postgres(postgres_url) as b:
+            for round_ in range(20):
+                session_id, task_id = f"s{round_}", f"t{round_}"
+                await a.create_session(session_id, runtime="scripted")
+                await a.create_task(session_id, task_id, state=TaskState.RUNNING)
+                outcomes: dict[str, str] = {}
+
+                async def end(store: EventStore, name: str, state: TaskState, session_id: str = session_id,
+                              task_id: str = task_id, outcomes: dict[str, str] = outcomes) -> None:
+                    await trio.sleep(rng.random() / 1000)
+                    draft = delta(f"the end by {name}", session_id=session_id, task_id=task_id)
+                    try:
+                        await store.append(session_id, [draft],
+                                           task_update=TaskUpdate(task_id=task_id, state=state))
+                        outcomes[name] = "ended"
+                    except InvalidTransition:
+                        outcomes[name] = "refused"
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(end, a, "a", TaskState.COMPLETED)
+                    nursery.start_soon(end, b, "b", TaskState.FAILED)
+                assert sorted(outcomes.values()) == ["ended", "refused"], f"seed {seed}, round {round_}: {outcomes}"
+                events = await b.read(session_id)
+                assert len(events) == 1, f"seed {seed}, round {round_}"
+                task = await b.get_task(task_id)
+                winner = next(name for name, outcome in outcomes.items() if outcome == "ended")
+                assert task.state is (TaskState.COMPLETED if winner == "a" else TaskState.FAILED)
+
+
+async def test_supervisors_opening_a_new_database_together_migrate_it_once(postgres_url: str) -> None:
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(open_and_ping, postgres_url)
+        with psycopg.connect(postgres_url) as conn:
+            assert conn.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall() == [
+                (v,) for v in range(1, LATEST + 1)]
+
+
+async def open_and_ping(url: str) -> None:
+    async with open_postgres(url) as store:
+        await store.ping()
+
+
+async def test_a_database_of_a_newer_codesdk_is_refused_and_left_alone(postgres_url: str) -> None:
+    with trio.fail_after(60):
+        async with open_postgres(postgres_url) as store:
+            await store.create_session("s1", runtime="scripted")
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute("INSERT INTO schema_migrations VALUES (%s, 'from the future', 'now')", (LATEST + 1,))
+        with pytest.raises(SchemaTooNew, match="upgrade codesdk"):
+            async with open_postgres(postgres_url):
+                pass
+        with psycopg.connect(postgres_url) as conn:
+            assert conn.execute("SELECT session_id FROM sessions").fetchall() == [("s1",)]
+
+
+async def test_a_database_with_other_tables_is_not_taken_over(postgres_url: str) -> None:
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE invoices (id INT)")
+    with trio.fail_after(60), pytest.raises(StoreError, match="not a CodeSDK database"):
+        async with open_postgres(postgres_url):
+            pass
+    with psycopg.connect(postgres_url) as conn:
+        assert conn.execute("SELECT to_regclass('sessions')").fetchone() == (None,)
+
+
+async def test_errors_name_the_database_but_never_its_password(postgres_server: PostgresServer) -> None:
+    url = f"postgresql://codesdk:s3cret-pw@/no_such_db?host={postgres_server.socket_dir}"
+    with trio.fail_after(60), pytest.raises(DatabaseError) as raised:
+        async with open_postgres(url):
+            pass
+    message = str(raised.value)
+    assert "s3cret-pw" not in message and "no_such_db" in message and "does not exist" in message
+    with pytest.raises(StoreError, match="not a PostgreSQL URL") as bad:
+        async with open_postgres("postgresql://codesdk:s3cret-pw@/db?bogus_option=1"):
+            pass
+    assert "s3cret-pw" not in str(bad.value)
+
+
+async def test_large_blobs_live_in_the_database_for_every_store(postgres_url: str) -> None:
+    """A blob one supervisor wrote is read by another: there are no blob files on either host."""
+    data = bytes(random.Random(7).randbytes(3 * 1024 * 1024))
+    with trio.fail_after(60):
+        async with open_postgres(postgres_url) as a, open_postgres(postgres_url) as b:
+            ref = await a.put_blob(data, "application/x-test")
+            assert await b.get_blob(ref) == data
+            info = await b.blob_info(ref)
+            assert (info.size, info.media_type) == (len(data), "application/x-test")
+
