@@ -22,6 +22,9 @@ Machines here are small and noisy, so each figure is the median of several repet
   acp      one turn with one tool call on each ACP agent (Gemini CLI, OpenCode, codex-acp), through CodeSDK (its bridge)
            vs a minimal ACP client of the same agent with a minimal stdio MCP server (warm); in scripts/netns-run
   fairness another tenant's small task while one tenant floods (p50), against its quiet p50 in the same run
+  postgres the store on PostgreSQL (a throwaway server, fsync on): appends vs raw psycopg and vs the SQLite
+           store, events through a supervisor and the tool round trip vs the same on SQLite, two supervisor
+           processes flooding one database vs one, lease failover time vs the lease (skipped without a server)
   transcript peak RSS growth of a supervisor process serving the transcript of a 200k-event session (one, and
            four at once); baseline: a raw apsw SELECT of the same events, kept (fetchall), measured the same way
            (--quick: 20k events, measured once)
@@ -53,8 +56,8 @@ import trio
 from benchmarks import cases, store, transcript
 from benchmarks.common import Figure, from_reps, median, percentile, print_table
 
-CASES = ("events", "latency", "tool", "spawn", "density", "store", "real", "cold", "codex", "acp", "fairness",
-         "transcript")
+CASES = ("events", "latency", "tool", "spawn", "density", "store", "postgres", "real", "cold", "codex", "acp",
+         "fairness", "transcript")
 NETNS_UNAVAILABLE = 97  # scripts/netns-run's exit code when no namespace can be made
 
 
@@ -63,10 +66,12 @@ def parameters(quick: bool, repeat: int | None) -> dict[str, Any]:
     if quick:
         return {"repeat": repeat or 2, "events": 20_000, "latency_count": 1_000, "rate": 2_000.0, "calls": 50,
                 "spawns": 5, "density": [10], "single": 300, "batched": 10_000, "stored": 50_000, "real_repeat": 1,
-                "cold_repeat": 1, "fair_tasks": 10, "transcript_events": 20_000, "transcript_repeat": repeat or 1}
+                "cold_repeat": 1, "fair_tasks": 10, "transcript_events": 20_000, "transcript_repeat": repeat or 1,
+                "pg_flood": 5_000, "lease_s": 2.0, "pg_repeat": repeat or 1}
     return {"repeat": repeat or 3, "events": 200_000, "latency_count": 10_000, "rate": 2_000.0, "calls": 300,
             "spawns": 10, "density": [50, 100, 200], "single": 2_000, "batched": 50_000, "stored": 1_000_000,
-            "real_repeat": 5, "cold_repeat": 12, "fair_tasks": 30, "transcript_events": 200_000, "transcript_repeat": repeat or 3}
+            "real_repeat": 5, "cold_repeat": 12, "fair_tasks": 30, "transcript_events": 200_000, "transcript_repeat": repeat or 3,
+            "pg_flood": 50_000, "lease_s": 5.0, "pg_repeat": repeat or 3}
 
 
 def repeat(times: int, run: Callable[[], Any]) -> list[Any]:
@@ -178,6 +183,37 @@ def case_store(p: dict[str, Any]) -> list[Figure]:
         from_reps("store", f"restart with {r['stored']:,} events", "s", r["restart"], r["restart_raw"],
                   note=f"open store + engine, recovery, one read; database {r['db_mb']:.0f} MB, filled at "
                        f"{r['fill_rate']:,.0f} ev/s; baseline: open raw + newest seq"),
+    ]
+
+
+def case_postgres(p: dict[str, Any]) -> list[Figure]:
+    """The store on PostgreSQL against raw psycopg and against SQLite; two supervisors against one; failover."""
+    from benchmarks import postgres
+
+    missing = postgres.unavailable()
+    if missing:
+        return [_skipped("postgres", missing)]
+    r = postgres.run_postgres_case({**p, "repeat": p["pg_repeat"]})
+    lease = p["lease_s"]
+    return [
+        from_reps("postgres", "append, one event per commit", "ev/s", r["pg_single"], r["raw_single"],
+                  higher_is_better=True, note=f"baseline: one raw psycopg row per transaction; the SQLite store "
+                                              f"(FULL): {median(r['sqlite_single']):,.0f} ev/s"),
+        from_reps("postgres", "append, batches of 100", "ev/s", r["pg_batched"], r["raw_batched"],
+                  higher_is_better=True, note=f"baseline: 100 raw psycopg rows per transaction; the SQLite store: "
+                                              f"{median(r['sqlite_batched']):,.0f} ev/s"),
+        from_reps("postgres", "events through a supervisor", "ev/s", r["pg_events"], r["sqlite_events"],
+                  higher_is_better=True, note=f"{p['events']:,} deltas, worker -> store -> live subscriber; "
+                                              "baseline: the same on the SQLite store"),
+        from_reps("postgres", "tool round trip, p50", "s", r["pg_tool"], r["sqlite_tool"],
+                  note="workspace.read measured in the worker; baseline: the same on the SQLite store"),
+        from_reps("postgres", "2 supervisors flooding one database", "ev/s", r["two"], r["one"],
+                  higher_is_better=True, note=f"{p['pg_flood']:,} deltas each, separate processes, one namespace "
+                                              "each; baseline: one supervisor alone"),
+        from_reps("postgres", "lease failover after SIGKILL", "s", r["failover"], [lease] * len(r["failover"]),
+                  goal=f"<= lease + a renewal ({lease * 4 / 3:.1f} s) + a claim",
+                  note=f"SIGKILL of the supervisor running a task -> the other stored its failure; baseline: the "
+                       f"lease (--lease-s {lease:g})"),
     ]
 
 
@@ -312,7 +348,7 @@ def _loopback_only() -> bool:
 
 RUNNERS: dict[str, Callable[[dict[str, Any]], list[Figure]]] = {
     "events": case_events, "latency": case_latency, "tool": case_tool, "spawn": case_spawn,
-    "density": case_density, "store": case_store, "real": case_real, "cold": cases.cold, "codex": case_codex,
+    "density": case_density, "store": case_store, "postgres": case_postgres, "real": case_real, "cold": cases.cold, "codex": case_codex,
     "acp": case_acp,
     "fairness": case_fairness, "transcript": case_transcript,
 }

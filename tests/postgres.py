@@ -54,7 +54,8 @@ def unavailable() -> str | None:
 class PostgresServer:
     """One server; ``start`` it, take databases, ``kill`` and ``start`` it again, ``close`` it at the end."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, fsync: bool = False) -> None:
+        """``fsync``: flush to disk as a production server does (benchmarks), rather than leave it to the kernel."""
         bindir = server_binaries()
         if bindir is None:
             raise RuntimeError(unavailable())
@@ -66,6 +67,7 @@ class PostgresServer:
         self.process: subprocess.Popen[bytes] | None = None
         self._names = itertools.count(1)
         self._as_root = os.geteuid() == 0
+        self._fsync = fsync
         if self._as_root:
             os.chown(self.root, SERVER_UID, SERVER_UID)
         self._run([str(bindir / "initdb"), "-D", str(self.data), "-U", USER, "--auth=trust", "-E", "UTF8",
@@ -98,9 +100,11 @@ class PostgresServer:
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 [str(self.bindir / "postgres"), "-D", str(self.data), "-k", str(self.socket_dir),
-                 "-c", "listen_addresses=", "-c", "fsync=off", "-c", "max_connections=300",
+                 "-c", "listen_addresses=", "-c", f"fsync={'on' if self._fsync else 'off'}",
+                 "-c", "max_connections=300",
                  "-c", "shared_buffers=16MB", "-c", "autovacuum=off"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, user=self._uid,
+                # in our session: an engine in this process sweeps children of other sessions away as orphans
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, user=self._uid,
                 group=self._uid, extra_groups=self._extra_groups)
         wait_for("the throwaway PostgreSQL server to accept connections", self._accepts)
 

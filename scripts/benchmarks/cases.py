@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -37,10 +37,11 @@ DELTA = "x" * 20  # a typical small streamed token or two
 
 @asynccontextmanager
 async def engine_in(tmp: Path, *, bench_worker: bool = False, idle_timeout_s: float = 300.0,
-                    template: bool = False) -> AsyncIterator[Engine]:
-    """A whole supervisor (store at its shipped durability, pool, tools) in a scratch data dir."""
+                    template: bool = False, store: str | None = None) -> AsyncIterator[Engine]:
+    """A whole supervisor (store at its shipped durability, pool, tools) in a scratch data dir; ``store``: a
+    PostgreSQL URL instead of SQLite in the data dir."""
     options = SupervisorOptions(data_dir=tmp / "data", worker_env={"*": {"CODESDK_SCENARIO_DIR": SCENARIOS}},
-                                test_scenarios=True, worker_template=template,
+                                test_scenarios=True, worker_template=template, store=store,
                                 idle_timeout_s=idle_timeout_s,
                                 worker_argv=(sys.executable, BENCH_WORKER) if bench_worker else ())
     async with open_engine(options) as engine:
@@ -56,15 +57,19 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def events_codesdk(n: int) -> tuple[float, float]:
+async def events_codesdk(n: int, store: str | None = None, namespace: str = "default",
+                         ready: Callable[[], Awaitable[None]] | None = None) -> tuple[float, float]:
     """Events/s: n deltas from the scripted runtime until one live subscriber has seen task.completed; and the
-    supervisor's CPU seconds per event meanwhile (this process: store, engine, subscriber; not the worker)."""
+    supervisor's CPU seconds per event meanwhile (this process: store, engine, subscriber; not the worker).
+    ``ready``: awaited once all is warm, just before the flood (to start several supervisors' floods at once)."""
     with tempfile.TemporaryDirectory(prefix="codesdk-bench-") as tmp:
-        async with engine_in(Path(tmp)) as engine:
-            session = await engine.create_session()
+        async with engine_in(Path(tmp), store=store) as engine:
+            session = await engine.create_session(namespace=namespace)
             warm = await engine.start_task(session.session_id, "warm", runtime_config={"scenario": "echo"})
             await engine.wait_task(warm.task_id)  # the worker is running: spawn time is case 4, not this one
             after = await engine.store.last_seq(session.session_id)
+            if ready is not None:
+                await ready()
             scenario = {"name": "flood", "steps": [{"flood": n, "delta": DELTA}, {"complete": {}}]}
             seen = 0
             async with engine.store.subscribe(session.session_id, after_seq=after, until_terminal=True) as sub:
@@ -162,13 +167,13 @@ def latency_baseline(count: int, rate: float) -> dict[str, float]:
 # -- 3. tool round trip ---------------------------------------------------------------------------------
 
 
-async def tool_codesdk(calls: int) -> list[float]:
+async def tool_codesdk(calls: int, store: str | None = None) -> list[float]:
     """Per-call seconds, measured in the worker: tool.call.requested emitted -> result delivered back."""
     with tempfile.TemporaryDirectory(prefix="codesdk-bench-") as tmp:
         ws = Path(tmp) / "ws"
         ws.mkdir()
         (ws / "f.txt").write_text("hello\n")
-        async with engine_in(Path(tmp), bench_worker=True) as engine:
+        async with engine_in(Path(tmp), bench_worker=True, store=store) as engine:
             session = await engine.create_session(runtime="bench", workspace=ws)
             for config in ({"tool_calls": 3}, {"tool_calls": calls}):  # the first task warms the worker
                 after = await engine.store.last_seq(session.session_id)

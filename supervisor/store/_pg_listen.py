@@ -90,7 +90,7 @@ class Listener:
             sessions: set[str] = set()
             for notice in conn.notifies(timeout=0):  # what has arrived; raises if the connection is gone
                 origin, _, session_id = notice.payload.partition(" ")
-                if origin != self._origin:
+                if origin != self._origin and self._hub.count(session_id):  # a dict lookup: safe from this thread
                     sessions.add(session_id)
             if sessions:
                 self._to_trio(token, self._nudge, sessions)

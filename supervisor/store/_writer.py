@@ -104,14 +104,23 @@ def run_batch(conn: Db, batch: list[WriteRequest[Any]]) -> None:
             request.error = error
         return
     try:
-        for request in batch:
-            conn.execute("SAVEPOINT request")
+        if len(batch) == 1:  # alone: no savepoint to isolate it (two statements, two round trips on PostgreSQL)
+            [request] = batch
             try:
                 request.result = request.op(conn)
-            except Exception as exc:  # noqa: BLE001 - isolate a failing request from its batch
-                conn.execute("ROLLBACK TO request")
+            except Exception as exc:  # noqa: BLE001 - its transaction is its own: nothing of it is kept
+                conn.rollback()
                 request.error = conn.translate(exc, request.where)
-            conn.execute("RELEASE request")
+                return
+        else:
+            for request in batch:
+                conn.execute("SAVEPOINT request")
+                try:
+                    request.result = request.op(conn)
+                except Exception as exc:  # noqa: BLE001 - isolate a failing request from its batch
+                    conn.execute("ROLLBACK TO request")
+                    request.error = conn.translate(exc, request.where)
+                conn.execute("RELEASE request")
         conn.announce({request.publish_to for request in batch
                        if request.publish_to is not None and request.error is None and request.result})
         conn.commit()
