@@ -39,14 +39,18 @@ class Leasing:
         self._runs = runs
         self._approvals = approvals
         self._let_go = let_go
+        #: one claim at a time per namespace: a request that finds the namespace being taken over waits until the
+        #: orphans there are failed, so that a task it starts meanwhile is never taken for one
+        self._claiming: dict[str, trio.Lock] = {}
 
     async def own(self, namespace: str) -> None:
         """Make the namespace's lease ours, or refuse (``NamespaceElsewhere``, nothing done)."""
-        claim = await self.leases.claim(namespace)
-        if claim.holder is not None:
-            raise NamespaceElsewhere(namespace, claim.holder)
-        if claim.taken_over:
-            await self._fail_orphans(namespace)
+        async with self._claiming.setdefault(namespace, trio.Lock()):
+            claim = await self.leases.claim(namespace)
+            if claim.holder is not None:
+                raise NamespaceElsewhere(namespace, claim.holder)
+            if claim.taken_over:
+                await self._fail_orphans(namespace)
 
     async def recover(self) -> None:
         """At start-up: take over the namespaces where tasks were left running and no live supervisor holds the
@@ -71,15 +75,25 @@ class Leasing:
                 renewal = await self.leases.renew()
                 for namespace in sorted(renewal.lost):
                     await self._lost(namespace)
-                for namespace in await self.leases.expired():
-                    if namespace in await self._namespaces_with_orphans():
-                        try:
-                            await self.own(namespace)
-                            log.warning("namespace %s: its supervisor is gone; taken over here", namespace)
-                        except NamespaceElsewhere:
-                            pass  # another supervisor was quicker
+                expired = await self.leases.expired()
+                if expired:
+                    await self._take_over(expired)
             except StoreError as exc:
                 log.error("namespace leases could not be renewed: %s", exc)
+
+    async def _take_over(self, expired: list[str]) -> None:
+        """Namespaces whose supervisor is gone: where it left tasks running, take them over (and fail those); the
+        other leases are dropped, so nobody looks at them again — a request takes the namespace when one comes."""
+        orphaned = set(await self._namespaces_with_orphans())
+        for namespace in expired:
+            if namespace not in orphaned:
+                continue
+            try:
+                await self.own(namespace)
+                log.warning("namespace %s: its supervisor is gone; taken over here", namespace)
+            except NamespaceElsewhere:
+                pass  # another supervisor was quicker
+        await self.leases.drop_expired([n for n in expired if n not in orphaned])
 
     async def _namespaces_with_orphans(self) -> list[str]:
         """Namespaces with tasks active in the store that this supervisor does not run, or approvals pending for

@@ -90,6 +90,9 @@ class Leases(Protocol):
     async def expired(self) -> list[str]:
         """Namespaces whose leases have expired: their holders are gone, and someone should take them over."""
 
+    async def drop_expired(self, namespaces: Sequence[str]) -> None:
+        """Delete these leases if they are still expired (nothing runs there: the next request takes them)."""
+
     def announce(self, api: Sequence[str]) -> None:
         """Where this supervisor's API listens (what requests refused elsewhere are told)."""
 
@@ -119,6 +122,9 @@ class SoleLeases:
 
     async def expired(self) -> list[str]:
         return []
+
+    async def drop_expired(self, namespaces: Sequence[str]) -> None:
+        """Nothing expires here."""
 
     def announce(self, api: Sequence[str]) -> None:
         """The data dir's lock file tells the CLI where the API is (``DataDirLock.announce``)."""
@@ -243,6 +249,14 @@ class PostgresLeases:
 
     async def expired(self) -> list[str]:
         return list(await self._run("listing expired namespace leases", self._expired))
+
+    async def drop_expired(self, namespaces: Sequence[str]) -> None:
+        if namespaces:
+            await self._run("dropping expired namespace leases", self._drop_expired, list(namespaces))
+
+    def _drop_expired(self, namespaces: list[str]) -> None:
+        self._db.execute("DELETE FROM namespace_leases WHERE namespace = ANY(?) AND expires_at < now()",
+                         (namespaces,))
 
     def _expired(self) -> list[str]:
         return [namespace for (namespace,) in self._db.execute(

@@ -114,3 +114,24 @@ async def test_a_holder_cut_off_from_the_database_lets_go_once_its_lease_could_h
             assert a.failure is None
         finally:
             await a.aclose()
+
+
+async def test_only_expired_leases_are_dropped(postgres_url: str) -> None:
+    """A namespace whose supervisor died with nothing running there is dropped rather than taken over (the next
+    request takes it); a live holder's lease is never dropped."""
+    with trio.fail_after(60):
+        gone = await leases_on(postgres_url, SHORT_LEASE_S)
+        live, other = await leases_on(postgres_url), await leases_on(postgres_url)
+        try:
+            await gone.claim("user:idle")
+            await live.claim("user:busy")
+            while not await other.expired():
+                await trio.sleep(0.02)
+            await other.drop_expired(["user:idle", "user:busy"])
+            assert await other.expired() == []
+            assert (await other.claim("user:busy")).holder is not None
+            claim = await other.claim("user:idle")
+            assert claim.holder is None and claim.taken_over
+        finally:
+            for leases in (gone, live, other):
+                await leases.aclose()
