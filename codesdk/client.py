@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any, Self
 from urllib.parse import quote
 
+import anyio
 import httpx2 as httpx
 
 from protocol import TERMINAL_EVENT_TYPES, ApprovalRequested, EventType, NormalizedEvent
@@ -287,9 +288,14 @@ class AsyncClient:
 
     async def stream(self, session_id: str, *, after_seq: int = 0,
                      until_terminal: bool = False) -> AsyncIterator[NormalizedEvent]:
-        """The session's events after ``after_seq``, live; resumes by Last-Event-ID when the connection drops."""
+        """The session's events after ``after_seq``, live; resumes by Last-Event-ID when the connection drops, or
+        when the service ends the stream early (its store failing: an ``error`` frame says so), a little later each
+        time. ``ApiError`` (``stream_lost``, or the service's last error) once that has happened too often."""
         last = after_seq
-        for _attempt in range(MAX_RECONNECTS + 1):
+        failure: dict[str, Any] | None = None
+        for attempt in range(MAX_RECONNECTS + 1):
+            if attempt:
+                await anyio.sleep(min(0.25 * 2 ** (attempt - 1), 4.0))
             params = {"until_terminal": "true"} if until_terminal else {}
             headers = {"Last-Event-ID": str(last)}
             try:
@@ -306,15 +312,22 @@ class AsyncClient:
                         frame = parser.line(line)
                         if frame is None or finished:
                             continue
-                        event = NormalizedEvent.model_validate(json.loads(frame[1]))
+                        data = json.loads(frame[1])
+                        if isinstance(data, dict) and "error" in data:  # the service could not go on
+                            failure = data["error"]
+                            continue
+                        event = NormalizedEvent.model_validate(data)
                         if event.seq <= last:
                             continue
                         last = event.seq
                         yield event
                         finished = until_terminal and event.type in TERMINAL_EVENT_TYPES
-                return
+                if finished:
+                    return
             except (httpx.TransportError, httpx.StreamError):
                 continue
+        if failure is not None:
+            raise ApiError(503, str(failure.get("code", "store_failing")), str(failure.get("message", "")))
         raise ApiError(0, "stream_lost", f"the event stream of {session_id} dropped {MAX_RECONNECTS + 1} times")
 
     async def run(self, session_id: str, prompt: str, *, approver: EventApprover | None = None,

@@ -15,7 +15,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 1
 #: refusals the command itself must change to get past.
 EXIT_UNAVAILABLE = 69
 #: HTTP statuses of the API's refusals that are the service's state, not the request's fault (``api_exit_code``).
-_UNAVAILABLE_STATUSES = frozenset({429, 503})
+_UNAVAILABLE_STATUSES = frozenset({421, 429, 503})  # 421: another supervisor runs the namespace
 #: Signals that stop the running task (task.stopped) rather than kill the process: Ctrl-C, systemd/kill, a
 #: closed terminal.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

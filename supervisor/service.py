@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                           "machine\"). Default: $CODESDK_STORE, else SQLite in the data dir. Keep the password out "
                           "of the command line (ps shows it): $CODESDK_STORE from an EnvironmentFile, PGPASSWORD "
                           "or ~/.pgpass")
-    run.add_argument("--lease-s", type=_positive_float, default=LEASE_S, metavar="SECONDS",
+    run.add_argument("--lease-s", type=_lease_s, default=LEASE_S, metavar="SECONDS",
                      help="with --store postgresql://: how long a namespace's lease outlives this supervisor's last "
                           "renewal, i.e. how soon another supervisor takes its namespaces over if it dies "
                           "(default %(default)s; renewed every third of it)")
@@ -215,12 +215,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _lease_s(text: str) -> float:
+    value = _positive_float(text)
+    if not 1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"a lease lasts from 1 to 3600 seconds, not {text}")
+    return value
+
+
 def _check_store_url(url: str) -> None:
     """``--store`` names a PostgreSQL database psycopg can read (``StoreError`` saying what is wrong, never the
     password)."""
-    if not is_postgres_url(url):
-        raise StoreError(f"--store takes a postgresql:// URL (the default store is SQLite in the data dir), not "
-                         f"{url.split(':', 1)[0]!r}…")
+    if not is_postgres_url(url):  # not echoed: it may be a connection string with a password in it
+        raise StoreError("--store (or $CODESDK_STORE) takes a postgresql://USER@HOST/DBNAME URL, and what was given "
+                         "does not start with postgresql://; without it the store is SQLite in the data dir")
     try:
         from .store._pg import check_url
     except ImportError as exc:

@@ -36,6 +36,8 @@ from ._openapi import Operation, openapi_document
 log = logging.getLogger(__name__)
 
 KEEPALIVE_S = 15.0
+#: Seconds /readyz waits for a probe write when the last write failed (the store may be back).
+READY_PROBE_S = 2.0
 MAX_PAGE = 1000
 MAX_BODY = 1 << 20
 #: Largest seq/offset a client may name: SQLite integers are 64-bit signed.
@@ -67,9 +69,13 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+#: A runtime's name as the workers offer them (claude, codex-acp, …): what a request may name.
+RUNTIME_NAME = r"^[a-z0-9][a-z0-9._-]*$"
+
+
 class CreateSessionBody(_Body):
     namespace: str = Field(min_length=1)
-    runtime: str | None = Field(default=None, min_length=1)
+    runtime: str | None = Field(default=None, min_length=1, max_length=64, pattern=RUNTIME_NAME)
     workspace: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -82,7 +88,7 @@ class StartTaskBody(_Body):
     interaction_mode: InteractionMode = InteractionMode.NON_INTERACTIVE
     runtime_config: dict[str, Any] = Field(default_factory=dict)
     #: Move the session to this runtime from this task on: the runtime is given the session's transcript.
-    runtime: str | None = Field(default=None, min_length=1, max_length=64, strict=True)
+    runtime: str | None = Field(default=None, min_length=1, max_length=64, strict=True, pattern=RUNTIME_NAME)
     #: A cap on the compiled input (estimated tokens), below the runtime's own budget.
     max_input_tokens: int | None = Field(default=None, ge=1, le=2**53, strict=True)
 
@@ -116,6 +122,12 @@ class ListQuery(_Body):
     namespace: str | None = None
     limit: int = Field(default=100, ge=1, le=MAX_PAGE)
     offset: int = Field(default=0, ge=0, le=MAX_SEQ)
+
+
+def _unstorable(key: str) -> bool:
+    """A key no store holds: text with a NUL character (PostgreSQL cannot store one at all, so it can only be
+    unknown, on either backend)."""
+    return "\x00" in key
 
 
 def _validation_message(exc: ValidationError, where: str) -> str:
@@ -206,7 +218,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def session_for(principal: Principal, session_id: str) -> SessionRecord:
         try:
-            session = await store.get_session(session_id)
+            session = None if _unstorable(session_id) else await store.get_session(session_id)
         except UnknownSession:
             session = None
         if session is None or not principal.can_access(session.namespace):
@@ -215,6 +227,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def task_for(principal: Principal, task_id: str) -> TaskRecord:
         try:
+            if _unstorable(task_id):
+                raise UnknownTask(task_id)
             task = await store.get_task(task_id)
             session = await store.get_session(task.session_id)
         except (UnknownTask, UnknownSession):
@@ -231,6 +245,9 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     async def readyz(request: Request) -> Response:
         if store.closed:
             return _error(503, "not_ready", "the event store is closed")
+        if store.write_failure is not None:  # is it over? one probe (a write) says
+            with trio.move_on_after(READY_PROBE_S), contextlib.suppress(StoreError):
+                await store.ping()
         if store.write_failure is not None:
             return _error(503, "store_failing", f"the last write to the event store failed: {store.write_failure}")
         if engine.leasing.leases.failure is not None:
@@ -270,6 +287,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     async def list_sessions(request: Request) -> Response:
         principal = principal_of(request)
         query = _query(request, ListQuery)
+        if query.namespace is not None and _unstorable(query.namespace):
+            raise ApiError(422, "invalid_query", "query 'namespace' is not a namespace (it has a NUL character)")
         if principal.admin:
             namespaces: list[str | None] = [query.namespace]
         elif query.namespace is not None:
@@ -371,7 +390,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         principal = principal_of(request)
         approval_id = request.path_params["approval_id"]
         try:
-            record = await engine.store.get_approval(approval_id)
+            record = None if _unstorable(approval_id) else await engine.store.get_approval(approval_id)
         except UnknownApproval:
             record = None
         if record is None or not principal.can_access(record.namespace):
@@ -638,8 +657,10 @@ class _SSEResponse(Response):
                             data = json.dumps(event.to_json_obj(), separators=(",", ":"))
                             await emit(f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n".encode())
                             self._sent.inc()
-                except StoreError:
-                    pass
+                except StoreError as exc:  # said, so that a follower reconnects rather than take this for the end
+                    error = json.dumps({"error": {"code": "store_failing", "message": str(exc)}})
+                    with contextlib.suppress(Exception):
+                        await emit(f"event: error\ndata: {error}\n\n".encode())
                 nursery.cancel_scope.cancel()
 
             async def keepalive() -> None:

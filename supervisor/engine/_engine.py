@@ -385,8 +385,9 @@ class Engine:
     @asynccontextmanager
     async def _borrowed_worker(self, namespace: str) -> AsyncIterator[WorkerLink]:
         """The namespace's worker (started if needed) for one request. ``InvalidNamespace``;
-        ``NamespaceUnavailable``."""
+        ``NamespaceUnavailable``; ``NamespaceElsewhere`` (its worker runs on the supervisor holding its lease)."""
         Namespace.parse(namespace)
+        await self.leasing.own(namespace)
         async with self._workers.borrow(namespace) as worker:
             yield worker
 
@@ -556,9 +557,10 @@ def _code_for_rpc(code: int) -> str:
 
 
 def _open_store(config: EngineConfig) -> AbstractAsyncContextManager[Recorder]:
-    """The store the config names: PostgreSQL at ``config.store``, else SQLite in the data dir."""
+    """The store the config names: PostgreSQL at ``config.store``, else SQLite in the data dir. Either way this
+    supervisor holds the data dir's lock (its workspaces, namespaces' HOMEs and API socket are its own)."""
     if config.store is not None:
-        return open_postgres(config.store)
+        return open_postgres(config.store, data_dir=config.data_dir, holder=config.holder)
     return EventStore.open(config.data_dir, vfs=config.store_vfs, holder=config.holder)
 
 

@@ -62,11 +62,18 @@ class Leasing:
                 continue  # another supervisor runs those tasks
 
     async def keep(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Renew our leases for as long as the engine runs (nothing to do where they cannot be lost)."""
-        task_status.started()
+        """Renew our leases for as long as the engine runs, and let go of them at their deadline if renewals do not
+        get through — failing or hanging (nothing to do where they cannot be lost)."""
         every = self.leases.renew_every_s
-        if every is None:
-            return
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            if every is None:
+                return
+            nursery.start_soon(self._fence, every)
+            await self._renew_forever(every)
+
+    async def _renew_forever(self, every: float) -> None:
+        failing = False
         while True:
             with trio.move_on_after(every):
                 await self.leases.renewal_wanted.wait()
@@ -78,8 +85,26 @@ class Leasing:
                 expired = await self.leases.expired()
                 if expired:
                     await self._take_over(expired)
+                if failing:
+                    log.warning("namespace leases are renewed again")
+                failing = False
             except StoreError as exc:
-                log.error("namespace leases could not be renewed: %s", exc)
+                if not failing:  # once per outage, not at every attempt
+                    log.error("namespace leases could not be renewed (retrying every %.1f s): %s", every, exc)
+                failing = True
+
+    async def _fence(self, every: float) -> None:
+        """At the leases' deadline, however the renewal in flight is doing (a connection that hangs never fails):
+        let go of every namespace before another supervisor may take it."""
+        while True:
+            deadline = self.leases.deadline
+            assert deadline is not None
+            if trio.current_time() < deadline:
+                await trio.sleep_until(deadline)
+                continue
+            for namespace in sorted(self.leases.forfeit()):
+                await self._lost(namespace)
+            await trio.sleep(every)
 
     async def _take_over(self, expired: list[str]) -> None:
         """Namespaces whose supervisor is gone: where it left tasks running, take them over (and fail those); the

@@ -11,8 +11,10 @@ hosts' clocks need not agree.
 - A supervisor whose leases expired (it died, or lost the database for ``lease_s``) has lost them: another takes
   them over (``Claim.taken_over``) and fails the tasks it left running, once each (the store's task-row lock makes
   that exactly once, whoever else tries). The one that lost them learns it at its next renewal — or, cut off from
-  the database, once ``lease_s`` has passed since its last renewal began, which is before anyone else can take
-  them — and stops its workers there without recording anything.
+  the database (its calls failing, or hanging), at ``deadline``: ``lease_s`` after its last successful renewal
+  began, which is before anyone else can take them — and stops its workers there without recording anything
+  (``forfeit``). Leases it let go of are not renewed; they expire, and whoever takes them over (itself included)
+  fails what was left running.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import json
 import os
 import secrets
 import socket
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -83,6 +84,13 @@ class Leases(Protocol):
     def failure(self) -> str | None:
         """Why the last renewal failed, until one succeeds (what readiness reports)."""
 
+    @property
+    def deadline(self) -> float | None:
+        """``trio.current_time()`` from which our leases may have expired unless renewed (None: they cannot)."""
+
+    def forfeit(self) -> frozenset[str]:
+        """Past ``deadline``: let go of every lease at once, whether or not the database answers; what was held."""
+
     async def claim(self, namespace: str) -> Claim: ...
 
     async def renew(self) -> Renewal: ...
@@ -106,6 +114,7 @@ class SoleLeases:
 
     renew_every_s = None
     failure = None
+    deadline = None
 
     def __init__(self) -> None:
         self.supervisor_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -119,6 +128,9 @@ class SoleLeases:
 
     async def renew(self) -> Renewal:
         return Renewal(frozenset(self._held), frozenset())
+
+    def forfeit(self) -> frozenset[str]:
+        return frozenset()
 
     async def expired(self) -> list[str]:
         return []
@@ -145,7 +157,7 @@ class PostgresLeases:
         self._held: set[str] = set()
         self._limiter = trio.CapacityLimiter(1)  # one thread at a time on the connection
         self._api: tuple[str, ...] = ()
-        self._last_renewal_began = time.monotonic()
+        self._last_renewal_began = trio.current_time()
         self.failure: str | None = None
         #: set when a renewal should not wait for its time (the API was announced)
         self.renewal_wanted = trio.Event()
@@ -153,6 +165,19 @@ class PostgresLeases:
     @property
     def renew_every_s(self) -> float:
         return self.lease_s / 3
+
+    @property
+    def deadline(self) -> float:
+        return self._last_renewal_began + self.lease_s
+
+    def forfeit(self) -> frozenset[str]:
+        if trio.current_time() < self.deadline or not self._held:
+            return frozenset()
+        lost = frozenset(self._held)
+        self._held.clear()
+        self.failure = (f"the namespace leases were not renewed for {self.lease_s:g} s (the database does not "
+                        "answer): this supervisor let go of its namespaces")
+        return lost
 
     @classmethod
     async def open(cls, url: str, location: str, lease_s: float = LEASE_S) -> PostgresLeases:
@@ -218,15 +243,14 @@ class PostgresLeases:
         raise StoreError(f"namespace {namespace!r} is leased to a supervisor that is not registered")
 
     async def renew(self) -> Renewal:
-        began = time.monotonic()
+        began = trio.current_time()
         try:
             held: set[str] = await self._run("renewing this supervisor's namespace leases", self._renew,
                                              sorted(self._held))
         except StoreError as exc:
             self.failure = str(exc)
-            if time.monotonic() - self._last_renewal_began >= self.lease_s:
-                lost = frozenset(self._held)  # others may take them from now on: let go first
-                self._held.clear()
+            lost = self.forfeit()  # past the deadline others may take them: let go first
+            if lost:
                 return Renewal(frozenset(), lost)
             raise
         self.failure = None
@@ -236,12 +260,10 @@ class PostgresLeases:
         return Renewal(frozenset(self._held), lost)
 
     def _renew(self, held: list[str]) -> set[str]:
-        """Extend the leases we hold (those still ours come back); any other lease in our name is one we let go of
-        (cut off too long) and is given up, so that nobody waits on a lease nobody uses."""
+        """Extend the leases we hold (those still ours come back). Any other lease in our name is one we let go of
+        (cut off too long): left to expire, so that whoever takes it over fails the tasks we dropped there."""
         self._db.execute("UPDATE supervisors SET heartbeat_at = now(), api = ? WHERE supervisor_id = ?",
                          (json.dumps(list(self._api)), self.supervisor_id))
-        self._db.execute("DELETE FROM namespace_leases WHERE supervisor_id = ? AND NOT (namespace = ANY(?))",
-                         (self.supervisor_id, held))
         return {namespace for (namespace,) in self._db.execute(
             "UPDATE namespace_leases SET expires_at = now() + make_interval(secs => ?) "
             "WHERE supervisor_id = ? AND namespace = ANY(?) RETURNING namespace",

@@ -152,8 +152,15 @@ def translate_pg(exc: BaseException, where: str, location: str) -> BaseException
     """The store's error for ``exc``; psycopg's become ``DatabaseError`` naming the database and what to do."""
     if not isinstance(exc, psycopg.Error):
         return translate(exc, where)  # StoreError passes; OS errors get their file
-    state = exc.sqlstate or ""
-    if (isinstance(exc, psycopg.OperationalError) and not state) or state[:2] in _STORAGE_CLASSES:
+    state = exc.sqlstate or _connect_state(exc)
+    if state[:2] == "28":
+        hint = (f"PostgreSQL at {location} refused the credentials; check the user and the password (given by "
+                "PGPASSWORD or ~/.pgpass, never on the command line) and pg_hba.conf")
+        storage_fault = False
+    elif state == "3D000":
+        hint = f"there is no such database at {location}; create it (createdb -O USER NAME) or fix the URL"
+        storage_fault = False
+    elif (isinstance(exc, psycopg.OperationalError) and not state) or state[:2] in _STORAGE_CLASSES:
         hint = (f"PostgreSQL at {location} is unreachable or failed; check that it runs and accepts this "
                 "supervisor's connections — writes resume once it does, and nothing was stored by this one")
         storage_fault = True
@@ -172,6 +179,18 @@ def translate_pg(exc: BaseException, where: str, location: str) -> BaseException
     error = DatabaseError(f"{where}: {hint} (postgresql: {_first_line(exc)})", storage_fault=storage_fault)
     error.__cause__ = exc
     return error
+
+
+def _connect_state(exc: psycopg.Error) -> str:
+    """The SQLSTATE a refused connection carries only in its message (psycopg gives none): 28… bad credentials,
+    3D000 no such database."""
+    text = str(exc)
+    if "password authentication failed" in text or "no pg_hba.conf entry" in text or (
+            "role" in text and "does not exist" in text):
+        return "28000"
+    if "database" in text and "does not exist" in text:
+        return "3D000"
+    return ""
 
 
 def _first_line(exc: BaseException) -> str:

@@ -127,6 +127,16 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX leases_by_supervisor ON namespace_leases(supervisor_id);
         """,
     ),
+    Migration(
+        3,
+        "a row the store's probe rewrites (proof that writes reach the database)",
+        """
+        CREATE TABLE store_probe (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            probes BIGINT NOT NULL
+        );
+        """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

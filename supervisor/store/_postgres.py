@@ -21,6 +21,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import trio
 
@@ -28,8 +29,9 @@ from protocol import UpcasterRegistry
 from protocol import upcasters as this_builds_upcasters
 
 from ._errors import StoreError
+from ._lock import DataDirLock
 from ._readers import ReaderPool, close_all
-from ._store import POLL_INTERVAL_S, EventStore, running
+from ._store import POLL_INTERVAL_S, EventStore, lock_data_dir, running
 from ._subscribe import Hub
 from ._writer import Writer
 
@@ -49,18 +51,37 @@ async def open_postgres(
     page_size: int = 500,
     upcasters: UpcasterRegistry = this_builds_upcasters,
     poll_interval_s: float = POLL_INTERVAL_S,
+    data_dir: Path | None = None,
+    holder: str = "a CodeSDK event store writer",
 ) -> AsyncIterator[EventStore]:
     """Open (creating or migrating the schema) the store in the PostgreSQL database at ``url``; closing commits
     what is queued. ``StoreError`` when psycopg is missing, the URL can't be read or the database can't be
     reached; ``SchemaTooNew`` when a newer CodeSDK migrated it. ``poll_interval_s``: how long an idle subscriber
-    relies on notices alone before it reads anyway. The other knobs are ``EventStore.open``'s."""
+    relies on notices alone before it reads anyway. ``data_dir``: the supervisor's own directory, whose lock it holds
+    while the store is open (``DataDirBusy`` if another process has it), as a SQLite store's writer does. The other
+    knobs are ``EventStore.open``'s."""
     if min(readers, max_batch, subscriber_buffer, page_size) < 1:
         raise ValueError("readers, max_batch, subscriber_buffer and page_size must be >= 1")
     try:
-        from . import _pg, _pg_listen, _pg_schema
+        from . import _pg
     except ImportError as exc:  # psycopg is an optional dependency: codesdk[postgresql]
         raise StoreError(f"a PostgreSQL store needs psycopg ({exc}): pip install 'codesdk[postgresql]'") from None
     _pg.check_url(url)
+    lock = None if data_dir is None else await trio.to_thread.run_sync(lock_data_dir, Path(data_dir), holder)
+    try:
+        async with _opened(url, lock, readers=readers, max_batch=max_batch, subscriber_buffer=subscriber_buffer,
+                           page_size=page_size, upcasters=upcasters, poll_interval_s=poll_interval_s) as store:
+            yield store
+    finally:
+        if lock is not None:
+            lock.release()  # once every write is committed and the connections closed
+
+
+@asynccontextmanager
+async def _opened(url: str, lock: DataDirLock | None, *, readers: int, max_batch: int, subscriber_buffer: int,
+                  page_size: int, upcasters: UpcasterRegistry, poll_interval_s: float) -> AsyncIterator[EventStore]:
+    from . import _pg, _pg_listen, _pg_schema  # psycopg is there: open_postgres looked
+
     location = _pg.redacted(url)
     origin = secrets.token_hex(8)
     writer_db = _pg.PostgresDb(url, location, origin)
@@ -85,7 +106,7 @@ async def open_postgres(
     writer = Writer(writer_db, hub.publish, max_batch=max_batch)
     pool = ReaderPool(list(reader_dbs))
     store = EventStore(location, writer, pool, hub, None, subscriber_buffer=subscriber_buffer,
-                       page_size=page_size, upcasters=upcasters, poll_interval_s=poll_interval_s)
+                       page_size=page_size, upcasters=upcasters, poll_interval_s=poll_interval_s, lock=lock)
     listener = _pg_listen.Listener(url, location, origin, hub)
     async with running(store, writer, writer_db, pool, hub, background=[listener]):
         yield store

@@ -138,7 +138,8 @@ class StoreHealth(Protocol):
     def writer_stats(self) -> WriterStats: ...
 
     async def ping(self) -> None:
-        """Return once the writer has committed an empty transaction: proof that writes still get through."""
+        """Return once the writer has committed a probe write (a count in a row): proof that writes still
+        get through."""
 
 
 class WriterLock(Protocol):

@@ -149,6 +149,16 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX sessions_by_namespace ON sessions(namespace, created_at);
         """,
     ),
+    Migration(
+        8,
+        "a row the store's probe rewrites (proof that writes reach the disk)",
+        """
+        CREATE TABLE store_probe (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            probes INTEGER NOT NULL
+        );
+        """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -195,6 +195,14 @@ def insert_keyed_append(conn: Db, session_id: str, key: str, stored: Sequence[No
                  (session_id, key, stored[0].seq, stored[-1].seq))
 
 
+def rewrite_probe_row(conn: Db) -> None:
+    """Count one more probe in the probe row: the smallest write that must reach the disk to commit. (An empty
+    transaction writes nothing, and neither does a row rewritten with the same bytes: they prove only that the
+    writer answers, not that a full disk or a lost database is over.)"""
+    conn.execute("INSERT INTO store_probe(id, probes) VALUES (1, 1) "
+                 "ON CONFLICT(id) DO UPDATE SET probes = store_probe.probes + 1")
+
+
 def insert_inline_blob(conn: Db, ref: str, data: bytes, media_type: str) -> None:
     """Keep a small blob in the database itself; a blob already known (inline or as a file) is left as it is."""
     conn.execute(

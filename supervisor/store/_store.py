@@ -123,7 +123,7 @@ class EventStore(Recorder):
                                         upcasters) as store:
                 yield store
             return
-        lock = await trio.to_thread.run_sync(_lock_data_dir, root, holder)
+        lock = await trio.to_thread.run_sync(lock_data_dir, root, holder)
         try:
             writer_conn, reader_conns = await trio.to_thread.run_sync(_open_sync, root, synchronous, readers, vfs)
         except BaseException:
@@ -327,9 +327,10 @@ class EventStore(Recorder):
                                                              namespaces=namespaces))
 
     async def ping(self) -> None:
-        """A no-op write through the writer: returns once the writer has committed a (empty) transaction.
-        The service feeds systemd's watchdog only while this keeps returning."""
-        await self._write("watchdog ping", lambda conn: None)
+        """A probe write through the writer: returns once the writer has committed one more count in a row.
+        The service feeds systemd's watchdog only while this keeps answering; /readyz asks it whether a failed
+        write's cause is over."""
+        await self._write("probing the store with a write", _sql.rewrite_probe_row)
 
     async def list_active_tasks(self) -> list[TaskRecord]:
         """Every task still pending or running, in any session."""
@@ -591,7 +592,7 @@ def _closed_and_translated(opened: list[apsw.Connection], exc: BaseException, wh
     raise translated from exc
 
 
-def _lock_data_dir(root: Path, holder: str) -> DataDirLock:
+def lock_data_dir(root: Path, holder: str) -> DataDirLock:
     try:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         return DataDirLock.acquire(root, holder)

@@ -100,7 +100,11 @@ async def test_a_failing_disk_is_never_acknowledged_and_the_store_recovers(
             assert faulty.injected > 0
             assert store.write_failure is not None and hint in store.write_failure
             assert await store.last_seq(sid) == 2  # nothing half-stored
+            with pytest.raises(DatabaseError, match=hint):  # the probe (readiness, watchdog) is a real write
+                await store.ping()
             faulty.failing = None
+            await store.ping()  # and it alone tells that the disk is back
+            assert store.write_failure is None
             acknowledged += [e.seq for e in await store.append(sid, [_draft(20)])]
             assert store.write_failure is None
             await trio.sleep(0.2)

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx2 as httpx
 import psutil
+import pytest
 
 from ..waits import HANG_GUARD_S, wait_for
 from ..worker.harness import REPO
@@ -269,3 +270,14 @@ def test_serve_allow_exec_enables_workspace_exec_for_tenants(tmp_path: Path) -> 
     assert events[-1]["type"] == "task.completed", events[-1]
     assert completed["a"]["is_error"] is False and "from-exec" in str(completed["a"]["result_preview"])
     assert "b" in denied or completed["b"]["is_error"] is True  # sh is not on the allowlist
+
+
+def test_a_store_that_is_no_postgresql_url_is_refused_without_echoing_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A libpq connection string has its password inside: the refusal must not print it."""
+    from supervisor.service import main
+
+    for bad in ("host=/tmp user=u password=S3cretPW dbname=d", "S3cretPW"):
+        assert main(["serve", "--data-dir", str(tmp_path / "data"), "--store", bad]) == 2
+        err = capsys.readouterr().err
+        assert "postgresql://" in err and "S3cretPW" not in err

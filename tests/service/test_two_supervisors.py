@@ -158,6 +158,11 @@ def test_namespaces_spread_over_two_supervisors_and_each_is_followed_from_either
         with Client(socket=a.socket, token=token) as client, pytest.raises(NamespaceElsewhere) as elsewhere:
             client.create_session(namespace="user:bob")
         assert elsewhere.value.api == [f"unix:{b.socket}"] and "user:bob" in elsewhere.value.message
+        # Keys no store can hold (PostgreSQL text has no NUL) are unknown, as on SQLite; a bad name is refused.
+        assert a.client.get("/v1/sessions/ses_%00x").status_code == 404
+        assert a.client.get("/v1/tasks/task_%00x").status_code == 404
+        assert a.client.get("/v1/sessions", params={"namespace": "user:a\x00"}).status_code == 422
+        assert b.client.post("/v1/sessions", json={"namespace": "user:zed", "runtime": "x\x00"}).status_code == 422
         # A client of A follows the session B runs: every event, in order, no gap, up to its terminal.
         task = b.task(on_b["session_id"], "slow-stream")
         followed = follow(a, on_b["session_id"])
