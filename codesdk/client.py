@@ -15,6 +15,7 @@ InvalidRequest (422), TooManyRequests (429), else ApiError; ``.details`` holds w
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, Self
@@ -28,8 +29,10 @@ from protocol import TERMINAL_EVENT_TYPES, ApprovalRequested, EventType, Normali
 #: Answers one ``approval.requested`` event: allow or not, and why (shown to the runtime on a denial).
 EventApprover = Callable[[NormalizedEvent], Awaitable[tuple[bool, str]]]
 
-#: Reconnects of one stream before giving up (each resumes where the last left off).
+#: Reconnects of one stream in a row that bring no new event before giving up (each resumes where the last left
+#: off), and the wait before the first of them (doubled for each next one, up to 4 s).
 MAX_RECONNECTS = 5
+RECONNECT_BACKOFF_S = 0.25
 
 #: Seconds a stop may take: the runtime's longest grace (``protocol.MAX_STOP_GRACE_S``), its SIGTERM grace and the
 #: checks that follow.
@@ -134,6 +137,75 @@ class _SSE:
         elif field == "data":
             self.data.append(value)
         return None
+
+
+class _Follow:
+    """Where one followed stream stands across its connections (sans-IO, shared by both clients): the last seq
+    handed out (the next connection's ``Last-Event-ID``; nothing at or below it is handed out twice), whether the
+    terminal event came, the service's last ``error`` frame, and how long to wait before the next connection —
+    none once ``MAX_RECONNECTS`` + 1 connections in a row brought nothing new."""
+
+    def __init__(self, session_id: str, after_seq: int, until_terminal: bool) -> None:
+        self.session_id = session_id
+        self.last = after_seq
+        self.until_terminal = until_terminal
+        self.finished = False
+        self.failure: dict[str, Any] | None = None
+        self._fruitless = -1  # connections in a row that ended without a new event (-1: none made yet)
+        self._resumed_from = after_seq
+        self._frames = _SSE()
+        self._unreachable: ServiceUnreachable | None = None
+        self._connections = 0
+
+    def next_connection(self) -> float | None:
+        """Seconds to wait before connecting again, or None: give up (raise ``lost()``)."""
+        if self.last > self._resumed_from or self._fruitless < 0:  # a fresh start: what went wrong before is over
+            self._fruitless, self.failure, self._unreachable = 0, None, None
+        else:
+            self._fruitless += 1
+        if self._fruitless > MAX_RECONNECTS:
+            return None
+        self._resumed_from, self._frames = self.last, _SSE()
+        self._connections += 1
+        return 0.0 if not self._fruitless else min(RECONNECT_BACKOFF_S * 2 ** (self._fruitless - 1), 4.0)
+
+    def request(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The next connection's query parameters and headers."""
+        params = {"until_terminal": "true"} if self.until_terminal else {}
+        return params, {"Last-Event-ID": str(self.last)}
+
+    def line(self, line: str) -> NormalizedEvent | None:
+        """One line of the response: the event it completes, if it is one to hand out. (Read a response to its
+        end even after the terminal event — the server closes it right after — since leaving httpx's line
+        iterator early leaks its inner generators.)"""
+        frame = self._frames.line(line)
+        if frame is None or self.finished:
+            return None
+        data = json.loads(frame[1])
+        if isinstance(data, dict) and "error" in data:  # the service could not go on
+            self.failure = data["error"] if isinstance(data["error"], dict) else {"message": str(data["error"])}
+            return None
+        event = NormalizedEvent.model_validate(data)
+        if event.seq <= self.last:
+            return None
+        self.last = event.seq
+        self.finished = self.until_terminal and event.type in TERMINAL_EVENT_TYPES
+        return event
+
+    def unreachable(self, where: str, why: BaseException) -> None:
+        """A connection could not be made: at once an error when it was the first (nothing to resume: the address
+        is likely wrong), else the reason given if the ones after fail too."""
+        self._unreachable = ServiceUnreachable(where, why)
+        if self._connections == 1:
+            raise self._unreachable from why
+
+    def lost(self) -> ApiError:
+        if self.failure is not None:
+            return ApiError(503, str(self.failure.get("code", "stream_failed")), str(self.failure.get("message", "")))
+        if self._unreachable is not None:
+            return self._unreachable
+        return ApiError(0, "stream_lost", f"the event stream of {self.session_id} ended {MAX_RECONNECTS + 1} times "
+                        "in a row without a new event")
 
 
 def _q(segment: str) -> str:
@@ -290,45 +362,28 @@ class AsyncClient:
                      until_terminal: bool = False) -> AsyncIterator[NormalizedEvent]:
         """The session's events after ``after_seq``, live; resumes by Last-Event-ID when the connection drops, or
         when the service ends the stream early (its store failing: an ``error`` frame says so), a little later each
-        time. ``ApiError`` (``stream_lost``, or the service's last error) once that has happened too often."""
-        last = after_seq
-        failure: dict[str, Any] | None = None
-        for attempt in range(MAX_RECONNECTS + 1):
-            if attempt:
-                await anyio.sleep(min(0.25 * 2 ** (attempt - 1), 4.0))
-            params = {"until_terminal": "true"} if until_terminal else {}
-            headers = {"Last-Event-ID": str(last)}
+        time. ``ApiError`` (``stream_lost``, or the service's last error) once ``MAX_RECONNECTS`` + 1 connections in a
+        row brought nothing new."""
+        follow = _Follow(session_id, after_seq, until_terminal)
+        while (delay := follow.next_connection()) is not None:
+            await anyio.sleep(delay)
+            params, headers = follow.request()
             try:
                 async with self._http.stream("GET", f"/v1/sessions/{_q(session_id)}/events/stream", params=params,
                                              headers=headers, timeout=httpx.Timeout(30.0, read=None)) as response:
                     if response.status_code >= 400:
                         await response.aread()
                         _raise_for(response)
-                    parser = _SSE()
-                    finished = False
-                    # Read to the end of the response even after the terminal event (the server closes it
-                    # right after): leaving httpx's line iterator early leaks its inner generators.
                     async for line in response.aiter_lines():
-                        frame = parser.line(line)
-                        if frame is None or finished:
-                            continue
-                        data = json.loads(frame[1])
-                        if isinstance(data, dict) and "error" in data:  # the service could not go on
-                            failure = data["error"]
-                            continue
-                        event = NormalizedEvent.model_validate(data)
-                        if event.seq <= last:
-                            continue
-                        last = event.seq
-                        yield event
-                        finished = until_terminal and event.type in TERMINAL_EVENT_TYPES
-                if finished:
+                        if (event := follow.line(line)) is not None:
+                            yield event
+                if follow.finished:
                     return
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                follow.unreachable(self._where, exc)
             except (httpx.TransportError, httpx.StreamError):
-                continue
-        if failure is not None:
-            raise ApiError(503, str(failure.get("code", "store_failing")), str(failure.get("message", "")))
-        raise ApiError(0, "stream_lost", f"the event stream of {session_id} dropped {MAX_RECONNECTS + 1} times")
+                pass
+        raise follow.lost()
 
     async def run(self, session_id: str, prompt: str, *, approver: EventApprover | None = None,
                   **task_args: Any) -> AsyncIterator[NormalizedEvent]:
@@ -433,23 +488,24 @@ class Client:
         return [NormalizedEvent.model_validate(e) for e in page["events"]]
 
     def stream(self, session_id: str, *, after_seq: int = 0, until_terminal: bool = False) -> Iterator[NormalizedEvent]:
-        last = after_seq
-        params = {"until_terminal": "true"} if until_terminal else {}
-        with self._http.stream("GET", f"/v1/sessions/{_q(session_id)}/events/stream", params=params,
-                               headers={"Last-Event-ID": str(last)},
-                               timeout=httpx.Timeout(30.0, read=None)) as response:
-            if response.status_code >= 400:
-                response.read()
-                _raise_for(response)
-            parser = _SSE()
-            finished = False
-            for line in response.iter_lines():
-                frame = parser.line(line)
-                if frame is None or finished:
-                    continue
-                event = NormalizedEvent.model_validate(json.loads(frame[1]))
-                if event.seq <= last:
-                    continue
-                last = event.seq
-                yield event
-                finished = until_terminal and event.type in TERMINAL_EVENT_TYPES
+        """As ``AsyncClient.stream``: resumes where it left off when the connection drops or the service ends it."""
+        follow = _Follow(session_id, after_seq, until_terminal)
+        while (delay := follow.next_connection()) is not None:
+            time.sleep(delay)
+            params, headers = follow.request()
+            try:
+                with self._http.stream("GET", f"/v1/sessions/{_q(session_id)}/events/stream", params=params,
+                                       headers=headers, timeout=httpx.Timeout(30.0, read=None)) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        _raise_for(response)
+                    for line in response.iter_lines():
+                        if (event := follow.line(line)) is not None:
+                            yield event
+                if follow.finished:
+                    return
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                follow.unreachable(self._where, exc)
+            except (httpx.TransportError, httpx.StreamError):
+                pass
+        raise follow.lost()
