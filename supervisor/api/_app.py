@@ -130,11 +130,18 @@ def _unstorable(key: str) -> bool:
     return "\x00" in key
 
 
+#: What a field's pattern asks for, in words (pydantic names only the regular expression).
+_PATTERN_MEANS = {RUNTIME_NAME: "a runtime's name is lowercase letters, digits, '.', '_' and '-' "
+                                "(GET /v1/runtimes?namespace=… lists those a namespace can run)"}
+
+
 def _validation_message(exc: ValidationError, where: str) -> str:
     parts = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or where
-        parts.append(f"{where} field '{loc}': {err['msg']}")
+        means = _PATTERN_MEANS.get(str(err.get("ctx", {}).get("pattern"))) if err["type"] == "string_pattern_mismatch" \
+            else None
+        parts.append(f"{where} field '{loc}': {means or err['msg']}")
     return "; ".join(parts)
 
 

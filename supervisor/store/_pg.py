@@ -162,7 +162,8 @@ def translate_pg(exc: BaseException, where: str, location: str) -> BaseException
         storage_fault = False
     elif (isinstance(exc, psycopg.OperationalError) and not state) or state[:2] in _STORAGE_CLASSES:
         hint = (f"PostgreSQL at {location} is unreachable or failed; check that it runs and accepts this "
-                "supervisor's connections — writes resume once it does, and nothing was stored by this one")
+                "supervisor's connections; what failed was not stored (a running supervisor goes on by itself once "
+                "the database is back)")
         storage_fault = True
     elif isinstance(exc, pg_errors.ReadOnlySqlTransaction):
         hint = f"PostgreSQL at {location} is read-only (a standby?); point --store at the primary"

@@ -50,6 +50,8 @@ async def test_a_task_may_move_the_session_and_cap_its_input(api: Api) -> None:
             for bad in ({"max_input_tokens": 0}, {"max_input_tokens": 2**53 + 1}, {"runtime": "x" * 65}):
                 with pytest.raises(InvalidRequest):
                     await client.start_task(sid, "x", **bad)  # type: ignore[arg-type]
+            with pytest.raises(InvalidRequest, match="a runtime's name is lowercase letters"):  # said in words
+                await client.start_task(sid, "x", runtime="../claude")
             for raw in ({"max_input_tokens": True}, {"max_input_tokens": "5"}, {"max_input_tokens": 1.0},
                         {"runtime": 7}):  # only what it says: no true for 1, no strings for numbers
                 with pytest.raises(InvalidRequest):
