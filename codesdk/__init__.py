@@ -14,5 +14,5 @@ from .client import (
     Unauthorized,
 )
 
-__all__ = ["ApiError", "AsyncClient", "Client", "Conflict", "Forbidden", "InvalidRequest", "NamespaceElsewhere", "NotFound",
-           "ServiceUnreachable", "TooManyRequests", "Unauthorized"]
+__all__ = ["ApiError", "AsyncClient", "Client", "Conflict", "Forbidden", "InvalidRequest", "NamespaceElsewhere",
+           "NotFound", "ServiceUnreachable", "TooManyRequests", "Unauthorized"]

@@ -139,8 +139,9 @@ def _validation_message(exc: ValidationError, where: str) -> str:
     parts = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or where
-        means = _PATTERN_MEANS.get(str(err.get("ctx", {}).get("pattern"))) if err["type"] == "string_pattern_mismatch" \
-            else None
+        means = None
+        if err["type"] == "string_pattern_mismatch":
+            means = _PATTERN_MEANS.get(str(err.get("ctx", {}).get("pattern")))
         parts.append(f"{where} field '{loc}': {means or err['msg']}")
     return "; ".join(parts)
 

@@ -31,7 +31,7 @@ from ._runs import EngineStats
 
 __all__ = [
     "ERROR_STATUS", "ApprovalRequest", "Approver", "ApproverAnswer", "ApproverRequired", "Engine", "EngineConfig",
-    "EngineError", "EngineStats", "ErrorStatus", "InvalidTaskInput", "NamespaceElsewhere", "NamespaceUnavailable", "PoolWorkers",
-    "RequestChannel", "RuntimeUnavailable", "SessionBusy", "TaskNotActive", "UnknownRuntime", "WorkerEvents",
+    "EngineError", "EngineStats", "ErrorStatus", "InvalidTaskInput", "NamespaceElsewhere", "NamespaceUnavailable",
+    "PoolWorkers", "RequestChannel", "RuntimeUnavailable", "SessionBusy", "TaskNotActive", "UnknownRuntime", "WorkerEvents",
     "WorkerExit", "WorkerLink", "Workers", "WorkersFactory", "WorkspaceRefused", "error_status",
 ]

@@ -45,12 +45,17 @@ class Leasing:
 
     async def own(self, namespace: str) -> None:
         """Make the namespace's lease ours, or refuse (``NamespaceElsewhere``, nothing done)."""
-        async with self._claiming.setdefault(namespace, trio.Lock()):
-            claim = await self.leases.claim(namespace)
-            if claim.holder is not None:
-                raise NamespaceElsewhere(namespace, claim.holder)
-            if claim.taken_over:
-                await self._fail_orphans(namespace)
+        lock = self._claiming.setdefault(namespace, trio.Lock())
+        try:
+            async with lock:
+                claim = await self.leases.claim(namespace)
+                if claim.holder is not None:
+                    raise NamespaceElsewhere(namespace, claim.holder)
+                if claim.taken_over:
+                    await self._fail_orphans(namespace)
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting:  # kept only while someone needs it
+                self._claiming.pop(namespace, None)
 
     async def recover(self) -> None:
         """At start-up: take over the namespaces where tasks were left running and no live supervisor holds the
@@ -124,21 +129,20 @@ class Leasing:
         """Namespaces with tasks active in the store that this supervisor does not run, or approvals pending for
         such tasks."""
         namespaces: set[str] = set()
-        for record in await self.store.list_active_tasks():
-            if self._runs.active(record.task_id) is None:
-                namespaces.add((await self.store.get_session(record.session_id)).namespace)
+        orphaned_sessions = {record.session_id for record in await self.store.list_active_tasks()
+                             if self._runs.active(record.task_id) is None}
+        for session_id in sorted(orphaned_sessions):
+            namespaces.add((await self.store.get_session(session_id)).namespace)
         for approval in await self.store.list_approvals(state="pending"):
             if self._runs.active(approval.task_id) is None:
                 namespaces.add(approval.namespace)
         return sorted(namespaces)
 
     async def _fail_orphans(self, namespace: str) -> None:
-        for record in await self.store.list_active_tasks():
+        for record in await self.store.list_active_tasks(namespace):
             if self._runs.active(record.task_id) is not None:
                 continue
             session = await self.store.get_session(record.session_id)
-            if session.namespace != namespace:
-                continue
             failed = TaskFailed(code=TaskFailureCode.SUPERVISOR_RESTARTED, retryable=True,
                                 message="the supervisor running this task stopped (or lost the namespace); its "
                                         "worker went with it")

@@ -134,12 +134,15 @@ def select_tasks(conn: Db, session_id: str) -> list[TaskRecord]:
     return [_task(row) for row in rows]
 
 
-def select_active_tasks(conn: Db) -> list[TaskRecord]:
-    """Tasks still pending or running, oldest first (after a restart: tasks whose supervisor died)."""
-    rows = conn.execute(
-        f"SELECT {_TASK_COLUMNS} FROM tasks WHERE state IN ('pending', 'running') ORDER BY created_at, rowid"
-    ).fetchall()
-    return [_task(row) for row in rows]
+def select_active_tasks(conn: Db, namespace: str | None = None) -> list[TaskRecord]:
+    """Tasks still pending or running (in the namespace's sessions), oldest first (after a restart or a takeover:
+    tasks whose supervisor died)."""
+    sql = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE state IN ('pending', 'running')"
+    args: list[Any] = []
+    if namespace is not None:
+        sql += " AND session_id IN (SELECT session_id FROM sessions WHERE namespace = ?)"
+        args.append(namespace)
+    return [_task(row) for row in conn.execute(sql + " ORDER BY created_at, rowid", args).fetchall()]
 
 
 def select_events(conn: Db, session_id: str, after_seq: int, limit: int,

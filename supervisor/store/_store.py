@@ -332,9 +332,9 @@ class EventStore(Recorder):
         write's cause is over."""
         await self._write("probing the store with a write", _sql.rewrite_probe_row)
 
-    async def list_active_tasks(self) -> list[TaskRecord]:
-        """Every task still pending or running, in any session."""
-        return await self._read("listing active tasks", _sql.select_active_tasks)
+    async def list_active_tasks(self, namespace: str | None = None) -> list[TaskRecord]:
+        """Every task still pending or running, in any session (or in the namespace's)."""
+        return await self._read("listing active tasks", partial(_sql.select_active_tasks, namespace=namespace))
 
     async def list_tasks(self, session_id: str) -> list[TaskRecord]:
         """The session's tasks, oldest first."""

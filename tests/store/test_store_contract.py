@@ -360,13 +360,17 @@ async def test_read_types_and_last_event_of_type(recorder: Recorder) -> None:
 
 async def test_active_tasks_across_sessions_oldest_first(recorder: Recorder) -> None:
     with trio.fail_after(10):
-        for sid in ("s1", "s2", "s3"):
-            await recorder.create_session(sid, runtime="scripted")
+        for sid, namespace in (("s1", "user:a"), ("s2", "user:b"), ("s3", "user:a"), ("s4", "user:a")):
+            await recorder.create_session(sid, runtime="scripted", namespace=namespace)
         await recorder.create_task("s1", "t1", state=TaskState.RUNNING)
         await recorder.create_task("s2", "t2")
         await recorder.create_task("s3", "t3")
         await recorder.update_task("t3", state=TaskState.STOPPED)
-        assert [t.task_id for t in await recorder.list_active_tasks()] == ["t1", "t2"]
+        await recorder.create_task("s4", "t4")
+        assert [t.task_id for t in await recorder.list_active_tasks()] == ["t1", "t2", "t4"]
+        assert [t.task_id for t in await recorder.list_active_tasks("user:a")] == ["t1", "t4"]
+        assert [t.task_id for t in await recorder.list_active_tasks("user:b")] == ["t2"]
+        assert await recorder.list_active_tasks("user:nobody") == []
 
 
 def _approval(approval_id: str, namespace: str = "default") -> ApprovalRecord:

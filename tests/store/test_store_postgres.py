@@ -23,6 +23,7 @@ from supervisor.store import (
 from supervisor.store._pg_schema import LATEST
 
 from ..postgres import PostgresServer
+from ..seeds import Seed
 from .store_helpers import delta, session_created
 
 #: A subscriber that would wait this long before reading on its own: only a notice can wake it within a test.
@@ -124,12 +125,13 @@ async def test_stores_appending_to_one_session_at_once_get_gap_free_seqs(postgre
             assert await a.last_seq("s1") == len(seqs)
 
 
+RACE_SEED = Seed.from_env("CODESDK_TASK_END_RACE_SEED")
+
+
 async def test_two_stores_ending_one_task_at_once_store_one_terminal_event(postgres_url: str) -> None:
     """A task ended by two supervisors at the same moment (one failing it after a takeover, one completing it):
     exactly one terminal event is stored, with its state; the other gets InvalidTransition and stores nothing."""
-    seed = random.randrange(2**32)
-    rng = random.Random(seed)
-    with trio.fail_after(120):
+    with RACE_SEED.rng() as rng, trio.fail_after(120):
         async with open_postgres(postgres_url) as a, open_postgres(postgres_url) as b:
             for round_ in range(20):
                 session_id, task_id = f"s{round_}", f"t{round_}"
@@ -139,7 +141,7 @@ async def test_two_stores_ending_one_task_at_once_store_one_terminal_event(postg
 
                 async def end(store: EventStore, name: str, state: TaskState, session_id: str = session_id,
                               task_id: str = task_id, outcomes: dict[str, str] = outcomes) -> None:
-                    await trio.sleep(rng.random() / 1000)
+                    await trio.sleep(rng.random() / 1000)  # who goes first varies; either way one ends it
                     draft = delta(f"the end by {name}", session_id=session_id, task_id=task_id)
                     try:
                         await store.append(session_id, [draft],
@@ -151,9 +153,9 @@ async def test_two_stores_ending_one_task_at_once_store_one_terminal_event(postg
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(end, a, "a", TaskState.COMPLETED)
                     nursery.start_soon(end, b, "b", TaskState.FAILED)
-                assert sorted(outcomes.values()) == ["ended", "refused"], f"seed {seed}, round {round_}: {outcomes}"
+                assert sorted(outcomes.values()) == ["ended", "refused"], f"round {round_}: {outcomes}"
                 events = await b.read(session_id)
-                assert len(events) == 1, f"seed {seed}, round {round_}"
+                assert len(events) == 1, f"round {round_}"
                 task = await b.get_task(task_id)
                 winner = next(name for name, outcome in outcomes.items() if outcome == "ended")
                 assert task.state is (TaskState.COMPLETED if winner == "a" else TaskState.FAILED)
