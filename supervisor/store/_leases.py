@@ -186,7 +186,11 @@ class PostgresLeases:
         if not lease_s > 0:
             raise ValueError(f"a lease lasts more than 0 seconds, not {lease_s}")
         leases = cls(PostgresDb(url, location, origin="leases"), lease_s)
-        await leases._run("registering this supervisor", leases._register)
+        try:
+            await leases._run("registering this supervisor", leases._register)
+        except BaseException:
+            leases._db.close()
+            raise
         return leases
 
     async def _run(self, where: str, function: Any, *args: Any) -> Any:
@@ -226,27 +230,30 @@ class PostgresLeases:
         return claim
 
     def _claim(self, namespace: str) -> Claim:
-        """One statement: insert the lease, or take it over where it expired (or is already ours)."""
-        row = self._db.execute(
-            "INSERT INTO namespace_leases AS l (namespace, supervisor_id, expires_at, taken_at) "
-            "VALUES (?, ?, now() + make_interval(secs => ?), now()) "
-            "ON CONFLICT (namespace) DO UPDATE SET supervisor_id = excluded.supervisor_id, "
-            "expires_at = excluded.expires_at, taken_at = excluded.taken_at, epoch = l.epoch + 1 "
-            "WHERE l.expires_at < now() OR l.supervisor_id = excluded.supervisor_id "
-            "RETURNING epoch", (namespace, self.supervisor_id, self.lease_s)).fetchall()
-        if row:
-            return Claim(taken_over=True)
-        for supervisor_id, host, pid, api in self._db.execute(
-                "SELECT s.supervisor_id, s.host, s.pid, s.api FROM namespace_leases l "
-                "JOIN supervisors s USING (supervisor_id) WHERE l.namespace = ?", (namespace,)):
-            return Claim(holder=Holder(supervisor_id, host, int(pid), tuple(json.loads(api))))
+        """One statement: insert the lease, or take it over where it expired (or is already ours); else say who
+        holds it. A holder that gave it up between the two is asked about once more."""
+        for _ in range(2):
+            row = self._db.execute(
+                "INSERT INTO namespace_leases AS l (namespace, supervisor_id, expires_at, taken_at) "
+                "VALUES (?, ?, now() + make_interval(secs => ?), now()) "
+                "ON CONFLICT (namespace) DO UPDATE SET supervisor_id = excluded.supervisor_id, "
+                "expires_at = excluded.expires_at, taken_at = excluded.taken_at, epoch = l.epoch + 1 "
+                "WHERE l.expires_at < now() OR l.supervisor_id = excluded.supervisor_id "
+                "RETURNING epoch", (namespace, self.supervisor_id, self.lease_s)).fetchall()
+            if row:
+                return Claim(taken_over=True)
+            for supervisor_id, host, pid, api in self._db.execute(
+                    "SELECT s.supervisor_id, s.host, s.pid, s.api FROM namespace_leases l "
+                    "JOIN supervisors s USING (supervisor_id) WHERE l.namespace = ?", (namespace,)):
+                return Claim(holder=Holder(supervisor_id, host, int(pid), tuple(json.loads(api))))
         raise StoreError(f"namespace {namespace!r} is leased to a supervisor that is not registered")
 
     async def renew(self) -> Renewal:
         began = trio.current_time()
+        asked = frozenset(self._held)  # a claim that lands while this renewal waits is not this renewal's to judge
         try:
             held: set[str] = await self._run("renewing this supervisor's namespace leases", self._renew,
-                                             sorted(self._held))
+                                             sorted(asked))
         except StoreError as exc:
             self.failure = str(exc)
             lost = self.forfeit()  # past the deadline others may take them: let go first
@@ -255,7 +262,7 @@ class PostgresLeases:
             raise
         self.failure = None
         self._last_renewal_began = began
-        lost = frozenset(self._held - held)
+        lost = asked - held
         self._held -= lost
         return Renewal(frozenset(self._held), lost)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ._db import Rows
 from ._errors import DatabaseError, StoreClosed, StoreError, translate
@@ -44,9 +44,11 @@ def check_url(url: str) -> str:
     """``url`` if psycopg can read it, else ``StoreError`` (naming it without its password)."""
     try:
         conninfo_to_dict(url)
-    except psycopg.ProgrammingError as exc:
-        raise StoreError(f"{redacted(url)} is not a PostgreSQL URL psycopg can read ({_first_line(exc)}); expected "
-                         "postgresql://USER[:PASSWORD]@HOST[:PORT]/DBNAME or ?host=/socket/dir") from None
+    except psycopg.ProgrammingError:
+        # (not libpq's reason: it quotes the token it could not read, which may be the password)
+        raise StoreError(f"{redacted(url)} is not a PostgreSQL URL psycopg can read (look for a stray '%' or space, "
+                         "or an IPv6 host without [brackets]); expected postgresql://USER[:PASSWORD]@HOST[:PORT]/DBNAME "
+                         "or ?host=/socket/dir") from None
     return url
 
 
@@ -138,8 +140,16 @@ class PostgresDb:
             self._conn = None
 
 
+#: How a TCP connection to the server that went dead (a host lost, a network cut) is noticed, where the URL does not
+#: say otherwise: keepalive probes on an idle connection, and a bound on data the server leaves unacknowledged.
+#: Without them a call waits forever in its thread, which trio cannot cancel. (Unix sockets ignore them.)
+DEAD_PEER_PARAMS = {"keepalives": "1", "keepalives_idle": "5", "keepalives_interval": "2", "keepalives_count": "3",
+                    "tcp_user_timeout": "15000"}
+
+
 def connect(url: str) -> psycopg.Connection[Any]:
-    return psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+    params = {**DEAD_PEER_PARAMS, **conninfo_to_dict(url)}
+    return psycopg.connect(make_conninfo("", **params), autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
                            application_name="codesdk-supervisor")
 
 
@@ -177,7 +187,7 @@ def translate_pg(exc: BaseException, where: str, location: str) -> BaseException
     else:
         hint = "unexpected PostgreSQL error"
         storage_fault = False
-    error = DatabaseError(f"{where}: {hint} (postgresql: {_first_line(exc)})", storage_fault=storage_fault)
+    error = DatabaseError(f"{where}: {hint} (postgresql: {first_line(exc)})", storage_fault=storage_fault)
     error.__cause__ = exc
     return error
 
@@ -194,5 +204,5 @@ def _connect_state(exc: psycopg.Error) -> str:
     return ""
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

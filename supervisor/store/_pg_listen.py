@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
+import selectors
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 import trio
 
-from ._pg import CHANNEL, connect
+from ._pg import CHANNEL, connect, first_line
 from ._subscribe import Hub
 
 log = logging.getLogger("codesdk.supervisor.store")
@@ -69,12 +69,15 @@ class Listener:
                         self.listening, backoff = True, MIN_BACKOFF_S
                         self._to_trio(token, self._hub.nudge_all)  # what was committed while we were not listening
                         self._receive(conn, token)
+                except trio.RunFinishedError:
+                    return
                 except psycopg.Error as exc:
                     if self.listening:
                         log.warning("lost the notification connection to %s (%s); subscribers poll until it is "
-                                    "back", self._location, (str(exc).strip().splitlines() or [repr(exc)])[0])
-                except trio.RunFinishedError:
-                    return
+                                    "back", self._location, first_line(exc))
+                except Exception:  # a wake-up service: whatever breaks it, subscribers poll, and it tries again
+                    log.exception("the notification listener for %s failed; subscribers poll until it is back",
+                                  self._location)
                 self.listening = False
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
@@ -83,17 +86,23 @@ class Listener:
 
     def _receive(self, conn: psycopg.Connection[Any], token: trio.lowlevel.TrioToken) -> None:
         """Wait on the connection's socket and the stop pipe together; hand each round's sessions to trio."""
-        while not self._stop.is_set():
-            readable, _, _ = select.select([conn.fileno(), self._wake_r], [], [])
-            if self._wake_r in readable:
-                return
-            sessions: set[str] = set()
-            for notice in conn.notifies(timeout=0):  # what has arrived; raises if the connection is gone
-                origin, _, session_id = notice.payload.partition(" ")
-                if origin != self._origin and self._hub.count(session_id):  # a dict lookup: safe from this thread
-                    sessions.add(session_id)
-            if sessions:
-                self._to_trio(token, self._nudge, sessions)
+        with selectors.DefaultSelector() as selector:  # (select.select fails for a descriptor past 1023)
+            selector.register(conn.fileno(), selectors.EVENT_READ)
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            while not self._stop.is_set():
+                if any(key.fd == self._wake_r for key, _ in selector.select()):
+                    return
+                self._hand_over(conn, token)
+
+    def _hand_over(self, conn: psycopg.Connection[Any], token: trio.lowlevel.TrioToken) -> None:
+        """Hand the sessions of the notices that have arrived to trio, those someone here follows."""
+        sessions: set[str] = set()
+        for notice in conn.notifies(timeout=0):  # what has arrived; raises if the connection is gone
+            origin, _, session_id = notice.payload.partition(" ")
+            if origin != self._origin and self._hub.count(session_id):  # a dict lookup: safe from this thread
+                sessions.add(session_id)
+        if sessions:
+            self._to_trio(token, self._nudge, sessions)
 
     def _nudge(self, sessions: set[str]) -> None:
         for session_id in sessions:

@@ -31,7 +31,7 @@ from protocol import upcasters as this_builds_upcasters
 from ._errors import StoreError
 from ._lock import DataDirLock
 from ._readers import ReaderPool, close_all
-from ._store import POLL_INTERVAL_S, EventStore, lock_data_dir, running
+from ._store import EventStore, lock_data_dir, running
 from ._subscribe import Hub
 from ._writer import Writer
 
@@ -39,6 +39,11 @@ from ._writer import Writer
 def is_postgres_url(location: object) -> bool:
     """Whether ``--store`` names a PostgreSQL database rather than a data dir."""
     return isinstance(location, str) and location.startswith(("postgresql://", "postgres://"))
+
+
+#: Seconds an idle subscriber waits for a notice before it reads anyway. Notices wake it (and every subscriber
+#: when the listener reconnects): the reads are only the fallback, so they need not cost the database often.
+PG_POLL_INTERVAL_S = 5.0
 
 
 @asynccontextmanager
@@ -50,7 +55,7 @@ async def open_postgres(
     subscriber_buffer: int = 1024,
     page_size: int = 500,
     upcasters: UpcasterRegistry = this_builds_upcasters,
-    poll_interval_s: float = POLL_INTERVAL_S,
+    poll_interval_s: float = PG_POLL_INTERVAL_S,
     data_dir: Path | None = None,
     holder: str = "a CodeSDK event store writer",
 ) -> AsyncIterator[EventStore]:

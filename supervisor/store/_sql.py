@@ -395,8 +395,8 @@ _BLOB_REF = re.compile(r"sha256:[0-9a-f]{64}")
 
 def batch_bytes(conn: Db, events: Sequence[PreparedEvent], inline: Mapping[str, bytes]) -> int:
     """What storing ``events`` costs: their bodies (UTF-8), the small blobs committed with them (``inline``: ref ->
-    bytes), and the blob files they name (each once per batch; refs that name no blob, like input hashes, cost
-    nothing)."""
+    bytes), and the stored blobs they name (each once per batch, however it was stored — put on its own, or carried
+    by an earlier batch; refs that name no blob, like input hashes, cost nothing)."""
     total = sum(len(e.body) if e.body.isascii() else len(e.body.encode()) for e in events)
     total += sum(len(data) for data in inline.values())
     refs: set[str] = set()
@@ -408,7 +408,7 @@ def batch_bytes(conn: Db, events: Sequence[PreparedEvent], inline: Mapping[str, 
     for start in range(0, len(named), 500):
         chunk = named[start:start + 500]
         total += int(conn.scalar(
-            f"SELECT COALESCE(SUM(size), 0) FROM blobs WHERE content IS NULL AND ref IN ({','.join('?' * len(chunk))})",
+            f"SELECT COALESCE(SUM(size), 0) FROM blobs WHERE ref IN ({','.join('?' * len(chunk))})",
             chunk))
     return total
 

@@ -3,10 +3,13 @@ expiry and takeover, and a holder cut off from the database letting go before an
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 import trio
+import trio.testing
 
-from supervisor.store import Claim, PostgresLeases, StoreError, open_postgres
+from supervisor.store import Claim, PostgresLeases, Renewal, StoreError, open_postgres
 from supervisor.store._pg import redacted
 
 #: Short enough that expiry comes within a test; the waits are for conditions, never for this long.
@@ -135,3 +138,43 @@ async def test_only_expired_leases_are_dropped(postgres_url: str) -> None:
         finally:
             for leases in (gone, live, other):
                 await leases.aclose()
+
+
+def _waiting_on_a_lock(url: str) -> bool:
+    with psycopg.connect(url) as conn:
+        return bool(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                 "AND datname = current_database()").fetchone()[0])  # type: ignore[index]
+
+
+async def test_a_claim_that_lands_while_a_renewal_waits_is_not_taken_for_lost(postgres_url: str) -> None:
+    """A renewal judges only the leases it asked about: one claimed while it waited for the connection is kept
+    (else the engine would let the namespace's new worker go, and later fail its task as an orphan)."""
+    with trio.fail_after(60):
+        a = await leases_on(postgres_url)
+        blocker: psycopg.Connection[Any] = await trio.to_thread.run_sync(lambda: psycopg.connect(postgres_url))
+        try:
+            await a.claim("user:early")
+            await trio.to_thread.run_sync(blocker.execute, "LOCK TABLE namespace_leases IN ACCESS EXCLUSIVE MODE")
+            outcome: dict[str, object] = {}
+
+            async def claim() -> None:
+                outcome["claim"] = await a.claim("user:late")  # waits on the lock, holding the connection
+
+            async def renew() -> None:
+                outcome["renewal"] = await a.renew()  # asks about user:early only, then waits for the connection
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(claim)
+                while not await trio.to_thread.run_sync(_waiting_on_a_lock, postgres_url):
+                    await trio.sleep(0.02)
+                nursery.start_soon(renew)
+                await trio.testing.wait_all_tasks_blocked()
+                await trio.to_thread.run_sync(blocker.rollback)  # the claim goes through, then the renewal
+            assert outcome["claim"] == Claim(taken_over=True)
+            renewal = outcome["renewal"]
+            assert isinstance(renewal, Renewal) and not renewal.lost
+            assert renewal.held == {"user:early", "user:late"}
+            assert (await a.renew()).held == {"user:early", "user:late"}
+        finally:
+            await trio.to_thread.run_sync(blocker.close)
+            await a.aclose()

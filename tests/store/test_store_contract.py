@@ -6,6 +6,7 @@ backend passes exactly what the SQLite store passes. What is particular to SQLit
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -436,6 +437,25 @@ async def test_quotas_refuse_whole_appends_and_new_tasks(recorder: Recorder) -> 
         assert (busy.value.quota, busy.value.code) == ("namespace_tasks", "too_many_tasks")
         assert [t.task_id for t in await recorder.list_active_tasks()] == ["t2"]
         await recorder.create_task("s3", "t3")  # without quotas nothing is counted
+
+
+async def test_a_blob_costs_its_size_in_every_batch_that_names_it(recorder: Recorder) -> None:
+    """Stored bytes count the blobs a batch names, whichever way they were stored (put on their own, or carried
+    by an earlier batch): on every backend, so that no blob gets past a byte quota."""
+    with trio.fail_after(10):
+        quotas = Quotas(session_bytes=20_000)
+        await recorder.create_session("s1", runtime="scripted")
+        put = await recorder.put_blob(b"p" * 12_000, "text/plain")
+        carried_data = b"c" * 12_000
+        carried = f"sha256:{hashlib.sha256(carried_data).hexdigest()}"
+        await recorder.append("s1", [delta(f"carries {carried}")], blobs={carried: (carried_data, "text/plain")},
+                              quotas=quotas)  # ~12 KB, once
+        for named in (put, carried):
+            with pytest.raises(QuotaExceeded) as refused:
+                await recorder.append("s1", [delta(f"names {named}")], quotas=quotas)
+            assert refused.value.quota == "session_bytes", named
+        assert await recorder.last_seq("s1") == 1
+        await recorder.append("s1", [delta("small")], quotas=quotas)
 
 
 async def test_a_healthy_writer_reports_no_failure(recorder: Recorder) -> None:
