@@ -145,10 +145,11 @@ class _Follow:
     terminal event came, the service's last ``error`` frame, and how long to wait before the next connection —
     none once ``MAX_RECONNECTS`` + 1 connections in a row brought nothing new."""
 
-    def __init__(self, session_id: str, after_seq: int, until_terminal: bool) -> None:
+    def __init__(self, session_id: str, after_seq: int, until_terminal: bool, task_id: str | None = None) -> None:
         self.session_id = session_id
         self.last = after_seq
         self.until_terminal = until_terminal
+        self.task_id = task_id
         self.finished = False
         self.failure: dict[str, Any] | None = None
         self._fruitless = -1  # connections in a row that ended without a new event (-1: none made yet)
@@ -189,6 +190,8 @@ class _Follow:
         if event.seq <= self.last:
             return None
         self.last = event.seq
+        if self.task_id is not None and event.trace.task_id != self.task_id:
+            return None  # another task's (an orphan's end, stored when the namespace was taken over)
         self.finished = self.until_terminal and event.type in TERMINAL_EVENT_TYPES
         return event
 
@@ -358,13 +361,13 @@ class AsyncClient:
             raise ServiceUnreachable(self._where, exc) from exc
         return written
 
-    async def stream(self, session_id: str, *, after_seq: int = 0,
-                     until_terminal: bool = False) -> AsyncIterator[NormalizedEvent]:
+    async def stream(self, session_id: str, *, after_seq: int = 0, until_terminal: bool = False,
+                     task_id: str | None = None) -> AsyncIterator[NormalizedEvent]:
         """The session's events after ``after_seq``, live; resumes by Last-Event-ID when the connection drops, or
         when the service ends the stream early (its store failing: an ``error`` frame says so), a little later each
         time. ``ApiError`` (``stream_lost``, or the service's last error) once ``MAX_RECONNECTS`` + 1 connections in a
-        row brought nothing new."""
-        follow = _Follow(session_id, after_seq, until_terminal)
+        row brought nothing new. ``task_id``: only that task's events, and (``until_terminal``) up to its own end."""
+        follow = _Follow(session_id, after_seq, until_terminal, task_id)
         while (delay := follow.next_connection()) is not None:
             await anyio.sleep(delay)
             params, headers = follow.request()
@@ -395,8 +398,10 @@ class AsyncClient:
         before = (await self.get_session(session_id)).get("last_seq", 0)
         if approver is not None:
             task_args["interactive"] = True
-        await self.start_task(session_id, prompt, **task_args)
-        async for event in self.stream(session_id, after_seq=before, until_terminal=True):
+        task = await self.start_task(session_id, prompt, **task_args)
+        # this task's events only: starting it may first end a task left running there (a namespace taken over
+        # from a supervisor that is gone), whose end is not this one's
+        async for event in self.stream(session_id, after_seq=before, until_terminal=True, task_id=task["task_id"]):
             yield event
             if approver is not None and event.type == EventType.APPROVAL_REQUESTED:
                 allow, reason = await approver(event)
@@ -487,9 +492,10 @@ class Client:
         page = self._call("GET", f"/v1/sessions/{_q(session_id)}/events", params={"after_seq": after_seq, "limit": limit})
         return [NormalizedEvent.model_validate(e) for e in page["events"]]
 
-    def stream(self, session_id: str, *, after_seq: int = 0, until_terminal: bool = False) -> Iterator[NormalizedEvent]:
+    def stream(self, session_id: str, *, after_seq: int = 0, until_terminal: bool = False,
+               task_id: str | None = None) -> Iterator[NormalizedEvent]:
         """As ``AsyncClient.stream``: resumes where it left off when the connection drops or the service ends it."""
-        follow = _Follow(session_id, after_seq, until_terminal)
+        follow = _Follow(session_id, after_seq, until_terminal, task_id)
         while (delay := follow.next_connection()) is not None:
             time.sleep(delay)
             params, headers = follow.request()

@@ -27,10 +27,11 @@ from codesdk import ApiError, AsyncClient, Client, ServiceUnreachable
 SESSION = "s1"
 
 
-def _event(seq: int, terminal: bool = False) -> dict[str, Any]:
+def _event(seq: int, terminal: bool = False, task: str | None = None) -> dict[str, Any]:
     payload = {"stop_reason": "end_turn"} if terminal else {"block_id": "b1", "delta": f"d{seq}", "index": seq - 1}
+    trace = {"session_id": SESSION} | ({"task_id": task} if task else {})
     return {"seq": seq, "time": "2026-01-01T00:00:00Z", "type": "task.completed" if terminal else "model.output.delta",
-            "trace": {"session_id": SESSION}, "runtime": {"name": "scripted"}, "payload": payload}
+            "trace": trace, "runtime": {"name": "scripted"}, "payload": payload}
 
 
 def _frames(items: list[dict[str, Any]]) -> Iterator[bytes]:
@@ -148,3 +149,13 @@ async def test_following_a_service_that_is_not_there_fails_at_once(tmp_path: Pat
             await _follow_async(tmp_path / "nobody.sock")
     # (the sync client takes the same path; not driven here, as its HTTP library leaves the socket of a failed
     # unix connect to the garbage collector, which pytest reports as a warning of whichever test comes next)
+
+
+async def test_following_one_task_passes_over_another_tasks_end(scripted: ScriptedService) -> None:
+    """The end of a task left running by a supervisor that is gone may be stored just before the new task starts
+    (the namespace taken over): following the new task goes past it, up to the new task's own end."""
+    scripted.script = [[_event(1, terminal=True, task="t-orphan")],  # the service's until_terminal ends here
+                       [_event(2, task="t-new"), _event(3, terminal=True, task="t-new")]]
+    with trio.fail_after(30):
+        for seqs, resumed_from in await _both(scripted, until_terminal=True, task_id="t-new"):
+            assert seqs == [2, 3] and resumed_from == ["0", "1"]
