@@ -24,7 +24,7 @@ from urllib.parse import quote
 import anyio
 import httpx2 as httpx
 
-from protocol import TERMINAL_EVENT_TYPES, ApprovalRequested, EventType, NormalizedEvent
+from codesdk.protocol import TERMINAL_EVENT_TYPES, ApprovalRequested, EventType, NormalizedEvent
 
 #: Answers one ``approval.requested`` event: allow or not, and why (shown to the runtime on a denial).
 EventApprover = Callable[[NormalizedEvent], Awaitable[tuple[bool, str]]]

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.store import raw_rates
 
-from protocol import EventType, RuntimeInfo
-from supervisor.store import EventDraft, EventStore
+from codesdk.protocol import EventType, RuntimeInfo
+from codesdk.supervisor.store import EventDraft, EventStore
 
 RUNTIME = RuntimeInfo(name="scripted")
 

@@ -40,10 +40,10 @@ from typing import IO, TYPE_CHECKING, Any
 
 import trio
 
-from protocol import HASH_PREFIX, is_hash
+from codesdk.protocol import HASH_PREFIX, is_hash
 
 from .config import ADMIN_TOKEN_FILE
-from .namespace_env import NamespaceEnv
+from .namespaces._variables import NamespaceEnv
 from .store import BlobNotFound, StoreReader
 
 if TYPE_CHECKING:
@@ -231,7 +231,7 @@ async def sources_from_engine(engine: Engine, session_id: str, *, extra_patterns
     """Everything a running engine knows about ``session_id`` and its namespace (no worker is started).
 
     ``UnknownSession`` if there is no such session."""
-    from protocol import PROTOCOL_VERSION
+    from codesdk.protocol import PROTOCOL_VERSION
 
     store = engine.store
     session = await store.get_session(session_id)

@@ -14,17 +14,17 @@ from typing import Any
 import psutil
 import pytest
 
-from supervisor.app import SupervisorOptions, open_engine
-from supervisor.engine import Engine
+from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
+from codesdk.supervisor.engine import Engine
 
-from .postgres import PostgresServer
-from .postgres import unavailable as postgres_unavailable
-from .worker.harness import REPO
+from tests.postgres import PostgresServer
+from tests.postgres import unavailable as postgres_unavailable
+from tests.worker.harness import REPO
 
 #: pytester: the test kit's plugin is tested by running pytest on a user's test file (tests/kit).
 pytest_plugins = ["pytester"]
 
-SCENARIOS = str(REPO / "fixtures" / "scenarios")
+SCENARIOS = str(REPO / "worker" / "adapters" / "scripted" / "scenarios")
 #: Recorded runtime streams (``--record-streams``) and the golden events their replays must give.
 STREAMS = REPO / "fixtures" / "streams"
 GOLDEN = REPO / "tests" / "golden"

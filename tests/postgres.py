@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from .waits import wait_for
+from tests.waits import wait_for
 
 #: The uid:gid the server runs as when the tests run as root ("nobody" on Debian; no files of its own anywhere).
 SERVER_UID = 65534

@@ -3,7 +3,7 @@ skip where it is missing."""
 
 from __future__ import annotations
 
-from supervisor.tools import SandboxProber, SandboxTools
+from codesdk.supervisor.tools import SandboxProber, SandboxTools
 
 NO_BWRAP = "bubblewrap is not installed or cannot run here (Debian: apt-get install bubblewrap; .ci/run installs it)"
 

@@ -17,9 +17,9 @@ import pytest
 
 from fixtures.fake_anthropic import FakeAnthropic
 from fixtures.fake_anthropic.scenario import PROMPT_TOO_LONG, Reply, decide
-from protocol import Message, runtime_prompt
+from codesdk.protocol import Message, runtime_prompt
 
-from .waits import wait_for
+from tests.waits import wait_for
 
 TIMEOUT = 10.0
 TOOLS = [{"name": "Read", "input_schema": {"type": "object"}},

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from fixtures.fake_anthropic import FakeAnthropic, chat_completions, gemini
 from fixtures.fake_anthropic.scenario import RESULT_CUT, resolve_tool
 
-from .waits import wait_for
+from tests.waits import wait_for
 
 TIMEOUT = 10.0
 GEMINI_MODEL = "gemini-2.5-flash"

@@ -14,9 +14,9 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.engine import Engine
-from supervisor.namespace_env import ENV_DIR, MAX_VALUE_BYTES, NamespaceEnv, NamespaceEnvError
-from supervisor.store import TaskState
+from codesdk.supervisor.engine import Engine
+from codesdk.supervisor.namespaces._variables import ENV_DIR, MAX_VALUE_BYTES, NamespaceEnv, NamespaceEnvError
+from codesdk.supervisor.store import TaskState
 
 #: The ``make_engine`` fixture (tests/conftest.py): options in, an open engine out.
 MakeEngine = Callable[..., AbstractAsyncContextManager[Engine]]

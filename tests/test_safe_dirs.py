@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor._safe_dirs import open_dir, walk_tree
-from supervisor.namespaces import Identity
-from supervisor.namespaces._uids import hand_over
+from codesdk.supervisor.namespaces._safe_dirs import open_dir, walk_tree
+from codesdk.supervisor.namespaces import Identity
+from codesdk.supervisor.namespaces._uids import hand_over
 
 
 def _tree(tmp_path: Path) -> tuple[Path, Path]:

@@ -15,7 +15,7 @@ import psutil  # type: ignore[import-untyped]
 import pytest
 import trio
 
-from supervisor.tools import (
+from codesdk.supervisor.tools import (
     ExecPolicy,
     SandboxProber,
     SandboxTools,
@@ -26,10 +26,10 @@ from supervisor.tools import (
     ToolsConfig,
     probe_sandbox,
 )
-from supervisor.tools._sandbox import DEFAULT_EXEC_UID
+from codesdk.supervisor.tools._sandbox import DEFAULT_EXEC_UID
 
-from .sandboxes import NO_BWRAP, FixedProber
-from .seeds import Seed
+from tests.sandboxes import NO_BWRAP, FixedProber
+from tests.seeds import Seed
 
 ALLOW = ("echo", "sh", "sleep", "python3", "env", "pwd", "false")
 EXEC_SEED = Seed.from_env("CODESDK_EXEC_SEED")

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import trio
 
-from protocol import ToolClass, ToolManifest, canonical_hash
-from supervisor.tools import (
+from codesdk.protocol import ToolClass, ToolManifest, canonical_hash
+from codesdk.supervisor.tools import (
     ExecPolicy,
     ReadInput,
     ToolContext,

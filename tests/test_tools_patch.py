@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import trio
 
-from supervisor.tools import (
+from codesdk.supervisor.tools import (
     DiffError,
     HunkMismatch,
     ToolContext,

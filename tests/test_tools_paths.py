@@ -12,9 +12,9 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor import _safe_dirs
-from supervisor.tools import ErrorCode, ToolContext, ToolError, ToolRegistry, confine
-from supervisor.tools._paths import open_dir
+from codesdk.supervisor.namespaces import _safe_dirs
+from codesdk.supervisor.tools import ErrorCode, ToolContext, ToolError, ToolRegistry, confine
+from codesdk.supervisor.tools._paths import open_dir
 
 
 def js(value: object) -> Any:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import trio
 
-from protocol import (
+from codesdk.protocol import (
     EventType,
     InteractionMode,
     PermissionMode,
@@ -23,7 +23,7 @@ from protocol import (
     canonical_hash,
     parse_payload,
 )
-from supervisor.tools import (
+from codesdk.supervisor.tools import (
     POLICY_VERSION,
     ApprovalNeeded,
     ApprovalRequest,

@@ -1,4 +1,5 @@
-"""The CodeSDK worker: hosts runtime adapters and speaks line-delimited JSON-RPC 2.0 on stdio."""
+"""The CodeSDK worker: hosts runtime adapters and speaks line-delimited JSON-RPC 2.0 on stdio.
 
-#: This worker's version, as ``runtime.initialize`` reports it (and the Codex adapter names its client).
-WORKER_VERSION = "0.1.0"
+Imported first by every worker process (and by the bridge process an agent starts): nothing here but a docstring.
+``client`` is the other end: how the supervisor, or a test, starts a worker and speaks to it.
+"""

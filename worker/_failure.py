@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol import ErrorCode, IncomingId, encode_message
+from codesdk.protocol import ErrorCode, IncomingId, encode_message
 
 
 class _Omitted:

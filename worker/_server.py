@@ -20,7 +20,7 @@ from typing import Any
 import trio
 from pydantic import ValidationError
 
-from protocol import (
+from codesdk.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     INVALID_REQUEST_DATA,
     METHOD_TABLE,
@@ -63,7 +63,7 @@ from protocol import (
     parse_request,
 )
 
-from . import WORKER_VERSION
+from codesdk._version import __version__
 from . import _recording as recording
 from ._failure import RpcFailure
 from ._recording import StreamRecorder
@@ -428,7 +428,7 @@ class WorkerServer:
                                        available=availability.available,
                                        unavailable_reason=availability.reason))
         return InitializeResult(protocol_version=PROTOCOL_VERSION, worker=PeerInfo(name=WORKER_NAME,
-                                version=WORKER_VERSION), pid=os.getpid(), runtimes=tuple(offers))
+                                version=__version__), pid=os.getpid(), runtimes=tuple(offers))
 
     def _get_auth_status(self, params: GetAuthStatusParams) -> Reply:
         return Later(self._adapter(params.runtime).auth_status)

@@ -31,7 +31,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-frame-bytes", type=int, default=os.environ.get("CODESDK_MAX_FRAME_BYTES"),
                         help="largest accepted line (default 8 MiB)")
     parser.add_argument("--scenario-dir", type=Path, default=os.environ.get("CODESDK_SCENARIO_DIR"),
-                        help="where the scripted runtime finds scenario files (default: fixtures/scenarios)")
+                        help="where the scripted runtime finds scenario files (default: those shipped with it)")
     parser.add_argument("--log-level", default=os.environ.get("CODESDK_LOG_LEVEL", "INFO"))
     parser.add_argument("--template", action="store_true",
                         help="serve as the pool's worker template: fork workers on request (stdin is a unix socket "
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return conformance_main(command_line[1:], prog="codesdk-worker conformance")
     if command_line[:1] == ["mcp-bridge"]:  # an agent's MCP server (worker/mcp_bridge): stdio is MCP's, not ours
-        from .mcp_bridge._server import main as bridge_main
+        from .mcp.bridge._server import main as bridge_main
 
         return bridge_main(command_line[1:])
     parent = os.getppid()  # the supervisor; see _lifeline
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     import trio  # imported after stdout is claimed: nothing it or its deps print can reach the wire
 
     async def run() -> None:
-        from protocol import DEFAULT_MAX_FRAME_BYTES
+        from codesdk.protocol import DEFAULT_MAX_FRAME_BYTES
 
         from ._lifeline import watch_parent
         from ._server import WorkerServer

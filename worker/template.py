@@ -203,7 +203,7 @@ def _warm() -> None:
     """Import what every worker imports, and build every protocol model now, once, for all of them."""
     from pydantic import BaseModel
 
-    import protocol
+    from codesdk import protocol
 
     from . import _lifeline, _server, main  # noqa: F401 - imported to be shared
     from .adapters import default_registry

@@ -15,7 +15,7 @@ See docs/testing.md.
 
 from __future__ import annotations
 
-from supervisor.workers import ProtocolViolation, RpcError, WorkerStartError
+from codesdk.worker.client import ProtocolViolation, RpcError, WorkerStartError
 
 from ._driver import (
     DEFAULT_TIMEOUT_S,

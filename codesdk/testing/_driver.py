@@ -21,7 +21,7 @@ from typing import Any
 
 import trio
 
-from protocol import (
+from codesdk.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     TERMINAL_EVENT_TYPES,
@@ -35,7 +35,7 @@ from protocol import (
     RuntimeEventParams,
     ToolCallRequested,
 )
-from supervisor.workers import ProtocolViolation, WorkerBroken, WorkerProcess, WorkerSpec, worker_argv
+from codesdk.worker.client import ProtocolViolation, WorkerBroken, WorkerProcess, WorkerSpec, worker_argv
 
 from ._wire import WireLog
 

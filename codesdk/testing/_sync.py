@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from protocol import (
+from codesdk.protocol import (
     PROTOCOL_VERSION,
     ErrorResponse,
     EventType,
@@ -21,7 +21,7 @@ from protocol import (
     Response,
     RuntimeEventParams,
 )
-from supervisor.workers.connection import ProtocolViolation
+from codesdk.worker.client import ProtocolViolation
 
 from ._driver import DEFAULT_TIMEOUT_S, DrivenTask, ToolAnswer, ToolPolicy, WorkerDriver, open_worker
 from ._wire import WireLog

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from protocol import BadFrame
+from codesdk.protocol import BadFrame
 
 #: Lines kept by default (the count of all lines is exact; the log keeps the most recent).
 WIRE_LINES_KEPT = 100_000

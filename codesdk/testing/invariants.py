@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 
-from protocol import (
+from codesdk.protocol import (
     SCHEMA_VERSION,
     TERMINAL_EVENT_TYPES,
     EventType,

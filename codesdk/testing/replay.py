@@ -32,7 +32,7 @@ import trio
 import trio.testing
 from pydantic import ValidationError
 
-from protocol import (
+from codesdk.protocol import (
     PROTOCOL_VERSION,
     TERMINAL_EVENT_TYPES,
     InitializeParams,
@@ -45,12 +45,12 @@ from protocol import (
     StartTaskParams,
     parse_worker_event,
 )
-from supervisor.workers.connection import RpcError, WorkerConnection
-from worker._server import WorkerServer
-from worker.adapters import default_registry
-from worker.adapters._process import MAX_LINE_BYTES, RuntimeProcess, stand_in
-from worker.adapters.base import stored_stand_in
-from worker.mcp_bridge import _endpoint as bridge
+from codesdk.worker.client import RpcError, WorkerConnection
+from codesdk.worker._server import WorkerServer
+from codesdk.worker.adapters import default_registry
+from codesdk.worker.adapters._process import MAX_LINE_BYTES, RuntimeProcess, stand_in
+from codesdk.worker.adapters.base import stored_stand_in
+from codesdk.worker.mcp.bridge import _endpoint as bridge
 
 from .invariants import check_worker_events
 

@@ -24,9 +24,9 @@ from typing import Any
 import trio
 
 from fixtures.fake_anthropic import FakeAnthropic, opencode_config
-from supervisor.app import SupervisorOptions, open_engine
-from supervisor.store import TaskState
-from worker.adapters.acp import AgentProfile, agent_profiles
+from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
+from codesdk.supervisor.store import TaskState
+from codesdk.worker.adapters.acp import AgentProfile, agent_profiles
 
 PROMPT = 'CALL workspace_read {"path": "a.txt"}'
 MINI_MCP_SERVER = Path(__file__).resolve().with_name("mini_mcp_server.py")

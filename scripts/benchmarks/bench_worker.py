@@ -28,7 +28,7 @@ def _bench_adapter() -> Any:
     """Built lazily, after the worker has claimed stdout (as worker.main does for its own imports)."""
     import trio
 
-    from protocol import (
+    from codesdk.protocol import (
         AuthState,
         AuthStatus,
         EventType,
@@ -39,8 +39,8 @@ def _bench_adapter() -> Any:
         ToolCallRequested,
         canonical_hash,
     )
-    from worker._tool_calls import PendingToolCalls, ToolOutcome
-    from worker.adapters.base import RuntimeAdapter, TaskHandle, TaskIO, TaskOutcome
+    from codesdk.worker.adapters._tool_calls import PendingToolCalls, ToolOutcome
+    from codesdk.worker.adapters.base import RuntimeAdapter, TaskHandle, TaskIO, TaskOutcome
 
     class BenchHandle(TaskHandle):
         def __init__(self, params: StartTaskParams, io: TaskIO) -> None:
@@ -104,19 +104,19 @@ def _bench_adapter() -> Any:
 
 
 def main() -> int:
-    import worker.adapters
-    import worker.main
-    from worker.adapters._process import RuntimeAhead
+    import codesdk.worker.adapters
+    import codesdk.worker.main
+    from codesdk.worker.adapters._process import RuntimeAhead
 
-    default_registry = worker.adapters.default_registry
+    default_registry = codesdk.worker.adapters.default_registry
 
     def with_bench(scenario_dir: Path | None = None, ahead: RuntimeAhead | None = None) -> Any:
         registry = default_registry(scenario_dir, ahead)
         registry.add(_bench_adapter())
         return registry
 
-    worker.adapters.default_registry = with_bench  # type: ignore[assignment]  # read by worker.main at run time
-    return worker.main.main()
+    codesdk.worker.adapters.default_registry = with_bench  # type: ignore[assignment]  # read by worker.main at run time
+    return codesdk.worker.main.main()
 
 
 if __name__ == "__main__":

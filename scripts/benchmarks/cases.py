@@ -21,15 +21,15 @@ from typing import Any
 import psutil
 import trio
 
-from protocol import EventType, ModelOutputDelta
-from supervisor._orphans import become_subreaper
-from supervisor.app import SupervisorOptions, open_engine
-from supervisor.engine import Engine
-from supervisor.worker_launch import WorkerLaunch
-from supervisor.workers import WorkerProcess, WorkerSpec, worker_argv
-from supervisor.workers.template import WorkerTemplate
+from codesdk.protocol import EventType, ModelOutputDelta
+from codesdk.procs._orphans import become_subreaper
+from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
+from codesdk.supervisor.engine import Engine
+from codesdk.supervisor.workers.launch import WorkerLaunch
+from codesdk.worker.client import WorkerProcess, WorkerSpec, worker_argv
+from codesdk.supervisor.workers.template import WorkerTemplate
 
-from .common import BENCH_WORKER, SCENARIOS, percentile
+from scripts.benchmarks.common import BENCH_WORKER, SCENARIOS, percentile
 
 WORKER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "CODESDK_SCENARIO_DIR": SCENARIOS}
 DELTA = "x" * 20  # a typical small streamed token or two
@@ -325,7 +325,7 @@ def cold(p: dict[str, Any]) -> list[Any]:
     difference (``real_runtime.case_cold``; like case 7 it runs inside scripts/netns-run or skips with the reason).
     scripts/bench.py runs it as ``--case cold`` once ``"cold"`` is in its CASES and ``"cold": cases.cold`` in its
     RUNNERS."""
-    from . import real_runtime
+    from scripts.benchmarks import real_runtime
 
     return real_runtime.case_cold(p["cold_repeat"])
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-SCENARIOS = str(REPO / "fixtures" / "scenarios")
+SCENARIOS = str(REPO / "worker" / "adapters" / "scripted" / "scenarios")
 BENCH_WORKER = str(Path(__file__).resolve().parent / "bench_worker.py")
 
 

@@ -33,9 +33,9 @@ import trio
 
 from benchmarks.common import timed_command
 from fixtures.fake_anthropic import CLAUDE_OFFLINE_ENV, FakeAnthropic
-from supervisor.app import SupervisorOptions, open_engine
-from supervisor.store import TaskState
-from worker.adapters.claude import _launch
+from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
+from codesdk.supervisor.store import TaskState
+from codesdk.worker.adapters.claude import _launch
 
 PROMPT = 'CALL workspace_read {"path": "a.txt"}'
 TOOL = "workspace_read"
@@ -129,7 +129,7 @@ COLD_GOAL_S = 0.5
 
 def _codesdk_argv() -> list[str]:
     script = Path(sys.executable).with_name("codesdk")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "supervisor.cli_entry"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "codesdk.supervisor.cli.front"]
 
 
 def cold_start(repeat: int) -> dict[str, list[float]]:

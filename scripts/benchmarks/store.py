@@ -17,9 +17,9 @@ from typing import Any
 import apsw
 import trio
 
-from protocol import EventType, RuntimeInfo
-from supervisor.app import SupervisorOptions, open_engine
-from supervisor.store import EventDraft, EventStore, TaskState
+from codesdk.protocol import EventType, RuntimeInfo
+from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
+from codesdk.supervisor.store import EventDraft, EventStore, TaskState
 
 RUNTIME = RuntimeInfo(name="scripted")
 BODY = json.dumps({"schema_version": 1, "time": "2026-01-01T00:00:00Z", "type": "model.output.delta",

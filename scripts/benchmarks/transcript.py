@@ -109,8 +109,8 @@ class PeakMeter:
 async def build(data_dir: Path, events: int) -> dict[str, Any]:
     """The long session (``events`` rounded down to whole turns, plus task.started, model.input and
     task.completed) and a small one of the same shape; what the long one's transcript must be."""
-    from protocol import EventType, RuntimeInfo, Trace
-    from supervisor.store import EventDraft, EventStore, TaskState, TaskUpdate
+    from codesdk.protocol import EventType, RuntimeInfo, Trace
+    from codesdk.supervisor.store import EventDraft, EventStore, TaskState, TaskUpdate
 
     runtime = RuntimeInfo(name="scripted")
     turns = max(1, events // TURN_EVENTS)
@@ -294,9 +294,9 @@ def _serve_main(data_dir: str, sock: str) -> None:
 
     import trio
 
-    from supervisor._sdnotify import Notifier
-    from supervisor.app import SupervisorOptions
-    from supervisor.service import serve
+    from codesdk.supervisor.service._sdnotify import Notifier
+    from codesdk.supervisor.service.assembly import SupervisorOptions
+    from codesdk.supervisor.service.main import serve
 
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
     meter = PeakMeter()

@@ -22,11 +22,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from protocol import BadFrame, EventType, InteractionMode, PermissionMode, TaskStopped, decode_json
+from codesdk.protocol import BadFrame, EventType, InteractionMode, PermissionMode, TaskStopped, decode_json
 
 from ..engine import Engine, NamespaceElsewhere, error_status
 from ..engine._transcript import derive_transcript
-from ..namespace_env import NamespaceEnvError
+from ..namespaces._variables import NamespaceEnvError
 from ..namespaces import InvalidNamespace, Namespace
 from ..store import ApprovalDecided, QuotaExceeded, StoreError, UnknownApproval, UnknownSession, UnknownTask
 from ..store._records import SessionRecord, TaskRecord

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .._private_files import write_private
+from ..namespaces._private_files import write_private
 from ..config import ADMIN_TOKEN_FILE
 from ..namespaces import Namespace
 

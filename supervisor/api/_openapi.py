@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from protocol import NormalizedEvent
+from codesdk.protocol import NormalizedEvent
 
 #: (method, path, summary, request body model or None, success status)
 Operation = tuple[str, str, str, type[BaseModel] | None, int]

@@ -43,7 +43,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import AppWrapper, ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
 
-from ..api_limits import MAX_REFUSING, SEND_CHUNK, ApiLimits
+from .limits import MAX_REFUSING, SEND_CHUNK, ApiLimits
 from ..engine import Engine
 from ._app import KEEPALIVE_S, create_app
 from ._auth import TokenAuth

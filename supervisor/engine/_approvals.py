@@ -14,7 +14,7 @@ from datetime import timedelta
 
 import trio
 
-from protocol import utc_now
+from codesdk.protocol import utc_now
 
 from ..ids import new_id
 from ..store import ApprovalDecided, ApprovalRecord, ApprovalRecords

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from protocol import (
+from codesdk.protocol import (
     ContextReport,
     Message,
     ModelInput,

@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 
-from protocol import EventType, Model, Rpc, StopParams, TaskFailed, TaskFailureCode
+from codesdk.protocol import EventType, Model, Rpc, StopParams, TaskFailed, TaskFailureCode
 
 from ..store import (
     DatabaseError,
@@ -19,7 +19,7 @@ from ..store import (
     TaskState,
     TaskUpdate,
 )
-from ..workers import WorkerError
+from codesdk.worker.client import WorkerError
 from ._ports import WorkerLink
 from ._runs import RunTable, TaskRun
 

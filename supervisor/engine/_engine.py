@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from protocol import (
+from codesdk.protocol import (
     CONTRACT_VERSION,
     INPUT_SHARE,
     CanonicalizationError,
@@ -50,7 +50,7 @@ from protocol import (
     canonical_json,
 )
 
-from .._orphans import end_adopted, reap_orphans_forever
+from codesdk.procs._orphans import end_adopted, reap_orphans_forever
 from ..ids import is_id, new_id
 from ..namespaces import InvalidNamespace, Namespace, make_workspace
 from ..namespaces import WorkspaceRefused as WorkspacePathRefused
@@ -74,10 +74,10 @@ from ..store import (
 )
 from ..store import SessionBusy as StoredSessionBusy
 from ..tools import Approver
-from ..worker_launch import PoolConfig
-from ..workers import InvalidResult, RpcError, WorkerError
+from ..workers.launch import PoolConfig
+from codesdk.worker.client import InvalidResult, RpcError, WorkerError
 from ..workers.pool import WorkerPool
-from ..workers.process import REAP_WAIT_S
+from codesdk.worker.client import REAP_WAIT_S
 from ._approvals import APPROVAL_TIMEOUT_S, ApprovalBroker
 from ._compile import compile_input, context_window
 from ._ending import REQUEST_TIMEOUT_S, TaskEnder

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from protocol import (
+from codesdk.protocol import (
     TERMINAL_EVENT_TYPES,
     CanonicalizationError,
     EventType,

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from protocol import EventType, RuntimeInfo, TaskFailed, TaskFailureCode, Trace
+from codesdk.protocol import EventType, RuntimeInfo, TaskFailed, TaskFailureCode, Trace
 
 from ..store import EventDraft, InvalidTransition, Leases, Recorder, StoreError, TaskState, TaskUpdate
 from ._approvals import ApprovalBroker

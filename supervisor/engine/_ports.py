@@ -14,10 +14,10 @@ from typing import Protocol, TypeVar
 
 import trio
 
-from protocol import ExitStatus, InitializeResult, MethodSpec, Model, RuntimeEventParams, StderrTail
+from codesdk.protocol import ExitStatus, InitializeResult, MethodSpec, Model, RuntimeEventParams, StderrTail
 
-from ..worker_launch import PoolConfig
-from ..workers import WorkerProcess, WorkerSpec
+from ..workers.launch import PoolConfig
+from codesdk.worker.client import WorkerProcess, WorkerSpec
 from ..workers.pool import NamespaceFailing, WorkerPool
 from ._errors import NamespaceUnavailable
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from protocol import EventType, Model, ModelInput, RuntimeInfo, StartTaskParams, ToolCallIdentity, Trace
+from codesdk.protocol import EventType, Model, ModelInput, RuntimeInfo, StartTaskParams, ToolCallIdentity, Trace
 
 from ..store import SessionRecord
 from ..tools import Approver

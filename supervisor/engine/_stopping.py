@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from protocol import (
+from codesdk.protocol import (
     MAX_STOP_GRACE_S,
     CallEnding,
     CallInFlight,
@@ -27,7 +27,7 @@ from protocol import (
 )
 
 from ..store import StoreReader
-from ..workers import RpcError, WorkerError
+from codesdk.worker.client import RpcError, WorkerError
 from ._ports import WorkerLink
 
 log = logging.getLogger("codesdk.supervisor.engine")

@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from protocol import (
+from codesdk.protocol import (
     ApprovalRequested,
     EventType,
     ExecutedBy,

@@ -11,11 +11,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from protocol import Ack, MethodSpec, Model, NormalizedEvent, ToolSpec
+from codesdk.protocol import Ack, MethodSpec, Model, NormalizedEvent, ToolSpec
 
 from ..store import ApprovalRecord, Recorder
 from ..tools import ApprovalRequest, ToolContext, ToolRegistry, ToolResult
-from ..workers import WorkerError
+from codesdk.worker.client import WorkerError
 from ._approvals import ApprovalBroker
 from ._recorder import RunRecorder
 from ._runs import Blobs, PendingEvent, TaskRun

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from protocol import (
+from codesdk.protocol import (
     BlockKind,
     CodeBlock,
     ContentBlock,

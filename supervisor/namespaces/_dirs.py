@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import _safe_dirs
+from . import _safe_dirs
 from ._data_dir import tighten_data_dir
 from ._names import InvalidNamespace, Namespace
 from ._uids import Identity, UidRange, hand_over_dir, namespace_identity

@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from protocol import HASH_PREFIX, is_hash, sha256_hex
+from codesdk.protocol import HASH_PREFIX, is_hash, sha256_hex
 
 from ._errors import BlobCorrupt, BlobNotFound, InvalidBlobRef
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import trio
 
-from protocol import UpcasterRegistry
-from protocol import upcasters as this_builds_upcasters
+from codesdk.protocol import UpcasterRegistry
+from codesdk.protocol import upcasters as this_builds_upcasters
 
 from ._errors import StoreError
 from ._lock import DataDirLock

@@ -11,7 +11,7 @@ from datetime import UTC
 
 from pydantic import ValidationError
 
-from protocol import (
+from codesdk.protocol import (
     EVENT_MODELS,
     PAYLOAD_MODELS,
     SCHEMA_VERSION,

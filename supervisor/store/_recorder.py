@@ -17,7 +17,7 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any, Protocol
 
-from protocol import NormalizedEvent
+from codesdk.protocol import NormalizedEvent
 
 from ._quotas import Quotas
 from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import Field
 
-from protocol import EventType, Model, RuntimeInfo, Trace, WorkerEvent
+from codesdk.protocol import EventType, Model, RuntimeInfo, Trace, WorkerEvent
 
 
 class TaskState(StrEnum):

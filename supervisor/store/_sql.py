@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from protocol import NormalizedEvent, UpcasterRegistry, upcasters
+from codesdk.protocol import NormalizedEvent, UpcasterRegistry, upcasters
 
 from ._db import Db
 from ._errors import (

@@ -14,8 +14,8 @@ from typing import Any, Literal, NoReturn, Protocol, TypeVar
 import apsw
 import trio
 
-from protocol import NormalizedEvent, UpcasterRegistry, canonical_json, sha256_hex, utc_now
-from protocol import upcasters as this_builds_upcasters
+from codesdk.protocol import NormalizedEvent, UpcasterRegistry, canonical_json, sha256_hex, utc_now
+from codesdk.protocol import upcasters as this_builds_upcasters
 
 from ..ids import new_id
 from . import _sql

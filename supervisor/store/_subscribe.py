@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from protocol import NormalizedEvent
+from codesdk.protocol import NormalizedEvent
 
 from ._errors import StoreClosed
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from protocol import utc_now
+from codesdk.protocol import utc_now
 
 
 def to_text(value: datetime) -> str:

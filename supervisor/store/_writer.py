@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar
 
 import trio
 
-from protocol import NormalizedEvent
+from codesdk.protocol import NormalizedEvent
 
 from ._db import Db
 from ._errors import StoreClosed

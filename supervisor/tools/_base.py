@@ -14,7 +14,7 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, JsonValue, field_validator
 
-from protocol import SandboxSummary, ToolClass, ToolSpec
+from codesdk.protocol import SandboxSummary, ToolClass, ToolSpec
 
 PREVIEW_MAX_CHARS = 500
 

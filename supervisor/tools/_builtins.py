@@ -6,7 +6,7 @@ anything else counts as dangerous.
 
 from __future__ import annotations
 
-from protocol import ToolClass, ToolSpec
+from codesdk.protocol import ToolClass, ToolSpec
 
 _CLASSES: dict[str, ToolClass] = {
     # Claude Code

@@ -40,11 +40,11 @@ from types import MappingProxyType
 import trio
 from pydantic import Field, field_validator
 
-from protocol import SandboxSummary, ToolClass
+from codesdk.protocol import SandboxSummary, ToolClass
 
-from .._orphans import end_command
-from .._own_children import owned_child
-from .._safe_dirs import WALK_FLAGS, chmod_entry, walk_tree
+from codesdk.procs._orphans import end_command
+from codesdk.procs._own_children import owned_child
+from ..namespaces._safe_dirs import WALK_FLAGS, chmod_entry, walk_tree
 from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolInput, ToolResult, clip
 from ._paths import workspace_root
 from ._sandbox import (

@@ -13,7 +13,7 @@ from typing import BinaryIO
 import trio
 from pydantic import Field, JsonValue
 
-from protocol import ToolClass
+from codesdk.protocol import ToolClass
 
 from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolInput, ToolResult, workspace_sandbox
 from ._fsops import atomic_write, open_regular

@@ -15,7 +15,7 @@ from pathlib import Path
 import trio
 from pydantic import Field, JsonValue
 
-from protocol import ToolClass
+from codesdk.protocol import ToolClass
 
 from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolInput, ToolResult, workspace_sandbox
 from ._diff import DiffError, FileAction, HunkMismatch, apply_hunks, parse_unified_diff, split_lines

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import _safe_dirs
+from ..namespaces import _safe_dirs
 from ._base import ErrorCode, ToolError
 
 

@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol import (
+from codesdk.protocol import (
     InteractionMode,
     PermissionMode,
     PolicyDecision,

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from protocol import ToolManifest, ToolSpec, canonical_hash
+from codesdk.protocol import ToolManifest, ToolSpec, canonical_hash
 
 from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolResult
 from ._exec import ExecPolicy, make_exec_tool

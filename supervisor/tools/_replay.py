@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol import ToolClass, ToolSpec, canonical_hash
+from codesdk.protocol import ToolClass, ToolSpec, canonical_hash
 
 
 def is_replay_safe(tool_spec: ToolSpec) -> bool:

@@ -192,8 +192,8 @@ async def _works(argv: list[str]) -> tuple[bool, str]:
     be left as a zombie to a supervisor that is a child subreaper."""
     import trio
 
-    from .._orphans import end_command
-    from .._own_children import owned_child
+    from codesdk.procs._orphans import end_command
+    from codesdk.procs._own_children import owned_child
 
     with tempfile.TemporaryFile() as err, owned_child() as own:
         try:

@@ -1,18 +1,6 @@
-"""Worker processes as seen from the supervisor: the JSON-RPC connection, one process, the pool."""
+"""The supervisor's workers: one per namespace (``pool``), launched as ``launch`` composes it — forked by the worker
+template (``template``) or started ahead by the ``codesdk`` command (``launch.Headstart``) — and spoken to through
+``codesdk.worker.client``.
 
-from ..worker_launch import worker_argv
-from .connection import (
-    InvalidResult,
-    ProtocolViolation,
-    RpcError,
-    WorkerBroken,
-    WorkerClosed,
-    WorkerConnection,
-    WorkerError,
-)
-from .process import WorkerProcess, WorkerSpec, WorkerStartError
-
-__all__ = [
-    "InvalidResult", "ProtocolViolation", "RpcError", "WorkerBroken", "WorkerClosed",
-    "WorkerConnection", "WorkerError", "WorkerProcess", "WorkerSpec", "WorkerStartError", "worker_argv",
-]
+Imported by path: ``launch`` stays the standard library only, for the ``codesdk`` command's front.
+"""

@@ -13,18 +13,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 import trio
 
-from protocol import ExitStatus, RuntimeEventParams
-
-from ..namespace_env import NamespaceEnv
-from ..namespaces import Namespace, UidRangeError
-from ..worker_launch import Headstart, PoolConfig, WorkerLaunch, prepare_launch, template_env
-from .process import (
+from codesdk.protocol import ExitStatus, IsolationLevel, IsolationMode, RuntimeEnv, RuntimeEventParams
+from codesdk.worker.client import (
     REAP_WAIT_S,
     RESOURCE_ERRNOS,
     ForkedChild,
@@ -34,8 +30,11 @@ from .process import (
     WorkerSpec,
     check_descriptor_headroom,
     exhausted_message,
-    runtime_env,
 )
+
+from ..namespaces import Namespace, UidRangeError
+from ..namespaces._variables import NamespaceEnv
+from .launch import Headstart, PoolConfig, WorkerLaunch, prepare_launch, template_env
 from .template import TemplateUnavailable, WorkerTemplate
 
 log = logging.getLogger("codesdk.supervisor.pool")
@@ -337,7 +336,7 @@ class WorkerPool:
             raise NamespaceFailing(f"no worker could be started: {why}") from exc
         slot.env_stamp = prepared.env_stamp
         launch = prepared.launch
-        spec = WorkerSpec.of(launch, f"worker[{name}]", runtime_env(slot.namespace, launch.env))
+        spec = worker_spec(launch, f"worker[{name}]", runtime_env(slot.namespace, launch.env))
         try:
             check_descriptor_headroom(f"namespace {name!r}")
         except WorkerResourcesExhausted as exc:  # the host's trouble, not the namespace's: no crash
@@ -455,3 +454,19 @@ class WorkerPool:
                 log.info("namespace %s: worker idle for %.0f s; shutting it down", slot.namespace.name,
                          self.config.idle_timeout_s)
                 await worker.shutdown(self.config.shutdown_grace_s)
+
+
+def worker_spec(launch: WorkerLaunch, name: str, runtime_env: RuntimeEnv | None = None) -> WorkerSpec:
+    """How the worker client starts a worker launched as ``launch``."""
+    return WorkerSpec(argv=launch.argv, env=launch.env, cwd=launch.cwd, name=name, runtime_env=runtime_env,
+                      user=launch.user, group=launch.group, extra_groups=launch.extra_groups)
+
+
+def runtime_env(namespace: Namespace, env: Mapping[str, str]) -> RuntimeEnv:
+    """The safe view sent to the worker: paths and variable names, never values of other variables."""
+    return RuntimeEnv(
+        namespace=namespace.name, isolation=IsolationLevel.NAMESPACED, mode=IsolationMode.SUBPROCESS,
+        home=env["HOME"], xdg_config_home=env["XDG_CONFIG_HOME"], xdg_state_home=env["XDG_STATE_HOME"],
+        xdg_cache_home=env["XDG_CACHE_HOME"], xdg_data_home=env["XDG_DATA_HOME"], tmpdir=env["TMPDIR"],
+        path=env["PATH"], variable_names=tuple(sorted(env)),
+    )

@@ -25,11 +25,11 @@ from functools import partial
 
 import trio
 
-from protocol import ExitStatus
+from codesdk.procs._own_children import disown, owned_child, starting
+from codesdk.protocol import ExitStatus
+from codesdk.worker.client import ForkedChild, StartedWorker
 
-from .._own_children import disown, owned_child, starting
-from ..worker_launch import WorkerLaunch
-from .process import ForkedChild, StartedWorker
+from .launch import WorkerLaunch
 
 log = logging.getLogger("codesdk.supervisor.template")
 

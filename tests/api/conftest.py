@@ -14,10 +14,10 @@ import httpx2 as httpx
 import pytest
 import trio
 
-from supervisor.api import TokenAuth, serve_api
-from supervisor.engine import Engine
+from codesdk.supervisor.api import TokenAuth, serve_api
+from codesdk.supervisor.engine import Engine
 
-from ..conftest import MakeEngine
+from tests.conftest import MakeEngine
 
 KEEPALIVE_S = 0.3
 

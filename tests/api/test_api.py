@@ -7,7 +7,7 @@ import stat
 import pytest
 import trio
 
-from .conftest import Api, read_sse
+from tests.api.conftest import Api, read_sse
 
 # Leaving an SSE stream mid-way (the point of the reconnect test) abandons httpx2's nested byte-stream async
 # generators; trio's finalizer then warns that they were garbage collected unexhausted. Harmless here.

@@ -10,9 +10,9 @@ import trio
 
 from codesdk import AsyncClient
 from codesdk.testing.invariants import check_session
-from protocol import EventType, NormalizedEvent
+from codesdk.protocol import EventType, NormalizedEvent
 
-from .conftest import Api
+from tests.api.conftest import Api
 
 if TYPE_CHECKING:
     from starlette.routing import Route
@@ -192,8 +192,8 @@ async def test_openapi_document_lists_every_route(api: Api) -> None:
 def api_routes(api: Api) -> list[Route]:
     from starlette.routing import Route
 
-    from supervisor.api import create_app
-    from supervisor.api._auth import TokenAuth
+    from codesdk.supervisor.api import create_app
+    from codesdk.supervisor.api._auth import TokenAuth
 
     app = create_app(api.engine, TokenAuth.bootstrap(api.engine.config.data_dir))
     return [route for route in app.routes if isinstance(route, Route)]

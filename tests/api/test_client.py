@@ -8,9 +8,9 @@ import pytest
 import trio
 
 from codesdk import AsyncClient, Client, Conflict, InvalidRequest, NotFound, ServiceUnreachable, Unauthorized
-from protocol import EventType, ModelInput, TaskFailed
+from codesdk.protocol import EventType, ModelInput, TaskFailed
 
-from .conftest import Api
+from tests.api.conftest import Api
 
 
 async def test_async_client_runs_a_task_and_streams_it(api: Api) -> None:

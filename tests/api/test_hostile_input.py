@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from supervisor.api import TOKENS_FILE, TokenAuth, TokenFileInvalid, hash_token
-from supervisor.engine import EngineError
-from supervisor.namespaces import InvalidNamespace, Namespace
+from codesdk.supervisor.api import TOKENS_FILE, TokenAuth, TokenFileInvalid, hash_token
+from codesdk.supervisor.engine import EngineError
+from codesdk.supervisor.namespaces import InvalidNamespace, Namespace
 
-from ..conftest import MakeEngine
-from ..worker.harness import REPO
-from .conftest import Api
+from tests.conftest import MakeEngine
+from tests.worker.harness import REPO
+from tests.api.conftest import Api
 
 
 async def _post_raw(api: Api, path: str, body: bytes, token: str) -> tuple[int, str]:
@@ -116,7 +116,7 @@ def test_the_service_refuses_to_start_on_a_broken_token_file(tmp_path: Path) -> 
     data.mkdir(mode=0o700)
     (data / TOKENS_FILE).write_text(json.dumps({"version": 1, "tokens": [
         {"name": "x", "sha256": hash_token("t"), "admin": "yes", "namespaces": []}]}))
-    done = subprocess.run([sys.executable, "-m", "supervisor.service", "serve", "--data-dir", str(data)],
+    done = subprocess.run([sys.executable, "-m", "codesdk.supervisor.service.main", "serve", "--data-dir", str(data)],
                           capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
     assert done.returncode == 2 and "not a valid token table" in done.stderr and "Traceback" not in done.stderr
 

@@ -8,7 +8,7 @@ import trio
 
 from codesdk import AsyncClient, Forbidden, InvalidRequest
 
-from .conftest import Api
+from tests.api.conftest import Api
 
 SECRET = "canary-api-env-value-0815"
 

@@ -23,14 +23,14 @@ import trio
 
 from codesdk.client import AsyncClient, TooManyRequests
 from codesdk.testing.invariants import check_session
-from protocol import TERMINAL_EVENT_TYPES, EventType, NormalizedEvent, TaskFailed, TaskFailureCode
-from supervisor.api import TokenAuth, serve_api
-from supervisor.engine import Engine
-from supervisor.engine._transcript import session_events
-from supervisor.service import _add_limit_flags, _quotas, main
-from supervisor.store._store import QUOTA_FLAGS, QuotaExceeded, Quotas
+from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType, NormalizedEvent, TaskFailed, TaskFailureCode
+from codesdk.supervisor.api import TokenAuth, serve_api
+from codesdk.supervisor.engine import Engine
+from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.service.main import _add_limit_flags, _quotas, main
+from codesdk.supervisor.store._store import QUOTA_FLAGS, QuotaExceeded, Quotas
 
-from ..conftest import MakeEngine
+from tests.conftest import MakeEngine
 
 #: Hang guard of each test (seconds): reached only when something is broken.
 GUARD_S = 120

@@ -12,10 +12,10 @@ import httpx2 as httpx
 import pytest
 import trio
 
-from supervisor.api import TokenAuth, serve_api
+from codesdk.supervisor.api import TokenAuth, serve_api
 
-from ..conftest import MakeEngine
-from .conftest import KEEPALIVE_S, Api
+from tests.conftest import MakeEngine
+from tests.api.conftest import KEEPALIVE_S, Api
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Async generator .* was garbage collected:ResourceWarning"),

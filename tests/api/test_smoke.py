@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import trio
 
-from .conftest import Api
+from tests.api.conftest import Api
 
 
 async def test_healthz_without_token(api: Api) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import trio
 
-from .conftest import Api
+from tests.api.conftest import Api
 
 ROUTES = [
     ("GET", "/v1/sessions/{sid}", None),

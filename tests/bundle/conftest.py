@@ -13,10 +13,10 @@ from typing import Any
 
 import trio
 
-from supervisor.engine import Engine
+from codesdk.supervisor.engine import Engine
 
-from ..api.conftest import api  # noqa: F401  (the API fixture, for the route's tests)
-from ..e2e.conftest import run_task
+from tests.api.conftest import api  # noqa: F401  (the API fixture, for the route's tests)
+from tests.e2e.conftest import run_task
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ import httpx2 as httpx
 import pytest
 import trio
 
-from supervisor.bundle import inspect_bundle
+from codesdk.supervisor.bundle import inspect_bundle
 
-from ..api.conftest import Api
-from .conftest import leaks
+from tests.api.conftest import Api
+from tests.bundle.conftest import leaks
 
 
 async def test_owner_and_admin_get_it_others_see_no_session(api: Api, tmp_path: Path) -> None:
@@ -62,7 +62,7 @@ async def test_an_operator_misconfiguration_is_not_shown_to_the_tenant(api: Api,
 async def test_a_token_writes_one_bundle_at_a_time(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each bundle costs disk and CPU: a second request by the same token while its first is being written is a
     429 saying so; another token is not held up, and the first token may ask again once its bundle is done."""
-    from supervisor import bundle
+    from codesdk.supervisor import bundle
 
     writing, release = trio.Event(), trio.Event()
     real_write = bundle.write_bundle

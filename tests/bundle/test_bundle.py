@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from supervisor import bundle
-from supervisor.bundle import BundleError, inspect_bundle, sources_from_engine, write_bundle
-from supervisor.store import UnknownSession
+from codesdk.supervisor import bundle
+from codesdk.supervisor.bundle import BundleError, inspect_bundle, sources_from_engine, write_bundle
+from codesdk.supervisor.store import UnknownSession
 
-from ..conftest import MakeEngine
-from ..e2e.conftest import run_task
-from .conftest import NAMESPACE, Canaries, canary_session, leaks, members
+from tests.conftest import MakeEngine
+from tests.e2e.conftest import run_task
+from tests.bundle.conftest import NAMESPACE, Canaries, canary_session, leaks, members
 
 
 async def test_canaries_never_leave_and_the_manifest_counts_them(make_engine: MakeEngine, tmp_path: Path) -> None:

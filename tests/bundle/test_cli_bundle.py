@@ -10,13 +10,13 @@ from pathlib import Path
 
 import httpx2 as httpx
 
-from supervisor.namespace_env import NamespaceEnv
+from codesdk.supervisor.namespaces._variables import NamespaceEnv
 
-from ..e2e.test_cli import CLI, _env
-from ..service.test_service import _client, _start
-from ..waits import HANG_GUARD_S, wait_for
-from ..worker.harness import REPO
-from .conftest import leaks
+from tests.e2e.test_cli import CLI, _env
+from tests.service.test_service import _client, _start
+from tests.waits import HANG_GUARD_S, wait_for
+from tests.worker.harness import REPO
+from tests.bundle.conftest import leaks
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -8,8 +8,8 @@ from typing import Any, cast
 
 import pytest
 
-from protocol import sha256_hex
-from supervisor.bundle import (
+from codesdk.protocol import sha256_hex
+from codesdk.supervisor.bundle import (
     BundleError,
     BundleSources,
     Redactor,
@@ -17,9 +17,9 @@ from supervisor.bundle import (
     read_patterns_file,
     write_bundle,
 )
-from supervisor.store import BlobNotFound, StoreReader
+from codesdk.supervisor.store import BlobNotFound, StoreReader
 
-from .conftest import leaks, members
+from tests.bundle.conftest import leaks, members
 
 ENV_VALUE = 'va"lue\\with-escapes/42'
 

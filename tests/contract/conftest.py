@@ -10,15 +10,15 @@ import pytest
 from codesdk.testing import loopback_only
 from codesdk.testing.replay import Recording
 from fixtures.fake_anthropic import FakeAnthropic
-from supervisor.namespaces import RECORD_STREAMS_ENV
-from worker.adapters.acp._codex_acp import CodexAcpProfile
-from worker.adapters.acp._gemini import GeminiProfile
-from worker.adapters.acp._opencode import OpenCodeProfile
-from worker.adapters.claude._launch import cli_path
-from worker.adapters.codex._launch import codex_path
+from codesdk.supervisor.namespaces import RECORD_STREAMS_ENV
+from codesdk.worker.adapters.acp._codex_acp import CodexAcpProfile
+from codesdk.worker.adapters.acp._gemini import GeminiProfile
+from codesdk.worker.adapters.acp._opencode import OpenCodeProfile
+from codesdk.worker.adapters.claude._launch import cli_path
+from codesdk.worker.adapters.codex._launch import codex_path
 
-from ..conftest import STREAMS
-from .cases import Case, ClaudeCase, CodexAcpCase, CodexCase, GeminiCase, OpenCodeCase, ScriptedCase
+from tests.conftest import STREAMS
+from tests.contract.cases import Case, ClaudeCase, CodexAcpCase, CodexCase, GeminiCase, OpenCodeCase, ScriptedCase
 
 #: Runtimes whose built-in tools stay off under CodeSDK: the built-in contract tests do not apply to them.
 _NO_BUILTINS = {"codex": "codex runs with its built-in tools off", "gemini": "gemini's built-in tools are excluded",

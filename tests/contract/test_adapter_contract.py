@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from codesdk.testing.invariants import check_session
-from protocol import (
+from codesdk.protocol import (
     EventType,
     InteractionMode,
     NormalizedEvent,
@@ -22,13 +22,13 @@ from protocol import (
     TaskStoppedEvent,
     WorkerAnswer,
 )
-from supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
-from supervisor.engine._transcript import session_events
-from supervisor.store import TaskRecord, TaskState
+from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
+from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.store import TaskRecord, TaskState
 
-from ..conftest import MakeEngine
-from ..e2e.conftest import of_type
-from .cases import Case, ScriptedCase, Turn, workspace
+from tests.conftest import MakeEngine
+from tests.e2e.conftest import of_type
+from tests.contract.cases import Case, ScriptedCase, Turn, workspace
 
 
 async def _run(make_engine: MakeEngine, case: Case, turn: Turn, ws: Path | None = None,

@@ -14,15 +14,15 @@ import trio
 
 from codesdk.testing.invariants import check_session
 from fixtures.fake_anthropic import FakeAnthropic
-from protocol import NormalizedEvent, ResumeMode
-from supervisor.engine import Engine
-from supervisor.engine._transcript import session_events
-from supervisor.store import TaskState
+from codesdk.protocol import NormalizedEvent, ResumeMode
+from codesdk.supervisor.engine import Engine
+from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.store import TaskState
 
-from ..conftest import MakeEngine
-from ..e2e.conftest import said, the_model_input
-from .cases import ScriptedCase, Turn, workspace
-from .conftest import RUNTIMES, make_case, unavailable
+from tests.conftest import MakeEngine
+from tests.e2e.conftest import said, the_model_input
+from tests.contract.cases import ScriptedCase, Turn, workspace
+from tests.contract.conftest import RUNTIMES, make_case, unavailable
 
 #: The scripted runtime, asked to say what it was given of the earlier turns.
 RECALL = {"scenario_inline": {"name": "recall", "steps": [{"text": "I recall: {{history}}"}]}}

@@ -5,11 +5,11 @@ from pathlib import Path
 from typing import Any
 
 from codesdk.testing.invariants import check_session
-from protocol import EventType, ModelInput, NormalizedEvent
-from supervisor.engine import Engine
-from supervisor.engine._transcript import session_events
-from supervisor.store import TaskRecord
-from supervisor.workers import WorkerProcess
+from codesdk.protocol import EventType, ModelInput, NormalizedEvent
+from codesdk.supervisor.engine import Engine
+from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.store import TaskRecord
+from codesdk.worker.client import WorkerProcess
 
 
 async def run_task(engine: Engine, prompt: str = "hello", *, session_id: str | None = None,

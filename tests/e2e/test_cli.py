@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..worker.harness import REPO
+from tests.worker.harness import REPO
 
-CLI = [sys.executable, "-m", "supervisor.cli_entry"]
+CLI = [sys.executable, "-m", "codesdk.supervisor.cli.front"]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

@@ -16,13 +16,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.store import current_holder
+from codesdk.supervisor.store import current_holder
 
-from ..waits import wait_for
-from ..worker.harness import REPO
+from tests.waits import wait_for
+from tests.worker.harness import REPO
 
-CLI = [sys.executable, "-m", "supervisor.cli_entry"]
-SERVICE = [sys.executable, "-m", "supervisor.service"]
+CLI = [sys.executable, "-m", "codesdk.supervisor.cli.front"]
+SERVICE = [sys.executable, "-m", "codesdk.supervisor.service.main"]
 #: Seconds a condition these tests wait for may take before the test fails as hung (never a timing claim).
 HANG_GUARD_S = 60.0
 

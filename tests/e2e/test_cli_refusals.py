@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from codesdk.client import ApiError
-from supervisor.cli import refusal_exit_code
-from supervisor.cli_common import EXIT_UNAVAILABLE, EXIT_USAGE, CliError, api_exit_code
-from supervisor.engine import (
+from codesdk.supervisor.cli.local import refusal_exit_code
+from codesdk.supervisor.cli.common import EXIT_UNAVAILABLE, EXIT_USAGE, CliError, api_exit_code
+from codesdk.supervisor.engine import (
     ApproverRequired,
     InvalidTaskInput,
     NamespaceUnavailable,
@@ -19,11 +19,11 @@ from supervisor.engine import (
     UnknownRuntime,
     WorkspaceRefused,
 )
-from supervisor.namespaces import InvalidNamespace
-from supervisor.store import QuotaExceeded, UnknownSession
-from supervisor.store import SessionBusy as StoredSessionBusy
+from codesdk.supervisor.namespaces import InvalidNamespace
+from codesdk.supervisor.store import QuotaExceeded, UnknownSession
+from codesdk.supervisor.store import SessionBusy as StoredSessionBusy
 
-from .test_cli import _run
+from tests.e2e.test_cli import _run
 
 
 @pytest.mark.parametrize(("error", "code"), [

@@ -17,20 +17,20 @@ import psutil
 import pytest
 import trio
 
-import worker._ahead as worker_ahead
-from protocol import EventType, PermissionMode
-from supervisor.cli_entry import PERMISSION_MODES
-from supervisor.ids import is_id, new_id
-from supervisor.namespace_env import NamespaceEnv, NamespaceEnvError
-from supervisor.namespaces import RUNTIME_AHEAD_ENV, Namespace, build_env, prepare_namespace
-from supervisor.store import DataDirLock, TaskState
-from supervisor.worker_launch import Headstart, PoolConfig, PreparedLaunch, prepare_launch
-from supervisor.workers import pool as pool_module
+import codesdk.worker._ahead as worker_ahead
+from codesdk.protocol import EventType, PermissionMode
+from codesdk.supervisor.cli.front import PERMISSION_MODES
+from codesdk.supervisor.ids import is_id, new_id
+from codesdk.supervisor.namespaces._variables import NamespaceEnv, NamespaceEnvError
+from codesdk.supervisor.namespaces import RUNTIME_AHEAD_ENV, Namespace, build_env, prepare_namespace
+from codesdk.supervisor.store import DataDirLock, TaskState
+from codesdk.supervisor.workers.launch import Headstart, PoolConfig, PreparedLaunch, prepare_launch
+from codesdk.supervisor.workers import pool as pool_module
 
-from ..conftest import MakeEngine
-from ..waits import wait_for
-from ..worker.harness import REPO
-from .conftest import of_type, run_task, worker_of
+from tests.conftest import MakeEngine
+from tests.waits import wait_for
+from tests.worker.harness import REPO
+from tests.e2e.conftest import of_type, run_task, worker_of
 
 
 def _headstart(config: PoolConfig, namespace: str = "default") -> Headstart:
@@ -157,7 +157,7 @@ async def test_an_adopted_worker_is_killed_and_reaped_when_its_supervisor_is_can
 
 def _codesdk(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CODESDK_")}
-    return subprocess.run([sys.executable, "-m", "supervisor.cli_entry", "--data-dir", str(tmp_path / "data"),
+    return subprocess.run([sys.executable, "-m", "codesdk.supervisor.cli.front", "--data-dir", str(tmp_path / "data"),
                            *args], capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL,
                           cwd=REPO, check=False)
 
@@ -231,8 +231,9 @@ def test_nobody_but_the_command_asks_a_worker_for_a_runtime_ahead(tmp_path: Path
 
 def test_the_command_front_imports_nothing_heavy() -> None:
     """What runs before the worker is started stays the standard library: that is the head start."""
-    probe = ("import sys, json, supervisor.cli_entry; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} "
-             "& {'trio', 'pydantic', 'pydantic_core', 'protocol', 'apsw', 'psutil', 'worker'})))")
+    probe = ("import sys, json, codesdk.supervisor.cli.front; print(json.dumps(sorted(m for m in sys.modules "
+             "if m.split('.')[0] in {'trio', 'pydantic', 'pydantic_core', 'apsw', 'psutil', 'httpx2'} "
+             "or m.startswith(('codesdk.protocol', 'codesdk.worker.client', 'codesdk.worker.adapters', 'codesdk.client')))))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO,
                           check=True)
     assert json.loads(done.stdout) == []
@@ -241,9 +242,10 @@ def test_the_command_front_imports_nothing_heavy() -> None:
 def test_what_the_worker_runs_before_starting_a_runtime_ahead_imports_nothing_heavy() -> None:
     """The worker starts a runtime ahead before it imports trio or the protocol's models: the runtime's own start
     overlaps those imports."""
-    probe = ("import sys, json, worker.main, worker._ahead, worker.adapters.claude._launch; "
-             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} "
-             "& {'trio', 'pydantic', 'pydantic_core', 'protocol', 'psutil', 'supervisor'})))")
+    probe = ("import sys, json, codesdk.worker.main, codesdk.worker._ahead, codesdk.worker.adapters.claude._launch; "
+             "print(json.dumps(sorted(m for m in sys.modules "
+             "if m.split('.')[0] in {'trio', 'pydantic', 'pydantic_core', 'psutil', 'httpx2'} "
+             "or m.startswith(('codesdk.protocol', 'codesdk.supervisor', 'codesdk.client')))))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO,
                           check=True)
     assert json.loads(done.stdout) == []

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from codesdk.testing.invariants import check_session
-from protocol import (
+from codesdk.protocol import (
     EventType,
     InteractionMode,
     Message,
@@ -23,12 +23,12 @@ from protocol import (
     TaskFailureCode,
     canonical_hash,
 )
-from supervisor.engine import ApprovalRequest, ApproverAnswer, Engine, InvalidTaskInput
-from supervisor.engine._transcript import session_events
-from supervisor.store import TaskState
+from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine, InvalidTaskInput
+from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.store import TaskState
 
-from ..conftest import MakeEngine
-from .conftest import of_type, said, the_model_input
+from tests.conftest import MakeEngine
+from tests.e2e.conftest import of_type, said, the_model_input
 
 #: Says what the runtime was given of the earlier turns.
 RECALL = {"scenario_inline": {"name": "recall", "steps": [{"text": "I recall: {{history}}"}]}}

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from codesdk.testing.invariants import check_session
-from protocol import (
+from codesdk.protocol import (
     CallEnding,
     CallStage,
     EventType,
@@ -24,13 +24,13 @@ from protocol import (
     TaskStopped,
     WorkerAnswer,
 )
-from supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
-from supervisor.engine._transcript import session_events
-from supervisor.render import describe_receipt
-from supervisor.store import TaskState
+from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
+from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.cli.render import describe_receipt
+from codesdk.supervisor.store import TaskState
 
-from ..conftest import MakeEngine
-from ..waits import until
+from tests.conftest import MakeEngine
+from tests.waits import until
 
 #: A runtime process that ignores SIGTERM, as does the child it starts in its group; both write their pids.
 STUBBORN = """

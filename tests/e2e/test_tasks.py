@@ -9,13 +9,13 @@ import pytest
 import trio
 
 from codesdk.testing.invariants import check_session
-from protocol import EventType, InteractionMode, PermissionMode, TaskStoppedEvent
-from supervisor.engine import ApprovalRequest, ApproverAnswer, EngineError
-from supervisor.engine._transcript import derive_transcript, session_events
-from supervisor.store import SessionBusy, TaskState
+from codesdk.protocol import EventType, InteractionMode, PermissionMode, TaskStoppedEvent
+from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, EngineError
+from codesdk.supervisor.engine._transcript import derive_transcript, session_events
+from codesdk.supervisor.store import SessionBusy, TaskState
 
-from ..conftest import MakeEngine
-from .conftest import of_type, run_task
+from tests.conftest import MakeEngine
+from tests.e2e.conftest import of_type, run_task
 
 
 async def test_streaming_task_is_stored_in_order(make_engine: MakeEngine) -> None:
@@ -31,7 +31,7 @@ async def test_streaming_task_is_stored_in_order(make_engine: MakeEngine) -> Non
             model_input = of_type(events, EventType.MODEL_INPUT)[0]
             compiled = json.loads(await engine.store.get_blob(model_input.input_ref))
             assert compiled["messages"][-1]["blocks"][0]["text"] == "stream me"
-            from protocol import canonical_hash
+            from codesdk.protocol import canonical_hash
             assert model_input.input_hash == canonical_hash(compiled)
 
 

@@ -6,10 +6,10 @@ import tracemalloc
 
 import trio
 
-from supervisor.engine._transcript import derive_transcript
-from supervisor.store import TaskState
+from codesdk.supervisor.engine._transcript import derive_transcript
+from codesdk.supervisor.store import TaskState
 
-from ..conftest import MakeEngine
+from tests.conftest import MakeEngine
 
 #: Deltas in the long session: decoded as events they would take tens of MB.
 DELTAS = 20_000

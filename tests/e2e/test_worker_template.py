@@ -19,17 +19,17 @@ import pytest
 import trio
 
 from codesdk.testing.invariants import check_session
-from protocol import EventType, TaskFailed
-from supervisor.engine import Engine
-from supervisor.engine._transcript import session_events
-from supervisor.namespace_env import NamespaceEnv
-from supervisor.namespaces import UidRange
-from supervisor.store import TaskState
-from supervisor.workers import WorkerProcess
+from codesdk.protocol import EventType, TaskFailed
+from codesdk.supervisor.engine import Engine
+from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.namespaces._variables import NamespaceEnv
+from codesdk.supervisor.namespaces import UidRange
+from codesdk.supervisor.store import TaskState
+from codesdk.worker.client import WorkerProcess
 
-from ..conftest import MakeEngine
-from ..reliability.probe_worker import interpreter_for_any_uid, why_no_worker_uids, worker_argv_for_any_uid
-from .conftest import run_task, wait_for_event, worker_of
+from tests.conftest import MakeEngine
+from tests.reliability.probe_worker import interpreter_for_any_uid, why_no_worker_uids, worker_argv_for_any_uid
+from tests.e2e.conftest import run_task, wait_for_event, worker_of
 
 #: Run by the scripted runtime as its "runtime process": what a worker's child inherits from the worker.
 REPORT = ("import json, os, sys\n"
@@ -171,7 +171,7 @@ async def test_workers_run_as_their_namespaces_uid_without_groups_in_their_defau
 BROKEN_TEMPLATE = ("import sys, time\n"
                    "if '--template' in sys.argv:\n"
                    "    time.sleep(3600) if sys.argv[1] == 'stall' else sys.exit(3)\n"
-                   "from worker.main import main\n"
+                   "from codesdk.worker.main import main\n"
                    "sys.exit(main(sys.argv[2:]))\n")
 
 

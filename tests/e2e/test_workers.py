@@ -11,12 +11,12 @@ import pytest
 import trio
 
 from codesdk.testing.invariants import check_session
-from protocol import EventType, TaskFailed, TaskFailedEvent, TaskStoppedEvent
-from supervisor.engine._transcript import session_events
-from supervisor.store import TaskState
+from codesdk.protocol import EventType, TaskFailed, TaskFailedEvent, TaskStoppedEvent
+from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.store import TaskState
 
-from ..conftest import MakeEngine
-from .conftest import of_type, run_task, wait_for_event, worker_of
+from tests.conftest import MakeEngine
+from tests.e2e.conftest import of_type, run_task, wait_for_event, worker_of
 
 
 async def test_worker_killed_mid_task_fails_it_once_and_the_next_task_works(make_engine: MakeEngine) -> None:

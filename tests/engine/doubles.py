@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from protocol import (
+from codesdk.protocol import (
     EventType,
     ExitStatus,
     Method,
@@ -26,11 +26,11 @@ from protocol import (
     TaskStopped,
     WorkerEvent,
 )
-from supervisor.engine import Engine, EngineConfig, NamespaceUnavailable, WorkerEvents, WorkerExit, WorkerLink
-from supervisor.store import Quotas
-from supervisor.tools import ToolRegistry, ToolsConfig
-from supervisor.worker_launch import PoolConfig
-from supervisor.workers import RpcError, WorkerSpec
+from codesdk.supervisor.engine import Engine, EngineConfig, NamespaceUnavailable, WorkerEvents, WorkerExit, WorkerLink
+from codesdk.supervisor.store import Quotas
+from codesdk.supervisor.tools import ToolRegistry, ToolsConfig
+from codesdk.supervisor.workers.launch import PoolConfig
+from codesdk.worker.client import RpcError, WorkerSpec
 
 P = TypeVar("P", bound=Model)
 R = TypeVar("R", bound=Model)

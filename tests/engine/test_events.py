@@ -9,7 +9,7 @@ from pathlib import Path
 import trio
 
 from codesdk.testing.invariants import check_session
-from protocol import (
+from codesdk.protocol import (
     EventType,
     Method,
     ModelOutputDelta,
@@ -19,10 +19,10 @@ from protocol import (
     ToolCallRequested,
     canonical_hash,
 )
-from supervisor.engine._transcript import session_events
-from supervisor.store import Quotas, TaskState
+from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.store import Quotas, TaskState
 
-from .doubles import FakeWorkers, engine_with_doubles, rpc_error, running_task
+from tests.engine.doubles import FakeWorkers, engine_with_doubles, rpc_error, running_task
 
 
 def _delta(text: str) -> ModelOutputDelta:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import supervisor.engine
+import codesdk.supervisor.engine
 
 LAYERS = ["_transcript", "_errors", "_ports", "_compile", "_stopping", "_runs", "_recorder", "_batch", "_approvals", "_toolport",
           "_toolflow", "_ending", "_intake", "_leasing", "_engine"]
-PACKAGE = Path(supervisor.engine.__file__).parent
+PACKAGE = Path(codesdk.supervisor.engine.__file__).parent
 
 
 def _imports(module: str) -> set[str]:

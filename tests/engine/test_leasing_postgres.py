@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 import trio
 
-from protocol import TERMINAL_EVENT_TYPES, TaskFailed
-from supervisor.engine import Engine, EngineConfig
-from supervisor.store import DataDirBusy
-from supervisor.tools import ToolRegistry, ToolsConfig
-from supervisor.worker_launch import PoolConfig
+from codesdk.protocol import TERMINAL_EVENT_TYPES, TaskFailed
+from codesdk.supervisor.engine import Engine, EngineConfig
+from codesdk.supervisor.store import DataDirBusy
+from codesdk.supervisor.tools import ToolRegistry, ToolsConfig
+from codesdk.supervisor.workers.launch import PoolConfig
 
-from ..waits import until
-from .doubles import FakeWorkers, running_task
+from tests.waits import until
+from tests.engine.doubles import FakeWorkers, running_task
 
 #: Short, so the deadline comes within the test (the waits are for conditions, not for this long).
 LEASE_S = 1.0

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from protocol import InteractionMode, Method
-from supervisor.engine import (
+from codesdk.protocol import InteractionMode, Method
+from codesdk.supervisor.engine import (
     ApproverRequired,
     EngineError,
     ErrorStatus,
@@ -21,11 +21,11 @@ from supervisor.engine import (
     WorkspaceRefused,
     error_status,
 )
-from supervisor.namespaces import InvalidNamespace
-from supervisor.store import QuotaExceeded, Quotas, TaskState, UnknownSession
-from supervisor.store import SessionBusy as StoredSessionBusy
+from codesdk.supervisor.namespaces import InvalidNamespace
+from codesdk.supervisor.store import QuotaExceeded, Quotas, TaskState, UnknownSession
+from codesdk.supervisor.store import SessionBusy as StoredSessionBusy
 
-from .doubles import engine_with_doubles, rpc_error, running_task
+from tests.engine.doubles import engine_with_doubles, rpc_error, running_task
 
 
 async def test_a_workspace_that_would_expose_the_data_dir_is_refused(tmp_path: Path) -> None:

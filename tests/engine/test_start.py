@@ -10,11 +10,11 @@ import pytest
 import trio
 
 from codesdk.testing.invariants import check_session
-from protocol import EventType, TaskFailureCode
-from supervisor.engine._transcript import session_events
-from supervisor.store import DatabaseError, TaskState
+from codesdk.protocol import EventType, TaskFailureCode
+from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.store import DatabaseError, TaskState
 
-from .doubles import engine_with_doubles
+from tests.engine.doubles import engine_with_doubles
 
 
 async def test_a_start_that_fails_after_its_row_exists_ends_the_task_once(tmp_path: Path,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import trio
 
-from protocol import (
+from codesdk.protocol import (
     EventType,
     Method,
     RuntimeEventParams,
@@ -17,9 +17,9 @@ from protocol import (
     TaskFailureCode,
     WorkerEvent,
 )
-from supervisor.engine import Engine
+from codesdk.supervisor.engine import Engine
 
-from .doubles import FakeWorker, engine_with_doubles
+from tests.engine.doubles import FakeWorker, engine_with_doubles
 
 
 async def _task_on(engine: Engine, worker: FakeWorker, session_id: str, runtime: str, *, runtime_session_id: str,

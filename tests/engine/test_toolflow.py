@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-from protocol import (
+from codesdk.protocol import (
     EventType,
     ExecutedBy,
     InteractionMode,
@@ -36,12 +36,12 @@ from protocol import (
     sha256_hex,
     utc_now,
 )
-from supervisor.engine import EngineStats
-from supervisor.engine._runs import Blobs, PendingEvent, TaskRun
-from supervisor.engine._toolflow import INLINE_INPUT_MAX_BYTES, ToolFlow
-from supervisor.engine._toolport import Approvals, ToolAnswer, ToolRunner
-from supervisor.store import ApprovalRecord, SessionRecord
-from supervisor.tools import ApprovalRequest, ToolRegistry, ToolsConfig
+from codesdk.supervisor.engine import EngineStats
+from codesdk.supervisor.engine._runs import Blobs, PendingEvent, TaskRun
+from codesdk.supervisor.engine._toolflow import INLINE_INPUT_MAX_BYTES, ToolFlow
+from codesdk.supervisor.engine._toolport import Approvals, ToolAnswer, ToolRunner
+from codesdk.supervisor.store import ApprovalRecord, SessionRecord
+from codesdk.supervisor.tools import ApprovalRequest, ToolRegistry, ToolsConfig
 
 
 @dataclass

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from codesdk.testing.conformance import CHECKS, Verdict, run_conformance
-from supervisor.workers import worker_argv
+from codesdk.worker.client import worker_argv
 
 #: Seconds each wait of the suite gives a worker here (a hang guard; passing checks take well under one).
 TIMEOUT_S = 60.0

@@ -21,7 +21,7 @@ from codesdk.testing import (
     open_worker,
     run_worker,
 )
-from protocol import ErrorCode, ErrorResponse, EventType, ModelOutputCompleted, ToolCallRequested
+from codesdk.protocol import ErrorCode, ErrorResponse, EventType, ModelOutputCompleted, ToolCallRequested
 
 
 def _texts(events: list) -> list[str]:  # type: ignore[type-arg]

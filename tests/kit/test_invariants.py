@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from codesdk.testing import InvariantError, check_worker_events
-from protocol import RuntimeEventParams, canonical_hash
+from codesdk.protocol import RuntimeEventParams, canonical_hash
 
 _T0 = datetime(2026, 11, 24, tzinfo=UTC)
 _TERMINALS = [("task.completed", {}), ("task.failed", {"code": "RUNTIME_ERROR", "message": "x"}),

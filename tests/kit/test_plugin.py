@@ -9,13 +9,13 @@ import pytest
 
 from codesdk.testing import loopback_only
 
-from ..worker.harness import REPO
+from tests.worker.harness import REPO
 
 USER_TESTS = '''
 import pytest
 import trio
 
-from protocol import EventType
+from codesdk.protocol import EventType
 
 
 async def test_with_trio(open_test_worker, worker_home, worker_workspace):
@@ -58,7 +58,7 @@ def test_a_worker_command_given_with_a_relative_script_runs_from_where_pytest_st
     """``--worker-command "python my_worker.py"``: the script next to the user's tests, as the conformance suite
     reads the same command (the worker used to run in the scratch HOME, where no my_worker.py is)."""
     pytester.makepyfile(test_user='''
-from protocol import EventType
+from codesdk.protocol import EventType
 
 
 def test_their_worker(run_test_worker):

@@ -10,8 +10,8 @@ import trio
 
 from codesdk.testing import namespace_env, open_worker
 from codesdk.testing.replay import Recording
-from protocol import EventType
-from supervisor.namespaces import RECORD_STREAMS_ENV
+from codesdk.protocol import EventType
+from codesdk.supervisor.namespaces import RECORD_STREAMS_ENV
 
 CANARY = "canary-secret-7c1d2e9f"
 #: A password JSON escapes (a quote, a backslash, a tab): found before the line is serialized, not after.

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from codesdk.testing.replay import Recording, RecordingError, ReplayUnavailable, normalize, replay, to_golden
-from protocol import StartTaskParams
+from codesdk.protocol import StartTaskParams
 
-from ..conftest import GOLDEN, STREAMS
+from tests.conftest import GOLDEN, STREAMS
 
 STREAMING = STREAMS / "claude" / "test_streams_deltas_then_completes" / "task1.jsonl"
 

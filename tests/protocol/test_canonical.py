@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol import CanonicalizationError, ToolSpec, canonical_hash, canonical_json, is_hash
+from codesdk.protocol import CanonicalizationError, ToolSpec, canonical_hash, canonical_json, is_hash
 
 keys = st.text(max_size=10)
 scalars = st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | st.text(max_size=20) | \
@@ -40,7 +40,7 @@ def test_hash_ignores_key_order_and_whitespace(value: object, rnd: random.Random
 
 def test_hash_is_stable_across_processes() -> None:
     value = {"b": [1, 2.5, "x", None], "a": {"z": True, "é": "ünï"}}
-    program = "import json,sys; from protocol import canonical_hash; print(canonical_hash(json.loads(sys.argv[1])))"
+    program = "import json,sys; from codesdk.protocol import canonical_hash; print(canonical_hash(json.loads(sys.argv[1])))"
     other = subprocess.run([sys.executable, "-c", program, json.dumps(value)], capture_output=True, text=True,
                            check=True, timeout=60).stdout.strip()
     assert other == canonical_hash(value)

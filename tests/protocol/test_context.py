@@ -7,7 +7,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import (
+from codesdk.protocol import (
     ContextTooLarge,
     Message,
     ResumeMode,

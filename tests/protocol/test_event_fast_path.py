@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, currently_in_test_context, given, note, sett
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from protocol import (
+from codesdk.protocol import (
     PAYLOAD_MODELS,
     WORKER_EVENT_MODELS,
     WORKER_EVENT_TYPES,
@@ -40,7 +40,7 @@ from protocol import (
     decode_json,
     encode_event_notification,
 )
-from protocol._framing import MAX_INTEGER_DIGITS, MAX_NESTING_DEPTH
+from codesdk.protocol._framing import MAX_INTEGER_DIGITS, MAX_NESTING_DEPTH
 
 _ENVELOPE_KEYS = frozenset({"jsonrpc", "method", "params"})
 

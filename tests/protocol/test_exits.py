@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol import ExitStatus, StderrTail
+from codesdk.protocol import ExitStatus, StderrTail
 
 
 def _fed(tail: StderrTail, data: bytes, cuts: list[int]) -> list[str]:

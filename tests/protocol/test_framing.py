@@ -7,7 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import (
+from codesdk.protocol import (
     BadFrame,
     ErrorCode,
     FrameProblem,

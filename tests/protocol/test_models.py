@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from protocol import (
+from codesdk.protocol import (
     PAYLOAD_MODELS,
     SCHEMA_VERSION,
     AuthStatus,

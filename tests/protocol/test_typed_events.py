@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from protocol import (
+from codesdk.protocol import (
     EVENT_MODELS,
     INVALID_REQUEST_DATA,
     METHOD_TABLE,

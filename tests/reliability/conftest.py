@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from ..api.conftest import api
+from tests.api.conftest import api
 
 __all__ = ["api"]  # the real API on a unix socket, with two tenants (a fixture)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol import ErrorCode, FrameProblem
+from codesdk.protocol import ErrorCode, FrameProblem
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,7 @@ def interpreter_for_any_uid() -> list[str] | None:
     added (a pyenv interpreter under a 0700 /root is the usual case); None when neither exists."""
     import sysconfig
 
-    from supervisor.namespaces import UidRangeError, check_reachable_by_workers
+    from codesdk.supervisor.namespaces import UidRangeError, check_reachable_by_workers
 
     try:
         check_reachable_by_workers(sys.executable)
@@ -131,7 +131,7 @@ def interpreter_for_any_uid() -> list[str] | None:
 def worker_argv_for_any_uid() -> list[str] | None:
     """``codesdk-worker`` as worker uids can start it (see ``interpreter_for_any_uid``)."""
     python = interpreter_for_any_uid()
-    return None if python is None else [*python, "worker.main"]
+    return None if python is None else [*python, "codesdk.worker.main"]
 
 
 def why_no_worker_uids() -> str | None:

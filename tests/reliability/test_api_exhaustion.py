@@ -29,13 +29,13 @@ import psutil
 import pytest
 
 from codesdk.client import Client
-from supervisor.api import TokenAuth
-from supervisor.api_limits import MAX_REFUSING
+from codesdk.supervisor.api import TokenAuth
+from codesdk.supervisor.api.limits import MAX_REFUSING
 
-from ..waits import wait_for
-from ..worker.harness import REPO
+from tests.waits import wait_for
+from tests.worker.harness import REPO
 
-SCENARIOS = str(REPO / "fixtures" / "scenarios")
+SCENARIOS = str(REPO / "worker" / "adapters" / "scripted" / "scenarios")
 
 #: The service's RLIMIT_NOFILE in these tests (soft and hard; the test process and the machine keep theirs).
 NOFILE = 256
@@ -48,7 +48,7 @@ GUARD_S = 60.0
 
 #: Runs ``codesdk-supervisor`` with RLIMIT_NOFILE lowered first, in the same process (exec keeps the pid).
 _LIMITED = ("import os, resource, sys; n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_NOFILE, (n, n)); "
-            "os.execv(sys.executable, [sys.executable, '-m', 'supervisor.service', *sys.argv[2:]])")
+            "os.execv(sys.executable, [sys.executable, '-m', 'codesdk.supervisor.service.main', *sys.argv[2:]])")
 
 
 @dataclass
@@ -605,9 +605,9 @@ def test_workers_past_the_descriptor_limit_fail_clearly_and_the_service_lives(tm
 _EMFILE_PROBE = """
 import errno, json, os, resource, sys
 import trio
-from supervisor import _orphans
-from supervisor.worker_launch import worker_argv
-from supervisor.workers import process
+from codesdk.procs import _orphans
+from codesdk.worker.client import worker_argv
+from codesdk.worker.client import _process as process
 
 results = {}
 
@@ -690,7 +690,7 @@ _EMFILE_TASKS = """
 import errno, json, os, resource, sys
 from pathlib import Path
 import trio
-from supervisor.app import SupervisorOptions, open_engine
+from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
 
 data_dir, scenarios = Path(sys.argv[1]), sys.argv[2]
 outcomes = []

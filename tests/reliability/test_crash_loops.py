@@ -17,15 +17,15 @@ from typing import Any
 
 import trio
 
-from protocol import EventType
-from supervisor.engine import Engine
-from supervisor.store import TaskState
+from codesdk.protocol import EventType
+from codesdk.supervisor.engine import Engine
+from codesdk.supervisor.store import TaskState
 
-from ..conftest import MakeEngine
-from ..e2e.conftest import of_type, run_task
-from ..service.test_service import _client, _datagrams, _start
-from ..waits import wait_for
-from ..worker.harness import REPO
+from tests.conftest import MakeEngine
+from tests.e2e.conftest import of_type, run_task
+from tests.service.test_service import _client, _datagrams, _start
+from tests.waits import wait_for
+from tests.worker.harness import REPO
 
 CRASH = {"scenario": "crash-exit"}
 ECHO = {"scenario": "echo"}
@@ -104,7 +104,7 @@ async def test_the_operator_lifts_a_quarantine_at_once(make_engine: MakeEngine) 
 
 
 def _supervisor(*args: str, data: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "supervisor.service", *args, "--data-dir", str(data)],
+    return subprocess.run([sys.executable, "-m", "codesdk.supervisor.service.main", *args, "--data-dir", str(data)],
                           check=False, cwd=REPO, capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL)
 

@@ -22,14 +22,14 @@ import pytest
 import trio
 
 from codesdk.testing.invariants import check_session
-from protocol import TERMINAL_EVENT_TYPES, EventType, InteractionMode, NormalizedEvent, PermissionMode
-from supervisor.engine import Engine
-from supervisor.engine._transcript import session_events
-from supervisor.store import DB_FILENAME, EventStore, TaskState
+from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType, InteractionMode, NormalizedEvent, PermissionMode
+from codesdk.supervisor.engine import Engine
+from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.store import DB_FILENAME, EventStore, TaskState
 
-from ..conftest import MakeEngine
-from ..seeds import Seed
-from ..service.test_service import _client, _start, _wait_socket, kill_and_reap
+from tests.conftest import MakeEngine
+from tests.seeds import Seed
+from tests.service.test_service import _client, _start, _wait_socket, kill_and_reap
 
 ROUNDS = int(os.environ.get("CODESDK_CRASH_ROUNDS", "4"))
 SEED = Seed.from_env("CODESDK_CRASH_SEED")
@@ -260,7 +260,7 @@ def test_supervisor_sigkill_during_heavy_writes_loses_nothing_it_published(tmp_p
 
 async def _check_every_session(data: Path, published: dict[str, list[dict[str, Any]]]) -> None:
     """Reopen (recovering tasks left running), then compare with what the subscribers were handed."""
-    from supervisor.app import SupervisorOptions, open_engine
+    from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
 
     async with open_engine(SupervisorOptions(data_dir=data)):
         pass  # recovery: running tasks -> task.failed SUPERVISOR_RESTARTED

@@ -16,15 +16,15 @@ import apsw
 import pytest
 import trio
 
-from protocol import TERMINAL_EVENT_TYPES, EventType, RuntimeInfo
-from supervisor.engine import Engine, EngineConfig
-from supervisor.store import DatabaseError, EventDraft, EventStore
-from supervisor.tools import ToolRegistry, ToolsConfig
-from supervisor.worker_launch import TEST_STEPS_ENV, PoolConfig
+from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType, RuntimeInfo
+from codesdk.supervisor.engine import Engine, EngineConfig
+from codesdk.supervisor.store import DatabaseError, EventDraft, EventStore
+from codesdk.supervisor.tools import ToolRegistry, ToolsConfig
+from codesdk.supervisor.workers.launch import TEST_STEPS_ENV, PoolConfig
 
-from ..conftest import SCENARIOS
-from ..e2e.conftest import wait_for_event
-from .test_crash_points import integrity_ok
+from tests.conftest import SCENARIOS
+from tests.e2e.conftest import wait_for_event
+from tests.reliability.test_crash_points import integrity_ok
 
 _names = itertools.count()
 
@@ -118,7 +118,7 @@ async def test_a_failing_disk_is_never_acknowledged_and_the_store_recovers(
 
 async def test_the_engine_stops_a_task_whose_events_cannot_be_stored_and_readyz_says_why(
         tmp_path: Path, faulty: FaultyVFS) -> None:
-    from supervisor.api import TokenAuth, create_app
+    from codesdk.supervisor.api import TokenAuth, create_app
 
     data = tmp_path / "data"
     pool = PoolConfig(data_dir=data, env={"*": {"CODESDK_SCENARIO_DIR": SCENARIOS, TEST_STEPS_ENV: "1"}})

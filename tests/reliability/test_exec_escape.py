@@ -22,7 +22,7 @@ import psutil
 import pytest
 import trio
 
-from supervisor.tools import (
+from codesdk.supervisor.tools import (
     ExecPolicy,
     SandboxProber,
     SandboxTools,
@@ -32,9 +32,9 @@ from supervisor.tools import (
     ToolsConfig,
     probe_sandbox,
 )
-from supervisor.tools._sandbox import DEFAULT_EXEC_UID
+from codesdk.supervisor.tools._sandbox import DEFAULT_EXEC_UID
 
-from ..sandboxes import NO_BWRAP, FixedProber
+from tests.sandboxes import NO_BWRAP, FixedProber
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the escapes are those of a root supervisor: run as root "
                                                            "(as CI does); as another uid exec keeps that uid")

@@ -12,11 +12,11 @@ import resource
 
 import trio
 
-from protocol import EventType
-from supervisor.store import TaskState
+from codesdk.protocol import EventType
+from codesdk.supervisor.store import TaskState
 
-from ..conftest import MakeEngine
-from ..e2e.conftest import of_type, run_task
+from tests.conftest import MakeEngine
+from tests.e2e.conftest import of_type, run_task
 
 
 def _open_fds() -> set[str]:

@@ -21,16 +21,16 @@ import trio
 import trio.testing
 
 from codesdk.testing.invariants import check_session
-from protocol import TERMINAL_EVENT_TYPES, EventType, ModelOutputDelta, RuntimeEventParams
-from supervisor.engine import Engine
-from supervisor.engine._batch import SHARE_QUANTUM, STREAM_AFTER_EVENTS
-from supervisor.engine._transcript import session_events
-from supervisor.store import TaskState
-from supervisor.store._db import Db, SQLiteDb
-from supervisor.store._writer import Writer, WriteRequest, WriterStats
+from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType, ModelOutputDelta, RuntimeEventParams
+from codesdk.supervisor.engine import Engine
+from codesdk.supervisor.engine._batch import SHARE_QUANTUM, STREAM_AFTER_EVENTS
+from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.store import TaskState
+from codesdk.supervisor.store._db import Db, SQLiteDb
+from codesdk.supervisor.store._writer import Writer, WriteRequest, WriterStats
 
-from ..conftest import MakeEngine
-from ..engine.doubles import FakeWorker, engine_with_doubles, running_task
+from tests.conftest import MakeEngine
+from tests.engine.doubles import FakeWorker, engine_with_doubles, running_task
 
 FLOOD = 1_000_000  # never reached: the flood is stopped at the end
 WARM = 3_000  # the flood is a stream with a backlog before the other tenant starts

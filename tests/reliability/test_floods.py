@@ -11,10 +11,10 @@ from __future__ import annotations
 import psutil
 import trio
 
-from protocol import TERMINAL_EVENT_TYPES, EventType
-from supervisor.store import TaskState
+from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType
+from codesdk.supervisor.store import TaskState
 
-from ..api.conftest import Api
+from tests.api.conftest import Api
 
 FLOOD = 80_000
 MIB = 1024 * 1024

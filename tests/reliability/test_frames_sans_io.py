@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import (
+from codesdk.protocol import (
     BadFrame,
     ErrorCode,
     ErrorResponse,
@@ -34,9 +34,9 @@ from protocol import (
     decode_message,
     encode_message,
 )
-from protocol._framing import MAX_INTEGER_DIGITS, MAX_NESTING_DEPTH
+from codesdk.protocol._framing import MAX_INTEGER_DIGITS, MAX_NESTING_DEPTH
 
-from .hostile_traps import TRAPS, VALID_STOP, Trap
+from tests.reliability.hostile_traps import TRAPS, VALID_STOP, Trap
 
 Item = JsonRpcMessage | BadFrame
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from codesdk.testing import WorkerDriver, WorkerOutputEnded, open_worker
 from codesdk.testing.invariants import check_session
-from protocol import (
+from codesdk.protocol import (
     ErrorObject,
     ErrorResponse,
     EventType,
@@ -39,14 +39,14 @@ from protocol import (
     TaskFailed,
     encode_message,
 )
-from supervisor.engine import Engine
-from supervisor.engine._transcript import session_events
-from supervisor.store import TaskState
-from supervisor.workers import WorkerBroken, WorkerConnection
+from codesdk.supervisor.engine import Engine
+from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.store import TaskState
+from codesdk.worker.client import WorkerBroken, WorkerConnection
 from tests.conftest import MakeEngine
 from tests.e2e.conftest import worker_of
 
-from .hostile_traps import TRAPS
+from tests.reliability.hostile_traps import TRAPS
 
 HOSTILE_WORKER = Path(__file__).with_name("hostile_worker.py")
 SMALL_FRAME_LIMIT = 4096
@@ -355,7 +355,7 @@ async def test_a_frame_torn_by_a_killed_worker_fails_its_task_exactly_once_and_o
 async def test_a_worker_writing_thousands_of_bad_lines_cannot_flood_the_log(
         caplog: pytest.LogCaptureFixture) -> None:
     """Each bad line is counted; only the first few per minute are logged one by one, the rest in one line."""
-    from supervisor.workers.connection import VIOLATION_LOGS_PER_WINDOW
+    from codesdk.worker.client import VIOLATION_LOGS_PER_WINDOW
 
     with trio.fail_after(60), caplog.at_level(logging.WARNING, logger="codesdk.supervisor.worker"):
         async with _connection() as (connection, peer):

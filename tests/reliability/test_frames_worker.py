@@ -13,11 +13,11 @@ import pytest
 import trio
 
 from codesdk.testing import WorkerDriver, open_worker
-from protocol import ErrorCode, EventType, Method, Request, encode_message
-from supervisor.workers import RpcError, worker_argv
-from supervisor.workers.connection import VIOLATIONS_KEPT
+from codesdk.protocol import ErrorCode, EventType, Method, Request, encode_message
+from codesdk.worker.client import RpcError, worker_argv
+from codesdk.worker.client import VIOLATIONS_KEPT
 
-from .hostile_traps import TRAPS
+from tests.reliability.hostile_traps import TRAPS
 
 FRAME_LIMIT = 4096
 

@@ -16,12 +16,12 @@ import psutil
 import pytest
 import trio
 
-from protocol import EventType
-from supervisor.store import TaskState
-from supervisor.workers import worker_argv
+from codesdk.protocol import EventType
+from codesdk.supervisor.store import TaskState
+from codesdk.worker.client import worker_argv
 
-from ..conftest import MakeEngine
-from ..e2e.conftest import of_type, run_task
+from tests.conftest import MakeEngine
+from tests.e2e.conftest import of_type, run_task
 
 #: Starts a grandchild that inherits the worker's pipes (in its own session when asked), records its pid,
 #: then becomes the real worker.
@@ -110,7 +110,7 @@ os.execv(sys.argv[1], sys.argv[1:])
 async def test_a_daemon_that_left_the_workers_session_dies_with_the_worker(make_engine: MakeEngine,
                                                                            tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from supervisor.workers import process
+    from codesdk.worker.client import _process as process
 
     monkeypatch.setattr(process, "TREE_SNAPSHOT_S", 0.05)
     pidfile = tmp_path / "daemons"

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from codesdk.testing.invariants import check_session
-from protocol import (
+from codesdk.protocol import (
     EventType,
     Method,
     ModelOutputDelta,
@@ -26,10 +26,10 @@ from protocol import (
     WorkerEvent,
     canonical_hash,
 )
-from supervisor.engine._transcript import session_events
-from supervisor.store import EventDraft, EventStore, TaskState, TaskUpdate
+from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.store import EventDraft, EventStore, TaskState, TaskUpdate
 
-from ..engine.doubles import engine_with_doubles, running_task
+from tests.engine.doubles import engine_with_doubles, running_task
 
 
 def _draft(text: str) -> EventDraft:

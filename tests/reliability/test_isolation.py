@@ -30,21 +30,21 @@ import pytest
 import trio
 
 from codesdk.testing.invariants import check_session
-from protocol import EventType, PermissionMode
-from supervisor.api import TokenAuth
-from supervisor.app import SupervisorOptions, open_engine
-from supervisor.cli import main as cli_main
-from supervisor.engine import Engine, EngineError
-from supervisor.engine._transcript import session_events
-from supervisor.namespace_env import ENV_DIR, NamespaceEnv
-from supervisor.namespaces import SUBDIRS, UIDS_FILE, InvalidNamespace, Namespace, UidRange, prepare_dirs
-from supervisor.store import DB_FILENAME
-from supervisor.worker_launch import TEST_STEPS_ENV
-from supervisor.workers import WorkerProcess, worker_argv
-from worker.adapters.claude import _env as claude_env
+from codesdk.protocol import EventType, PermissionMode
+from codesdk.supervisor.api import TokenAuth
+from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
+from codesdk.supervisor.cli.local import main as cli_main
+from codesdk.supervisor.engine import Engine, EngineError
+from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.namespaces._variables import ENV_DIR, NamespaceEnv
+from codesdk.supervisor.namespaces import SUBDIRS, UIDS_FILE, InvalidNamespace, Namespace, UidRange, prepare_dirs
+from codesdk.supervisor.store import DB_FILENAME
+from codesdk.supervisor.workers.launch import TEST_STEPS_ENV
+from codesdk.worker.client import WorkerProcess, worker_argv
+from codesdk.worker.adapters.claude import _env as claude_env
 
-from ..worker.harness import REPO
-from .probe_worker import interpreter_for_any_uid, why_no_worker_uids, worker_argv_for_any_uid
+from tests.worker.harness import REPO
+from tests.reliability.probe_worker import interpreter_for_any_uid, why_no_worker_uids, worker_argv_for_any_uid
 
 PROBE = Path(__file__).with_name("probe_worker.py")
 ALICE, BOB = "user:alice", "user:bob"
@@ -61,7 +61,7 @@ BOB_FILE_SECRET = f"canary-bob-file-{_RUN}"
 ALICE_OAUTH_SECRET = f"canary-alice-oauth-{_RUN}"
 ALICE_EMAIL_USER = f"canary-alice-mail-{_RUN}"
 #: Worker variables the pool adds for every namespace (plus the namespace's own directories).
-COMMON_ENV = {"CODESDK_SCENARIO_DIR": str(REPO / "fixtures" / "scenarios"), "CODESDK_LOG_LEVEL": "DEBUG"}
+COMMON_ENV = {"CODESDK_SCENARIO_DIR": str(REPO / "worker" / "adapters" / "scripted" / "scenarios"), "CODESDK_LOG_LEVEL": "DEBUG"}
 BASE_NAMES = {"HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "TMPDIR", "PATH",
               "LANG", "LC_ALL"}
 #: uids reserved for this module's workers (no passwd entries needed; any with one are skipped).

@@ -18,13 +18,13 @@ import psutil  # type: ignore[import-untyped]
 import pytest
 import trio
 
-from supervisor import _orphans, _own_children
-from supervisor._orphans import become_subreaper, end_adopted, sweep_adopted
-from supervisor._own_children import disown, owned_child, starting
-from supervisor.store import TaskState
+from codesdk.procs import _orphans, _own_children
+from codesdk.procs._orphans import become_subreaper, end_adopted, sweep_adopted
+from codesdk.procs._own_children import disown, owned_child, starting
+from codesdk.supervisor.store import TaskState
 
-from ..conftest import MakeEngine
-from ..e2e.conftest import run_task
+from tests.conftest import MakeEngine
+from tests.e2e.conftest import run_task
 
 #: The runtime's own process: detaches a helper into a session of its own that waits on a FIFO, records its
 #: pid, and exits while the helper lives on.

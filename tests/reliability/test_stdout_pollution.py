@@ -14,9 +14,9 @@ import trio
 
 from codesdk.testing import open_worker
 from codesdk.testing.invariants import check_session
-from protocol import EventType, ModelOutputCompleted
-from supervisor.engine._transcript import session_events
-from supervisor.store import TaskState
+from codesdk.protocol import EventType, ModelOutputCompleted
+from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.store import TaskState
 from tests.conftest import MakeEngine
 
 ROUTES = ("(print)", "(sys.__stdout__)", "(fd 1)", "(child process)")

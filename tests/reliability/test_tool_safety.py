@@ -19,7 +19,7 @@ import psutil
 import pytest
 import trio
 
-from supervisor.tools import (
+from codesdk.supervisor.tools import (
     ExecPolicy,
     SandboxTools,
     ToolContext,

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import trio
 
-from protocol import EventType, PermissionMode
-from supervisor.engine import Engine
-from supervisor.store import TaskState
-from supervisor.tools import probe_sandbox
+from codesdk.protocol import EventType, PermissionMode
+from codesdk.supervisor.engine import Engine
+from codesdk.supervisor.store import TaskState
+from codesdk.supervisor.tools import probe_sandbox
 
-from ..conftest import MakeEngine
-from ..e2e.conftest import of_type, run_task
+from tests.conftest import MakeEngine
+from tests.e2e.conftest import of_type, run_task
 
 
 def snapshot(root: Path) -> dict[str, bytes | None]:

@@ -26,11 +26,11 @@ from codesdk.testing.replay import (
     replay,
     to_golden,
 )
-from supervisor.namespace_env import NamespaceEnv, NamespaceEnvError
-from supervisor.namespaces import RECORD_STREAMS_ENV
-from worker._recording import RECORD_ENV
+from codesdk.supervisor.namespaces._variables import NamespaceEnv, NamespaceEnvError
+from codesdk.supervisor.namespaces import RECORD_STREAMS_ENV
+from codesdk.worker._recording import RECORD_ENV
 
-from ..conftest import GOLDEN, STREAMS
+from tests.conftest import GOLDEN, STREAMS
 
 RECORDINGS = sorted(STREAMS.glob("*/*/task*.jsonl"))
 

@@ -22,20 +22,20 @@ import trio
 
 from codesdk.testing.invariants import check_session
 from fixtures.fake_anthropic import FakeAnthropic, opencode_config
-from protocol import EventType, InteractionMode, NormalizedEvent, PermissionMode, TaskFailureCode
-from supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
-from supervisor.engine._transcript import session_events
-from supervisor.store import TaskRecord, TaskState
-from worker.adapters._installed import RUNTIMES_DIR_ENV
-from worker.adapters.acp._gemini import GeminiProfile
-from worker.adapters.acp._opencode import OpenCodeProfile
-from worker.adapters.acp._profile import AgentProfile
+from codesdk.protocol import EventType, InteractionMode, NormalizedEvent, PermissionMode, TaskFailureCode
+from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
+from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.store import TaskRecord, TaskState
+from codesdk.worker.adapters._installed import RUNTIMES_DIR_ENV
+from codesdk.worker.adapters.acp._gemini import GeminiProfile
+from codesdk.worker.adapters.acp._opencode import OpenCodeProfile
+from codesdk.worker.adapters.acp._profile import AgentProfile
 
-from ..conftest import MakeEngine
-from ..contract.cases import GeminiCase, OpenCodeCase, workspace
-from ..e2e.conftest import of_type
-from ..netns import skip_outside_netns
-from ..worker.harness import REPO
+from tests.conftest import MakeEngine
+from tests.contract.cases import GeminiCase, OpenCodeCase, workspace
+from tests.e2e.conftest import of_type
+from tests.netns import skip_outside_netns
+from tests.worker.harness import REPO
 
 pytestmark = [pytest.mark.runtime, skip_outside_netns]
 
@@ -244,7 +244,7 @@ async def test_an_agent_speaking_another_acp_version_is_told_apart(make_engine: 
 
 # -- as an operator uses it: `codesdk run --runtime gemini|opencode` ------------------------------------------------
 
-CLI = [sys.executable, "-m", "supervisor.cli_entry"]
+CLI = [sys.executable, "-m", "codesdk.supervisor.cli.front"]
 
 
 @EACH_AGENT

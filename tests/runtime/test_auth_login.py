@@ -13,12 +13,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from worker.adapters.claude._launch import cli_path
+from codesdk.worker.adapters.claude._launch import cli_path
 
-from ..netns import skip_outside_netns
-from ..worker.harness import REPO
+from tests.netns import skip_outside_netns
+from tests.worker.harness import REPO
 
-CLI = [sys.executable, "-m", "supervisor.cli_entry"]
+CLI = [sys.executable, "-m", "codesdk.supervisor.cli.front"]
 #: Seconds the login may take to print its URL before the test gives up as hung (not a timing claim).
 HANG_GUARD_S = 60.0
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from codesdk.testing.invariants import check_session
 from fixtures.fake_anthropic import FakeAnthropic
 from fixtures.fake_anthropic.scenario import block_text
-from protocol import (
+from codesdk.protocol import (
     AuthState,
     EventType,
     InteractionMode,
@@ -28,21 +28,21 @@ from protocol import (
     StartTaskParams,
     ToolCallRequested,
 )
-from supervisor._orphans import end_session
-from supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
-from supervisor.engine._transcript import session_events
-from supervisor.store import TaskRecord, TaskState
-from worker._ahead import RUNTIME_AHEAD_ENV
-from worker.adapters._process import RuntimeAhead
-from worker.adapters.claude import ClaudeAdapter, _env
-from worker.adapters.claude._adapter import ClaudeTask
-from worker.adapters.claude._launch import cli_path
+from codesdk.procs._orphans import end_session
+from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
+from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.store import TaskRecord, TaskState
+from codesdk.worker._ahead import RUNTIME_AHEAD_ENV
+from codesdk.worker.adapters._process import RuntimeAhead
+from codesdk.worker.adapters.claude import ClaudeAdapter, _env
+from codesdk.worker.adapters.claude._adapter import ClaudeTask
+from codesdk.worker.adapters.claude._launch import cli_path
 
-from ..conftest import MakeEngine
-from ..contract.cases import ClaudeCase, workspace
-from ..e2e.conftest import of_type
-from ..netns import skip_outside_netns
-from ..worker.harness import REPO
+from tests.conftest import MakeEngine
+from tests.contract.cases import ClaudeCase, workspace
+from tests.e2e.conftest import of_type
+from tests.netns import skip_outside_netns
+from tests.worker.harness import REPO
 
 needs_claude = pytest.mark.skipif(cli_path() is None, reason="claude-agent-sdk is not installed")
 
@@ -205,7 +205,7 @@ def test_the_login_is_the_clis_own_auth_login() -> None:
 
 def test_the_adapter_imports_neither_the_sdk_nor_mcp() -> None:
     """The import of claude_agent_sdk (and through it mcp) costs ~1.2 s: the worker must never pay it."""
-    program = ("import sys, worker.main, worker.adapters, worker.adapters.claude._adapter\n"
+    program = ("import sys, codesdk.worker.main, codesdk.worker.adapters, codesdk.worker.adapters.claude._adapter\n"
                "print(sorted({m.split('.')[0] for m in sys.modules} & {'claude_agent_sdk', 'mcp', 'mcp_types', "
                "'anyio'}))")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True, cwd=REPO)
@@ -574,7 +574,7 @@ CLI_MESSAGES: list[dict[str, Any]] = [
 
 
 async def _our_answers(messages: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
-    from worker.mcp_server import McpServer, McpTool, ToolCallResult
+    from codesdk.worker.mcp.server import McpServer, McpTool, ToolCallResult
 
     async def call(name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> ToolCallResult:
         assert (name, arguments, meta["claudecode/toolUseId"]) == ("workspace_read", {"path": "a.txt"}, "toolu_1")
@@ -756,7 +756,7 @@ def test_a_worker_ends_the_cli_it_started_ahead_when_its_supervisor_goes(here: P
     CLI at once, and ends it with itself when its stdin closes."""
     env = {**os.environ, RUNTIME_AHEAD_ENV: json.dumps({"runtime": "claude", "runtime_config": {},
                                                          "workspace": str(here)})}
-    worker = subprocess.Popen([sys.executable, "-m", "worker.main"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+    worker = subprocess.Popen([sys.executable, "-m", "codesdk.worker.main"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, env=env, cwd=REPO, start_new_session=True)  # as spawned
     try:
         assert worker.stdin is not None and worker.stderr is not None

@@ -13,14 +13,14 @@ import psutil
 import pytest
 
 from fixtures.fake_anthropic import FakeAnthropic
-from supervisor.worker_launch import Headstart, PoolConfig
-from worker.adapters.claude._launch import cli_path
+from codesdk.supervisor.workers.launch import Headstart, PoolConfig
+from codesdk.worker.adapters.claude._launch import cli_path
 
-from ..netns import skip_outside_netns
-from ..waits import wait_for
-from ..worker.harness import REPO
+from tests.netns import skip_outside_netns
+from tests.waits import wait_for
+from tests.worker.harness import REPO
 
-CLI = [sys.executable, "-m", "supervisor.cli_entry"]
+CLI = [sys.executable, "-m", "codesdk.supervisor.cli.front"]
 pytestmark = [pytest.mark.runtime, skip_outside_netns,
               pytest.mark.skipif(cli_path() is None, reason="claude-agent-sdk is not installed")]
 

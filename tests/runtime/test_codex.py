@@ -22,19 +22,19 @@ import trio
 from codesdk import AsyncClient
 from codesdk.testing.invariants import check_session
 from fixtures.fake_anthropic import FakeAnthropic
-from protocol import BlockKind, EventType, NormalizedEvent, TaskFailureCode
-from supervisor.api import TokenAuth, serve_api
-from supervisor.engine import Engine
-from supervisor.engine._transcript import session_events
-from supervisor.store import TaskRecord, TaskState
-from worker.adapters._installed import RUNTIMES_DIR_ENV
-from worker.adapters.codex._launch import CODEX_VERSION, codex_path
+from codesdk.protocol import BlockKind, EventType, NormalizedEvent, TaskFailureCode
+from codesdk.supervisor.api import TokenAuth, serve_api
+from codesdk.supervisor.engine import Engine
+from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.store import TaskRecord, TaskState
+from codesdk.worker.adapters._installed import RUNTIMES_DIR_ENV
+from codesdk.worker.adapters.codex._launch import CODEX_VERSION, codex_path
 
-from ..conftest import MakeEngine
-from ..contract.cases import CODEX_CONFIG, CodexCase, workspace
-from ..e2e.conftest import of_type
-from ..netns import skip_outside_netns
-from ..worker.harness import REPO
+from tests.conftest import MakeEngine
+from tests.contract.cases import CODEX_CONFIG, CodexCase, workspace
+from tests.e2e.conftest import of_type
+from tests.netns import skip_outside_netns
+from tests.worker.harness import REPO
 
 needs_codex = pytest.mark.skipif(codex_path() is None,
                                  reason="Codex is not installed: ./scripts/install-runtimes (needs node and npm)")
@@ -225,7 +225,7 @@ async def test_a_binary_that_dies_at_once_is_a_retryable_crash_with_its_stderr(
 
 # -- as an operator uses it: `codesdk run --runtime codex`, `codesdk auth` ---------------------------------------
 
-CLI = [sys.executable, "-m", "supervisor.cli_entry"]
+CLI = [sys.executable, "-m", "codesdk.supervisor.cli.front"]
 
 
 def _cli(data: Path, *args: str) -> subprocess.CompletedProcess[str]:

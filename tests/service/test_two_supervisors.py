@@ -22,12 +22,12 @@ import pytest
 
 from codesdk import Client, NamespaceElsewhere
 
-from ..postgres import PostgresServer
-from ..postgres import unavailable as postgres_unavailable
-from ..waits import wait_for
-from ..worker.harness import REPO
+from tests.postgres import PostgresServer
+from tests.postgres import unavailable as postgres_unavailable
+from tests.waits import wait_for
+from tests.worker.harness import REPO
 
-SCENARIOS = str(REPO / "fixtures" / "scenarios")
+SCENARIOS = str(REPO / "worker" / "adapters" / "scripted" / "scenarios")
 #: Short leases, so a takeover comes soon after a death (renewed every third of it).
 LEASE_S = 2.0
 TERMINALS = ("task.completed", "task.failed", "task.stopped")
@@ -41,7 +41,7 @@ class Supervisor:
     def __init__(self, data_dir: Path, store: str) -> None:
         self.data_dir = data_dir
         self.socket = data_dir / "api.sock"
-        argv = [sys.executable, "-m", "supervisor.service", "serve", "--data-dir", str(data_dir),
+        argv = [sys.executable, "-m", "codesdk.supervisor.service.main", "serve", "--data-dir", str(data_dir),
                 "--enable-test-scenarios", "--store", store, "--lease-s", str(LEASE_S), "--no-worker-template"]
         self.log = data_dir.parent / f"{data_dir.name}.log"
         data_dir.mkdir(mode=0o700)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypedDict, Unpack
 
-from supervisor.store import EventStore, Recorder, Synchronous, open_postgres
+from codesdk.supervisor.store import EventStore, Recorder, Synchronous, open_postgres
 
 
 class Sizes(TypedDict, total=False):

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.store import EventStore, Recorder
+from codesdk.supervisor.store import EventStore, Recorder
 
-from .backends import BACKENDS, Backend
+from tests.store.backends import BACKENDS, Backend
 
 
 @pytest.fixture

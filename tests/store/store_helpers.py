@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol import EventType, RuntimeInfo, Trace
-from supervisor.store import EventDraft
+from codesdk.protocol import EventType, RuntimeInfo, Trace
+from codesdk.supervisor.store import EventDraft
 
 RUNTIME = RuntimeInfo(name="scripted", model="scripted-1")
 

@@ -34,7 +34,7 @@ import apsw
 import trio
 
 from codesdk.testing.invariants import InvariantError, check_session
-from protocol import (
+from codesdk.protocol import (
     SCHEMA_VERSION,
     EventType,
     InteractionMode,
@@ -43,7 +43,7 @@ from protocol import (
     TraceContext,
     upcasters,
 )
-from supervisor.store import DB_FILENAME
+from codesdk.supervisor.store import DB_FILENAME
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS_ROOT = REPO / "fixtures" / "stored_events"
@@ -150,8 +150,8 @@ TOOLS_SCENARIO: dict[str, Any] = {"name": "corpus-tools", "steps": [
 async def _run_tasks(data_dir: Path, workspaces: Path, scenarios: Path) -> None:
     """Real tasks through the engine, so that every event type is stored at least once."""
     # Imported here: reading a corpus (what the tests do) needs none of the engine.
-    from supervisor.app import SupervisorOptions, open_engine
-    from supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
+    from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
+    from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
 
     async def until(engine: Engine, session_id: str, event_type: EventType) -> Any:
         async with engine.store.subscribe(session_id) as events:
@@ -256,7 +256,7 @@ def freeze(target: Path) -> Path:
     with tempfile.TemporaryDirectory(prefix="codesdk-freeze-") as scratch:
         root = Path(scratch)
         (root / "ws").mkdir()
-        shutil.copytree(REPO / "fixtures" / "scenarios", root / "scenarios")
+        shutil.copytree(REPO / "worker" / "adapters" / "scripted" / "scenarios", root / "scenarios")
         (root / "scenarios" / "corpus-tools.json").write_text(json.dumps(TOOLS_SCENARIO), encoding="utf-8")
         trio.run(_run_tasks, root / "data", root / "ws", root / "scenarios")
         store_schema, rows = _rows(root / "data" / DB_FILENAME)

@@ -9,8 +9,8 @@ import psycopg
 import trio
 import trio.testing
 
-from supervisor.store import Claim, PostgresLeases, Renewal, StoreError, open_postgres
-from supervisor.store._pg import redacted
+from codesdk.supervisor.store import Claim, PostgresLeases, Renewal, StoreError, open_postgres
+from codesdk.supervisor.store._pg import redacted
 
 #: Short enough that expiry comes within a test; the waits are for conditions, never for this long.
 SHORT_LEASE_S = 0.5

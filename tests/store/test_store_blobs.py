@@ -11,8 +11,8 @@ import apsw
 import pytest
 import trio
 
-from protocol import CanonicalizationError, EventType, RuntimeInfo, canonical_hash, sha256_hex
-from supervisor.store import (
+from codesdk.protocol import CanonicalizationError, EventType, RuntimeInfo, canonical_hash, sha256_hex
+from codesdk.supervisor.store import (
     DB_FILENAME,
     INLINE_BLOB_MAX,
     BlobCorrupt,
@@ -23,7 +23,7 @@ from supervisor.store import (
     Recorder,
 )
 
-from .backends import Backend
+from tests.store.backends import Backend
 
 
 def _blob_files(data_dir: Path) -> list[Path]:

@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 import trio
 
-from protocol import EventType, ModelOutputDelta, NormalizedEvent, Trace, utc_now
-from supervisor.store import (
+from codesdk.protocol import EventType, ModelOutputDelta, NormalizedEvent, Trace, utc_now
+from codesdk.supervisor.store import (
     ApprovalDecided,
     ApprovalRecord,
     EventDraft,
@@ -33,8 +33,8 @@ from supervisor.store import (
     UnknownTask,
 )
 
-from .backends import Backend
-from .store_helpers import RUNTIME, bad_delta, delta, session_created, terminal, texts
+from tests.store.backends import Backend
+from tests.store.store_helpers import RUNTIME, bad_delta, delta, session_created, terminal, texts
 
 
 async def test_create_and_get_session(recorder: Recorder) -> None:

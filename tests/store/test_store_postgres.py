@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.lowlevel
 
-from supervisor.store import (
+from codesdk.supervisor.store import (
     DatabaseError,
     EventStore,
     InvalidTransition,
@@ -20,11 +20,11 @@ from supervisor.store import (
     TaskUpdate,
     open_postgres,
 )
-from supervisor.store._pg_schema import LATEST
+from codesdk.supervisor.store._pg_schema import LATEST
 
-from ..postgres import PostgresServer
-from ..seeds import Seed
-from .store_helpers import delta, session_created
+from tests.postgres import PostgresServer
+from tests.seeds import Seed
+from tests.store.store_helpers import delta, session_created
 
 #: A subscriber that would wait this long before reading on its own: only a notice can wake it within a test.
 NO_POLLING = 3600.0

@@ -9,7 +9,7 @@ import apsw
 import pytest
 import trio
 
-from supervisor.store import (
+from codesdk.supervisor.store import (
     DB_FILENAME,
     SCHEMA_VERSION,
     DatabaseError,
@@ -20,9 +20,9 @@ from supervisor.store import (
     StoreError,
     TaskState,
 )
-from supervisor.store._schema import MIGRATIONS, migrate
+from codesdk.supervisor.store._schema import MIGRATIONS, migrate
 
-from .store_helpers import delta, texts
+from tests.store.store_helpers import delta, texts
 
 
 def _connect(data_dir: Path) -> apsw.Connection:

@@ -8,11 +8,11 @@ import apsw
 import pytest
 import trio
 
-from supervisor.store import DB_FILENAME, EventStore
+from codesdk.supervisor.store import DB_FILENAME, EventStore
 
-from .backends import SQLiteBackend
-from .store_helpers import delta, session_created
-from .test_store_contract import reopen_keeps_everything
+from tests.store.backends import SQLiteBackend
+from tests.store.store_helpers import delta, session_created
+from tests.store.test_store_contract import reopen_keeps_everything
 
 
 async def test_reopen_keeps_everything_at_default_durability(data_dir: Path) -> None:

@@ -22,12 +22,12 @@ import trio
 from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from protocol import NormalizedEvent
-from supervisor.store import InvalidEvent, Recorder, StoreClosed, TaskState, TaskUpdate, UnknownTask
+from codesdk.protocol import NormalizedEvent
+from codesdk.supervisor.store import InvalidEvent, Recorder, StoreClosed, TaskState, TaskUpdate, UnknownTask
 
-from ..postgres import PostgresServer
-from .backends import BACKENDS, Backend
-from .store_helpers import bad_delta, delta, texts
+from tests.postgres import PostgresServer
+from tests.store.backends import BACKENDS, Backend
+from tests.store.store_helpers import bad_delta, delta, texts
 
 T = TypeVar("T")
 STEP_TIMEOUT = 15

@@ -11,11 +11,11 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from protocol import EventType, NormalizedEvent
-from supervisor.store import Recorder, StoreClosed, Subscription, TaskState, TaskUpdate, UnknownSession
+from codesdk.protocol import EventType, NormalizedEvent
+from codesdk.supervisor.store import Recorder, StoreClosed, Subscription, TaskState, TaskUpdate, UnknownSession
 
-from .backends import Backend
-from .store_helpers import delta, terminal, texts
+from tests.store.backends import Backend
+from tests.store.store_helpers import delta, terminal, texts
 
 
 async def _take(subscription: Subscription, count: int) -> list[NormalizedEvent]:

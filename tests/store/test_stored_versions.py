@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from codesdk.testing.invariants import check_session
-from protocol import (
+from codesdk.protocol import (
     EVENT_MODELS,
     SCHEMA_VERSION,
     BlockKind,
@@ -34,13 +34,13 @@ from protocol import (
     UpcasterRegistry,
     upcasters,
 )
-from supervisor.store import DB_FILENAME, EventStore
-from supervisor.store._schema import LATEST, migrate
-from supervisor.store._sql import _event
-from supervisor.store._time import to_text
+from codesdk.supervisor.store import DB_FILENAME, EventStore
+from codesdk.supervisor.store._schema import LATEST, migrate
+from codesdk.supervisor.store._sql import _event
+from codesdk.supervisor.store._time import to_text
 
-from ..protocol.test_models import normalized_events
-from .stored_events import Corpus, corpus_versions, read_corpus
+from tests.protocol.test_models import normalized_events
+from tests.store.stored_events import Corpus, corpus_versions, read_corpus
 
 VERSIONS = corpus_versions()
 CORPORA = {version: read_corpus(version) for version in VERSIONS}

@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-from protocol import ToolSpec
-from worker.adapters._installed import RUNTIMES_DIR_ENV
-from worker.adapters._tool_names import model_tool_names
-from worker.adapters.acp._adapter import _choose
-from worker.adapters.acp._codex_acp import DISABLED_FEATURES, CodexAcpProfile
-from worker.adapters.acp._gemini import BUILTIN_TOOLS, USER_SETTINGS, GeminiProfile
-from worker.adapters.acp._opencode import OpenCodeProfile
-from worker.adapters.acp._profile import AcpSettings, AgentProfile, BadAcpConfig, UnsafeWorkspace
+from codesdk.protocol import ToolSpec
+from codesdk.worker.adapters._installed import RUNTIMES_DIR_ENV
+from codesdk.worker.adapters._tool_names import model_tool_names
+from codesdk.worker.adapters.acp._adapter import _choose
+from codesdk.worker.adapters.acp._codex_acp import DISABLED_FEATURES, CodexAcpProfile
+from codesdk.worker.adapters.acp._gemini import BUILTIN_TOOLS, USER_SETTINGS, GeminiProfile
+from codesdk.worker.adapters.acp._opencode import OpenCodeProfile
+from codesdk.worker.adapters.acp._profile import AcpSettings, AgentProfile, BadAcpConfig, UnsafeWorkspace
 
-from .harness import REPO
+from tests.worker.harness import REPO
 
 PROFILES: list[AgentProfile] = [GeminiProfile(), OpenCodeProfile(), CodexAcpProfile()]
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import worker_launch
-from worker.adapters import _installed
-from worker.adapters.codex._launch import BadCodexConfig, CodexSettings, codex_home, codex_launch
+from codesdk.supervisor.workers import launch as worker_launch
+from codesdk.worker.adapters import _installed
+from codesdk.worker.adapters.codex._launch import BadCodexConfig, CodexSettings, codex_home, codex_launch
 
 
 def test_the_supervisor_and_the_adapter_name_the_runtimes_dir_alike() -> None:

@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from codesdk.testing import open_worker
-from protocol import (
+from codesdk.protocol import (
     PROTOCOL_VERSION,
     AuthStatus,
     ErrorCode,
@@ -31,10 +31,10 @@ from protocol import (
     StopParams,
     encode_message,
 )
-from supervisor.workers import RpcError, WorkerConnection, worker_argv
-from supervisor.workers.connection import InvalidResult
+from codesdk.worker.client import RpcError, WorkerConnection, worker_argv
+from codesdk.worker.client import InvalidResult
 
-from .harness import REPO
+from tests.worker.harness import REPO
 
 _INIT = b'{"jsonrpc":"2.0","id":"i","method":"runtime.initialize","params":{"protocol_version":"1.0"}}'
 
@@ -95,7 +95,7 @@ _EXCHANGES: list[tuple[bytes, bytes | None]] = [
 
 async def test_every_answer_is_the_one_jsonrpcserver_gave(tmp_path: Path) -> None:
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LANG": "C.UTF-8",
-           "CODESDK_SCENARIO_DIR": str(REPO / "fixtures" / "scenarios"), "CODESDK_SCRIPTED_TEST_STEPS": "1"}
+           "CODESDK_SCENARIO_DIR": str(REPO / "worker" / "adapters" / "scripted" / "scenarios"), "CODESDK_SCRIPTED_TEST_STEPS": "1"}
     stdin = b"".join(line + b"\n" for line, _ in _EXCHANGES)
     with trio.fail_after(30):
         done = await trio.run_process(worker_argv(), stdin=stdin, capture_stdout=True, capture_stderr=True, env=env)

@@ -27,7 +27,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
-from worker.mcp_bridge import (
+from codesdk.worker.mcp.bridge import (
     BridgeAnswer,
     BridgeCall,
     BridgeEndpoint,
@@ -36,9 +36,9 @@ from worker.mcp_bridge import (
     bridge_command,
     serve_tools,
 )
-from worker.mcp_bridge._wire import SOCKET_ENV, TASK_ENDED, TOKEN_ENV, socket_address
+from codesdk.worker.mcp.bridge._wire import SOCKET_ENV, TASK_ENDED, TOKEN_ENV, socket_address
 
-from .harness import REPO
+from tests.worker.harness import REPO
 
 #: A hang guard only a broken bridge reaches (a cold bridge starts in ~1 s).
 GUARD_S = 60
@@ -110,7 +110,7 @@ async def bridge_session(endpoint: BridgeEndpoint, cwd: Path, argv: list[str] | 
 
 async def run_bridge(env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[bytes]:
     """The bridge run to its end with ``env`` and nothing on stdin: how it exits and what it said."""
-    return await trio.run_process([sys.executable, "-I", "-m", "worker.mcp_bridge"], env=env, cwd=cwd, stdin=b"",
+    return await trio.run_process([sys.executable, "-I", "-m", "codesdk.worker.mcp.bridge"], env=env, cwd=cwd, stdin=b"",
                                   capture_stdout=True, capture_stderr=True, check=False)
 
 
@@ -458,7 +458,7 @@ async def test_a_package_planted_in_the_workspace_is_not_imported(tmp_path: Path
     _plant_packages(workspace)
     async with serve_tools(TOOLS, Handler(), directory=tmp_path) as endpoint:
         argv = bridge_argv(endpoint) if form == "console script" else [sys.executable, "-I", "-m",
-                                                                         "worker.mcp_bridge"]
+                                                                         "codesdk.worker.mcp.bridge"]
         if form == "console script":
             assert argv == [str(Path(sys.executable).with_name("codesdk-worker")), "mcp-bridge"]
         with trio.fail_after(GUARD_S):
@@ -469,7 +469,7 @@ async def test_a_package_planted_in_the_workspace_is_not_imported(tmp_path: Path
 def test_without_the_console_script_the_interpreter_runs_isolated(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python3"))
-    assert bridge_command() == [str(tmp_path / "python3"), "-I", "-m", "worker.mcp_bridge"]
+    assert bridge_command() == [str(tmp_path / "python3"), "-I", "-m", "codesdk.worker.mcp.bridge"]
 
 
 async def test_a_socket_path_too_long_for_sun_path_works(tmp_path: Path) -> None:
@@ -484,10 +484,10 @@ async def test_a_socket_path_too_long_for_sun_path_works(tmp_path: Path) -> None
 
 
 def test_the_repo_is_what_the_bridge_runs() -> None:
-    """The editable install resolves ``worker`` to this checkout under ``-I`` too."""
-    ran = subprocess.run([sys.executable, "-I", "-c", "import worker; print(worker.__file__)"], cwd="/",
+    """The editable install resolves ``codesdk.worker`` to this checkout under ``-I`` too."""
+    ran = subprocess.run([sys.executable, "-I", "-c", "import codesdk.worker; print(codesdk.worker.__file__)"], cwd="/",
                          capture_output=True, text=True, check=True)
-    assert Path(ran.stdout.strip()) == REPO / "worker" / "__init__.py"
+    assert Path(ran.stdout.strip()).resolve() == REPO / "worker" / "__init__.py"
 
 
 # -- helpers ----------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import psutil
 import pytest
 import trio
 
-from supervisor.workers import WorkerProcess, WorkerSpec, WorkerStartError
+from codesdk.worker.client import WorkerProcess, WorkerSpec, WorkerStartError
 
 # A fake worker: answers runtime.initialize, starts a grandchild that inherits its pipes, ignores SIGTERM.
 STUBBORN = r"""

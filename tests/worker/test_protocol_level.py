@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from codesdk.testing import open_worker
-from protocol import (
+from codesdk.protocol import (
     PROTOCOL_VERSION,
     ErrorCode,
     EventType,
@@ -17,7 +17,7 @@ from protocol import (
     RuntimeEventParams,
     canonical_hash,
 )
-from supervisor.workers import RpcError
+from codesdk.worker.client import RpcError
 
 
 def types(events: list[RuntimeEventParams]) -> list[str]:

@@ -12,9 +12,9 @@ import psutil
 import trio
 import trio.testing
 
-from worker.adapters._process import AdoptedProcess, RuntimeProcess, close_and_reap
+from codesdk.worker.adapters._process import AdoptedProcess, RuntimeProcess, close_and_reap
 
-from ..waits import wait_for
+from tests.waits import wait_for
 
 #: Starts a grandchild in a session (and so a process group) of its own, says its pid, then waits on stdin.
 ESCAPER = ("import os, subprocess, sys; p = subprocess.Popen(['sleep', '1000'], start_new_session=True); "

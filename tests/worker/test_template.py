@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from supervisor._orphans import become_subreaper
-from supervisor.workers import worker_argv
+from codesdk.procs._orphans import become_subreaper
+from codesdk.worker.client import worker_argv
 
 INIT = b'{"jsonrpc":"2.0","id":"i","method":"runtime.initialize","params":{"protocol_version":"1.0"}}\n'
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}

@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from codesdk.testing import WorkerOutputEnded, open_worker
-from protocol import ErrorCode, ErrorResponse, EventType, Method
-from supervisor.workers import RpcError, WorkerBroken, worker_argv
+from codesdk.protocol import ErrorCode, ErrorResponse, EventType, Method
+from codesdk.worker.client import RpcError, WorkerBroken, worker_argv
 
 
 async def test_shutdown_acks_then_exits_zero(tmp_path: Path) -> None:
@@ -111,7 +111,7 @@ async def test_bad_lines_from_the_worker_are_counted_not_fatal(tmp_path: Path, s
 def test_stray_output_never_reaches_the_protocol_stream() -> None:
     program = (
         "import os, sys\n"
-        "from worker.main import _claim_stdout\n"
+        "from codesdk.worker.main import _claim_stdout\n"
         "fd = _claim_stdout()\n"
         "print('stray print')\n"
         "sys.stdout.flush()\n"

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .base import AdapterRegistry, RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
     from .claude import ClaudeAdapter
     from .codex import CodexAdapter
-    from .scripted import ScriptedAdapter
+    from .scripted._adapter import ScriptedAdapter
 
 __all__ = ["AcpAdapter", "AdapterRegistry", "ClaudeAdapter", "CodexAdapter", "RuntimeAdapter", "ScriptedAdapter", "StartTaskRefused", "TaskHandle",
            "TaskIO", "TaskOutcome", "default_registry"]
@@ -39,7 +39,7 @@ def default_registry(scenario_dir: Path | None = None, ahead: RuntimeAhead | Non
     from .base import AdapterRegistry
     from .claude import ClaudeAdapter
     from .codex import CodexAdapter
-    from .scripted import ScriptedAdapter
+    from .scripted._adapter import ScriptedAdapter
 
     registry = AdapterRegistry()
     registry.add(ScriptedAdapter(scenario_dir))

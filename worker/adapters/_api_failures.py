@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from protocol import TaskFailureCode
+from codesdk.protocol import TaskFailureCode
 
 #: HTTP status of the failing API call -> (task.failed code, retryable)
 API_FAILURES: dict[int, tuple[TaskFailureCode, bool]] = {

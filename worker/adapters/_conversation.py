@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
-from protocol import TaskFailureCode
+from codesdk.protocol import TaskFailureCode
 
 from ._process import RuntimeProcess
 from ._rpc_peer import PeerProtocolError, RpcPeer

@@ -17,7 +17,7 @@ def stop_grace(config: Mapping[str, object], default: float) -> float:
     """Seconds the runtime gets to stop by itself once asked: the task's, else ``default``. ``BadGrace``."""
     if "stop_grace_s" not in config:
         return default
-    from protocol import MAX_STOP_GRACE_S  # a stop waits out the grace: it may not hold a session for long
+    from codesdk.protocol import MAX_STOP_GRACE_S  # a stop waits out the grace: it may not hold a session for long
 
     grace = config["stop_grace_s"]
     if not isinstance(grace, int | float) or isinstance(grace, bool) or not 0 <= grace <= MAX_STOP_GRACE_S:

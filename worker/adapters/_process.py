@@ -27,7 +27,7 @@ from typing import IO, TYPE_CHECKING, Protocol
 
 import trio
 
-from protocol import BadFrame, ExitStatus, LineFramer, ProcessEnd, StderrTail
+from codesdk.protocol import BadFrame, ExitStatus, LineFramer, ProcessEnd, StderrTail
 
 from .. import _recording as recording
 from .._ahead import AHEAD_TTL_S, RuntimeLaunch, StartedAhead, differences, start_ahead

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from protocol import ToolSpec
+from codesdk.protocol import ToolSpec
 
 _NOT_ALLOWED = re.compile(r"[^a-zA-Z0-9_-]")
 #: The longest function name the model APIs take, with whatever prefix the runtime puts before ours.

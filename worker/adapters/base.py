@@ -13,7 +13,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from protocol import (
+from codesdk.protocol import (
     AuthState,
     AuthStatus,
     EnsureLoginResult,

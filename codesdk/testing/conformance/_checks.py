@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from protocol import (
+from codesdk.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     ErrorCode,
     ErrorResponse,
@@ -27,7 +27,7 @@ from protocol import (
     Method,
     ModelOutputCompleted,
 )
-from supervisor.workers import RpcError, WorkerStartError
+from codesdk.worker.client import RpcError, WorkerStartError
 
 from .._driver import (
     DrivenTask,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import trio
 
-from protocol import DEFAULT_MAX_FRAME_BYTES
+from codesdk.protocol import DEFAULT_MAX_FRAME_BYTES
 
 from ._checks import CHECKS, Check, Target, Verdict, run_check
 

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from protocol import (
+from codesdk.protocol import (
     AuthState,
     AuthStatus,
     CancellationSupport,
@@ -52,9 +52,9 @@ from protocol import (
     utc_now,
 )
 
-from ... import WORKER_VERSION
-from ..._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
-from ...mcp_bridge import BridgeAnswer, BridgeCall, BridgeEndpoint, BridgeTool, serve_tools
+from codesdk._version import __version__
+from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
+from ...mcp.bridge import BridgeAnswer, BridgeCall, BridgeEndpoint, BridgeTool, serve_tools
 from .._api_failures import failure_for_status
 from .._conversation import hold_conversation
 from .._process import RuntimeProcess
@@ -251,7 +251,7 @@ class AcpTask(AnswersToolCalls, TaskHandle):
         init = await peer.request("initialize", {
             "protocolVersion": PROTOCOL_VERSION,
             "clientCapabilities": {"fs": {"readTextFile": False, "writeTextFile": False}, "terminal": False},
-            "clientInfo": {"name": "codesdk", "title": "CodeSDK", "version": WORKER_VERSION}})
+            "clientInfo": {"name": "codesdk", "title": "CodeSDK", "version": __version__}})
         if not isinstance(init, dict) or init.get("protocolVersion") != PROTOCOL_VERSION:
             version = init.get("protocolVersion") if isinstance(init, dict) else None
             return TaskOutcome.failure(TaskFailureCode.PROTOCOL_ERROR, f"{title} speaks ACP version {version!r}; "

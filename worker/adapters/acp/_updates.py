@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol import BlockKind, EventType, ModelOutputCompleted, ModelOutputDelta
+from codesdk.protocol import BlockKind, EventType, ModelOutputCompleted, ModelOutputDelta
 
 from ..base import TaskIO
 

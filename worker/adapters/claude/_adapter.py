@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from protocol import (
+from codesdk.protocol import (
     AuthState,
     AuthStatus,
     BlockKind,
@@ -52,8 +52,8 @@ from protocol import (
 )
 
 from ..._ahead import RuntimeLaunch
-from ..._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
-from ...mcp_server import McpServer, McpTool, ToolCallResult
+from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
+from ...mcp.server import McpServer, McpTool, ToolCallResult
 from .._api_failures import failure_for_status
 from .._process import RuntimeAhead, RuntimeProcess
 from ..base import (

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from protocol import AuthState, AuthStatus, sha256_hex, utc_now
+from codesdk.protocol import AuthState, AuthStatus, sha256_hex, utc_now
 
 from .._namespace_home import namespace_of
 

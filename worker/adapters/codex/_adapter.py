@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from protocol import (
+from codesdk.protocol import (
     AuthState,
     AuthStatus,
     BlockKind,
@@ -51,7 +51,7 @@ from protocol import (
     canonical_hash,
 )
 
-from ..._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
+from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
 from .._api_failures import failure_for_status
 from .._conversation import hold_conversation
 from .._installed import RUNTIMES_DIR_ENV, runtimes_dir

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from protocol import AuthState, AuthStatus, sha256_hex, utc_now
+from codesdk.protocol import AuthState, AuthStatus, sha256_hex, utc_now
 
 from .._namespace_home import namespace_of
 from ._launch import codex_home

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ... import WORKER_VERSION
+from codesdk._version import __version__
 from ..._ahead import RuntimeLaunch
 from .._grace import BadGrace, stop_grace
 from .._installed import runtimes_dir
@@ -160,7 +160,7 @@ def codex_launch(binary: Path, settings: CodexSettings, *, cwd: str, environ: Ma
 #: Sent as the process starts, so a Codex started ahead has answered it before its task runs.
 OPENING = b"".join(json.dumps(message, separators=(",", ":")).encode() + b"\n" for message in (
     {"id": INITIALIZE_REQUEST_ID, "method": "initialize", "params": {
-        "clientInfo": {"name": "codesdk", "title": "CodeSDK", "version": WORKER_VERSION},
+        "clientInfo": {"name": "codesdk", "title": "CodeSDK", "version": __version__},
         "capabilities": {"experimentalApi": True}}},
     {"method": "initialized"}))
 

@@ -20,9 +20,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._own_children import disown, starting
-from .namespace_env import NamespaceEnv
-from .namespaces import (
+from codesdk.procs._own_children import disown, starting
+from codesdk.worker.command import worker_argv
+from ..namespaces._variables import NamespaceEnv
+from ..namespaces import (
     DEFAULT_PATH,
     RUNTIME_AHEAD_ENV,
     Identity,
@@ -92,12 +93,6 @@ def workers_env(env: Mapping[str, Mapping[str, str]], *, test_scenarios: bool,
         composed["*"] = {**defaults, **composed.get("*", {})}
     return composed
 
-
-def worker_argv(*extra: str) -> list[str]:
-    """How to start ``codesdk-worker`` with the same interpreter/venv as this process."""
-    script = Path(sys.executable).parent / "codesdk-worker"
-    base = [str(script)] if script.exists() else [sys.executable, "-m", "worker.main"]
-    return base + list(extra)
 
 
 @dataclass(frozen=True)
@@ -206,7 +201,7 @@ class Headstart:
             pass
         process.wait()
         disown(process.pid)
-        from ._orphans import (
+        from codesdk.procs._orphans import (
             end_session,  # only now: it needs psutil and trio, which a headstart runs without
         )
 

@@ -49,7 +49,7 @@ def read_again(args: argparse.Namespace, command: str, session_id: str) -> str:
         return f"codesdk --url {args.url} {command} {session_id}"
     from pathlib import Path
 
-    from .config import default_data_dir
+    from ..config import default_data_dir
 
     data_dir = "" if Path(args.data_dir) == default_data_dir() else f"--data-dir {args.data_dir} "
     return f"codesdk {data_dir}{command} {session_id}"

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._private_files import write_private
-from .namespaces import RECORD_STREAMS_ENV, RUNTIME_AHEAD_ENV, Namespace
+from . import RECORD_STREAMS_ENV, RUNTIME_AHEAD_ENV, Namespace
 
 ENV_DIR = "namespace-env"
 _KEY_FILE = ".fingerprint-key"

@@ -21,10 +21,10 @@ from typing import Any
 
 import trio
 
-from protocol import EnsureLoginResult, InteractionMode, PermissionMode
+from codesdk.protocol import EnsureLoginResult, InteractionMode, PermissionMode
 
-from .app import SupervisorOptions, open_engine
-from .cli_common import (
+from ..service.assembly import SupervisorOptions, open_engine
+from .common import (
     DEFAULT_NAMESPACE,
     DEFAULT_RUNTIME,
     EXIT_FAILED,
@@ -40,9 +40,9 @@ from .cli_common import (
     read_again,
     runtime_note,
 )
-from .cli_entry import RunAhead, build_parser, run_config, run_env
-from .config import ADMIN_TOKEN_FILE
-from .engine import (
+from .front import RunAhead, build_parser, run_config, run_env
+from ..config import ADMIN_TOKEN_FILE
+from ..engine import (
     ApprovalRequest,
     ApproverAnswer,
     Engine,
@@ -50,11 +50,11 @@ from .engine import (
     TaskNotActive,
     error_status,
 )
-from .engine._transcript import derive_transcript
+from ..engine._transcript import derive_transcript
 from .login import run_login
-from .namespaces import InvalidNamespace, UnsafeDataDir
+from ..namespaces import InvalidNamespace, UnsafeDataDir
 from .render import EventPrinter, json_line, print_stored_events, print_transcript
-from .store import DataDirBusy, EventStore, StoreError, StoreReader
+from ..store import DataDirBusy, EventStore, StoreError, StoreReader
 
 # -- run ------------------------------------------------------------------------------------------
 
@@ -72,7 +72,7 @@ async def cmd_run(args: argparse.Namespace, ahead: RunAhead | None = None) -> in
     if args.session and args.workspace:
         raise CliError("--workspace cannot be used with --session: a session keeps the workspace it was created with")
     if args.url:
-        from . import cli_remote  # imported only when used: the HTTP client costs start-up time
+        from . import remote as cli_remote  # imported only when used: the HTTP client costs start-up time
         return await cli_remote.run(args, runtime_config)
     # This supervisor serves one task in one namespace: the variables are that namespace's.
     options = SupervisorOptions(data_dir=args.data_dir, exec_allowlist=tuple(args.allow_exec or ()),
@@ -85,7 +85,7 @@ async def cmd_run(args: argparse.Namespace, ahead: RunAhead | None = None) -> in
                 return await _run_embedded(args, engine, runtime_config, signals, ahead)
         except DataDirBusy as busy:
             _service_instead(args, busy)
-    from . import cli_remote  # imported only when used: the HTTP client costs start-up time
+    from . import remote as cli_remote  # imported only when used: the HTTP client costs start-up time
     return await cli_remote.run(args, runtime_config)
 
 
@@ -169,7 +169,7 @@ def _service_instead(args: argparse.Namespace, busy: DataDirBusy) -> None:
 
 async def cmd_sessions(args: argparse.Namespace) -> int:
     if args.url:
-        from . import cli_remote  # imported only when used: the HTTP client costs start-up time
+        from . import remote as cli_remote  # imported only when used: the HTTP client costs start-up time
         return await cli_remote.sessions(args)
     async with _store(args) as store:
         sessions = await store.list_sessions(namespace=args.namespace, limit=args.limit)
@@ -188,7 +188,7 @@ async def cmd_sessions(args: argparse.Namespace) -> int:
 
 async def cmd_events(args: argparse.Namespace) -> int:
     if args.url:
-        from . import cli_remote  # imported only when used: the HTTP client costs start-up time
+        from . import remote as cli_remote  # imported only when used: the HTTP client costs start-up time
         return await cli_remote.events(args)
     printer = EventPrinter(sys.stdout, color=sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
     async with _store(args) as store:
@@ -204,7 +204,7 @@ async def cmd_events(args: argparse.Namespace) -> int:
 
 async def cmd_show(args: argparse.Namespace) -> int:
     if args.url:
-        from . import cli_remote  # imported only when used: the HTTP client costs start-up time
+        from . import remote as cli_remote  # imported only when used: the HTTP client costs start-up time
         return await cli_remote.show(args)
     async with _store(args) as store:
         session = await store.get_session(args.session)
@@ -226,7 +226,7 @@ async def cmd_auth(args: argparse.Namespace) -> int:
         except DataDirBusy as busy:
             _service_instead(args, busy)
     if args.url:
-        from . import cli_remote  # imported only when used: the HTTP client costs start-up time
+        from . import remote as cli_remote  # imported only when used: the HTTP client costs start-up time
         result = await cli_remote.auth_status(args)
     if args.action == "login":
         return await _login(args, result)
@@ -265,7 +265,7 @@ async def _login(args: argparse.Namespace, result: EnsureLoginResult) -> int:
 async def cmd_bundle(args: argparse.Namespace) -> int:
     """A session's support bundle (``supervisor.bundle``), written by an embedded supervisor on the data dir or by
     the running service (``--url``, or the one holding the data dir); or ``--inspect`` one."""
-    from . import bundle  # imported only when used
+    from .. import bundle  # imported only when used
 
     if args.inspect is not None:
         if args.session or args.output:
@@ -295,7 +295,7 @@ async def cmd_bundle(args: argparse.Namespace) -> int:
         else:
             _bundle_written(out, manifest)
             return EXIT_OK
-    from . import cli_remote  # imported only when used: the HTTP client costs start-up time
+    from . import remote as cli_remote  # imported only when used: the HTTP client costs start-up time
     return await cli_remote.bundle(args, out)
 
 
@@ -343,7 +343,7 @@ _USER_ERRORS: tuple[type[BaseException], ...] = (CliError, EngineError, StoreErr
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     client = sys.modules.get("codesdk.client")  # its ApiError can only be raised once it was imported
-    bundle = sys.modules.get("supervisor.bundle")  # likewise its BundleError
+    bundle = sys.modules.get("codesdk.supervisor.bundle")  # likewise its BundleError
     found = (*_USER_ERRORS, client.ApiError) if client is not None else _USER_ERRORS
     return (*found, bundle.BundleError) if bundle is not None else found
 
@@ -400,6 +400,6 @@ def run_command(args: argparse.Namespace, ahead: RunAhead | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .cli_entry import entry
+    from .front import entry
 
     entry()

@@ -25,8 +25,8 @@ from typing import Any, NoReturn
 
 import trio
 
-from .. import WORKER_VERSION
-from ..mcp_server import McpServer, McpTool, ToolCallResult
+from codesdk._version import __version__
+from ..server import McpServer, McpTool, ToolCallResult
 from ._server import WorkerLink
 from ._wire import MAX_LINE_BYTES, TASK_ENDED, LineReader, LineTooLong, encode_line
 
@@ -48,7 +48,7 @@ async def serve(link: WorkerLink, wire_fd: int) -> None:
     relay = _Relay(link)
     tools = [McpTool(name=str(tool.get("name")), description=str(tool.get("description") or ""),
                      input_schema=dict(tool.get("inputSchema") or {"type": "object"})) for tool in link.tools]
-    server = McpServer("codesdk", WORKER_VERSION, tools, relay.call)
+    server = McpServer("codesdk", __version__, tools, relay.call)
     stdout = trio.lowlevel.FdStream(wire_fd)
     write_lock = trio.Lock()
 

@@ -7,11 +7,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._orphans import become_subreaper
-from .api_limits import ApiLimits
-from .config import default_data_dir
-from .engine import Engine, EngineConfig
-from .namespaces import (
+from codesdk.procs._orphans import become_subreaper
+from ..api.limits import ApiLimits
+from ..config import default_data_dir
+from ..engine import Engine, EngineConfig
+from ..namespaces import (
     UidRange,
     UidRangeError,
     check_can_switch_uids,
@@ -19,11 +19,13 @@ from .namespaces import (
     secure_data_dir,
     tighten_data_dir,
 )
-from .store import LEASE_S
-from .store._store import Quotas
-from .tools import ExecPolicy, ToolRegistry, ToolsConfig
-from .tools._exec import DEFAULT_EXEC_UID, check_exec_identity
-from .worker_launch import PoolConfig, worker_argv, workers_env
+from ..store import LEASE_S
+from ..store._store import Quotas
+from ..tools import ExecPolicy, ToolRegistry, ToolsConfig
+from ..tools._exec import DEFAULT_EXEC_UID, check_exec_identity
+from codesdk.worker.command import worker_argv
+
+from ..workers.launch import PoolConfig, workers_env
 
 
 @dataclass(frozen=True)

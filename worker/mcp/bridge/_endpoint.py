@@ -52,10 +52,10 @@ from typing import Any
 
 import trio
 
-from protocol import BadFrame, LineFramer, decode_json
+from codesdk.protocol import BadFrame, LineFramer, decode_json
 
-from .. import _recording as recording
-from ..mcp_server import McpTool
+from ... import _recording as recording
+from ..server import McpTool
 from ._wire import MAX_LINE_BYTES, SOCKET_ENV, TOKEN_ENV, encode_line, socket_address
 
 log = logging.getLogger("codesdk.worker.mcp_bridge")
@@ -114,7 +114,7 @@ def bridge_command() -> list[str]:
     script = Path(sys.executable).with_name("codesdk-worker")
     if script.is_file() and os.access(script, os.X_OK):
         return [str(script), "mcp-bridge"]
-    return [sys.executable, "-I", "-m", "worker.mcp_bridge"]
+    return [sys.executable, "-I", "-m", "codesdk.worker.mcp.bridge"]
 
 
 @dataclass(frozen=True)

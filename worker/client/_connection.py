@@ -18,7 +18,7 @@ from typing import Any, TypeVar, overload
 import trio
 from pydantic import ValidationError
 
-from protocol import (
+from codesdk.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     BadFrame,
     ErrorResponse,

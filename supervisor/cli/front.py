@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .cli_common import DEFAULT_NAMESPACE, DEFAULT_RUNTIME, CliError
-from .config import default_data_dir
-from .ids import new_id
-from .namespaces import UnsafeDataDir, WorkspaceRefused, make_workspace, secure_data_dir
-from .worker_launch import Headstart, PoolConfig, workers_env
+from .common import DEFAULT_NAMESPACE, DEFAULT_RUNTIME, CliError
+from ..config import default_data_dir
+from ..ids import new_id
+from ..namespaces import UnsafeDataDir, WorkspaceRefused, make_workspace, secure_data_dir
+from ..workers.launch import Headstart, PoolConfig, workers_env
 
 #: ``protocol.PermissionMode``'s values, here without importing the protocol (a test holds them equal).
 PERMISSION_MODES = ("ask", "auto", "yolo")
@@ -36,7 +36,7 @@ def entry() -> None:
     args = build_parser().parse_args()
     ahead = RunAhead.start(args)
     try:
-        from .cli import run_command  # the heavy imports, while the worker starts
+        from .local import run_command  # the heavy imports, while the worker starts
 
         code = run_command(args, ahead)
     finally:
@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="cap the compiled input at about N tokens (below the runtime's own budget): large tool "
                           "outputs, then the oldest turns are left out, and model.input reports what (a runtime "
                           "that takes up its own session is sent the prompt only and manages its context itself)")
-    run.add_argument("--scenario", help="scripted runtime: scenario name from fixtures/scenarios (default: echo)")
+    run.add_argument("--scenario", help="scripted runtime: scenario name, one of those shipped with the scripted runtime (default: echo)")
     run.add_argument("--config", action="append", metavar="KEY=VALUE", help="extra runtime_config (JSON values)")
     run.add_argument("--session", help="continue an existing session (its transcript is sent along)")
     run.add_argument("--namespace", help="credential namespace: default | user:<id> | ci:<job> (default: "

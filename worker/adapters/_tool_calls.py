@@ -7,9 +7,9 @@ from typing import Any
 
 import trio
 
-from protocol import canonical_hash
+from codesdk.protocol import canonical_hash
 
-from .adapters.base import UnknownToolCall
+from .base import UnknownToolCall
 
 
 @dataclass(frozen=True)

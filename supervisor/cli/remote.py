@@ -17,9 +17,9 @@ from typing import Any
 import trio
 
 from codesdk import ApiError, AsyncClient
-from protocol import TERMINAL_EVENT_TYPES, EnsureLoginResult, EventType, Message, NormalizedEvent
+from codesdk.protocol import TERMINAL_EVENT_TYPES, EnsureLoginResult, EventType, Message, NormalizedEvent
 
-from .cli_common import (
+from .common import (
     STOP_SIGNALS,
     CliError,
     ask_on_terminal,
@@ -148,7 +148,7 @@ async def show(args: argparse.Namespace) -> int:
 
 async def bundle(args: argparse.Namespace, out: Path) -> int:
     """The session's support bundle, as the service writes it, saved to ``out`` atomically."""
-    from .bundle import BundleError, atomic_output, check_output, inspect_bundle
+    from ..bundle import BundleError, atomic_output, check_output, inspect_bundle
 
     if args.redact:
         raise CliError("--redact cannot be honoured through the API: the service redacts the patterns in its "

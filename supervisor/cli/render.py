@@ -8,7 +8,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
-from protocol import EventType, Message, ModelInput, NormalizedEvent, StopReceipt, WorkerAnswer
+from codesdk.protocol import EventType, Message, ModelInput, NormalizedEvent, StopReceipt, WorkerAnswer
 
 _DIM, _BOLD, _RED, _GREEN, _YELLOW, _RESET = "\033[2m", "\033[1m", "\033[31m", "\033[32m", "\033[33m", "\033[0m"
 #: Our own colour codes: the only escape sequences a printed line may carry as they are.

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import trio
 
-from protocol import (
+from codesdk.protocol import (
     AuthState,
     AuthStatus,
     BlockKind,
@@ -53,9 +53,9 @@ from protocol import (
 )
 
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome
-from ._grace import BadGrace, stop_grace
-from ._process import RuntimeProcess
-from .base import RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
+from .._grace import BadGrace, stop_grace
+from .._process import RuntimeProcess
+from ..base import RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
 from .scenario import (
     CodeStep,
     CompleteStep,

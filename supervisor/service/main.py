@@ -21,15 +21,15 @@ from pathlib import Path
 import trio
 
 from ._sdnotify import Notifier, watchdog_interval_s
-from .api import ADMIN_TOKEN_FILE, TokenAuth, TokenFileInvalid, serve_api
-from .api_limits import ApiLimits
-from .app import SupervisorOptions, check_options, open_engine
-from .config import default_data_dir
-from .engine import Engine
-from .namespaces import UidRange, UidRangeError, UnsafeDataDir
-from .store import LEASE_S, DataDirBusy, StoreError, current_holder, is_postgres_url
-from .store._store import QUOTA_FLAGS, Quotas
-from .tools._exec import DEFAULT_EXEC_UID, check_exec_identity
+from ..api import ADMIN_TOKEN_FILE, TokenAuth, TokenFileInvalid, serve_api
+from ..api.limits import ApiLimits
+from .assembly import SupervisorOptions, check_options, open_engine
+from ..config import default_data_dir
+from ..engine import Engine
+from ..namespaces import UidRange, UidRangeError, UnsafeDataDir
+from ..store import LEASE_S, DataDirBusy, StoreError, current_holder, is_postgres_url
+from ..store._store import QUOTA_FLAGS, Quotas
+from ..tools._exec import DEFAULT_EXEC_UID, check_exec_identity
 
 log = logging.getLogger("codesdk.supervisor.service")
 
@@ -229,7 +229,7 @@ def _check_store_url(url: str) -> None:
         raise StoreError("--store (or $CODESDK_STORE) takes a postgresql://USER@HOST/DBNAME URL, and what was given "
                          "does not start with postgresql://; without it the store is SQLite in the data dir")
     try:
-        from .store._pg import check_url
+        from ..store._pg import check_url
     except ImportError as exc:
         raise StoreError(f"a PostgreSQL store needs psycopg ({exc}): pip install 'codesdk[postgresql]'") from None
     check_url(url)
@@ -367,8 +367,8 @@ def _namespace_env_command(args: argparse.Namespace) -> int:
     files directly (the next worker started for the namespace has the change)."""
     from codesdk.client import ApiError, Client
 
-    from .namespace_env import NamespaceEnv, NamespaceEnvError
-    from .namespaces import InvalidNamespace
+    from ..namespaces._variables import NamespaceEnv, NamespaceEnvError
+    from ..namespaces import InvalidNamespace
 
     data_dir: Path = args.data_dir
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -209,8 +210,9 @@ class ScenarioError(ValueError):
 
 
 def default_scenario_dir() -> Path:
-    """``fixtures/scenarios`` of the source tree this package was installed from."""
-    return Path(__file__).resolve().parents[2] / "fixtures" / "scenarios"
+    """The scenarios shipped with this package (``scenarios/``, package data): there in a checkout and in an
+    installed wheel alike (wheels install as files, so the resource is a plain directory)."""
+    return Path(str(resources.files(__package__ or __name__.rpartition(".")[0]) / "scenarios"))
 
 
 def load_scenario(name: str, directory: Path) -> Scenario:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import trio
 
-from .namespace_env import NamespaceEnv
-from .namespaces import Namespace, build_env, prepare_dirs
+from ..namespaces._variables import NamespaceEnv
+from ..namespaces import Namespace, build_env, prepare_dirs
 
 #: What the login runs with besides the namespace's environment: a "browser" that opens nothing.
 NO_BROWSER = {"BROWSER": "true"}

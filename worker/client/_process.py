@@ -23,7 +23,7 @@ from typing import IO, Protocol
 import psutil
 import trio
 
-from protocol import (
+from codesdk.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     BadFrame,
@@ -39,11 +39,11 @@ from protocol import (
     StderrTail,
 )
 
-from .._orphans import DESCRIPTORS_EXHAUSTED, end_session, reap_session, scan_retrying, warn_scan_failed
-from .._own_children import disown, owned_child
-from ..namespaces import Namespace
-from ..worker_launch import WorkerLaunch
-from .connection import WorkerBroken, WorkerConnection, WorkerError
+from codesdk.procs._orphans import DESCRIPTORS_EXHAUSTED, end_session, reap_session, scan_retrying, warn_scan_failed
+from codesdk.procs._own_children import disown, owned_child
+
+from codesdk._version import __version__
+from ._connection import WorkerBroken, WorkerConnection, WorkerError
 
 log = logging.getLogger("codesdk.supervisor.worker")
 
@@ -72,20 +72,7 @@ class WorkerSpec:
     #: Sees every line the worker writes, in order (``codesdk.testing``'s wire log); None in the supervisor.
     wire_tap: Callable[[bytes | BadFrame], None] | None = None
 
-    @classmethod
-    def of(cls, launch: WorkerLaunch, name: str, runtime_env: RuntimeEnv | None = None) -> WorkerSpec:
-        return cls(argv=launch.argv, env=launch.env, cwd=launch.cwd, name=name, runtime_env=runtime_env,
-                   user=launch.user, group=launch.group, extra_groups=launch.extra_groups)
 
-
-def runtime_env(namespace: Namespace, env: Mapping[str, str]) -> RuntimeEnv:
-    """The safe view sent to the worker: paths and variable names, never values of other variables."""
-    return RuntimeEnv(
-        namespace=namespace.name, isolation=IsolationLevel.NAMESPACED, mode=IsolationMode.SUBPROCESS,
-        home=env["HOME"], xdg_config_home=env["XDG_CONFIG_HOME"], xdg_state_home=env["XDG_STATE_HOME"],
-        xdg_cache_home=env["XDG_CACHE_HOME"], xdg_data_home=env["XDG_DATA_HOME"], tmpdir=env["TMPDIR"],
-        path=env["PATH"], variable_names=tuple(sorted(env)),
-    )
 
 
 class ChildProcess(Protocol):
@@ -260,7 +247,7 @@ class WorkerProcess:
             with trio.fail_after(handshake_timeout_s):
                 worker.info = await worker.connection.request(Rpc.INITIALIZE, InitializeParams(
                     protocol_version=PROTOCOL_VERSION,
-                    supervisor=PeerInfo(name="codesdk-supervisor", version="0.1.0"),
+                    supervisor=PeerInfo(name="codesdk-supervisor", version=__version__),
                     env=spec.runtime_env,
                 ))
             if worker.info.protocol_version.split(".")[0] != PROTOCOL_VERSION.split(".")[0]:

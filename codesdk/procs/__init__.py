@@ -1,0 +1,1 @@
+"""Child processes, for the supervisor and the worker alike: spawn, adopt, reap, end a whole tree, sweep orphans."""
