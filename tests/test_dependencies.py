@@ -53,7 +53,7 @@ def test_the_codex_the_adapter_expects_is_the_one_pinned_and_locked() -> None:
     import json
     from pathlib import Path
 
-    from codesdk.worker.adapters.codex._launch import CODEX_VERSION, codex_version
+    from codesdk.worker.adapters.codex.launch import CODEX_VERSION, codex_version
 
     runtimes = Path(__file__).resolve().parents[1] / "runtimes"
     pinned = json.loads((runtimes / "package.json").read_text())["dependencies"]["@openai/codex"]

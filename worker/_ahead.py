@@ -22,39 +22,27 @@ import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from codesdk.procs.launch import Launch
+
+from .adapters.claude import launch as claude
+from .command import RUNTIME_AHEAD_ENV
+from .adapters.codex import launch as codex
+
 log = logging.getLogger("codesdk.worker.ahead")
 
-#: The variable through which the supervisor's ``codesdk run`` asks for a runtime ahead
-#: (``supervisor.worker_launch.RUNTIME_AHEAD_ENV``; a test holds the two equal). Removed from the worker's
-#: environment before anything reads it, so no runtime inherits it.
-RUNTIME_AHEAD_ENV = "CODESDK_RUNTIME_AHEAD"
 #: Seconds a runtime started ahead waits for its task before it is ended.
 AHEAD_TTL_S = 60.0
 
 
-@dataclass(frozen=True)
-class RuntimeLaunch:
-    """Everything the operating system is told when a runtime's program starts: two equal launches start the same
-    program in the same state."""
-
-    argv: tuple[str, ...]
-    env: Mapping[str, str]
-    cwd: str
-    #: Written to the program's stdin as soon as it starts, before anyone waits for it (Claude Code's
-    #: ``initialize``): the program reads it while the worker is still importing. Part of what must be equal.
-    opening: bytes = b""
 
 
 #: How one runtime composes its launch from a hint (``{"runtime_config": {...}, "workspace": "..."}``) and the
 #: worker's environment; None when it cannot (missing program, unusable config).
-Composer = Callable[[Mapping[str, object], Mapping[str, str]], RuntimeLaunch | None]
+Composer = Callable[[Mapping[str, object], Mapping[str, str]], Launch | None]
 
 
-def _composers() -> dict[str, Composer]:
-    from .adapters.claude._launch import launch_ahead as claude  # light: no protocol models
-    from .adapters.codex._launch import launch_ahead as codex
-
-    return {"claude": claude, "codex": codex}
+#: The runtimes that can be started ahead, each with the composer its adapter's task uses too.
+COMPOSERS: dict[str, Composer] = {"claude": claude.launch_ahead, "codex": codex.launch_ahead}
 
 
 def hint_from_env() -> tuple[str, dict[str, object]] | None:
@@ -78,13 +66,13 @@ class StartedAhead:
     """A runtime's program started ahead: what it was started as, and its process (stdio pipes, own group)."""
 
     runtime: str
-    launch: RuntimeLaunch
+    launch: Launch
     popen: subprocess.Popen[bytes]
 
 
 def start_ahead(runtime: str, hint: Mapping[str, object]) -> StartedAhead | None:
     """Start ``runtime``'s program as ``hint`` describes its task; None (logged) where that cannot be done."""
-    composer = _composers().get(runtime)
+    composer = COMPOSERS.get(runtime)
     launch = composer(hint, dict(os.environ)) if composer is not None else None
     if launch is None:
         log.info("not starting %s ahead of its task: no launch for it here", runtime)
@@ -108,8 +96,3 @@ def start_ahead(runtime: str, hint: Mapping[str, object]) -> StartedAhead | None
     log.info("started %s ahead of its task (pid %d)", runtime, popen.pid)
     return StartedAhead(runtime, launch, popen)
 
-
-def differences(a: RuntimeLaunch, b: RuntimeLaunch) -> list[str]:
-    """Which parts of two launches differ (names only, never values: the environment holds credentials)."""
-    parts = [name for name in ("argv", "cwd", "opening") if getattr(a, name) != getattr(b, name)]
-    return parts + [f"env[{key}]" for key in sorted(set(a.env) | set(b.env)) if a.env.get(key) != b.env.get(key)]

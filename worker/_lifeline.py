@@ -18,8 +18,6 @@ import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import trio
-
 if TYPE_CHECKING:
     import psutil
 
@@ -27,7 +25,7 @@ log = logging.getLogger("codesdk.worker.lifeline")
 
 #: Delivered by the kernel when our parent (thread) dies; a signal nothing else sends us. It may arrive several
 #: times (once per exiting thread of a dying supervisor), also outside ``watch_parent``, so the worker ignores it
-#: from its first line on (``worker.main``): its default action would end us without any cleanup.
+#: from its first line on (``worker._stdio``): its default action would end us without any cleanup.
 PARENT_DEATH_SIGNAL = signal.SIGUSR2
 #: Seconds descendants get to exit after SIGTERM before SIGKILL, when the worker ends.
 DESCENDANTS_GRACE_S = 1.0
@@ -44,6 +42,8 @@ def _set_parent_death_signal(signum: int) -> bool:
 
 async def watch_parent(parent_pid: int, on_gone: Callable[[], None]) -> None:
     """Call ``on_gone`` once the process that started us has died (never returns before that)."""
+    import trio  # only here: this module is imported before trio, for PARENT_DEATH_SIGNAL
+
     with trio.open_signal_receiver(PARENT_DEATH_SIGNAL) as deaths:
         try:
             if not _set_parent_death_signal(PARENT_DEATH_SIGNAL):

@@ -33,14 +33,13 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import IO, Any
 
+from .command import RECORD_STREAMS_ENV as RECORD_ENV
+from .command import TEST_STEPS_ENV as _TEST_STEPS_ENV
+
 log = logging.getLogger("codesdk.worker.recording")
 
-#: Where to write recordings (a directory); taken out of the worker's environment at start.
-RECORD_ENV = "CODESDK_RECORD_STREAMS"
 #: Names of variables whose values are not written (keys, tokens, passwords).
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|AUTH|CREDENTIAL|COOKIE|PRIVATE|BEARER|PAT(?![A-Z])", re.IGNORECASE)
-#: The switch that must be on too (the scripted runtime's test instruments: ``worker.adapters.scripted``).
-_TEST_STEPS_ENV = "CODESDK_SCRIPTED_TEST_STEPS"
 
 #: The recorder of the task whose code runs in this context (set by the worker for the task's run): what
 #: ``RuntimeProcess`` records its program's stdio into.

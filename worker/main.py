@@ -1,118 +1,44 @@
-"""``codesdk-worker``: entry point. Guards stdout before anything can print, then serves stdio."""
+"""``codesdk-worker``: which program to be. A worker serving its supervisor on stdio (``_stdio``), the worker
+template that forks workers (``--template``: ``template``), or the MCP bridge an agent starts (``mcp-bridge``).
+
+(``codesdk-worker conformance`` is the test kit's, dispatched before this module: ``codesdk._programs``.)
+"""
 
 from __future__ import annotations
 
-import argparse
-import logging
 import os
 import signal
 import sys
-from pathlib import Path
-
-
-def _claim_stdout() -> int:
-    """Keep a private copy of fd 1 for the protocol and point fd 1 (and sys.stdout) at stderr.
-
-    After this, a stray ``print`` or a library writing to fd 1 lands in the log, never on the wire.
-    """
-    protocol_fd = os.dup(1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return protocol_fd
-
-
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="codesdk-worker",
-        description="CodeSDK worker: line-delimited JSON-RPC 2.0 on stdin/stdout, logs on stderr.",
-    )
-    # No default here: the protocol's (8 MiB) is applied by the server. Importing it now would import the protocol's
-    # models before a runtime started ahead (~0.35 s).
-    parser.add_argument("--max-frame-bytes", type=int, default=os.environ.get("CODESDK_MAX_FRAME_BYTES"),
-                        help="largest accepted line (default 8 MiB)")
-    parser.add_argument("--scenario-dir", type=Path, default=os.environ.get("CODESDK_SCENARIO_DIR"),
-                        help="where the scripted runtime finds scenario files (default: those shipped with it)")
-    parser.add_argument("--log-level", default=os.environ.get("CODESDK_LOG_LEVEL", "INFO"))
-    parser.add_argument("--template", action="store_true",
-                        help="serve as the pool's worker template: fork workers on request (stdin is a unix socket "
-                             "from the supervisor; see worker/template.py)")
-    args = parser.parse_args(argv)
-    if args.max_frame_bytes is not None and args.max_frame_bytes < 1024:
-        parser.error("--max-frame-bytes must be at least 1024")
-    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     command_line = sys.argv[1:] if argv is None else argv
-    if command_line[:1] == ["conformance"]:  # the protocol's conformance suite, against any worker command
-        from codesdk.testing.conformance import main as conformance_main
-
-        return conformance_main(command_line[1:], prog="codesdk-worker conformance")
-    if command_line[:1] == ["mcp-bridge"]:  # an agent's MCP server (worker/mcp_bridge): stdio is MCP's, not ours
-        from .mcp.bridge._server import main as bridge_main
+    if command_line[:1] == ["mcp-bridge"]:  # an agent's MCP server: stdio is MCP's, not ours
+        from .mcp.bridge.main import main as bridge_main
 
         return bridge_main(command_line[1:])
-    parent = os.getppid()  # the supervisor; see _lifeline
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # _lifeline.PARENT_DEATH_SIGNAL, before anything else
-    protocol_fd = _claim_stdout()
-    args = _parse_args(argv)
-    if args.template:  # before logging is configured: each forked worker configures its own
-        import socket
+    if command_line == ["--version"]:  # before stdout is handed to the protocol (and to stderr)
+        from codesdk._version import __version__
 
-        from .template import serve
+        print(f"codesdk {__version__}")
+        return 0
+    if "--template" not in command_line:
+        from ._stdio import run
 
-        os.close(protocol_fd)
-        worker_args = [arg for arg in (sys.argv[1:] if argv is None else argv) if arg != "--template"]
-        return serve(socket.socket(fileno=os.dup(0)), worker_args)
-    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
-                        format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
-    from ._ahead import hint_from_env, start_ahead
+        return run(command_line)
+    # The template: before logging is configured (each forked worker configures its own) and with stdout claimed,
+    # as every worker it forks has it.
+    import socket
 
-    hint = hint_from_env()  # out of our environment before anything copies it
-    from ._recording import record_dir_from_env
+    from ._lifeline import PARENT_DEATH_SIGNAL
+    from ._stdio import claim_stdout, parse_args
+    from .template import serve
 
-    record_dir = record_dir_from_env()  # likewise: no runtime inherits it
-    # The runtime a task is expected to need starts first, before trio: it takes longer to start than we do.
-    started = start_ahead(*hint) if hint is not None else None
-
-    import trio  # imported after stdout is claimed: nothing it or its deps print can reach the wire
-
-    async def run() -> None:
-        from codesdk.protocol import DEFAULT_MAX_FRAME_BYTES
-
-        from ._lifeline import watch_parent
-        from ._server import WorkerServer
-        from .adapters import default_registry
-        from .adapters._process import RuntimeAhead
-
-        ahead = RuntimeAhead.adopt(started) if started is not None else None
-
-        stdin = trio.lowlevel.FdStream(os.dup(0))
-        stdout = trio.lowlevel.FdStream(protocol_fd)
-        max_frame_bytes = DEFAULT_MAX_FRAME_BYTES if args.max_frame_bytes is None else args.max_frame_bytes
-        server = WorkerServer(default_registry(args.scenario_dir, ahead), stdout, max_frame_bytes, record_dir)
-        try:
-            async with stdin, stdout, trio.open_nursery() as nursery:
-                nursery.start_soon(watch_parent, parent, server.stop_serving)
-                if ahead is not None:
-                    nursery.start_soon(ahead.expire)
-                await server.serve(stdin)
-                nursery.cancel_scope.cancel()
-        finally:
-            if ahead is not None:
-                await ahead.discard()
-
-    try:
-        trio.run(run)
-    finally:
-        from ._lifeline import end_descendants
-
-        end_descendants()  # a runtime its adapter could not stop does not outlive the worker
-    # Everything is written and closed: skip the interpreter's teardown of every module (~0.1 s that the
-    # supervisor would wait for at each worker's exit).
-    logging.shutdown()
-    sys.stderr.flush()
-    os._exit(0)
+    signal.signal(PARENT_DEATH_SIGNAL, signal.SIG_IGN)
+    os.close(claim_stdout())
+    parse_args(command_line)  # refuses what a forked worker would refuse, before the first fork
+    worker_args = [arg for arg in command_line if arg != "--template"]
+    return serve(socket.socket(fileno=os.dup(0)), worker_args)
 
 
 if __name__ == "__main__":

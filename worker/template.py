@@ -28,7 +28,7 @@ Why the intermediate child:
 
 The worker leads a session of its own (as a spawned worker does), waits until it has been re-parented, drops to the
 launch's groups, gid and uid (fail closed: it exits 127 with the reason on its stderr), moves to its directory,
-takes exactly the launch's environment and only then runs ``worker.main``. What a fork cannot give is said in
+takes exactly the launch's environment and only then runs ``_stdio.run``. What a fork cannot give is said in
 docs/operations.md: ``/proc/PID/environ`` shows the template's (minimal) start-up environment, not the worker's;
 every worker has the template's address-space layout and hash seed; ``random`` is re-seeded in each.
 """
@@ -59,7 +59,7 @@ MAX_LAUNCH_BYTES = 4 * 1024 * 1024
 
 
 def serve(sock: socket.socket, worker_args: list[str]) -> int:
-    """Answer fork requests on ``sock`` until the supervisor closes it; each worker runs ``main(worker_args)``.
+    """Answer fork requests on ``sock`` until the supervisor closes it; each worker runs ``_stdio.run(worker_args)``.
     Single-threaded on purpose: a fork copies only the thread that calls it."""
     _warm()
     sock.sendall(READY)
@@ -160,9 +160,9 @@ def _become_worker(launch: dict[str, Any], fds: list[int], ready_w: int, worker_
         os._exit(127)
     code = 1
     try:
-        from .main import main
+        from ._stdio import run
 
-        code = main(worker_args)
+        code = run(worker_args)
     finally:
         os._exit(code)
 
@@ -205,8 +205,8 @@ def _warm() -> None:
 
     from codesdk import protocol
 
-    from . import _lifeline, _server, main  # noqa: F401 - imported to be shared
-    from .adapters import default_registry
+    from . import _lifeline, _stdio, server  # noqa: F401 - imported to be shared
+    from .adapters.registry import default_registry
 
     default_registry()
     for name in protocol.__all__:

@@ -46,11 +46,11 @@ from codesdk.protocol import (
     parse_worker_event,
 )
 from codesdk.worker.client import RpcError, WorkerConnection
-from codesdk.worker._server import WorkerServer
-from codesdk.worker.adapters import default_registry
+from codesdk.worker.server import WorkerServer
+from codesdk.worker.adapters.registry import default_registry
 from codesdk.worker.adapters._process import MAX_LINE_BYTES, RuntimeProcess, stand_in
 from codesdk.worker.adapters.base import stored_stand_in
-from codesdk.worker.mcp.bridge import _endpoint as bridge
+from codesdk.worker.mcp.bridge import endpoint as bridge
 
 from .invariants import check_worker_events
 

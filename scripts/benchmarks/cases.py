@@ -25,7 +25,7 @@ from codesdk.protocol import EventType, ModelOutputDelta
 from codesdk.procs._orphans import become_subreaper
 from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
 from codesdk.supervisor.engine import Engine
-from codesdk.supervisor.workers.launch import WorkerLaunch
+from codesdk.procs.launch import Launch
 from codesdk.worker.client import WorkerProcess, WorkerSpec, worker_argv
 from codesdk.supervisor.workers.template import WorkerTemplate
 
@@ -234,7 +234,7 @@ async def spawn_forked_codesdk(spawns: int) -> list[float]:
     """Seconds from asking the worker template for a worker to a completed runtime.initialize, ``spawns`` times
     (the template started once, before, in the background: what a service pays per new namespace)."""
     become_subreaper()  # as the supervisor is: the forked workers become our children
-    launch = WorkerLaunch(argv=tuple(worker_argv()), env=WORKER_ENV, cwd="/")
+    launch = Launch(argv=tuple(worker_argv()), env=WORKER_ENV, cwd="/")
     spec = WorkerSpec(argv=launch.argv, env=launch.env, name="bench")
     template = WorkerTemplate(worker_argv(), WORKER_ENV)
     times = []

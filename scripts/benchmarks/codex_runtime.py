@@ -28,7 +28,7 @@ from benchmarks.common import timed_command
 from fixtures.fake_anthropic import FakeAnthropic
 from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
 from codesdk.supervisor.store import TaskState
-from codesdk.worker.adapters.codex._launch import CodexSettings, codex_launch, codex_path
+from codesdk.worker.adapters.codex.launch import CodexSettings, codex_launch, codex_path
 
 PROMPT = 'CALL workspace_read {"path": "a.txt"}'
 CONFIG: dict[str, Any] = {"model": "fake-model", "max_retries": 0}

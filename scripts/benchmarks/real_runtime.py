@@ -35,7 +35,7 @@ from benchmarks.common import timed_command
 from fixtures.fake_anthropic import CLAUDE_OFFLINE_ENV, FakeAnthropic
 from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
 from codesdk.supervisor.store import TaskState
-from codesdk.worker.adapters.claude import _launch
+from codesdk.worker.adapters.claude import launch as _launch
 
 PROMPT = 'CALL workspace_read {"path": "a.txt"}'
 TOOL = "workspace_read"

@@ -4,17 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from codesdk.worker.command import RECORD_STREAMS_ENV as RECORD_STREAMS_ENV
+from codesdk.worker.command import RUNTIME_AHEAD_ENV as RUNTIME_AHEAD_ENV
+
 from ._dirs import NamespaceDirs
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
-#: How ``codesdk run`` asks the worker it launches ahead to start a runtime before its task
-#: (``worker._ahead.RUNTIME_AHEAD_ENV``; a test holds the two equal). Set only there: never from an operator's or a
-#: tenant's variables, which could otherwise have a worker start programs nobody asked for.
-RUNTIME_AHEAD_ENV = "CODESDK_RUNTIME_AHEAD"
-#: Makes a worker record everything its tasks see into a directory, for golden replays (``worker._recording``; a
-#: test holds the two equal). A test instrument of the operator's (it needs ``CODESDK_SCRIPTED_TEST_STEPS=1`` too),
-#: never a tenant's: stored namespace variables may not set it.
-RECORD_STREAMS_ENV = "CODESDK_RECORD_STREAMS"
 
 
 def build_env(dirs: NamespaceDirs, extra: Mapping[str, str] | None = None, path: str | None = None) -> dict[str, str]:

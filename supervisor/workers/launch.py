@@ -3,7 +3,7 @@
 Light on purpose — the standard library and the namespace helpers only, no trio, no protocol models — so that
 ``codesdk run`` can start the namespace's worker before its own heavy imports (trio, pydantic, the store: about
 half a second) and the two interpreters start side by side instead of one after the other. The pool adopts such
-a headstart only if it was launched exactly as the pool itself would launch it now (``WorkerLaunch``: argv,
+a headstart only if it was launched exactly as the pool itself would launch it now (``Launch``: argv,
 environment, directory, identity); otherwise it is killed and the pool starts its own. A headstart is only ever
 an optimisation: whatever goes wrong with it, the pool's own start follows.
 """
@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from codesdk.procs._own_children import disown, starting
-from codesdk.worker.command import worker_argv
+from codesdk.procs.launch import Launch
+from codesdk.worker.command import RUNTIMES_DIR_ENV, TEST_STEPS_ENV, worker_argv
 from ..namespaces._variables import NamespaceEnv
 from ..namespaces import (
     DEFAULT_PATH,
@@ -37,11 +38,6 @@ from ..namespaces import (
 
 log = logging.getLogger("codesdk.supervisor.pool")
 
-#: The scripted runtime's switch for its test instruments (``worker.adapters.scripted.TEST_STEPS_ENV``).
-TEST_STEPS_ENV = "CODESDK_SCRIPTED_TEST_STEPS"
-#: Where the npm-installed runtimes are (``worker.adapters._installed.RUNTIMES_DIR_ENV``; a test holds the two
-#: equal). Set for the supervisor (the systemd unit, a shell), it is passed on to every namespace's worker.
-RUNTIMES_DIR_ENV = "CODESDK_RUNTIMES_DIR"
 
 
 @dataclass(frozen=True)
@@ -95,21 +91,11 @@ def workers_env(env: Mapping[str, Mapping[str, str]], *, test_scenarios: bool,
 
 
 
-@dataclass(frozen=True)
-class WorkerLaunch:
-    """Everything the operating system is told when a worker starts: two equal launches start the same worker."""
-
-    argv: tuple[str, ...]
-    env: Mapping[str, str]
-    cwd: str
-    user: int | None = None
-    group: int | None = None
-    extra_groups: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
 class PreparedLaunch:
-    launch: WorkerLaunch
+    launch: Launch
     identity: Identity | None
     env_stamp: str  # the namespace's stored variables' stamp, taken before they were read
 
@@ -121,7 +107,7 @@ def prepare_launch(config: PoolConfig, namespace: Namespace) -> PreparedLaunch:
     stored_env = NamespaceEnv(config.data_dir)
     stamp = stored_env.stamp(namespace.name)  # before the values: a write in between shows as a change
     env = build_env(dirs, {**stored_env.values(namespace.name), **config.env_for(namespace.name)}, config.path)
-    launch = WorkerLaunch(argv=tuple(config.worker_argv()), env=env, cwd=str(dirs.home),
+    launch = Launch(argv=tuple(config.worker_argv()), env=env, cwd=str(dirs.home),
                           user=identity.uid if identity else None, group=identity.gid if identity else None,
                           extra_groups=() if identity else None)
     return PreparedLaunch(launch, identity, stamp)
@@ -134,7 +120,7 @@ class Headstart:
     exactly once; both are safe to call again.
     """
 
-    def __init__(self, namespace: str, launch: WorkerLaunch, process: subprocess.Popen[bytes]) -> None:
+    def __init__(self, namespace: str, launch: Launch, process: subprocess.Popen[bytes]) -> None:
         self.namespace = namespace
         self.launch = launch
         self._process: subprocess.Popen[bytes] | None = process
@@ -172,14 +158,14 @@ class Headstart:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
-    def take(self, launch: WorkerLaunch) -> subprocess.Popen[bytes] | None:
+    def take(self, launch: Launch) -> subprocess.Popen[bytes] | None:
         """The process, if it is still unclaimed, alive, and was launched exactly as ``launch``; else it is
         discarded and None returned (the caller starts its own worker)."""
         process = self._process
         if process is None:
             return None
         if launch != self.launch or process.poll() is not None:
-            why = ", ".join(launch_differences(self.launch, launch)) or "it has exited"
+            why = ", ".join(self.launch.differences(launch)) or "it has exited"
             log.info("namespace %s: not adopting the worker started ahead (%s); starting another", self.namespace, why)
             self.discard()
             return None
@@ -207,9 +193,3 @@ class Headstart:
 
         end_session(process.pid)
 
-
-def launch_differences(a: WorkerLaunch, b: WorkerLaunch) -> Sequence[str]:
-    """Which parts of two launches differ (names only, never values: the environment holds credentials)."""
-    parts = [name for name in ("argv", "cwd", "user", "group", "extra_groups") if getattr(a, name) != getattr(b, name)]
-    parts += [f"env[{key}]" for key in sorted(set(a.env) | set(b.env)) if a.env.get(key) != b.env.get(key)]
-    return parts

@@ -19,6 +19,7 @@ from enum import StrEnum
 
 import trio
 
+from codesdk.procs.launch import Launch
 from codesdk.protocol import ExitStatus, IsolationLevel, IsolationMode, RuntimeEnv, RuntimeEventParams
 from codesdk.worker.client import (
     REAP_WAIT_S,
@@ -34,7 +35,7 @@ from codesdk.worker.client import (
 
 from ..namespaces import Namespace, UidRangeError
 from ..namespaces._variables import NamespaceEnv
-from .launch import Headstart, PoolConfig, WorkerLaunch, prepare_launch, template_env
+from .launch import Headstart, PoolConfig, prepare_launch, template_env
 from .template import TemplateUnavailable, WorkerTemplate
 
 log = logging.getLogger("codesdk.supervisor.pool")
@@ -362,7 +363,7 @@ class WorkerPool:
             raise NamespaceFailing(f"namespace {name!r}: {slot.last_error}") from exc
         slot.workers_started += 1
 
-    async def _started_elsewhere(self, namespace: str, launch: WorkerLaunch) -> StartedWorker | None:
+    async def _started_elsewhere(self, namespace: str, launch: Launch) -> StartedWorker | None:
         """The namespace's worker started ahead of us (``offer``), or forked by the template; None: spawn it."""
         headstart = self._headstarts.pop(namespace, None)
         popen = headstart.take(launch) if headstart is not None else None
@@ -456,7 +457,7 @@ class WorkerPool:
                 await worker.shutdown(self.config.shutdown_grace_s)
 
 
-def worker_spec(launch: WorkerLaunch, name: str, runtime_env: RuntimeEnv | None = None) -> WorkerSpec:
+def worker_spec(launch: Launch, name: str, runtime_env: RuntimeEnv | None = None) -> WorkerSpec:
     """How the worker client starts a worker launched as ``launch``."""
     return WorkerSpec(argv=launch.argv, env=launch.env, cwd=launch.cwd, name=name, runtime_env=runtime_env,
                       user=launch.user, group=launch.group, extra_groups=launch.extra_groups)

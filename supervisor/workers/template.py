@@ -26,10 +26,10 @@ from functools import partial
 import trio
 
 from codesdk.procs._own_children import disown, owned_child, starting
+from codesdk.procs.launch import Launch
 from codesdk.protocol import ExitStatus
 from codesdk.worker.client import ForkedChild, StartedWorker
 
-from .launch import WorkerLaunch
 
 log = logging.getLogger("codesdk.supervisor.template")
 
@@ -90,7 +90,7 @@ class WorkerTemplate:
         self._running, self._stopping = True, False
         nursery.start_soon(self._run)
 
-    async def fork(self, nursery: trio.Nursery, launch: WorkerLaunch) -> StartedWorker:
+    async def fork(self, nursery: trio.Nursery, launch: Launch) -> StartedWorker:
         """A worker forked as ``launch`` says, already our child; ``TemplateUnavailable`` (at once) when the
         template is not ready or cannot fork it."""
         self.ensure_started(nursery)
@@ -179,7 +179,7 @@ class WorkerTemplate:
         if self._scope is not None:
             self._scope.cancel()
 
-    async def _fork(self, sock: trio.socket.SocketType, launch: WorkerLaunch, own: Callable[[int], None],
+    async def _fork(self, sock: trio.socket.SocketType, launch: Launch, own: Callable[[int], None],
                     ) -> StartedWorker:
         pipes: list[int] = []
         try:

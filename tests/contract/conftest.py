@@ -14,8 +14,8 @@ from codesdk.supervisor.namespaces import RECORD_STREAMS_ENV
 from codesdk.worker.adapters.acp._codex_acp import CodexAcpProfile
 from codesdk.worker.adapters.acp._gemini import GeminiProfile
 from codesdk.worker.adapters.acp._opencode import OpenCodeProfile
-from codesdk.worker.adapters.claude._launch import cli_path
-from codesdk.worker.adapters.codex._launch import codex_path
+from codesdk.worker.adapters.claude.launch import cli_path
+from codesdk.worker.adapters.codex.launch import codex_path
 
 from tests.conftest import STREAMS
 from tests.contract.cases import Case, ClaudeCase, CodexAcpCase, CodexCase, GeminiCase, OpenCodeCase, ScriptedCase

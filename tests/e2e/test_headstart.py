@@ -17,7 +17,6 @@ import psutil
 import pytest
 import trio
 
-import codesdk.worker._ahead as worker_ahead
 from codesdk.protocol import EventType, PermissionMode
 from codesdk.supervisor.cli.front import PERMISSION_MODES
 from codesdk.supervisor.ids import is_id, new_id
@@ -226,7 +225,6 @@ def test_nobody_but_the_command_asks_a_worker_for_a_runtime_ahead(tmp_path: Path
         NamespaceEnv(tmp_path).update("default", {RUNTIME_AHEAD_ENV: "{}"})
     dirs = prepare_namespace(tmp_path, Namespace.parse("default"), None)[0]
     assert RUNTIME_AHEAD_ENV not in build_env(dirs, {RUNTIME_AHEAD_ENV: '{"runtime": "claude"}', "KEEP": "1"})
-    assert RUNTIME_AHEAD_ENV == worker_ahead.RUNTIME_AHEAD_ENV
 
 
 def test_the_command_front_imports_nothing_heavy() -> None:
@@ -242,7 +240,7 @@ def test_the_command_front_imports_nothing_heavy() -> None:
 def test_what_the_worker_runs_before_starting_a_runtime_ahead_imports_nothing_heavy() -> None:
     """The worker starts a runtime ahead before it imports trio or the protocol's models: the runtime's own start
     overlaps those imports."""
-    probe = ("import sys, json, codesdk.worker.main, codesdk.worker._ahead, codesdk.worker.adapters.claude._launch; "
+    probe = ("import sys, json, codesdk.worker.main, codesdk.worker._ahead, codesdk.worker.adapters.claude.launch; "
              "print(json.dumps(sorted(m for m in sys.modules "
              "if m.split('.')[0] in {'trio', 'pydantic', 'pydantic_core', 'psutil', 'httpx2'} "
              "or m.startswith(('codesdk.protocol', 'codesdk.supervisor', 'codesdk.client')))))")

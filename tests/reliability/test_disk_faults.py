@@ -20,7 +20,8 @@ from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType, RuntimeInfo
 from codesdk.supervisor.engine import Engine, EngineConfig
 from codesdk.supervisor.store import DatabaseError, EventDraft, EventStore
 from codesdk.supervisor.tools import ToolRegistry, ToolsConfig
-from codesdk.supervisor.workers.launch import TEST_STEPS_ENV, PoolConfig
+from codesdk.supervisor.workers.launch import PoolConfig
+from codesdk.worker.command import TEST_STEPS_ENV
 
 from tests.conftest import SCENARIOS
 from tests.e2e.conftest import wait_for_event

@@ -39,9 +39,9 @@ from codesdk.supervisor.engine._transcript import session_events
 from codesdk.supervisor.namespaces._variables import ENV_DIR, NamespaceEnv
 from codesdk.supervisor.namespaces import SUBDIRS, UIDS_FILE, InvalidNamespace, Namespace, UidRange, prepare_dirs
 from codesdk.supervisor.store import DB_FILENAME
-from codesdk.supervisor.workers.launch import TEST_STEPS_ENV
+from codesdk.worker.command import TEST_STEPS_ENV
 from codesdk.worker.client import WorkerProcess, worker_argv
-from codesdk.worker.adapters.claude import _env as claude_env
+from codesdk.worker.adapters.claude import home as claude_env
 
 from tests.worker.harness import REPO
 from tests.reliability.probe_worker import interpreter_for_any_uid, why_no_worker_uids, worker_argv_for_any_uid

@@ -28,7 +28,7 @@ from codesdk.testing.replay import (
 )
 from codesdk.supervisor.namespaces._variables import NamespaceEnv, NamespaceEnvError
 from codesdk.supervisor.namespaces import RECORD_STREAMS_ENV
-from codesdk.worker._recording import RECORD_ENV
+from codesdk.worker.command import RECORD_STREAMS_ENV as RECORD_ENV
 
 from tests.conftest import GOLDEN, STREAMS
 

@@ -26,7 +26,7 @@ from codesdk.protocol import EventType, InteractionMode, NormalizedEvent, Permis
 from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
 from codesdk.supervisor.engine._transcript import session_events
 from codesdk.supervisor.store import TaskRecord, TaskState
-from codesdk.worker.adapters._installed import RUNTIMES_DIR_ENV
+from codesdk.worker.command import RUNTIMES_DIR_ENV
 from codesdk.worker.adapters.acp._gemini import GeminiProfile
 from codesdk.worker.adapters.acp._opencode import OpenCodeProfile
 from codesdk.worker.adapters.acp._profile import AgentProfile

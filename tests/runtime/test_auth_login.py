@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from codesdk.worker.adapters.claude._launch import cli_path
+from codesdk.worker.adapters.claude.launch import cli_path
 
 from tests.netns import skip_outside_netns
 from tests.worker.harness import REPO

@@ -32,11 +32,12 @@ from codesdk.procs._orphans import end_session
 from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
 from codesdk.supervisor.engine._transcript import session_events
 from codesdk.supervisor.store import TaskRecord, TaskState
-from codesdk.worker._ahead import RUNTIME_AHEAD_ENV
+from codesdk.worker.command import RUNTIME_AHEAD_ENV
 from codesdk.worker.adapters._process import RuntimeAhead
-from codesdk.worker.adapters.claude import ClaudeAdapter, _env
-from codesdk.worker.adapters.claude._adapter import ClaudeTask
-from codesdk.worker.adapters.claude._launch import cli_path
+from codesdk.worker.adapters.claude import home as _env
+from codesdk.worker.adapters.claude.adapter import ClaudeAdapter
+from codesdk.worker.adapters.claude.adapter import ClaudeTask
+from codesdk.worker.adapters.claude.launch import cli_path
 
 from tests.conftest import MakeEngine
 from tests.contract.cases import ClaudeCase, workspace
@@ -205,7 +206,7 @@ def test_the_login_is_the_clis_own_auth_login() -> None:
 
 def test_the_adapter_imports_neither_the_sdk_nor_mcp() -> None:
     """The import of claude_agent_sdk (and through it mcp) costs ~1.2 s: the worker must never pay it."""
-    program = ("import sys, codesdk.worker.main, codesdk.worker.adapters, codesdk.worker.adapters.claude._adapter\n"
+    program = ("import sys, codesdk.worker.main, codesdk.worker.adapters, codesdk.worker.adapters.claude.adapter\n"
                "print(sorted({m.split('.')[0] for m in sys.modules} & {'claude_agent_sdk', 'mcp', 'mcp_types', "
                "'anyio'}))")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True, cwd=REPO)

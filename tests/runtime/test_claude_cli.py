@@ -14,7 +14,7 @@ import pytest
 
 from fixtures.fake_anthropic import FakeAnthropic
 from codesdk.supervisor.workers.launch import Headstart, PoolConfig
-from codesdk.worker.adapters.claude._launch import cli_path
+from codesdk.worker.adapters.claude.launch import cli_path
 
 from tests.netns import skip_outside_netns
 from tests.waits import wait_for

@@ -27,8 +27,8 @@ from codesdk.supervisor.api import TokenAuth, serve_api
 from codesdk.supervisor.engine import Engine
 from codesdk.supervisor.engine._transcript import session_events
 from codesdk.supervisor.store import TaskRecord, TaskState
-from codesdk.worker.adapters._installed import RUNTIMES_DIR_ENV
-from codesdk.worker.adapters.codex._launch import CODEX_VERSION, codex_path
+from codesdk.worker.command import RUNTIMES_DIR_ENV
+from codesdk.worker.adapters.codex.launch import CODEX_VERSION, codex_path
 
 from tests.conftest import MakeEngine
 from tests.contract.cases import CODEX_CONFIG, CodexCase, workspace

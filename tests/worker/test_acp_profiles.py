@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from codesdk.protocol import ToolSpec
-from codesdk.worker.adapters._installed import RUNTIMES_DIR_ENV
+from codesdk.worker.command import RUNTIMES_DIR_ENV
 from codesdk.worker.adapters._tool_names import model_tool_names
 from codesdk.worker.adapters.acp._adapter import _choose
 from codesdk.worker.adapters.acp._codex_acp import DISABLED_FEATURES, CodexAcpProfile

@@ -7,21 +7,17 @@ from pathlib import Path
 import pytest
 
 from codesdk.supervisor.workers import launch as worker_launch
-from codesdk.worker.adapters import _installed
-from codesdk.worker.adapters.codex._launch import BadCodexConfig, CodexSettings, codex_home, codex_launch
-
-
-def test_the_supervisor_and_the_adapter_name_the_runtimes_dir_alike() -> None:
-    assert worker_launch.RUNTIMES_DIR_ENV == _installed.RUNTIMES_DIR_ENV
+from codesdk.worker.adapters.codex.launch import BadCodexConfig, CodexSettings, codex_home, codex_launch
+from codesdk.worker.command import RUNTIMES_DIR_ENV
 
 
 def test_the_supervisors_runtimes_dir_reaches_every_namespace_unless_given() -> None:
     given = worker_launch.workers_env({"user:a": {"X": "1"}}, test_scenarios=False,
-                                      environ={worker_launch.RUNTIMES_DIR_ENV: "/opt/runtimes"})
-    assert given["*"] == {worker_launch.RUNTIMES_DIR_ENV: "/opt/runtimes"} and given["user:a"] == {"X": "1"}
-    own = worker_launch.workers_env({"*": {worker_launch.RUNTIMES_DIR_ENV: "/elsewhere"}}, test_scenarios=False,
-                                    environ={worker_launch.RUNTIMES_DIR_ENV: "/opt/runtimes"})
-    assert own["*"] == {worker_launch.RUNTIMES_DIR_ENV: "/elsewhere"}
+                                      environ={RUNTIMES_DIR_ENV: "/opt/runtimes"})
+    assert given["*"] == {RUNTIMES_DIR_ENV: "/opt/runtimes"} and given["user:a"] == {"X": "1"}
+    own = worker_launch.workers_env({"*": {RUNTIMES_DIR_ENV: "/elsewhere"}}, test_scenarios=False,
+                                    environ={RUNTIMES_DIR_ENV: "/opt/runtimes"})
+    assert own["*"] == {RUNTIMES_DIR_ENV: "/elsewhere"}
     assert worker_launch.workers_env({}, test_scenarios=False, environ={}) == {}
 
 

@@ -27,12 +27,12 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
-from codesdk.worker.mcp.bridge import (
+from codesdk.worker.mcp.bridge import endpoint as _endpoint
+from codesdk.worker.mcp.bridge.endpoint import (
     BridgeAnswer,
     BridgeCall,
     BridgeEndpoint,
     BridgeTool,
-    _endpoint,
     bridge_command,
     serve_tools,
 )

@@ -111,7 +111,7 @@ async def test_bad_lines_from_the_worker_are_counted_not_fatal(tmp_path: Path, s
 def test_stray_output_never_reaches_the_protocol_stream() -> None:
     program = (
         "import os, sys\n"
-        "from codesdk.worker.main import _claim_stdout\n"
+        "from codesdk.worker._stdio import claim_stdout as _claim_stdout\n"
         "fd = _claim_stdout()\n"
         "print('stray print')\n"
         "sys.stdout.flush()\n"

@@ -8,8 +8,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-#: Where the npm-installed runtimes are (``runtimes/`` of the checkout when unset).
-RUNTIMES_DIR_ENV = "CODESDK_RUNTIMES_DIR"
+from ..command import RUNTIMES_DIR_ENV
 
 
 def runtimes_dir(environ: Mapping[str, str] = os.environ) -> Path:

@@ -30,7 +30,9 @@ import trio
 from codesdk.protocol import BadFrame, ExitStatus, LineFramer, ProcessEnd, StderrTail
 
 from .. import _recording as recording
-from .._ahead import AHEAD_TTL_S, RuntimeLaunch, StartedAhead, differences, start_ahead
+from codesdk.procs.launch import Launch
+
+from .._ahead import AHEAD_TTL_S, StartedAhead, start_ahead
 from .base import RuntimeCrashed
 
 if TYPE_CHECKING:
@@ -106,7 +108,7 @@ class RuntimeAhead:
     """A runtime's program, started before its task: ``take`` hands it over to the task that composes the same
     launch; ``discard`` ends it. Either happens once; both are safe to call again."""
 
-    def __init__(self, runtime: str, launch: RuntimeLaunch, process: AdoptedProcess) -> None:
+    def __init__(self, runtime: str, launch: Launch, process: AdoptedProcess) -> None:
         self.runtime = runtime
         self.launch = launch
         self._process: AdoptedProcess | None = process
@@ -131,14 +133,14 @@ class RuntimeAhead:
         started = start_ahead(runtime, hint)
         return cls.adopt(started) if started is not None else None
 
-    async def take(self, runtime: str, launch: RuntimeLaunch) -> AdoptedProcess | None:
+    async def take(self, runtime: str, launch: Launch) -> AdoptedProcess | None:
         """The program, if it is unclaimed, alive, of ``runtime`` and launched exactly as ``launch``; else it is
         ended (it can serve nobody else) and None returned: the caller starts its own."""
         process = self._process
         if process is None:
             return None
         if runtime != self.runtime or launch != self.launch or process.returncode is not None:
-            why = ", ".join(differences(self.launch, launch)) if runtime == self.runtime else f"runtime {runtime}"
+            why = ", ".join(self.launch.differences(launch)) if runtime == self.runtime else f"runtime {runtime}"
             log.info("not using the %s started ahead (%s); starting another", self.runtime, why or "it has exited")
             await self.discard()
             return None

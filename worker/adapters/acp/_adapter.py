@@ -54,7 +54,7 @@ from codesdk.protocol import (
 
 from codesdk._version import __version__
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
-from ...mcp.bridge import BridgeAnswer, BridgeCall, BridgeEndpoint, BridgeTool, serve_tools
+from ...mcp.bridge.endpoint import BridgeAnswer, BridgeCall, BridgeEndpoint, BridgeTool, serve_tools
 from .._api_failures import failure_for_status
 from .._conversation import hold_conversation
 from .._process import RuntimeProcess

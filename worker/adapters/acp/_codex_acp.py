@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..._ahead import RuntimeLaunch
+from codesdk.procs.launch import Launch
 from .._installed import node_modules
-from ..codex._env import stored_thread
-from ..codex._launch import DEFAULT_BASE_URL, PROVIDER, codex_home
+from ..codex.home import stored_thread
+from ..codex.launch import DEFAULT_BASE_URL, PROVIDER, codex_home
 from ._profile import (
     MCP_SERVER_NAME,
     AcpSettings,
@@ -170,13 +170,13 @@ class CodexAcpProfile(PlatformBuildProfile):
             if isinstance(servers, dict) else []
 
     def launch(self, program: list[str], settings: AcpSettings, *, cwd: str,
-               environ: Mapping[str, str]) -> RuntimeLaunch:
+               environ: Mapping[str, str]) -> Launch:
         argv = list(program)
         for key, value in self.config(settings, environ).items():
             argv += ["-c", f"{key}={json.dumps(value)}"]  # a TOML value: JSON's strings, numbers, booleans are TOML's
         env = runtime_env(environ, cwd, {"CODEX_HOME": str(codex_home(environ)), "NO_BROWSER": "1"})
         env.pop("CODEX_SQLITE_HOME", None)
-        return RuntimeLaunch(argv=tuple(argv), env=env, cwd=cwd)
+        return Launch(argv=tuple(argv), env=env, cwd=cwd)
 
     def http_status(self, code: int, message: str, data: Any) -> int | None:
         """codex-acp answers a failed turn ``-32603`` with ``data: {message, codex_error_info}``: the status is in

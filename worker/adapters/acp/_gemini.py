@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..._ahead import RuntimeLaunch
+from codesdk.procs.launch import Launch
 from .._installed import node_modules
 from ._profile import (
     MCP_SERVER_NAME,
@@ -115,12 +115,12 @@ class GeminiProfile(AgentProfile):
         write_private(path, json.dumps(merged, indent=1))
 
     def launch(self, program: list[str], settings: AcpSettings, *, cwd: str,
-               environ: Mapping[str, str]) -> RuntimeLaunch:
+               environ: Mapping[str, str]) -> Launch:
         argv = [*program, "--acp"] + ([f"--model={settings.model}"] if settings.model else [])
         env = runtime_env(environ, cwd, {
             "GEMINI_CLI_NO_RELAUNCH": "true", "GEMINI_CLI_TRUST_WORKSPACE": "true",
             "GEMINI_TELEMETRY_ENABLED": "false", "NO_BROWSER": "true"})
-        return RuntimeLaunch(argv=tuple(argv), env=env, cwd=cwd)
+        return Launch(argv=tuple(argv), env=env, cwd=cwd)
 
     def implicit_sources(self, environ: Mapping[str, str], cwd: Path) -> dict[str, Any]:
         gemini = home(environ) / ".gemini"

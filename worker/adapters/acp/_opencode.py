@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..._ahead import RuntimeLaunch
+from codesdk.procs.launch import Launch
 from .._installed import node_modules
 from ._profile import (
     MCP_SERVER_NAME,
@@ -113,10 +113,10 @@ class OpenCodeProfile(PlatformBuildProfile):
         self.config(settings, environ)  # a broken operator config fails the task before anything starts
 
     def launch(self, program: list[str], settings: AcpSettings, *, cwd: str,
-               environ: Mapping[str, str]) -> RuntimeLaunch:
+               environ: Mapping[str, str]) -> Launch:
         config = json.dumps(self.config(settings, environ), separators=(",", ":"))
         env = runtime_env(environ, cwd, {**OFF_SWITCHES, "OPENCODE_CONFIG_CONTENT": config})
-        return RuntimeLaunch(argv=(*program, "acp"), env=env, cwd=cwd)
+        return Launch(argv=(*program, "acp"), env=env, cwd=cwd)
 
     def http_status(self, code: int, message: str, data: Any) -> int | None:
         if (found := _STATUS.search(message)) is not None:

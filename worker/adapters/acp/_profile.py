@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..._ahead import RuntimeLaunch
+from codesdk.procs.launch import Launch
 from .._grace import BadGrace, stop_grace
 from .._installed import node_modules
 from .._namespace_home import namespace_of
@@ -102,7 +102,7 @@ class AgentProfile(ABC):
 
     @abstractmethod
     def launch(self, program: list[str], settings: AcpSettings, *, cwd: str,
-               environ: Mapping[str, str]) -> RuntimeLaunch:
+               environ: Mapping[str, str]) -> Launch:
         """The agent's ACP server on stdio for one task (``prepare`` has run)."""
 
     @abstractmethod

@@ -1,21 +1,7 @@
 """The Claude Code runtime: the pinned CLI (bundled in the ``claude-agent-sdk`` wheel) driven directly over its
 stream-json control protocol; the SDK itself is never imported.
 
-``ClaudeAdapter`` is imported on first use, so that ``_launch`` stays light (see ``worker.adapters``)."""
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from ._adapter import ClaudeAdapter
-
-__all__ = ["ClaudeAdapter"]
-
-
-def __getattr__(name: str) -> object:
-    if name == "ClaudeAdapter":
-        from ._adapter import ClaudeAdapter
-
-        return ClaudeAdapter
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+``adapter`` (``ClaudeAdapter``) drives a task; ``launch`` composes how the CLI starts (the standard library only: the
+worker may start it ahead of its task, before its own heavy imports); ``home`` reads what Claude Code keeps in a
+namespace's HOME (login state, stored sessions). Imported by path, hence no names here.
+"""

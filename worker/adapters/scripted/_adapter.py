@@ -52,6 +52,7 @@ from codesdk.protocol import (
     split_prompt,
 )
 
+from ...command import TEST_STEPS_ENV
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome
 from .._grace import BadGrace, stop_grace
 from .._process import RuntimeProcess
@@ -87,9 +88,6 @@ from .scenario import (
 
 VERSION = "1.0"
 DEFAULT_SCENARIO = "echo"
-#: Set (to 1) by the supervisor when its operator enabled test instruments (``serve --enable-test-scenarios``;
-#: ``codesdk run``, a single user's own supervisor, has them on).
-TEST_STEPS_ENV = "CODESDK_SCRIPTED_TEST_STEPS"
 #: Steps that exist to break things on purpose: a tenant may not use them unless the operator enabled them.
 TEST_INSTRUMENTS = (CrashStep, HangStep, FloodStep, MalformedLineStep, OversizedLineStep, TornFrameStep,
                     PolluteStdoutStep, IgnoreStopStep, SpawnStep, RuntimeProcessStep)

@@ -1,7 +1,7 @@
-"""``python -I -m worker.mcp_bridge``: the bridge process (see ``_server``)."""
+"""``python -I -m codesdk.worker.mcp.bridge``: the bridge process (see ``main``)."""
 
 import sys
 
-from ._server import main
+from .main import main
 
 sys.exit(main(sys.argv[1:]))

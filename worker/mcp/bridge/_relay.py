@@ -27,7 +27,7 @@ import trio
 
 from codesdk._version import __version__
 from ..server import McpServer, McpTool, ToolCallResult
-from ._server import WorkerLink
+from ._link import WorkerLink
 from ._wire import MAX_LINE_BYTES, TASK_ENDED, LineReader, LineTooLong, encode_line
 
 log = logging.getLogger("codesdk.mcp_bridge")

@@ -2,7 +2,7 @@
 
 One CLI process per task (``RuntimeProcess``: its own process group, stderr tail, ended with the task), started
 as soon as the task runs. No ``claude_agent_sdk`` import at run time: its wheel is only how the pinned binary is
-installed (``_env.cli_path``), and its import costs ~1.2 s — more than a whole one-turn run of the CLI.
+installed (``home.cli_path``), and its import costs ~1.2 s — more than a whole one-turn run of the CLI.
 
 Tool calls: a PreToolUse hook (registered with ``onFailure: "block"``, so a failing answer blocks the call) sees
 every call with Claude's ``tool_use_id`` and asks the supervisor (``tool.call.requested``). Approved: the hook
@@ -51,7 +51,7 @@ from codesdk.protocol import (
     canonical_hash,
 )
 
-from ..._ahead import RuntimeLaunch
+from codesdk.procs.launch import Launch
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
 from ...mcp.server import McpServer, McpTool, ToolCallResult
 from .._api_failures import failure_for_status
@@ -65,9 +65,9 @@ from ..base import (
     TaskIO,
     TaskOutcome,
 )
-from . import _env
+from . import home
 from ._control import ChannelClosed, ControlChannel, ControlError
-from ._launch import (
+from .launch import (
     INITIALIZE_REQUEST_ID,
     MCP_SERVER,
     POST_TOOL_USE,
@@ -126,7 +126,7 @@ class ClaudeAdapter(RuntimeAdapter):
         return Availability(True)
 
     async def auth_status(self) -> AuthStatus:
-        return _env.auth_status(os.environ)
+        return home.auth_status(os.environ)
 
     def login_command(self) -> list[str] | None:
         path = cli_path()
@@ -141,11 +141,11 @@ class ClaudeAdapter(RuntimeAdapter):
         cwd = Path(default_cwd(params.workspace))
         # Earlier turns live in Claude's own session, resumed by id while its transcript is there; else they are
         # sent as the first prompt of a new one.
-        given = RuntimeInput.plan(params, lambda session_id: _env.stored_session(os.environ, cwd, session_id))
+        given = RuntimeInput.plan(params, lambda session_id: home.stored_session(os.environ, cwd, session_id))
         if given.resume_id:
             io.set_runtime_session_id(given.resume_id)
         task = ClaudeTask(params, io, given, cli, self.ahead)
-        task.implicit_sources = _env.implicit_sources(os.environ, task.cwd)
+        task.implicit_sources = home.implicit_sources(os.environ, task.cwd)
         return task
 
 
@@ -195,7 +195,7 @@ class ClaudeTask(AnswersToolCalls, TaskHandle):
 
     # -- the CLI --------------------------------------------------------------------------------
 
-    def launch(self) -> RuntimeLaunch:
+    def launch(self) -> Launch:
         """How the CLI is started for this task (``_launch.claude_launch``; the same for a CLI started ahead)."""
         return claude_launch(self.cli, self.settings, cwd=str(self.cwd),
                              resume=self.given.resume_id, environ=os.environ)
@@ -477,11 +477,11 @@ def _auth_failure(result: dict[str, Any]) -> TaskOutcome:
     """Claude Code had no usable login ("Not logged in · Please run /login", no request made) or the API
     refused its credentials: the namespace's own login instructions."""
     text = _result_text(result)
-    status = _env.auth_status(os.environ)
+    status = home.auth_status(os.environ)
     if status.state == AuthState.UNAUTHENTICATED:
         message = status.message
     else:
-        message = f"{text} — the credentials of this namespace were refused: {_env.login_instructions(os.environ)}"
+        message = f"{text} — the credentials of this namespace were refused: {home.login_instructions(os.environ)}"
     return TaskOutcome.failure(TaskFailureCode.AUTH_REQUIRED, message[:2000], False, runtime_message=text[:500],
                                api_error_status=result.get("api_error_status"), subtype=result.get("subtype"))
 
@@ -495,6 +495,6 @@ def _failure_from(result: dict[str, Any]) -> TaskOutcome:
     if "prompt is too long" in text.lower() or "context" in text.lower() and "too long" in text.lower():
         code, retryable = TaskFailureCode.CONTEXT_TOO_LARGE, False
     if code == TaskFailureCode.AUTH_REQUIRED:
-        text += " — " + _env.login_instructions(os.environ)
+        text += " — " + home.login_instructions(os.environ)
     return TaskOutcome.failure(code, text[:2000], retryable, api_error_status=status,
                                subtype=result.get("subtype"))

@@ -54,7 +54,8 @@ from codesdk.protocol import (
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
 from .._api_failures import failure_for_status
 from .._conversation import hold_conversation
-from .._installed import RUNTIMES_DIR_ENV, runtimes_dir
+from ...command import RUNTIMES_DIR_ENV
+from .._installed import runtimes_dir
 from .._process import RuntimeAhead, RuntimeProcess
 from .._rpc_peer import METHOD_NOT_FOUND, PeerClosed, PeerError, RpcPeer
 from .._tool_names import model_tool_names
@@ -67,8 +68,8 @@ from ..base import (
     TaskIO,
     TaskOutcome,
 )
-from . import _env
-from ._launch import (
+from . import home
+from .launch import (
     CODEX_VERSION,
     INITIALIZE_REQUEST_ID,
     BadCodexConfig,
@@ -118,7 +119,7 @@ class CodexAdapter(RuntimeAdapter):
         return Availability(True)
 
     async def auth_status(self) -> AuthStatus:
-        return _env.auth_status(os.environ)
+        return home.auth_status(os.environ)
 
     def login_command(self) -> list[str] | None:
         path = codex_path()
@@ -136,11 +137,11 @@ class CodexAdapter(RuntimeAdapter):
             raise StartTaskRefused(ErrorCode.INVALID_RUNTIME_CONFIG, str(exc)) from exc
         # Earlier turns live in Codex's own thread, resumed by id while its rollout is there; else they are sent as
         # the first prompt of a new thread.
-        given = RuntimeInput.plan(params, lambda thread_id: _env.stored_thread(os.environ, thread_id))
+        given = RuntimeInput.plan(params, lambda thread_id: home.stored_thread(os.environ, thread_id))
         if given.resume_id:
             io.set_runtime_session_id(given.resume_id)
         task = CodexTask(params, io, given, binary, settings, self.ahead)
-        task.implicit_sources = _env.implicit_sources(os.environ, task.cwd)
+        task.implicit_sources = home.implicit_sources(os.environ, task.cwd)
         return task
 
 
@@ -185,7 +186,7 @@ class CodexTask(AnswersToolCalls, TaskHandle):
     # -- the run --------------------------------------------------------------------------------
 
     async def run(self) -> TaskOutcome:
-        auth = _env.auth_status(os.environ)
+        auth = home.auth_status(os.environ)
         if auth.state != AuthState.AUTHENTICATED:  # Codex would try its default provider without credentials
             return TaskOutcome.failure(TaskFailureCode.AUTH_REQUIRED, auth.message)
         prepare_codex_home(os.environ)
@@ -486,6 +487,6 @@ def _failure(error: dict[str, Any]) -> TaskOutcome:
     if code == TaskFailureCode.RUNTIME_ERROR and "Missing environment variable" in message:
         code = TaskFailureCode.AUTH_REQUIRED
     if code == TaskFailureCode.AUTH_REQUIRED:
-        message += " — " + _env.login_instructions(os.environ)
+        message += " — " + home.login_instructions(os.environ)
     return TaskOutcome.failure(code, message[:2000], retryable, codex_error=name, api_error_status=status)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codesdk._version import __version__
-from ..._ahead import RuntimeLaunch
+from codesdk.procs.launch import Launch
 from .._grace import BadGrace, stop_grace
 from .._installed import runtimes_dir
 
@@ -134,7 +134,7 @@ def _setting(key: str, value: object) -> list[str]:
     return ["-c", f"{key}={json.dumps(value)}"]  # a TOML value: JSON's strings, numbers and booleans are TOML's
 
 
-def codex_launch(binary: Path, settings: CodexSettings, *, cwd: str, environ: Mapping[str, str]) -> RuntimeLaunch:
+def codex_launch(binary: Path, settings: CodexSettings, *, cwd: str, environ: Mapping[str, str]) -> Launch:
     """``codex app-server`` on stdio for one task. With ``OPENAI_API_KEY`` in the namespace's environment, the
     model provider is CodeSDK's (``OPENAI_BASE_URL`` or OpenAI's API, that key); without it, Codex's own login in
     the namespace's ``CODEX_HOME`` is used."""
@@ -153,7 +153,7 @@ def codex_launch(binary: Path, settings: CodexSettings, *, cwd: str, environ: Ma
             argv += _setting(f"{provider}.stream_max_retries", settings.max_retries)
     env = dict(environ)
     env.update({"CODEX_HOME": str(codex_home(environ)), "NO_COLOR": "1", "PWD": cwd})
-    return RuntimeLaunch(argv=tuple(argv), env=env, cwd=cwd, opening=OPENING)
+    return Launch(argv=tuple(argv), env=env, cwd=cwd, opening=OPENING)
 
 
 #: What every launch writes first: ``initialize`` (dynamic tools need the experimental API) and ``initialized``.
@@ -177,7 +177,7 @@ def has_credentials(environ: Mapping[str, str]) -> bool:
     return bool(environ.get("OPENAI_API_KEY")) or (codex_home(environ) / "auth.json").is_file()
 
 
-def launch_ahead(hint: Mapping[str, object], environ: Mapping[str, str]) -> RuntimeLaunch | None:
+def launch_ahead(hint: Mapping[str, object], environ: Mapping[str, str]) -> Launch | None:
     """The launch of a new session's first task, from what ``codesdk run`` knows of it; None when the binary is
     missing, the hint unusable, or there are no credentials (the task itself then says why). Makes
     ``CODEX_HOME``, as a task does before it starts Codex."""

@@ -13,7 +13,7 @@ from typing import Any
 from codesdk.protocol import AuthState, AuthStatus, sha256_hex, utc_now
 
 from .._namespace_home import namespace_of
-from ._launch import codex_home
+from .launch import codex_home
 
 
 def login_instructions(env: Mapping[str, str]) -> str:

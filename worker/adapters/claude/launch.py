@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..._ahead import RuntimeLaunch
+from codesdk.procs.launch import Launch
 from .._grace import BadGrace, stop_grace
 
 MCP_SERVER = "codesdk"
@@ -73,7 +73,7 @@ class ClaudeSettings:
 
 
 def claude_launch(cli: Path, settings: ClaudeSettings, *, cwd: str, resume: str | None,
-                  environ: Mapping[str, str]) -> RuntimeLaunch:
+                  environ: Mapping[str, str]) -> Launch:
     """The CLI's launch for a task (the flags claude-agent-sdk 0.2.187 passes for the same options).
 
     Our tools are not named on the command line: the MCP server lists them over the control channel once the task
@@ -93,7 +93,7 @@ def claude_launch(cli: Path, settings: ClaudeSettings, *, cwd: str, resume: str 
     env["PWD"] = cwd
     opening = {"type": "control_request", "request_id": INITIALIZE_REQUEST_ID,
                "request": initialize_request(settings.builtins)}
-    return RuntimeLaunch(argv=tuple(argv), env=env, cwd=cwd,
+    return Launch(argv=tuple(argv), env=env, cwd=cwd,
                          opening=json.dumps(opening, separators=(",", ":")).encode() + b"\n")
 
 
@@ -110,7 +110,7 @@ def initialize_request(builtins: tuple[str, ...]) -> dict[str, object]:
     return {"subtype": "initialize", "hooks": hooks}
 
 
-def launch_ahead(hint: Mapping[str, object], environ: Mapping[str, str]) -> RuntimeLaunch | None:
+def launch_ahead(hint: Mapping[str, object], environ: Mapping[str, str]) -> Launch | None:
     """The launch of a new session's first task, from what ``codesdk run`` knows of it (its ``runtime_config`` and
     workspace); None when the CLI is missing or the hint unusable (the task itself then says why)."""
     cli = cli_path()

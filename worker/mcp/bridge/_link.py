@@ -1,29 +1,21 @@
-"""The bridge process: a stdio MCP server that an ACP agent spawns, serving one task's tools from its worker.
+"""The bridge's line to its worker: reach the worker's socket, say hello with the task's token, take the tool list.
 
-Started as ``codesdk-worker mcp-bridge`` or ``python -I -m worker.mcp_bridge`` (``BridgeEndpoint.mcp_server``), with
-``CODESDK_BRIDGE_SOCKET`` and ``CODESDK_BRIDGE_TOKEN`` in its environment. It first reaches the worker and says
-hello, with nothing but the standard library loaded: refused or unreachable, it prints one line on stderr and exits
-2 within milliseconds (the agent then reports its MCP server failed, and has no tools). Accepted, it loads trio and
-``mcp`` (~0.7 s, ``_relay``) and serves the worker's tools on stdin/stdout until stdin ends or the worker closes
-the socket (the task ended).
+The standard library only: a bridge refused or unable to reach its worker must say so and exit within milliseconds,
+before anything heavy is imported.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import socket
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._wire import MAX_LINE_BYTES, SOCKET_ENV, TOKEN_ENV, LineReader, LineTooLong, encode_line, socket_address
+from ._wire import MAX_LINE_BYTES, LineReader, LineTooLong, encode_line, socket_address
 
 #: How long the worker may take to answer our hello (it answers at once unless the machine is stuck).
 HANDSHAKE_TIMEOUT_S = 30.0
-#: The exit status of a bridge that could not get its tools: the agent's MCP client sees a failed server.
-EXIT_UNAVAILABLE = 2
 
 
 class WorkerUnavailable(Exception):
@@ -37,28 +29,6 @@ class WorkerLink:
     sock: socket.socket
     reader: LineReader
     tools: list[dict[str, Any]]
-
-
-def main(argv: list[str] | None = None) -> int:
-    if argv:
-        return _fail(f"takes no arguments (got {' '.join(argv)[:200]}); it reads {SOCKET_ENV} and {TOKEN_ENV}")
-    path, token = os.environ.get(SOCKET_ENV), os.environ.get(TOKEN_ENV)
-    if not path or not token:
-        return _fail(f"{SOCKET_ENV} and {TOKEN_ENV} must be set (CodeSDK's worker passes them to the agent)")
-    # stdout is the MCP wire from here on: a stray print or library output lands on stderr instead.
-    wire = os.dup(1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    try:
-        link = connect(Path(path), token)
-    except WorkerUnavailable as exc:
-        return _fail(str(exc))
-    import trio
-
-    from ._relay import serve
-
-    trio.run(serve, link, wire)
-    return 0
 
 
 def connect(path: Path, token: str, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> WorkerLink:
@@ -104,8 +74,3 @@ def _first_line(sock: socket.socket, reader: LineReader) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise WorkerUnavailable("CodeSDK's worker answered with a line that is not a JSON object")
     return value
-
-
-def _fail(message: str) -> int:
-    print(f"codesdk mcp bridge: {message}", file=sys.stderr, flush=True)
-    return EXIT_UNAVAILABLE
