@@ -17,7 +17,47 @@ def test_pinned_versions_are_the_ones_installed() -> None:
     assert version("pytest-trio") == "0.8.0"
     assert version("rfc8785") == "0.1.4"
     assert version("pydantic").startswith("2.")
-    assert version("mcp").startswith("2.3")
+    assert version("mcp").startswith("2.3")  # the test extra's: the oracle of our MCP server
+
+
+def test_every_library_the_code_imports_is_declared() -> None:
+    """A library the installed code imports but only another dependency brings (starlette came with mcp) breaks the
+    day that dependency drops it: each must be named in pyproject.toml's dependencies (or an extra, for the modules
+    only that extra's users load)."""
+    import ast
+    import re
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    def names(requirements: list[str]) -> set[str]:
+        return {re.split(r"[\[<>=~!; ]", r, maxsplit=1)[0].lower().replace("-", "_") for r in requirements}
+    declared = names(project["dependencies"])
+    extras = {extra: names(reqs) for extra, reqs in project["optional-dependencies"].items()}
+    imported_as = {"pydantic_core": "pydantic", "httpx2": "httpx2"}
+    only_in_extra = {"psycopg": "postgresql", "pytest": "test"}  # the PostgreSQL store; the pytest plugin
+    missing = []
+    for folder in ("protocol", "worker", "supervisor", "codesdk"):
+        for path in (root / folder).rglob("*.py"):
+            if folder == "codesdk" and path.relative_to(root / folder).parts[0] in {"protocol", "worker", "supervisor"}:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    tops = [alias.name.split(".")[0] for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    tops = [node.module.split(".")[0]]
+                else:
+                    continue
+                for top in tops:
+                    if top in sys.stdlib_module_names or top == "codesdk":
+                        continue
+                    package = imported_as.get(top, top)
+                    extra = only_in_extra.get(top)
+                    if package not in declared and (extra is None or package not in extras[extra]):
+                        missing.append(f"{path.relative_to(root)}: {top}")
+    assert not missing, "imported but not declared in pyproject.toml:\n" + "\n".join(sorted(set(missing)))
 
 
 async def test_pytest_trio_runs_this_under_trio() -> None:

@@ -7,7 +7,7 @@
   stored events.
 - ``codesdk.testing.conformance``: the protocol's required behaviours, run against any worker command
   (``codesdk-worker conformance -- CMD …``).
-- The pytest plugin (``codesdk.testing.pytest_plugin``, loaded by pytest when CodeSDK is installed): fixtures
+- The pytest plugin (``codesdk.pytest_plugin``, loaded by pytest when CodeSDK is installed): fixtures
   ``worker_home``, ``worker_workspace``, ``open_test_worker``, and the ``loopback_only`` marker.
 
 See docs/testing.md.
@@ -29,13 +29,13 @@ from ._driver import (
     namespace_env,
     open_worker,
 )
-from ._netns import loopback_only
+from ._netns import OUTSIDE_NETNS_REASON, loopback_only
 from ._sync import SyncTask, SyncWorkerDriver, run_worker
 from ._wire import WireLine, WireLog
 from .invariants import InvariantError, check_session, check_task, check_worker_events
 
 __all__ = [
-    "DEFAULT_TIMEOUT_S", "DrivenTask", "DriverError", "InvariantError", "ProtocolViolation", "RpcError", "SyncTask",
+    "DEFAULT_TIMEOUT_S", "OUTSIDE_NETNS_REASON", "DrivenTask", "DriverError", "InvariantError", "ProtocolViolation", "RpcError", "SyncTask",
     "SyncWorkerDriver", "ToolAnswer", "ToolPolicy", "WireLine", "WireLog", "WorkerDriver", "WorkerOutputEnded",
     "WorkerStartError", "WorkerTimedOut", "check_session", "check_task", "check_worker_events", "loopback_only",
     "namespace_env", "open_worker", "run_worker",

@@ -1,4 +1,6 @@
-"""pytest plugin of CodeSDK's test kit (registered under the ``pytest11`` entry point as ``codesdk``).
+"""pytest plugin of CodeSDK's test kit (``codesdk.testing``), registered under the ``pytest11`` entry point as
+``codesdk``: pytest loads it in every run wherever CodeSDK is installed, so it imports the kit (trio, the protocol's
+models, the worker client: ~0.2 s) only when a test uses one of its fixtures or its marker.
 
 Fixtures:
 
@@ -23,18 +25,17 @@ from contextlib import (
     contextmanager,
 )
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ._driver import WorkerDriver, namespace_env, open_worker
-from ._netns import OUTSIDE_NETNS_REASON, loopback_only
-from ._sync import SyncWorkerDriver, run_worker
+if TYPE_CHECKING:
+    from codesdk.testing import SyncWorkerDriver, WorkerDriver
 
 #: ``open_test_worker(**options)``: an async context manager giving a ``WorkerDriver``.
-OpenTestWorker = Callable[..., AbstractAsyncContextManager[WorkerDriver]]
+OpenTestWorker = Callable[..., AbstractAsyncContextManager["WorkerDriver"]]
 #: ``run_test_worker(**options)``: a context manager giving a ``SyncWorkerDriver``.
-RunTestWorker = Callable[..., AbstractContextManager[SyncWorkerDriver]]
+RunTestWorker = Callable[..., AbstractContextManager["SyncWorkerDriver"]]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -50,13 +51,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("loopback_only") is not None and not loopback_only():
-        pytest.skip(OUTSIDE_NETNS_REASON)
+    if item.get_closest_marker("loopback_only") is not None:
+        from codesdk.testing import OUTSIDE_NETNS_REASON, loopback_only
+
+        if not loopback_only():
+            pytest.skip(OUTSIDE_NETNS_REASON)
 
 
 @pytest.fixture
 def worker_home(tmp_path: Path) -> Path:
     """A scratch namespace HOME with its XDG directories and TMPDIR (what ``namespace_env`` points at)."""
+    from codesdk.testing import namespace_env
+
     home = tmp_path / "worker-home"
     home.mkdir(mode=0o700)
     namespace_env(home)  # makes the directories
@@ -80,6 +86,8 @@ def _options(config: pytest.Config, home: Path, command: list[str] | None, optio
     """The worker's environment (the scratch HOME), and where it runs: the directory pytest was started from for
     ``--worker-command`` (so that ``python my_worker.py`` means the file there, as for the conformance suite), the
     scratch HOME for CodeSDK's own worker."""
+    from codesdk.testing import namespace_env
+
     extra: Mapping[str, str] = options.pop("extra_env", {})
     options.setdefault("env", namespace_env(home, extra=extra))
     options.setdefault("cwd", config.invocation_params.dir if command is None and _command(config) else home)
@@ -92,6 +100,8 @@ def open_test_worker(request: pytest.FixtureRequest, worker_home: Path) -> OpenT
 
     @asynccontextmanager
     async def open_one(command: list[str] | None = None, **options: Any) -> AsyncIterator[WorkerDriver]:
+        from codesdk.testing import open_worker
+
         async with open_worker(command or _command(request.config),
                                **_options(request.config, worker_home, command, options)) as driver:
             yield driver
@@ -105,6 +115,8 @@ def run_test_worker(request: pytest.FixtureRequest, worker_home: Path) -> RunTes
 
     @contextmanager
     def run_one(command: list[str] | None = None, **options: Any) -> Iterator[SyncWorkerDriver]:
+        from codesdk.testing import run_worker
+
         with run_worker(command or _command(request.config),
                         **_options(request.config, worker_home, command, options)) as driver:
             yield driver
