@@ -15,8 +15,7 @@ import logging
 import os
 import signal
 import subprocess
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 

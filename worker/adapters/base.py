@@ -23,7 +23,6 @@ from codesdk.protocol import (
     Model,
     ResumeMode,
     RuntimeCapabilities,
-    SessionRef,
     StartTaskParams,
     TaskCompleted,
     TaskFailed,
@@ -217,10 +216,6 @@ class RuntimeAdapter(ABC):
         browser by itself when BROWSER=true), run by ``codesdk auth login`` with the namespace's environment
         as the namespace's user. None: nothing to log in to."""
         return None
-
-    async def create_session(self, session: SessionRef) -> str | None:
-        """Create or resume a runtime-side session; returns its id. Optional."""
-        return session.runtime_session_id
 
     @abstractmethod
     def start_task(self, params: StartTaskParams, io: TaskIO) -> TaskHandle:

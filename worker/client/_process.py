@@ -30,8 +30,6 @@ from codesdk.protocol import (
     ExitStatus,
     InitializeParams,
     InitializeResult,
-    IsolationLevel,
-    IsolationMode,
     NoParams,
     PeerInfo,
     Rpc,

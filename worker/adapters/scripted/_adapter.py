@@ -37,7 +37,6 @@ from codesdk.protocol import (
     RuntimeInfo,
     RuntimeRequestCompleted,
     RuntimeRequestStarted,
-    SessionRef,
     StartTaskParams,
     TaskFailureCode,
     ToolCallCompleted,
@@ -125,9 +124,6 @@ class ScriptedAdapter(RuntimeAdapter):
     async def auth_status(self) -> AuthStatus:
         return AuthStatus(runtime=self.name, state=AuthState.NOT_REQUIRED, method="none",
                           message="the scripted runtime needs no credentials")
-
-    async def create_session(self, session: SessionRef) -> str | None:
-        return session.runtime_session_id or f"scripted-{session.session_id}"
 
     def start_task(self, params: StartTaskParams, io: TaskIO) -> TaskHandle:
         config = params.runtime_config
