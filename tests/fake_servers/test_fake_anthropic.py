@@ -344,7 +344,7 @@ def test_concurrent_requests_are_independent(fake: FakeAnthropic) -> None:
 
 # --- the real Claude Code CLI against the fake (only inside a loopback-only network namespace) ----------------
 
-CLAUDE = Path(__file__).resolve().parents[1] / ".venv/lib/python3.11/site-packages/claude_agent_sdk/_bundled/claude"
+CLAUDE = Path(__file__).resolve().parents[2] / ".venv/lib/python3.11/site-packages/claude_agent_sdk/_bundled/claude"
 MCP_ECHO = '''
 from mcp.server.mcpserver import MCPServer
 
