@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from codesdk.procs._orphans import become_subreaper
-from ..api.limits import ApiLimits
+from ..api import ApiLimits
 from ..config import default_data_dir
 from ..engine import Engine, EngineConfig
 from ..namespaces import (

@@ -21,8 +21,8 @@ from pathlib import Path
 import trio
 
 from ._sdnotify import Notifier, watchdog_interval_s
-from ..api import ADMIN_TOKEN_FILE, TokenAuth, TokenFileInvalid, serve_api
-from ..api.limits import ApiLimits
+from ..api import ADMIN_TOKEN_FILE, ApiLimits, TokenAuth, TokenFileInvalid
+from ..api.server import serve_api
 from .assembly import SupervisorOptions, check_options, open_engine
 from ..config import default_data_dir
 from ..engine import Engine
