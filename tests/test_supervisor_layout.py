@@ -3,11 +3,16 @@ and only the command lines use the API client."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+import codesdk
 
 from tests.worker.harness import REPO
 
@@ -24,3 +29,48 @@ def test_an_embedded_supervisor_imports_no_http_stack(module: str) -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO,
                           check=True)
     assert json.loads(done.stdout) == []
+
+
+# -- what imports what ----------------------------------------------------------------------------
+
+SUPERVISOR = REPO / "supervisor"
+
+
+def _module_name(path: Path) -> str:
+    parts = ["codesdk", "supervisor", *path.relative_to(SUPERVISOR).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> Iterator[str]:
+    """Every module a source file imports, anywhere in it (also inside functions and under TYPE_CHECKING), with
+    relative imports resolved; ``from package import name`` yields ``package.name`` too (it may be a module)."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def supervisor_sources() -> list[Path]:
+    return sorted(p for p in SUPERVISOR.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+#: The client's names, as the ``codesdk`` package re-exports them on first use.
+CLIENT_NAMES = {f"codesdk.{name}" for name in codesdk.__all__ if name != "__version__"}
+
+
+def test_only_the_command_lines_use_the_api_client() -> None:
+    """The supervisor serves the API; only its command lines (``cli/``: ``codesdk --url``, the admin commands)
+    call it as a client. Anything else would run the dependency the wrong way round."""
+    users = sorted(f"{path.relative_to(REPO)} imports {name}" for path in supervisor_sources()
+                   if path.relative_to(SUPERVISOR).parts[0] != "cli"
+                   for name in imported_modules(path)
+                   if name == "codesdk.client" or name.startswith("codesdk.client.") or name in CLIENT_NAMES)
+    assert users == []

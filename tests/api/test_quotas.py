@@ -28,7 +28,7 @@ from codesdk.supervisor.api import TokenAuth
 from codesdk.supervisor.api.server import serve_api
 from codesdk.supervisor.engine import Engine
 from codesdk.supervisor.engine._transcript import session_events
-from codesdk.supervisor.service.main import _add_limit_flags, _quotas, main
+from codesdk.supervisor.cli.admin import _add_limit_flags, _quotas, main
 from codesdk.supervisor.store._store import QUOTA_FLAGS, QuotaExceeded, Quotas
 
 from tests.conftest import MakeEngine

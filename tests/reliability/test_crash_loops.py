@@ -104,7 +104,7 @@ async def test_the_operator_lifts_a_quarantine_at_once(make_engine: MakeEngine) 
 
 
 def _supervisor(*args: str, data: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "codesdk.supervisor.service.main", *args, "--data-dir", str(data)],
+    return subprocess.run([sys.executable, "-m", "codesdk.supervisor.cli.admin", *args, "--data-dir", str(data)],
                           check=False, cwd=REPO, capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL)
 

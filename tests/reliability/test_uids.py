@@ -28,7 +28,7 @@ from codesdk.supervisor.namespaces import (
     namespace_identity,
     prepare_dirs,
 )
-from codesdk.supervisor.service.main import main as service_main
+from codesdk.supervisor.cli.admin import main as service_main
 
 from tests.e2e.conftest import of_type, run_task
 from tests.worker.harness import REPO
@@ -102,7 +102,7 @@ def test_the_serve_flag_rejects_a_bad_range(capsys: pytest.CaptureFixture[str]) 
 def test_without_privilege_the_service_refuses_to_start_and_says_why(open_tmp: Path) -> None:
     """Run ``serve --worker-uids`` as an unprivileged uid (nobody): exit 2, naming the missing capabilities."""
     data = open_tmp / "data"
-    code = ("import sys; from codesdk.supervisor.service.main import main; "
+    code = ("import sys; from codesdk.supervisor.cli.admin import main; "
             f"sys.exit(main(['serve', '--data-dir', {str(data)!r}, '--worker-uids', '3910000:4']))")
     if os.geteuid() == 0:
         python = interpreter_for_any_uid()

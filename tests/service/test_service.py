@@ -29,7 +29,7 @@ def _start(tmp_path: Path, notify: Path | None = None, *serve_args: str, quiet: 
     full_env = {**os.environ, "CODESDK_SCENARIO_DIR": SCENARIOS, **env}
     if notify is not None:
         full_env["NOTIFY_SOCKET"] = str(notify)
-    argv = [sys.executable, "-m", "codesdk.supervisor.service.main", "serve", "--data-dir", str(tmp_path / "data"),
+    argv = [sys.executable, "-m", "codesdk.supervisor.cli.admin", "serve", "--data-dir", str(tmp_path / "data"),
             "--enable-test-scenarios", *serve_args]
     return subprocess.Popen(argv, env=full_env, cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL if quiet else subprocess.PIPE)
@@ -221,7 +221,7 @@ def test_a_token_added_while_serving_works_at_once(tmp_path: Path) -> None:
     proc = _start(tmp_path)
     try:
         _wait_socket(tmp_path)
-        added = subprocess.run([sys.executable, "-m", "codesdk.supervisor.service.main", "token", "add", "carol", "--namespace",
+        added = subprocess.run([sys.executable, "-m", "codesdk.supervisor.cli.admin", "token", "add", "carol", "--namespace",
                                 "user:carol", "--data-dir", str(tmp_path / "data")], capture_output=True, text=True,
                                timeout=60, cwd=REPO, check=False)
         assert added.returncode == 0, added.stderr
@@ -231,7 +231,7 @@ def test_a_token_added_while_serving_works_at_once(tmp_path: Path) -> None:
                           headers={"Authorization": f"Bearer {token}"}) as client:
             assert client.post("/v1/sessions", json={"namespace": "user:carol"}).status_code == 201
             assert client.post("/v1/sessions", json={"namespace": "default"}).status_code == 403
-        bad = subprocess.run([sys.executable, "-m", "codesdk.supervisor.service.main", "token", "add", "x", "--namespace",
+        bad = subprocess.run([sys.executable, "-m", "codesdk.supervisor.cli.admin", "token", "add", "x", "--namespace",
                               "user:../y", "--data-dir", str(tmp_path / "data")], capture_output=True, text=True,
                              timeout=60, cwd=REPO, check=False)
         assert bad.returncode == 2 and "invalid namespace" in bad.stderr
@@ -275,7 +275,7 @@ def test_serve_allow_exec_enables_workspace_exec_for_tenants(tmp_path: Path) -> 
 def test_a_store_that_is_no_postgresql_url_is_refused_without_echoing_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A libpq connection string has its password inside: the refusal must not print it."""
-    from codesdk.supervisor.service.main import main
+    from codesdk.supervisor.cli.admin import main
 
     for bad in ("host=/tmp user=u password=S3cretPW dbname=d", "S3cretPW"):
         assert main(["serve", "--data-dir", str(tmp_path / "data"), "--store", bad]) == 2
