@@ -271,7 +271,8 @@ async def sources_from_engine(engine: Engine, session_id: str, *, extra_patterns
     def config_report() -> dict[str, Any]:  # reads the fingerprint key: file I/O, in a thread
         return {
             "engine": _options_report(env, engine.config, skip=("pool", "quotas")),
-            "pool": _options_report(env, pool.config, skip=("env",)),
+            "pool": _options_report(env, pool.config, skip=("env", "policy")),
+            "worker_policy": _options_report(env, pool.config.policy),
             "quotas": _options_report(env, engine.config.quotas),
             "worker_env": {scope: {"names": sorted(vs), "fingerprint": _fingerprint(env, vs)}
                            for scope, vs in pool.config.env.items() if scope in ("*", namespace)},

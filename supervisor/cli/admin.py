@@ -23,6 +23,7 @@ from ..namespaces import InvalidNamespace, UidRange, UidRangeError
 from ..service.assembly import SupervisorOptions
 from ..store import LEASE_S, QUOTA_FLAGS, Quotas, current_holder
 from ..tools import DEFAULT_EXEC_UID, check_exec_identity
+from ..workers.launch import WorkerPolicy
 
 PROG = "codesdk-supervisor"
 
@@ -72,12 +73,17 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                           "inline scenarios: test instruments for test rigs, off by default. DANGER: any tenant can "
                           "then run any command as its worker's uid, outside the exec sandbox (root without "
                           "--worker-uids); never on a host with tenants you do not trust")
-    run.add_argument("--max-restarts", type=int, default=5, help="crashes within --restart-window that quarantine")
-    run.add_argument("--restart-window", type=float, default=60.0, help="seconds (burst intensity)")
-    run.add_argument("--sustained-max-restarts", type=int, default=20,
+    policy = WorkerPolicy()
+    run.add_argument("--max-restarts", type=int, default=policy.max_restarts,
+                     help="crashes within --restart-window that quarantine")
+    run.add_argument("--restart-window", type=float, default=policy.restart_window_s,
+                     help="seconds (burst intensity)")
+    run.add_argument("--sustained-max-restarts", type=int, default=policy.sustained_max_restarts,
                      help="crashes within --sustained-window that quarantine")
-    run.add_argument("--sustained-window", type=float, default=3600.0, help="seconds (sustained intensity)")
-    run.add_argument("--quarantine", type=float, default=600.0, help="seconds a quarantine lasts unless lifted")
+    run.add_argument("--sustained-window", type=float, default=policy.sustained_window_s,
+                     help="seconds (sustained intensity)")
+    run.add_argument("--quarantine", type=float, default=policy.quarantine_s,
+                     help="seconds a quarantine lasts unless lifted")
     run.add_argument("--store", default=os.environ.get("CODESDK_STORE") or None, metavar="URL",
                      help="the event store: a postgresql://USER@HOST/DB URL for a database several supervisors share "
                           "(each runs the namespaces whose leases it holds; docs/operations.md, \"Past one "
@@ -127,10 +133,12 @@ def _add_limit_flags(run: argparse.ArgumentParser) -> None:
 
 def _serve_options(args: argparse.Namespace) -> SupervisorOptions:
     """The service's options from ``serve``'s flags."""
+    policy = WorkerPolicy(max_restarts=args.max_restarts, restart_window_s=args.restart_window,
+                          sustained_max_restarts=args.sustained_max_restarts,
+                          sustained_window_s=args.sustained_window, quarantine_s=args.quarantine)
     return SupervisorOptions(
-        data_dir=args.data_dir, max_restarts=args.max_restarts, restart_window_s=args.restart_window,
-        sustained_max_restarts=args.sustained_max_restarts, sustained_window_s=args.sustained_window,
-        quarantine_s=args.quarantine, worker_uids=args.worker_uids, holder="codesdk-supervisor serve",
+        data_dir=args.data_dir, worker_policy=policy, worker_uids=args.worker_uids,
+        holder="codesdk-supervisor serve",
         test_scenarios=args.enable_test_scenarios, exec_allowlist=tuple(args.allow_exec or ()),
         quotas=_quotas(args), api_limits=_api_limits(args), worker_template=args.worker_template,
         store=args.store, lease_s=args.lease_s,

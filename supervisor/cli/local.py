@@ -54,6 +54,7 @@ from ..engine._transcript import derive_transcript
 from .login import run_login
 from ..namespaces import InvalidNamespace, UnsafeDataDir
 from .render import EventPrinter, json_line, print_stored_events, print_transcript
+from ..workers.launch import WorkerPolicy
 from ..store import DataDirBusy, EventStore, StoreError, StoreReader
 
 # -- run ------------------------------------------------------------------------------------------
@@ -219,7 +220,8 @@ async def cmd_auth(args: argparse.Namespace) -> int:
     """Login state of a runtime in a namespace, asked of that namespace's own worker (through the running
     service when it holds the data dir); with ``login``, the runtime's own login in that namespace."""
     if not args.url:
-        options = SupervisorOptions(data_dir=args.data_dir, idle_timeout_s=1.0, holder="codesdk auth")
+        options = SupervisorOptions(data_dir=args.data_dir, holder="codesdk auth",
+                                    worker_policy=WorkerPolicy(idle_timeout_s=1.0))
         try:
             async with open_engine(options) as engine:
                 result = await engine.ensure_login(args.namespace, args.runtime)

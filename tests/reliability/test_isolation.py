@@ -39,7 +39,7 @@ from codesdk.supervisor.engine._transcript import session_events
 from codesdk.supervisor.namespaces._variables import ENV_DIR, NamespaceEnv
 from codesdk.supervisor.namespaces import SUBDIRS, UIDS_FILE, InvalidNamespace, Namespace, UidRange, prepare_dirs
 from codesdk.supervisor.store import DB_FILENAME
-from codesdk.supervisor.workers.launch import TEST_STEPS_ENV
+from codesdk.supervisor.workers.launch import TEST_STEPS_ENV, WorkerPolicy
 from codesdk.worker.client import WorkerProcess, worker_argv
 from codesdk.worker.adapters.claude import _env as claude_env
 
@@ -157,7 +157,7 @@ async def _scenario(run: TenancyRun, tmp: Path) -> None:
         os.chmod(probe_out, 0o1733)
         python, worker_cmd = interpreter_for_any_uid() or [], worker_argv_for_any_uid() or []
     options = SupervisorOptions(
-        data_dir=data_dir, exec_allowlist=("env",), idle_timeout_s=60,
+        data_dir=data_dir, exec_allowlist=("env",), worker_policy=WorkerPolicy(idle_timeout_s=60),
         worker_argv=(*python, str(PROBE), str(probe_out), json.dumps(PEEK), *worker_cmd),
         worker_env={"*": COMMON_ENV}, worker_uids=run.uids, test_scenarios=True)
     NamespaceEnv(data_dir).update(BOB, BOB_ENV)

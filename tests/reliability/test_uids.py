@@ -29,6 +29,7 @@ from codesdk.supervisor.namespaces import (
     prepare_dirs,
 )
 from codesdk.supervisor.cli.admin import main as service_main
+from codesdk.supervisor.workers.launch import WorkerPolicy
 
 from tests.e2e.conftest import of_type, run_task
 from tests.worker.harness import REPO
@@ -181,7 +182,8 @@ def test_the_scripted_engine_flow_works_with_worker_uids_and_survives_a_restart(
     argv = worker_argv_for_any_uid()
     assert argv is not None
     options = SupervisorOptions(
-        data_dir=data, worker_argv=tuple(argv), worker_uids=RANGE, idle_timeout_s=60,
+        data_dir=data, worker_argv=tuple(argv), worker_uids=RANGE,
+        worker_policy=WorkerPolicy(idle_timeout_s=60),
         worker_env={"*": {"CODESDK_SCENARIO_DIR": str(REPO / "worker" / "adapters" / "scripted" / "scenarios")}}, test_scenarios=True)
     seen: dict[str, set[int]] = {"user:a": set(), "user:b": set()}
 
@@ -230,7 +232,9 @@ def test_tools_leave_workspace_files_to_the_namespace_and_exec_works_in_it(open_
     argv = worker_argv_for_any_uid()
     assert argv is not None
     options = SupervisorOptions(
-        data_dir=data, worker_argv=tuple(argv), worker_uids=RANGE, idle_timeout_s=60, exec_allowlist=("sh",),
+        data_dir=data, worker_argv=tuple(argv), worker_uids=RANGE,
+        worker_policy=WorkerPolicy(idle_timeout_s=60),
+        exec_allowlist=("sh",),
         worker_env={"*": {"CODESDK_SCENARIO_DIR": str(REPO / "worker" / "adapters" / "scripted" / "scenarios")}}, test_scenarios=True)
     steps = [
         {"tool_calls": [{"id": "w", "name": "workspace.write", "input": {"path": "sub/new.txt", "content": "x\n"}}]},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -281,3 +282,17 @@ def test_a_store_that_is_no_postgresql_url_is_refused_without_echoing_it(
         assert main(["serve", "--data-dir", str(tmp_path / "data"), "--store", bad]) == 2
         err = capsys.readouterr().err
         assert "postgresql://" in err and "S3cretPW" not in err
+
+
+def test_serve_without_flags_runs_on_the_defaults_of_the_options(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each default is defined once, by the dataclass that holds it (``WorkerPolicy``, ``Quotas``, ``ApiLimits``,
+    ``SupervisorOptions``): ``serve``'s flags read them, so the service and an embedded supervisor agree. Only what
+    the service means to do differently differs: who it says it is, and forking workers from a template."""
+    from codesdk.supervisor.cli.admin import _serve_options, build_parser
+    from codesdk.supervisor.service.assembly import SupervisorOptions
+
+    monkeypatch.delenv("CODESDK_STORE", raising=False)
+    args = build_parser().parse_args(["serve", "--data-dir", str(tmp_path)])
+    assert _serve_options(args) == dataclasses.replace(SupervisorOptions(data_dir=tmp_path),
+                                                       holder="codesdk-supervisor serve", worker_template=True)
