@@ -74,3 +74,13 @@ def test_only_the_command_lines_use_the_api_client() -> None:
                    for name in imported_modules(path)
                    if name == "codesdk.client" or name.startswith("codesdk.client.") or name in CLIENT_NAMES)
     assert users == []
+
+
+def test_nothing_imports_the_command_front_back() -> None:
+    """``front`` parses and starts ``run``'s worker, then imports ``local``: were ``local`` (or anything it imports)
+    to import ``front`` again, the two would be one circle, and ``front``'s lightness would rest on import order."""
+    front = "codesdk.supervisor.cli.front"
+    users = sorted(str(path.relative_to(REPO)) for path in supervisor_sources()
+                   if path.name != "front.py" and any(name == front or name.startswith(f"{front}.")
+                                                      for name in imported_modules(path)))
+    assert users == []

@@ -33,7 +33,7 @@ from codesdk.testing.invariants import check_session
 from codesdk.protocol import EventType, PermissionMode
 from codesdk.supervisor.api import TokenAuth
 from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
-from codesdk.supervisor.cli.local import main as cli_main
+from codesdk.supervisor.cli.front import main as cli_main
 from codesdk.supervisor.engine import Engine, EngineError
 from codesdk.supervisor.engine._transcript import session_events
 from codesdk.supervisor.namespaces._variables import ENV_DIR, NamespaceEnv
