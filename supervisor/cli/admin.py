@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from codesdk._version import __version__
+
 from ..api import ADMIN_TOKEN_FILE, ApiLimits, TokenAuth
 from ..config import default_data_dir
 from ..namespaces import InvalidNamespace, UidRange, UidRangeError
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="The CodeSDK supervisor service.")
+    parser.add_argument("--version", action="version", version=f"codesdk {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _token_parser(sub)

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from codesdk._version import __version__
+
 from ..config import default_data_dir
 from .common import DEFAULT_NAMESPACE, DEFAULT_RUNTIME
 from .run_ahead import RunAhead
@@ -69,6 +71,7 @@ def _global_options(parser: argparse.ArgumentParser, *, in_subcommand: bool) -> 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="codesdk", description="CodeSDK: run coding-agent tasks, read sessions.")
+    parser.add_argument("--version", action="version", version=f"codesdk {__version__}")
     _global_options(parser, in_subcommand=False)
     common = argparse.ArgumentParser(add_help=False)
     _global_options(common, in_subcommand=True)
