@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from codesdk.supervisor.engine import Engine
-from codesdk.supervisor.namespaces._variables import ENV_DIR, MAX_VALUE_BYTES, NamespaceEnv, NamespaceEnvError
+from codesdk.supervisor.namespaces import ENV_DIR, MAX_VALUE_BYTES, NamespaceEnv, NamespaceEnvError
 from codesdk.supervisor.store import TaskState
 from codesdk.supervisor.workers.launch import WorkerPolicy
 

@@ -26,8 +26,7 @@ from codesdk.protocol import BadFrame, EventType, InteractionMode, PermissionMod
 
 from ..engine import Engine, NamespaceElsewhere, error_status
 from ..engine._transcript import derive_transcript
-from ..namespaces._variables import NamespaceEnvError
-from ..namespaces import InvalidNamespace, Namespace
+from ..namespaces import InvalidNamespace, Namespace, NamespaceEnvError
 from ..store import ApprovalDecided, QuotaExceeded, StoreError, UnknownApproval, UnknownSession, UnknownTask
 from ..store._records import SessionRecord, TaskRecord
 from ._auth import Principal, TokenAuth

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..config import ADMIN_TOKEN_FILE
-from ..namespaces._variables import NamespaceEnv
+from ..namespaces import NamespaceEnv
 from ..store import StoreReader
 from ._redact import read_patterns_file
 

@@ -21,7 +21,7 @@ from codesdk._version import __version__
 
 from ..api import ADMIN_TOKEN_FILE, ApiLimits, TokenAuth
 from ..config import default_data_dir
-from ..namespaces import InvalidNamespace, UidRange, UidRangeError
+from ..namespaces import InvalidNamespace, NamespaceEnv, NamespaceEnvError, UidRange, UidRangeError
 from ..service.assembly import SupervisorOptions
 from ..store import LEASE_S, QUOTA_FLAGS, Quotas, current_holder
 from ..tools import DEFAULT_EXEC_UID, check_exec_identity
@@ -341,8 +341,6 @@ def _namespace_env_command(args: argparse.Namespace) -> int:
     """Through the running service when it holds the data dir (it restarts idle workers at once), else on the
     files directly (the next worker started for the namespace has the change)."""
     from codesdk.client import ApiError, Client
-
-    from ..namespaces._variables import NamespaceEnv, NamespaceEnvError
 
     data_dir: Path = args.data_dir
     try:

@@ -22,12 +22,12 @@ from pathlib import Path
 
 from codesdk.procs._own_children import disown, starting
 from codesdk.worker.command import worker_argv
-from ..namespaces._variables import NamespaceEnv
 from ..namespaces import (
     DEFAULT_PATH,
     RUNTIME_AHEAD_ENV,
     Identity,
     Namespace,
+    NamespaceEnv,
     UidRange,
     UnsafeDataDir,
     build_env,

@@ -32,8 +32,7 @@ from codesdk.worker.client import (
     exhausted_message,
 )
 
-from ..namespaces import Namespace, UidRangeError
-from ..namespaces._variables import NamespaceEnv
+from ..namespaces import Namespace, NamespaceEnv, UidRangeError
 from .launch import Headstart, PoolConfig, WorkerLaunch, prepare_launch, template_env
 from .template import TemplateUnavailable, WorkerTemplate
 

@@ -36,8 +36,16 @@ from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
 from codesdk.supervisor.cli.front import main as cli_main
 from codesdk.supervisor.engine import Engine, EngineError
 from codesdk.supervisor.engine._transcript import session_events
-from codesdk.supervisor.namespaces._variables import ENV_DIR, NamespaceEnv
-from codesdk.supervisor.namespaces import SUBDIRS, UIDS_FILE, InvalidNamespace, Namespace, UidRange, prepare_dirs
+from codesdk.supervisor.namespaces import (
+    ENV_DIR,
+    SUBDIRS,
+    UIDS_FILE,
+    InvalidNamespace,
+    Namespace,
+    NamespaceEnv,
+    UidRange,
+    prepare_dirs,
+)
 from codesdk.supervisor.store import DB_FILENAME
 from codesdk.supervisor.workers.launch import TEST_STEPS_ENV, WorkerPolicy
 from codesdk.worker.client import WorkerProcess, worker_argv
