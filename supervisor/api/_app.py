@@ -22,7 +22,16 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from codesdk.protocol import BadFrame, EventType, InteractionMode, PermissionMode, TaskStopped, decode_json
+from codesdk.protocol import (
+    RUNTIME_NAME_PATTERN,
+    RUNTIME_NAME_RULE,
+    BadFrame,
+    EventType,
+    InteractionMode,
+    PermissionMode,
+    TaskStopped,
+    decode_json,
+)
 
 from ..engine import Engine, NamespaceElsewhere, error_status
 from ..engine._transcript import derive_transcript
@@ -68,13 +77,11 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-#: A runtime's name as the workers offer them (claude, codex-acp, …): what a request may name.
-RUNTIME_NAME = r"^[a-z0-9][a-z0-9._-]*$"
 
 
 class CreateSessionBody(_Body):
     namespace: str = Field(min_length=1)
-    runtime: str | None = Field(default=None, min_length=1, max_length=64, pattern=RUNTIME_NAME)
+    runtime: str | None = Field(default=None, min_length=1, max_length=64, pattern=RUNTIME_NAME_PATTERN)
     workspace: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -87,7 +94,8 @@ class StartTaskBody(_Body):
     interaction_mode: InteractionMode = InteractionMode.NON_INTERACTIVE
     runtime_config: dict[str, Any] = Field(default_factory=dict)
     #: Move the session to this runtime from this task on: the runtime is given the session's transcript.
-    runtime: str | None = Field(default=None, min_length=1, max_length=64, strict=True, pattern=RUNTIME_NAME)
+    runtime: str | None = Field(default=None, min_length=1, max_length=64, strict=True,
+                                pattern=RUNTIME_NAME_PATTERN)
     #: A cap on the compiled input (estimated tokens), below the runtime's own budget.
     max_input_tokens: int | None = Field(default=None, ge=1, le=2**53, strict=True)
 
@@ -130,8 +138,8 @@ def _unstorable(key: str) -> bool:
 
 
 #: What a field's pattern asks for, in words (pydantic names only the regular expression).
-_PATTERN_MEANS = {RUNTIME_NAME: "a runtime's name is lowercase letters, digits, '.', '_' and '-' "
-                                "(GET /v1/runtimes?namespace=… lists those a namespace can run)"}
+_PATTERN_MEANS = {RUNTIME_NAME_PATTERN: f"a runtime's name is {RUNTIME_NAME_RULE} "
+                                        "(GET /v1/runtimes?namespace=… lists those a namespace can run)"}
 
 
 def _validation_message(exc: ValidationError, where: str) -> str:
