@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 from codesdk.protocol import (
     RUNTIME_NAME_PATTERN,
     RUNTIME_NAME_RULE,
+    ApprovalState,
     BadFrame,
     EventType,
     InteractionMode,
@@ -129,6 +130,10 @@ class ListQuery(_Body):
     namespace: str | None = None
     limit: int = Field(default=100, ge=1, le=MAX_PAGE)
     offset: int = Field(default=0, ge=0, le=MAX_SEQ)
+
+
+#: What ``GET /v1/approvals?state=`` may ask for (or "all"), in the order the refusal lists them.
+_APPROVAL_STATES = tuple(state.value for state in ApprovalState)
 
 
 def _unstorable(key: str) -> bool:
@@ -394,11 +399,12 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def list_approvals(request: Request) -> Response:
         principal = principal_of(request)
-        state = request.query_params.get("state", "pending")
-        if state not in ("pending", "approved", "denied", "expired", "all"):
-            raise ApiError(422, "invalid_query", "query 'state' must be pending, approved, denied, expired or all")
+        asked = request.query_params.get("state", ApprovalState.PENDING.value)
+        if asked != "all" and asked not in _APPROVAL_STATES:
+            raise ApiError(422, "invalid_query", f"query 'state' must be {', '.join(_APPROVAL_STATES)} or all")
+        state = None if asked == "all" else ApprovalState(asked)
         namespaces = None if principal.admin else sorted(principal.namespaces)
-        records = await engine.store.list_approvals(state=None if state == "all" else state, namespaces=namespaces)
+        records = await engine.store.list_approvals(state=state, namespaces=namespaces)
         return JSONResponse({"approvals": [r.to_json_obj() for r in records]})
 
     async def decide_approval(request: Request) -> Response:
@@ -412,7 +418,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(404, "not_found", f"no approval {approval_id}")
         body = await _body(request, DecisionBody)
         await engine.leasing.own(record.namespace)  # the task waiting for it runs here, or NamespaceElsewhere
-        reason = body.reason or ("approved" if body.allow else "denied") + f" by {principal.name}"
+        decision = ApprovalState.APPROVED if body.allow else ApprovalState.DENIED
+        reason = body.reason or f"{decision.value} by {principal.name}"
         try:
             decided = await engine.approvals.decide(approval_id, body.allow, f"api:{principal.name}", reason)
         except ApprovalDecided as exc:
