@@ -1,5 +1,6 @@
 """The supervisor's packages keep to their places: what an embedded supervisor imports stays free of the HTTP stack,
-and only the command lines use the API client."""
+only the command lines use the API client, nothing imports the ``codesdk`` command's front back, and each package
+is used through its face."""
 
 from __future__ import annotations
 
@@ -84,3 +85,28 @@ def test_nothing_imports_the_command_front_back() -> None:
                    if path.name != "front.py" and any(name == front or name.startswith(f"{front}.")
                                                       for name in imported_modules(path)))
     assert users == []
+
+
+def _private_module(name: str) -> str | None:
+    """The private module (``codesdk.supervisor.store._store``) that an imported name is in or under, if any."""
+    parts = name.split(".")
+    for index, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            return ".".join(parts[:index + 1])
+    return None
+
+
+def test_each_package_of_the_supervisor_is_used_through_its_face() -> None:
+    """A package's private modules (``engine._transcript``, ``store._store``, ``namespaces._variables``, …) are its
+    own to move and split: every other package imports what the face exports. (The test suite may reach inside to
+    test a module on its own; production code may not.)"""
+    reaching_in = []
+    for path in supervisor_sources():
+        parts = path.relative_to(SUPERVISOR).parts
+        own = f"codesdk.supervisor.{parts[0]}." if len(parts) > 1 else None
+        for name in imported_modules(path):
+            private = _private_module(name)
+            if (private is not None and private.startswith("codesdk.supervisor.")
+                    and (own is None or not private.startswith(own))):
+                reaching_in.append(f"{path.relative_to(REPO)} imports {private}")
+    assert sorted(set(reaching_in)) == []

@@ -34,11 +34,18 @@ from codesdk.protocol import (
     decode_json,
 )
 
-from ..engine import Engine, NamespaceElsewhere, error_status
-from ..engine._transcript import derive_transcript
+from ..engine import Engine, NamespaceElsewhere, derive_transcript, error_status
 from ..namespaces import InvalidNamespace, Namespace, NamespaceEnvError
-from ..store import ApprovalDecided, QuotaExceeded, StoreError, UnknownApproval, UnknownSession, UnknownTask
-from ..store._records import SessionRecord, TaskRecord
+from ..store import (
+    ApprovalDecided,
+    QuotaExceeded,
+    SessionRecord,
+    StoreError,
+    TaskRecord,
+    UnknownApproval,
+    UnknownSession,
+    UnknownTask,
+)
 from ._auth import Principal, TokenAuth
 from ._openapi import Operation, openapi_document
 

@@ -50,9 +50,9 @@ from ..engine import (
     Engine,
     EngineError,
     TaskNotActive,
+    derive_transcript,
     error_status,
 )
-from ..engine._transcript import derive_transcript
 from .login import run_login
 from ..namespaces import InvalidNamespace, UnsafeDataDir
 from .render import EventPrinter, json_line, print_stored_events, print_transcript

@@ -19,10 +19,8 @@ from ..namespaces import (
     secure_data_dir,
     tighten_data_dir,
 )
-from ..store import LEASE_S
-from ..store._store import Quotas
-from ..tools import ExecPolicy, ToolRegistry, ToolsConfig
-from ..tools._exec import DEFAULT_EXEC_UID, check_exec_identity
+from ..store import LEASE_S, Quotas
+from ..tools import DEFAULT_EXEC_UID, ExecPolicy, ToolRegistry, ToolsConfig, check_exec_identity
 from codesdk.worker.command import worker_argv
 
 from ..workers.launch import PoolConfig, WorkerPolicy, workers_env

@@ -39,7 +39,7 @@ from ._errors import (
 )
 from ._lock import DataDirLock
 from ._prepare import prepare
-from ._quotas import QUOTA_FLAGS, QuotaExceeded, Quotas
+from ._quotas import Quotas
 from ._readers import ReaderPool, close_all
 from ._recorder import Recorder
 from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
@@ -49,9 +49,7 @@ from ._writer import Writer, WriteRequest, WriterStats
 
 T = TypeVar("T")
 
-# Quotas are re-exported: the engine, API and service import them from here.
-__all__ = ["DB_FILENAME", "INLINE_BLOB_MAX", "QUOTA_FLAGS", "EventStore", "QuotaExceeded", "Quotas", "Synchronous",
-           "new_id"]
+__all__ = ["DB_FILENAME", "INLINE_BLOB_MAX", "EventStore", "Synchronous", "new_id"]
 
 DB_FILENAME = "codesdk.sqlite3"
 #: Seconds an idle subscriber waits before it looks in the store itself, for events no one told it of (another

@@ -20,8 +20,7 @@ import trio
 
 from codesdk.testing.invariants import check_session
 from codesdk.protocol import EventType, TaskFailed
-from codesdk.supervisor.engine import Engine
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import Engine, session_events
 from codesdk.supervisor.namespaces import NamespaceEnv, UidRange
 from codesdk.supervisor.store import TaskState
 from codesdk.worker.client import WorkerProcess

@@ -12,7 +12,7 @@ import trio
 
 from codesdk.testing.invariants import check_session
 from codesdk.protocol import EventType, TaskFailed, TaskFailedEvent, TaskStoppedEvent
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import session_events
 from codesdk.supervisor.store import TaskState
 from codesdk.supervisor.workers.launch import WorkerPolicy
 

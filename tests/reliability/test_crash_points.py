@@ -23,8 +23,7 @@ import trio
 
 from codesdk.testing.invariants import check_session
 from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType, InteractionMode, NormalizedEvent, PermissionMode
-from codesdk.supervisor.engine import Engine
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import Engine, session_events
 from codesdk.supervisor.store import DB_FILENAME, EventStore, TaskState
 from codesdk.supervisor.workers.launch import WorkerPolicy
 

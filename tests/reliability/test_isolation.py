@@ -34,8 +34,7 @@ from codesdk.protocol import EventType, PermissionMode
 from codesdk.supervisor.api import TokenAuth
 from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
 from codesdk.supervisor.cli.front import main as cli_main
-from codesdk.supervisor.engine import Engine, EngineError
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import Engine, EngineError, session_events
 from codesdk.supervisor.namespaces import (
     ENV_DIR,
     SUBDIRS,

@@ -18,7 +18,7 @@ import trio
 
 from codesdk.protocol import EventType, PermissionMode
 from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import session_events
 from codesdk.supervisor.namespaces import (
     UIDS_FILE,
     Namespace,

@@ -25,8 +25,7 @@ from fixtures.fake_anthropic import FakeAnthropic
 from codesdk.protocol import BlockKind, EventType, NormalizedEvent, TaskFailureCode
 from codesdk.supervisor.api import TokenAuth
 from codesdk.supervisor.api.server import serve_api
-from codesdk.supervisor.engine import Engine
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import Engine, session_events
 from codesdk.supervisor.store import TaskRecord, TaskState
 from codesdk.worker.adapters._installed import RUNTIMES_DIR_ENV
 from codesdk.worker.adapters.codex._launch import CODEX_VERSION, codex_path
