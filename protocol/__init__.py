@@ -183,6 +183,8 @@ from ._receipt import (
     WorkerAnswer,
 )
 from ._runtime import (
+    RUNTIME_NAME_PATTERN,
+    RUNTIME_NAME_RULE,
     AuthState,
     AuthStatus,
     CancellationSupport,
@@ -193,6 +195,8 @@ from ._runtime import (
     RuntimeCapabilities,
     RuntimeEnv,
     ToolRouting,
+    check_runtime_name,
+    is_runtime_name,
 )
 from ._tools import ExecutedBy, ToolCallIdentity, ToolClass, ToolManifest, ToolSpec
 from ._transcript import (
@@ -219,6 +223,8 @@ __all__ = [
     "PAYLOAD_MODELS",
     "PROTOCOL_VERSION",
     "REQUEST_OPENING",
+    "RUNTIME_NAME_PATTERN",
+    "RUNTIME_NAME_RULE",
     "SCHEMA_VERSION",
     "STDERR_TAIL_BYTES",
     "TERMINAL_EVENT_TYPES",
@@ -373,6 +379,7 @@ __all__ = [
     "canonical_json",
     "compiled_tokens",
     "decode_event_line",
+    "check_runtime_name",
     "decode_json",
     "decode_message",
     "encode_event",
@@ -384,6 +391,7 @@ __all__ = [
     "input_budget",
     "invalid_params_data",
     "is_hash",
+    "is_runtime_name",
     "parse_event",
     "parse_event_json",
     "parse_message",

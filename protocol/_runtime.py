@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from enum import StrEnum
 
 from pydantic import Field
 
 from ._base import Model
+
+#: What a runtime may be called: the names adapters register (``scripted``, ``claude``, ``codex``, ``codex-acp``,
+#: ``gemini``, ``opencode``), and so all a session or a task may name. One rule, so that the API (which refuses a
+#: request) and the engine (which refuses a session or a task) never disagree about a name.
+RUNTIME_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+#: ``RUNTIME_NAME_PATTERN`` in words, for refusals (a regular expression is no answer to a user).
+RUNTIME_NAME_RULE = "lowercase letters, digits, '.', '_' and '-' (at most 64, the first a letter or a digit)"
+_RUNTIME_NAME = re.compile(RUNTIME_NAME_PATTERN)
+
+
+def is_runtime_name(name: object) -> bool:
+    """Whether ``name`` may name a runtime (``RUNTIME_NAME_PATTERN``)."""
+    return isinstance(name, str) and _RUNTIME_NAME.fullmatch(name) is not None
+
+
+def check_runtime_name(name: str) -> str:
+    """``name``, if it may name a runtime; else ``ValueError`` saying what a runtime's name may hold."""
+    if not is_runtime_name(name):
+        raise ValueError(f"not a runtime name: {name[:100]!r} (a runtime's name is {RUNTIME_NAME_RULE})")
+    return name
 
 
 class IsolationMode(StrEnum):

@@ -26,6 +26,7 @@ from codesdk.procs._orphans import become_subreaper
 from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
 from codesdk.supervisor.engine import Engine
 from codesdk.procs.launch import Launch
+from codesdk.supervisor.workers.launch import WorkerPolicy
 from codesdk.worker.client import WorkerProcess, WorkerSpec, worker_argv
 from codesdk.supervisor.workers.template import WorkerTemplate
 
@@ -42,7 +43,7 @@ async def engine_in(tmp: Path, *, bench_worker: bool = False, idle_timeout_s: fl
     PostgreSQL URL instead of SQLite in the data dir."""
     options = SupervisorOptions(data_dir=tmp / "data", worker_env={"*": {"CODESDK_SCENARIO_DIR": SCENARIOS}},
                                 test_scenarios=True, worker_template=template, store=store,
-                                idle_timeout_s=idle_timeout_s,
+                                worker_policy=WorkerPolicy(idle_timeout_s=idle_timeout_s),
                                 worker_argv=(sys.executable, BENCH_WORKER) if bench_worker else ())
     async with open_engine(options) as engine:
         yield engine

@@ -139,7 +139,7 @@ def failover_s(url: str, lease_s: float) -> float:
             for name in ("a", "b"):
                 (root / name).mkdir(mode=0o700)
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "codesdk.supervisor.service.main", "serve", "--data-dir", str(root / name),
+                    [sys.executable, "-m", "codesdk.supervisor.cli.admin", "serve", "--data-dir", str(root / name),
                      "--enable-test-scenarios", "--store", url, "--lease-s", str(lease_s), "--no-worker-template"],
                     cwd=REPO, env={**os.environ, "CODESDK_SCENARIO_DIR": SCENARIOS},
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))

@@ -294,9 +294,8 @@ def _serve_main(data_dir: str, sock: str) -> None:
 
     import trio
 
-    from codesdk.supervisor.service._sdnotify import Notifier
     from codesdk.supervisor.service.assembly import SupervisorOptions
-    from codesdk.supervisor.service.main import serve
+    from codesdk.supervisor.service.serve import Notifier, serve
 
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
     meter = PeakMeter()

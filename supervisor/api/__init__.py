@@ -1,6 +1,13 @@
 """The supervisor's HTTP + SSE API (Starlette on hypercorn's trio worker).
 
+This face is light on purpose: who may call (``TokenAuth``: the tokens file, the admin token) and what callers may
+hold (``ApiLimits``) are known without the HTTP stack, so an embedded supervisor (``codesdk run``) and the admin
+commands never import Starlette, hypercorn or prometheus. The server itself is ``api.server``, imported by the
+service alone.
+
 Usage::
+
+    from codesdk.supervisor.api.server import serve_api
 
     async with open_engine(SupervisorOptions(data_dir=d)) as engine:
         auth = TokenAuth.bootstrap(d)            # admin token in d/admin.token (0600)
@@ -8,9 +15,7 @@ Usage::
 """
 
 from ..config import ADMIN_TOKEN_FILE
-from ._app import ApiError, create_app
 from ._auth import TOKENS_FILE, Principal, TokenAuth, TokenFileInvalid, hash_token
-from ._serve import serve_api
+from .limits import ApiLimits
 
-__all__ = ["ADMIN_TOKEN_FILE", "TOKENS_FILE", "ApiError", "Principal", "TokenAuth", "TokenFileInvalid", "create_app",
-           "hash_token", "serve_api"]
+__all__ = ["ADMIN_TOKEN_FILE", "TOKENS_FILE", "ApiLimits", "Principal", "TokenAuth", "TokenFileInvalid", "hash_token"]

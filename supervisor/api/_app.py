@@ -22,14 +22,30 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from codesdk.protocol import BadFrame, EventType, InteractionMode, PermissionMode, TaskStopped, decode_json
+from codesdk.protocol import (
+    RUNTIME_NAME_PATTERN,
+    RUNTIME_NAME_RULE,
+    ApprovalState,
+    BadFrame,
+    EventType,
+    InteractionMode,
+    PermissionMode,
+    TaskStopped,
+    decode_json,
+)
 
-from ..engine import Engine, NamespaceElsewhere, error_status
-from ..engine._transcript import derive_transcript
-from ..namespaces._variables import NamespaceEnvError
-from ..namespaces import InvalidNamespace, Namespace
-from ..store import ApprovalDecided, QuotaExceeded, StoreError, UnknownApproval, UnknownSession, UnknownTask
-from ..store._records import SessionRecord, TaskRecord
+from ..engine import Engine, NamespaceElsewhere, derive_transcript, error_status
+from ..namespaces import InvalidNamespace, Namespace, NamespaceEnvError
+from ..store import (
+    ApprovalDecided,
+    QuotaExceeded,
+    SessionRecord,
+    StoreError,
+    TaskRecord,
+    UnknownApproval,
+    UnknownSession,
+    UnknownTask,
+)
 from ._auth import Principal, TokenAuth
 from ._openapi import Operation, openapi_document
 
@@ -69,13 +85,11 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-#: A runtime's name as the workers offer them (claude, codex-acp, …): what a request may name.
-RUNTIME_NAME = r"^[a-z0-9][a-z0-9._-]*$"
 
 
 class CreateSessionBody(_Body):
     namespace: str = Field(min_length=1)
-    runtime: str | None = Field(default=None, min_length=1, max_length=64, pattern=RUNTIME_NAME)
+    runtime: str | None = Field(default=None, min_length=1, max_length=64, pattern=RUNTIME_NAME_PATTERN)
     workspace: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -88,7 +102,8 @@ class StartTaskBody(_Body):
     interaction_mode: InteractionMode = InteractionMode.NON_INTERACTIVE
     runtime_config: dict[str, Any] = Field(default_factory=dict)
     #: Move the session to this runtime from this task on: the runtime is given the session's transcript.
-    runtime: str | None = Field(default=None, min_length=1, max_length=64, strict=True, pattern=RUNTIME_NAME)
+    runtime: str | None = Field(default=None, min_length=1, max_length=64, strict=True,
+                                pattern=RUNTIME_NAME_PATTERN)
     #: A cap on the compiled input (estimated tokens), below the runtime's own budget.
     max_input_tokens: int | None = Field(default=None, ge=1, le=2**53, strict=True)
 
@@ -124,6 +139,10 @@ class ListQuery(_Body):
     offset: int = Field(default=0, ge=0, le=MAX_SEQ)
 
 
+#: What ``GET /v1/approvals?state=`` may ask for (or "all"), in the order the refusal lists them.
+_APPROVAL_STATES = tuple(state.value for state in ApprovalState)
+
+
 def _unstorable(key: str) -> bool:
     """A key no store holds: text with a NUL character (PostgreSQL cannot store one at all, so it can only be
     unknown, on either backend)."""
@@ -131,8 +150,8 @@ def _unstorable(key: str) -> bool:
 
 
 #: What a field's pattern asks for, in words (pydantic names only the regular expression).
-_PATTERN_MEANS = {RUNTIME_NAME: "a runtime's name is lowercase letters, digits, '.', '_' and '-' "
-                                "(GET /v1/runtimes?namespace=… lists those a namespace can run)"}
+_PATTERN_MEANS = {RUNTIME_NAME_PATTERN: f"a runtime's name is {RUNTIME_NAME_RULE} "
+                                        "(GET /v1/runtimes?namespace=… lists those a namespace can run)"}
 
 
 def _validation_message(exc: ValidationError, where: str) -> str:
@@ -387,11 +406,12 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def list_approvals(request: Request) -> Response:
         principal = principal_of(request)
-        state = request.query_params.get("state", "pending")
-        if state not in ("pending", "approved", "denied", "expired", "all"):
-            raise ApiError(422, "invalid_query", "query 'state' must be pending, approved, denied, expired or all")
+        asked = request.query_params.get("state", ApprovalState.PENDING.value)
+        if asked != "all" and asked not in _APPROVAL_STATES:
+            raise ApiError(422, "invalid_query", f"query 'state' must be {', '.join(_APPROVAL_STATES)} or all")
+        state = None if asked == "all" else ApprovalState(asked)
         namespaces = None if principal.admin else sorted(principal.namespaces)
-        records = await engine.store.list_approvals(state=None if state == "all" else state, namespaces=namespaces)
+        records = await engine.store.list_approvals(state=state, namespaces=namespaces)
         return JSONResponse({"approvals": [r.to_json_obj() for r in records]})
 
     async def decide_approval(request: Request) -> Response:
@@ -405,7 +425,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(404, "not_found", f"no approval {approval_id}")
         body = await _body(request, DecisionBody)
         await engine.leasing.own(record.namespace)  # the task waiting for it runs here, or NamespaceElsewhere
-        reason = body.reason or ("approved" if body.allow else "denied") + f" by {principal.name}"
+        decision = ApprovalState.APPROVED if body.allow else ApprovalState.DENIED
+        reason = body.reason or f"{decision.value} by {principal.name}"
         try:
             decided = await engine.approvals.decide(approval_id, body.allow, f"api:{principal.name}", reason)
         except ApprovalDecided as exc:

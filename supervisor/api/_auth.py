@@ -21,9 +21,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..namespaces._private_files import write_private
 from ..config import ADMIN_TOKEN_FILE
-from ..namespaces import Namespace
+from ..namespaces import Namespace, write_private
 
 log = logging.getLogger("codesdk.supervisor.api.auth")
 

@@ -1,12 +1,14 @@
 """What the local and the remote ``codesdk`` commands share: exit codes, stop signals, flag rules, user errors.
 
-Imported by ``cli_entry`` before the heavy imports: the standard library only."""
+Imported by ``front`` before the heavy imports: the standard library only."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
+from typing import Any
 
 #: Exit codes of ``codesdk run`` (README): a stop by signal exits 128 + the signal's number, as shells report.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 128 + signal.SIGINT
@@ -37,6 +39,33 @@ def check_session_flags(args: argparse.Namespace, namespace: str) -> None:
                        f"{args.max_input_tokens}")
 
 
+def run_env(items: list[str] | None) -> dict[str, str]:
+    """``run --env KEY=VALUE ...`` as a mapping (``CliError`` on a malformed one)."""
+    variables: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"--env expects KEY=VALUE, got {item!r}")
+        variables[key] = value
+    return variables
+
+
+def run_config(args: argparse.Namespace) -> dict[str, Any]:
+    """``run``'s runtime_config: ``--scenario``, and each ``--config KEY=VALUE`` (a JSON value, else the text)."""
+    runtime_config: dict[str, Any] = {}
+    if args.scenario:
+        runtime_config["scenario"] = args.scenario
+    for item in args.config or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise CliError(f"--config expects KEY=VALUE, got {item!r}")
+        try:
+            runtime_config[key] = json.loads(value)
+        except json.JSONDecodeError:
+            runtime_config[key] = value
+    return runtime_config
+
+
 def runtime_note(runtime: str, previous: str) -> str:
     """The runtime a task runs on, as the start line shows it: with the one it moves the session from."""
     return runtime if runtime == previous else f"{runtime} (the session moves from {previous})"
@@ -56,7 +85,7 @@ def read_again(args: argparse.Namespace, command: str, session_id: str) -> str:
 
 
 def api_exit_code(status: int, code: str) -> int:
-    """The exit code for an API refusal, as for the same refusal in-process (``supervisor.cli.refusal_exit_code``)."""
+    """The exit code for an API refusal, as for the same refusal in-process (``cli.local.refusal_exit_code``)."""
     return EXIT_UNAVAILABLE if status in _UNAVAILABLE_STATUSES or code == "session_busy" else EXIT_USAGE
 
 
@@ -69,7 +98,7 @@ def exit_code(terminal_type: str | None, signum: int | None = None) -> int:
 
 async def ask_on_terminal(question: str) -> tuple[bool, str]:
     """Ask a yes/no question on the terminal (stderr, stdin); anything but y/yes is a no. (allow, reason)."""
-    import trio  # here, not above: this module is imported before trio is (``cli_entry``), and trio is not light
+    import trio  # here, not above: this module is imported before trio is (``front``), and trio is not light
     sys.stdout.flush()
     sys.stderr.write(question)
     sys.stderr.flush()

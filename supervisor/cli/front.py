@@ -1,47 +1,36 @@
 """The ``codesdk`` command's front: its command line, and a head start for ``run``.
 
-The standard library only (and the light ``worker_launch``, ``namespaces``, ``ids``): for ``run`` on a new session
-with an embedded supervisor, the front chooses the session's id, makes its workspace and starts its namespace's
-worker right here, telling that worker what the task will ask so it starts the runtime's program at once
-(``worker._ahead``). So the worker's interpreter and the runtime start while this one imports the supervisor (trio,
-the protocol's models, the store), instead of after it. Then ``supervisor.cli`` takes over.
+The standard library only (and the light ``common``, ``run_ahead``, ``workers.launch``, ``namespaces``, ``ids``): for
+``run`` on a new session with an embedded supervisor, the front chooses the session's id, makes its workspace and
+starts its namespace's worker right here (``RunAhead``), telling that worker what the task will ask so it starts the
+runtime's program at once (``worker._ahead``). So the worker's interpreter and the runtime start while this one
+imports the supervisor (trio, the protocol's models, the store), instead of after it. Then ``local`` takes over
+(and ``remote`` with ``--url``); neither imports this module back.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import logging
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .common import DEFAULT_NAMESPACE, DEFAULT_RUNTIME, CliError
+from codesdk._version import __version__
+
 from ..config import default_data_dir
-from ..ids import new_id
-from ..namespaces import UnsafeDataDir, WorkspaceRefused, make_workspace, secure_data_dir
-from ..workers.launch import Headstart, PoolConfig, workers_env
+from .common import DEFAULT_NAMESPACE, DEFAULT_RUNTIME
+from .run_ahead import RunAhead
 
 #: ``protocol.PermissionMode``'s values, here without importing the protocol (a test holds them equal).
 PERMISSION_MODES = ("ask", "auto", "yolo")
 
 
 def entry() -> None:
-    """The ``codesdk`` command: parse, start ``run``'s worker, run the command, then out without the
-    interpreter's teardown of every module (its output is flushed and every process it started is already
-    reaped: nothing is left to finalise)."""
-    args = build_parser().parse_args()
-    ahead = RunAhead.start(args)
-    try:
-        from .local import run_command  # the heavy imports, while the worker starts
-
-        code = run_command(args, ahead)
-    finally:
-        if ahead is not None:
-            ahead.close()  # not used (a service holds the data dir, an error): nothing may outlive us
+    """The ``codesdk`` command: ``main``, then out without the interpreter's teardown of every module (its output
+    is flushed and every process it started is already reaped: nothing is left to finalise)."""
+    code = main()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -51,87 +40,17 @@ def entry() -> None:
     os._exit(code)
 
 
-@dataclass
-class RunAhead:
-    """What ``run`` prepared before the supervisor was imported: its namespace's worker (``headstart``), and its
-    new session's id and workspace, so that the worker could start the runtime in that workspace already.
+def main(argv: list[str] | None = None) -> int:
+    """Parse, start ``run``'s worker, run the command; its exit code."""
+    args = build_parser().parse_args(argv)
+    ahead = RunAhead.start(args)
+    try:
+        from .local import run_command  # the heavy imports, while the worker starts
 
-    ``close`` undoes what was not used: the worker unless the pool adopted it, and the workspace made here unless a
-    session was created with it (``claim``)."""
-
-    headstart: Headstart | None
-    session_id: str | None = None
-    #: The workspace made here, until a session has it.
-    made_workspace: Path | None = None
-
-    @classmethod
-    def start(cls, args: argparse.Namespace) -> RunAhead | None:
-        """For ``run`` with an embedded supervisor on a new session; None where its worker cannot be known yet:
-        through ``--url``, or continuing a session (whose namespace is in the store)."""
-        if args.command != "run" or args.url or args.session:
-            return None
-        try:
-            variables, runtime_config = run_env(args.env), run_config(args)
-        except CliError:
-            return None  # the command itself reports it
-        namespace = args.namespace or DEFAULT_NAMESPACE
-        data_dir = Path(args.data_dir)
-        session_id = new_id("ses")
-        ahead = cls(None, session_id=session_id)
-        try:
-            if args.workspace:
-                workspace = Path(args.workspace).resolve()
-            else:  # the session's own, as the engine makes it (``Engine.create_session``)
-                secure_data_dir(data_dir)
-                workspace = make_workspace(data_dir / "workspaces" / session_id, namespace, data_dir, None)
-                ahead.made_workspace = workspace
-        except (OSError, ValueError, UnsafeDataDir, WorkspaceRefused):
-            return ahead  # the engine's own attempt says what is wrong, in context
-        task = {"runtime": args.runtime or DEFAULT_RUNTIME, "runtime_config": runtime_config,
-                "workspace": str(workspace)}
-        config = PoolConfig(data_dir=data_dir, env=workers_env({"*": variables}, test_scenarios=True))
-        ahead.headstart = Headstart.start(config, namespace, runtime_ahead=task)
-        return ahead
-
-    def claim(self, workspace: str | None) -> None:
-        """A session was created with ``workspace``: if that is the one made here, it is the session's now."""
-        if self.made_workspace is not None and workspace is not None and Path(workspace) == self.made_workspace:
-            self.made_workspace = None
-
-    def close(self) -> None:
-        if self.headstart is not None:
-            self.headstart.discard()
-        if self.made_workspace is not None:
-            with contextlib.suppress(OSError):  # not empty: something is in it, so it is not ours to remove
-                self.made_workspace.rmdir()
-            self.made_workspace = None
-
-
-def run_env(items: list[str] | None) -> dict[str, str]:
-    """``run --env KEY=VALUE ...`` as a mapping (``CliError`` on a malformed one)."""
-    variables: dict[str, str] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise CliError(f"--env expects KEY=VALUE, got {item!r}")
-        variables[key] = value
-    return variables
-
-
-def run_config(args: argparse.Namespace) -> dict[str, Any]:
-    """``run``'s runtime_config: ``--scenario``, and each ``--config KEY=VALUE`` (a JSON value, else the text)."""
-    runtime_config: dict[str, Any] = {}
-    if args.scenario:
-        runtime_config["scenario"] = args.scenario
-    for item in args.config or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise CliError(f"--config expects KEY=VALUE, got {item!r}")
-        try:
-            runtime_config[key] = json.loads(value)
-        except json.JSONDecodeError:
-            runtime_config[key] = value
-    return runtime_config
+        return run_command(args, ahead)
+    finally:
+        if ahead is not None:
+            ahead.close()  # not used (a service holds the data dir, an error): nothing may outlive us
 
 
 def _global_options(parser: argparse.ArgumentParser, *, in_subcommand: bool) -> None:
@@ -152,6 +71,7 @@ def _global_options(parser: argparse.ArgumentParser, *, in_subcommand: bool) -> 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="codesdk", description="CodeSDK: run coding-agent tasks, read sessions.")
+    parser.add_argument("--version", action="version", version=f"codesdk {__version__}")
     _global_options(parser, in_subcommand=False)
     common = argparse.ArgumentParser(add_help=False)
     _global_options(common, in_subcommand=True)

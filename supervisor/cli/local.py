@@ -38,9 +38,11 @@ from .common import (
     check_session_flags,
     exit_code,
     read_again,
+    run_config,
+    run_env,
     runtime_note,
 )
-from .front import RunAhead, build_parser, run_config, run_env
+from .run_ahead import RunAhead
 from ..config import ADMIN_TOKEN_FILE
 from ..engine import (
     ApprovalRequest,
@@ -48,12 +50,13 @@ from ..engine import (
     Engine,
     EngineError,
     TaskNotActive,
+    derive_transcript,
     error_status,
 )
-from ..engine._transcript import derive_transcript
 from .login import run_login
 from ..namespaces import InvalidNamespace, UnsafeDataDir
 from .render import EventPrinter, json_line, print_stored_events, print_transcript
+from ..workers.launch import WorkerPolicy
 from ..store import DataDirBusy, EventStore, StoreError, StoreReader
 
 # -- run ------------------------------------------------------------------------------------------
@@ -72,8 +75,8 @@ async def cmd_run(args: argparse.Namespace, ahead: RunAhead | None = None) -> in
     if args.session and args.workspace:
         raise CliError("--workspace cannot be used with --session: a session keeps the workspace it was created with")
     if args.url:
-        from . import remote as cli_remote  # imported only when used: the HTTP client costs start-up time
-        return await cli_remote.run(args, runtime_config)
+        from .remote import run_via_api  # imported only when used: the HTTP client costs start-up time
+        return await run_via_api(args, runtime_config)
     # This supervisor serves one task in one namespace: the variables are that namespace's.
     options = SupervisorOptions(data_dir=args.data_dir, exec_allowlist=tuple(args.allow_exec or ()),
                                 worker_env={"*": run_env(args.env)}, holder="codesdk run", test_scenarios=True)
@@ -85,8 +88,8 @@ async def cmd_run(args: argparse.Namespace, ahead: RunAhead | None = None) -> in
                 return await _run_embedded(args, engine, runtime_config, signals, ahead)
         except DataDirBusy as busy:
             _service_instead(args, busy)
-    from . import remote as cli_remote  # imported only when used: the HTTP client costs start-up time
-    return await cli_remote.run(args, runtime_config)
+    from .remote import run_via_api  # imported only when used: the HTTP client costs start-up time
+    return await run_via_api(args, runtime_config)
 
 
 async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config: dict[str, Any],
@@ -169,8 +172,8 @@ def _service_instead(args: argparse.Namespace, busy: DataDirBusy) -> None:
 
 async def cmd_sessions(args: argparse.Namespace) -> int:
     if args.url:
-        from . import remote as cli_remote  # imported only when used: the HTTP client costs start-up time
-        return await cli_remote.sessions(args)
+        from .remote import sessions_via_api  # imported only when used: the HTTP client costs start-up time
+        return await sessions_via_api(args)
     async with _store(args) as store:
         sessions = await store.list_sessions(namespace=args.namespace, limit=args.limit)
         for s in sessions:
@@ -188,8 +191,8 @@ async def cmd_sessions(args: argparse.Namespace) -> int:
 
 async def cmd_events(args: argparse.Namespace) -> int:
     if args.url:
-        from . import remote as cli_remote  # imported only when used: the HTTP client costs start-up time
-        return await cli_remote.events(args)
+        from .remote import events_via_api  # imported only when used: the HTTP client costs start-up time
+        return await events_via_api(args)
     printer = EventPrinter(sys.stdout, color=sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
     async with _store(args) as store:
         await store.get_session(args.session)
@@ -204,8 +207,8 @@ async def cmd_events(args: argparse.Namespace) -> int:
 
 async def cmd_show(args: argparse.Namespace) -> int:
     if args.url:
-        from . import remote as cli_remote  # imported only when used: the HTTP client costs start-up time
-        return await cli_remote.show(args)
+        from .remote import show_via_api  # imported only when used: the HTTP client costs start-up time
+        return await show_via_api(args)
     async with _store(args) as store:
         session = await store.get_session(args.session)
         messages = await derive_transcript(store, args.session)
@@ -219,15 +222,16 @@ async def cmd_auth(args: argparse.Namespace) -> int:
     """Login state of a runtime in a namespace, asked of that namespace's own worker (through the running
     service when it holds the data dir); with ``login``, the runtime's own login in that namespace."""
     if not args.url:
-        options = SupervisorOptions(data_dir=args.data_dir, idle_timeout_s=1.0, holder="codesdk auth")
+        options = SupervisorOptions(data_dir=args.data_dir, holder="codesdk auth",
+                                    worker_policy=WorkerPolicy(idle_timeout_s=1.0))
         try:
             async with open_engine(options) as engine:
                 result = await engine.ensure_login(args.namespace, args.runtime)
         except DataDirBusy as busy:
             _service_instead(args, busy)
     if args.url:
-        from . import remote as cli_remote  # imported only when used: the HTTP client costs start-up time
-        result = await cli_remote.auth_status(args)
+        from .remote import auth_status_via_api  # imported only when used: the HTTP client costs start-up time
+        result = await auth_status_via_api(args)
     if args.action == "login":
         return await _login(args, result)
     if args.json:
@@ -295,8 +299,8 @@ async def cmd_bundle(args: argparse.Namespace) -> int:
         else:
             _bundle_written(out, manifest)
             return EXIT_OK
-    from . import remote as cli_remote  # imported only when used: the HTTP client costs start-up time
-    return await cli_remote.bundle(args, out)
+    from .remote import bundle_via_api  # imported only when used: the HTTP client costs start-up time
+    return await bundle_via_api(args, out)
 
 
 def _bundle_written(out: Path, manifest: dict[str, Any]) -> None:
@@ -372,10 +376,6 @@ def refusal_exit_code(error: BaseException) -> int:
     return api_exit_code(answer.status, answer.code) if answer is not None else EXIT_USAGE
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_command(build_parser().parse_args(argv))
-
-
 def run_command(args: argparse.Namespace, ahead: RunAhead | None = None) -> int:
     """Run a parsed command; ``ahead``: what ``run`` prepared before this module was imported."""
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
@@ -397,9 +397,3 @@ def run_command(args: argparse.Namespace, ahead: RunAhead | None = None) -> int:
         return refusal_exit_code(user_error)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-
-
-if __name__ == "__main__":
-    from .front import entry
-
-    entry()

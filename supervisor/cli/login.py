@@ -15,8 +15,7 @@ from pathlib import Path
 
 import trio
 
-from ..namespaces._variables import NamespaceEnv
-from ..namespaces import Namespace, build_env, prepare_dirs
+from ..namespaces import Namespace, NamespaceEnv, build_env, prepare_dirs
 
 #: What the login runs with besides the namespace's environment: a "browser" that opens nothing.
 NO_BROWSER = {"BROWSER": "true"}

@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from codesdk import ApiError, AsyncClient
+from codesdk.client import ApiError, AsyncClient
 from codesdk.protocol import TERMINAL_EVENT_TYPES, EnsureLoginResult, EventType, Message, NormalizedEvent
 
 from .common import (
@@ -54,7 +54,7 @@ _LOCAL_ONLY = {"env": "set the namespace's variables with `codesdk-supervisor na
                "allow_exec": "workspace.exec is configured on the service (`codesdk-supervisor serve --allow-exec`)"}
 
 
-async def run(args: argparse.Namespace, runtime_config: dict[str, Any]) -> int:
+async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) -> int:
     for flag, instead in _LOCAL_ONLY.items():
         if getattr(args, flag, None):
             raise CliError(f"--{flag.replace('_', '-')} cannot be honoured through the API: {instead}")
@@ -111,12 +111,12 @@ async def _terminal_approver(event: NormalizedEvent) -> tuple[bool, str]:
     return await ask_on_terminal("  Allow? [y/N] ")
 
 
-async def auth_status(args: argparse.Namespace) -> EnsureLoginResult:
+async def auth_status_via_api(args: argparse.Namespace) -> EnsureLoginResult:
     async with client_for(args) as client:
         return EnsureLoginResult.model_validate(await client.auth_status(args.namespace, args.runtime))
 
 
-async def sessions(args: argparse.Namespace) -> int:
+async def sessions_via_api(args: argparse.Namespace) -> int:
     async with client_for(args) as client:
         for s in await client.list_sessions():
             if args.json:
@@ -127,7 +127,7 @@ async def sessions(args: argparse.Namespace) -> int:
     return 0
 
 
-async def events(args: argparse.Namespace) -> int:
+async def events_via_api(args: argparse.Namespace) -> int:
     printer = _printer()
     async with client_for(args) as client:
         if args.follow:
@@ -139,14 +139,14 @@ async def events(args: argparse.Namespace) -> int:
     return 0
 
 
-async def show(args: argparse.Namespace) -> int:
+async def show_via_api(args: argparse.Namespace) -> int:
     async with client_for(args) as client:
         transcript = await client.transcript(args.session)
     print_transcript([Message.model_validate(m) for m in transcript["messages"]], sys.stdout, as_json=args.json)
     return 0
 
 
-async def bundle(args: argparse.Namespace, out: Path) -> int:
+async def bundle_via_api(args: argparse.Namespace, out: Path) -> int:
     """The session's support bundle, as the service writes it, saved to ``out`` atomically."""
     from ..bundle import BundleError, atomic_output, check_output, inspect_bundle
 

@@ -28,10 +28,12 @@ from ._errors import (
 )
 from ._ports import PoolWorkers, RequestChannel, WorkerEvents, WorkerExit, WorkerLink, Workers, WorkersFactory
 from ._runs import EngineStats
+from ._transcript import derive_transcript, session_events
 
 __all__ = [
     "ERROR_STATUS", "ApprovalRequest", "Approver", "ApproverAnswer", "ApproverRequired", "Engine", "EngineConfig",
     "EngineError", "EngineStats", "ErrorStatus", "InvalidTaskInput", "NamespaceElsewhere", "NamespaceUnavailable",
     "PoolWorkers", "RequestChannel", "RuntimeUnavailable", "SessionBusy", "TaskNotActive", "UnknownRuntime", "WorkerEvents",
-    "WorkerExit", "WorkerLink", "Workers", "WorkersFactory", "WorkspaceRefused", "error_status",
+    "WorkerExit", "WorkerLink", "Workers", "WorkersFactory", "WorkspaceRefused", "derive_transcript", "error_status",
+    "session_events",
 ]

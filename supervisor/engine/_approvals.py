@@ -14,7 +14,7 @@ from datetime import timedelta
 
 import trio
 
-from codesdk.protocol import utc_now
+from codesdk.protocol import ApprovalState, utc_now
 
 from ..ids import new_id
 from ..store import ApprovalDecided, ApprovalRecord, ApprovalRecords
@@ -46,7 +46,7 @@ class ApprovalBroker:
             namespace=run.namespace, tool_call_id=identity.tool_call_id if identity else "",
             attempt=identity.attempt if identity else 1, tool_name=request.tool_name,
             tool_class=request.tool_class.value, input=dict(request.input), reason=request.reason,
-            state="pending", created_at=now, expires_at=now + timedelta(seconds=self.timeout_s)))
+            state=ApprovalState.PENDING, created_at=now, expires_at=now + timedelta(seconds=self.timeout_s)))
 
     async def wait(self, run: TaskRun, record: ApprovalRecord, request: ApprovalRequest) -> ApprovalRecord:
         """The approval once decided: by the task's approver if it has one, else over the API (``decide``); by
@@ -79,18 +79,18 @@ class ApprovalBroker:
             answer = await approver(request)
         except Exception as exc:  # the caller's approver broke: deny, never run unapproved
             log.exception("approver failed for %s", approval_id)
-            await self.close(approval_id, f"approval failed: {type(exc).__name__}: {exc}", state="denied")
+            await self.close(approval_id, f"approval failed: {type(exc).__name__}: {exc}", state=ApprovalState.DENIED)
             return
         try:
-            await self.store.decide_approval(approval_id, "approved" if answer.allow else "denied", BY_APPROVER,
-                                             answer.reason or ("approved" if answer.allow else "denied"))
+            decision = _decision(answer.allow)
+            await self.store.decide_approval(approval_id, decision, BY_APPROVER, answer.reason or decision.value)
         except ApprovalDecided:
             pass  # decided over the API meanwhile: the first decision stands
 
-    async def close(self, approval_id: str, why: str, state: str = "expired") -> ApprovalRecord:
+    async def close(self, approval_id: str, why: str, state: ApprovalState = ApprovalState.EXPIRED) -> ApprovalRecord:
         """Decide a still-pending approval as nobody's decision (``BY_CODESDK``); the final record either way."""
         record = await self.store.get_approval(approval_id)
-        if record.state != "pending":
+        if record.state != ApprovalState.PENDING:
             return record
         try:
             return await self.store.decide_approval(approval_id, state, BY_CODESDK, why)
@@ -99,7 +99,7 @@ class ApprovalBroker:
 
     async def decide(self, approval_id: str, allow: bool, decided_by: str, reason: str) -> ApprovalRecord:
         """Record a human's decision (``ApprovalDecided`` if there already is one) and wake the waiting call."""
-        record = await self.store.decide_approval(approval_id, "approved" if allow else "denied", decided_by, reason)
+        record = await self.store.decide_approval(approval_id, _decision(allow), decided_by, reason)
         waiting = self._waiting.get(approval_id)
         if waiting is not None:
             waiting.set()
@@ -108,7 +108,11 @@ class ApprovalBroker:
     async def expire_orphans(self, namespace: str) -> int:
         """Approvals left pending in a namespace taken over from a supervisor that is gone (or at start-up) can
         never be answered — close them."""
-        orphans = await self.store.list_approvals(state="pending", namespaces=[namespace])
+        orphans = await self.store.list_approvals(state=ApprovalState.PENDING, namespaces=[namespace])
         for record in orphans:
             await self.close(record.approval_id, "the supervisor restarted before a decision; the task ended")
         return len(orphans)
+
+
+def _decision(allow: bool) -> ApprovalState:
+    return ApprovalState.APPROVED if allow else ApprovalState.DENIED

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from codesdk.protocol import (
     Trace,
     TraceContext,
     canonical_json,
+    check_runtime_name,
 )
 
 from codesdk.procs._orphans import end_adopted, reap_orphans_forever
@@ -196,14 +196,15 @@ class Engine:
     async def create_session(self, *, runtime: str | None = None, namespace: str = "default",
                              workspace: Path | None = None, metadata: dict[str, Any] | None = None,
                              session_id: str | None = None) -> SessionRecord:
-        """A new session and its ``session.created``. ``InvalidNamespace``; ``WorkspaceRefused``.
+        """A new session and its ``session.created``. ``InvalidNamespace``; ``WorkspaceRefused``; ``InvalidTaskInput``
+        for a name no runtime can have (``protocol.RUNTIME_NAME_PATTERN``).
 
         ``session_id``: one chosen ahead (``new_id("ses")``: ``codesdk run`` chooses it, and makes the default
         workspace, before the supervisor is even imported); the default workspace is that session's own either way,
         so it is removed (if still empty) when the session is refused."""
         Namespace.parse(namespace)  # InvalidNamespace with a clear message
+        runtime = _runtime_name(runtime or self.config.default_runtime)
         await self.leasing.own(namespace)  # its workspace and worker are on the supervisor that runs it
-        runtime = runtime or self.config.default_runtime
         if session_id is not None and not is_id(session_id, "ses"):
             raise ValueError(f"not a session id: {session_id!r}")
         session_id = session_id or new_id("ses")
@@ -266,9 +267,7 @@ class Engine:
                                              or not 1 <= max_input_tokens <= 2**53):
             raise InvalidTaskInput(f"max_input_tokens must be a whole number of tokens from 1 to 2^53, not "
                                    f"{max_input_tokens!r}")
-        target = runtime or session.runtime
-        if not _RUNTIME_NAME.fullmatch(target):
-            raise InvalidTaskInput(f"not a runtime name: {target[:100]!r} (letters, digits, '-', '_' and '.')")
+        target = _runtime_name(runtime or session.runtime)
         switched_from = session.runtime if target != session.runtime else None
         task_id = new_id("task")
         runtime_session_id = None if switched_from else session.runtime_session_id  # another runtime's id is no use
@@ -516,8 +515,12 @@ class Engine:
                 log.debug("task %s ended before it was marked running", run.task_id)
 
 
-#: What a runtime may be called (the names adapters register).
-_RUNTIME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+def _runtime_name(name: str) -> str:
+    """``name`` if it may name a runtime (``protocol.RUNTIME_NAME_PATTERN``), else ``InvalidTaskInput``."""
+    try:
+        return check_runtime_name(name)
+    except ValueError as exc:
+        raise InvalidTaskInput(str(exc)) from None
 
 
 def _check_storable(params: StartTaskParams, started: TaskStarted) -> None:

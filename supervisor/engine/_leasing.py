@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from codesdk.protocol import EventType, RuntimeInfo, TaskFailed, TaskFailureCode, Trace
+from codesdk.protocol import ApprovalState, EventType, RuntimeInfo, TaskFailed, TaskFailureCode, Trace
 
 from ..store import EventDraft, InvalidTransition, Leases, Recorder, StoreError, TaskState, TaskUpdate
 from ._approvals import ApprovalBroker
@@ -133,7 +133,7 @@ class Leasing:
                              if self._runs.active(record.task_id) is None}
         for session_id in sorted(orphaned_sessions):
             namespaces.add((await self.store.get_session(session_id)).namespace)
-        for approval in await self.store.list_approvals(state="pending"):
+        for approval in await self.store.list_approvals(state=ApprovalState.PENDING):
             if self._runs.active(approval.task_id) is None:
                 namespaces.add(approval.namespace)
         return sorted(namespaces)

@@ -20,6 +20,7 @@ import trio
 
 from codesdk.protocol import (
     ApprovalRequested,
+    ApprovalState,
     EventType,
     ExecutedBy,
     InteractionMode,
@@ -394,10 +395,10 @@ def _outcome(step: ApprovalNeeded, final: ApprovalRecord) -> PolicyOutcome:
     """The policy outcome of a settled approval: a human's decision, or codesdk's denial when nobody's."""
     reason = final.decision_reason or final.state
     if final.decided_by == BY_CODESDK:
-        if final.state == "expired":
+        if final.state == ApprovalState.EXPIRED:
             return complete(step, None, unanswered=reason)
         return complete(step, None, failure=reason)
-    return complete(step, ApproverAnswer(allow=final.state == "approved", reason=reason),
+    return complete(step, ApproverAnswer(allow=final.state == ApprovalState.APPROVED, reason=reason),
                     approval_id=final.approval_id)
 
 

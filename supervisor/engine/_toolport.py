@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from codesdk.protocol import Ack, MethodSpec, Model, NormalizedEvent, ToolSpec
+from codesdk.protocol import Ack, ApprovalState, MethodSpec, Model, NormalizedEvent, ToolSpec
 
 from ..store import ApprovalRecord, Recorder
 from ..tools import ApprovalRequest, ToolContext, ToolRegistry, ToolResult
@@ -39,7 +39,8 @@ class Approvals(Protocol):
 
     async def open(self, run: TaskRun, request: ApprovalRequest) -> ApprovalRecord: ...
     async def wait(self, run: TaskRun, record: ApprovalRecord, request: ApprovalRequest) -> ApprovalRecord: ...
-    async def close(self, approval_id: str, why: str, state: str = "expired") -> ApprovalRecord: ...
+    async def close(self, approval_id: str, why: str,
+                    state: ApprovalState = ApprovalState.EXPIRED) -> ApprovalRecord: ...
     async def close_for_end(self, run: TaskRun, approval_id: str) -> ApprovalRecord: ...
 
 

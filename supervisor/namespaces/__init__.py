@@ -11,30 +11,45 @@ out but does not separate the tenants from each other. With a worker uid range (
 persisted in ``<data-dir>/worker-uids.json`` and never reused), its directories are owned by that uid, and
 ``<data-dir>`` and ``namespaces/`` become 0711 so a worker can reach its own home by name and nothing else.
 
-One job per module: ``_names`` (the grammar), ``_dirs`` (the namespace's directories, opened through
-``supervisor._safe_dirs``), ``_env`` (the worker's environment), ``_uids`` (the range, each namespace's identity,
-handing files to it), ``_uid_checks`` (start-up checks for a range), ``_data_dir`` (the data dir's own modes),
-``_workspaces`` (which workspaces are allowed, handing one to a namespace).
+Each namespace's own variables (API keys, base URLs) are kept beside the event store, never shown again
+(``NamespaceEnv``).
+
+One job per module: ``_names`` (the grammar), ``_files`` (the supervisor's private files, and directories a tenant
+may shape, opened without following symlinks: also for the workspace tools), ``_dirs`` (the namespace's
+directories), ``_env`` (the worker's environment), ``_variables`` (the stored variables), ``_uids`` (the range,
+each namespace's identity, handing files to it), ``_uid_checks`` (start-up checks for a range), ``_data_dir`` (the
+data dir's own modes), ``_workspaces`` (which workspaces are allowed, handing one to a namespace). Other packages
+import this face only.
 """
 
 from ._data_dir import UnsafeDataDir, secure_data_dir, tighten_data_dir
 from ._dirs import SUBDIRS, NamespaceDirs, prepare_dirs, prepare_namespace
 from ._env import DEFAULT_PATH, RECORD_STREAMS_ENV, RUNTIME_AHEAD_ENV, build_env
+from ._files import DIR_FLAGS, WALK_FLAGS, chmod_entry, make_dir, open_dir, walk_tree, write_private
 from ._names import InvalidNamespace, Namespace
 from ._uid_checks import check_can_switch_uids, check_reachable_by_workers
-from ._uids import UIDS_FILE, Identity, UidRange, UidRangeError, namespace_identity
+from ._uids import UIDS_FILE, Identity, UidRange, UidRangeError, hand_over, namespace_identity
+from ._variables import ENV_DIR, MAX_VALUE_BYTES, MAX_VARIABLES, EnvEntry, NamespaceEnv, NamespaceEnvError
 from ._workspaces import WorkspaceRefused, check_workspace, give_workspace, make_workspace
 
 __all__ = [
     "DEFAULT_PATH",
+    "DIR_FLAGS",
+    "ENV_DIR",
+    "MAX_VALUE_BYTES",
+    "MAX_VARIABLES",
     "RECORD_STREAMS_ENV",
     "RUNTIME_AHEAD_ENV",
     "SUBDIRS",
     "UIDS_FILE",
+    "WALK_FLAGS",
+    "EnvEntry",
     "Identity",
     "InvalidNamespace",
     "Namespace",
     "NamespaceDirs",
+    "NamespaceEnv",
+    "NamespaceEnvError",
     "UidRange",
     "UidRangeError",
     "UnsafeDataDir",
@@ -43,11 +58,17 @@ __all__ = [
     "check_can_switch_uids",
     "check_reachable_by_workers",
     "check_workspace",
+    "chmod_entry",
     "give_workspace",
+    "hand_over",
+    "make_dir",
     "make_workspace",
     "namespace_identity",
+    "open_dir",
     "prepare_dirs",
     "prepare_namespace",
     "secure_data_dir",
     "tighten_data_dir",
+    "walk_tree",
+    "write_private",
 ]

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import _safe_dirs
+from ._files import make_dir, open_dir
 from ._data_dir import tighten_data_dir
 from ._names import InvalidNamespace, Namespace
 from ._uids import Identity, UidRange, hand_over_dir, namespace_identity
@@ -75,9 +75,9 @@ def _open_dir(path: Path, dir_fd: int | None, *, create: bool, shown_as: Path | 
     """A directory's descriptor, never through a symlink (``InvalidNamespace`` if one is planted there)."""
     shown = shown_as or path
     if create:
-        _safe_dirs.make_dir(path, dir_fd, 0o700)
+        make_dir(path, dir_fd, 0o700)
     try:
-        fd = _safe_dirs.open_dir(path, dir_fd)
+        fd = open_dir(path, dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP and os.path.islink(shown):
             raise InvalidNamespace(f"{shown} is a symlink; refusing to use it as a namespace directory") from exc

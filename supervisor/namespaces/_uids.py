@@ -19,8 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._private_files import write_private
-from ._safe_dirs import open_dir, walk_tree
+from ._files import open_dir, walk_tree, write_private
 from ._names import Namespace
 
 #: Where the namespace -> uid assignments live (supervisor-owned, 0600), so they survive restarts.

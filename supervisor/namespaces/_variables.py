@@ -25,8 +25,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._private_files import write_private
-from . import RECORD_STREAMS_ENV, RUNTIME_AHEAD_ENV, Namespace
+from ._env import RECORD_STREAMS_ENV, RUNTIME_AHEAD_ENV
+from ._files import write_private
+from ._names import Namespace
 
 ENV_DIR = "namespace-env"
 _KEY_FILE = ".fingerprint-key"

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from codesdk.procs._orphans import become_subreaper
-from ..api.limits import ApiLimits
+from ..api import ApiLimits
 from ..config import default_data_dir
 from ..engine import Engine, EngineConfig
 from ..namespaces import (
@@ -19,26 +19,19 @@ from ..namespaces import (
     secure_data_dir,
     tighten_data_dir,
 )
-from ..store import LEASE_S
-from ..store._store import Quotas
-from ..tools import ExecPolicy, ToolRegistry, ToolsConfig
-from ..tools._exec import DEFAULT_EXEC_UID, check_exec_identity
+from ..store import LEASE_S, Quotas
+from ..tools import DEFAULT_EXEC_UID, ExecPolicy, ToolRegistry, ToolsConfig, check_exec_identity
 from codesdk.worker.command import worker_argv
 
-from ..workers.launch import PoolConfig, workers_env
+from ..workers.launch import PoolConfig, WorkerPolicy, workers_env
 
 
 @dataclass(frozen=True)
 class SupervisorOptions:
     data_dir: Path = field(default_factory=default_data_dir)
     exec_allowlist: tuple[str, ...] = ()  # non-empty enables the sandboxed workspace.exec tool
-    idle_timeout_s: float = 300.0
-    max_restarts: int = 5  # crashes within restart_window_s that quarantine a namespace (burst)
-    restart_window_s: float = 60.0
-    sustained_max_restarts: int = 20  # ... or within sustained_window_s (sustained)
-    sustained_window_s: float = 3600.0
-    quarantine_s: float = 600.0
-    shutdown_grace_s: float = 5.0  # a worker's time to exit after runtime.shutdown before SIGTERM, then SIGKILL
+    #: When a namespace's worker is let go (idle), restarted, quarantined, or killed after its grace.
+    worker_policy: WorkerPolicy = field(default_factory=WorkerPolicy)
     worker_env: dict[str, dict[str, str]] = field(default_factory=dict)
     worker_argv: tuple[str, ...] = ()
     worker_path: str | None = None
@@ -95,11 +88,7 @@ async def open_engine(options: SupervisorOptions) -> AsyncIterator[Engine]:
         for private in ("blobs", "workspaces"):
             (data_dir / private).mkdir(exist_ok=True, mode=0o700)
     worker_env = workers_env(options.worker_env, test_scenarios=options.test_scenarios)
-    pool = PoolConfig(data_dir=data_dir, argv=options.worker_argv, idle_timeout_s=options.idle_timeout_s,
-                      max_restarts=options.max_restarts, restart_window_s=options.restart_window_s,
-                      sustained_max_restarts=options.sustained_max_restarts,
-                      sustained_window_s=options.sustained_window_s, quarantine_s=options.quarantine_s,
-                      shutdown_grace_s=options.shutdown_grace_s,
+    pool = PoolConfig(data_dir=data_dir, argv=options.worker_argv, policy=options.worker_policy,
                       env=worker_env, path=options.worker_path, worker_uids=options.worker_uids,
                       template=options.worker_template)
     exec_policy = ExecPolicy(enabled=bool(options.exec_allowlist), allowlist=options.exec_allowlist,

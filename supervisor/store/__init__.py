@@ -55,7 +55,7 @@ from ._errors import (
 )
 from ._leases import LEASE_S, Claim, Holder, Leases, PostgresLeases, Renewal, SoleLeases
 from ._lock import LOCK_FILENAME, DataDirBusy, DataDirLock, LockHolder, current_holder
-from ._postgres import is_postgres_url, open_postgres
+from ._postgres import check_store_url, is_postgres_url, open_postgres
 from ._quotas import QUOTA_FLAGS, QuotaExceeded, Quotas, Usage
 from ._recorder import (
     ApprovalRecords,
@@ -139,6 +139,7 @@ __all__ = [
     "Usage",
     "WriterLock",
     "WriterStats",
+    "check_store_url",
     "current_holder",
     "is_postgres_url",
     "new_id",

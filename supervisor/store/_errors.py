@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import apsw
 
+from codesdk.protocol import ApprovalState
+
 
 class StoreError(Exception):
     """Base of every error the event/blob store raises."""
@@ -75,7 +77,7 @@ class UnknownApproval(StoreError, LookupError):
 class ApprovalDecided(StoreError):
     """An approval can be decided once; this one already was (or expired)."""
 
-    def __init__(self, approval_id: str, state: str) -> None:
+    def __init__(self, approval_id: str, state: ApprovalState) -> None:
         self.approval_id = approval_id
         self.state = state
         super().__init__(f"approval {approval_id!r} is already {state}; a decision is final")

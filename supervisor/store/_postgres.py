@@ -22,6 +22,7 @@ import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from types import ModuleType
 
 import trio
 
@@ -39,6 +40,25 @@ from ._writer import Writer
 def is_postgres_url(location: object) -> bool:
     """Whether ``--store`` names a PostgreSQL database rather than a data dir."""
     return isinstance(location, str) and location.startswith(("postgresql://", "postgres://"))
+
+
+def check_store_url(url: str) -> None:
+    """``--store`` names a PostgreSQL database psycopg can read: ``StoreError`` saying what is wrong (never the
+    password) before anything is started, rather than once the service runs."""
+    if not is_postgres_url(url):  # not echoed: it may be a connection string with a password in it
+        raise StoreError("--store (or $CODESDK_STORE) takes a postgresql://USER@HOST/DBNAME URL, and what was given "
+                         "does not start with postgresql://; without it the store is SQLite in the data dir")
+    _pg_module().check_url(url)
+
+
+def _pg_module() -> ModuleType:
+    """The psycopg half of the backend (``_pg``), or ``StoreError`` saying how to install it: psycopg is an optional
+    dependency (``codesdk[postgresql]``)."""
+    try:
+        from . import _pg
+    except ImportError as exc:
+        raise StoreError(f"a PostgreSQL store needs psycopg ({exc}): pip install 'codesdk[postgresql]'") from None
+    return _pg
 
 
 #: Seconds an idle subscriber waits for a notice before it reads anyway. Notices wake it (and every subscriber
@@ -67,11 +87,7 @@ async def open_postgres(
     knobs are ``EventStore.open``'s."""
     if min(readers, max_batch, subscriber_buffer, page_size) < 1:
         raise ValueError("readers, max_batch, subscriber_buffer and page_size must be >= 1")
-    try:
-        from . import _pg
-    except ImportError as exc:  # psycopg is an optional dependency: codesdk[postgresql]
-        raise StoreError(f"a PostgreSQL store needs psycopg ({exc}): pip install 'codesdk[postgresql]'") from None
-    _pg.check_url(url)
+    _pg_module().check_url(url)
     lock = None if data_dir is None else await trio.to_thread.run_sync(lock_data_dir, Path(data_dir), holder)
     try:
         async with _opened(url, lock, readers=readers, max_batch=max_batch, subscriber_buffer=subscriber_buffer,

@@ -17,7 +17,7 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any, Protocol
 
-from codesdk.protocol import NormalizedEvent
+from codesdk.protocol import ApprovalState, NormalizedEvent
 
 from ._quotas import Quotas
 from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
@@ -99,12 +99,12 @@ class ApprovalRecords(Protocol):
 
     async def create_approval(self, record: ApprovalRecord) -> ApprovalRecord: ...
 
-    async def decide_approval(self, approval_id: str, state: str, decided_by: str,
+    async def decide_approval(self, approval_id: str, state: ApprovalState, decided_by: str,
                               reason: str) -> ApprovalRecord: ...
 
     async def get_approval(self, approval_id: str) -> ApprovalRecord: ...
 
-    async def list_approvals(self, *, state: str | None = "pending",
+    async def list_approvals(self, *, state: ApprovalState | None = ApprovalState.PENDING,
                              namespaces: Sequence[str] | None = None) -> list[ApprovalRecord]: ...
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import Field
 
-from codesdk.protocol import EventType, Model, RuntimeInfo, Trace, WorkerEvent
+from codesdk.protocol import ApprovalState, EventType, Model, RuntimeInfo, Trace, WorkerEvent
 
 
 class TaskState(StrEnum):
@@ -118,7 +118,7 @@ class ApprovalRecord(Model):
     tool_class: str
     input: dict[str, Any] = Field(default_factory=dict)
     reason: str
-    state: str  # pending | approved | denied | expired
+    state: ApprovalState
     created_at: datetime
     expires_at: datetime
     decided_at: datetime | None = None

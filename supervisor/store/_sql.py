@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from codesdk.protocol import NormalizedEvent, UpcasterRegistry, upcasters
+from codesdk.protocol import ApprovalState, NormalizedEvent, UpcasterRegistry, upcasters
 
 from ._db import Db
 from ._errors import (
@@ -456,7 +456,7 @@ def _approval(row: Sequence[Any]) -> ApprovalRecord:
     return ApprovalRecord(
         approval_id=approval_id, session_id=session_id, task_id=task_id, namespace=namespace,
         tool_call_id=tool_call_id, attempt=attempt, tool_name=tool_name, tool_class=tool_class,
-        input=json.loads(input_text), reason=reason, state=state, created_at=from_text(created_at),
+        input=json.loads(input_text), reason=reason, state=ApprovalState(state), created_at=from_text(created_at),
         expires_at=from_text(expires_at), decided_at=from_text(decided_at) if decided_at else None,
         decided_by=decided_by, decision_reason=decision_reason)
 
@@ -465,7 +465,8 @@ def insert_approval(conn: Db, record: ApprovalRecord) -> ApprovalRecord:
     conn.execute(
         f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL)",
         (record.approval_id, record.session_id, record.task_id, record.namespace, record.tool_call_id,
-         record.attempt, record.tool_name, record.tool_class, dumps(record.input), record.reason, "pending",
+         record.attempt, record.tool_name, record.tool_class, dumps(record.input), record.reason,
+         ApprovalState.PENDING.value,
          to_text(record.created_at), to_text(record.expires_at)))
     return select_approval(conn, record.approval_id)
 
@@ -476,12 +477,13 @@ def select_approval(conn: Db, approval_id: str) -> ApprovalRecord:
     raise UnknownApproval(approval_id)
 
 
-def select_approvals(conn: Db, state: str | None, namespaces: Sequence[str] | None) -> list[ApprovalRecord]:
+def select_approvals(conn: Db, state: ApprovalState | None,
+                     namespaces: Sequence[str] | None) -> list[ApprovalRecord]:
     sql = f"SELECT {_APPROVAL_COLUMNS} FROM approvals"
     where, args = [], []
     if state is not None:
         where.append("state = ?")
-        args.append(state)
+        args.append(state.value)
     if namespaces is not None:
         where.append(f"namespace IN ({', '.join('?' for _ in namespaces) or 'NULL'})")
         args.extend(namespaces)
@@ -490,13 +492,13 @@ def select_approvals(conn: Db, state: str | None, namespaces: Sequence[str] | No
     return [_approval(row) for row in conn.execute(sql + " ORDER BY created_at, rowid", args)]
 
 
-def decide_approval(conn: Db, approval_id: str, state: str, decided_by: str,
+def decide_approval(conn: Db, approval_id: str, state: ApprovalState, decided_by: str,
                     reason: str) -> ApprovalRecord:
     """Pending -> approved/denied/expired, exactly once (a second decision raises ApprovalDecided): one conditional
     update, so two supervisors deciding at once cannot both win."""
     decided = conn.scalar("UPDATE approvals SET state = ?, decided_at = ?, decided_by = ?, decision_reason = ? "
-                          "WHERE approval_id = ? AND state = 'pending' RETURNING approval_id",
-                          (state, now_text(), decided_by, reason, approval_id))
+                          "WHERE approval_id = ? AND state = ? RETURNING approval_id",
+                          (state.value, now_text(), decided_by, reason, approval_id, ApprovalState.PENDING.value))
     if decided is None:
         raise ApprovalDecided(approval_id, select_approval(conn, approval_id).state)  # or UnknownApproval
     return select_approval(conn, approval_id)

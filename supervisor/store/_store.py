@@ -14,7 +14,14 @@ from typing import Any, Literal, NoReturn, Protocol, TypeVar
 import apsw
 import trio
 
-from codesdk.protocol import NormalizedEvent, UpcasterRegistry, canonical_json, sha256_hex, utc_now
+from codesdk.protocol import (
+    ApprovalState,
+    NormalizedEvent,
+    UpcasterRegistry,
+    canonical_json,
+    sha256_hex,
+    utc_now,
+)
 from codesdk.protocol import upcasters as this_builds_upcasters
 
 from ..ids import new_id
@@ -32,7 +39,7 @@ from ._errors import (
 )
 from ._lock import DataDirLock
 from ._prepare import prepare
-from ._quotas import QUOTA_FLAGS, QuotaExceeded, Quotas
+from ._quotas import Quotas
 from ._readers import ReaderPool, close_all
 from ._recorder import Recorder
 from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
@@ -42,15 +49,15 @@ from ._writer import Writer, WriteRequest, WriterStats
 
 T = TypeVar("T")
 
-# Quotas are re-exported: the engine, API and service import them from here.
-__all__ = ["DB_FILENAME", "INLINE_BLOB_MAX", "QUOTA_FLAGS", "EventStore", "QuotaExceeded", "Quotas", "Synchronous",
-           "new_id"]
+__all__ = ["DB_FILENAME", "INLINE_BLOB_MAX", "EventStore", "Synchronous", "new_id"]
 
 DB_FILENAME = "codesdk.sqlite3"
 #: Seconds an idle subscriber waits before it looks in the store itself, for events no one told it of (another
 #: process's appends to a shared data dir; on PostgreSQL, notices lost while the listener reconnected).
 POLL_INTERVAL_S = 0.5
 Synchronous = Literal["FULL", "NORMAL"]
+#: What a pending approval may become, once.
+_DECISIONS = frozenset({ApprovalState.APPROVED, ApprovalState.DENIED, ApprovalState.EXPIRED})
 
 
 class EventStore(Recorder):
@@ -310,9 +317,10 @@ class EventStore(Recorder):
         return await self._write(f"recording approval {record.approval_id!r}",
                                  partial(_sql.insert_approval, record=record))
 
-    async def decide_approval(self, approval_id: str, state: str, decided_by: str, reason: str) -> ApprovalRecord:
+    async def decide_approval(self, approval_id: str, state: ApprovalState, decided_by: str,
+                              reason: str) -> ApprovalRecord:
         """Record the one decision of a pending approval (``ApprovalDecided`` if it already has one)."""
-        if state not in ("approved", "denied", "expired"):
+        if state not in _DECISIONS:
             raise ValueError(f"an approval is decided as approved, denied or expired, not {state!r}")
         return await self._write(f"deciding approval {approval_id!r}", partial(
             _sql.decide_approval, approval_id=approval_id, state=state, decided_by=decided_by, reason=reason))
@@ -321,7 +329,7 @@ class EventStore(Recorder):
         return await self._read(f"reading approval {approval_id!r}", partial(_sql.select_approval,
                                                                              approval_id=approval_id))
 
-    async def list_approvals(self, *, state: str | None = "pending",
+    async def list_approvals(self, *, state: ApprovalState | None = ApprovalState.PENDING,
                              namespaces: Sequence[str] | None = None) -> list[ApprovalRecord]:
         return await self._read("listing approvals", partial(_sql.select_approvals, state=state,
                                                              namespaces=namespaces))

@@ -22,7 +22,7 @@ from ._base import (
 )
 from ._builtins import runtime_tool_spec
 from ._diff import DiffError, FilePatch, Hunk, HunkMismatch, apply_hunks, parse_unified_diff, split_lines
-from ._exec import DEFAULT_EXEC_PATH, ExecInput, ExecPolicy
+from ._exec import DEFAULT_EXEC_PATH, DEFAULT_EXEC_UID, ExecInput, ExecPolicy, check_exec_identity
 from ._files import ListInput, ReadInput, WriteInput
 from ._patch import PatchInput
 from ._paths import ConfinedPath, confine
@@ -49,6 +49,7 @@ from ._sandbox import SandboxProber, SandboxTools, probe_sandbox
 
 __all__ = [
     "DEFAULT_EXEC_PATH",
+    "DEFAULT_EXEC_UID",
     "EXEC_TOOL_NAME",
     "POLICY_VERSION",
     "PREVIEW_MAX_CHARS",
@@ -84,6 +85,7 @@ __all__ = [
     "ToolsConfig",
     "WriteInput",
     "apply_hunks",
+    "check_exec_identity",
     "codesdk_evaluation",
     "complete",
     "confine",

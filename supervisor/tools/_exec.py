@@ -44,7 +44,7 @@ from codesdk.protocol import SandboxSummary, ToolClass
 
 from codesdk.procs._orphans import end_command
 from codesdk.procs._own_children import owned_child
-from ..namespaces._safe_dirs import WALK_FLAGS, chmod_entry, walk_tree
+from ..namespaces import WALK_FLAGS, chmod_entry, walk_tree
 from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolInput, ToolResult, clip
 from ._paths import workspace_root
 from ._sandbox import (

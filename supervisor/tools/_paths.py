@@ -6,8 +6,8 @@ Two layers, because either alone has a gap:
    would) and refuses absolute paths, lexical ``..`` escapes and anything whose resolution leaves the
    workspace, including through a dangling symlink or a symlinked parent of a file not yet created.
 2. The fd helpers then walk the resolved components from the workspace fd with ``O_NOFOLLOW`` at every step
-   (``supervisor._safe_dirs``), so a symlink swapped in between the check and the use is refused (ELOOP) instead
-   of followed.
+   (``supervisor.namespaces.open_dir``), so a symlink swapped in between the check and the use is refused (ELOOP)
+   instead of followed.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..namespaces import _safe_dirs
+from ..namespaces import DIR_FLAGS, make_dir
+from ..namespaces import open_dir as open_component  # one component, from its parent's fd
 from ._base import ErrorCode, ToolError
 
 
@@ -117,14 +118,14 @@ def open_dir(
 
     Directories this call creates are appended to ``created`` (outermost first) so a caller can undo them.
     """
-    fd = os.open(root, _safe_dirs.DIR_FLAGS)
+    fd = os.open(root, DIR_FLAGS)
     try:
         for index, name in enumerate(parts):
-            if create and _safe_dirs.make_dir(name, fd, 0o777):
+            if create and make_dir(name, fd, 0o777):
                 _inherit_owner(fd, name)
                 if created is not None:
                     created.append(root.joinpath(*parts[: index + 1]))
-            next_fd = _safe_dirs.open_dir(name, fd)
+            next_fd = open_component(name, fd)
             os.close(fd)
             fd = next_fd
     except BaseException:

@@ -22,12 +22,12 @@ from pathlib import Path
 from codesdk.procs._own_children import disown, starting
 from codesdk.procs.launch import Launch
 from codesdk.worker.command import RUNTIMES_DIR_ENV, TEST_STEPS_ENV, worker_argv
-from ..namespaces._variables import NamespaceEnv
 from ..namespaces import (
     DEFAULT_PATH,
     RUNTIME_AHEAD_ENV,
     Identity,
     Namespace,
+    NamespaceEnv,
     UidRange,
     UnsafeDataDir,
     build_env,
@@ -40,18 +40,27 @@ log = logging.getLogger("codesdk.supervisor.pool")
 
 
 @dataclass(frozen=True)
-class PoolConfig:
-    data_dir: Path
-    argv: tuple[str, ...] = ()
+class WorkerPolicy:
+    """When a namespace's worker is let go, restarted or refused. The one definition of these defaults: the
+    service's flags (``codesdk-supervisor serve``) and ``SupervisorOptions`` hold one, and give it to the
+    pool."""
+
     idle_timeout_s: float = 300.0  # an unused worker is shut down after this long
     max_restarts: int = 5  # burst intensity: this many crashes within restart_window_s quarantine the namespace
     restart_window_s: float = 60.0
     sustained_max_restarts: int = 20  # sustained intensity: this many within sustained_window_s do too
     sustained_window_s: float = 3600.0
     quarantine_s: float = 600.0  # how long a quarantined namespace refuses new workers (an operator may lift it)
+    shutdown_grace_s: float = 5.0  # time to exit after runtime.shutdown, before SIGTERM then SIGKILL
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    data_dir: Path
+    argv: tuple[str, ...] = ()
+    policy: WorkerPolicy = field(default_factory=WorkerPolicy)
     backoff_initial_s: float = 0.25  # delay before restarting after a crash; doubles per recent crash
     backoff_max_s: float = 10.0
-    shutdown_grace_s: float = 5.0
     handshake_timeout_s: float = 30.0
     path: str | None = None  # PATH for workers
     # namespace (or "*") -> variables given at start-up; they win over the stored ones (``NamespaceEnv``)

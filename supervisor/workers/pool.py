@@ -33,8 +33,7 @@ from codesdk.worker.client import (
     exhausted_message,
 )
 
-from ..namespaces import Namespace, UidRangeError
-from ..namespaces._variables import NamespaceEnv
+from ..namespaces import Namespace, NamespaceEnv, UidRangeError
 from .launch import Headstart, PoolConfig, prepare_launch, template_env
 from .template import TemplateUnavailable, WorkerTemplate
 
@@ -182,7 +181,7 @@ class WorkerPool:
                 "active_tasks": slot.active,
                 "workers_started": slot.workers_started,
                 "started_by": slot.started_by,
-                "recent_crashes": self._crashes_within(slot, self.config.restart_window_s, now),
+                "recent_crashes": self._crashes_within(slot, self.config.policy.restart_window_s, now),
                 "last_exit": slot.last_exit.describe() if slot.last_exit else None,
                 "last_error": slot.last_error,
                 "quarantined_until": slot.quarantine.until if slot.quarantine else None,
@@ -244,7 +243,7 @@ class WorkerPool:
             async with trio.open_nursery() as nursery:
                 for slot in self._slots.values():
                     if slot.worker is not None:
-                        nursery.start_soon(slot.worker.shutdown, self.config.shutdown_grace_s)
+                        nursery.start_soon(slot.worker.shutdown, self.config.policy.shutdown_grace_s)
             for slot in self._slots.values():
                 if slot.worker is not None:
                     await slot.vacated.wait()
@@ -261,7 +260,7 @@ class WorkerPool:
         return SlotState.STOPPED
 
     def _crashes_within(self, slot: _Slot, window_s: float, now: float) -> int:
-        horizon = max(self.config.sustained_window_s, self.config.restart_window_s)
+        horizon = max(self.config.policy.sustained_window_s, self.config.policy.restart_window_s)
         while slot.crashes and now - slot.crashes[0] > horizon:
             slot.crashes.popleft()
         return sum(1 for t in slot.crashes if now - t <= window_s)
@@ -279,19 +278,19 @@ class WorkerPool:
         now = time.monotonic()
         slot.crashes.append(now)
         config = self.config
-        burst = self._crashes_within(slot, config.restart_window_s, now)
-        sustained = self._crashes_within(slot, config.sustained_window_s, now)
-        if burst >= config.max_restarts:
-            why = f"{burst} crashes in {config.restart_window_s:.0f} s"
-        elif sustained >= config.sustained_max_restarts:
-            why = f"{sustained} crashes in {config.sustained_window_s:.0f} s"
+        burst = self._crashes_within(slot, config.policy.restart_window_s, now)
+        sustained = self._crashes_within(slot, config.policy.sustained_window_s, now)
+        if burst >= config.policy.max_restarts:
+            why = f"{burst} crashes in {config.policy.restart_window_s:.0f} s"
+        elif sustained >= config.policy.sustained_max_restarts:
+            why = f"{sustained} crashes in {config.policy.sustained_window_s:.0f} s"
         else:
             return
         wall = time.time()
-        slot.quarantine = Quarantine(since=wall, until=wall + config.quarantine_s,
-                                     deadline=now + config.quarantine_s,
+        slot.quarantine = Quarantine(since=wall, until=wall + config.policy.quarantine_s,
+                                     deadline=now + config.policy.quarantine_s,
                                      reason=f"{why} (last: {slot.last_error or 'unknown'})")
-        log.error("namespace %s: quarantined for %.0f s: %s", slot.namespace.name, config.quarantine_s,
+        log.error("namespace %s: quarantined for %.0f s: %s", slot.namespace.name, config.policy.quarantine_s,
                   slot.quarantine.reason)
 
     async def _start(self, slot: _Slot) -> None:
@@ -319,7 +318,7 @@ class WorkerPool:
     async def _launch(self, slot: _Slot, now: float) -> None:
         """Start the slot's worker: the body of ``_start``, cancelled (``aclose``) when the pool closes meanwhile."""
         name = slot.namespace.name
-        recent = self._crashes_within(slot, self.config.restart_window_s, now)
+        recent = self._crashes_within(slot, self.config.policy.restart_window_s, now)
         if recent:
             delay = min(self.config.backoff_initial_s * 2 ** (recent - 1), self.config.backoff_max_s)
             log.info("namespace %s: restarting worker after %.2f s backoff", name, delay)
@@ -443,18 +442,18 @@ class WorkerPool:
             return
         log.info("namespace %s: %s; restarting its idle worker", slot.namespace.name, why)
         worker.stopping = True  # now, so that no acquire hands it out meanwhile
-        self._nursery.start_soon(worker.shutdown, self.config.shutdown_grace_s)
+        self._nursery.start_soon(worker.shutdown, self.config.policy.shutdown_grace_s)
 
     async def _idle_timer(self, slot: _Slot, worker: WorkerProcess, scope: trio.CancelScope) -> None:
         with scope:
             if await self._env_changed(slot):  # became idle with variables that changed while it was busy
                 self._retire(slot, worker, "its stored variables changed while it was busy")
                 return
-            await trio.sleep(self.config.idle_timeout_s)
+            await trio.sleep(self.config.policy.idle_timeout_s)
             if slot.worker is worker and slot.active == 0:
                 log.info("namespace %s: worker idle for %.0f s; shutting it down", slot.namespace.name,
-                         self.config.idle_timeout_s)
-                await worker.shutdown(self.config.shutdown_grace_s)
+                         self.config.policy.idle_timeout_s)
+                await worker.shutdown(self.config.policy.shutdown_grace_s)
 
 
 def worker_spec(launch: Launch, name: str, runtime_env: RuntimeEnv | None = None) -> WorkerSpec:

@@ -14,7 +14,8 @@ import httpx2 as httpx
 import pytest
 import trio
 
-from codesdk.supervisor.api import TokenAuth, serve_api
+from codesdk.supervisor.api import TokenAuth
+from codesdk.supervisor.api.server import serve_api
 from codesdk.supervisor.engine import Engine
 
 from tests.conftest import MakeEngine

@@ -192,8 +192,8 @@ async def test_openapi_document_lists_every_route(api: Api) -> None:
 def api_routes(api: Api) -> list[Route]:
     from starlette.routing import Route
 
-    from codesdk.supervisor.api import create_app
-    from codesdk.supervisor.api._auth import TokenAuth
+    from codesdk.supervisor.api import TokenAuth
+    from codesdk.supervisor.api.server import create_app
 
     app = create_app(api.engine, TokenAuth.bootstrap(api.engine.config.data_dir))
     return [route for route in app.routes if isinstance(route, Route)]

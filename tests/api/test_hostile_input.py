@@ -116,7 +116,7 @@ def test_the_service_refuses_to_start_on_a_broken_token_file(tmp_path: Path) -> 
     data.mkdir(mode=0o700)
     (data / TOKENS_FILE).write_text(json.dumps({"version": 1, "tokens": [
         {"name": "x", "sha256": hash_token("t"), "admin": "yes", "namespaces": []}]}))
-    done = subprocess.run([sys.executable, "-m", "codesdk.supervisor.service.main", "serve", "--data-dir", str(data)],
+    done = subprocess.run([sys.executable, "-m", "codesdk.supervisor.cli.admin", "serve", "--data-dir", str(data)],
                           capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
     assert done.returncode == 2 and "not a valid token table" in done.stderr and "Traceback" not in done.stderr
 

@@ -24,11 +24,11 @@ import trio
 from codesdk.client import AsyncClient, TooManyRequests
 from codesdk.testing.invariants import check_session
 from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType, NormalizedEvent, TaskFailed, TaskFailureCode
-from codesdk.supervisor.api import TokenAuth, serve_api
-from codesdk.supervisor.engine import Engine
-from codesdk.supervisor.engine._transcript import session_events
-from codesdk.supervisor.service.main import _add_limit_flags, _quotas, main
-from codesdk.supervisor.store._store import QUOTA_FLAGS, QuotaExceeded, Quotas
+from codesdk.supervisor.api import TokenAuth
+from codesdk.supervisor.api.server import serve_api
+from codesdk.supervisor.engine import Engine, session_events
+from codesdk.supervisor.cli.admin import _add_limit_flags, _quotas, main
+from codesdk.supervisor.store import QUOTA_FLAGS, QuotaExceeded, Quotas
 
 from tests.conftest import MakeEngine
 

@@ -12,7 +12,8 @@ import httpx2 as httpx
 import pytest
 import trio
 
-from codesdk.supervisor.api import TokenAuth, serve_api
+from codesdk.supervisor.api import TokenAuth
+from codesdk.supervisor.api.server import serve_api
 
 from tests.conftest import MakeEngine
 from tests.api.conftest import KEEPALIVE_S, Api

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from codesdk.supervisor import bundle
+from codesdk.supervisor.bundle import _archive
 from codesdk.supervisor.bundle import BundleError, inspect_bundle, sources_from_engine, write_bundle
 from codesdk.supervisor.store import UnknownSession
 
@@ -112,7 +113,7 @@ async def test_a_failure_leaves_nothing_behind(make_engine: MakeEngine, tmp_path
         session_id = await canary_session(engine, canaries, tmp_path / "ws", data_dir)
         sources = await sources_from_engine(engine, session_id)
         calls: list[str] = []
-        real_add = bundle._add
+        real_add = _archive._add
 
         def add_then_fail(tar: tarfile.TarFile, name: str, handle: Any, size: int) -> None:
             calls.append(name)
@@ -120,7 +121,7 @@ async def test_a_failure_leaves_nothing_behind(make_engine: MakeEngine, tmp_path
                 raise OSError(28, "No space left on device")
             real_add(tar, name, handle, size)
 
-        monkeypatch.setattr(bundle, "_add", add_then_fail)
+        monkeypatch.setattr(_archive, "_add", add_then_fail)
         with pytest.raises(OSError, match="No space"):
             await write_bundle(sources, out_dir / "b.tar.gz", force=True)
         calls.clear()

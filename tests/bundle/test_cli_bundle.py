@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx2 as httpx
 
-from codesdk.supervisor.namespaces._variables import NamespaceEnv
+from codesdk.supervisor.namespaces import NamespaceEnv
 
 from tests.e2e.test_cli import CLI, _env
 from tests.service.test_service import _client, _start

@@ -22,8 +22,7 @@ from codesdk.protocol import (
     TaskStoppedEvent,
     WorkerAnswer,
 )
-from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine, session_events
 from codesdk.supervisor.store import TaskRecord, TaskState
 
 from tests.conftest import MakeEngine

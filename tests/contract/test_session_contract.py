@@ -15,8 +15,7 @@ import trio
 from codesdk.testing.invariants import check_session
 from fixtures.fake_anthropic import FakeAnthropic
 from codesdk.protocol import NormalizedEvent, ResumeMode
-from codesdk.supervisor.engine import Engine
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import Engine, session_events
 from codesdk.supervisor.store import TaskState
 
 from tests.conftest import MakeEngine

@@ -6,8 +6,7 @@ from typing import Any
 
 from codesdk.testing.invariants import check_session
 from codesdk.protocol import EventType, ModelInput, NormalizedEvent
-from codesdk.supervisor.engine import Engine
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import Engine, session_events
 from codesdk.supervisor.store import TaskRecord
 from codesdk.worker.client import WorkerProcess
 

@@ -12,6 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from codesdk._version import __version__
 from tests.worker.harness import REPO
 
 CLI = [sys.executable, "-m", "codesdk.supervisor.cli.front"]
@@ -138,3 +141,13 @@ def test_a_runtime_config_the_runtime_cannot_use_is_the_callers_mistake(tmp_path
     assert failed["type"] == "task.failed"
     assert failed["payload"]["code"] == "INVALID_RUNTIME_CONFIG"
     assert "runtime_config.stop_grace_s must be a number of seconds from 0 to 60" in failed["payload"]["message"]
+
+
+@pytest.mark.parametrize("command", ["codesdk.supervisor.cli.front", "codesdk.supervisor.cli.admin"])
+def test_both_commands_say_their_version(command: str) -> None:
+    """``codesdk --version`` and ``codesdk-supervisor --version``: the one version (``codesdk._version``), as a
+    bug report should quote it."""
+    done = subprocess.run([sys.executable, "-m", command, "--version"], capture_output=True, text=True, timeout=60,
+                          cwd=REPO, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"codesdk {__version__}\n"

@@ -22,7 +22,7 @@ from tests.waits import wait_for
 from tests.worker.harness import REPO
 
 CLI = [sys.executable, "-m", "codesdk.supervisor.cli.front"]
-SERVICE = [sys.executable, "-m", "codesdk.supervisor.service.main"]
+SERVICE = [sys.executable, "-m", "codesdk.supervisor.cli.admin"]
 #: Seconds a condition these tests wait for may take before the test fails as hung (never a timing claim).
 HANG_GUARD_S = 60.0
 

@@ -20,8 +20,14 @@ import trio
 from codesdk.protocol import EventType, PermissionMode
 from codesdk.supervisor.cli.front import PERMISSION_MODES
 from codesdk.supervisor.ids import is_id, new_id
-from codesdk.supervisor.namespaces._variables import NamespaceEnv, NamespaceEnvError
-from codesdk.supervisor.namespaces import RUNTIME_AHEAD_ENV, Namespace, build_env, prepare_namespace
+from codesdk.supervisor.namespaces import (
+    RUNTIME_AHEAD_ENV,
+    Namespace,
+    NamespaceEnv,
+    NamespaceEnvError,
+    build_env,
+    prepare_namespace,
+)
 from codesdk.supervisor.store import DataDirLock, TaskState
 from codesdk.supervisor.workers.launch import Headstart, PoolConfig, PreparedLaunch, prepare_launch
 from codesdk.supervisor.workers import pool as pool_module

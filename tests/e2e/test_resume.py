@@ -23,8 +23,13 @@ from codesdk.protocol import (
     TaskFailureCode,
     canonical_hash,
 )
-from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine, InvalidTaskInput
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import (
+    ApprovalRequest,
+    ApproverAnswer,
+    Engine,
+    InvalidTaskInput,
+    session_events,
+)
 from codesdk.supervisor.store import TaskState
 
 from tests.conftest import MakeEngine

@@ -24,8 +24,7 @@ from codesdk.protocol import (
     TaskStopped,
     WorkerAnswer,
 )
-from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine, session_events
 from codesdk.supervisor.cli.render import describe_receipt
 from codesdk.supervisor.store import TaskState
 

@@ -10,8 +10,13 @@ import trio
 
 from codesdk.testing.invariants import check_session
 from codesdk.protocol import EventType, InteractionMode, PermissionMode, TaskStoppedEvent
-from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, EngineError
-from codesdk.supervisor.engine._transcript import derive_transcript, session_events
+from codesdk.supervisor.engine import (
+    ApprovalRequest,
+    ApproverAnswer,
+    EngineError,
+    derive_transcript,
+    session_events,
+)
 from codesdk.supervisor.store import SessionBusy, TaskState
 
 from tests.conftest import MakeEngine

@@ -6,7 +6,7 @@ import tracemalloc
 
 import trio
 
-from codesdk.supervisor.engine._transcript import derive_transcript
+from codesdk.supervisor.engine import derive_transcript
 from codesdk.supervisor.store import TaskState
 
 from tests.conftest import MakeEngine

@@ -20,10 +20,8 @@ import trio
 
 from codesdk.testing.invariants import check_session
 from codesdk.protocol import EventType, TaskFailed
-from codesdk.supervisor.engine import Engine
-from codesdk.supervisor.engine._transcript import session_events
-from codesdk.supervisor.namespaces._variables import NamespaceEnv
-from codesdk.supervisor.namespaces import UidRange
+from codesdk.supervisor.engine import Engine, session_events
+from codesdk.supervisor.namespaces import NamespaceEnv, UidRange
 from codesdk.supervisor.store import TaskState
 from codesdk.worker.client import WorkerProcess
 

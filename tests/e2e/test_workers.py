@@ -12,8 +12,9 @@ import trio
 
 from codesdk.testing.invariants import check_session
 from codesdk.protocol import EventType, TaskFailed, TaskFailedEvent, TaskStoppedEvent
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import session_events
 from codesdk.supervisor.store import TaskState
+from codesdk.supervisor.workers.launch import WorkerPolicy
 
 from tests.conftest import MakeEngine
 from tests.e2e.conftest import of_type, run_task, wait_for_event, worker_of
@@ -86,7 +87,7 @@ async def test_namespaces_get_their_own_home_and_no_supervisor_env(make_engine: 
 
 async def test_too_many_crashes_quarantine_the_namespace(make_engine: MakeEngine) -> None:
     with trio.fail_after(60):
-        async with make_engine(max_restarts=2, restart_window_s=300) as engine:
+        async with make_engine(worker_policy=WorkerPolicy(max_restarts=2, restart_window_s=300)) as engine:
             for _ in range(2):
                 _, record, _ = await run_task(engine, runtime_config={"scenario": "crash-exit"})
                 assert record.error is not None and record.error["code"] == "WORKER_CRASHED"
@@ -103,7 +104,7 @@ async def test_too_many_crashes_quarantine_the_namespace(make_engine: MakeEngine
 
 async def test_idle_worker_is_shut_down_and_replaced_on_demand(make_engine: MakeEngine) -> None:
     with trio.fail_after(60):
-        async with make_engine(idle_timeout_s=0.2) as engine:
+        async with make_engine(worker_policy=WorkerPolicy(idle_timeout_s=0.2)) as engine:
             _, first, _ = await run_task(engine, runtime_config={"scenario": "echo"})
             worker = worker_of(engine)
             status = await worker.wait_exit()

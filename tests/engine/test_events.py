@@ -19,7 +19,7 @@ from codesdk.protocol import (
     ToolCallRequested,
     canonical_hash,
 )
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import session_events
 from codesdk.supervisor.store import Quotas, TaskState
 
 from tests.engine.doubles import FakeWorkers, engine_with_doubles, rpc_error, running_task

@@ -38,6 +38,19 @@ async def test_a_workspace_that_would_expose_the_data_dir_is_refused(tmp_path: P
         assert await engine.store.list_sessions() == []
 
 
+async def test_a_name_no_runtime_can_have_is_refused_for_a_session_and_a_task(tmp_path: Path) -> None:
+    """The engine holds the protocol's one rule, as the API does: nothing is stored for a name outside it."""
+    async with engine_with_doubles(tmp_path / "data") as (engine, _):
+        for name in ("Scripted", "../scripted", "x" * 65):
+            with pytest.raises(InvalidTaskInput, match="not a runtime name: .*lowercase letters"):
+                await engine.create_session(runtime=name)
+        assert await engine.store.list_sessions() == []
+        session = await engine.create_session(runtime="codex-acp")
+        with pytest.raises(InvalidTaskInput, match="not a runtime name"):
+            await engine.start_task(session.session_id, "x", runtime="Claude")
+        assert await engine.store.list_tasks(session.session_id) == []
+
+
 async def test_a_busy_session_refuses_a_second_task_as_the_engine_and_as_the_store(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with engine_with_doubles(tmp_path) as (engine, workers):

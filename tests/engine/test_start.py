@@ -11,7 +11,7 @@ import trio
 
 from codesdk.testing.invariants import check_session
 from codesdk.protocol import EventType, TaskFailureCode
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import session_events
 from codesdk.supervisor.store import DatabaseError, TaskState
 
 from tests.engine.doubles import engine_with_doubles

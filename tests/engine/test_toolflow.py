@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from codesdk.protocol import (
+    ApprovalState,
     EventType,
     ExecutedBy,
     InteractionMode,
@@ -89,7 +90,8 @@ class MemoryPort:
 class ScriptedApprovals:
     """Every approval ends as ``state`` by ``decided_by`` — a human's answer, or "codesdk" when nobody's."""
 
-    def __init__(self, state: str = "pending", decided_by: str = "api:alice", reason: str = "") -> None:
+    def __init__(self, state: ApprovalState = ApprovalState.PENDING, decided_by: str = "api:alice",
+                 reason: str = "") -> None:
         self.state, self.decided_by, self.reason = state, decided_by, reason
         self.asked: list[ApprovalRequest] = []
         self.closed: list[str] = []
@@ -102,13 +104,14 @@ class ScriptedApprovals:
         return ApprovalRecord(approval_id=f"apr_{len(self.asked)}", session_id=run.session_id, task_id=run.task_id,
                               namespace=run.namespace, tool_call_id=identity.tool_call_id, attempt=identity.attempt,
                               tool_name=request.tool_name, tool_class=request.tool_class.value, reason=request.reason,
-                              state="pending", created_at=now, expires_at=now)
+                              state=ApprovalState.PENDING, created_at=now, expires_at=now)
 
     async def wait(self, run: TaskRun, record: ApprovalRecord, request: ApprovalRequest) -> ApprovalRecord:
         return record.model_copy(update={"state": self.state, "decided_by": self.decided_by,
                                          "decision_reason": self.reason, "decided_at": utc_now()})
 
-    async def close(self, approval_id: str, why: str, state: str = "expired") -> ApprovalRecord:
+    async def close(self, approval_id: str, why: str,
+                    state: ApprovalState = ApprovalState.EXPIRED) -> ApprovalRecord:
         self.closed.append(approval_id)
         raise AssertionError("not expected in these tests")
 
@@ -200,7 +203,7 @@ async def test_a_tool_that_is_not_enabled_is_denied_in_every_mode(workspace: Pat
 
 
 async def test_a_granted_approval_is_stored_before_the_human_is_asked_then_the_call_runs(workspace: Path) -> None:
-    approvals = ScriptedApprovals("approved", reason="fine by me")
+    approvals = ScriptedApprovals(ApprovalState.APPROVED, reason="fine by me")
     f = _flow(approvals)
     with trio.fail_after(10):
         await f.call(_run(workspace, interaction=InteractionMode.INTERACTIVE),
@@ -219,7 +222,7 @@ async def test_a_granted_approval_is_stored_before_the_human_is_asked_then_the_c
 
 
 async def test_a_denied_approval_tells_the_runtime_the_humans_reason(workspace: Path) -> None:
-    f = _flow(ScriptedApprovals("denied", reason="not today"))
+    f = _flow(ScriptedApprovals(ApprovalState.DENIED, reason="not today"))
     with trio.fail_after(10):
         await f.call(_run(workspace, interaction=InteractionMode.INTERACTIVE),
                      _request("workspace.write", {"path": "b.txt", "content": "no\n"}))
@@ -232,7 +235,8 @@ async def test_a_denied_approval_tells_the_runtime_the_humans_reason(workspace: 
 
 
 async def test_an_approval_nobody_answered_in_time_is_codesdks_denial(workspace: Path) -> None:
-    f = _flow(ScriptedApprovals("expired", decided_by="codesdk", reason="no decision within 900 s"))
+    f = _flow(ScriptedApprovals(ApprovalState.EXPIRED, decided_by="codesdk",
+                                    reason="no decision within 900 s"))
     with trio.fail_after(10):
         await f.call(_run(workspace, interaction=InteractionMode.INTERACTIVE),
                      _request("workspace.write", {"path": "b.txt", "content": "late\n"}))
@@ -330,7 +334,7 @@ class ClosingApprovals(ScriptedApprovals):
 
     async def close_for_end(self, run: TaskRun, approval_id: str) -> ApprovalRecord:
         self.ended.append(approval_id)
-        return (await self.open(run, self.asked[-1])).model_copy(update={"state": "expired"})
+        return (await self.open(run, self.asked[-1])).model_copy(update={"state": ApprovalState.EXPIRED})
 
 
 @dataclass

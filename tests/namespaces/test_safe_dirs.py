@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from codesdk.supervisor.namespaces._safe_dirs import open_dir, walk_tree
-from codesdk.supervisor.namespaces import Identity
-from codesdk.supervisor.namespaces._uids import hand_over
+from codesdk.supervisor.namespaces import Identity, hand_over, open_dir, walk_tree
 
 
 def _tree(tmp_path: Path) -> tuple[Path, Path]:

@@ -15,8 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from codesdk.supervisor.engine import Engine
-from codesdk.supervisor.namespaces._variables import ENV_DIR, MAX_VALUE_BYTES, NamespaceEnv, NamespaceEnvError
+from codesdk.supervisor.namespaces import ENV_DIR, MAX_VALUE_BYTES, NamespaceEnv, NamespaceEnvError
 from codesdk.supervisor.store import TaskState
+from codesdk.supervisor.workers.launch import WorkerPolicy
 
 #: The ``make_engine`` fixture (tests/conftest.py): options in, an open engine out.
 MakeEngine = Callable[..., AbstractAsyncContextManager[Engine]]
@@ -100,7 +101,7 @@ def test_values_round_trip(values: dict[str, str]) -> None:
 async def test_the_namespace_s_next_worker_has_the_new_variables(make_engine: MakeEngine, tmp_path: Path) -> None:
     """An idle worker is replaced as soon as the variables change; the next task's worker sees them."""
     with trio.fail_after(60):
-        async with make_engine(idle_timeout_s=60) as engine:
+        async with make_engine(worker_policy=WorkerPolicy(idle_timeout_s=60)) as engine:
             session = await engine.create_session(namespace="user:alice")
             first = await engine.start_task(session.session_id, "hi", runtime_config={"scenario": "echo"})
             await engine.wait_task(first.task_id)
@@ -120,7 +121,7 @@ async def test_the_namespace_s_next_worker_has_the_new_variables(make_engine: Ma
 
 async def test_a_busy_worker_finishes_its_task_and_is_replaced_when_idle(make_engine: MakeEngine) -> None:
     with trio.fail_after(60):
-        async with make_engine(idle_timeout_s=60) as engine:
+        async with make_engine(worker_policy=WorkerPolicy(idle_timeout_s=60)) as engine:
             session = await engine.create_session()
             busy = await engine.start_task(session.session_id, "hi", runtime_config={"scenario": "hang"})
             while (await engine.store.get_task(busy.task_id)).state != TaskState.RUNNING:  # the worker has it
@@ -140,7 +141,7 @@ async def test_a_busy_worker_finishes_its_task_and_is_replaced_when_idle(make_en
 async def test_a_change_written_by_another_process_reaches_the_next_task(make_engine: MakeEngine, tmp_path: Path) -> None:
     """No notification (the CLI wrote the file while this supervisor ran): the next acquire notices."""
     with trio.fail_after(60):
-        async with make_engine(idle_timeout_s=60) as engine:
+        async with make_engine(worker_policy=WorkerPolicy(idle_timeout_s=60)) as engine:
             session = await engine.create_session()
             first = await engine.start_task(session.session_id, "hi", runtime_config={"scenario": "echo"})
             await engine.wait_task(first.task_id)

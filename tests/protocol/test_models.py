@@ -27,6 +27,8 @@ from codesdk.protocol import (
     ToolManifest,
     UpcasterRegistry,
     WorkerEvent,
+    check_runtime_name,
+    is_runtime_name,
 )
 
 text = st.text(max_size=30)
@@ -120,3 +122,21 @@ def test_current_schema_loads_without_upcasting() -> None:
            "trace": {"session_id": "s"}, "runtime": {"name": "x"}, "payload": {}}
     event = UpcasterRegistry().load(raw)
     assert isinstance(event, TaskStoppedEvent) and event.payload.reason == "stop requested"
+
+
+def test_every_runtime_the_worker_hosts_has_a_name_the_rule_allows() -> None:
+    """One rule for what a runtime may be called (the API and the engine both check it): every adapter's name must
+    pass it, or that runtime could never be asked for."""
+    from codesdk.worker.adapters.registry import default_registry
+
+    names = sorted(default_registry().adapters)
+    assert {"scripted", "claude", "codex", "codex-acp", "gemini", "opencode"} <= set(names)
+    assert [name for name in names if not is_runtime_name(name)] == []
+
+
+@pytest.mark.parametrize("name", ["", "Claude", "../claude", "-x", ".hidden", "x" * 65, "claude\n", "a b", 7, None])
+def test_what_is_no_runtime_name_is_refused_in_words(name: object) -> None:
+    assert not is_runtime_name(name)
+    if isinstance(name, str):
+        with pytest.raises(ValueError, match=r"not a runtime name: .* \(a runtime's name is lowercase letters"):
+            check_runtime_name(name)

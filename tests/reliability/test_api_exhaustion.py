@@ -48,7 +48,7 @@ GUARD_S = 60.0
 
 #: Runs ``codesdk-supervisor`` with RLIMIT_NOFILE lowered first, in the same process (exec keeps the pid).
 _LIMITED = ("import os, resource, sys; n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_NOFILE, (n, n)); "
-            "os.execv(sys.executable, [sys.executable, '-m', 'codesdk.supervisor.service.main', *sys.argv[2:]])")
+            "os.execv(sys.executable, [sys.executable, '-m', 'codesdk.supervisor.cli.admin', *sys.argv[2:]])")
 
 
 @dataclass

@@ -20,6 +20,7 @@ import trio
 from codesdk.protocol import EventType
 from codesdk.supervisor.engine import Engine
 from codesdk.supervisor.store import TaskState
+from codesdk.supervisor.workers.launch import WorkerPolicy
 
 from tests.conftest import MakeEngine
 from tests.e2e.conftest import of_type, run_task
@@ -43,7 +44,8 @@ def _slot(engine: Engine, namespace: str = "default") -> dict[str, Any]:
 
 async def test_a_burst_of_crashes_quarantines_only_that_namespace(make_engine: MakeEngine) -> None:
     with trio.fail_after(90):
-        async with make_engine(max_restarts=3, restart_window_s=300, quarantine_s=3600) as engine:
+        policy = WorkerPolicy(max_restarts=3, restart_window_s=300, quarantine_s=3600)
+        async with make_engine(worker_policy=policy) as engine:
             await _crash(engine, 3)
             slot = _slot(engine)
             assert slot["state"] == "failing" and slot["quarantined_until"] > time.time() + 3000
@@ -64,8 +66,9 @@ async def test_a_burst_of_crashes_quarantines_only_that_namespace(make_engine: M
 async def test_a_sustained_crash_rate_quarantines_too(make_engine: MakeEngine) -> None:
     """Crashes too far apart to ever make a burst still add up over the long window."""
     with trio.fail_after(90):
-        async with make_engine(max_restarts=2, restart_window_s=0.001, sustained_max_restarts=4,
-                               sustained_window_s=300, quarantine_s=3600) as engine:
+        policy = WorkerPolicy(max_restarts=2, restart_window_s=0.001, sustained_max_restarts=4,
+                              sustained_window_s=300, quarantine_s=3600)
+        async with make_engine(worker_policy=policy) as engine:
             await _crash(engine, 3)
             assert _slot(engine)["quarantined_until"] is None  # below both intensities: restarted each time
             await _crash(engine, 1)
@@ -79,7 +82,8 @@ async def test_a_sustained_crash_rate_quarantines_too(make_engine: MakeEngine) -
 async def test_the_quarantine_lifts_by_itself_after_its_time(make_engine: MakeEngine) -> None:
     quarantine_s = 1.0
     with trio.fail_after(90):
-        async with make_engine(max_restarts=2, restart_window_s=300, quarantine_s=quarantine_s) as engine:
+        policy = WorkerPolicy(max_restarts=2, restart_window_s=300, quarantine_s=quarantine_s)
+        async with make_engine(worker_policy=policy) as engine:
             await _crash(engine, 2)
             _, refused, _ = await run_task(engine, runtime_config=ECHO)
             assert refused.error is not None and refused.error["code"] == "WORKER_UNAVAILABLE"
@@ -94,7 +98,8 @@ async def test_the_quarantine_lifts_by_itself_after_its_time(make_engine: MakeEn
 
 async def test_the_operator_lifts_a_quarantine_at_once(make_engine: MakeEngine) -> None:
     with trio.fail_after(90):
-        async with make_engine(max_restarts=2, restart_window_s=300, quarantine_s=3600) as engine:
+        policy = WorkerPolicy(max_restarts=2, restart_window_s=300, quarantine_s=3600)
+        async with make_engine(worker_policy=policy) as engine:
             assert engine.pool.lift_quarantine("default") is False  # nothing to lift
             await _crash(engine, 2)
             assert engine.pool.lift_quarantine("default") is True
@@ -104,7 +109,7 @@ async def test_the_operator_lifts_a_quarantine_at_once(make_engine: MakeEngine) 
 
 
 def _supervisor(*args: str, data: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "codesdk.supervisor.service.main", *args, "--data-dir", str(data)],
+    return subprocess.run([sys.executable, "-m", "codesdk.supervisor.cli.admin", *args, "--data-dir", str(data)],
                           check=False, cwd=REPO, capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL)
 

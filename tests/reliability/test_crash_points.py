@@ -23,9 +23,9 @@ import trio
 
 from codesdk.testing.invariants import check_session
 from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType, InteractionMode, NormalizedEvent, PermissionMode
-from codesdk.supervisor.engine import Engine
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import Engine, session_events
 from codesdk.supervisor.store import DB_FILENAME, EventStore, TaskState
+from codesdk.supervisor.workers.launch import WorkerPolicy
 
 from tests.conftest import MakeEngine
 from tests.seeds import Seed
@@ -140,7 +140,7 @@ async def test_worker_that_dies_before_initialize_fails_the_task_once(make_engin
                                                                       tmp_path: Path) -> None:
     suicide = (sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     with trio.fail_after(60):
-        async with make_engine(worker_argv=suicide, max_restarts=100) as engine:
+        async with make_engine(worker_argv=suicide, worker_policy=WorkerPolicy(max_restarts=100)) as engine:
             session = await engine.create_session()
             for _ in range(2):
                 task = await engine.start_task(session.session_id, "go", runtime_config={"scenario": "echo"})
@@ -155,7 +155,7 @@ async def test_worker_that_dies_before_initialize_fails_the_task_once(make_engin
 
 async def test_worker_sigkill_at_random_points(make_engine: MakeEngine, tmp_path: Path) -> None:
     with SEED.rng() as rng, trio.fail_after(30 + 15 * ROUNDS):
-        async with make_engine(max_restarts=ROUNDS + 5) as engine:
+        async with make_engine(worker_policy=WorkerPolicy(max_restarts=ROUNDS + 5)) as engine:
             session = await engine.create_session(workspace=tmp_path / "ws")
             for round_ in range(ROUNDS):
                 at = rng.randrange(1, 60)  # the busy scenario stores ~100 events per task

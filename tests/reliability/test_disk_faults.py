@@ -119,7 +119,8 @@ async def test_a_failing_disk_is_never_acknowledged_and_the_store_recovers(
 
 async def test_the_engine_stops_a_task_whose_events_cannot_be_stored_and_readyz_says_why(
         tmp_path: Path, faulty: FaultyVFS) -> None:
-    from codesdk.supervisor.api import TokenAuth, create_app
+    from codesdk.supervisor.api import TokenAuth
+    from codesdk.supervisor.api.server import create_app
 
     data = tmp_path / "data"
     pool = PoolConfig(data_dir=data, env={"*": {"CODESDK_SCENARIO_DIR": SCENARIOS, TEST_STEPS_ENV: "1"}})

@@ -32,7 +32,7 @@ from codesdk.supervisor.tools import (
     ToolsConfig,
     probe_sandbox,
 )
-from codesdk.supervisor.tools._sandbox import DEFAULT_EXEC_UID
+from codesdk.supervisor.tools import DEFAULT_EXEC_UID
 
 from tests.sandboxes import NO_BWRAP, FixedProber
 

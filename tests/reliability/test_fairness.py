@@ -22,9 +22,8 @@ import trio.testing
 
 from codesdk.testing.invariants import check_session
 from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType, ModelOutputDelta, RuntimeEventParams
-from codesdk.supervisor.engine import Engine
+from codesdk.supervisor.engine import Engine, session_events
 from codesdk.supervisor.engine._batch import SHARE_QUANTUM, STREAM_AFTER_EVENTS
-from codesdk.supervisor.engine._transcript import session_events
 from codesdk.supervisor.store import TaskState
 from codesdk.supervisor.store._db import Db, SQLiteDb
 from codesdk.supervisor.store._writer import Writer, WriteRequest, WriterStats

@@ -39,8 +39,7 @@ from codesdk.protocol import (
     TaskFailed,
     encode_message,
 )
-from codesdk.supervisor.engine import Engine
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import Engine, session_events
 from codesdk.supervisor.store import TaskState
 from codesdk.worker.client import WorkerBroken, WorkerConnection
 from tests.conftest import MakeEngine

@@ -18,6 +18,7 @@ import trio
 
 from codesdk.protocol import EventType
 from codesdk.supervisor.store import TaskState
+from codesdk.supervisor.workers.launch import WorkerPolicy
 from codesdk.worker.client import worker_argv
 
 from tests.conftest import MakeEngine
@@ -77,7 +78,8 @@ async def test_a_frozen_worker_is_killed_on_shutdown_with_its_whole_tree(make_en
     argv = (sys.executable, "-c", WRAPPER, *worker_argv())
     env = {"*": {"PROBE_PIDFILE": str(pidfile), "PROBE_SETSID": "1"}}
     with trio.fail_after(60):
-        async with make_engine(worker_argv=argv, worker_env=env, shutdown_grace_s=1.0) as engine:
+        async with make_engine(worker_argv=argv, worker_env=env,
+                               worker_policy=WorkerPolicy(shutdown_grace_s=1.0)) as engine:
             session = await engine.create_session()
             task = await engine.start_task(session.session_id, "x", runtime_config={"scenario": "hang"})
             while (await engine.store.get_task(task.task_id)).state != TaskState.RUNNING:

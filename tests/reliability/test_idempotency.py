@@ -26,7 +26,7 @@ from codesdk.protocol import (
     WorkerEvent,
     canonical_hash,
 )
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import session_events
 from codesdk.supervisor.store import EventDraft, EventStore, TaskState, TaskUpdate
 
 from tests.engine.doubles import engine_with_doubles, running_task

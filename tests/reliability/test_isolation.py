@@ -33,12 +33,20 @@ from codesdk.testing.invariants import check_session
 from codesdk.protocol import EventType, PermissionMode
 from codesdk.supervisor.api import TokenAuth
 from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
-from codesdk.supervisor.cli.local import main as cli_main
-from codesdk.supervisor.engine import Engine, EngineError
-from codesdk.supervisor.engine._transcript import session_events
-from codesdk.supervisor.namespaces._variables import ENV_DIR, NamespaceEnv
-from codesdk.supervisor.namespaces import SUBDIRS, UIDS_FILE, InvalidNamespace, Namespace, UidRange, prepare_dirs
+from codesdk.supervisor.cli.front import main as cli_main
+from codesdk.supervisor.engine import Engine, EngineError, session_events
+from codesdk.supervisor.namespaces import (
+    ENV_DIR,
+    SUBDIRS,
+    UIDS_FILE,
+    InvalidNamespace,
+    Namespace,
+    NamespaceEnv,
+    UidRange,
+    prepare_dirs,
+)
 from codesdk.supervisor.store import DB_FILENAME
+from codesdk.supervisor.workers.launch import WorkerPolicy
 from codesdk.worker.command import TEST_STEPS_ENV
 from codesdk.worker.client import WorkerProcess, worker_argv
 from codesdk.worker.adapters.claude import home as claude_env
@@ -157,7 +165,7 @@ async def _scenario(run: TenancyRun, tmp: Path) -> None:
         os.chmod(probe_out, 0o1733)
         python, worker_cmd = interpreter_for_any_uid() or [], worker_argv_for_any_uid() or []
     options = SupervisorOptions(
-        data_dir=data_dir, exec_allowlist=("env",), idle_timeout_s=60,
+        data_dir=data_dir, exec_allowlist=("env",), worker_policy=WorkerPolicy(idle_timeout_s=60),
         worker_argv=(*python, str(PROBE), str(probe_out), json.dumps(PEEK), *worker_cmd),
         worker_env={"*": COMMON_ENV}, worker_uids=run.uids, test_scenarios=True)
     NamespaceEnv(data_dir).update(BOB, BOB_ENV)

@@ -15,7 +15,7 @@ import trio
 from codesdk.testing import open_worker
 from codesdk.testing.invariants import check_session
 from codesdk.protocol import EventType, ModelOutputCompleted
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import session_events
 from codesdk.supervisor.store import TaskState
 from tests.conftest import MakeEngine
 

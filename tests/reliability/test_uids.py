@@ -18,7 +18,7 @@ import trio
 
 from codesdk.protocol import EventType, PermissionMode
 from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import session_events
 from codesdk.supervisor.namespaces import (
     UIDS_FILE,
     Namespace,
@@ -28,7 +28,8 @@ from codesdk.supervisor.namespaces import (
     namespace_identity,
     prepare_dirs,
 )
-from codesdk.supervisor.service.main import main as service_main
+from codesdk.supervisor.cli.admin import main as service_main
+from codesdk.supervisor.workers.launch import WorkerPolicy
 
 from tests.e2e.conftest import of_type, run_task
 from tests.worker.harness import REPO
@@ -102,7 +103,7 @@ def test_the_serve_flag_rejects_a_bad_range(capsys: pytest.CaptureFixture[str]) 
 def test_without_privilege_the_service_refuses_to_start_and_says_why(open_tmp: Path) -> None:
     """Run ``serve --worker-uids`` as an unprivileged uid (nobody): exit 2, naming the missing capabilities."""
     data = open_tmp / "data"
-    code = ("import sys; from codesdk.supervisor.service.main import main; "
+    code = ("import sys; from codesdk.supervisor.cli.admin import main; "
             f"sys.exit(main(['serve', '--data-dir', {str(data)!r}, '--worker-uids', '3910000:4']))")
     if os.geteuid() == 0:
         python = interpreter_for_any_uid()
@@ -181,7 +182,8 @@ def test_the_scripted_engine_flow_works_with_worker_uids_and_survives_a_restart(
     argv = worker_argv_for_any_uid()
     assert argv is not None
     options = SupervisorOptions(
-        data_dir=data, worker_argv=tuple(argv), worker_uids=RANGE, idle_timeout_s=60,
+        data_dir=data, worker_argv=tuple(argv), worker_uids=RANGE,
+        worker_policy=WorkerPolicy(idle_timeout_s=60),
         worker_env={"*": {"CODESDK_SCENARIO_DIR": str(REPO / "worker" / "adapters" / "scripted" / "scenarios")}}, test_scenarios=True)
     seen: dict[str, set[int]] = {"user:a": set(), "user:b": set()}
 
@@ -230,7 +232,9 @@ def test_tools_leave_workspace_files_to_the_namespace_and_exec_works_in_it(open_
     argv = worker_argv_for_any_uid()
     assert argv is not None
     options = SupervisorOptions(
-        data_dir=data, worker_argv=tuple(argv), worker_uids=RANGE, idle_timeout_s=60, exec_allowlist=("sh",),
+        data_dir=data, worker_argv=tuple(argv), worker_uids=RANGE,
+        worker_policy=WorkerPolicy(idle_timeout_s=60),
+        exec_allowlist=("sh",),
         worker_env={"*": {"CODESDK_SCENARIO_DIR": str(REPO / "worker" / "adapters" / "scripted" / "scenarios")}}, test_scenarios=True)
     steps = [
         {"tool_calls": [{"id": "w", "name": "workspace.write", "input": {"path": "sub/new.txt", "content": "x\n"}}]},

@@ -26,8 +26,7 @@ from codesdk.testing.replay import (
     replay,
     to_golden,
 )
-from codesdk.supervisor.namespaces._variables import NamespaceEnv, NamespaceEnvError
-from codesdk.supervisor.namespaces import RECORD_STREAMS_ENV
+from codesdk.supervisor.namespaces import RECORD_STREAMS_ENV, NamespaceEnv, NamespaceEnvError
 from codesdk.worker.command import RECORD_STREAMS_ENV as RECORD_ENV
 
 from tests.conftest import GOLDEN, STREAMS

@@ -23,8 +23,7 @@ import trio
 from codesdk.testing.invariants import check_session
 from fixtures.fake_anthropic import FakeAnthropic, opencode_config
 from codesdk.protocol import EventType, InteractionMode, NormalizedEvent, PermissionMode, TaskFailureCode
-from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine, session_events
 from codesdk.supervisor.store import TaskRecord, TaskState
 from codesdk.worker.command import RUNTIMES_DIR_ENV
 from codesdk.worker.adapters.acp._gemini import GeminiProfile

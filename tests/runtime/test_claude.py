@@ -29,8 +29,7 @@ from codesdk.protocol import (
     ToolCallRequested,
 )
 from codesdk.procs._orphans import end_session
-from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine, session_events
 from codesdk.supervisor.store import TaskRecord, TaskState
 from codesdk.worker.command import RUNTIME_AHEAD_ENV
 from codesdk.worker.adapters._process import RuntimeAhead

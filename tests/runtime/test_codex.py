@@ -23,9 +23,9 @@ from codesdk import AsyncClient
 from codesdk.testing.invariants import check_session
 from fixtures.fake_anthropic import FakeAnthropic
 from codesdk.protocol import BlockKind, EventType, NormalizedEvent, TaskFailureCode
-from codesdk.supervisor.api import TokenAuth, serve_api
-from codesdk.supervisor.engine import Engine
-from codesdk.supervisor.engine._transcript import session_events
+from codesdk.supervisor.api import TokenAuth
+from codesdk.supervisor.api.server import serve_api
+from codesdk.supervisor.engine import Engine, session_events
 from codesdk.supervisor.store import TaskRecord, TaskState
 from codesdk.worker.command import RUNTIMES_DIR_ENV
 from codesdk.worker.adapters.codex.launch import CODEX_VERSION, codex_path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -29,7 +30,7 @@ def _start(tmp_path: Path, notify: Path | None = None, *serve_args: str, quiet: 
     full_env = {**os.environ, "CODESDK_SCENARIO_DIR": SCENARIOS, **env}
     if notify is not None:
         full_env["NOTIFY_SOCKET"] = str(notify)
-    argv = [sys.executable, "-m", "codesdk.supervisor.service.main", "serve", "--data-dir", str(tmp_path / "data"),
+    argv = [sys.executable, "-m", "codesdk.supervisor.cli.admin", "serve", "--data-dir", str(tmp_path / "data"),
             "--enable-test-scenarios", *serve_args]
     return subprocess.Popen(argv, env=full_env, cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL if quiet else subprocess.PIPE)
@@ -221,7 +222,7 @@ def test_a_token_added_while_serving_works_at_once(tmp_path: Path) -> None:
     proc = _start(tmp_path)
     try:
         _wait_socket(tmp_path)
-        added = subprocess.run([sys.executable, "-m", "codesdk.supervisor.service.main", "token", "add", "carol", "--namespace",
+        added = subprocess.run([sys.executable, "-m", "codesdk.supervisor.cli.admin", "token", "add", "carol", "--namespace",
                                 "user:carol", "--data-dir", str(tmp_path / "data")], capture_output=True, text=True,
                                timeout=60, cwd=REPO, check=False)
         assert added.returncode == 0, added.stderr
@@ -231,7 +232,7 @@ def test_a_token_added_while_serving_works_at_once(tmp_path: Path) -> None:
                           headers={"Authorization": f"Bearer {token}"}) as client:
             assert client.post("/v1/sessions", json={"namespace": "user:carol"}).status_code == 201
             assert client.post("/v1/sessions", json={"namespace": "default"}).status_code == 403
-        bad = subprocess.run([sys.executable, "-m", "codesdk.supervisor.service.main", "token", "add", "x", "--namespace",
+        bad = subprocess.run([sys.executable, "-m", "codesdk.supervisor.cli.admin", "token", "add", "x", "--namespace",
                               "user:../y", "--data-dir", str(tmp_path / "data")], capture_output=True, text=True,
                              timeout=60, cwd=REPO, check=False)
         assert bad.returncode == 2 and "invalid namespace" in bad.stderr
@@ -275,9 +276,23 @@ def test_serve_allow_exec_enables_workspace_exec_for_tenants(tmp_path: Path) -> 
 def test_a_store_that_is_no_postgresql_url_is_refused_without_echoing_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A libpq connection string has its password inside: the refusal must not print it."""
-    from codesdk.supervisor.service.main import main
+    from codesdk.supervisor.cli.admin import main
 
     for bad in ("host=/tmp user=u password=S3cretPW dbname=d", "S3cretPW"):
         assert main(["serve", "--data-dir", str(tmp_path / "data"), "--store", bad]) == 2
         err = capsys.readouterr().err
         assert "postgresql://" in err and "S3cretPW" not in err
+
+
+def test_serve_without_flags_runs_on_the_defaults_of_the_options(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each default is defined once, by the dataclass that holds it (``WorkerPolicy``, ``Quotas``, ``ApiLimits``,
+    ``SupervisorOptions``): ``serve``'s flags read them, so the service and an embedded supervisor agree. Only what
+    the service means to do differently differs: who it says it is, and forking workers from a template."""
+    from codesdk.supervisor.cli.admin import _serve_options, build_parser
+    from codesdk.supervisor.service.assembly import SupervisorOptions
+
+    monkeypatch.delenv("CODESDK_STORE", raising=False)
+    args = build_parser().parse_args(["serve", "--data-dir", str(tmp_path)])
+    assert _serve_options(args) == dataclasses.replace(SupervisorOptions(data_dir=tmp_path),
+                                                       holder="codesdk-supervisor serve", worker_template=True)

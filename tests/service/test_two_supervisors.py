@@ -41,7 +41,7 @@ class Supervisor:
     def __init__(self, data_dir: Path, store: str) -> None:
         self.data_dir = data_dir
         self.socket = data_dir / "api.sock"
-        argv = [sys.executable, "-m", "codesdk.supervisor.service.main", "serve", "--data-dir", str(data_dir),
+        argv = [sys.executable, "-m", "codesdk.supervisor.cli.admin", "serve", "--data-dir", str(data_dir),
                 "--enable-test-scenarios", "--store", store, "--lease-s", str(LEASE_S), "--no-worker-template"]
         self.log = data_dir.parent / f"{data_dir.name}.log"
         data_dir.mkdir(mode=0o700)

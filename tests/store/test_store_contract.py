@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import hashlib
 from datetime import UTC, datetime, timedelta, timezone
+from typing import cast
 
 import pytest
 import trio
 
-from codesdk.protocol import EventType, ModelOutputDelta, NormalizedEvent, Trace, utc_now
+from codesdk.protocol import ApprovalState, EventType, ModelOutputDelta, NormalizedEvent, Trace, utc_now
 from codesdk.supervisor.store import (
     ApprovalDecided,
     ApprovalRecord,
@@ -378,7 +379,7 @@ def _approval(approval_id: str, namespace: str = "default") -> ApprovalRecord:
     now = utc_now()
     return ApprovalRecord(approval_id=approval_id, session_id="s1", task_id="t1", namespace=namespace,
                           tool_call_id="call-1", attempt=1, tool_name="workspace.write", tool_class="write",
-                          input={"path": "a.txt"}, reason="writes need approval", state="pending", created_at=now,
+                          input={"path": "a.txt"}, reason="writes need approval", state=ApprovalState.PENDING, created_at=now,
                           expires_at=now + timedelta(minutes=5))
 
 
@@ -393,19 +394,19 @@ async def test_approvals_are_decided_exactly_once(recorder: Recorder) -> None:
         assert [a.approval_id for a in await recorder.list_approvals()] == ["a1", "a2"]
         assert [a.approval_id for a in await recorder.list_approvals(namespaces=["user:7"])] == ["a2"]
         assert await recorder.list_approvals(namespaces=[]) == []
-        decided = await recorder.decide_approval("a1", "approved", "approver", "looks fine")
+        decided = await recorder.decide_approval("a1", ApprovalState.APPROVED, "approver", "looks fine")
         assert (decided.state, decided.decided_by, decided.decision_reason) == ("approved", "approver", "looks fine")
         assert decided.decided_at is not None
         with pytest.raises(ApprovalDecided, match="already approved"):
-            await recorder.decide_approval("a1", "denied", "approver", "changed my mind")
+            await recorder.decide_approval("a1", ApprovalState.DENIED, "approver", "changed my mind")
         assert [a.approval_id for a in await recorder.list_approvals()] == ["a2"]
         assert [a.state for a in await recorder.list_approvals(state=None)] == ["approved", "pending"]
         with pytest.raises(ValueError, match="approved, denied or expired"):
-            await recorder.decide_approval("a2", "maybe", "approver", "")
+            await recorder.decide_approval("a2", cast(ApprovalState, "maybe"), "approver", "")  # an untyped caller
         with pytest.raises(UnknownApproval):
             await recorder.get_approval("nope")
         with pytest.raises(UnknownApproval):
-            await recorder.decide_approval("nope", "denied", "approver", "")
+            await recorder.decide_approval("nope", ApprovalState.DENIED, "approver", "")
 
 
 async def test_an_append_repeated_with_its_key_stores_nothing(recorder: Recorder) -> None:

@@ -12,7 +12,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codesdk.supervisor.namespaces import _safe_dirs
+from codesdk.supervisor import namespaces
 from codesdk.supervisor.tools import ErrorCode, ToolContext, ToolError, ToolRegistry, confine
 from codesdk.supervisor.tools._paths import open_dir
 
@@ -114,11 +114,11 @@ def test_the_shared_opener_refuses_every_symlink_as_eloop(layout: tuple[Path, Pa
     root = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
     try:
         with pytest.raises(OSError) as info:
-            _safe_dirs.open_dir(name, root)
+            namespaces.open_dir(name, root)
         assert info.value.errno == errno_
-        fd = _safe_dirs.open_dir("a", root)
+        fd = namespaces.open_dir("a", root)
         os.close(fd)
-        assert not _safe_dirs.make_dir("a", root, 0o700) and _safe_dirs.make_dir("new", root, 0o700)
+        assert not namespaces.make_dir("a", root, 0o700) and namespaces.make_dir("new", root, 0o700)
     finally:
         os.close(root)
 

@@ -1,10 +1,14 @@
-"""Directories a tenant may shape, opened one component at a time without ever following a symlink.
+"""The supervisor's own files on disk: its small private files (tokens, uid assignments, namespace variables),
+written atomically as 0600, and the directories a tenant may shape, opened one component at a time without ever
+following a symlink.
 
 A tenant owns its namespace's tree and works in its workspace, so any component there may be swapped for a
 symlink between a check and a use. Opening each component from its parent's descriptor with ``O_NOFOLLOW`` turns
 such a swap into a refusal (``ELOOP``) instead of a redirection of what the supervisor does next. Used by the
-namespace directories (``supervisor.namespaces``) and the workspace tools (``supervisor.tools._paths``); whole
-trees are walked the same way (``walk_tree``: handing a tree to a namespace's uid, lending a workspace to exec).
+namespace directories, the API's token files and the workspace tools (``supervisor.tools._paths``, through this
+package's face); whole trees are walked the same way (``walk_tree``: handing a tree to a namespace's uid, lending a
+workspace to exec). The supervisor's private files are written the same careful way (``write_private``: never
+through a symlink), so both live here: one module for how the supervisor touches files a tenant could reach.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import secrets
 import stat
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -147,3 +153,24 @@ def chmod_entry(dir_fd: int, name: str, change: Callable[[int], int]) -> None:
             os.chmod(f"/proc/self/fd/{fd}", change(stat.S_IMODE(info.st_mode)))
     finally:
         os.close(fd)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace ``path`` atomically with a 0600 file holding ``text``: a fresh temp file (never through a symlink),
+    fsynced before the rename and the directory after it, so a crash leaves the old file or the new one whole."""
+    temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,390 @@
+"""``codesdk-supervisor``: the service's command line — ``serve`` (its flags become ``SupervisorOptions``, then
+``service.serve`` runs) and the operator's commands beside it: ``token add``, ``namespace env set|unset|list``,
+``quarantine list|lift``.
+
+Apart from the service so that the service knows nothing of argparse or of the API client: the admin commands reach
+a running service through ``codesdk.client``, as any client does. Both the service and the client are imported only
+by the commands that use them (``token add`` starts neither an HTTP server nor a client).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from codesdk._version import __version__
+
+from ..api import ADMIN_TOKEN_FILE, ApiLimits, TokenAuth
+from ..config import default_data_dir
+from ..namespaces import InvalidNamespace, NamespaceEnv, NamespaceEnvError, UidRange, UidRangeError
+from ..service.assembly import SupervisorOptions
+from ..store import LEASE_S, QUOTA_FLAGS, Quotas, current_holder
+from ..tools import DEFAULT_EXEC_UID, check_exec_identity
+from ..workers.launch import WorkerPolicy
+
+PROG = "codesdk-supervisor"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``codesdk-supervisor`` command: parse, run the subcommand, return its exit code."""
+    args = build_parser().parse_args(argv)
+    command: Callable[[argparse.Namespace], int] = args.run
+    return command(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="The CodeSDK supervisor service.")
+    parser.add_argument("--version", action="version", version=f"codesdk {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    _token_parser(sub)
+    _quarantine_parser(sub)
+    _namespace_parser(sub)
+    return parser
+
+
+# -- serve ----------------------------------------------------------------------------------------
+
+
+def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run = sub.add_parser("serve", help="serve the HTTP API until SIGTERM")
+    run.set_defaults(run=_serve_command)
+    run.add_argument("--data-dir", type=Path, default=default_data_dir())
+    run.add_argument("--listen", type=Path, default=None,
+                     help="unix socket for the API (default: DATA_DIR/api.sock; systemd: $RUNTIME_DIRECTORY/api.sock)")
+    run.add_argument("--port", type=int, default=None, help="also listen on 127.0.0.1:PORT")
+    run.add_argument("--log-level", default="INFO")
+    run.add_argument("--worker-uids", type=_uid_range, default=None, metavar="START:COUNT",
+                     help="run each namespace's worker as its own uid/gid from this range of unused ids (no "
+                          "passwd entries needed; needs root or CAP_SETUID/CAP_SETGID/CAP_CHOWN/CAP_DAC_OVERRIDE/"
+                          "CAP_FOWNER). Default: every worker runs as the supervisor's uid (one trust domain)")
+    run.add_argument("--allow-exec", action="append", metavar="COMMAND", default=None,
+                     help="enable the sandboxed workspace.exec tool for tenants, for this command (an executable "
+                          "name or absolute path; repeatable). Default: off")
+    run.add_argument("--exec-uid", type=_exec_identity, default=None, metavar="UID[:GID]",
+                     help="the uid (and gid; default: the same number) workspace.exec commands run as when the "
+                          "service is root and the workspace is not a namespace's own: never 0, outside "
+                          f"--worker-uids; the workspace is lent to it for each run. Default: {DEFAULT_EXEC_UID}, "
+                          "which should have no passwd entry")
+    run.add_argument("--enable-test-scenarios", action="store_true",
+                     help="let tenants use the scripted runtime's fault-injection steps (crash, hang, flood, ...) and "
+                          "inline scenarios: test instruments for test rigs, off by default. DANGER: any tenant can "
+                          "then run any command as its worker's uid, outside the exec sandbox (root without "
+                          "--worker-uids); never on a host with tenants you do not trust")
+    policy = WorkerPolicy()
+    run.add_argument("--max-restarts", type=int, default=policy.max_restarts,
+                     help="crashes within --restart-window that quarantine")
+    run.add_argument("--restart-window", type=float, default=policy.restart_window_s,
+                     help="seconds (burst intensity)")
+    run.add_argument("--sustained-max-restarts", type=int, default=policy.sustained_max_restarts,
+                     help="crashes within --sustained-window that quarantine")
+    run.add_argument("--sustained-window", type=float, default=policy.sustained_window_s,
+                     help="seconds (sustained intensity)")
+    run.add_argument("--quarantine", type=float, default=policy.quarantine_s,
+                     help="seconds a quarantine lasts unless lifted")
+    run.add_argument("--store", default=os.environ.get("CODESDK_STORE") or None, metavar="URL",
+                     help="the event store: a postgresql://USER@HOST/DB URL for a database several supervisors share "
+                          "(each runs the namespaces whose leases it holds; docs/operations.md, \"Past one "
+                          "machine\"). Default: $CODESDK_STORE, else SQLite in the data dir. Keep the password out "
+                          "of the command line (ps shows it): $CODESDK_STORE from an EnvironmentFile, PGPASSWORD "
+                          "or ~/.pgpass")
+    run.add_argument("--lease-s", type=_lease_s, default=LEASE_S, metavar="SECONDS",
+                     help="with --store postgresql://: how long a namespace's lease outlives this supervisor's last "
+                          "renewal, i.e. how soon another supervisor takes its namespaces over if it dies "
+                          "(default %(default)s; renewed every third of it)")
+    run.add_argument("--advertise", action="append", default=None, metavar="URL",
+                     help="with --store postgresql://: where clients reach this supervisor's API, told to requests "
+                          "for its namespaces that reach another supervisor (repeatable; default: the socket and "
+                          "port it listens on)")
+    run.add_argument("--worker-template", action=argparse.BooleanOptionalAction, default=True,
+                     help="fork workers from a pre-imported template process: ~30 ms and ~6 MB of memory of their "
+                          "own each when idle, instead of ~0.5 s and ~24 MB (docs/operations.md; default: on; "
+                          "--no-worker-template spawns each as a new interpreter)")
+    _add_limit_flags(run)
+
+
+def _add_limit_flags(run: argparse.ArgumentParser) -> None:
+    """Per-tenant quotas and API limits (docs/operations.md, "Limits")."""
+    quotas, api = Quotas(), ApiLimits()
+    limits = run.add_argument_group("limits", "what one tenant may store, run and hold open (sizes take K/M/G/T; "
+                                              "'none' lifts a quota)")
+    for name, (flag, unit) in QUOTA_FLAGS.items():
+        limits.add_argument(flag, dest=f"quota_{name}", type=_quota_value, default=getattr(quotas, name),
+                            metavar="N", help=f"{unit} (default {getattr(quotas, name)})")
+    limits.add_argument("--max-connections", type=_positive_int, default=api.max_connections, metavar="N",
+                        help="open API connections in all (default %(default)s; lowered to fit RLIMIT_NOFILE, keeping "
+                             "a reserve of descriptors for the store and workers)")
+    limits.add_argument("--max-connections-per-principal", type=_positive_int, metavar="N",
+                        default=api.max_connections_per_principal, help="open API connections per token "
+                                                                        "(default %(default)s)")
+    limits.add_argument("--max-streams-per-principal", type=_positive_int, default=api.max_streams_per_principal,
+                        metavar="N", help="open SSE event streams per token (default %(default)s)")
+    limits.add_argument("--header-timeout", type=_positive_float, default=api.header_timeout_s, metavar="SECONDS",
+                        help="time a connection has to send a request's headers, also the keep-alive idle time "
+                             "(default %(default)s)")
+    limits.add_argument("--body-timeout", type=_positive_float, default=api.body_timeout_s, metavar="SECONDS",
+                        help="time a request body may take to arrive (default %(default)s)")
+    limits.add_argument("--send-timeout", type=_positive_float, default=api.send_timeout_s, metavar="SECONDS",
+                        help="time a client may take to read each 64 KiB of a response (or an event of a stream) "
+                             "before its connection is closed (default %(default)s)")
+
+
+def _serve_options(args: argparse.Namespace) -> SupervisorOptions:
+    """The service's options from ``serve``'s flags."""
+    policy = WorkerPolicy(max_restarts=args.max_restarts, restart_window_s=args.restart_window,
+                          sustained_max_restarts=args.sustained_max_restarts,
+                          sustained_window_s=args.sustained_window, quarantine_s=args.quarantine)
+    return SupervisorOptions(
+        data_dir=args.data_dir, worker_policy=policy, worker_uids=args.worker_uids,
+        holder="codesdk-supervisor serve",
+        test_scenarios=args.enable_test_scenarios, exec_allowlist=tuple(args.allow_exec or ()),
+        quotas=_quotas(args), api_limits=_api_limits(args), worker_template=args.worker_template,
+        store=args.store, lease_s=args.lease_s,
+        **({"exec_uid": args.exec_uid} if args.exec_uid is not None else {}))
+
+
+def _quotas(args: argparse.Namespace) -> Quotas:
+    return Quotas(**{name: getattr(args, f"quota_{name}") for name in QUOTA_FLAGS})
+
+
+def _api_limits(args: argparse.Namespace) -> ApiLimits:
+    return ApiLimits(max_connections=args.max_connections,
+                     max_connections_per_principal=args.max_connections_per_principal,
+                     max_streams_per_principal=args.max_streams_per_principal,
+                     header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                     send_timeout_s=args.send_timeout)
+
+
+def _serve_command(args: argparse.Namespace) -> int:
+    from ..service.serve import ServiceRefused, run_service  # the HTTP stack: only for serve
+
+    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
+                        format="%(levelname)s %(name)s: %(message)s")
+    options = _serve_options(args)
+    socket_path: Path = args.listen or options.data_dir / "api.sock"
+    try:
+        run_service(options, socket_path, args.port, advertise=args.advertise or ())
+    except ServiceRefused as refused:
+        print(f"{PROG}: {refused}", file=sys.stderr)
+        return refused.exit_code
+    return 0
+
+
+# -- flag values ----------------------------------------------------------------------------------
+
+_SIZE_SUFFIXES = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _quota_value(text: str) -> int | None:
+    """A positive count or size (``2G``, ``512M``, ``100k``), or ``none`` for no limit."""
+    value = text.strip().lower()
+    if value == "none":
+        return None
+    scale = _SIZE_SUFFIXES.get(value[-1:], 1)
+    number = value[:-1] if scale > 1 else value
+    if not _is_digits(number) or int(number) < 1:
+        raise argparse.ArgumentTypeError(f"invalid limit {text!r}: a positive number (K/M/G/T allowed) or 'none'")
+    return int(number) * scale
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}: must be > 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    if not _is_digits(text.strip()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}: must be a positive integer")
+    return int(text)
+
+
+def _is_digits(text: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` also takes '²', which ``int`` then refuses with an unclear error."""
+    return text.isascii() and text.isdigit()
+
+
+def _lease_s(text: str) -> float:
+    value = _positive_float(text)
+    if not 1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"a lease lasts from 1 to 3600 seconds, not {text}")
+    return value
+
+
+def _uid_range(text: str) -> UidRange:
+    try:
+        return UidRange.parse(text)
+    except UidRangeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _exec_identity(text: str) -> tuple[int, int]:
+    uid, sep, gid = text.partition(":")
+    if not uid.strip().isdigit() or (sep and not gid.strip().isdigit()):
+        raise argparse.ArgumentTypeError(f"invalid exec uid {text!r}: use UID or UID:GID, e.g. {DEFAULT_EXEC_UID}")
+    identity = (int(uid), int(gid) if sep else int(uid))
+    try:
+        check_exec_identity(*identity)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return identity
+
+
+# -- token ----------------------------------------------------------------------------------------
+
+
+def _token_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    token = sub.add_parser("token", help="API tokens")
+    token_sub = token.add_subparsers(dest="token_command", required=True)
+    add = token_sub.add_parser("add", help="create a token bound to namespaces; prints it once")
+    add.set_defaults(run=_token_add_command)
+    add.add_argument("name")
+    add.add_argument("--namespace", action="append", required=True, help="default | user:<id> | ci:<job> (repeat)")
+    add.add_argument("--data-dir", type=Path, default=default_data_dir())
+
+
+def _token_add_command(args: argparse.Namespace) -> int:
+    try:
+        print(TokenAuth.bootstrap(args.data_dir).add_principal(args.name, args.namespace))
+    except ValueError as exc:  # an invalid namespace, or a broken tokens file (TokenFileInvalid)
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+# -- quarantine -----------------------------------------------------------------------------------
+
+
+def _quarantine_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    quarantine = sub.add_parser("quarantine", help="namespaces whose workers crashed too often")
+    quarantine_sub = quarantine.add_subparsers(dest="quarantine_command", required=True)
+    for name, text in (("list", "every namespace's worker state and quarantine"),
+                       ("lift", "let a quarantined namespace start workers again now")):
+        cmd = quarantine_sub.add_parser(name, help=text)
+        cmd.set_defaults(run=_quarantine_command)
+        if name == "lift":
+            cmd.add_argument("namespace")
+        cmd.add_argument("--data-dir", type=Path, default=default_data_dir())
+        cmd.add_argument("--listen", type=Path, default=None,
+                         help="the running service's API socket (default: DATA_DIR/api.sock)")
+
+
+def _quarantine_command(args: argparse.Namespace) -> int:
+    """Talk to the running service over its socket with the admin token (the pool's state lives there)."""
+    import httpx2
+
+    from codesdk.client import ApiError, Client, ServiceUnreachable
+
+    data_dir: Path = args.data_dir
+    socket_path: Path = args.listen or data_dir / "api.sock"
+    try:
+        token = (data_dir / ADMIN_TOKEN_FILE).read_text().strip()
+    except OSError as exc:
+        print(f"{PROG}: cannot read the admin token ({exc}); pass the service's --data-dir", file=sys.stderr)
+        return 2
+    try:
+        with Client(socket=socket_path, token=token) as client:
+            if args.quarantine_command == "lift":
+                lifted = client.lift_quarantine(args.namespace)
+                print(f"{args.namespace}: quarantine lifted" if lifted else f"{args.namespace}: not quarantined")
+                return 0
+            for slot in client.workers():
+                until = slot.get("quarantined_until")
+                note = (f"quarantined until {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(until))}: "
+                        f"{slot.get('quarantine_reason')}") if until else ""
+                print(f"{slot['namespace']}\t{slot['state']}\tcrashes={slot['recent_crashes']}\t{note}".rstrip())
+            return 0
+    except ServiceUnreachable as exc:
+        print(f"{PROG}: the service is not reachable at {socket_path} ({exc.message}); is it running?",
+              file=sys.stderr)
+        return 3
+    except ApiError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, httpx2.TransportError) as exc:
+        print(f"{PROG}: the service is not reachable at {socket_path} ({exc}); is it running?", file=sys.stderr)
+        return 3
+
+
+# -- namespace env --------------------------------------------------------------------------------
+
+
+def _namespace_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    namespace = sub.add_parser("namespace", help="a namespace's stored variables (API keys, base URLs, ...)")
+    namespace_sub = namespace.add_subparsers(dest="namespace_command", required=True)
+    env = namespace_sub.add_parser("env", help="set, unset or list a namespace's variables; values are never shown")
+    env_sub = env.add_subparsers(dest="env_command", required=True)
+    env_set = env_sub.add_parser("set", help="set variables: KEY=VALUE (visible to ps), or KEY alone to read the "
+                                             "value from stdin (hidden prompt on a terminal)")
+    env_set.add_argument("namespace")
+    env_set.add_argument("assignments", nargs="+", metavar="KEY[=VALUE]")
+    env_unset = env_sub.add_parser("unset", help="remove variables")
+    env_unset.add_argument("namespace")
+    env_unset.add_argument("names", nargs="+", metavar="KEY")
+    env_list = env_sub.add_parser("list", help="names and fingerprints (an HMAC of each value, never the value)")
+    env_list.add_argument("namespace")
+    for cmd in (env_set, env_unset, env_list):
+        cmd.set_defaults(run=_namespace_env_command)
+        cmd.add_argument("--data-dir", type=Path, default=default_data_dir())
+
+
+def _namespace_env_command(args: argparse.Namespace) -> int:
+    """Through the running service when it holds the data dir (it restarts idle workers at once), else on the
+    files directly (the next worker started for the namespace has the change)."""
+    from codesdk.client import ApiError, Client
+
+    data_dir: Path = args.data_dir
+    try:
+        set_values: dict[str, str] = {}
+        unset: list[str] = []
+        if args.env_command == "set":
+            if sum("=" not in item for item in args.assignments) > 1:
+                raise NamespaceEnvError("only one KEY may take its value from stdin; give the others as KEY=VALUE")
+            for item in args.assignments:
+                name, sep, value = item.partition("=")
+                set_values[name] = value if sep else _value_from_stdin(name)
+        elif args.env_command == "unset":
+            unset = list(args.names)
+        holder = current_holder(data_dir)
+        socket = next((a[len("unix:"):] for a in holder.api if a.startswith("unix:")), None) if holder else None
+        if socket is not None:
+            token = (data_dir / ADMIN_TOKEN_FILE).read_text().strip()
+            with Client(socket=socket, token=token) as client:
+                entries = (client.update_namespace_env(args.namespace, set=set_values, unset=unset)
+                           if args.env_command != "list" else client.namespace_env(args.namespace))
+        else:
+            store = NamespaceEnv(data_dir)
+            objs = (store.update(args.namespace, set_values, unset) if args.env_command != "list"
+                    else store.entries(args.namespace))
+            entries = [e.to_json_obj() for e in objs]
+    except (NamespaceEnvError, InvalidNamespace, ApiError, OSError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    for entry in entries:
+        print(f"{entry['name']}\t{entry['fingerprint']}")
+    if not entries:
+        print(f"namespace {args.namespace} has no stored variables", file=sys.stderr)
+    return 0
+
+
+def _value_from_stdin(name: str) -> str:
+    """A secret's value without putting it on a command line: a hidden prompt, or all of stdin."""
+    if sys.stdin.isatty():
+        import getpass
+
+        return getpass.getpass(f"value of {name}: ")
+    value = sys.stdin.read()
+    return value.removesuffix("\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""The long-running service (``codesdk-supervisor serve``, run by systemd, Type=notify).
+
+Start-up: open the store (recovering tasks a previous process left running), start the worker pool, serve the
+HTTP API on a unix socket, then tell systemd READY=1. While running: WATCHDOG=1 at half the configured
+interval, but only while the store's writer makes progress on a probe. SIGTERM/SIGINT: STOPPING=1, stop
+accepting, stop running tasks (task.stopped), shut the workers down, commit, exit 0.
+
+Apart from its command line (``cli.admin`` turns the flags into ``SupervisorOptions``): this module knows how the
+service runs, not how it is asked for — no argparse, no API client.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+
+import trio
+
+from ..api import TokenAuth, TokenFileInvalid
+from ..api.server import serve_api
+from ..engine import Engine
+from ..namespaces import UidRangeError, UnsafeDataDir
+from ..store import DataDirBusy, StoreError, check_store_url
+from ._sdnotify import Notifier, watchdog_interval_s
+from .assembly import SupervisorOptions, check_options, open_engine
+
+__all__ = ["STORE_PROBE_TIMEOUT_S", "Notifier", "ServiceRefused", "run_service", "serve"]
+
+log = logging.getLogger("codesdk.supervisor.service")
+
+#: Seconds a store probe may take before the watchdog stops being fed.
+STORE_PROBE_TIMEOUT_S = 10.0
+
+
+class ServiceRefused(Exception):
+    """The service could not start, or had to stop, for a reason the operator must read (one line).
+
+    ``exit_code``: 2 when a setting or the data dir must change first; 1 when the store failed (the database may
+    come back: systemd tries again)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def run_service(options: SupervisorOptions, socket_path: Path, port: int | None = None, *,
+                advertise: Sequence[str] = ()) -> None:
+    """Check ``options``, then serve until SIGTERM or SIGINT (``ServiceRefused`` for what keeps it from serving).
+
+    Options that could only fail later are refused before anything is made (not even the data dir)."""
+    try:
+        check_options(options)
+        if options.store is not None:
+            check_store_url(options.store)
+    except (UidRangeError, StoreError) as exc:
+        raise ServiceRefused(str(exc), 2) from None
+    options.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _warn_about_trust(options)
+    _make_non_dumpable()
+    try:
+        trio.run(partial(serve, options, socket_path, port, Notifier(), advertise=advertise))
+    except (DataDirBusy, TokenFileInvalid, UnsafeDataDir, StoreError, BaseExceptionGroup) as exc:
+        refused = _leaf(exc)
+        if isinstance(refused, StoreError) and not isinstance(refused, DataDirBusy):
+            raise ServiceRefused(str(refused), 1) from None  # the database: systemd retries
+        if not isinstance(refused, (DataDirBusy, TokenFileInvalid, UnsafeDataDir)):
+            raise
+        raise ServiceRefused(str(refused), 2) from None
+
+
+async def serve(options: SupervisorOptions, socket_path: Path, port: int | None, notifier: Notifier,
+                task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED, *,
+                advertise: Sequence[str] = ()) -> None:
+    data_dir = options.data_dir
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with open_engine(options) as engine:
+            auth = TokenAuth.bootstrap(data_dir)
+            async with trio.open_nursery() as nursery:
+                bound = await nursery.start(partial(serve_api, engine, auth, socket_path, port,
+                                                    limits=options.api_limits))
+                api = [f"unix:{socket_path}", *([f"http://127.0.0.1:{port}"] if port else [])]
+                if engine.store.lock is not None:  # a CLI that finds the data dir locked comes here instead
+                    engine.store.lock.announce(api)
+                # what a request for a namespace this supervisor runs is told on the others (PostgreSQL)
+                engine.leasing.leases.announce(list(advertise) or api)
+                log.info("codesdk-supervisor serving on %s (data dir %s, store %s, supervisor %s)", ", ".join(bound),
+                         data_dir, engine.store.location, engine.leasing.leases.supervisor_id)
+                notifier.notify("READY=1", f"STATUS=serving on {', '.join(bound)}")
+                interval = watchdog_interval_s()
+                if interval:
+                    nursery.start_soon(_feed_watchdog, engine, notifier, interval)
+                task_status.started(bound)
+                async for signum in signals:
+                    log.info("%s: draining", signal.Signals(signum).name)
+                    notifier.notify("STOPPING=1", "STATUS=draining: stopping tasks and workers")
+                    break
+                nursery.cancel_scope.cancel()  # stop accepting; the engine's exit stops tasks and workers
+    notifier.notify("STATUS=stopped")
+
+
+async def _feed_watchdog(engine: Engine, notifier: Notifier, interval: float) -> None:
+    """WATCHDOG=1 only while the store's writer answers: a wedged writer lets systemd restart us. A probe that
+    fails at once (the disk is full, the database is away) is an answer: the writer works, readiness reports the
+    store (/readyz 503), and the service stays up to go on once the store is back — a restart would not help."""
+    store = engine.store
+    while True:
+        answered = False
+        with trio.move_on_after(STORE_PROBE_TIMEOUT_S):
+            try:
+                await store.ping()
+            except StoreError as exc:
+                log.error("store probe failed: %s", exc)
+            answered = True
+        if answered:
+            notifier.notify("WATCHDOG=1")
+        await trio.sleep(interval)
+
+
+def _warn_about_trust(options: SupervisorOptions) -> None:
+    """Say at start-up what the operator's choices give tenants (docs/operations.md, "Tenant isolation")."""
+    root_workers = os.geteuid() == 0 and options.worker_uids is None
+    if root_workers:
+        log.warning("running as root without --worker-uids: every worker and runtime runs as root, in one trust "
+                    "domain (tenants are kept apart by environment and directories, not by the kernel); give each "
+                    "namespace its own uid with --worker-uids START:COUNT")
+    if options.test_scenarios:
+        log.warning("--enable-test-scenarios: any tenant can run any command as its worker's uid%s, outside the "
+                    "exec sandbox (scripted `spawn` steps); use it on test rigs only", " (root)" if root_workers else "")
+
+
+def _make_non_dumpable() -> None:
+    """PR_SET_DUMPABLE 0: processes of our uid (a worker without a uid of its own) can no longer read our
+    /proc/<pid>/environ, mem or fds, nor ptrace us; we ourselves still can. Also means no core dumps."""
+    import ctypes
+
+    pr_set_dumpable = 4
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
+    except (OSError, AttributeError) as exc:
+        log.warning("could not make the supervisor non-dumpable (%s); same-uid processes may read its /proc "
+                    "entries", exc)
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The one error inside trio's exception groups, if there is exactly one."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
