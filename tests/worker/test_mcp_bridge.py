@@ -1,4 +1,4 @@
-"""The MCP bridge (``worker.mcp_bridge``): the REAL bridge process, driven over its stdio by the ``mcp`` package's
+"""The MCP bridge (``codesdk.worker.mcp.bridge``): the REAL bridge process, driven over its stdio by the ``mcp`` package's
 client (or by hand-written JSON-RPC lines), against a worker endpoint served in this test.
 
 What it must hold: the agent sees exactly the task's tools and each call reaches the handler as the model made it

@@ -3,7 +3,7 @@
 Two carriers use it. Claude Code tunnels the messages of an in-process ("sdk") server through its control protocol
 (``worker.adapters.claude``: started with ``--mcp-config '{"mcpServers": {"codesdk": {"type": "sdk", ...}}}'``, it
 sends ``control_request`` ``{"subtype": "mcp_message", ...}`` and waits for the ``mcp_response``). ACP agents spawn
-CodeSDK's MCP bridge, which speaks them on its stdio (``worker.mcp_bridge``).
+CodeSDK's MCP bridge, which speaks them on its stdio (``codesdk.worker.mcp.bridge``).
 
 Why hand-written: the only MCP server we need serves ``initialize``, ``ping``, ``tools/list`` and ``tools/call``
 for a fixed tool list, and importing the ``mcp`` package costs ~0.8 s (measured with ``python -X importtime``): most

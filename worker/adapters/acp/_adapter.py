@@ -7,7 +7,7 @@ as an MCP server, or, for the session's next task, ``session/resume`` / ``sessio
 (the runtime session id) → ``session/prompt``; the turn's ``session/update`` notifications become normalized events
 until the prompt is answered. Stop is ``session/cancel``, then the process group after the grace.
 
-Tools: the agent spawns CodeSDK's MCP bridge (``worker.mcp_bridge``), which connects back to this task over a
+Tools: the agent spawns CodeSDK's MCP bridge (``codesdk.worker.mcp.bridge``), which connects back to this task over a
 private unix socket with the task's token. Each ``tools/call`` becomes ``tool.call.requested`` and waits for the
 supervisor's result or denial, whose reason the model reads as the tool's error — ACP's own permission answer can
 carry no reason, and some agents send no arguments with it. So a permission request for one of CodeSDK's tools is

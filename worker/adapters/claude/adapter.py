@@ -6,7 +6,7 @@ installed (``home.cli_path``), and its import costs ~1.2 s — more than a whole
 
 Tool calls: a PreToolUse hook (registered with ``onFailure: "block"``, so a failing answer blocks the call) sees
 every call with Claude's ``tool_use_id`` and asks the supervisor (``tool.call.requested``). Approved: the hook
-answers ``allow``; our tool's result then goes back through the in-process MCP server (``worker.mcp_server``), a built-in runs
+answers ``allow``; our tool's result then goes back through the in-process MCP server (``codesdk.worker.mcp.server``), a built-in runs
 inside Claude Code and is reported by a PostToolUse hook. Denied: the hook answers ``ask`` and the permission
 request that follows (``can_use_tool``, routed to us by ``--permission-prompt-tool stdio``) is answered ``deny``
 with the supervisor's reason — Claude gets that reason as the tool's error, verbatim (a hook's own ``deny`` would

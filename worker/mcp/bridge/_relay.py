@@ -1,4 +1,4 @@
-"""The bridge's MCP side: CodeSDK's MCP server (``worker.mcp_server``) on stdio, relaying tool calls to the worker.
+"""The bridge's MCP side: CodeSDK's MCP server (``codesdk.worker.mcp.server``) on stdio, relaying tool calls to the worker.
 
 Loaded once the worker accepted our hello. Not the ``mcp`` package's server: importing it costs ~0.8 s, and every
 ACP agent waits for its MCP servers before its first prompt, so that was most of what CodeSDK added to an agent's

@@ -1,7 +1,7 @@
 """The worker's end of the MCP bridge: one private unix socket per task, serving that task's tools.
 
 Why: an ACP agent (Gemini CLI, OpenCode) takes MCP servers as commands it spawns itself. CodeSDK's tools reach it
-as the bridge (``python -m worker.mcp_bridge``), a stdio MCP server that relays every ``tools/call`` here, where the
+as the bridge (``python -m codesdk.worker.mcp.bridge``), a stdio MCP server that relays every ``tools/call`` here, where the
 task's adapter turns it into the supervisor's decision and execution. The agent, and whatever a hostile tenant makes
 it run, must not reach another task's tools, nor this task's once it has ended; so each task gets:
 
