@@ -33,12 +33,10 @@ log = logging.getLogger("codesdk.worker.ahead")
 #: Seconds a runtime started ahead waits for its task before it is ended.
 AHEAD_TTL_S = 60.0
 
-
-
-
-#: How one runtime composes its launch from a hint (``{"runtime_config": {...}, "workspace": "..."}``) and the
-#: worker's environment; None when it cannot (missing program, unusable config).
-Composer = Callable[[Mapping[str, object], Mapping[str, str]], Launch | None]
+#: How one runtime composes the launch of a new session's first task from what ``codesdk run`` knows of it: its
+#: ``runtime_config``, its workspace and the worker's environment; None when it cannot (missing program, unusable
+#: config: the task itself then says why).
+Composer = Callable[[Mapping[str, object], str, Mapping[str, str]], Launch | None]
 
 
 #: The runtimes that can be started ahead, each with the composer its adapter's task uses too.
@@ -73,7 +71,10 @@ class StartedAhead:
 def start_ahead(runtime: str, hint: Mapping[str, object]) -> StartedAhead | None:
     """Start ``runtime``'s program as ``hint`` describes its task; None (logged) where that cannot be done."""
     composer = COMPOSERS.get(runtime)
-    launch = composer(hint, dict(os.environ)) if composer is not None else None
+    config, workspace = hint.get("runtime_config", {}), hint.get("workspace")
+    launch = None
+    if composer is not None and isinstance(config, dict) and isinstance(workspace, str) and workspace:
+        launch = composer(config, workspace, dict(os.environ))
     if launch is None:
         log.info("not starting %s ahead of its task: no launch for it here", runtime)
         return None

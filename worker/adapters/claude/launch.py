@@ -110,18 +110,15 @@ def initialize_request(builtins: tuple[str, ...]) -> dict[str, object]:
     return {"subtype": "initialize", "hooks": hooks}
 
 
-def launch_ahead(hint: Mapping[str, object], environ: Mapping[str, str]) -> Launch | None:
-    """The launch of a new session's first task, from what ``codesdk run`` knows of it (its ``runtime_config`` and
-    workspace); None when the CLI is missing or the hint unusable (the task itself then says why)."""
+def launch_ahead(config: Mapping[str, object], workspace: str, environ: Mapping[str, str]) -> Launch | None:
+    """The launch of a new session's first task in ``workspace`` (a ``worker._ahead.Composer``); None when the CLI
+    is missing or ``config`` unusable (the task itself then says why)."""
     cli = cli_path()
-    config, workspace = hint.get("runtime_config", {}), hint.get("workspace")
-    if cli is None or not isinstance(config, dict) or not isinstance(workspace, str) or not workspace:
-        return None
     try:
-        settings = ClaudeSettings.from_config(config)
+        return claude_launch(cli, ClaudeSettings.from_config(config), cwd=workspace, resume=None, environ=environ) \
+            if cli is not None else None
     except BadClaudeConfig:
         return None
-    return claude_launch(cli, settings, cwd=workspace, resume=None, environ=environ)
 
 
 def _sdk_dir() -> Path | None:

@@ -177,19 +177,16 @@ def has_credentials(environ: Mapping[str, str]) -> bool:
     return bool(environ.get("OPENAI_API_KEY")) or (codex_home(environ) / "auth.json").is_file()
 
 
-def launch_ahead(hint: Mapping[str, object], environ: Mapping[str, str]) -> Launch | None:
-    """The launch of a new session's first task, from what ``codesdk run`` knows of it; None when the binary is
-    missing, the hint unusable, or there are no credentials (the task itself then says why). Makes
+def launch_ahead(config: Mapping[str, object], workspace: str, environ: Mapping[str, str]) -> Launch | None:
+    """The launch of a new session's first task in ``workspace`` (a ``worker._ahead.Composer``); None when the
+    binary is missing, ``config`` unusable, or there are no credentials (the task itself then says why). Makes
     ``CODEX_HOME``, as a task does before it starts Codex."""
     binary = codex_path(environ)
-    config, workspace = hint.get("runtime_config", {}), hint.get("workspace")
-    if binary is None or not isinstance(config, dict) or not isinstance(workspace, str) or not workspace:
+    if binary is None or not has_credentials(environ):
         return None
     try:
         settings = CodexSettings.from_config(config)
     except BadCodexConfig:
-        return None
-    if not has_credentials(environ):
         return None
     prepare_codex_home(environ)
     return codex_launch(binary, settings, cwd=workspace, environ=environ)
