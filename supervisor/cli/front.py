@@ -15,9 +15,11 @@ import json
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from codesdk.procs.children import Children
 
 from .common import DEFAULT_NAMESPACE, DEFAULT_RUNTIME, CliError
 from ..config import default_data_dir
@@ -63,6 +65,8 @@ class RunAhead:
     session_id: str | None = None
     #: The workspace made here, until a session has it.
     made_workspace: Path | None = None
+    #: This process's registry of its children, its headstart worker owned there: the supervisor gets it too.
+    children: Children = field(default_factory=Children)
 
     @classmethod
     def start(cls, args: argparse.Namespace) -> RunAhead | None:
@@ -89,7 +93,8 @@ class RunAhead:
             return ahead  # the engine's own attempt says what is wrong, in context
         task = {"runtime": args.runtime or DEFAULT_RUNTIME, "runtime_config": runtime_config,
                 "workspace": str(workspace)}
-        config = PoolConfig(data_dir=data_dir, env=workers_env({"*": variables}, test_scenarios=True))
+        config = PoolConfig(data_dir=data_dir, env=workers_env({"*": variables}, test_scenarios=True),
+                            children=ahead.children)
         ahead.headstart = Headstart.start(config, namespace, runtime_ahead=task)
         return ahead
 

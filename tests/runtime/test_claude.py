@@ -28,7 +28,8 @@ from codesdk.protocol import (
     StartTaskParams,
     ToolCallRequested,
 )
-from codesdk.procs._orphans import end_session
+from codesdk.procs.orphans import end_session
+from codesdk.procs.scan import Scans
 from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine
 from codesdk.supervisor.engine._transcript import session_events
 from codesdk.supervisor.store import TaskRecord, TaskState
@@ -775,7 +776,7 @@ def test_a_worker_ends_the_cli_it_started_ahead_when_its_supervisor_goes(here: P
         # What outlived the CLI by a moment went to the nearest subreaper (this process, once an in-process
         # supervisor made it one): it is dead, and reaped here as the supervisor reaps a session's leftovers.
         trio.run(_until_only_zombies_in_session, worker.pid)
-        end_session(worker.pid)
+        end_session(worker.pid, Scans())
     finally:
         worker.kill()
         worker.wait()
