@@ -134,3 +134,39 @@ def test_shutdown_leaves_a_child_whose_start_is_under_way_to_its_owner() -> None
         child.kill()
         child.wait()
         children.disown(child.pid)
+
+
+def test_a_sweep_leaves_alone_only_what_its_own_registry_owns() -> None:
+    """Why a process has one registry: a child another registry owns is an orphan to this sweep, and its exit
+    status would be stolen from its owner — so every spawner and the sweep of a process share one."""
+    mine, another = Children(), Children()
+    with another.owned_child() as own:
+        theirs = _exited_child(6)
+        own(theirs.pid)
+        assert theirs.pid in Orphans(mine).sweep()
+        theirs.wait()
+    assert theirs.returncode == 0  # what its owner read: not its exit status
+
+
+async def test_engines_side_by_side_share_one_registry_and_neither_sweep_takes_the_others_child(
+        make_engine: MakeEngine, children: Children, tmp_path: Path) -> None:
+    """Two engines open in one process (as in tests, or a program embedding two) are handed the process's one
+    registry: their pools, worker templates and exec tools own their children there, and each engine's sweep
+    leaves alone what the other's spawners own, while it reaps what nobody owns."""
+    if not become_subreaper():
+        pytest.skip("this kernel does not offer PR_SET_CHILD_SUBREAPER")
+    with trio.fail_after(60):
+        async with make_engine(worker_template=True) as first, \
+                make_engine(data_dir=tmp_path / "second", exec_allowlist=("true",)) as second:
+            assert first.pool.config.children is children and second.pool.config.children is children
+            assert first.pool._template is not None and first.pool._template.children is children
+            exec_tool = getattr(second.tooling.tools["workspace.exec"].run, "__self__")  # the tool's ExecTool
+            assert exec_tool.children is children and exec_tool.prober.children is children
+            with children.owned_child() as own:  # as the second engine's pool owns a worker it spawned
+                owned = _exited_child(7)
+                own(owned.pid)
+                orphan = _exited_child(8)
+                while _status(orphan.pid) is not None:  # reaped by a sweep...
+                    await trio.sleep(0.05)
+                assert owned.wait() == 7  # ...which left the owned child's exit status to its owner
+            orphan.wait()  # its Popen learns it is gone
