@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from functools import partial
@@ -14,8 +15,8 @@ import pytest
 import trio
 
 from codesdk.procs.children import Children
-from codesdk.procs.orphans import end_session
-from codesdk.procs.process import AdoptedProcess, StartedProcess, hold, session_child
+from codesdk.procs.orphans import discard, end_session
+from codesdk.procs.process import AdoptedProcess, ForkedChild, StartedProcess, hold, session_child
 from codesdk.procs.scan import Scans
 from codesdk.procs.tree import ProcessTable, descendants, end_tree
 
@@ -107,6 +108,32 @@ async def test_a_tree_that_honours_sigterm_needs_no_sigkill() -> None:
             await process.stdout.receive_some()  # it runs Python: SIGTERM's default ends it
             assert await end_tree(process, [], 30.0) == (True, False)
     assert process.returncode == -15
+
+
+def test_nothing_is_signalled_through_the_pid_of_a_reaped_child_that_another_process_has_now() -> None:
+    """Once a child is reaped its pid may be reused (a tenant can cycle through pids quickly): what is left of its
+    group and session is ended only while no process has that pid — their ids stay reserved while they have
+    members, so a process with it is someone else's, and so is its session."""
+    other = subprocess.Popen([sys.executable, "-c", "import subprocess, time; c = subprocess.Popen(['sleep', '600']); "
+                              "print(c.pid, flush=True); time.sleep(600)"], stdout=subprocess.PIPE,
+                             start_new_session=True)
+    assert other.stdout is not None
+    try:
+        member = int(other.stdout.readline())
+        reaped = ForkedChild(other.pid)  # stands for a child of ours, reaped, whose pid is the other's now
+        reaped.returncode = 0
+        children = Children()
+        with children.starting() as own:
+            own(other.pid)
+        discard(reaped, children, Scans())
+        end_session(other.pid, Scans())
+        assert other.poll() is None and _running(member)
+        assert children.owned() == frozenset()  # it was reaped: disowned all the same
+    finally:
+        os.killpg(other.pid, signal.SIGKILL)
+        other.wait()
+        other.stdout.close()
+        end_session(other.pid, Scans())  # its member, re-parented here if this process is a child subreaper
 
 
 def test_each_process_table_keeps_its_own_snapshots() -> None:

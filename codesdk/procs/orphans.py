@@ -24,6 +24,7 @@ import trio
 from .children import Children
 from .process import ChildProcess, Reapable
 from .scan import Scans, Stat, session_of, stat
+from .tree import pid_in_use, signal_group, signal_group_of
 
 log = logging.getLogger("codesdk.supervisor.orphans")
 
@@ -166,10 +167,7 @@ async def end_command(process: ChildProcess, scans: Scans) -> None:
     that a cancelled call does not leave half of it behind; not bounded in time, so that a slow machine does not
     either."""
     with trio.CancelScope(shield=True):
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        signal_group_of(process, signal.SIGKILL)  # also once it exited by itself: what it started
         await process.wait()
         await trio.to_thread.run_sync(end_session, process.pid, scans)
 
@@ -185,6 +183,8 @@ def end_session(sid: int, scans: Scans) -> None:
     me = os.getpid()
     unkillable: set[int] = set()
     while True:
+        if pid_in_use(sid):  # the leader is gone: a process with its pid means no member reserves the id any more
+            return  # and the pid is another's now, whose session this is not
         # out of descriptors to read /proc: wait for some, never give up (see above)
         found = scans.retrying(f"ending session {sid}", lambda: _session_members(sid), for_s=None)
         members = {pid: member for pid, member in found.items() if pid not in unkillable}
@@ -213,19 +213,21 @@ def discard(child: Reapable, children: Children, scans: Scans) -> None:
     group, reap it (and disown it) and, if it leads a session, end what is left of that session (a worker's runtime
     started ahead leads a group of its own there). Blocks for as long as that takes: SIGKILL cannot be refused."""
     pid = child.pid
-    try:
-        leads_session = os.getsid(pid) == pid  # asked before it is reaped: then its pid may be another's
-    except OSError:
-        leads_session = False
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    while child.poll() is None:
+    if child.returncode is None:  # not reaped yet: its pid is its own
         try:
-            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-        except ChildProcessError:  # reaped by someone else: poll says so
-            pass
+            leads_session = os.getsid(pid) == pid
+        except OSError:
+            leads_session = False
+        signal_group(pid, signal.SIGKILL)
+        while child.poll() is None:
+            try:
+                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+            except ChildProcessError:  # reaped by someone else: poll says so
+                pass
+    else:  # reaped already: what is left of its group and session still holds its pid as their id (or nothing is)
+        leads_session = not pid_in_use(pid)
+        if leads_session:
+            signal_group(pid, signal.SIGKILL)
     children.disown(pid)
     if leads_session:
         end_session(pid, scans)

@@ -39,6 +39,24 @@ def signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+def pid_in_use(pid: int) -> bool:
+    """Whether a process (or a zombie) has this pid now."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's
+        pass
+    return True
+
+
+def signal_group_of(process: ChildProcess, sig: int) -> None:
+    """Signal the group ``process`` leads; once it has been reaped, what is left of that group — whose id stays
+    reserved while it has members, so a process with that pid now means the pid was reused: nothing is signalled."""
+    if process.returncode is None or not pid_in_use(process.pid):  # (``returncode`` may reap it: asked first)
+        signal_group(process.pid, sig)
+
+
 def signal_all(processes: Iterable[psutil.Process], sig: int) -> None:
     """Signal each process still the one found (psutil checks its start time)."""
     import psutil
@@ -48,9 +66,10 @@ def signal_all(processes: Iterable[psutil.Process], sig: int) -> None:
             process.send_signal(sig)
 
 
-def signal_tree(pid: int, tree: Sequence[psutil.Process], sig: int) -> None:
-    """Signal the group ``pid`` leads and every process of ``tree`` (its descendants found earlier)."""
-    signal_group(pid, sig)
+def signal_tree(process: ChildProcess, tree: Sequence[psutil.Process], sig: int) -> None:
+    """Signal the group ``process`` leads (``signal_group_of``) and every process of ``tree`` (its descendants found
+    earlier)."""
+    signal_group_of(process, sig)
     signal_all(tree, sig)
 
 
@@ -103,13 +122,13 @@ async def end_tree(process: ChildProcess, tree: Sequence[psutil.Process], grace_
 
         term_sent = kill_needed = False
         if running():
-            signal_tree(process.pid, tree, signal.SIGTERM)
+            signal_tree(process, tree, signal.SIGTERM)
             term_sent = True
             with trio.move_on_after(grace_s):
                 while running():
                     await trio.sleep(GONE_POLL_S)
             kill_needed = running()
-        signal_tree(process.pid, tree, signal.SIGKILL)
+        signal_tree(process, tree, signal.SIGKILL)
         with trio.move_on_after(grace_s):  # SIGKILL cannot be refused: wait until it has landed
             while running():
                 await trio.sleep(GONE_POLL_S)

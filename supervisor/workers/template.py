@@ -235,9 +235,9 @@ class WorkerTemplate:
 
 
 async def _end_template(process: ChildProcess) -> None:
-    """Ending the template ends no worker: each leads its own session and is the supervisor's child. (Not yet
-    reaped while this runs: the pid is still the template's.)"""
-    os.kill(process.pid, signal.SIGKILL)
+    """Ending the template ends no worker: each leads its own session and is the supervisor's child."""
+    if process.returncode is None:  # not reaped (asking may reap it): its pid is still its own
+        os.kill(process.pid, signal.SIGKILL)
 
 
 async def _pump_stderr(process: trio.Process) -> None:

@@ -33,7 +33,7 @@ import trio
 
 from codesdk.procs.launch import Launch
 from codesdk.procs.process import AdoptedProcess, ChildProcess, close_and_reap, hold
-from codesdk.procs.tree import descendants, end_tree, group_gone, signal_group
+from codesdk.procs.tree import descendants, end_tree, group_gone, signal_group, signal_group_of
 from codesdk.protocol import BadFrame, ExitStatus, LineFramer, ProcessEnd, StderrTail
 
 from .. import _recording as recording
@@ -107,7 +107,7 @@ class RuntimeAhead:
         if process is None:
             return
         with trio.CancelScope(shield=True):
-            signal_group(process.pid, signal.SIGKILL)
+            signal_group_of(process, signal.SIGKILL)
             await close_and_reap(process)
 
 

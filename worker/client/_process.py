@@ -38,7 +38,16 @@ from codesdk._version import __version__
 from codesdk.procs.children import Children
 from codesdk.procs.orphans import discard, reap_session
 from codesdk.procs.process import AdoptedProcess, ChildProcess, StartedProcess, hold, run_in_own_session
-from codesdk.procs.tree import ProcessTable, Snapshot, alive, descendants, end_tree, signal_group, signal_tree, sigkill
+from codesdk.procs.tree import (
+    ProcessTable,
+    Snapshot,
+    alive,
+    descendants,
+    end_tree,
+    signal_group_of,
+    signal_tree,
+    sigkill,
+)
 
 
 from ._connection import WorkerBroken, WorkerConnection, WorkerError
@@ -211,13 +220,13 @@ class WorkerProcess:
                 with trio.move_on_after(REAP_WAIT_S):
                     await self.process.wait()
                 if self.process.returncode is None:  # still alive after all that: make sure
-                    signal_tree(self.pid, descendants(self.pid, self._table.scans), signal.SIGKILL)
+                    signal_tree(self.process, descendants(self.pid, self._table.scans), signal.SIGKILL)
                     with trio.move_on_after(REAP_WAIT_S):
                         await self.process.wait()
                 returncode = self.process.returncode
                 self.exit_status = ExitStatus.from_returncode(returncode if returncode is not None else -9)
                 # Nothing the worker started outlives it: its group is killed, adopted orphans reaped.
-                signal_group(self.pid, signal.SIGKILL)
+                signal_group_of(self.process, signal.SIGKILL)
                 with trio.move_on_after(REAP_WAIT_S):
                     await trio.to_thread.run_sync(partial(
                         reap_session, self.pid, self._children, self._table.scans, REAP_WAIT_S / 5,
