@@ -2,7 +2,8 @@
 
 A worker counts as running only after ``runtime.initialize`` succeeded. Teardown is shielded and every
 wait is bounded: ask (runtime.shutdown) -> close stdin -> wait -> SIGTERM the tree -> wait -> SIGKILL.
-How a child is spawned, adopted, held, reaped and its tree ended is ``codesdk.procs``'; this is what is a worker's.
+How a child is spawned, adopted, held and reaped, and its tree ended, is ``codesdk.procs``' business; this module
+keeps what is a worker's own.
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ from codesdk.procs.tree import (
     signal_tree,
     sigkill,
 )
-
 
 from ._connection import WorkerBroken, WorkerConnection, WorkerError
 
