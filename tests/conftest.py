@@ -14,6 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
+from codesdk.procs.children import Children
 from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
 from codesdk.supervisor.engine import Engine
 
@@ -42,14 +43,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 MakeEngine = Callable[..., AbstractAsyncContextManager[Engine]]
 
 
+@pytest.fixture(scope="session")
+def children() -> Children:
+    """The test process's one registry of the children it waits for itself (``codesdk.procs.children``): every
+    engine a test opens gets it, so that engines opened side by side never reap each other's children."""
+    return Children()
+
+
 @pytest.fixture
-def make_engine(tmp_path: Path) -> MakeEngine:
+def make_engine(tmp_path: Path, children: Children) -> MakeEngine:
     @asynccontextmanager
     async def make(**options: Any) -> AsyncIterator[Engine]:
         env = options.pop("worker_env", {})
         env = {"*": {"CODESDK_SCENARIO_DIR": SCENARIOS, **env.get("*", {})}, **{k: v for k, v in env.items()
                                                                                  if k != "*"}}
         options.setdefault("test_scenarios", True)  # the suite drives faults through the scripted runtime
+        options.setdefault("children", children)
         opts = SupervisorOptions(data_dir=options.pop("data_dir", tmp_path / "data"), worker_env=env, **options)
         async with open_engine(opts) as engine:
             yield engine

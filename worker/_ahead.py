@@ -4,7 +4,7 @@ Claude Code spends ~0.5 s starting before it reads its stdin; a cold ``codesdk r
 both interpreters have started. ``codesdk run`` knows what its one task will ask (runtime, runtime_config, workspace)
 before anything is imported, and tells the worker it launches ahead of its supervisor (``RUNTIME_AHEAD_ENV``, a JSON
 object). The worker composes that runtime's launch from it — with the function its adapter uses for a task — and
-starts the program at once, before it imports trio. The task adopts it (``adapters._process.RuntimeAhead``) only if
+starts the program at once, before it imports trio. The task adopts it (``adapters.runtime_process.RuntimeAhead``) only if
 the launch it composes from its own parameters is exactly the same (argv, environment, directory); otherwise, and
 when no task claims it within ``AHEAD_TTL_S``, it is killed and reaped. A runtime started ahead is only ever an
 optimisation: whatever goes wrong with it, the task starts its own.

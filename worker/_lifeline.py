@@ -16,10 +16,6 @@ import logging
 import os
 import signal
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import psutil
 
 log = logging.getLogger("codesdk.worker.lifeline")
 
@@ -62,45 +58,12 @@ async def watch_parent(parent_pid: int, on_gone: Callable[[], None]) -> None:
             _set_parent_death_signal(0)  # disarmed: nothing more to learn from it
 
 
-def _has_children() -> bool:
-    """Whether we have any child at all, from ``/proc/self/task/*/children`` (a few reads, where a full process
-    table scan costs tens of ms on a busy host); True when that interface is missing."""
-    try:
-        with os.scandir("/proc/self/task") as tasks:
-            for task in tasks:
-                with open(os.path.join(task.path, "children")) as children:
-                    if children.read().strip():
-                        return True
-    except OSError:
-        return True
-    return False
-
-
 def end_descendants(grace_s: float = DESCENDANTS_GRACE_S) -> list[int]:
-    """SIGTERM every process below us, SIGKILL what is left after ``grace_s``, and reap our own children among
-    them (a zombie handed to the supervisor would be one it cannot tell from a worker); the pids found."""
-    if not _has_children():
-        return []
-    import psutil  # only here: ~13 ms of every worker's start otherwise
+    """SIGTERM every process below the worker, SIGKILL what is left after ``grace_s``, and reap its own children
+    among them (a zombie handed to the supervisor would be one it cannot tell from a worker); the pids found."""
+    from codesdk.procs.tree import end_descendants as end_all  # only here: it needs trio, imported by now
 
-    try:
-        found = psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return []
-    for process in found:
-        _send(process, signal.SIGTERM)
-    _, alive = psutil.wait_procs(found, timeout=grace_s)  # reaps those that are our children
-    for process in alive:
-        _send(process, signal.SIGKILL)
-    psutil.wait_procs(alive, timeout=grace_s)
-    log.info("ended what was still running below the worker: %s", [p.pid for p in found])
-    return [p.pid for p in found]
-
-
-def _send(process: psutil.Process, signum: int) -> None:
-    import psutil  # imported by end_descendants already
-
-    try:
-        process.send_signal(signum)
-    except psutil.Error:
-        pass
+    found = end_all(grace_s)
+    if found:
+        log.info("ended what was still running below the worker: %s", found)
+    return found

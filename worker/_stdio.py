@@ -77,7 +77,7 @@ def run(argv: list[str] | None = None) -> int:
 
         from ._lifeline import watch_parent
         from .server import WorkerServer
-        from .adapters._process import RuntimeAhead
+        from .adapters.runtime_process import RuntimeAhead
         from .adapters.registry import default_registry
 
         ahead = RuntimeAhead.adopt(started) if started is not None else None

@@ -67,7 +67,7 @@ from codesdk._version import __version__
 from . import _recording as recording
 from ._failure import RpcFailure
 from ._recording import StreamRecorder
-from .adapters._process import ended_processes
+from .adapters.runtime_process import ended_processes
 from .adapters.base import (
     AdapterRegistry,
     RuntimeAdapter,

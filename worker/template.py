@@ -22,9 +22,9 @@ Why the intermediate child:
   a copy of the template's memory, so the template must never have read one. Only the intermediate child and the
   worker do, and both are gone (or are that namespace's) afterwards.
 - **The supervisor reaps its workers.** When the intermediate child exits, the worker is re-parented to the nearest
-  child subreaper above it: the supervisor (``_orphans.become_subreaper``). The template answers only once it has
-  reaped the intermediate child, so the worker the answer names is already the supervisor's child, which waits for
-  it, signals it and reads its exit status as for any worker it started itself.
+  child subreaper above it: the supervisor (``codesdk.procs.orphans.become_subreaper``). The template answers only
+  once it has reaped the intermediate child, so the worker the answer names is already the supervisor's child, which
+  waits for it, signals it and reads its exit status as for any worker it started itself.
 
 The worker leads a session of its own (as a spawned worker does), waits until it has been re-parented, drops to the
 launch's groups, gid and uid (fail closed: it exits 127 with the reason on its stderr), moves to its directory,

@@ -48,7 +48,7 @@ from codesdk.protocol import (
 from codesdk.worker.client import RpcError, WorkerConnection
 from codesdk.worker.server import WorkerServer
 from codesdk.worker.adapters.registry import default_registry
-from codesdk.worker.adapters._process import MAX_LINE_BYTES, RuntimeProcess, stand_in
+from codesdk.worker.adapters.runtime_process import MAX_LINE_BYTES, RuntimeProcess, stand_in
 from codesdk.worker.adapters.base import stored_stand_in
 from codesdk.worker.mcp.bridge import endpoint as bridge
 

@@ -106,7 +106,7 @@ def _bench_adapter() -> Any:
 def main() -> int:
     import codesdk.worker.adapters
     import codesdk.worker.main
-    from codesdk.worker.adapters._process import RuntimeAhead
+    from codesdk.worker.adapters.runtime_process import RuntimeAhead
 
     default_registry = codesdk.worker.adapters.default_registry
 

@@ -22,7 +22,8 @@ import psutil
 import trio
 
 from codesdk.protocol import EventType, ModelOutputDelta
-from codesdk.procs._orphans import become_subreaper
+from codesdk.procs.children import Children
+from codesdk.procs.orphans import become_subreaper
 from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
 from codesdk.supervisor.engine import Engine
 from codesdk.procs.launch import Launch
@@ -237,7 +238,8 @@ async def spawn_forked_codesdk(spawns: int) -> list[float]:
     become_subreaper()  # as the supervisor is: the forked workers become our children
     launch = Launch(argv=tuple(worker_argv()), env=WORKER_ENV, cwd="/")
     spec = WorkerSpec(argv=launch.argv, env=launch.env, name="bench")
-    template = WorkerTemplate(worker_argv(), WORKER_ENV)
+    children = Children()  # this process's: the template and its workers are owned there
+    template = WorkerTemplate(worker_argv(), WORKER_ENV, children)
     times = []
     async with trio.open_nursery() as nursery:
         template.ensure_started(nursery)
@@ -247,7 +249,8 @@ async def spawn_forked_codesdk(spawns: int) -> list[float]:
             await trio.sleep(0.01)
         for _ in range(spawns):
             started = time.perf_counter()
-            worker = await WorkerProcess.start(nursery, spec, adopted=await template.fork(nursery, launch))
+            worker = await WorkerProcess.start(nursery, spec, adopted=await template.fork(nursery, launch),
+                                               children=children)
             times.append(time.perf_counter() - started)
             await worker.shutdown()
         template.close()

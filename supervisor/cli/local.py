@@ -79,7 +79,8 @@ async def cmd_run(args: argparse.Namespace, ahead: RunAhead | None = None) -> in
         return await run_via_api(args, runtime_config)
     # This supervisor serves one task in one namespace: the variables are that namespace's.
     options = SupervisorOptions(data_dir=args.data_dir, exec_allowlist=tuple(args.allow_exec or ()),
-                                worker_env={"*": run_env(args.env)}, holder="codesdk run", test_scenarios=True)
+                                worker_env={"*": run_env(args.env)}, holder="codesdk run", test_scenarios=True,
+                                children=ahead.children if ahead is not None else None)  # its headstart's
     with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         try:
             async with open_engine(options) as engine:

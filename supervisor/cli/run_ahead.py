@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from codesdk.procs.children import Children
 
 from ..ids import new_id
 from ..namespaces import UnsafeDataDir, WorkspaceRefused, make_workspace, secure_data_dir
@@ -31,6 +33,8 @@ class RunAhead:
     session_id: str | None = None
     #: The workspace made here, until a session has it.
     made_workspace: Path | None = None
+    #: This process's registry of its children, its headstart worker owned there: the supervisor gets it too.
+    children: Children = field(default_factory=Children)
 
     @classmethod
     def start(cls, args: argparse.Namespace) -> RunAhead | None:
@@ -57,7 +61,8 @@ class RunAhead:
             return ahead  # the engine's own attempt says what is wrong, in context
         task = {"runtime": args.runtime or DEFAULT_RUNTIME, "runtime_config": runtime_config,
                 "workspace": str(workspace)}
-        config = PoolConfig(data_dir=data_dir, env=workers_env({"*": variables}, test_scenarios=True))
+        config = PoolConfig(data_dir=data_dir, env=workers_env({"*": variables}, test_scenarios=True),
+                            children=ahead.children)
         ahead.headstart = Headstart.start(config, namespace, runtime_ahead=task)
         return ahead
 

@@ -50,7 +50,7 @@ from codesdk.protocol import (
     check_runtime_name,
 )
 
-from codesdk.procs._orphans import end_adopted, reap_orphans_forever
+from codesdk.procs.orphans import Orphans
 from ..ids import is_id, new_id
 from ..namespaces import InvalidNamespace, Namespace, make_workspace
 from ..namespaces import WorkspaceRefused as WorkspacePathRefused
@@ -166,13 +166,16 @@ class Engine:
             engine = cls(config, store, tooling, nursery, workers=workers, leases=leases)
             await engine.leasing.recover()
             await nursery.start(engine.leasing.keep)
-            nursery.start_soon(reap_orphans_forever)  # what dead workers and tools left is re-parented to us
+            # What dead workers and tools left is re-parented to us; the sweep asks the registry of this process's
+            # children, the one its spawners own their children in (``PoolConfig.children``), what to leave alone.
+            orphans = Orphans(config.pool.children)
+            nursery.start_soon(orphans.forever)
             try:
                 yield engine
             finally:
                 with trio.CancelScope(shield=True):
                     await engine._close()
-                    await end_adopted(REAP_WAIT_S)
+                    await orphans.end_adopted(REAP_WAIT_S)
                 nursery.cancel_scope.cancel()
 
     @property

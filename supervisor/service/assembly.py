@@ -7,7 +7,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from codesdk.procs._orphans import become_subreaper
+from codesdk.procs.children import Children
+from codesdk.procs.orphans import become_subreaper
+
 from ..api import ApiLimits
 from ..config import default_data_dir
 from ..engine import Engine, EngineConfig
@@ -61,6 +63,10 @@ class SupervisorOptions:
     #: Seconds a namespace's lease outlives its supervisor's last renewal (PostgreSQL only): how soon another
     #: supervisor takes over the namespaces of one that died.
     lease_s: float = LEASE_S
+    #: The registry of this process's children (``codesdk.procs.children``), which the orphan sweep leaves alone:
+    #: one per process. None: ``open_engine`` makes one (a process running one engine at a time); the ``codesdk``
+    #: command gives the one its headstart worker is owned in; a process running engines side by side, each the same.
+    children: Children | None = field(default=None, compare=False)
 
 
 def check_options(options: SupervisorOptions) -> None:
@@ -82,6 +88,7 @@ def _namespace_uids(uids: UidRange | None) -> range | None:
 async def open_engine(options: SupervisorOptions) -> AsyncIterator[Engine]:
     data_dir = Path(options.data_dir)
     check_options(options)
+    children = options.children if options.children is not None else Children()
     become_subreaper()  # orphans of a worker's runtime are adopted and reaped here, not left as zombies
     secure_data_dir(data_dir)
     if options.worker_uids is not None:  # created here with 0700, not later by mkdir(parents=True) with the umask
@@ -90,11 +97,11 @@ async def open_engine(options: SupervisorOptions) -> AsyncIterator[Engine]:
     worker_env = workers_env(options.worker_env, test_scenarios=options.test_scenarios)
     pool = PoolConfig(data_dir=data_dir, argv=options.worker_argv, policy=options.worker_policy,
                       env=worker_env, path=options.worker_path, worker_uids=options.worker_uids,
-                      template=options.worker_template)
+                      template=options.worker_template, children=children)
     exec_policy = ExecPolicy(enabled=bool(options.exec_allowlist), allowlist=options.exec_allowlist,
                              exec_uid=options.exec_uid[0], exec_gid=options.exec_uid[1],
                              namespace_uids=_namespace_uids(options.worker_uids))
-    tools = ToolRegistry(ToolsConfig(exec=exec_policy))
+    tools = ToolRegistry(ToolsConfig(exec=exec_policy), children=children)
     async with Engine.open(EngineConfig(data_dir=data_dir, pool=pool, holder=options.holder,
                                         quotas=options.quotas, store=options.store, lease_s=options.lease_s),
                            tools) as engine:

@@ -42,8 +42,11 @@ from pydantic import Field, field_validator
 
 from codesdk.protocol import SandboxSummary, ToolClass
 
-from codesdk.procs._orphans import end_command
-from codesdk.procs._own_children import owned_child
+from codesdk.procs.children import Children
+from codesdk.procs.orphans import end_command
+from codesdk.procs.process import ChildProcess, run_in_own_session
+from codesdk.procs.scan import Scans
+
 from ..namespaces import WALK_FLAGS, chmod_entry, walk_tree
 from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolInput, ToolResult, clip
 from ._paths import workspace_root
@@ -329,7 +332,7 @@ async def _workspace_for(root: str, who: RunAs | None) -> AsyncIterator[None]:
 
 
 async def _supervise(
-    process: trio.Process, nursery: trio.Nursery, timeout: float, out: _Capture, err: _Capture
+    process: trio.Process, nursery: trio.Nursery, timeout: float, out: _Capture, err: _Capture, scans: Scans
 ) -> bool:
     """Pump output, enforce the deadline, kill the group; returns whether the deadline hit."""
     drained = trio.Event()
@@ -344,42 +347,28 @@ async def _supervise(
     nursery.start_soon(drain)
     with trio.move_on_after(timeout) as deadline:
         await process.wait()
-    await end_command(process)  # on timeout, and for stragglers still holding the pipes
+    await end_command(process, scans)  # on timeout, and for stragglers still holding the pipes
     with trio.move_on_after(_DRAIN_GRACE_S):  # a daemon that left the session may keep a pipe open
         await drained.wait()
     nursery.cancel_scope.cancel()
     return deadline.cancelled_caught
 
 
-async def _run(command: list[str], cwd: str, env: dict[str, str], timeout: float, cap: int) -> _Completed:
+async def _run(command: list[str], cwd: str, env: dict[str, str], timeout: float, cap: int, children: Children,
+               scans: Scans) -> _Completed:
     out, err = _Capture(cap), _Capture(cap)
     started = time.monotonic()
-    start_error: OSError | None = None
-    timed_out = False
-    with owned_child() as own:  # the sweep of adopted orphans must not reap it: its exit status is the result
-        async with trio.open_nursery() as nursery:
-            try:
-                process: trio.Process = await nursery.start(
-                    partial(
-                        trio.run_process,
-                        command,
-                        stdin=subprocess.DEVNULL,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE,
-                        check=False,
-                        cwd=cwd,
-                        env=env,
-                        start_new_session=True,
-                        deliver_cancel=end_command,
-                    )
-                )
-            except OSError as exc:  # raised here bare; re-raised below, outside the nursery's exception group
-                start_error = exc
-            else:
-                own(process.pid)
-                timed_out = await _supervise(process, nursery, timeout, out, err)
-    if start_error is not None:
-        raise start_error
+
+    async def end(process: ChildProcess) -> None:
+        assert isinstance(process, trio.Process)
+        await end_command(process, scans)
+
+    # Owned in ``children``: the sweep of adopted orphans must not reap it, its exit status is the result.
+    async with trio.open_nursery() as nursery:
+        process: trio.Process = await nursery.start(partial(
+            run_in_own_session, command, children=children, deliver_cancel=end, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd))
+        timed_out = await _supervise(process, nursery, timeout, out, err, scans)
     duration_ms = (time.monotonic() - started) * 1000
     return _Completed(process.returncode, timed_out, out, err, duration_ms)
 
@@ -387,9 +376,14 @@ async def _run(command: list[str], cwd: str, env: dict[str, str], timeout: float
 class ExecTool:
     """Builds the sandboxed command line and runs it; holds the policy and the sandbox probe."""
 
-    def __init__(self, policy: ExecPolicy, prober: SandboxProber | None = None) -> None:
+    def __init__(self, policy: ExecPolicy, prober: SandboxProber | None = None,
+                 children: Children | None = None) -> None:
+        """``children``: the registry of this process's children, where each command (and sandbox probe) is owned
+        until reaped (None: one of its own, where nothing sweeps orphans)."""
         self.policy = policy
-        self.prober = prober or SandboxProber()
+        self.children = children if children is not None else Children()
+        self.prober = prober or SandboxProber(self.children)
+        self._scans = Scans()  # the /proc scans that end its commands' sessions
 
     def resolve(self, argv0: str) -> str:
         """The executable for ``argv0`` if it is allowlisted and exists; ``COMMAND_REFUSED`` otherwise."""
@@ -500,7 +494,8 @@ class ExecTool:
         command = [*prefix, executable, *args.argv[1:]]
         try:
             async with _workspace_for(root, who):
-                done = await _run(command, root, self.environment(root), timeout, limits.exec_output_max_bytes)
+                done = await _run(command, root, self.environment(root), timeout, limits.exec_output_max_bytes,
+                                  self.children, self._scans)
         except OSError as exc:
             raise ToolError(
                 ErrorCode.IO_ERROR, f"could not start {args.argv[0]!r}: {exc.strerror or exc}"
@@ -530,8 +525,9 @@ class ExecTool:
         )
 
 
-def make_exec_tool(policy: ExecPolicy, prober: SandboxProber | None = None) -> Tool[ExecInput]:
-    runner = ExecTool(policy, prober)
+def make_exec_tool(policy: ExecPolicy, prober: SandboxProber | None = None,
+                   children: Children | None = None) -> Tool[ExecInput]:
+    runner = ExecTool(policy, prober, children)
     return Tool(
         name="workspace.exec",
         description=(

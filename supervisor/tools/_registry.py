@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from codesdk.procs.children import Children
 from codesdk.protocol import ToolManifest, ToolSpec, canonical_hash
 
 from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolResult
@@ -50,11 +51,14 @@ def _validation_message(exc: ValidationError) -> tuple[str, list[Any]]:
 class ToolRegistry:
     """The tools of one configuration. Build once per supervisor (or per session if configs differ)."""
 
-    def __init__(self, config: ToolsConfig | None = None, *, prober: SandboxProber | None = None) -> None:
+    def __init__(self, config: ToolsConfig | None = None, *, prober: SandboxProber | None = None,
+                 children: Children | None = None) -> None:
+        """``children``: the registry of this process's children, where the commands it runs are owned (see
+        ``ExecTool``)."""
         self.config = config or ToolsConfig()
         every: list[Tool[Any]] = [READ_TOOL, WRITE_TOOL, PATCH_TOOL, LIST_TOOL]
         if self.config.exec.enabled:
-            every.append(make_exec_tool(self.config.exec, prober))
+            every.append(make_exec_tool(self.config.exec, prober, children))
         self._tools: dict[str, Tool[Any]] = {
             tool.name: tool for tool in every if tool.name not in self.config.disabled
         }

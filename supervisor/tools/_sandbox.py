@@ -53,7 +53,10 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:  # imported where used: this file also runs as a program, with the standard library only
+    from codesdk.procs.children import Children
 
 log = logging.getLogger(__name__)
 
@@ -186,35 +189,35 @@ def _parents(path: str, bound: Sequence[str]) -> list[str]:
     return argv
 
 
-async def _works(argv: list[str]) -> tuple[bool, str]:
+async def _works(argv: list[str], children: Children) -> tuple[bool, str]:
     """Whether ``argv`` runs and exits 0, and what it said on stderr otherwise. Run in a session of its own that
     is ended and reaped afterwards, as exec does: bubblewrap's init may outlive bwrap by a moment, and it would
-    be left as a zombie to a supervisor that is a child subreaper."""
+    be left as a zombie to a supervisor that is a child subreaper; owned in ``children`` meanwhile."""
+    from functools import partial
+
     import trio
 
-    from codesdk.procs._orphans import end_command
-    from codesdk.procs._own_children import owned_child
+    from codesdk.procs.orphans import end_command
+    from codesdk.procs.process import session_child
+    from codesdk.procs.scan import Scans
 
-    with tempfile.TemporaryFile() as err, owned_child() as own:
+    end = partial(end_command, scans=Scans())
+    with tempfile.TemporaryFile() as err:
         try:
-            process = await trio.lowlevel.open_process(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env={}, start_new_session=True
-            )
+            async with session_child(argv, children=children, deliver_cancel=end, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=err, env={}) as (process, _):
+                with trio.move_on_after(_PROBE_TIMEOUT_S) as timer:
+                    await process.wait()
+                await end(process)
         except OSError as exc:
             return False, str(exc)
-        own(process.pid)
-        try:
-            with trio.move_on_after(_PROBE_TIMEOUT_S) as timer:
-                await process.wait()
-        finally:
-            await end_command(process)
         if timer.cancelled_caught:
             return False, f"timed out after {_PROBE_TIMEOUT_S:g}s"
         err.seek(0)
         return process.returncode == 0, err.read().decode(errors="replace").strip()
 
 
-async def _probe_bwrap(true: str | None, setpriv: str | None) -> tuple[str | None, str | None]:
+async def _probe_bwrap(true: str | None, setpriv: str | None, children: Children) -> tuple[str | None, str | None]:
     """(bwrap, None) if bubblewrap runs a command here the way exec will use it, else (None, why not)."""
     bwrap = shutil.which("bwrap", path=_PROBE_PATH)
     if bwrap is None or true is None:
@@ -227,14 +230,19 @@ async def _probe_bwrap(true: str | None, setpriv: str | None) -> tuple[str | Non
         if privileged:
             assert setpriv is not None
             argv += setpriv_argv(setpriv, DEFAULT_EXEC_UID, DEFAULT_EXEC_UID)
-        ok, said = await _works([*argv, true])
+        ok, said = await _works([*argv, true], children)
     if not ok:
         return None, f"{bwrap} cannot build the sandbox here: {said or 'it failed'}"
     return bwrap, None
 
 
-async def probe_sandbox() -> SandboxTools:
-    """Try bubblewrap, then each ``unshare`` variant with ``true``, and keep what works."""
+async def probe_sandbox(children: Children | None = None) -> SandboxTools:
+    """Try bubblewrap, then each ``unshare`` variant with ``true``, and keep what works. ``children``: where the
+    probes are owned (None: a registry of their own, where nothing sweeps orphans)."""
+    if children is None:
+        from codesdk.procs.children import Children
+
+        children = Children()
     unshare = shutil.which("unshare", path=_PROBE_PATH)
     true = shutil.which("true", path=_PROBE_PATH)
     prlimit = shutil.which("prlimit", path=_PROBE_PATH)
@@ -244,22 +252,22 @@ async def probe_sandbox() -> SandboxTools:
     if unshare and true:
         for flags, name in _VARIANTS:
             candidate = (unshare, *flags, "--")
-            if (await _works([*candidate, true]))[0]:
+            if (await _works([*candidate, true], children))[0]:
                 prefix, label = candidate, name
                 break
-    if prlimit and true and not (await _works([prlimit, "--as=1073741824", "--", true]))[0]:
+    if prlimit and true and not (await _works([prlimit, "--as=1073741824", "--", true], children))[0]:
         prlimit = None
     switch = [*setpriv_argv(setpriv, DEFAULT_EXEC_UID, DEFAULT_EXEC_UID), true] if setpriv and true else []
-    if switch and os.geteuid() == 0 and not (await _works(switch))[0]:
+    if switch and os.geteuid() == 0 and not (await _works(switch, children))[0]:
         setpriv = None
     confine: tuple[str, ...] | None = None
     if prefix is not None and true:
         candidate = (prefix[0], "-m", *prefix[1:-1], "--", sys.executable, "-I", "-S", os.path.abspath(__file__))
         run_as = (DEFAULT_EXEC_UID, DEFAULT_EXEC_UID) if os.geteuid() == 0 else None
         with tempfile.TemporaryDirectory(prefix="codesdk-confine-probe-") as workspace:
-            if (await _works([*candidate, confine_spec(workspace, run_as=run_as), true]))[0]:
+            if (await _works([*candidate, confine_spec(workspace, run_as=run_as), true], children))[0]:
                 confine = candidate
-    bwrap, problem = await _probe_bwrap(true, setpriv)
+    bwrap, problem = await _probe_bwrap(true, setpriv, children)
     if problem is not None:
         log.warning("workspace.exec: not using bubblewrap (%s); the built-in sandbox helper is used instead", problem)
     return SandboxTools(netns_prefix=prefix, netns_label=label, prlimit=prlimit, confine_prefix=confine,
@@ -269,16 +277,18 @@ async def probe_sandbox() -> SandboxTools:
 class SandboxProber:
     """Probes once, on first use, and remembers (a registry owns one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, children: Children | None = None) -> None:
+        """``children``: where its probes are owned (see ``probe_sandbox``)."""
         import trio
 
+        self.children = children
         self._found: SandboxTools | None = None
         self._lock = trio.Lock()
 
     async def get(self) -> SandboxTools:
         async with self._lock:
             if self._found is None:
-                self._found = await probe_sandbox()
+                self._found = await probe_sandbox(self.children)
             return self._found
 
 

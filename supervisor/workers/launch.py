@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from codesdk.procs._own_children import disown, starting
+from codesdk.procs.children import Children
 from codesdk.procs.launch import Launch
 from codesdk.worker.command import RUNTIMES_DIR_ENV, TEST_STEPS_ENV, worker_argv
 from ..namespaces import (
@@ -34,6 +34,9 @@ from ..namespaces import (
     prepare_namespace,
     secure_data_dir,
 )
+
+if TYPE_CHECKING:
+    from codesdk.procs.process import StartedProcess
 
 log = logging.getLogger("codesdk.supervisor.pool")
 
@@ -70,6 +73,10 @@ class PoolConfig:
     # Fork ``codesdk-worker``s from a pre-imported template (workers/template.py): ~30 ms and ~6 MB of their own
     # (idle) instead of ~0.5 s and ~24 MB. Worth its one-off start for a service; not for one ``codesdk run``.
     template: bool = False
+    #: The registry of this process's children (``codesdk.procs.children``): every worker the pool starts, and a
+    #: headstart, is owned there until reaped, and the engine's orphan sweep reads it. One per process: whoever
+    #: makes the process a child subreaper makes it (the ``codesdk`` front, else ``open_engine``) and hands it here.
+    children: Children = field(default_factory=Children, compare=False, repr=False)
 
     def worker_argv(self) -> list[str]:
         return list(self.argv) or worker_argv()
@@ -128,10 +135,12 @@ class Headstart:
     exactly once; both are safe to call again.
     """
 
-    def __init__(self, namespace: str, launch: Launch, process: subprocess.Popen[bytes]) -> None:
+    def __init__(self, namespace: str, launch: Launch, process: subprocess.Popen[bytes], children: Children) -> None:
         self.namespace = namespace
         self.launch = launch
         self._process: subprocess.Popen[bytes] | None = process
+        #: Where it is owned from its start until reaped (its ``PoolConfig``'s): the pool adopting it must use it.
+        self.children = children
 
     @classmethod
     def start(cls, config: PoolConfig, namespace: str, runtime_ahead: Mapping[str, object] | None = None,
@@ -151,7 +160,7 @@ class Headstart:
             env = dict(launch.env)
             if runtime_ahead is not None:
                 env[RUNTIME_AHEAD_ENV] = json.dumps(dict(runtime_ahead))
-            with starting() as own:  # the pool reaps it (``AdoptedProcess``), or ``discard`` does
+            with config.children.starting() as own:  # the pool reaps it (``AdoptedProcess``), or ``discard`` does
                 process = subprocess.Popen(
                     list(launch.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                     env=env, cwd=launch.cwd, start_new_session=True, user=launch.user,
@@ -160,25 +169,34 @@ class Headstart:
         except (OSError, ValueError, UnsafeDataDir) as exc:  # the pool's own start says what is wrong, in context
             log.debug("no headstart for namespace %s: %s", namespace, exc)
             return None
-        return cls(namespace, launch, process)
+        return cls(namespace, launch, process, config.children)
 
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
-    def take(self, launch: Launch) -> subprocess.Popen[bytes] | None:
-        """The process, if it is still unclaimed, alive, and was launched exactly as ``launch``; else it is
-        discarded and None returned (the caller starts its own worker)."""
+    def take(self, launch: Launch) -> StartedProcess | None:
+        """The process, if it is still unclaimed, alive, and was launched exactly as ``launch``: its pipes, and who
+        reaps it; else it is discarded and None returned (the caller starts its own worker)."""
+        from codesdk.procs.process import StartedProcess  # only now: it needs trio, which a headstart runs without
+
         process = self._process
         if process is None:
             return None
-        if launch != self.launch or process.poll() is not None:
-            why = ", ".join(self.launch.differences(launch)) or "it has exited"
-            log.info("namespace %s: not adopting the worker started ahead (%s); starting another", self.namespace, why)
-            self.discard()
-            return None
-        self._process = None
-        return process
+        why = ", ".join(self.launch.differences(launch))
+        if not why and process.poll() is not None:
+            why = "it has exited"
+        if not why:
+            try:
+                taken = StartedProcess.of_popen(process, self.children)
+            except OSError as exc:  # no descriptor to take its pipes with
+                why = str(exc)
+            else:
+                self._process = None
+                return taken
+        log.info("namespace %s: not adopting the worker started ahead (%s); starting another", self.namespace, why)
+        self.discard()
+        return None
 
     def discard(self) -> None:
         """Kill the unclaimed worker and everything it started (its own session, where a runtime started ahead
@@ -186,18 +204,10 @@ class Headstart:
         process, self._process = self._process, None
         if process is None:
             return
+        from codesdk.procs.orphans import discard  # only now: it needs psutil and trio, which a headstart runs without
+        from codesdk.procs.scan import Scans
+
         for stream in (process.stdin, process.stdout, process.stderr):
             if stream is not None:
                 stream.close()
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        process.wait()
-        disown(process.pid)
-        from codesdk.procs._orphans import (
-            end_session,  # only now: it needs psutil and trio, which a headstart runs without
-        )
-
-        end_session(process.pid)
-
+        discard(process, self.children, Scans())

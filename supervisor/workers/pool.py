@@ -20,12 +20,13 @@ from enum import StrEnum
 import trio
 
 from codesdk.procs.launch import Launch
+from codesdk.procs.orphans import discard
+from codesdk.procs.process import ForkedChild, StartedProcess
+from codesdk.procs.tree import ProcessTable
 from codesdk.protocol import ExitStatus, IsolationLevel, IsolationMode, RuntimeEnv, RuntimeEventParams
 from codesdk.worker.client import (
     REAP_WAIT_S,
     RESOURCE_ERRNOS,
-    ForkedChild,
-    StartedWorker,
     WorkerProcess,
     WorkerResourcesExhausted,
     WorkerSpec,
@@ -114,7 +115,10 @@ class WorkerPool:
         self._closing = False
         self.namespace_env = NamespaceEnv(config.data_dir)
         self._headstarts: dict[str, Headstart] = {}
-        self._template = WorkerTemplate(config.worker_argv(), template_env(config)) if config.template else None
+        #: Snapshots of the process table its workers' trees are watched in: one scan of /proc serves them all.
+        self._table = ProcessTable()
+        self._template = (WorkerTemplate(config.worker_argv(), template_env(config), config.children)
+                          if config.template else None)
         if self._template is not None:  # in the background: until it is ready, workers start the usual way
             self._template.ensure_started(nursery)
 
@@ -153,7 +157,11 @@ class WorkerPool:
         previous = self._headstarts.pop(headstart.namespace, None)
         if previous is not None:
             previous.discard()
-        if self._closing:
+        if headstart.children is not self.config.children:  # owned where the orphan sweep does not look
+            log.warning("namespace %s: not adopting a worker started ahead with another registry of children",
+                        headstart.namespace)
+            headstart.discard()
+        elif self._closing:
             headstart.discard()
         else:
             self._headstarts[headstart.namespace] = headstart
@@ -345,7 +353,8 @@ class WorkerPool:
         adopted = await self._started_elsewhere(name, launch)
         if self._closing:  # closed meanwhile (``aclose`` cancels this start): start nothing more
             if adopted is not None:
-                adopted.discard()
+                adopted.close()
+                discard(adopted.child, adopted.children, self._table.scans)
             raise NamespaceFailing(SHUTTING_DOWN)
         try:
             slot.vacated = trio.Event()
@@ -362,12 +371,12 @@ class WorkerPool:
             raise NamespaceFailing(f"namespace {name!r}: {slot.last_error}") from exc
         slot.workers_started += 1
 
-    async def _started_elsewhere(self, namespace: str, launch: Launch) -> StartedWorker | None:
+    async def _started_elsewhere(self, namespace: str, launch: Launch) -> StartedProcess | None:
         """The namespace's worker started ahead of us (``offer``), or forked by the template; None: spawn it."""
         headstart = self._headstarts.pop(namespace, None)
-        popen = headstart.take(launch) if headstart is not None else None
-        if popen is not None:
-            return StartedWorker.of_popen(popen)
+        taken = headstart.take(launch) if headstart is not None else None
+        if taken is not None:
+            return taken
         if self._template is None:
             return None
         try:
@@ -376,13 +385,14 @@ class WorkerPool:
             log.info("namespace %s: starting its worker without the template: %s", namespace, exc)
             return None
 
-    async def _run_worker(self, slot: _Slot, spec: WorkerSpec, adopted: StartedWorker | None,
+    async def _run_worker(self, slot: _Slot, spec: WorkerSpec, adopted: StartedProcess | None,
                           task_status: trio.TaskStatus[WorkerProcess] = trio.TASK_STATUS_IGNORED) -> None:
         vacated = slot.vacated
         worker: WorkerProcess | None = None
         try:
             async with trio.open_nursery() as nursery:
-                worker = await WorkerProcess.start(nursery, spec, self.config.handshake_timeout_s, adopted)
+                worker = await WorkerProcess.start(nursery, spec, self.config.handshake_timeout_s, adopted,
+                                                   children=self.config.children, table=self._table)
                 slot.started_by = ("new interpreter" if adopted is None else
                                    "template" if isinstance(adopted.child, ForkedChild) else "ahead")
                 log.info("namespace %s: worker pid %d ready (%s)", slot.namespace.name, worker.pid, {

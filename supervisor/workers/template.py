@@ -7,7 +7,8 @@ before. The template is only ever a way to start a worker faster: when it cannot
 starts the worker the usual way, and tries the template again after ``RETRY_AFTER_S``.
 
 The worker it forks becomes our child (it is re-parented to us, a child subreaper) and leads its own session, so
-the pool owns it exactly like one it spawned (``process.AdoptedProcess``). Requests are answered one at a time.
+the pool owns it exactly like one it spawned (``codesdk.procs.process.AdoptedProcess``), in the registry of
+children the template is given. Requests are answered one at a time.
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ from functools import partial
 
 import trio
 
-from codesdk.procs._own_children import disown, owned_child, starting
+from codesdk.procs.children import Children
 from codesdk.procs.launch import Launch
+from codesdk.procs.orphans import discard
+from codesdk.procs.process import ChildProcess, ForkedChild, StartedProcess, run_in_own_session
+from codesdk.procs.scan import Scans
+from codesdk.procs.tree import signal_group
 from codesdk.protocol import ExitStatus
-from codesdk.worker.client import ForkedChild, StartedWorker
 
 
 log = logging.getLogger("codesdk.supervisor.template")
@@ -55,11 +59,13 @@ class WorkerTemplate:
     """One template process at a time, owned by the pool's nursery: started in the background (``ensure_started``),
     never waited for — until it is ready, and while it is down, workers start the usual way."""
 
-    def __init__(self, worker_argv: Sequence[str], env: Mapping[str, str]) -> None:
+    def __init__(self, worker_argv: Sequence[str], env: Mapping[str, str], children: Children) -> None:
         #: How the pool starts a worker (``PoolConfig.worker_argv()``); the template is that with ``--template``,
         #: and each worker it forks runs with the same options.
         self.worker_argv = tuple(worker_argv)
         self._env = dict(env)
+        #: Where the template and every worker it forks are owned until reaped (the pool's ``PoolConfig.children``).
+        self.children = children
         self._lock = trio.Lock()
         self._running = False  # a process is starting or ready (``_run`` owns it)
         self._socket: trio.socket.SocketType | None = None  # set while it is ready
@@ -90,7 +96,7 @@ class WorkerTemplate:
         self._running, self._stopping = True, False
         nursery.start_soon(self._run)
 
-    async def fork(self, nursery: trio.Nursery, launch: Launch) -> StartedWorker:
+    async def fork(self, nursery: trio.Nursery, launch: Launch) -> StartedProcess:
         """A worker forked as ``launch`` says, already our child; ``TemplateUnavailable`` (at once) when the
         template is not ready or cannot fork it."""
         self.ensure_started(nursery)
@@ -104,7 +110,7 @@ class WorkerTemplate:
             # worker it forked owned by nobody.
             with trio.CancelScope(shield=True):
                 try:
-                    with trio.fail_after(FORK_TIMEOUT_S), starting() as own:
+                    with trio.fail_after(FORK_TIMEOUT_S), self.children.starting() as own:
                         started = await self._fork(sock, launch, own)
                 except trio.TooSlowError as exc:
                     why = f"it did not answer a fork within {FORK_TIMEOUT_S:.0f} s"
@@ -120,7 +126,8 @@ class WorkerTemplate:
         try:
             await trio.lowlevel.checkpoint_if_cancelled()
         except BaseException:  # the start was given up meanwhile: the forked worker goes, reaped
-            started.discard()
+            started.close()
+            discard(started.child, self.children, Scans())
             raise
         return started
 
@@ -137,7 +144,7 @@ class WorkerTemplate:
         dies, stalls or is closed. Never raises: whatever goes wrong, workers start the usual way."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            with trio.CancelScope() as scope, ours, owned_child() as own:
+            with trio.CancelScope() as scope, ours:
                 self._scope = scope
                 if self._closed:
                     scope.cancel()
@@ -145,10 +152,9 @@ class WorkerTemplate:
                 async with trio.open_nursery() as nursery:
                     with theirs:
                         process: trio.Process = await nursery.start(partial(
-                            trio.run_process, [*self.worker_argv, "--template"], stdin=theirs.fileno(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=self._env, cwd="/",
-                            check=False, start_new_session=True, deliver_cancel=_end_template))
-                    own(process.pid)
+                            run_in_own_session, [*self.worker_argv, "--template"], children=self.children,
+                            deliver_cancel=_end_template, stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=self._env, cwd="/"))
                     self._process = process
                     nursery.start_soon(_pump_stderr, process)
                     try:
@@ -180,7 +186,7 @@ class WorkerTemplate:
             self._scope.cancel()
 
     async def _fork(self, sock: trio.socket.SocketType, launch: Launch, own: Callable[[int], None],
-                    ) -> StartedWorker:
+                    ) -> StartedProcess:
         pipes: list[int] = []
         try:
             for _ in range(3):
@@ -214,23 +220,24 @@ class WorkerTemplate:
             if isinstance(error, str):  # this worker could not be forked (out of processes, say): the next may
                 raise TemplateUnavailable(f"it could not fork this worker: {error}")
             raise _TemplateBroke(f"unexpected answer {answer!r}")
-        own(pid)  # ours to reap (``StartedWorker`` disowns it then), not the orphan sweep's
-        started = StartedWorker(ForkedChild(pid), stdin_w, stdout_r, stderr_r)
+        own(pid)  # ours to reap (whoever reaps it disowns it then), not the orphan sweep's
+        started = StartedProcess(ForkedChild(pid), stdin_w, stdout_r, stderr_r, self.children)
         if not _is_our_child(pid):  # only when we are a child subreaper is it; otherwise nobody could reap it
-            disown(pid)
+            self.children.disown(pid)
             self._permanent = ("this supervisor is not a child subreaper, so a forked worker would not be its "
                                "child")
             log.warning("the worker template is off: %s", self._permanent)
-            _kill_quietly(pid)
+            signal_group(pid, signal.SIGKILL)
             for fd in ours:
                 os.close(fd)
             raise TemplateUnavailable(self._permanent)
         return started
 
 
-async def _end_template(process: trio.Process) -> None:
+async def _end_template(process: ChildProcess) -> None:
     """Ending the template ends no worker: each leads its own session and is the supervisor's child."""
-    process.kill()
+    if process.returncode is None:  # not reaped (asking may reap it): its pid is still its own
+        os.kill(process.pid, signal.SIGKILL)
 
 
 async def _pump_stderr(process: trio.Process) -> None:
@@ -280,10 +287,3 @@ def _is_our_child(pid: int) -> bool:
     except ChildProcessError:
         return False
     return True
-
-
-def _kill_quietly(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

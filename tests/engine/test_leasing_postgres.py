@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import trio
 
+from codesdk.procs.children import Children
 from codesdk.protocol import TERMINAL_EVENT_TYPES, TaskFailed
 from codesdk.supervisor.engine import Engine, EngineConfig
 from codesdk.supervisor.store import DataDirBusy
@@ -25,9 +26,11 @@ LEASE_S = 1.0
 
 
 @asynccontextmanager
-async def engine_on(data_dir: Path, url: str) -> AsyncIterator[tuple[Engine, FakeWorkers]]:
+async def engine_on(data_dir: Path, url: str, children: Children) -> AsyncIterator[tuple[Engine, FakeWorkers]]:
+    """An engine on ``url``; ``children``: the test process's registry, for engines opened side by side."""
     workers = FakeWorkers()
-    config = EngineConfig(data_dir=data_dir, pool=PoolConfig(data_dir=data_dir), store=url, lease_s=LEASE_S)
+    config = EngineConfig(data_dir=data_dir, pool=PoolConfig(data_dir=data_dir, children=children), store=url,
+                          lease_s=LEASE_S)
     async with Engine.open(config, ToolRegistry(ToolsConfig()), workers=workers.factory) as engine:
         yield engine, workers
 
@@ -41,9 +44,10 @@ def hold_table_lock(url: str, table: str) -> Any:
     return conn
 
 
-async def test_renewals_that_hang_still_let_go_at_the_deadline(tmp_path: Path, postgres_url: str) -> None:
+async def test_renewals_that_hang_still_let_go_at_the_deadline(tmp_path: Path, postgres_url: str,
+                                                               children: Children) -> None:
     with trio.fail_after(60):
-        async with engine_on(tmp_path / "a", postgres_url) as (engine, workers):
+        async with engine_on(tmp_path / "a", postgres_url, children) as (engine, workers):
             session_id, task_id, worker = await running_task(engine, workers)
             blocker = await trio.to_thread.run_sync(hold_table_lock, postgres_url, "supervisors")
             try:  # every renewal now waits on the lock: neither succeeds nor fails
@@ -64,9 +68,10 @@ async def test_renewals_that_hang_still_let_go_at_the_deadline(tmp_path: Path, p
             assert terminals[0].payload.code == "SUPERVISOR_RESTARTED"
 
 
-async def test_a_data_dir_has_one_supervisor_whatever_the_store(tmp_path: Path, postgres_url: str) -> None:
+async def test_a_data_dir_has_one_supervisor_whatever_the_store(tmp_path: Path, postgres_url: str,
+                                                                children: Children) -> None:
     with trio.fail_after(60):
-        async with engine_on(tmp_path / "a", postgres_url):
+        async with engine_on(tmp_path / "a", postgres_url, children):
             with pytest.raises(DataDirBusy, match="only one supervisor may write it"):
-                async with engine_on(tmp_path / "a", postgres_url):
+                async with engine_on(tmp_path / "a", postgres_url, children):
                     pass

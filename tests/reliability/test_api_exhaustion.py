@@ -605,9 +605,10 @@ def test_workers_past_the_descriptor_limit_fail_clearly_and_the_service_lives(tm
 _EMFILE_PROBE = """
 import errno, json, os, resource, sys
 import trio
-from codesdk.procs import _orphans
-from codesdk.worker.client import worker_argv
-from codesdk.worker.client import _process as process
+from codesdk.procs.children import Children
+from codesdk.procs.orphans import Orphans, reap_session
+from codesdk.procs.tree import ProcessTable, descendants
+from codesdk.worker.client import WorkerProcess, WorkerSpec, worker_argv
 
 results = {}
 
@@ -621,7 +622,10 @@ def attempt(name, function, *args):
 
 async def main():
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-    real_sweep, sweeps, swept = _orphans.sweep_adopted, [], trio.Event()
+    children = Children()
+    orphans = Orphans(children)
+    table = ProcessTable(orphans.scans)  # as in a supervisor, every scan here warns through one rate limit
+    real_sweep, sweeps, swept = orphans.sweep, [], trio.Event()
 
     def counted_sweep():
         sweeps.append(1)
@@ -629,7 +633,7 @@ async def main():
             trio.from_thread.run_sync(swept.set)
         return real_sweep()
 
-    _orphans.sweep_adopted = counted_sweep
+    orphans.sweep = counted_sweep
     held = []
     while True:  # every descriptor taken
         try:
@@ -637,15 +641,15 @@ async def main():
         except OSError as exc:
             assert exc.errno == errno.EMFILE, exc
             break
-    attempt("adopted_orphans", _orphans.adopted_orphans)
+    attempt("adopted_orphans", orphans.adopted)
     attempt("sweep_adopted", real_sweep)
-    attempt("reap_session", _orphans.reap_session, os.getpid() + 1, 0.0)
-    attempt("process_tree", process._process_tree, os.getpid())
-    attempt("started_at", process._started_at, os.getpid())
-    attempt("pipe_holders", process._pipe_holders, {1})
+    attempt("reap_session", reap_session, os.getpid() + 1, children, orphans.scans, 0.0)
+    attempt("process_tree", descendants, os.getpid(), table.scans)
+    attempt("started_at", table.started_at, os.getpid())
+    attempt("pipe_holders", table.pipe_holders, {1})
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_orphans.reap_orphans_forever, 0.0)
+            nursery.start_soon(orphans.forever, 0.0)
             await swept.wait()
             nursery.cancel_scope.cancel()
         results["reap_orphans_forever"] = f"survived {len(sweeps)} sweeps"
@@ -653,8 +657,8 @@ async def main():
         results["reap_orphans_forever"] = f"raised {type(exc).__name__}: {exc}"
     try:
         async with trio.open_nursery() as nursery:
-            spec = process.WorkerSpec(argv=worker_argv(), env=dict(os.environ))
-            await process.WorkerProcess.start(nursery, spec)
+            spec = WorkerSpec(argv=worker_argv(), env=dict(os.environ))
+            await WorkerProcess.start(nursery, spec, children=children, table=table)
         results["spawn"] = "started"
     except BaseException as exc:
         while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:

@@ -19,7 +19,7 @@ import trio
 from codesdk.protocol import EventType
 from codesdk.supervisor.store import TaskState
 from codesdk.supervisor.workers.launch import WorkerPolicy
-from codesdk.worker.client import worker_argv
+from codesdk.worker.client import WorkerProcess, worker_argv
 
 from tests.conftest import MakeEngine
 from tests.e2e.conftest import of_type, run_task
@@ -112,9 +112,7 @@ os.execv(sys.argv[1], sys.argv[1:])
 async def test_a_daemon_that_left_the_workers_session_dies_with_the_worker(make_engine: MakeEngine,
                                                                            tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from codesdk.worker.client import _process as process
-
-    monkeypatch.setattr(process, "TREE_SNAPSHOT_S", 0.05)
+    monkeypatch.setattr(WorkerProcess, "tree_snapshot_s", 0.05)
     pidfile = tmp_path / "daemons"
     argv = (sys.executable, "-c", DAEMON_WRAPPER, *worker_argv())
     with trio.fail_after(60):

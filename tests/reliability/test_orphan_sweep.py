@@ -18,9 +18,8 @@ import psutil  # type: ignore[import-untyped]
 import pytest
 import trio
 
-from codesdk.procs import _orphans, _own_children
-from codesdk.procs._orphans import become_subreaper, end_adopted, sweep_adopted
-from codesdk.procs._own_children import disown, owned_child, starting
+from codesdk.procs.children import Children
+from codesdk.procs.orphans import Orphans, become_subreaper
 from codesdk.supervisor.store import TaskState
 
 from tests.conftest import MakeEngine
@@ -77,57 +76,55 @@ def _exited_child(code: int) -> subprocess.Popen[bytes]:
 
 
 def test_the_sweep_reaps_an_unowned_zombie_and_leaves_an_owned_one_to_its_owner() -> None:
-    with owned_child() as own:
+    children = Children()
+    with children.owned_child() as own:
         owned = _exited_child(3)
         own(owned.pid)
         orphan = _exited_child(4)
-        reaped = sweep_adopted()
+        reaped = Orphans(children).sweep()
         assert orphan.pid in reaped and owned.pid not in reaped
         assert owned.wait() == 3
     orphan.wait()  # its status was taken by the sweep: what an owner that had not said so would get
     assert orphan.returncode == 0
 
 
-def test_a_zombie_found_while_its_start_is_under_way_is_left_to_the_child_s_owner(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+class _Noticed(Children):
+    """A registry that says when a sweep has listed the orphans (it then asks for the starts under way)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listed = threading.Event()
+
+    def starts_under_way(self) -> frozenset[int]:
+        self.listed.set()
+        return super().starts_under_way()
+
+
+def test_a_zombie_found_while_its_start_is_under_way_is_left_to_the_child_s_owner() -> None:
     """The sweep found the zombie before its owner knew the pid: it waits for that start, then leaves it."""
-    found = threading.Event()
-    real = _own_children.starts_under_way
-
-    def noticed() -> frozenset[int]:
-        found.set()  # called once the sweep has listed the zombies
-        return real()
-
-    monkeypatch.setattr(_orphans, "starts_under_way", noticed)
-    with starting() as own:
+    children = _Noticed()
+    with children.starting() as own:
         child = _exited_child(5)
         swept: list[list[int]] = []
-        sweep = threading.Thread(target=lambda: swept.append(sweep_adopted()))
+        sweep = threading.Thread(target=lambda: swept.append(Orphans(children).sweep()))
         sweep.start()
-        assert found.wait(timeout=60)
+        assert children.listed.wait(timeout=60)
         own(child.pid)
         sweep.join()
     assert len(swept) == 1 and child.pid not in swept[0]
     assert child.wait() == 5
-    disown(child.pid)
+    children.disown(child.pid)
 
 
-def test_shutdown_leaves_a_child_whose_start_is_under_way_to_its_owner(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shutdown_leaves_a_child_whose_start_is_under_way_to_its_owner() -> None:
     """At shutdown the supervisor SIGKILLs the orphans it adopted; a worker being spawned looks like one until its
     owner knows its pid (outside our session, not owned). It must wait for that start, then leave the child."""
-    listed = threading.Event()
-    real = _own_children.starts_under_way
-
-    def noticed() -> frozenset[int]:
-        listed.set()  # called once the orphans have been listed
-        return real()
-
-    monkeypatch.setattr(_orphans, "starts_under_way", noticed)
-    with starting() as own:
+    children = _Noticed()
+    with children.starting() as own:
         child = subprocess.Popen(["sleep", "600"], start_new_session=True)
-        ended = threading.Thread(target=trio.run, args=(end_adopted, 60.0))
+        ended = threading.Thread(target=trio.run, args=(Orphans(children).end_adopted, 60.0))
         ended.start()
-        while not listed.wait(timeout=0.05) and ended.is_alive():
+        while not children.listed.wait(timeout=0.05) and ended.is_alive():
             pass  # before the fix, shutdown killed it without waiting: the thread ends instead
         own(child.pid)
         ended.join()
@@ -136,4 +133,40 @@ def test_shutdown_leaves_a_child_whose_start_is_under_way_to_its_owner(monkeypat
     finally:
         child.kill()
         child.wait()
-        disown(child.pid)
+        children.disown(child.pid)
+
+
+def test_a_sweep_leaves_alone_only_what_its_own_registry_owns() -> None:
+    """Why a process has one registry: a child another registry owns is an orphan to this sweep, and its exit
+    status would be stolen from its owner — so every spawner and the sweep of a process share one."""
+    mine, another = Children(), Children()
+    with another.owned_child() as own:
+        theirs = _exited_child(6)
+        own(theirs.pid)
+        assert theirs.pid in Orphans(mine).sweep()
+        theirs.wait()
+    assert theirs.returncode == 0  # what its owner read: not its exit status
+
+
+async def test_engines_side_by_side_share_one_registry_and_neither_sweep_takes_the_others_child(
+        make_engine: MakeEngine, children: Children, tmp_path: Path) -> None:
+    """Two engines open in one process (as in tests, or a program embedding two) are handed the process's one
+    registry: their pools, worker templates and exec tools own their children there, and each engine's sweep
+    leaves alone what the other's spawners own, while it reaps what nobody owns."""
+    if not become_subreaper():
+        pytest.skip("this kernel does not offer PR_SET_CHILD_SUBREAPER")
+    with trio.fail_after(60):
+        async with make_engine(worker_template=True) as first, \
+                make_engine(data_dir=tmp_path / "second", exec_allowlist=("true",)) as second:
+            assert first.pool.config.children is children and second.pool.config.children is children
+            assert first.pool._template is not None and first.pool._template.children is children
+            exec_tool = getattr(second.tooling.tools["workspace.exec"].run, "__self__")  # the tool's ExecTool
+            assert exec_tool.children is children and exec_tool.prober.children is children
+            with children.owned_child() as own:  # as the second engine's pool owns a worker it spawned
+                owned = _exited_child(7)
+                own(owned.pid)
+                orphan = _exited_child(8)
+                while _status(orphan.pid) is not None:  # reaped by a sweep...
+                    await trio.sleep(0.05)
+                assert owned.wait() == 7  # ...which left the owned child's exit status to its owner
+            orphan.wait()  # its Popen learns it is gone

@@ -28,11 +28,12 @@ from codesdk.protocol import (
     StartTaskParams,
     ToolCallRequested,
 )
-from codesdk.procs._orphans import end_session
+from codesdk.procs.orphans import end_session
+from codesdk.procs.scan import Scans
 from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine, session_events
 from codesdk.supervisor.store import TaskRecord, TaskState
 from codesdk.worker.command import RUNTIME_AHEAD_ENV
-from codesdk.worker.adapters._process import RuntimeAhead
+from codesdk.worker.adapters.runtime_process import RuntimeAhead
 from codesdk.worker.adapters.claude import home as _env
 from codesdk.worker.adapters.claude.adapter import ClaudeAdapter
 from codesdk.worker.adapters.claude.adapter import ClaudeTask
@@ -774,7 +775,7 @@ def test_a_worker_ends_the_cli_it_started_ahead_when_its_supervisor_goes(here: P
         # What outlived the CLI by a moment went to the nearest subreaper (this process, once an in-process
         # supervisor made it one): it is dead, and reaped here as the supervisor reaps a session's leftovers.
         trio.run(_until_only_zombies_in_session, worker.pid)
-        end_session(worker.pid)
+        end_session(worker.pid, Scans())
     finally:
         worker.kill()
         worker.wait()

@@ -12,7 +12,8 @@ import psutil
 import trio
 import trio.testing
 
-from codesdk.worker.adapters._process import AdoptedProcess, RuntimeProcess, close_and_reap
+from codesdk.procs.process import AdoptedProcess, close_and_reap
+from codesdk.worker.adapters.runtime_process import RuntimeProcess
 
 from tests.waits import wait_for
 
@@ -60,7 +61,7 @@ async def test_ending_a_program_ends_what_left_its_group() -> None:
 
 async def test_a_program_started_ahead_is_owned_like_one_started_here() -> None:
     with trio.fail_after(60):
-        ahead = AdoptedProcess(_started_before_trio(ESCAPER))
+        ahead = AdoptedProcess.of_popen(_started_before_trio(ESCAPER))
         async with RuntimeProcess.open(["unused"], env={}, term_grace_s=1, started=ahead) as process:
             assert process.pid == ahead.pid
             escaped = int(await _first_line(process))
@@ -77,7 +78,7 @@ async def test_a_program_started_ahead_is_owned_like_one_started_here() -> None:
 async def test_an_adopted_process_can_be_waited_for_by_many_tasks_at_once() -> None:
     """Each waiter gets the exit status; the process is reaped once (no zombie), and waiting again still answers."""
     popen = _started_before_trio("import sys; sys.stdin.read(); sys.exit(3)")
-    adopted = AdoptedProcess(popen)
+    adopted = AdoptedProcess.of_popen(popen)
     statuses: list[int] = []
 
     async def wait() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from codesdk.procs._orphans import become_subreaper
+from codesdk.procs.orphans import become_subreaper
 from codesdk.worker.client import worker_argv
 
 INIT = b'{"jsonrpc":"2.0","id":"i","method":"runtime.initialize","params":{"protocol_version":"1.0"}}\n'

@@ -15,7 +15,7 @@ import trio
 
 from codesdk.protocol import TaskFailureCode
 
-from ._process import RuntimeProcess
+from .runtime_process import RuntimeProcess
 from ._rpc_peer import PeerProtocolError, RpcPeer
 from .base import TaskOutcome
 

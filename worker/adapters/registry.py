@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._process import RuntimeAhead
+from .runtime_process import RuntimeAhead
 from .acp import AcpAdapter, agent_profiles
 from .base import AdapterRegistry
 from .claude.adapter import ClaudeAdapter

@@ -23,8 +23,6 @@ from ._process import (
     HANDSHAKE_TIMEOUT_S,
     REAP_WAIT_S,
     RESOURCE_ERRNOS,
-    ForkedChild,
-    StartedWorker,
     WorkerProcess,
     WorkerResourcesExhausted,
     WorkerSpec,
@@ -35,8 +33,8 @@ from ._process import (
 
 __all__ = [
     "EVENT_BUFFER", "HANDSHAKE_TIMEOUT_S", "REAP_WAIT_S", "RESOURCE_ERRNOS", "VIOLATIONS_KEPT",
-    "VIOLATION_LOGS_PER_WINDOW", "ConnectionStats", "ForkedChild", "InvalidResult", "ProtocolViolation", "RpcError",
-    "StartedWorker", "WorkerBroken", "WorkerClosed", "WorkerConnection", "WorkerError", "WorkerProcess",
+    "VIOLATION_LOGS_PER_WINDOW", "ConnectionStats", "InvalidResult", "ProtocolViolation", "RpcError",
+    "WorkerBroken", "WorkerClosed", "WorkerConnection", "WorkerError", "WorkerProcess",
     "WorkerResourcesExhausted", "WorkerSpec", "WorkerStartError", "check_descriptor_headroom", "exhausted_message",
     "worker_argv",
 ]

@@ -57,7 +57,7 @@ from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_
 from ...mcp.bridge.endpoint import BridgeAnswer, BridgeCall, BridgeEndpoint, BridgeTool, serve_tools
 from .._api_failures import failure_for_status
 from .._conversation import hold_conversation
-from .._process import RuntimeProcess
+from ..runtime_process import RuntimeProcess
 from .._rpc_peer import METHOD_NOT_FOUND, PeerClosed, PeerError, RpcPeer
 from .._tool_names import model_tool_names
 from ..base import (

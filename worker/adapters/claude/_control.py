@@ -30,7 +30,7 @@ from typing import Any
 import trio
 
 from .._awaited import AwaitedAnswers
-from .._process import RuntimeProcess
+from ..runtime_process import RuntimeProcess
 
 log = logging.getLogger("codesdk.worker.claude")
 

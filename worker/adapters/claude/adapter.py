@@ -55,7 +55,7 @@ from codesdk.procs.launch import Launch
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
 from ...mcp.server import McpServer, McpTool, ToolCallResult
 from .._api_failures import failure_for_status
-from .._process import RuntimeAhead, RuntimeProcess
+from ..runtime_process import RuntimeAhead, RuntimeProcess
 from ..base import (
     Availability,
     RuntimeAdapter,

@@ -56,7 +56,7 @@ from .._api_failures import failure_for_status
 from .._conversation import hold_conversation
 from ...command import RUNTIMES_DIR_ENV
 from .._installed import runtimes_dir
-from .._process import RuntimeAhead, RuntimeProcess
+from ..runtime_process import RuntimeAhead, RuntimeProcess
 from .._rpc_peer import METHOD_NOT_FOUND, PeerClosed, PeerError, RpcPeer
 from .._tool_names import model_tool_names
 from ..base import (

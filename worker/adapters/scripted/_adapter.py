@@ -54,7 +54,7 @@ from codesdk.protocol import (
 from ...command import TEST_STEPS_ENV
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome
 from .._grace import BadGrace, stop_grace
-from .._process import RuntimeProcess
+from ..runtime_process import RuntimeProcess
 from ..base import RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
 from .scenario import (
     CodeStep,

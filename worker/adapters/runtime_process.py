@@ -1,20 +1,24 @@
-"""A runtime's own program, run by its adapter: own process group, stdio pipes, stderr tail, crash reports.
+"""A runtime's own program, run by its adapter: own process group, stdio pipes, stderr tail, crash reports, and
+the receipt of how it ended.
 
 Every runtime that is a separate program (Claude Code, Codex, an ACP agent) is started through ``RuntimeProcess``:
 
-- it leads its own process group, so ending it signals the group — SIGTERM, a grace, SIGKILL — and whatever it
-  started goes too (also what left the group: its descendants, found before it is ended); nothing is left when the task ends, is stopped, or is cancelled. The group stays in the
-  worker's session: if the worker itself is killed, the supervisor (a child subreaper) reaps what that session
-  left behind, which it does not do for a process that leads a session of its own;
+- it leads its own process group, so ending it ends the group and whatever it started, also what left the group
+  (``codesdk.procs.tree.end_tree``: SIGTERM, a grace, SIGKILL); nothing is left when the task ends, is stopped, or
+  is cancelled. The group stays in the worker's session: if the worker itself is killed, the supervisor (a child
+  subreaper) reaps what that session left behind, which it does not do for a process that leads a session of its
+  own;
 - its stderr is drained all the time (a full pipe would stall it) and the last 64 KiB are kept;
 - its stdout is read as lines (bounded: a line over ``max_line_bytes`` is an error, never unbounded memory);
 - when it dies while the task still needs it, ``crashed()`` is the ``RuntimeCrashed`` to raise: exit code or
   signal, and the stderr tail.
+
+A program started ahead of its task (``RuntimeAhead``) is a ``codesdk.procs.process.AdoptedProcess``, held as one
+started here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -23,15 +27,16 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Se
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from contextvars import ContextVar
 from functools import partial
-from typing import IO, TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import trio
 
+from codesdk.procs.launch import Launch
+from codesdk.procs.process import AdoptedProcess, ChildProcess, close_and_reap, hold
+from codesdk.procs.tree import descendants, end_tree, group_gone, signal_group, signal_group_of
 from codesdk.protocol import BadFrame, ExitStatus, LineFramer, ProcessEnd, StderrTail
 
 from .. import _recording as recording
-from codesdk.procs.launch import Launch
-
 from .._ahead import AHEAD_TTL_S, StartedAhead, start_ahead
 from .base import RuntimeCrashed
 
@@ -44,64 +49,6 @@ log = logging.getLogger("codesdk.worker.runtime")
 TERM_GRACE_S = 2.0
 #: Largest stdout line accepted from a runtime (stream-json messages carry whole tool results).
 MAX_LINE_BYTES = 64 * 1024 * 1024
-
-
-class ChildProcess(Protocol):
-    """What a runtime's process object offers: a ``trio.Process``, or an ``AdoptedProcess``."""
-
-    @property
-    def pid(self) -> int: ...
-    @property
-    def returncode(self) -> int | None: ...
-    @property
-    def stdin(self) -> trio.abc.SendStream | None: ...
-    @property
-    def stdout(self) -> trio.abc.ReceiveStream | None: ...
-    @property
-    def stderr(self) -> trio.abc.ReceiveStream | None: ...
-    async def wait(self) -> int: ...
-
-
-class AdoptedProcess:
-    """A program started with ``subprocess.Popen`` before trio was imported (``_ahead.start_ahead``), seen as a
-    ``trio.Process``: its pipes as trio streams, ``wait`` woken by a pidfd. Any number of tasks may wait; the first
-    to see the exit reaps it. trio offers no public way to wrap a ``Popen``, hence this."""
-
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
-        self._popen = popen
-        self._pidfd: int | None = os.pidfd_open(popen.pid)
-        self.stdin: trio.abc.SendStream | None = trio.lowlevel.FdStream(_detach(popen.stdin))
-        self.stdout: trio.abc.ReceiveStream | None = trio.lowlevel.FdStream(_detach(popen.stdout))
-        self.stderr: trio.abc.ReceiveStream | None = trio.lowlevel.FdStream(_detach(popen.stderr))
-        self._waiting = trio.Lock()  # one task at a time waits on the pidfd (trio allows one waiter per fd)
-
-    @property
-    def pid(self) -> int:
-        return self._popen.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._popen.returncode
-
-    async def wait(self) -> int:
-        async with self._waiting:
-            while self._popen.poll() is None:
-                assert self._pidfd is not None
-                await trio.lowlevel.wait_readable(self._pidfd)
-            if self._pidfd is not None:
-                trio.lowlevel.notify_closing(self._pidfd)
-                os.close(self._pidfd)
-                self._pidfd = None
-        assert self._popen.returncode is not None
-        return self._popen.returncode
-
-
-def _detach(stream: IO[bytes]) -> int:
-    """The descriptor under one of Popen's pipe files, which no longer owns it."""
-    fd = os.dup(stream.fileno())
-    stream.close()
-    return fd
 
 
 class RuntimeAhead:
@@ -118,10 +65,10 @@ class RuntimeAhead:
         """Take charge of a program ``_ahead.start_ahead`` started; None (it is killed and reaped) if it cannot be
         watched (no descriptor for its pidfd)."""
         try:
-            process = AdoptedProcess(started.popen)
+            process = AdoptedProcess.of_popen(started.popen)
         except OSError as exc:
             log.info("not using the %s started ahead: %s", started.runtime, exc)
-            _signal_group(started.popen.pid, signal.SIGKILL)
+            signal_group(started.popen.pid, signal.SIGKILL)
             started.popen.wait()  # SIGKILLed: a moment
             return None
         return cls(started.runtime, started.launch, process)
@@ -160,18 +107,8 @@ class RuntimeAhead:
         if process is None:
             return
         with trio.CancelScope(shield=True):
-            _signal_group(process.pid, signal.SIGKILL)
+            signal_group_of(process, signal.SIGKILL)
             await close_and_reap(process)
-
-
-async def close_and_reap(process: ChildProcess) -> None:
-    """Close our ends of a started process's pipes and wait for its exit status (what ``trio.run_process`` does
-    for a process it started itself)."""
-    with trio.CancelScope(shield=True):
-        for stream in (process.stdin, process.stdout, process.stderr):
-            if stream is not None:
-                await stream.aclose()
-        await process.wait()
 
 
 class RuntimeOutputError(Exception):
@@ -225,13 +162,13 @@ class RuntimeProcess:
             if owned:
                 await process.wait()
             else:  # cancelled while being started: nobody else will end it
-                await _end_group(process, grace_s=term_grace_s)
+                await end_tree(process, (), term_grace_s)
 
         try:
             async with trio.open_nursery() as nursery:
                 process: ChildProcess
-                if started is not None:  # ended below like one we start: the finally does what deliver_cancel would
-                    process = started
+                if started is not None:  # held as run_process holds one it starts
+                    process = await nursery.start(hold, started, deliver_cancel)
                 else:
                     process = await nursery.start(partial(
                         trio.run_process, list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -248,7 +185,7 @@ class RuntimeProcess:
                         await runtime.end(term_grace_s)
                     nursery.cancel_scope.cancel()
         finally:
-            if started is not None:  # its pipes closed and its status reaped, as run_process does for its own
+            if started is not None:  # our ends of its pipes are ours to close (the ones run_process made go with it)
                 await close_and_reap(started)
 
     @property
@@ -311,28 +248,17 @@ class RuntimeProcess:
         with trio.CancelScope(shield=True):
             escaped = self._descendants()
             await self.close_stdin()
-            signals = (False, False)
-            if self.process.returncode is None:
-                signals = await _end_group(self.process, grace_s=grace_s)
-            _signal_group(self.pid, signal.SIGKILL)  # what it started, even if it exited by itself
-            _kill_all(escaped)
+            term_sent, kill_sent = await end_tree(self.process, escaped, grace_s)  # the group also if it exited
             with trio.move_on_after(grace_s):
                 await self.exited.wait()
             ledger = ended_processes.get()
             if ledger is not None:
                 ledger.append(ProcessEnd(name=self.name, pid=self.pid, exit=self.status().describe(),
-                                         term_sent=signals[0], kill_sent=signals[1], escaped_killed=len(escaped),
-                                         gone=await _gone(self.pid, escaped)))
+                                         term_sent=term_sent, kill_sent=kill_sent, escaped_killed=len(escaped),
+                                         gone=await group_gone(self.pid, escaped, GONE_WAIT_S)))
 
     def _descendants(self) -> list[psutil.Process]:
-        if self.process.returncode is not None:
-            return []
-        import psutil  # only here: ~13 ms of every worker's start otherwise
-
-        try:
-            return list(psutil.Process(self.pid).children(recursive=True))
-        except psutil.Error:
-            return []
+        return [] if self.process.returncode is not None else descendants(self.pid)
 
     async def _watch_exit(self) -> None:
         await self.process.wait()
@@ -347,68 +273,3 @@ class RuntimeProcess:
                     log.info("%s: %s", self.name, line)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
-
-
-def _kill_all(processes: list[psutil.Process]) -> None:
-    """SIGKILL each (psutil checks it is still the process found, not a reused pid)."""
-    if not processes:
-        return
-    import psutil
-
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-async def _end_group(process: ChildProcess, *, grace_s: float) -> tuple[bool, bool]:
-    """SIGTERM the process's group, SIGKILL it after ``grace_s`` if the process has not exited by then. Whether
-    each was sent: (SIGTERM, SIGKILL)."""
-    _signal_group(process.pid, signal.SIGTERM)
-    with trio.move_on_after(grace_s):
-        await process.wait()
-    killed = process.returncode is None
-    _signal_group(process.pid, signal.SIGKILL)
-    await process.wait()
-    return True, killed
-
-
-def _group_empty(pgid: int) -> bool:
-    """No live process in the group: none at all, or only zombies (dead, waiting for their parent to reap them)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # someone is left in it, of another uid
-        pass
-    import psutil  # someone is left in it: a zombie, or alive? look at each
-
-    for process in psutil.process_iter(["status"]):
-        with contextlib.suppress(psutil.Error, OSError):
-            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
-                return False
-    return True
-
-
-async def _gone(pgid: int, escaped: list[psutil.Process]) -> bool:
-    """Whether nothing is left of an ended runtime: its group empty and its escaped processes dead, checked until
-    ``GONE_WAIT_S`` has passed (killed members stay zombies until their parent reaps them)."""
-    import psutil
-
-    def alive(process: psutil.Process) -> bool:
-        try:
-            return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
-    with trio.move_on_after(GONE_WAIT_S):
-        while not (_group_empty(pgid) and not any(map(alive, escaped))):
-            await trio.sleep(0.05)
-        return True
-    return False
