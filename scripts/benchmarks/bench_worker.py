@@ -104,18 +104,18 @@ def _bench_adapter() -> Any:
 
 
 def main() -> int:
-    import codesdk.worker.adapters
     import codesdk.worker.main
+    from codesdk.worker.adapters import registry
     from codesdk.worker.adapters.runtime_process import RuntimeAhead
 
-    default_registry = codesdk.worker.adapters.default_registry
+    default_registry = registry.default_registry
 
     def with_bench(scenario_dir: Path | None = None, ahead: RuntimeAhead | None = None) -> Any:
         registry = default_registry(scenario_dir, ahead)
         registry.add(_bench_adapter())
         return registry
 
-    codesdk.worker.adapters.default_registry = with_bench  # type: ignore[assignment]  # read by worker.main at run time
+    registry.default_registry = with_bench  # type: ignore[assignment]  # read by worker._stdio at run time
     return codesdk.worker.main.main()
 
 
