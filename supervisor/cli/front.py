@@ -14,6 +14,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,20 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if ahead is not None:
             ahead.close()  # not used (a service holds the data dir, an error): nothing may outlive us
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number no smaller than ``low`` (a usage error otherwise, never a traceback)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected a whole number of at least {low}, got {text!r}")
+        return value
+
+    return parse
 
 
 def _global_options(parser: argparse.ArgumentParser, *, in_subcommand: bool) -> None:
@@ -105,12 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     sessions = command("sessions", "list sessions")
     sessions.add_argument("--namespace")
-    sessions.add_argument("--limit", type=int, default=100)
+    sessions.add_argument("--limit", type=_at_least(1), default=100, help="at most this many (default 100)")
     sessions.add_argument("--json", action="store_true")
 
     events = command("events", "print a session's events from the store")
     events.add_argument("session")
-    events.add_argument("--after", type=int, default=0, help="only events with seq > AFTER")
+    events.add_argument("--after", type=_at_least(0), default=0, help="only events with seq > AFTER")
     events.add_argument("--follow", "-f", action="store_true", help="keep printing new events as they are stored")
     events.add_argument("--json", action="store_true")
 

@@ -311,6 +311,9 @@ def _bundle_written(out: Path, manifest: dict[str, Any]) -> None:
 
 
 async def cmd_namespaces(args: argparse.Namespace) -> int:
+    if args.url:  # it reads a data dir's directories, which a service's API does not show
+        raise CliError("namespaces reads a data dir on this machine and cannot go through --url: run it where the "
+                       "service runs, with its --data-dir")
     root = Path(args.data_dir) / "namespaces"
     async with _store(args) as store:
         sessions = await store.list_sessions(limit=100_000)

@@ -152,7 +152,7 @@ class WorkerPool:
             await self._start(slot)
 
     def offer(self, headstart: Headstart) -> None:
-        """A worker started ahead of the pool (``worker_launch.Headstart``): adopted by its namespace's next start
+        """A worker started ahead of the pool (``launch.Headstart``): adopted by its namespace's next start
         if it was launched exactly as that start would launch it, discarded otherwise (or when the pool closes)."""
         previous = self._headstarts.pop(headstart.namespace, None)
         if previous is not None:

@@ -61,3 +61,18 @@ def test_a_refused_workspace_and_an_unknown_runtime_are_one_line_and_exit_2(tmp_
     assert unknown.returncode == EXIT_USAGE and "unknown runtime 'nope'" in unknown.stderr
     for done in (refused, unknown):
         assert "Traceback" not in done.stderr and done.stderr.startswith("codesdk: ")
+
+
+@pytest.mark.parametrize("args", [("sessions", "--limit", "0"), ("sessions", "--limit", "x"),
+                                  ("events", "ses_1", "--after", "-3")])
+def test_a_bad_page_is_a_usage_error_not_a_traceback(tmp_path: Path, args: tuple[str, ...]) -> None:
+    done = _run(tmp_path, *args)
+    assert done.returncode == EXIT_USAGE
+    assert "Traceback" not in done.stderr and "expected a whole number" in done.stderr
+
+
+def test_namespaces_refuses_a_url_instead_of_reading_another_data_dir(tmp_path: Path) -> None:
+    """It lists a data dir's directories, which no API shows: through --url it would silently read the local one."""
+    done = _run(tmp_path, "--url", f"unix:{tmp_path / 'api.sock'}", "namespaces")
+    assert done.returncode == EXIT_USAGE
+    assert "cannot go through --url" in done.stderr and done.stdout == ""

@@ -18,3 +18,10 @@ def runtimes_dir(environ: Mapping[str, str] = os.environ) -> Path:
 
 def node_modules(environ: Mapping[str, str] = os.environ) -> Path:
     return runtimes_dir(environ) / "node_modules"
+
+
+def install_hint(environ: Mapping[str, str] = os.environ) -> str:
+    """What to do when a pinned runtime is not in ``runtimes_dir``: the same advice for every such runtime."""
+    return (f"in a checkout, run ./scripts/install-runtimes (needs node and npm); installed from a wheel, install the "
+            f"pinned packages (runtimes/package.json of CodeSDK's source) with `npm install --ignore-scripts` into a "
+            f"directory and point {RUNTIMES_DIR_ENV} at it (docs/runtimes/README.md)")

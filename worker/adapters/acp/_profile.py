@@ -23,7 +23,7 @@ from typing import Any
 
 from codesdk.procs.launch import Launch
 from .._grace import BadGrace, stop_grace
-from .._installed import node_modules
+from .._installed import install_hint, node_modules
 from .._namespace_home import namespace_of
 
 #: What a model name may be: it reaches the agent's command line or config, so never an option or odd characters.
@@ -146,8 +146,8 @@ class AgentProfile(ABC):
 
     def not_installed(self, environ: Mapping[str, str]) -> str:
         """The pinned agent is not in the runtimes directory: where it was looked for, and what to run."""
-        return (f"{self.title} {self.version} is not installed in {node_modules(environ).parent}: run "
-                "./scripts/install-runtimes (needs node and npm), or point CODESDK_RUNTIMES_DIR at a copy")
+        return (f"{self.title} {self.version} is not installed in {node_modules(environ).parent}: "
+                f"{install_hint(environ)}")
 
     def refusal(self, environ: Mapping[str, str]) -> str | None:
         """Why the agent may not run in this namespace (not installed, or not opted in), or None."""

@@ -54,8 +54,7 @@ from codesdk.protocol import (
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
 from .._api_failures import failure_for_status
 from .._conversation import hold_conversation
-from ...command import RUNTIMES_DIR_ENV
-from .._installed import runtimes_dir
+from .._installed import install_hint, runtimes_dir
 from ..runtime_process import RuntimeAhead, RuntimeProcess
 from .._rpc_peer import METHOD_NOT_FOUND, PeerClosed, PeerError, RpcPeer
 from .._tool_names import model_tool_names
@@ -113,9 +112,7 @@ class CodexAdapter(RuntimeAdapter):
 
     def availability(self) -> Availability:
         if codex_path() is None:
-            return Availability(False, f"Codex {CODEX_VERSION} is not installed in {runtimes_dir()}: run "
-                                       "./scripts/install-runtimes (needs node and npm; installs the pinned "
-                                       f"@openai/codex there), or point {RUNTIMES_DIR_ENV} at a copy")
+            return Availability(False, f"Codex {CODEX_VERSION} is not installed in {runtimes_dir()}: {install_hint()}")
         return Availability(True)
 
     async def auth_status(self) -> AuthStatus:
