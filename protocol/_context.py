@@ -93,6 +93,27 @@ def repair_unfinished_calls(messages: Sequence[Message]) -> tuple[tuple[Message,
 # -- rendering --------------------------------------------------------------------------------------------
 
 
+#: What the record's tags are named (a role's, a call's, a result's, the record's own), in any case.
+_TAG_NAMES = "system|user|assistant|tool|tool_call|tool_result|conversation_record"
+#: A ``<`` that could open or close one of the record's tags as a reader would take it: spaces or a ``/`` between
+#: it and the name, any case, whatever follows the name.
+_TAG_OPENING = re.compile(rf"<(?=\s*/?\s*(?:{_TAG_NAMES})(?![a-z0-9_-]))", re.IGNORECASE)
+
+
+def _escaped(text: str) -> str:
+    """Text written by a tenant, a tool or a model, made unable to open or close a turn, a call, a result or the
+    record: each ``<`` that would start such a tag becomes ``&lt;`` (and ``&`` before ``lt;`` becomes ``&amp;``, so
+    the escape cannot be written by hand either). Everything else is left as written: code keeps its ``<``."""
+    return _TAG_OPENING.sub("&lt;", re.sub(r"&(?=(?:amp;)*lt;)", "&amp;", text))
+
+
+def _json(value: object) -> str:
+    """JSON that says the same value with no ``<``, ``>`` or ``&`` in it (they are written ``\\u003c`` …): inside
+    a tag's attribute or body it can neither end the tag nor open another."""
+    return (json.dumps(value, ensure_ascii=False, sort_keys=True)
+            .replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
+
+
 def _content_text(content: object) -> str:
     if isinstance(content, str):
         return content
@@ -100,24 +121,25 @@ def _content_text(content: object) -> str:
 
 
 def _attribute(value: str) -> str:
-    """An attribute's value as a JSON string: a quote in it cannot end it."""
-    return json.dumps(value, ensure_ascii=False)
+    """An attribute's value as a JSON string: a quote in it cannot end it, nor a ``>`` the tag."""
+    return _json(value)
 
 
 def _block_text(block: ContentBlock) -> str:
     if isinstance(block, TextBlock):
-        return block.text
+        return _escaped(block.text)
     if isinstance(block, CodeBlock):
-        return f"```{block.language or ''}\n{block.code}\n```"
+        language = (block.language or "").replace("\n", " ")
+        return f"```{_escaped(language)}\n{_escaped(block.code)}\n```"
     if isinstance(block, ThinkingBlock):
         return ""  # the runtime's private reasoning is not carried over
     if isinstance(block, ToolUseBlock):
         return (f"<tool_call id={_attribute(block.tool_call_id)} name={_attribute(block.name)}>"
-                f"{json.dumps(block.input, ensure_ascii=False, sort_keys=True)}</tool_call>")
+                f"{_json(block.input)}</tool_call>")
     status = ("interrupted" if block.interrupted else "denied" if block.denied
               else "error" if block.is_error else "ok")
-    return (f"<tool_result id={_attribute(block.tool_call_id)} status=\"{status}\">"
-            f"{_content_text(block.content)}</tool_result>")
+    content = _escaped(block.content) if isinstance(block.content, str) else _json(block.content)
+    return f"<tool_result id={_attribute(block.tool_call_id)} status=\"{status}\">{content}</tool_result>"
 
 
 def render_message(message: Message) -> str:
@@ -157,7 +179,7 @@ def request_of(text: str) -> str:
     if found is None:
         return text
     _, line, request = text.rpartition(REQUEST_OPENING.format(b=found.group(1)))
-    return request.lstrip("\n") if line else text
+    return request.removeprefix("\n") if line else text
 
 
 _OPENED = re.compile(r"^<conversation_record ([0-9a-f]{16})>$", re.MULTILINE)
