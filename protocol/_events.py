@@ -259,6 +259,14 @@ class ToolOutputCompleted(ToolCallIdentity):
     stderr_bytes: int = Field(default=0, ge=0)
 
 
+class CallCutShort(StrEnum):
+    """How a call that had started was ended by its task's end rather than by finishing (``is_error`` is true)."""
+
+    CANCELLED = "cancelled"  # the task was stopped: the call's run was cut short with it
+    INTERRUPTED = "interrupted"  # the task ended otherwise (the runtime failed or ended, the supervisor went away)
+    WORKER_GONE = "worker_gone"  # the worker running the task died
+
+
 class ToolCallCompleted(ToolCallIdentity):
     tool_name: str
     is_error: bool = False
@@ -271,6 +279,8 @@ class ToolCallCompleted(ToolCallIdentity):
     result_hash: str | None = None
     duration_ms: float | None = None
     replayed: bool = False  # answered from the store without running again
+    #: Set when the supervisor ended the call because its task ended first (the call's own result never came).
+    cut_short: CallCutShort | None = None
 
 
 class UsageReported(Model):

@@ -8,7 +8,8 @@ Two kinds of stream:
 - a session's stored events, as the store, the API and the client return them (``check_session``): ``seq`` from 1
   without gaps, the current schema version, one active task at a time, and per task (``check_task``) one
   ``task.started`` first, one terminal event last, and the tool-call graph — requested, then at most one decision,
-  then started/completed only after an approval.
+  then started/completed only after an approval, and once the task has ended every started call completed
+  exactly once.
 
 Each check raises ``InvariantError`` (an ``AssertionError``) naming every broken rule it found, with the events
 involved, so a failing test says what is wrong rather than only that something is.
@@ -154,7 +155,8 @@ def check_session(events: Sequence[NormalizedEvent]) -> None:
 
 def check_task(events: Sequence[NormalizedEvent]) -> None:
     """The rules one task's stored events keep: ``task.started`` first, then ``model.input`` (once the runtime
-    took the task), at most one terminal event and nothing after it, and the tool-call graph."""
+    took the task), at most one terminal event and nothing after it, and the tool-call graph (an ended task leaves
+    no call open: each started call has exactly one ``tool.call.completed``)."""
     if not events:
         return
     task_id = events[0].trace.task_id or "?"
@@ -173,13 +175,13 @@ def check_task(events: Sequence[NormalizedEvent]) -> None:
         problems.append(f"task {task_id!r}: more than one terminal event: {[t.value for t in terminals]}")
     if terminals and types[-1] not in TERMINAL_EVENT_TYPES:
         problems.append(f"task {task_id!r}: events follow its terminal event")
-    problems += _tool_problems(task_id, [(e.type, e.payload) for e in events], _TOOL_ORDER)
+    problems += _tool_problems(task_id, [(e.type, e.payload) for e in events], _TOOL_ORDER, ended=bool(terminals))
     if problems:
         raise InvariantError(problems)
 
 
 def _tool_problems(task_id: str, events: Sequence[tuple[EventType, object]], order: dict[EventType, int],
-                   ) -> list[str]:
+                   *, ended: bool = False) -> list[str]:
     """The tool-call graph: per call (id and attempt) one request first, its events in ``order``, at most one
     decision, and nothing run without an approval (where decisions are in the stream)."""
     calls: defaultdict[tuple[str, int], list[EventType]] = defaultdict(list)
@@ -204,6 +206,11 @@ def _tool_problems(task_id: str, events: Sequence[tuple[EventType, object]], ord
             problems.append(f"{name} ran without an approval")
         if EventType.TOOL_CALL_COMPLETED in seen and EventType.TOOL_CALL_STARTED not in seen:
             problems.append(f"{name} completed without having started")
+        if (completed := seen.count(EventType.TOOL_CALL_COMPLETED)) > 1:
+            problems.append(f"{name} completed {completed} times; a call completes exactly once")
+        if ended and EventType.TOOL_CALL_STARTED in seen and not completed:
+            problems.append(f"{name} started and never completed, yet its task ended: a call cut short by its "
+                            "task's end is completed with is_error and cut_short")
     return problems
 
 

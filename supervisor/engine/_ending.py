@@ -7,7 +7,15 @@ from typing import Any
 
 import trio
 
-from codesdk.protocol import EventType, Model, Rpc, StopParams, TaskFailed, TaskFailureCode
+from codesdk.protocol import (
+    CallCutShort,
+    EventType,
+    Model,
+    Rpc,
+    StopParams,
+    TaskFailed,
+    TaskFailureCode,
+)
 
 from ..store import (
     DatabaseError,
@@ -22,6 +30,7 @@ from ..store import (
 from codesdk.worker.client import WorkerError
 from ._ports import WorkerLink
 from ._runs import RunTable, TaskRun
+from ._stopping import cut_short_ends, open_calls
 
 log = logging.getLogger("codesdk.supervisor.engine")
 
@@ -29,6 +38,18 @@ log = logging.getLogger("codesdk.supervisor.engine")
 REQUEST_TIMEOUT_S = 30.0
 #: Seconds between retries of a terminal event the disk refused, at first; doubled up to the maximum.
 TERMINAL_RETRY_S, TERMINAL_RETRY_MAX_S = 0.1, 5.0
+#: Seconds a task's end waits for its appends under way to settle before it reads which of its calls are open.
+APPENDS_WAIT_S = 10.0
+
+
+def cut_short_by(event_type: EventType, payload: Model) -> CallCutShort:
+    """How a task's end ends the calls it leaves running: a stop cancels them, a worker's death takes them with
+    it, any other end interrupts them."""
+    if event_type == EventType.TASK_STOPPED:
+        return CallCutShort.CANCELLED
+    if isinstance(payload, TaskFailed) and payload.code == TaskFailureCode.WORKER_CRASHED:
+        return CallCutShort.WORKER_GONE
+    return CallCutShort.INTERRUPTED
 
 
 class TaskEnder:
@@ -51,13 +72,14 @@ class TaskEnder:
             run.tools_nursery.cancel_scope.cancel()  # no tool starts or finishes after the end
         state = TaskState(event_type.value.removeprefix("task."))
         error = payload.to_json_obj() if event_type == EventType.TASK_FAILED else None
-        draft = EventDraft(type=event_type, runtime=run.runtime, payload=payload, trace=run.trace)
         update = TaskUpdate(task_id=run.task_id, state=state, error=error)
         stored = False
         try:
             with trio.CancelScope(shield=True):
+                drafts = [*await self._call_ends(run, cut_short_by(event_type, payload)),
+                          EventDraft(type=event_type, runtime=run.runtime, payload=payload, trace=run.trace)]
                 try:
-                    await self._store.append(run.session_id, [draft], task_update=update)
+                    await self._store.append(run.session_id, drafts, task_update=update)
                     stored = True
                     if run.switched_from is not None and event_type != EventType.TASK_FAILED:
                         await self._keep_switch(run)
@@ -67,11 +89,25 @@ class TaskEnder:
                 except DatabaseError as exc:  # the disk failed: keep trying; never report an unstored end
                     log.error("task %s: its %s could not be stored (%s); retrying until the store takes "
                               "writes again", run.task_id, event_type, exc)
-                    self._nursery.start_soon(self._store_when_writable, run, draft, update)
+                    self._nursery.start_soon(self._store_when_writable, run, drafts, update)
         finally:
             self._runs.end(run)
             if stored or self._nursery.cancel_scope.cancel_called:
                 run.done.set()
+
+    async def _call_ends(self, run: TaskRun, how: CallCutShort) -> list[EventDraft]:
+        """A ``tool.call.completed`` for each call of the task stored as started and not completed, stored with its
+        terminal event: an approved call is started → completed exactly once, however its task ends."""
+        with trio.move_on_after(APPENDS_WAIT_S):  # an append under way may be the call's own completion
+            while run.appending:
+                await run.appends_settled.park()
+        try:
+            calls = await open_calls(self._store, run.session_id, run.task_id)
+        except StoreError as exc:  # the end is stored all the same; the calls stay open in the log
+            log.error("task %s: which of its tool calls are open could not be read: %s", run.task_id, exc)
+            return []
+        return [EventDraft(type=EventType.TOOL_CALL_COMPLETED, runtime=run.runtime, payload=end, trace=run.trace)
+                for end in cut_short_ends(calls, how)]
 
     async def _keep_switch(self, run: TaskRun) -> None:
         """A task that moved its session to another runtime ended well there: the session is that runtime's now,
@@ -123,15 +159,15 @@ class TaskEnder:
             except WorkerError as exc:
                 log.info("stop of %s not delivered: %s", task_id, exc)
 
-    async def _store_when_writable(self, run: TaskRun, draft: EventDraft, update: TaskUpdate) -> None:
+    async def _store_when_writable(self, run: TaskRun, drafts: list[EventDraft], update: TaskUpdate) -> None:
         delay = TERMINAL_RETRY_S
         try:
             while True:
                 await trio.sleep(delay)
                 delay = min(delay * 2, TERMINAL_RETRY_MAX_S)
                 try:
-                    await self._store.append(run.session_id, [draft], task_update=update)
-                    log.info("task %s: its %s is stored now", run.task_id, draft.type)
+                    await self._store.append(run.session_id, drafts, task_update=update)
+                    log.info("task %s: its %s is stored now", run.task_id, drafts[-1].type)
                     return
                 except DatabaseError:
                     continue

@@ -3,7 +3,8 @@
 - Before a namespace's session is created or its task started or stopped here, its lease must be ours
   (``own``); a namespace another live supervisor holds is refused with where to go (``NamespaceElsewhere``).
 - A lease taken over (from nobody, or from a supervisor that is gone) makes the tasks left running in the
-  namespace orphans: each is failed once with ``SUPERVISOR_RESTARTED``, and its pending approvals are closed.
+  namespace orphans: each is failed once with ``SUPERVISOR_RESTARTED`` (the calls it left running ended with it,
+  ``cut_short: interrupted``), and its pending approvals are closed.
   At start-up every namespace with such tasks is taken over where no live supervisor holds it (``recover``).
 - While the service runs (``keep``): leases are renewed; the namespaces of supervisors that died are taken over
   where they left tasks running; a lease lost (we were cut off from the database for too long, and another may
@@ -18,12 +19,13 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from codesdk.protocol import ApprovalState, EventType, RuntimeInfo, TaskFailed, TaskFailureCode, Trace
+from codesdk.protocol import ApprovalState, CallCutShort, EventType, RuntimeInfo, TaskFailed, TaskFailureCode, Trace
 
 from ..store import EventDraft, InvalidTransition, Leases, Recorder, StoreError, TaskState, TaskUpdate
 from ._approvals import ApprovalBroker
 from ._errors import NamespaceElsewhere
 from ._runs import RunTable
+from ._stopping import cut_short_ends, open_calls
 
 log = logging.getLogger("codesdk.supervisor.engine")
 
@@ -146,10 +148,15 @@ class Leasing:
             failed = TaskFailed(code=TaskFailureCode.SUPERVISOR_RESTARTED, retryable=True,
                                 message="the supervisor running this task stopped (or lost the namespace); its "
                                         "worker went with it")
+            runtime, trace = RuntimeInfo(name=session.runtime), Trace(session_id=record.session_id,
+                                                                      task_id=record.task_id)
+            ends = cut_short_ends(await open_calls(self.store, record.session_id, record.task_id),
+                                  CallCutShort.INTERRUPTED)  # an approved call is started → completed, once
             try:
-                await self.store.append(record.session_id, [EventDraft(
-                    type=EventType.TASK_FAILED, runtime=RuntimeInfo(name=session.runtime), payload=failed,
-                    trace=Trace(session_id=record.session_id, task_id=record.task_id))],
+                await self.store.append(record.session_id, [
+                    *(EventDraft(type=EventType.TOOL_CALL_COMPLETED, runtime=runtime, payload=end, trace=trace)
+                      for end in ends),
+                    EventDraft(type=EventType.TASK_FAILED, runtime=runtime, payload=failed, trace=trace)],
                     task_update=TaskUpdate(task_id=record.task_id, state=TaskState.FAILED,
                                            error=failed.to_json_obj()))
             except InvalidTransition:

@@ -31,10 +31,16 @@ class RunRecorder:
         ends now, over a quota). ``bulk``: part of a long stream (see ``EventStore.append``)."""
         if run.ended:
             return False
+        run.appending += 1  # the task's end waits for this append before it reads which calls are open
         try:
-            await self.store.append(run.session_id, [
-                EventDraft(type=event.type, runtime=event.runtime or run.runtime, payload=event.payload,
-                           trace=run.trace) for event in events], blobs=blobs, bulk=bulk, quotas=self.quotas)
+            try:
+                await self.store.append(run.session_id, [
+                    EventDraft(type=event.type, runtime=event.runtime or run.runtime, payload=event.payload,
+                               trace=run.trace) for event in events], blobs=blobs, bulk=bulk, quotas=self.quotas)
+            finally:
+                run.appending -= 1
+                if not run.appending:
+                    run.appends_settled.unpark_all()
         except QuotaExceeded as exc:  # nothing of these was stored; the task ends here, once
             log.warning("task %s: %s", run.task_id, exc)
             await self._over_quota(run, exc)

@@ -71,6 +71,10 @@ class TaskRun:
     model_input: ModelInput | None = None  # stored once the worker accepted the task
     input_stored: trio.Event = field(default_factory=trio.Event)
     done: trio.Event = field(default_factory=trio.Event)  # the task's terminal event is stored
+    #: Appends of the task's events under way (``RunRecorder``): its end waits for them before it reads which of
+    #: its calls are still open.
+    appending: int = 0
+    appends_settled: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
     # The worker is finished with the task too (its own terminal arrived, or it exited, or it never had it).
     # A stopped task can keep running in the worker for its stop grace; the session's next task waits.
     released: trio.Event = field(default_factory=trio.Event)

@@ -12,6 +12,7 @@ import trio
 
 from codesdk.protocol import (
     MAX_STOP_GRACE_S,
+    CallCutShort,
     CallEnding,
     CallInFlight,
     CallStage,
@@ -22,7 +23,9 @@ from codesdk.protocol import (
     StopParams,
     StopReceipt,
     TaskStopped,
+    ToolCallCompleted,
     ToolCallRequested,
+    ToolCallStarted,
     WorkerAnswer,
 )
 
@@ -88,6 +91,42 @@ async def calls_in_flight(store: StoreReader, session_id: str, task_id: str) -> 
             elif event.type in (EventType.TOOL_CALL_COMPLETED, EventType.TOOL_CALL_DENIED):
                 stages.pop(call, None)
     return stages
+
+
+_RUN_TYPES = (EventType.TOOL_CALL_STARTED, EventType.TOOL_CALL_COMPLETED)
+
+
+async def open_calls(store: StoreReader, session_id: str, task_id: str) -> list[ToolCallStarted]:
+    """The task's calls (each attempt) stored as started and not completed, in the order they started."""
+    started: dict[tuple[str, int], ToolCallStarted] = {}
+    after = 0
+    while page := await store.read_types(session_id, _RUN_TYPES, after, 1000, task_id=task_id):
+        after = page[-1].seq
+        for event in page:
+            payload = event.payload
+            if isinstance(payload, ToolCallStarted):
+                started[(payload.tool_call_id, payload.attempt)] = payload
+            elif isinstance(payload, ToolCallCompleted):
+                started.pop((payload.tool_call_id, payload.attempt), None)
+    return list(started.values())
+
+
+_CUT_SHORT_PREVIEW = {
+    CallCutShort.CANCELLED: "cancelled: the task was stopped while the call ran; its result never came",
+    CallCutShort.INTERRUPTED: "interrupted: the task ended while the call ran; its result never came",
+    CallCutShort.WORKER_GONE: "interrupted: the worker running the task died while the call ran; its result never "
+                              "came",
+}
+
+
+def cut_short_ends(calls: list[ToolCallStarted], how: CallCutShort) -> list[ToolCallCompleted]:
+    """The ``tool.call.completed`` that ends each of these calls, cut short by its task's end: an error, saying
+    how it ended (the call's own result never came)."""
+    return [ToolCallCompleted(
+        tool_call_id=call.tool_call_id, runtime_tool_call_id=call.runtime_tool_call_id, attempt=call.attempt,
+        input_hash=call.input_hash, tool_name=call.tool_name, is_error=True, executed_by=call.executed_by,
+        execution_env=call.execution_env, sandbox=call.sandbox, result_preview=_CUT_SHORT_PREVIEW[how],
+        cut_short=how) for call in calls]
 
 
 def call_endings(before: dict[str, tuple[str, CallStage]], after: dict[str, tuple[str, CallStage]],
