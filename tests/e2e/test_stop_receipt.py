@@ -14,6 +14,7 @@ import trio
 
 from codesdk.testing.invariants import check_session
 from codesdk.protocol import (
+    CallCutShort,
     CallEnding,
     CallStage,
     EventType,
@@ -158,5 +159,10 @@ async def test_the_calls_in_flight_are_ended_and_the_receipt_says_how(make_engin
     else:
         assert (in_flight.stage, in_flight.ended) == (CallStage.RUNNING, CallEnding.CANCELLED)
         assert running() == []
-    assert not [e for e in events if e.type == EventType.TOOL_CALL_COMPLETED]
+    ends = [e.payload for e in events if e.type == EventType.TOOL_CALL_COMPLETED]
+    if interactive:  # never started: nothing to complete
+        assert ends == []
+    else:  # started, then cut short: its end is stored with the task's (issue 33, item 2)
+        assert [(getattr(e, "is_error", None), getattr(e, "cut_short", None)) for e in ends] == [
+            (True, CallCutShort.CANCELLED)]
     assert "calls in flight: workspace.exec " + in_flight.ended.value in describe_receipt(receipt)
