@@ -46,6 +46,7 @@ from codesdk.protocol import (
     TaskStopped,
     Trace,
     TraceContext,
+    WorkerAnswer,
     canonical_json,
     check_runtime_name,
 )
@@ -362,6 +363,13 @@ class Engine:
                 with trio.move_on_after(TOOLS_WAIT_S):
                     await run.tools_ended.wait()
             receipt = await stop_in_worker(run.worker, run.task_id, stop, end_wait_s(run.params.runtime_config))
+            if receipt.worker == WorkerAnswer.NO_ANSWER and run.worker is not None and not run.worker.exited.is_set():
+                # A worker that does not answer a stop is hung: it is treated as crashed (killed, counted, replaced),
+                # never left holding the task's session and the namespace.
+                await self._workers.hung(run.namespace, run.worker, f"did not answer a stop ({receipt.worker_detail})")
+                receipt = receipt.model_copy(update={"worker_detail": f"{receipt.worker_detail}; it was treated as "
+                                                     "crashed: its process tree was killed (SIGKILL), and the "
+                                                     "namespace's next task gets a new worker"})
             after = await calls_in_flight(self.store, run.session_id, run.task_id)
             receipt = receipt.model_copy(update={
                 "tool_calls": call_endings(before, after),

@@ -59,6 +59,10 @@ class Workers(Protocol):
     async def let_go(self, namespace: str) -> None:
         """End the namespace's worker now (its lease was lost: another supervisor may run the namespace)."""
 
+    async def hung(self, namespace: str, worker: WorkerLink, why: str) -> None:
+        """The worker did not answer (``why``): treat it as crashed — kill its process tree now; its exit fails
+        its tasks once and counts toward the namespace's quarantine; the namespace's next task gets a new one."""
+
     async def aclose(self) -> None: ...
 
 
@@ -89,6 +93,10 @@ class PoolWorkers:
 
     async def let_go(self, namespace: str) -> None:
         await self.pool.let_go(namespace)
+
+    async def hung(self, namespace: str, worker: WorkerLink, why: str) -> None:
+        if isinstance(worker, WorkerProcess):
+            await self.pool.kill_hung(namespace, worker, why)
 
     async def aclose(self) -> None:
         await self.pool.aclose()

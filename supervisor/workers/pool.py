@@ -89,6 +89,7 @@ class _Slot:
     vacated: trio.Event = field(default_factory=trio.Event)  # set once the current worker is gone
     env_stamp: str = ""  # the stored variables' stamp the current worker was started with
     started_by: str | None = None  # how the current (or last) worker started: "template", "ahead", "new interpreter"
+    hung: str | None = None  # why the current worker was killed as hung (``kill_hung``), until its exit is reported
 
 
 def _describe(exc: BaseException) -> str:
@@ -228,6 +229,17 @@ class WorkerPool:
             log.error("namespace %s: its lease was lost; killing its worker pid %d", namespace, worker.pid)
             worker.stopping = True
             await worker.kill()
+
+    async def kill_hung(self, namespace: str, worker: WorkerProcess, why: str) -> None:
+        """The worker did not answer (``why``: a stop, or the liveness ping): it is treated as crashed. Its whole
+        tree is SIGKILLed at once (a frozen process cannot act on SIGTERM); its exit, reported as usual, fails its
+        tasks once and counts toward quarantine; the namespace's next task starts a new worker."""
+        slot = self._slots.get(namespace)
+        if slot is None or slot.worker is not worker or worker.exited.is_set() or worker.stopping:
+            return
+        slot.hung = why
+        log.error("namespace %s: worker pid %d %s; killing it as hung", namespace, worker.pid, why)
+        await worker.kill(term_grace_s=0)
 
     def worker_of(self, namespace: str) -> WorkerProcess | None:
         slot = self._slots.get(namespace)
@@ -423,7 +435,9 @@ class WorkerPool:
                 slot.idle_scope.cancel()
                 slot.idle_scope = None
         if not worker.stopping:
-            slot.last_error = f"worker pid {worker.pid} {status.describe()}"
+            hung, slot.hung = slot.hung, None
+            slot.last_error = (f"worker pid {worker.pid} {status.describe()}" if hung is None else
+                               f"worker pid {worker.pid} {hung}: killed as hung")
             log.error("namespace %s: %s", slot.namespace.name, slot.last_error)
             self._record_crash(slot)
         await self._on_exit(slot.namespace.name, worker, status)

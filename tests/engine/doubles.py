@@ -127,6 +127,7 @@ class FakeWorkers:
     def __init__(self) -> None:
         self.workers: dict[str, FakeWorker] = {}
         self.unavailable: dict[str, str] = {}  # namespace -> why no worker can be had
+        self.hung_workers: list[tuple[str, str]] = []  # (namespace, why) of each worker killed as hung
         self._on_events: WorkerEvents | None = None
         self._on_exit: WorkerExit | None = None
 
@@ -150,6 +151,11 @@ class FakeWorkers:
     async def let_go(self, namespace: str) -> None:
         worker = self.workers.get(namespace)
         if worker is not None and not worker.exited.is_set():
+            await worker.exit(-9)
+
+    async def hung(self, namespace: str, worker: WorkerLink, why: str) -> None:
+        self.hung_workers.append((namespace, why))
+        if isinstance(worker, FakeWorker) and not worker.exited.is_set():
             await worker.exit(-9)
 
     async def aclose(self) -> None:

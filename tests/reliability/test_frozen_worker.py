@@ -1,0 +1,69 @@
+"""A frozen worker is treated as crashed: killed with its tree, its tasks failed once, counted toward quarantine,
+and its namespace served by a new worker (docs/reliability.md, "Frozen worker").
+
+The worker is a real process, frozen with SIGSTOP (ended by its pid) mid-task in the scripted ``hang`` scenario.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import trio
+
+from codesdk.protocol import EventType, TaskStopped, WorkerAnswer
+from codesdk.supervisor.engine import Engine, session_events
+from codesdk.supervisor.store import TaskState
+from codesdk.testing.invariants import check_session
+from codesdk.worker.client import WorkerProcess
+
+from tests.conftest import MakeEngine
+
+
+async def _frozen_mid_task(engine: Engine) -> tuple[str, str, WorkerProcess]:
+    """(session, task, worker): a task running in the ``hang`` scenario, its worker then SIGSTOPped."""
+    session = await engine.create_session()
+    task = await engine.start_task(session.session_id, "x", runtime_config={"scenario": "hang"})
+    while (await engine.store.get_task(task.task_id)).state != TaskState.RUNNING:
+        await trio.sleep(0.02)
+    worker = engine.pool.worker_of("default")
+    assert worker is not None
+    os.kill(worker.pid, signal.SIGSTOP)
+    return session.session_id, task.task_id, worker
+
+
+def _status(engine: Engine) -> dict[str, object]:
+    (slot,) = [s for s in engine.pool.status() if s["namespace"] == "default"]
+    return slot
+
+
+async def test_a_worker_that_does_not_answer_a_stop_is_killed_and_replaced(make_engine: MakeEngine,
+                                                                           tmp_path: Path) -> None:
+    with trio.fail_after(90):
+        async with make_engine() as engine:
+            sid, task_id, frozen = await _frozen_mid_task(engine)
+            pid = frozen.pid
+            try:
+                record = await engine.stop_task(task_id)
+                assert record.state == TaskState.STOPPED
+                stopped = [e.payload for e in await session_events(engine.store, sid)
+                           if e.type == EventType.TASK_STOPPED]
+                assert isinstance(stopped[0], TaskStopped) and stopped[0].receipt is not None
+                assert stopped[0].receipt.worker == WorkerAnswer.NO_ANSWER
+                assert "killed" in stopped[0].receipt.worker_detail, stopped[0].receipt.worker_detail
+                # The frozen worker is gone (SIGKILLed: it cannot act on SIGTERM) and counted as a crash.
+                with trio.fail_after(30):
+                    while engine.pool.worker_of("default") is not None and \
+                            engine.pool.worker_of("default").pid == pid:  # type: ignore[union-attr]
+                        await trio.sleep(0.05)
+                assert _status(engine)["recent_crashes"] == 1
+                # The session's next task runs on a new worker, at once.
+                nxt = await engine.start_task(sid, "again", runtime_config={"scenario": "echo"})
+                assert (await engine.wait_task(nxt.task_id)).state == TaskState.COMPLETED
+                assert engine.pool.worker_of("default") is not None
+                assert engine.pool.worker_of("default").pid != pid  # type: ignore[union-attr]
+                check_session(await session_events(engine.store, sid))
+            finally:
+                if not frozen.exited.is_set():  # not reaped yet: the pid is still the frozen worker's
+                    os.kill(pid, signal.SIGKILL)
