@@ -56,6 +56,7 @@ class Method(StrEnum):
     SEND_TOOL_APPROVED = "runtime.sendToolApproved"  # for calls the runtime executes itself
     STOP = "runtime.stop"
     SHUTDOWN = "runtime.shutdown"
+    PING = "runtime.ping"  # liveness: answered at once by a worker whose loop runs
     EVENT = "runtime.event"  # notification, worker -> supervisor
 
 
@@ -391,6 +392,7 @@ class Rpc:
     SEND_TOOL_APPROVED: Final = MethodSpec(Method.SEND_TOOL_APPROVED, SendToolApprovedParams, Ack)
     STOP: Final = MethodSpec(Method.STOP, StopParams, Ack)
     SHUTDOWN: Final = MethodSpec(Method.SHUTDOWN, NoParams, Ack)
+    PING: Final = MethodSpec(Method.PING, NoParams, Ack)
 
 
 #: Method name -> its spec: every request a worker serves.

@@ -232,6 +232,7 @@ class WorkerServer:
             Method.SEND_TOOL_APPROVED: self._answer_tool,
             Method.STOP: self._stop,
             Method.SHUTDOWN: self._shutdown,
+            Method.PING: self._ping,
         }
         assert self._handlers.keys() == METHOD_TABLE.keys()
 
@@ -546,6 +547,10 @@ class WorkerServer:
             task.recorder.write("stop", reason=reason)
         task.handle.stop(reason)
         task.scope.deadline = min(task.scope.deadline, trio.current_time() + grace_s)
+
+    def _ping(self, params: NoParams) -> Reply:
+        """Liveness: answered at once, so a supervisor can tell a worker whose loop runs from a frozen one."""
+        return Ack()
 
     def _shutdown(self, params: NoParams) -> Reply:
         self.shutting_down = True

@@ -55,6 +55,10 @@ class WorkerPolicy:
     sustained_window_s: float = 3600.0
     quarantine_s: float = 600.0  # how long a quarantined namespace refuses new workers (an operator may lift it)
     shutdown_grace_s: float = 5.0  # time to exit after runtime.shutdown, before SIGTERM then SIGKILL
+    #: Liveness: a running worker is pinged (``runtime.ping``) this often (0: never); one that answers no ping and
+    #: sends nothing for ``liveness_timeout_s`` is taken for frozen and killed as crashed (docs/reliability.md).
+    liveness_interval_s: float = 10.0
+    liveness_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)

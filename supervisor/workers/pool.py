@@ -23,10 +23,20 @@ from codesdk.procs.launch import Launch
 from codesdk.procs.orphans import discard
 from codesdk.procs.process import ForkedChild, StartedProcess
 from codesdk.procs.tree import ProcessTable
-from codesdk.protocol import ExitStatus, IsolationLevel, IsolationMode, RuntimeEnv, RuntimeEventParams
+from codesdk.protocol import (
+    ExitStatus,
+    IsolationLevel,
+    IsolationMode,
+    NoParams,
+    Rpc,
+    RuntimeEnv,
+    RuntimeEventParams,
+)
 from codesdk.worker.client import (
     REAP_WAIT_S,
     RESOURCE_ERRNOS,
+    RpcError,
+    WorkerError,
     WorkerProcess,
     WorkerResourcesExhausted,
     WorkerSpec,
@@ -103,6 +113,13 @@ def _contains(exc: BaseException, kind: type[BaseException]) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return any(_contains(inner, kind) for inner in exc.exceptions)
     return isinstance(exc, kind)
+
+
+@dataclass
+class _Heard:
+    """When a worker was last heard from (an event handed over, or a ping answered)."""
+
+    at: float = field(default_factory=trio.current_time)
 
 
 class WorkerPool:
@@ -410,9 +427,12 @@ class WorkerPool:
                 log.info("namespace %s: worker pid %d ready (%s)", slot.namespace.name, worker.pid, {
                     "template": "forked by the template", "ahead": "started ahead"}.get(slot.started_by,
                                                                                       slot.started_by))
-                nursery.start_soon(self._pump_events, worker)
+                heard, watch = _Heard(), trio.CancelScope()
+                nursery.start_soon(self._pump_events, worker, heard)
+                nursery.start_soon(self._watch_liveness, slot, worker, heard, watch)
                 task_status.started(worker)
                 await worker.wait_exit()
+                watch.cancel()
         finally:
             # Output has ended, every event was handed over, and the process is reaped — also when the pool is
             # being cancelled from outside (the watcher reaps it then), so the exit is always reported.
@@ -442,10 +462,39 @@ class WorkerPool:
             self._record_crash(slot)
         await self._on_exit(slot.namespace.name, worker, status)
 
-    async def _pump_events(self, worker: WorkerProcess) -> None:
+    async def _watch_liveness(self, slot: _Slot, worker: WorkerProcess, heard: _Heard,
+                              scope: trio.CancelScope) -> None:
+        """Ping the worker every ``liveness_interval_s``; one that neither answers nor sends anything for
+        ``liveness_timeout_s`` is frozen (SIGSTOP, a deadlock, a blocked loop) and is killed as crashed."""
+        every, bound = self.config.policy.liveness_interval_s, self.config.policy.liveness_timeout_s
+        if every <= 0:
+            return
+        with scope:
+            while True:
+                await trio.sleep(every)
+                if worker.exited.is_set() or worker.stopping:
+                    return
+                asked = trio.current_time()
+                with trio.move_on_after(bound) as waited:
+                    try:
+                        await worker.connection.request(Rpc.PING, NoParams())
+                    except RpcError as exc:  # answered, if not as asked: alive
+                        log.warning("namespace %s: worker pid %d refused the liveness ping: %s",
+                                    slot.namespace.name, worker.pid, exc)
+                    except WorkerError:
+                        return  # gone: its exit is reported as usual
+                if not waited.cancelled_caught:
+                    heard.at = trio.current_time()
+                elif heard.at < asked:  # neither the answer nor any event since the ping was sent
+                    await self.kill_hung(slot.namespace.name, worker,
+                                         f"answered no liveness ping and sent nothing for {bound:g} s")
+                    return
+
+    async def _pump_events(self, worker: WorkerProcess, heard: _Heard) -> None:
         """Hand events over in order, in batches of whatever has queued up meanwhile (up to EVENT_BATCH)."""
         events = worker.connection.events
         async for first in events:
+            heard.at = trio.current_time()
             batch = [first]
             while len(batch) < EVENT_BATCH:
                 try:

@@ -15,6 +15,7 @@ import trio
 from codesdk.protocol import EventType, TaskStopped, WorkerAnswer
 from codesdk.supervisor.engine import Engine, session_events
 from codesdk.supervisor.store import TaskState
+from codesdk.supervisor.workers.launch import WorkerPolicy
 from codesdk.testing.invariants import check_session
 from codesdk.worker.client import WorkerProcess
 
@@ -67,3 +68,25 @@ async def test_a_worker_that_does_not_answer_a_stop_is_killed_and_replaced(make_
             finally:
                 if not frozen.exited.is_set():  # not reaped yet: the pid is still the frozen worker's
                     os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_worker_frozen_mid_task_without_a_stop_is_found_by_its_liveness_ping(make_engine: MakeEngine,
+                                                                                   tmp_path: Path) -> None:
+    policy = WorkerPolicy(liveness_interval_s=0.2, liveness_timeout_s=1.0)
+    with trio.fail_after(90):
+        async with make_engine(worker_policy=policy) as engine:
+            sid, task_id, frozen = await _frozen_mid_task(engine)
+            try:
+                record = await engine.wait_task(task_id)  # no stop: the ping finds the worker frozen
+                assert record.state == TaskState.FAILED and record.error is not None
+                assert record.error["code"] == "WORKER_CRASHED" and record.error["retryable"] is True
+                assert frozen.exit_status is not None and frozen.exit_status.signal == signal.SIGKILL
+                assert _status(engine)["recent_crashes"] == 1
+                assert "liveness ping" in str(_status(engine)["last_error"])
+                nxt = await engine.start_task(sid, "again", runtime_config={"scenario": "echo"})
+                assert (await engine.wait_task(nxt.task_id)).state == TaskState.COMPLETED
+                assert engine.pool.worker_of("default").pid != frozen.pid  # type: ignore[union-attr]
+                check_session(await session_events(engine.store, sid))
+            finally:
+                if not frozen.exited.is_set():
+                    os.kill(frozen.pid, signal.SIGKILL)
