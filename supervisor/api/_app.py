@@ -279,6 +279,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             return _error(503, "store_failing", f"the last write to the event store failed: {store.write_failure}")
         if engine.leasing.leases.failure is not None:
             return _error(503, "store_failing", f"the event store can't be reached: {engine.leasing.leases.failure}")
+        if (shortage := engine.space_shortage(engine.config.workspaces_dir)) is not None:  # a probe write fits
+            return _error(503, "insufficient_space", shortage)  # where a task's own files would not
         return JSONResponse({"status": "ready"})
 
     async def metrics_route(request: Request) -> Response:
@@ -566,7 +568,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     operations: list[Operation] = [
         ("GET", "/healthz", "liveness (no token)", None, 200),
-        ("GET", "/readyz", "readiness: the store is open", None, 200),
+        ("GET", "/readyz", "readiness: the store is open and takes writes, the disk reserve is free", None, 200),
         ("GET", "/metrics", "Prometheus metrics (admin)", None, 200),
         ("POST", "/v1/sessions", "create a session in one of your namespaces", CreateSessionBody, 201),
         ("GET", "/v1/sessions", "your sessions", None, 200),

@@ -10,12 +10,13 @@ end), ``_intake`` (events from workers), ``_leasing`` (which namespaces this sup
 """
 
 from ..tools import ApprovalRequest, Approver, ApproverAnswer
-from ._engine import Engine, EngineConfig
+from ._engine import DISK_RESERVE_BYTES, Engine, EngineConfig
 from ._errors import (
     ERROR_STATUS,
     ApproverRequired,
     EngineError,
     ErrorStatus,
+    InsufficientSpace,
     InvalidTaskInput,
     NamespaceElsewhere,
     NamespaceUnavailable,
@@ -31,8 +32,8 @@ from ._runs import EngineStats
 from ._transcript import derive_transcript, session_events
 
 __all__ = [
-    "ERROR_STATUS", "ApprovalRequest", "Approver", "ApproverAnswer", "ApproverRequired", "Engine", "EngineConfig",
-    "EngineError", "EngineStats", "ErrorStatus", "InvalidTaskInput", "NamespaceElsewhere", "NamespaceUnavailable",
+    "DISK_RESERVE_BYTES", "ERROR_STATUS", "ApprovalRequest", "Approver", "ApproverAnswer", "ApproverRequired", "Engine", "EngineConfig",
+    "EngineError", "EngineStats", "ErrorStatus", "InsufficientSpace", "InvalidTaskInput", "NamespaceElsewhere", "NamespaceUnavailable",
     "PoolWorkers", "RequestChannel", "RuntimeUnavailable", "SessionBusy", "TaskNotActive", "UnknownRuntime", "WorkerEvents",
     "WorkerExit", "WorkerLink", "Workers", "WorkersFactory", "WorkspaceRefused", "derive_transcript", "error_status",
     "session_events",

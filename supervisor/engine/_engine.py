@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +86,7 @@ from ._ending import REQUEST_TIMEOUT_S, TaskEnder
 from ._errors import (
     ApproverRequired,
     EngineError,
+    InsufficientSpace,
     InvalidTaskInput,
     NamespaceUnavailable,
     RuntimeUnavailable,
@@ -121,6 +123,23 @@ RECENT_RUNS_KEPT = 1000
 RELEASE_WAIT_S = 15.0
 
 
+#: Free bytes a new session or task needs on the file systems of the data dir and of its workspace: room for its
+#: events, blobs and the runtime's files, and for the terminal events of the tasks already running.
+DISK_RESERVE_BYTES = 256 << 20
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes free to unprivileged writers on the file system holding ``path`` (its nearest existing ancestor)."""
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     data_dir: Path
@@ -136,6 +155,11 @@ class EngineConfig:
     holder: str = "a CodeSDK supervisor"  # who we are, to a second process that finds the data dir locked
     #: Per-tenant limits: checked when a task is admitted (``start_task``) and whenever its events are stored.
     quotas: Quotas = field(default_factory=Quotas)
+    #: Readiness and admission refuse (``InsufficientSpace``) when the data dir's or the workspace's file system has
+    #: less free than this (0: not checked).
+    disk_reserve_bytes: int = DISK_RESERVE_BYTES
+    #: How free space is measured (the seam tests replace): free bytes of the file system holding a path.
+    free_space: Callable[[Path], int] = free_bytes
 
 
 class Engine:
@@ -200,7 +224,8 @@ class Engine:
     async def create_session(self, *, runtime: str | None = None, namespace: str = "default",
                              workspace: Path | None = None, metadata: dict[str, Any] | None = None,
                              session_id: str | None = None) -> SessionRecord:
-        """A new session and its ``session.created``. ``InvalidNamespace``; ``WorkspaceRefused``; ``InvalidTaskInput``
+        """A new session and its ``session.created``. ``InvalidNamespace``; ``WorkspaceRefused``; ``InsufficientSpace``;
+        ``InvalidTaskInput``
         for a name no runtime can have (``protocol.RUNTIME_NAME_PATTERN``).
 
         ``session_id``: one chosen ahead (``new_id("ses")``: ``codesdk run`` chooses it, and makes the default
@@ -211,6 +236,7 @@ class Engine:
         await self.leasing.own(namespace)  # its workspace and worker are on the supervisor that runs it
         if session_id is not None and not is_id(session_id, "ses"):
             raise ValueError(f"not a session id: {session_id!r}")
+        self._check_space(workspace if workspace is not None else self.config.workspaces_dir)
         session_id = session_id or new_id("ses")
         made = workspace is None or not workspace.exists()
         if workspace is None:
@@ -232,6 +258,29 @@ class Engine:
                                    workspace=str(workspace), metadata=metadata or {}),
             trace=Trace(session_id=session_id))])
         return record
+
+    def space_shortage(self, workspace: Path | None = None) -> str | None:
+        """What lacks the free space a task needs (``EngineConfig.disk_reserve_bytes``): the data dir's file system,
+        then the workspace's (when given), said as one actionable line; None when both have enough."""
+        reserve = self.config.disk_reserve_bytes
+        if reserve <= 0:
+            return None
+        places = [("data dir", self.config.data_dir)]
+        if workspace is not None:
+            places.append(("workspace", workspace))
+        for what, path in places:
+            try:
+                free = self.config.free_space(path)
+            except OSError as exc:
+                return f"the free space of the {what} {path} cannot be measured: {exc}"
+            if free < reserve:
+                return (f"the {what} {path} has only {_mib(free)} free on its file system; a task needs "
+                        f"{_mib(reserve)} (the disk reserve): free space there, then retry")
+        return None
+
+    def _check_space(self, workspace: Path | None = None) -> None:
+        if (shortage := self.space_shortage(workspace)) is not None:
+            raise InsufficientSpace(shortage)
 
     async def _prepare_workspace(self, workspace: Path, namespace: str) -> Path:
         """The checked workspace, created, and the namespace's own with per-namespace uids."""
@@ -256,13 +305,15 @@ class Engine:
         that fails there leaves the session where it was. ``max_input_tokens``: a cap on the
         compiled input, below the runtime's own budget.
 
-        Refusals (nothing stored): ``SessionBusy``, ``ApproverRequired``, ``InvalidTaskInput``, and the store's
+        Refusals (nothing stored): ``SessionBusy``, ``InsufficientSpace`` (the data dir's or the workspace's file
+        system is short of the disk reserve), ``ApproverRequired``, ``InvalidTaskInput``, and the store's
         ``QuotaExceeded`` (admission) and ``UnknownSession``."""
         session = await self.store.get_session(session_id)
         await self.leasing.own(session.namespace)  # its worker runs on the supervisor holding its lease
         busy = self._runs.active_in(session_id)
         if busy is not None:
             raise SessionBusy(session_id, busy.task_id)
+        self._check_space(Path(session.workspace) if session.workspace else None)
         if durable_approvals:  # decisions come from whoever decides the stored approval (the HTTP API)
             interaction_mode, approver = InteractionMode.INTERACTIVE, None
         elif interaction_mode == InteractionMode.INTERACTIVE and approver is None:

@@ -62,6 +62,11 @@ class RuntimeUnavailable(EngineError):
     """The namespace's worker could not answer for the runtime (it failed the request, or took too long)."""
 
 
+class InsufficientSpace(EngineError):
+    """The service is short of disk space: the file system of its data dir, or of the session's workspace, has less
+    free than the reserve a task needs (``EngineConfig.disk_reserve_bytes``). The operator's to fix: free space."""
+
+
 class ApproverRequired(EngineError):
     """An interactive task needs someone to ask: an approver, or approvals decided over the API."""
 
@@ -96,6 +101,7 @@ ERROR_STATUS: dict[type[Exception], ErrorStatus] = {
     NamespaceElsewhere: ErrorStatus(421, "namespace_elsewhere"),
     UnknownRuntime: ErrorStatus(404, "unknown_runtime"),
     RuntimeUnavailable: ErrorStatus(503, "runtime_unavailable"),
+    InsufficientSpace: ErrorStatus(503, "insufficient_space"),
     ApproverRequired: ErrorStatus(422, "approver_required"),
     SessionBusy: ErrorStatus(409, "session_busy"),
     StoredSessionBusy: ErrorStatus(409, "session_busy"),
