@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+import trio
+
 from ..store import EventDraft, QuotaExceeded, Quotas, Recorder
 from ._runs import PendingEvent, TaskRun
 
@@ -34,9 +36,13 @@ class RunRecorder:
         run.appending += 1  # the task's end waits for this append before it reads which calls are open
         try:
             try:
-                await self.store.append(run.session_id, [
-                    EventDraft(type=event.type, runtime=event.runtime or run.runtime, payload=event.payload,
-                               trace=run.trace) for event in events], blobs=blobs, bulk=bulk, quotas=self.quotas)
+                # Shielded: a queued write is carried out even if its caller is cancelled (a tool's run, cut short
+                # by the task's end), so the count must come down only once its outcome is known.
+                with trio.CancelScope(shield=True):
+                    await self.store.append(run.session_id, [
+                        EventDraft(type=event.type, runtime=event.runtime or run.runtime, payload=event.payload,
+                                   trace=run.trace) for event in events], blobs=blobs, bulk=bulk,
+                        quotas=self.quotas)
             finally:
                 run.appending -= 1
                 if not run.appending:
