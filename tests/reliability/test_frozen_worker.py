@@ -10,9 +10,17 @@ import os
 import signal
 from pathlib import Path
 
+import psutil
 import trio
 
-from codesdk.protocol import EventType, TaskStopped, WorkerAnswer
+from codesdk.protocol import (
+    CallCutShort,
+    EventType,
+    PermissionMode,
+    TaskStopped,
+    ToolCallCompleted,
+    WorkerAnswer,
+)
 from codesdk.supervisor.engine import Engine, session_events
 from codesdk.supervisor.store import TaskState
 from codesdk.supervisor.workers.launch import WorkerPolicy
@@ -20,6 +28,7 @@ from codesdk.testing.invariants import check_session
 from codesdk.worker.client import WorkerProcess
 
 from tests.conftest import MakeEngine
+from tests.waits import until
 
 
 async def _frozen_mid_task(engine: Engine) -> tuple[str, str, WorkerProcess]:
@@ -90,3 +99,45 @@ async def test_a_worker_frozen_mid_task_without_a_stop_is_found_by_its_liveness_
             finally:
                 if not frozen.exited.is_set():
                     os.kill(frozen.pid, signal.SIGKILL)
+
+
+async def test_a_worker_frozen_during_an_exec_is_killed_and_the_exec_ended_with_it(make_engine: MakeEngine,
+                                                                                  tmp_path: Path) -> None:
+    """The supervisor runs the task's command; the worker freezes meanwhile. The ping finds it: the task fails
+    WORKER_CRASHED, the command is cut short (its end stored: ``cut_short: worker_gone``) and its process ended."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    marker = f"codesdk-frozen-exec-{tmp_path.name}"
+    sleeper = "import time; open('started', 'w').write('yes'); time.sleep(3600)"
+    call = {"id": "c1", "name": "workspace.exec", "input": {"argv": ["python3", "-c", sleeper, marker]}}
+    config = {"scenario_inline": {"name": "exec", "steps": [{"tool_calls": [call]}, {"text": "done"}]}}
+
+    def running() -> list[int]:
+        """The command's live processes (the sandbox has its own pids: found by its argv)."""
+        found = []
+        for process in psutil.process_iter(["cmdline", "status"]):
+            if (process.info["cmdline"] or [])[-1:] == [marker] and process.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(process.pid)
+        return found
+
+    policy = WorkerPolicy(liveness_interval_s=0.2, liveness_timeout_s=1.0)
+    with trio.fail_after(90):
+        async with make_engine(exec_allowlist=("python3",), worker_policy=policy) as engine:
+            session = await engine.create_session(workspace=workspace)
+            task = await engine.start_task(session.session_id, "run it", runtime_config=config,
+                                           permission_mode=PermissionMode.YOLO)
+            await until("the command to run", lambda: (workspace / "started").exists() and running())
+            frozen = engine.pool.worker_of("default")
+            assert frozen is not None
+            os.kill(frozen.pid, signal.SIGSTOP)
+            try:
+                record = await engine.wait_task(task.task_id)
+                assert record.error is not None and record.error["code"] == "WORKER_CRASHED"
+                await until("the command to end", lambda: not running())
+                events = await session_events(engine.store, session.session_id)
+            finally:
+                if not frozen.exited.is_set():
+                    os.kill(frozen.pid, signal.SIGKILL)
+    check_session(events)
+    ends = [e.payload for e in events if isinstance(e.payload, ToolCallCompleted)]
+    assert [(e.tool_call_id, e.is_error, e.cut_short) for e in ends] == [("c1", True, CallCutShort.WORKER_GONE)]
