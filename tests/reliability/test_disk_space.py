@@ -87,3 +87,61 @@ async def test_the_real_probe_on_a_real_file_system(tmp_path: Path) -> None:
                                ToolRegistry(ToolsConfig())) as engine:
             with pytest.raises(InsufficientSpace, match="data dir"):
                 await engine.create_session()
+
+
+#: Run in a mount namespace of its own (``unshare --user --map-root-user --mount``: nothing on the host changes),
+#: on a 32 MiB tmpfs mounted there: a real file system that really fills up.
+SMALL_DISK = """
+import sys, trio
+from pathlib import Path
+from codesdk.supervisor.engine import Engine, EngineConfig, InsufficientSpace
+from codesdk.supervisor.tools import ToolRegistry, ToolsConfig
+from codesdk.supervisor.workers.launch import PoolConfig
+
+async def main(data: Path) -> None:
+    config = EngineConfig(data_dir=data, pool=PoolConfig(data_dir=data), disk_reserve_bytes=4 << 20)
+    async with Engine.open(config, ToolRegistry(ToolsConfig())) as engine:
+        session = await engine.create_session()
+        assert engine.space_shortage() is None
+        with open(data / "filler", "wb") as f:  # the disk fills up (another tenant, logs, ...)
+            try:
+                while True:
+                    f.write(b"x" * (1 << 20))
+                    f.flush()
+            except OSError:
+                pass
+        try:
+            await engine.start_task(session.session_id, "x")
+        except InsufficientSpace as exc:
+            print("REFUSED", exc)
+        (data / "filler").unlink()
+        assert engine.space_shortage() is None
+        print("FREED")
+
+trio.run(main, Path(sys.argv[1]))
+"""
+
+
+async def test_a_real_small_file_system_that_fills_up_refuses_the_task(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    script = (f'mount -t tmpfs -o size=32m tmpfs "$1" || exit 97\n'
+              f'exec "{sys.executable}" -c "$2" "$1/data"')
+    argv = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, "sh", str(mount), SMALL_DISK]
+    try:
+        probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True,
+                               timeout=30, check=False)
+    except FileNotFoundError:
+        pytest.skip("unshare (util-linux) is not installed")
+    if probe.returncode != 0:
+        pytest.skip(f"no user and mount namespace can be made here: {probe.stderr.decode().strip()}")
+    done = await trio.to_thread.run_sync(lambda: subprocess.run(argv, capture_output=True, timeout=120, text=True,
+                                                                check=False))
+    if done.returncode == 97:
+        pytest.skip(f"a tmpfs cannot be mounted in a mount namespace here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    assert "REFUSED the data dir" in done.stdout and "free on its file system" in done.stdout, done.stdout
+    assert "FREED" in done.stdout
