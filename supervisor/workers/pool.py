@@ -117,9 +117,12 @@ def _contains(exc: BaseException, kind: type[BaseException]) -> bool:
 
 @dataclass
 class _Heard:
-    """When a worker was last heard from (an event handed over, or a ping answered)."""
+    """When a worker was last heard from (an event handed over, or a ping answered), and whether the supervisor is
+    busy handing its events over: then its answers wait behind them unread (the store is slow, a PostgreSQL
+    failover), and its silence says nothing about the worker."""
 
     at: float = field(default_factory=trio.current_time)
+    handing_over: bool = False
 
 
 class WorkerPool:
@@ -485,7 +488,7 @@ class WorkerPool:
                         return  # gone: its exit is reported as usual
                 if not waited.cancelled_caught:
                     heard.at = trio.current_time()
-                elif heard.at < asked:  # neither the answer nor any event since the ping was sent
+                elif heard.at < asked and not heard.handing_over:  # no answer, no event, and none unread
                     await self.kill_hung(slot.namespace.name, worker,
                                          f"answered no liveness ping and sent nothing for {bound:g} s")
                     return
@@ -501,10 +504,14 @@ class WorkerPool:
                     batch.append(events.receive_nowait())
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
+            heard.handing_over = True
             try:
                 await self._on_event(worker, batch)
             except Exception:  # a worker's bad event must never take the supervisor down; it is logged
                 log.exception("%s: events could not be handled (%d in batch); dropped", worker.spec.name, len(batch))
+            finally:
+                heard.handing_over = False
+                heard.at = trio.current_time()
 
     async def _env_changed(self, slot: _Slot) -> bool:
         return await trio.to_thread.run_sync(self.namespace_env.stamp, slot.namespace.name) != slot.env_stamp

@@ -14,6 +14,7 @@ import psutil
 import trio
 
 from codesdk.protocol import (
+    Rpc,
     CallCutShort,
     EventType,
     PermissionMode,
@@ -22,7 +23,7 @@ from codesdk.protocol import (
     WorkerAnswer,
 )
 from codesdk.supervisor.engine import Engine, session_events
-from codesdk.supervisor.store import TaskState
+from codesdk.supervisor.store import EventDraft, TaskState
 from codesdk.supervisor.workers.launch import WorkerPolicy
 from codesdk.testing.invariants import check_session
 from codesdk.worker.client import WorkerProcess
@@ -141,3 +142,49 @@ async def test_a_worker_frozen_during_an_exec_is_killed_and_the_exec_ended_with_
     check_session(events)
     ends = [e.payload for e in events if isinstance(e.payload, ToolCallCompleted)]
     assert [(e.tool_call_id, e.is_error, e.cut_short) for e in ends] == [("c1", True, CallCutShort.WORKER_GONE)]
+
+
+async def test_a_live_worker_is_not_killed_while_the_store_is_slow(make_engine: MakeEngine) -> None:
+    """While the supervisor is busy handing a worker's events to a stalled store (a PostgreSQL failover), the
+    worker's answers wait unread behind them: its silence is the supervisor's, and the worker lives on."""
+    policy = WorkerPolicy(liveness_interval_s=0.05, liveness_timeout_s=0.1)
+    with trio.fail_after(90):
+        async with make_engine(worker_policy=policy) as engine:
+            session = await engine.create_session()
+            warm = await engine.start_task(session.session_id, "warm", runtime_config={"scenario": "echo"})
+            assert (await engine.wait_task(warm.task_id)).state == TaskState.COMPLETED
+            worker = engine.pool.worker_of("default")
+            assert worker is not None
+            pings = 0
+            request = worker.connection.request
+
+            async def counted(method: object, params: object) -> object:
+                nonlocal pings
+                if method == Rpc.PING:
+                    pings += 1
+                return await request(method, params)  # type: ignore[call-overload]
+
+            worker.connection.request = counted  # type: ignore[method-assign,assignment]
+            release = trio.Event()
+            append = engine.store.append
+            stalled = 0
+
+            async def stalling(session_id: str, drafts: list[EventDraft], **kwargs: object) -> object:
+                """The worker's own events (the model's output) wait for ``release``; the engine's do not."""
+                nonlocal stalled
+                if any(d.type == EventType.MODEL_OUTPUT_DELTA for d in drafts):
+                    stalled += 1
+                    await release.wait()
+                return await append(session_id, drafts, **kwargs)  # type: ignore[arg-type]
+
+            engine.store.append = stalling  # type: ignore[method-assign,assignment]
+            try:
+                task = await engine.start_task(session.session_id, "go", runtime_config={"scenario": "flood"})
+                await until("the store to stall on the task's events", lambda: stalled > 0)
+                seen = pings
+                await until("five pings to go unanswered meanwhile", lambda: pings >= seen + 5)
+            finally:  # the stalled append is shielded: it must be let go, or the engine never closes
+                release.set()
+            assert (await engine.wait_task(task.task_id)).state == TaskState.COMPLETED
+            assert engine.pool.worker_of("default") is worker and not worker.exited.is_set()
+            assert _status(engine)["recent_crashes"] == 0
