@@ -5,8 +5,8 @@ HTTP API on a unix socket, then tell systemd READY=1. While running: WATCHDOG=1 
 interval, but only while the store's writer makes progress on a probe. SIGHUP (``ExecReload=``): RELOADING=1,
 read again what can be re-read — the tokens file, the log level (``DATA_DIR/log-level``), the namespaces'
 variables (idle workers make way for ones that have them) — log what it did, READY=1; it never ends the service.
-SIGTERM/SIGINT: STOPPING=1, stop accepting, stop running tasks (task.stopped), shut the workers down, commit,
-exit 0.
+SIGTERM/SIGINT: STOPPING=1, stop running tasks (task.stopped), give every open event stream those events and end
+it cleanly (``StreamDrain``), stop accepting, shut the workers down, commit, exit 0.
 
 Apart from its command line (``cli.admin`` turns the flags into ``SupervisorOptions``): this module knows how the
 service runs, not how it is asked for — no argparse, no API client.
@@ -24,7 +24,7 @@ from pathlib import Path
 import trio
 
 from ..api import TokenAuth, TokenFileInvalid
-from ..api.server import serve_api
+from ..api.server import StreamDrain, serve_api
 from ..engine import Engine
 from ..namespaces import UidRangeError, UnsafeDataDir
 from ..store import DataDirBusy, StoreError, check_store_url
@@ -37,6 +37,9 @@ log = logging.getLogger("codesdk.supervisor.service")
 
 #: Seconds a store probe may take before the watchdog stops being fed.
 STORE_PROBE_TIMEOUT_S = 10.0
+
+#: Seconds the drain gives open event streams to receive the stopped tasks' final events (TimeoutStopSec=45).
+STREAM_DRAIN_S = 10.0
 
 
 class ServiceRefused(Exception):
@@ -82,9 +85,10 @@ async def serve(options: SupervisorOptions, socket_path: Path, port: int | None,
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with open_engine(options) as engine:
             auth = TokenAuth.bootstrap(data_dir)
+            drain = StreamDrain()
             async with trio.open_nursery() as nursery:
                 bound = await nursery.start(partial(serve_api, engine, auth, socket_path, port,
-                                                    limits=options.api_limits))
+                                                    limits=options.api_limits, drain=drain))
                 api = [f"unix:{socket_path}", *([f"http://127.0.0.1:{port}"] if port else [])]
                 if engine.store.lock is not None:  # a CLI that finds the data dir locked comes here instead
                     engine.store.lock.announce(api)
@@ -105,9 +109,21 @@ async def serve(options: SupervisorOptions, socket_path: Path, port: int | None,
                         continue
                     log.info("%s: draining", signal.Signals(signum).name)
                     notifier.notify("STOPPING=1", "STATUS=draining: stopping tasks and workers")
+                    await _drain(engine, drain)
                     break
                 nursery.cancel_scope.cancel()  # stop accepting; the engine's exit stops tasks and workers
     notifier.notify("STATUS=stopped")
+
+
+async def _drain(engine: Engine, drain: StreamDrain) -> None:
+    """Stop the running tasks (their task.stopped committed), give each open event stream every event up to them,
+    end the streams' bodies cleanly, and say what was done. The API and the workers are closed after this."""
+    with trio.CancelScope(shield=True):
+        sessions = await engine.stop_all()
+        streams, delivered = await drain.drain(engine.store, STREAM_DRAIN_S)
+    log.info("drain: %d running task(s) stopped (task.stopped) in %d session(s); %d open event stream(s) given "
+             "their final events and ended%s", len(sessions), len(set(sessions)), delivered,
+             f"; {streams - delivered} cut at the {STREAM_DRAIN_S:g} s limit" if streams > delivered else "")
 
 
 #: A file in the data dir whose one word (DEBUG, INFO, WARNING, ...) sets the log level at each SIGHUP.

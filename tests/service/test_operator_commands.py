@@ -184,3 +184,61 @@ def test_tokens_file_keeps_ids_across_loads(tmp_path: Path) -> None:
     assert len(set(ids)) == 2 and all(i.startswith("tok_") for i in ids)
     TokenAuth.load(data).save()
     assert [t["id"] for t in json.loads((data / "api-tokens.json").read_text())["tokens"]] == ids
+
+
+# -- item 11: SIGTERM drains open event streams -------------------------------------------------------------
+
+
+def test_sigterm_delivers_open_streams_the_stopped_tasks_final_events_then_ends_them(tmp_path: Path) -> None:
+    """A client following a session over SSE sees its task's task.stopped, then a cleanly ended body."""
+    import threading
+
+    data = tmp_path / "data"
+    proc = _start(tmp_path, None)
+    assert proc.stderr is not None
+    token = ""
+    try:
+        _wait_socket(tmp_path)
+        token = (data / "admin.token").read_text().strip()
+        transport = httpx.HTTPTransport(uds=str(data / "api.sock"))
+        with httpx.Client(transport=transport, base_url="http://codesdk", timeout=None,
+                          headers={"Authorization": f"Bearer {token}"}) as client:
+            session = client.post("/v1/sessions", json={"namespace": "default"}).json()
+            sid = session["session_id"]
+            task = client.post(f"/v1/sessions/{sid}/tasks",
+                               json={"prompt": "x", "runtime_config": {"scenario": "hang"}}).json()
+            wait_for("the task to run", lambda: client.get(f"/v1/tasks/{task['task_id']}").json()["state"]
+                     == "running")
+            types: list[str] = []
+            ended_cleanly: list[bool] = []
+            streaming = threading.Event()
+
+            def follow() -> None:
+                try:
+                    with client.stream("GET", f"/v1/sessions/{sid}/events/stream") as response:
+                        for line in response.iter_lines():
+                            streaming.set()
+                            if line.startswith("event: "):
+                                types.append(line[len("event: "):])
+                    ended_cleanly.append(True)
+                except httpx.HTTPError as exc:
+                    types.append(f"cut: {exc!r}")
+                    ended_cleanly.append(False)
+                finally:
+                    streaming.set()
+
+            follower = threading.Thread(target=follow)
+            follower.start()
+            assert streaming.wait(60)
+            wait_for("the stream to reach the running task", lambda: "task.started" in types
+                     or "task.running" in types or len(types) >= 3)
+            proc.send_signal(signal.SIGTERM)
+            follower.join(120)
+            assert not follower.is_alive()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert ended_cleanly == [True], (types[-4:], err.decode()[-3000:])
+    assert "task.stopped" in types, types
+    assert b"drain" in err and b"stream" in err, err
