@@ -97,9 +97,15 @@ def _read_entries(path: Path) -> list[_Entry]:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'file'}: {e['msg']}"
                              for e in exc.errors(include_url=False))
         raise TokenFileInvalid(f"{path} is not a valid token table ({problems})") from None
-    return [_Entry(r.sha256, Principal(name=r.name, admin=r.admin, namespaces=frozenset(r.namespaces)),
-                   r.id or "tok_" + r.sha256[:12])  # a stable id for a record written before ids
-            for r in table.tokens]
+    entries = [_Entry(r.sha256, Principal(name=r.name, admin=r.admin, namespaces=frozenset(r.namespaces)),
+                      r.id or "tok_" + r.sha256[:12])  # a stable id for a record written before ids
+               for r in table.tokens]
+    for i, entry in enumerate(entries):  # written before names were unique: both work; say so, lock nobody out
+        for other in entries[:i]:
+            if _clashes(entry.principal, other.principal):
+                log.warning("%s: tokens %s and %s are both named %r for one namespace; revoke or rotate one "
+                            "(`codesdk-supervisor token list`)", path, other.id, entry.id, entry.principal.name)
+    return entries
 
 
 @dataclass(frozen=True)

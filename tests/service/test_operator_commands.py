@@ -242,3 +242,14 @@ def test_sigterm_delivers_open_streams_the_stopped_tasks_final_events_then_ends_
     assert ended_cleanly == [True], (types[-4:], err.decode()[-3000:])
     assert "task.stopped" in types, types
     assert b"drain" in err and b"stream" in err, err
+
+
+def test_a_file_written_before_unique_names_loads_and_names_the_clash(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    from codesdk.supervisor.api import TOKENS_FILE, hash_token
+
+    (tmp_path / TOKENS_FILE).write_text(json.dumps({"version": 1, "tokens": [
+        {"name": "alice", "sha256": hash_token(t), "admin": False, "namespaces": ["user:alice"]} for t in "ab"]}))
+    auth = TokenAuth.load(tmp_path)
+    assert [principal.name for _, principal in auth.records()] == ["alice", "alice"]
+    assert any("both named 'alice'" in r.getMessage() for r in caplog.records), caplog.text
