@@ -15,7 +15,8 @@ Usage::
 """
 
 from ..config import ADMIN_TOKEN_FILE
-from ._auth import TOKENS_FILE, Principal, TokenAuth, TokenFileInvalid, hash_token
+from ._auth import TOKENS_FILE, Principal, TokenAuth, TokenFileInvalid, TokenNameTaken, TokenNotFound, hash_token
 from .limits import ApiLimits
 
-__all__ = ["ADMIN_TOKEN_FILE", "TOKENS_FILE", "ApiLimits", "Principal", "TokenAuth", "TokenFileInvalid", "hash_token"]
+__all__ = ["ADMIN_TOKEN_FILE", "TOKENS_FILE", "ApiLimits", "Principal", "TokenAuth", "TokenFileInvalid", "TokenNameTaken",
+           "TokenNotFound", "hash_token"]

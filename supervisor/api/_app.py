@@ -38,6 +38,7 @@ from ..engine import Engine, NamespaceElsewhere, derive_transcript, error_status
 from ..namespaces import InvalidNamespace, Namespace, NamespaceEnvError
 from ..store import (
     ApprovalDecided,
+    EventLogReader,
     QuotaExceeded,
     SessionRecord,
     StoreError,
@@ -223,11 +224,72 @@ class _Metrics:
                                 ["route", "status"], registry=self.registry)
 
 
+class _OpenStream:
+    __slots__ = ("scope", "seq", "session_id")
+
+    def __init__(self, session_id: str, seq: int, scope: trio.CancelScope) -> None:
+        self.session_id = session_id
+        self.seq = seq  # the last event sent
+        self.scope = scope
+
+
+class StreamDrain:
+    """The open SSE event streams, for the service's drain (SIGTERM): ``drain`` gives each stream every event its
+    session has when the drain begins — the terminal events of the tasks the service stopped — then ends its body
+    cleanly (a follower sees the end, not a cut connection). New streams are refused (503) from then on."""
+
+    def __init__(self) -> None:
+        self._open: set[_OpenStream] = set()
+        self._changed = trio.Event()
+        self.draining = False
+
+    def opened(self, stream: _OpenStream) -> None:
+        self._open.add(stream)
+
+    def sent(self, stream: _OpenStream, seq: int) -> None:
+        stream.seq = seq
+        self._changed.set()
+
+    def closed(self, stream: _OpenStream) -> None:
+        self._open.discard(stream)
+        self._changed.set()
+
+    async def drain(self, store: EventLogReader, limit_s: float) -> tuple[int, int]:
+        """(open streams, streams given all their session's events) — the others were ended at ``limit_s``."""
+        self.draining = True
+        streams = list(self._open)
+        targets: dict[_OpenStream, int] = {}
+        for stream in streams:
+            try:
+                targets[stream] = await store.last_seq(stream.session_id)
+            except StoreError:
+                targets[stream] = stream.seq  # the store is failing: nothing more can be read for it anyway
+
+        def behind() -> list[_OpenStream]:
+            return [s for s in streams if s in self._open and s.seq < targets[s]]
+
+        with trio.move_on_after(limit_s):
+            while behind():
+                self._changed = trio.Event()
+                await self._changed.wait()
+        delivered = len(streams) - len(behind())
+        for stream in list(self._open):
+            stream.scope.cancel()  # the stream's body is then ended cleanly (_SSEResponse._stream)
+        with trio.move_on_after(limit_s):  # each last chunk sent before the connections are closed
+            while self._open:
+                self._changed = trio.Event()
+                await self._changed.wait()
+        return len(streams), delivered
+
+
 def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIVE_S,
                max_streams_per_principal: int = 32, body_timeout_s: float = 30.0,
-               claim_connection: Callable[[str], str | None] | None = None) -> Starlette:
+               claim_connection: Callable[[str], str | None] | None = None,
+               drain: StreamDrain | None = None) -> Starlette:
     """``claim_connection(principal name)`` charges the request's connection to the principal (the server's
-    per-token connection cap); it returns why not, if the token holds too many (429)."""
+    per-token connection cap); it returns why not, if the token holds too many (429). ``drain``: the service's
+    record of open event streams, which it drains on SIGTERM."""
+    drain = drain or StreamDrain()
     metrics = _Metrics()
     store = engine.store
     streams = _StreamSlots(max_streams_per_principal)
@@ -450,6 +512,9 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         session = await session_for(principal, request.path_params["session_id"])
         if streams.full(principal.name):
             raise streams.refusal()
+        if drain.draining:
+            raise ApiError(503, "shutting_down", "the service is shutting down; reconnect with Last-Event-ID once "
+                                                 "it is back", {"retry-after": "5"})
         query = _query(request, StreamQuery)
         after = query.after_seq
         last_id = request.headers.get("last-event-id")
@@ -462,7 +527,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             if not 0 <= after <= MAX_SEQ:
                 raise ApiError(422, "invalid_request", f"header 'Last-Event-ID' must be between 0 and {MAX_SEQ}")
         return _SSEResponse(engine, session.session_id, after or 0, query.until_terminal, metrics.sse_events,
-                            keepalive_s, streams=streams, principal=principal.name)
+                            keepalive_s, streams=streams, principal=principal.name, drain=drain)
 
     async def transcript(request: Request) -> Response:
         session = await session_for(principal_of(request), request.path_params["session_id"])
@@ -643,7 +708,8 @@ class _SSEResponse(Response):
     (with ``until_terminal``) after the next terminal event."""
 
     def __init__(self, engine: Engine, session_id: str, after_seq: int, until_terminal: bool,
-                 sent: Counter, keepalive_s: float, *, streams: _StreamSlots, principal: str) -> None:
+                 sent: Counter, keepalive_s: float, *, streams: _StreamSlots, principal: str,
+                 drain: StreamDrain) -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
         if "content-length" in self.headers:
             del self.headers["content-length"]
@@ -657,6 +723,7 @@ class _SSEResponse(Response):
         self._keepalive_s = keepalive_s
         self._streams = streams
         self._principal = principal
+        self._drain = drain
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         streams = self._streams
@@ -679,39 +746,51 @@ class _SSEResponse(Response):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        async with trio.open_nursery() as nursery:
-            async def pump() -> None:
-                try:
-                    async with self._engine.store.subscribe(self._session_id, self._after,
-                                                            until_terminal=self._until_terminal) as events:
-                        async for event in events:
-                            data = json.dumps(event.to_json_obj(), separators=(",", ":"))
-                            await emit(f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n".encode())
-                            self._sent.inc()
-                except StoreError as exc:  # said, so that a follower reconnects rather than take this for the end
-                    error = json.dumps({"error": {"code": "store_failing", "message": str(exc)}})
-                    with contextlib.suppress(Exception):
-                        await emit(f"event: error\ndata: {error}\n\n".encode())
-                nursery.cancel_scope.cancel()
+        open_stream = _OpenStream(self._session_id, self._after, trio.CancelScope())
+        self._drain.opened(open_stream)
+        try:
+            await self._events(open_stream, emit, receive)
+            with trio.move_on_after(5, shield=True), contextlib.suppress(Exception):  # the client may be gone
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            self._drain.closed(open_stream)  # its body ended (or the connection went): the drain waits no longer
 
-            async def keepalive() -> None:
-                while True:
-                    await trio.sleep(self._keepalive_s)
-                    await emit(b": keep-alive\n\n")
+    async def _events(self, open_stream: _OpenStream, emit: Callable[[bytes], Awaitable[None]],
+                      receive: Receive) -> None:
+        """The stream's events and keep-alives until the subscription ends, the client goes, or the drain ends it."""
+        with open_stream.scope:
+            async with trio.open_nursery() as nursery:
+                async def pump() -> None:
+                    try:
+                        async with self._engine.store.subscribe(self._session_id, self._after,
+                                                                until_terminal=self._until_terminal) as events:
+                            async for event in events:
+                                data = json.dumps(event.to_json_obj(), separators=(",", ":"))
+                                await emit(f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n".encode())
+                                self._sent.inc()
+                                self._drain.sent(open_stream, event.seq)
+                    except StoreError as exc:  # said, so that a follower reconnects rather than take this for the end
+                        error = json.dumps({"error": {"code": "store_failing", "message": str(exc)}})
+                        with contextlib.suppress(Exception):
+                            await emit(f"event: error\ndata: {error}\n\n".encode())
+                    nursery.cancel_scope.cancel()
 
-            async def watch_disconnect() -> None:
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        nursery.cancel_scope.cancel()
-                        return
+                async def keepalive() -> None:
+                    while True:
+                        await trio.sleep(self._keepalive_s)
+                        await emit(b": keep-alive\n\n")
 
-            await emit(b": stream\n\n")
-            nursery.start_soon(pump)
-            nursery.start_soon(keepalive)
-            nursery.start_soon(watch_disconnect)
-        with trio.move_on_after(5, shield=True), contextlib.suppress(Exception):  # the client may be gone
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                async def watch_disconnect() -> None:
+                    while True:
+                        message = await receive()
+                        if message["type"] == "http.disconnect":
+                            nursery.cancel_scope.cancel()
+                            return
+
+                await emit(b": stream\n\n")
+                nursery.start_soon(pump)
+                nursery.start_soon(keepalive)
+                nursery.start_soon(watch_disconnect)
 
 
 async def _receipt_of(engine: Engine, record: TaskRecord) -> Any:

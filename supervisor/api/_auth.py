@@ -2,11 +2,14 @@
 
 ``<data_dir>/api-tokens.json`` holds only sha256 hashes of tokens::
 
-    {"version": 1, "tokens": [{"name": "admin", "sha256": "<hex>", "admin": true, "namespaces": []},
-                              {"name": "alice", "sha256": "<hex>", "admin": false, "namespaces": ["user:alice"]}]}
+    {"version": 1, "tokens": [{"id": "tok_…", "name": "admin", "sha256": "<hex>", "admin": true, "namespaces": []},
+                              {"id": "tok_…", "name": "alice", "sha256": "<hex>", "admin": false,
+                               "namespaces": ["user:alice"]}]}
 
-The admin may do anything; a principal only sees and touches sessions of the namespaces it is bound to.
-The bootstrap admin token (plain text) is written once to ``<data_dir>/admin.token`` with mode 0600.
+The admin may do anything; a principal only sees and touches sessions of the namespaces it is bound to. Each
+token has an id (``token list|revoke|rotate``); a name is unique per namespace. The bootstrap admin token (plain
+text) is written once to ``<data_dir>/admin.token`` with mode 0600. A tokens file that fails to parse fails
+closed: no tenant token is valid until it is fixed; the admin token still is, by its own file.
 """
 
 from __future__ import annotations
@@ -51,9 +54,22 @@ class TokenFileInvalid(ValueError):
     """The tokens file is not a valid token table (syntax, or a field of the wrong type)."""
 
 
+class TokenNotFound(ValueError):
+    """No token has that id or name (or a name matches several: give the id)."""
+
+
+class TokenNameTaken(ValueError):
+    """A token of that name is already bound to one of the namespaces asked for."""
+
+
+def _new_id() -> str:
+    return "tok_" + secrets.token_hex(6)
+
+
 class _TokenRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
+    id: str | None = Field(default=None, pattern=r"^tok_[0-9a-z]{1,64}$")  # absent in files from before ids
     name: str = Field(min_length=1, max_length=200)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     admin: bool = False  # strict: "false" (a string) is an error, never a truthy grant
@@ -81,14 +97,27 @@ def _read_entries(path: Path) -> list[_Entry]:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'file'}: {e['msg']}"
                              for e in exc.errors(include_url=False))
         raise TokenFileInvalid(f"{path} is not a valid token table ({problems})") from None
-    return [_Entry(r.sha256, Principal(name=r.name, admin=r.admin, namespaces=frozenset(r.namespaces)))
-            for r in table.tokens]
+    entries = [_Entry(r.sha256, Principal(name=r.name, admin=r.admin, namespaces=frozenset(r.namespaces)),
+                      r.id or "tok_" + r.sha256[:12])  # a stable id for a record written before ids
+               for r in table.tokens]
+    for i, entry in enumerate(entries):  # written before names were unique: both work; say so, lock nobody out
+        for other in entries[:i]:
+            if _clashes(entry.principal, other.principal):
+                log.warning("%s: tokens %s and %s are both named %r for one namespace; revoke or rotate one "
+                            "(`codesdk-supervisor token list`)", path, other.id, entry.id, entry.principal.name)
+    return entries
 
 
 @dataclass(frozen=True)
 class _Entry:
     digest: str
     principal: Principal
+    id: str = field(default_factory=_new_id)
+
+
+def _clashes(a: Principal, b: Principal) -> bool:
+    """Two tokens of one name for one namespace (the admin's namespaces: all of them)."""
+    return a.name == b.name and (a.admin or b.admin or bool(a.namespaces & b.namespaces))
 
 
 class TokenAuth:
@@ -121,35 +150,92 @@ class TokenAuth:
         """Bind a new token to ``namespaces``; returns the token (only its hash is kept). Saves if file-backed."""
         for namespace in namespaces:
             Namespace.parse(namespace)  # InvalidNamespace with a clear message
+        principal = Principal(name=name, admin=admin, namespaces=frozenset(namespaces))
+        for entry in self._entries:
+            if _clashes(entry.principal, principal):
+                raise TokenNameTaken(f"a token named {name!r} already exists for "
+                                     f"{', '.join(sorted(entry.principal.namespaces)) or 'all namespaces (admin)'} "
+                                     f"({entry.id}); rotate or revoke it, or choose another name")
         token = new_token()
-        self._entries.append(_Entry(hash_token(token), Principal(name=name, admin=admin,
-                                                                 namespaces=frozenset(namespaces))))
+        self._entries.append(_Entry(hash_token(token), principal))
         if self.path is not None:
             self.save()
         return token
+
+    def records(self) -> list[tuple[str, Principal]]:
+        """(id, principal) of every token, in the file's order; never a token or its hash."""
+        return [(e.id, e.principal) for e in self._entries]
+
+    def _find(self, id_or_name: str) -> int:
+        matches = [i for i, e in enumerate(self._entries) if id_or_name in (e.id, e.principal.name)]
+        if not matches:
+            raise TokenNotFound(f"no token has the id or name {id_or_name!r}; `codesdk-supervisor token list` "
+                                "shows them")
+        if len(matches) > 1:
+            raise TokenNotFound(f"{len(matches)} tokens are named {id_or_name!r} (in different namespaces); "
+                                "give the id from `codesdk-supervisor token list`")
+        return matches[0]
+
+    def revoke(self, id_or_name: str) -> tuple[str, Principal]:
+        """Remove the token; it stops working at the service's next request. Saves if file-backed."""
+        entry = self._entries.pop(self._find(id_or_name))
+        if self.path is not None:
+            self.save()
+        return entry.id, entry.principal
+
+    def rotate(self, id_or_name: str) -> tuple[str, Principal, str]:
+        """A new token in place of the old one (same id, name, namespaces); the old one stops working."""
+        index = self._find(id_or_name)
+        old = self._entries[index]
+        token = new_token()
+        self._entries[index] = _Entry(hash_token(token), old.principal, old.id)
+        if self.path is not None:
+            self.save()
+        return old.id, old.principal, token
 
     def save(self) -> None:
         if self.path is None:
             raise ValueError("this TokenAuth has no file to save to")
         doc = {"version": 1, "tokens": [
-            {"name": e.principal.name, "sha256": e.digest, "admin": e.principal.admin,
+            {"id": e.id, "name": e.principal.name, "sha256": e.digest, "admin": e.principal.admin,
              "namespaces": sorted(e.principal.namespaces)} for e in self._entries]}
         write_private(self.path, json.dumps(doc, indent=2) + "\n")
+
+    def reload(self) -> int:
+        """Read the tokens file again (SIGHUP); the number of tokens in force. A file that fails to parse fails
+        closed: only the admin token (``admin.token`` beside it) stays valid until the file is fixed."""
+        if self.path is None:
+            return len(self._entries)
+        try:
+            self._mtime: int | None = self.path.stat().st_mtime_ns
+        except OSError:
+            self._mtime = None
+        try:
+            self._entries = _read_entries(self.path)
+        except (TokenFileInvalid, OSError) as exc:
+            self._entries = self._admin_only()
+            log.error("%s; no tenant token is valid until it is fixed (the admin token in %s still is)", exc,
+                      self.path.parent / ADMIN_TOKEN_FILE)
+        return len(self._entries)
+
+    def _admin_only(self) -> list[_Entry]:
+        assert self.path is not None
+        try:
+            token = (self.path.parent / ADMIN_TOKEN_FILE).read_text().strip()
+        except OSError:
+            return []
+        return [_Entry(hash_token(token), Principal(name="admin", admin=True), "tok_admin")] if token else []
 
     def _reload_if_changed(self) -> None:
         """Tokens added by `codesdk-supervisor token add` take effect without a restart."""
         if self.path is None:
             return
         try:
-            mtime = self.path.stat().st_mtime_ns
+            mtime: int | None = self.path.stat().st_mtime_ns
         except OSError:
-            return
+            mtime = None
         if mtime != getattr(self, "_mtime", None):
-            self._mtime = mtime
-            try:
-                self._entries = _read_entries(self.path)
-            except (TokenFileInvalid, OSError) as exc:  # keep the last good table: no lock-out, no 500s
-                log.error("%s; the tokens loaded before stay in force until it is fixed", exc)
+            self.reload()
 
     def authenticate(self, token: str | None) -> Principal | None:
         if not token:

@@ -45,7 +45,7 @@ from hypercorn.utils import repr_socket_addr, wrap_app
 
 from .limits import MAX_REFUSING, SEND_CHUNK, ApiLimits
 from ..engine import Engine
-from ._app import KEEPALIVE_S, create_app
+from ._app import KEEPALIVE_S, StreamDrain, create_app
 from ._auth import TokenAuth
 
 log = logging.getLogger(__name__)
@@ -373,7 +373,7 @@ def _tcp_listener(port: int) -> socket.socket:
 
 async def serve_api(engine: Engine, auth: TokenAuth, unix_socket: Path | None = None, tcp_port: int | None = None,
                     *, keepalive_s: float = KEEPALIVE_S, limits: ApiLimits | None = None,
-                    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+                    drain: StreamDrain | None = None, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve until cancelled; ``task_status.started`` gets the bound addresses (``http://unix:…``,
     ``http://127.0.0.1:…``)."""
     if unix_socket is None and tcp_port is None:
@@ -391,7 +391,7 @@ async def serve_api(engine: Engine, auth: TokenAuth, unix_socket: Path | None = 
              "per token", guard.cap, limits.max_connections, soft, limits.max_connections_per_principal,
              limits.max_streams_per_principal)
     app = create_app(engine, auth, keepalive_s=keepalive_s, max_streams_per_principal=limits.max_streams_per_principal,
-                     body_timeout_s=limits.body_timeout_s, claim_connection=guard.claim)
+                     body_timeout_s=limits.body_timeout_s, claim_connection=guard.claim, drain=drain)
     wrapped = wrap_app(guard.wrap(app), config.wsgi_max_body_size, "asgi")
     sockets: list[socket.socket] = []
     try:

@@ -4,7 +4,7 @@ A module of its own, not part of the package's face, because importing it loads 
 hypercorn, prometheus_client): only the service (``codesdk-supervisor serve``) and tests of the API pay for that.
 """
 
-from ._app import ApiError, create_app
+from ._app import ApiError, StreamDrain, create_app
 from ._serve import serve_api
 
-__all__ = ["ApiError", "create_app", "serve_api"]
+__all__ = ["ApiError", "StreamDrain", "create_app", "serve_api"]

@@ -21,7 +21,7 @@ from codesdk._version import __version__
 
 from ..api import ADMIN_TOKEN_FILE, ApiLimits, TokenAuth
 from ..config import default_data_dir
-from ..namespaces import InvalidNamespace, NamespaceEnv, NamespaceEnvError, UidRange, UidRangeError
+from ..namespaces import InvalidNamespace, Namespace, NamespaceEnv, NamespaceEnvError, UidRange, UidRangeError
 from ..service.assembly import SupervisorOptions
 from ..store import LEASE_S, QUOTA_FLAGS, Quotas, current_holder
 from ..tools import DEFAULT_EXEC_UID, check_exec_identity
@@ -243,22 +243,82 @@ def _exec_identity(text: str) -> tuple[int, int]:
 
 
 def _token_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    token = sub.add_parser("token", help="API tokens")
+    token = sub.add_parser("token", help="API tokens: add, list, revoke, rotate")
     token_sub = token.add_subparsers(dest="token_command", required=True)
     add = token_sub.add_parser("add", help="create a token bound to namespaces; prints it once")
     add.set_defaults(run=_token_add_command)
-    add.add_argument("name")
+    add.add_argument("name", help="unique per namespace")
     add.add_argument("--namespace", action="append", required=True, help="default | user:<id> | ci:<job> (repeat)")
-    add.add_argument("--data-dir", type=Path, default=default_data_dir())
+    listing = token_sub.add_parser("list", help="every token's id, name, role and namespaces (never the token)")
+    listing.set_defaults(run=_token_list_command)
+    revoke = token_sub.add_parser("revoke", help="remove a token: it stops working at once")
+    revoke.set_defaults(run=_token_revoke_command)
+    rotate = token_sub.add_parser("rotate", help="replace a token by a new one (same id, name, namespaces); "
+                                                 "prints it once, the old one stops working")
+    rotate.set_defaults(run=_token_rotate_command)
+    for cmd in (revoke, rotate):
+        cmd.add_argument("token", metavar="ID_OR_NAME", help="the id from `token list`, or a name used once")
+    for cmd in (add, listing, revoke, rotate):
+        cmd.add_argument("--data-dir", type=Path, default=None,
+                         help=f"the service's data dir (default: {default_data_dir()})")
+
+
+def _token_table(args: argparse.Namespace) -> TokenAuth:
+    """The data dir's token table; a data dir that does not exist is refused, never created (a typo would
+    otherwise make a token no service reads)."""
+    data_dir: Path = args.data_dir or default_data_dir()
+    if not data_dir.is_dir():
+        raise ValueError(f"the data dir {data_dir} does not exist; pass the service's --data-dir (the unit's: "
+                         "/var/lib/codesdk)")
+    return TokenAuth.bootstrap(data_dir)
+
+
+def _token_command(args: argparse.Namespace, act: Callable[[TokenAuth], None]) -> int:
+    try:
+        act(_token_table(args))
+    except ValueError as exc:  # an invalid namespace, a name taken, no such token, a broken tokens file
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"{PROG}: cannot use the tokens file ({exc}); run as the service's user", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _token_add_command(args: argparse.Namespace) -> int:
-    try:
-        print(TokenAuth.bootstrap(args.data_dir).add_principal(args.name, args.namespace))
-    except ValueError as exc:  # an invalid namespace, or a broken tokens file (TokenFileInvalid)
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    def add(auth: TokenAuth) -> None:
+        token = auth.add_principal(args.name, args.namespace)
+        print(token)
+        print(f"token {args.name!r} added to {auth.path}", file=sys.stderr)
+
+    return _token_command(args, add)
+
+
+def _token_list_command(args: argparse.Namespace) -> int:
+    def listing(auth: TokenAuth) -> None:
+        for token_id, principal in auth.records():
+            role = "admin" if principal.admin else "tenant"
+            print(f"{token_id}\t{principal.name}\t{role}\t{','.join(sorted(principal.namespaces)) or '-'}")
+
+    return _token_command(args, listing)
+
+
+def _token_revoke_command(args: argparse.Namespace) -> int:
+    def revoke(auth: TokenAuth) -> None:
+        token_id, principal = auth.revoke(args.token)
+        print(f"token {token_id} ({principal.name}) revoked in {auth.path}", file=sys.stderr)
+
+    return _token_command(args, revoke)
+
+
+def _token_rotate_command(args: argparse.Namespace) -> int:
+    def rotate(auth: TokenAuth) -> None:
+        token_id, principal, token = auth.rotate(args.token)
+        print(token)
+        print(f"token {token_id} ({principal.name}) rotated in {auth.path}; the old token no longer works",
+              file=sys.stderr)
+
+    return _token_command(args, rotate)
 
 
 # -- quarantine -----------------------------------------------------------------------------------
@@ -275,7 +335,18 @@ def _quarantine_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
             cmd.add_argument("namespace")
         cmd.add_argument("--data-dir", type=Path, default=default_data_dir())
         cmd.add_argument("--listen", type=Path, default=None,
-                         help="the running service's API socket (default: DATA_DIR/api.sock)")
+                         help="the running service's API socket (default: the one the service announces in its "
+                              "data dir's lock file, else DATA_DIR/api.sock)")
+
+
+def _service_socket(data_dir: Path, listen: Path | None = None) -> Path:
+    """Where the running service listens: ``--listen`` if given, else the socket it announces in the data dir's
+    lock file (whatever its --listen), else DATA_DIR/api.sock. One way for every operator command."""
+    if listen is not None:
+        return listen
+    holder = current_holder(data_dir)
+    announced = next((a[len("unix:"):] for a in holder.api if a.startswith("unix:")), None) if holder else None
+    return Path(announced) if announced else data_dir / "api.sock"
 
 
 def _quarantine_command(args: argparse.Namespace) -> int:
@@ -285,7 +356,13 @@ def _quarantine_command(args: argparse.Namespace) -> int:
     from codesdk.client import ApiError, Client, ServiceUnreachable
 
     data_dir: Path = args.data_dir
-    socket_path: Path = args.listen or data_dir / "api.sock"
+    if args.quarantine_command == "lift":
+        try:
+            Namespace.parse(args.namespace)
+        except InvalidNamespace as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return 2
+    socket_path = _service_socket(data_dir, args.listen)
     try:
         token = (data_dir / ADMIN_TOKEN_FILE).read_text().strip()
     except OSError as exc:
@@ -304,14 +381,14 @@ def _quarantine_command(args: argparse.Namespace) -> int:
                 print(f"{slot['namespace']}\t{slot['state']}\tcrashes={slot['recent_crashes']}\t{note}".rstrip())
             return 0
     except ServiceUnreachable as exc:
-        print(f"{PROG}: the service is not reachable at {socket_path} ({exc.message}); is it running?",
-              file=sys.stderr)
+        print(f"{PROG}: {exc.message}", file=sys.stderr)  # says where, why, and what to check: once
         return 3
     except ApiError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
+        return 2 if exc.status == 422 else 1
     except (OSError, httpx2.TransportError) as exc:
-        print(f"{PROG}: the service is not reachable at {socket_path} ({exc}); is it running?", file=sys.stderr)
+        print(f"{PROG}: cannot reach the service at {socket_path} ({exc}); is `{PROG} serve` running with this "
+              "--data-dir?", file=sys.stderr)
         return 3
 
 
@@ -355,7 +432,7 @@ def _namespace_env_command(args: argparse.Namespace) -> int:
         elif args.env_command == "unset":
             unset = list(args.names)
         holder = current_holder(data_dir)
-        socket = next((a[len("unix:"):] for a in holder.api if a.startswith("unix:")), None) if holder else None
+        socket = _service_socket(data_dir) if holder is not None and holder.api else None
         if socket is not None:
             token = (data_dir / ADMIN_TOKEN_FILE).read_text().strip()
             with Client(socket=socket, token=token) as client:
@@ -383,7 +460,11 @@ def _value_from_stdin(name: str) -> str:
 
         return getpass.getpass(f"value of {name}: ")
     value = sys.stdin.read()
-    return value.removesuffix("\n")
+    value = value.removesuffix("\n")
+    if not value:
+        raise NamespaceEnvError(f"no value for {name} on stdin (empty); pipe the value in, or use "
+                                f"`namespace env unset NS {name}` to remove it")
+    return value
 
 
 if __name__ == "__main__":

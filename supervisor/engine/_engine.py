@@ -210,13 +210,22 @@ class Engine:
             raise TypeError("this engine was given worker doubles: it has no pool of worker processes")
         return self._workers.pool
 
-    async def _close(self) -> None:
+    async def stop_all(self) -> list[str]:
+        """End every running task with ``task.stopped`` ("supervisor shutting down"), committed; the ids of the
+        sessions they belong to. The service calls it first when it drains, so that open event streams can be
+        given those events before they end; closing the engine calls it again for whatever is left."""
+        sessions: list[str] = []
         for run in self._runs.active_runs():
             try:
                 await self._ender.finish(run, EventType.TASK_STOPPED, TaskStopped(reason="supervisor shutting down",
                                                                                     requested_by="supervisor"))
+                sessions.append(run.session_id)
             except StoreError as exc:  # torn down from outside: the store is gone; the task stays "running"
                 log.error("task %s could not be marked stopped: %s", run.task_id, exc)
+        return sessions
+
+    async def _close(self) -> None:
+        await self.stop_all()
         await self._workers.aclose()
 
     # -- sessions -------------------------------------------------------------------------------

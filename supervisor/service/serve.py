@@ -2,8 +2,11 @@
 
 Start-up: open the store (recovering tasks a previous process left running), start the worker pool, serve the
 HTTP API on a unix socket, then tell systemd READY=1. While running: WATCHDOG=1 at half the configured
-interval, but only while the store's writer makes progress on a probe. SIGTERM/SIGINT: STOPPING=1, stop
-accepting, stop running tasks (task.stopped), shut the workers down, commit, exit 0.
+interval, but only while the store's writer makes progress on a probe. SIGHUP (``ExecReload=``): RELOADING=1,
+read again what can be re-read — the tokens file, the log level (``DATA_DIR/log-level``), the namespaces'
+variables (idle workers make way for ones that have them) — log what it did, READY=1; it never ends the service.
+SIGTERM/SIGINT: STOPPING=1, stop running tasks (task.stopped), give every open event stream those events and end
+it cleanly (``StreamDrain``), stop accepting, shut the workers down, commit, exit 0.
 
 Apart from its command line (``cli.admin`` turns the flags into ``SupervisorOptions``): this module knows how the
 service runs, not how it is asked for — no argparse, no API client.
@@ -21,7 +24,7 @@ from pathlib import Path
 import trio
 
 from ..api import TokenAuth, TokenFileInvalid
-from ..api.server import serve_api
+from ..api.server import StreamDrain, serve_api
 from ..engine import Engine
 from ..namespaces import UidRangeError, UnsafeDataDir
 from ..store import DataDirBusy, StoreError, check_store_url
@@ -34,6 +37,9 @@ log = logging.getLogger("codesdk.supervisor.service")
 
 #: Seconds a store probe may take before the watchdog stops being fed.
 STORE_PROBE_TIMEOUT_S = 10.0
+
+#: Seconds the drain gives open event streams to receive the stopped tasks' final events (TimeoutStopSec=45).
+STREAM_DRAIN_S = 10.0
 
 
 class ServiceRefused(Exception):
@@ -76,12 +82,13 @@ async def serve(options: SupervisorOptions, socket_path: Path, port: int | None,
                 task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED, *,
                 advertise: Sequence[str] = ()) -> None:
     data_dir = options.data_dir
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with open_engine(options) as engine:
             auth = TokenAuth.bootstrap(data_dir)
+            drain = StreamDrain()
             async with trio.open_nursery() as nursery:
                 bound = await nursery.start(partial(serve_api, engine, auth, socket_path, port,
-                                                    limits=options.api_limits))
+                                                    limits=options.api_limits, drain=drain))
                 api = [f"unix:{socket_path}", *([f"http://127.0.0.1:{port}"] if port else [])]
                 if engine.store.lock is not None:  # a CLI that finds the data dir locked comes here instead
                     engine.store.lock.announce(api)
@@ -95,11 +102,61 @@ async def serve(options: SupervisorOptions, socket_path: Path, port: int | None,
                     nursery.start_soon(_feed_watchdog, engine, notifier, interval)
                 task_status.started(bound)
                 async for signum in signals:
+                    if signum == signal.SIGHUP:
+                        notifier.notify("RELOADING=1", "STATUS=reloading")
+                        await _reload(engine, auth, data_dir)
+                        notifier.notify("READY=1", f"STATUS=serving on {', '.join(bound)}")
+                        continue
                     log.info("%s: draining", signal.Signals(signum).name)
                     notifier.notify("STOPPING=1", "STATUS=draining: stopping tasks and workers")
+                    await _drain(engine, drain)
                     break
                 nursery.cancel_scope.cancel()  # stop accepting; the engine's exit stops tasks and workers
     notifier.notify("STATUS=stopped")
+
+
+async def _drain(engine: Engine, drain: StreamDrain) -> None:
+    """Stop the running tasks (their task.stopped committed), give each open event stream every event up to them,
+    end the streams' bodies cleanly, and say what was done. The API and the workers are closed after this."""
+    with trio.CancelScope(shield=True):
+        sessions = await engine.stop_all()
+        streams, delivered = await drain.drain(engine.store, STREAM_DRAIN_S)
+    log.info("drain: %d running task(s) stopped (task.stopped) in %d session(s); %d open event stream(s) given "
+             "their final events and ended%s", len(sessions), len(set(sessions)), delivered,
+             f"; {streams - delivered} cut at the {STREAM_DRAIN_S:g} s limit" if streams > delivered else "")
+
+
+#: A file in the data dir whose one word (DEBUG, INFO, WARNING, ...) sets the log level at each SIGHUP.
+LOG_LEVEL_FILE = "log-level"
+
+
+async def _reload(engine: Engine, auth: TokenAuth, data_dir: Path) -> None:
+    """SIGHUP: re-read what can change without a restart, and say what it did. Never raises: a reload that
+    fails in part logs the part and leaves the service serving."""
+    tokens = auth.reload()
+    level = _reload_log_level(data_dir)
+    namespaces = [str(slot["namespace"]) for slot in engine.pool.status()]
+    for namespace in namespaces:
+        await engine.pool.env_changed(namespace)
+    log.warning("SIGHUP: reloaded %d token(s) from %s; log level %s; namespace variables re-read for %d running "
+                "namespace(s) (idle workers restart with them)", tokens, auth.path, level, len(namespaces))
+
+
+def _reload_log_level(data_dir: Path) -> str:
+    path = data_dir / LOG_LEVEL_FILE
+    root = logging.getLogger()
+    try:
+        wanted = path.read_text().strip().upper()
+    except FileNotFoundError:
+        return f"{logging.getLevelName(root.level)} (unchanged: no {path})"
+    except OSError as exc:
+        return f"{logging.getLevelName(root.level)} (unchanged: {exc})"
+    if not isinstance(logging.getLevelName(wanted), int):
+        log.error("%s says %r, not a log level (DEBUG, INFO, WARNING, ERROR); the level stays %s", path, wanted,
+                  logging.getLevelName(root.level))
+        return f"{logging.getLevelName(root.level)} (unchanged)"
+    root.setLevel(wanted)
+    return wanted
 
 
 async def _feed_watchdog(engine: Engine, notifier: Notifier, interval: float) -> None:
@@ -123,10 +180,11 @@ async def _feed_watchdog(engine: Engine, notifier: Notifier, interval: float) ->
 def _warn_about_trust(options: SupervisorOptions) -> None:
     """Say at start-up what the operator's choices give tenants (docs/operations.md, "Tenant isolation")."""
     root_workers = os.geteuid() == 0 and options.worker_uids is None
-    if root_workers:
-        log.warning("running as root without --worker-uids: every worker and runtime runs as root, in one trust "
-                    "domain (tenants are kept apart by environment and directories, not by the kernel); give each "
-                    "namespace its own uid with --worker-uids START:COUNT")
+    if options.worker_uids is None:
+        log.warning("without --worker-uids every tenant's worker and runtime runs as one uid (%d%s), in one trust "
+                    "domain: tenants are kept apart by environment and directories, not by the kernel; give each "
+                    "namespace its own uid with --worker-uids START:COUNT (docs/operations.md, \"Tenant "
+                    "isolation\")", os.geteuid(), ", root" if root_workers else "")
     if options.test_scenarios:
         log.warning("--enable-test-scenarios: any tenant can run any command as its worker's uid%s, outside the "
                     "exec sandbox (scripted `spawn` steps); use it on test rigs only", " (root)" if root_workers else "")

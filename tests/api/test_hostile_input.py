@@ -101,14 +101,18 @@ def test_a_string_admin_flag_is_refused_not_granted(tmp_path: Path, caplog: pyte
     (tmp_path / TOKENS_FILE).write_text(json.dumps(doc))
     with pytest.raises(TokenFileInvalid, match="admin"):
         TokenAuth.load(tmp_path)
-    # A running service keeps the last good table and says why, once.
+    # A running service fails closed (no tenant token, never a grant) and says why, once; the admin token, in its
+    # own file, still works so that the operator can look around while fixing it.
+    admin = (tmp_path / "admin.token").read_text().strip()
     with caplog.at_level(logging.ERROR):
         principal = good.authenticate(eve)
         good.authenticate(eve)
-    assert principal is not None and not principal.admin
-    assert [r for r in caplog.records if "not a valid token table" in r.getMessage()][:1]
+    assert principal is None
+    assert len([r for r in caplog.records if "not a valid token table" in r.getMessage()]) == 1
     (tmp_path / TOKENS_FILE).write_text("{not json")
-    assert good.authenticate(eve) is not None  # still the last good table, no exception
+    assert good.authenticate(eve) is None  # no exception either
+    admitted = good.authenticate(admin)
+    assert admitted is not None and admitted.admin
 
 
 def test_the_service_refuses_to_start_on_a_broken_token_file(tmp_path: Path) -> None:

@@ -165,4 +165,5 @@ def test_the_quarantine_command_says_when_the_service_is_not_running(tmp_path: P
     assert missing.returncode == 2 and "admin token" in missing.stderr
     (data / "admin.token").write_text("x\n")
     down = _supervisor("quarantine", "lift", "default", data=data)
-    assert down.returncode == 3 and "not reachable" in down.stderr and "is it running?" in down.stderr
+    assert down.returncode == 3 and "cannot reach" in down.stderr and str(data / "api.sock") in down.stderr
+    assert down.stderr.count("running") == 1 and down.stderr.count("\n") == 1, down.stderr  # said once

@@ -25,6 +25,21 @@ def test_unit_declares_what_the_service_relies_on() -> None:
     assert parser["Unit"]["StartLimitBurst"]
 
 
+def test_unit_isolates_tenants_by_default_and_reloads_on_sighup() -> None:
+    """Each namespace's worker runs as its own uid (--worker-uids) with the capabilities that needs, held by a
+    non-root service user; `systemctl reload` sends SIGHUP (the service reloads, never ends)."""
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read(UNIT)
+    service = parser["Service"]
+    assert "--worker-uids" in service["ExecStart"] and "--listen /run/codesdk/api.sock" in service["ExecStart"]
+    assert service["User"] != "root"
+    needed = {"CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER"}
+    assert set(service["AmbientCapabilities"].split()) == needed
+    assert set(service["CapabilityBoundingSet"].split()) == needed
+    assert "-HUP $MAINPID" in service["ExecReload"]
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed here")
 def test_systemd_analyze_verify() -> None:
     done = subprocess.run(["systemd-analyze", "verify", str(UNIT)], capture_output=True, text=True, timeout=60,
