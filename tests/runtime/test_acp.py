@@ -202,6 +202,43 @@ async def test_a_session_whose_first_turn_failed_or_stopped_goes_on_beside_anoth
             check_session(await session_events(engine.store, first.session_id))
 
 
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+#: A wrong or unreachable model API -> (code, retryable), the same on every runtime.
+WRONG_API = {"unreachable": (TaskFailureCode.API_UNREACHABLE, True),
+             "404": (TaskFailureCode.INVALID_REQUEST, False), "401": (TaskFailureCode.AUTH_REQUIRED, False)}
+
+
+@EVERY_ACP_AGENT
+@pytest.mark.parametrize("cause", list(WRONG_API))
+async def test_a_wrong_or_unreachable_model_api_is_told_apart_and_named(
+        make_engine: MakeEngine, fake: FakeAnthropic, agent: str, cause: str) -> None:
+    """Issue 33: the same mistake (API unreachable, a 404, a 401) gets the same code and retryable flag on every
+    agent, and the message names the base URL the agent used (never a key). The time to fail is printed."""
+    if cause == "unreachable":
+        fake.port = _closed_port()  # every base URL below now points at a closed port
+    case = _case(agent, fake)
+    prompt = "SAY hello" if cause == "unreachable" else f"ERROR {cause}"
+    with trio.fail_after(240):
+        async with make_engine(worker_env={"*": case.worker_env()}) as engine:
+            session = await engine.create_session(runtime=agent)
+            started = trio.current_time()
+            record, events = await _task(engine, session.session_id, prompt, case.config)
+            print(f"\n{agent} {cause}: failed after {trio.current_time() - started:.1f} s")
+    [failed] = of_type(events, EventType.TASK_FAILED)
+    assert record.state == TaskState.FAILED
+    assert (failed.code, failed.retryable) == WRONG_API[cause], failed
+    assert case.base_url.rstrip("/") in failed.message, failed.message
+    assert "test-key" not in failed.message and "sk-test" not in failed.message
+
+
 async def test_a_workspace_holding_the_agents_own_config_is_refused(make_engine: MakeEngine, fake: FakeAnthropic,
                                                                     tmp_path: Path) -> None:
     ws = workspace(tmp_path)

@@ -55,7 +55,7 @@ from codesdk.protocol import (
 from codesdk._version import __version__
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
 from ...mcp.bridge.endpoint import BridgeAnswer, BridgeCall, BridgeEndpoint, BridgeTool, serve_tools
-from .._api_failures import failure_for_status
+from .._api_failures import api_failure, is_unreachable
 from .._conversation import hold_conversation
 from ..runtime_process import RuntimeProcess
 from .._rpc_peer import METHOD_NOT_FOUND, PeerClosed, PeerError, RpcPeer
@@ -332,7 +332,10 @@ class AcpTask(AnswersToolCalls, TaskHandle):
         if isinstance(detail, str) and detail.strip() and detail not in message:  # JSON-RPC's place for details
             message = f"{message}: {detail}"
         status = self.profile.http_status(exc.code, exc.message, exc.data)
-        code, retryable = failure_for_status(status)
+        code, retryable, where = api_failure(
+            status, is_unreachable(f"{exc.message} {json.dumps(exc.data, default=str)}"),
+            self.profile.api_base_url(self.settings, os.environ))
+        message += where
         if code == TaskFailureCode.AUTH_REQUIRED:
             found = self.profile.credentials(os.environ)
             message += f" — the model API refused this namespace's credentials ({found.message}): " \
