@@ -322,6 +322,7 @@ class TaskFailureCode(StrEnum):
     RATE_LIMITED = "RATE_LIMITED"  # HTTP 429 (retryable)
     OVERLOADED = "OVERLOADED"  # HTTP 529 (retryable)
     API_ERROR = "API_ERROR"  # the model API failed (HTTP 5xx, retryable)
+    API_UNREACHABLE = "API_UNREACHABLE"  # no connection to the model API's base URL (retryable; message names it)
 
 
 _FAILURE_CODES = frozenset(TaskFailureCode)

@@ -18,6 +18,13 @@ from ._base import Model
 MAX_STOP_GRACE_S = 60.0
 
 
+class EscapedProcess(Model):
+    """A process a runtime started and moved out of its process group, SIGKILLed when the runtime was ended."""
+
+    pid: int
+    command: str  # its command line as it ran ("" if it could not be read), at most 500 characters
+
+
 class ProcessEnd(Model):
     """One runtime process of the task, as it was ended."""
 
@@ -28,6 +35,7 @@ class ProcessEnd(Model):
     kill_sent: bool = False  # SIGKILL sent to its process group (the TERM grace ran out)
     escaped_killed: int = Field(default=0, ge=0)  # processes it started outside its group, SIGKILLed
     gone: bool  # checked after the end: nothing left in its process group, none of the escaped alive
+    escaped: tuple[EscapedProcess, ...] = ()  # which they were (escaped_killed of them), first 20
 
 
 class CallStage(StrEnum):

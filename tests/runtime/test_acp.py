@@ -26,12 +26,13 @@ from codesdk.protocol import EventType, InteractionMode, NormalizedEvent, Permis
 from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine, session_events
 from codesdk.supervisor.store import TaskRecord, TaskState
 from codesdk.worker.command import RUNTIMES_DIR_ENV
+from codesdk.worker.adapters.acp._codex_acp import CodexAcpProfile
 from codesdk.worker.adapters.acp._gemini import GeminiProfile
 from codesdk.worker.adapters.acp._opencode import OpenCodeProfile
 from codesdk.worker.adapters.acp._profile import AgentProfile
 
 from tests.conftest import MakeEngine
-from tests.contract.cases import GeminiCase, OpenCodeCase, workspace
+from tests.contract.cases import CodexAcpCase, GeminiCase, OpenCodeCase, workspace
 from tests.e2e.conftest import of_type
 from tests.netns import skip_outside_netns
 from tests.worker.harness import REPO
@@ -48,6 +49,12 @@ def _installed(name: str) -> Any:
 
 
 EACH_AGENT = pytest.mark.parametrize("agent", [_installed(name) for name in AGENTS])
+#: Every ACP agent CodeSDK drives, codex-acp included.
+ALL_AGENTS: dict[str, AgentProfile] = {**AGENTS, "codex-acp": CodexAcpProfile()}
+EVERY_ACP_AGENT = pytest.mark.parametrize("agent", [
+    pytest.param(name, id=name, marks=pytest.mark.skipif(profile.program(os.environ) is None,
+                                                         reason=profile.missing_reason(os.environ)))
+    for name, profile in ALL_AGENTS.items()])
 
 
 @pytest.fixture
@@ -56,7 +63,9 @@ def fake(tmp_path: Path) -> Iterator[FakeAnthropic]:
         yield server
 
 
-def _case(agent: str, fake: FakeAnthropic) -> GeminiCase | OpenCodeCase:
+def _case(agent: str, fake: FakeAnthropic) -> GeminiCase | OpenCodeCase | CodexAcpCase:
+    if agent == "codex-acp":
+        return CodexAcpCase(fake.openai_base_url)
     return GeminiCase(fake.gemini_base_url) if agent == "gemini" else OpenCodeCase(fake.chat_completions_base_url)
 
 
@@ -64,6 +73,8 @@ def _model_requests(agent: str, fake: FakeAnthropic) -> list[dict[str, Any]]:
     """What the agent sent its model, without OpenCode's title requests (no tools)."""
     if agent == "gemini":
         return [r["body"] for r in fake.requests() if "streamGenerateContent" in r["path"]]
+    if agent == "codex-acp":
+        return [r["body"] for r in fake.requests("/v1/responses")]
     return [r["body"] for r in fake.requests("/v1/chat/completions") if r["body"].get("tools")]
 
 
@@ -161,6 +172,73 @@ async def test_a_stop_while_a_call_waits_for_its_approval_ends_the_task_and_ever
     assert record.state == TaskState.STOPPED and not (ws / "x.txt").exists()
 
 
+@EVERY_ACP_AGENT
+@pytest.mark.parametrize("first_turn", ["stopped", "failed"])
+async def test_a_session_whose_first_turn_failed_or_stopped_goes_on_beside_another(
+        make_engine: MakeEngine, fake: FakeAnthropic, tmp_path: Path, agent: str, first_turn: str) -> None:
+    """Issue 33: once the workspace holds another session of the agent, a session whose first turn was stopped or
+    failed must still take its next task (the agent refusing to load it is answered with a reconstruction)."""
+    case = _case(agent, fake)
+    ws = workspace(tmp_path)
+    with trio.fail_after(240):
+        async with make_engine(worker_env={"*": case.worker_env()}) as engine:
+            first = await engine.create_session(runtime=agent, workspace=ws)
+            if first_turn == "stopped":
+                task = await engine.start_task(first.session_id, "SLOW 30",
+                                               runtime_config={**case.config, "stop_grace_s": 2})
+                while not _model_requests(agent, fake):  # the turn is under way at the model
+                    await trio.sleep(0.05)
+                await engine.stop_task(task.task_id, reason="trial stop")
+                assert (await engine.wait_task(task.task_id)).state == TaskState.STOPPED
+            else:
+                record, _ = await _task(engine, first.session_id, "ERROR 500", case.config)
+                assert record.state == TaskState.FAILED
+            other = await engine.create_session(runtime=agent, workspace=ws)
+            record, _ = await _task(engine, other.session_id, "SAY the other session", case.config)
+            assert record.state == TaskState.COMPLETED
+            again, events = await _task(engine, first.session_id, "SAY still usable", case.config)
+            failed = of_type(events, EventType.TASK_FAILED)
+            assert again.state == TaskState.COMPLETED, [(f.code, f.message) for f in failed]
+            check_session(await session_events(engine.store, first.session_id))
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+#: A wrong or unreachable model API -> (code, retryable), the same on every runtime.
+WRONG_API = {"unreachable": (TaskFailureCode.API_UNREACHABLE, True),
+             "404": (TaskFailureCode.INVALID_REQUEST, False), "401": (TaskFailureCode.AUTH_REQUIRED, False)}
+
+
+@EVERY_ACP_AGENT
+@pytest.mark.parametrize("cause", list(WRONG_API))
+async def test_a_wrong_or_unreachable_model_api_is_told_apart_and_named(
+        make_engine: MakeEngine, fake: FakeAnthropic, agent: str, cause: str) -> None:
+    """Issue 33: the same mistake (API unreachable, a 404, a 401) gets the same code and retryable flag on every
+    agent, and the message names the base URL the agent used (never a key). The time to fail is printed."""
+    if cause == "unreachable":
+        fake.port = _closed_port()  # every base URL below now points at a closed port
+    case = _case(agent, fake)
+    prompt = "SAY hello" if cause == "unreachable" else f"ERROR {cause}"
+    with trio.fail_after(240):
+        async with make_engine(worker_env={"*": case.worker_env()}) as engine:
+            session = await engine.create_session(runtime=agent)
+            started = trio.current_time()
+            record, events = await _task(engine, session.session_id, prompt, case.config)
+            print(f"\n{agent} {cause}: failed after {trio.current_time() - started:.1f} s")
+    [failed] = of_type(events, EventType.TASK_FAILED)
+    assert record.state == TaskState.FAILED
+    assert (failed.code, failed.retryable) == WRONG_API[cause], failed
+    assert case.base_url.rstrip("/") in failed.message, failed.message
+    assert "test-key" not in failed.message and "sk-test" not in failed.message
+
+
 async def test_a_workspace_holding_the_agents_own_config_is_refused(make_engine: MakeEngine, fake: FakeAnthropic,
                                                                     tmp_path: Path) -> None:
     ws = workspace(tmp_path)
@@ -227,6 +305,39 @@ async def test_an_agent_that_dies_at_once_is_a_retryable_crash_with_its_stderr(
     [failed] = of_type(events, EventType.TASK_FAILED)
     assert record.state == TaskState.FAILED and (failed.code, failed.retryable) == ("RUNTIME_CRASHED", True)
     assert failed.details["exit_code"] == 3 and "stderr_tail_ref" in failed.details
+
+
+#: A stand-in ACP agent that answers the handshake and a new session, then does ``ON_PROMPT`` with the prompt's id.
+_ACP_STAND_IN = """
+const readline = require('readline');
+const send = (m) => process.stdout.write(JSON.stringify({jsonrpc: '2.0', ...m}) + '\\n');
+readline.createInterface({input: process.stdin}).on('line', (line) => {
+  const m = JSON.parse(line);
+  if (m.method === 'initialize') send({id: m.id, result: {protocolVersion: 1, agentCapabilities: {}}});
+  else if (m.method === 'session/new') send({id: m.id, result: {sessionId: 's-1'}});
+  else if (m.method === 'session/prompt') { ON_PROMPT }
+});
+"""
+
+
+@needs_node
+@pytest.mark.parametrize("on_prompt", [
+    "process.stderr.write('stand-in: heap exhausted 9917\\n'); process.exit(7);",
+    "process.stderr.write('stand-in: heap exhausted 9917\\n'); "
+    "send({id: m.id, error: {code: -32603, message: 'Internal error'}});"], ids=["dies", "internal-error"])
+async def test_an_agent_that_fails_mid_turn_reports_its_stderr_tail(
+        make_engine: MakeEngine, fake: FakeAnthropic, tmp_path: Path, on_prompt: str) -> None:
+    """Issue 33: an ACP agent that dies mid-turn is RUNTIME_CRASHED (retryable) with its stderr tail, as claude and
+    codex are; one that answers the turn with an internal error says it with its stderr tail too."""
+    record, events = await _run_with(make_engine, fake,
+                                     _stand_in(tmp_path, _ACP_STAND_IN.replace("ON_PROMPT", on_prompt)))
+    [failed] = of_type(events, EventType.TASK_FAILED)
+    assert record.state == TaskState.FAILED
+    if on_prompt.endswith("exit(7);"):
+        assert (failed.code, failed.retryable) == ("RUNTIME_CRASHED", True) and failed.details["exit_code"] == 7
+    else:
+        assert failed.code == TaskFailureCode.RUNTIME_ERROR and "Internal error" in failed.message
+    assert "stderr_tail_ref" in failed.details, failed
 
 
 @needs_node

@@ -320,7 +320,7 @@ async def test_an_unreachable_model_api_fails_the_task_after_its_retries_each_on
             record, events = await _task(engine, session.session_id, "SAY hello",
                                          runtime_config={**CODEX_CONFIG, "max_retries": 1})
     [failed] = of_type(events, EventType.TASK_FAILED)
-    assert record.state == TaskState.FAILED and (failed.code, failed.retryable) == ("API_ERROR", True), failed
+    assert record.state == TaskState.FAILED and (failed.code, failed.retryable) == ("API_UNREACHABLE", True), failed
     assert "failed 2 times" in failed.message
     reasons = [p.stop_reason for p in of_type(events, EventType.RUNTIME_REQUEST_COMPLETED)]
     assert len(reasons) == 2 and reasons[0].startswith("error, retrying: ") and reasons[1].startswith("error: ")

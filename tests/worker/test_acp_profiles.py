@@ -150,6 +150,9 @@ def test_calls_of_codesdks_tools_are_told_from_the_agents_own(profile: AgentProf
     ("Internal error: the server had an error (status code 503)", {"errorName": "APIError"}, 503),
     ("Internal error: something broke", {"errorName": "APIError"}, 500),
     ("Internal error: no provider", {"errorName": "UnknownError"}, None),
+    ("Internal error: Not Found", {"errorName": "APIError"}, 404),
+    ("Internal error: Cannot connect to API: Unable to connect. Is the computer able to access the url?",
+     {"errorName": "APIError"}, None),
 ])
 def test_opencode_errors_are_read_for_the_status_they_lost(message: str, data: dict[str, Any],
                                                           status: int | None) -> None:
@@ -228,6 +231,30 @@ def test_codex_acp_without_an_api_key_uses_codexs_own_login(tmp_path: Path) -> N
 def test_gemini_errors_carry_the_status_as_their_code() -> None:
     assert GeminiProfile().http_status(429, "quota", None) == 429
     assert GeminiProfile().http_status(-32603, "internal", None) is None
+
+
+def test_gemini_errors_are_read_for_the_status_its_500_hides() -> None:
+    """Issue 33: Gemini answers every failed turn with code 500; a 404 was taken for a retryable 500, and so was a
+    connection that never got an answer."""
+    assert GeminiProfile().http_status(500, "fake error: HTTP 404 (NOT_FOUND)", None) == 404
+    assert GeminiProfile().http_status(500, "[401 Unauthorized] API key not valid", None) == 401
+    assert GeminiProfile().http_status(500, "exception TypeError: fetch failed sending request", None) is None
+    assert GeminiProfile().http_status(500, "internal", None) == 500
+
+
+def test_each_agent_names_the_base_url_it_calls_and_never_a_key() -> None:
+    from codesdk.worker.adapters._api_failures import api_failure, shown_url
+    from codesdk.worker.adapters.acp._profile import AcpSettings
+
+    settings = AcpSettings(model="fake/fake-model")
+    assert GeminiProfile().api_base_url(settings, {"GEMINI_API_KEY": "k",
+                                                   "GOOGLE_GEMINI_BASE_URL": "http://h:1"}) == "http://h:1"
+    assert CodexAcpProfile().api_base_url(settings, {"OPENAI_API_KEY": "k"}) == "https://api.openai.com/v1"
+    config = {"provider": {"fake": {"options": {"baseURL": "http://h:2/v1", "apiKey": "sk-x"}}}}
+    assert OpenCodeProfile().api_base_url(settings, {"OPENCODE_CONFIG_CONTENT": json.dumps(config)}) == "http://h:2/v1"
+    assert shown_url("https://user:sk-secret@h:3/v1?key=sk-secret") == "https://h:3/v1"
+    code, retryable, where = api_failure(None, True, "http://h:4")
+    assert (code, retryable) == ("API_UNREACHABLE", True) and "http://h:4" in where
 
 
 def test_permission_answers_pick_by_kind_and_never_allow_always() -> None:

@@ -13,7 +13,8 @@ import trio
 import trio.testing
 
 from codesdk.procs.process import AdoptedProcess, close_and_reap
-from codesdk.worker.adapters.runtime_process import RuntimeProcess
+from codesdk.protocol import ProcessEnd
+from codesdk.worker.adapters.runtime_process import RuntimeProcess, ended_processes
 
 from tests.waits import wait_for
 
@@ -57,6 +58,19 @@ async def test_ending_a_program_ends_what_left_its_group() -> None:
             assert psutil.Process(escaped).status() != psutil.STATUS_ZOMBIE
     assert _gone(program)
     wait_for("the escaped grandchild to die of its SIGKILL", lambda: _gone(escaped))
+
+
+async def test_the_receipt_names_each_process_that_left_the_group() -> None:
+    """Issue 33: a stop receipt that reports an escaped process names it (pid, command), not only a count; what
+    stayed in the group is the group's, not counted as escaped."""
+    ledger: list[ProcessEnd] = []
+    ended_processes.set(ledger)
+    with trio.fail_after(60):
+        async with RuntimeProcess.open([sys.executable, "-c", ESCAPER], env={}, term_grace_s=1) as process:
+            escaped = int(await _first_line(process))
+    wait_for("the escaped grandchild to die of its SIGKILL", lambda: _gone(escaped))
+    [end] = ledger
+    assert end.escaped_killed == 1 and [(e.pid, e.command) for e in end.escaped] == [(escaped, "sleep 1000")], end
 
 
 async def test_a_program_started_ahead_is_owned_like_one_started_here() -> None:

@@ -34,7 +34,7 @@ import trio
 from codesdk.procs.launch import Launch
 from codesdk.procs.process import AdoptedProcess, ChildProcess, close_and_reap, hold
 from codesdk.procs.tree import descendants, end_tree, group_gone, signal_group, signal_group_of
-from codesdk.protocol import BadFrame, ExitStatus, LineFramer, ProcessEnd, StderrTail
+from codesdk.protocol import BadFrame, EscapedProcess, ExitStatus, LineFramer, ProcessEnd, StderrTail
 
 from .. import _recording as recording
 from .._ahead import AHEAD_TTL_S, StartedAhead, start_ahead
@@ -247,6 +247,7 @@ class RuntimeProcess:
         (``ended_processes``)."""
         with trio.CancelScope(shield=True):
             escaped = self._descendants()
+            outside = _outside_group(escaped, self.pid)
             await self.close_stdin()
             term_sent, kill_sent = await end_tree(self.process, escaped, grace_s)  # the group also if it exited
             with trio.move_on_after(grace_s):
@@ -254,7 +255,8 @@ class RuntimeProcess:
             ledger = ended_processes.get()
             if ledger is not None:
                 ledger.append(ProcessEnd(name=self.name, pid=self.pid, exit=self.status().describe(),
-                                         term_sent=term_sent, kill_sent=kill_sent, escaped_killed=len(escaped),
+                                         term_sent=term_sent, kill_sent=kill_sent, escaped_killed=len(outside),
+                                         escaped=tuple(outside[:MAX_ESCAPED_NAMED]),
                                          gone=await group_gone(self.pid, escaped, GONE_WAIT_S)))
 
     def _descendants(self) -> list[psutil.Process]:
@@ -273,3 +275,24 @@ class RuntimeProcess:
                     log.info("%s: %s", self.name, line)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+
+
+#: How many escaped processes a ``ProcessEnd`` names (all are counted).
+MAX_ESCAPED_NAMED = 20
+
+
+def _outside_group(tree: Sequence[psutil.Process], pgid: int) -> list[EscapedProcess]:
+    """The members of ``tree`` (a program's descendants) that left its process group, named (pid, command line)
+    while they still run; one gone meanwhile, or unreadable, counts as still in the group (nothing to name)."""
+    import psutil
+
+    found: list[EscapedProcess] = []
+    for process in tree:
+        try:
+            if os.getpgid(process.pid) == pgid:
+                continue
+            command = " ".join(process.cmdline()) or process.name()
+        except (ProcessLookupError, psutil.Error, OSError):
+            continue
+        found.append(EscapedProcess(pid=process.pid, command=command[:500]))
+    return found

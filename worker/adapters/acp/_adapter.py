@@ -55,7 +55,7 @@ from codesdk.protocol import (
 from codesdk._version import __version__
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
 from ...mcp.bridge.endpoint import BridgeAnswer, BridgeCall, BridgeEndpoint, BridgeTool, serve_tools
-from .._api_failures import failure_for_status
+from .._api_failures import api_failure, is_unreachable
 from .._conversation import hold_conversation
 from ..runtime_process import RuntimeProcess
 from .._rpc_peer import METHOD_NOT_FOUND, PeerClosed, PeerError, RpcPeer
@@ -225,7 +225,7 @@ class AcpTask(AnswersToolCalls, TaskHandle):
                     "sessionId": self._session_id, "prompt": [{"type": "text", "text": self.prompt}]})
             except PeerError as exc:
                 await self._end_request(peer, request_id, f"error: {exc.message}"[:500])
-                return self._failure(exc)
+                return self._failure(exc, peer)
             answer = answer if isinstance(answer, dict) else {}
             stop_reason = str(answer.get("stopReason") or "end_turn")
             await self._end_request(peer, request_id, stop_reason)
@@ -234,7 +234,7 @@ class AcpTask(AnswersToolCalls, TaskHandle):
             return None
         except PeerError as exc:
             return TaskOutcome.failure(TaskFailureCode.RUNTIME_ERROR, f"{title} refused the task: {exc.message}",
-                                       rpc_code=exc.code, rpc_data=exc.data)
+                                       rpc_code=exc.code, rpc_data=exc.data, **_stderr_tail(peer))
         except trio.TooSlowError:
             return TaskOutcome.failure(TaskFailureCode.RUNTIME_ERROR, f"{title} did not answer its handshake within "
                                        f"{self.profile.handshake_timeout_s:.0f} s", retryable=True)
@@ -271,11 +271,14 @@ class AcpTask(AnswersToolCalls, TaskHandle):
                                                f"{self._session_id} again (it offers neither session/resume nor load)")
                 return None
             except PeerError as exc:
-                if not self.profile.session_never_stored(exc.code, exc.message, exc.data):
-                    raise
-                log.warning("%s does not have session %s any more (or never stored it): a new one, given the "
-                            "session's transcript, takes its place; model.input says %s", title, self._session_id,
-                            self.resume)
+                # Whatever the agent's reason (it never stored the session, or it refuses the one it stored: a
+                # first turn stopped or failed leaves Gemini a transcript it calls an "Invalid session identifier"),
+                # the session goes on: a new one, given the session's transcript, takes its place.
+                why = ("does not have it any more (or never stored it)"
+                       if self.profile.session_never_stored(exc.code, exc.message, exc.data)
+                       else f"refused to take it up ({exc.code}: {_inner_message(exc.message)[:200]})")
+                log.warning("%s: session %s %s: a new one, given the session's transcript, takes its place; "
+                            "model.input says %s", title, self._session_id, why, self.resume)
                 self.prompt = RuntimeInput.rebuilt(self.params).text
         session = await peer.request("session/new", common)
         self._session_id = str(session["sessionId"])
@@ -322,20 +325,23 @@ class AcpTask(AnswersToolCalls, TaskHandle):
             output_tokens=tokens.get("output", 0), cache_read_tokens=tokens.get("cache_read", 0),
             cache_write_tokens=tokens.get("cache_write", 0)), raw={"answer": answer})
 
-    def _failure(self, exc: PeerError) -> TaskOutcome:
+    def _failure(self, exc: PeerError, peer: RpcPeer) -> TaskOutcome:
         """The prompt's error answer: the model API's failure when the agent tells its HTTP status."""
         message = _inner_message(exc.message)
         detail = exc.data.get("message") if isinstance(exc.data, dict) else None
         if isinstance(detail, str) and detail.strip() and detail not in message:  # JSON-RPC's place for details
             message = f"{message}: {detail}"
         status = self.profile.http_status(exc.code, exc.message, exc.data)
-        code, retryable = failure_for_status(status)
+        code, retryable, where = api_failure(
+            status, is_unreachable(f"{exc.message} {json.dumps(exc.data, default=str)}"),
+            self.profile.api_base_url(self.settings, os.environ))
+        message += where
         if code == TaskFailureCode.AUTH_REQUIRED:
             found = self.profile.credentials(os.environ)
             message += f" — the model API refused this namespace's credentials ({found.message}): " \
                        f"{found.how_to_configure}"
         return TaskOutcome.failure(code, f"{self.profile.title}: {message}"[:2000], retryable, rpc_code=exc.code,
-                                   api_error_status=status)
+                                   api_error_status=status, **({} if status else _stderr_tail(peer)))
 
     async def _stop_when_asked(self, peer: RpcPeer) -> None:
         """On stop: cancel the turn (pending permission requests answer ``cancelled`` by themselves); whatever still
@@ -517,3 +523,10 @@ def _inner_message(message: str) -> str:
         if isinstance(body, dict) and isinstance(body.get("error"), dict) and body["error"].get("message"):
             return str(body["error"]["message"])
     return message
+
+
+def _stderr_tail(peer: RpcPeer) -> dict[str, Any]:
+    """The agent's stderr tail as a failure's detail (where an agent's "Internal error" says what went wrong; the
+    supervisor stores it as a blob), or nothing when it wrote none."""
+    tail = peer.process.stderr.text()[-2000:]
+    return {"stderr_tail": tail} if tail.strip() else {}

@@ -194,6 +194,9 @@ class CodexAcpProfile(PlatformBuildProfile):
         found = _STATUS_IN_MESSAGE.search(str(data.get("message") or ""))
         return int(found.group(1)) if found else None
 
+    def api_base_url(self, settings: AcpSettings, environ: Mapping[str, str]) -> str | None:
+        return (environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL) if environ.get("OPENAI_API_KEY") else None
+
     def session_never_stored(self, code: int, message: str, data: Any) -> bool:
         """Codex writes a session's rollout when its first turn starts; a session whose process ended before that
         is "Resource not found" when resumed."""

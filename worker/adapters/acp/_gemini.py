@@ -13,12 +13,14 @@ Gemini would merge a trusted workspace's settings over the user's: a workspace h
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from codesdk.procs.launch import Launch
+from .._api_failures import is_unreachable
 from .._installed import node_modules
 from ._profile import (
     MCP_SERVER_NAME,
@@ -40,6 +42,8 @@ USER_SETTINGS = Path(".gemini") / "settings.json"
 #: A name no recorder of Gemini's produces (it names transcripts after the current UTC minute): a transcript renamed
 #: to it before a load cannot be overwritten by the loading process's own stub.
 _KEPT_TRANSCRIPT = "session-2000-01-01T00-00-{short}.jsonl"
+#: The model API's HTTP status as Gemini words it in an error message.
+_STATUS_IN_TEXT = re.compile(r"\b(?:HTTP|status(?:\s*code)?)\W{0,3}([45]\d\d)\b|\[([45]\d\d) [A-Z][a-z]", re.IGNORECASE)
 
 
 class GeminiProfile(AgentProfile):
@@ -132,6 +136,21 @@ class GeminiProfile(AgentProfile):
                           "CodeSDK's settings (built-in tools excluded, telemetry, updates, hooks, skills and agents "
                           "off) are merged over the user settings before each start; a workspace with .gemini/ or .env is refused",
                 "home": str(gemini), "found": found}
+
+    def http_status(self, code: int, message: str, data: Any) -> int | None:
+        """Gemini answers every failed turn with code 500: the API's own status is in its message ("HTTP 404",
+        "[404 Not Found]", "status 401"); a connection that failed ("fetch failed") had none."""
+        text = f"{message} {json.dumps(data, default=str)}"
+        if (found := _STATUS_IN_TEXT.search(text)) is not None:
+            return int(found.group(1) or found.group(2))
+        if is_unreachable(text):
+            return None
+        return super().http_status(code, message, data)
+
+    def api_base_url(self, settings: AcpSettings, environ: Mapping[str, str]) -> str | None:
+        if not environ.get("GEMINI_API_KEY"):
+            return None  # a login's endpoint is Gemini's to choose
+        return environ.get("GOOGLE_GEMINI_BASE_URL") or "https://generativelanguage.googleapis.com"
 
     def session_never_stored(self, code: int, message: str, data: Any) -> bool:
         """Gemini records a session's transcript once a turn has an answer; a session whose turns all failed

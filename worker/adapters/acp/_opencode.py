@@ -22,6 +22,7 @@ from typing import Any
 
 from codesdk.procs.launch import Launch
 from .._installed import node_modules
+from .._api_failures import is_unreachable
 from ._profile import (
     MCP_SERVER_NAME,
     AcpSettings,
@@ -48,6 +49,7 @@ _STATUS = re.compile(r"\b(?:status(?:\s*code)?|HTTP)\W{0,3}([45]\d\d)\b", re.IGN
 _STATUS_WORDS = ((re.compile(r"unauthori[sz]ed|invalid api key|authentication", re.IGNORECASE), 401),
                  (re.compile(r"rate.?limit|too many requests|quota", re.IGNORECASE), 429),
                  (re.compile(r"overloaded", re.IGNORECASE), 529),
+                 (re.compile(r"not.?found", re.IGNORECASE), 404),
                  (re.compile(r"context.{0,20}(?:length|window)|too long", re.IGNORECASE), 413))
 
 
@@ -121,12 +123,26 @@ class OpenCodeProfile(PlatformBuildProfile):
     def http_status(self, code: int, message: str, data: Any) -> int | None:
         if (found := _STATUS.search(message)) is not None:
             return int(found.group(1))
+        if is_unreachable(message):  # "Cannot connect to API": no HTTP answer at all
+            return None
         if isinstance(data, dict) and data.get("errorName") in ("APIError", "ProviderAuthError"):
             for pattern, status in _STATUS_WORDS:
                 if pattern.search(message):
                     return status
             return 401 if data.get("errorName") == "ProviderAuthError" else 500
         return super().http_status(code, message, data)
+
+    def api_base_url(self, settings: AcpSettings, environ: Mapping[str, str]) -> str | None:
+        """The ``options.baseURL`` of the model's provider in the operator's config (``provider/model``)."""
+        try:
+            config = self.config(settings, environ)
+        except BadAcpConfig:
+            return None
+        model = str(config.get("model") or "")
+        provider = (config.get("provider") or {}).get(model.split("/", 1)[0]) if "/" in model else None
+        options = provider.get("options") if isinstance(provider, dict) else None
+        url = options.get("baseURL") if isinstance(options, dict) else None
+        return url if isinstance(url, str) else None
 
     def stored_session(self, environ: Mapping[str, str], cwd: Path, session_id: str) -> bool | None:
         """A row of the session in OpenCode's database (``$XDG_DATA_HOME/opencode/opencode.db``), read-only."""

@@ -205,9 +205,14 @@ class AgentProfile(ABC):
         """The model API's HTTP status behind an error answer to ``session/prompt``, if the agent says it."""
         return code if 400 <= code <= 599 else None
 
+    def api_base_url(self, settings: AcpSettings, environ: Mapping[str, str]) -> str | None:
+        """The base URL of the model API the agent calls (named when a call fails), if known."""
+        return None
+
     def session_never_stored(self, code: int, message: str, data: Any) -> bool:
         """Whether an error answer to ``session/resume`` or ``session/load`` means the agent never stored the
-        session at all (every turn of it failed before an answer): nothing is lost by starting a new one."""
+        session at all (every turn of it failed before an answer). Only what the warning says depends on it: any
+        refusal gives the agent a new session with the session's transcript."""
         return False
 
     def stored_session(self, environ: Mapping[str, str], cwd: Path, session_id: str) -> bool | None:

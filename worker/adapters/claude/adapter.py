@@ -54,7 +54,7 @@ from codesdk.protocol import (
 from codesdk.procs.launch import Launch
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
 from ...mcp.server import McpServer, McpTool, ToolCallResult
-from .._api_failures import failure_for_status
+from .._api_failures import api_failure, is_unreachable, shown_url
 from ..runtime_process import RuntimeAhead, RuntimeProcess
 from ..base import (
     Availability,
@@ -473,6 +473,11 @@ def _result_text(result: dict[str, Any]) -> str:
     return str(text).strip()
 
 
+def _base_url() -> str:
+    """The Anthropic API the CLI calls."""
+    return os.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"
+
+
 def _auth_failure(result: dict[str, Any]) -> TaskOutcome:
     """Claude Code had no usable login ("Not logged in · Please run /login", no request made) or the API
     refused its credentials: the namespace's own login instructions."""
@@ -481,7 +486,9 @@ def _auth_failure(result: dict[str, Any]) -> TaskOutcome:
     if status.state == AuthState.UNAUTHENTICATED:
         message = status.message
     else:
-        message = f"{text} — the credentials of this namespace were refused: {home.login_instructions(os.environ)}"
+        url = shown_url(_base_url())
+        message = (f"{text} — the model API{f' at {url}' if url else ''} refused the credentials of this namespace: "
+                   f"{home.login_instructions(os.environ)}")
     return TaskOutcome.failure(TaskFailureCode.AUTH_REQUIRED, message[:2000], False, runtime_message=text[:500],
                                api_error_status=result.get("api_error_status"), subtype=result.get("subtype"))
 
@@ -491,7 +498,8 @@ def _failure_from(result: dict[str, Any]) -> TaskOutcome:
     status = result.get("api_error_status")
     if not isinstance(status, int):
         status = int(match.group(1)) if (match := re.search(r"\b(4\d\d|5\d\d)\b", text)) else None
-    code, retryable = failure_for_status(status)
+    code, retryable, where = api_failure(status, status is None and is_unreachable(text), _base_url())
+    text += where
     if "prompt is too long" in text.lower() or "context" in text.lower() and "too long" in text.lower():
         code, retryable = TaskFailureCode.CONTEXT_TOO_LARGE, False
     if code == TaskFailureCode.AUTH_REQUIRED:

@@ -55,6 +55,8 @@ class ClaudeSettings:
     #: Claude's own tools the operator enabled for the task; each call is still decided by the supervisor.
     builtins: tuple[str, ...] = ()
     stop_grace_s: float = DEFAULT_STOP_GRACE_S
+    #: Failed model requests Claude Code may retry (``CLAUDE_CODE_MAX_RETRIES``); None: the namespace's or its own.
+    max_retries: int | None = None
 
     @classmethod
     def from_config(cls, config: Mapping[str, object]) -> ClaudeSettings:
@@ -68,8 +70,12 @@ class ClaudeSettings:
         builtins = config.get("builtin_tools") or []
         if not isinstance(builtins, list) or not all(isinstance(b, str) for b in builtins):
             raise BadClaudeConfig("runtime_config.builtin_tools must be a list of names")
+        retries = config.get("max_retries")
+        if retries is not None and (not isinstance(retries, int) or isinstance(retries, bool)
+                                    or not 0 <= retries <= 10):
+            raise BadClaudeConfig("runtime_config.max_retries must be a whole number from 0 to 10")
         return cls(model=str(config.get("model") or DEFAULT_MODEL), max_turns=max_turns, builtins=tuple(builtins),
-                   stop_grace_s=float(grace))
+                   stop_grace_s=float(grace), max_retries=retries)
 
 
 def claude_launch(cli: Path, settings: ClaudeSettings, *, cwd: str, resume: str | None,
@@ -91,6 +97,8 @@ def claude_launch(cli: Path, settings: ClaudeSettings, *, cwd: str, resume: str 
     env = {k: v for k, v in environ.items() if k != "CLAUDECODE"}  # not "inside another Claude Code"
     env.update(QUIET_ENV)
     env["PWD"] = cwd
+    if settings.max_retries is not None:
+        env["CLAUDE_CODE_MAX_RETRIES"] = str(settings.max_retries)
     opening = {"type": "control_request", "request_id": INITIALIZE_REQUEST_ID,
                "request": initialize_request(settings.builtins)}
     return Launch(argv=tuple(argv), env=env, cwd=cwd,

@@ -52,7 +52,7 @@ from codesdk.protocol import (
 )
 
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
-from .._api_failures import failure_for_status
+from .._api_failures import api_failure, is_unreachable
 from .._conversation import hold_conversation
 from .._installed import install_hint, runtimes_dir
 from ..runtime_process import RuntimeAhead, RuntimeProcess
@@ -70,6 +70,7 @@ from ..base import (
 from . import home
 from .launch import (
     CODEX_VERSION,
+    DEFAULT_BASE_URL,
     INITIALIZE_REQUEST_ID,
     BadCodexConfig,
     CodexSettings,
@@ -475,8 +476,10 @@ def _failure(error: dict[str, Any]) -> TaskOutcome:
     if status is None and name == "other":  # Codex's catch-all: an HTTP status, if any, is only in the message
         found_status = re.search(r"\b(?:status|HTTP)[^0-9]{0,12}([45]\d\d)\b", message)
         status = int(found_status.group(1)) if found_status else None
-    if status is not None:
-        code, retryable = failure_for_status(status)
+    base_url = (os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL) if os.environ.get("OPENAI_API_KEY") else None
+    if status is not None or is_unreachable(message):
+        code, retryable, where = api_failure(status, status is None, base_url)
+        message += where
     elif name == "other" and re.search(r"stream (?:closed|disconnected|error)|response\.failed", message, re.IGNORECASE):
         code, retryable = TaskFailureCode.API_ERROR, True
     else:
