@@ -232,6 +232,15 @@ def _session_body(namespace: str, runtime: str | None, metadata: dict[str, Any] 
     return body
 
 
+def _decision(allow: object, reason: str) -> dict[str, Any]:
+    """The body of a decision: ``allow`` is a real boolean (``"yes"`` or ``1`` is refused here, as by the API)."""
+    if not isinstance(allow, bool):
+        raise TypeError(f"allow must be True or False, not {allow!r}")
+    if not isinstance(reason, str):
+        raise TypeError(f"reason must be text, not {reason!r}")
+    return {"allow": allow, "reason": reason}
+
+
 def _task_body(prompt: str, permission_mode: str | None, runtime_config: dict[str, Any] | None,
                interactive: bool, runtime: str | None = None, max_input_tokens: int | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"prompt": prompt}
@@ -314,7 +323,7 @@ class AsyncClient:
 
     async def decide(self, approval_id: str, *, allow: bool, reason: str = "") -> dict[str, Any]:
         """Approve or deny a pending call; final (a second decision is a Conflict)."""
-        return dict(await self._call("POST", f"/v1/approvals/{_q(approval_id)}", json={"allow": allow, "reason": reason}))
+        return dict(await self._call("POST", f"/v1/approvals/{_q(approval_id)}", json=_decision(allow, reason)))
 
     async def answer(self, event: NormalizedEvent, *, allow: bool, reason: str = "") -> dict[str, Any]:
         """Decide the approval an ``approval.requested`` event (from ``stream``/``run``) asks for."""
@@ -458,7 +467,7 @@ class Client:
         return list(self._call("GET", "/v1/approvals", params={"state": state})["approvals"])
 
     def decide(self, approval_id: str, *, allow: bool, reason: str = "") -> dict[str, Any]:
-        return dict(self._call("POST", f"/v1/approvals/{_q(approval_id)}", json={"allow": allow, "reason": reason}))
+        return dict(self._call("POST", f"/v1/approvals/{_q(approval_id)}", json=_decision(allow, reason)))
 
     def answer(self, event: NormalizedEvent, *, allow: bool, reason: str = "") -> dict[str, Any]:
         """Decide the approval an ``approval.requested`` event asks for."""

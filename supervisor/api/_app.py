@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,7 +15,7 @@ from typing import Any, TypeVar
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -82,9 +83,35 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
 # -- request models ---------------------------------------------------------------------------------
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body: unknown fields refused, and strict types: ``"allow": "yes"`` or ``1`` is not a boolean, nor
+    ``"5"`` an integer (enum fields, named by their value, say ``strict=False``)."""
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
+_QUERY_INT = re.compile(r"0|[1-9][0-9]{0,18}")
+_QUERY_BOOL = {"true": True, "false": False}
+
+
+class _Query(_Body):
+    """A query string, as strict as a body: an integer field takes only decimal digits (no sign, space, ``_``,
+    ``5.0`` or ``1e2``), a boolean only ``true`` or ``false``; anything else is refused as it is."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _typed(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        typed = dict(data)
+        for name, value in data.items():
+            field = cls.model_fields.get(name)
+            if field is None or not isinstance(value, str):
+                continue
+            kinds = {field.annotation} | set(getattr(field.annotation, "__args__", ()))
+            if int in kinds and _QUERY_INT.fullmatch(value):
+                typed[name] = int(value)
+            elif bool in kinds and value in _QUERY_BOOL:
+                typed[name] = _QUERY_BOOL[value]
+        return typed
 
 
 class CreateSessionBody(_Body):
@@ -96,16 +123,15 @@ class CreateSessionBody(_Body):
 
 class StartTaskBody(_Body):
     prompt: str = Field(min_length=1)
-    permission_mode: PermissionMode = PermissionMode.ASK
+    permission_mode: PermissionMode = Field(default=PermissionMode.ASK, strict=False)
     #: "interactive": calls the policy can't decide wait for a decision at /v1/approvals/{id} (durable; they
     #: expire to a denial). "non_interactive" (default): such calls are denied with a recorded reason.
-    interaction_mode: InteractionMode = InteractionMode.NON_INTERACTIVE
+    interaction_mode: InteractionMode = Field(default=InteractionMode.NON_INTERACTIVE, strict=False)
     runtime_config: dict[str, Any] = Field(default_factory=dict)
     #: Move the session to this runtime from this task on: the runtime is given the session's transcript.
-    runtime: str | None = Field(default=None, min_length=1, max_length=64, strict=True,
-                                pattern=RUNTIME_NAME_PATTERN)
+    runtime: str | None = Field(default=None, min_length=1, max_length=64, pattern=RUNTIME_NAME_PATTERN)
     #: A cap on the compiled input (estimated tokens), below the runtime's own budget.
-    max_input_tokens: int | None = Field(default=None, ge=1, le=2**53, strict=True)
+    max_input_tokens: int | None = Field(default=None, ge=1, le=2**53)
 
 
 class DecisionBody(_Body):
@@ -123,20 +149,29 @@ class EnvUpdateBody(_Body):
     unset: list[str] = Field(default_factory=list)
 
 
-class EventsQuery(_Body):
+class EventsQuery(_Query):
     after_seq: int = Field(default=0, ge=0, le=MAX_SEQ)
     limit: int = Field(default=100, ge=1, le=MAX_PAGE)
 
 
-class StreamQuery(_Body):
+class StreamQuery(_Query):
     after_seq: int | None = Field(default=None, ge=0, le=MAX_SEQ)
     until_terminal: bool = False
 
 
-class ListQuery(_Body):
+class ListQuery(_Query):
     namespace: str | None = None
     limit: int = Field(default=100, ge=1, le=MAX_PAGE)
     offset: int = Field(default=0, ge=0, le=MAX_SEQ)
+
+
+class RuntimesQuery(_Query):
+    #: Default: the caller's own namespace (the one its token is bound to; the admin's: "default").
+    namespace: str | None = None
+
+
+class ApprovalsQuery(_Query):
+    state: str = "pending"
 
 
 #: What ``GET /v1/approvals?state=`` may ask for (or "all"), in the order the refusal lists them.
@@ -243,6 +278,13 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(429, "too_many_connections", refused, {"connection": "close", "retry-after": "1"})
         return principal
 
+    async def offered(namespace: str, runtime: str) -> None:
+        """Refuse (422, nothing stored) a runtime the namespace's worker does not offer (its ``initialize``)."""
+        names = sorted(offer.name for offer in await engine.runtimes(namespace))
+        if runtime not in names:
+            raise ApiError(422, "unknown_runtime", f"no runtime {runtime!r} in namespace {namespace!r}; it can run: "
+                                                   f"{', '.join(names) or 'none'} (GET /v1/runtimes?namespace=…)")
+
     async def session_for(principal: Principal, session_id: str) -> SessionRecord:
         try:
             session = None if _unstorable(session_id) else await store.get_session(session_id)
@@ -306,6 +348,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(403, "forbidden", f"this token may not create sessions in namespace {body.namespace!r}")
         if body.workspace is not None and not principal.admin:
             raise ApiError(403, "forbidden", "only the admin token may choose a workspace path")
+        if body.runtime is not None:
+            await offered(body.namespace, body.runtime)
         record = await engine.create_session(runtime=body.runtime, namespace=body.namespace,
                                              workspace=Path(body.workspace) if body.workspace else None,
                                              metadata=body.metadata)
@@ -337,6 +381,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         principal = principal_of(request)
         session = await session_for(principal, request.path_params["session_id"])
         body = await _body(request, StartTaskBody)
+        if body.runtime is not None and body.runtime != session.runtime:
+            await offered(session.namespace, body.runtime)
         record = await engine.start_task(
             session.session_id, body.prompt, permission_mode=body.permission_mode,
             runtime_config=body.runtime_config, runtime=body.runtime, max_input_tokens=body.max_input_tokens,
@@ -360,8 +406,23 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(404, "not_found", f"no namespace {namespace}")
         return namespace
 
+    def own_namespace(principal: Principal, asked: str | None) -> str:
+        """The namespace a request names, or else the caller's own: the one its token is bound to (the admin's:
+        "default"); a token bound to several must name one (422)."""
+        if asked is not None:
+            return asked
+        if principal.admin or not principal.namespaces:
+            return "default"
+        if len(principal.namespaces) > 1:
+            raise ApiError(422, "namespace_required", "this token is bound to several namespaces ("
+                           f"{', '.join(sorted(principal.namespaces))}); name one with ?namespace=")
+        [only] = principal.namespaces
+        return only
+
     async def list_runtimes(request: Request) -> Response:
-        namespace = namespace_for(principal_of(request), request.query_params.get("namespace", "default"))
+        principal = principal_of(request)
+        query = _query(request, RuntimesQuery)
+        namespace = namespace_for(principal, own_namespace(principal, query.namespace))
         offers = await engine.runtimes(namespace)
         return JSONResponse({"namespace": namespace, "runtimes": [o.to_json_obj() for o in offers]})
 
@@ -406,7 +467,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def list_approvals(request: Request) -> Response:
         principal = principal_of(request)
-        asked = request.query_params.get("state", ApprovalState.PENDING.value)
+        asked = _query(request, ApprovalsQuery).state
         if asked != "all" and asked not in _APPROVAL_STATES:
             raise ApiError(422, "invalid_query", f"query 'state' must be {', '.join(_APPROVAL_STATES)} or all")
         state = None if asked == "all" else ApprovalState(asked)
