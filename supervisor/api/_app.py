@@ -278,12 +278,17 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(429, "too_many_connections", refused, {"connection": "close", "retry-after": "1"})
         return principal
 
-    async def offered(namespace: str, runtime: str) -> None:
-        """Refuse (422, nothing stored) a runtime the namespace's worker does not offer (its ``initialize``)."""
-        names = sorted(offer.name for offer in await engine.runtimes(namespace))
-        if runtime not in names:
-            raise ApiError(422, "unknown_runtime", f"no runtime {runtime!r} in namespace {namespace!r}; it can run: "
-                                                   f"{', '.join(names) or 'none'} (GET /v1/runtimes?namespace=…)")
+    async def offered(namespace: str, runtime: str, *, available: bool = True, unknown: int = 422) -> None:
+        """Refuse, nothing stored: a runtime the namespace's worker does not offer (its ``initialize``; 422), or offers
+        but cannot run now (503)."""
+        offers = {offer.name: offer for offer in await engine.runtimes(namespace)}
+        offer = offers.get(runtime)
+        if offer is None:
+            raise ApiError(unknown, "unknown_runtime", f"no runtime {runtime!r} in namespace {namespace!r}; it can run: "
+                                                   f"{', '.join(sorted(offers)) or 'none'} (GET /v1/runtimes?namespace=…)")
+        if available and not offer.available:
+            raise ApiError(503, "runtime_unavailable", f"runtime {runtime!r} is not available in namespace "
+                                                        f"{namespace!r}: {offer.unavailable_reason or 'its worker says so'}")
 
     async def session_for(principal: Principal, session_id: str) -> SessionRecord:
         try:
@@ -462,6 +467,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def auth_status(request: Request) -> Response:
         namespace = namespace_for(principal_of(request), request.path_params["namespace"])
+        await offered(namespace, request.path_params["runtime"], available=False, unknown=404)
         result = await engine.ensure_login(namespace, request.path_params["runtime"])
         return JSONResponse(result.to_json_obj())
 

@@ -58,7 +58,7 @@ def test_a_refused_workspace_and_an_unknown_runtime_are_one_line_and_exit_2(tmp_
     refused = _run(tmp_path, "run", "x", "--workspace", "/")
     assert refused.returncode == EXIT_USAGE and "root of the file system" in refused.stderr
     unknown = _run(tmp_path, "auth", "--runtime", "nope")
-    assert unknown.returncode == EXIT_USAGE and "unknown runtime 'nope'" in unknown.stderr
+    assert unknown.returncode == EXIT_USAGE and "no runtime 'nope' in namespace 'default'; it can run: claude, " in unknown.stderr
     for done in (refused, unknown):
         assert "Traceback" not in done.stderr and done.stderr.startswith("codesdk: ")
 
