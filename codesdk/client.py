@@ -329,6 +329,10 @@ class AsyncClient:
         """Decide the approval an ``approval.requested`` event (from ``stream``/``run``) asks for."""
         return await self.decide(_approval_id(event), allow=allow, reason=reason)
 
+    async def namespaces(self) -> list[dict[str, Any]]:
+        """The namespaces this token sees, each ``{"namespace", "sessions"}`` (the admin: every one)."""
+        return list((await self._call("GET", "/v1/namespaces"))["namespaces"])
+
     async def auth_status(self, namespace: str, runtime: str) -> dict[str, Any]:
         """Whether ``runtime`` is logged in for ``namespace``, and how to log it in (never a secret)."""
         return dict(await self._call("GET", f"/v1/namespaces/{_q(namespace)}/auth/{_q(runtime)}"))
@@ -475,6 +479,10 @@ class Client:
 
     def get_task(self, task_id: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/v1/tasks/{_q(task_id)}"))
+
+    def namespaces(self) -> list[dict[str, Any]]:
+        """The namespaces this token sees, each ``{"namespace", "sessions"}`` (the admin: every one)."""
+        return list(self._call("GET", "/v1/namespaces")["namespaces"])
 
     def auth_status(self, namespace: str, runtime: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/v1/namespaces/{_q(namespace)}/auth/{_q(runtime)}"))

@@ -170,6 +170,10 @@ class RuntimesQuery(_Query):
     namespace: str | None = None
 
 
+class NoQuery(_Query):
+    """A route that takes no query parameters: any is refused rather than ignored."""
+
+
 class ApprovalsQuery(_Query):
     state: str = "pending"
 
@@ -431,6 +435,28 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         offers = await engine.runtimes(namespace)
         return JSONResponse({"namespace": namespace, "runtimes": [o.to_json_obj() for o in offers]})
 
+    async def list_namespaces(request: Request) -> Response:
+        """The namespaces the token sees, with their session counts: a tenant's own (even without sessions); the
+        admin's, every namespace that has sessions or a worker directory."""
+        principal = principal_of(request)
+        _query(request, NoQuery)
+        counts: dict[str, int] = {}
+        if principal.admin:
+            for session in await store.list_sessions(limit=MAX_SEQ):
+                counts[session.namespace] = counts.get(session.namespace, 0) + 1
+            root = engine.config.data_dir / "namespaces"
+            names = await trio.to_thread.run_sync(lambda: sorted(p.name for p in root.iterdir()) if root.is_dir()
+                                                  else [])
+            for name in names:
+                namespace = name if name == "default" else name.replace(".", ":", 1)
+                with contextlib.suppress(InvalidNamespace):
+                    Namespace.parse(namespace)
+                    counts.setdefault(namespace, 0)
+        else:
+            for namespace in principal.namespaces:
+                counts[namespace] = len(await store.list_sessions(namespace=namespace, limit=MAX_SEQ))
+        return JSONResponse({"namespaces": [{"namespace": n, "sessions": counts[n]} for n in sorted(counts)]})
+
     def require_admin(request: Request, what: str) -> None:
         if not principal_of(request).admin:
             raise ApiError(403, "forbidden", f"{what} needs the admin token")
@@ -623,6 +649,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         route("/v1/tasks/{task_id}/stop", stop_task, ["POST"]),
         route("/v1/approvals", list_approvals, ["GET"]),
         route("/v1/runtimes", list_runtimes, ["GET"]),
+        route("/v1/namespaces", list_namespaces, ["GET"]),
         route("/v1/namespaces/{namespace}/auth/{runtime}", auth_status, ["GET"]),
         route("/v1/approvals/{approval_id}", decide_approval, ["POST"]),
         route("/v1/workers", list_workers, ["GET"]),
@@ -648,7 +675,9 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         ("POST", "/v1/tasks/{task_id}/stop", "stop a task (task.stopped at once)", StopTaskBody, 200),
         ("GET", "/v1/approvals", "pending (or ?state=) tool-call approvals", None, 200),
         ("POST", "/v1/approvals/{approval_id}", "decide an approval, once", DecisionBody, 200),
-        ("GET", "/v1/runtimes", "runtimes a namespace's worker can host", None, 200),
+        ("GET", "/v1/runtimes", "runtimes a namespace's worker can host (default: the token's own namespace)", None,
+         200),
+        ("GET", "/v1/namespaces", "the namespaces the token sees, with session counts", None, 200),
         ("GET", "/v1/namespaces/{namespace}/auth/{runtime}", "login state of a runtime in a namespace", None, 200),
         ("GET", "/v1/workers", "every namespace's worker state, crashes and quarantine (admin)", None, 200),
         ("DELETE", "/v1/namespaces/{namespace}/quarantine", "lift a namespace's quarantine now (admin)", None, 200),

@@ -331,9 +331,9 @@ def _bundle_written(out: Path, manifest: dict[str, Any]) -> None:
 
 
 async def cmd_namespaces(args: argparse.Namespace) -> int:
-    if args.url:  # it reads a data dir's directories, which a service's API does not show
-        raise CliError("namespaces reads a data dir on this machine and cannot go through --url: run it where the "
-                       "service runs, with its --data-dir")
+    if args.url:  # the namespaces the token sees, from the service (without the directories: those are its own)
+        from .remote import namespaces_via_api  # imported only when used: the HTTP client costs start-up time
+        return await namespaces_via_api(args)
     root = Path(args.data_dir) / "namespaces"
     async with _store(args) as store:
         sessions = await store.list_sessions(limit=100_000)

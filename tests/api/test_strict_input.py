@@ -109,3 +109,18 @@ async def test_an_unknown_runtime_is_refused_before_a_session_is_stored(api: Api
                                   json={"prompt": "x", "runtime": "nope"})
         assert r.status_code == 422, r.text
         assert "nope" in r.json()["error"]["message"]
+
+
+async def test_namespaces_lists_those_the_token_sees(api: Api) -> None:
+    with trio.fail_after(30):
+        await api.create_session(api.alice, "user:alice")
+        await api.create_session(api.bob, "user:bob")
+        r = await api.client.get("/v1/namespaces", headers=api.auth(api.alice))
+        assert r.status_code == 200, r.text
+        assert r.json()["namespaces"] == [{"namespace": "user:alice", "sessions": 1}]
+        everything = await api.client.get("/v1/namespaces", headers=api.auth(api.admin))
+        rows = {row["namespace"]: row["sessions"] for row in everything.json()["namespaces"]}
+        assert rows["user:alice"] == 1 and rows["user:bob"] == 1
+        assert (await api.client.get("/v1/namespaces?x=1", headers=api.auth(api.alice))).status_code == 422
+        async with AsyncClient(socket=api.socket, token=api.bob) as client:
+            assert await client.namespaces() == [{"namespace": "user:bob", "sessions": 1}]

@@ -43,3 +43,16 @@ def test_bad_input_is_refused_before_anything_is_stored(tmp_path: Path, args: tu
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "no sessions yet" not in done.stderr
     assert _sessions(tmp_path) == []
+
+
+def test_namespaces_through_url_reads_the_service(tmp_path: Path) -> None:
+    from tests.e2e.test_cli_lifecycle import _cli, _service
+
+    data = tmp_path / "data"
+    with _service(data):
+        assert _cli(data, "run", "hello", "--namespace", "user:ann", "--json").returncode == 0
+        token = (data / "admin.token").read_text().strip()
+        done = _cli(data, "--url", f"unix:{data / 'api.sock'}", "--token", token, "namespaces", "--json")
+    assert done.returncode == 0, done.stderr
+    rows = {row["namespace"]: row["sessions"] for row in map(json.loads, done.stdout.splitlines())}
+    assert rows.get("user:ann") == 1, done.stdout

@@ -71,8 +71,8 @@ def test_a_bad_page_is_a_usage_error_not_a_traceback(tmp_path: Path, args: tuple
     assert "Traceback" not in done.stderr and "expected a whole number" in done.stderr
 
 
-def test_namespaces_refuses_a_url_instead_of_reading_another_data_dir(tmp_path: Path) -> None:
-    """It lists a data dir's directories, which no API shows: through --url it would silently read the local one."""
-    done = _run(tmp_path, "--url", f"unix:{tmp_path / 'api.sock'}", "namespaces")
-    assert done.returncode == EXIT_USAGE
-    assert "cannot go through --url" in done.stderr and done.stdout == ""
+def test_namespaces_through_url_never_reads_the_local_data_dir(tmp_path: Path) -> None:
+    """Through --url it asks the service (GET /v1/namespaces); a service not there is said, not a local listing."""
+    done = _run(tmp_path, "--url", f"unix:{tmp_path / 'api.sock'}", "--token", "x", "namespaces")
+    assert done.returncode == EXIT_UNAVAILABLE
+    assert "cannot reach the CodeSDK service" in done.stderr and done.stdout == ""
