@@ -148,7 +148,7 @@ class _Follow:
     def __init__(self, session_id: str, after_seq: int, until_terminal: bool, task_id: str | None = None) -> None:
         self.session_id = session_id
         self.last = after_seq
-        self.until_terminal = until_terminal
+        self.until_terminal = _boolean("until_terminal", until_terminal)
         self.task_id = task_id
         self.finished = False
         self.failure: dict[str, Any] | None = None
@@ -232,10 +232,16 @@ def _session_body(namespace: str, runtime: str | None, metadata: dict[str, Any] 
     return body
 
 
+def _boolean(name: str, value: object) -> bool:
+    """A flag the API takes as a JSON boolean: ``"yes"``, ``1`` or ``None`` is refused here, as by the API."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, not {value!r}")
+    return value
+
+
 def _decision(allow: object, reason: str) -> dict[str, Any]:
-    """The body of a decision: ``allow`` is a real boolean (``"yes"`` or ``1`` is refused here, as by the API)."""
-    if not isinstance(allow, bool):
-        raise TypeError(f"allow must be True or False, not {allow!r}")
+    """The body of a decision: ``allow`` is a real boolean."""
+    _boolean("allow", allow)
     if not isinstance(reason, str):
         raise TypeError(f"reason must be text, not {reason!r}")
     return {"allow": allow, "reason": reason}
@@ -244,12 +250,12 @@ def _decision(allow: object, reason: str) -> dict[str, Any]:
 def _task_body(prompt: str, permission_mode: str | None, runtime_config: dict[str, Any] | None,
                interactive: bool, runtime: str | None = None, max_input_tokens: int | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"prompt": prompt}
+    if _boolean("interactive", interactive):
+        body["interaction_mode"] = "interactive"
     if runtime:
         body["runtime"] = runtime
     if max_input_tokens is not None:
         body["max_input_tokens"] = max_input_tokens
-    if interactive:
-        body["interaction_mode"] = "interactive"
     if permission_mode:
         body["permission_mode"] = permission_mode
     if runtime_config:

@@ -81,6 +81,11 @@ async def test_the_clients_refuse_a_non_boolean_decision(api: Api) -> None:
                 await client.decide("apr_x", allow="yes")  # type: ignore[arg-type]
         with Client(socket=api.socket, token=api.alice) as sync, pytest.raises(TypeError, match="allow must be"):
             await trio.to_thread.run_sync(lambda: sync.decide("apr_x", allow=1))  # type: ignore[arg-type]
+        async with AsyncClient(socket=api.socket, token=api.alice) as client:
+            with pytest.raises(TypeError, match="interactive must be True or False"):
+                await client.start_task("ses_x", "hi", interactive="no")  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="until_terminal must be True or False"):
+                [e async for e in client.stream("ses_x", until_terminal="yes")]  # type: ignore[arg-type]
 
 
 async def test_runtimes_default_to_the_callers_namespace(api: Api) -> None:
