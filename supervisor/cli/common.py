@@ -5,8 +5,8 @@ Imported by ``front`` before the heavy imports: the standard library only."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
-import os
 import re
 import signal
 import sys
@@ -113,7 +113,9 @@ def regex(value: str) -> str:
 
 
 def data_dir(value: str) -> Path:
-    """A data directory that exists or can be made (probed: what the probe makes, it removes again)."""
+    """A data directory that is or can be one: not a file, not under a file, not where no directory can be made
+    (``/proc/…``; probed, and what the probe makes it removes again). Permissions are left to the command, which
+    says what privilege it lacks."""
     where = path(value).expanduser().absolute()
     missing: list[Path] = []
     probe = where
@@ -126,21 +128,20 @@ def data_dir(value: str) -> Path:
         for made in reversed(missing):
             made.mkdir()
     except OSError as exc:
-        _refuse(f"{where} cannot be made ({exc.strerror or exc}); choose a directory you can write")
+        if exc.errno not in (errno.EACCES, errno.EPERM):
+            _refuse(f"{where} cannot be made ({exc.strerror or exc}); choose another directory")
     finally:
         for made in missing:
             try:
                 made.rmdir()
             except OSError:
                 pass
-    if not missing and not os.access(where, os.W_OK | os.X_OK):
-        _refuse(f"{where} is not writable by this user; choose a directory you can write")
     return where
 
 
 def port(value: str) -> int:
-    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= 65535:
-        _refuse(f"{value!r} is not a TCP port (1-65535)")
+    if not (value.isascii() and value.isdigit()) or not 0 <= int(value) <= 65535:
+        _refuse(f"{value!r} is not a TCP port (0-65535; 0: any free one)")
     return int(value)
 
 
