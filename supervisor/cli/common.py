@@ -37,7 +37,7 @@ class CliError(Exception):
 #: ``protocol.RUNTIME_NAME_PATTERN`` (here without importing the protocol; a test holds them equal).
 RUNTIME_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 #: Variables CodeSDK sets for every worker: ``run --env`` may not override them (as ``namespace env set`` refuses).
-RESERVED_ENV = frozenset({"HOME", "PATH", "TMPDIR", "LANG", "LC_ALL"})
+RESERVED_ENV = frozenset({"HOME", "PATH", "TMPDIR", "LANG", "LC_ALL"})  # namespaces.RESERVED's, without XDG_*
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
@@ -96,7 +96,7 @@ def env_item(value: str) -> str:
     key, sep, _ = value.partition("=")
     if not sep or not _ENV_NAME.fullmatch(key):
         _refuse(f"expected KEY=VALUE with KEY a variable's name (letters, digits, '_'), got {value!r}")
-    if key in RESERVED_ENV or key.startswith("XDG_") or key.startswith("CODESDK_"):
+    if key in RESERVED_ENV or key.startswith("XDG_"):
         _refuse(f"{key} is set by CodeSDK for every worker (the namespace's isolation rests on it) and cannot be "
                 "overridden")
     if "\x00" in value:

@@ -56,3 +56,15 @@ def test_namespaces_through_url_reads_the_service(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     rows = {row["namespace"]: row["sessions"] for row in map(json.loads, done.stdout.splitlines())}
     assert rows.get("user:ann") == 1, done.stdout
+
+
+def test_a_runtime_offered_but_unavailable_exits_69_before_a_session_is_stored(tmp_path: Path) -> None:
+    from codesdk.supervisor.cli.common import EXIT_UNAVAILABLE
+
+    empty = tmp_path / "no-runtimes"
+    empty.mkdir()
+    done = _run(tmp_path, "run", "hello", "--runtime", "codex", "--env", f"CODESDK_RUNTIMES_DIR={empty}")
+    assert done.returncode == EXIT_UNAVAILABLE, (done.returncode, done.stderr)
+    assert "runtime 'codex' is not available in namespace 'default'" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert _sessions(tmp_path) == []
