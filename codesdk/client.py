@@ -148,7 +148,7 @@ class _Follow:
     def __init__(self, session_id: str, after_seq: int, until_terminal: bool, task_id: str | None = None) -> None:
         self.session_id = session_id
         self.last = after_seq
-        self.until_terminal = until_terminal
+        self.until_terminal = _boolean("until_terminal", until_terminal)
         self.task_id = task_id
         self.finished = False
         self.failure: dict[str, Any] | None = None
@@ -232,15 +232,30 @@ def _session_body(namespace: str, runtime: str | None, metadata: dict[str, Any] 
     return body
 
 
+def _boolean(name: str, value: object) -> bool:
+    """A flag the API takes as a JSON boolean: ``"yes"``, ``1`` or ``None`` is refused here, as by the API."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, not {value!r}")
+    return value
+
+
+def _decision(allow: object, reason: str) -> dict[str, Any]:
+    """The body of a decision: ``allow`` is a real boolean."""
+    _boolean("allow", allow)
+    if not isinstance(reason, str):
+        raise TypeError(f"reason must be text, not {reason!r}")
+    return {"allow": allow, "reason": reason}
+
+
 def _task_body(prompt: str, permission_mode: str | None, runtime_config: dict[str, Any] | None,
                interactive: bool, runtime: str | None = None, max_input_tokens: int | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"prompt": prompt}
+    if _boolean("interactive", interactive):
+        body["interaction_mode"] = "interactive"
     if runtime:
         body["runtime"] = runtime
     if max_input_tokens is not None:
         body["max_input_tokens"] = max_input_tokens
-    if interactive:
-        body["interaction_mode"] = "interactive"
     if permission_mode:
         body["permission_mode"] = permission_mode
     if runtime_config:
@@ -314,11 +329,15 @@ class AsyncClient:
 
     async def decide(self, approval_id: str, *, allow: bool, reason: str = "") -> dict[str, Any]:
         """Approve or deny a pending call; final (a second decision is a Conflict)."""
-        return dict(await self._call("POST", f"/v1/approvals/{_q(approval_id)}", json={"allow": allow, "reason": reason}))
+        return dict(await self._call("POST", f"/v1/approvals/{_q(approval_id)}", json=_decision(allow, reason)))
 
     async def answer(self, event: NormalizedEvent, *, allow: bool, reason: str = "") -> dict[str, Any]:
         """Decide the approval an ``approval.requested`` event (from ``stream``/``run``) asks for."""
         return await self.decide(_approval_id(event), allow=allow, reason=reason)
+
+    async def namespaces(self) -> list[dict[str, Any]]:
+        """The namespaces this token sees, each ``{"namespace", "sessions"}`` (the admin: every one)."""
+        return list((await self._call("GET", "/v1/namespaces"))["namespaces"])
 
     async def auth_status(self, namespace: str, runtime: str) -> dict[str, Any]:
         """Whether ``runtime`` is logged in for ``namespace``, and how to log it in (never a secret)."""
@@ -458,7 +477,7 @@ class Client:
         return list(self._call("GET", "/v1/approvals", params={"state": state})["approvals"])
 
     def decide(self, approval_id: str, *, allow: bool, reason: str = "") -> dict[str, Any]:
-        return dict(self._call("POST", f"/v1/approvals/{_q(approval_id)}", json={"allow": allow, "reason": reason}))
+        return dict(self._call("POST", f"/v1/approvals/{_q(approval_id)}", json=_decision(allow, reason)))
 
     def answer(self, event: NormalizedEvent, *, allow: bool, reason: str = "") -> dict[str, Any]:
         """Decide the approval an ``approval.requested`` event asks for."""
@@ -466,6 +485,10 @@ class Client:
 
     def get_task(self, task_id: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/v1/tasks/{_q(task_id)}"))
+
+    def namespaces(self) -> list[dict[str, Any]]:
+        """The namespaces this token sees, each ``{"namespace", "sessions"}`` (the admin: every one)."""
+        return list(self._call("GET", "/v1/namespaces")["namespaces"])
 
     def auth_status(self, namespace: str, runtime: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/v1/namespaces/{_q(namespace)}/auth/{_q(runtime)}"))

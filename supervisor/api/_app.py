@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,7 +15,7 @@ from typing import Any, TypeVar
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -83,9 +84,35 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
 # -- request models ---------------------------------------------------------------------------------
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body: unknown fields refused, and strict types: ``"allow": "yes"`` or ``1`` is not a boolean, nor
+    ``"5"`` an integer (enum fields, named by their value, say ``strict=False``)."""
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
+_QUERY_INT = re.compile(r"0|[1-9][0-9]{0,18}")
+_QUERY_BOOL = {"true": True, "false": False}
+
+
+class _Query(_Body):
+    """A query string, as strict as a body: an integer field takes only decimal digits (no sign, space, ``_``,
+    ``5.0`` or ``1e2``), a boolean only ``true`` or ``false``; anything else is refused as it is."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _typed(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        typed = dict(data)
+        for name, value in data.items():
+            field = cls.model_fields.get(name)
+            if field is None or not isinstance(value, str):
+                continue
+            kinds = {field.annotation} | set(getattr(field.annotation, "__args__", ()))
+            if int in kinds and _QUERY_INT.fullmatch(value):
+                typed[name] = int(value)
+            elif bool in kinds and value in _QUERY_BOOL:
+                typed[name] = _QUERY_BOOL[value]
+        return typed
 
 
 class CreateSessionBody(_Body):
@@ -97,16 +124,15 @@ class CreateSessionBody(_Body):
 
 class StartTaskBody(_Body):
     prompt: str = Field(min_length=1)
-    permission_mode: PermissionMode = PermissionMode.ASK
+    permission_mode: PermissionMode = Field(default=PermissionMode.ASK, strict=False)
     #: "interactive": calls the policy can't decide wait for a decision at /v1/approvals/{id} (durable; they
     #: expire to a denial). "non_interactive" (default): such calls are denied with a recorded reason.
-    interaction_mode: InteractionMode = InteractionMode.NON_INTERACTIVE
+    interaction_mode: InteractionMode = Field(default=InteractionMode.NON_INTERACTIVE, strict=False)
     runtime_config: dict[str, Any] = Field(default_factory=dict)
     #: Move the session to this runtime from this task on: the runtime is given the session's transcript.
-    runtime: str | None = Field(default=None, min_length=1, max_length=64, strict=True,
-                                pattern=RUNTIME_NAME_PATTERN)
+    runtime: str | None = Field(default=None, min_length=1, max_length=64, pattern=RUNTIME_NAME_PATTERN)
     #: A cap on the compiled input (estimated tokens), below the runtime's own budget.
-    max_input_tokens: int | None = Field(default=None, ge=1, le=2**53, strict=True)
+    max_input_tokens: int | None = Field(default=None, ge=1, le=2**53)
 
 
 class DecisionBody(_Body):
@@ -124,20 +150,33 @@ class EnvUpdateBody(_Body):
     unset: list[str] = Field(default_factory=list)
 
 
-class EventsQuery(_Body):
+class EventsQuery(_Query):
     after_seq: int = Field(default=0, ge=0, le=MAX_SEQ)
     limit: int = Field(default=100, ge=1, le=MAX_PAGE)
 
 
-class StreamQuery(_Body):
+class StreamQuery(_Query):
     after_seq: int | None = Field(default=None, ge=0, le=MAX_SEQ)
     until_terminal: bool = False
 
 
-class ListQuery(_Body):
+class ListQuery(_Query):
     namespace: str | None = None
     limit: int = Field(default=100, ge=1, le=MAX_PAGE)
     offset: int = Field(default=0, ge=0, le=MAX_SEQ)
+
+
+class RuntimesQuery(_Query):
+    #: Default: the caller's own namespace (the one its token is bound to; the admin's: "default").
+    namespace: str | None = None
+
+
+class NoQuery(_Query):
+    """A route that takes no query parameters: any is refused rather than ignored."""
+
+
+class ApprovalsQuery(_Query):
+    state: str = "pending"
 
 
 #: What ``GET /v1/approvals?state=`` may ask for (or "all"), in the order the refusal lists them.
@@ -305,6 +344,18 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(429, "too_many_connections", refused, {"connection": "close", "retry-after": "1"})
         return principal
 
+    async def offered(namespace: str, runtime: str, *, available: bool = True, unknown: int = 422) -> None:
+        """Refuse, nothing stored: a runtime the namespace's worker does not offer (its ``initialize``; 422), or offers
+        but cannot run now (503)."""
+        offers = {offer.name: offer for offer in await engine.runtimes(namespace)}
+        offer = offers.get(runtime)
+        if offer is None:
+            raise ApiError(unknown, "unknown_runtime", f"no runtime {runtime!r} in namespace {namespace!r}; it can run: "
+                                                   f"{', '.join(sorted(offers)) or 'none'} (GET /v1/runtimes?namespace=…)")
+        if available and not offer.available:
+            raise ApiError(503, "runtime_unavailable", f"runtime {runtime!r} is not available in namespace "
+                                                        f"{namespace!r}: {offer.unavailable_reason or 'its worker says so'}")
+
     async def session_for(principal: Principal, session_id: str) -> SessionRecord:
         try:
             session = None if _unstorable(session_id) else await store.get_session(session_id)
@@ -370,6 +421,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(403, "forbidden", f"this token may not create sessions in namespace {body.namespace!r}")
         if body.workspace is not None and not principal.admin:
             raise ApiError(403, "forbidden", "only the admin token may choose a workspace path")
+        if body.runtime is not None:
+            await offered(body.namespace, body.runtime)
         record = await engine.create_session(runtime=body.runtime, namespace=body.namespace,
                                              workspace=Path(body.workspace) if body.workspace else None,
                                              metadata=body.metadata)
@@ -401,6 +454,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         principal = principal_of(request)
         session = await session_for(principal, request.path_params["session_id"])
         body = await _body(request, StartTaskBody)
+        if body.runtime is not None and body.runtime != session.runtime:
+            await offered(session.namespace, body.runtime)
         record = await engine.start_task(
             session.session_id, body.prompt, permission_mode=body.permission_mode,
             runtime_config=body.runtime_config, runtime=body.runtime, max_input_tokens=body.max_input_tokens,
@@ -424,10 +479,47 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(404, "not_found", f"no namespace {namespace}")
         return namespace
 
+    def own_namespace(principal: Principal, asked: str | None) -> str:
+        """The namespace a request names, or else the caller's own: the one its token is bound to (the admin's:
+        "default"); a token bound to several must name one (422)."""
+        if asked is not None:
+            return asked
+        if principal.admin or not principal.namespaces:
+            return "default"
+        if len(principal.namespaces) > 1:
+            raise ApiError(422, "namespace_required", "this token is bound to several namespaces ("
+                           f"{', '.join(sorted(principal.namespaces))}); name one with ?namespace=")
+        [only] = principal.namespaces
+        return only
+
     async def list_runtimes(request: Request) -> Response:
-        namespace = namespace_for(principal_of(request), request.query_params.get("namespace", "default"))
+        principal = principal_of(request)
+        query = _query(request, RuntimesQuery)
+        namespace = namespace_for(principal, own_namespace(principal, query.namespace))
         offers = await engine.runtimes(namespace)
         return JSONResponse({"namespace": namespace, "runtimes": [o.to_json_obj() for o in offers]})
+
+    async def list_namespaces(request: Request) -> Response:
+        """The namespaces the token sees, with their session counts: a tenant's own (even without sessions); the
+        admin's, every namespace that has sessions or a worker directory."""
+        principal = principal_of(request)
+        _query(request, NoQuery)
+        counts: dict[str, int] = {}
+        if principal.admin:
+            for session in await store.list_sessions(limit=MAX_SEQ):
+                counts[session.namespace] = counts.get(session.namespace, 0) + 1
+            root = engine.config.data_dir / "namespaces"
+            names = await trio.to_thread.run_sync(lambda: sorted(p.name for p in root.iterdir()) if root.is_dir()
+                                                  else [])
+            for name in names:
+                namespace = name if name == "default" else name.replace(".", ":", 1)
+                with contextlib.suppress(InvalidNamespace):
+                    Namespace.parse(namespace)
+                    counts.setdefault(namespace, 0)
+        else:
+            for namespace in principal.namespaces:
+                counts[namespace] = len(await store.list_sessions(namespace=namespace, limit=MAX_SEQ))
+        return JSONResponse({"namespaces": [{"namespace": n, "sessions": counts[n]} for n in sorted(counts)]})
 
     def require_admin(request: Request, what: str) -> None:
         if not principal_of(request).admin:
@@ -465,12 +557,13 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def auth_status(request: Request) -> Response:
         namespace = namespace_for(principal_of(request), request.path_params["namespace"])
+        await offered(namespace, request.path_params["runtime"], available=False, unknown=404)
         result = await engine.ensure_login(namespace, request.path_params["runtime"])
         return JSONResponse(result.to_json_obj())
 
     async def list_approvals(request: Request) -> Response:
         principal = principal_of(request)
-        asked = request.query_params.get("state", ApprovalState.PENDING.value)
+        asked = _query(request, ApprovalsQuery).state
         if asked != "all" and asked not in _APPROVAL_STATES:
             raise ApiError(422, "invalid_query", f"query 'state' must be {', '.join(_APPROVAL_STATES)} or all")
         state = None if asked == "all" else ApprovalState(asked)
@@ -623,6 +716,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         route("/v1/tasks/{task_id}/stop", stop_task, ["POST"]),
         route("/v1/approvals", list_approvals, ["GET"]),
         route("/v1/runtimes", list_runtimes, ["GET"]),
+        route("/v1/namespaces", list_namespaces, ["GET"]),
         route("/v1/namespaces/{namespace}/auth/{runtime}", auth_status, ["GET"]),
         route("/v1/approvals/{approval_id}", decide_approval, ["POST"]),
         route("/v1/workers", list_workers, ["GET"]),
@@ -648,7 +742,9 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         ("POST", "/v1/tasks/{task_id}/stop", "stop a task (task.stopped at once)", StopTaskBody, 200),
         ("GET", "/v1/approvals", "pending (or ?state=) tool-call approvals", None, 200),
         ("POST", "/v1/approvals/{approval_id}", "decide an approval, once", DecisionBody, 200),
-        ("GET", "/v1/runtimes", "runtimes a namespace's worker can host", None, 200),
+        ("GET", "/v1/runtimes", "runtimes a namespace's worker can host (default: the token's own namespace)", None,
+         200),
+        ("GET", "/v1/namespaces", "the namespaces the token sees, with session counts", None, 200),
         ("GET", "/v1/namespaces/{namespace}/auth/{runtime}", "login state of a runtime in a namespace", None, 200),
         ("GET", "/v1/workers", "every namespace's worker state, crashes and quarantine (admin)", None, 200),
         ("DELETE", "/v1/namespaces/{namespace}/quarantine", "lift a namespace's quarantine now (admin)", None, 200),

@@ -26,8 +26,10 @@ from ..service.assembly import SupervisorOptions
 from ..store import LEASE_S, QUOTA_FLAGS, Quotas, current_holder
 from ..tools import DEFAULT_EXEC_UID, check_exec_identity
 from ..workers.launch import WorkerPolicy
+from .common import Parser, data_dir, namespace_name, port, strict_values
 
 PROG = "codesdk-supervisor"
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,14 +40,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="The CodeSDK supervisor service.")
+    parser: argparse.ArgumentParser = Parser(prog=PROG, description="The CodeSDK supervisor service.")
     parser.add_argument("--version", action="version", version=f"codesdk {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _token_parser(sub)
     _quarantine_parser(sub)
     _namespace_parser(sub)
-    return parser
+    return strict_values(parser)
 
 
 # -- serve ----------------------------------------------------------------------------------------
@@ -54,11 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = sub.add_parser("serve", help="serve the HTTP API until SIGTERM")
     run.set_defaults(run=_serve_command)
-    run.add_argument("--data-dir", type=Path, default=default_data_dir())
+    run.add_argument("--data-dir", type=data_dir, default=default_data_dir())
     run.add_argument("--listen", type=Path, default=None,
                      help="unix socket for the API (default: DATA_DIR/api.sock; systemd: $RUNTIME_DIRECTORY/api.sock)")
-    run.add_argument("--port", type=int, default=None, help="also listen on 127.0.0.1:PORT")
-    run.add_argument("--log-level", default="INFO")
+    run.add_argument("--port", type=port, default=None, help="also listen on 127.0.0.1:PORT")
+    run.add_argument("--log-level", default="INFO", type=str.upper, choices=_LOG_LEVELS,
+                     help="DEBUG, INFO (default), WARNING, ERROR or CRITICAL")
     run.add_argument("--worker-uids", type=_uid_range, default=None, metavar="START:COUNT",
                      help="run each namespace's worker as its own uid/gid from this range of unused ids (no "
                           "passwd entries needed; needs root or CAP_SETUID/CAP_SETGID/CAP_CHOWN/CAP_DAC_OVERRIDE/"
@@ -248,7 +251,8 @@ def _token_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     add = token_sub.add_parser("add", help="create a token bound to namespaces; prints it once")
     add.set_defaults(run=_token_add_command)
     add.add_argument("name", help="unique per namespace")
-    add.add_argument("--namespace", action="append", required=True, help="default | user:<id> | ci:<job> (repeat)")
+    add.add_argument("--namespace", action="append", required=True, type=namespace_name,
+                     help="default | user:<id> | ci:<job> (repeat)")
     listing = token_sub.add_parser("list", help="every token's id, name, role and namespaces (never the token)")
     listing.set_defaults(run=_token_list_command)
     revoke = token_sub.add_parser("revoke", help="remove a token: it stops working at once")
@@ -259,7 +263,7 @@ def _token_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     for cmd in (revoke, rotate):
         cmd.add_argument("token", metavar="ID_OR_NAME", help="the id from `token list`, or a name used once")
     for cmd in (add, listing, revoke, rotate):
-        cmd.add_argument("--data-dir", type=Path, default=None,
+        cmd.add_argument("--data-dir", type=data_dir, default=None,
                          help=f"the service's data dir (default: {default_data_dir()})")
 
 
@@ -332,8 +336,8 @@ def _quarantine_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         cmd = quarantine_sub.add_parser(name, help=text)
         cmd.set_defaults(run=_quarantine_command)
         if name == "lift":
-            cmd.add_argument("namespace")
-        cmd.add_argument("--data-dir", type=Path, default=default_data_dir())
+            cmd.add_argument("namespace", type=namespace_name)
+        cmd.add_argument("--data-dir", type=data_dir, default=default_data_dir())
         cmd.add_argument("--listen", type=Path, default=None,
                          help="the running service's API socket (default: the one the service announces in its "
                               "data dir's lock file, else DATA_DIR/api.sock)")
@@ -402,16 +406,16 @@ def _namespace_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     env_sub = env.add_subparsers(dest="env_command", required=True)
     env_set = env_sub.add_parser("set", help="set variables: KEY=VALUE (visible to ps), or KEY alone to read the "
                                              "value from stdin (hidden prompt on a terminal)")
-    env_set.add_argument("namespace")
+    env_set.add_argument("namespace", type=namespace_name)
     env_set.add_argument("assignments", nargs="+", metavar="KEY[=VALUE]")
     env_unset = env_sub.add_parser("unset", help="remove variables")
-    env_unset.add_argument("namespace")
+    env_unset.add_argument("namespace", type=namespace_name)
     env_unset.add_argument("names", nargs="+", metavar="KEY")
     env_list = env_sub.add_parser("list", help="names and fingerprints (an HMAC of each value, never the value)")
-    env_list.add_argument("namespace")
+    env_list.add_argument("namespace", type=namespace_name)
     for cmd in (env_set, env_unset, env_list):
         cmd.set_defaults(run=_namespace_env_command)
-        cmd.add_argument("--data-dir", type=Path, default=default_data_dir())
+        cmd.add_argument("--data-dir", type=data_dir, default=default_data_dir())
 
 
 def _namespace_env_command(args: argparse.Namespace) -> int:

@@ -5,10 +5,14 @@ Imported by ``front`` before the heavy imports: the standard library only."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import re
 import signal
 import sys
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
 
 #: Exit codes of ``codesdk run`` (README): a stop by signal exits 128 + the signal's number, as shells report.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 128 + signal.SIGINT
@@ -26,6 +30,135 @@ DEFAULT_RUNTIME, DEFAULT_NAMESPACE = "scripted", "default"
 
 class CliError(Exception):
     """A user error: printed as one line, exit code 2."""
+
+
+# -- flag values: every bad one is a usage error of one line (exit 2), refused while parsing ------------------
+
+#: ``protocol.RUNTIME_NAME_PATTERN`` (here without importing the protocol; a test holds them equal).
+RUNTIME_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+#: Variables CodeSDK sets for every worker: ``run --env`` may not override them (as ``namespace env set`` refuses).
+RESERVED_ENV = frozenset({"HOME", "PATH", "TMPDIR", "LANG", "LC_ALL"})  # namespaces.RESERVED's, without XDG_*
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose refusals are one line on stderr (exit 2): ``prog: error: what (see --help)``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _refuse(what: str) -> NoReturn:
+    raise argparse.ArgumentTypeError(what)
+
+
+def text(value: str) -> str:
+    """A flag's text: not empty, no NUL (no file name, variable or URL holds one)."""
+    if not value.strip():
+        _refuse("an empty value is no value; give one, or leave the flag out")
+    if "\x00" in value:
+        _refuse(f"{value!r} has a NUL character")
+    return value
+
+
+def path(value: str) -> Path:
+    return Path(text(value))
+
+
+def runtime_name(value: str) -> str:
+    if not RUNTIME_NAME.fullmatch(value):
+        _refuse(f"{value!r} is not a runtime's name (lowercase letters, digits, '.', '_' and '-', at most 64); "
+                "`codesdk-supervisor` or GET /v1/runtimes lists those a namespace can run")
+    return value
+
+
+def namespace_name(value: str) -> str:
+    from ..namespaces import InvalidNamespace, Namespace  # run_ahead imports it anyway: light
+
+    try:
+        Namespace.parse(value)
+    except InvalidNamespace as exc:
+        _refuse(str(exc))
+    return value
+
+
+def config_item(value: str) -> str:
+    """``--config KEY=VALUE``: a non-empty key."""
+    key, sep, _ = value.partition("=")
+    if not sep or not key.strip():
+        _refuse(f"expected KEY=VALUE with a non-empty KEY, got {value!r}")
+    return value
+
+
+def env_item(value: str) -> str:
+    """``--env KEY=VALUE``: a variable's name, and not one CodeSDK sets for every worker (HOME, PATH, XDG_*,
+    TMPDIR...: the namespace's isolation rests on them)."""
+    key, sep, _ = value.partition("=")
+    if not sep or not _ENV_NAME.fullmatch(key):
+        _refuse(f"expected KEY=VALUE with KEY a variable's name (letters, digits, '_'), got {value!r}")
+    if key in RESERVED_ENV or key.startswith("XDG_"):
+        _refuse(f"{key} is set by CodeSDK for every worker (the namespace's isolation rests on it) and cannot be "
+                "overridden")
+    if "\x00" in value:
+        _refuse(f"the value of {key} has a NUL character, which no environment can hold")
+    return value
+
+
+def regex(value: str) -> str:
+    try:
+        re.compile(text(value))
+    except re.error as exc:
+        _refuse(f"{value!r} is not a regular expression: {exc}")
+    return value
+
+
+def data_dir(value: str) -> Path:
+    """A data directory that is or can be one: not a file, not under a file, not where no directory can be made
+    (``/proc/…``; probed, and what the probe makes it removes again). Permissions are left to the command, which
+    says what privilege it lacks."""
+    where = path(value).expanduser().absolute()
+    missing: list[Path] = []
+    probe = where
+    while not probe.exists():
+        missing.append(probe)
+        probe = probe.parent
+    if not probe.is_dir():
+        _refuse(f"{probe} is not a directory, so {where} cannot be a data directory")
+    try:
+        for made in reversed(missing):
+            made.mkdir()
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EPERM):
+            _refuse(f"{where} cannot be made ({exc.strerror or exc}); choose another directory")
+    finally:
+        for made in missing:
+            try:
+                made.rmdir()
+            except OSError:
+                pass
+    return where
+
+
+def port(value: str) -> int:
+    if not (value.isascii() and value.isdigit()) or not 0 <= int(value) <= 65535:
+        _refuse(f"{value!r} is not a TCP port (0-65535; 0: any free one)")
+    return int(value)
+
+
+def strict_values(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Every flag and argument of ``parser`` and its subcommands that takes free text refuses an empty one (a
+    ``Path`` one too): a value that is no value is a usage error, not a default chosen silently."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                strict_values(child)
+        elif action.nargs != 0 and action.choices is None:
+            kind: Callable[[str], Any] | None = action.type  # type: ignore[assignment]
+            if kind is None or kind is str:
+                action.type = text
+            elif kind is Path:
+                action.type = path
+    return parser
 
 
 def check_session_flags(args: argparse.Namespace, namespace: str) -> None:

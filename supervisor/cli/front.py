@@ -21,7 +21,18 @@ from typing import Any
 from codesdk._version import __version__
 
 from ..config import default_data_dir
-from .common import DEFAULT_NAMESPACE, DEFAULT_RUNTIME
+from .common import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_RUNTIME,
+    Parser,
+    config_item,
+    data_dir,
+    env_item,
+    namespace_name,
+    regex,
+    runtime_name,
+    strict_values,
+)
 from .run_ahead import RunAhead
 
 #: ``protocol.PermissionMode``'s values, here without importing the protocol (a test holds them equal).
@@ -73,19 +84,19 @@ def _global_options(parser: argparse.ArgumentParser, *, in_subcommand: bool) -> 
     def default(value: Any) -> Any:
         return argparse.SUPPRESS if in_subcommand else value
 
-    parser.add_argument("--data-dir", type=Path, default=default(default_data_dir()),
+    parser.add_argument("--data-dir", type=data_dir, default=default(default_data_dir()),
                         help="where the event store, blobs, workspaces and namespaces live (default: "
                              f"{default_data_dir()})")
     parser.add_argument("-v", "--verbose", action="count", default=default(0),
                         help="more logging on stderr (-vv: debug)")
-    parser.add_argument("--url", default=default(os.environ.get("CODESDK_URL")),
+    parser.add_argument("--url", default=default(os.environ.get("CODESDK_URL") or None),
                         help="use a running supervisor instead (unix:/path/api.sock or http://127.0.0.1:PORT) for "
                              "run, sessions, events, show, auth and bundle; token from --token or CODESDK_TOKEN")
     parser.add_argument("--token", default=default(None), help="API bearer token (with --url)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="codesdk", description="CodeSDK: run coding-agent tasks, read sessions.")
+    parser: argparse.ArgumentParser = Parser(prog="codesdk", description="CodeSDK: run coding-agent tasks, read sessions.")
     parser.add_argument("--version", action="version", version=f"codesdk {__version__}")
     _global_options(parser, in_subcommand=False)
     common = argparse.ArgumentParser(add_help=False)
@@ -97,16 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = command("run", "run a prompt as a task and stream its events as they happen")
     run.add_argument("prompt")
-    run.add_argument("--runtime", help=f"runtime to use (default: {DEFAULT_RUNTIME}); with --session: move the "
+    run.add_argument("--runtime", type=runtime_name, help=f"runtime to use (default: {DEFAULT_RUNTIME}); with --session: move the "
                                         "session to this runtime, which is given the session's transcript")
-    run.add_argument("--max-input-tokens", type=int, metavar="N",
+    run.add_argument("--max-input-tokens", type=_at_least(1), metavar="N",
                      help="cap the compiled input at about N tokens (below the runtime's own budget): large tool "
                           "outputs, then the oldest turns are left out, and model.input reports what (a runtime "
                           "that takes up its own session is sent the prompt only and manages its context itself)")
     run.add_argument("--scenario", help="scripted runtime: scenario name, one of those shipped with the scripted runtime (default: echo)")
-    run.add_argument("--config", action="append", metavar="KEY=VALUE", help="extra runtime_config (JSON values)")
+    run.add_argument("--config", action="append", type=config_item, metavar="KEY=VALUE", help="extra runtime_config (JSON values)")
     run.add_argument("--session", help="continue an existing session (its transcript is sent along)")
-    run.add_argument("--namespace", help="credential namespace: default | user:<id> | ci:<job> (default: "
+    run.add_argument("--namespace", type=namespace_name, help="credential namespace: default | user:<id> | ci:<job> (default: "
                                           f"{DEFAULT_NAMESPACE}; with --session: the session's)")
     run.add_argument("--workspace", help="directory the tools work in (default: a new one in the data dir)")
     run.add_argument("--mode", choices=PERMISSION_MODES, default="ask",
@@ -114,12 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--non-interactive", action="store_true", help="never prompt; 'ask' decisions become denials")
     run.add_argument("--allow-exec", action="append", metavar="COMMAND",
                      help="enable the sandboxed workspace.exec tool for this command (repeatable)")
-    run.add_argument("--env", action="append", metavar="KEY=VALUE",
+    run.add_argument("--env", action="append", type=env_item, metavar="KEY=VALUE",
                      help="a variable for the namespace's worker and runtime (e.g. ANTHROPIC_BASE_URL); repeatable")
     run.add_argument("--json", action="store_true", help="print events as JSON lines")
 
     sessions = command("sessions", "list sessions")
-    sessions.add_argument("--namespace")
+    sessions.add_argument("--namespace", type=namespace_name)
     sessions.add_argument("--limit", type=_at_least(1), default=100, help="at most this many (default 100)")
     sessions.add_argument("--json", action="store_true")
 
@@ -137,8 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     auth.add_argument("action", nargs="?", choices=["status", "login"], default="status",
                       help="status (default): logged in or not, and how to log in; login: run the runtime's own "
                            "login with the namespace's HOME (it prints a URL; CodeSDK never opens a browser)")
-    auth.add_argument("--runtime", default="claude")
-    auth.add_argument("--namespace", default="default")
+    auth.add_argument("--runtime", type=runtime_name, default="claude")
+    auth.add_argument("--namespace", type=namespace_name, default="default")
     auth.add_argument("--json", action="store_true")
 
     bundle = command("bundle", "write a support bundle of a session (events, blobs, versions, worker logs; "
@@ -146,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     bundle.add_argument("session", nargs="?", help="the session to bundle")
     bundle.add_argument("-o", "--output", type=Path, help="the archive to write (default: codesdk-bundle-SESSION.tar.gz)")
     bundle.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
-    bundle.add_argument("--redact", action="append", metavar="REGEX",
+    bundle.add_argument("--redact", action="append", type=regex, metavar="REGEX",
                         help="also redact what matches REGEX (repeatable; beside <data-dir>/bundle-redact.txt)")
     bundle.add_argument("--inspect", metavar="FILE", type=Path,
                         help="check a bundle against its manifest and summarize it (writes nothing)")
@@ -154,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     namespaces = command("namespaces", "list credential namespaces and their directories")
     namespaces.add_argument("--json", action="store_true")
-    return parser
+    return strict_values(parser)
 
 
 if __name__ == "__main__":

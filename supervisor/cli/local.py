@@ -49,7 +49,9 @@ from ..engine import (
     ApproverAnswer,
     Engine,
     EngineError,
+    RuntimeUnavailable,
     TaskNotActive,
+    UnknownRuntime,
     derive_transcript,
     error_status,
 )
@@ -101,12 +103,16 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
         session = await engine.store.get_session(args.session)
         check_session_flags(args, session.namespace)
         engine.prewarm(session.namespace)
+        if args.runtime and args.runtime != session.runtime:
+            await _check_runtime(engine, session.namespace, args.runtime)
     else:
         engine.prewarm(args.namespace or DEFAULT_NAMESPACE)  # the worker starts while the session is made
         workspace = Path(args.workspace).resolve() if args.workspace else None
         if workspace is not None and not workspace.is_dir():
             raise CliError(f"--workspace {args.workspace} is not a directory")
         check_session_flags(args, args.namespace or DEFAULT_NAMESPACE)
+        if args.runtime:
+            await _check_runtime(engine, args.namespace or DEFAULT_NAMESPACE, args.runtime)
         session = await engine.create_session(runtime=args.runtime or DEFAULT_RUNTIME,
                                               namespace=args.namespace or DEFAULT_NAMESPACE, workspace=workspace,
                                               session_id=ahead.session_id if ahead is not None else None)
@@ -146,6 +152,19 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
         printer.note(f"task {record.state}. Read it again: {read_again(args, 'events', session.session_id)}  |  "
                      f"transcript: {read_again(args, 'show', session.session_id)}")
     return exit_code(record.terminal_type, received[0] if received else None)
+
+
+async def _check_runtime(engine: Engine, namespace: str, runtime: str, *, available: bool = True) -> None:
+    """Before anything is stored: ``UnknownRuntime`` (exit 2) for a runtime the namespace's worker does not offer,
+    ``RuntimeUnavailable`` (exit 69) for one it offers but cannot run now."""
+    offers = {offer.name: offer for offer in await engine.runtimes(namespace)}
+    offer = offers.get(runtime)
+    if offer is None:
+        raise UnknownRuntime(f"no runtime {runtime!r} in namespace {namespace!r}; it can run: "
+                             f"{', '.join(sorted(offers)) or 'none'}")
+    if available and not offer.available:
+        raise RuntimeUnavailable(f"runtime {runtime!r} is not available in namespace {namespace!r}: "
+                                 f"{offer.unavailable_reason or 'its worker says so'}")
 
 
 def _service_instead(args: argparse.Namespace, busy: DataDirBusy) -> None:
@@ -227,6 +246,7 @@ async def cmd_auth(args: argparse.Namespace) -> int:
                                     worker_policy=WorkerPolicy(idle_timeout_s=1.0))
         try:
             async with open_engine(options) as engine:
+                await _check_runtime(engine, args.namespace, args.runtime, available=False)
                 result = await engine.ensure_login(args.namespace, args.runtime)
         except DataDirBusy as busy:
             _service_instead(args, busy)
@@ -311,9 +331,9 @@ def _bundle_written(out: Path, manifest: dict[str, Any]) -> None:
 
 
 async def cmd_namespaces(args: argparse.Namespace) -> int:
-    if args.url:  # it reads a data dir's directories, which a service's API does not show
-        raise CliError("namespaces reads a data dir on this machine and cannot go through --url: run it where the "
-                       "service runs, with its --data-dir")
+    if args.url:  # the namespaces the token sees, from the service (without the directories: those are its own)
+        from .remote import namespaces_via_api  # imported only when used: the HTTP client costs start-up time
+        return await namespaces_via_api(args)
     root = Path(args.data_dir) / "namespaces"
     async with _store(args) as store:
         sessions = await store.list_sessions(limit=100_000)

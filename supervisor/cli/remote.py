@@ -116,6 +116,20 @@ async def auth_status_via_api(args: argparse.Namespace) -> EnsureLoginResult:
         return EnsureLoginResult.model_validate(await client.auth_status(args.namespace, args.runtime))
 
 
+async def namespaces_via_api(args: argparse.Namespace) -> int:
+    """The namespaces the token sees, with their session counts (a service does not show its directories)."""
+    async with client_for(args) as client:
+        rows = await client.namespaces()
+    for row in rows:
+        if args.json:
+            json_line(row)
+        else:
+            print(f"{row['namespace']:<24} sessions={row['sessions']}")
+    if not rows and not args.json:
+        print("no namespaces yet", file=sys.stderr)
+    return 0
+
+
 async def sessions_via_api(args: argparse.Namespace) -> int:
     async with client_for(args) as client:
         for s in await client.list_sessions():

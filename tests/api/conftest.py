@@ -31,6 +31,7 @@ class Api:
     alice: str  # bound to user:alice
     bob: str  # bound to user:bob
     client: httpx.AsyncClient
+    tokens: TokenAuth  # the table the server reads: add_principal takes effect at once
 
     def auth(self, token: str | None) -> dict[str, str]:
         return {} if token is None else {"Authorization": f"Bearer {token}"}
@@ -62,7 +63,7 @@ async def api(make_engine: MakeEngine, tmp_path: Path, nursery: trio.Nursery) ->
                 transport = httpx.AsyncHTTPTransport(uds=str(sock))
                 async with httpx.AsyncClient(transport=transport, base_url="http://codesdk",
                                              timeout=10) as client:
-                    yield Api(engine, sock, admin, alice, bob, client)
+                    yield Api(engine, sock, admin, alice, bob, client, auth)
                 scope.cancel()
 
 

@@ -153,15 +153,14 @@ def test_run_session_takes_its_namespace_and_moves_only_when_told(tmp_path: Path
     clash = _cli(data, "run", "three", "--session", session_id, "--namespace", "user:bob")
     assert clash.returncode == 2 and "belongs to namespace 'user:alice', not 'user:bob'" in clash.stderr
     moved = _cli(data, "run", "three", "--session", session_id, "--runtime", "no-such-runtime", "--json")
-    failed = [e for e in map(json.loads, moved.stdout.splitlines()) if e["type"] == "task.failed"]
-    assert moved.returncode == 1 and failed[0]["payload"]["code"] == "RUNTIME_UNAVAILABLE"
-    assert failed[0]["runtime"]["name"] == "no-such-runtime"
+    assert moved.returncode == 2 and moved.stdout == ""  # refused before a task is stored
+    assert "no runtime 'no-such-runtime' in namespace 'user:alice'; it can run: " in moved.stderr
     shown = _cli(data, "run", "four", "--session", session_id)  # a failed move leaves the session where it was
     assert shown.returncode == 0 and " runtime scripted " in shown.stdout
     capped = _cli(data, "run", "five " * 100, "--session", session_id, "--max-input-tokens", "20")
     assert capped.returncode == 1 and "CONTEXT_TOO_LARGE" in capped.stdout and "raise max_input_tokens" in capped.stdout
     bad = _cli(data, "run", "six", "--session", session_id, "--max-input-tokens", "0")
-    assert bad.returncode == 2 and "--max-input-tokens must be a whole number of tokens from 1" in bad.stderr
+    assert bad.returncode == 2 and "--max-input-tokens: expected a whole number of at least 1" in bad.stderr
     clash = _cli(data, "run", "three", "--session", session_id, "--workspace", str(tmp_path))
     assert clash.returncode == 2 and "keeps the workspace" in clash.stderr
 

@@ -58,7 +58,7 @@ def test_a_refused_workspace_and_an_unknown_runtime_are_one_line_and_exit_2(tmp_
     refused = _run(tmp_path, "run", "x", "--workspace", "/")
     assert refused.returncode == EXIT_USAGE and "root of the file system" in refused.stderr
     unknown = _run(tmp_path, "auth", "--runtime", "nope")
-    assert unknown.returncode == EXIT_USAGE and "unknown runtime 'nope'" in unknown.stderr
+    assert unknown.returncode == EXIT_USAGE and "no runtime 'nope' in namespace 'default'; it can run: claude, " in unknown.stderr
     for done in (refused, unknown):
         assert "Traceback" not in done.stderr and done.stderr.startswith("codesdk: ")
 
@@ -71,8 +71,8 @@ def test_a_bad_page_is_a_usage_error_not_a_traceback(tmp_path: Path, args: tuple
     assert "Traceback" not in done.stderr and "expected a whole number" in done.stderr
 
 
-def test_namespaces_refuses_a_url_instead_of_reading_another_data_dir(tmp_path: Path) -> None:
-    """It lists a data dir's directories, which no API shows: through --url it would silently read the local one."""
-    done = _run(tmp_path, "--url", f"unix:{tmp_path / 'api.sock'}", "namespaces")
-    assert done.returncode == EXIT_USAGE
-    assert "cannot go through --url" in done.stderr and done.stdout == ""
+def test_namespaces_through_url_never_reads_the_local_data_dir(tmp_path: Path) -> None:
+    """Through --url it asks the service (GET /v1/namespaces); a service not there is said, not a local listing."""
+    done = _run(tmp_path, "--url", f"unix:{tmp_path / 'api.sock'}", "--token", "x", "namespaces")
+    assert done.returncode == EXIT_UNAVAILABLE
+    assert "cannot reach the CodeSDK service" in done.stderr and done.stdout == ""

@@ -1,0 +1,70 @@
+"""Issue 33 item 7: what the command itself must change is a usage error (exit 2), refused before anything is
+stored; one line on stderr, a sentence (never a dict's repr)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from codesdk.supervisor.cli.common import EXIT_USAGE
+
+from tests.e2e.test_cli import _run
+
+
+def _sessions(tmp_path: Path) -> list[dict[str, object]]:
+    done = _run(tmp_path, "sessions", "--json")
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_an_unknown_runtime_is_refused_before_a_session_is_stored(tmp_path: Path) -> None:
+    done = _run(tmp_path, "run", "hello", "--runtime", "nope")
+    assert done.returncode == EXIT_USAGE, (done.returncode, done.stderr)
+    assert "no runtime 'nope' in namespace 'default'; it can run: " in done.stderr and "scripted" in done.stderr
+    assert _sessions(tmp_path) == []
+
+
+def test_auth_of_an_unknown_runtime_is_a_sentence(tmp_path: Path) -> None:
+    done = _run(tmp_path, "auth", "--runtime", "nope")
+    assert done.returncode == EXIT_USAGE
+    assert "{" not in done.stderr and "'known'" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args", [
+    ("sessions", "--namespace", "bad"), ("run", ""), ("run", "x", "--runtime", ""), ("run", "x", "--config", "=1"),
+    ("run", "x", "--env", "HOME=/tmp"), ("run", "x", "--env", "PATH=/tmp"), ("run", "x", "--env", "TMPDIR=/tmp"),
+    ("run", "x", "--env", "XDG_CONFIG_HOME=/tmp"), ("run", "x", "--namespace", "nope"),
+])
+def test_bad_input_is_refused_before_anything_is_stored(tmp_path: Path, args: tuple[str, ...]) -> None:
+    done = _run(tmp_path, *args)
+    assert done.returncode == EXIT_USAGE, (done.returncode, done.stdout, done.stderr)
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "no sessions yet" not in done.stderr
+    assert _sessions(tmp_path) == []
+
+
+def test_namespaces_through_url_reads_the_service(tmp_path: Path) -> None:
+    from tests.e2e.test_cli_lifecycle import _cli, _service
+
+    data = tmp_path / "data"
+    with _service(data):
+        assert _cli(data, "run", "hello", "--namespace", "user:ann", "--json").returncode == 0
+        token = (data / "admin.token").read_text().strip()
+        done = _cli(data, "--url", f"unix:{data / 'api.sock'}", "--token", token, "namespaces", "--json")
+    assert done.returncode == 0, done.stderr
+    rows = {row["namespace"]: row["sessions"] for row in map(json.loads, done.stdout.splitlines())}
+    assert rows.get("user:ann") == 1, done.stdout
+
+
+def test_a_runtime_offered_but_unavailable_exits_69_before_a_session_is_stored(tmp_path: Path) -> None:
+    from codesdk.supervisor.cli.common import EXIT_UNAVAILABLE
+
+    empty = tmp_path / "no-runtimes"
+    empty.mkdir()
+    done = _run(tmp_path, "run", "hello", "--runtime", "codex", "--env", f"CODESDK_RUNTIMES_DIR={empty}")
+    assert done.returncode == EXIT_UNAVAILABLE, (done.returncode, done.stderr)
+    assert "runtime 'codex' is not available in namespace 'default'" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert _sessions(tmp_path) == []
