@@ -339,6 +339,12 @@ class AsyncClient:
         """The namespaces this token sees, each ``{"namespace", "sessions"}`` (the admin: every one)."""
         return list((await self._call("GET", "/v1/namespaces"))["namespaces"])
 
+    async def runtimes(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """What ``namespace``'s worker can run (default: the token's own namespace): each runtime's name, version,
+        capabilities (the ``runtime_config`` keys it takes among them) and whether it is available now."""
+        query = {"namespace": namespace} if namespace is not None else None
+        return list((await self._call("GET", "/v1/runtimes", params=query))["runtimes"])
+
     async def auth_status(self, namespace: str, runtime: str) -> dict[str, Any]:
         """Whether ``runtime`` is logged in for ``namespace``, and how to log it in (never a secret)."""
         return dict(await self._call("GET", f"/v1/namespaces/{_q(namespace)}/auth/{_q(runtime)}"))
@@ -489,6 +495,11 @@ class Client:
     def namespaces(self) -> list[dict[str, Any]]:
         """The namespaces this token sees, each ``{"namespace", "sessions"}`` (the admin: every one)."""
         return list(self._call("GET", "/v1/namespaces")["namespaces"])
+
+    def runtimes(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """What ``namespace``'s worker can run (default: the token's own namespace); see ``AsyncClient.runtimes``."""
+        query = {"namespace": namespace} if namespace is not None else None
+        return list(self._call("GET", "/v1/runtimes", params=query)["runtimes"])
 
     def auth_status(self, namespace: str, runtime: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/v1/namespaces/{_q(namespace)}/auth/{_q(runtime)}"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
 
@@ -100,6 +101,27 @@ class RuntimeCapabilities(Model):
     models: tuple[str, ...] = ()
     default_model: str | None = None
     max_concurrent_tasks: int | None = Field(default=None, ge=1)
+    #: The ``runtime_config`` keys a task may give it (None: not declared; the runtime checks them as a task starts).
+    config_keys: tuple[str, ...] | None = None
+    #: Keys whose string value is one of a closed set, with that set (the scripted runtime's ``scenario``).
+    config_choices: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+
+
+def config_refusal(capabilities: RuntimeCapabilities, runtime_config: Mapping[str, object]) -> str | None:
+    """Why a task's ``runtime_config`` cannot go to this runtime, as a sentence — said before anything is stored —
+    or None. Only what the offer declares is checked here; the runtime checks the values when the task starts."""
+    name = capabilities.name
+    if capabilities.config_keys is not None:
+        unknown = sorted(set(runtime_config) - set(capabilities.config_keys))
+        if unknown:
+            return (f"runtime_config has {'a key' if len(unknown) == 1 else 'keys'} {name} does not take: "
+                    f"{', '.join(map(repr, unknown))} (it takes: {', '.join(capabilities.config_keys) or 'none'})")
+    for key, choices in sorted(capabilities.config_choices.items()):
+        value = runtime_config.get(key)
+        if isinstance(value, str) and value not in choices:
+            return (f"runtime_config.{key} {value!r} is not one {name} has (it has: "
+                    f"{', '.join(sorted(choices)) or 'none'})")
+    return None
 
 
 class AuthState(StrEnum):

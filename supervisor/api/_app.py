@@ -35,7 +35,15 @@ from codesdk.protocol import (
     decode_json,
 )
 
-from ..engine import Engine, NamespaceElsewhere, derive_transcript, error_status
+from ..engine import (
+    Engine,
+    InvalidTaskInput,
+    NamespaceElsewhere,
+    RuntimeUnavailable,
+    UnknownRuntime,
+    derive_transcript,
+    error_status,
+)
 from ..namespaces import InvalidNamespace, Namespace, NamespaceEnvError
 from ..store import (
     ApprovalDecided,
@@ -344,17 +352,19 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(429, "too_many_connections", refused, {"connection": "close", "retry-after": "1"})
         return principal
 
-    async def offered(namespace: str, runtime: str, *, available: bool = True, unknown: int = 422) -> None:
-        """Refuse, nothing stored: a runtime the namespace's worker does not offer (its ``initialize``; 422), or offers
-        but cannot run now (503)."""
-        offers = {offer.name: offer for offer in await engine.runtimes(namespace)}
-        offer = offers.get(runtime)
-        if offer is None:
-            raise ApiError(unknown, "unknown_runtime", f"no runtime {runtime!r} in namespace {namespace!r}; it can run: "
-                                                   f"{', '.join(sorted(offers)) or 'none'} (GET /v1/runtimes?namespace=…)")
-        if available and not offer.available:
-            raise ApiError(503, "runtime_unavailable", f"runtime {runtime!r} is not available in namespace "
-                                                        f"{namespace!r}: {offer.unavailable_reason or 'its worker says so'}")
+    async def offered(namespace: str, runtime: str, runtime_config: dict[str, Any] | None = None, *,
+                      available: bool = True, unknown: int = 422) -> None:
+        """Refuse, nothing stored (``Engine.check_offer``): a runtime the namespace's worker does not offer (422, or
+        ``unknown`` where the runtime is the path's resource), a ``runtime_config`` it does not take (422), or a
+        runtime it cannot run now (503)."""
+        try:
+            await engine.check_offer(namespace, runtime, runtime_config, available=available)
+        except UnknownRuntime as exc:
+            raise ApiError(unknown, "unknown_runtime", f"{exc} (GET /v1/runtimes?namespace=…)") from exc
+        except InvalidTaskInput as exc:
+            raise ApiError(422, "invalid_runtime_config", str(exc)) from exc
+        except RuntimeUnavailable as exc:
+            raise ApiError(503, "runtime_unavailable", str(exc)) from exc
 
     async def session_for(principal: Principal, session_id: str) -> SessionRecord:
         try:
@@ -454,8 +464,9 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         principal = principal_of(request)
         session = await session_for(principal, request.path_params["session_id"])
         body = await _body(request, StartTaskBody)
-        if body.runtime is not None and body.runtime != session.runtime:
-            await offered(session.namespace, body.runtime)
+        switching = body.runtime is not None and body.runtime != session.runtime
+        if switching or body.runtime_config:  # the session's own runtime was offered when it was made
+            await offered(session.namespace, body.runtime or session.runtime, body.runtime_config, available=switching)
         record = await engine.start_task(
             session.session_id, body.prompt, permission_mode=body.permission_mode,
             runtime_config=body.runtime_config, runtime=body.runtime, max_input_tokens=body.max_input_tokens,

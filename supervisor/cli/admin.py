@@ -21,6 +21,7 @@ from codesdk._version import __version__
 
 from ..api import ADMIN_TOKEN_FILE, ApiLimits, TokenAuth
 from ..config import default_data_dir
+from ..engine import DISK_RESERVE_BYTES
 from ..namespaces import InvalidNamespace, Namespace, NamespaceEnv, NamespaceEnvError, UidRange, UidRangeError
 from ..service.assembly import SupervisorOptions
 from ..store import LEASE_S, QUOTA_FLAGS, Quotas, current_holder
@@ -119,6 +120,10 @@ def _add_limit_flags(run: argparse.ArgumentParser) -> None:
     for name, (flag, unit) in QUOTA_FLAGS.items():
         limits.add_argument(flag, dest=f"quota_{name}", type=_quota_value, default=getattr(quotas, name),
                             metavar="N", help=f"{unit} (default {getattr(quotas, name)})")
+    limits.add_argument("--disk-reserve", type=_disk_reserve, default=DISK_RESERVE_BYTES, metavar="SIZE",
+                        help="free space the data dir's and a task's workspace's file systems must keep: below it "
+                             "/readyz answers 503 and new sessions and tasks are refused (exit 69); 0 turns the "
+                             f"check off (default {DISK_RESERVE_BYTES >> 20}M)")
     limits.add_argument("--max-connections", type=_positive_int, default=api.max_connections, metavar="N",
                         help="open API connections in all (default %(default)s; lowered to fit RLIMIT_NOFILE, keeping "
                              "a reserve of descriptors for the store and workers)")
@@ -147,7 +152,7 @@ def _serve_options(args: argparse.Namespace) -> SupervisorOptions:
         holder="codesdk-supervisor serve",
         test_scenarios=args.enable_test_scenarios, exec_allowlist=tuple(args.allow_exec or ()),
         quotas=_quotas(args), api_limits=_api_limits(args), worker_template=args.worker_template,
-        store=args.store, lease_s=args.lease_s,
+        store=args.store, lease_s=args.lease_s, disk_reserve_bytes=args.disk_reserve,
         **({"exec_uid": args.exec_uid} if args.exec_uid is not None else {}))
 
 
@@ -193,6 +198,20 @@ def _quota_value(text: str) -> int | None:
     if not _is_digits(number) or int(number) < 1:
         raise argparse.ArgumentTypeError(f"invalid limit {text!r}: a positive number (K/M/G/T allowed) or 'none'")
     return int(number) * scale
+
+
+def _disk_reserve(text: str) -> int:
+    """A size (``256M``, ``1G``) or 0 (no check)."""
+    if text.strip() == "0":
+        return 0
+    try:
+        size = _quota_value(text) if text.strip().lower() != "none" else None
+    except argparse.ArgumentTypeError:
+        size = None
+    if size is None:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: a number of bytes (K/M/G/T allowed), or 0 for no "
+                                         "check")
+    return size
 
 
 def _positive_float(text: str) -> float:

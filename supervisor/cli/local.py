@@ -49,9 +49,7 @@ from ..engine import (
     ApproverAnswer,
     Engine,
     EngineError,
-    RuntimeUnavailable,
     TaskNotActive,
-    UnknownRuntime,
     derive_transcript,
     error_status,
 )
@@ -103,16 +101,19 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
         session = await engine.store.get_session(args.session)
         check_session_flags(args, session.namespace)
         engine.prewarm(session.namespace)
-        if args.runtime and args.runtime != session.runtime:
-            await _check_runtime(engine, session.namespace, args.runtime)
+        switching = bool(args.runtime) and args.runtime != session.runtime
+        if switching or runtime_config:
+            await engine.check_offer(session.namespace, args.runtime or session.runtime, runtime_config,
+                                     available=switching)
     else:
         engine.prewarm(args.namespace or DEFAULT_NAMESPACE)  # the worker starts while the session is made
         workspace = Path(args.workspace).resolve() if args.workspace else None
         if workspace is not None and not workspace.is_dir():
             raise CliError(f"--workspace {args.workspace} is not a directory")
         check_session_flags(args, args.namespace or DEFAULT_NAMESPACE)
-        if args.runtime:
-            await _check_runtime(engine, args.namespace or DEFAULT_NAMESPACE, args.runtime)
+        if args.runtime or runtime_config:
+            await engine.check_offer(args.namespace or DEFAULT_NAMESPACE, args.runtime or DEFAULT_RUNTIME,
+                                     runtime_config, available=bool(args.runtime))
         session = await engine.create_session(runtime=args.runtime or DEFAULT_RUNTIME,
                                               namespace=args.namespace or DEFAULT_NAMESPACE, workspace=workspace,
                                               session_id=ahead.session_id if ahead is not None else None)
@@ -152,19 +153,6 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
         printer.note(f"task {record.state}. Read it again: {read_again(args, 'events', session.session_id)}  |  "
                      f"transcript: {read_again(args, 'show', session.session_id)}")
     return exit_code(record.terminal_type, received[0] if received else None)
-
-
-async def _check_runtime(engine: Engine, namespace: str, runtime: str, *, available: bool = True) -> None:
-    """Before anything is stored: ``UnknownRuntime`` (exit 2) for a runtime the namespace's worker does not offer,
-    ``RuntimeUnavailable`` (exit 69) for one it offers but cannot run now."""
-    offers = {offer.name: offer for offer in await engine.runtimes(namespace)}
-    offer = offers.get(runtime)
-    if offer is None:
-        raise UnknownRuntime(f"no runtime {runtime!r} in namespace {namespace!r}; it can run: "
-                             f"{', '.join(sorted(offers)) or 'none'}")
-    if available and not offer.available:
-        raise RuntimeUnavailable(f"runtime {runtime!r} is not available in namespace {namespace!r}: "
-                                 f"{offer.unavailable_reason or 'its worker says so'}")
 
 
 def _service_instead(args: argparse.Namespace, busy: DataDirBusy) -> None:
@@ -246,7 +234,7 @@ async def cmd_auth(args: argparse.Namespace) -> int:
                                     worker_policy=WorkerPolicy(idle_timeout_s=1.0))
         try:
             async with open_engine(options) as engine:
-                await _check_runtime(engine, args.namespace, args.runtime, available=False)
+                await engine.check_offer(args.namespace, args.runtime, available=False)
                 result = await engine.ensure_login(args.namespace, args.runtime)
         except DataDirBusy as busy:
             _service_instead(args, busy)

@@ -17,10 +17,19 @@ from typing import Any
 import trio
 
 from codesdk.client import ApiError, AsyncClient
-from codesdk.protocol import TERMINAL_EVENT_TYPES, EnsureLoginResult, EventType, Message, NormalizedEvent
+from codesdk.protocol import (
+    TERMINAL_EVENT_TYPES,
+    EnsureLoginResult,
+    EventType,
+    Message,
+    NormalizedEvent,
+    RuntimeCapabilities,
+    config_refusal,
+)
 
 from .common import (
     STOP_SIGNALS,
+    DEFAULT_RUNTIME,
     CliError,
     ask_on_terminal,
     check_session_flags,
@@ -54,6 +63,19 @@ _LOCAL_ONLY = {"env": "set the namespace's variables with `codesdk-supervisor na
                "allow_exec": "workspace.exec is configured on the service (`codesdk-supervisor serve --allow-exec`)"}
 
 
+async def _check_offer(client: AsyncClient, namespace: str, runtime: str, runtime_config: dict[str, Any]) -> None:
+    """What the service's worker for ``namespace`` offers refuses (``Engine.check_offer``'s rules, read through
+    ``GET /v1/runtimes``): an unknown runtime or a ``runtime_config`` it does not take is the command's mistake."""
+    offers = {offer["name"]: offer for offer in await client.runtimes(namespace)}
+    offer = offers.get(runtime)
+    if offer is None:
+        raise CliError(f"no runtime {runtime!r} in namespace {namespace!r}; it can run: "
+                       f"{', '.join(sorted(offers)) or 'none'}")
+    refusal = config_refusal(RuntimeCapabilities.model_validate(offer["capabilities"]), runtime_config)
+    if refusal is not None:
+        raise CliError(refusal)
+
+
 async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) -> int:
     for flag, instead in _LOCAL_ONLY.items():
         if getattr(args, flag, None):
@@ -65,6 +87,8 @@ async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) 
             check_session_flags(args, session["namespace"])
         else:
             check_session_flags(args, args.namespace or "default")
+            if args.runtime or runtime_config:  # refused before the session is stored, as the embedded CLI does
+                await _check_offer(client, args.namespace or "default", args.runtime or DEFAULT_RUNTIME, runtime_config)
             session = await client.create_session(namespace=args.namespace or "default", runtime=args.runtime,
                                                   workspace=args.workspace)
         last: Any = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +23,7 @@ from codesdk.protocol import (
     CONTRACT_VERSION,
     INPUT_SHARE,
     CanonicalizationError,
+    config_refusal,
     ContextTooLarge,
     EnsureLoginResult,
     ErrorCode,
@@ -492,6 +493,24 @@ class Engine:
         """What the namespace's worker can host (it is started if needed), with capabilities and versions."""
         async with self._borrowed_worker(namespace) as worker:
             return list(worker.info.runtimes) if worker.info else []
+
+    async def check_offer(self, namespace: str, runtime: str, runtime_config: Mapping[str, object] | None = None,
+                          *, available: bool = True) -> RuntimeOffer:
+        """Before anything is stored, what the namespace's worker offers (its ``initialize``) refuses:
+        ``UnknownRuntime`` for a runtime it does not host; ``InvalidTaskInput`` for a ``runtime_config`` key or
+        choice the runtime does not declare (``config_refusal``); ``RuntimeUnavailable`` for one it hosts but
+        cannot run now (unless ``available`` is False: asking how to log in is still useful then)."""
+        offers = {offer.name: offer for offer in await self.runtimes(namespace)}
+        offer = offers.get(runtime)
+        if offer is None:
+            raise UnknownRuntime(f"no runtime {runtime!r} in namespace {namespace!r}; it can run: "
+                                 f"{', '.join(sorted(offers)) or 'none'}")
+        if runtime_config and (refusal := config_refusal(offer.capabilities, runtime_config)) is not None:
+            raise InvalidTaskInput(refusal)
+        if available and not offer.available:
+            raise RuntimeUnavailable(f"runtime {runtime!r} is not available in namespace {namespace!r}: "
+                                     f"{offer.unavailable_reason or 'its worker says so'}")
+        return offer
 
     # -- driving a task -------------------------------------------------------------------------
 

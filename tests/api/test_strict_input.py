@@ -116,6 +116,26 @@ async def test_an_unknown_runtime_is_refused_before_a_session_is_stored(api: Api
         assert "nope" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("config, said", [
+    ({"scenario": "nope"}, "runtime_config.scenario 'nope' is not one scripted has"),
+    ({"bogus": 1}, "runtime_config has a key scripted does not take: 'bogus'"),
+])
+async def test_a_runtime_config_the_runtime_does_not_take_is_refused_before_a_task_is_stored(
+        api: Api, config: dict[str, object], said: str) -> None:
+    with trio.fail_after(60):
+        session = await api.create_session(api.alice, "user:alice")
+        r = await api.client.post(f"/v1/sessions/{session['session_id']}/tasks", headers=api.auth(api.alice),
+                                  json={"prompt": "x", "runtime_config": config})
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["code"] == "invalid_runtime_config" and said in r.json()["error"]["message"]
+        events = await api.client.get(f"/v1/sessions/{session['session_id']}/events", headers=api.auth(api.alice))
+        assert [e["type"] for e in events.json()["events"]] == ["session.created"], events.text
+        async with AsyncClient(socket=api.socket, token=api.alice) as client:
+            (scripted,) = [o for o in await client.runtimes() if o["name"] == "scripted"]
+        assert "echo" in scripted["capabilities"]["config_choices"]["scenario"]
+        assert "scenario" in scripted["capabilities"]["config_keys"]
+
+
 async def test_namespaces_lists_those_the_token_sees(api: Api) -> None:
     with trio.fail_after(30):
         await api.create_session(api.alice, "user:alice")

@@ -68,3 +68,30 @@ def test_a_runtime_offered_but_unavailable_exits_69_before_a_session_is_stored(t
     assert "runtime 'codex' is not available in namespace 'default'" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert _sessions(tmp_path) == []
+
+
+@pytest.mark.parametrize("args, said", [
+    (("--scenario", "nope"), "runtime_config.scenario 'nope' is not one scripted has (it has: "),
+    (("--config", "bogus=1"), "runtime_config has a key scripted does not take: 'bogus' (it takes: scenario, "),
+    (("--runtime", "codex", "--config", "max_turns=3"), "runtime_config has a key codex does not take: 'max_turns'"),
+])
+def test_a_runtime_config_the_runtime_does_not_take_is_refused_before_a_session_is_stored(
+        tmp_path: Path, args: tuple[str, ...], said: str) -> None:
+    done = _run(tmp_path, "run", "hello", *args)
+    assert done.returncode == EXIT_USAGE, (done.returncode, done.stderr)
+    assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert _sessions(tmp_path) == []
+
+
+def test_through_url_a_runtime_config_not_taken_is_refused_before_a_session_is_stored(tmp_path: Path) -> None:
+    from tests.e2e.test_cli_lifecycle import _cli, _service
+
+    data = tmp_path / "data"
+    with _service(data):
+        token = (data / "admin.token").read_text().strip()
+        remote = ("--url", f"unix:{data / 'api.sock'}", "--token", token)
+        refused = _cli(data, *remote, "run", "hello", "--scenario", "nope")
+        listed = _cli(data, *remote, "sessions", "--json")
+    assert refused.returncode == EXIT_USAGE, (refused.returncode, refused.stderr)
+    assert "runtime_config.scenario 'nope' is not one scripted has" in refused.stderr, refused.stderr
+    assert listed.returncode == 0 and listed.stdout.strip() == "", listed.stdout

@@ -76,8 +76,8 @@ def _serving(data: Path) -> bool:
 
 
 @contextmanager
-def _service(data: Path) -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen([*SERVICE, "serve", "--data-dir", str(data)], stdout=subprocess.DEVNULL,
+def _service(data: Path, *flags: str) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen([*SERVICE, "serve", "--data-dir", str(data), *flags], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=_env(data), cwd=REPO)
     try:
         wait_for("the service to hold the data dir and announce its API", lambda: _serving(data))

@@ -145,3 +145,21 @@ async def test_a_real_small_file_system_that_fills_up_refuses_the_task(tmp_path:
     assert done.returncode == 0, done.stderr
     assert "REFUSED the data dir" in done.stdout and "free on its file system" in done.stdout, done.stdout
     assert "FREED" in done.stdout
+
+
+def test_serve_takes_the_reserve_as_a_flag_and_refuses_tasks_below_it(tmp_path: Path) -> None:
+    """``serve --disk-reserve`` above what any disk here has free: the service starts, and a task is refused for
+    space (exit 69, one line naming the data dir), nothing stored."""
+    from codesdk.supervisor.cli.common import EXIT_UNAVAILABLE
+
+    from tests.e2e.test_cli_lifecycle import _cli, _service
+
+    data = tmp_path / "data"
+    with _service(data, "--disk-reserve", "1000000T"):
+        token = (data / "admin.token").read_text().strip()
+        remote = ("--url", f"unix:{data / 'api.sock'}", "--token", token)
+        refused = _cli(data, *remote, "run", "hello")
+        listed = _cli(data, *remote, "sessions", "--json")
+    assert refused.returncode == EXIT_UNAVAILABLE, (refused.returncode, refused.stderr)
+    assert str(data) in refused.stderr and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert listed.returncode == 0 and listed.stdout.strip() == "", listed.stdout

@@ -98,7 +98,8 @@ class AcpAdapter(RuntimeAdapter):
             tool_routing=(ToolRouting.MCP,), builtin_tools=(), builtin_tools_default_enabled=False,
             permission_prompts=True, interaction_modes=(InteractionMode.NON_INTERACTIVE,), session_create=True,
             session_resume=True, transcript_input=False, cancellation=CancellationSupport.COOPERATIVE,
-            usage_reporting=True, cost_reporting=False, default_model=None)
+            usage_reporting=True, cost_reporting=False, default_model=None,
+            config_keys=self.profile.config_keys)
 
     def availability(self) -> Availability:
         refusal = self.profile.refusal(os.environ)

@@ -34,6 +34,10 @@ MCP_SERVER_NAME = "codesdk"
 DEFAULT_STOP_GRACE_S = 5.0
 
 
+#: The ``runtime_config`` keys an ACP agent's task takes (``AgentProfile.config_keys``: its offer declares them).
+ACP_CONFIG_KEYS = ("model", "max_retries", "stop_grace_s", "builtin_tools")
+
+
 class BadAcpConfig(ValueError):
     """The task's ``runtime_config`` cannot be used (the caller's mistake); the message says which key and why."""
 
@@ -120,8 +124,13 @@ class AgentProfile(ABC):
     def implicit_sources(self, environ: Mapping[str, str], cwd: Path) -> dict[str, Any]:
         """What the agent loads on its own, and what CodeSDK does with each (recorded with the task)."""
 
+    @property
+    def config_keys(self) -> tuple[str, ...]:
+        """What a task may give this agent: ``max_retries`` only where its retries can be set."""
+        return tuple(k for k in ACP_CONFIG_KEYS if k != "max_retries" or self.default_max_retries is not None)
+
     def settings(self, config: Mapping[str, object]) -> AcpSettings:
-        unknown = sorted(set(config) - {"model", "max_retries", "stop_grace_s", "builtin_tools"})
+        unknown = sorted(set(config) - set(ACP_CONFIG_KEYS))
         if unknown:
             raise BadAcpConfig(f"runtime_config has keys {self.title} does not take: {', '.join(unknown)} "
                                "(known: model, max_retries, stop_grace_s)")

@@ -68,6 +68,7 @@ from ..base import (
 from . import home
 from ._control import ChannelClosed, ControlChannel, ControlError
 from .launch import (
+    CLAUDE_CONFIG_KEYS,
     INITIALIZE_REQUEST_ID,
     MCP_SERVER,
     POST_TOOL_USE,
@@ -113,7 +114,8 @@ class ClaudeAdapter(RuntimeAdapter):
             builtin_tools_default_enabled=False, permission_prompts=True,
             interaction_modes=(InteractionMode.NON_INTERACTIVE,), session_create=True, session_resume=True,
             transcript_input=False, context_window_tokens=200_000, cancellation=CancellationSupport.COOPERATIVE, usage_reporting=True,
-            cost_reporting=True, default_model=ClaudeSettings().model)
+            cost_reporting=True, default_model=ClaudeSettings().model,
+            config_keys=CLAUDE_CONFIG_KEYS)
 
     def _version(self) -> str:
         return cli_version()

@@ -42,6 +42,10 @@ HOOK_TIMEOUT_S = 24 * 3600
 INITIALIZE_REQUEST_ID = "codesdk_initialize"
 
 
+#: The ``runtime_config`` keys a Claude task takes (its offer declares them: the supervisor refuses others up front).
+CLAUDE_CONFIG_KEYS = ("model", "max_turns", "builtin_tools", "max_retries", "stop_grace_s")
+
+
 class BadClaudeConfig(ValueError):
     """The task's ``runtime_config`` cannot be used (the caller's mistake); the message says which key and why."""
 
@@ -60,6 +64,10 @@ class ClaudeSettings:
 
     @classmethod
     def from_config(cls, config: Mapping[str, object]) -> ClaudeSettings:
+        unknown = sorted(set(config) - set(CLAUDE_CONFIG_KEYS))
+        if unknown:
+            raise BadClaudeConfig(f"runtime_config has keys Claude Code does not take: {', '.join(unknown)} "
+                                  f"(known: {', '.join(CLAUDE_CONFIG_KEYS)})")
         max_turns = config.get("max_turns", DEFAULT_MAX_TURNS)
         if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
             raise BadClaudeConfig("runtime_config.max_turns must be an integer >= 1")

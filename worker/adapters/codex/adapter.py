@@ -69,6 +69,7 @@ from ..base import (
 )
 from . import home
 from .launch import (
+    CODEX_CONFIG_KEYS,
     CODEX_VERSION,
     DEFAULT_BASE_URL,
     INITIALIZE_REQUEST_ID,
@@ -109,7 +110,7 @@ class CodexAdapter(RuntimeAdapter):
             builtin_tools=(), builtin_tools_default_enabled=False, permission_prompts=True,
             interaction_modes=(InteractionMode.NON_INTERACTIVE,), session_create=True, session_resume=True,
             transcript_input=False, context_window_tokens=272_000, cancellation=CancellationSupport.COOPERATIVE, usage_reporting=True,
-            cost_reporting=False, default_model=None)
+            cost_reporting=False, default_model=None, config_keys=CODEX_CONFIG_KEYS)
 
     def availability(self) -> Availability:
         if codex_path() is None:

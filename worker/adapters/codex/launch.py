@@ -58,6 +58,10 @@ class BadCodexConfig(ValueError):
     """The task's ``runtime_config`` cannot be used (the caller's mistake); the message says which key and why."""
 
 
+#: The ``runtime_config`` keys a Codex task takes (its offer declares them: the supervisor refuses others up front).
+CODEX_CONFIG_KEYS = ("model", "max_retries", "stop_grace_s", "builtin_tools")
+
+
 @dataclass(frozen=True)
 class CodexSettings:
     """What a task's ``runtime_config`` asks of Codex, checked."""
@@ -69,7 +73,7 @@ class CodexSettings:
 
     @classmethod
     def from_config(cls, config: Mapping[str, object]) -> CodexSettings:
-        unknown = sorted(set(config) - {"model", "max_retries", "stop_grace_s", "builtin_tools"})
+        unknown = sorted(set(config) - set(CODEX_CONFIG_KEYS))
         if unknown:
             raise BadCodexConfig(f"runtime_config has keys Codex does not take: {', '.join(unknown)} "
                                  "(known: model, max_retries, stop_grace_s)")

@@ -82,6 +82,7 @@ from .scenario import (
     UsageStep,
     default_scenario_dir,
     load_scenario,
+    scenario_names,
     parse_scenario,
 )
 
@@ -90,6 +91,10 @@ DEFAULT_SCENARIO = "echo"
 #: Steps that exist to break things on purpose: a tenant may not use them unless the operator enabled them.
 TEST_INSTRUMENTS = (CrashStep, HangStep, FloodStep, MalformedLineStep, OversizedLineStep, TornFrameStep,
                     PolluteStdoutStep, IgnoreStopStep, SpawnStep, RuntimeProcessStep)
+
+
+#: The ``runtime_config`` keys a scripted task takes (its offer declares them, with the scenarios it has).
+SCRIPTED_CONFIG_KEYS = ("scenario", "scenario_inline", "stop_grace_s")
 
 
 class ScriptedAdapter(RuntimeAdapter):
@@ -119,6 +124,8 @@ class ScriptedAdapter(RuntimeAdapter):
             context_window_tokens=100_000,
             models=("scripted-1",),
             default_model="scripted-1",
+            config_keys=SCRIPTED_CONFIG_KEYS,
+            config_choices={"scenario": scenario_names(self.scenario_dir)},
         )
 
     async def auth_status(self) -> AuthStatus:

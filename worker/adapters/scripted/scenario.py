@@ -215,6 +215,14 @@ def default_scenario_dir() -> Path:
     return Path(str(resources.files(__package__ or __name__.rpartition(".")[0]) / "scenarios"))
 
 
+def scenario_names(directory: Path) -> tuple[str, ...]:
+    """The scenarios in ``directory`` (what ``runtime_config.scenario`` may name), sorted."""
+    try:
+        return tuple(sorted(p.stem for p in directory.glob("*.json") if SCENARIO_NAME.fullmatch(p.stem)))
+    except OSError:
+        return ()
+
+
 def load_scenario(name: str, directory: Path) -> Scenario:
     if not SCENARIO_NAME.fullmatch(name):
         raise ScenarioError(f"invalid scenario name {name!r}: use letters, digits, '-' and '_'")
@@ -222,7 +230,7 @@ def load_scenario(name: str, directory: Path) -> Scenario:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        known = sorted(p.stem for p in directory.glob("*.json")) if directory.is_dir() else []
+        known = scenario_names(directory)
         raise ScenarioError(f"no scenario {name!r} in {directory}; known: {', '.join(known) or 'none'}") from None
     except (OSError, ValueError) as exc:
         raise ScenarioError(f"cannot read scenario {path}: {exc}") from None
