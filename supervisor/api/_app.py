@@ -353,18 +353,25 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         return principal
 
     async def offered(namespace: str, runtime: str, runtime_config: dict[str, Any] | None = None, *,
-                      available: bool = True, unknown: int = 422) -> None:
+                      available: bool = True, unknown: int = 422, worker_needed: bool = True) -> None:
         """Refuse, nothing stored (``Engine.check_offer``): a runtime the namespace's worker does not offer (422, or
         ``unknown`` where the runtime is the path's resource), a ``runtime_config`` it does not take (422), or a
         runtime it cannot run now (503)."""
         try:
-            await engine.check_offer(namespace, runtime, runtime_config, available=available)
+            await engine.check_offer(namespace, runtime, runtime_config, available=available,
+                                     worker_needed=worker_needed)
         except UnknownRuntime as exc:
             raise ApiError(unknown, "unknown_runtime", f"{exc} (GET /v1/runtimes?namespace=…)") from exc
         except InvalidTaskInput as exc:
             raise ApiError(422, "invalid_runtime_config", str(exc)) from exc
         except RuntimeUnavailable as exc:
             raise ApiError(503, "runtime_unavailable", str(exc)) from exc
+
+    def refuse_while_draining() -> None:
+        """Nothing new starts once the service drains (SIGTERM): its tasks are being stopped, its streams ended."""
+        if drain.draining:
+            raise ApiError(503, "shutting_down", "the service is shutting down; retry once it is back",
+                           {"retry-after": "5"})
 
     async def session_for(principal: Principal, session_id: str) -> SessionRecord:
         try:
@@ -422,6 +429,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def create_session(request: Request) -> Response:
         principal = principal_of(request)
+        refuse_while_draining()
         body = await _body(request, CreateSessionBody)
         try:
             Namespace.parse(body.namespace)
@@ -463,10 +471,12 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     async def start_task(request: Request) -> Response:
         principal = principal_of(request)
         session = await session_for(principal, request.path_params["session_id"])
+        refuse_while_draining()
         body = await _body(request, StartTaskBody)
         switching = body.runtime is not None and body.runtime != session.runtime
         if switching or body.runtime_config:  # the session's own runtime was offered when it was made
-            await offered(session.namespace, body.runtime or session.runtime, body.runtime_config, available=switching)
+            await offered(session.namespace, body.runtime or session.runtime, body.runtime_config, available=switching,
+                          worker_needed=switching)
         record = await engine.start_task(
             session.session_id, body.prompt, permission_mode=body.permission_mode,
             runtime_config=body.runtime_config, runtime=body.runtime, max_input_tokens=body.max_input_tokens,

@@ -104,7 +104,7 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
         switching = bool(args.runtime) and args.runtime != session.runtime
         if switching or runtime_config:
             await engine.check_offer(session.namespace, args.runtime or session.runtime, runtime_config,
-                                     available=switching)
+                                     available=switching, worker_needed=switching)
     else:
         engine.prewarm(args.namespace or DEFAULT_NAMESPACE)  # the worker starts while the session is made
         workspace = Path(args.workspace).resolve() if args.workspace else None

@@ -89,6 +89,7 @@ from ._errors import (
     EngineError,
     InsufficientSpace,
     InvalidTaskInput,
+    NamespaceElsewhere,
     NamespaceUnavailable,
     RuntimeUnavailable,
     SessionBusy,
@@ -495,12 +496,22 @@ class Engine:
             return list(worker.info.runtimes) if worker.info else []
 
     async def check_offer(self, namespace: str, runtime: str, runtime_config: Mapping[str, object] | None = None,
-                          *, available: bool = True) -> RuntimeOffer:
+                          *, available: bool = True, worker_needed: bool = True) -> RuntimeOffer | None:
         """Before anything is stored, what the namespace's worker offers (its ``initialize``) refuses:
         ``UnknownRuntime`` for a runtime it does not host; ``InvalidTaskInput`` for a ``runtime_config`` key or
         choice the runtime does not declare (``config_refusal``); ``RuntimeUnavailable`` for one it hosts but
-        cannot run now (unless ``available`` is False: asking how to log in is still useful then)."""
-        offers = {offer.name: offer for offer in await self.runtimes(namespace)}
+        cannot run now (unless ``available`` is False: asking how to log in is still useful then).
+
+        ``worker_needed`` False (the session's own runtime, only its config to check): when no worker can be had
+        for the namespace now (quarantined, failing, run elsewhere), nothing is checked and None returned — the
+        task's own start says why it cannot run, as it always has."""
+        try:
+            offered = await self.runtimes(namespace)
+        except (NamespaceUnavailable, NamespaceElsewhere):
+            if worker_needed:
+                raise
+            return None
+        offers = {offer.name: offer for offer in offered}
         offer = offers.get(runtime)
         if offer is None:
             raise UnknownRuntime(f"no runtime {runtime!r} in namespace {namespace!r}; it can run: "

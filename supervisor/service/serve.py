@@ -118,6 +118,7 @@ async def serve(options: SupervisorOptions, socket_path: Path, port: int | None,
 async def _drain(engine: Engine, drain: StreamDrain) -> None:
     """Stop the running tasks (their task.stopped committed), give each open event stream every event up to them,
     end the streams' bodies cleanly, and say what was done. The API and the workers are closed after this."""
+    drain.draining = True  # from now on nothing new starts (503 shutting_down): the stops below are the last word
     with trio.CancelScope(shield=True):
         sessions = await engine.stop_all()
         streams, delivered = await drain.drain(engine.store, STREAM_DRAIN_S)

@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from codesdk.supervisor.api import TokenAuth
-from codesdk.supervisor.api.server import serve_api
+from codesdk.supervisor.api.server import StreamDrain, serve_api
 from codesdk.supervisor.engine import Engine
 
 from tests.conftest import MakeEngine
@@ -32,6 +32,7 @@ class Api:
     bob: str  # bound to user:bob
     client: httpx.AsyncClient
     tokens: TokenAuth  # the table the server reads: add_principal takes effect at once
+    drain: StreamDrain  # the server's record of open streams (the service drains it on SIGTERM)
 
     def auth(self, token: str | None) -> dict[str, str]:
         return {} if token is None else {"Authorization": f"Bearer {token}"}
@@ -59,11 +60,12 @@ async def api(make_engine: MakeEngine, tmp_path: Path, nursery: trio.Nursery) ->
         sock = tmp_path / "run" / "api.sock"
         with trio.CancelScope() as scope:
             async with trio.open_nursery() as inner:
-                await inner.start(partial(serve_api, engine, auth, sock, None, keepalive_s=KEEPALIVE_S))
+                drain = StreamDrain()
+                await inner.start(partial(serve_api, engine, auth, sock, None, keepalive_s=KEEPALIVE_S, drain=drain))
                 transport = httpx.AsyncHTTPTransport(uds=str(sock))
                 async with httpx.AsyncClient(transport=transport, base_url="http://codesdk",
                                              timeout=10) as client:
-                    yield Api(engine, sock, admin, alice, bob, client, auth)
+                    yield Api(engine, sock, admin, alice, bob, client, auth, drain)
                 scope.cancel()
 
 

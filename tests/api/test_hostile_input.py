@@ -44,7 +44,7 @@ async def test_a_bad_task_body_is_a_422_and_stores_nothing(api: Api, body: bytes
         session = await api.create_session(api.alice, "user:alice")
         status, text = await _post_raw(api, f"/v1/sessions/{session['session_id']}/tasks", body, api.alice)
         assert status == 422, text
-        assert json.loads(text)["error"]["code"] in ("invalid_json", "invalid_request")
+        assert json.loads(text)["error"]["code"] in ("invalid_json", "invalid_request", "invalid_runtime_config")
         assert await api.engine.store.list_tasks(session["session_id"]) == []
         await _session_still_works(api, session["session_id"])
 

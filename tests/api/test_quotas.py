@@ -100,6 +100,10 @@ async def client_run(client: AsyncClient, session_id: str, runtime_config: dict[
     return events[-1]
 
 
+async def _input_stored(engine: Engine, session_id: str) -> bool:
+    return any(e.type == EventType.MODEL_INPUT for e in await session_events(engine.store, session_id))
+
+
 async def stored(engine: Engine, data_dir: Path, session_id: str) -> tuple[Any, ...]:
     """Everything a refused start could have left: the session's events and tasks, and the blob files."""
     blobs = sorted(p.name for p in (data_dir / "blobs").rglob("*") if p.is_file())
@@ -199,6 +203,9 @@ async def test_tasks_per_namespace_past_the_limit_is_a_429_until_one_ends(make_e
             first = (await alice.create_session(namespace="user:alice"))["session_id"]
             second = (await alice.create_session(namespace="user:alice"))["session_id"]
             running = await alice.start_task(first, "hang", runtime_config=HANG)
+            # The running task's own writes settle first (its input's blob), so that only a refused start's are seen.
+            while not await _input_stored(engine, first):
+                await trio.sleep(0.02)
             before = await stored(engine, data, second)
             with pytest.raises(TooManyRequests) as refused:
                 await alice.start_task(second, "more", runtime_config=ECHO)

@@ -149,3 +149,19 @@ async def test_namespaces_lists_those_the_token_sees(api: Api) -> None:
         assert (await api.client.get("/v1/namespaces?x=1", headers=api.auth(api.alice))).status_code == 422
         async with AsyncClient(socket=api.socket, token=api.bob) as client:
             assert await client.namespaces() == [{"namespace": "user:bob", "sessions": 1}]
+
+
+async def test_nothing_new_starts_while_the_service_drains(api: Api) -> None:
+    """Once the drain (SIGTERM) begins, new sessions and tasks are refused 503 ``shutting_down``, nothing stored:
+    the tasks it stopped are the last, and every open stream can be given their ends."""
+    with trio.fail_after(30):
+        session = await api.create_session(api.alice, "user:alice")
+        api.drain.draining = True
+        created = await api.client.post("/v1/sessions", headers=api.auth(api.alice), json={"namespace": "user:alice"})
+        started = await api.client.post(f"/v1/sessions/{session['session_id']}/tasks", headers=api.auth(api.alice),
+                                        json={"prompt": "x"})
+        for refused in (created, started):
+            assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down", refused.text
+            assert refused.headers["retry-after"] == "5"
+        assert await api.engine.store.list_tasks(session["session_id"]) == []
+        assert len(await api.engine.store.list_sessions(namespace="user:alice")) == 1

@@ -27,7 +27,7 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def _one_line_refusal(done: subprocess.CompletedProcess[str], *words: str) -> None:
     assert done.returncode == 2, done
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("codesdk: "), done.stderr
+    assert len(lines) == 1 and lines[0].startswith(("codesdk: ", "codesdk bundle: error: ")), done.stderr
     assert "Traceback" not in done.stderr
     for word in words:
         assert word in lines[0], (word, lines[0])
@@ -64,7 +64,7 @@ def test_bundle_write_inspect_and_refusals(tmp_path: Path) -> None:
     _one_line_refusal(_run(tmp_path, "bundle", session_id, "-o", str(tmp_path / "nodir" / "x.tar.gz")),
                       "does not exist")
     _one_line_refusal(_run(tmp_path, "bundle", session_id, "-o", str(tmp_path / "x.tar.gz"), "--redact", "(unclosed"),
-                      "not a valid regex")
+                      "is not a regular expression")
     _one_line_refusal(_run(tmp_path, "bundle"), "SESSION")
     _one_line_refusal(_run(tmp_path, "bundle", session_id, "-o", str(tmp_path)), "is a directory")
     _one_line_refusal(_run(tmp_path, "bundle", "../../etc/x"), "-o FILE")
