@@ -545,7 +545,7 @@ def test_a_client_that_stops_reading_is_cut_off_after_the_send_timeout(tmp_path:
         baseline = service.quiet_fds()
         sock = stalled_stream(service, session)
         held_at = time.monotonic()
-        assert service.fds() == baseline + 1
+        assert service.fds() > baseline  # the stalled connection (and what its stream reads with) is held
         wait_for("the stalled connection to be closed", lambda: service.fds() <= baseline)
         elapsed = time.monotonic() - held_at
         print(f"a client that stopped reading was cut off {elapsed:.2f} s after its writes stalled "
