@@ -126,6 +126,8 @@ class TokenAuth:
     def __init__(self, entries: list[_Entry] | None = None, path: Path | None = None) -> None:
         self._entries = list(entries or [])
         self.path = path
+        #: Why the tokens file failed to load at the last (re)load, while it fails closed; None once it loads.
+        self.broken: str | None = None
 
     @classmethod
     def load(cls, data_dir: Path) -> TokenAuth:
@@ -212,8 +214,10 @@ class TokenAuth:
             self._mtime = None
         try:
             self._entries = _read_entries(self.path)
+            self.broken = None
         except (TokenFileInvalid, OSError) as exc:
             self._entries = self._admin_only()
+            self.broken = str(exc)
             log.error("%s; no tenant token is valid until it is fixed (the admin token in %s still is)", exc,
                       self.path.parent / ADMIN_TOKEN_FILE)
         return len(self._entries)

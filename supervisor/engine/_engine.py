@@ -139,6 +139,10 @@ def free_bytes(path: Path) -> int:
 
 
 def _mib(n: int) -> str:
+    """A size as people read it: MiB up to a GiB, then GiB, TiB."""
+    for unit, shift in (("TiB", 40), ("GiB", 30)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):,.1f} {unit}"
     return f"{n / (1 << 20):.1f} MiB"
 
 

@@ -139,8 +139,11 @@ async def _reload(engine: Engine, auth: TokenAuth, data_dir: Path) -> None:
     namespaces = [str(slot["namespace"]) for slot in engine.pool.status()]
     for namespace in namespaces:
         await engine.pool.env_changed(namespace)
-    log.warning("SIGHUP: reloaded %d token(s) from %s; log level %s; namespace variables re-read for %d running "
-                "namespace(s) (idle workers restart with them)", tokens, auth.path, level, len(namespaces))
+    said = (f"reloaded {tokens} token(s) from {auth.path}" if auth.broken is None else
+            f"the tokens file {auth.path} did NOT load (see the error above): only the admin token is valid until it "
+            "is fixed and the service reloaded")
+    log.warning("SIGHUP: %s; log level %s; namespace variables re-read for %d running namespace(s) (idle workers "
+                "restart with them)", said, level, len(namespaces))
 
 
 def _reload_log_level(data_dir: Path) -> str:

@@ -90,8 +90,9 @@ def test_through_url_a_runtime_config_not_taken_is_refused_before_a_session_is_s
     with _service(data):
         token = (data / "admin.token").read_text().strip()
         remote = ("--url", f"unix:{data / 'api.sock'}", "--token", token)
-        refused = _cli(data, *remote, "run", "hello", "--scenario", "nope")
+        refused = [_cli(data, *remote, "run", "hello", "--scenario", name) for name in ("nope", "hang")]
         listed = _cli(data, *remote, "sessions", "--json")
-    assert refused.returncode == EXIT_USAGE, (refused.returncode, refused.stderr)
-    assert "runtime_config.scenario 'nope' is not one scripted has" in refused.stderr, refused.stderr
+    for name, done in zip(("nope", "hang"), refused, strict=True):  # hang: a test instrument, off on a service
+        assert done.returncode == EXIT_USAGE, (done.returncode, done.stderr)
+        assert f"runtime_config.scenario {name!r} is not one scripted has" in done.stderr, done.stderr
     assert listed.returncode == 0 and listed.stdout.strip() == "", listed.stdout

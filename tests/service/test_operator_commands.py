@@ -165,6 +165,29 @@ def test_sighup_reloads_tokens_and_never_ends_the_service(tmp_path: Path) -> Non
     assert proc.returncode == 0
 
 
+def test_sighup_with_a_broken_tokens_file_says_the_reload_failed(tmp_path: Path) -> None:
+    """The SIGHUP line never reads as a success when the tokens file did not load (it fails closed)."""
+    data = tmp_path / "data"
+    proc = _start(tmp_path, None)
+    assert proc.stderr is not None
+    try:
+        _wait_socket(tmp_path)
+        added = _admin("token", "add", "alice", "--namespace", "user:alice", "--data-dir", str(data))
+        assert added.returncode == 0, added.stderr
+        (data / "api-tokens.json").write_text("{broken")
+        proc.send_signal(signal.SIGHUP)
+        line = ""
+        while "SIGHUP" not in line:
+            line = proc.stderr.readline().decode()
+            assert line, "the service ended on SIGHUP"
+        assert "did NOT load" in line and "token(s) from" not in line, line
+        assert _status(data / "api.sock", added.stdout.strip()) == 401
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0
+
+
 def test_tenants_sharing_one_uid_are_warned_about_at_any_uid(tmp_path: Path) -> None:
     proc = _start(tmp_path, None)
     try:

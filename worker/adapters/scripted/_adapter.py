@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 import signal
 import subprocess
 import sys
@@ -124,9 +125,26 @@ class ScriptedAdapter(RuntimeAdapter):
             context_window_tokens=100_000,
             models=("scripted-1",),
             default_model="scripted-1",
-            config_keys=SCRIPTED_CONFIG_KEYS,
-            config_choices={"scenario": scenario_names(self.scenario_dir)},
+            **self._config_offer(),
         )
+
+    def _config_offer(self) -> dict[str, Any]:
+        """The keys and scenarios a task may name here: with the test instruments off (the service's default),
+        neither ``scenario_inline`` nor a scenario that uses an instrument, so both are refused before a task is
+        stored rather than failing once it is."""
+        if os.environ.get(TEST_STEPS_ENV) == "1":
+            return {"config_keys": SCRIPTED_CONFIG_KEYS,
+                    "config_choices": {"scenario": scenario_names(self.scenario_dir)}}
+        plain = []
+        for name in scenario_names(self.scenario_dir):
+            try:  # read as plain JSON: validating every scenario would cost each worker's start ~40 ms
+                steps = json.loads((self.scenario_dir / f"{name}.json").read_text(encoding="utf-8"))["steps"]
+                if not _raw_instruments_in(steps):
+                    plain.append(name)
+            except (OSError, ValueError, KeyError, TypeError):
+                plain.append(name)  # offered: its own start says what is wrong with it
+        return {"config_keys": tuple(k for k in SCRIPTED_CONFIG_KEYS if k != "scenario_inline"),
+                "config_choices": {"scenario": tuple(plain)}}
 
     async def auth_status(self) -> AuthStatus:
         return AuthStatus(runtime=self.name, state=AuthState.NOT_REQUIRED, method="none",
@@ -160,6 +178,24 @@ class ScriptedAdapter(RuntimeAdapter):
 
 _INSTRUMENTS_OFF = ("{what} is a test instrument, off on this supervisor; an operator enables fault-injection "
                     "steps and inline scenarios with `codesdk-supervisor serve --enable-test-scenarios`")
+
+
+#: The key that names each test-instrument step in a scenario file (``{"hang": …}``).
+_INSTRUMENT_KEYS = frozenset(next(iter(kind.model_fields)) for kind in TEST_INSTRUMENTS)
+
+
+def _raw_instruments_in(steps: object) -> bool:
+    """Whether a scenario file's ``steps`` (plain JSON) use a test instrument, also inside tool-call branches —
+    ``_instruments_in`` without validating the file."""
+    if not isinstance(steps, list):
+        return False
+    for step in steps:
+        if isinstance(step, dict):
+            if _INSTRUMENT_KEYS & step.keys():
+                return True
+            if any(_raw_instruments_in(step.get(branch)) for branch in ("on_denied", "on_error")):
+                return True
+    return False
 
 
 def _instruments_in(steps: tuple[Step, ...]) -> str | None:
