@@ -143,22 +143,33 @@ def test_operator_commands_find_a_service_listening_elsewhere_and_report_once(tm
     assert gone.stderr.count("running") == 1 and gone.stderr.count("\n") == 1, gone.stderr
 
 
+def _token_then_sighup(tmp_path: Path, proc: subprocess.Popen[bytes], *, tokens_file: str | None = None,
+                       ) -> tuple[str, str]:
+    """Add a token for alice, optionally overwrite the tokens file with ``tokens_file``, send SIGHUP: (alice's
+    token, the service's SIGHUP log line)."""
+    data = tmp_path / "data"
+    assert proc.stderr is not None
+    _wait_socket(tmp_path)
+    added = _admin("token", "add", "alice", "--namespace", "user:alice", "--data-dir", str(data))
+    assert added.returncode == 0, added.stderr
+    if tokens_file is not None:
+        (data / "api-tokens.json").write_text(tokens_file)
+    proc.send_signal(signal.SIGHUP)
+    line = ""
+    while "SIGHUP" not in line:
+        line = proc.stderr.readline().decode()
+        assert line, "the service ended on SIGHUP"
+    return added.stdout.strip(), line
+
+
 def test_sighup_reloads_tokens_and_never_ends_the_service(tmp_path: Path) -> None:
     data = tmp_path / "data"
     proc = _start(tmp_path, None)
-    assert proc.stderr is not None
     try:
-        _wait_socket(tmp_path)
-        added = _admin("token", "add", "alice", "--namespace", "user:alice", "--data-dir", str(data))
-        assert added.returncode == 0, added.stderr
-        proc.send_signal(signal.SIGHUP)
-        line = ""
-        while "SIGHUP" not in line:
-            line = proc.stderr.readline().decode()
-            assert line, "the service ended on SIGHUP"
+        token, line = _token_then_sighup(tmp_path, proc)
         assert "reload" in line, line
         assert proc.poll() is None
-        assert _status(data / "api.sock", added.stdout.strip()) == 201
+        assert _status(data / "api.sock", token) == 201
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
@@ -169,19 +180,10 @@ def test_sighup_with_a_broken_tokens_file_says_the_reload_failed(tmp_path: Path)
     """The SIGHUP line never reads as a success when the tokens file did not load (it fails closed)."""
     data = tmp_path / "data"
     proc = _start(tmp_path, None)
-    assert proc.stderr is not None
     try:
-        _wait_socket(tmp_path)
-        added = _admin("token", "add", "alice", "--namespace", "user:alice", "--data-dir", str(data))
-        assert added.returncode == 0, added.stderr
-        (data / "api-tokens.json").write_text("{broken")
-        proc.send_signal(signal.SIGHUP)
-        line = ""
-        while "SIGHUP" not in line:
-            line = proc.stderr.readline().decode()
-            assert line, "the service ended on SIGHUP"
+        token, line = _token_then_sighup(tmp_path, proc, tokens_file="{broken")
         assert "did NOT load" in line and "token(s) from" not in line, line
-        assert _status(data / "api.sock", added.stdout.strip()) == 401
+        assert _status(data / "api.sock", token) == 401
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
