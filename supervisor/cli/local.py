@@ -374,6 +374,12 @@ def _innermost(exc: BaseException) -> BaseException:
 def _user_error(exc: BaseException) -> BaseException | None:
     """The user error inside ``exc`` (unwrapping trio's exception groups), if that's what it is."""
     exc = _innermost(exc)
+    if isinstance(exc, BaseExceptionGroup):  # a refusal beside the cancellations it caused: the refusal is the news
+        refusals, _ = exc.split(_user_errors())
+        found: BaseException | None = refusals
+        while isinstance(found, BaseExceptionGroup):
+            found = found.exceptions[0]
+        return found
     return exc if isinstance(exc, _user_errors()) else None
 
 
