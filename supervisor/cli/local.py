@@ -374,11 +374,13 @@ def _innermost(exc: BaseException) -> BaseException:
 def _user_error(exc: BaseException) -> BaseException | None:
     """The user error inside ``exc`` (unwrapping trio's exception groups), if that's what it is."""
     exc = _innermost(exc)
-    if isinstance(exc, BaseExceptionGroup):  # a refusal beside the cancellations it caused: the refusal is the news
-        refusals, _ = exc.split(_user_errors())
+    if isinstance(exc, BaseExceptionGroup):  # a refusal beside what it caused (tasks torn down): the refusal is news
+        refusals, rest = exc.split(_user_errors())
         found: BaseException | None = refusals
         while isinstance(found, BaseExceptionGroup):
             found = found.exceptions[0]
+        if found is not None and rest is not None:  # not shown as the error, never lost: -vv prints it whole
+            logging.getLogger("codesdk.cli").debug("beside the refusal %r:", str(found), exc_info=rest)
         return found
     return exc if isinstance(exc, _user_errors()) else None
 

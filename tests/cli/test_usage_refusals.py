@@ -3,11 +3,16 @@ stored; one line on stderr, a sentence (never a dict's repr)."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import logging
 from pathlib import Path
 
 import pytest
+import trio
 
+from codesdk.supervisor.cli import local
+from codesdk.supervisor.engine import InvalidTaskInput
 from codesdk.supervisor.cli.common import EXIT_USAGE
 
 from tests.e2e.test_cli import _run
@@ -96,3 +101,36 @@ def test_through_url_a_runtime_config_not_taken_is_refused_before_a_session_is_s
         assert done.returncode == EXIT_USAGE, (done.returncode, done.stderr)
         assert f"runtime_config.scenario {name!r} is not one scripted has" in done.stderr, done.stderr
     assert listed.returncode == 0 and listed.stdout.strip() == "", listed.stdout
+
+
+def _refused_beside(error: BaseException) -> BaseExceptionGroup[BaseException]:
+    return BaseExceptionGroup("tasks", [error, InvalidTaskInput("no runtime 'nope' in namespace 'default'")])
+
+
+@pytest.mark.parametrize("beside", [trio.Cancelled._create(), trio.BrokenResourceError("worker pipe closed"),
+                                    RuntimeError("a real fault")])
+def test_a_refusal_in_a_group_of_several_is_one_line_and_the_rest_is_kept_for_debugging(
+        beside: BaseException, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Under load a refusal can reach the top beside exceptions of the tasks it tore down: the user reads the
+    refusal (exit 2, one line, no traceback); what came beside it is logged whole at debug level (``-vv``)."""
+    async def refused(args: argparse.Namespace) -> int:
+        raise _refused_beside(beside)
+
+    monkeypatch.setattr(local, "cmd_sessions", refused)
+    with caplog.at_level(logging.DEBUG, logger="codesdk.cli"):
+        code = local.run_command(argparse.Namespace(command="sessions", verbose=0))
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE, err
+    assert err == "codesdk: no runtime 'nope' in namespace 'default'\n"
+    kept = [record for record in caplog.records if record.name == "codesdk.cli"]
+    assert kept and kept[0].exc_info is not None and type(beside).__name__ in caplog.text
+
+
+def test_a_group_without_a_refusal_is_not_taken_for_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def broken(args: argparse.Namespace) -> int:
+        raise ExceptionGroup("tasks", [RuntimeError("a real fault"), ValueError("another")])
+
+    monkeypatch.setattr(local, "cmd_sessions", broken)
+    with pytest.raises(ExceptionGroup):
+        local.run_command(argparse.Namespace(command="sessions", verbose=0))
