@@ -105,6 +105,9 @@ class RuntimeCapabilities(Model):
     config_keys: tuple[str, ...] | None = None
     #: Keys whose string value is one of a closed set, with that set (the scripted runtime's ``scenario``).
     config_choices: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    #: What the runtime has but does not offer here, and why (a predicate: "is a test instrument, off on …"): a key
+    #: (``"scenario_inline"``) or one value of a choice (``"scenario=hang"``). A refusal of it says why, not "unknown".
+    config_withheld: dict[str, str] = Field(default_factory=dict)
 
 
 def config_refusal(capabilities: RuntimeCapabilities, runtime_config: Mapping[str, object]) -> str | None:
@@ -113,12 +116,17 @@ def config_refusal(capabilities: RuntimeCapabilities, runtime_config: Mapping[st
     name = capabilities.name
     if capabilities.config_keys is not None:
         unknown = sorted(set(runtime_config) - set(capabilities.config_keys))
+        for key in unknown:
+            if key in capabilities.config_withheld:
+                return f"runtime_config.{key} {capabilities.config_withheld[key]}"
         if unknown:
             return (f"runtime_config has {'a key' if len(unknown) == 1 else 'keys'} {name} does not take: "
                     f"{', '.join(map(repr, unknown))} (it takes: {', '.join(capabilities.config_keys) or 'none'})")
     for key, choices in sorted(capabilities.config_choices.items()):
         value = runtime_config.get(key)
         if isinstance(value, str) and value not in choices:
+            if (why := capabilities.config_withheld.get(f"{key}={value}")) is not None:
+                return f"runtime_config.{key} {value!r} {why}"
             return (f"runtime_config.{key} {value!r} is not one {name} has (it has: "
                     f"{', '.join(sorted(choices)) or 'none'})")
     return None

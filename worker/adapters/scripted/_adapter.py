@@ -135,16 +135,18 @@ class ScriptedAdapter(RuntimeAdapter):
         if os.environ.get(TEST_STEPS_ENV) == "1":
             return {"config_keys": SCRIPTED_CONFIG_KEYS,
                     "config_choices": {"scenario": scenario_names(self.scenario_dir)}}
-        plain = []
+        plain, withheld = [], {"scenario_inline": _WITHHELD}
         for name in scenario_names(self.scenario_dir):
             try:  # read as plain JSON: validating every scenario would cost each worker's start ~40 ms
                 steps = json.loads((self.scenario_dir / f"{name}.json").read_text(encoding="utf-8"))["steps"]
                 if not _raw_instruments_in(steps):
                     plain.append(name)
+                else:
+                    withheld[f"scenario={name}"] = _WITHHELD
             except (OSError, ValueError, KeyError, TypeError):
                 plain.append(name)  # offered: its own start says what is wrong with it
         return {"config_keys": tuple(k for k in SCRIPTED_CONFIG_KEYS if k != "scenario_inline"),
-                "config_choices": {"scenario": tuple(plain)}}
+                "config_choices": {"scenario": tuple(plain)}, "config_withheld": withheld}
 
     async def auth_status(self) -> AuthStatus:
         return AuthStatus(runtime=self.name, state=AuthState.NOT_REQUIRED, method="none",
@@ -176,6 +178,8 @@ class ScriptedAdapter(RuntimeAdapter):
         return ScriptedTask(scenario, params, io, float(grace))
 
 
+_ENABLE_INSTRUMENTS = "an operator enables them with `codesdk-supervisor serve --enable-test-scenarios`"
+_WITHHELD = f"is a test instrument, off on this supervisor; {_ENABLE_INSTRUMENTS}"
 _INSTRUMENTS_OFF = ("{what} is a test instrument, off on this supervisor; an operator enables fault-injection "
                     "steps and inline scenarios with `codesdk-supervisor serve --enable-test-scenarios`")
 
