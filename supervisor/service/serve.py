@@ -26,7 +26,7 @@ import trio
 from ..api import TokenAuth, TokenFileInvalid
 from ..api.server import StreamDrain, serve_api
 from ..engine import Engine
-from ..namespaces import UidRangeError, UnsafeDataDir
+from ..namespaces import DiskQuotaError, UidRangeError, UnsafeDataDir
 from ..store import DataDirBusy, StoreError, check_store_url
 from ._sdnotify import Notifier, watchdog_interval_s
 from .assembly import SupervisorOptions, check_options, open_engine
@@ -62,7 +62,7 @@ def run_service(options: SupervisorOptions, socket_path: Path, port: int | None 
         check_options(options)
         if options.store is not None:
             check_store_url(options.store)
-    except (UidRangeError, StoreError) as exc:
+    except (UidRangeError, DiskQuotaError, StoreError) as exc:
         raise ServiceRefused(str(exc), 2) from None
     options.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     _warn_about_trust(options)

@@ -1,0 +1,272 @@
+"""A namespace's disk quota, kept by the kernel: its HOME tree and default workspaces on an ext4 image of its own.
+
+The tests that mount run as root only (they skip elsewhere, saying why), on 16 MiB images in the test's own
+directory; every mount they make is undone whatever the outcome (``mounted_disks``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from codesdk.supervisor.engine import Engine, EngineConfig
+from codesdk.supervisor.namespaces import (
+    DiskQuota,
+    DiskQuotaError,
+    Namespace,
+    NamespaceDisks,
+    WorkspaceRefused,
+    check_workspace,
+    disk_unsupported,
+    make_workspace,
+    prepare_namespace,
+)
+from codesdk.supervisor.tools import ToolContext, ToolLimits, ToolRegistry, ToolResult
+from codesdk.supervisor.workers.launch import PoolConfig
+
+MiB = 1 << 20
+QUOTA = DiskQuota(16 * MiB)
+FEW_FILES = DiskQuota(16 * MiB, 48)
+
+
+def _mounts_under(root: Path) -> list[str]:
+    prefix = str(root.resolve()) + "/"
+    with open("/proc/self/mountinfo") as info:
+        points = [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4]) for line in info]
+    return [p for p in points if p.startswith(prefix)]
+
+
+@pytest.fixture
+def mounted_disks(tmp_path: Path) -> Iterator[Path]:
+    """The data dir; every mount below it undone at the end, lazily if a test left one busy."""
+    if (reason := disk_unsupported()) is not None:
+        pytest.skip(f"per-namespace volumes cannot be made here: {reason}")
+    data = tmp_path / "data"
+    try:
+        yield data
+    finally:
+        NamespaceDisks(data).unmount_all()
+        for point in reversed(_mounts_under(tmp_path)):  # whatever a failing test left
+            subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+        assert _mounts_under(tmp_path) == []
+
+
+async def _tool(ws: Path, name: str, args: dict[str, Any]) -> ToolResult:
+    with trio.fail_after(30):
+        return await ToolRegistry().execute(name, args, ToolContext(ws, ToolLimits()))
+
+
+def _error(result: ToolResult) -> tuple[str, str]:
+    assert result.is_error and isinstance(result.content, dict), result
+    error: Any = result.content["error"]
+    return str(error["code"]), str(error["message"])
+
+
+async def _fill(ws: Path, size: int, most: int) -> tuple[int, ToolResult]:
+    """Write files of ``size`` bytes until one fails (at most ``most``): how many went in, and the failure."""
+    for n in range(most):
+        result = await _tool(ws, "workspace.write", {"path": f"fill/{n}.txt", "content": "x" * size})
+        if result.is_error:
+            return n, result
+    raise AssertionError(f"{most} files of {size} bytes all fitted: no quota held")
+
+
+# -- without mounting ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "quota"), [("16M", DiskQuota(16 * MiB)), ("1G:5000", DiskQuota(1 << 30, 5000)),
+                                             ("33554432", DiskQuota(32 * MiB))])
+def test_quota_parses(text: str, quota: DiskQuota) -> None:
+    assert DiskQuota.parse(text) == quota
+    assert DiskQuota.parse(str(quota)) == quota
+
+
+@pytest.mark.parametrize(("text", "fragment"), [("1M", "too small"), ("16Q", "invalid size"),
+                                                ("16M:x", "file count"), ("16M:3", "at least")])
+def test_bad_quotas_say_why(text: str, fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        DiskQuota.parse(text)
+
+
+def test_overrides_are_kept_in_the_data_dir(tmp_path: Path) -> None:
+    disks = NamespaceDisks(tmp_path, QUOTA)
+    disks.set_override("user:a", DiskQuota(64 * MiB, 100))
+    again = NamespaceDisks(tmp_path, QUOTA)
+    assert again.quota_for("user:a") == DiskQuota(64 * MiB, 100) and again.quota_for("user:b") == QUOTA
+    assert (tmp_path / "namespace-disks.json").stat().st_mode & 0o777 == 0o600
+    again.set_override("user:a", None)
+    assert NamespaceDisks(tmp_path).quota_for("user:a") is None and not NamespaceDisks(tmp_path).enabled
+
+
+def test_a_workspace_on_another_namespaces_disk_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    own = data / "volumes" / "user.a" / "workspaces" / "ses_1"
+    assert check_workspace(own, data) == own.resolve()  # a namespace's own disk: allowed
+    with pytest.raises(WorkspaceRefused, match="another namespace's disk"):
+        make_workspace(data / "volumes" / "user.b" / "workspaces" / "ses_2", "user:a", data, None)
+    with pytest.raises(WorkspaceRefused, match="inside the supervisor's data dir"):
+        check_workspace(data / "volumes" / "user.a" / "namespace", data)  # its HOME tree is no workspace
+
+
+async def test_a_full_disk_is_a_disk_full_tool_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC from any write the tools make is ``disk_full``, saying how full the workspace's disk is."""
+    import errno
+
+    from codesdk.supervisor.tools import _fsops
+
+    def no_space(*_: object) -> str:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_fsops, "write_temp", no_space)
+    code, message = _error(await _tool(tmp_path, "workspace.write", {"path": "a.txt", "content": "x"}))
+    assert code == "disk_full" and "file system is full" in message and "files used" in message, message
+
+
+# -- mounted, as root ---------------------------------------------------------------------------
+
+
+async def test_a_disk_filler_fails_at_the_quota_and_others_keep_writing(mounted_disks: Path) -> None:
+    """Workspace writes past a namespace's 16 MiB fail ``disk_full`` naming its quota; another namespace and the
+    store keep writing; the reserve is not taken for the namespace's own volume; the data survives a restart."""
+    data = mounted_disks
+    disks = NamespaceDisks(data, QUOTA)
+    config = EngineConfig(data_dir=data, pool=PoolConfig(data_dir=data, disks=disks),
+                          disk_reserve_bytes=64 * MiB)  # more than the whole volume: it must not apply to it
+    with trio.fail_after(120):
+        async with Engine.open(config, ToolRegistry()) as engine:
+            tenant = await engine.create_session(namespace="user:a")
+            other = await engine.create_session(namespace="user:b")
+            ws = Path(str(tenant.workspace))
+            assert ws.parent == data.resolve() / "volumes" / "user.a" / "workspaces", ws
+            assert engine.space_shortage(ws) is None
+            written, failed = await _fill(ws, 1 * MiB, 40)
+            code, message = _error(failed)
+            assert code == "disk_full" and "namespace's disk quota is full" in message, message
+            assert 8 <= written <= 16, written  # about 16 MiB went in, less the file system's own
+            usage = disks.usage("user:a")
+            assert usage is not None and usage.full and usage.limit_bytes <= 16 * MiB
+            # Another namespace, and the store, write on.
+            ok = await _tool(Path(str(other.workspace)), "workspace.write", {"path": "b.txt", "content": "b" * MiB})
+            assert not ok.is_error, ok
+            await engine.create_session(namespace="user:a")  # stored, with its own (empty) workspace
+            assert len(await engine.store.list_sessions()) == 3
+        assert _mounts_under(data) == []  # unmounted at shutdown
+        async with Engine.open(config, ToolRegistry()) as engine:  # a restart: remounted with its data
+            await engine.create_session(namespace="user:a")
+            assert (ws / "fill" / "0.txt").read_text() == "x" * MiB
+
+
+async def test_the_files_quota_holds(mounted_disks: Path) -> None:
+    disks = NamespaceDisks(mounted_disks, FEW_FILES)
+    disks.ensure(Namespace.parse("user:f"))
+    ws = make_workspace(mounted_disks / "volumes" / "user.f" / "workspaces" / "ses_f", "user:f", mounted_disks, None)
+    written, failed = await _fill(ws, 10, 80)
+    code, message = _error(failed)
+    assert code == "disk_full" and "namespace's disk quota is full" in message, message
+    assert 20 <= written <= 48, written
+    usage = disks.usage("user:f")
+    assert usage is not None and usage.used_files == usage.limit_files and usage.used_bytes < 4 * MiB
+
+
+def test_home_is_on_the_volume_and_owned_by_the_namespace_uid(mounted_disks: Path) -> None:
+    from codesdk.supervisor.namespaces import UidRange
+
+    disks = NamespaceDisks(mounted_disks, QUOTA)
+    namespace = Namespace.parse("user:h")
+    disks.ensure(namespace)
+    dirs, identity = prepare_namespace(mounted_disks, namespace, UidRange(3_100_000, 4))
+    assert identity is not None
+    assert os.path.ismount(dirs.root) and dirs.home.stat().st_uid == identity.uid
+    (dirs.home / "note").write_text("kept")
+    assert (mounted_disks / "volumes" / "user.h" / "namespace" / "home" / "note").read_text() == "kept"
+    assert (mounted_disks / "volumes" / "user.h.img").stat().st_mode & 0o777 == 0o600
+
+
+def test_existing_files_move_onto_a_new_volume(mounted_disks: Path) -> None:
+    namespace = Namespace.parse("user:m")
+    dirs, _ = prepare_namespace(mounted_disks, namespace, None)
+    (dirs.home / "cache.bin").write_bytes(b"c" * MiB)
+    NamespaceDisks(mounted_disks, QUOTA).ensure(namespace)
+    assert os.path.ismount(dirs.root) and (dirs.home / "cache.bin").read_bytes() == b"c" * MiB
+    NamespaceDisks(mounted_disks).unmount_all()
+    assert not any(dirs.root.iterdir())  # off the host disk: only on the volume now
+    NamespaceDisks(mounted_disks, QUOTA).ensure(namespace)
+    assert (dirs.home / "cache.bin").read_bytes() == b"c" * MiB
+
+
+def test_existing_files_too_big_for_the_quota_are_left_in_place(mounted_disks: Path) -> None:
+    namespace = Namespace.parse("user:big")
+    dirs, _ = prepare_namespace(mounted_disks, namespace, None)
+    (dirs.data / "huge").write_bytes(b"h" * (20 * MiB))
+    with pytest.raises(DiskQuotaError, match=r"do not fit its disk quota 16M.*namespace disk set user:big"):
+        NamespaceDisks(mounted_disks, QUOTA).ensure(namespace)
+    assert (dirs.data / "huge").stat().st_size == 20 * MiB and not os.path.ismount(dirs.root)
+    assert not list((mounted_disks / "volumes").glob("*.img*"))
+
+
+def test_a_raised_quota_grows_the_volume(mounted_disks: Path) -> None:
+    namespace = Namespace.parse("user:g")
+    disks = NamespaceDisks(mounted_disks, QUOTA)
+    disks.ensure(namespace)
+    before = disks.usage("user:g")
+    disks.set_override("user:g", DiskQuota(32 * MiB))
+    disks.ensure(namespace)
+    after = disks.usage("user:g")
+    assert before is not None and after is not None
+    assert after.limit_bytes > before.limit_bytes + 12 * MiB and after.limit_files > before.limit_files
+
+
+# -- workspace.exec -----------------------------------------------------------------------------
+
+
+def _exec_registry(**policy: Any) -> ToolRegistry:
+    from codesdk.supervisor.tools import ExecPolicy, ToolsConfig
+
+    return ToolRegistry(ToolsConfig(exec=ExecPolicy(enabled=True, allowlist=("dd",), **policy)))
+
+
+async def _sandbox_or_skip() -> None:
+    from codesdk.supervisor.tools import probe_sandbox
+
+    tools = await probe_sandbox()
+    if tools.prlimit is None:
+        pytest.skip("`prlimit` is unavailable here")
+    if tools.netns_prefix is None and tools.bwrap is None:
+        pytest.skip("no sandbox here: `unshare -n` fails and bubblewrap does not run")
+
+
+async def _dd(registry: ToolRegistry, ws: Path, mib: int) -> ToolResult:
+    with trio.fail_after(60):
+        return await registry.execute("workspace.exec", {"argv": ["dd", "if=/dev/zero", "of=big", "bs=1M",
+                                                                   f"count={mib}"]}, ToolContext(ws, ToolLimits()))
+
+
+async def test_exec_caps_the_size_of_one_file(tmp_path: Path) -> None:
+    """RLIMIT_FSIZE: a command cannot write a file past ``ExecPolicy.max_file_bytes`` (it gets SIGXFSZ)."""
+    await _sandbox_or_skip()
+    registry = _exec_registry(max_file_bytes=2 * MiB)
+    result = await _dd(registry, tmp_path, 8)
+    assert result.is_error and (tmp_path / "big").stat().st_size <= 2 * MiB, result.content
+    assert not (await _dd(registry, tmp_path, 1)).is_error
+
+
+async def test_an_exec_filler_fails_at_the_quota_with_a_note(mounted_disks: Path) -> None:
+    """``dd`` past the namespace's quota gets ENOSPC from the kernel; the result tells the model why."""
+    await _sandbox_or_skip()
+    disks = NamespaceDisks(mounted_disks, QUOTA)
+    disks.ensure(Namespace.parse("user:x"))
+    ws = await trio.to_thread.run_sync(make_workspace, mounted_disks / "volumes" / "user.x" / "workspaces" / "ses_x",
+                                       "user:x", mounted_disks, None)
+    registry = _exec_registry()
+    result = await _dd(registry, ws, 40)
+    assert result.is_error and isinstance(result.content, dict), result
+    assert "No space left" in str(result.stderr), result.stderr
+    assert "namespace's disk quota is full" in str(result.content.get("note")), result.content
+    assert (ws / "big").stat().st_size < 16 * MiB
