@@ -138,8 +138,10 @@ def _add_limit_flags(run: argparse.ArgumentParser) -> None:
                         help="each namespace's disk quota: its HOME tree and default workspaces live on an ext4 "
                              "image of this size (and FILES inodes) of its own, loop-mounted; needs root and loop "
                              "devices; per namespace: `namespace disk set` (default: off)")
-    limits.add_argument("--exec-max-file-size", type=_disk_reserve, default=1 << 30, metavar="SIZE",
-                        help="the largest file one workspace.exec command may write (RLIMIT_FSIZE; default 1G)")
+    max_file = SupervisorOptions.exec_max_file_bytes
+    limits.add_argument("--exec-max-file-size", type=_quota_value, default=max_file, metavar="SIZE",
+                        help="the largest file one workspace.exec command may write (RLIMIT_FSIZE; 'none' lifts "
+                             f"it; default {(max_file or 0) >> 20}M)")
     limits.add_argument("--max-connections", type=_positive_int, default=api.max_connections, metavar="N",
                         help="open API connections in all (default %(default)s; lowered to fit RLIMIT_NOFILE, keeping "
                              "a reserve of descriptors for the store and workers)")
@@ -169,7 +171,7 @@ def _serve_options(args: argparse.Namespace) -> SupervisorOptions:
         test_scenarios=args.enable_test_scenarios, exec_allowlist=tuple(args.allow_exec or ()),
         quotas=_quotas(args), api_limits=_api_limits(args), worker_template=args.worker_template,
         store=args.store, lease_s=args.lease_s, disk_reserve_bytes=args.disk_reserve,
-        namespace_disk=args.namespace_disk, exec_max_file_bytes=args.exec_max_file_size or (1 << 30),
+        namespace_disk=args.namespace_disk, exec_max_file_bytes=args.exec_max_file_size,
         **({"exec_uid": args.exec_uid} if args.exec_uid is not None else {}))
 
 

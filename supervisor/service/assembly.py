@@ -66,7 +66,7 @@ class SupervisorOptions:
     #: on an ext4 image of its own; per-namespace overrides in the data dir (``namespace disk set``). None: off.
     namespace_disk: DiskQuota | None = None
     #: The largest file one ``workspace.exec`` command may write (RLIMIT_FSIZE, ``serve --exec-max-file-size``).
-    exec_max_file_bytes: int = 1 << 30
+    exec_max_file_bytes: int | None = ExecPolicy.max_file_bytes
     #: What API clients may hold: connections (in all, per token), event streams per token, header/body timeouts.
     api_limits: ApiLimits = field(default_factory=ApiLimits)
     #: The event store: None for SQLite in the data dir (the embedded default); a ``postgresql://`` URL for a

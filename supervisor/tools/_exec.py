@@ -93,8 +93,8 @@ class ExecPolicy:
     # run as that uid (gid the same) instead.
     namespace_uids: range | None = None
     # The largest file a command may write (RLIMIT_FSIZE: past it the write fails and the command gets SIGXFSZ),
-    # ``serve --exec-max-file-size``.
-    max_file_bytes: int = 1 << 30
+    # ``serve --exec-max-file-size`` (None: no limit).
+    max_file_bytes: int | None = 1 << 30
 
     def __post_init__(self) -> None:
         check_exec_identity(self.exec_uid, self.exec_gid, self.namespace_uids)
@@ -422,7 +422,7 @@ class ExecTool:
                 ErrorCode.SANDBOX_UNAVAILABLE,
                 "`prlimit` is not available, so the memory limit cannot be enforced",
             )
-        limit = [tools.prlimit, f"--as={memory_mb * 1024 * 1024}", f"--fsize={self.policy.max_file_bytes}",
+        limit = [tools.prlimit, f"--as={memory_mb * 1024 * 1024}", f"--fsize={self.policy.max_file_bytes or 'unlimited'}",
                  "--core=0", "--"]
         confine = self.policy.confine_filesystem
         if confine and (tools.bwrap is not None or tools.netns_prefix is not None):

@@ -78,6 +78,31 @@ async def _fill(ws: Path, size: int, most: int) -> tuple[int, ToolResult]:
     raise AssertionError(f"{most} files of {size} bytes all fitted: no quota held")
 
 
+async def _admin_get(engine: Engine, data: Path, path: str) -> str:
+    """One GET on the API's app, in-process, with the admin token."""
+    from codesdk.supervisor.api import TokenAuth
+    from codesdk.supervisor.api.server import create_app
+
+    auth = TokenAuth.bootstrap(data.parent / "auth")
+    token = (data.parent / "auth" / "admin.token").read_text().strip()
+    app = create_app(engine, auth)
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope: dict[str, Any] = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(),
+                             "query_string": b"", "headers": [(b"authorization", f"Bearer {token}".encode())],
+                             "http_version": "1.1", "scheme": "http", "server": ("test", 80), "client": None,
+                             "root_path": ""}
+    await app(scope, receive, send)
+    assert next(m["status"] for m in sent if m["type"] == "http.response.start") == 200, sent
+    return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body").decode()
+
+
 # -- without mounting ---------------------------------------------------------------------------
 
 
@@ -157,6 +182,10 @@ async def test_a_disk_filler_fails_at_the_quota_and_others_keep_writing(mounted_
             assert not ok.is_error, ok
             await engine.create_session(namespace="user:a")  # stored, with its own (empty) workspace
             assert len(await engine.store.list_sessions()) == 3
+            metrics = await _admin_get(engine, data, "/metrics")
+            assert re.search(r'codesdk_namespace_disk_limit_bytes\{namespace="user:a"\} 1\.5\d*e\+07', metrics), metrics
+            assert re.search(r'codesdk_namespace_disk_used_files\{namespace="user:a"\} \d', metrics), metrics
+            assert 'codesdk_namespace_disk_used_bytes{namespace="user:b"}' in metrics  # its own volume, too
         assert _mounts_under(data) == []  # unmounted at shutdown
         async with Engine.open(config, ToolRegistry()) as engine:  # a restart: remounted with its data
             await engine.create_session(namespace="user:a")
@@ -270,3 +299,46 @@ async def test_an_exec_filler_fails_at_the_quota_with_a_note(mounted_disks: Path
     assert "No space left" in str(result.stderr), result.stderr
     assert "namespace's disk quota is full" in str(result.content.get("note")), result.content
     assert (ws / "big").stat().st_size < 16 * MiB
+
+
+# -- operator's command lines -------------------------------------------------------------------
+
+
+def test_namespace_disk_set_show_unset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from codesdk.supervisor.cli.admin import main
+
+    where = ["--data-dir", str(tmp_path)]
+    assert main(["namespace", "disk", "set", "user:a", "32M:100", *where]) == 0
+    assert "quota\t32M:100" in capsys.readouterr().out
+    assert NamespaceDisks(tmp_path).quota_for("user:a") == DiskQuota(32 * MiB, 100)
+    assert main(["namespace", "disk", "show", "user:a", *where]) == 0
+    assert "volume not mounted" in capsys.readouterr().out
+    assert main(["namespace", "disk", "unset", "user:a", *where]) == 0
+    assert NamespaceDisks(tmp_path).quota_for("user:a") is None
+    with pytest.raises(SystemExit):
+        main(["namespace", "disk", "set", "user:a", "1M", *where])
+    assert "too small for a file system" in capsys.readouterr().err
+
+
+def test_serve_takes_the_disk_flags(tmp_path: Path) -> None:
+    from codesdk.supervisor.cli.admin import _serve_options, build_parser
+
+    args = build_parser().parse_args(["serve", "--data-dir", str(tmp_path), "--namespace-disk", "64M:1000",
+                                      "--exec-max-file-size", "100M"])
+    options = _serve_options(args)
+    assert options.namespace_disk == DiskQuota(64 * MiB, 1000) and options.exec_max_file_bytes == 100 * MiB
+    unlimited = build_parser().parse_args(["serve", "--data-dir", str(tmp_path), "--exec-max-file-size", "none"])
+    assert _serve_options(unlimited).exec_max_file_bytes is None
+
+
+def test_serve_refuses_a_disk_quota_the_host_cannot_keep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked for quotas it cannot keep (not root, no loop devices), the service says so and does not start."""
+    from codesdk.supervisor.service import assembly
+    from codesdk.supervisor.service.assembly import SupervisorOptions
+    from codesdk.supervisor.service.serve import ServiceRefused, run_service
+
+    monkeypatch.setattr(assembly, "disk_unsupported", lambda: "this host has no loop devices (/dev/loop-control)")
+    options = SupervisorOptions(data_dir=tmp_path / "data", namespace_disk=QUOTA)
+    with pytest.raises(ServiceRefused, match=r"--namespace-disk 16M: this host has no loop devices.*drop the flag"):
+        run_service(options, tmp_path / "api.sock")
+    assert not (tmp_path / "data").exists()
