@@ -85,7 +85,7 @@ async def _admin_get(engine: Engine, data: Path, path: str) -> str:
 
     auth = TokenAuth.bootstrap(data.parent / "auth")
     token = (data.parent / "auth" / "admin.token").read_text().strip()
-    app = create_app(engine, auth)
+    app: Any = create_app(engine, auth)
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
