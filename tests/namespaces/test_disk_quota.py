@@ -342,3 +342,75 @@ def test_serve_refuses_a_disk_quota_the_host_cannot_keep(tmp_path: Path, monkeyp
     with pytest.raises(ServiceRefused, match=r"--namespace-disk 16M: this host has no loop devices.*drop the flag"):
         run_service(options, tmp_path / "api.sock")
     assert not (tmp_path / "data").exists()
+
+
+# -- the whole flow: a worker of its own uid, the scripted runtime, the tools -----------------------
+
+
+@pytest.fixture
+def open_disks(open_tmp: Path) -> Iterator[Path]:
+    """``mounted_disks`` in a temp dir every uid can pass through (for workers of their own uids)."""
+    from tests.reliability.probe_worker import why_no_worker_uids
+
+    if (reason := disk_unsupported() or why_no_worker_uids()) is not None:
+        pytest.skip(f"per-namespace volumes with worker uids cannot be made here: {reason}")
+    data = open_tmp / "data"
+    try:
+        yield data
+    finally:
+        NamespaceDisks(data).unmount_all()
+        for point in reversed(_mounts_under(open_tmp)):
+            subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+        assert _mounts_under(open_tmp) == []
+
+
+def test_a_tenant_filling_its_disk_through_its_runtime_reads_why(open_disks: Path) -> None:
+    """Through the engine, a worker of the namespace's own uid and the scripted runtime: exec's ``dd`` and a
+    ``workspace.write`` past the 16 MiB quota fail, and what the runtime is given (the model reads) says the
+    namespace's disk quota is full; the worker's HOME is on the volume, and the task still completes."""
+    from codesdk.protocol import EventType, PermissionMode
+    from codesdk.supervisor.engine import session_events
+    from codesdk.supervisor.namespaces import UidRange
+    from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
+    from codesdk.supervisor.workers.launch import WorkerPolicy
+
+    from tests.reliability.probe_worker import worker_argv_for_any_uid
+    from tests.worker.harness import REPO
+
+    argv = worker_argv_for_any_uid()
+    assert argv is not None
+    options = SupervisorOptions(
+        data_dir=open_disks, worker_argv=tuple(argv), worker_uids=UidRange(3_920_000, 4),
+        worker_policy=WorkerPolicy(idle_timeout_s=60), exec_allowlist=("dd",), namespace_disk=QUOTA,
+        worker_env={"*": {"CODESDK_SCENARIO_DIR": str(REPO / "worker" / "adapters" / "scripted" / "scenarios")}},
+        test_scenarios=True)
+    steps = [
+        {"tool_calls": [{"id": "e", "name": "workspace.exec",
+                         "input": {"argv": ["dd", "if=/dev/zero", "of=big", "bs=1M", "count=40"]}}]},
+        {"tool_calls": [{"id": "w", "name": "workspace.write", "input": {"path": "more.txt", "content": "m" * MiB}}]},
+        {"text": "EXEC {{result:e}} WRITE {{result:w}}"},
+        {"complete": {}},
+    ]
+
+    async def scenario() -> None:
+        with trio.fail_after(120):
+            async with open_engine(options) as engine:
+                session = await engine.create_session(namespace="user:a")
+                workspace = Path(session.workspace or "")
+                assert workspace.parent == open_disks.resolve() / "volumes" / "user.a" / "workspaces"
+                task = await engine.start_task(session.session_id, "fill", permission_mode=PermissionMode.YOLO,
+                                               runtime_config={"scenario_inline": {"name": "t", "steps": steps}})
+                record = await engine.wait_task(task.task_id)
+                events = await session_events(engine.store, session.session_id)
+                assert record.state == "completed", events
+                said = "".join(getattr(e.payload, "text", "") for e in events
+                               if e.type == EventType.MODEL_OUTPUT_COMPLETED)
+                exec_part, _, write_part = said.partition(" WRITE ")
+                assert "No space left" in exec_part and "namespace's disk quota is full" in exec_part, exec_part
+                assert "disk_full" in write_part and "namespace's disk quota is full" in write_part, write_part
+                assert os.path.ismount(Namespace.parse("user:a").root(open_disks))  # HOME is on the volume
+                other = await engine.create_session(namespace="user:b")  # another tenant is not affected
+                assert not (await _tool(Path(str(other.workspace)), "workspace.write",
+                                        {"path": "b.txt", "content": "b" * MiB})).is_error
+
+    trio.run(scenario)
