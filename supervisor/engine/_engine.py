@@ -308,11 +308,12 @@ class Engine:
         disks = self.config.pool.disks
         if disks is None or disks.quota_for(namespace) is None:
             return None
-        try:
-            await trio.to_thread.run_sync(disks.ensure, Namespace.parse(namespace))
+        try:  # a namespace already running on the host disk moves onto its volume at its next worker start
+            volume = await trio.to_thread.run_sync(
+                lambda: disks.ensure(Namespace.parse(namespace), move_files_in=False))
         except (DiskQuotaError, OSError) as exc:
             raise NamespaceUnavailable(f"namespace {namespace}'s disk cannot be mounted: {exc}") from exc
-        return disks.workspaces(namespace)
+        return disks.workspaces(namespace) if volume is not None else None
 
     async def _prepare_workspace(self, workspace: Path, namespace: str) -> Path:
         """The checked workspace, created, and the namespace's own with per-namespace uids."""

@@ -226,10 +226,13 @@ class NamespaceDisks:
 
     # -- mounting ----------------------------------------------------------------------------
 
-    def ensure(self, namespace: Namespace) -> Path | None:
+    def ensure(self, namespace: Namespace, *, move_files_in: bool = True) -> Path | None:
         """The namespace's volume made, grown to its quota and mounted, with its tree bind-mounted over
         ``namespaces/<safe>``: the volume's root, or None when the namespace has no quota. Idempotent.
-        ``DiskQuotaError``."""
+        ``DiskQuotaError``.
+
+        ``move_files_in=False``: when a new volume would take over files the namespace already has (its worker may
+        be running on them), leave it for the next worker start (``prepare_launch``) and return None."""
         quota = self.quota_for(namespace.name)
         if quota is None:
             return None
@@ -241,6 +244,8 @@ class NamespaceDisks:
             (self.data_dir / VOLUMES_DIR).mkdir(mode=0o700, exist_ok=True)
             if not os.path.ismount(volume):
                 if not image.exists():
+                    if not move_files_in and root.is_dir() and any(root.iterdir()):
+                        return None
                     self._create(namespace, quota)
                 volume.mkdir(mode=0o700, exist_ok=True)
                 _check(f"mounting {image} at {volume}", _run("mount", "-o", _MOUNT_OPTIONS, str(image), str(volume)))

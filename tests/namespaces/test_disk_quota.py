@@ -414,3 +414,15 @@ def test_a_tenant_filling_its_disk_through_its_runtime_reads_why(open_disks: Pat
                                         {"path": "b.txt", "content": "b" * MiB})).is_error
 
     trio.run(scenario)
+
+
+def test_a_session_does_not_move_a_running_namespace_onto_a_new_volume(mounted_disks: Path) -> None:
+    """A quota set while the namespace has files (its worker may be running on them): its next session's
+    workspace stays on the host disk; the volume is made at its next worker start, with the files moved in."""
+    namespace = Namespace.parse("user:r")
+    dirs, _ = prepare_namespace(mounted_disks, namespace, None)
+    (dirs.home / "in-use").write_text("busy")
+    disks = NamespaceDisks(mounted_disks, QUOTA)
+    assert disks.ensure(namespace, move_files_in=False) is None and not os.path.ismount(dirs.root)
+    assert (dirs.home / "in-use").read_text() == "busy"
+    assert disks.ensure(namespace) is not None and (dirs.home / "in-use").read_text() == "busy"
