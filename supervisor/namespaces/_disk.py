@@ -173,7 +173,6 @@ class NamespaceDisks:
         self.data_dir = data_dir
         self.default = default
         self._lock = threading.Lock()
-        self._mounted: set[str] = set()  # safe names this process mounted (or found mounted)
 
     # -- quotas ------------------------------------------------------------------------------
 
@@ -249,7 +248,6 @@ class NamespaceDisks:
                     self._create(namespace, quota)
                 volume.mkdir(mode=0o700, exist_ok=True)
                 _check(f"mounting {image} at {volume}", _run("mount", "-o", _MOUNT_OPTIONS, str(image), str(volume)))
-            self._mounted.add(namespace.safe_name)
             try:
                 self._grow(image, volume, quota)
             except DiskQuotaError as exc:  # it keeps its old size meanwhile: not a reason to stop the namespace
@@ -387,7 +385,6 @@ class NamespaceDisks:
                 for point in (namespace.root(self.data_dir), self.volume(namespace)):
                     if os.path.ismount(point):
                         _unmount(point)
-            self._mounted.clear()
 
 
 def _namespace_name(safe_name: str) -> str:
