@@ -286,8 +286,9 @@ class Engine:
         places = [("data dir", self.config.data_dir)]
         if workspace is not None:
             places.append(("workspace", workspace))
+        volumes = self.config.data_dir.resolve() / VOLUMES_DIR  # workspaces are kept as real paths
         for what, path in places:
-            if path.parent.parent.parent == self.config.data_dir / VOLUMES_DIR:
+            if path.parent.parent.parent == volumes:
                 continue  # on its namespace's own disk, bounded by its quota: not the shared disk the reserve keeps
             try:
                 free = self.config.free_space(path)
