@@ -426,3 +426,21 @@ def test_a_session_does_not_move_a_running_namespace_onto_a_new_volume(mounted_d
     assert disks.ensure(namespace, move_files_in=False) is None and not os.path.ismount(dirs.root)
     assert (dirs.home / "in-use").read_text() == "busy"
     assert disks.ensure(namespace) is not None and (dirs.home / "in-use").read_text() == "busy"
+
+
+def test_serve_says_at_start_up_whether_disks_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from codesdk.supervisor.service import serve
+    from codesdk.supervisor.service.assembly import SupervisorOptions
+
+    caplog.set_level(logging.INFO, logger="codesdk.supervisor.service")
+    serve._say_disk_quotas(SupervisorOptions(data_dir=tmp_path, namespace_disk=QUOTA))
+    serve._say_disk_quotas(SupervisorOptions(data_dir=tmp_path))
+    NamespaceDisks(tmp_path).set_override("user:a", QUOTA)
+    monkeypatch.setattr(serve, "disk_unsupported", lambda: "the supervisor is not root")
+    serve._say_disk_quotas(SupervisorOptions(data_dir=tmp_path))
+    said = [r.getMessage() for r in caplog.records]
+    assert "volume of its own: 16M each" in said[0] and "are not bounded" in said[1], said
+    assert "1 namespaces have a disk quota" in said[2] and "not root: their workers will be refused" in said[2]
