@@ -233,23 +233,24 @@ class NamespaceDisks:
         ``move_files_in=False``: when a new volume would take over files the namespace already has (its worker may
         be running on them), leave it for the next worker start (``prepare_launch``) and return None."""
         quota = self.quota_for(namespace.name)
-        if quota is None:
-            return None
+        if quota is None and not self.image(namespace).exists():
+            return None  # (a volume whose quota was dropped is still mounted, as it is: its files are there)
         if (reason := disk_unsupported()) is not None:
-            raise DiskQuotaError(f"namespace {namespace.name} has a disk quota ({quota}) but {reason}")
+            raise DiskQuotaError(f"namespace {namespace.name} has a disk quota ({quota or 'its volume'}) but {reason}")
         with self._lock:
             volume, image, root = self.volume(namespace), self.image(namespace), namespace.root(self.data_dir)
             self.data_dir.mkdir(parents=True, mode=0o700, exist_ok=True)
             (self.data_dir / VOLUMES_DIR).mkdir(mode=0o700, exist_ok=True)
             if not os.path.ismount(volume):
-                if not image.exists():
+                if quota is not None and not image.exists():
                     if not move_files_in and root.is_dir() and any(root.iterdir()):
                         return None
                     self._create(namespace, quota)
                 volume.mkdir(mode=0o700, exist_ok=True)
                 _check(f"mounting {image} at {volume}", _run("mount", "-o", _MOUNT_OPTIONS, str(image), str(volume)))
             try:
-                self._grow(image, volume, quota)
+                if quota is not None:
+                    self._grow(image, volume, quota)
             except DiskQuotaError as exc:  # it keeps its old size meanwhile: not a reason to stop the namespace
                 log.warning("namespace %s: its volume stays at its old size: %s", namespace.name, exc)
             for name in ("namespace", "workspaces"):

@@ -444,3 +444,16 @@ def test_serve_says_at_start_up_whether_disks_are_bounded(tmp_path: Path, monkey
     said = [r.getMessage() for r in caplog.records]
     assert "volume of its own: 16M each" in said[0] and "are not bounded" in said[1], said
     assert "1 namespaces have a disk quota" in said[2] and "not root: their workers will be refused" in said[2]
+
+
+def test_a_dropped_quota_keeps_the_volume_and_its_files(mounted_disks: Path) -> None:
+    namespace = Namespace.parse("user:d")
+    disks = NamespaceDisks(mounted_disks)
+    disks.set_override("user:d", QUOTA)
+    disks.ensure(namespace)
+    dirs, _ = prepare_namespace(mounted_disks, namespace, None)
+    (dirs.home / "kept").write_text("yes")
+    disks.unmount_all()
+    disks.set_override("user:d", None)
+    assert disks.ensure(namespace) is not None and disks.workspaces("user:d") is None  # new workspaces: shared
+    assert (namespace.root(mounted_disks) / "home" / "kept").read_text() == "yes"
