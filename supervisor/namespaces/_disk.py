@@ -252,6 +252,8 @@ class NamespaceDisks:
                 if quota is not None:
                     self._grow(image, volume, quota)
             except DiskQuotaError as exc:  # it keeps its old size meanwhile: not a reason to stop the namespace
+                if not os.path.ismount(volume):  # (unless it could not be mounted again)
+                    raise
                 log.warning("namespace %s: its volume stays at its old size: %s", namespace.name, exc)
             for name in ("namespace", "workspaces"):
                 (volume / name).mkdir(mode=0o700, exist_ok=True)
