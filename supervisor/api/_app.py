@@ -267,6 +267,10 @@ class _Metrics:
         self.store_tx = Gauge("codesdk_store_write_transactions", "Write transactions committed by the store",
                               registry=self.registry)
         self.sse_events = Counter("codesdk_sse_events_sent", "Events sent over SSE streams", registry=self.registry)
+        self.disk = {what: Gauge(f"codesdk_namespace_disk_{what}", f"A namespace's volume: {what.replace('_', ' ')} "
+                                 "(its disk quota; namespaces with a mounted volume)", ["namespace"],
+                                 registry=self.registry)
+                     for what in ("used_bytes", "limit_bytes", "used_files", "limit_files")}
         self.requests = Counter("codesdk_http_requests", "HTTP requests by route and status",
                                 ["route", "status"], registry=self.registry)
 
@@ -425,6 +429,13 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             metrics.worker_starts.labels(namespace=str(slot["namespace"])).set(
                 started if isinstance(started, int) else 0)
         metrics.store_tx.set(store.writer_stats.transactions)
+        disks = engine.config.pool.disks
+        for gauge in metrics.disk.values():
+            gauge.clear()
+        for namespace in disks.mounted() if disks is not None else ():  # one label per volume (a loop device)
+            if disks is not None and (usage := disks.usage(namespace.name)) is not None:
+                for what, gauge in metrics.disk.items():
+                    gauge.labels(namespace=namespace.name).set(getattr(usage, what))
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def create_session(request: Request) -> Response:

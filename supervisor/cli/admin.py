@@ -22,7 +22,17 @@ from codesdk._version import __version__
 from ..api import ADMIN_TOKEN_FILE, ApiLimits, TokenAuth
 from ..config import default_data_dir
 from ..engine import DISK_RESERVE_BYTES
-from ..namespaces import InvalidNamespace, Namespace, NamespaceEnv, NamespaceEnvError, UidRange, UidRangeError
+from ..namespaces import (
+    DiskQuota,
+    DiskQuotaError,
+    InvalidNamespace,
+    Namespace,
+    NamespaceDisks,
+    NamespaceEnv,
+    NamespaceEnvError,
+    UidRange,
+    UidRangeError,
+)
 from ..service.assembly import SupervisorOptions
 from ..store import LEASE_S, QUOTA_FLAGS, Quotas, current_holder
 from ..tools import DEFAULT_EXEC_UID, check_exec_identity
@@ -124,6 +134,14 @@ def _add_limit_flags(run: argparse.ArgumentParser) -> None:
                         help="free space the data dir's and a task's workspace's file systems must keep: below it "
                              "/readyz answers 503 and new sessions and tasks are refused (exit 69); 0 turns the "
                              f"check off (default {DISK_RESERVE_BYTES >> 20}M)")
+    limits.add_argument("--namespace-disk", type=_disk_quota, default=None, metavar="SIZE[:FILES]",
+                        help="each namespace's disk quota: its HOME tree and default workspaces live on an ext4 "
+                             "image of this size (and FILES inodes) of its own, loop-mounted; needs root and loop "
+                             "devices; per namespace: `namespace disk set` (default: off)")
+    max_file = SupervisorOptions.exec_max_file_bytes
+    limits.add_argument("--exec-max-file-size", type=_quota_value, default=max_file, metavar="SIZE",
+                        help="the largest file one workspace.exec command may write (RLIMIT_FSIZE; 'none' lifts "
+                             f"it; default {(max_file or 0) >> 20}M)")
     limits.add_argument("--max-connections", type=_positive_int, default=api.max_connections, metavar="N",
                         help="open API connections in all (default %(default)s; lowered to fit RLIMIT_NOFILE, keeping "
                              "a reserve of descriptors for the store and workers)")
@@ -153,6 +171,7 @@ def _serve_options(args: argparse.Namespace) -> SupervisorOptions:
         test_scenarios=args.enable_test_scenarios, exec_allowlist=tuple(args.allow_exec or ()),
         quotas=_quotas(args), api_limits=_api_limits(args), worker_template=args.worker_template,
         store=args.store, lease_s=args.lease_s, disk_reserve_bytes=args.disk_reserve,
+        namespace_disk=args.namespace_disk, exec_max_file_bytes=args.exec_max_file_size,
         **({"exec_uid": args.exec_uid} if args.exec_uid is not None else {}))
 
 
@@ -212,6 +231,13 @@ def _disk_reserve(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid size {text!r}: a number of bytes (K/M/G/T allowed), or 0 for no "
                                          "check")
     return size
+
+
+def _disk_quota(text: str) -> DiskQuota:
+    try:
+        return DiskQuota.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _positive_float(text: str) -> float:
@@ -435,6 +461,38 @@ def _namespace_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     for cmd in (env_set, env_unset, env_list):
         cmd.set_defaults(run=_namespace_env_command)
         cmd.add_argument("--data-dir", type=data_dir, default=default_data_dir())
+    disk = namespace_sub.add_parser("disk", help="a namespace's own disk quota (over serve's --namespace-disk)")
+    disk_sub = disk.add_subparsers(dest="disk_command", required=True)
+    disk_set = disk_sub.add_parser("set", help="set its quota; a larger one grows its volume when its worker next "
+                                               "starts (a smaller one is not applied to an existing volume)")
+    disk_set.add_argument("namespace", type=namespace_name)
+    disk_set.add_argument("quota", type=_disk_quota, metavar="SIZE[:FILES]")
+    disk_unset = disk_sub.add_parser("unset", help="drop its own quota: serve's --namespace-disk applies again")
+    disk_unset.add_argument("namespace", type=namespace_name)
+    disk_show = disk_sub.add_parser("show", help="its quota and, when its volume is mounted, how full it is")
+    disk_show.add_argument("namespace", type=namespace_name)
+    for cmd in (disk_set, disk_unset, disk_show):
+        cmd.set_defaults(run=_namespace_disk_command)
+        cmd.add_argument("--data-dir", type=data_dir, default=default_data_dir())
+
+
+def _namespace_disk_command(args: argparse.Namespace) -> int:
+    """On the data dir's file directly: the quota applies when the namespace's volume is next prepared (its next
+    worker start or default workspace)."""
+    disks = NamespaceDisks(args.data_dir)
+    try:
+        if args.disk_command == "set":
+            disks.set_override(args.namespace, args.quota)
+        elif args.disk_command == "unset":
+            disks.set_override(args.namespace, None)
+        own = disks.overrides().get(args.namespace)
+        usage = disks.usage(args.namespace)
+    except (DiskQuotaError, InvalidNamespace, ValueError, OSError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    print(f"quota\t{own if own is not None else 'serve --namespace-disk (if given)'}")
+    print(f"used\t{usage.describe() if usage is not None else 'volume not mounted'}")
+    return 0
 
 
 def _namespace_env_command(args: argparse.Namespace) -> int:

@@ -55,7 +55,7 @@ from codesdk.protocol import (
 
 from codesdk.procs.orphans import Orphans
 from ..ids import is_id, new_id
-from ..namespaces import InvalidNamespace, Namespace, make_workspace
+from ..namespaces import VOLUMES_DIR, DiskQuotaError, InvalidNamespace, Namespace, make_workspace
 from ..namespaces import WorkspaceRefused as WorkspacePathRefused
 from ..store import (
     LEASE_S,
@@ -233,6 +233,8 @@ class Engine:
     async def _close(self) -> None:
         await self.stop_all()
         await self._workers.aclose()
+        if self.config.pool.disks is not None:  # the namespaces' volumes: remounted by the next start
+            await trio.to_thread.run_sync(self.config.pool.disks.unmount_all)
 
     # -- sessions -------------------------------------------------------------------------------
 
@@ -255,7 +257,8 @@ class Engine:
         session_id = session_id or new_id("ses")
         made = workspace is None or not workspace.exists()
         if workspace is None:
-            root = self.config.workspaces_dir or self.config.data_dir / "workspaces"
+            root = (self.config.workspaces_dir or await self._namespace_workspaces(namespace)
+                    or self.config.data_dir / "workspaces")
             workspace = root / session_id
         workspace = await self._prepare_workspace(workspace, namespace)
         try:
@@ -283,7 +286,10 @@ class Engine:
         places = [("data dir", self.config.data_dir)]
         if workspace is not None:
             places.append(("workspace", workspace))
+        volumes = self.config.data_dir.resolve() / VOLUMES_DIR  # workspaces are kept as real paths
         for what, path in places:
+            if path.parent.parent.parent == volumes:
+                continue  # on its namespace's own disk, bounded by its quota: not the shared disk the reserve keeps
             try:
                 free = self.config.free_space(path)
             except OSError as exc:
@@ -296,6 +302,19 @@ class Engine:
     def _check_space(self, workspace: Path | None = None) -> None:
         if (shortage := self.space_shortage(workspace)) is not None:
             raise InsufficientSpace(shortage)
+
+    async def _namespace_workspaces(self, namespace: str) -> Path | None:
+        """Where the namespace's default workspaces go when it has a disk quota: on its volume (mounted now), so
+        they count against it; else None."""
+        disks = self.config.pool.disks
+        if disks is None or disks.quota_for(namespace) is None:
+            return None
+        try:  # a namespace already running on the host disk moves onto its volume at its next worker start
+            volume = await trio.to_thread.run_sync(
+                lambda: disks.ensure(Namespace.parse(namespace), move_files_in=False))
+        except (DiskQuotaError, OSError) as exc:
+            raise NamespaceUnavailable(f"namespace {namespace}'s disk cannot be mounted: {exc}") from exc
+        return disks.workspaces(namespace) if volume is not None else None
 
     async def _prepare_workspace(self, workspace: Path, namespace: str) -> Path:
         """The checked workspace, created, and the namespace's own with per-namespace uids."""

@@ -18,11 +18,21 @@ One job per module: ``_names`` (the grammar), ``_files`` (the supervisor's priva
 may shape, opened without following symlinks: also for the workspace tools), ``_dirs`` (the namespace's
 directories), ``_env`` (the worker's environment), ``_variables`` (the stored variables), ``_uids`` (the range,
 each namespace's identity, handing files to it), ``_uid_checks`` (start-up checks for a range), ``_data_dir`` (the
-data dir's own modes), ``_workspaces`` (which workspaces are allowed, handing one to a namespace). Other packages
+data dir's own modes), ``_disk`` (each namespace's disk quota: an ext4 image of its own), ``_workspaces`` (which workspaces are allowed, handing one to a namespace). Other packages
 import this face only.
 """
 
 from ._data_dir import UnsafeDataDir, secure_data_dir, tighten_data_dir
+from ._disk import (
+    DISK_QUOTAS_FILE,
+    VOLUMES_DIR,
+    DiskQuota,
+    DiskQuotaError,
+    DiskUsage,
+    NamespaceDisks,
+    disk_unsupported,
+    is_disk_full,
+)
 from ._dirs import SUBDIRS, NamespaceDirs, prepare_dirs, prepare_namespace
 from ._env import DEFAULT_PATH, RECORD_STREAMS_ENV, RUNTIME_AHEAD_ENV, build_env
 from ._files import DIR_FLAGS, WALK_FLAGS, chmod_entry, make_dir, open_dir, walk_tree, write_private
@@ -33,6 +43,14 @@ from ._variables import ENV_DIR, MAX_VALUE_BYTES, MAX_VARIABLES, EnvEntry, Names
 from ._workspaces import WorkspaceRefused, check_workspace, give_workspace, make_workspace
 
 __all__ = [
+    "DISK_QUOTAS_FILE",
+    "VOLUMES_DIR",
+    "DiskQuota",
+    "DiskQuotaError",
+    "DiskUsage",
+    "NamespaceDisks",
+    "disk_unsupported",
+    "is_disk_full",
     "DEFAULT_PATH",
     "DIR_FLAGS",
     "ENV_DIR",

@@ -43,7 +43,7 @@ def tighten_data_dir(data_dir: Path) -> None:
         if entry.name == "namespaces" or entry.is_symlink():
             continue
         mode = stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode)
-        if entry.name == "workspaces" and mode == 0o711:
+        if entry.name in ("workspaces", "volumes") and mode == 0o711:  # volumes/: namespaces' disks (``_disk``)
             continue
         if mode & 0o077:
             os.chmod(entry.path, mode & 0o700, follow_symlinks=True)

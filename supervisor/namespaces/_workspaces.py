@@ -7,6 +7,7 @@ import os
 import stat
 from pathlib import Path
 
+from ._disk import VOLUMES_DIR
 from ._names import Namespace
 from ._uids import Identity, UidRange, hand_over, namespace_identity
 
@@ -23,6 +24,8 @@ def check_workspace(workspace: Path, data_dir: Path) -> Path:
     real = workspace.resolve()
     data = data_dir.resolve()
     own = data / "workspaces"  # where the supervisor makes default workspaces: safe, one per session
+    if real.parent.parent.parent == data / VOLUMES_DIR and real.parent.name == "workspaces":
+        return real  # volumes/<safe>/workspaces/<session>: on a namespace's own disk (``_disk``), root-owned above
     if real == Path(real.anchor):
         raise WorkspaceRefused(f"workspace {workspace} is the root of the file system; tools would reach everything")
     if real == data or data.is_relative_to(real):
@@ -38,6 +41,10 @@ def make_workspace(workspace: Path, namespace: str, data_dir: Path, uids: UidRan
     """A session's workspace, checked (``check_workspace``), made if missing (0700) and given to the namespace
     (``give_workspace``): its real path. ``WorkspaceRefused`` says why it cannot be; OSError. Blocking."""
     workspace = check_workspace(workspace, data_dir)
+    volume = workspace.parent.parent
+    if volume.parent == data_dir.resolve() / VOLUMES_DIR and volume.name != Namespace.parse(namespace).safe_name:
+        raise WorkspaceRefused(f"workspace {workspace} is on another namespace's disk; namespace {namespace!r} "
+                               "needs a workspace of its own")
     workspace.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:  # with per-namespace uids the workspace becomes the namespace's own; else a no-op
         give_workspace(workspace, namespace, data_dir, uids)

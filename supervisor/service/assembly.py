@@ -14,10 +14,14 @@ from ..api import ApiLimits
 from ..config import default_data_dir
 from ..engine import DISK_RESERVE_BYTES, Engine, EngineConfig
 from ..namespaces import (
+    DiskQuota,
+    DiskQuotaError,
+    NamespaceDisks,
     UidRange,
     UidRangeError,
     check_can_switch_uids,
     check_reachable_by_workers,
+    disk_unsupported,
     secure_data_dir,
     tighten_data_dir,
 )
@@ -58,6 +62,11 @@ class SupervisorOptions:
     #: Free bytes a new session or task needs on the data dir's and its workspace's file systems; below it
     #: ``/readyz`` answers 503 and they are refused ``insufficient_space`` (0: not checked).
     disk_reserve_bytes: int = DISK_RESERVE_BYTES
+    #: Every namespace's disk quota (``serve --namespace-disk SIZE[:FILES]``): its HOME tree and default workspaces
+    #: on an ext4 image of its own; per-namespace overrides in the data dir (``namespace disk set``). None: off.
+    namespace_disk: DiskQuota | None = None
+    #: The largest file one ``workspace.exec`` command may write (RLIMIT_FSIZE, ``serve --exec-max-file-size``).
+    exec_max_file_bytes: int | None = ExecPolicy.max_file_bytes
     #: What API clients may hold: connections (in all, per token), event streams per token, header/body timeouts.
     api_limits: ApiLimits = field(default_factory=ApiLimits)
     #: The event store: None for SQLite in the data dir (the embedded default); a ``postgresql://`` URL for a
@@ -78,6 +87,9 @@ def check_options(options: SupervisorOptions) -> None:
         check_exec_identity(*options.exec_uid, _namespace_uids(options.worker_uids))
     except ValueError as exc:
         raise UidRangeError(str(exc)) from exc
+    if options.namespace_disk is not None and (reason := disk_unsupported()) is not None:
+        raise DiskQuotaError(f"--namespace-disk {options.namespace_disk}: {reason}; drop the flag to run without "
+                             "disk quotas")
     if options.worker_uids is not None:
         check_can_switch_uids()
         check_reachable_by_workers((list(options.worker_argv) or worker_argv())[0])
@@ -100,10 +112,12 @@ async def open_engine(options: SupervisorOptions) -> AsyncIterator[Engine]:
     worker_env = workers_env(options.worker_env, test_scenarios=options.test_scenarios)
     pool = PoolConfig(data_dir=data_dir, argv=options.worker_argv, policy=options.worker_policy,
                       env=worker_env, path=options.worker_path, worker_uids=options.worker_uids,
-                      template=options.worker_template, children=children)
+                      template=options.worker_template, children=children,
+                      disks=NamespaceDisks(data_dir, options.namespace_disk))
     exec_policy = ExecPolicy(enabled=bool(options.exec_allowlist), allowlist=options.exec_allowlist,
                              exec_uid=options.exec_uid[0], exec_gid=options.exec_uid[1],
-                             namespace_uids=_namespace_uids(options.worker_uids))
+                             namespace_uids=_namespace_uids(options.worker_uids),
+                             max_file_bytes=options.exec_max_file_bytes)
     tools = ToolRegistry(ToolsConfig(exec=exec_policy), children=children)
     async with Engine.open(EngineConfig(data_dir=data_dir, pool=pool, holder=options.holder,
                                         quotas=options.quotas, store=options.store, lease_s=options.lease_s,

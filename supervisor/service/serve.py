@@ -26,7 +26,7 @@ import trio
 from ..api import TokenAuth, TokenFileInvalid
 from ..api.server import StreamDrain, serve_api
 from ..engine import Engine
-from ..namespaces import UidRangeError, UnsafeDataDir
+from ..namespaces import DiskQuotaError, NamespaceDisks, UidRangeError, UnsafeDataDir, disk_unsupported
 from ..store import DataDirBusy, StoreError, check_store_url
 from ._sdnotify import Notifier, watchdog_interval_s
 from .assembly import SupervisorOptions, check_options, open_engine
@@ -62,10 +62,11 @@ def run_service(options: SupervisorOptions, socket_path: Path, port: int | None 
         check_options(options)
         if options.store is not None:
             check_store_url(options.store)
-    except (UidRangeError, StoreError) as exc:
+    except (UidRangeError, DiskQuotaError, StoreError) as exc:
         raise ServiceRefused(str(exc), 2) from None
     options.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     _warn_about_trust(options)
+    _say_disk_quotas(options)
     _make_non_dumpable()
     try:
         trio.run(partial(serve, options, socket_path, port, Notifier(), advertise=advertise))
@@ -192,6 +193,25 @@ def _warn_about_trust(options: SupervisorOptions) -> None:
     if options.test_scenarios:
         log.warning("--enable-test-scenarios: any tenant can run any command as its worker's uid%s, outside the "
                     "exec sandbox (scripted `spawn` steps); use it on test rigs only", " (root)" if root_workers else "")
+
+
+def _say_disk_quotas(options: SupervisorOptions) -> None:
+    """Whether namespaces' disks are bounded (docs/operations.md, "Limits"), and why not where they cannot be."""
+    disks = NamespaceDisks(options.data_dir, options.namespace_disk)
+    try:
+        own = disks.overrides()
+    except DiskQuotaError as exc:
+        log.error("%s", exc)
+        return
+    if options.namespace_disk is not None:
+        log.info("each namespace's HOME and default workspaces live on a volume of its own: %s each%s",
+                 options.namespace_disk, f" ({len(own)} set per namespace)" if own else "")
+    elif own and (reason := disk_unsupported()) is not None:
+        log.warning("%d namespaces have a disk quota (`namespace disk set`) but %s: their workers will be refused",
+                    len(own), reason)
+    elif not own:
+        log.info("namespaces' disks are not bounded: their workspaces and HOMEs share the data dir's disk "
+                 "(--namespace-disk SIZE[:FILES] bounds each)")
 
 
 def _make_non_dumpable() -> None:

@@ -36,6 +36,7 @@ class ErrorCode(StrEnum):
     COMMAND_REFUSED = "command_refused"
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
     IO_ERROR = "io_error"
+    DISK_FULL = "disk_full"  # the namespace's disk quota (or the workspace's file system) is full
     INTERNAL = "internal_error"
 
 

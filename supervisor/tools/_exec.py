@@ -34,11 +34,12 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from functools import partial
 from types import MappingProxyType
 
 import trio
-from pydantic import Field, field_validator
+from pydantic import Field, JsonValue, field_validator
 
 from codesdk.protocol import SandboxSummary, ToolClass
 
@@ -47,9 +48,9 @@ from codesdk.procs.orphans import end_command
 from codesdk.procs.process import ChildProcess, run_in_own_session
 from codesdk.procs.scan import Scans
 
-from ..namespaces import WALK_FLAGS, chmod_entry, walk_tree
+from ..namespaces import WALK_FLAGS, DiskUsage, chmod_entry, walk_tree
 from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolInput, ToolResult, clip
-from ._paths import workspace_root
+from ._paths import disk_full_message, workspace_root
 from ._sandbox import (
     DEFAULT_EXEC_UID,
     SYSTEM_PATHS,
@@ -91,6 +92,9 @@ class ExecPolicy:
     # The ``--worker-uids`` range: a workspace owned by one of these uids is that namespace's, and its commands
     # run as that uid (gid the same) instead.
     namespace_uids: range | None = None
+    # The largest file a command may write (RLIMIT_FSIZE: past it the write fails and the command gets SIGXFSZ),
+    # ``serve --exec-max-file-size`` (None: no limit).
+    max_file_bytes: int | None = 1 << 30
 
     def __post_init__(self) -> None:
         check_exec_identity(self.exec_uid, self.exec_gid, self.namespace_uids)
@@ -418,7 +422,8 @@ class ExecTool:
                 ErrorCode.SANDBOX_UNAVAILABLE,
                 "`prlimit` is not available, so the memory limit cannot be enforced",
             )
-        limit = [tools.prlimit, f"--as={memory_mb * 1024 * 1024}", "--core=0", "--"]
+        limit = [tools.prlimit, f"--as={memory_mb * 1024 * 1024}", f"--fsize={self.policy.max_file_bytes or 'unlimited'}",
+                 "--core=0", "--"]
         confine = self.policy.confine_filesystem
         if confine and (tools.bwrap is not None or tools.netns_prefix is not None):
             self._check_visible(executable, workspace)
@@ -505,8 +510,12 @@ class ExecTool:
             status = f"timed out after {timeout:g}s and was killed"
         else:
             status = f"exited with {done.returncode}"
+        extra: dict[str, JsonValue] = {}
+        if done.returncode != 0 and _disk_full(root):  # what the command's ENOSPC meant, for the model
+            extra["note"] = disk_full_message(Path(root))
         return ToolResult(
             content={
+                **extra,
                 "argv": list(args.argv),
                 "exit_code": done.returncode,
                 "timed_out": done.timed_out,
@@ -523,6 +532,13 @@ class ExecTool:
             stdout=stdout,
             stderr=stderr,
         )
+
+
+def _disk_full(root: str) -> bool:
+    try:
+        return DiskUsage.of(root).full
+    except OSError:
+        return False
 
 
 def make_exec_tool(policy: ExecPolicy, prober: SandboxProber | None = None,

@@ -31,7 +31,7 @@ def open_regular(cp: ConfinedPath) -> tuple[int, os.stat_result]:
         with dir_fd(cp.root, cp.parent_parts) as parent:
             fd = os.open(cp.name, _READ_FLAGS, dir_fd=parent)
     except OSError as exc:
-        raise os_error(exc, cp.given) from exc
+        raise os_error(exc, cp.given, cp.root) from exc
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
@@ -119,7 +119,7 @@ def atomic_write(cp: ConfinedPath, data: bytes) -> bool:
     try:
         parent = open_dir(cp.root, cp.parent_parts, create=True)
     except OSError as exc:
-        raise os_error(exc, cp.given) from exc
+        raise os_error(exc, cp.given, cp.root) from exc
     try:
         mode = existing_mode(parent, cp.name, cp.given)
         temp = write_temp(parent, cp.name, data, DEFAULT_FILE_MODE if mode is None else mode)
@@ -129,7 +129,7 @@ def atomic_write(cp: ConfinedPath, data: bytes) -> bool:
             unlink_quietly(parent, temp)
             raise
     except OSError as exc:
-        raise os_error(exc, cp.given) from exc
+        raise os_error(exc, cp.given, cp.root) from exc
     finally:
         os.close(parent)
     return mode is None

@@ -153,7 +153,7 @@ def _commit(root: Path, entries: list[_Staged]) -> None:
         if isinstance(exc, OSError) and failing is not None:
             # A path that changed under us after the check (a symlink or directory swapped in: ELOOP, ENOTDIR,
             # ENOENT) is told as such, like every tool tells it; anything else is an I/O error below.
-            named = os_error(exc, failing.cp.given)
+            named = os_error(exc, failing.cp.given, failing.cp.root)
             if named.code != ErrorCode.IO_ERROR:
                 undone = "changes were rolled back" if done else _UNCHANGED
                 raise ToolError(named.code, f"{named.message}; {undone}") from exc

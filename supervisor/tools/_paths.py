@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..namespaces import DIR_FLAGS, make_dir
+from ..namespaces import DIR_FLAGS, VOLUMES_DIR, DiskUsage, is_disk_full, make_dir
 from ..namespaces import open_dir as open_component  # one component, from its parent's fd
 from ._base import ErrorCode, ToolError
 
@@ -86,8 +86,11 @@ def confine(workspace: Path, given: str) -> ConfinedPath:
     return ConfinedPath(root=root, parts=resolved.relative_to(root).parts, given=given)
 
 
-def os_error(exc: OSError, given: str) -> ToolError:
-    """Translate an OSError from a confined operation into a clear ``ToolError``."""
+def os_error(exc: OSError, given: str, root: Path | None = None) -> ToolError:
+    """Translate an OSError from a confined operation into a clear ``ToolError`` (``root``: the workspace, to
+    say how full its disk is when it is)."""
+    if is_disk_full(exc):
+        return ToolError(ErrorCode.DISK_FULL, f"No space left for {given!r}: {disk_full_message(root)}")
     if exc.errno == errno.ENOENT:
         return ToolError(ErrorCode.NOT_FOUND, f"{given!r} does not exist")
     if exc.errno == errno.ELOOP:
@@ -99,6 +102,20 @@ def os_error(exc: OSError, given: str) -> ToolError:
     if exc.errno == errno.EEXIST:
         return ToolError(ErrorCode.ALREADY_EXISTS, f"{given!r} already exists")
     return ToolError(ErrorCode.IO_ERROR, f"{given!r}: {exc.strerror or exc}")
+
+
+def disk_full_message(root: Path | None) -> str:
+    """Why a write found no space, for the model to act on: the namespace's disk quota (its own volume) or the
+    workspace's file system, and how full it is."""
+    quota = root is not None and root.parent.parent.parent.name == VOLUMES_DIR
+    try:
+        fill = f" ({DiskUsage.of(root).describe()})" if root is not None else ""
+    except OSError:
+        fill = ""
+    if quota:
+        return (f"the namespace's disk quota is full{fill}; delete files you no longer need (in the workspace or "
+                "HOME), or ask the operator to raise the quota (`codesdk-supervisor namespace disk set`)")
+    return f"the workspace's file system is full{fill}; delete files you no longer need, or ask the operator"
 
 
 def _inherit_owner(parent: int, name: str) -> None:

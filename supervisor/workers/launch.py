@@ -27,6 +27,7 @@ from ..namespaces import (
     RUNTIME_AHEAD_ENV,
     Identity,
     Namespace,
+    NamespaceDisks,
     NamespaceEnv,
     UidRange,
     UnsafeDataDir,
@@ -74,6 +75,8 @@ class PoolConfig:
     env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     # Each namespace's worker runs as its own uid+gid from this range (None: as the supervisor's uid).
     worker_uids: UidRange | None = None
+    #: Each namespace's disk quota (its own ext4 volume, mounted before its worker starts); None: no quotas.
+    disks: NamespaceDisks | None = field(default=None, compare=False)
     # Fork ``codesdk-worker``s from a pre-imported template (workers/template.py): ~30 ms and ~6 MB of their own
     # (idle) instead of ~0.5 s and ~24 MB. Worth its one-off start for a service; not for one ``codesdk run``.
     template: bool = False
@@ -122,6 +125,8 @@ class PreparedLaunch:
 def prepare_launch(config: PoolConfig, namespace: Namespace) -> PreparedLaunch:
     """Make the namespace's directories (and identity, with a uid range) and compose its worker's launch.
     Blocking file work: the pool runs it in a thread. ``UidRangeError``; ``OSError``."""
+    if config.disks is not None:  # its volume first: the directories are then made on it
+        config.disks.ensure(namespace)
     dirs, identity = prepare_namespace(config.data_dir, namespace, config.worker_uids)
     stored_env = NamespaceEnv(config.data_dir)
     stamp = stored_env.stamp(namespace.name)  # before the values: a write in between shows as a change

@@ -44,7 +44,7 @@ from codesdk.worker.client import (
     exhausted_message,
 )
 
-from ..namespaces import Namespace, NamespaceEnv, UidRangeError
+from ..namespaces import DiskQuotaError, Namespace, NamespaceEnv, UidRangeError
 from .launch import Headstart, PoolConfig, prepare_launch, template_env
 from .template import TemplateUnavailable, WorkerTemplate
 
@@ -365,7 +365,7 @@ class WorkerPool:
             await trio.sleep(delay)
         try:
             prepared = await trio.to_thread.run_sync(prepare_launch, self.config, slot.namespace)
-        except UidRangeError as exc:  # e.g. the range is exhausted: the operator's to fix, not a crash
+        except (UidRangeError, DiskQuotaError) as exc:  # e.g. the range is exhausted: the operator's to fix
             slot.last_error = str(exc)
             log.error("namespace %s: %s", name, exc)
             raise NamespaceFailing(f"namespace {name!r}: {exc}") from exc

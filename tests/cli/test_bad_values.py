@@ -39,7 +39,7 @@ def _takes_value(action: argparse.Action) -> bool:
 def _good(action: argparse.Action) -> str:
     if action.choices:
         return str(next(iter(action.choices)))
-    return {"assignments": "K=V", "names": "K"}.get(action.dest, "default")
+    return {"assignments": "K=V", "names": "K", "quota": "16M"}.get(action.dest, "default")
 
 
 def _bad_values(action: argparse.Action) -> list[str]:

@@ -277,7 +277,7 @@ async def test_commit_failure_rolls_back_what_was_already_written(
         "--- /dev/null\n+++ made/new.txt\n@@ -0,0 +1 @@\n+new\n"
     )
     code, message = error_message(await patch(ws, diff))
-    assert code == "io_error" and "rolled back" in message and "No space left" in message
+    assert code == "disk_full" and "rolled back" in message and "No space left" in message
     after = snapshot(ws)
     assert {k: v[0] for k, v in after.items()} == {k: v[0] for k, v in before.items()}
     assert (ws / "README").stat().st_mode & 0o777 == 0o751
