@@ -89,3 +89,10 @@ async def test_a_deadline_above_the_operators_maximum_is_refused_422_saying_the_
         events = [e async for e in client.run(session["session_id"], "hi", runtime_config={"scenario": "echo"})]
         started = events[0].payload.model_dump()
         assert (started["timeout_s"], started["idle_timeout_s"]) == (600, 60)  # no default: the maximum
+
+
+async def test_the_openapi_document_describes_the_deadlines(api: Api) -> None:
+    r = await api.client.get("/v1/openapi.json", headers=api.auth(api.alice))
+    body = r.json()["components"]["schemas"]["StartTaskBody"]["properties"]
+    for field in ("timeout_s", "idle_timeout_s"):
+        assert {"exclusiveMinimum": 0, "type": "number"} in body[field]["anyOf"], body[field]
