@@ -121,33 +121,36 @@ async def test_events_flowing_keep_a_task_from_its_idle_timeout(tmp_path: Path,
             assert len(deltas) == 5  # every one was stored: none came after the task had ended
 
 
-async def test_a_call_waiting_for_a_human_does_not_count_as_idle(tmp_path: Path,
-                                                                 clock: trio.testing.MockClock) -> None:
+@pytest.mark.parametrize(("tool", "tool_input", "executed_by", "answer", "in_flight"), [
+    ("Bash", {"command": "make"}, ExecutedBy.RUNTIME, Method.SEND_TOOL_APPROVED, [("call_1", "running_in_runtime")]),
+    ("workspace.write", {"path": "a.txt", "content": "a"}, ExecutedBy.SUPERVISOR, Method.SEND_TOOL_RESULT, []),
+], ids=["runtime-runs-it", "supervisor-runs-it"])
+async def test_a_call_waiting_for_a_human_does_not_count_as_idle(
+        tmp_path: Path, clock: trio.testing.MockClock, tool: str, tool_input: dict[str, Any],
+        executed_by: ExecutedBy, answer: str, in_flight: list[tuple[str, str]]) -> None:
     """An approval waits 60 s (idle deadline 10 s): the task is not idle — the runtime waits for us. Once the
     answer is sent the idle clock starts again from then."""
-    tool_input = {"command": "make"}
     with trio.fail_after(600):
         async with engine_with_doubles(tmp_path) as (engine, workers):
             sid, task_id, worker = await running_task(engine, workers, idle_timeout_s=10,
                                                       permission_mode=PermissionMode.ASK, durable_approvals=True)
             await worker.emit(task_id, EventType.TOOL_CALL_REQUESTED, ToolCallRequested(
-                tool_call_id="call_1", input_hash=canonical_hash(tool_input), tool_name="Bash", input=tool_input,
-                executed_by=ExecutedBy.RUNTIME))
+                tool_call_id="call_1", input_hash=canonical_hash(tool_input), tool_name=tool, input=tool_input,
+                executed_by=executed_by))
             pending = await _pending_approval(engine)
             clock.jump(60)
             await _settle()
             _not_stopping(engine, task_id)
             await engine.approvals.decide(pending, True, "user", "go on")
-            await worker.connection.wait_for(Method.SEND_TOOL_APPROVED)  # sent only to a task not ended
+            await worker.connection.wait_for(answer)  # sent only to a task not ended
             clock.jump(6)
             await _settle()
             _not_stopping(engine, task_id)
             clock.jump(5)
             payload = await _failed(engine, sid, task_id)
             _check_timed_out(payload, "idle_timeout_s", 10)
-            # stopped with the call approved and in the runtime's hands, not while it waited for the human
-            assert [(c["tool_call_id"], c["stage"]) for c in payload.details["receipt"]["tool_calls"]] == [
-                ("call_1", "running_in_runtime")]
+            # stopped after the human answered (the call in the runtime's hands, or done), not while it waited
+            assert [(c["tool_call_id"], c["stage"]) for c in payload.details["receipt"]["tool_calls"]] == in_flight
 
 
 async def _pending_approval(engine: Engine) -> str:
