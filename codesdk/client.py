@@ -248,7 +248,8 @@ def _decision(allow: object, reason: str) -> dict[str, Any]:
 
 
 def _task_body(prompt: str, permission_mode: str | None, runtime_config: dict[str, Any] | None,
-               interactive: bool, runtime: str | None = None, max_input_tokens: int | None = None) -> dict[str, Any]:
+               interactive: bool, runtime: str | None = None, max_input_tokens: int | None = None,
+               timeout_s: float | None = None, idle_timeout_s: float | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"prompt": prompt}
     if _boolean("interactive", interactive):
         body["interaction_mode"] = "interactive"
@@ -256,6 +257,10 @@ def _task_body(prompt: str, permission_mode: str | None, runtime_config: dict[st
         body["runtime"] = runtime
     if max_input_tokens is not None:
         body["max_input_tokens"] = max_input_tokens
+    if timeout_s is not None:
+        body["timeout_s"] = timeout_s
+    if idle_timeout_s is not None:
+        body["idle_timeout_s"] = idle_timeout_s
     if permission_mode:
         body["permission_mode"] = permission_mode
     if runtime_config:
@@ -303,10 +308,14 @@ class AsyncClient:
 
     async def start_task(self, session_id: str, prompt: str, *, permission_mode: str | None = None,
                          runtime_config: dict[str, Any] | None = None, interactive: bool = False,
-                         runtime: str | None = None, max_input_tokens: int | None = None) -> dict[str, Any]:
+                         runtime: str | None = None, max_input_tokens: int | None = None,
+                         timeout_s: float | None = None, idle_timeout_s: float | None = None) -> dict[str, Any]:
         """Start a task. ``runtime``: move the session to another runtime from this task on (it is given the
-        session's transcript); ``max_input_tokens``: cap the compiled input below the runtime's own budget."""
-        body = _task_body(prompt, permission_mode, runtime_config, interactive, runtime, max_input_tokens)
+        session's transcript); ``max_input_tokens``: cap the compiled input below the runtime's own budget;
+        ``timeout_s`` / ``idle_timeout_s``: its deadlines in seconds (None: the service's default), past which it
+        is stopped and fails ``TASK_TIMEOUT`` (one above the service's maximum is refused: ``InvalidRequest``)."""
+        body = _task_body(prompt, permission_mode, runtime_config, interactive, runtime, max_input_tokens,
+                          timeout_s, idle_timeout_s)
         return dict(await self._call("POST", f"/v1/sessions/{_q(session_id)}/tasks", json=body))
 
     async def get_task(self, task_id: str) -> dict[str, Any]:
@@ -475,8 +484,10 @@ class Client:
 
     def start_task(self, session_id: str, prompt: str, *, permission_mode: str | None = None,
                    runtime_config: dict[str, Any] | None = None, interactive: bool = False,
-                   runtime: str | None = None, max_input_tokens: int | None = None) -> dict[str, Any]:
-        body = _task_body(prompt, permission_mode, runtime_config, interactive, runtime, max_input_tokens)
+                   runtime: str | None = None, max_input_tokens: int | None = None,
+                   timeout_s: float | None = None, idle_timeout_s: float | None = None) -> dict[str, Any]:
+        body = _task_body(prompt, permission_mode, runtime_config, interactive, runtime, max_input_tokens,
+                          timeout_s, idle_timeout_s)
         return dict(self._call("POST", f"/v1/sessions/{_q(session_id)}/tasks", json=body))
 
     def approvals(self, state: str = "pending") -> list[dict[str, Any]]:

@@ -103,6 +103,11 @@ class TaskStarted(Model):
     interaction_mode: InteractionMode = InteractionMode.NON_INTERACTIVE
     runtime_config: dict[str, Any] = Field(default_factory=dict)
     worker_pid: int | None = None
+    #: The task's deadlines in seconds (None: none): wall clock from its start, and the longest the runtime may
+    #: stay silent (time the supervisor holds one of its tool calls does not count). Stored so that a supervisor
+    #: started again can tell a task that had passed its deadline.
+    timeout_s: float | None = None
+    idle_timeout_s: float | None = None
 
 
 class ModelInput(Model):
@@ -312,6 +317,9 @@ class TaskFailureCode(StrEnum):
     TIMEOUT = "TIMEOUT"
     SUPERVISOR_RESTARTED = "SUPERVISOR_RESTARTED"
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"  # the session or namespace reached a stored-data quota (details name it)
+    #: the task passed its deadline (``timeout_s`` or ``idle_timeout_s``, details name which): stopped, with the
+    #: stop's receipt in ``details.receipt``; not retryable as it was
+    TASK_TIMEOUT = "TASK_TIMEOUT"
     INTERNAL = "INTERNAL"
     # reported by runtimes (the model API's answer, or the scripted runtime's scenario)
     INVALID_SCENARIO = "INVALID_SCENARIO"  # scripted runtime: the scenario is missing or malformed

@@ -141,6 +141,10 @@ class StartTaskBody(_Body):
     runtime: str | None = Field(default=None, min_length=1, max_length=64, pattern=RUNTIME_NAME_PATTERN)
     #: A cap on the compiled input (estimated tokens), below the runtime's own budget.
     max_input_tokens: int | None = Field(default=None, ge=1, le=2**53)
+    #: The task's deadlines in seconds (absent: the operator's default; above its maximum: 422): wall clock from its
+    #: start, and the longest its runtime may stay silent. Past one it is stopped and fails TASK_TIMEOUT.
+    timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    idle_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 class DecisionBody(_Body):
@@ -491,6 +495,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         record = await engine.start_task(
             session.session_id, body.prompt, permission_mode=body.permission_mode,
             runtime_config=body.runtime_config, runtime=body.runtime, max_input_tokens=body.max_input_tokens,
+            timeout_s=body.timeout_s, idle_timeout_s=body.idle_timeout_s,
             durable_approvals=body.interaction_mode == InteractionMode.INTERACTIVE)
         return JSONResponse(record.to_json_obj(), status_code=202)
 

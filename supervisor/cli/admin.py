@@ -21,7 +21,7 @@ from codesdk._version import __version__
 
 from ..api import ADMIN_TOKEN_FILE, ApiLimits, TokenAuth
 from ..config import default_data_dir
-from ..engine import DISK_RESERVE_BYTES
+from ..engine import DISK_RESERVE_BYTES, SERVICE_IDLE_TIMEOUT_S, SERVICE_TIMEOUT_S, DeadlineLimits
 from ..namespaces import (
     DiskQuota,
     DiskQuotaError,
@@ -120,6 +120,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                           "own each when idle, instead of ~0.5 s and ~24 MB (docs/operations.md; default: on; "
                           "--no-worker-template spawns each as a new interpreter)")
     _add_limit_flags(run)
+    _add_deadline_flags(run)
 
 
 def _add_limit_flags(run: argparse.ArgumentParser) -> None:
@@ -172,7 +173,61 @@ def _serve_options(args: argparse.Namespace) -> SupervisorOptions:
         quotas=_quotas(args), api_limits=_api_limits(args), worker_template=args.worker_template,
         store=args.store, lease_s=args.lease_s, disk_reserve_bytes=args.disk_reserve,
         namespace_disk=args.namespace_disk, exec_max_file_bytes=args.exec_max_file_size,
+        task_deadlines=_task_deadlines(args),
         **({"exec_uid": args.exec_uid} if args.exec_uid is not None else {}))
+
+
+def _add_deadline_flags(run: argparse.ArgumentParser) -> None:
+    """Tasks' deadlines (docs/operations.md, "Task deadlines")."""
+    group = run.add_argument_group("task deadlines", "how long a task may run, and stay silent, before it is stopped "
+                                                     "and fails TASK_TIMEOUT (seconds; 'none' or 0: no deadline)")
+    for flag, default, what in (
+            ("--task-timeout-default", SERVICE_TIMEOUT_S, "wall clock from a task's start, for a task that asks for "
+                                                          "no timeout_s; lowered to the maximum if that is lower"),
+            ("--task-timeout-max", None, "the most timeout_s a task may ask for (more is refused, 422); with no "
+                                         "default, a task asking for none gets it"),
+            ("--task-idle-timeout-default", SERVICE_IDLE_TIMEOUT_S, "the runtime silent this long (waiting for an "
+                                                                    "approval or a supervisor's tool does not count), "
+                                                                    "for a task that asks for no idle_timeout_s; "
+                                                                    "lowered to the maximum if that is lower"),
+            ("--task-idle-timeout-max", None, "the most idle_timeout_s a task may ask for (more is refused, 422)")):
+        # absent when not given (SUPPRESS): a default left as it is yields to a lower maximum, one given does not
+        group.add_argument(flag, type=_deadline_value, default=argparse.SUPPRESS, metavar="SECONDS",
+                           help=f"{what} (default {'none' if default is None else f'{default:g}'})")
+
+
+def _deadline_value(text: str) -> float | None:
+    """Seconds above 0, or ``none``/``0`` for no deadline."""
+    if text.strip().lower() in ("none", "0"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"invalid deadline {text!r}: a number of seconds above 0, or 'none'")
+    return value
+
+
+def _task_deadlines(args: argparse.Namespace) -> DeadlineLimits:
+    def default(name: str, service_default: float, most: float | None) -> float | None:
+        if hasattr(args, name):
+            given: float | None = getattr(args, name)
+            return given
+        return service_default if most is None else min(service_default, most)
+
+    timeout_max, idle_max = getattr(args, "task_timeout_max", None), getattr(args, "task_idle_timeout_max", None)
+    try:
+        return DeadlineLimits(timeout_default_s=default("task_timeout_default", SERVICE_TIMEOUT_S, timeout_max),
+                              timeout_max_s=timeout_max, idle_max_s=idle_max,
+                              idle_default_s=default("task_idle_timeout_default", SERVICE_IDLE_TIMEOUT_S, idle_max))
+    except ValueError as exc:  # a default above its maximum
+        said = str(exc)
+        for name, flag in (("timeout_default_s", "--task-timeout-default"), ("timeout_max_s", "--task-timeout-max"),
+                           ("idle_default_s", "--task-idle-timeout-default"), ("idle_max_s", "--task-idle-timeout-max")):
+            said = said.replace(name, flag)
+        print(f"{PROG} serve: {said}: lower the default or raise the maximum", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _quotas(args: argparse.Namespace) -> Quotas:

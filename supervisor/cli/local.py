@@ -124,7 +124,8 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
         session.session_id, args.prompt, permission_mode=PermissionMode(args.mode),
         interaction_mode=InteractionMode.INTERACTIVE if interactive else InteractionMode.NON_INTERACTIVE,
         runtime_config=runtime_config, approver=_terminal_approver if interactive else None,
-        runtime=args.runtime, max_input_tokens=args.max_input_tokens)
+        runtime=args.runtime, max_input_tokens=args.max_input_tokens, timeout_s=args.timeout,
+        idle_timeout_s=args.idle_timeout)
     if not args.json:
         printer.note(f"session {session.session_id}  task {task.task_id}  runtime "
                      f"{runtime_note(task.runtime, session.runtime)}  "

@@ -110,6 +110,7 @@ async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) 
                 async for event in client.run(session["session_id"], args.prompt, permission_mode=args.mode,
                                               runtime_config=runtime_config, runtime=args.runtime,
                                               max_input_tokens=args.max_input_tokens,
+                                              timeout_s=args.timeout, idle_timeout_s=args.idle_timeout,
                                               approver=_terminal_approver if interactive else None):
                     if event.type == EventType.TASK_STARTED and event.trace.task_id:
                         task_id.append(event.trace.task_id)

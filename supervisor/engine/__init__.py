@@ -1,7 +1,7 @@
 """The task engine: sessions, tasks, events, tool calls — the invariants of the contract live here.
 
 Layering, lowest first (no module imports one below it in this list): ``_transcript`` (a session's messages),
-``_errors`` (refusals and their HTTP answers), ``_ports`` (what the engine needs of workers: the test seam),
+``_errors`` (refusals and their HTTP answers), ``_deadlines`` (a task's deadlines and their watch), ``_ports`` (what the engine needs of workers: the test seam),
 ``_compile`` (a task's input from the transcript, fitted to the runtime's budget), ``_runs`` (a running task's
 state, the run table), ``_recorder`` (a run's appends), ``_batch`` (a worker's batch on its way to the store),
 ``_approvals``, ``_toolport`` / ``_toolflow`` (one tool call, through its port), ``_ending`` (a task's one
@@ -10,6 +10,7 @@ end), ``_intake`` (events from workers), ``_leasing`` (which namespaces this sup
 """
 
 from ..tools import ApprovalRequest, Approver, ApproverAnswer
+from ._deadlines import SERVICE_IDLE_TIMEOUT_S, SERVICE_TIMEOUT_S, DeadlineLimits
 from ._engine import DISK_RESERVE_BYTES, Engine, EngineConfig
 from ._errors import (
     ERROR_STATUS,
@@ -32,7 +33,8 @@ from ._runs import EngineStats
 from ._transcript import derive_transcript, session_events
 
 __all__ = [
-    "DISK_RESERVE_BYTES", "ERROR_STATUS", "ApprovalRequest", "Approver", "ApproverAnswer", "ApproverRequired", "Engine", "EngineConfig",
+    "DISK_RESERVE_BYTES", "ERROR_STATUS", "ApprovalRequest", "Approver", "ApproverAnswer", "ApproverRequired", "DeadlineLimits",
+    "Engine", "SERVICE_IDLE_TIMEOUT_S", "SERVICE_TIMEOUT_S", "EngineConfig",
     "EngineError", "EngineStats", "ErrorStatus", "InsufficientSpace", "InvalidTaskInput", "NamespaceElsewhere", "NamespaceUnavailable",
     "PoolWorkers", "RequestChannel", "RuntimeUnavailable", "SessionBusy", "TaskNotActive", "UnknownRuntime", "WorkerEvents",
     "WorkerExit", "WorkerLink", "Workers", "WorkersFactory", "WorkspaceRefused", "derive_transcript", "error_status",

@@ -47,6 +47,8 @@ def cut_short_by(event_type: EventType, payload: Model) -> CallCutShort:
     it, any other end interrupts them."""
     if event_type == EventType.TASK_STOPPED:
         return CallCutShort.CANCELLED
+    if isinstance(payload, TaskFailed) and payload.code == TaskFailureCode.TASK_TIMEOUT:
+        return CallCutShort.CANCELLED  # stopped at its deadline, as a stop would
     if isinstance(payload, TaskFailed) and payload.code == TaskFailureCode.WORKER_CRASHED:
         return CallCutShort.WORKER_GONE
     return CallCutShort.INTERRUPTED

@@ -14,6 +14,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,7 @@ from ..workers.pool import WorkerPool
 from codesdk.worker.client import REAP_WAIT_S
 from ._approvals import APPROVAL_TIMEOUT_S, ApprovalBroker
 from ._compile import compile_input, context_window
+from ._deadlines import DeadlineLimits, TaskClock
 from ._ending import REQUEST_TIMEOUT_S, TaskEnder
 from ._errors import (
     ApproverRequired,
@@ -166,6 +168,11 @@ class EngineConfig:
     disk_reserve_bytes: int = DISK_RESERVE_BYTES
     #: How free space is measured (the seam tests replace): free bytes of the file system holding a path.
     free_space: Callable[[Path], int] = free_bytes
+    #: Tasks' deadlines: the operator's defaults and maxima for ``timeout_s`` and ``idle_timeout_s``.
+    deadlines: DeadlineLimits = field(default_factory=DeadlineLimits)
+    #: The time of day (the seam tests replace): a task left running by a supervisor that is gone is told it passed
+    #: its stored deadline by it.
+    wall_clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
 
 class Engine:
@@ -186,7 +193,8 @@ class Engine:
         tools = ToolFlow(EnginePort(store, self._recorder, tooling, self.approvals), self.stats)
         intake = EventIntake(store, self._runs, self.stats, self._recorder, tools, self._ender)
         self._workers = workers(config.pool, nursery, intake.on_events, intake.on_exit)
-        self.leasing = Leasing(store, leases or SoleLeases(), self._runs, self.approvals, self._workers.let_go)
+        self.leasing = Leasing(store, leases or SoleLeases(), self._runs, self.approvals, self._workers.let_go,
+                               wall_clock=config.wall_clock)
 
     @classmethod
     @asynccontextmanager
@@ -330,14 +338,17 @@ class Engine:
                          interaction_mode: InteractionMode = InteractionMode.NON_INTERACTIVE,
                          runtime_config: dict[str, Any] | None = None, approver: Approver | None = None,
                          durable_approvals: bool = False, trace: TraceContext | None = None,
-                         runtime: str | None = None, max_input_tokens: int | None = None) -> TaskRecord:
+                         runtime: str | None = None, max_input_tokens: int | None = None,
+                         timeout_s: float | None = None, idle_timeout_s: float | None = None) -> TaskRecord:
         """Record the task and ``task.started``; the runtime is driven in the background, given the session's
         transcript compiled for it.
 
         ``runtime``: move the session to this runtime from this task on (by reconstruction: the new runtime gets
         the transcript); the move is kept once the task ends completed or stopped (``TaskEnder.finish``): a task
         that fails there leaves the session where it was. ``max_input_tokens``: a cap on the
-        compiled input, below the runtime's own budget.
+        compiled input, below the runtime's own budget. ``timeout_s`` / ``idle_timeout_s``: the task's deadlines
+        (None: the operator's default, ``EngineConfig.deadlines``); past one the task is stopped, with its receipt,
+        and fails ``TASK_TIMEOUT`` (``_deadlines``).
 
         Refusals (nothing stored): ``SessionBusy``, ``InsufficientSpace`` (the data dir's or the workspace's file
         system is short of the disk reserve), ``ApproverRequired``, ``InvalidTaskInput``, and the store's
@@ -356,6 +367,7 @@ class Engine:
                                              or not 1 <= max_input_tokens <= 2**53):
             raise InvalidTaskInput(f"max_input_tokens must be a whole number of tokens from 1 to 2^53, not "
                                    f"{max_input_tokens!r}")
+        timeout_s, idle_timeout_s = self.config.deadlines.resolve(timeout_s, idle_timeout_s)
         target = _runtime_name(runtime or session.runtime)
         switched_from = session.runtime if target != session.runtime else None
         task_id = new_id("task")
@@ -366,7 +378,8 @@ class Engine:
             tool_manifest=self.tooling.manifest(), permission_mode=permission_mode,
             interaction_mode=interaction_mode, runtime_config=runtime_config or {}, trace=trace or TraceContext())
         started = TaskStarted(task_id=task_id, prompt_preview=prompt[:200], permission_mode=permission_mode,
-                              interaction_mode=interaction_mode, runtime_config=runtime_config or {})
+                              interaction_mode=interaction_mode, runtime_config=runtime_config or {},
+                              timeout_s=timeout_s, idle_timeout_s=idle_timeout_s)
         _check_storable(params, started)
         record = await self._admit(session, task_id, prompt, target)
         tr = params.trace
@@ -374,7 +387,8 @@ class Engine:
                       max_input_tokens=max_input_tokens, switched_from=switched_from,
                       trace=Trace(session_id=session_id, task_id=task_id, request_id=tr.request_id,
                                   client_id=tr.client_id, user_id=tr.user_id),
-                      runtime=RuntimeInfo(name=target, runtime_session_id=runtime_session_id))
+                      runtime=RuntimeInfo(name=target, runtime_session_id=runtime_session_id),
+                      clock=TaskClock.arm(timeout_s, idle_timeout_s))
         await self._record_start(run, started)
         self._nursery.start_soon(self._drive, run, name=f"drive:{task_id}")
         return record
@@ -462,8 +476,23 @@ class Engine:
         except StoreError as exc:  # the store is failing: the stop is still stored, without what could not be read
             log.error("task %s: its stop's receipt is incomplete: %s", run.task_id, exc)
             receipt = StopReceipt(worker_detail=f"the receipt could not be completed: {exc}")
+        if stop.expiry is not None:  # stopped at its deadline: it failed
+            await self._ender.fail(run, TaskFailureCode.TASK_TIMEOUT, stop.expiry.message, retryable=False,
+                                   deadline=stop.expiry.deadline, limit_s=stop.expiry.limit_s,
+                                   receipt=receipt.to_json_obj())
+            return
         await self._ender.finish(run, EventType.TASK_STOPPED, TaskStopped(
             reason=stop.reason, requested_by=stop.requested_by, receipt=receipt))
+
+    async def _watch_deadlines(self, run: TaskRun) -> None:
+        """Stop the task when one of its deadlines passes (unless it is ending or being stopped already): through
+        the stop's own path, so it ends with a receipt — as ``task.failed TASK_TIMEOUT``."""
+        expiry = await run.clock.watch()
+        if run.ended or run.stop is not None:
+            return
+        log.warning("task %s: %s", run.task_id, expiry.message)
+        run.stop = StopInProgress(reason=expiry.message, requested_by="supervisor", expiry=expiry)
+        self._nursery.start_soon(self._carry_out_stop, run, name=f"deadline:{run.task_id}")
 
     async def wait_task(self, task_id: str) -> TaskRecord:
         run = self._runs.find(task_id)  # recently ended too: its end may still be being stored
@@ -549,6 +578,14 @@ class Engine:
     # -- driving a task -------------------------------------------------------------------------
 
     async def _drive(self, run: TaskRun) -> None:
+        """Drive the task to its end, its deadlines watched meanwhile."""
+        async with trio.open_nursery() as watch:
+            if run.clock.armed:
+                watch.start_soon(self._watch_deadlines, run, name=f"deadlines:{run.task_id}")
+            await self._drive_in_worker(run)
+            watch.cancel_scope.cancel()
+
+    async def _drive_in_worker(self, run: TaskRun) -> None:
         with trio.move_on_after(RELEASE_WAIT_S):
             for other in self._runs.unreleased_in(run.session_id):
                 await other.released.wait()

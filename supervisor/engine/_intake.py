@@ -106,6 +106,7 @@ class EventIntake:
             if run.stop is not None and not run.ended:  # the stop being carried out waits for it
                 run.stop.terminal_arrived(params.event.type, params.event.payload)
                 return None
+        run.clock.activity()  # the runtime is not silent: its idle clock starts again
         if run.ended or run.stop is not None:
             run.late_events += 1
             self._stats.late_events += 1

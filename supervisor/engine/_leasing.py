@@ -4,7 +4,9 @@
   (``own``); a namespace another live supervisor holds is refused with where to go (``NamespaceElsewhere``).
 - A lease taken over (from nobody, or from a supervisor that is gone) makes the tasks left running in the
   namespace orphans: each is failed once with ``SUPERVISOR_RESTARTED`` (the calls it left running ended with it,
-  ``cut_short: interrupted``), and its pending approvals are closed.
+  ``cut_short: interrupted``), and its pending approvals are closed — or with ``TASK_TIMEOUT`` if its stored
+  wall-clock deadline (``task.started``'s ``timeout_s`` from that event's time) had passed by then: nothing of a
+  task survives its supervisor, so a deadline is never re-armed, but a task that had run out of time is told so.
   At start-up every namespace with such tasks is taken over where no live supervisor holds it (``recover``).
 - While the service runs (``keep``): leases are renewed; the namespaces of supervisors that died are taken over
   where they left tasks running; a lease lost (we were cut off from the database for too long, and another may
@@ -16,12 +18,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 
 import trio
 
-from codesdk.protocol import ApprovalState, CallCutShort, EventType, RuntimeInfo, TaskFailed, TaskFailureCode, Trace
+from codesdk.protocol import (
+    ApprovalState,
+    CallCutShort,
+    EventType,
+    RuntimeInfo,
+    TaskFailed,
+    TaskFailureCode,
+    TaskStarted,
+    Trace,
+)
 
-from ..store import EventDraft, InvalidTransition, Leases, Recorder, StoreError, TaskState, TaskUpdate
+from ..store import EventDraft, InvalidTransition, Leases, Recorder, StoreError, TaskRecord, TaskState, TaskUpdate
 from ._approvals import ApprovalBroker
 from ._errors import NamespaceElsewhere
 from ._runs import RunTable
@@ -35,8 +47,9 @@ LetGo = Callable[[str], Awaitable[None]]
 
 class Leasing:
     def __init__(self, store: Recorder, leases: Leases, runs: RunTable, approvals: ApprovalBroker,
-                 let_go: LetGo) -> None:
+                 let_go: LetGo, *, wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.store = store
+        self._wall_clock = wall_clock
         self.leases = leases
         self._runs = runs
         self._approvals = approvals
@@ -145,9 +158,7 @@ class Leasing:
             if self._runs.active(record.task_id) is not None:
                 continue
             session = await self.store.get_session(record.session_id)
-            failed = TaskFailed(code=TaskFailureCode.SUPERVISOR_RESTARTED, retryable=True,
-                                message="the supervisor running this task stopped (or lost the namespace); its "
-                                        "worker went with it")
+            failed = await self._orphan_failure(record)
             runtime, trace = RuntimeInfo(name=session.runtime), Trace(session_id=record.session_id,
                                                                       task_id=record.task_id)
             ends = cut_short_ends(await open_calls(self.store, record.session_id, record.task_id),
@@ -164,6 +175,25 @@ class Leasing:
             log.warning("task %s was left %s by a supervisor that is gone; marked failed", record.task_id,
                         record.state)
         await self._approvals.expire_orphans(namespace)
+
+    async def _orphan_failure(self, record: TaskRecord) -> TaskFailed:
+        """How a task left running by a supervisor that is gone fails: ``TASK_TIMEOUT`` if its stored wall-clock
+        deadline has passed, else ``SUPERVISOR_RESTARTED``."""
+        gone = TaskFailed(code=TaskFailureCode.SUPERVISOR_RESTARTED, retryable=True,
+                          message="the supervisor running this task stopped (or lost the namespace); its "
+                                  "worker went with it")
+        started = await self.store.read_types(record.session_id, [EventType.TASK_STARTED], 0, 1,
+                                              task_id=record.task_id)
+        if not started or not isinstance(started[0].payload, TaskStarted) or started[0].payload.timeout_s is None:
+            return gone
+        timeout_s = started[0].payload.timeout_s
+        ran_s = (self._wall_clock() - started[0].time).total_seconds()
+        if ran_s < timeout_s:
+            return gone
+        return TaskFailed(code=TaskFailureCode.TASK_TIMEOUT, retryable=False, details={
+            "deadline": "timeout_s", "limit_s": timeout_s, "ran_s": round(ran_s, 3)},
+            message=f"the task passed its deadline: timeout_s = {timeout_s:g} s since it started; the supervisor "
+                    f"running it stopped meanwhile (its worker went with it), so no stop receipt was taken")
 
     async def _lost(self, namespace: str) -> None:
         """The lease is no longer ours: drop our runs there (their end is the new holder's to record) and let the

@@ -11,6 +11,7 @@ from codesdk.protocol import EventType, Model, ModelInput, RuntimeInfo, StartTas
 
 from ..store import SessionRecord
 from ..tools import Approver
+from ._deadlines import TaskClock
 from ._ports import WorkerLink
 from ._stopping import StopInProgress
 
@@ -78,6 +79,8 @@ class TaskRun:
     # The worker is finished with the task too (its own terminal arrived, or it exited, or it never had it).
     # A stopped task can keep running in the worker for its stop grace; the session's next task waits.
     released: trio.Event = field(default_factory=trio.Event)
+    #: Its deadlines (``_deadlines``): fed by its events, held while the supervisor holds one of its tool calls.
+    clock: TaskClock = field(default_factory=TaskClock)
 
     @property
     def session_id(self) -> str:

@@ -30,6 +30,7 @@ from codesdk.protocol import (
 )
 
 from ..store import StoreReader
+from ._deadlines import Expiry
 from codesdk.worker.client import RpcError, WorkerError
 from ._ports import WorkerLink
 
@@ -59,6 +60,8 @@ class StopInProgress:
     worker_ended: trio.Event = field(default_factory=trio.Event)
     worker_terminal: tuple[EventType, Model] | None = None
     worker_exit: str | None = None
+    #: The deadline that passed, when the supervisor stops the task for it: it then fails ``TASK_TIMEOUT``.
+    expiry: Expiry | None = None
 
     def terminal_arrived(self, event_type: EventType, payload: Model) -> None:
         self.worker_terminal = (event_type, payload)

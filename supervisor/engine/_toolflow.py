@@ -137,7 +137,13 @@ class ToolFlow:
         """A runtime's ``tool.call.requested``, handled in its worker's order. A repeat of a request already
         handled is dropped (counted); a new one gets our attempt number and input hash. Where nobody is asked,
         the request and its decision are stored here, in one commit; the rest of the call runs in the task's
-        tool nursery. ``CanonicalizationError`` if the input cannot be stored."""
+        tool nursery. ``CanonicalizationError`` if the input cannot be stored.
+
+        While the supervisor holds the call (until its answer is sent) the task's idle clock does not run."""
+        with run.clock.hold():
+            await self._requested(run, requested)
+
+    async def _requested(self, run: TaskRun, requested: ToolCallRequested) -> None:
         stamped = await self._stamp(run, requested)
         if stamped is None:
             return
@@ -146,13 +152,13 @@ class ToolFlow:
                 run.params.interaction_mode != InteractionMode.INTERACTIVE:
             rest = await self._begin(run, requested, tool_input, request_stored=False)
             if rest is not None and run.tools_nursery is not None:
-                run.tools_nursery.start_soon(rest)
+                run.tools_nursery.start_soon(_held, run, rest)
             return
         if not await self._port.append(run, [PendingEvent(EventType.TOOL_CALL_REQUESTED, requested)]):
             return
         assert run.tools_nursery is not None
         handle = self._handle_runtime_call if requested.executed_by == ExecutedBy.RUNTIME else self._handle
-        run.tools_nursery.start_soon(handle, run, requested, tool_input)
+        run.tools_nursery.start_soon(_held, run, partial(handle, run, requested, tool_input))
 
     async def _stamp(self, run: TaskRun, requested: ToolCallRequested,
                      ) -> tuple[ToolCallRequested, dict[str, Any]] | None:
@@ -384,6 +390,12 @@ class ToolFlow:
 
 
 _INDEX_TYPES = (EventType.TOOL_CALL_REQUESTED, EventType.TOOL_CALL_COMPLETED)
+
+
+async def _held(run: TaskRun, rest: Rest) -> None:
+    """The rest of a call the supervisor still holds: the task's idle clock does not run meanwhile."""
+    with run.clock.hold():
+        await rest()
 
 
 def _identity(requested: ToolCallRequested) -> ToolCallIdentity:

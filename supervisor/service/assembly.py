@@ -12,7 +12,7 @@ from codesdk.procs.orphans import become_subreaper
 
 from ..api import ApiLimits
 from ..config import default_data_dir
-from ..engine import DISK_RESERVE_BYTES, Engine, EngineConfig
+from ..engine import DISK_RESERVE_BYTES, DeadlineLimits, Engine, EngineConfig
 from ..namespaces import (
     DiskQuota,
     DiskQuotaError,
@@ -67,6 +67,8 @@ class SupervisorOptions:
     namespace_disk: DiskQuota | None = None
     #: The largest file one ``workspace.exec`` command may write (RLIMIT_FSIZE, ``serve --exec-max-file-size``).
     exec_max_file_bytes: int | None = ExecPolicy.max_file_bytes
+    #: Tasks' deadlines (``timeout_s``, ``idle_timeout_s``): the operator's defaults and maxima (none: no deadline).
+    task_deadlines: DeadlineLimits = field(default_factory=DeadlineLimits)
     #: What API clients may hold: connections (in all, per token), event streams per token, header/body timeouts.
     api_limits: ApiLimits = field(default_factory=ApiLimits)
     #: The event store: None for SQLite in the data dir (the embedded default); a ``postgresql://`` URL for a
@@ -121,7 +123,8 @@ async def open_engine(options: SupervisorOptions) -> AsyncIterator[Engine]:
     tools = ToolRegistry(ToolsConfig(exec=exec_policy), children=children)
     async with Engine.open(EngineConfig(data_dir=data_dir, pool=pool, holder=options.holder,
                                         quotas=options.quotas, store=options.store, lease_s=options.lease_s,
-                                        disk_reserve_bytes=options.disk_reserve_bytes),
+                                        disk_reserve_bytes=options.disk_reserve_bytes,
+                                        deadlines=options.task_deadlines),
                            tools) as engine:
         if options.worker_uids is not None:  # the data dir becomes 0711: nothing in it may rely on the umask
             tighten_data_dir(data_dir)

@@ -167,11 +167,12 @@ def rpc_error(code: int, message: str) -> Answer:
 
 
 @asynccontextmanager
-async def engine_with_doubles(data_dir: Path, *, quotas: Quotas | None = None,
+async def engine_with_doubles(data_dir: Path, *, quotas: Quotas | None = None, **config_fields: Any,
                               ) -> AsyncIterator[tuple[Engine, FakeWorkers]]:
-    """A real engine and store over worker doubles."""
+    """A real engine and store over worker doubles (``config_fields``: more of its ``EngineConfig``)."""
     workers = FakeWorkers()
-    config = EngineConfig(data_dir=data_dir, pool=PoolConfig(data_dir=data_dir), quotas=quotas or Quotas())
+    config = EngineConfig(data_dir=data_dir, pool=PoolConfig(data_dir=data_dir), quotas=quotas or Quotas(),
+                          **config_fields)
     async with Engine.open(config, ToolRegistry(ToolsConfig()), workers=workers.factory) as engine:
         yield engine, workers
 
