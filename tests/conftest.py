@@ -13,6 +13,7 @@ from typing import Any
 
 import psutil
 import pytest
+from hypothesis import HealthCheck, settings
 
 from codesdk.procs.children import Children
 from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
@@ -21,6 +22,11 @@ from codesdk.supervisor.engine import Engine
 from tests.postgres import PostgresServer
 from tests.postgres import unavailable as postgres_unavailable
 from tests.worker.harness import REPO
+
+#: No property test depends on this machine's speed: hypothesis's per-example deadline (200 ms) and its "too slow"
+#: health check fail on a loaded machine, not on a wrong answer. A failing example prints its reproduction blob.
+settings.register_profile("codesdk", deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("codesdk")
 
 #: pytester: the test kit's plugin is tested by running pytest on a user's test file (tests/kit).
 pytest_plugins = ["pytester"]
