@@ -255,6 +255,15 @@ class ResourceGroups:
             pass
 
 
+def service_defaults(data_dir: Path) -> GroupLimits:
+    """The defaults a running (or the last) supervisor of ``data_dir`` was started with; the built-in ones if none
+    is recorded."""
+    try:
+        return GroupLimits(**json.loads((Path(data_dir) / TREE_FILE).read_text())["defaults"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return GroupLimits()
+
+
 def apply_stored(data_dir: Path, namespace: str) -> str | None:
     """For ``namespace limits set``: write the namespace's limits on the group a running supervisor of ``data_dir``
     has for it now. Returns where they were applied (None: no running group; the next start applies them)."""

@@ -119,7 +119,8 @@ async def _open_engine(options: SupervisorOptions, data_dir: Path, children: Chi
                       template=options.worker_template, children=children, groups=groups)
     exec_policy = ExecPolicy(enabled=bool(options.exec_allowlist), allowlist=options.exec_allowlist,
                              exec_uid=options.exec_uid[0], exec_gid=options.exec_uid[1],
-                             namespace_uids=_namespace_uids(options.worker_uids))
+                             namespace_uids=_namespace_uids(options.worker_uids),
+                             max_processes=options.group_limits.pids)
     tools = ToolRegistry(ToolsConfig(exec=exec_policy), children=children, groups=groups)
     async with Engine.open(EngineConfig(data_dir=data_dir, pool=pool, holder=options.holder,
                                         quotas=options.quotas, store=options.store, lease_s=options.lease_s,
