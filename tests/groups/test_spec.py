@@ -65,7 +65,8 @@ def test_newer_overrides_win_and_unset_ones_keep_the_older(older: LimitOverrides
 
 
 def test_stored_overrides_that_are_not_limits_are_refused() -> None:
-    for obj in ([], {"pids": "5"}, {"pids": True}, {"swap": 1}, {"pids": 0}):
+    bad: list[object] = [[], {"pids": "5"}, {"pids": True}, {"swap": 1}, {"pids": 0}]
+    for obj in bad:
         with pytest.raises(LimitError):
             LimitOverrides.from_json_obj(obj)
 
