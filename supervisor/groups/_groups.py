@@ -106,7 +106,7 @@ class ResourceGroups:
         """Detect what the host offers, create the subtree (emptied: whatever a crashed run left in it is killed)
         and say where it is; one log line when no group can be created, and why."""
         if not enabled:
-            return cls(data_dir, defaults, reason="resource groups are switched off (--no-resource-groups)")
+            return cls(data_dir, defaults, reason="resource groups are switched off (serve --no-resource-groups)")
         try:
             if os.geteuid() != 0:
                 raise GroupsUnavailable("the supervisor is not root")
