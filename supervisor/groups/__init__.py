@@ -7,7 +7,7 @@ packages import this face only.
 """
 
 from ._cgroups import CgroupTree, GroupStats, GroupsUnavailable, detect
-from ._groups import LIMITS_FILE, TREE_FILE, ResourceGroups, StoredLimits, apply_stored, service_defaults
+from ._groups import LIMITS_FILE, TREE_FILE, ResourceGroups, StoredLimits, apply_stored, remove_left, service_defaults
 from ._spec import (
     DEFAULT_MEMORY,
     DEFAULT_PIDS,
@@ -42,6 +42,7 @@ __all__ = [
     "namespace_group",
     "parse_proc_cgroup",
     "parse_size",
+    "remove_left",
     "service_defaults",
     "subtree_name",
 ]

@@ -14,6 +14,7 @@ import errno
 import logging
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,8 @@ V2_REQUIRED = ("pids", "memory")
 V2_WANTED = ("pids", "memory", "cpu", "io")
 #: Rounds of "kill every member" before giving up on a group that keeps refilling (a pids-capped group cannot).
 KILL_ROUNDS = 1000
+#: Seconds an emptied group may stay busy (its last processes exiting) before its removal is given up.
+REMOVE_GUARD_S = 10.0
 
 
 class GroupsUnavailable(Exception):
@@ -191,19 +194,20 @@ class CgroupTree:
             if not top.is_dir():
                 continue
             for directory, _, _ in sorted(os.walk(top), key=lambda entry: -len(Path(entry[0]).parts)):
-                for attempt in range(100):
+                deadline = time.monotonic() + REMOVE_GUARD_S
+                while True:
                     try:
                         os.rmdir(directory)
                         break
                     except FileNotFoundError:
                         break
-                    except OSError as exc:
-                        if exc.errno != errno.EBUSY or attempt == 99:
+                    except OSError as exc:  # EBUSY: its last processes are still exiting
+                        if exc.errno != errno.EBUSY or time.monotonic() > deadline:
                             log.warning("cgroup %s could not be removed: %s", directory, exc)
                             gone = False
                             break
                         self.kill(rel)
-                        os.sched_yield()
+                        time.sleep(0.005)
         return gone
 
     def children(self) -> list[str]:

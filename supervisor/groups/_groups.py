@@ -9,11 +9,13 @@ its worker ends and no exec call of it runs, so the groups alive are those of na
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import itertools
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -246,7 +248,7 @@ class ResourceGroups:
         self._namespaces.clear()
         for hierarchy in self.tree.hierarchies:
             try:
-                hierarchy.base.rmdir()
+                _rmdir_when_empty(hierarchy.base)
             except OSError as exc:
                 log.warning("resource groups: %s could not be removed: %s", hierarchy.base, exc)
         try:
@@ -264,25 +266,60 @@ def service_defaults(data_dir: Path) -> GroupLimits:
         return GroupLimits()
 
 
-def apply_stored(data_dir: Path, namespace: str) -> str | None:
-    """For ``namespace limits set``: write the namespace's limits on the group a running supervisor of ``data_dir``
-    has for it now. Returns where they were applied (None: no running group; the next start applies them)."""
+def _rmdir_when_empty(path: Path, guard_s: float = 10.0) -> None:
+    """Remove an emptied group; its last processes may still be exiting (EBUSY) for a moment."""
+    deadline = time.monotonic() + guard_s
+    while True:
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def _recorded(data_dir: Path) -> tuple[CgroupTree, GroupLimits] | None:
+    """The subtree a supervisor of ``data_dir`` recorded (``TREE_FILE``), if it is that data dir's own name."""
     try:
         obj = json.loads((Path(data_dir) / TREE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    expected = subtree_name(str(Path(data_dir).resolve()))
-    try:
         hierarchies = tuple(Hierarchy(frozenset(h["controllers"]), Path(h["base"])) for h in obj["hierarchies"])
         tree = CgroupTree(int(obj["version"]), hierarchies)
         defaults = GroupLimits(**obj["defaults"])
-    except (KeyError, TypeError, ValueError):
+    except (OSError, KeyError, TypeError, ValueError):
         return None
+    expected = subtree_name(str(Path(data_dir).resolve()))
     if not hierarchies or any(h.base.name != expected for h in hierarchies):  # never a group not ours
         return None
+    return tree, defaults
+
+
+def remove_left(data_dir: Path) -> bool:
+    """Kill and remove the subtree a supervisor of ``data_dir`` left behind (it was SIGKILLed: nothing closed it).
+    True if there was one."""
+    found = _recorded(data_dir)
+    if found is None:
+        return False
+    tree, _ = found
+    for child in tree.children():
+        tree.remove(child)
+    for hierarchy in tree.hierarchies:
+        _rmdir_when_empty(hierarchy.base)
+    (Path(data_dir) / TREE_FILE).unlink(missing_ok=True)
+    return True
+
+
+def apply_stored(data_dir: Path, namespace: str) -> str | None:
+    """For ``namespace limits set``: write the namespace's limits on the group a running supervisor of ``data_dir``
+    has for it now. Returns where they were applied (None: no running group; the next start applies them)."""
+    found = _recorded(data_dir)
+    if found is None:
+        return None
+    tree, defaults = found
     rel = namespace_group(namespace)
     if not tree.exists(rel):
         return None
-    limits = defaults.with_overrides(StoredLimits(data_dir).get(namespace))
-    tree.apply(rel, limits)
-    return str(hierarchies[0].base / rel)
+    tree.apply(rel, defaults.with_overrides(StoredLimits(data_dir).get(namespace)))
+    return str(tree.hierarchies[0].base / rel)

@@ -288,11 +288,13 @@ def test_serve_without_flags_runs_on_the_defaults_of_the_options(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Each default is defined once, by the dataclass that holds it (``WorkerPolicy``, ``Quotas``, ``ApiLimits``,
     ``SupervisorOptions``): ``serve``'s flags read them, so the service and an embedded supervisor agree. Only what
-    the service means to do differently differs: who it says it is, and forking workers from a template."""
+    the service means to do differently differs: who it says it is, forking workers from a template, and a
+    resource group per namespace."""
     from codesdk.supervisor.cli.admin import _serve_options, build_parser
     from codesdk.supervisor.service.assembly import SupervisorOptions
 
     monkeypatch.delenv("CODESDK_STORE", raising=False)
     args = build_parser().parse_args(["serve", "--data-dir", str(tmp_path)])
     assert _serve_options(args) == dataclasses.replace(SupervisorOptions(data_dir=tmp_path),
-                                                       holder="codesdk-supervisor serve", worker_template=True)
+                                                       holder="codesdk-supervisor serve", worker_template=True,
+                                                       resource_groups=True)
