@@ -15,6 +15,7 @@ import itertools
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -102,6 +103,9 @@ class ResourceGroups:
         self.stored = StoredLimits(self.data_dir)
         self._namespaces: dict[str, _Namespace] = {}
         self._calls = itertools.count(1)
+        #: Held while a namespace's group is made, joined, emptied or removed (these run in worker threads): an
+        #: exec call's leaf is never made in a group being removed, nor a group removed under a call's leaf.
+        self._lock = threading.RLock()
 
     @classmethod
     def open(cls, data_dir: Path, defaults: GroupLimits | None = None, *, enabled: bool = True) -> ResourceGroups:
@@ -164,20 +168,22 @@ class ResourceGroups:
 
     def reapply(self, namespace: str) -> None:
         """The namespace's stored limits changed: its live group has them at once."""
-        if self.tree is not None and namespace in self._namespaces:
-            self._ensure(namespace)
+        with self._lock:
+            if self.tree is not None and namespace in self._namespaces:
+                self._ensure(namespace)
 
     def place_worker(self, namespace: str, pid: int) -> None:
         """Put a namespace's worker — and whatever it started already (a headstart's runtime) — into its group.
         Called before the worker is sent anything, so no runtime of it starts outside the group."""
-        found = self._ensure(namespace)
-        if found is None:
-            return
-        tree, rel = found
-        leaf = f"{rel}/{WORKER_LEAF}"
-        tree.create(leaf)
-        self._namespaces[namespace].worker = True
-        tree.move(leaf, pid)
+        with self._lock:
+            found = self._ensure(namespace)
+            if found is None:
+                return
+            tree, rel = found
+            leaf = f"{rel}/{WORKER_LEAF}"
+            tree.create(leaf)
+            self._namespaces[namespace].worker = True
+            tree.move(leaf, pid)
         try:
             for child in psutil.Process(pid).children(recursive=True):
                 tree.move(leaf, child.pid)
@@ -187,41 +193,43 @@ class ResourceGroups:
     def worker_ended(self, namespace: str) -> None:
         """Kill everything left in the worker's group (a daemon that escaped its tree too); the namespace's group
         goes when no exec call of it runs."""
-        state = self._namespaces.get(namespace)
-        if self.tree is None or state is None:
-            return
-        state.worker = False
-        rel = namespace_group(namespace)
         try:
-            self.tree.remove(f"{rel}/{WORKER_LEAF}")
-            self._maybe_remove(namespace, state)
+            with self._lock:
+                state = self._namespaces.get(namespace)
+                if self.tree is None or state is None:
+                    return
+                state.worker = False
+                self.tree.remove(f"{namespace_group(namespace)}/{WORKER_LEAF}")
+                self._maybe_remove(namespace, state)
         except OSError as exc:  # the worker's exit must still be reported; the next start empties it again
             log.error("namespace %s: its resource group could not be emptied: %s", namespace, exc)
 
     def open_exec(self, namespace: str) -> tuple[str, list[Path]]:
         """A fresh leaf group of the namespace for one exec call: (its name, the ``cgroup.procs`` files the command
         writes itself into before it runs anything). ``close_exec`` removes it."""
-        found = self._ensure(namespace)
-        if found is None:
-            return "", []
-        tree, rel = found
-        leaf = f"{rel}/{EXEC_PREFIX}{next(self._calls)}"
-        self._namespaces[namespace].execs += 1
-        try:
-            tree.create(leaf)
-        except OSError:
-            self.close_exec(namespace, leaf)
-            raise
-        return leaf, tree.join_files(leaf)
+        with self._lock:
+            found = self._ensure(namespace)
+            if found is None:
+                return "", []
+            tree, rel = found
+            leaf = f"{rel}/{EXEC_PREFIX}{next(self._calls)}"
+            self._namespaces[namespace].execs += 1
+            try:
+                tree.create(leaf)
+            except OSError:
+                self.close_exec(namespace, leaf)
+                raise
+            return leaf, tree.join_files(leaf)
 
     def close_exec(self, namespace: str, leaf: str) -> None:
         """Kill everything left in the call's leaf (a daemon it started too), and remove it."""
-        state = self._namespaces.get(namespace)
-        if self.tree is None or state is None or not leaf:
-            return
-        state.execs -= 1
-        self.tree.remove(leaf)
-        self._maybe_remove(namespace, state)
+        with self._lock:
+            state = self._namespaces.get(namespace)
+            if self.tree is None or state is None or not leaf:
+                return
+            state.execs -= 1
+            self.tree.remove(leaf)
+            self._maybe_remove(namespace, state)
 
     def _maybe_remove(self, namespace: str, state: _Namespace) -> None:
         if self.tree is not None and not state.worker and state.execs == 0:
@@ -233,7 +241,9 @@ class ResourceGroups:
         if self.tree is None:
             return {}
         out = {}
-        for namespace in list(self._namespaces):
+        with self._lock:
+            live = list(self._namespaces)
+        for namespace in live:
             rel = namespace_group(namespace)
             if self.tree.exists(rel):
                 out[namespace] = (self.tree.stats(rel), self.limits_for(namespace))
