@@ -33,6 +33,8 @@ V1_CONTROLLERS = ("pids", "memory", "cpu", "cpuacct", "blkio")
 #: The v2 controllers a subtree needs (``io`` is used where offered).
 V2_REQUIRED = ("pids", "memory")
 V2_WANTED = ("pids", "memory", "cpu", "io")
+#: v2, in a group delegated to the service: the leaf the supervisor moves itself into.
+SUPERVISOR_LEAF = "codesdk-supervisor"
 #: Rounds of "kill every member" before giving up on a group that keeps refilling (a pids-capped group cannot).
 KILL_ROUNDS = 1000
 #: Seconds an emptied group may stay busy (its last processes exiting) before its removal is given up.
@@ -85,9 +87,30 @@ class CgroupTree:
     """The supervisor's subtree, in one v2 hierarchy or several v1 ones. Paths below it are ``rel``s such as
     ``ns-user.alice/worker``."""
 
-    def __init__(self, version: int, hierarchies: tuple[Hierarchy, ...]) -> None:
+    def __init__(self, version: int, hierarchies: tuple[Hierarchy, ...], delegated: Path | None = None) -> None:
         self.version = version
         self.hierarchies = hierarchies
+        #: v2: the group delegated to the service that the supervisor itself is in (None: its controllers are
+        #: enabled already, e.g. the root of a container's cgroup namespace).
+        self.delegated = delegated
+
+    def prepare(self) -> None:
+        """Create the subtree. v2: the controllers are enabled for its children (and, in a delegated group, the
+        supervisor first moves itself into a leaf of its own there: v2 allows no processes in a group whose
+        children have controllers)."""
+        if self.delegated is not None:
+            leaf = self.delegated / SUPERVISOR_LEAF
+            leaf.mkdir(exist_ok=True)
+            (leaf / "cgroup.procs").write_text(str(os.getpid()))
+            _enable(self.delegated, self.controllers)
+        for hierarchy in self.hierarchies:
+            hierarchy.base.mkdir(exist_ok=True)
+            if self.version == 2:
+                _enable(hierarchy.base, hierarchy.controllers)
+
+    def create(self, rel: str) -> None:
+        for hierarchy in self.hierarchies:
+            self._dir(hierarchy, rel).mkdir(exist_ok=True)
 
     @property
     def controllers(self) -> frozenset[str]:
@@ -108,10 +131,6 @@ class CgroupTree:
         return next((h for h in self.hierarchies if h.has(controller)), None)
 
     # -- writing ----------------------------------------------------------------------------------------------
-
-    def create(self, rel: str) -> None:
-        for hierarchy in self.hierarchies:
-            self._dir(hierarchy, rel).mkdir(exist_ok=True)
 
     def exists(self, rel: str) -> bool:
         return all(self._dir(h, rel).is_dir() for h in self.hierarchies)
@@ -254,6 +273,27 @@ class CgroupTree:
                           keyed(read("memory", "memory.oom_control"), "oom_kill"))
 
 
+def _enable(group: Path, controllers: frozenset[str]) -> None:
+    """Enable ``controllers`` for the children of ``group`` (one of ours), those it does not have yet."""
+    control = group / "cgroup.subtree_control"
+    try:
+        enabled = set(control.read_text().split())
+    except FileNotFoundError:
+        enabled = set()
+    missing = sorted(controllers - enabled)
+    if missing:
+        control.write_text(" ".join(f"+{c}" for c in missing))
+
+
+def _delegated_to_us(group: Path) -> bool:
+    """The group is ours to shape: we may write its ``cgroup.subtree_control`` and only we are in it."""
+    try:
+        members = {int(pid) for pid in (group / "cgroup.procs").read_text().split()}
+    except (OSError, ValueError):
+        return False
+    return os.access(group / "cgroup.subtree_control", os.W_OK) and members <= {os.getpid()}
+
+
 def detect(data_dir: str, *, proc_cgroup: str | None = None, mountinfo: str | None = None) -> CgroupTree:
     """The subtree this supervisor may use for ``data_dir`` (not created yet), or ``GroupsUnavailable`` saying why."""
     own = parse_proc_cgroup(proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text())
@@ -273,9 +313,14 @@ def detect(data_dir: str, *, proc_cgroup: str | None = None, mountinfo: str | No
         lacking = [c for c in V2_REQUIRED if c not in enabled]
         if not lacking:
             return CgroupTree(2, (Hierarchy(frozenset(c for c in V2_WANTED if c in enabled), group / name),))
+        if set(lacking) <= offered and own[""] != "/" and _delegated_to_us(group):
+            # A group delegated to the service (systemd Delegate=yes) holding only us: we move into a leaf of our
+            # own there and enable the controllers for its children (``CgroupTree.prepare``).
+            wanted = frozenset(c for c in V2_WANTED if c in offered)
+            return CgroupTree(2, (Hierarchy(wanted, group / name),), delegated=group)
         v2_why = (f"the cgroup2 hierarchy at {mount.point} has {', '.join(lacking)} "
                   + ("not enabled in this supervisor's group " if set(lacking) <= offered else "not offered to ")
-                  + f"{own['']} (delegate it: systemd Delegate=yes with the controllers in cgroup.subtree_control)")
+                  + f"{own['']} (delegate it to the service: systemd Delegate=yes, with nothing else in its group)")
         break
     hierarchies: dict[Path, set[str]] = {}
     seen: set[str] = set()

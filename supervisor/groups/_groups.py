@@ -117,8 +117,7 @@ class ResourceGroups:
             if os.geteuid() != 0:
                 raise GroupsUnavailable("the supervisor is not root")
             tree = detect(str(Path(data_dir).resolve()))
-            for hierarchy in tree.hierarchies:
-                hierarchy.base.mkdir(exist_ok=True)
+            tree.prepare()
             for child in tree.children():
                 if child.startswith(NAMESPACE_PREFIX):
                     log.warning("resource groups: emptying %s left by an earlier run", child)
