@@ -114,9 +114,10 @@ class ResourceGroups:
         if not enabled:
             return cls(data_dir, defaults, reason="resource groups are switched off (serve --no-resource-groups)")
         try:
-            if os.geteuid() != 0:
-                raise GroupsUnavailable("the supervisor is not root")
             tree = detect(str(Path(data_dir).resolve()))
+            if os.geteuid() != 0 and tree.delegated is None:
+                raise GroupsUnavailable("the supervisor is not root, and no cgroup v2 group is delegated to it "
+                                        "(systemd: Delegate=yes)")
             tree.prepare()
             for child in tree.children():
                 if child.startswith(NAMESPACE_PREFIX):
