@@ -226,7 +226,7 @@ class CgroupTree:
                             gone = False
                             break
                         self.kill(rel)
-                        time.sleep(0.005)
+                        time.sleep(0.001)
         return gone
 
     def children(self) -> list[str]:
