@@ -71,3 +71,50 @@ def _name(pid: int) -> str | None:
         return "zombie" if process.status() == psutil.STATUS_ZOMBIE else process.name()
     except psutil.NoSuchProcess:
         return None
+
+
+@pytest.mark.parametrize("template", [False, True], ids=["spawned", "forked-by-the-template"])
+async def test_a_worker_is_in_its_namespace_s_group_however_it_started(
+        make_engine: MakeEngine, tmp_path: Path, template: bool) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("resource groups need root (as CI runs)")
+    with trio.fail_after(90):
+        async with make_engine(resource_groups=True, worker_template=template) as engine:
+            groups = engine.pool.config.groups
+            assert groups is not None
+            if groups.tree is None:
+                pytest.skip(f"no resource group can be created here: {groups.reason}")
+            if template:
+                while engine.pool.template_state() == "starting":  # else the worker starts the usual way
+                    await trio.sleep(0.02)
+                assert engine.pool.template_state() == "ready"
+            _, record, _ = await run_task(engine, namespace="user:carol", runtime_config={"scenario": "echo"})
+            assert record.state == TaskState.COMPLETED, record.error
+            worker = engine.pool.worker_of("user:carol")
+            assert worker is not None
+            assert engine.pool.status()[0]["started_by"] == ("template" if template else "new interpreter")
+            own = Path(f"/proc/{worker.pid}/cgroup").read_text()
+            assert f"/{namespace_group('user:carol')}/worker\n" in own, own
+
+
+def test_a_restart_with_the_same_data_dir_kills_what_a_crashed_run_left(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("resource groups need root (as CI runs)")
+    import subprocess
+
+    (tmp_path / "data").mkdir()
+    crashed = ResourceGroups.open(tmp_path / "data", GroupLimits())
+    if crashed.tree is None:
+        pytest.skip(f"no resource group can be created here: {crashed.reason}")
+    left = subprocess.Popen(["sleep", "600"])
+    try:
+        crashed.place_worker("user:dave", left.pid)  # ... and the supervisor dies without closing anything
+        restarted = ResourceGroups.open(tmp_path / "data", GroupLimits())
+        try:
+            assert left.wait(timeout=60) == -9  # killed by the restart (a hang guard, not a timing)
+            assert restarted.tree is not None and restarted.tree.children() == []
+        finally:
+            restarted.close()
+    finally:
+        left.kill()
+        left.wait()
