@@ -469,7 +469,8 @@ def _quarantine_command(args: argparse.Namespace) -> int:
 
 
 def _namespace_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    namespace = sub.add_parser("namespace", help="a namespace's stored variables (API keys, base URLs, ...)")
+    namespace = sub.add_parser("namespace", help="a namespace's stored variables (API keys, base URLs, ...) and "
+                                                 "resource limits")
     namespace_sub = namespace.add_subparsers(dest="namespace_command", required=True)
     env = namespace_sub.add_parser("env", help="set, unset or list a namespace's variables; values are never shown")
     env_sub = env.add_subparsers(dest="env_command", required=True)

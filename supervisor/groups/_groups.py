@@ -166,12 +166,6 @@ class ResourceGroups:
         state.missing = self.tree.apply(rel, self.limits_for(namespace))
         return self.tree, rel
 
-    def reapply(self, namespace: str) -> None:
-        """The namespace's stored limits changed: its live group has them at once."""
-        with self._lock:
-            if self.tree is not None and namespace in self._namespaces:
-                self._ensure(namespace)
-
     def place_worker(self, namespace: str, pid: int) -> None:
         """Put a namespace's worker — and whatever it started already (a headstart's runtime) — into its group.
         Called before the worker is sent anything, so no runtime of it starts outside the group."""
