@@ -71,3 +71,23 @@ def test_limits_set_refuses_bad_values_in_one_line_and_stores_nothing(
     assert StoredLimits(tmp_path).all() == {}
     code, out, _ = _cli(capsys, "namespace", "limits", "show", "user:bob", "--data-dir", str(tmp_path))
     assert code == 0 and "pids\t512\tdefault" in out
+
+
+def test_a_worker_ending_leaves_a_running_exec_call_of_its_namespace_alone(
+        make_groups: MakeGroups, sleeper: subprocess.Popen[bytes]) -> None:
+    groups = make_groups(GroupLimits())
+    worker = subprocess.Popen(["sleep", "600"])
+    try:
+        groups.place_worker("user:erin", worker.pid)
+        leaf, files = groups.open_exec("user:erin")
+        for path in files:
+            path.write_text(str(sleeper.pid))  # as the call's joiner does for itself
+        groups.worker_ended("user:erin")
+        assert worker.wait(timeout=60) == -9  # a hang guard, not a timing
+        assert sleeper.poll() is None, "the exec call was killed with the worker"
+        groups.close_exec("user:erin", leaf)
+        assert sleeper.wait(timeout=60) == -9
+        assert groups.tree is not None and groups.tree.children() == []
+    finally:
+        worker.kill()
+        worker.wait()
