@@ -122,6 +122,20 @@ def _of_session_server(process: psutil.Process) -> bool:
 
 
 @pytest.fixture(autouse=True)
+def no_resource_groups_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A service a test SIGKILLed leaves its resource groups (cgroups) behind: removed here, found by the record
+    each supervisor keeps in its data dir (only groups named for a data dir of this test's ``tmp_path``)."""
+    yield
+    tmp_path = request.node.funcargs.get("tmp_path") if hasattr(request.node, "funcargs") else None
+    if isinstance(tmp_path, Path):
+        from codesdk.supervisor.groups import TREE_FILE, remove_left
+
+        for record in [*tmp_path.glob(TREE_FILE), *tmp_path.glob(f"*/{TREE_FILE}"),
+                       *tmp_path.glob(f"*/*/{TREE_FILE}")]:
+            remove_left(record.parent)
+
+
+@pytest.fixture(autouse=True)
 def no_processes_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every test ends with no process it started still running and no zombie of it left to this process."""
     me = psutil.Process()

@@ -277,6 +277,38 @@ class _Metrics:
                      for what in ("used_bytes", "limit_bytes", "used_files", "limit_files")}
         self.requests = Counter("codesdk_http_requests", "HTTP requests by route and status",
                                 ["route", "status"], registry=self.registry)
+        # Per namespace with a live resource group (one that runs a worker or an exec call): a bounded label set.
+        group = ["namespace"]
+        self.ns_processes = Gauge("codesdk_namespace_processes", "Processes in the namespace's resource group",
+                                  group, registry=self.registry)
+        self.ns_memory = Gauge("codesdk_namespace_memory_bytes", "Memory charged to the namespace's group "
+                               "(tmpfs pages included)", group, registry=self.registry)
+        self.ns_cpu = Gauge("codesdk_namespace_cpu_seconds", "CPU time used by the namespace's group since it "
+                            "was created", group, registry=self.registry)
+        self.ns_limit = Gauge("codesdk_namespace_limit", "The namespace group's limits", ["namespace", "resource"],
+                              registry=self.registry)
+        self.ns_hits = Gauge("codesdk_namespace_limit_hits", "Times the namespace's group hit a limit since it was "
+                             "created (pids: a fork refused; memory: the limit reached; oom_kill: a process killed)",
+                             ["namespace", "limit"], registry=self.registry)
+
+
+async def _group_metrics(metrics: _Metrics, engine: Engine) -> None:
+    """Each live namespace group's usage, limits and limits hit (namespaces whose group is gone drop out)."""
+    groups = engine.pool.config.groups
+    if groups is None:
+        return
+    stats = await trio.to_thread.run_sync(groups.stats)
+    for gauge in (metrics.ns_processes, metrics.ns_memory, metrics.ns_cpu, metrics.ns_limit, metrics.ns_hits):
+        gauge.clear()
+    for namespace, (used, limits) in stats.items():
+        metrics.ns_processes.labels(namespace=namespace).set(used.processes)
+        metrics.ns_memory.labels(namespace=namespace).set(used.memory_bytes)
+        metrics.ns_cpu.labels(namespace=namespace).set(used.cpu_seconds)
+        for resource, value in limits.to_json_obj().items():
+            metrics.ns_limit.labels(namespace=namespace, resource=resource).set(value)
+        for limit, hits in (("pids", used.pids_limit_hits), ("memory", used.memory_limit_hits),
+                            ("oom_kill", used.oom_kills)):
+            metrics.ns_hits.labels(namespace=namespace, limit=limit).set(hits)
 
 
 class _OpenStream:
@@ -419,7 +451,11 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             return _error(503, "store_failing", f"the event store can't be reached: {engine.leasing.leases.failure}")
         if (shortage := engine.space_shortage(engine.config.workspaces_dir)) is not None:  # a probe write fits
             return _error(503, "insufficient_space", shortage)  # where a task's own files would not
-        return JSONResponse({"status": "ready"})
+        groups = engine.pool.config.groups
+        if groups is None:
+            return JSONResponse({"status": "ready"})
+        # No resource groups is a degraded mode, not unready: shown, with why, but still 200.
+        return JSONResponse({"status": "ready", "details": {"resource_groups": groups.describe()}})
 
     async def metrics_route(request: Request) -> Response:
         if not principal_of(request).admin:  # labels name namespaces: not for tenants
@@ -440,6 +476,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             if disks is not None and (usage := disks.usage(namespace.name)) is not None:
                 for what, gauge in metrics.disk.items():
                     gauge.labels(namespace=namespace.name).set(getattr(usage, what))
+        await _group_metrics(metrics, engine)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def create_session(request: Request) -> Response:

@@ -1,6 +1,6 @@
 """``codesdk-supervisor``: the service's command line — ``serve`` (its flags become ``SupervisorOptions``, then
 ``service.serve`` runs) and the operator's commands beside it: ``token add``, ``namespace env set|unset|list``,
-``quarantine list|lift``.
+``namespace limits set|show``, ``quarantine list|lift``.
 
 Apart from the service so that the service knows nothing of argparse or of the API client: the admin commands reach
 a running service through ``codesdk.client``, as any client does. Both the service and the client are imported only
@@ -22,6 +22,19 @@ from codesdk._version import __version__
 from ..api import ADMIN_TOKEN_FILE, ApiLimits, TokenAuth
 from ..config import default_data_dir
 from ..engine import DISK_RESERVE_BYTES, SERVICE_IDLE_TIMEOUT_S, SERVICE_TIMEOUT_S, DeadlineLimits
+from ..groups import (
+    DEFAULT_MEMORY,
+    DEFAULT_PIDS,
+    DEFAULT_WEIGHT,
+    GroupLimits,
+    LimitError,
+    LimitOverrides,
+    StoredLimits,
+    apply_stored,
+    format_size,
+    service_defaults,
+    parse_size,
+)
 from ..namespaces import (
     DiskQuota,
     DiskQuotaError,
@@ -121,6 +134,34 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                           "--no-worker-template spawns each as a new interpreter)")
     _add_limit_flags(run)
     _add_deadline_flags(run)
+    _add_group_flags(run)
+
+
+def _add_group_flags(run: argparse.ArgumentParser) -> None:
+    """Each namespace's resource group and its default limits (docs/operations.md, "Resource groups")."""
+    groups = run.add_argument_group("resource groups", "a cgroup per namespace holding its worker, its runtimes "
+                                                       "and its exec calls; `namespace limits set` overrides these "
+                                                       "per namespace")
+    groups.add_argument("--resource-groups", action=argparse.BooleanOptionalAction, default=True,
+                        help="create them (default: on; where the host offers none the service says why at "
+                             "start-up and in /readyz, and runs without)")
+    groups.add_argument("--namespace-pids", type=_positive_int, default=DEFAULT_PIDS, metavar="N",
+                        help="processes one namespace may hold at once; also exec's RLIMIT_NPROC (default "
+                             "%(default)s)")
+    groups.add_argument("--namespace-memory", type=_group_size, default=DEFAULT_MEMORY, metavar="SIZE",
+                        help="memory one namespace may use, tmpfs pages it writes included (default "
+                             f"{format_size(DEFAULT_MEMORY)})")
+    groups.add_argument("--namespace-cpu-weight", type=_positive_int, default=DEFAULT_WEIGHT, metavar="W",
+                        help="CPU weight, 1-10000 (default %(default)s)")
+    groups.add_argument("--namespace-io-weight", type=_positive_int, default=DEFAULT_WEIGHT, metavar="W",
+                        help="IO weight, 1-10000, where the host's IO scheduler offers one (default %(default)s)")
+
+
+def _group_size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except LimitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _add_limit_flags(run: argparse.ArgumentParser) -> None:
@@ -174,6 +215,7 @@ def _serve_options(args: argparse.Namespace) -> SupervisorOptions:
         store=args.store, lease_s=args.lease_s, disk_reserve_bytes=args.disk_reserve,
         namespace_disk=args.namespace_disk, exec_max_file_bytes=args.exec_max_file_size,
         task_deadlines=_task_deadlines(args),
+        resource_groups=args.resource_groups, group_limits=_group_limits(args),
         **({"exec_uid": args.exec_uid} if args.exec_uid is not None else {}))
 
 
@@ -228,6 +270,14 @@ def _task_deadlines(args: argparse.Namespace) -> DeadlineLimits:
             said = said.replace(name, flag)
         print(f"{PROG} serve: {said}: lower the default or raise the maximum", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _group_limits(args: argparse.Namespace) -> GroupLimits:
+    try:
+        return GroupLimits(pids=args.namespace_pids, memory=args.namespace_memory,
+                           cpu_weight=args.namespace_cpu_weight, io_weight=args.namespace_io_weight)
+    except LimitError as exc:
+        raise SystemExit(f"{PROG} serve: {exc}") from exc
 
 
 def _quotas(args: argparse.Namespace) -> Quotas:
@@ -500,7 +550,8 @@ def _quarantine_command(args: argparse.Namespace) -> int:
 
 
 def _namespace_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    namespace = sub.add_parser("namespace", help="a namespace's stored variables (API keys, base URLs, ...)")
+    namespace = sub.add_parser("namespace", help="a namespace's stored variables (API keys, base URLs, ...) and "
+                                                 "resource limits")
     namespace_sub = namespace.add_subparsers(dest="namespace_command", required=True)
     env = namespace_sub.add_parser("env", help="set, unset or list a namespace's variables; values are never shown")
     env_sub = env.add_subparsers(dest="env_command", required=True)
@@ -529,6 +580,7 @@ def _namespace_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     for cmd in (disk_set, disk_unset, disk_show):
         cmd.set_defaults(run=_namespace_disk_command)
         cmd.add_argument("--data-dir", type=data_dir, default=default_data_dir())
+    _namespace_limits_parser(namespace_sub)
 
 
 def _namespace_disk_command(args: argparse.Namespace) -> int:
@@ -547,6 +599,49 @@ def _namespace_disk_command(args: argparse.Namespace) -> int:
         return 2
     print(f"quota\t{own if own is not None else 'serve --namespace-disk (if given)'}")
     print(f"used\t{usage.describe() if usage is not None else 'volume not mounted'}")
+    return 0
+
+
+def _namespace_limits_parser(namespace_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    limits = namespace_sub.add_parser("limits", help="a namespace's resource-group limits (processes, memory, CPU "
+                                                     "and IO weight)")
+    limits_sub = limits.add_subparsers(dest="limits_command", required=True)
+    limits_set = limits_sub.add_parser("set", help="override the service's defaults for this namespace: applied "
+                                                   "at once to its running group, and on its next start")
+    limits_set.add_argument("--pids", type=_positive_int, default=None, metavar="N")
+    limits_set.add_argument("--memory", type=_group_size, default=None, metavar="SIZE")
+    limits_set.add_argument("--cpu-weight", type=_positive_int, default=None, metavar="W")
+    limits_set.add_argument("--io-weight", type=_positive_int, default=None, metavar="W")
+    limits_show = limits_sub.add_parser("show", help="the namespace's limits, and which are its own overrides")
+    for cmd in (limits_set, limits_show):
+        cmd.add_argument("namespace", type=namespace_name)
+        cmd.add_argument("--data-dir", type=data_dir, default=default_data_dir())
+        cmd.set_defaults(run=_namespace_limits_command)
+
+
+def _namespace_limits_command(args: argparse.Namespace) -> int:
+    """On the files in the data dir (like the other namespace settings); a running supervisor's group for the
+    namespace gets them at once (its subtree is recorded in the data dir)."""
+    stored = StoredLimits(args.data_dir)
+    try:
+        if args.limits_command == "set":
+            given = LimitOverrides(pids=args.pids, memory=args.memory, cpu_weight=args.cpu_weight,
+                                   io_weight=args.io_weight)
+            if not given.to_json_obj():
+                raise LimitError("nothing to set: give --pids, --memory, --cpu-weight or --io-weight")
+            GroupLimits().with_overrides(given)  # each value checked before anything is stored
+            stored.set(args.namespace, given)
+            where = apply_stored(args.data_dir, args.namespace)
+            print(f"namespace {args.namespace}: applied to its running group {where}" if where else
+                  f"namespace {args.namespace}: stored; applied when its worker next starts", file=sys.stderr)
+        own = stored.get(args.namespace)
+    except (LimitError, InvalidNamespace, OSError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    effective = service_defaults(args.data_dir).with_overrides(own)
+    for name, value in effective.to_json_obj().items():
+        shown = format_size(value) if name == "memory" else str(value)
+        print(f"{name}\t{shown}\t{'set' if getattr(own, name) is not None else 'default'}")
     return 0
 
 

@@ -234,7 +234,8 @@ class ToolFlow:
     async def _execute(self, run: TaskRun, requested: ToolCallRequested, identity: ToolCallIdentity,
                        tool_input: dict[str, Any], policy_snapshot: dict[str, Any], workspace: Path,
                        started_at: float) -> None:
-        result = await self._port.tools.execute(requested.tool_name, tool_input, ToolContext(workspace=workspace))
+        result = await self._port.tools.execute(requested.tool_name, tool_input, ToolContext(
+            workspace=workspace, namespace=run.session.namespace))
         duration_ms = (time.monotonic() - started_at) * 1000
         await self._store_output(run, identity, result)
         data = await _canonical_result(result.content)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +12,7 @@ from codesdk.procs.orphans import become_subreaper
 
 from ..api import ApiLimits
 from ..config import default_data_dir
+from ..groups import GroupLimits, ResourceGroups
 from ..engine import DISK_RESERVE_BYTES, DeadlineLimits, Engine, EngineConfig
 from ..namespaces import (
     DiskQuota,
@@ -81,6 +82,10 @@ class SupervisorOptions:
     #: one per process. None: ``open_engine`` makes one (a process running one engine at a time); the ``codesdk``
     #: command gives the one its headstart worker is owned in; a process running engines side by side, each the same.
     children: Children | None = field(default=None, compare=False)
+    #: A resource group (cgroup) per namespace with these default limits (``serve`` turns it on; where no group
+    #: can be created it says why and runs without): ``codesdk.supervisor.groups``.
+    resource_groups: bool = False
+    group_limits: GroupLimits = field(default_factory=GroupLimits)
 
 
 def check_options(options: SupervisorOptions) -> None:
@@ -112,15 +117,27 @@ async def open_engine(options: SupervisorOptions) -> AsyncIterator[Engine]:
         for private in ("blobs", "workspaces"):
             (data_dir / private).mkdir(exist_ok=True, mode=0o700)
     worker_env = workers_env(options.worker_env, test_scenarios=options.test_scenarios)
+    groups = ResourceGroups.open(data_dir, options.group_limits, enabled=options.resource_groups)
+    try:
+        async with _open_engine(options, data_dir, children, worker_env, groups) as engine:
+            yield engine
+    finally:
+        groups.close()
+
+
+@asynccontextmanager
+async def _open_engine(options: SupervisorOptions, data_dir: Path, children: Children,
+                       worker_env: dict[str, Mapping[str, str]], groups: ResourceGroups) -> AsyncIterator[Engine]:
     pool = PoolConfig(data_dir=data_dir, argv=options.worker_argv, policy=options.worker_policy,
                       env=worker_env, path=options.worker_path, worker_uids=options.worker_uids,
-                      template=options.worker_template, children=children,
+                      template=options.worker_template, children=children, groups=groups,
                       disks=NamespaceDisks(data_dir, options.namespace_disk))
     exec_policy = ExecPolicy(enabled=bool(options.exec_allowlist), allowlist=options.exec_allowlist,
                              exec_uid=options.exec_uid[0], exec_gid=options.exec_uid[1],
                              namespace_uids=_namespace_uids(options.worker_uids),
+                             max_processes=options.group_limits.pids,
                              max_file_bytes=options.exec_max_file_bytes)
-    tools = ToolRegistry(ToolsConfig(exec=exec_policy), children=children)
+    tools = ToolRegistry(ToolsConfig(exec=exec_policy), children=children, groups=groups)
     async with Engine.open(EngineConfig(data_dir=data_dir, pool=pool, holder=options.holder,
                                         quotas=options.quotas, store=options.store, lease_s=options.lease_s,
                                         disk_reserve_bytes=options.disk_reserve_bytes,

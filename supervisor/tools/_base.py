@@ -73,6 +73,8 @@ class ToolContext:
 
     workspace: Path
     limits: ToolLimits = field(default_factory=ToolLimits)
+    #: The namespace the call is made for: ``workspace.exec`` runs in its resource group (None: in none).
+    namespace: str | None = None
 
 
 class ToolResult(BaseModel):

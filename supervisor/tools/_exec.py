@@ -48,6 +48,7 @@ from codesdk.procs.orphans import end_command
 from codesdk.procs.process import ChildProcess, run_in_own_session
 from codesdk.procs.scan import Scans
 
+from ..groups import ResourceGroups
 from ..namespaces import WALK_FLAGS, DiskUsage, chmod_entry, walk_tree
 from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolInput, ToolResult, clip
 from ._paths import disk_full_message, workspace_root
@@ -95,6 +96,9 @@ class ExecPolicy:
     # The largest file a command may write (RLIMIT_FSIZE: past it the write fails and the command gets SIGXFSZ),
     # ``serve --exec-max-file-size`` (None: no limit).
     max_file_bytes: int | None = 1 << 30
+    # Processes a command may have (``RLIMIT_NPROC``: counted per uid, so per namespace with ``--worker-uids``,
+    # shared by every namespace that runs as the exec uid otherwise); the namespace's group caps it exactly.
+    max_processes: int = 512
 
     def __post_init__(self) -> None:
         check_exec_identity(self.exec_uid, self.exec_gid, self.namespace_uids)
@@ -381,10 +385,12 @@ class ExecTool:
     """Builds the sandboxed command line and runs it; holds the policy and the sandbox probe."""
 
     def __init__(self, policy: ExecPolicy, prober: SandboxProber | None = None,
-                 children: Children | None = None) -> None:
+                 children: Children | None = None, groups: ResourceGroups | None = None) -> None:
         """``children``: the registry of this process's children, where each command (and sandbox probe) is owned
-        until reaped (None: one of its own, where nothing sweeps orphans)."""
+        until reaped (None: one of its own, where nothing sweeps orphans). ``groups``: each call runs in a fresh
+        leaf of its namespace's resource group (None, or none available: the process cap only)."""
         self.policy = policy
+        self.groups = groups
         self.children = children if children is not None else Children()
         self.prober = prober or SandboxProber(self.children)
         self._scans = Scans()  # the /proc scans that end its commands' sessions
@@ -422,8 +428,9 @@ class ExecTool:
                 ErrorCode.SANDBOX_UNAVAILABLE,
                 "`prlimit` is not available, so the memory limit cannot be enforced",
             )
-        limit = [tools.prlimit, f"--as={memory_mb * 1024 * 1024}", f"--fsize={self.policy.max_file_bytes or 'unlimited'}",
-                 "--core=0", "--"]
+        limit = [tools.prlimit, f"--as={memory_mb * 1024 * 1024}",
+                 f"--fsize={self.policy.max_file_bytes or 'unlimited'}", "--core=0",
+                 f"--nproc={self.policy.max_processes}", "--"]
         confine = self.policy.confine_filesystem
         if confine and (tools.bwrap is not None or tools.netns_prefix is not None):
             self._check_visible(executable, workspace)
@@ -453,6 +460,25 @@ class ExecTool:
                 "refusing to run unsandboxed",
             )
         return [*self._switch(tools, who), *limit], "no-netns", True
+
+    @asynccontextmanager
+    async def _leaf(self, namespace: str | None) -> AsyncIterator[list[str]]:
+        """The ``cgroup.procs`` files of a fresh leaf group for this call (none without groups); after the call
+        everything left in it is killed and the leaf removed."""
+        groups = self.groups
+        if groups is None or namespace is None or not groups.available:
+            yield []
+            return
+        try:
+            leaf, files = await trio.to_thread.run_sync(groups.open_exec, namespace)
+        except OSError as exc:
+            raise ToolError(ErrorCode.SANDBOX_UNAVAILABLE,
+                            f"namespace {namespace!r}: its resource group could not be created: {exc}") from exc
+        try:
+            yield [str(path) for path in files]
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(groups.close_exec, namespace, leaf)
 
     @staticmethod
     def _switch(tools: SandboxTools, who: RunAs | None) -> list[str]:
@@ -498,9 +524,9 @@ class ExecTool:
         env_name = f"supervisor:sandbox({label},uid={who.uid if who is not None else os.getuid()})"
         command = [*prefix, executable, *args.argv[1:]]
         try:
-            async with _workspace_for(root, who):
-                done = await _run(command, root, self.environment(root), timeout, limits.exec_output_max_bytes,
-                                  self.children, self._scans)
+            async with _workspace_for(root, who), self._leaf(ctx.namespace) as join:
+                done = await _run([*_joiner(join), *command], root, self.environment(root), timeout,
+                                  limits.exec_output_max_bytes, self.children, self._scans)
         except OSError as exc:
             raise ToolError(
                 ErrorCode.IO_ERROR, f"could not start {args.argv[0]!r}: {exc.strerror or exc}"
@@ -541,9 +567,20 @@ def _disk_full(root: str) -> bool:
         return False
 
 
+#: Joins the group before anything of the call runs (its own pid, then ``exec``): no move after a spawn that could
+#: race the sandbox's own forks. Arguments: the ``cgroup.procs`` files, ``--``, the command.
+_JOIN = ('for f do [ "$f" = -- ] && break; echo $$ 2>/dev/null >"$f" || '
+         '{ echo "codesdk: could not join the namespace resource group ($f)" >&2; exit 125; }; shift; done; '
+         'shift; exec "$@"')
+
+
+def _joiner(files: list[str]) -> list[str]:
+    return ["/bin/sh", "-c", _JOIN, "sh", *files, "--"] if files else []
+
+
 def make_exec_tool(policy: ExecPolicy, prober: SandboxProber | None = None,
-                   children: Children | None = None) -> Tool[ExecInput]:
-    runner = ExecTool(policy, prober, children)
+                   children: Children | None = None, groups: ResourceGroups | None = None) -> Tool[ExecInput]:
+    runner = ExecTool(policy, prober, children, groups)
     return Tool(
         name="workspace.exec",
         description=(

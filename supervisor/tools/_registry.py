@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from codesdk.procs.children import Children
 from codesdk.protocol import ToolManifest, ToolSpec, canonical_hash
 
+from ..groups import ResourceGroups
 from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolResult
 from ._exec import ExecPolicy, make_exec_tool
 from ._files import LIST_TOOL, READ_TOOL, WRITE_TOOL
@@ -52,13 +53,13 @@ class ToolRegistry:
     """The tools of one configuration. Build once per supervisor (or per session if configs differ)."""
 
     def __init__(self, config: ToolsConfig | None = None, *, prober: SandboxProber | None = None,
-                 children: Children | None = None) -> None:
+                 children: Children | None = None, groups: ResourceGroups | None = None) -> None:
         """``children``: the registry of this process's children, where the commands it runs are owned (see
-        ``ExecTool``)."""
+        ``ExecTool``); ``groups``: the namespaces' resource groups exec calls run in."""
         self.config = config or ToolsConfig()
         every: list[Tool[Any]] = [READ_TOOL, WRITE_TOOL, PATCH_TOOL, LIST_TOOL]
         if self.config.exec.enabled:
-            every.append(make_exec_tool(self.config.exec, prober, children))
+            every.append(make_exec_tool(self.config.exec, prober, children, groups))
         self._tools: dict[str, Tool[Any]] = {
             tool.name: tool for tool in every if tool.name not in self.config.disabled
         }

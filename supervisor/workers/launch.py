@@ -39,6 +39,8 @@ from ..namespaces import (
 if TYPE_CHECKING:
     from codesdk.procs.process import StartedProcess
 
+    from ..groups import ResourceGroups
+
 log = logging.getLogger("codesdk.supervisor.pool")
 
 
@@ -84,6 +86,9 @@ class PoolConfig:
     #: headstart, is owned there until reaped, and the engine's orphan sweep reads it. One per process: whoever
     #: makes the process a child subreaper makes it (the ``codesdk`` front, else ``open_engine``) and hands it here.
     children: Children = field(default_factory=Children, compare=False, repr=False)
+    #: Each namespace's resource group (``codesdk.supervisor.groups``): its worker is put there before it is sent
+    #: anything, and whatever is left there is killed when the worker ends. None: no groups.
+    groups: ResourceGroups | None = field(default=None, compare=False, repr=False)
 
     def worker_argv(self) -> list[str]:
         return list(self.argv) or worker_argv()

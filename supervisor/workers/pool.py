@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import partial
 
 import trio
 
@@ -423,8 +424,10 @@ class WorkerPool:
         worker: WorkerProcess | None = None
         try:
             async with trio.open_nursery() as nursery:
+                groups = self.config.groups
+                placed = partial(groups.place_worker, slot.namespace.name) if groups is not None else None
                 worker = await WorkerProcess.start(nursery, spec, self.config.handshake_timeout_s, adopted,
-                                                   children=self.config.children, table=self._table)
+                                                   children=self.config.children, table=self._table, placed=placed)
                 slot.started_by = ("new interpreter" if adopted is None else
                                    "template" if isinstance(adopted.child, ForkedChild) else "ahead")
                 log.info("namespace %s: worker pid %d ready (%s)", slot.namespace.name, worker.pid, {
@@ -450,6 +453,8 @@ class WorkerPool:
         with trio.move_on_after(REAP_WAIT_S):
             await worker.exited.wait()
         status = worker.exit_status or ExitStatus(None, 9)
+        if self.config.groups is not None:  # a daemon that escaped the worker's tree dies with it here
+            await trio.to_thread.run_sync(self.config.groups.worker_ended, slot.namespace.name)
         slot.last_exit = status
         if slot.worker is worker:
             slot.worker = None

@@ -288,8 +288,9 @@ def test_serve_without_flags_runs_on_the_defaults_of_the_options(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Each default is defined once, by the dataclass that holds it (``WorkerPolicy``, ``Quotas``, ``ApiLimits``,
     ``SupervisorOptions``): ``serve``'s flags read them, so the service and an embedded supervisor agree. Only what
-    the service means to do differently differs: who it says it is, forking workers from a template, and default
-    task deadlines (a tenant's runaway task is nobody's to see; ``codesdk run``'s is its user's, at the terminal)."""
+    the service means to do differently differs: who it says it is, forking workers from a template, default
+    task deadlines (a tenant's runaway task is nobody's to see; ``codesdk run``'s is its user's, at the terminal)
+    and a resource group per namespace."""
     from codesdk.supervisor.cli.admin import _serve_options, build_parser
     from codesdk.supervisor.engine import SERVICE_IDLE_TIMEOUT_S, SERVICE_TIMEOUT_S, DeadlineLimits
     from codesdk.supervisor.service.assembly import SupervisorOptions
@@ -300,4 +301,5 @@ def test_serve_without_flags_runs_on_the_defaults_of_the_options(tmp_path: Path,
                                                        holder="codesdk-supervisor serve", worker_template=True,
                                                        task_deadlines=DeadlineLimits(
                                                            timeout_default_s=SERVICE_TIMEOUT_S,
-                                                           idle_default_s=SERVICE_IDLE_TIMEOUT_S))
+                                                           idle_default_s=SERVICE_IDLE_TIMEOUT_S),
+                                                       resource_groups=True)

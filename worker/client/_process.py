@@ -113,14 +113,16 @@ class WorkerProcess:
     @classmethod
     async def start(cls, nursery: trio.Nursery, spec: WorkerSpec, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
                     adopted: StartedProcess | None = None, handshake: bool = True, *,
-                    children: Children | None = None, table: ProcessTable | None = None) -> WorkerProcess:
+                    children: Children | None = None, table: ProcessTable | None = None,
+                    placed: Callable[[int], object] | None = None) -> WorkerProcess:
         """Spawn the worker in its own session (or adopt one started as ``spec`` says: ahead of the supervisor, or
         forked by the template), start its reader tasks, and complete the handshake (unless ``handshake`` is
         false: a protocol test that sends its own ``runtime.initialize``).
 
         ``children``: the registry of the process's children, where it is owned until reaped (None: one of its own,
         where nothing sweeps orphans); ``table``: the snapshots its tree is watched in, shared by a pool's
-        workers (None: its own)."""
+        workers (None: its own); ``placed``: called with its pid once it runs, before anything is sent to it (the
+        pool puts it into its namespace's resource group there)."""
         children = children if children is not None else Children()
         table = table if table is not None else ProcessTable()
         deliver_cancel = partial(_end_worker, table)
@@ -147,6 +149,14 @@ class WorkerProcess:
         worker = cls(spec, process, WorkerConnection(process.stdin, process.stdout, spec.max_frame_bytes, spec.name,
                                                      spec.wire_tap), children, table)
         nursery.start_soon(worker._watch)
+        if placed is not None:
+            try:
+                placed(process.pid)
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await worker.kill()
+                    await worker.exited.wait()
+                raise
         if not handshake:
             return worker
         try:
