@@ -568,10 +568,13 @@ def _disk_full(root: str) -> bool:
 
 
 #: Joins the group before anything of the call runs (its own pid, then ``exec``): no move after a spawn that could
-#: race the sandbox's own forks. Arguments: the ``cgroup.procs`` files, ``--``, the command.
+#: race the sandbox's own forks. Arguments: the ``cgroup.procs`` files, ``--``, the command. The call is also made
+#: the first victim of an OOM kill in its namespace (``oom_score_adj`` 1000, inherited): its private /tmp's pages
+#: belong to no process, so otherwise the kill would pick the namespace's biggest process — its worker — and the
+#: filler would go on while the tasks failed.
 _JOIN = ('for f do [ "$f" = -- ] && break; echo $$ 2>/dev/null >"$f" || '
          '{ echo "codesdk: could not join the namespace resource group ($f)" >&2; exit 125; }; shift; done; '
-         'shift; exec "$@"')
+         'echo 1000 2>/dev/null >/proc/self/oom_score_adj; shift; exec "$@"')
 
 
 def _joiner(files: list[str]) -> list[str]:

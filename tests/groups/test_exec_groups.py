@@ -133,3 +133,28 @@ def _meminfo(key: str) -> int:
     raise AssertionError(f"no {key} in /proc/meminfo")
 
 
+
+
+def test_a_tmp_filler_is_the_one_killed_not_its_namespaces_worker(groups: ResourceGroups, workspace: Path) -> None:
+    """An exec call's tmpfs pages belong to no process, so the memory limit's OOM kill would pick the namespace's
+    biggest process — its worker — and the call's tasks would fail WORKER_CRASHED while the filler went on. The
+    call's processes are the first to go: the worker (here a stand-in holding 24 MiB) lives."""
+    import subprocess
+    import sys
+
+    namespace = "user:tenant"
+    worker = subprocess.Popen([sys.executable, "-c", "import sys; held = bytearray(24 << 20); sys.stdin.read()"],
+                              stdin=subprocess.PIPE)
+    try:
+        wait_for("the stand-in worker holding its memory",
+                 lambda: psutil.Process(worker.pid).memory_info().rss >= 24 << 20)
+        groups.place_worker(namespace, worker.pid)
+        result = trio.run(run, registry(groups), workspace, ["sh", "-c", FILLER], namespace)
+        out = content(result)
+        assert result.is_error and out["exit_code"] == -9, out
+        assert worker.poll() is None, "the namespace's worker was killed for the exec call's /tmp"
+    finally:
+        groups.worker_ended(namespace)
+        worker.wait()
+        assert worker.stdin is not None
+        worker.stdin.close()
