@@ -18,6 +18,7 @@ from ._errors import (
     EngineError,
     ErrorStatus,
     InsufficientSpace,
+    NamespaceDiskFull,
     InvalidTaskInput,
     NamespaceElsewhere,
     NamespaceUnavailable,
@@ -35,7 +36,7 @@ from ._transcript import derive_transcript, session_events
 __all__ = [
     "DISK_RESERVE_BYTES", "ERROR_STATUS", "ApprovalRequest", "Approver", "ApproverAnswer", "ApproverRequired", "DeadlineLimits",
     "Engine", "SERVICE_IDLE_TIMEOUT_S", "SERVICE_TIMEOUT_S", "EngineConfig",
-    "EngineError", "EngineStats", "ErrorStatus", "InsufficientSpace", "InvalidTaskInput", "NamespaceElsewhere", "NamespaceUnavailable",
+    "EngineError", "EngineStats", "ErrorStatus", "InsufficientSpace", "NamespaceDiskFull", "InvalidTaskInput", "NamespaceElsewhere", "NamespaceUnavailable",
     "PoolWorkers", "RequestChannel", "RuntimeUnavailable", "SessionBusy", "TaskNotActive", "UnknownRuntime", "WorkerEvents",
     "WorkerExit", "WorkerLink", "Workers", "WorkersFactory", "WorkspaceRefused", "derive_transcript", "error_status",
     "session_events",

@@ -56,7 +56,7 @@ from codesdk.protocol import (
 
 from codesdk.procs.orphans import Orphans
 from ..ids import is_id, new_id
-from ..namespaces import VOLUMES_DIR, DiskQuotaError, InvalidNamespace, Namespace, make_workspace
+from ..namespaces import VOLUMES_DIR, DiskQuotaError, DiskUsage, InvalidNamespace, Namespace, is_disk_full, make_workspace
 from ..namespaces import WorkspaceRefused as WorkspacePathRefused
 from ..store import (
     LEASE_S,
@@ -90,6 +90,7 @@ from ._errors import (
     ApproverRequired,
     EngineError,
     InsufficientSpace,
+    NamespaceDiskFull,
     InvalidTaskInput,
     NamespaceElsewhere,
     NamespaceUnavailable,
@@ -331,6 +332,12 @@ class Engine:
                                                  self.config.pool.worker_uids)
         except WorkspacePathRefused as exc:
             raise WorkspaceRefused(str(exc)) from exc
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            raise NamespaceDiskFull(f"namespace {namespace}'s disk is full{_fill_of(workspace.parent)}, so a new "
+                                    "session's workspace does not fit: delete files from its workspaces, or ask the "
+                                    "operator for a larger quota") from exc
 
     # -- tasks ----------------------------------------------------------------------------------
 
@@ -743,3 +750,11 @@ async def _open_leases(config: EngineConfig, store: Recorder) -> AsyncIterator[L
                 await leases.aclose()
             except StoreError as exc:  # they expire by themselves
                 log.error("namespace leases could not be given up (they expire in %.0f s): %s", config.lease_s, exc)
+
+
+def _fill_of(path: Path) -> str:
+    """`` (15.1 MiB of 15.2 MiB and … files used)`` for the volume holding ``path``; empty if it can't be read."""
+    try:
+        return f" ({DiskUsage.of(path).describe()})"
+    except OSError:
+        return ""

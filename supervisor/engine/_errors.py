@@ -67,6 +67,11 @@ class InsufficientSpace(EngineError):
     free than the reserve a task needs (``EngineConfig.disk_reserve_bytes``). The operator's to fix: free space."""
 
 
+class NamespaceDiskFull(EngineError):
+    """The namespace's own disk quota is full, so not even a new session's workspace fits. The tenant's to fix:
+    delete files from its workspaces (or ask the operator for a larger quota)."""
+
+
 class ApproverRequired(EngineError):
     """An interactive task needs someone to ask: an approver, or approvals decided over the API."""
 
@@ -102,6 +107,7 @@ ERROR_STATUS: dict[type[Exception], ErrorStatus] = {
     UnknownRuntime: ErrorStatus(404, "unknown_runtime"),
     RuntimeUnavailable: ErrorStatus(503, "runtime_unavailable"),
     InsufficientSpace: ErrorStatus(503, "insufficient_space"),
+    NamespaceDiskFull: ErrorStatus(429, "namespace_disk_full"),  # a quota, like the namespace's others
     ApproverRequired: ErrorStatus(422, "approver_required"),
     SessionBusy: ErrorStatus(409, "session_busy"),
     StoredSessionBusy: ErrorStatus(409, "session_busy"),

@@ -457,3 +457,25 @@ def test_a_dropped_quota_keeps_the_volume_and_its_files(mounted_disks: Path) -> 
     disks.set_override("user:d", None)
     assert disks.ensure(namespace) is not None and disks.workspaces("user:d") is None  # new workspaces: shared
     assert (namespace.root(mounted_disks) / "home" / "kept").read_text() == "yes"
+
+
+async def test_a_session_in_a_namespace_whose_disk_is_full_is_refused_saying_so(mounted_disks: Path) -> None:
+    """Its workspace cannot be made: a refusal naming the quota and what to do (429 ``namespace_disk_full``), not a
+    fault (500); nothing is stored; another namespace goes on."""
+    from codesdk.supervisor.engine import NamespaceDiskFull, error_status
+
+    data = mounted_disks
+    config = EngineConfig(data_dir=data, pool=PoolConfig(data_dir=data, disks=NamespaceDisks(data, FEW_FILES)))
+    with trio.fail_after(120):
+        async with Engine.open(config, ToolRegistry()) as engine:
+            tenant = await engine.create_session(namespace="user:full")
+            await _fill(Path(str(tenant.workspace)), 10, 80)  # every inode taken
+            with pytest.raises(NamespaceDiskFull) as refused:
+                await engine.create_session(namespace="user:full")
+            message = str(refused.value)
+            assert "namespace user:full's disk is full" in message and "files used" in message, message
+            assert "delete files" in message, message
+            answer = error_status(refused.value)
+            assert answer is not None and (answer.status, answer.code) == (429, "namespace_disk_full")
+            assert len(await engine.store.list_sessions()) == 1
+            await engine.create_session(namespace="user:other")
