@@ -35,6 +35,9 @@ class PendingBatch:
         self._lost = lost
         self._events: dict[str, tuple[TaskRun, list[PendingEvent]]] = {}
         self._blobs: dict[str, Blobs] = {}
+        #: seconds a stream's parts owe as pauses (``_share``): taken after the namespace's turn, not inside it,
+        #: so that another namespace's turn never waits for a flood's pause
+        self.owed_pause_s = 0.0
 
     def add(self, run: TaskRun, event: PendingEvent) -> None:
         self._events.setdefault(run.task_id, (run, []))[1].append(event)
@@ -51,7 +54,7 @@ class PendingBatch:
     async def flush(self) -> None:
         """Store everything pending. Short runs first. A stream's events are bulk appends: the writer commits
         them taking turns with everyone else's writes, and while others are writing they go in small parts, each
-        followed by a pause as long as it took (``_share``): a flood slows only itself."""
+        followed by a pause as long as it took (``_share``, owed in ``owed_pause_s``): a flood slows only itself."""
         pending = sorted(self._events.values(), key=lambda entry: _is_stream(entry[0]))
         self._events.clear()
         for run, events in pending:
@@ -81,11 +84,12 @@ class PendingBatch:
         return trio.current_time() - last <= SHARE_WINDOW_S
 
     async def _share(self, run: TaskRun, started: float) -> None:
-        """After a stream's part: while others are writing, pause as long as the part took, so a flood gets at
-        most about half of the event loop, the GIL and the writer, and others' small steps find them free. A
-        stream alone never pauses."""
+        """After a stream's part: while others are writing, owe a pause as long as the part took, so a flood gets
+        at most about half of the event loop, the GIL and the writer, and others' small steps find them free. A
+        stream alone never pauses. The pause is taken by the intake once the namespace's turn is over."""
         if self._others_writing(run):
-            await trio.sleep(min(trio.current_time() - started, SHARE_WINDOW_S))
+            self.owed_pause_s = min(self.owed_pause_s + trio.current_time() - started, SHARE_WINDOW_S)
+        await trio.lowlevel.checkpoint()
 
 
 def _is_stream(run: TaskRun) -> bool:

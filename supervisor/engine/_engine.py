@@ -185,6 +185,8 @@ class Engine:
         self._recorder = RunRecorder(store, config.quotas, self._ender.over_quota)
         tools = ToolFlow(EnginePort(store, self._recorder, tooling, self.approvals), self.stats)
         intake = EventIntake(store, self._runs, self.stats, self._recorder, tools, self._ender)
+        #: the namespaces' turns at the event path (weighted deficit round robin; ``codesdk.supervisor.fair``)
+        self.turns = intake.turns
         self._workers = workers(config.pool, nursery, intake.on_events, intake.on_exit)
         self.leasing = Leasing(store, leases or SoleLeases(), self._runs, self.approvals, self._workers.let_go)
 

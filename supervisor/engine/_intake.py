@@ -12,6 +12,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import trio
+
 from codesdk.protocol import (
     TERMINAL_EVENT_TYPES,
     CanonicalizationError,
@@ -27,6 +29,7 @@ from codesdk.protocol import (
     sha256_hex,
 )
 
+from ..fair import FairTurns
 from ..store import INLINE_BLOB_MAX, DatabaseError, Recorder, StoreError
 from ._batch import PendingBatch
 from ._ending import TaskEnder
@@ -46,7 +49,9 @@ class EventIntake:
     """The workers' two callbacks into the engine: ``on_events`` (a batch, in order) and ``on_exit``."""
 
     def __init__(self, store: Recorder, runs: RunTable, stats: EngineStats, recorder: RunRecorder,
-                 tools: ToolFlow, ender: TaskEnder) -> None:
+                 tools: ToolFlow, ender: TaskEnder, turns: FairTurns | None = None) -> None:
+        #: every namespace's events take turns here (weighted deficit round robin): a flood slows its own namespace
+        self.turns = turns if turns is not None else FairTurns()
         self._store = store
         self._runs = runs
         self._stats = stats
@@ -55,15 +60,26 @@ class EventIntake:
         self._ender = ender
 
     async def on_events(self, worker: WorkerLink, batch: Sequence[RuntimeEventParams]) -> None:
-        """Store a worker's events in order. Plain events wait in a ``PendingBatch``, one append per task, so a
-        fast stream is group-committed; tool requests and terminal events are handled one by one, in place,
-        once what came before them is stored."""
-        pending = PendingBatch(self._recorder, self._ender.lost_events)
-        for params in batch:
-            run = self._accept(worker, params)
-            if run is not None:
-                await self._route(run, params.event, pending)
-        await pending.flush()
+        """Store a worker's events in order, in turns fair across namespaces (``FairTurns``: while another
+        namespace is active, a unit holds at most the namespace's quantum of events; the rest waits its next
+        turn, and the worker's further output waits in its own pipe meanwhile). Plain events wait in a
+        ``PendingBatch``, one append per task, so a fast stream is group-committed; tool requests and terminal
+        events are handled one by one, in place, once what came before them is stored."""
+        key = worker.spec.name
+        start = 0
+        while start < len(batch):
+            cap = self.turns.cap(key)
+            unit = batch[start:] if cap is None else batch[start:start + cap]
+            start += len(unit)
+            pending = PendingBatch(self._recorder, self._ender.lost_events)
+            async with self.turns.turn(key, len(unit)):
+                for params in unit:
+                    run = self._accept(worker, params)
+                    if run is not None:
+                        await self._route(run, params.event, pending)
+                await pending.flush()
+            if pending.owed_pause_s > 0:  # a stream's share, taken outside its turn (``PendingBatch._share``)
+                await trio.sleep(pending.owed_pause_s)
 
     async def on_exit(self, namespace: str, worker: WorkerLink, status: ExitStatus) -> None:
         """A worker is gone: it holds none of its tasks any more, and each still running fails WORKER_CRASHED."""
