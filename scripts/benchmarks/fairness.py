@@ -58,13 +58,19 @@ async def _serving(sock: Path, token: str) -> None:
             await trio.sleep(0.05)
 
 
+PHASES: list[list[float]] = []  # per small task: when each of its events arrived, from its start (diagnostics)
+
+
 async def _small_task(client: AsyncClient, session_id: str) -> float:
     """Seconds from starting a small task to its terminal event read from the stream."""
     started = time.perf_counter()
     last: Any = None
+    arrivals = []
     async for event in client.run(session_id, "hello", runtime_config={"scenario": "echo"}):
         last = event
+        arrivals.append(time.perf_counter() - started)
     elapsed = time.perf_counter() - started
+    PHASES.append(arrivals)
     if last is None or last.type != "task.completed":
         raise RuntimeError(f"the other tenant's task ended with {getattr(last, 'type', None)}")
     return elapsed
@@ -80,8 +86,9 @@ async def _stored_at_least(client: AsyncClient, session_id: str, count: int) -> 
             await trio.sleep(0.02)
 
 
-async def run_once(tasks: int, *extra_serve_args: str) -> dict[str, Any]:
-    """One service, two tenants; quiet then flooded figures of the other tenant's small tasks."""
+async def run_once(tasks: int, rounds: int = 2, *extra_serve_args: str) -> dict[str, Any]:
+    """One service, two tenants; the other tenant's small tasks, ``tasks`` quiet then ``tasks`` during a flood, for
+    ``rounds`` rounds (the flood stopped between them)."""
     with tempfile.TemporaryDirectory(prefix="codesdk-bench-fair-") as tmp:
         data = Path(tmp) / "data"
         data.mkdir(mode=0o700)
@@ -102,22 +109,37 @@ async def run_once(tasks: int, *extra_serve_args: str) -> dict[str, Any]:
                 other_session = (await other.create_session(namespace="user:other"))["session_id"]
                 await _small_task(flooder, flood_session)  # both workers running: spawn time is case 4
                 await _small_task(other, other_session)
-                quiet = [await _small_task(other, other_session) for _ in range(tasks)]
-                base = await _last_seq(flooder, flood_session)
                 follower = subprocess.Popen([sys.executable, "-c", _FOLLOWER, str(sock), flooder_token,
                                              flood_session], cwd=REPO, stdout=subprocess.DEVNULL)
-                scenario = {"name": "flood", "steps": [{"flood": FLOOD, "delta": "y" * 16}, {"complete": {}}]}
-                flood = await flooder.start_task(flood_session, "flood", runtime_config={"scenario_inline": scenario})
-                await _stored_at_least(flooder, flood_session, base + WARM_EVENTS)
-                alone_from, alone_started = await _last_seq(flooder, flood_session), time.perf_counter()
-                await _stored_at_least(flooder, flood_session, alone_from + ALONE_EVENTS)
-                alone_to, alone_ended = await _last_seq(flooder, flood_session), time.perf_counter()
-                cpu_before = _cpu(service.pid, follower.pid)
-                flooded = [await _small_task(other, other_session) for _ in range(tasks)]
-                cpu_after = _cpu(service.pid, follower.pid)
-                shared_to, shared_ended = await _last_seq(flooder, flood_session), time.perf_counter()
-                still = (await flooder.get_task(flood["task_id"]))["state"]
-                await flooder.stop_task(flood["task_id"])
+                quiet: list[float] = []
+                flooded: list[float] = []
+                rates: dict[str, float] = {}
+                for round_ in range(rounds):  # quiet and flooded in turns, so a noisy neighbour hits both alike
+                    quiet += [await _small_task(other, other_session) for _ in range(tasks)]
+                    base = await _last_seq(flooder, flood_session)
+                    scenario = {"name": "flood", "steps": [{"flood": FLOOD, "delta": "y" * 16}, {"complete": {}}]}
+                    flood = await flooder.start_task(flood_session, "flood",
+                                                     runtime_config={"scenario_inline": scenario})
+                    await _stored_at_least(flooder, flood_session, base + WARM_EVENTS)
+                    if round_ == 0:  # the flood's rate alone
+                        alone_from, alone_started = await _last_seq(flooder, flood_session), time.perf_counter()
+                        await _stored_at_least(flooder, flood_session, alone_from + ALONE_EVENTS)
+                        alone_to, alone_ended = await _last_seq(flooder, flood_session), time.perf_counter()
+                        rates["alone"] = (alone_to - alone_from) / (alone_ended - alone_started)
+                    shared_from, shared_started = await _last_seq(flooder, flood_session), time.perf_counter()
+                    cpu_before = _cpu(service.pid, follower.pid)
+                    flooded += [await _small_task(other, other_session) for _ in range(tasks)]
+                    cpu_after = _cpu(service.pid, follower.pid)
+                    shared_to, shared_ended = await _last_seq(flooder, flood_session), time.perf_counter()
+                    rates.setdefault("shared", (shared_to - shared_from) / (shared_ended - shared_started))
+                    still = (await flooder.get_task(flood["task_id"]))["state"]
+                    if still != "running":
+                        raise RuntimeError(f"the flood ended ({still}) before the other tenant's tasks did: "
+                                           "raise FLOOD")
+                    await flooder.stop_task(flood["task_id"])
+                    with trio.fail_after(GUARD_S):
+                        while (await flooder.get_task(flood["task_id"]))["state"] == "running":
+                            await trio.sleep(0.02)
         finally:
             if follower is not None:
                 follower.kill()
@@ -128,14 +150,12 @@ async def run_once(tasks: int, *extra_serve_args: str) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 service.kill()
                 service.wait(timeout=30)
-    if still != "running":
-        raise RuntimeError(f"the flood ended ({still}) before the other tenant's tasks did: raise FLOOD")
     return {"quiet": quiet, "flooded": flooded, "quiet_p50": percentile(quiet, 50),
             "flooded_p50": percentile(flooded, 50), "quiet_p95": percentile(quiet, 95),
-            "flooded_p95": percentile(flooded, 95),
-            "flood_alone_rate": (alone_to - alone_from) / (alone_ended - alone_started),
-            "flood_shared_rate": (shared_to - alone_to) / (shared_ended - alone_ended),
-            "cpu_share": {k: (cpu_after[k] - cpu_before.get(k, 0.0)) / (shared_ended - alone_ended) for k in cpu_after}}
+            "flooded_p95": percentile(flooded, 95), "flood_alone_rate": rates["alone"],
+            "flood_shared_rate": rates["shared"],
+            "cpu_share": {k: (cpu_after[k] - cpu_before.get(k, 0.0)) / (shared_ended - shared_started)
+                          for k in cpu_after}}
 
 
 def _cpu(service: int, follower: int) -> dict[str, float]:
@@ -159,7 +179,7 @@ def _cpu(service: int, follower: int) -> dict[str, float]:
 
 
 if __name__ == "__main__":  # a single run, for profiling: python -m scripts.benchmarks.fairness [TASKS]
-    result = trio.run(run_once, int(sys.argv[1]) if len(sys.argv) > 1 else 10)
+    result = trio.run(run_once, int(sys.argv[1]) if len(sys.argv) > 1 else 10, int(sys.argv[2]) if len(sys.argv) > 2 else 2)
     print({k: v for k, v in result.items() if k not in ("quiet", "flooded")})
     print({k: round(v, 2) for k, v in result["cpu_share"].items()})
     print("flooded", [round(x * 1000) for x in result["flooded"]])

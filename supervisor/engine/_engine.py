@@ -351,14 +351,15 @@ class Engine:
         started = TaskStarted(task_id=task_id, prompt_preview=prompt[:200], permission_mode=permission_mode,
                               interaction_mode=interaction_mode, runtime_config=runtime_config or {})
         _check_storable(params, started)
-        record = await self._admit(session, task_id, prompt, target)
-        tr = params.trace
-        run = TaskRun(task_id=task_id, session=session, params=params, approver=approver, prompt=prompt,
-                      max_input_tokens=max_input_tokens, switched_from=switched_from,
-                      trace=Trace(session_id=session_id, task_id=task_id, request_id=tr.request_id,
-                                  client_id=tr.client_id, user_id=tr.user_id),
-                      runtime=RuntimeInfo(name=target, runtime_session_id=runtime_session_id))
-        await self._record_start(run, started)
+        async with self.turns.turn(session.namespace, 1):  # a light turn: a flood elsewhere waits, not this
+            record = await self._admit(session, task_id, prompt, target)
+            tr = params.trace
+            run = TaskRun(task_id=task_id, session=session, params=params, approver=approver, prompt=prompt,
+                          max_input_tokens=max_input_tokens, switched_from=switched_from,
+                          trace=Trace(session_id=session_id, task_id=task_id, request_id=tr.request_id,
+                                      client_id=tr.client_id, user_id=tr.user_id),
+                          runtime=RuntimeInfo(name=target, runtime_session_id=runtime_session_id))
+            await self._record_start(run, started)
         self._nursery.start_soon(self._drive, run, name=f"drive:{task_id}")
         return record
 
@@ -541,7 +542,9 @@ class Engine:
                     run.released.set()
                     return
                 run.worker = worker
-                if not await self._compile(run, worker):
+                async with self.turns.turn(run.namespace, 1):
+                    compiled = await self._compile(run, worker)
+                if not compiled:
                     run.released.set()
                     return
                 try:
@@ -594,7 +597,8 @@ class Engine:
         except WorkerError:
             pass  # the worker died: its exit fails the task with WORKER_CRASHED (EventIntake.on_exit)
         else:
-            await self._accepted(run, worker, accepted)
+            async with self.turns.turn(run.namespace, 1):
+                await self._accepted(run, worker, accepted)
 
     async def _accepted(self, run: TaskRun, worker: WorkerLink, result: StartTaskResult) -> None:
         """The runtime has the task: store ``model.input`` (with how the runtime was given the transcript and what

@@ -65,12 +65,13 @@ class EventIntake:
         turn, and the worker's further output waits in its own pipe meanwhile). Plain events wait in a
         ``PendingBatch``, one append per task, so a fast stream is group-committed; tool requests and terminal
         events are handled one by one, in place, once what came before them is stored."""
-        key = worker.spec.name
+        key = self._namespace_of(worker, batch)
         start = 0
         while start < len(batch):
             cap = self.turns.cap(key)
             unit = batch[start:] if cap is None else batch[start:start + cap]
             start += len(unit)
+            await self._inputs_stored(worker, unit)
             pending = PendingBatch(self._recorder, self._ender.lost_events)
             async with self.turns.turn(key, len(unit)):
                 for params in unit:
@@ -80,6 +81,22 @@ class EventIntake:
                 await pending.flush()
             if pending.owed_pause_s > 0:  # a stream's share, taken outside its turn (``PendingBatch._share``)
                 await trio.sleep(pending.owed_pause_s)
+
+    def _namespace_of(self, worker: WorkerLink, batch: Sequence[RuntimeEventParams]) -> str:
+        """Whose turns these events take: the namespace of the worker's runs (one worker per namespace)."""
+        for params in batch:
+            run = self._runs.find(params.task_id)
+            if run is not None and run.worker is worker:
+                return run.namespace
+        return worker.spec.name
+
+    async def _inputs_stored(self, worker: WorkerLink, unit: Sequence[RuntimeEventParams]) -> None:
+        """A task's events wait for its ``model.input`` to be stored (``_handle``): waited for here, before the
+        namespace's turn, so that no turn is held while another of the same namespace is still to come."""
+        for params in unit:
+            run = self._runs.find(params.task_id)
+            if run is not None and run.worker is worker and not run.input_stored.is_set() and not run.ended:
+                await run.input_stored.wait()
 
     async def on_exit(self, namespace: str, worker: WorkerLink, status: ExitStatus) -> None:
         """A worker is gone: it holds none of its tasks any more, and each still running fails WORKER_CRASHED."""

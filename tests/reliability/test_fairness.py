@@ -211,13 +211,13 @@ async def test_a_flood_waits_in_its_own_pipe_while_another_namespace_has_its_tur
             before = await engine.store.last_seq(flood_session)
             requests_before = engine.store.writer_stats.requests
             async with trio.open_nursery() as nursery:
-                async with engine.turns.turn(other.spec.name, 1):  # the other namespace's unit, being stored
+                async with engine.turns.turn("user:other", 1):  # the other namespace's unit, being stored
                     nursery.start_soon(flood.emit_batch, _deltas(flood, flood_task, 512))
                     await trio.testing.wait_all_tasks_blocked()
                     assert await engine.store.last_seq(flood_session) == before, "the flood went ahead of a turn"
                     assert engine.turns.stats.waited >= 1
             assert await engine.store.last_seq(flood_session) == before + 512
-            cap = engine.turns.cap(flood.spec.name) or 512
+            cap = engine.turns.cap("user:flooder") or 512
             assert engine.store.writer_stats.requests - requests_before >= 512 // cap
             events = await session_events(engine.store, flood_session)
             deltas = [e for e in events if e.type == EventType.MODEL_OUTPUT_DELTA]
@@ -252,7 +252,7 @@ async def test_another_namespaces_event_is_stored_within_one_unit_of_a_running_f
                     flooded_meanwhile = await engine.store.last_seq(flood_session) - flooded_before
                     assert flooded_meanwhile <= 2 * 512, f"{flooded_meanwhile} flood events went first"
                 stop.set()
-            assert engine.turns.stats.most_overtaken.get(other.spec.name, 0) <= 1
+            assert engine.turns.stats.most_overtaken.get("user:other", 0) <= 1
             stored = [e for e in await session_events(engine.store, other_session)
                       if e.type == EventType.MODEL_OUTPUT_DELTA]
             assert len(stored) == 5
