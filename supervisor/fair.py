@@ -139,17 +139,26 @@ class FairTurns:
         return self._quantum * self.weight(key) if self.others_active(key) else None
 
     def others_active(self, key: str) -> bool:
-        if any(other != key for other in self._running) or (self._next is not None and self._next.key != key):
-            return True
-        if any(other != key for other in self._queue.waiting()):
-            return True
+        return bool(self._active_others(key))
+
+    def pause_factor(self, key: str) -> float:
+        """How long ``key`` should pause after a unit, per second the unit took, so that while others are active
+        its share of the thread and the writer is its weight over the active namespaces' weights (0: alone)."""
+        return sum(self.weight(other) for other in self._active_others(key)) / self.weight(key)
+
+    def _active_others(self, key: str) -> set[str]:
+        """Other namespaces running or waiting for a turn, or done with one within the active window."""
+        active = {other for other in self._running if other != key}
+        active.update(other for other in self._queue.waiting() if other != key)
+        if self._next is not None and self._next.key != key:
+            active.add(self._next.key)
         now = trio.current_time()
         for other, at in list(self._last_active.items()):
             if now - at > self._window:
                 del self._last_active[other]  # bounded by the namespaces active within the window
             elif other != key:
-                return True
-        return False
+                active.add(other)
+        return active
 
     @asynccontextmanager
     async def turn(self, key: str, cost: int) -> AsyncIterator[None]:

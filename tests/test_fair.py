@@ -182,3 +182,14 @@ async def test_a_heavy_unit_waits_while_another_namespace_runs_and_keeps_the_lin
         await trio.testing.wait_all_tasks_blocked()
         hold.set()
     assert started == ["b", "c"]
+
+
+async def test_the_pause_after_a_unit_follows_the_weights_of_the_active_namespaces() -> None:
+    turns = FairTurns(weights={"heavy": 2, "b": 1, "c": 3}, active_window_s=60.0)
+    assert turns.pause_factor("heavy") == 0  # alone: never pauses
+    async with turns.turn("b", 1):
+        assert turns.pause_factor("heavy") == 0.5  # b's weight over heavy's
+        async with turns.turn("c", 1):
+            assert turns.pause_factor("heavy") == 2.0  # (1 + 3) / 2
+    assert turns.pause_factor("heavy") == 2.0  # both still within the active window
+    assert turns.pause_factor("b") == 3.0  # c only: heavy had no turn, it is not active

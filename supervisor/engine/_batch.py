@@ -30,8 +30,11 @@ LostEvents = Callable[[TaskRun, DatabaseError], Awaitable[None]]
 class PendingBatch:
     """Plain events not stored yet, per task in arrival order, with the small raw blobs they name."""
 
-    def __init__(self, recorder: RunRecorder, lost: LostEvents) -> None:
+    def __init__(self, recorder: RunRecorder, lost: LostEvents, pause_factor: float = 1.0) -> None:
         self._recorder = recorder
+        #: per second a stream's part took while others write, the seconds it owes as a pause (its namespace's
+        #: weight against the other active namespaces': ``FairTurns.pause_factor``)
+        self._pause_factor = pause_factor
         self._lost = lost
         self._events: dict[str, tuple[TaskRun, list[PendingEvent]]] = {}
         self._blobs: dict[str, Blobs] = {}
@@ -84,11 +87,13 @@ class PendingBatch:
         return trio.current_time() - last <= SHARE_WINDOW_S
 
     async def _share(self, run: TaskRun, started: float) -> None:
-        """After a stream's part: while others are writing, owe a pause as long as the part took, so a flood gets
-        at most about half of the event loop, the GIL and the writer, and others' small steps find them free. A
+        """After a stream's part: while others are writing, owe a pause as long as the part took (times the pause
+        factor: the other active namespaces' weights over its own), so a flood gets at most its weighted share of
+        the event loop, the GIL and the writer, and others' small steps find them free. A
         stream alone never pauses. The pause is taken by the intake once the namespace's turn is over."""
         if self._others_writing(run):
-            self.owed_pause_s = min(self.owed_pause_s + trio.current_time() - started, SHARE_WINDOW_S)
+            took = trio.current_time() - started
+            self.owed_pause_s = min(self.owed_pause_s + took * self._pause_factor, SHARE_WINDOW_S)
         await trio.lowlevel.checkpoint()
 
 

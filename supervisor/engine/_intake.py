@@ -72,7 +72,7 @@ class EventIntake:
             unit = batch[start:] if cap is None else batch[start:start + cap]
             start += len(unit)
             await self._inputs_stored(worker, unit)
-            pending = PendingBatch(self._recorder, self._ender.lost_events)
+            pending = PendingBatch(self._recorder, self._ender.lost_events, self.turns.pause_factor(key) or 1.0)
             async with self.turns.turn(key, len(unit)):
                 for params in unit:
                     run = self._accept(worker, params)
