@@ -31,6 +31,9 @@ T = TypeVar("T")
 
 #: Events a namespace may be granted per round, times its weight.
 QUANTUM = 64
+#: Events a namespace's unit holds at most when it is alone (times its weight): the unit that is running when
+#: another namespace's work arrives is what that work waits for.
+ALONE_QUANTA = 8
 #: A unit of at most this many events is light: it runs beside other light units (they share a commit).
 LIGHT_COST = 16
 #: A namespace counts as active this long after its last unit ended: meanwhile others' heavy units stay small.
@@ -133,10 +136,12 @@ class FairTurns:
             raise ValueError(f"a namespace's weight must be at least 1, not {weight}")
         self._weights[key] = weight
 
-    def cap(self, key: str) -> int | None:
-        """How many events ``key``'s next unit may hold: its quantum while another namespace is active (running,
-        waiting, or done within the active window), else None (no cap: alone, a flood goes at full speed)."""
-        return self._quantum * self.weight(key) if self.others_active(key) else None
+    def cap(self, key: str) -> int:
+        """How many events ``key``'s next unit may hold: its weighted quantum while another namespace is active
+        (running, waiting, or done within the active window), else ``ALONE_QUANTA`` of them (a flood alone goes
+        at nearly full speed, and whoever comes next waits for one such unit at most)."""
+        quanta = 1 if self.others_active(key) else ALONE_QUANTA
+        return quanta * self._quantum * self.weight(key)
 
     def others_active(self, key: str) -> bool:
         return bool(self._active_others(key))

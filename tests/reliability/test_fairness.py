@@ -217,7 +217,7 @@ async def test_a_flood_waits_in_its_own_pipe_while_another_namespace_has_its_tur
                     assert await engine.store.last_seq(flood_session) == before, "the flood went ahead of a turn"
                     assert engine.turns.stats.waited >= 1
             assert await engine.store.last_seq(flood_session) == before + 512
-            cap = engine.turns.cap("user:flooder") or 512
+            cap = engine.turns.cap("user:flooder")
             assert engine.store.writer_stats.requests - requests_before >= 512 // cap
             events = await session_events(engine.store, flood_session)
             deltas = [e for e in events if e.type == EventType.MODEL_OUTPUT_DELTA]
