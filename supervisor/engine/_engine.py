@@ -596,9 +596,8 @@ class Engine:
             await self._ender.fail_and_stop(run, TaskFailureCode.PROTOCOL_ERROR, str(exc), retryable=False)
         except WorkerError:
             pass  # the worker died: its exit fails the task with WORKER_CRASHED (EventIntake.on_exit)
-        else:
-            async with self.turns.turn(run.namespace, 1):
-                await self._accepted(run, worker, accepted)
+        else:  # no turn of its own: the task's first events wait for it inside theirs (``EventIntake._handle``)
+            await self._accepted(run, worker, accepted)
 
     async def _accepted(self, run: TaskRun, worker: WorkerLink, result: StartTaskResult) -> None:
         """The runtime has the task: store ``model.input`` (with how the runtime was given the transcript and what

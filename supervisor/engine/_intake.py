@@ -71,7 +71,6 @@ class EventIntake:
             cap = self.turns.cap(key)
             unit = batch[start:start + cap]
             start += len(unit)
-            await self._inputs_stored(worker, unit)
             pending = PendingBatch(self._recorder, self._ender.lost_events, self.turns.pause_factor(key) or 1.0)
             async with self.turns.turn(key, len(unit)):
                 for params in unit:
@@ -89,14 +88,6 @@ class EventIntake:
             if run is not None and run.worker is worker:
                 return run.namespace
         return worker.spec.name
-
-    async def _inputs_stored(self, worker: WorkerLink, unit: Sequence[RuntimeEventParams]) -> None:
-        """A task's events wait for its ``model.input`` to be stored (``_handle``): waited for here, before the
-        namespace's turn, so that no turn is held while another of the same namespace is still to come."""
-        for params in unit:
-            run = self._runs.find(params.task_id)
-            if run is not None and run.worker is worker and not run.input_stored.is_set() and not run.ended:
-                await run.input_stored.wait()
 
     async def on_exit(self, namespace: str, worker: WorkerLink, status: ExitStatus) -> None:
         """A worker is gone: it holds none of its tasks any more, and each still running fails WORKER_CRASHED."""
