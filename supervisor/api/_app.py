@@ -820,8 +820,9 @@ class _StreamSlots:
                         f"--max-streams-per-principal`); close one first", {"retry-after": "1"})
 
 
-#: Most events one SSE write carries (those already read from the store or pushed to the subscriber).
-SSE_FRAMES_PER_WRITE = 256
+#: Most events one SSE write carries (those already read from the store or pushed to the subscriber): ~1 ms of
+#: formatting, so that a flood's stream never holds the event loop long.
+SSE_FRAMES_PER_WRITE = 64
 
 
 def _sse_frame(event: NormalizedEvent) -> bytes:

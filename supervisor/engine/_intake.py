@@ -40,6 +40,10 @@ from ._toolflow import ToolFlow
 
 log = logging.getLogger("codesdk.supervisor.engine")
 
+#: Events taken in one step of the event loop: a unit of several hundred events is checked in several steps, so
+#: that another tenant's request waits for ~1 ms of it, not for the whole unit.
+EVENTS_PER_STEP = 64
+
 #: Tool events a worker may send only for runtime-executed calls the policy approved.
 _RUNTIME_TOOL_EVENTS = frozenset({EventType.TOOL_CALL_STARTED, EventType.TOOL_OUTPUT_DELTA,
                                   EventType.TOOL_OUTPUT_COMPLETED, EventType.TOOL_CALL_COMPLETED})
@@ -73,7 +77,9 @@ class EventIntake:
             start += len(unit)
             pending = PendingBatch(self._recorder, self._ender.lost_events, self.turns.pause_factor(key) or 1.0)
             async with self.turns.turn(key, len(unit)):
-                for params in unit:
+                for index, params in enumerate(unit):
+                    if index and not index % EVENTS_PER_STEP:  # what is not a turn (a request, a read) runs meanwhile
+                        await trio.lowlevel.checkpoint()
                     run = self._accept(worker, params)
                     if run is not None:
                         await self._route(run, params.event, pending)
