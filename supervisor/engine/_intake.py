@@ -75,7 +75,7 @@ class EventIntake:
             cap = self.turns.cap(key)
             unit = batch[start:start + cap]
             start += len(unit)
-            pending = PendingBatch(self._recorder, self._ender.lost_events, self.turns.pause_factor(key) or 1.0)
+            pending = PendingBatch(self._recorder, self._ender.lost_events, self.turns.pause_factor(key))
             async with self.turns.turn(key, len(unit)):
                 for index, params in enumerate(unit):
                     if index and not index % EVENTS_PER_STEP:  # what is not a turn (a request, a read) runs meanwhile
