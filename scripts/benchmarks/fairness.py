@@ -5,7 +5,12 @@ tokens file giving two tenants a namespace each. The *other* tenant runs small t
 another over the HTTP API with ``codesdk.AsyncClient``: each is timed from ``POST .../tasks`` to its terminal event
 read from the SSE stream — what a tenant's app waits for. First with nothing else running (its quiet figures, the
 baseline of the same run), then while the flooding tenant streams a million deltas that a follower of its own (a
-separate process, as the flooding tenant's app would be) reads over SSE. The ratio flooded/quiet is per run.
+separate process, as the flooding tenant's app would be) reads over SSE. Quiet and flooded tasks alternate in
+rounds (the flood stopped between them), so a busy neighbour on a shared machine hits both alike. The ratio
+flooded/quiet is per run.
+
+``CODESDK_BENCH_SERVE=wrapper.py`` runs the service as ``python wrapper.py serve ...`` instead of the admin module
+(a wrapper that adds a trio instrument or timers: how the time was found, docs/performance.md case 9).
 """
 
 from __future__ import annotations
@@ -58,19 +63,13 @@ async def _serving(sock: Path, token: str) -> None:
             await trio.sleep(0.05)
 
 
-PHASES: list[list[float]] = []  # per small task: when each of its events arrived, from its start (diagnostics)
-
-
 async def _small_task(client: AsyncClient, session_id: str) -> float:
     """Seconds from starting a small task to its terminal event read from the stream."""
     started = time.perf_counter()
     last: Any = None
-    arrivals = []
     async for event in client.run(session_id, "hello", runtime_config={"scenario": "echo"}):
         last = event
-        arrivals.append(time.perf_counter() - started)
     elapsed = time.perf_counter() - started
-    PHASES.append(arrivals)
     if last is None or last.type != "task.completed":
         raise RuntimeError(f"the other tenant's task ended with {getattr(last, 'type', None)}")
     return elapsed
