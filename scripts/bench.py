@@ -229,12 +229,14 @@ def case_fairness(p: dict[str, Any]) -> list[Figure]:
     sizes = (f"{p['fair_rounds']} rounds of {p['fair_tasks']} echo tasks quiet then {p['fair_tasks']} during another "
              f"namespace's flood (read by its own SSE follower), a run")
     p50 = from_reps("fairness", "other tenant's task during a flood (service), p50", "s",
-                    [r["flooded_p50"] for r in runs], [r["quiet_p50"] for r in runs], goal="<= 1.5x its quiet p50 (median of the runs' ratios)",
+                    [r["flooded_p50"] for r in runs], [r["quiet_p50"] for r in runs],
+                    goal="<= 1.5x its quiet p50 (median of the runs' ratios)",
                     note=f"{sizes}; baseline: the same tasks with nothing else running (same run); ratio per run: "
                          f"{per_run}")
     p50.met = median([r["flooded_p50"] / r["quiet_p50"] for r in runs]) <= 1.5  # the ratio within a run
     p95 = from_reps("fairness", "other tenant's task during a flood (service), p95", "s",
-                    [r["flooded_p95"] for r in runs], [r["quiet_p95"] for r in runs], goal="<= 2x its quiet p95 (median of the runs' ratios)")
+                    [r["flooded_p95"] for r in runs], [r["quiet_p95"] for r in runs],
+                    goal="<= 2x its quiet p95 (median of the runs' ratios)")
     p95.met = median([r["flooded_p95"] / r["quiet_p95"] for r in runs]) <= 2
     rate = from_reps("fairness", "the flood's own rate while it shares (service)", "ev/s",
                      [r["flood_shared_rate"] for r in runs], [r["flood_alone_rate"] for r in runs],

@@ -96,7 +96,8 @@ async def run_once(tasks: int, rounds: int = 2, *extra_serve_args: str) -> dict[
         sock = data / "api.sock"
         env = {**os.environ, "CODESDK_SCENARIO_DIR": SCENARIOS}
         program = os.environ.get("CODESDK_BENCH_SERVE")  # a wrapper of the admin command (profiling), or none
-        argv = [sys.executable, *([program] if program else ["-m", "codesdk.supervisor.cli.admin"]), "serve", "--data-dir", str(data),
+        argv = [sys.executable, *([program] if program else ["-m", "codesdk.supervisor.cli.admin"]), "serve",
+                "--data-dir", str(data),
                 "--enable-test-scenarios", "--log-level", "WARNING", *extra_serve_args]
         service = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         follower: subprocess.Popen[bytes] | None = None
@@ -177,8 +178,10 @@ def _cpu(service: int, follower: int) -> dict[str, float]:
     return found
 
 
-if __name__ == "__main__":  # a single run, for profiling: python -m scripts.benchmarks.fairness [TASKS]
-    result = trio.run(run_once, int(sys.argv[1]) if len(sys.argv) > 1 else 10, int(sys.argv[2]) if len(sys.argv) > 2 else 2)
+if __name__ == "__main__":  # a single run, for profiling: python -m scripts.benchmarks.fairness [TASKS [ROUNDS]]
+    given = [int(arg) for arg in sys.argv[1:3]]
+    tasks, rounds = given + [10, 2][len(given):]
+    result = trio.run(run_once, tasks, rounds)
     print({k: v for k, v in result.items() if k not in ("quiet", "flooded")})
     print({k: round(v, 2) for k, v in result["cpu_share"].items()})
     print("flooded", [round(x * 1000) for x in result["flooded"]])

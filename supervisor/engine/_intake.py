@@ -66,9 +66,9 @@ class EventIntake:
     async def on_events(self, worker: WorkerLink, batch: Sequence[RuntimeEventParams]) -> None:
         """Store a worker's events in order, in turns fair across namespaces (``FairTurns``: while another
         namespace is active, a unit holds at most the namespace's quantum of events, a few quanta while it is
-        alone; the rest waits its next turn, and the worker's further output waits in its own pipe meanwhile). Plain events wait in a
-        ``PendingBatch``, one append per task, so a fast stream is group-committed; tool requests and terminal
-        events are handled one by one, in place, once what came before them is stored."""
+        alone; the rest waits its next turn, and the worker's further output waits in its own pipe meanwhile).
+        Plain events wait in a ``PendingBatch``, one append per task, so a fast stream is group-committed; tool
+        requests and terminal events are handled one by one, in place, once what came before them is stored."""
         key = self._namespace_of(worker, batch)
         start = 0
         while start < len(batch):
