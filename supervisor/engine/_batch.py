@@ -30,11 +30,17 @@ LostEvents = Callable[[TaskRun, DatabaseError], Awaitable[None]]
 class PendingBatch:
     """Plain events not stored yet, per task in arrival order, with the small raw blobs they name."""
 
-    def __init__(self, recorder: RunRecorder, lost: LostEvents) -> None:
+    def __init__(self, recorder: RunRecorder, lost: LostEvents, pause_factor: float = 0.0) -> None:
         self._recorder = recorder
+        #: per second a stream's part took, the seconds it owes as a pause while other namespaces are active (their
+        #: weights over its own: ``FairTurns.pause_factor``; 0: none is) — or 1 while other sessions write
+        self._pause_factor = pause_factor
         self._lost = lost
         self._events: dict[str, tuple[TaskRun, list[PendingEvent]]] = {}
         self._blobs: dict[str, Blobs] = {}
+        #: seconds a stream's parts owe as pauses (``_share``): taken after the namespace's turn, not inside it,
+        #: so that another namespace's turn never waits for a flood's pause
+        self.owed_pause_s = 0.0
 
     def add(self, run: TaskRun, event: PendingEvent) -> None:
         self._events.setdefault(run.task_id, (run, []))[1].append(event)
@@ -51,7 +57,7 @@ class PendingBatch:
     async def flush(self) -> None:
         """Store everything pending. Short runs first. A stream's events are bulk appends: the writer commits
         them taking turns with everyone else's writes, and while others are writing they go in small parts, each
-        followed by a pause as long as it took (``_share``): a flood slows only itself."""
+        followed by a pause as long as it took (``_share``, owed in ``owed_pause_s``): a flood slows only itself."""
         pending = sorted(self._events.values(), key=lambda entry: _is_stream(entry[0]))
         self._events.clear()
         for run, events in pending:
@@ -66,7 +72,7 @@ class PendingBatch:
 
     async def _store_stream(self, run: TaskRun, events: list[PendingEvent], blobs: Blobs | None) -> None:
         while events:
-            part_size = SHARE_QUANTUM if self._others_writing(run) else len(events)
+            part_size = SHARE_QUANTUM if self._pause_factor > 0 or self._others_writing(run) else len(events)
             part, events = events[:part_size], events[part_size:]
             started = trio.current_time()
             if not await self._recorder.append(run, part, blobs=_named_blobs(part, blobs), bulk=True):
@@ -81,11 +87,14 @@ class PendingBatch:
         return trio.current_time() - last <= SHARE_WINDOW_S
 
     async def _share(self, run: TaskRun, started: float) -> None:
-        """After a stream's part: while others are writing, pause as long as the part took, so a flood gets at
-        most about half of the event loop, the GIL and the writer, and others' small steps find them free. A
-        stream alone never pauses."""
-        if self._others_writing(run):
-            await trio.sleep(min(trio.current_time() - started, SHARE_WINDOW_S))
+        """After a stream's part: while others are writing, owe a pause as long as the part took (times the pause
+        factor: the other active namespaces' weights over its own), so a flood gets at most its weighted share of
+        the event loop, the GIL and the writer, and others' small steps find them free. A
+        stream alone never pauses. The pause is taken by the intake once the namespace's turn is over."""
+        if self._pause_factor > 0 or self._others_writing(run):
+            took = trio.current_time() - started
+            self.owed_pause_s = min(self.owed_pause_s + took * (self._pause_factor or 1.0), SHARE_WINDOW_S)
+        await trio.lowlevel.checkpoint()
 
 
 def _is_stream(run: TaskRun) -> bool:

@@ -193,6 +193,8 @@ class Engine:
         self._recorder = RunRecorder(store, config.quotas, self._ender.over_quota)
         tools = ToolFlow(EnginePort(store, self._recorder, tooling, self.approvals), self.stats)
         intake = EventIntake(store, self._runs, self.stats, self._recorder, tools, self._ender)
+        #: the namespaces' turns at the event path (weighted deficit round robin; ``codesdk.supervisor.fair``)
+        self.turns = intake.turns
         self._workers = workers(config.pool, nursery, intake.on_events, intake.on_exit)
         self.leasing = Leasing(store, leases or SoleLeases(), self._runs, self.approvals, self._workers.let_go,
                                wall_clock=config.wall_clock)
@@ -388,15 +390,16 @@ class Engine:
                               interaction_mode=interaction_mode, runtime_config=runtime_config or {},
                               timeout_s=timeout_s, idle_timeout_s=idle_timeout_s)
         _check_storable(params, started)
-        record = await self._admit(session, task_id, prompt, target)
-        tr = params.trace
-        run = TaskRun(task_id=task_id, session=session, params=params, approver=approver, prompt=prompt,
-                      max_input_tokens=max_input_tokens, switched_from=switched_from,
-                      trace=Trace(session_id=session_id, task_id=task_id, request_id=tr.request_id,
-                                  client_id=tr.client_id, user_id=tr.user_id),
-                      runtime=RuntimeInfo(name=target, runtime_session_id=runtime_session_id),
-                      clock=TaskClock.arm(timeout_s, idle_timeout_s))
-        await self._record_start(run, started)
+        async with self.turns.turn(session.namespace, 1):  # a light turn: a flood elsewhere waits, not this
+            record = await self._admit(session, task_id, prompt, target)
+            tr = params.trace
+            run = TaskRun(task_id=task_id, session=session, params=params, approver=approver, prompt=prompt,
+                          max_input_tokens=max_input_tokens, switched_from=switched_from,
+                          trace=Trace(session_id=session_id, task_id=task_id, request_id=tr.request_id,
+                                      client_id=tr.client_id, user_id=tr.user_id),
+                          runtime=RuntimeInfo(name=target, runtime_session_id=runtime_session_id),
+                          clock=TaskClock.arm(timeout_s, idle_timeout_s))
+            await self._record_start(run, started)
         self._nursery.start_soon(self._drive, run, name=f"drive:{task_id}")
         return record
 
@@ -602,7 +605,9 @@ class Engine:
                     run.released.set()
                     return
                 run.worker = worker
-                if not await self._compile(run, worker):
+                async with self.turns.turn(run.namespace, 1):
+                    compiled = await self._compile(run, worker)
+                if not compiled:
                     run.released.set()
                     return
                 try:
@@ -654,7 +659,7 @@ class Engine:
             await self._ender.fail_and_stop(run, TaskFailureCode.PROTOCOL_ERROR, str(exc), retryable=False)
         except WorkerError:
             pass  # the worker died: its exit fails the task with WORKER_CRASHED (EventIntake.on_exit)
-        else:
+        else:  # no turn of its own: the task's first events wait for it inside theirs (``EventIntake._handle``)
             await self._accepted(run, worker, accepted)
 
     async def _accepted(self, run: TaskRun, worker: WorkerLink, result: StartTaskResult) -> None:

@@ -12,6 +12,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import trio
+
 from codesdk.protocol import (
     TERMINAL_EVENT_TYPES,
     CanonicalizationError,
@@ -27,6 +29,7 @@ from codesdk.protocol import (
     sha256_hex,
 )
 
+from ..fair import FairTurns
 from ..store import INLINE_BLOB_MAX, DatabaseError, Recorder, StoreError
 from ._batch import PendingBatch
 from ._ending import TaskEnder
@@ -37,6 +40,10 @@ from ._toolflow import ToolFlow
 
 log = logging.getLogger("codesdk.supervisor.engine")
 
+#: Events taken in one step of the event loop: a unit of several hundred events is checked in several steps, so
+#: that another tenant's request waits for ~1 ms of it, not for the whole unit.
+EVENTS_PER_STEP = 64
+
 #: Tool events a worker may send only for runtime-executed calls the policy approved.
 _RUNTIME_TOOL_EVENTS = frozenset({EventType.TOOL_CALL_STARTED, EventType.TOOL_OUTPUT_DELTA,
                                   EventType.TOOL_OUTPUT_COMPLETED, EventType.TOOL_CALL_COMPLETED})
@@ -46,7 +53,9 @@ class EventIntake:
     """The workers' two callbacks into the engine: ``on_events`` (a batch, in order) and ``on_exit``."""
 
     def __init__(self, store: Recorder, runs: RunTable, stats: EngineStats, recorder: RunRecorder,
-                 tools: ToolFlow, ender: TaskEnder) -> None:
+                 tools: ToolFlow, ender: TaskEnder, turns: FairTurns | None = None) -> None:
+        #: every namespace's events take turns here (weighted deficit round robin): a flood slows its own namespace
+        self.turns = turns if turns is not None else FairTurns()
         self._store = store
         self._runs = runs
         self._stats = stats
@@ -55,15 +64,36 @@ class EventIntake:
         self._ender = ender
 
     async def on_events(self, worker: WorkerLink, batch: Sequence[RuntimeEventParams]) -> None:
-        """Store a worker's events in order. Plain events wait in a ``PendingBatch``, one append per task, so a
-        fast stream is group-committed; tool requests and terminal events are handled one by one, in place,
-        once what came before them is stored."""
-        pending = PendingBatch(self._recorder, self._ender.lost_events)
+        """Store a worker's events in order, in turns fair across namespaces (``FairTurns``: while another
+        namespace is active, a unit holds at most the namespace's quantum of events, a few quanta while it is
+        alone; the rest waits its next turn, and the worker's further output waits in its own pipe meanwhile).
+        Plain events wait in a ``PendingBatch``, one append per task, so a fast stream is group-committed; tool
+        requests and terminal events are handled one by one, in place, once what came before them is stored."""
+        key = self._namespace_of(worker, batch)
+        start = 0
+        while start < len(batch):
+            cap = self.turns.cap(key)
+            unit = batch[start:start + cap]
+            start += len(unit)
+            pending = PendingBatch(self._recorder, self._ender.lost_events, self.turns.pause_factor(key))
+            async with self.turns.turn(key, len(unit)):
+                for index, params in enumerate(unit):
+                    if index and not index % EVENTS_PER_STEP:  # what is not a turn (a request, a read) runs meanwhile
+                        await trio.lowlevel.checkpoint()
+                    run = self._accept(worker, params)
+                    if run is not None:
+                        await self._route(run, params.event, pending)
+                await pending.flush()
+            if pending.owed_pause_s > 0:  # a stream's share, taken outside its turn (``PendingBatch._share``)
+                await trio.sleep(pending.owed_pause_s)
+
+    def _namespace_of(self, worker: WorkerLink, batch: Sequence[RuntimeEventParams]) -> str:
+        """Whose turns these events take: the namespace of the worker's runs (one worker per namespace)."""
         for params in batch:
-            run = self._accept(worker, params)
-            if run is not None:
-                await self._route(run, params.event, pending)
-        await pending.flush()
+            run = self._runs.find(params.task_id)
+            if run is not None and run.worker is worker:
+                return run.namespace
+        return worker.spec.name
 
     async def on_exit(self, namespace: str, worker: WorkerLink, status: ExitStatus) -> None:
         """A worker is gone: it holds none of its tasks any more, and each still running fails WORKER_CRASHED."""

@@ -14,6 +14,7 @@ service runs, not how it is asked for — no argparse, no API client.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -97,6 +98,10 @@ async def serve(options: SupervisorOptions, socket_path: Path, port: int | None,
                 engine.leasing.leases.announce(list(advertise) or api)
                 log.info("codesdk-supervisor serving on %s (data dir %s, store %s, supervisor %s)", ", ".join(bound),
                          data_dir, engine.store.location, engine.leasing.leases.supervisor_id)
+                # What start-up built lives as long as the service: out of the collector's full passes, which a
+                # tenant's flood triggers and every tenant waits for (measured: 30-60 ms each, 11-17 ms after this).
+                gc.collect()
+                gc.freeze()
                 notifier.notify("READY=1", f"STATUS=serving on {', '.join(bound)}")
                 interval = watchdog_interval_s()
                 if interval:

@@ -116,6 +116,11 @@ class Subscription:
         self.overflows = 0
 
     @property
+    def ready(self) -> int:
+        """Events the next iterations hand out without waiting (a sender writes them out together)."""
+        return len(self._ready)
+
+    @property
     def last_seq(self) -> int:
         """The seq of the last event queued for delivery (``after_seq`` before any)."""
         return self._cursor

@@ -21,7 +21,7 @@ import trio
 import trio.testing
 
 from codesdk.testing.invariants import check_session
-from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType, ModelOutputDelta, RuntimeEventParams
+from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType, Method, ModelOutputDelta, RuntimeEventParams
 from codesdk.supervisor.engine import Engine, session_events
 from codesdk.supervisor.engine._batch import SHARE_QUANTUM, STREAM_AFTER_EVENTS
 from codesdk.supervisor.store import TaskState
@@ -29,7 +29,7 @@ from codesdk.supervisor.store._db import Db, SQLiteDb
 from codesdk.supervisor.store._writer import Writer, WriteRequest, WriterStats
 
 from tests.conftest import MakeEngine
-from tests.engine.doubles import FakeWorker, engine_with_doubles, running_task
+from tests.engine.doubles import FakeWorker, FakeWorkers, engine_with_doubles, running_task
 
 FLOOD = 1_000_000  # never reached: the flood is stopped at the end
 WARM = 3_000  # the flood is a stream with a backlog before the other tenant starts
@@ -189,3 +189,70 @@ def test_only_other_sessions_appends_count_as_others_writing() -> None:
     stats.note_ordinary(7.0, {"s3"})
     assert others() == (7.0, 7.0, 6.0)
 
+
+
+async def _task_in(engine: Engine, workers: FakeWorkers, namespace: str) -> tuple[str, str, FakeWorker]:
+    session = await engine.create_session(namespace=namespace)
+    task = await engine.start_task(session.session_id, "x")
+    worker = workers.worker(namespace)
+    await worker.connection.wait_for(Method.START_TASK)
+    return session.session_id, task.task_id, worker
+
+
+async def test_a_flood_waits_in_its_own_pipe_while_another_namespace_has_its_turn(tmp_path: Path) -> None:
+    """The event path takes turns across namespaces (``codesdk.supervisor.fair``): while another namespace's unit
+    is being stored, a flood's batch is not taken in at all (its worker's pump waits, so its output waits in its own
+    pipe), and once its turn comes, it is stored in order and in units of at most its quantum (another namespace
+    was active just now)."""
+    with trio.fail_after(60):
+        async with engine_with_doubles(tmp_path) as (engine, workers):
+            flood_session, flood_task, flood = await _task_in(engine, workers, "user:flooder")
+            _, _, other = await _task_in(engine, workers, "user:other")
+            before = await engine.store.last_seq(flood_session)
+            requests_before = engine.store.writer_stats.requests
+            async with trio.open_nursery() as nursery:
+                async with engine.turns.turn("user:other", 1):  # the other namespace's unit, being stored
+                    nursery.start_soon(flood.emit_batch, _deltas(flood, flood_task, 512))
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert await engine.store.last_seq(flood_session) == before, "the flood went ahead of a turn"
+                    assert engine.turns.stats.waited >= 1
+            assert await engine.store.last_seq(flood_session) == before + 512
+            cap = engine.turns.cap("user:flooder")
+            assert engine.store.writer_stats.requests - requests_before >= 512 // cap
+            events = await session_events(engine.store, flood_session)
+            deltas = [e for e in events if e.type == EventType.MODEL_OUTPUT_DELTA]
+            assert len(deltas) == 512 and [e.seq for e in deltas] == sorted(e.seq for e in deltas)
+
+
+async def test_another_namespaces_event_is_stored_within_one_unit_of_a_running_flood(tmp_path: Path) -> None:
+    """A flood's pump hands over batch after batch; another namespace's event, sent meanwhile, is stored after at
+    most the flood's unit that was being stored when it arrived (counted in the flood's stored events, not in
+    seconds), however much more the flood has queued."""
+    with trio.fail_after(120):
+        async with engine_with_doubles(tmp_path) as (engine, workers):
+            flood_session, flood_task, flood = await _task_in(engine, workers, "user:flooder")
+            other_session, other_task, other = await _task_in(engine, workers, "user:other")
+            stop = trio.Event()
+            batches = 0
+
+            async def pump() -> None:
+                nonlocal batches
+                while not stop.is_set() and batches < 200:
+                    await flood.emit_batch(_deltas(flood, flood_task, 512))
+                    batches += 1
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pump)
+                for _ in range(5):
+                    while batches < 2:  # the flood is well under way
+                        await trio.sleep(0)
+                    flooded_before = await engine.store.last_seq(flood_session)
+                    await other.emit(other_task, EventType.MODEL_OUTPUT_DELTA, ModelOutputDelta(block_id="o",
+                                                                                                 delta="o"))
+                    flooded_meanwhile = await engine.store.last_seq(flood_session) - flooded_before
+                    assert flooded_meanwhile <= 2 * 512, f"{flooded_meanwhile} flood events went first"
+                stop.set()
+            assert engine.turns.stats.most_overtaken.get("user:other", 0) <= 1
+            stored = [e for e in await session_events(engine.store, other_session)
+                      if e.type == EventType.MODEL_OUTPUT_DELTA]
+            assert len(stored) == 5

@@ -41,6 +41,23 @@ async def test_past_then_live(recorder: Recorder) -> None:
             assert live == (await recorder.read("s1"))[5:]
 
 
+async def test_ready_counts_what_the_next_iterations_hand_out_without_waiting(recorder: Recorder) -> None:
+    """What an SSE stream writes out together: the events the subscription already holds (a page of the past, or
+    the live events pushed with one commit), never one it would have to wait for."""
+    with trio.fail_after(10):
+        await recorder.create_session("s1", runtime="scripted")
+        await recorder.append("s1", [delta(str(i)) for i in range(1, 6)])
+        async with recorder.subscribe("s1") as events:
+            assert events.ready == 0
+            first = await events.__anext__()
+            assert (first.seq, events.ready) == (1, 4)
+            assert [e.seq for e in await _take(events, 4)] == [2, 3, 4, 5]
+            assert events.ready == 0
+            await recorder.append("s1", [delta("6"), delta("7"), delta("8")])
+            assert (await events.__anext__()).seq == 6
+            assert events.ready == 2
+
+
 async def test_after_seq_beyond_the_end_waits_for_that_seq(recorder: Recorder) -> None:
     with trio.fail_after(10):
         await recorder.create_session("s1", runtime="scripted")
