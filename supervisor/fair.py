@@ -143,6 +143,13 @@ class FairTurns:
         quanta = 1 if self.others_active(key) else ALONE_QUANTA
         return quanta * self._quantum * self.weight(key)
 
+    def others_waiting(self, key: str) -> bool:
+        """Whether another namespace's unit waits for a turn now: a running unit of ``key`` that can end early (at
+        a step boundary, its rest queued as a new unit) should, so the newcomer waits for a step, not a whole unit."""
+        if self._next is not None and self._next.key != key:
+            return True
+        return any(other != key for other in self._queue.waiting())
+
     def others_active(self, key: str) -> bool:
         return bool(self._active_others(key))
 

@@ -193,3 +193,31 @@ async def test_the_pause_after_a_unit_follows_the_weights_of_the_active_namespac
             assert turns.pause_factor("heavy") == 2.0  # (1 + 3) / 2
     assert turns.pause_factor("heavy") == 2.0  # both still within the active window
     assert turns.pause_factor("b") == 3.0  # c only: heavy had no turn, it is not active
+
+
+async def test_a_running_flood_is_told_when_another_namespace_waits_so_its_unit_can_end_at_the_next_step() -> None:
+    """A flood alone holds units of a few quanta; whoever arrives meanwhile would wait for the whole unit. The
+    intake asks ``others_waiting`` at each step and ends the unit there (the rest is queued as a unit of its own)."""
+    turns = FairTurns(quantum=64, light_cost=16)
+    seen: list[bool] = []
+    step = trio.Event()
+    go_on = trio.Event()
+
+    async def flood() -> None:
+        async with turns.turn("flood", 512):
+            seen.append(turns.others_waiting("flood"))
+            step.set()
+            await go_on.wait()
+            seen.append(turns.others_waiting("flood"))
+
+    async def other() -> None:
+        async with turns.turn("other", 1):
+            seen.append(turns.others_waiting("other"))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(flood)
+        await step.wait()
+        nursery.start_soon(other)
+        await trio.testing.wait_all_tasks_blocked()
+        go_on.set()
+    assert seen == [False, True, False]  # alone; 'other' waits; 'other' itself: nobody behind it

@@ -74,16 +74,20 @@ class EventIntake:
         while start < len(batch):
             cap = self.turns.cap(key)
             unit = batch[start:start + cap]
-            start += len(unit)
             pending = PendingBatch(self._recorder, self._ender.lost_events, self.turns.pause_factor(key))
+            done = 0
             async with self.turns.turn(key, len(unit)):
                 for index, params in enumerate(unit):
-                    if index and not index % EVENTS_PER_STEP:  # what is not a turn (a request, a read) runs meanwhile
-                        await trio.lowlevel.checkpoint()
+                    if index and not index % EVENTS_PER_STEP:
+                        if self.turns.others_waiting(key):  # end the turn here: the rest is a unit of its own
+                            break
+                        await trio.lowlevel.checkpoint()  # what is not a turn (a request, a read) runs meanwhile
                     run = self._accept(worker, params)
                     if run is not None:
                         await self._route(run, params.event, pending)
+                    done = index + 1
                 await pending.flush()
+            start += done
             if pending.owed_pause_s > 0:  # a stream's share, taken outside its turn (``PendingBatch._share``)
                 await trio.sleep(pending.owed_pause_s)
 
