@@ -30,6 +30,8 @@ Machines here are small and noisy, so each figure is the median of several repet
   transcript peak RSS growth of a supervisor process serving the transcript of a 200k-event session (one, and
            four at once); baseline: a raw apsw SELECT of the same events, kept (fetchall), measured the same way
            (--quick: 20k events, measured once)
+  bundle   a support bundle of a 200k-event session: the supervisor's CPU and loop lag while it builds (in a
+           low-priority child), and the cached bundle again; baseline: a raw read of the same events
 
 No thresholds are asserted: the goals are printed next to the figures. --quick is the CI smoke run.
 """
@@ -59,7 +61,7 @@ from benchmarks import cases, fairness, store, transcript
 from benchmarks.common import Figure, from_reps, median, percentile, print_table
 
 CASES = ("events", "latency", "tool", "spawn", "density", "store", "postgres", "real", "cold", "codex", "acp",
-         "fairness", "transcript")
+         "fairness", "transcript", "bundle")
 NETNS_UNAVAILABLE = 97  # scripts/netns-run's exit code when no namespace can be made
 
 
@@ -69,11 +71,11 @@ def parameters(quick: bool, repeat: int | None) -> dict[str, Any]:
         return {"repeat": repeat or 2, "events": 20_000, "latency_count": 1_000, "rate": 2_000.0, "calls": 50,
                 "spawns": 5, "density": [10], "single": 300, "batched": 10_000, "stored": 50_000, "real_repeat": 1,
                 "cold_repeat": 1, "fair_tasks": 10, "fair_rounds": 3, "transcript_events": 20_000, "transcript_repeat": repeat or 1,
-                "pg_flood": 5_000, "lease_s": 2.0, "pg_repeat": repeat or 1}
+                "pg_flood": 5_000, "lease_s": 2.0, "pg_repeat": repeat or 1, "bundle_events": 20_000}
     return {"repeat": repeat or 3, "events": 200_000, "latency_count": 10_000, "rate": 2_000.0, "calls": 300,
             "spawns": 10, "density": [50, 100, 200], "single": 2_000, "batched": 50_000, "stored": 1_000_000,
             "real_repeat": 5, "cold_repeat": 12, "fair_tasks": 20, "fair_rounds": 4, "transcript_events": 200_000, "transcript_repeat": repeat or 3,
-            "pg_flood": 50_000, "lease_s": 5.0, "pg_repeat": repeat or 3}
+            "pg_flood": 50_000, "lease_s": 5.0, "pg_repeat": repeat or 3, "bundle_events": 200_000}
 
 
 def repeat(times: int, run: Callable[[], Any]) -> list[Any]:
@@ -278,6 +280,24 @@ def case_transcript(p: dict[str, Any]) -> list[Figure]:
     return [single, together]
 
 
+def case_bundle(p: dict[str, Any]) -> list[Figure]:
+    """A support bundle of a long session, built as the API builds it (a child process at the lowest priority),
+    against a raw read of the same events in the same run (benchmarks/bundle.py)."""
+    from benchmarks import bundle
+
+    r = trio.run(bundle.run, p["bundle_events"])
+    raw, child, cached = r["raw"], r["child"], r["cached"]
+    return [
+        from_reps("bundle", "supervisor CPU for one bundle", "s", [child["cpu_s"]], [raw["cpu_s"]],
+                  note=f"{r['events']:,} events; the bundle process itself: {child['child_cpu_s']:.1f} s CPU at "
+                       f"SCHED_IDLE, {child['wall_s']:.1f} s wall; baseline: reading the same events raw"),
+        from_reps("bundle", "supervisor loop lag while it builds, p99", "s", [child["lag_p99_s"]],
+                  [raw["lag_p99_s"]], note="how late a 5 ms sleep wakes; baseline: during the raw read"),
+        from_reps("bundle", "the same bundle again (cached)", "s", [cached["wall_s"]], [raw["wall_s"]],
+                  note="an unchanged session: served from <data-dir>/bundle-cache; baseline: the raw read's wall"),
+    ]
+
+
 def case_real(p: dict[str, Any]) -> list[Figure]:
     """Runs inside the loopback-only namespace (re-executing this script there when needed)."""
     from benchmarks import real_runtime
@@ -365,7 +385,7 @@ RUNNERS: dict[str, Callable[[dict[str, Any]], list[Figure]]] = {
     "events": case_events, "latency": case_latency, "tool": case_tool, "spawn": case_spawn,
     "density": case_density, "store": case_store, "postgres": case_postgres, "real": case_real, "cold": cases.cold, "codex": case_codex,
     "acp": case_acp,
-    "fairness": case_fairness, "transcript": case_transcript,
+    "fairness": case_fairness, "transcript": case_transcript, "bundle": case_bundle,
 }
 
 

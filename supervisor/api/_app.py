@@ -6,8 +6,6 @@ import contextlib
 import json
 import logging
 import re
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,6 +34,7 @@ from codesdk.protocol import (
     decode_json,
 )
 
+from ..bundle import BundleLimits, BundleService
 from ..engine import (
     Engine,
     InvalidTaskInput,
@@ -373,7 +372,7 @@ class StreamDrain:
 def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIVE_S,
                max_streams_per_principal: int = 32, body_timeout_s: float = 30.0,
                claim_connection: Callable[[str], str | None] | None = None,
-               drain: StreamDrain | None = None) -> Starlette:
+               drain: StreamDrain | None = None, bundle_limits: BundleLimits | None = None) -> Starlette:
     """``claim_connection(principal name)`` charges the request's connection to the principal (the server's
     per-token connection cap); it returns why not, if the token holds too many (429). ``drain``: the service's
     record of open event streams, which it drains on SIGTERM."""
@@ -381,7 +380,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     metrics = _Metrics()
     store = engine.store
     streams = _StreamSlots(max_streams_per_principal)
-    bundling: set[str] = set()  # principals writing a support bundle now
+    bundles = BundleService(engine, bundle_limits)  # support bundles: one per token at a time, cached
 
     def principal_of(request: Request) -> Principal:
         header = request.headers.get("authorization", "")
@@ -705,30 +704,18 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def support_bundle(request: Request) -> Response:
         """The session's support bundle (``supervisor.bundle``): for its namespace's tokens and the admin; any other
-        token gets the 404 of a session it cannot see."""
+        token gets the 404 of a session it cannot see. Built off the loop, bounded, cached (``BundleService``)."""
         from .. import bundle
 
         principal = principal_of(request)
         session = await session_for(principal, request.path_params["session_id"])
-        if principal.name in bundling:  # each costs disk and CPU: one at a time per token
-            raise ApiError(429, "bundle_in_progress", "this token is already writing a bundle; try again when it is "
-                                                      "done", {"retry-after": "1"})
-        bundling.add(principal.name)
         try:
-            sources = await bundle.sources_from_engine(engine, session.session_id)
-            staging = await trio.to_thread.run_sync(lambda: Path(tempfile.mkdtemp(prefix=".bundle-",
-                                                                                  dir=engine.config.data_dir)))
-            try:
-                out = staging / "bundle.tar.gz"
-                await bundle.write_bundle(sources, out)
-                handle = await trio.to_thread.run_sync(out.open, "rb")
-            finally:  # the open file is all that is left of it: nothing stays on disk, however the response ends
-                await trio.to_thread.run_sync(shutil.rmtree, staging, True)
+            handle = await bundles.open(principal.name, session.session_id)
+        except bundle.BundleRefused as exc:
+            raise ApiError(429, exc.code, str(exc), {"retry-after": str(exc.retry_after_s)}) from None
         except bundle.BundleError as exc:  # the operator's to fix (a bad pattern file): not shown to a tenant
             log.error("bundle of %s failed: %s", session.session_id, exc)
             raise ApiError(500, "bundle_failed", "the bundle could not be written; see the supervisor log") from None
-        finally:
-            bundling.discard(principal.name)
 
         async def chunks() -> AsyncIterator[bytes]:
             try:

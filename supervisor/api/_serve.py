@@ -391,7 +391,8 @@ async def serve_api(engine: Engine, auth: TokenAuth, unix_socket: Path | None = 
              "per token", guard.cap, limits.max_connections, soft, limits.max_connections_per_principal,
              limits.max_streams_per_principal)
     app = create_app(engine, auth, keepalive_s=keepalive_s, max_streams_per_principal=limits.max_streams_per_principal,
-                     body_timeout_s=limits.body_timeout_s, claim_connection=guard.claim, drain=drain)
+                     body_timeout_s=limits.body_timeout_s, claim_connection=guard.claim, drain=drain,
+                     bundle_limits=limits.bundles)
     wrapped = wrap_app(guard.wrap(app), config.wsgi_max_body_size, "asgi")
     sockets: list[socket.socket] = []
     try:

@@ -4,7 +4,9 @@ service's options are built without importing the HTTP stack (a CLI that never s
 from __future__ import annotations
 
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from ..bundle import BundleLimits
 
 #: Connections answered with a canned 503 at the same time (beyond the cap); further ones are closed unanswered.
 MAX_REFUSING = 16
@@ -30,6 +32,8 @@ class ApiLimits:
     send_timeout_s: float = 30.0
     #: Descriptors never given to connections (None: a quarter of RLIMIT_NOFILE, at least 64).
     fd_reserve: int | None = None
+    #: What support bundles may cost (size cap, interval per token, cache on disk).
+    bundles: BundleLimits = field(default_factory=BundleLimits)
 
     def __post_init__(self) -> None:
         if min(self.max_connections, self.max_connections_per_principal, self.max_streams_per_principal) < 1:

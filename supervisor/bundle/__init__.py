@@ -20,11 +20,12 @@ One job per module: ``_format`` (the format and ``BundleError``), ``_redact`` (t
 """
 
 from ._archive import atomic_output, check_output, write_bundle
+from ._build import CACHE_DIR, MIN_MAX_BYTES, BundleCache, BundleLimits, BundleRefused, BundleService, build_in_child
 from ._collect import BundleSources, codesdk_version, sources_from_engine
 from ._format import FORMAT, FORMAT_VERSION, MANIFEST, BundleError
 from ._inspect import inspect_bundle, summary_lines
 from ._redact import PATTERNS_FILE, Redactor, read_patterns_file
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST", "PATTERNS_FILE", "BundleError", "BundleSources", "Redactor",
+__all__ = ["CACHE_DIR", "MIN_MAX_BYTES", "FORMAT", "BundleCache", "BundleLimits", "BundleRefused", "BundleService", "build_in_child", "FORMAT_VERSION", "MANIFEST", "PATTERNS_FILE", "BundleError", "BundleSources", "Redactor",
            "atomic_output", "check_output", "codesdk_version", "inspect_bundle", "read_patterns_file",
            "sources_from_engine", "summary_lines", "write_bundle"]

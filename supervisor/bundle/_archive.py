@@ -92,8 +92,13 @@ def check_output(out: Path, force: bool) -> None:
         raise BundleError(f"cannot write {out}: directory {out.parent} is not writable")
 
 
-async def write_bundle(sources: BundleSources, out: Path, *, force: bool = False) -> dict[str, Any]:
+async def write_bundle(sources: BundleSources, out: Path, *, force: bool = False, through_seq: int | None = None,
+                       max_bytes: int | None = None) -> dict[str, Any]:
     """Write the bundle to ``out`` (atomically: all of it, or nothing and ``out`` untouched); return its manifest.
+
+    ``through_seq``: the session's events up to this seq only (what a cached bundle is keyed on). ``max_bytes``:
+    the most the events and blobs may take, uncompressed; past it the events are cut at the last one that fits and
+    blobs that do not fit are left out, and the manifest's ``truncated`` says so (None when nothing was cut).
 
     ``BundleError`` for an output that can't be written (exists without ``force``, no such directory, not
     writable)."""
@@ -112,21 +117,35 @@ async def write_bundle(sources: BundleSources, out: Path, *, force: bool = False
         events_path = staging.root / "events.jsonl"
         digest = hashlib.sha256()
         size = 0
+        cap = max_bytes if max_bytes is not None else float("inf")
+        truncated: dict[str, Any] | None = None
+        last_written = 0
         with events_path.open("wb") as handle:
             after = 0
-            while True:
+            while truncated is None:
                 page = await store.read(sources.session_id, after_seq=after, limit=EVENT_PAGE)
+                if through_seq is not None:
+                    page = [event for event in page if event.seq <= through_seq]
                 if not page:
                     break
                 objs = [event.to_json_obj() for event in page]
-                for obj in objs:
+
+                def redact_page(objs: list[dict[str, Any]] = objs) -> list[bytes]:
+                    return [_json_line(redactor.json(obj, "events.jsonl")) for obj in objs]
+
+                lines = await trio.to_thread.run_sync(redact_page)  # CPU: not on the loop other tenants share
+                kept, n_kept = 0, 0
+                for obj, line in zip(objs, lines, strict=True):
+                    if size + kept + len(line) > cap:
+                        truncated = {"events_through_seq": last_written, "max_bytes": max_bytes,
+                                     "why": "the session's events are larger than the bundle's size cap: the events "
+                                            "after events_through_seq are not in this bundle"}
+                        break
+                    kept, n_kept = kept + len(line), n_kept + 1
+                    last_written = int(obj.get("seq", last_written))
                     refs.update(dict.fromkeys(_refs(obj)))
                     counts[str(obj.get("type"))] += 1
-
-                def redact_page(objs: list[dict[str, Any]] = objs) -> bytes:
-                    return b"".join(_json_line(redactor.json(obj, "events.jsonl")) for obj in objs)
-
-                chunk = await trio.to_thread.run_sync(redact_page)  # CPU: not on the loop other tenants share
+                chunk = b"".join(lines[:n_kept])
                 await trio.to_thread.run_sync(handle.write, chunk)
                 digest.update(chunk)
                 size += len(chunk)
@@ -147,6 +166,13 @@ async def write_bundle(sources: BundleSources, out: Path, *, force: bool = False
                 blobs.append({"ref": ref, "included": False, "size": len(data),
                               "why": "binary: left out, since no pattern can prove binary bytes hold no secret"})
                 continue
+            if size + len(content) > cap:
+                blobs.append({"ref": ref, "included": False, "size": len(data),
+                              "why": "left out: it does not fit under the bundle's size cap"})
+                truncated = truncated or {"events_through_seq": last_written, "max_bytes": max_bytes,
+                                          "why": "blobs larger than the bundle's size cap are left out"}
+                continue
+            size += len(content)
             await trio.to_thread.run_sync(staging.put, name, content)
             blobs.append({"ref": ref, "included": True, "as": how, "redacted": bool(redactor.counts.get(name))})
 
@@ -163,6 +189,7 @@ async def write_bundle(sources: BundleSources, out: Path, *, force: bool = False
             "counts": {"events": sum(counts.values()), "event_types": dict(sorted(counts.items())),
                        "blobs_named": len(refs), "blobs_included": sum(1 for b in blobs if b["included"])},
             "blobs": blobs,
+            "truncated": truncated,
             "files": dict(sorted(staging.files.items())),
             "redactions": {"placeholder": "[REDACTED:<kind>]", "by_file": redactor.report(),
                            "operator_patterns": len(sources.patterns),

@@ -104,4 +104,8 @@ def summary_lines(manifest: Mapping[str, Any]) -> list[str]:
     ]
     lines += [f"  {where}: " + ", ".join(f"{k}={n}" for k, n in kinds.items())
               for where, kinds in redactions.items()]
+    truncated = manifest.get("truncated")
+    if isinstance(truncated, dict):
+        lines.append(f"TRUNCATED at {truncated.get('max_bytes')} bytes (events through seq "
+                     f"{truncated.get('events_through_seq')}): {truncated.get('why')}")
     return lines

@@ -20,6 +20,7 @@ from pathlib import Path
 from codesdk._version import __version__
 
 from ..api import ADMIN_TOKEN_FILE, ApiLimits, TokenAuth
+from ..bundle import BundleLimits
 from ..config import default_data_dir
 from ..engine import DISK_RESERVE_BYTES, SERVICE_IDLE_TIMEOUT_S, SERVICE_TIMEOUT_S, DeadlineLimits
 from ..groups import (
@@ -200,6 +201,15 @@ def _add_limit_flags(run: argparse.ArgumentParser) -> None:
     limits.add_argument("--send-timeout", type=_positive_float, default=api.send_timeout_s, metavar="SECONDS",
                         help="time a client may take to read each 64 KiB of a response (or an event of a stream) "
                              "before its connection is closed (default %(default)s)")
+    bundles = api.bundles  # support bundles (docs/operations.md "Support bundles")
+    limits.add_argument("--bundle-max-mb", type=_positive_int, default=bundles.max_bytes >> 20, metavar="MIB",
+                        help="the most a support bundle's events and blobs take; past it the bundle is cut short and "
+                             "says so (default %(default)s)")
+    limits.add_argument("--bundle-interval", type=_positive_float, default=bundles.min_interval_s, metavar="SECONDS",
+                        help="time a token waits between two bundles built for it (default %(default)s)")
+    limits.add_argument("--bundle-cache-mb", type=_positive_int, default=bundles.cache_bytes >> 20, metavar="MIB",
+                        help="built bundles kept in <data-dir>/bundle-cache for unchanged sessions "
+                             "(default %(default)s)")
 
 
 def _serve_options(args: argparse.Namespace) -> SupervisorOptions:
@@ -289,7 +299,9 @@ def _api_limits(args: argparse.Namespace) -> ApiLimits:
                      max_connections_per_principal=args.max_connections_per_principal,
                      max_streams_per_principal=args.max_streams_per_principal,
                      header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-                     send_timeout_s=args.send_timeout)
+                     send_timeout_s=args.send_timeout,
+                     bundles=BundleLimits(max_bytes=args.bundle_max_mb << 20, min_interval_s=args.bundle_interval,
+                                          cache_bytes=args.bundle_cache_mb << 20))
 
 
 def _serve_command(args: argparse.Namespace) -> int:

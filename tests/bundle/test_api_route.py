@@ -61,18 +61,19 @@ async def test_an_operator_misconfiguration_is_not_shown_to_the_tenant(api: Api,
 
 async def test_a_token_writes_one_bundle_at_a_time(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each bundle costs disk and CPU: a second request by the same token while its first is being written is a
-    429 saying so; another token is not held up, and the first token may ask again once its bundle is done."""
+    429 saying so; another token is not held up, and the first token gets its bundle (from the cache) once it is
+    done."""
     from codesdk.supervisor import bundle
 
     writing, release = trio.Event(), trio.Event()
-    real_write = bundle.write_bundle
+    real_build = bundle.BundleService.build
 
-    async def held_write(*args: Any, **kwargs: Any) -> Any:
+    async def held_build(*args: Any, **kwargs: Any) -> Any:
         writing.set()
         await release.wait()
-        return await real_write(*args, **kwargs)
+        return await real_build(*args, **kwargs)
 
-    monkeypatch.setattr(bundle, "write_bundle", held_write)
+    monkeypatch.setattr(bundle.BundleService, "build", held_build)
     session = await api.create_session(api.alice, "user:alice")
     url = f"/v1/sessions/{session['session_id']}/bundle"
     answers: list[httpx.Response] = []
@@ -87,7 +88,7 @@ async def test_a_token_writes_one_bundle_at_a_time(api: Api, monkeypatch: pytest
             again = await api.client.get(url, headers=api.auth(api.alice))
             assert again.status_code == 429 and again.json()["error"]["code"] == "bundle_in_progress"
             assert again.headers["retry-after"] == "1"
-            monkeypatch.setattr(bundle, "write_bundle", real_write)
+            monkeypatch.setattr(bundle.BundleService, "build", real_build)
             admin = await api.client.get(url, headers=api.auth(api.admin))  # another token is not held up
             assert admin.status_code == 200
             release.set()
