@@ -15,8 +15,9 @@ import json
 import os
 import tarfile
 import tempfile
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -44,6 +45,16 @@ def _refs(value: Any, key: str = "") -> Iterator[str]:
             yield from _refs(v, key)
     elif isinstance(value, str) and (key == "ref" or key.endswith("_ref")) and is_hash(value):
         yield value
+
+
+@dataclass(frozen=True)
+class _Line:
+    """One redacted event line of ``events.jsonl``, with what the manifest counts of it (not the parsed event)."""
+
+    seq: int
+    type: str
+    refs: tuple[str, ...]
+    data: bytes
 
 
 class _Staging:
@@ -97,8 +108,9 @@ async def write_bundle(sources: BundleSources, out: Path, *, force: bool = False
     """Write the bundle to ``out`` (atomically: all of it, or nothing and ``out`` untouched); return its manifest.
 
     ``through_seq``: the session's events up to this seq only (what a cached bundle is keyed on). ``max_bytes``:
-    the most the events and blobs may take, uncompressed; past it the events are cut at the last one that fits and
-    blobs that do not fit are left out, and the manifest's ``truncated`` says so (None when nothing was cut).
+    the most the events and blobs may take, uncompressed; past it the session's first and last events are kept
+    (half the cap each) and those between left out, blobs that do not fit are left out, and the manifest's
+    ``truncated`` says so (None when nothing was cut).
 
     ``BundleError`` for an output that can't be written (exists without ``force``, no such directory, not
     writable)."""
@@ -115,14 +127,29 @@ async def write_bundle(sources: BundleSources, out: Path, *, force: bool = False
         refs: dict[str, None] = {}
         counts: Counter[str] = Counter()
         events_path = staging.root / "events.jsonl"
+        cap = max_bytes if max_bytes is not None else float("inf")
+        # Over the cap, the bundle keeps the session's start (its creation, the first tasks), written as it is read,
+        # and its end (where a failure is), held in a rolling window of at most the rest of the cap: half each.
+        head_room = cap / 2
+        tail: deque[_Line] = deque()
+        tail_size = 0
+        left_out = 0
+        head_last = 0
         digest = hashlib.sha256()
         size = 0
-        cap = max_bytes if max_bytes is not None else float("inf")
-        truncated: dict[str, Any] | None = None
         last_written = 0
+
+        def keep(line: _Line) -> None:
+            nonlocal size, last_written
+            refs.update(dict.fromkeys(line.refs))
+            counts[line.type] += 1
+            last_written = line.seq
+            digest.update(line.data)
+            size += len(line.data)
+
         with events_path.open("wb") as handle:
             after = 0
-            while truncated is None:
+            while True:
                 page = await store.read(sources.session_id, after_seq=after, limit=EVENT_PAGE)
                 if through_seq is not None:
                     page = [event for event in page if event.seq <= through_seq]
@@ -130,26 +157,37 @@ async def write_bundle(sources: BundleSources, out: Path, *, force: bool = False
                     break
                 objs = [event.to_json_obj() for event in page]
 
-                def redact_page(objs: list[dict[str, Any]] = objs) -> list[bytes]:
-                    return [_json_line(redactor.json(obj, "events.jsonl")) for obj in objs]
+                def redact_page(objs: list[dict[str, Any]] = objs) -> list[_Line]:
+                    return [_Line(int(obj.get("seq", 0)), str(obj.get("type")), tuple(_refs(obj)),
+                                  _json_line(redactor.json(obj, "events.jsonl"))) for obj in objs]
 
                 lines = await trio.to_thread.run_sync(redact_page)  # CPU: not on the loop other tenants share
-                kept, n_kept = 0, 0
-                for obj, line in zip(objs, lines, strict=True):
-                    if size + kept + len(line) > cap:
-                        truncated = {"events_through_seq": last_written, "max_bytes": max_bytes,
-                                     "why": "the session's events are larger than the bundle's size cap: the events "
-                                            "after events_through_seq are not in this bundle"}
-                        break
-                    kept, n_kept = kept + len(line), n_kept + 1
-                    last_written = int(obj.get("seq", last_written))
-                    refs.update(dict.fromkeys(_refs(obj)))
-                    counts[str(obj.get("type"))] += 1
-                chunk = b"".join(lines[:n_kept])
-                await trio.to_thread.run_sync(handle.write, chunk)
-                digest.update(chunk)
-                size += len(chunk)
+                head: list[_Line] = []
+                for line in lines:
+                    if not tail and size + len(line.data) <= head_room:
+                        head.append(line)
+                        keep(line)
+                        head_last = line.seq
+                        continue
+                    tail.append(line)
+                    tail_size += len(line.data)
+                    while tail and size + tail_size > cap:
+                        tail_size -= len(tail.popleft().data)
+                        left_out += 1
+                if head:
+                    await trio.to_thread.run_sync(handle.write, b"".join(line.data for line in head))
                 after = page[-1].seq
+            for line in tail:
+                keep(line)
+            await trio.to_thread.run_sync(handle.write, b"".join(line.data for line in tail))
+        truncated: dict[str, Any] | None = None
+        if left_out:
+            truncated = {"events_through_seq": head_last, "events_from_seq": tail[0].seq if tail else None,
+                         "events_left_out": left_out, "max_bytes": max_bytes,
+                         "why": "the session's events are larger than the bundle's size cap: its start (through "
+                                "events_through_seq) and its end (from events_from_seq) are here, the "
+                                "events_left_out between them are not"}
+        tail.clear()
         staging.files["events.jsonl"] = {"sha256": digest.hexdigest(), "size": size}
 
         blobs: list[dict[str, Any]] = []

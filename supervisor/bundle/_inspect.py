@@ -106,6 +106,9 @@ def summary_lines(manifest: Mapping[str, Any]) -> list[str]:
               for where, kinds in redactions.items()]
     truncated = manifest.get("truncated")
     if isinstance(truncated, dict):
-        lines.append(f"TRUNCATED at {truncated.get('max_bytes')} bytes (events through seq "
-                     f"{truncated.get('events_through_seq')}): {truncated.get('why')}")
+        kept = f"events through seq {truncated.get('events_through_seq')}"
+        if truncated.get("events_from_seq") is not None:
+            kept += (f" and from seq {truncated.get('events_from_seq')}; {truncated.get('events_left_out')} "
+                     "between them left out")
+        lines.append(f"TRUNCATED at {truncated.get('max_bytes')} bytes ({kept}): {truncated.get('why')}")
     return lines

@@ -131,11 +131,17 @@ async def test_a_session_over_the_size_cap_gives_a_bundle_cut_short_that_says_so
         out.write_bytes(r.content)
         manifest = bundle.inspect_bundle(out)  # whole and consistent, however short
         truncated = manifest["truncated"]
-        assert truncated["max_bytes"] == cap and 0 < truncated["events_through_seq"] < last_seq
+        assert truncated["max_bytes"] == cap
+        assert 0 < truncated["events_through_seq"] < truncated["events_from_seq"] <= last_seq, truncated
         events = members(out)["events.jsonl"].splitlines()
-        assert len(events) == manifest["counts"]["events"]
+        assert len(events) == manifest["counts"]["events"] == last_seq - truncated["events_left_out"]
         assert len(members(out)["events.jsonl"]) <= cap
-        assert json.loads(events[-1])["seq"] == truncated["events_through_seq"]
+        seqs = [json.loads(line)["seq"] for line in events]
+        # the session's start (its creation) and its end (where a failure would be) are both there, in order
+        assert seqs[0] == 1 and seqs[-1] == last_seq and seqs == sorted(seqs), (seqs[:3], seqs[-3:])
+        start = seqs.index(truncated["events_through_seq"])
+        assert seqs[start + 1] == truncated["events_from_seq"]
+        assert seqs == [*range(1, seqs[start] + 1), *range(truncated["events_from_seq"], last_seq + 1)]
         assert any(line.startswith("TRUNCATED") for line in bundle.summary_lines(manifest))
 
         small = (await api.create_session(api.alice, "user:alice"))["session_id"]
