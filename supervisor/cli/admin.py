@@ -51,7 +51,7 @@ from ..service.assembly import SupervisorOptions
 from ..store import LEASE_S, QUOTA_FLAGS, Quotas, current_holder
 from ..tools import DEFAULT_EXEC_UID, check_exec_identity
 from ..workers.launch import WorkerPolicy
-from .common import Parser, data_dir, namespace_name, port, strict_values
+from .common import Parser, data_dir, namespace_name, port, seconds, strict_values
 
 PROG = "codesdk-supervisor"
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -253,12 +253,9 @@ def _deadline_value(text: str) -> float | None:
     if text.strip().lower() in ("none", "0"):
         return None
     try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"invalid deadline {text!r}: a number of seconds above 0, or 'none'")
-    return value
+        return seconds(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"invalid deadline {text!r}: a number of seconds above 0, or 'none'") from None
 
 
 def _task_deadlines(args: argparse.Namespace) -> DeadlineLimits:

@@ -139,6 +139,17 @@ def data_dir(value: str) -> Path:
     return where
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0 (a usage error otherwise, never a traceback)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
+    return value
+
+
 def port(value: str) -> int:
     if not (value.isascii() and value.isdigit()) or not 0 <= int(value) <= 65535:
         _refuse(f"{value!r} is not a TCP port (0-65535; 0: any free one)")

@@ -31,6 +31,7 @@ from .common import (
     namespace_name,
     regex,
     runtime_name,
+    seconds,
     strict_values,
 )
 from .run_ahead import RunAhead
@@ -63,17 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if ahead is not None:
             ahead.close()  # not used (a service holds the data dir, an error): nothing may outlive us
-
-
-def _seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds above 0 (a usage error otherwise, never a traceback)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
-    return value
 
 
 def _at_least(low: int) -> Callable[[str], int]:
@@ -125,10 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="cap the compiled input at about N tokens (below the runtime's own budget): large tool "
                           "outputs, then the oldest turns are left out, and model.input reports what (a runtime "
                           "that takes up its own session is sent the prompt only and manages its context itself)")
-    run.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+    run.add_argument("--timeout", type=seconds, metavar="SECONDS",
                      help="the task's deadline, wall clock from its start: past it the task is stopped and fails "
                           "TASK_TIMEOUT (default: the supervisor's; none embedded)")
-    run.add_argument("--idle-timeout", type=_seconds, metavar="SECONDS",
+    run.add_argument("--idle-timeout", type=seconds, metavar="SECONDS",
                      help="stop the task (TASK_TIMEOUT) when its runtime sends no event for this long; time spent "
                           "waiting for an approval or a tool the supervisor runs does not count (default: the "
                           "supervisor's; none embedded)")
