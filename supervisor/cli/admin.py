@@ -22,7 +22,14 @@ from codesdk._version import __version__
 from ..api import ADMIN_TOKEN_FILE, ApiLimits, TokenAuth
 from ..bundle import BundleLimits
 from ..config import default_data_dir
-from ..engine import DISK_RESERVE_BYTES, SERVICE_IDLE_TIMEOUT_S, SERVICE_TIMEOUT_S, DeadlineLimits
+from ..engine import (
+    DISK_RESERVE_BYTES,
+    SERVICE_IDLE_TIMEOUT_MAX_S,
+    SERVICE_IDLE_TIMEOUT_S,
+    SERVICE_TIMEOUT_MAX_S,
+    SERVICE_TIMEOUT_S,
+    DeadlineLimits,
+)
 from ..groups import (
     DEFAULT_MEMORY,
     DEFAULT_PIDS,
@@ -236,13 +243,14 @@ def _add_deadline_flags(run: argparse.ArgumentParser) -> None:
     for flag, default, what in (
             ("--task-timeout-default", SERVICE_TIMEOUT_S, "wall clock from a task's start, for a task that asks for "
                                                           "no timeout_s; lowered to the maximum if that is lower"),
-            ("--task-timeout-max", None, "the most timeout_s a task may ask for (more is refused, 422); with no "
-                                         "default, a task asking for none gets it"),
+            ("--task-timeout-max", SERVICE_TIMEOUT_MAX_S, "the most timeout_s a task may ask for (more is refused, "
+                                                          "422); with no default, a task asking for none gets it"),
             ("--task-idle-timeout-default", SERVICE_IDLE_TIMEOUT_S, "the runtime silent this long (waiting for an "
                                                                     "approval or a supervisor's tool does not count), "
                                                                     "for a task that asks for no idle_timeout_s; "
                                                                     "lowered to the maximum if that is lower"),
-            ("--task-idle-timeout-max", None, "the most idle_timeout_s a task may ask for (more is refused, 422)")):
+            ("--task-idle-timeout-max", SERVICE_IDLE_TIMEOUT_MAX_S, "the most idle_timeout_s a task may ask for "
+                                                                    "(more is refused, 422)")):
         # absent when not given (SUPPRESS): a default left as it is yields to a lower maximum, one given does not
         group.add_argument(flag, type=_deadline_value, default=argparse.SUPPRESS, metavar="SECONDS",
                            help=f"{what} (default {'none' if default is None else f'{default:g}'})")
@@ -265,7 +273,8 @@ def _task_deadlines(args: argparse.Namespace) -> DeadlineLimits:
             return given
         return service_default if most is None else min(service_default, most)
 
-    timeout_max, idle_max = getattr(args, "task_timeout_max", None), getattr(args, "task_idle_timeout_max", None)
+    timeout_max: float | None = getattr(args, "task_timeout_max", SERVICE_TIMEOUT_MAX_S)
+    idle_max: float | None = getattr(args, "task_idle_timeout_max", SERVICE_IDLE_TIMEOUT_MAX_S)
     try:
         return DeadlineLimits(timeout_default_s=default("task_timeout_default", SERVICE_TIMEOUT_S, timeout_max),
                               timeout_max_s=timeout_max, idle_max_s=idle_max,

@@ -10,7 +10,13 @@ end), ``_intake`` (events from workers), ``_leasing`` (which namespaces this sup
 """
 
 from ..tools import ApprovalRequest, Approver, ApproverAnswer
-from ._deadlines import SERVICE_IDLE_TIMEOUT_S, SERVICE_TIMEOUT_S, DeadlineLimits
+from ._deadlines import (
+    SERVICE_IDLE_TIMEOUT_MAX_S,
+    SERVICE_IDLE_TIMEOUT_S,
+    SERVICE_TIMEOUT_MAX_S,
+    SERVICE_TIMEOUT_S,
+    DeadlineLimits,
+)
 from ._engine import DISK_RESERVE_BYTES, Engine, EngineConfig
 from ._errors import (
     ERROR_STATUS,
@@ -35,7 +41,7 @@ from ._transcript import derive_transcript, session_events
 
 __all__ = [
     "DISK_RESERVE_BYTES", "ERROR_STATUS", "ApprovalRequest", "Approver", "ApproverAnswer", "ApproverRequired", "DeadlineLimits",
-    "Engine", "SERVICE_IDLE_TIMEOUT_S", "SERVICE_TIMEOUT_S", "EngineConfig",
+    "Engine", "SERVICE_IDLE_TIMEOUT_MAX_S", "SERVICE_IDLE_TIMEOUT_S", "SERVICE_TIMEOUT_MAX_S", "SERVICE_TIMEOUT_S", "EngineConfig",
     "EngineError", "EngineStats", "ErrorStatus", "InsufficientSpace", "NamespaceDiskFull", "InvalidTaskInput", "NamespaceElsewhere", "NamespaceUnavailable",
     "PoolWorkers", "RequestChannel", "RuntimeUnavailable", "SessionBusy", "TaskNotActive", "UnknownRuntime", "WorkerEvents",
     "WorkerExit", "WorkerLink", "Workers", "WorkersFactory", "WorkspaceRefused", "derive_transcript", "error_status",

@@ -26,6 +26,8 @@ from ._errors import InvalidTaskInput
 #: ``codesdk-supervisor serve``'s defaults (an embedded supervisor has none): a task may run 4 h, and its runtime
 #: stay silent 30 min — far beyond a runtime's own longest tool run (Claude Code's Bash: 10 min at most).
 SERVICE_TIMEOUT_S, SERVICE_IDLE_TIMEOUT_S = 4 * 3600.0, 30 * 60.0
+#: The service's maxima: without them a tenant could ask for a deadline of 1e308 s and hold its task for ever.
+SERVICE_TIMEOUT_MAX_S, SERVICE_IDLE_TIMEOUT_MAX_S = 24 * 3600.0, 4 * 3600.0
 
 #: The two deadlines, by the names a task gives them (API fields, ``Engine.start_task`` arguments, details).
 TIMEOUT, IDLE_TIMEOUT = "timeout_s", "idle_timeout_s"

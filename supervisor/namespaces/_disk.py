@@ -46,6 +46,8 @@ DISK_QUOTAS_FILE = "namespace-disks.json"
 DEFAULT_BYTES_PER_FILE = 16 * 1024
 MIN_QUOTA_BYTES = 8 << 20  # below this ext4's own metadata takes most of it
 MIN_QUOTA_FILES = 32
+#: ext4 with 4 KiB blocks and 32-bit block numbers holds at most 16 TiB; a quota above it could never be an image.
+MAX_QUOTA_BYTES = 16 << 40
 _MOUNT_OPTIONS = "loop,nosuid,nodev"
 _SIZE = re.compile(r"^([0-9]+)([kmgt]?)$")
 _SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -81,8 +83,13 @@ class DiskQuota:
             raise ValueError(f"invalid file count in {text!r}: SIZE:FILES takes a whole number of files")
         if quota.bytes < MIN_QUOTA_BYTES:
             raise ValueError(f"disk quota {text!r} is below {MIN_QUOTA_BYTES >> 20}M, too small for a file system")
+        if quota.bytes > MAX_QUOTA_BYTES:
+            raise ValueError(f"disk quota {text!r} is above {MAX_QUOTA_BYTES >> 40}T, the most a namespace's ext4 "
+                             "volume can hold")
         if quota.files is not None and quota.files < MIN_QUOTA_FILES:
             raise ValueError(f"disk quota {text!r}: at least {MIN_QUOTA_FILES} files")
+        if quota.files is not None and quota.files >= 2**32:
+            raise ValueError(f"disk quota {text!r}: at most {2**32 - 1} files (ext4's inode numbers)")
         return quota
 
     @property
@@ -241,6 +248,10 @@ class NamespaceDisks:
             volume, image, root = self.volume(namespace), self.image(namespace), namespace.root(self.data_dir)
             self.data_dir.mkdir(parents=True, mode=0o700, exist_ok=True)
             (self.data_dir / VOLUMES_DIR).mkdir(mode=0o700, exist_ok=True)
+            # mount(8) follows symlinks: one planted at any of these would put a tenant's volume (or the image it
+            # mounts) anywhere on the host. Refused before anything is mounted.
+            _refuse_symlinks(namespace, root.parent, root, self.data_dir / VOLUMES_DIR, volume, image,
+                             volume / "namespace", volume / "workspaces")
             if not os.path.ismount(volume):
                 if quota is not None and not image.exists():
                     if not move_files_in and root.is_dir() and any(root.iterdir()):
@@ -275,6 +286,10 @@ class NamespaceDisks:
         fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:  # 0600: other tenants' uids may pass through volumes/ (0711) by name
             os.ftruncate(fd, quota.bytes)  # sparse
+        except OSError as exc:  # EFBIG: the host's file system takes no file that large
+            fresh.unlink(missing_ok=True)
+            raise DiskQuotaError(f"cannot make {image} of {quota}: {exc.strerror or exc}; give a smaller quota "
+                                 f"(codesdk-supervisor namespace disk set {namespace.name} SIZE)") from exc
         finally:
             os.close(fd)
         try:
@@ -327,8 +342,11 @@ class NamespaceDisks:
         device = _mount_source(volume)
         if device is None or not device.startswith("/dev/loop"):
             raise DiskQuotaError(f"cannot grow {image}: no loop device is mounted at {volume}")
-        with open(image, "r+b") as out:
-            out.truncate(quota.bytes)
+        try:
+            with open(image, "r+b") as out:
+                out.truncate(quota.bytes)
+        except (OSError, OverflowError) as exc:  # the host's file system takes no file that large
+            raise DiskQuotaError(f"cannot grow {image} to {quota}: {exc}") from exc
         _check(f"growing {device}", _run("losetup", "-c", device))
         online = _run("resize2fs", device)
         if online.returncode != 0:  # online resizing needs CAP_SYS_RESOURCE: offline, if nothing uses it
@@ -408,3 +426,11 @@ def _unmount(point: Path) -> None:
 
 def is_disk_full(exc: OSError) -> bool:
     return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _refuse_symlinks(namespace: Namespace, *paths: Path) -> None:
+    """``DiskQuotaError`` naming the first of ``paths`` that is a symlink (absent ones are fine: they are made)."""
+    for path in paths:
+        if path.is_symlink():
+            raise DiskQuotaError(f"{path} is a symlink; refusing to mount namespace {namespace.name}'s volume "
+                                 "through it: remove it (the volume's files are in its image)")

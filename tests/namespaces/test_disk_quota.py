@@ -479,3 +479,30 @@ async def test_a_session_in_a_namespace_whose_disk_is_full_is_refused_saying_so(
             assert answer is not None and (answer.status, answer.code) == (429, "namespace_disk_full")
             assert len(await engine.store.list_sessions()) == 1
             await engine.create_session(namespace="user:other")
+
+
+@pytest.mark.parametrize(("text", "said"), [("99999999T", "above 16T"), ("17T", "above 16T"),
+                                            ("16M:4294967296", "at most 4294967295 files")])
+def test_a_quota_no_volume_could_hold_is_refused_when_set(text: str, said: str) -> None:
+    with pytest.raises(ValueError, match=said):
+        DiskQuota.parse(text)
+
+
+@pytest.mark.parametrize("planted", ["namespaces/user.sym", "volumes/user.sym.img", "volumes/user.sym"])
+def test_a_symlink_planted_where_a_volume_goes_is_refused_before_anything_is_mounted(
+        mounted_disks: Path, tmp_path: Path, planted: str) -> None:
+    """mount(8) follows symlinks: a volume must never be mounted on, or from, where a symlink points."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("kept")
+    data = mounted_disks
+    disks = NamespaceDisks(data, QUOTA)
+    disks.ensure(Namespace.parse("user:other"))  # makes the data dir's layout; another namespace is fine
+    link = data / planted
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(victim)
+    for _ in range(3):  # asked again and again: refused each time, nothing piles up
+        with pytest.raises(DiskQuotaError, match="is a symlink; refusing to mount"):
+            disks.ensure(Namespace.parse("user:sym"))
+    assert [p for p in _mounts_under(tmp_path) if str(victim) in p] == []
+    assert (victim / "keep").read_text() == "kept" and sorted(os.listdir(victim)) == ["keep"]

@@ -292,7 +292,13 @@ def test_serve_without_flags_runs_on_the_defaults_of_the_options(tmp_path: Path,
     task deadlines (a tenant's runaway task is nobody's to see; ``codesdk run``'s is its user's, at the terminal)
     and a resource group per namespace."""
     from codesdk.supervisor.cli.admin import _serve_options, build_parser
-    from codesdk.supervisor.engine import SERVICE_IDLE_TIMEOUT_S, SERVICE_TIMEOUT_S, DeadlineLimits
+    from codesdk.supervisor.engine import (
+        SERVICE_IDLE_TIMEOUT_MAX_S,
+        SERVICE_IDLE_TIMEOUT_S,
+        SERVICE_TIMEOUT_MAX_S,
+        SERVICE_TIMEOUT_S,
+        DeadlineLimits,
+    )
     from codesdk.supervisor.service.assembly import SupervisorOptions
 
     monkeypatch.delenv("CODESDK_STORE", raising=False)
@@ -301,5 +307,7 @@ def test_serve_without_flags_runs_on_the_defaults_of_the_options(tmp_path: Path,
                                                        holder="codesdk-supervisor serve", worker_template=True,
                                                        task_deadlines=DeadlineLimits(
                                                            timeout_default_s=SERVICE_TIMEOUT_S,
-                                                           idle_default_s=SERVICE_IDLE_TIMEOUT_S),
+                                                           idle_default_s=SERVICE_IDLE_TIMEOUT_S,
+                                                           timeout_max_s=SERVICE_TIMEOUT_MAX_S,
+                                                           idle_max_s=SERVICE_IDLE_TIMEOUT_MAX_S),
                                                        resource_groups=True)
