@@ -162,6 +162,10 @@ def failover_s(url: str, lease_s: float) -> float:
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=120)
+            from codesdk.supervisor.groups import remove_left
+
+            for name in ("a", "b"):  # the SIGKILLed one closed nothing: its resource groups go with its data dir
+                remove_left(root / name)
 
 
 def _client(data_dir: Path) -> httpx.Client:
