@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -14,7 +14,7 @@ import httpx2 as httpx
 import pytest
 import trio
 
-from codesdk.supervisor.api import TokenAuth
+from codesdk.supervisor.api import ApiLimits, TokenAuth
 from codesdk.supervisor.api.server import StreamDrain, serve_api
 from codesdk.supervisor.engine import Engine
 
@@ -49,8 +49,10 @@ class Api:
         return dict(r.json())
 
 
-@pytest.fixture
-async def api(make_engine: MakeEngine, tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[Api]:
+@asynccontextmanager
+async def serve_test_api(make_engine: MakeEngine, tmp_path: Path, limits: ApiLimits | None = None,
+                         timeout_s: float = 10) -> AsyncIterator[Api]:
+    """A supervisor's API on a unix socket in ``tmp_path`` (admin, alice and bob tokens), with these limits."""
     data_dir = tmp_path / "data"
     async with make_engine(data_dir=data_dir) as engine:
         auth = TokenAuth.bootstrap(data_dir)
@@ -61,12 +63,19 @@ async def api(make_engine: MakeEngine, tmp_path: Path, nursery: trio.Nursery) ->
         with trio.CancelScope() as scope:
             async with trio.open_nursery() as inner:
                 drain = StreamDrain()
-                await inner.start(partial(serve_api, engine, auth, sock, None, keepalive_s=KEEPALIVE_S, drain=drain))
+                await inner.start(partial(serve_api, engine, auth, sock, None, keepalive_s=KEEPALIVE_S,
+                                          limits=limits, drain=drain))
                 transport = httpx.AsyncHTTPTransport(uds=str(sock))
                 async with httpx.AsyncClient(transport=transport, base_url="http://codesdk",
-                                             timeout=10) as client:
+                                             timeout=timeout_s) as client:
                     yield Api(engine, sock, admin, alice, bob, client, auth, drain)
                 scope.cancel()
+
+
+@pytest.fixture
+async def api(make_engine: MakeEngine, tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[Api]:
+    async with serve_test_api(make_engine, tmp_path) as served:
+        yield served
 
 
 async def read_sse(response: httpx.Response, stop_after: int | None = None) -> list[dict[str, Any]]:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from functools import partial
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -18,32 +16,17 @@ import pytest
 import trio
 
 from codesdk.supervisor import bundle
-from codesdk.supervisor.api import ApiLimits, TokenAuth
-from codesdk.supervisor.api.server import StreamDrain, serve_api
+from codesdk.supervisor.api import ApiLimits
 
-from tests.api.conftest import KEEPALIVE_S, Api
+from tests.api.conftest import Api, serve_test_api
 from tests.bundle.conftest import members
 from tests.conftest import MakeEngine
 
 
-@asynccontextmanager
-async def api_with(make_engine: MakeEngine, tmp_path: Path, limits: bundle.BundleLimits) -> AsyncIterator[Api]:
+def api_with(make_engine: MakeEngine, tmp_path: Path,
+             limits: bundle.BundleLimits) -> AbstractAsyncContextManager[Api]:
     """The API fixture's service, with these bundle limits."""
-    data_dir = tmp_path / "data"
-    async with make_engine(data_dir=data_dir) as engine:
-        auth = TokenAuth.bootstrap(data_dir)
-        admin = (data_dir / "admin.token").read_text().strip()
-        alice = auth.add_principal("alice", ["user:alice"])
-        bob = auth.add_principal("bob", ["user:bob"])
-        sock = tmp_path / "run" / "api.sock"
-        async with trio.open_nursery() as inner:
-            drain = StreamDrain()
-            await inner.start(partial(serve_api, engine, auth, sock, None, keepalive_s=KEEPALIVE_S, drain=drain,
-                                      limits=ApiLimits(bundles=limits)))
-            async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(sock)),
-                                         base_url="http://codesdk", timeout=30) as client:
-                yield Api(engine, sock, admin, alice, bob, client, auth, drain)
-            inner.cancel_scope.cancel()
+    return serve_test_api(make_engine, tmp_path, ApiLimits(bundles=limits), timeout_s=30)
 
 
 async def _flood(api: Api, session_id: str, n: int, delta: str) -> None:

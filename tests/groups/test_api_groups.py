@@ -7,7 +7,6 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
@@ -16,27 +15,9 @@ from codesdk.supervisor.api import TokenAuth
 from codesdk.supervisor.api.server import create_app
 from codesdk.supervisor.groups import GroupLimits
 
+from tests.asgi import asgi_get as _get
 from tests.conftest import MakeEngine
 from tests.e2e.conftest import run_task
-
-
-async def _get(app: Any, path: str, token: str | None = None) -> tuple[int, bytes]:
-    """One ASGI GET, in-process."""
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
-    scope: dict[str, Any] = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(),
-                             "query_string": b"", "headers": headers, "http_version": "1.1", "scheme": "http",
-                             "server": ("test", 80), "client": None, "root_path": ""}
-    await app(scope, receive, send)
-    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
-    return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
 
 
 async def test_readyz_shows_groups_and_metrics_count_a_namespace_s_processes_and_limits(

@@ -31,6 +31,8 @@ from codesdk.supervisor.namespaces import (
 from codesdk.supervisor.tools import ToolContext, ToolLimits, ToolRegistry, ToolResult
 from codesdk.supervisor.workers.launch import PoolConfig
 
+from tests.asgi import asgi_get
+
 MiB = 1 << 20
 QUOTA = DiskQuota(16 * MiB)
 FEW_FILES = DiskQuota(16 * MiB, 48)
@@ -85,22 +87,9 @@ async def _admin_get(engine: Engine, data: Path, path: str) -> str:
 
     auth = TokenAuth.bootstrap(data.parent / "auth")
     token = (data.parent / "auth" / "admin.token").read_text().strip()
-    app: Any = create_app(engine, auth)
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope: dict[str, Any] = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(),
-                             "query_string": b"", "headers": [(b"authorization", f"Bearer {token}".encode())],
-                             "http_version": "1.1", "scheme": "http", "server": ("test", 80), "client": None,
-                             "root_path": ""}
-    await app(scope, receive, send)
-    assert next(m["status"] for m in sent if m["type"] == "http.response.start") == 200, sent
-    return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body").decode()
+    status, body = await asgi_get(create_app(engine, auth), path, token)
+    assert status == 200, body
+    return body.decode()
 
 
 # -- without mounting ---------------------------------------------------------------------------

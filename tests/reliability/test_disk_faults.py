@@ -25,6 +25,7 @@ from codesdk.worker.command import TEST_STEPS_ENV
 
 from tests.conftest import SCENARIOS
 from tests.e2e.conftest import wait_for_event
+from tests.asgi import asgi_get as _get
 from tests.reliability.test_crash_points import integrity_ok
 
 _names = itertools.count()
@@ -151,22 +152,3 @@ async def test_the_engine_stops_a_task_whose_events_cannot_be_stored_and_readyz_
             status, _ = await _get(app, "/readyz")
             assert status == 200
     integrity_ok(tmp_path / "data")
-
-
-async def _get(app: Any, path: str) -> tuple[int, bytes]:
-    """One ASGI GET, in-process."""
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope: dict[str, Any] = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(),
-                             "query_string": b"", "headers": [], "http_version": "1.1", "scheme": "http",
-                             "server": ("test", 80), "client": None, "root_path": ""}
-    await app(scope, receive, send)
-    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return status, body

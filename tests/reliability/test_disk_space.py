@@ -19,7 +19,7 @@ from codesdk.supervisor.engine import Engine, EngineConfig, InsufficientSpace, e
 from codesdk.supervisor.tools import ToolRegistry, ToolsConfig
 from codesdk.supervisor.workers.launch import PoolConfig
 
-from tests.reliability.test_disk_faults import _get
+from tests.asgi import asgi_get as _get
 
 MiB = 1 << 20
 
