@@ -66,6 +66,7 @@ class StoredLimits:
 
     def set(self, namespace: str, overrides: LimitOverrides) -> LimitOverrides:
         name = Namespace.parse(namespace).name
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # set before the service ever ran there
         with self._locked():
             every = self.all()
             merged = every.get(name, LimitOverrides()).merged(overrides)

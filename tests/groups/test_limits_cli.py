@@ -91,3 +91,11 @@ def test_a_worker_ending_leaves_a_running_exec_call_of_its_namespace_alone(
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_limits_set_on_a_data_dir_no_service_has_used_yet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An operator may set a namespace's limits before the service ever ran there: stored, not an ENOENT."""
+    fresh = tmp_path / "not-yet"
+    code, _, err = _cli(capsys, "namespace", "limits", "set", "user:x", "--memory", "64M", "--data-dir", str(fresh))
+    assert code == 0, err
+    assert StoredLimits(fresh).get("user:x").memory == 64 << 20
