@@ -402,7 +402,7 @@ def test_a_disconnected_stream_client_is_released(tmp_path: Path, how: str) -> N
                                       service.tokens["alice"], session], stdout=subprocess.PIPE)
             try:
                 assert child.stdout is not None and child.stdout.readline() == b"streaming\n"
-                streaming = service.fds()
+                streaming = service.tcp_peers()
                 gone_at = time.monotonic()
                 child.kill()
             finally:
@@ -412,7 +412,7 @@ def test_a_disconnected_stream_client_is_released(tmp_path: Path, how: str) -> N
         else:
             sock, status, _ = open_stream(service, "alice", session)
             assert status == 200
-            streaming = service.fds()
+            streaming = service.tcp_peers()
             gone_at = time.monotonic()
             if how == "reset":
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
@@ -422,9 +422,9 @@ def test_a_disconnected_stream_client_is_released(tmp_path: Path, how: str) -> N
                 sock.shutdown(socket.SHUT_WR)
             else:
                 sock.close()
-        assert streaming >= baseline + 1
-        # The stream's own connection is what must end; the descriptor count, which other passing descriptors of
-        # the service blur, only has to come back.
+        # The service held the stream's connection; the descriptor count, which other passing descriptors of the
+        # service blur (a baseline taken while one was open is higher), is not what proves it.
+        assert streaming >= 1
         wait_for("the stream's connection to be closed by the service", lambda: service.tcp_peers() == 0)
         released_s = time.monotonic() - gone_at
         wait_for(f"the service's descriptors to return to {baseline}", lambda: service.fds() <= baseline)
