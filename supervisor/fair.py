@@ -136,11 +136,12 @@ class FairTurns:
             raise ValueError(f"a namespace's weight must be at least 1, not {weight}")
         self._weights[key] = weight
 
-    def cap(self, key: str) -> int:
+    def cap(self, key: str, *, others_active: bool | None = None) -> int:
         """How many events ``key``'s next unit may hold: its weighted quantum while another namespace is active
         (running, waiting, or done within the active window), else ``ALONE_QUANTA`` of them (a flood alone goes
         at nearly full speed, and whoever comes next waits for one such unit at most)."""
-        quanta = 1 if self.others_active(key) else ALONE_QUANTA
+        others = self.others_active(key) if others_active is None else others_active  # the caller's, if just asked
+        quanta = 1 if others else ALONE_QUANTA
         return quanta * self._quantum * self.weight(key)
 
     def others_waiting(self, key: str) -> bool:
@@ -151,7 +152,13 @@ class FairTurns:
         return any(other != key for other in self._queue.waiting())
 
     def others_active(self, key: str) -> bool:
-        return bool(self._active_others(key))
+        """Whether ``_active_others(key)`` is not empty, without building it (asked for every unit)."""
+        if any(other != key for other in self._running) or any(other != key for other in self._queue.waiting()):
+            return True
+        if self._next is not None and self._next.key != key:
+            return True
+        now = trio.current_time()
+        return any(other != key and now - at <= self._window for other, at in self._last_active.items())
 
     def pause_factor(self, key: str) -> float:
         """How long ``key`` should pause after a unit, per second the unit took, so that while others are active

@@ -28,7 +28,6 @@ from codesdk.protocol import (
     BadFrame,
     EventType,
     InteractionMode,
-    NormalizedEvent,
     PermissionMode,
     TaskStopped,
     decode_json,
@@ -57,6 +56,7 @@ from ..store import (
     UnknownTask,
 )
 from ._auth import Principal, TokenAuth
+from ._frames import FrameCache
 from ._openapi import Operation, openapi_document
 
 log = logging.getLogger(__name__)
@@ -380,6 +380,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     metrics = _Metrics()
     store = engine.store
     streams = _StreamSlots(max_streams_per_principal)
+    frames = FrameCache()  # shared by every stream of this app
     bundles = BundleService(engine, bundle_limits)  # support bundles: one per token at a time, cached
 
     def principal_of(request: Request) -> Principal:
@@ -694,7 +695,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             if not 0 <= after <= MAX_SEQ:
                 raise ApiError(422, "invalid_request", f"header 'Last-Event-ID' must be between 0 and {MAX_SEQ}")
         return _SSEResponse(engine, session.session_id, after or 0, query.until_terminal, metrics.sse_events,
-                            keepalive_s, streams=streams, principal=principal.name, drain=drain)
+                            keepalive_s, streams=streams, principal=principal.name, drain=drain,
+                            frames=frames)
 
     async def transcript(request: Request) -> Response:
         session = await session_for(principal_of(request), request.path_params["session_id"])
@@ -865,11 +867,6 @@ class _StreamSlots:
 SSE_FRAMES_PER_WRITE = 64
 
 
-def _sse_frame(event: NormalizedEvent) -> bytes:
-    data = json.dumps(event.to_json_obj(), separators=(",", ":"))
-    return f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n".encode()
-
-
 class _SSEResponse(Response):
     """``text/event-stream`` of a session's events after ``after_seq``: ``id: <seq>``, ``event: <type>``,
     ``data: <event JSON>``; a keep-alive comment every 15 s; ends on client disconnect, store close, or
@@ -877,7 +874,7 @@ class _SSEResponse(Response):
 
     def __init__(self, engine: Engine, session_id: str, after_seq: int, until_terminal: bool,
                  sent: Counter, keepalive_s: float, *, streams: _StreamSlots, principal: str,
-                 drain: StreamDrain) -> None:
+                 drain: StreamDrain, frames: FrameCache) -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
         if "content-length" in self.headers:
             del self.headers["content-length"]
@@ -892,6 +889,7 @@ class _SSEResponse(Response):
         self._streams = streams
         self._principal = principal
         self._drain = drain
+        self._frames = frames
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         streams = self._streams
@@ -934,10 +932,10 @@ class _SSEResponse(Response):
                                                                 until_terminal=self._until_terminal) as events:
                             async for event in events:
                                 # what is already here goes out in one write (one step of the loop, not one each)
-                                frames = [_sse_frame(event)]
+                                frames = [self._frames.frame(self._session_id, event)]
                                 while events.ready and len(frames) < SSE_FRAMES_PER_WRITE:
                                     event = await events.__anext__()
-                                    frames.append(_sse_frame(event))
+                                    frames.append(self._frames.frame(self._session_id, event))
                                 await emit(b"".join(frames))
                                 self._sent.inc(len(frames))
                                 self._drain.sent(open_stream, event.seq)

@@ -71,13 +71,18 @@ class PendingBatch:
                 await self._lost(run, exc)
 
     async def _store_stream(self, run: TaskRun, events: list[PendingEvent], blobs: Blobs | None) -> None:
+        # A stream that keeps up with its runtime (a paced one: its events come one or two at a time) takes no
+        # more than its share whatever it does, and pausing it only made it late; one with a backlog (a flood)
+        # shares. Judged by this batch alone, so a stream that falls behind starts sharing at its next batch.
+        backlogged = len(events) >= SHARE_QUANTUM
         while events:
             part_size = SHARE_QUANTUM if self._pause_factor > 0 or self._others_writing(run) else len(events)
             part, events = events[:part_size], events[part_size:]
             started = trio.current_time()
             if not await self._recorder.append(run, part, blobs=_named_blobs(part, blobs), bulk=True):
                 return
-            await self._share(run, started)
+            if backlogged:
+                await self._share(run, started)
 
     def _others_writing(self, run: TaskRun) -> bool:
         """Another session's ordinary (not bulk) append was committed within the last SHARE_WINDOW_S. The stream's

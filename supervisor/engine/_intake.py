@@ -72,9 +72,11 @@ class EventIntake:
         key = self._namespace_of(worker, batch)
         start = 0
         while start < len(batch):
-            cap = self.turns.cap(key)
+            others = self.turns.others_active(key)
+            cap = self.turns.cap(key, others_active=others)
             unit = batch[start:start + cap]
-            pending = PendingBatch(self._recorder, self._ender.lost_events, self.turns.pause_factor(key))
+            pending = PendingBatch(self._recorder, self._ender.lost_events,
+                                   self.turns.pause_factor(key) if others else 0.0)
             done = 0
             async with self.turns.turn(key, len(unit)):
                 for index, params in enumerate(unit):

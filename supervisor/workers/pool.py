@@ -517,6 +517,7 @@ class WorkerPool:
             finally:
                 heard.handing_over = False
                 heard.at = trio.current_time()
+            del batch, first  # handed over: not held here until the worker sends again (a quiet worker kept them)
 
     async def _env_changed(self, slot: _Slot) -> bool:
         return await trio.to_thread.run_sync(self.namespace_env.stamp, slot.namespace.name) != slot.env_stamp

@@ -3,16 +3,19 @@ and how a task ends — with a real store, and no process where a real one adds 
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
 import trio
+import trio.testing
 
 from codesdk.testing.invariants import check_session
 from codesdk.protocol import (
     EventType,
     Method,
     ModelOutputDelta,
+    RuntimeEventParams,
     TaskCompleted,
     TaskFailed,
     ToolCallCompleted,
@@ -22,6 +25,7 @@ from codesdk.protocol import (
 from codesdk.supervisor.engine import session_events
 from codesdk.supervisor.store import Quotas, TaskState
 
+from tests.conftest import MakeEngine
 from tests.engine.doubles import FakeWorkers, engine_with_doubles, rpc_error, running_task
 
 
@@ -164,3 +168,18 @@ async def test_the_engine_over_doubles_has_no_pool(tmp_path: Path) -> None:
             assert "worker doubles" in str(exc)
         else:
             raise AssertionError("an engine over doubles has no pool of processes")
+
+
+async def test_events_handed_over_are_not_kept_alive_while_the_worker_is_quiet(make_engine: MakeEngine) -> None:
+    """Once a worker's events are stored, nothing of them stays in memory until that worker sends again: the pool's
+    pump held on to its last batch (thousands of events after a burst of many streams, kept for as long as the
+    worker stayed quiet)."""
+    async with make_engine() as engine:
+        session = await engine.create_session()
+        flood = {"name": "flood", "steps": [{"flood": 2_000, "delta": "f" * 16}, {"complete": {}}]}
+        task = await engine.start_task(session.session_id, "x", runtime_config={"scenario_inline": flood})
+        assert (await engine.wait_task(task.task_id)).state == TaskState.COMPLETED
+        await trio.testing.wait_all_tasks_blocked()  # the pump is back waiting for the worker's next line
+        gc.collect()
+        alive = sum(1 for obj in gc.get_objects() if isinstance(obj, RuntimeEventParams))
+        assert alive == 0, f"{alive} events of a finished task still held"
