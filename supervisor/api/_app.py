@@ -56,7 +56,6 @@ from ..store import (
     UnknownTask,
 )
 from ._auth import Principal, TokenAuth
-from ._frames import FrameCache
 from ._openapi import Operation, openapi_document
 
 log = logging.getLogger(__name__)
@@ -380,7 +379,6 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     metrics = _Metrics()
     store = engine.store
     streams = _StreamSlots(max_streams_per_principal)
-    frames = FrameCache()  # shared by every stream of this app
     bundles = BundleService(engine, bundle_limits)  # support bundles: one per token at a time, cached
 
     def principal_of(request: Request) -> Principal:
@@ -695,8 +693,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             if not 0 <= after <= MAX_SEQ:
                 raise ApiError(422, "invalid_request", f"header 'Last-Event-ID' must be between 0 and {MAX_SEQ}")
         return _SSEResponse(engine, session.session_id, after or 0, query.until_terminal, metrics.sse_events,
-                            keepalive_s, streams=streams, principal=principal.name, drain=drain,
-                            frames=frames)
+                            keepalive_s, streams=streams, principal=principal.name, drain=drain)
 
     async def transcript(request: Request) -> Response:
         session = await session_for(principal_of(request), request.path_params["session_id"])
@@ -874,7 +871,7 @@ class _SSEResponse(Response):
 
     def __init__(self, engine: Engine, session_id: str, after_seq: int, until_terminal: bool,
                  sent: Counter, keepalive_s: float, *, streams: _StreamSlots, principal: str,
-                 drain: StreamDrain, frames: FrameCache) -> None:
+                 drain: StreamDrain) -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
         if "content-length" in self.headers:
             del self.headers["content-length"]
@@ -889,7 +886,6 @@ class _SSEResponse(Response):
         self._streams = streams
         self._principal = principal
         self._drain = drain
-        self._frames = frames
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         streams = self._streams
@@ -930,12 +926,17 @@ class _SSEResponse(Response):
                     try:
                         async with self._engine.store.subscribe(self._session_id, self._after,
                                                                 until_terminal=self._until_terminal) as events:
-                            async for event in events:
-                                # what is already here goes out in one write (one step of the loop, not one each)
-                                frames = [self._frames.frame(self._session_id, event)]
+                            while True:
+                                # Events as stored: their frames are the stored JSON, built once and shared by
+                                # every stream of the session. What is already here goes out in one write.
+                                try:
+                                    event = await events.next_stored()
+                                except StopAsyncIteration:
+                                    break
+                                frames = [event.frame]
                                 while events.ready and len(frames) < SSE_FRAMES_PER_WRITE:
-                                    event = await events.__anext__()
-                                    frames.append(self._frames.frame(self._session_id, event))
+                                    event = await events.next_stored()
+                                    frames.append(event.frame)
                                 await emit(b"".join(frames))
                                 self._sent.inc(len(frames))
                                 self._drain.sent(open_stream, event.seq)

@@ -39,7 +39,7 @@ class RunRecorder:
                 # Shielded: a queued write is carried out even if its caller is cancelled (a tool's run, cut short
                 # by the task's end), so the count must come down only once its outcome is known.
                 with trio.CancelScope(shield=True):
-                    await self.store.append(run.session_id, [
+                    await self.store.append_events(run.session_id, [
                         EventDraft(type=event.type, runtime=event.runtime or run.runtime, payload=event.payload,
                                    trace=run.trace) for event in events], blobs=blobs, bulk=bulk,
                         quotas=self.quotas)

@@ -21,6 +21,7 @@ from codesdk.protocol import ApprovalState, NormalizedEvent
 
 from ._quotas import Quotas
 from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
+from ._stored import StoredEvent
 from ._subscribe import Subscription
 from ._writer import WriterStats
 
@@ -32,6 +33,8 @@ class EventLogReader(Protocol):
 
     async def read_types(self, session_id: str, types: Sequence[str], after_seq: int = 0, limit: int = 1000, *,
                          task_id: str | None = None) -> list[NormalizedEvent]: ...
+
+    async def read_stored(self, session_id: str, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]: ...
 
     async def last_event_of_type(self, session_id: str, event_type: str) -> NormalizedEvent | None: ...
 
@@ -49,6 +52,12 @@ class EventLog(EventLogReader, Protocol):
         idempotency_key: str | None = None, blobs: Mapping[str, tuple[bytes, str]] | None = None,
         bulk: bool = False, quotas: Quotas | None = None,
     ) -> list[NormalizedEvent]: ...
+
+    async def append_events(
+        self, session_id: str, drafts: Sequence[EventDraft], *, task_update: TaskUpdate | None = None,
+        idempotency_key: str | None = None, blobs: Mapping[str, tuple[bytes, str]] | None = None,
+        bulk: bool = False, quotas: Quotas | None = None,
+    ) -> list[StoredEvent]: ...
 
 
 class SessionReader(Protocol):

@@ -30,6 +30,7 @@ from ._errors import (
 )
 from ._quotas import Usage
 from ._records import TRANSITIONS, ApprovalRecord, BlobInfo, SessionRecord, TaskRecord, TaskState, TaskUpdate
+from ._stored import StoredEvent, wire_body
 from ._time import from_text, now_text, to_text
 
 
@@ -159,6 +160,12 @@ def select_events(conn: Db, session_id: str, after_seq: int, limit: int,
     return [_event(seq, body, registry) for seq, body in rows]
 
 
+def select_stored_events(conn: Db, session_id: str, after_seq: int, limit: int,
+                         registry: UpcasterRegistry = upcasters) -> list[StoredEvent]:
+    """``select_events`` in the form a stream sends on."""
+    return [StoredEvent.of(event) for event in select_events(conn, session_id, after_seq, limit, registry)]
+
+
 def select_events_of_types(conn: Db, session_id: str, types: Sequence[str], after_seq: int,
                            limit: int, task_id: str | None = None,
                            registry: UpcasterRegistry = upcasters) -> list[NormalizedEvent]:
@@ -193,7 +200,7 @@ def select_keyed_append(conn: Db, session_id: str, key: str,
     return None
 
 
-def insert_keyed_append(conn: Db, session_id: str, key: str, stored: Sequence[NormalizedEvent]) -> None:
+def insert_keyed_append(conn: Db, session_id: str, key: str, stored: Sequence[StoredEvent]) -> None:
     conn.execute("INSERT INTO appends(session_id, idempotency_key, first_seq, last_seq) VALUES (?, ?, ?, ?)",
                  (session_id, key, stored[0].seq, stored[-1].seq))
 
@@ -357,7 +364,7 @@ class PreparedEvent:
 
 def insert_events(
     conn: Db, session_id: str, events: Sequence[PreparedEvent], stored_bytes: int = 0
-) -> list[NormalizedEvent]:
+) -> list[StoredEvent]:
     """Give ``events`` the next seqs of the session and insert them; return them as stored. ``stored_bytes``
     (``batch_bytes``) is added to the session's and its namespace's usage, with the number of events."""
     last = conn.scalar("UPDATE sessions SET last_seq = last_seq + ?, stored_bytes = stored_bytes + ? "
@@ -365,15 +372,13 @@ def insert_events(
     if last is None:
         raise UnknownSession(session_id)
     seq = int(last) - len(events)  # the seqs are ours: the update holds the session's row until commit
-    stored: list[NormalizedEvent] = []
+    stored: list[StoredEvent] = []
     rows = []
     for prepared in events:
         seq += 1
-        rows.append(
-            (session_id, seq, prepared.task_id, prepared.type, prepared.time, prepared.event.schema_version,
-             prepared.body)
-        )
-        stored.append(prepared.event.model_copy(update={"seq": seq}))
+        version = prepared.event.schema_version
+        rows.append((session_id, seq, prepared.task_id, prepared.type, prepared.time, version, prepared.body))
+        stored.append(StoredEvent(seq, prepared.type, wire_body(prepared.body, seq, version), template=prepared.event))
     conn.executemany(
         "INSERT INTO events(session_id, seq, task_id, type, time, schema_version, body) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)",

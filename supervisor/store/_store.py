@@ -44,6 +44,7 @@ from ._readers import ReaderPool, close_all
 from ._recorder import Recorder
 from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
 from ._schema import check_version, migrate
+from ._stored import StoredEvent
 from ._subscribe import Hub, Subscription
 from ._writer import Writer, WriteRequest, WriterStats
 
@@ -357,7 +358,8 @@ class EventStore(Recorder):
         idempotency_key: str | None = None, blobs: Mapping[str, tuple[bytes, str]] | None = None,
         bulk: bool = False, quotas: Quotas | None = None,
     ) -> list[NormalizedEvent]:
-        """Store ``drafts`` atomically as the session's next events; return them with their seqs.
+        """Store ``drafts`` atomically as the session's next events; return them with their seqs (``append_events``
+        returns them as stored, without building their models: the engine's streams need none).
 
         Every draft is validated first (``InvalidEvent``); the batch and the optional ``task_update``
         (e.g. the terminal state with the terminal event) commit together or not at all. Subscribers
@@ -377,6 +379,16 @@ class EventStore(Recorder):
         appends of bounded size): the writer commits bulk appends in transactions of their own that take turns
         with all other writes, so a flood delays others by at most one such transaction (see ``_writer``).
         """
+        stored = await self.append_events(session_id, drafts, task_update=task_update, idempotency_key=idempotency_key,
+                                          blobs=blobs, bulk=bulk, quotas=quotas)
+        return [event.model() for event in stored]
+
+    async def append_events(
+        self, session_id: str, drafts: Sequence[EventDraft], *, task_update: TaskUpdate | None = None,
+        idempotency_key: str | None = None, blobs: Mapping[str, tuple[bytes, str]] | None = None,
+        bulk: bool = False, quotas: Quotas | None = None,
+    ) -> list[StoredEvent]:
+        """``append``, returning the events as stored (their models are built only if someone asks)."""
         inline = _check_inline_blobs(blobs or {})
         prepared = prepare(session_id, drafts)
         if not prepared and task_update is None:
@@ -384,12 +396,12 @@ class EventStore(Recorder):
         if idempotency_key is not None and not prepared:
             raise ValueError("an idempotency key needs at least one event")
 
-        def op(conn: Db) -> list[NormalizedEvent]:
+        def op(conn: Db) -> list[StoredEvent]:
             _sql.lock_session(conn, session_id)  # the checks below hold until this commits
             if idempotency_key is not None:
                 earlier = _sql.select_keyed_append(conn, session_id, idempotency_key, self._upcasters)
                 if earlier is not None:
-                    return AlreadyStored(earlier)
+                    return AlreadyStored(StoredEvent.of(event) for event in earlier)
             size = _sql.batch_bytes(conn, prepared, {ref: data for ref, (data, _) in inline.items()})
             if quotas is not None:
                 quotas.check_append(_sql.select_usage(conn, session_id), session_id, len(prepared), size)
@@ -411,6 +423,15 @@ class EventStore(Recorder):
         return await self._read(
             f"reading events of session {session_id!r}",
             partial(_sql.select_events, session_id=session_id, after_seq=after_seq, limit=limit,
+                    registry=self._upcasters),
+        )
+
+    async def read_stored(self, session_id: str, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]:
+        """``read``, as stored: what a stream sends on (bodies of this build's schema are not decoded)."""
+        _check_page(limit, after_seq)
+        return await self._read(
+            f"reading events of session {session_id!r}",
+            partial(_sql.select_stored_events, session_id=session_id, after_seq=after_seq, limit=limit,
                     registry=self._upcasters),
         )
 
@@ -446,7 +467,7 @@ class EventStore(Recorder):
         feed = self._hub.add(session_id, self._subscriber_buffer)  # before the first read: see _subscribe
         try:
             await self.last_seq(session_id)  # UnknownSession here rather than on first iteration
-            read_page = partial(self.read, session_id)
+            read_page = partial(self.read_stored, session_id)
             yield Subscription(
                 read_page, feed, after_seq, until_terminal=until_terminal, page_size=self._page_size,
                 poll_interval_s=self._poll_interval_s)
@@ -556,7 +577,7 @@ def _check_inline_blobs(blobs: Mapping[str, tuple[bytes, str]]) -> dict[str, tup
     return checked
 
 
-class AlreadyStored(list[NormalizedEvent]):
+class AlreadyStored(list[StoredEvent]):
     """Events an earlier append with the same idempotency key stored. Falsy, so the writer (which publishes
     a truthy result) does not hand them to subscribers a second time."""
 

@@ -22,8 +22,9 @@ import trio
 from codesdk.protocol import NormalizedEvent
 
 from ._errors import StoreClosed
+from ._stored import StoredEvent
 
-ReadPage = Callable[[int, int], Awaitable[list[NormalizedEvent]]]
+ReadPage = Callable[[int, int], Awaitable[list[StoredEvent]]]
 
 
 class Feed:
@@ -32,14 +33,14 @@ class Feed:
     __slots__ = ("buffer", "capacity", "closed", "overflowed", "stale", "wake")
 
     def __init__(self, capacity: int) -> None:
-        self.buffer: deque[NormalizedEvent] = deque()
+        self.buffer: deque[StoredEvent] = deque()
         self.capacity = capacity
         self.overflowed = False
         self.stale = False  # the store has events the feed was not given: read them there
         self.wake = trio.Event()
         self.closed = False
 
-    def push(self, events: list[NormalizedEvent]) -> None:
+    def push(self, events: list[StoredEvent]) -> None:
         if not self.overflowed:
             if len(self.buffer) + len(events) > self.capacity:
                 self.buffer.clear()  # the store has them; the subscriber will re-read
@@ -70,7 +71,7 @@ class Hub:
             if not feeds:
                 del self._feeds[session_id]
 
-    def publish(self, session_id: str, events: list[NormalizedEvent]) -> None:
+    def publish(self, session_id: str, events: list[StoredEvent]) -> None:
         for feed in self._feeds.get(session_id, ()):
             feed.push(events)
 
@@ -106,7 +107,7 @@ class Subscription:
         self._read_page = read_page
         self._feed = feed
         self._cursor = after_seq  # highest seq handed out or queued in _ready
-        self._ready: deque[NormalizedEvent] = deque()
+        self._ready: deque[StoredEvent] = deque()
         self._until_terminal = until_terminal
         self._page_size = page_size
         self._poll_interval_s = poll_interval_s
@@ -129,6 +130,10 @@ class Subscription:
         return self
 
     async def __anext__(self) -> NormalizedEvent:
+        return (await self.next_stored()).model()
+
+    async def next_stored(self) -> StoredEvent:
+        """The next event as stored (``StopAsyncIteration`` at the end): what a stream sends on, its model unbuilt."""
         while True:
             if self._ready:
                 event = self._ready.popleft()
@@ -172,7 +177,7 @@ class Subscription:
             # sharing this data dir (a second CLI, a supervisor) reach a follower here as well.
             self._catching_up = True
 
-    def _queue(self, events: list[NormalizedEvent]) -> None:
+    def _queue(self, events: list[StoredEvent]) -> None:
         if events:
             self._ready.extend(events)
             self._cursor = events[-1].seq

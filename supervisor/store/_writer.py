@@ -25,10 +25,9 @@ from typing import Any, Generic, TypeVar
 
 import trio
 
-from codesdk.protocol import NormalizedEvent
-
 from ._db import Db
 from ._errors import StoreClosed
+from ._stored import StoredEvent
 
 T = TypeVar("T")
 
@@ -136,7 +135,7 @@ class Writer:
     def __init__(
         self,
         conn: Db,
-        publish: Callable[[str, list[NormalizedEvent]], None],
+        publish: Callable[[str, list[StoredEvent]], None],
         *,
         max_batch: int,
         queue_size: int = 1024,

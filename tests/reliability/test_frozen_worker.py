@@ -166,7 +166,7 @@ async def test_a_live_worker_is_not_killed_while_the_store_is_slow(make_engine: 
 
             worker.connection.request = counted  # type: ignore[method-assign,assignment]
             release = trio.Event()
-            append = engine.store.append
+            append = engine.store.append_events
             stalled = 0
 
             async def stalling(session_id: str, drafts: list[EventDraft], **kwargs: object) -> object:
@@ -177,7 +177,7 @@ async def test_a_live_worker_is_not_killed_while_the_store_is_slow(make_engine: 
                     await release.wait()
                 return await append(session_id, drafts, **kwargs)  # type: ignore[arg-type]
 
-            engine.store.append = stalling  # type: ignore[method-assign,assignment]
+            engine.store.append_events = stalling  # type: ignore[method-assign,assignment]
             try:
                 task = await engine.start_task(session.session_id, "go", runtime_config={"scenario": "flood"})
                 await until("the store to stall on the task's events", lambda: stalled > 0)

@@ -37,6 +37,7 @@ from codesdk.protocol import (
 from codesdk.supervisor.store import DB_FILENAME, EventStore
 from codesdk.supervisor.store._schema import LATEST, migrate
 from codesdk.supervisor.store._sql import _event
+from codesdk.supervisor.store._stored import StoredEvent
 from codesdk.supervisor.store._time import to_text
 
 from tests.protocol.test_models import normalized_events
@@ -320,6 +321,31 @@ async def test_rows_on_disk_are_read_back_upcast_by_a_later_builds_store(corpus:
         assert await store.last_event_of_type(session_id, EventType.MODEL_OUTPUT_COMPLETED) == last
     assert renamed == corpus.manifest["event_types"][EventType.MODEL_OUTPUT_COMPLETED] > 0
     assert _on_disk(data_dir) == before
+
+
+@pytest.mark.parametrize("corpus", EACH_CORPUS)
+@pytest.mark.parametrize("later", [False, True], ids=["this-build", "later-build"])
+async def test_rows_read_as_stored_are_what_the_models_say(corpus: Corpus, tmp_path: Path, later: bool) -> None:
+    """What a stream sends on (``read_stored``: the row's body with its seq put in, not decoded when it is of the
+    reading build's version; upcast first when older) is, as JSON, the event the paged read gives, and its model is
+    that event; its SSE frame is that JSON on one data line. By this build and by a later one (whose store upcasts
+    this build's rows)."""
+    data_dir = tmp_path / "data"
+    _write_as_stored(data_dir, corpus)
+    registry = LaterBuild() if later else upcasters
+    async with EventStore.open(data_dir, synchronous="NORMAL", upcasters=registry) as store:
+        for session_id in corpus.sessions():
+            events = await _read_all(store, session_id)
+            stored: list[StoredEvent] = []
+            while page := await store.read_stored(session_id, after_seq=stored[-1].seq if stored else 0, limit=40):
+                stored += page
+            assert [s.seq for s in stored] == [e.seq for e in events]
+            for event, as_stored in zip(events, stored, strict=True):
+                assert json.loads(as_stored.body) == event.to_json_obj()
+                assert as_stored.type == event.type and as_stored.model() == event
+                head, data = as_stored.frame.split(b"\ndata: ")
+                assert head == b"id: %d\nevent: %s" % (event.seq, event.type.value.encode())
+                assert data.endswith(b"\n\n") and b"\n" not in data[:-2] and json.loads(data) == event.to_json_obj()
 
 
 @pytest.mark.skipif(CURRENT is None, reason="no corpus of this build's schema version")

@@ -1,0 +1,65 @@
+"""Events as the store publishes them to subscribers: the JSON it stored with the seq put in, byte for byte what the
+event's model gives, and the model itself only when asked for."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from codesdk.protocol import NormalizedEvent
+from codesdk.supervisor.store import EventDraft, EventStore
+from codesdk.supervisor.store._stored import StoredEvent
+
+from tests.protocol.test_models import normalized_events
+
+
+def _draft(event: NormalizedEvent, session_id: str) -> EventDraft:
+    return EventDraft(type=event.type, runtime=event.runtime, payload=event.payload,
+                      trace=event.trace.model_copy(update={"session_id": session_id}), time=event.time)
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(normalized_events(), min_size=1, max_size=6))
+def test_published_events_are_the_models_json_byte_for_byte(events: list[NormalizedEvent]) -> None:
+    """Whatever the events (every type, any text), a subscriber's live ``StoredEvent`` has the body the model of the
+    stored event serialises to, exactly; its model equals what a read gives; one object per event serves every
+    subscriber (its frame is built once)."""
+    async def check() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            async with EventStore.open(Path(tmp) / "data", synchronous="NORMAL") as store:
+                session = await store.create_session(runtime="scripted", namespace="default")
+                live: list[list[StoredEvent]] = [[], []]
+                warm = [trio.Event(), trio.Event()]
+
+                async def follow(into: list[StoredEvent], warmed: trio.Event) -> None:
+                    async with store.subscribe(session.session_id) as subscription:
+                        await subscription.next_stored()  # the warm-up event: read or pushed
+                        warmed.set()  # caught up with the past: what comes next is pushed live
+                        while len(into) < len(events):
+                            into.append(await subscription.next_stored())
+
+                drafts = [_draft(e, session.session_id) for e in events]
+                async with trio.open_nursery() as nursery:
+                    for into, warmed in zip(live, warm, strict=True):
+                        nursery.start_soon(follow, into, warmed)
+                    await store.append_events(session.session_id, drafts[:1])
+                    for warmed in warm:
+                        await warmed.wait()
+                    await store.append_events(session.session_id, drafts)
+                read = await store.read(session.session_id, after_seq=1)
+                assert [s.seq for s in live[0]] == [e.seq for e in read]
+                for stored, other, event in zip(live[0], live[1], read, strict=True):
+                    assert stored is other and stored.frame is other.frame
+                    assert stored.body == event.__pydantic_serializer__.to_json(event, exclude_none=True)
+                    assert stored.type == event.type and stored.model() == event
+
+    async def guarded() -> None:
+        with trio.fail_after(60):  # a guard against a hang, not a timing
+            await check()
+
+    trio.run(guarded)
