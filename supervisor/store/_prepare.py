@@ -45,33 +45,66 @@ def _prepare_one(session_id: str, index: int, draft: EventDraft) -> PreparedEven
     if trace.session_id != session_id:
         raise InvalidEvent(f"{where} has trace.session_id {trace.session_id!r}; it must match the session")
     try:
-        event = _trusted(event_type, draft, trace) or EVENT_MODELS[event_type](  # its class validates the payload
-            seq=1,  # placeholder: the writer assigns the real seq inside its transaction
-            time=draft.time if draft.time is not None else utc_now(),
-            type=event_type,
-            trace=trace,
-            runtime=draft.runtime,
-            payload=draft.payload if isinstance(draft.payload, Model) else dict(draft.payload),
-        )
-        # the wire form (``to_json_obj``) minus seq; fails here on lone surrogates, bytes, sets ...
-        body = event.model_dump_json(exclude_none=True, exclude={"seq"})
+        return _trusted(event_type, draft, trace) or _validated(event_type, draft, trace)
     except ValidationError as exc:
         raise InvalidEvent(f"{where} ({event_type}) is invalid: {exc}") from exc
     except (ValueError, TypeError) as exc:  # unencodable text, unserializable values
         raise InvalidEvent(f"{where} ({event_type}) cannot be stored as JSON: {exc}") from exc
-    return PreparedEvent(
-        event=event, task_id=trace.task_id, type=event_type.value, time=to_text(event.time), body=body
+
+
+def _validated(event_type: EventType, draft: EventDraft, trace: Trace) -> PreparedEvent:
+    """The event built by its class, which validates the payload; its JSON (``to_json_obj`` minus seq) fails here
+    on lone surrogates, bytes, sets ..."""
+    event = EVENT_MODELS[event_type](
+        seq=1,  # placeholder: the writer assigns the real seq inside its transaction
+        time=draft.time if draft.time is not None else utc_now(),
+        type=event_type,
+        trace=trace,
+        runtime=draft.runtime,
+        payload=draft.payload if isinstance(draft.payload, Model) else dict(draft.payload),
     )
+    body = event.model_dump_json(exclude_none=True, exclude={"seq"})
+    return PreparedEvent(task_id=trace.task_id, type=event_type.value, time=to_text(event.time), body=body,
+                         schema_version=event.schema_version,
+                         make=lambda seq: event.model_copy(update={"seq": seq}))
 
 
-def _trusted(event_type: EventType, draft: EventDraft, trace: Trace) -> NormalizedEvent | None:
-    """The event built without validating again, when every part already is a validated model of the right
-    type (what the engine hands over for every streamed event); None means: validate as usual."""
+def _trusted(event_type: EventType, draft: EventDraft, trace: Trace) -> PreparedEvent | None:
+    """The event's JSON put together from its parts' own, without building (or validating again) the event, when
+    every part already is a validated model of the right type (what the engine hands over for every streamed
+    event): the same bytes ``_validated`` gives (tests/store holds it to that). None means: validate as usual."""
     payload, runtime = draft.payload, draft.runtime
     if type(payload) is not PAYLOAD_MODELS[event_type] or type(runtime) is not RuntimeInfo or type(trace) is not Trace:
         return None
     time = draft.time if draft.time is not None else utc_now()
     if time.tzinfo is not UTC:
         return None
-    return EVENT_MODELS[event_type].model_construct(schema_version=SCHEMA_VERSION, seq=1, time=time,
-                                                    type=event_type, trace=trace, runtime=runtime, payload=payload)
+    text = to_text(time)  # isoformat: "...+00:00"; the models write "...Z"
+    body = "".join(('{"schema_version":', _VERSION, ',"time":"', text[:-6], 'Z","type":"', event_type.value,
+                    '","trace":', _json_of(trace), ',"runtime":', _json_of(runtime), ',"payload":',
+                    payload.__pydantic_serializer__.to_json(payload, exclude_none=True).decode(), "}"))
+
+    def make(seq: int) -> NormalizedEvent:
+        return EVENT_MODELS[event_type].model_construct(schema_version=SCHEMA_VERSION, seq=seq, time=time,
+                                                        type=event_type, trace=trace, runtime=runtime, payload=payload)
+
+    return PreparedEvent(task_id=trace.task_id, type=event_type.value, time=text, body=body,
+                         schema_version=SCHEMA_VERSION, make=make)
+
+
+_VERSION = str(SCHEMA_VERSION)
+
+#: The JSON of recent traces and runtime infos, by identity: a task's events share its two (frozen) objects.
+_JSON_KEPT = 1024
+_json_cache: dict[int, tuple[Model, str]] = {}
+
+
+def _json_of(model: Model) -> str:
+    found = _json_cache.get(id(model))
+    if found is not None and found[0] is model:  # the object itself is held here, so its id is not reused meanwhile
+        return found[1]
+    text = model.__pydantic_serializer__.to_json(model, exclude_none=True).decode()
+    if len(_json_cache) >= _JSON_KEPT:
+        _json_cache.clear()
+    _json_cache[id(model)] = (model, text)
+    return text

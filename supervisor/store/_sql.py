@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from codesdk.protocol import ApprovalState, NormalizedEvent, UpcasterRegistry, upcasters
@@ -351,15 +350,23 @@ def apply_task_update(conn: Db, update: TaskUpdate, session_id: str | None = Non
     return select_task(conn, update.task_id)
 
 
-@dataclass(frozen=True, slots=True)
 class PreparedEvent:
-    """A validated, serialized draft: ``event`` carries a placeholder seq until the store assigns one."""
+    """A validated, serialized draft: its ``body`` (JSON without ``seq``) and the columns of its row. The model is
+    made only on demand (``model``), with the seq the store gave it."""
 
-    event: NormalizedEvent
-    task_id: str | None
-    type: str
-    time: str
-    body: str  # JSON of the event without "seq"
+    __slots__ = ("_make", "body", "schema_version", "task_id", "time", "type")
+
+    def __init__(self, *, task_id: str | None, type: str, time: str, body: str, schema_version: int,
+                 make: Callable[[int], NormalizedEvent]) -> None:
+        self.task_id = task_id
+        self.type = type
+        self.time = time
+        self.body = body
+        self.schema_version = schema_version
+        self._make = make
+
+    def model(self, seq: int) -> NormalizedEvent:
+        return self._make(seq)
 
 
 def insert_events(
@@ -376,9 +383,9 @@ def insert_events(
     rows = []
     for prepared in events:
         seq += 1
-        version = prepared.event.schema_version
+        version = prepared.schema_version
         rows.append((session_id, seq, prepared.task_id, prepared.type, prepared.time, version, prepared.body))
-        stored.append(StoredEvent(seq, prepared.type, wire_body(prepared.body, seq, version), template=prepared.event))
+        stored.append(StoredEvent(seq, prepared.type, wire_body(prepared.body, seq, version), make=prepared.model))
     conn.executemany(
         "INSERT INTO events(session_id, seq, task_id, type, time, schema_version, body) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)",

@@ -11,6 +11,8 @@ field added since with its default, and every endpoint serves the event as this 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from codesdk.protocol import TERMINAL_EVENT_TYPES, NormalizedEvent
 
 
@@ -19,15 +21,15 @@ class StoredEvent:
     as compact UTF-8), each fixed for good once stored; ``model()`` and ``frame`` are built on first use and kept, so
     every subscriber handed this object shares them."""
 
-    __slots__ = ("_frame", "_model", "_template", "body", "seq", "type")
+    __slots__ = ("_frame", "_make", "_model", "body", "seq", "type")
 
     def __init__(self, seq: int, type: str, body: bytes, *, model: NormalizedEvent | None = None,
-                 template: NormalizedEvent | None = None) -> None:
+                 make: Callable[[int], NormalizedEvent] | None = None) -> None:
         self.seq = seq
         self.type = type
         self.body = body
         self._model = model
-        self._template = template  # the event as appended, with a placeholder seq
+        self._make = make  # builds the model of the event stored with this seq
         self._frame: bytes | None = None
 
     @classmethod
@@ -41,11 +43,12 @@ class StoredEvent:
         return self.type in TERMINAL_EVENT_TYPES
 
     def model(self) -> NormalizedEvent:
-        """The event as a model, built once (the appended one with its seq)."""
+        """The event as a model, built once."""
         if self._model is None:
-            assert self._template is not None  # one of the two is always given
-            self._model = self._template.model_copy(update={"seq": self.seq})
-            self._template = None
+            if self._make is None:
+                raise TypeError("a StoredEvent needs its model or a way to make it")
+            self._model = self._make(self.seq)
+            self._make = None
         return self._model
 
     @property
