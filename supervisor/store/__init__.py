@@ -72,7 +72,16 @@ from ._recorder import (
     TaskRecords,
     WriterLock,
 )
-from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
+from ._records import (
+    ApprovalRecord,
+    BlobInfo,
+    EventDraft,
+    PayloadJson,
+    SessionRecord,
+    TaskRecord,
+    TaskState,
+    TaskUpdate,
+)
 from ._schema import LATEST as SCHEMA_VERSION
 from ._store import DB_FILENAME, INLINE_BLOB_MAX, EventStore, Synchronous, new_id
 from ._subscribe import Subscription
@@ -98,6 +107,7 @@ __all__ = [
     "DataDirLock",
     "DatabaseError",
     "EventDraft",
+    "PayloadJson",
     "EventLog",
     "EventLogReader",
     "EventStore",

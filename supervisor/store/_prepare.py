@@ -6,8 +6,9 @@ never reaches the writer: a failing batch leaves the database untouched by const
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -24,7 +25,7 @@ from codesdk.protocol import (
 )
 
 from ._errors import InvalidEvent
-from ._records import EventDraft
+from ._records import EventDraft, PayloadJson
 from ._sql import PreparedEvent
 from ._time import to_text
 
@@ -61,7 +62,7 @@ def _validated(event_type: EventType, draft: EventDraft, trace: Trace) -> Prepar
         type=event_type,
         trace=trace,
         runtime=draft.runtime,
-        payload=draft.payload if isinstance(draft.payload, Model) else dict(draft.payload),
+        payload=_payload_value(draft.payload),
     )
     body = event.model_dump_json(exclude_none=True, exclude={"seq"})
     return PreparedEvent(task_id=trace.task_id, type=event_type.value, time=to_text(event.time), body=body,
@@ -69,24 +70,39 @@ def _validated(event_type: EventType, draft: EventDraft, trace: Trace) -> Prepar
                          make=lambda seq: event.model_copy(update={"seq": seq}))
 
 
+def _payload_value(payload: Model | PayloadJson | Mapping[str, Any]) -> Model | dict[str, Any]:
+    if isinstance(payload, PayloadJson):
+        return payload.model()
+    return payload if isinstance(payload, Model) else dict(payload)
+
+
 def _trusted(event_type: EventType, draft: EventDraft, trace: Trace) -> PreparedEvent | None:
     """The event's JSON put together from its parts' own, without building (or validating again) the event, when
     every part already is a validated model of the right type (what the engine hands over for every streamed
     event): the same bytes ``_validated`` gives (tests/store holds it to that). None means: validate as usual."""
     payload, runtime = draft.payload, draft.runtime
-    if type(payload) is not PAYLOAD_MODELS[event_type] or type(runtime) is not RuntimeInfo or type(trace) is not Trace:
+    if isinstance(payload, PayloadJson):
+        if payload.type != event_type:
+            raise InvalidEvent(f"a {event_type} draft carries a {payload.type} payload")
+        payload_json = payload.json.decode()
+    elif type(payload) is PAYLOAD_MODELS[event_type]:
+        payload_json = payload.__pydantic_serializer__.to_json(payload, exclude_none=True).decode()
+    else:
+        return None
+    if type(runtime) is not RuntimeInfo or type(trace) is not Trace:
         return None
     time = draft.time if draft.time is not None else utc_now()
     if time.tzinfo is not UTC:
         return None
     text = to_text(time)  # isoformat: "...+00:00"; the models write "...Z"
     body = "".join(('{"schema_version":', _VERSION, ',"time":"', text[:-6], 'Z","type":"', event_type.value,
-                    '","trace":', _json_of(trace), ',"runtime":', _json_of(runtime), ',"payload":',
-                    payload.__pydantic_serializer__.to_json(payload, exclude_none=True).decode(), "}"))
+                    '","trace":', _json_of(trace), ',"runtime":', _json_of(runtime), ',"payload":', payload_json,
+                    "}"))
 
     def make(seq: int) -> NormalizedEvent:
+        model = payload.model() if isinstance(payload, PayloadJson) else payload
         return EVENT_MODELS[event_type].model_construct(schema_version=SCHEMA_VERSION, seq=seq, time=time,
-                                                        type=event_type, trace=trace, runtime=runtime, payload=payload)
+                                                        type=event_type, trace=trace, runtime=runtime, payload=model)
 
     return PreparedEvent(task_id=trace.task_id, type=event_type.value, time=text, body=body,
                          schema_version=SCHEMA_VERSION, make=make)

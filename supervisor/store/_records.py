@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import Field
 
-from codesdk.protocol import ApprovalState, EventType, Model, RuntimeInfo, Trace, WorkerEvent
+from codesdk.protocol import PAYLOAD_MODELS, ApprovalState, EventType, Model, RuntimeInfo, Trace, WorkerEvent
 
 
 class TaskState(StrEnum):
@@ -43,6 +43,19 @@ TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {
 
 
 @dataclass(frozen=True, slots=True)
+class PayloadJson:
+    """A payload a decoder has already validated against its event type's model, as the JSON that model gives
+    (``to_json(payload, exclude_none=True)``, byte for byte): stored as it is, without building the model, which
+    ``model()`` builds only for whoever asks. Only the supervisor's own decoder makes these."""
+
+    type: EventType
+    json: bytes
+
+    def model(self) -> Model:
+        return PAYLOAD_MODELS[self.type].model_validate_json(self.json)
+
+
+@dataclass(frozen=True, slots=True)
 class EventDraft:
     """An event before the store gives it a ``seq``.
 
@@ -53,7 +66,7 @@ class EventDraft:
 
     type: EventType | str
     runtime: RuntimeInfo
-    payload: Model | Mapping[str, Any] = field(default_factory=dict)
+    payload: Model | PayloadJson | Mapping[str, Any] = field(default_factory=dict)
     trace: Trace | None = None
     time: datetime | None = None
 

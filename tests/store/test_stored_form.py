@@ -8,14 +8,15 @@ from dataclasses import replace
 from datetime import UTC
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from codesdk.protocol import EventType, NormalizedEvent
-from codesdk.supervisor.store import EventDraft, EventStore
-from codesdk.supervisor.store._prepare import _trusted, _validated
+from codesdk.supervisor.store import EventDraft, EventStore, InvalidEvent, PayloadJson
+from codesdk.supervisor.store._prepare import _trusted, _validated, prepare
 from codesdk.supervisor.store._stored import StoredEvent
 
 from tests.protocol.test_models import normalized_events
@@ -83,3 +84,19 @@ def test_an_event_put_together_from_its_parts_is_the_json_its_model_gives(event:
     assert (trusted.type, trusted.time, trusted.task_id, trusted.schema_version) == (
         validated.type, validated.time, validated.task_id, validated.schema_version)
     assert trusted.model(utc.seq) == validated.model(utc.seq) == utc
+
+
+@given(normalized_events())
+def test_a_payload_given_as_its_json_is_stored_as_the_model_would_store_it(event: NormalizedEvent) -> None:
+    """A payload the worker-line decoder validated comes as its JSON (``PayloadJson``): the stored body is the one
+    its model gives, and the model made on demand is the event."""
+    time = event.time.astimezone(UTC)
+    as_json = PayloadJson(event.type, event.payload.__pydantic_serializer__.to_json(event.payload, exclude_none=True))
+    draft = EventDraft(type=event.type, runtime=event.runtime, payload=as_json, trace=event.trace, time=time)
+    as_model = replace(draft, payload=event.payload)
+    [from_json], [from_model] = prepare(event.trace.session_id, [draft]), prepare(event.trace.session_id, [as_model])
+    assert from_json.body == from_model.body
+    assert from_json.model(event.seq) == event.model_copy(update={"time": time})
+    with pytest.raises(InvalidEvent, match="carries a"):  # a payload of another type is refused, not stored
+        other = next(t for t in EventType if t != event.type)
+        prepare(event.trace.session_id, [replace(draft, type=other)])
