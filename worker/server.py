@@ -66,6 +66,7 @@ from codesdk.protocol import (
 from codesdk._version import __version__
 from . import _recording as recording
 from ._failure import RpcFailure
+from ._outgoing import OutgoingLines
 from ._recording import StreamRecorder
 from .adapters.runtime_process import ended_processes
 from .adapters.base import (
@@ -148,7 +149,14 @@ class _RunningTask:
     async def _send(self, event_type: EventType, payload: Model | dict[str, Any], raw: Any = None) -> None:
         # validated here (a supervisor-only type or a payload of another type is refused), then written as it is
         event = WorkerEvent(type=event_type, runtime=self.runtime, payload=payload, raw=raw)
-        async with self._emit_lock:  # n is used only once its line is queued: no gaps on cancellation
+        # n is used only once its line is queued: no gaps on cancellation. The lock is taken without a schedule
+        # point when it is free (trio's ``acquire`` always yields): one yield per event was the flood's cost.
+        lock = self._emit_lock
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
             line = encode_event(self.task_id, self.n + 1, event)
             if len(line) > self.server.max_frame_bytes:
                 raise EventTooLarge(f"{event_type} event of {len(line)} bytes exceeds the frame limit of "
@@ -157,6 +165,8 @@ class _RunningTask:
             self.n += 1
             if self.recorder is not None:
                 self.recorder.write("event", n=self.n, event=event.to_json_obj())
+        finally:
+            lock.release()
 
     async def flush(self) -> None:
         await self.server.flush()
@@ -216,7 +226,7 @@ class WorkerServer:
         self.initialized = False
         self.shutting_down = False
         self.tasks: dict[str, _RunningTask] = {}
-        self._out_send, self._out_recv = trio.open_memory_channel[bytes | trio.Event](OUTGOING_BUFFER_LINES)
+        self._out = OutgoingLines(OUTGOING_BUFFER_LINES)
         self._after_response: list[Callable[[], None]] = []
         self._read_scope = trio.CancelScope()
         self._tasks_nursery: trio.Nursery | None = None
@@ -252,7 +262,7 @@ class WorkerServer:
                 for task in list(self.tasks.values()):
                     self._request_stop(task, "worker shutting down", grace_s=0.0)
                 aux.cancel_scope.cancel()
-            await self._out_send.aclose()  # the writer drains what is queued, then ends
+            self._out.close()  # the writer drains what is queued, then ends
         log.info("worker exiting: %s", self.stats)
 
     def stop_serving(self) -> None:
@@ -274,38 +284,29 @@ class WorkerServer:
         """Write queued lines in order; whatever has queued up meanwhile goes out in one write.
 
         One ``write`` per line costs a system call here and a wake-up in the supervisor per event; joining
-        the backlog (up to WRITE_COALESCE_BYTES) keeps a fast stream cheap and a slow one unchanged.
+        the backlog (up to WRITE_COALESCE_BYTES) keeps a fast stream cheap and a slow one unchanged (a lone
+        line is written as soon as its emitter yields: ``_outgoing``).
         """
         try:
-            async for item in self._out_recv:
-                if isinstance(item, trio.Event):
-                    item.set()
-                    continue
-                lines, size, flushed = [item], len(item), None
-                while size < WRITE_COALESCE_BYTES:
-                    try:
-                        more = self._out_recv.receive_nowait()
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                    if isinstance(more, trio.Event):  # set only once the lines before it are written
-                        flushed = more
-                        break
-                    lines.append(more)
-                    size += len(more)
-                await self.output.send_all(lines[0] if len(lines) == 1 else b"".join(lines))
-                self.stats.events_sent += len(lines)
-                if flushed is not None:
+            while True:
+                lines, flushed = await self._out.take(WRITE_COALESCE_BYTES)
+                if not lines and flushed is None:
+                    return
+                if lines:
+                    await self.output.send_all(lines[0] if len(lines) == 1 else b"".join(lines))
+                    self.stats.events_sent += len(lines)
+                if flushed is not None:  # set only once the lines before it are written
                     flushed.set()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.warning("protocol output closed by the supervisor (%s); exiting", exc)
             outer_scope.cancel()
 
     async def send_line(self, line: bytes) -> None:
-        await self._out_send.send(line)
+        await self._out.put(line)
 
     async def flush(self) -> None:
         done = trio.Event()
-        await self._out_send.send(done)
+        await self._out.put(done)
         await done.wait()
 
     # -- dispatch -------------------------------------------------------------------------------
