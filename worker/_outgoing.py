@@ -60,7 +60,8 @@ class OutgoingLines:
             if self._closed:
                 return [], None
             await self._ready.park()
-        items, lines, size = self._items, [], 0
+        items, size = self._items, 0
+        lines: list[bytes] = []
         marker = None
         while items:
             item = items[0]

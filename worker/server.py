@@ -15,7 +15,7 @@ import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import trio
 from pydantic import ValidationError
@@ -61,11 +61,13 @@ from codesdk.protocol import (
     error_response,
     invalid_params_data,
     parse_request,
+    utc_now,
 )
 
 from codesdk._version import __version__
 from . import _recording as recording
 from ._failure import RpcFailure
+from ._event_line import FAST_PAYLOADS, event_line, runtime_json, task_json
 from ._outgoing import OutgoingLines
 from ._recording import StreamRecorder
 from .adapters.runtime_process import ended_processes
@@ -131,7 +133,16 @@ class _RunningTask:
     processes: list[ProcessEnd] = field(default_factory=list)
     #: Where this task's exchanges with its runtime are recorded (``_recording``), if they are.
     recorder: StreamRecorder | None = None
-    _emit_lock: trio.Lock = field(default_factory=trio.Lock)
+    #: The emit lock (``_send``): set while an event of this task is being numbered and queued.
+    _emitting: bool = False
+    _emit_waiters: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
+    #: This task's id and runtime as JSON, for ``_event_line`` (the runtime's redone when it changes).
+    _task_json: bytes = b""
+    _runtime_json: bytes = b""
+    _runtime_of: RuntimeInfo | None = None
+
+    def __post_init__(self) -> None:
+        self._task_json = task_json(self.params.task_id)
 
     @property
     def task_id(self) -> str:
@@ -147,26 +158,44 @@ class _RunningTask:
         await self._send(event_type, payload, raw)
 
     async def _send(self, event_type: EventType, payload: Model | dict[str, Any], raw: Any = None) -> None:
-        # validated here (a supervisor-only type or a payload of another type is refused), then written as it is
-        event = WorkerEvent(type=event_type, runtime=self.runtime, payload=payload, raw=raw)
-        # n is used only once its line is queued: no gaps on cancellation. The lock is taken without a schedule
-        # point when it is free (trio's ``acquire`` always yields): one yield per event was the flood's cost.
-        lock = self._emit_lock
+        fast = (raw is None and self.recorder is None and type(event_type) is EventType
+                and type(payload) is FAST_PAYLOADS.get(event_type))
+        event: WorkerEvent | None = None
+        if fast:  # proven valid as it is (``_event_line``): written without building the envelope
+            time = utc_now()
+            if self._runtime_of is not self.runtime:
+                self._runtime_json, self._runtime_of = runtime_json(self.runtime), self.runtime
+        else:  # validated here (a supervisor-only type or a payload of another type is refused), then written
+            event = WorkerEvent(type=event_type, runtime=self.runtime, payload=payload, raw=raw)
+        # n is used only once its line is queued: no gaps on cancellation. The emit lock is this task's own flag,
+        # taken without a schedule point when it is free (a trio Lock yields on every acquire: one yield per
+        # event was most of a flood's cost).
+        while self._emitting:
+            await self._emit_waiters.park()
+        self._emitting = True
         try:
-            lock.acquire_nowait()
-        except trio.WouldBlock:
-            await lock.acquire()
-        try:
-            line = encode_event(self.task_id, self.n + 1, event)
+            line = None
+            if event is None:
+                try:
+                    line = event_line(self._task_json, self.n + 1, event_type, time, self._runtime_json,
+                                      cast(Model, payload))
+                except ValueError:  # unencodable text or values: the general path says why
+                    event = WorkerEvent(type=event_type, runtime=self.runtime, payload=payload, raw=raw)
+            if event is not None:
+                line = encode_event(self.task_id, self.n + 1, event)
+            assert line is not None
             if len(line) > self.server.max_frame_bytes:
                 raise EventTooLarge(f"{event_type} event of {len(line)} bytes exceeds the frame limit of "
                                     f"{self.server.max_frame_bytes} bytes; split it or store it by reference")
             await self.server.send_line(line)
             self.n += 1
             if self.recorder is not None:
+                assert event is not None
                 self.recorder.write("event", n=self.n, event=event.to_json_obj())
         finally:
-            lock.release()
+            self._emitting = False
+            if self._emit_waiters:
+                self._emit_waiters.unpark()
 
     async def flush(self) -> None:
         await self.server.flush()
