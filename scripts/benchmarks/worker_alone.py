@@ -8,8 +8,9 @@ worker's own CPU (user + system, from /proc via psutil) per line.
 Baseline (same run): a child writes the same number of ``runtime.event`` lines of the same shape to a pipe, read
 the same way; its CPU per line likewise.
 
-Run alone: ``python scripts/benchmarks/worker_alone.py [N] [--profile PATH]`` (``--profile`` runs the worker under
-cProfile and writes the stats to PATH, for finding what a line costs).
+Run alone: ``python scripts/benchmarks/worker_alone.py [N] [--profile PATH] [--before TREE]`` (``--profile`` runs the
+worker under cProfile and writes the stats to PATH, for finding what a line costs; ``--before`` also measures the
+worker of another checkout, e.g. ``git archive REV | tar -x -C TREE``, in the same run).
 """
 
 from __future__ import annotations
@@ -75,10 +76,14 @@ def _read_until(fd: int, buffer: bytearray, marker: bytes) -> int:
         buffer += chunk
 
 
-def worker_codesdk(n: int, profile: Path | None = None) -> tuple[float, float]:
-    """Lines/s of ``codesdk-worker`` flooding ``n`` deltas, and its CPU seconds per line."""
+def worker_codesdk(n: int, profile: Path | None = None, tree: Path | None = None) -> tuple[float, float]:
+    """Lines/s of ``codesdk-worker`` flooding ``n`` deltas, and its CPU seconds per line. ``tree``: run the worker
+    of another checkout (``git archive REV | tar -x -C TREE``), for a before/after in one run."""
     env = {**os.environ, TEST_STEPS_ENV: "1", "CODESDK_LOG_LEVEL": "WARNING"}
     argv = worker_argv()
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+        argv = [sys.executable, "-m", "codesdk.worker.main"]
     if profile is not None:
         # the worker ends with os._exit (no teardown): the profile is written just before it
         program = ("import cProfile, os, sys\nprofile = cProfile.Profile()\nexit_ = os._exit\n"
@@ -87,7 +92,7 @@ def worker_codesdk(n: int, profile: Path | None = None) -> tuple[float, float]:
                    "profile.enable()\nmain()\n")
         argv = [sys.executable, "-c", program, str(profile)]
     scenario = {"name": "flood", "steps": [{"flood": n, "delta": DELTA}, {"complete": {}}]}
-    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=REPO) as child:
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=tree or REPO) as child:
         assert child.stdin is not None and child.stdout is not None
         fd, buffer = child.stdout.fileno(), bytearray()
         process = psutil.Process(child.pid)
@@ -144,6 +149,25 @@ def worker_baseline(n: int) -> tuple[float, float]:
     return lines / elapsed, cpu / lines
 
 
+def figures(p: dict[str, Any]) -> list[Any]:
+    """The ``worker`` case of scripts/bench.py: lines/s and CPU per line, against the pipe, interleaved repetitions."""
+    from benchmarks.common import from_reps
+
+    n = p["worker_lines"]
+    ours, base = [], []
+    for _ in range(p["repeat"]):  # interleaved, so a noisy moment hits both sides alike
+        base.append(worker_baseline(n))
+        ours.append(worker_codesdk(n))
+    rate = from_reps("worker", f"codesdk-worker alone, {n:,} deltas", "lines/s", [o[0] for o in ours],
+                     [b[0] for b in base], higher_is_better=True, goal=">= 60k lines/s",
+                     note="real pipes, initialize + startTask (scripted flood) read to task.completed; baseline: "
+                          "a child writing the same lines to a pipe, read the same way")
+    rate.met = rate.ours >= 60_000
+    cpu = from_reps("worker", "worker CPU per line", "s", [o[1] for o in ours], [b[1] for b in base],
+                    note="the worker process's user+system CPU over the flood / lines; baseline: the writing child's")
+    return [rate, cpu]
+
+
 def main() -> int:
     args = sys.argv[1:]
     profile = None
@@ -151,11 +175,20 @@ def main() -> int:
         at = args.index("--profile")
         profile = Path(args[at + 1])
         del args[at:at + 2]
+    tree = None
+    if "--before" in args:
+        at = args.index("--before")
+        tree = Path(args[at + 1])
+        del args[at:at + 2]
     n = int(args[0]) if args else 200_000
     base = worker_baseline(n)
+    before = worker_codesdk(n, tree=tree) if tree is not None else None
     ours = worker_codesdk(n, profile)
     print(f"load {os.getloadavg()[0]:.2f}; worker alone: {ours[0]:,.0f} lines/s, {ours[1] * 1e6:.1f} us CPU/line; "
-          f"pipe baseline: {base[0]:,.0f} lines/s, {base[1] * 1e6:.2f} us CPU/line")
+          f"pipe baseline: {base[0]:,.0f} lines/s, {base[1] * 1e6:.2f} us CPU/line", end="")
+    if before is not None:
+        print(f"; before ({tree}): {before[0]:,.0f} lines/s, {before[1] * 1e6:.1f} us CPU/line", end="")
+    print()
     return 0
 
 
