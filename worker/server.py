@@ -4,8 +4,8 @@ Requests are framed and decoded by ``protocol`` (strict JSON, ``parse_request``)
 ``protocol.METHOD_TABLE``: the table's params model validates each request's params once, then a synchronous
 handler takes the typed params, checks, schedules and answers (a value, an ``RpcFailure``, or ``Later`` for
 the questions that take time). Responses and ``runtime.event`` notifications share one bounded outgoing
-channel drained by a single writer, so lines never interleave and a slow supervisor backpressures the
-runtimes instead of growing a queue.
+queue (``_outgoing``) drained by a single writer, so lines never interleave and a slow supervisor
+backpressures the runtimes instead of growing a queue.
 """
 
 from __future__ import annotations
