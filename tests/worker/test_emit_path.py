@@ -57,8 +57,8 @@ class _Emitter(TaskHandle):
 class _Adapter(RuntimeAdapter):
     name = "emitter"
 
-    def __init__(self, count: int) -> None:
-        self.count, self.release = count, trio.Event()
+    def __init__(self, count: int, handle_class: type[_Emitter] = _Emitter) -> None:
+        self.count, self.release, self.handle_class = count, trio.Event(), handle_class
         self.handle: _Emitter | None = None
 
     def capabilities(self) -> RuntimeCapabilities:
@@ -68,7 +68,7 @@ class _Adapter(RuntimeAdapter):
         return AuthStatus(runtime=self.name, state=AuthState.NOT_REQUIRED, method="none", message="none needed")
 
     def start_task(self, params: StartTaskParams, io: TaskIO) -> TaskHandle:
-        self.handle = _Emitter(io, self.count, self.release)
+        self.handle = self.handle_class(io, self.count, self.release)
         return self.handle
 
 
@@ -211,3 +211,57 @@ def test_the_line_from_parts_is_encode_events_line_for_a_tool_call(time: datetim
         return
     assert event_line(task_json("t"), 7, EventType.TOOL_CALL_REQUESTED, time, runtime_json(runtime),
                       payload) == expected
+
+
+async def test_a_cancelled_put_has_queued_nothing() -> None:
+    from codesdk.worker._outgoing import OutgoingLines
+
+    queue = OutgoingLines(2)
+    await queue.put(b"1\n")
+    await queue.put(b"2\n")
+    with trio.move_on_after(0) as waited:  # full: parks, and is cancelled while parked
+        await queue.put(b"3\n")
+    assert waited.cancelled_caught and len(queue) == 2
+    with trio.CancelScope() as scope:  # cancelled before it is called: raises before queuing, though there is room
+        scope.cancel()
+        await queue.take(1 << 16)
+        await queue.put(b"4\n")
+    assert len(queue) == 0
+    queue.close()
+    assert await queue.take(1 << 16) == ([], None)
+
+
+class _TwoEmitters(_Emitter):
+    """Emits from two child tasks at once: ordinals stay gapless and the lines leave in ordinal order."""
+
+    async def run(self) -> TaskOutcome:
+        async def half(block: str) -> None:
+            for index in range(self.count // 2):
+                await self.io.emit(EventType.MODEL_OUTPUT_DELTA,
+                                   ModelOutputDelta(block_id=block, delta="d", index=index))
+                self.emitted += 1
+                if index % 7 == 0:
+                    await trio.sleep(0)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(half, "a")
+            nursery.start_soon(half, "b")
+        await self.release.wait()
+        return TaskOutcome.success()
+
+
+async def test_concurrent_emitters_of_one_task_keep_ordinals_in_order() -> None:
+    count = 3_000
+    adapter, output = _Adapter(count, _TwoEmitters), _Output()
+
+    async def check(server: WorkerServer) -> None:
+        while adapter.handle is None or adapter.handle.emitted < count:
+            await trio.testing.wait_all_tasks_blocked()
+
+    with trio.fail_after(60):
+        await _serve(adapter, output, check)
+    events = output.events()
+    assert [e["n"] for e in events] == list(range(1, count + 2))
+    for block in ("a", "b"):
+        assert [e["event"]["payload"]["index"] for e in events if e["event"]["payload"].get("block_id") == block] \
+            == list(range(count // 2))
