@@ -64,6 +64,9 @@ def _read_until(fd: int, buffer: bytearray, marker: bytes) -> int:
                 buffer += chunk
                 end = buffer.find(b"\n", at)
             lines += buffer.count(b"\n", 0, end + 1)
+            start = buffer.rfind(b"\n", 0, at) + 1
+            if b'"error":' in buffer[start:end]:  # an answer refusing what was asked: say so, never wait
+                raise RuntimeError(f"the worker answered with an error: {bytes(buffer[start:end])[:500]!r}")
             del buffer[:end + 1]
             return lines
         lines += buffer.count(b"\n")
@@ -100,8 +103,6 @@ def worker_codesdk(n: int, profile: Path | None = None, tree: Path | None = None
                                                                                                    "version": "0"}}))
         child.stdin.flush()
         _read_until(fd, buffer, b'"id":1')
-        if b'"error"' in bytes(buffer):
-            raise RuntimeError(f"runtime.initialize failed: {bytes(buffer)[:300]!r}")
         # one small task first: the worker's imports and the scripted runtime are warm before anything is timed
         warm = {"name": "warm", "steps": [{"flood": 10, "delta": DELTA}, {"complete": {}}]}
         child.stdin.write(_request(2, "runtime.startTask", {"runtime": "scripted", "session": {"session_id": "s"},
