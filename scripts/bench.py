@@ -30,6 +30,8 @@ Machines here are small and noisy, so each figure is the median of several repet
   transcript peak RSS growth of a supervisor process serving the transcript of a 200k-event session (one, and
            four at once); baseline: a raw apsw SELECT of the same events, kept (fetchall), measured the same way
            (--quick: 20k events, measured once)
+  worker   codesdk-worker alone over real pipes: a scripted flood read to task.completed, lines/s and the worker's
+           CPU per line; baseline: a child writing the same lines to a pipe (scripts/benchmarks/worker_alone.py)
   bundle   a support bundle of a 200k-event session: the supervisor's CPU and loop lag while it builds (in a
            low-priority child), and the cached bundle again; baseline: a raw read of the same events
 
@@ -58,10 +60,12 @@ sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 import psutil
 import trio
 from benchmarks import cases, fairness, store, transcript
+from benchmarks import worker_alone
 from benchmarks.common import Figure, from_reps, median, percentile, print_table
 
 CASES = ("events", "latency", "tool", "spawn", "density", "store", "postgres", "real", "cold", "codex", "acp",
-         "fairness", "transcript", "bundle")
+         "fairness", "transcript", "bundle",
+         "worker")
 NETNS_UNAVAILABLE = 97  # scripts/netns-run's exit code when no namespace can be made
 
 
@@ -71,11 +75,13 @@ def parameters(quick: bool, repeat: int | None) -> dict[str, Any]:
         return {"repeat": repeat or 2, "events": 20_000, "latency_count": 1_000, "rate": 2_000.0, "calls": 50,
                 "spawns": 5, "density": [10], "single": 300, "batched": 10_000, "stored": 50_000, "real_repeat": 1,
                 "cold_repeat": 1, "fair_tasks": 10, "fair_rounds": 3, "transcript_events": 20_000, "transcript_repeat": repeat or 1,
-                "pg_flood": 5_000, "lease_s": 2.0, "pg_repeat": repeat or 1, "bundle_events": 20_000}
+                "pg_flood": 5_000, "lease_s": 2.0, "pg_repeat": repeat or 1, "bundle_events": 20_000,
+                "worker_lines": 20_000}
     return {"repeat": repeat or 3, "events": 200_000, "latency_count": 10_000, "rate": 2_000.0, "calls": 300,
             "spawns": 10, "density": [50, 100, 200], "single": 2_000, "batched": 50_000, "stored": 1_000_000,
             "real_repeat": 5, "cold_repeat": 12, "fair_tasks": 20, "fair_rounds": 4, "transcript_events": 200_000, "transcript_repeat": repeat or 3,
-            "pg_flood": 50_000, "lease_s": 5.0, "pg_repeat": repeat or 3, "bundle_events": 200_000}
+            "pg_flood": 50_000, "lease_s": 5.0, "pg_repeat": repeat or 3, "bundle_events": 200_000,
+            "worker_lines": 200_000}
 
 
 def repeat(times: int, run: Callable[[], Any]) -> list[Any]:
@@ -386,6 +392,7 @@ RUNNERS: dict[str, Callable[[dict[str, Any]], list[Figure]]] = {
     "density": case_density, "store": case_store, "postgres": case_postgres, "real": case_real, "cold": cases.cold, "codex": case_codex,
     "acp": case_acp,
     "fairness": case_fairness, "transcript": case_transcript, "bundle": case_bundle,
+    "worker": worker_alone.figures,
 }
 
 

@@ -4,8 +4,8 @@ Requests are framed and decoded by ``protocol`` (strict JSON, ``parse_request``)
 ``protocol.METHOD_TABLE``: the table's params model validates each request's params once, then a synchronous
 handler takes the typed params, checks, schedules and answers (a value, an ``RpcFailure``, or ``Later`` for
 the questions that take time). Responses and ``runtime.event`` notifications share one bounded outgoing
-channel drained by a single writer, so lines never interleave and a slow supervisor backpressures the
-runtimes instead of growing a queue.
+queue (``_outgoing``) drained by a single writer, so lines never interleave and a slow supervisor
+backpressures the runtimes instead of growing a queue.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import trio
 from pydantic import ValidationError
@@ -61,11 +61,14 @@ from codesdk.protocol import (
     error_response,
     invalid_params_data,
     parse_request,
+    utc_now,
 )
 
 from codesdk._version import __version__
 from . import _recording as recording
 from ._failure import RpcFailure
+from ._event_line import FAST_PAYLOADS, event_line, runtime_json, task_json
+from ._outgoing import OutgoingLines
 from ._recording import StreamRecorder
 from .adapters.runtime_process import ended_processes
 from .adapters.base import (
@@ -130,7 +133,16 @@ class _RunningTask:
     processes: list[ProcessEnd] = field(default_factory=list)
     #: Where this task's exchanges with its runtime are recorded (``_recording``), if they are.
     recorder: StreamRecorder | None = None
-    _emit_lock: trio.Lock = field(default_factory=trio.Lock)
+    #: The emit lock (``_send``): set while an event of this task is being numbered and queued.
+    _emitting: bool = False
+    _emit_waiters: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
+    #: This task's id and runtime as JSON, for ``_event_line`` (the runtime's redone when it changes).
+    _task_json: bytes = b""
+    _runtime_json: bytes = b""
+    _runtime_of: RuntimeInfo | None = None
+
+    def __post_init__(self) -> None:
+        self._task_json = task_json(self.params.task_id)
 
     @property
     def task_id(self) -> str:
@@ -146,17 +158,44 @@ class _RunningTask:
         await self._send(event_type, payload, raw)
 
     async def _send(self, event_type: EventType, payload: Model | dict[str, Any], raw: Any = None) -> None:
-        # validated here (a supervisor-only type or a payload of another type is refused), then written as it is
-        event = WorkerEvent(type=event_type, runtime=self.runtime, payload=payload, raw=raw)
-        async with self._emit_lock:  # n is used only once its line is queued: no gaps on cancellation
-            line = encode_event(self.task_id, self.n + 1, event)
+        fast = (raw is None and self.recorder is None and type(event_type) is EventType
+                and type(payload) is FAST_PAYLOADS.get(event_type))
+        event: WorkerEvent | None = None
+        if fast:  # proven valid as it is (``_event_line``): written without building the envelope
+            time = utc_now()
+            if self._runtime_of is not self.runtime:
+                self._runtime_json, self._runtime_of = runtime_json(self.runtime), self.runtime
+        else:  # validated here (a supervisor-only type or a payload of another type is refused), then written
+            event = WorkerEvent(type=event_type, runtime=self.runtime, payload=payload, raw=raw)
+        # n is used only once its line is queued: no gaps on cancellation. The emit lock is this task's own flag,
+        # taken without a schedule point when it is free (a trio Lock yields on every acquire: one yield per
+        # event was most of a flood's cost).
+        while self._emitting:
+            await self._emit_waiters.park()
+        self._emitting = True
+        try:
+            line = None
+            if event is None:
+                try:
+                    line = event_line(self._task_json, self.n + 1, event_type, time, self._runtime_json,
+                                      cast(Model, payload))
+                except ValueError:  # unencodable text or values: the general path says why
+                    event = WorkerEvent(type=event_type, runtime=self.runtime, payload=payload, raw=raw)
+            if event is not None:
+                line = encode_event(self.task_id, self.n + 1, event)
+            assert line is not None
             if len(line) > self.server.max_frame_bytes:
                 raise EventTooLarge(f"{event_type} event of {len(line)} bytes exceeds the frame limit of "
                                     f"{self.server.max_frame_bytes} bytes; split it or store it by reference")
             await self.server.send_line(line)
             self.n += 1
             if self.recorder is not None:
+                assert event is not None
                 self.recorder.write("event", n=self.n, event=event.to_json_obj())
+        finally:
+            self._emitting = False
+            if self._emit_waiters:
+                self._emit_waiters.unpark()
 
     async def flush(self) -> None:
         await self.server.flush()
@@ -216,7 +255,7 @@ class WorkerServer:
         self.initialized = False
         self.shutting_down = False
         self.tasks: dict[str, _RunningTask] = {}
-        self._out_send, self._out_recv = trio.open_memory_channel[bytes | trio.Event](OUTGOING_BUFFER_LINES)
+        self._out = OutgoingLines(OUTGOING_BUFFER_LINES)
         self._after_response: list[Callable[[], None]] = []
         self._read_scope = trio.CancelScope()
         self._tasks_nursery: trio.Nursery | None = None
@@ -252,7 +291,7 @@ class WorkerServer:
                 for task in list(self.tasks.values()):
                     self._request_stop(task, "worker shutting down", grace_s=0.0)
                 aux.cancel_scope.cancel()
-            await self._out_send.aclose()  # the writer drains what is queued, then ends
+            self._out.close()  # the writer drains what is queued, then ends
         log.info("worker exiting: %s", self.stats)
 
     def stop_serving(self) -> None:
@@ -274,38 +313,29 @@ class WorkerServer:
         """Write queued lines in order; whatever has queued up meanwhile goes out in one write.
 
         One ``write`` per line costs a system call here and a wake-up in the supervisor per event; joining
-        the backlog (up to WRITE_COALESCE_BYTES) keeps a fast stream cheap and a slow one unchanged.
+        the backlog (up to WRITE_COALESCE_BYTES) keeps a fast stream cheap and a slow one unchanged (a lone
+        line is written as soon as its emitter yields: ``_outgoing``).
         """
         try:
-            async for item in self._out_recv:
-                if isinstance(item, trio.Event):
-                    item.set()
-                    continue
-                lines, size, flushed = [item], len(item), None
-                while size < WRITE_COALESCE_BYTES:
-                    try:
-                        more = self._out_recv.receive_nowait()
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                    if isinstance(more, trio.Event):  # set only once the lines before it are written
-                        flushed = more
-                        break
-                    lines.append(more)
-                    size += len(more)
-                await self.output.send_all(lines[0] if len(lines) == 1 else b"".join(lines))
-                self.stats.events_sent += len(lines)
-                if flushed is not None:
+            while True:
+                lines, flushed = await self._out.take(WRITE_COALESCE_BYTES)
+                if not lines and flushed is None:
+                    return
+                if lines:
+                    await self.output.send_all(lines[0] if len(lines) == 1 else b"".join(lines))
+                    self.stats.events_sent += len(lines)
+                if flushed is not None:  # set only once the lines before it are written
                     flushed.set()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.warning("protocol output closed by the supervisor (%s); exiting", exc)
             outer_scope.cancel()
 
     async def send_line(self, line: bytes) -> None:
-        await self._out_send.send(line)
+        await self._out.put(line)
 
     async def flush(self) -> None:
         done = trio.Event()
-        await self._out_send.send(done)
+        await self._out.put(done)
         await done.wait()
 
     # -- dispatch -------------------------------------------------------------------------------

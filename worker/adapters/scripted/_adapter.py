@@ -319,9 +319,9 @@ class ScriptedTask(AnswersToolCalls, TaskHandle):
                 _crash(step.crash.exit_code, step.crash.signal)
             case FloodStep():
                 block_id = self._new_block_id()
+                emit, delta_type, delta = self.io.emit, EventType.MODEL_OUTPUT_DELTA, step.delta  # per line: hoisted
                 for index in range(step.flood):
-                    await self.io.emit(EventType.MODEL_OUTPUT_DELTA,
-                                       ModelOutputDelta(block_id=block_id, delta=step.delta, index=index))
+                    await emit(delta_type, ModelOutputDelta(block_id=block_id, delta=delta, index=index))
                 await self.io.emit(EventType.MODEL_OUTPUT_COMPLETED,
                                    ModelOutputCompleted(block_id=block_id, text=step.delta * step.flood))
             case MalformedLineStep():
