@@ -244,101 +244,135 @@ def _valid_time(text: str) -> bool:
     return True
 
 
-class WireEvent:
+class WireEvent(tuple[str, int, EventType, bytes, Any, list[Any]]):
     """One worker event as bytes plus the fields the engine routes on; the pydantic model only when asked.
 
     Built by ``decode_event_fast`` (from a proven line) or ``WireEvent.from_params`` (from the general path's
-    model), so both paths yield the same type. Immutable."""
+    model), so both paths yield the same type. Immutable: a tuple (built in one step, ~0.1 µs, where setting
+    slots one by one cost 1.4 µs per event) whose routing fields are read, when asked, from the msgspec Struct
+    or the model; what is serialized or built on demand is kept in its private cache."""
 
-    __slots__ = ("task_id", "n", "type", "time", "runtime_name", "runtime_model", "runtime_session_id",
-                 "tool_call_id", "has_raw", "event_json", "struct", "_payload_json", "_runtime_json", "_model")
+    __slots__ = ()
 
-    task_id: str
-    n: int
-    type: EventType
-    time: str
-    runtime_name: str
-    runtime_model: str | None
-    runtime_session_id: str | None
-    tool_call_id: str | None
-    has_raw: bool
-    #: The event (type, time, runtime, payload, raw if present), as pydantic's ``to_json(exclude_none=True)``.
-    event_json: bytes
-    #: The msgspec Struct of the event, or None when it came from the general path.
-    struct: Struct | None
-    _payload_json: bytes | None
-    _runtime_json: bytes | None
-    _model: RuntimeEventParams | None
-
-    def __init__(self, task_id: str, n: int, event_type: EventType, time: str, runtime: Any, payload: Any,
-                 has_raw: bool, event_json: bytes, struct: Struct | None, model: RuntimeEventParams | None) -> None:
-        setter = object.__setattr__
-        setter(self, "task_id", task_id)
-        setter(self, "n", n)
-        setter(self, "type", event_type)
-        setter(self, "time", time)
-        setter(self, "runtime_name", runtime.name)
-        model_name = runtime.model
-        session = runtime.runtime_session_id
-        setter(self, "runtime_model", None if model_name is UNSET else model_name)
-        setter(self, "runtime_session_id", None if session is UNSET else session)
-        setter(self, "tool_call_id", getattr(payload, "tool_call_id", None))
-        setter(self, "has_raw", has_raw)
-        setter(self, "event_json", event_json)
-        setter(self, "struct", struct)
-        setter(self, "_payload_json", None)
-        setter(self, "_runtime_json", None)
-        setter(self, "_model", model)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"WireEvent is immutable (tried to set {name})")
+    def __new__(cls, task_id: str, n: int, event_type: EventType, event_json: bytes, struct: Any,
+                model: RuntimeEventParams | None = None) -> WireEvent:
+        return tuple.__new__(cls, (task_id, n, event_type, event_json, struct, [model, None, None]))
 
     def __repr__(self) -> str:
-        return f"WireEvent(task_id={self.task_id!r}, n={self.n}, type={self.type.value!r})"
+        return f"WireEvent(task_id={self[0]!r}, n={self[1]}, type={self[2].value!r})"
 
     @classmethod
     def from_params(cls, params: RuntimeEventParams) -> WireEvent:
         """The general path's model as a WireEvent (its JSON serialized once, here)."""
         event = params.event
         event_json = event.__pydantic_serializer__.to_json(event, exclude_none=True)
-        time = _TIME_ADAPTER.dump_json(event.time)[1:-1].decode()
-        return cls(params.task_id, params.n, EventType(event.type), time, event.runtime, event.payload,
-                   event.raw is not None, event_json, None, params)
+        return cls(params.task_id, params.n, EventType(event.type), event_json, None, params)
+
+    @property
+    def task_id(self) -> str:
+        return self[0]
+
+    @property
+    def n(self) -> int:
+        return self[1]
+
+    @property
+    def type(self) -> EventType:
+        return self[2]
+
+    @property
+    def event_json(self) -> bytes:
+        """The event (type, time, runtime, payload, raw if present), as pydantic's ``to_json(exclude_none=True)``
+        of the model the general path builds."""
+        return self[3]
+
+    @property
+    def struct(self) -> Struct | None:
+        """The msgspec Struct of the event, or None when it came from the general path."""
+        return cast(Struct | None, self[4])
+
+    @property
+    def time(self) -> str:
+        """The event's time, as pydantic writes it (``2026-11-28T13:41:46.517154Z``)."""
+        struct = self[4]
+        if struct is not None:
+            return cast(str, struct.time)
+        return _TIME_ADAPTER.dump_json(self.model().event.time)[1:-1].decode()
+
+    @property
+    def runtime_name(self) -> str:
+        struct = self[4]
+        return cast(str, struct.runtime.name) if struct is not None else self.model().event.runtime.name
+
+    @property
+    def runtime_model(self) -> str | None:
+        struct = self[4]
+        if struct is None:
+            return self.model().event.runtime.model
+        value = struct.runtime.model
+        return None if value is UNSET else cast(str, value)
+
+    @property
+    def runtime_session_id(self) -> str | None:
+        struct = self[4]
+        if struct is None:
+            return self.model().event.runtime.runtime_session_id
+        value = struct.runtime.runtime_session_id
+        return None if value is UNSET else cast(str, value)
+
+    @property
+    def tool_call_id(self) -> str | None:
+        """The payload's ``tool_call_id``, when its type has one."""
+        struct = self[4]
+        payload = struct.payload if struct is not None else self.model().event.payload
+        return cast(str | None, getattr(payload, "tool_call_id", None))
+
+    @property
+    def has_raw(self) -> bool:
+        """Whether the event carries the runtime's own message(s) (``raw``)."""
+        struct = self[4]
+        return struct.raw is not UNSET if struct is not None else self.model().event.raw is not None
 
     @property
     def payload_json(self) -> bytes:
         """The payload, as pydantic serializes it (``exclude_none``): the same bytes as inside ``event_json``."""
-        cached: bytes | None = self._payload_json
+        cache = self[5]
+        cached: bytes | None = cache[1]
         if cached is None:
-            if self.struct is not None:
-                cached = _ENCODER.encode(self.struct.payload)  # type: ignore[attr-defined]
+            struct = self[4]
+            if struct is not None:
+                cached = _ENCODER.encode(struct.payload)
             else:
                 payload = self.model().event.payload
                 cached = payload.__pydantic_serializer__.to_json(payload, exclude_none=True)
-            object.__setattr__(self, "_payload_json", cached)
+            cache[1] = cached
         return cached
 
     @property
     def runtime_json(self) -> bytes:
         """The runtime info, as pydantic serializes it (``exclude_none``)."""
-        cached: bytes | None = self._runtime_json
+        cache = self[5]
+        cached: bytes | None = cache[2]
         if cached is None:
-            if self.struct is not None:
-                cached = _ENCODER.encode(self.struct.runtime)  # type: ignore[attr-defined]
+            struct = self[4]
+            if struct is not None:
+                cached = _ENCODER.encode(struct.runtime)
             else:
                 runtime = self.model().event.runtime
                 cached = RuntimeInfo.__pydantic_serializer__.to_json(runtime, exclude_none=True)
-            object.__setattr__(self, "_runtime_json", cached)
+            cache[2] = cached
         return cached
 
     def model(self) -> RuntimeEventParams:
-        """The pydantic model, equal to what the general path builds from the same line (built once, on demand)."""
-        cached: RuntimeEventParams | None = self._model
+        """The pydantic model, equal to what the general path builds from the same line (built once, on demand:
+        validated by pydantic-core from ``event_json``, bytes this module wrote)."""
+        cache = self[5]
+        cached: RuntimeEventParams | None = cache[0]
         if cached is None:
-            body = b"".join((b'{"task_id":', _ENCODER.encode(self.task_id), b',"n":', str(self.n).encode(),
-                             b',"event":', self.event_json, b"}"))
+            body = b"".join((b'{"task_id":', _ENCODER.encode(self[0]), b',"n":', str(self[1]).encode(),
+                             b',"event":', self[3], b"}"))
             cached = RuntimeEventParams.model_validate_json(body)
-            object.__setattr__(self, "_model", cached)
+            cache[0] = cached
         return cached
 
 
@@ -384,8 +418,7 @@ def decode_event_fast(line: bytes) -> WireEvent | None:
     bound = line.count(b'":')
     if bound != distinct and _key_bound(line, bound) != distinct:
         return None
-    return WireEvent(params.task_id, params.n, _TAGS[type(event)], time, event.runtime, event.payload,
-                     raw is not UNSET, body, event, None)
+    return WireEvent(params.task_id, params.n, _TAGS[type(event)], body, event)
 
 
 _TAGS: dict[type[Struct], EventType] = {struct: event_type for event_type, struct in _EVENT_STRUCTS.items()}

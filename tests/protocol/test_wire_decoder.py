@@ -120,6 +120,38 @@ def test_what_a_worker_writes_takes_the_fast_path(obj: dict[str, Any]) -> None:
         assert fast.model() == expected
 
 
+_PIECES = [b'"', b":", b'":', b"\\", b",", b"{", b"}", b" ", b'"n":1,', b'"index":1,', b'"raw":null,', b"e+1",
+           b"1e999", b"\\u0064", b"-", b"0"]
+
+
+@st.composite
+def damaged_worker_lines(draw: st.DrawFn) -> bytes:
+    """A line as the worker writes it (``encode_event`` of a valid event), then damaged: a key repeated, a piece
+    inserted, bytes cut or replaced — lines next to valid ones, where a wrong proof would show."""
+    expected = general_path(json.dumps(draw(worker_events()), separators=(",", ":"), ensure_ascii=False).encode())
+    if expected is None:
+        return b""
+    line = encode_event_notification(expected).rstrip(b"\n")
+    for _ in range(draw(st.integers(1, 2))):
+        keys = [m.start() for m in re.finditer(rb'[{,]"[a-z_]+":', line)]
+        if keys and draw(st.booleans()):  # repeat one "key":value pair (or a prefix of it) somewhere else
+            start = draw(st.sampled_from(keys)) + 1
+            end = min(len(line), start + draw(st.integers(4, 40)))
+            at = draw(st.sampled_from(keys)) + 1
+            line = line[:at] + line[start:end] + b"," + line[at:]
+        else:
+            at = draw(st.integers(0, len(line)))
+            piece = draw(st.binary(max_size=2) | st.sampled_from(_PIECES))
+            line = line[:at] + piece + line[at + draw(st.integers(0, 2)):]
+    return line
+
+
+@settings(max_examples=800, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@given(damaged_worker_lines())
+def test_a_damaged_worker_line_is_declined_or_agrees(line: bytes) -> None:
+    _check(line)
+
+
 @settings(max_examples=300, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.floats(allow_nan=False, allow_infinity=False), st.integers(-(2**70), 2**70))
 def test_numbers_in_free_form_json_come_out_as_pydantic_writes_them(number: float, integer: int) -> None:
