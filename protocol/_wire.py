@@ -261,6 +261,21 @@ class WireEvent(tuple[str, int, EventType, bytes, Any, list[Any]]):
     def __repr__(self) -> str:
         return f"WireEvent(task_id={self[0]!r}, n={self[1]}, type={self[2].value!r})"
 
+    def __eq__(self, other: object) -> bool:  # the event, not what was cached or how it was decoded
+        if not isinstance(other, WireEvent):
+            return NotImplemented
+        return self[0] == other[0] and self[1] == other[1] and self[3] == other[3]
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return hash((self[0], self[1], self[3]))
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled as its model (a Struct class is made here, not importable)
+        return (WireEvent.from_params, (self.model(),))
+
     @classmethod
     def from_params(cls, params: RuntimeEventParams) -> WireEvent:
         """The general path's model as a WireEvent (its JSON serialized once, here)."""

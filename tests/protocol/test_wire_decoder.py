@@ -9,6 +9,7 @@ bytes pydantic serializes from that model. Plus: the Struct generator mirrors th
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import sys
 from datetime import UTC, datetime
@@ -370,3 +371,18 @@ def test_the_general_path_yields_the_same_type() -> None:
         assert wire.event_json == _pydantic_json(event) and wire.model() == params
     with pytest.raises(AttributeError):
         fast.n = 4  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("event_type", "payload"), _EXAMPLES, ids=[t.value for t, _ in _EXAMPLES])
+def test_from_params_reads_every_field_from_the_model(event_type: EventType, payload: BaseModel) -> None:
+    line = _line(event_type, payload)
+    params = general_path(line)
+    assert params is not None
+    general = WireEvent.from_params(params)
+    _assert_same(general, params)
+    assert general.time == "2026-01-02T03:04:05Z"
+    fast = decode_event_fast(line)
+    assert fast is None or (fast == general and hash(fast) == hash(general))
+    assert pickle.loads(pickle.dumps(general)) == general
+    if fast is not None:
+        assert pickle.loads(pickle.dumps(fast)) == fast
