@@ -26,6 +26,7 @@ never ``msgspec.Raw``, which would skip those checks).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from datetime import datetime
 from enum import Enum
@@ -59,7 +60,8 @@ class Unmirrorable(TypeError):
 #: Beyond this magnitude pydantic and msgspec format floats differently (``1e+16`` / ``1e16``): not fast.
 FLOAT_LIMIT = 1e16
 #: A UTC time exactly as pydantic serializes one: no fraction, or six digits that are not all zeros.
-_TIME_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.(?!000000)[0-9]{6})?Z$"
+#: (Checked in Python after the decode: as a msgspec ``Meta(pattern=…)`` it cost 0.48 µs per line, here 0.25.)
+_TIME_SHAPE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.(?!000000)[0-9]{6})?Z").fullmatch
 _STRUCT_OPTIONS: dict[str, Any] = {"forbid_unknown_fields": True, "frozen": True, "kw_only": True, "gc": False}
 
 #: The constraints pydantic keeps in ``FieldInfo.metadata`` (annotated_types' classes, by name: that package is
@@ -185,7 +187,7 @@ def _event_struct(event_type: EventType, model: type[WorkerEvent]) -> type[Struc
     if time.annotation is not datetime or time.metadata:
         raise Unmirrorable(f"{model.__name__}.time: not a plain datetime")
     fields: list[tuple[str, Any] | tuple[str, Any, Any]] = [
-        ("time", Annotated[str, Meta(pattern=_TIME_PATTERN)]),
+        ("time", str),  # its shape is checked after the decode (_valid_time)
         ("runtime", struct_for(model.model_fields["runtime"].annotation)),  # type: ignore[arg-type]
         ("payload", struct_for(payload.annotation)),
         ("raw", Any, UNSET),
@@ -232,11 +234,13 @@ def _untyped_float(text: str) -> float:
 _DECODER = msgspec.json.Decoder(_EventLine, float_hook=_untyped_float)
 _ENCODER = msgspec.json.Encoder()
 _ENVELOPE_KEYS = 6  # jsonrpc, method, params, task_id, n, event
-_time_ok: dict[str, bool] = {}
 
 
 def _valid_time(text: str) -> bool:
-    """The pattern's shape is a real calendar time (pydantic refuses 2026-02-30 and 25:00)."""
+    """``text`` is a UTC time exactly as pydantic writes one, and a real calendar time (pydantic refuses
+    2026-02-30 and 25:00)."""
+    if _TIME_SHAPE(text) is None:
+        return False
     try:
         datetime.fromisoformat(text)
     except ValueError:
@@ -416,13 +420,7 @@ def decode_event_fast(line: bytes) -> WireEvent | None:
     if raw is None:  # an explicit null: pydantic leaves it out of the event, msgspec would write it
         return None
     time = event.time
-    valid = _time_ok.get(time)
-    if valid is None:
-        valid = _valid_time(time)
-        if len(_time_ok) > 4096:
-            _time_ok.clear()
-        _time_ok[time] = valid
-    if not valid:
+    if not _valid_time(time):
         return None
     body = _ENCODER.encode(event)
     # Duplicate keys: the re-encoded event has exactly one key per distinct key of the line's objects (every
