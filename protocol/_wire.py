@@ -35,7 +35,7 @@ from typing import Annotated, Any, Literal, Union, cast, get_args, get_origin
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from ._base import Model
@@ -316,7 +316,9 @@ class WireEvent(tuple[str, int, EventType, bytes, Any, list[Any]]):
         struct = self[4]
         if struct is not None:
             return cast(str, struct.time)
-        return _TIME_ADAPTER.dump_json(self.model().event.time)[1:-1].decode()
+        event_json = self[3]  # {"type":"…","time":"…",… as pydantic wrote it (an EventType holds no quote)
+        start = event_json.index(b'"time":"') + 8
+        return event_json[start:event_json.index(b'"', start)].decode()
 
     @property
     def runtime_name(self) -> str:
@@ -395,7 +397,6 @@ class WireEvent(tuple[str, int, EventType, bytes, Any, list[Any]]):
         return cached
 
 
-_TIME_ADAPTER: TypeAdapter[datetime] = TypeAdapter(datetime)
 
 
 def decode_event_fast(line: bytes) -> WireEvent | None:
