@@ -213,8 +213,13 @@ from ._transcript import (
     ToolUseBlock,
 )
 from ._versions import CONTRACT_VERSION, PROTOCOL_VERSION, SCHEMA_VERSION
+from ._wire import FAST_EVENT_TYPES, SLOW_EVENT_TYPES, Unmirrorable, WireEvent, decode_event_fast
 
 __all__ = [
+    "FAST_EVENT_TYPES",
+    "SLOW_EVENT_TYPES",
+    "Unmirrorable",
+    "WireEvent",
     "CONTRACT_VERSION",
     "DEFAULT_MAX_FRAME_BYTES",
     "EVENT_MODELS",
@@ -384,6 +389,7 @@ __all__ = [
     "canonical_hash",
     "canonical_json",
     "compiled_tokens",
+    "decode_event_fast",
     "decode_event_line",
     "check_runtime_name",
     "decode_json",

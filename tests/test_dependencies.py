@@ -17,6 +17,7 @@ def test_pinned_versions_are_the_ones_installed() -> None:
     assert version("pytest-trio") == "0.8.0"
     assert version("rfc8785") == "0.1.4"
     assert version("pydantic").startswith("2.")
+    assert version("msgspec").startswith("0.22")  # the wire decoder leans on its 0.22 behaviour (tests/protocol)
     assert version("mcp").startswith("2.3")  # the test extra's: the oracle of our MCP server
 
 
