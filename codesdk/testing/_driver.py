@@ -369,7 +369,8 @@ class WorkerDriver:
 
     async def _collect(self) -> None:
         try:
-            async for params in self.process.connection.events:
+            async for wire in self.process.connection.events:
+                params = wire.model()  # the kit hands its users the protocol's models
                 self.received.append(params)
                 self._by_task[params.task_id].append(params)
                 if params.event.type in TERMINAL_EVENT_TYPES:

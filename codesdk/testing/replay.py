@@ -474,7 +474,8 @@ async def _replay(recording: Recording, params: StartTaskParams, moved: dict[str
     player.renamed.update(sorted(moved.items(), key=lambda item: -len(item[0])))  # the longest path first
 
     async def collect() -> None:
-        async for item in connection.events:
+        async for wire in connection.events:
+            item = wire.model()  # what a recording is compared with: the protocol's models
             events.append(item)
             if item.event.type in TERMINAL_EVENT_TYPES:
                 ended.set()

@@ -20,17 +20,17 @@ from codesdk.protocol import (
     EventType,
     ExitStatus,
     Model,
-    RuntimeEventParams,
+    RuntimeInfo,
     TaskFailed,
     TaskFailureCode,
     ToolCallRequested,
-    WorkerEvent,
+    WireEvent,
     canonical_json,
     sha256_hex,
 )
 
 from ..fair import FairTurns
-from ..store import INLINE_BLOB_MAX, DatabaseError, Recorder, StoreError
+from ..store import INLINE_BLOB_MAX, DatabaseError, PayloadJson, Recorder, StoreError
 from ._batch import PendingBatch
 from ._ending import TaskEnder
 from ._ports import WorkerLink
@@ -63,7 +63,7 @@ class EventIntake:
         self._tools = tools
         self._ender = ender
 
-    async def on_events(self, worker: WorkerLink, batch: Sequence[RuntimeEventParams]) -> None:
+    async def on_events(self, worker: WorkerLink, batch: Sequence[WireEvent]) -> None:
         """Store a worker's events in order, in turns fair across namespaces (``FairTurns``: while another
         namespace is active, a unit holds at most the namespace's quantum of events, a few quanta while it is
         alone; the rest waits its next turn, and the worker's further output waits in its own pipe meanwhile).
@@ -86,14 +86,14 @@ class EventIntake:
                         await trio.lowlevel.checkpoint()  # what is not a turn (a request, a read) runs meanwhile
                     run = self._accept(worker, params)
                     if run is not None:
-                        await self._route(run, params.event, pending)
+                        await self._route(run, params, pending)
                     done = index + 1
                 await pending.flush()
             start += done
             if pending.owed_pause_s > 0:  # a stream's share, taken outside its turn (``PendingBatch._share``)
                 await trio.sleep(pending.owed_pause_s)
 
-    def _namespace_of(self, worker: WorkerLink, batch: Sequence[RuntimeEventParams]) -> str:
+    def _namespace_of(self, worker: WorkerLink, batch: Sequence[WireEvent]) -> str:
         """Whose turns these events take: the namespace of the worker's runs (one worker per namespace)."""
         for params in batch:
             run = self._runs.find(params.task_id)
@@ -120,13 +120,12 @@ class EventIntake:
                                    "running", retryable=True, worker_pid=worker.pid, stderr_tail_ref=tail_ref,
                                    **status.to_json_obj())
 
-    def _accept(self, worker: WorkerLink, params: RuntimeEventParams) -> TaskRun | None:
+    def _accept(self, worker: WorkerLink, params: WireEvent) -> TaskRun | None:
         """The run an event belongs to, or None (counted) if it is for an unknown or already ended task."""
         run = self._runs.find(params.task_id)
         if run is None or run.worker is not worker:
             self._stats.unknown_task_events += 1
-            log.warning("%s: event %s for unknown task %r dropped", worker.spec.name, params.event.type,
-                        params.task_id)
+            log.warning("%s: event %s for unknown task %r dropped", worker.spec.name, params.type, params.task_id)
             return None
         if params.n < run.next_n:  # sent again (a retried notification): it was handled already
             self._stats.duplicate_events += 1
@@ -137,24 +136,24 @@ class EventIntake:
             self._stats.ordinal_gaps += 1
             log.warning("task %s: event ordinal %d, expected %d", run.task_id, params.n, run.next_n)
         run.next_n = params.n + 1
-        if params.event.type in TERMINAL_EVENT_TYPES:
+        if params.type in TERMINAL_EVENT_TYPES:
             run.released.set()
             if run.stop is not None and not run.ended:  # the stop being carried out waits for it
-                run.stop.terminal_arrived(params.event.type, params.event.payload)
+                run.stop.terminal_arrived(params.type, params.model().event.payload)
                 return None
         run.clock.activity()  # the runtime is not silent: its idle clock starts again
         if run.ended or run.stop is not None:
             run.late_events += 1
             self._stats.late_events += 1
             return None
-        runtime, current = params.event.runtime, run.runtime
-        if (runtime.runtime_session_id or runtime.model) and (
-                runtime.name, runtime.model, runtime.runtime_session_id) != (
-                current.name, current.model, current.runtime_session_id):  # copy only on change: hot path
-            run.runtime = runtime.model_copy(update={"raw_ref": None})
+        name, model, session_id, current = params.runtime_name, params.runtime_model, params.runtime_session_id, \
+            run.runtime
+        if (session_id or model) and (name, model, session_id) != (
+                current.name, current.model, current.runtime_session_id):  # a new one only on change: hot path
+            run.runtime = RuntimeInfo(name=name, model=model, runtime_session_id=session_id)
         return run
 
-    async def _route(self, run: TaskRun, event: WorkerEvent, pending: PendingBatch) -> None:
+    async def _route(self, run: TaskRun, event: WireEvent, pending: PendingBatch) -> None:
         """Handle one accepted event. What goes wrong with it ends its own task only, never the batch."""
         try:
             await self._handle(run, event, pending)
@@ -176,7 +175,7 @@ class EventIntake:
                                             f"the supervisor could not handle the runtime's {event.type}: "
                                             f"{type(exc).__name__}: {exc}", retryable=False)
 
-    async def _handle(self, run: TaskRun, event: WorkerEvent, pending: PendingBatch) -> None:
+    async def _handle(self, run: TaskRun, event: WireEvent, pending: PendingBatch) -> None:
         if not run.input_stored.is_set():  # model.input comes first; it is being stored right now
             await pending.flush()
             await run.input_stored.wait()
@@ -187,21 +186,26 @@ class EventIntake:
             # The runtime named its own session: keep it, so the session's next task resumes it.
             run.session = await self._store.update_session(run.session_id, runtime_session_id=runtime_session_id)
         if event.type == EventType.TOOL_CALL_REQUESTED:
-            assert isinstance(event.payload, ToolCallRequested)
+            request = event.model().event.payload
+            assert isinstance(request, ToolCallRequested)
             await pending.flush()
-            await self._tools.requested(run, event.payload)
+            await self._tools.requested(run, request)
         elif event.type in TERMINAL_EVENT_TYPES:
             await pending.flush()
-            await self._ender.finish(run, event.type, await self._stderr_tail_as_blob(event.payload))
+            await self._ender.finish(run, event.type, await self._stderr_tail_as_blob(event.model().event.payload))
         else:
             plain = await self._plain(run, event, pending.blobs_for(run))
             if plain is not None:
                 pending.add(run, plain)
 
-    async def _plain(self, run: TaskRun, event: WorkerEvent, blobs: Blobs) -> PendingEvent | None:
+    async def _plain(self, run: TaskRun, event: WireEvent, blobs: Blobs) -> PendingEvent | None:
         """A plain event as it is to be stored (its raw message a blob, small ones into ``blobs``), or None
-        (counted) for a runtime tool event the policy never approved."""
-        payload = event.payload
+        (counted) for a runtime tool event the policy never approved. A delta and the like go on as the payload's
+        JSON the decoder proved valid (no model); what the supervisor changes or reads is taken from the model."""
+        if event.type not in _RUNTIME_TOOL_EVENTS and not event.has_raw:
+            return PendingEvent(event.type, PayloadJson(event.type, event.payload_json))
+        model = event.model().event
+        payload = model.payload
         if event.type in _RUNTIME_TOOL_EVENTS:
             identity = run.approved_runtime_calls.get(getattr(payload, "tool_call_id", ""))
             if identity is None:  # the runtime ran a tool nobody approved: record, never store as fact
@@ -209,9 +213,9 @@ class EventIntake:
                 log.warning("task %s: %s for a call that was not approved; dropped", run.task_id, event.type)
                 return None
             payload = payload.model_copy(update={"attempt": identity.attempt, "input_hash": identity.input_hash})
-        if event.raw is None:
+        if model.raw is None:
             return PendingEvent(event.type, payload)
-        ref = await self._raw_blob(event.raw, blobs)
+        ref = await self._raw_blob(model.raw, blobs)
         return PendingEvent(event.type, payload, run.runtime.model_copy(update={"raw_ref": ref}))
 
     async def _raw_blob(self, raw: Any, inline: Blobs) -> str:

@@ -14,7 +14,7 @@ from typing import Protocol, TypeVar
 
 import trio
 
-from codesdk.protocol import ExitStatus, InitializeResult, MethodSpec, Model, RuntimeEventParams, StderrTail
+from codesdk.protocol import ExitStatus, InitializeResult, MethodSpec, Model, StderrTail, WireEvent
 
 from ..workers.launch import PoolConfig
 from codesdk.worker.client import WorkerProcess, WorkerSpec
@@ -67,7 +67,7 @@ class Workers(Protocol):
 
 
 #: Called with a batch of one worker's events, in the order it sent them.
-WorkerEvents = Callable[[WorkerLink, Sequence[RuntimeEventParams]], Awaitable[None]]
+WorkerEvents = Callable[[WorkerLink, Sequence[WireEvent]], Awaitable[None]]
 #: Called once a worker has exited and its output is drained: (namespace, worker, how it ended).
 WorkerExit = Callable[[str, WorkerLink, ExitStatus], Awaitable[None]]
 #: Makes the engine's ``Workers``: (pool configuration, the engine's nursery, its two callbacks).

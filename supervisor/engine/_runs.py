@@ -9,7 +9,7 @@ import trio
 
 from codesdk.protocol import EventType, Model, ModelInput, RuntimeInfo, StartTaskParams, ToolCallIdentity, Trace
 
-from ..store import SessionRecord
+from ..store import PayloadJson, SessionRecord
 from ..tools import Approver
 from ._deadlines import TaskClock
 from ._ports import WorkerLink
@@ -25,7 +25,7 @@ class PendingEvent:
     event when it differs (it names the event's raw message); None: the run's own."""
 
     type: EventType
-    payload: Model
+    payload: Model | PayloadJson  # PayloadJson: validated by the worker-line decoder, stored as those bytes
     runtime: RuntimeInfo | None = None
 
 

@@ -31,7 +31,7 @@ from codesdk.protocol import (
     NoParams,
     Rpc,
     RuntimeEnv,
-    RuntimeEventParams,
+    WireEvent,
 )
 from codesdk.worker.client import (
     REAP_WAIT_S,
@@ -51,7 +51,7 @@ from .template import TemplateUnavailable, WorkerTemplate
 
 log = logging.getLogger("codesdk.supervisor.pool")
 
-EventHandler = Callable[[WorkerProcess, Sequence[RuntimeEventParams]], Awaitable[None]]
+EventHandler = Callable[[WorkerProcess, Sequence[WireEvent]], Awaitable[None]]
 #: Most events handed to the engine at once; bounds the size of one append transaction.
 EVENT_BATCH = 512
 

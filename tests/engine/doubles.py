@@ -24,9 +24,19 @@ from codesdk.protocol import (
     RuntimeInfo,
     StderrTail,
     TaskStopped,
+    WireEvent,
     WorkerEvent,
+    decode_event_fast,
+    encode_event_notification,
 )
-from codesdk.supervisor.engine import Engine, EngineConfig, NamespaceUnavailable, WorkerEvents, WorkerExit, WorkerLink
+from codesdk.supervisor.engine import (
+    Engine,
+    EngineConfig,
+    NamespaceUnavailable,
+    WorkerEvents,
+    WorkerExit,
+    WorkerLink,
+)
 from codesdk.supervisor.store import Quotas
 from codesdk.supervisor.tools import ToolRegistry, ToolsConfig
 from codesdk.supervisor.workers.launch import PoolConfig
@@ -112,7 +122,10 @@ class FakeWorker:
     async def emit_batch(self, batch: list[RuntimeEventParams]) -> None:
         for params in batch:  # ordinals a test chose are taken too
             self._next_n[params.task_id] = max(self.next_n(params.task_id), params.n + 1)
-        await self._on_events(self, batch)
+        # As the connection hands them over: decoded from the line the worker writes (the general path's model
+        # where the compiled decoder declines it).
+        await self._on_events(self, [decode_event_fast(encode_event_notification(params).rstrip(b"\n"))
+                                     or WireEvent.from_params(params) for params in batch])
 
     async def exit(self, returncode: int = 1, stderr: bytes = b"") -> None:
         """The process died: the pool reports it once its output is drained."""

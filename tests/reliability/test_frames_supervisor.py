@@ -128,7 +128,7 @@ def _drain(connection: WorkerConnection) -> list[RuntimeEventParams]:
     out = []
     while True:
         try:
-            out.append(connection.events.receive_nowait())
+            out.append(connection.events.receive_nowait().model())
         except trio.WouldBlock:
             return out
 

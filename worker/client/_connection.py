@@ -30,7 +30,8 @@ from codesdk.protocol import (
     Request,
     Response,
     RuntimeEventParams,
-    decode_event_line,
+    WireEvent,
+    decode_event_fast,
     decode_json,
     decode_message,
     encode_message,
@@ -131,7 +132,7 @@ class WorkerConnection:
         #: Responses that matched no pending request (kept for diagnostics and protocol tests).
         self.unmatched: deque[Response | ErrorResponse] = deque(maxlen=VIOLATIONS_KEPT)
         self._unmatched_changed = trio.Event()
-        self._events_send, self.events = trio.open_memory_channel[RuntimeEventParams](EVENT_BUFFER)
+        self._events_send, self.events = trio.open_memory_channel[WireEvent](EVENT_BUFFER)
         self._unyielded = 0  # events queued since the reader last let others run
 
     # -- reader ---------------------------------------------------------------------------------
@@ -165,12 +166,13 @@ class WorkerConnection:
 
     async def _handle_line(self, line: bytes | BadFrame) -> None:
         """One framed line. ``runtime.event`` notifications, nearly all of the traffic, are validated from their
-        bytes in pydantic-core (``decode_event_line``); a line it cannot prove valid, and everything else, goes
-        the general way — strict decoding, then the models — which decides what the line is."""
+        bytes once, by the compiled decoder (``decode_event_fast``), and handed on as ``WireEvent``s (bytes and the
+        fields the engine routes on; no model); a line it cannot prove valid, and everything else, goes the general
+        way — strict decoding, then the models — which decides what the line is."""
         if isinstance(line, BadFrame):
             await self._handle(line)
             return
-        event = decode_event_line(line)
+        event = decode_event_fast(line)
         if event is not None:
             self.stats.notifications += 1
             try:  # no scheduling round per event: the consumer takes what queued up in one batch
@@ -207,7 +209,7 @@ class WorkerConnection:
             # normalizing a time at the edge of the calendar to UTC): still only this event is lost.
             self._violation("invalid_event", f"{type(exc).__name__}: {exc}")
             return
-        await self._events_send.send(event)
+        await self._events_send.send(WireEvent.from_params(event))
 
     async def _handle(self, item: Any) -> None:
         if isinstance(item, BadFrame):
