@@ -1,0 +1,168 @@
+"""``codesdk-supervisor serve`` with the bench worker (``bench_worker.py``, its ``paced`` runtime) as every
+namespace's worker program, for case 11 (``streams``); no production code changes.
+
+    python scripts/benchmarks/streams_serve.py serve --data-dir DIR ...   (the admin command's own flags)
+
+It sets ``SupervisorOptions.worker_argv`` from the parsed flags (the worker template only ever forks
+``codesdk-worker``, so these workers start as new interpreters). Instruments, each off unless its variable names a
+file (written when the service exits):
+
+- ``CODESDK_BENCH_PROFILE=PATH``: cProfile of the event loop's thread, and of every other thread (the store's
+  writer, ``to_thread`` workers) merged into the same file (``pstats`` format).
+- ``CODESDK_BENCH_STALLS=PATH``: a timestamped trace of loop stalls, one JSON object a line: each trio task step
+  longer than ``CODESDK_BENCH_STALL_MS`` (default 20) with the task's name, each loop turn (between two waits for
+  I/O) longer than that, every garbage collection (generation, ms, collected), and every process-table scan
+  (``psutil.process_iter``/``pids``) with who called it.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import dataclasses
+import gc
+import json
+import os
+import pstats
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import trio
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+BENCH_WORKER = str(Path(__file__).resolve().parent / "bench_worker.py")
+
+
+class _StallTrace(trio.abc.Instrument):
+    """Trio instrument + gc callback + psutil scan hook, appending one JSON line per finding."""
+
+    def __init__(self, path: str, threshold_s: float) -> None:
+        self.out = open(path, "w", buffering=1)  # noqa: SIM115 - open for the service's whole life
+        self.threshold = threshold_s
+        self.lock = threading.Lock()
+        self.step_started = 0.0
+        self.turn_started = time.perf_counter()
+        self.gc_started: dict[int, float] = {}
+        self.counts: dict[str, int] = {}
+
+    def note(self, **what: Any) -> None:
+        with self.lock:
+            self.out.write(json.dumps({"t": time.time(), **what}) + "\n")
+
+    def before_task_step(self, task: Any) -> None:
+        self.step_started = time.perf_counter()
+
+    def after_task_step(self, task: Any) -> None:
+        took = time.perf_counter() - self.step_started
+        if took > self.threshold:
+            self.note(kind="step", ms=round(took * 1000, 2), task=task.name)
+
+    def before_io_wait(self, timeout: float) -> None:
+        took = time.perf_counter() - self.turn_started
+        if took > self.threshold:
+            self.note(kind="turn", ms=round(took * 1000, 2))
+
+    def after_io_wait(self, timeout: float) -> None:
+        self.turn_started = time.perf_counter()
+
+    def on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        ident = threading.get_ident()
+        if phase == "start":
+            self.gc_started[ident] = time.perf_counter()
+            return
+        took = time.perf_counter() - self.gc_started.pop(ident, time.perf_counter())
+        generation = info.get("generation", -1)
+        self.counts[f"gc{generation}"] = self.counts.get(f"gc{generation}", 0) + 1
+        if generation == 2 or took > self.threshold / 4:
+            self.note(kind="gc", generation=generation, ms=round(took * 1000, 2), collected=info.get("collected"),
+                      thread=threading.current_thread().name)
+
+    def hook_psutil(self) -> None:
+        import psutil
+
+        for name in ("process_iter", "pids"):
+            original = getattr(psutil, name)
+
+            def traced(*args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
+                started = time.perf_counter()
+                result = _original(*args, **kwargs)
+                if _name == "process_iter":
+                    result = list(result)
+                caller = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}"
+                                     for f in reversed(traceback.extract_stack(limit=6)[:-1]))
+                self.note(kind="psutil." + _name, ms=round((time.perf_counter() - started) * 1000, 3),
+                          thread=threading.current_thread().name, caller=caller)
+                return result
+
+            setattr(psutil, name, traced)
+
+
+def _profiled_threads(sink: list[cProfile.Profile]) -> None:
+    """Every thread started from now on runs under a cProfile of its own, kept in ``sink``."""
+    run = threading.Thread.run
+
+    def profiled_run(self: threading.Thread) -> None:
+        profile = cProfile.Profile()
+        sink.append(profile)
+        profile.enable()
+        try:
+            run(self)
+        finally:
+            profile.disable()
+
+    threading.Thread.run = profiled_run  # type: ignore[method-assign]
+
+
+def main() -> int:
+    from codesdk.supervisor.cli import admin
+
+    serve_options = admin._serve_options
+
+    def with_bench_worker(args: Any) -> Any:
+        return dataclasses.replace(serve_options(args), worker_argv=(sys.executable, BENCH_WORKER))
+
+    admin._serve_options = with_bench_worker
+
+    stalls_path = os.environ.get("CODESDK_BENCH_STALLS")
+    profile_path = os.environ.get("CODESDK_BENCH_PROFILE")
+    trace = None
+    if stalls_path:
+        trace = _StallTrace(stalls_path, float(os.environ.get("CODESDK_BENCH_STALL_MS", "20")) / 1000)
+        gc.callbacks.append(trace.on_gc)
+        trace.hook_psutil()
+        trio_run = trio.run
+
+        def run_instrumented(*args: Any, **kwargs: Any) -> Any:
+            return trio_run(*args, instruments=[trace], **kwargs)
+
+        trio.run = run_instrumented  # type: ignore[assignment]
+    threads: list[cProfile.Profile] = []
+    main_profile = cProfile.Profile() if profile_path else None
+    if main_profile is not None:
+        _profiled_threads(threads)
+        main_profile.enable()
+    try:
+        return admin.main(sys.argv[1:])
+    finally:
+        if main_profile is not None and profile_path:
+            main_profile.disable()
+            stats = pstats.Stats(main_profile)
+            for profile in threads:
+                try:
+                    stats.add(profile)
+                except TypeError:  # a thread still running, its profile not yet disabled
+                    profile.disable()
+                    stats.add(profile)
+            stats.dump_stats(profile_path)
+        if trace is not None:
+            trace.note(kind="end", gc_counts=trace.counts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
