@@ -7,12 +7,15 @@ It sets ``SupervisorOptions.worker_argv`` from the parsed flags (the worker temp
 ``codesdk-worker``, so these workers start as new interpreters). Instruments, each off unless its variable names a
 file (written when the service exits):
 
-- ``CODESDK_BENCH_PROFILE=PATH``: cProfile of the event loop's thread, and of every other thread (the store's
+- ``CODESDK_BENCH_PROFILE=PATH``: cProfile (timed by each thread's own CPU clock, so a busy machine does not
+  inflate it) of the event loop's thread, and of every other thread (the store's
   writer, ``to_thread`` workers) merged into the same file (``pstats`` format).
 - ``CODESDK_BENCH_STALLS=PATH``: a timestamped trace of loop stalls, one JSON object a line: each trio task step
   longer than ``CODESDK_BENCH_STALL_MS`` (default 20) with the task's name, each loop turn (between two waits for
-  I/O) longer than that, every garbage collection (generation, ms, collected), and every process-table scan
-  (``psutil.process_iter``/``pids``) with who called it.
+  I/O) longer than that, every generation-2 garbage collection (and any longer than a quarter of that), every
+  process-table scan (``psutil.process_iter``/``pids``) with who called it, every store write transaction longer
+  than a quarter of the threshold (fsync included) and, at exit, counts of collections per generation and a
+  histogram of the write transactions' durations.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ class _StallTrace(trio.abc.Instrument):
         self.step_started = 0.0
         self.turn_started = time.perf_counter()
         self.gc_started: dict[int, float] = {}
-        self.counts: dict[str, int] = {}
+        self.counts: dict[str, float] = {}
 
     def note(self, **what: Any) -> None:
         with self.lock:
@@ -102,13 +105,36 @@ class _StallTrace(trio.abc.Instrument):
 
             setattr(psutil, name, traced)
 
+    def hook_writer(self) -> None:
+        """Time every store write transaction (``_writer.run_batch``, in the writer's thread, fsync included):
+        those over a quarter of the threshold are noted, all are counted in a histogram."""
+        from codesdk.supervisor.store import _writer
+
+        original = _writer.run_batch
+        histogram = self.counts
+
+        def timed(conn: Any, batch: list[Any]) -> None:
+            started = time.perf_counter()
+            try:
+                original(conn, batch)
+            finally:
+                took = (time.perf_counter() - started) * 1000
+                bucket = next(f"commit<={edge}ms" for edge in (1, 2, 5, 10, 20, 50, 100, 200, 10**9) if took <= edge)
+                histogram[bucket] = histogram.get(bucket, 0) + 1
+                histogram["commit_ms_total"] = histogram.get("commit_ms_total", 0) + took
+                histogram["commit_requests"] = histogram.get("commit_requests", 0) + len(batch)
+                if took > self.threshold * 1000 / 4:
+                    self.note(kind="commit", ms=round(took, 2), requests=len(batch))
+
+        _writer.run_batch = timed
+
 
 def _profiled_threads(sink: list[cProfile.Profile]) -> None:
     """Every thread started from now on runs under a cProfile of its own, kept in ``sink``."""
     run = threading.Thread.run
 
     def profiled_run(self: threading.Thread) -> None:
-        profile = cProfile.Profile()
+        profile = cProfile.Profile(time.thread_time)
         sink.append(profile)
         profile.enable()
         try:
@@ -136,6 +162,7 @@ def main() -> int:
         trace = _StallTrace(stalls_path, float(os.environ.get("CODESDK_BENCH_STALL_MS", "20")) / 1000)
         gc.callbacks.append(trace.on_gc)
         trace.hook_psutil()
+        trace.hook_writer()
         trio_run = trio.run
 
         def run_instrumented(*args: Any, **kwargs: Any) -> Any:
@@ -143,7 +170,7 @@ def main() -> int:
 
         trio.run = run_instrumented  # type: ignore[assignment]
     threads: list[cProfile.Profile] = []
-    main_profile = cProfile.Profile() if profile_path else None
+    main_profile = cProfile.Profile(time.thread_time) if profile_path else None
     if main_profile is not None:
         _profiled_threads(threads)
         main_profile.enable()
