@@ -1,4 +1,4 @@
-"""Case 11 (``streams``): N concurrent paced streams through ``codesdk-supervisor serve``, one SSE subscriber each.
+"""Case 15 (``streams``): N concurrent paced streams through ``codesdk-supervisor serve``, one SSE subscriber each.
 
 One real service (SQLite store at its shipped durability, HTTP on its unix socket) started by
 ``streams_serve.py`` (the admin command with the bench worker as the worker program: its ``paced`` runtime emits

@@ -1,5 +1,5 @@
 """``codesdk-supervisor serve`` with the bench worker (``bench_worker.py``, its ``paced`` runtime) as every
-namespace's worker program, for case 11 (``streams``); no production code changes.
+namespace's worker program, for case 15 (``streams``); no production code changes.
 
     python scripts/benchmarks/streams_serve.py serve --data-dir DIR ...   (the admin command's own flags)
 

@@ -1,4 +1,4 @@
-"""One subscriber process of case 11 (``streams``): holds many SSE streams of ``codesdk-supervisor serve``.
+"""One subscriber process of case 15 (``streams``): holds many SSE streams of ``codesdk-supervisor serve``.
 
     python streams_subscriber.py SPEC.json OUT.json
 
@@ -23,7 +23,15 @@ from typing import Any
 import httpx2 as httpx
 import trio
 
-_DELTA = re.compile(rb'"block_id":"paced"[^\n]*?"delta":"(\d+)"|"delta":"(\d+)"[^\n]*?"block_id":"paced"')
+_DELTA = re.compile(rb'"block_id"\s*:\s*"paced"[^\n]*?"delta"\s*:\s*"(\d+)"'
+                    rb'|"delta"\s*:\s*"(\d+)"[^\n]*?"block_id"\s*:\s*"paced"')
+
+
+def emitted_times(data: bytes) -> tuple[list[int], bytes]:
+    """The emit times (ns) carried by the ``paced`` deltas in the complete SSE frames of ``data`` (in either key
+    order), and the bytes after the last complete frame (the start of the next, to prepend to the next chunk)."""
+    cut = data.rfind(b"\n\n") + 2 if b"\n\n" in data else 0
+    return [int(match.group(1) or match.group(2)) for match in _DELTA.finditer(data, 0, cut)], data[cut:]
 
 
 async def _follow(client: httpx.AsyncClient, token: str, session: str, after: int, pairs: list[list[int]],
@@ -39,11 +47,8 @@ async def _follow(client: httpx.AsyncClient, token: str, session: str, after: in
         tail = b""
         async for chunk in response.aiter_bytes():
             received = time.time_ns()
-            data = tail + chunk
-            cut = data.rfind(b"\n\n") + 2
-            tail = data[cut:]
-            for match in _DELTA.finditer(data, 0, cut):
-                pairs.append([int(match.group(1) or match.group(2)), received])
+            emitted, tail = emitted_times(tail + chunk)
+            pairs.extend([sent, received] for sent in emitted)
 
 
 async def main(spec_path: str, out_path: str) -> None:
