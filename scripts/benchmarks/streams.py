@@ -185,7 +185,8 @@ async def run_ladder(ladder: list[int], count: int, rate: float = 50.0, stop_abo
         sock = data / "api.sock"
         argv = [sys.executable, SERVE, "serve", "--data-dir", str(data), "--log-level", "WARNING"]
         env = {**os.environ, **(extra_env or {})}
-        popen = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        log = (tmp / "serve.log").open("wb")  # a file, not a pipe: a pipe nobody reads would block the service
+        popen = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log)
         rungs: list[dict[str, Any]] = []
         try:
             await _serving(sock, tokens[0][1])
@@ -216,13 +217,14 @@ async def run_ladder(ladder: list[int], count: int, rate: float = 50.0, stop_abo
         finally:
             popen.terminate()
             try:
-                _, err = popen.communicate(timeout=60)
+                popen.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 popen.kill()
-                _, err = popen.communicate(timeout=30)
+                popen.wait(timeout=30)
+            log.close()
             if popen.returncode not in (0, -15) and not rungs:
-                print(f"streams: the service exited {popen.returncode}: {err[-2000:].decode(errors='replace')}",
-                      file=sys.stderr)
+                err = (tmp / "serve.log").read_bytes()[-2000:].decode(errors="replace")
+                print(f"streams: the service exited {popen.returncode}: {err}", file=sys.stderr)
     return rungs
 
 
