@@ -23,6 +23,7 @@ import io
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -90,6 +91,7 @@ async def _rung(n: int, count: int, rate: float, sock: Path, service: psutil.Pro
     """One N of the ladder: open the streams, start the tasks, measure, wait for all to end and drain."""
     duration = count / rate
     guard_s = duration * 4 + 60
+    profiling = os.environ.get("CODESDK_BENCH_PROFILE_WINDOW") == "1"
     chosen = sessions[:n]
     afters = [int((await client.get_session(session)).get("last_seq", 0)) for client, session, _ in chosen]
     rss_before = _rss_mb(service)
@@ -122,11 +124,15 @@ async def _rung(n: int, count: int, rate: float, sock: Path, service: psutil.Pro
         async def sample() -> None:
             begin, end = (started_ns / 1e9 + duration * f for f in STEADY)
             await trio.sleep(max(0.0, begin - time.time()))
+            if profiling:
+                service.send_signal(signal.SIGUSR1)  # streams_serve.py: profile from here
             window.update(t0=time.time(), cpu0=_cpu_s(service), workers0=_cpu_s(service, True))
             while time.time() < end:
                 peak[0] = max(peak[0], _rss_mb(service))
                 await trio.sleep(0.1)
             window.update(t1=time.time(), cpu1=_cpu_s(service), workers1=_cpu_s(service, True))
+            if profiling:
+                service.send_signal(signal.SIGUSR2)  # ... to here
             while any(sub.poll() is None for sub in subscribers):
                 peak[0] = max(peak[0], _rss_mb(service))
                 await trio.sleep(0.1)

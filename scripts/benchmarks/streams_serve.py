@@ -9,7 +9,9 @@ file (written when the service exits):
 
 - ``CODESDK_BENCH_PROFILE=PATH``: cProfile (timed by each thread's own CPU clock, so a busy machine does not
   inflate it) of the event loop's thread, and of every other thread (the store's
-  writer, ``to_thread`` workers) merged into the same file (``pstats`` format).
+  writer, ``to_thread`` workers) merged into the same file (``pstats`` format). With
+  ``CODESDK_BENCH_PROFILE_WINDOW=1``, only between SIGUSR1 and SIGUSR2 (``streams.py`` sends them around the steady
+  middle of each rung), and in other threads only the jobs handed to them then.
 - ``CODESDK_BENCH_STALLS=PATH``: a timestamped trace of loop stalls, one JSON object a line: each trio task step
   longer than ``CODESDK_BENCH_STALL_MS`` (default 20) with the task's name, each loop turn (between two waits for
   I/O) longer than that, every generation-2 garbage collection (and any longer than a quarter of that), every
@@ -26,6 +28,7 @@ import gc
 import json
 import os
 import pstats
+import signal
 import sys
 import threading
 import time
@@ -145,6 +148,44 @@ def _profiled_threads(sink: list[cProfile.Profile]) -> None:
     threading.Thread.run = profiled_run  # type: ignore[method-assign]
 
 
+def _profiled_window(main_profile: cProfile.Profile, sink: list[cProfile.Profile]) -> None:
+    """Profile only between SIGUSR1 and SIGUSR2 (the harness's steady window): the loop's thread by the signals,
+    and each job handed to a thread (``trio.to_thread.run_sync``: the writer's transactions, the process-table
+    scans, the orphan sweep) under a profile of its thread while the window is open."""
+    active = [False]
+    local = threading.local()
+
+    def opened(signum: int, frame: Any) -> None:
+        active[0] = True
+        main_profile.enable()
+
+    def closed(signum: int, frame: Any) -> None:
+        active[0] = False
+        main_profile.disable()
+
+    signal.signal(signal.SIGUSR1, opened)
+    signal.signal(signal.SIGUSR2, closed)
+    original = trio.to_thread.run_sync
+
+    async def run_sync(sync_fn: Any, *args: Any, **kwargs: Any) -> Any:
+        def job(*job_args: Any) -> Any:
+            if not active[0]:
+                return sync_fn(*job_args)
+            profile = getattr(local, "profile", None)
+            if profile is None:
+                profile = local.profile = cProfile.Profile(time.thread_time)
+                sink.append(profile)
+            profile.enable()
+            try:
+                return sync_fn(*job_args)
+            finally:
+                profile.disable()
+
+        return await original(job, *args, **kwargs)
+
+    trio.to_thread.run_sync = run_sync  # type: ignore[assignment]
+
+
 def main() -> int:
     from codesdk.supervisor.cli import admin
 
@@ -171,7 +212,9 @@ def main() -> int:
         trio.run = run_instrumented  # type: ignore[assignment]
     threads: list[cProfile.Profile] = []
     main_profile = cProfile.Profile(time.thread_time) if profile_path else None
-    if main_profile is not None:
+    if main_profile is not None and os.environ.get("CODESDK_BENCH_PROFILE_WINDOW") == "1":
+        _profiled_window(main_profile, threads)
+    elif main_profile is not None:
         _profiled_threads(threads)
         main_profile.enable()
     try:
