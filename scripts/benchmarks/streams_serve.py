@@ -5,7 +5,8 @@ namespace's worker program, for case 15 (``streams``); no production code change
 
 It sets ``SupervisorOptions.worker_argv`` from the parsed flags (the worker template only ever forks
 ``codesdk-worker``, so these workers start as new interpreters). Instruments, each off unless its variable names a
-file (written when the service exits):
+file (written when the service exits), and one experiment (``CODESDK_BENCH_TREE_SNAPSHOT_S=SECONDS``: how often
+a busy worker's process tree is looked at, ``WorkerProcess.tree_snapshot_s``, 1 s as shipped):
 
 - ``CODESDK_BENCH_PROFILE=PATH``: cProfile (timed by each thread's own CPU clock, so a busy machine does not
   inflate it) of the event loop's thread, and of every other thread (the store's
@@ -195,6 +196,10 @@ def main() -> int:
         return dataclasses.replace(serve_options(args), worker_argv=(sys.executable, BENCH_WORKER))
 
     admin._serve_options = with_bench_worker
+    if os.environ.get("CODESDK_BENCH_TREE_SNAPSHOT_S"):  # an experiment: how often busy workers' trees are scanned
+        from codesdk.worker.client import WorkerProcess
+
+        WorkerProcess.tree_snapshot_s = float(os.environ["CODESDK_BENCH_TREE_SNAPSHOT_S"])
 
     stalls_path = os.environ.get("CODESDK_BENCH_STALLS")
     profile_path = os.environ.get("CODESDK_BENCH_PROFILE")
