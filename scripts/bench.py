@@ -32,6 +32,11 @@ Machines here are small and noisy, so each figure is the median of several repet
            (--quick: 20k events, measured once)
   worker   codesdk-worker alone over real pipes: a scripted flood read to task.completed, lines/s and the worker's
            CPU per line; baseline: a child writing the same lines to a pipe (scripts/benchmarks/worker_alone.py)
+  streams  N concurrent tasks each streaming 50 deltas/s through `codesdk-supervisor serve`, one SSE subscriber each
+           (separate subscriber processes, real HTTP over the unix socket), tasks over min(N, 20) namespaces:
+           emit -> subscriber p50/p99, achieved vs offered rate, service CPU per event, its RSS before/peak/after,
+           over a ladder of N (quick: 10, 20); the largest N with p99 <= 50 ms; baseline: the same paced lines,
+           all N streams' worth, through a pipe to one reader
   bundle   a support bundle of a 200k-event session: the supervisor's CPU and loop lag while it builds (in a
            low-priority child), and the cached bundle again; baseline: a raw read of the same events
 
@@ -59,13 +64,12 @@ sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 import psutil
 import trio
-from benchmarks import cases, fairness, store, transcript
+from benchmarks import cases, fairness, store, streams, transcript
 from benchmarks import worker_alone
 from benchmarks.common import Figure, from_reps, median, percentile, print_table
 
 CASES = ("events", "latency", "tool", "spawn", "density", "store", "postgres", "real", "cold", "codex", "acp",
-         "fairness", "transcript", "bundle",
-         "worker")
+         "fairness", "transcript", "bundle", "streams", "worker")
 NETNS_UNAVAILABLE = 97  # scripts/netns-run's exit code when no namespace can be made
 
 
@@ -76,12 +80,13 @@ def parameters(quick: bool, repeat: int | None) -> dict[str, Any]:
                 "spawns": 5, "density": [10], "single": 300, "batched": 10_000, "stored": 50_000, "real_repeat": 1,
                 "cold_repeat": 1, "fair_tasks": 10, "fair_rounds": 3, "transcript_events": 20_000, "transcript_repeat": repeat or 1,
                 "pg_flood": 5_000, "lease_s": 2.0, "pg_repeat": repeat or 1, "bundle_events": 20_000,
-                "worker_lines": 20_000}
+                "worker_lines": 20_000, "streams_ladder": [10, 20], "streams_count": 200, "streams_rate": 50.0}
     return {"repeat": repeat or 3, "events": 200_000, "latency_count": 10_000, "rate": 2_000.0, "calls": 300,
             "spawns": 10, "density": [50, 100, 200], "single": 2_000, "batched": 50_000, "stored": 1_000_000,
             "real_repeat": 5, "cold_repeat": 12, "fair_tasks": 20, "fair_rounds": 4, "transcript_events": 200_000, "transcript_repeat": repeat or 3,
             "pg_flood": 50_000, "lease_s": 5.0, "pg_repeat": repeat or 3, "bundle_events": 200_000,
-            "worker_lines": 200_000}
+            "worker_lines": 200_000, "streams_ladder": [10, 20, 50, 100, 200], "streams_count": 500,
+            "streams_rate": 50.0}
 
 
 def repeat(times: int, run: Callable[[], Any]) -> list[Any]:
@@ -304,6 +309,40 @@ def case_bundle(p: dict[str, Any]) -> list[Figure]:
     ]
 
 
+def case_streams(p: dict[str, Any]) -> list[Figure]:
+    """N paced streams through the service, one SSE subscriber each, over a ladder of N (benchmarks/streams.py);
+    each rung against the same paced lines through a pipe at the same aggregate rate, measured just after it."""
+    rate, count = p["streams_rate"], p["streams_count"]
+    rungs = trio.run(streams.run_ladder, p["streams_ladder"], count, rate)
+    figures = []
+    for r in rungs:
+        base = streams.baseline(r["n"], count, rate)
+        where = (f"{r['n']} x {rate:g}/s offered ({r['offered']:,.0f}/s), achieved {r['achieved']:,.0f}/s; "
+                 f"{count} deltas a stream; load {r['load']:.2f}")
+        p99 = Figure("streams", f"{r['n']} streams: emit -> subscriber, p99", "s", r["p99"], base["p99"],
+                     goal="<= 50 ms", note=where, samples={"rung": r, "baseline": base})
+        p99.met = r["p99"] <= streams.GOAL_P99_S
+        figures.append(Figure("streams", f"{r['n']} streams: emit -> subscriber, p50", "s", r["p50"], base["p50"]))
+        figures.append(p99)
+        figures.append(Figure("streams", f"{r['n']} streams: service CPU per event", "s", r["cpu_per_event"], None,
+                              goal="<= 40 us (20 streams)" if r["n"] == 20 else "",
+                              note=f"service process, all threads, over the steady middle: "
+                                   f"{r['service_cpu_share']:.2f} of a core; workers {r['workers_cpu_share']:.2f}; "
+                                   f"busiest subscriber process {r['subscriber_cpu_share']:.2f} (keeping up)"))
+        if r["n"] == 20:
+            figures[-1].met = r["cpu_per_event"] <= 40e-6
+        figures.append(Figure("streams", f"{r['n']} streams: service RSS after drain", "MB", r["rss_after_mb"],
+                              r["rss_before_mb"], goal="<= before + 10 MB",
+                              met=r["rss_after_mb"] <= r["rss_before_mb"] + 10,
+                              note=f"baseline: before the streams; peak {r['rss_peak_mb']:.0f} MB"))
+    best = streams.largest_within(rungs)
+    top = Figure("streams", "largest N with p99 <= 50 ms", "streams", best, None,
+                 goal=">= 200", met=best >= 200,
+                 note=f"ladder {', '.join(str(r['n']) for r in rungs)} (of {p['streams_ladder']}; it stops past "
+                      "5 s p99)")
+    return figures + [top]
+
+
 def case_real(p: dict[str, Any]) -> list[Figure]:
     """Runs inside the loopback-only namespace (re-executing this script there when needed)."""
     from benchmarks import real_runtime
@@ -391,7 +430,7 @@ RUNNERS: dict[str, Callable[[dict[str, Any]], list[Figure]]] = {
     "events": case_events, "latency": case_latency, "tool": case_tool, "spawn": case_spawn,
     "density": case_density, "store": case_store, "postgres": case_postgres, "real": case_real, "cold": cases.cold, "codex": case_codex,
     "acp": case_acp,
-    "fairness": case_fairness, "transcript": case_transcript, "bundle": case_bundle,
+    "fairness": case_fairness, "transcript": case_transcript, "bundle": case_bundle, "streams": case_streams,
     "worker": worker_alone.figures,
 }
 
