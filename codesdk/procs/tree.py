@@ -161,11 +161,11 @@ async def group_gone(pgid: int, tree: Sequence[psutil.Process], wait_s: float) -
     return not timer.cancelled_caught
 
 
-def _has_children() -> bool:
-    """Whether this process has any child at all, from ``/proc/self/task/*/children`` (a few reads, where a full
-    process table scan costs tens of ms on a busy host); True when that interface is missing."""
+def has_children(pid: int | str = "self") -> bool:
+    """Whether the process has any child at all, from ``/proc/<pid>/task/*/children`` (a few reads, where a full
+    process table scan costs tens of ms on a busy host); True when that interface is missing or unreadable."""
     try:
-        with os.scandir("/proc/self/task") as tasks:
+        with os.scandir(f"/proc/{pid}/task") as tasks:
             for task in tasks:
                 with open(os.path.join(task.path, "children")) as children:
                     if children.read().strip():
@@ -179,7 +179,7 @@ def end_descendants(grace_s: float) -> list[int]:
     """SIGTERM every process below this one, SIGKILL what is left after ``grace_s``, and reap this process's own
     children among them (``end_tree`` for the whole of it, blocking: for the last moments of a process); the pids
     found."""
-    if not _has_children():
+    if not has_children():
         return []
     import psutil
 

@@ -19,7 +19,9 @@ import trio
 from codesdk.protocol import EventType
 from codesdk.supervisor.store import TaskState
 from codesdk.supervisor.workers.launch import WorkerPolicy
+from codesdk.procs.tree import has_children
 from codesdk.worker.client import WorkerProcess, worker_argv
+from codesdk.worker.client import _process as worker_process_module
 
 from tests.conftest import MakeEngine
 from tests.e2e.conftest import of_type, run_task
@@ -133,3 +135,31 @@ async def test_a_daemon_that_left_the_workers_session_dies_with_the_worker(make_
             with trio.fail_after(10):
                 while not _gone(daemon):
                     await trio.sleep(0.05)
+
+
+async def test_a_busy_worker_with_nothing_below_it_costs_no_process_table_scan(make_engine: MakeEngine,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker whose runtime runs in-process has no child: its tree is looked at through its own children list,
+    and /proc is not scanned (tens of ms a scan on a busy host, once a second while any worker was busy). The
+    daemon test above is the other half: a worker with a child is scanned, and its daemon remembered."""
+    monkeypatch.setattr(WorkerProcess, "tree_snapshot_s", 0.05)
+    looked = 0
+
+    def counted(pid: int | str = "self") -> bool:
+        nonlocal looked
+        looked += 1
+        return has_children(pid)
+
+    monkeypatch.setattr(worker_process_module, "has_children", counted)
+    with trio.fail_after(60):
+        async with make_engine() as engine:
+            session = await engine.create_session()
+            task = await engine.start_task(session.session_id, "x", runtime_config={"scenario": "hang"})
+            while (await engine.store.get_task(task.task_id)).state != TaskState.RUNNING:
+                await trio.sleep(0.02)
+            while looked < 5:  # five rounds of the busy worker's tree watch
+                await trio.sleep(0.02)
+            worker = engine.pool.worker_of("default")
+            assert worker is not None
+            assert worker._table.latest.taken == float("-inf"), "the process table was scanned"
+            await engine.stop_task(task.task_id)

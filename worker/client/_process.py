@@ -21,6 +21,21 @@ from functools import partial
 
 import trio
 
+from codesdk._version import __version__
+from codesdk.procs.children import Children
+from codesdk.procs.orphans import discard, reap_session
+from codesdk.procs.process import AdoptedProcess, ChildProcess, StartedProcess, hold, run_in_own_session
+from codesdk.procs.tree import (
+    ProcessTable,
+    Snapshot,
+    alive,
+    descendants,
+    end_tree,
+    has_children,
+    sigkill,
+    signal_group_of,
+    signal_tree,
+)
 from codesdk.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
@@ -33,21 +48,6 @@ from codesdk.protocol import (
     Rpc,
     RuntimeEnv,
     StderrTail,
-)
-
-from codesdk._version import __version__
-from codesdk.procs.children import Children
-from codesdk.procs.orphans import discard, reap_session
-from codesdk.procs.process import AdoptedProcess, ChildProcess, StartedProcess, hold, run_in_own_session
-from codesdk.procs.tree import (
-    ProcessTable,
-    Snapshot,
-    alive,
-    descendants,
-    end_tree,
-    signal_group_of,
-    signal_tree,
-    sigkill,
 )
 
 from ._connection import WorkerBroken, WorkerConnection, WorkerError
@@ -258,6 +258,9 @@ class WorkerProcess:
             while True:
                 if not self._known and not self._busy.is_set():  # idle, nothing started: no polling at all
                     await self._busy.wait()
+                if not self._known and not has_children(self.pid):  # nothing below it (an in-process runtime):
+                    await trio.sleep(every_s)  # nothing to remember, and no /proc scan (tens of ms on a busy host)
+                    continue
                 if time.monotonic() - self._table.latest.taken > every_s:  # one /proc scan serves every worker
                     try:
                         await trio.to_thread.run_sync(self._table.snapshot, every_s)
