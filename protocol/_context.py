@@ -96,8 +96,10 @@ def repair_unfinished_calls(messages: Sequence[Message]) -> tuple[tuple[Message,
 #: What the record's tags are named (a role's, a call's, a result's, the record's own), in any case.
 _TAG_NAMES = "system|user|assistant|tool|tool_call|tool_result|conversation_record"
 #: A ``<`` that could open or close one of the record's tags as a reader would take it: spaces or a ``/`` between
-#: it and the name, any case, whatever follows the name.
-_TAG_OPENING = re.compile(rf"<(?=\s*/?\s*(?:{_TAG_NAMES})(?![a-z0-9_-]))", re.IGNORECASE)
+#: it and the name, any case, whatever follows the name; or one at the end of the text (only spaces or a ``/``
+#: after it), which the next piece of the record (a code block's code after its language, the next block after a
+#: line break) could complete into a tag.
+_TAG_OPENING = re.compile(rf"<(?=\s*/?\s*(?:(?:{_TAG_NAMES})(?![a-z0-9_-])|\Z))", re.IGNORECASE)
 
 
 def _escaped(text: str) -> str:
