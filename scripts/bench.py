@@ -138,7 +138,7 @@ def case_tool(p: dict[str, Any]) -> list[Figure]:
         f = from_reps("tool", f"workspace.read round trip, {stat}", "s", [percentile(o, q) for o in ours],
                       [percentile(b, q) for b in base])
         if stat == "p50":
-            f.goal, f.met = "<= 2 ms", f.ours <= 0.002
+            f.goal, f.met = "<= 1.5 ms", f.ours <= 0.0015
             f.note = f"{p['calls']} sequential calls a run, timed inside the worker"
         figures.append(f)
     return figures

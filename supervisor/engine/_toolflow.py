@@ -1,9 +1,11 @@
 """One tool call attempt, from request to result: replay check, policy, execution, answer to the worker.
 
-Every step is stored before the next begins, so the events of an attempt always read
-requested -> policy_evaluated* -> approved|denied -> started -> completed. Nothing is stored or run once
-the task has ended (the port's ``append`` refuses and the task's tool nursery is cancelled). The flow reaches
-the engine only through its ``ToolFlowPort``.
+The events of an attempt always read requested -> policy_evaluated* -> approved|denied -> started -> completed.
+A call with a side effect (a write, a command) has its decision and tool.call.started durable before it runs;
+a read-only call (``ToolClass.READ_ONLY``) runs first and its whole record is stored in one commit after it (a
+read has nothing that must be durable before it runs); a call that asks a human stores its request first.
+Nothing is stored or run once the task has ended (the port's ``append`` refuses and the task's tool nursery is
+cancelled). The flow reaches the engine only through its ``ToolFlowPort``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from codesdk.protocol import (
     SendToolApprovedParams,
     SendToolDeniedParams,
     SendToolResultParams,
+    ToolClass,
     ToolCallApproved,
     ToolCallCompleted,
     ToolCallDenied,
@@ -136,8 +139,9 @@ class ToolFlow:
     async def requested(self, run: TaskRun, requested: ToolCallRequested) -> None:
         """A runtime's ``tool.call.requested``, handled in its worker's order. A repeat of a request already
         handled is dropped (counted); a new one gets our attempt number and input hash. Where nobody is asked,
-        the request and its decision are stored here, in one commit; the rest of the call runs in the task's
-        tool nursery. ``CanonicalizationError`` if the input cannot be stored.
+        the request and its decision are stored here, in one commit (a read-only call is run here too, and
+        stored with its result in that commit); the rest of the call runs in the task's tool nursery.
+        ``CanonicalizationError`` if the input cannot be stored.
 
         While the supervisor holds the call (until its answer is sent) the task's idle clock does not run."""
         with run.clock.hold():
@@ -222,22 +226,41 @@ class ToolFlow:
         assert spec is not None
         workspace = Path(run.session.workspace or ".")
         started_at = time.monotonic()
-        # The decision and tool.call.started share one commit: nothing happens between them, and both are
-        # durable before the tool runs.
-        if not await self._port.append(run, [*decision, PendingEvent(EventType.TOOL_CALL_STARTED, ToolCallStarted(
-                **identity.model_dump(), tool_name=requested.tool_name,
-                execution_env="supervisor", sandbox=SandboxSummary(kind="workspace", workspace=str(workspace))))]):
+        started = PendingEvent(EventType.TOOL_CALL_STARTED, ToolCallStarted(
+            **identity.model_dump(), tool_name=requested.tool_name,
+            execution_env="supervisor", sandbox=SandboxSummary(kind="workspace", workspace=str(workspace))))
+        if spec.tool_class is ToolClass.READ_ONLY:
+            # A read has no side effect that must be durable before it runs: it runs now, in the worker's order,
+            # and its whole record (what is not stored yet of the request and decision, tool.call.started, the
+            # result) is stored in one commit after it. If the supervisor dies before that commit, nothing of the
+            # call is stored (see "Audit order of a tool call" in docs/reliability.md).
+            return await self._execute(run, requested, identity, tool_input, outcome.policy_snapshot, workspace,
+                                       started_at, [*decision, started])
+        # A write or a command: the decision and tool.call.started share one commit, durable before the tool runs.
+        if not await self._port.append(run, [*decision, started]):
             return None
-        return partial(self._execute, run, requested, identity, tool_input, outcome.policy_snapshot, workspace,
-                       started_at)
+        return partial(self._execute_and_answer, run, requested, identity, tool_input, outcome.policy_snapshot,
+                       workspace, started_at)
+
+    async def _execute_and_answer(self, run: TaskRun, requested: ToolCallRequested, identity: ToolCallIdentity,
+                                  tool_input: dict[str, Any], policy_snapshot: dict[str, Any], workspace: Path,
+                                  started_at: float) -> None:
+        answer = await self._execute(run, requested, identity, tool_input, policy_snapshot, workspace, started_at)
+        if answer is not None:
+            await answer()
 
     async def _execute(self, run: TaskRun, requested: ToolCallRequested, identity: ToolCallIdentity,
                        tool_input: dict[str, Any], policy_snapshot: dict[str, Any], workspace: Path,
-                       started_at: float) -> None:
+                       started_at: float, unstored: Sequence[PendingEvent] = ()) -> Rest | None:
+        """Run the tool and store its result, with ``unstored`` (the record so far of a read, not stored yet) and
+        its output in the same commit. Returns the answer to send the runtime; None if the task ended."""
         result = await self._port.tools.execute(requested.tool_name, tool_input, ToolContext(
             workspace=workspace, namespace=run.session.namespace))
         duration_ms = (time.monotonic() - started_at) * 1000
-        await self._store_output(run, identity, result)
+        output = _output_events(identity, result)
+        if not unstored and output:  # a command's output is stored as soon as it ran
+            await self._port.append(run, output)
+            output = []
         data = await _canonical_result(result.content)
         result_ref = sha256_hex(data)  # the canonical hash of the result
         blobs: dict[str, tuple[bytes, str]] = {}
@@ -250,11 +273,12 @@ class ToolFlow:
             execution_env=result.execution_env, policy_snapshot=policy_snapshot, sandbox=result.sandbox,
             result_ref=result_ref, result_preview=result.preview or _preview(result.content),
             result_hash=result_ref, duration_ms=round(duration_ms, 3))
-        if not await self._port.append(run, [PendingEvent(EventType.TOOL_CALL_COMPLETED, completed)], blobs):
-            return
+        record = [*unstored, *output, PendingEvent(EventType.TOOL_CALL_COMPLETED, completed)]
+        if not await self._port.append(run, record, blobs):
+            return None
         self._completed[(run.session_id, requested.runtime_tool_call_id, requested.tool_name,
                          requested.input_hash)] = completed
-        await self._answer(run, Rpc.SEND_TOOL_RESULT, SendToolResultParams(
+        return partial(self._answer, run, Rpc.SEND_TOOL_RESULT, SendToolResultParams(
             task_id=run.task_id, tool_call_id=requested.tool_call_id, result=result.content, is_error=result.is_error))
 
     async def _handle_runtime_call(self, run: TaskRun, requested: ToolCallRequested,
@@ -320,21 +344,6 @@ class ToolFlow:
         outcome = _outcome(step, final)
         return outcome, events(policy_payloads(outcome, identity)[len(step.evaluations):])
 
-    async def _store_output(self, run: TaskRun, identity: ToolCallIdentity, result: ToolResult) -> None:
-        """Commands' stdout/stderr as tool.output events (file tools have none)."""
-        if result.stdout is None and result.stderr is None:
-            return
-        ids = identity.model_dump()
-        events: list[PendingEvent] = []
-        for stream in ("stdout", "stderr"):
-            text = getattr(result, stream)
-            if text:
-                events.append(PendingEvent(EventType.TOOL_OUTPUT_DELTA, ToolOutputDelta(**ids, stream=stream,
-                                                                                        delta=text)))
-        events.append(PendingEvent(EventType.TOOL_OUTPUT_COMPLETED, ToolOutputCompleted(
-            **ids, stdout_bytes=len((result.stdout or "").encode()), stderr_bytes=len((result.stderr or "").encode()))))
-        await self._port.append(run, events)
-
     async def _replayable(self, run: TaskRun, requested: ToolCallRequested) -> ToolCallCompleted | None:
         if run.session_id not in self._indexed_sessions:
             await self._index(run.session_id)
@@ -397,6 +406,21 @@ async def _held(run: TaskRun, rest: Rest) -> None:
     """The rest of a call the supervisor still holds: the task's idle clock does not run meanwhile."""
     with run.clock.hold():
         await rest()
+
+
+def _output_events(identity: ToolCallIdentity, result: ToolResult) -> list[PendingEvent]:
+    """A command's stdout/stderr as tool.output events (file tools have none)."""
+    if result.stdout is None and result.stderr is None:
+        return []
+    ids = identity.model_dump()
+    events: list[PendingEvent] = []
+    for stream in ("stdout", "stderr"):
+        text = getattr(result, stream)
+        if text:
+            events.append(PendingEvent(EventType.TOOL_OUTPUT_DELTA, ToolOutputDelta(**ids, stream=stream, delta=text)))
+    events.append(PendingEvent(EventType.TOOL_OUTPUT_COMPLETED, ToolOutputCompleted(
+        **ids, stdout_bytes=len((result.stdout or "").encode()), stderr_bytes=len((result.stderr or "").encode()))))
+    return events
 
 
 def _identity(requested: ToolCallRequested) -> ToolCallIdentity:

@@ -41,7 +41,7 @@ from codesdk.supervisor.engine import EngineStats
 from codesdk.supervisor.engine._runs import Blobs, PendingEvent, TaskRun
 from codesdk.supervisor.engine._toolflow import INLINE_INPUT_MAX_BYTES, ToolFlow
 from codesdk.supervisor.engine._toolport import Approvals, ToolAnswer, ToolRunner
-from codesdk.supervisor.store import ApprovalRecord, SessionRecord
+from codesdk.supervisor.store import ApprovalRecord, DatabaseError, SessionRecord
 from codesdk.supervisor.tools import ApprovalRequest, ToolRegistry, ToolsConfig
 
 
@@ -163,18 +163,84 @@ def workspace(tmp_path: Path) -> Path:
 # -- policy: allow, deny -------------------------------------------------------------------------------
 
 
-async def test_an_allowed_call_stores_request_and_decision_in_one_commit_then_runs(workspace: Path) -> None:
+_READ_RECORD = [EventType.TOOL_CALL_REQUESTED, EventType.TOOL_CALL_POLICY_EVALUATED, EventType.TOOL_CALL_APPROVED,
+                EventType.TOOL_CALL_STARTED, EventType.TOOL_CALL_COMPLETED]
+
+
+@pytest.mark.parametrize(("tool", "tool_input", "expect"), [
+    ("workspace.read", {"path": "a.txt"}, "alpha"),
+    ("workspace.list", {"path": "."}, "a.txt"),
+])
+async def test_a_read_only_call_is_stored_whole_in_one_commit_after_it_ran(
+        workspace: Path, tool: str, tool_input: dict[str, Any], expect: str) -> None:
     f = _flow()
     with trio.fail_after(10):
-        await f.call(_run(workspace), _request("workspace.read", {"path": "a.txt"}))
-    assert f.port.types() == [EventType.TOOL_CALL_REQUESTED, EventType.TOOL_CALL_POLICY_EVALUATED,
-                              EventType.TOOL_CALL_APPROVED, EventType.TOOL_CALL_STARTED,
-                              EventType.TOOL_CALL_COMPLETED]
-    assert f.port.commits[0] == f.port.types()[:4]  # nothing happens between the decision and the start
+        await f.call(_run(workspace), _request(tool, tool_input))
+    assert f.port.commits == [_READ_RECORD]  # requested ... completed: one append, in the usual order
     completed: ToolCallCompleted = f.port.payloads(EventType.TOOL_CALL_COMPLETED)[0]
     assert not completed.is_error and completed.result_ref in f.port.blobs
     [(method, params)] = f.port.answers
-    assert method == Method.SEND_TOOL_RESULT and "alpha" in str(params["result"]) and not params["is_error"]
+    assert method == Method.SEND_TOOL_RESULT and expect in str(params["result"]) and not params["is_error"]
+
+
+async def test_a_write_has_its_decision_and_start_durable_before_it_runs(workspace: Path) -> None:
+    f = _flow()
+    seen_at_commit: list[bool] = []  # whether the file was written when each append came
+    append = f.port.append
+
+    async def watching(run: TaskRun, events: Sequence[PendingEvent], blobs: Blobs | None = None) -> bool:
+        seen_at_commit.append((workspace / "b.txt").exists())
+        return await append(run, events, blobs)
+
+    f.port.append = watching  # type: ignore[method-assign]
+    with trio.fail_after(10):
+        await f.call(_run(workspace, PermissionMode.YOLO), _request("workspace.write", {"path": "b.txt",
+                                                                                         "content": "hi\n"}))
+    assert f.port.commits == [_READ_RECORD[:4], [EventType.TOOL_CALL_COMPLETED]]
+    assert seen_at_commit == [False, True]  # decided and started before the write, completed after it
+    assert (workspace / "b.txt").read_text() == "hi\n"
+
+
+async def test_an_interactive_read_stores_its_request_first_and_the_rest_in_one_commit(workspace: Path) -> None:
+    f = _flow()
+    with trio.fail_after(10):
+        await f.call(_run(workspace, interaction=InteractionMode.INTERACTIVE),
+                     _request("workspace.read", {"path": "a.txt"}))
+    assert f.port.commits == [_READ_RECORD[:1], _READ_RECORD[1:]]
+    assert [m for m, _ in f.port.answers] == [Method.SEND_TOOL_RESULT]
+
+
+async def test_a_read_whose_record_cannot_be_stored_leaves_nothing_of_it_and_is_not_answered(
+        workspace: Path) -> None:
+    """The disk fails between the read and its one commit: none of the call is stored (no request without its
+    end), the runtime is told nothing, and the failure reaches the caller (the intake), which ends the task."""
+    f = _flow()
+    append = f.port.append
+
+    async def failing(run: TaskRun, events: Sequence[PendingEvent], blobs: Blobs | None = None) -> bool:
+        if any(e.type == EventType.TOOL_CALL_COMPLETED for e in events):
+            raise DatabaseError("could not store events: injected fault")
+        return await append(run, events, blobs)
+
+    f.port.append = failing  # type: ignore[method-assign]
+    with trio.fail_after(10), pytest.raises(ExceptionGroup) as raised:  # from the call's nursery
+        await f.call(_run(workspace), _request("workspace.read", {"path": "a.txt"}))
+    assert raised.group_contains(DatabaseError, match="injected fault")
+    assert f.port.stored == [] and f.port.answers == []
+
+
+async def test_a_big_read_runs_off_the_loop_and_reads_the_same(workspace: Path) -> None:
+    text = "".join(f"line {i:06d} " + "x" * 60 + "\n" for i in range(2000))  # ~140 KiB: past the inline size
+    (workspace / "big.txt").write_text(text)
+    f = _flow()
+    with trio.fail_after(10):
+        await f.call(_run(workspace), _request("workspace.read", {"path": "big.txt", "offset": 1500, "limit": 2}),
+                     _request("workspace.read", {"path": "a.txt"}, call="call_2"))
+    assert f.port.commits == [_READ_RECORD, _READ_RECORD]
+    results = {params["tool_call_id"]: params["result"] for _, params in f.port.answers}
+    big, small = results["call_1"], results["call_2"]
+    assert big["text"] == text.splitlines(keepends=True)[1500] + text.splitlines(keepends=True)[1501]
+    assert big["has_more"] and small["text"] == "alpha\n"
 
 
 async def test_an_ask_without_anyone_to_ask_is_a_denial_and_nothing_runs(workspace: Path) -> None:
