@@ -49,6 +49,15 @@ async def _settle() -> None:
     await trio.testing.wait_all_tasks_blocked()
 
 
+async def _given_back(engine: Engine, task_id: str) -> None:
+    """Wait until the supervisor holds none of the task's calls (the hold ends after the answer is sent, and maybe
+    a commit in the store's thread, which ``wait_all_tasks_blocked`` counts as blocked)."""
+    run = engine._runs.active(task_id)  # noqa: SLF001 - the clock the deadline watch reads
+    assert run is not None
+    while run.clock.held:
+        await trio.lowlevel.checkpoint()
+
+
 def _not_stopping(engine: Engine, task_id: str) -> None:
     """Nothing is stopping the task: its deadline watch (which sets the run's stop at once when it acts) has not."""
     run = engine._runs.active(task_id)  # noqa: SLF001 - what the watch decided, before any of the stop's I/O
@@ -143,6 +152,7 @@ async def test_a_call_waiting_for_a_human_does_not_count_as_idle(
             _not_stopping(engine, task_id)
             await engine.approvals.decide(pending, True, "user", "go on")
             await worker.connection.wait_for(answer)  # sent only to a task not ended
+            await _given_back(engine, task_id)  # its idle clock restarts once the answer is sent: then time moves
             clock.jump(6)
             await _settle()
             _not_stopping(engine, task_id)
