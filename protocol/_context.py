@@ -96,10 +96,10 @@ def repair_unfinished_calls(messages: Sequence[Message]) -> tuple[tuple[Message,
 #: What the record's tags are named (a role's, a call's, a result's, the record's own), in any case.
 _TAG_NAMES = "system|user|assistant|tool|tool_call|tool_result|conversation_record"
 #: A ``<`` that could open or close one of the record's tags as a reader would take it: spaces or a ``/`` between
-#: it and the name, any case, whatever follows the name; or one at the end of the text (only spaces or a ``/``
-#: after it), which the next piece of the record (a code block's code after its language, the next block after a
-#: line break) could complete into a tag.
-_TAG_OPENING = re.compile(rf"<(?=\s*/?\s*(?:(?:{_TAG_NAMES})(?![a-z0-9_-])|\Z))", re.IGNORECASE)
+#: it and the name, any case, whatever follows the name.
+_TAG_OPENING = re.compile(rf"<(?=\s*/?\s*(?:{_TAG_NAMES})(?![a-z0-9_-]))", re.IGNORECASE)
+#: The end of a piece that a following piece could complete into a tag: a ``<``, then only spaces or a ``/``.
+_OPEN_AT_END = re.compile(r"<(?=\s*/?\s*\Z)")
 
 
 def _escaped(text: str) -> str:
@@ -107,6 +107,17 @@ def _escaped(text: str) -> str:
     record: each ``<`` that would start such a tag becomes ``&lt;`` (and ``&`` before ``lt;`` becomes ``&amp;``, so
     the escape cannot be written by hand either). Everything else is left as written: code keeps its ``<``."""
     return _TAG_OPENING.sub("&lt;", re.sub(r"&(?=(?:amp;)*lt;)", "&amp;", text))
+
+
+def _joined(pieces: Sequence[str]) -> str:
+    """Escaped pieces joined by line breaks, and no tag across a seam: a ``<`` ending one piece (a code block's
+    language, a text block) that the next piece completes into a tag (``user>`` …) is escaped too; any other
+    ``<`` stays as written."""
+    out = list(pieces)
+    for index in range(len(out) - 1):
+        if _OPEN_AT_END.search(out[index]) and _TAG_OPENING.match("<\n" + out[index + 1]):
+            out[index] = _OPEN_AT_END.sub("&lt;", out[index])
+    return "\n".join(out)
 
 
 def _json(value: object) -> str:
@@ -132,7 +143,7 @@ def _block_text(block: ContentBlock) -> str:
         return _escaped(block.text)
     if isinstance(block, CodeBlock):
         language = (block.language or "").replace("\n", " ")
-        return f"```{_escaped(language)}\n{_escaped(block.code)}\n```"
+        return _joined([f"```{_escaped(language)}", _escaped(block.code), "```"])
     if isinstance(block, ThinkingBlock):
         return ""  # the runtime's private reasoning is not carried over
     if isinstance(block, ToolUseBlock):
@@ -146,7 +157,7 @@ def _block_text(block: ContentBlock) -> str:
 
 def render_message(message: Message) -> str:
     """One message of the record: ``<user>…</user>``, ``<assistant>…</assistant>``, ``<tool>…</tool>``."""
-    body = "\n".join(t for t in (_block_text(b) for b in message.blocks) if t)
+    body = _joined([t for t in (_block_text(b) for b in message.blocks) if t])
     return f"<{message.role.value}>\n{body}\n</{message.role.value}>\n"
 
 
