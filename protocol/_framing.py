@@ -7,20 +7,15 @@ Sans-IO in the h11 style: feed bytes in, take complete frames out. Problems come
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
-import types
 from dataclasses import dataclass
-from datetime import datetime
-from enum import Enum, StrEnum
-from functools import cache
-from typing import Annotated, Any, Literal, NoReturn, Union, get_args, get_origin
+from enum import StrEnum
+from typing import Any, NoReturn
 
-from pydantic import BaseModel, JsonValue
+from pydantic import JsonValue
 from pydantic_core import to_json
 
-from ._base import Model
 from ._events import WorkerEvent
 from ._jsonrpc import (
     ErrorCode,
@@ -232,118 +227,6 @@ def decode_json(line: bytes, max_depth: int = MAX_NESTING_DEPTH) -> JsonValue | 
         if problem is not None:  # the JSON itself parsed: keep the id when it can be read
             return BadFrame(FrameProblem.INVALID_JSON, f"invalid JSON: {problem}", len(line), readable_id(value))
     return value
-
-
-# --- the event fast path -------------------------------------------------------------------------
-
-
-class _EventLine(Model):
-    """A whole ``runtime.event`` notification line: validated from its bytes in one pydantic-core pass."""
-
-    jsonrpc: Literal["2.0"]
-    method: Literal[Method.EVENT]
-    params: RuntimeEventParams
-
-
-_EVENT_LINE = _EventLine.__pydantic_validator__
-
-
-class _NotFinite(Exception):
-    pass
-
-
-def decode_event_line(line: bytes) -> RuntimeEventParams | None:
-    """The params of a ``runtime.event`` line — or None when the line is not *proven* to be a valid one.
-
-    The supervisor's hot path: ``decode_json`` with its Python hooks per object and number, then validation
-    in Python, costs tens of µs per event; here pydantic-core parses and validates the line in one pass. Its
-    parser is laxer than ``decode_json`` in exactly these ways, each closed without a hook per object:
-
-    - nesting deeper than MAX_NESTING_DEPTH: lines that could be that deep (by a count of ``[`` and ``{``)
-      are not tried;
-    - NaN, Infinity and numbers that overflow a double are read as floats: the floats of the result (typed
-      fields and free-form JSON) are checked to be finite;
-    - integers over MAX_INTEGER_DIGITS digits: the parser refuses them too (the same 4300, whatever the
-      interpreter's setting; tests/protocol pins it);
-    - duplicate keys (the last one wins): proven absent by counting. Every key ends with ``":`` (a line with
-      a space before a colon, or any tab or line break, is not tried), so the ``":`` whose quote is not
-      escaped (not after an odd run of backslashes) bound the line's keys from above, and the result gives
-      the distinct keys of each object (a model's ``fields_set``: every model here forbids extra keys and has
-      no aliases or model validators, which tests/protocol checks; a dict's length). Equal counts leave no
-      room for a duplicate.
-
-    None means "take the general path" (``decode_json`` then ``RuntimeEventParams.model_validate``), which
-    then decides: a line this accepts is one the general path accepts too, with an equal result (a property
-    test holds it to that, with the general path as the oracle). Never raises.
-    """
-    # Tabs and line breaks never occur raw inside a JSON string, so outside one they are whitespace: not tried.
-    if b"\t" in line or b"\r" in line or b"\n" in line or b" :" in line \
-            or line.count(b"[") + line.count(b"{") > MAX_NESTING_DEPTH:
-        return None
-    try:
-        params = _EVENT_LINE.validate_json(line).params
-        distinct = _distinct_keys(params) + 3  # + the envelope's jsonrpc, method and params
-    except (_NotFinite, RecursionError):
-        return None
-    except Exception:  # noqa: BLE001 - a ValidationError, or a validator tripping on hostile input: not proven
-        return None
-    bound = line.count(b'":')  # distinct <= keys <= the key bound <= bound: equal ends, equal middle
-    return params if bound == distinct or _key_bound(line, bound) == distinct else None
-
-
-def _key_bound(line: bytes, colons: int) -> int:
-    """How many keys ``line`` can hold at most: its ``colons`` (``":``) minus those whose quote is escaped, i.e.
-    preceded by an odd run of backslashes (runs of at least k backslashes, for k = 1, 2 …, alternate in sign)."""
-    bound = colons
-    run, sign = b"\\", -1
-    while count := line.count(run + b'":'):
-        bound += sign * count
-        run, sign = run + b"\\", -sign
-    return bound
-
-
-def _distinct_keys(model: BaseModel) -> int:
-    """Keys of the JSON objects ``model`` was validated from, each object's counted once; raises _NotFinite."""
-    present = model.__pydantic_fields_set__
-    keys = len(present)
-    values = model.__dict__
-    for name in _fields_to_walk(type(model)):
-        if name in present:
-            keys += _json_keys(values[name])
-    return keys
-
-
-def _json_keys(value: object) -> int:
-    if isinstance(value, BaseModel):
-        return _distinct_keys(value)
-    if isinstance(value, dict):
-        return len(value) + sum([_json_keys(item) for item in value.values()])
-    if isinstance(value, (list, tuple)):
-        return sum([_json_keys(item) for item in value])
-    if isinstance(value, float) and not math.isfinite(value):
-        raise _NotFinite
-    return 0
-
-
-@cache
-def _fields_to_walk(model: type[BaseModel]) -> tuple[str, ...]:
-    """The fields of ``model`` that can hold an object or a float (the rest hold strings, integers, booleans,
-    enums, literals or times, which carry neither keys nor non-finite numbers)."""
-    return tuple(name for name, info in model.model_fields.items() if not _plain_scalar(info.annotation))
-
-
-_PLAIN_SCALARS = (str, int, datetime, type(None))  # int includes bool; float is not plain (NaN, inf)
-
-
-def _plain_scalar(annotation: object) -> bool:
-    origin = get_origin(annotation)
-    if origin is Literal:
-        return True
-    if origin is Annotated:
-        return _plain_scalar(get_args(annotation)[0])
-    if origin is Union or origin is types.UnionType:
-        return all(_plain_scalar(arg) for arg in get_args(annotation))
-    return isinstance(annotation, type) and issubclass(annotation, (Enum, *_PLAIN_SCALARS))
 
 
 def decode_message(line: bytes) -> JsonRpcMessage | BadFrame:

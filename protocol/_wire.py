@@ -40,7 +40,7 @@ from pydantic.fields import FieldInfo
 
 from ._base import Model
 from ._events import WORKER_EVENT_MODELS, EventType, RuntimeInfo, WorkerEvent, _require_utc
-from ._framing import MAX_NESTING_DEPTH, _key_bound
+from ._framing import MAX_NESTING_DEPTH
 from ._jsonrpc import Method, RuntimeEventParams
 
 __all__ = [
@@ -399,9 +399,20 @@ class WireEvent(tuple[str, int, EventType, bytes, Any, list[Any]]):
 
 
 
+def _key_bound(line: bytes, colons: int) -> int:
+    """How many keys ``line`` can hold at most: its ``colons`` (``":``) minus those whose quote is escaped, i.e.
+    preceded by an odd run of backslashes (runs of at least k backslashes, for k = 1, 2 …, alternate in sign)."""
+    bound = colons
+    run, sign = b"\\", -1
+    while count := line.count(run + b'":'):
+        bound += sign * count
+        run, sign = run + b"\\", -sign
+    return bound
+
+
 def decode_event_fast(line: bytes) -> WireEvent | None:
     """The ``runtime.event`` line as a WireEvent — or None when the line is not *proven* valid: the caller then
-    takes the general path (``decode_json``, then ``RuntimeEventParams``), exactly as for ``decode_event_line``.
+    takes the general path (``decode_json``, then ``RuntimeEventParams``).
 
     A line this accepts is one the general path accepts, and ``event_json`` / ``model()`` equal what it builds
     (a property test holds it to that). Never raises."""

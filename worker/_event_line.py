@@ -4,7 +4,7 @@
 payload model of the type's own class, the task's ``RuntimeInfo``, a UTC time just taken) and costs as much as
 writing it. Here the line is joined from the same serializers' output — the payload's own class's serializer, the
 time's, the runtime's (kept while the runtime does not change) — in the envelope's field order, so the bytes are
-exactly ``encode_event``'s (``tests/worker/test_event_line.py`` compares them). Only for what is proven the same:
+exactly ``encode_event``'s (``tests/worker/test_emit_path.py`` compares them). Only for what is proven the same:
 a worker event type given as an ``EventType``, its payload of exactly that type's class, no ``raw``; everything else
 takes the general path.
 """

@@ -1,7 +1,7 @@
 """The compiled decoder (``decode_event_fast``, msgspec) against the general path as its oracle.
 
-Every test of the pydantic fast path (test_event_fast_path.py) is ported here, on the same line generator (the
-strategies are imported from there): a line the compiled decoder accepts must be one the general path accepts,
+Every test of the former pydantic fast path is kept here, on its line generator (``tests/protocol/event_lines``):
+a line the compiled decoder accepts must be one the general path accepts,
 with an equal model, and the bytes it hands on (``event_json``, ``payload_json``, ``runtime_json``) must be the
 bytes pydantic serializes from that model. Plus: the Struct generator mirrors the models or refuses them.
 """
@@ -40,14 +40,14 @@ from codesdk.protocol import (
 from codesdk.protocol._base import Model
 from codesdk.protocol._framing import MAX_INTEGER_DIGITS, MAX_NESTING_DEPTH
 from codesdk.protocol._wire import FLOAT_LIMIT, struct_for
-from tests.protocol.test_event_fast_path import (
-    _DELTA,
-    _EXAMPLES,
-    _line,
-    _models_under,
-    _with_raw,
+from tests.protocol.event_lines import (
+    DELTA,
+    EXAMPLES,
     event_lines,
     general_path,
+    line_of,
+    models_under,
+    with_raw,
     worker_events,
 )
 
@@ -156,7 +156,7 @@ def test_a_damaged_worker_line_is_declined_or_agrees(line: bytes) -> None:
 @settings(max_examples=300, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.floats(allow_nan=False, allow_infinity=False), st.integers(-(2**70), 2**70))
 def test_numbers_in_free_form_json_come_out_as_pydantic_writes_them(number: float, integer: int) -> None:
-    line = _with_raw(json.dumps({"f": number, "i": integer, "l": [number, -number]}).encode().replace(b" ", b""))
+    line = with_raw(json.dumps({"f": number, "i": integer, "l": [number, -number]}).encode().replace(b" ", b""))
     fast = _check(line)
     assert (fast is not None) == (abs(number) < FLOAT_LIMIT)
 
@@ -164,10 +164,10 @@ def test_numbers_in_free_form_json_come_out_as_pydantic_writes_them(number: floa
 # --- examples --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("event_type", "payload"), _EXAMPLES, ids=[t.value for t, _ in _EXAMPLES])
+@pytest.mark.parametrize(("event_type", "payload"), EXAMPLES, ids=[t.value for t, _ in EXAMPLES])
 def test_typical_events_take_the_fast_path_unless_their_type_is_slow(event_type: EventType,
                                                                       payload: BaseModel) -> None:
-    line = _line(event_type, payload, raw={"id": "msg_1", "content": [{"type": "text", "text": "hi"}]})
+    line = line_of(event_type, payload, raw={"id": "msg_1", "content": [{"type": "text", "text": "hi"}]})
     wire = _check(line)
     if event_type in SLOW_EVENT_TYPES:
         assert wire is None
@@ -178,40 +178,40 @@ def test_typical_events_take_the_fast_path_unless_their_type_is_slow(event_type:
 
 
 @pytest.mark.parametrize("line", [
-    _DELTA.replace(b'"delta":"d"', b'"delta":"d","delta":"e"'),  # a duplicate in a payload
-    _DELTA.replace(b'"n":7', b'"n":7,"n":7'),  # ... with the same value
-    _DELTA.replace(b'"delta":"d"', b'"delta":"d","\\u0064elta":"e"'),  # ... spelt with an escape
-    _DELTA.replace(b'"jsonrpc":"2.0"', b'"jsonrpc":"2.0","jsonrpc":"2.0"'),  # in the envelope
-    _DELTA.replace(b'"delta":"d"', b'"delta":"d" ,"delta" :"e"'),  # behind whitespace
-    _DELTA.replace(b'"type":"model.output.delta"', b'"type":"model.output.delta","type":"model.output.delta"'),
-    _with_raw(b'{"a":{"k":1,"k":2}}'),  # in free-form JSON
-    _with_raw(b'[{"k":1,"k":1}]'),
-    _with_raw(b"NaN"),  # not JSON numbers
-    _with_raw(b"[1,-Infinity]"),
-    _with_raw(b'{"x":1e400}'),
-    _line(EventType.USAGE_REPORTED, UsageReported(cost_usd=1.0)).replace(b'"cost_usd":1.0', b'"cost_usd":1e999'),
-    _line(EventType.USAGE_REPORTED, UsageReported(cost_usd=1.0)).replace(b'"cost_usd":1.0', b'"cost_usd":NaN'),
-    _with_raw(b"7" * (MAX_INTEGER_DIGITS + 1)),  # too many digits
-    _with_raw(b"[" * MAX_NESTING_DEPTH + b"]" * MAX_NESTING_DEPTH),  # too deep
-    _DELTA.replace(b'"delta":"d"', b'"delta":"\\ud800"'),  # a lone surrogate
-    _DELTA.replace(b'"delta":"d"', b'"delta":"\xff"'),  # not UTF-8
-    b"\xef\xbb\xbf" + _DELTA,  # a byte-order mark
-    _DELTA + b" x",  # trailing garbage
-    _DELTA.replace(b'"n":7', b'"n":0'),  # an ordinal below 1
-    _DELTA.replace(b'"n":7', b'"n":"7"'),  # coercions pydantic allows: left to the general path
-    _DELTA.replace(b'"n":7', b'"n":true'),
-    _DELTA.replace(b'"n":7', b'"n":7.0'),
-    _DELTA.replace(b'"index":0', b'"index":-1'),
-    _DELTA.replace(b',"index":0', b""),  # a default left out: the re-encoded event would differ
-    _DELTA.replace(b'05Z"', b'05"'),  # a naive time
-    _DELTA.replace(b'05Z"', b'05+02:00"'),  # another offset: the general path normalizes it
-    _DELTA.replace(b'05Z"', b'05.000000Z"'),  # a spelling pydantic does not write
-    _DELTA.replace(b'2026-01-02', b"2026-02-30"),  # not a date
-    _DELTA.replace(b'"delta":"d"', b'"delta":"d","extra":1'),  # an unknown field
-    _DELTA.replace(b"model.output.delta", b"session.created"),  # a supervisor-only type
-    _DELTA.replace(b'"name":"scripted"', b'"name":null'),
-    _with_raw(b"null"),  # an explicit null raw: pydantic drops it
-    _line(EventType.USAGE_REPORTED, UsageReported(cost_usd=1.0)).replace(b'"cost_usd":1.0', b'"cost_usd":null'),
+    DELTA.replace(b'"delta":"d"', b'"delta":"d","delta":"e"'),  # a duplicate in a payload
+    DELTA.replace(b'"n":7', b'"n":7,"n":7'),  # ... with the same value
+    DELTA.replace(b'"delta":"d"', b'"delta":"d","\\u0064elta":"e"'),  # ... spelt with an escape
+    DELTA.replace(b'"jsonrpc":"2.0"', b'"jsonrpc":"2.0","jsonrpc":"2.0"'),  # in the envelope
+    DELTA.replace(b'"delta":"d"', b'"delta":"d" ,"delta" :"e"'),  # behind whitespace
+    DELTA.replace(b'"type":"model.output.delta"', b'"type":"model.output.delta","type":"model.output.delta"'),
+    with_raw(b'{"a":{"k":1,"k":2}}'),  # in free-form JSON
+    with_raw(b'[{"k":1,"k":1}]'),
+    with_raw(b"NaN"),  # not JSON numbers
+    with_raw(b"[1,-Infinity]"),
+    with_raw(b'{"x":1e400}'),
+    line_of(EventType.USAGE_REPORTED, UsageReported(cost_usd=1.0)).replace(b'"cost_usd":1.0', b'"cost_usd":1e999'),
+    line_of(EventType.USAGE_REPORTED, UsageReported(cost_usd=1.0)).replace(b'"cost_usd":1.0', b'"cost_usd":NaN'),
+    with_raw(b"7" * (MAX_INTEGER_DIGITS + 1)),  # too many digits
+    with_raw(b"[" * MAX_NESTING_DEPTH + b"]" * MAX_NESTING_DEPTH),  # too deep
+    DELTA.replace(b'"delta":"d"', b'"delta":"\\ud800"'),  # a lone surrogate
+    DELTA.replace(b'"delta":"d"', b'"delta":"\xff"'),  # not UTF-8
+    b"\xef\xbb\xbf" + DELTA,  # a byte-order mark
+    DELTA + b" x",  # trailing garbage
+    DELTA.replace(b'"n":7', b'"n":0'),  # an ordinal below 1
+    DELTA.replace(b'"n":7', b'"n":"7"'),  # coercions pydantic allows: left to the general path
+    DELTA.replace(b'"n":7', b'"n":true'),
+    DELTA.replace(b'"n":7', b'"n":7.0'),
+    DELTA.replace(b'"index":0', b'"index":-1'),
+    DELTA.replace(b',"index":0', b""),  # a default left out: the re-encoded event would differ
+    DELTA.replace(b'05Z"', b'05"'),  # a naive time
+    DELTA.replace(b'05Z"', b'05+02:00"'),  # another offset: the general path normalizes it
+    DELTA.replace(b'05Z"', b'05.000000Z"'),  # a spelling pydantic does not write
+    DELTA.replace(b'2026-01-02', b"2026-02-30"),  # not a date
+    DELTA.replace(b'"delta":"d"', b'"delta":"d","extra":1'),  # an unknown field
+    DELTA.replace(b"model.output.delta", b"session.created"),  # a supervisor-only type
+    DELTA.replace(b'"name":"scripted"', b'"name":null'),
+    with_raw(b"null"),  # an explicit null raw: pydantic drops it
+    line_of(EventType.USAGE_REPORTED, UsageReported(cost_usd=1.0)).replace(b'"cost_usd":1.0', b'"cost_usd":null'),
 ])
 def test_what_the_strict_decoder_refuses_or_the_mirror_cannot_prove_never_takes_the_fast_path(line: bytes) -> None:
     assert decode_event_fast(line) is None
@@ -219,38 +219,38 @@ def test_what_the_strict_decoder_refuses_or_the_mirror_cannot_prove_never_takes_
 
 
 def test_the_refusal_list_lines_start_from_one_the_fast_path_takes() -> None:
-    assert _check(_DELTA) is not None
-    assert _check(_with_raw(b'{"a":{"k":1,"j":2}}')) is not None
-    assert _check(_with_raw(b"[" * 150 + b"]" * 150)) is not None  # deep, within the limit
+    assert _check(DELTA) is not None
+    assert _check(with_raw(b'{"a":{"k":1,"j":2}}')) is not None
+    assert _check(with_raw(b"[" * 150 + b"]" * 150)) is not None  # deep, within the limit
 
 
 def test_duplicate_counting_sees_through_escaped_quotes_and_backslashes() -> None:
     tricky = ModelOutputDelta(block_id="b", delta='say \\":" and \\\\": {"k": 1}')
-    wire = _check(_line(EventType.MODEL_OUTPUT_DELTA, tricky, raw={"q\\": '\\"', 'a"': ":x"}))
+    wire = _check(line_of(EventType.MODEL_OUTPUT_DELTA, tricky, raw={"q\\": '\\"', 'a"': ":x"}))
     assert wire is None or wire.model().event.payload == tricky  # declined (a string starts with ":") or equal
-    assert _check(_line(EventType.MODEL_OUTPUT_DELTA, tricky, raw={"q\\": '\\"'})) is not None
+    assert _check(line_of(EventType.MODEL_OUTPUT_DELTA, tricky, raw={"q\\": '\\"'})) is not None
 
 
 def test_the_parser_refuses_integers_beyond_the_protocol_digit_limit_whatever_the_interpreter_allows() -> None:
     """msgspec refuses integers over MAX_INTEGER_DIGITS digits by itself, at any interpreter setting (its own
     cap is one digit lower: a 4300-digit integer is declined, and the general path takes it)."""
-    def with_raw(digits: int) -> bytes:
-        return _with_raw(b"-" + b"7" * digits)
+    def with_digits(digits: int) -> bytes:
+        return with_raw(b"-" + b"7" * digits)
 
     saved = sys.get_int_max_str_digits()
     try:
         sys.set_int_max_str_digits(0)
-        assert decode_event_fast(with_raw(MAX_INTEGER_DIGITS + 1)) is None
-        assert decode_event_fast(with_raw(MAX_INTEGER_DIGITS)) is None
-        accepted = decode_event_fast(with_raw(MAX_INTEGER_DIGITS - 1))
+        assert decode_event_fast(with_digits(MAX_INTEGER_DIGITS + 1)) is None
+        assert decode_event_fast(with_digits(MAX_INTEGER_DIGITS)) is None
+        accepted = decode_event_fast(with_digits(MAX_INTEGER_DIGITS - 1))
     finally:
         sys.set_int_max_str_digits(saved)
-    assert general_path(with_raw(MAX_INTEGER_DIGITS)) is not None
-    assert accepted is not None and accepted.model() == general_path(with_raw(MAX_INTEGER_DIGITS - 1))
+    assert general_path(with_digits(MAX_INTEGER_DIGITS)) is not None
+    assert accepted is not None and accepted.model() == general_path(with_digits(MAX_INTEGER_DIGITS - 1))
 
 
 def test_a_recursion_error_is_declined_not_raised() -> None:
-    deep = _with_raw(b"[" * 180 + b"]" * 180)
+    deep = with_raw(b"[" * 180 + b"]" * 180)
     limit = sys.getrecursionlimit()
 
     def nested(depth: int) -> WireEvent | None:
@@ -266,12 +266,12 @@ def test_a_recursion_error_is_declined_not_raised() -> None:
 
 def test_floats_within_the_range_take_the_fast_path_and_beyond_it_the_general_one() -> None:
     def usage(cost: bytes) -> bytes:
-        return _line(EventType.USAGE_REPORTED, UsageReported(cost_usd=1.0)).replace(b'"cost_usd":1.0',
+        return line_of(EventType.USAGE_REPORTED, UsageReported(cost_usd=1.0)).replace(b'"cost_usd":1.0',
                                                                                    b'"cost_usd":' + cost)
 
     assert _check(usage(b"9999999999999998.0")) is not None
-    assert _check(_with_raw(b"[1.5e15,-2.5e-300]")) is not None
-    for beyond in (usage(b"1e308"), _with_raw(b"[1.5e308]"), _with_raw(b"[-1e16]")):
+    assert _check(with_raw(b"[1.5e15,-2.5e-300]")) is not None
+    for beyond in (usage(b"1e308"), with_raw(b"[1.5e308]"), with_raw(b"[-1e16]")):
         assert decode_event_fast(beyond) is None and general_path(beyond) is not None
 
 
@@ -291,7 +291,7 @@ def test_the_structs_mirror_the_models_field_by_field() -> None:
     """Same fields in the same order; forbid unknown fields; UNSET where the model defaults to None (absent
     stays absent, as exclude_none writes it); required where the model has another default (the worker writes
     it, so the re-encoded event carries the keys the line carried)."""
-    models = [m for m in _models_under(RuntimeEventParams, set())
+    models = [m for m in models_under(RuntimeEventParams, set())
               if m is not RuntimeEventParams and not issubclass(m, WorkerEvent)]
     mirrored = 0
     for model in models:
@@ -373,9 +373,9 @@ def test_the_general_path_yields_the_same_type() -> None:
         fast.n = 4  # type: ignore[misc]
 
 
-@pytest.mark.parametrize(("event_type", "payload"), _EXAMPLES, ids=[t.value for t, _ in _EXAMPLES])
+@pytest.mark.parametrize(("event_type", "payload"), EXAMPLES, ids=[t.value for t, _ in EXAMPLES])
 def test_from_params_reads_every_field_from_the_model(event_type: EventType, payload: BaseModel) -> None:
-    line = _line(event_type, payload)
+    line = line_of(event_type, payload)
     params = general_path(line)
     assert params is not None
     general = WireEvent.from_params(params)

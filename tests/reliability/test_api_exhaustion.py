@@ -31,7 +31,6 @@ import pytest
 from codesdk.client import Client
 from codesdk.supervisor.api import TokenAuth
 from codesdk.supervisor.api.limits import MAX_REFUSING
-
 from tests.waits import wait_for
 from tests.worker.harness import REPO
 

@@ -21,7 +21,6 @@ from codesdk.protocol import EventType
 from codesdk.supervisor.engine import Engine
 from codesdk.supervisor.store import TaskState
 from codesdk.supervisor.workers.launch import WorkerPolicy
-
 from tests.conftest import MakeEngine
 from tests.e2e.conftest import of_type, run_task
 from tests.service.test_service import _client, _datagrams, _start

@@ -21,12 +21,11 @@ import httpx2 as httpx
 import pytest
 import trio
 
-from codesdk.testing.invariants import check_session
 from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType, InteractionMode, NormalizedEvent, PermissionMode
 from codesdk.supervisor.engine import Engine, session_events
 from codesdk.supervisor.store import DB_FILENAME, EventStore, TaskState
 from codesdk.supervisor.workers.launch import WorkerPolicy
-
+from codesdk.testing.invariants import check_session
 from tests.conftest import MakeEngine
 from tests.seeds import Seed
 from tests.service.test_service import _client, _start, _wait_socket, kill_and_reap

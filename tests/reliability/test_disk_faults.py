@@ -8,7 +8,6 @@ gap-free, and once the disk recovers the store carries on without a restart and 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +21,9 @@ from codesdk.supervisor.store import DatabaseError, EventDraft, EventStore
 from codesdk.supervisor.tools import ToolRegistry, ToolsConfig
 from codesdk.supervisor.workers.launch import PoolConfig
 from codesdk.worker.command import TEST_STEPS_ENV
-
+from tests.asgi import asgi_get as _get
 from tests.conftest import SCENARIOS
 from tests.e2e.conftest import wait_for_event
-from tests.asgi import asgi_get as _get
 from tests.reliability.test_crash_points import integrity_ok
 
 _names = itertools.count()
@@ -61,15 +59,6 @@ class FaultyFile(apsw.VFSFile):
     def xSync(self, flags: int) -> None:
         self._maybe_fail()
         super().xSync(flags)
-
-
-@pytest.fixture
-def faulty() -> Iterator[FaultyVFS]:
-    vfs = FaultyVFS()
-    try:
-        yield vfs
-    finally:
-        vfs.unregister()
 
 
 def _draft(i: int) -> EventDraft:

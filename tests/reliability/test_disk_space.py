@@ -18,7 +18,6 @@ import trio
 from codesdk.supervisor.engine import Engine, EngineConfig, InsufficientSpace, error_status
 from codesdk.supervisor.tools import ToolRegistry, ToolsConfig
 from codesdk.supervisor.workers.launch import PoolConfig
-
 from tests.asgi import asgi_get as _get
 
 MiB = 1 << 20
@@ -151,7 +150,6 @@ def test_serve_takes_the_reserve_as_a_flag_and_refuses_tasks_below_it(tmp_path: 
     """``serve --disk-reserve`` above what any disk here has free: the service starts, and a task is refused for
     space (exit 69, one line naming the data dir), nothing stored."""
     from codesdk.supervisor.cli.common import EXIT_UNAVAILABLE
-
     from tests.e2e.test_cli_lifecycle import _cli, _service
 
     data = tmp_path / "data"

@@ -23,6 +23,7 @@ import pytest
 import trio
 
 from codesdk.supervisor.tools import (
+    DEFAULT_EXEC_UID,
     ExecPolicy,
     SandboxProber,
     SandboxTools,
@@ -32,8 +33,6 @@ from codesdk.supervisor.tools import (
     ToolsConfig,
     probe_sandbox,
 )
-from codesdk.supervisor.tools import DEFAULT_EXEC_UID
-
 from tests.sandboxes import NO_BWRAP, FixedProber
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the escapes are those of a root supervisor: run as root "

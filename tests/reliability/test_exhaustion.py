@@ -14,7 +14,6 @@ import trio
 
 from codesdk.protocol import EventType
 from codesdk.supervisor.store import TaskState
-
 from tests.conftest import MakeEngine
 from tests.e2e.conftest import of_type, run_task
 

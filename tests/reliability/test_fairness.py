@@ -21,7 +21,6 @@ import pytest
 import trio
 import trio.testing
 
-from codesdk.testing.invariants import check_session
 from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType, Method, ModelOutputDelta, RuntimeEventParams
 from codesdk.supervisor.engine import Engine, session_events
 from codesdk.supervisor.engine._batch import SHARE_QUANTUM, STREAM_AFTER_EVENTS, PendingBatch
@@ -30,7 +29,7 @@ from codesdk.supervisor.engine._runs import PendingEvent, TaskRun
 from codesdk.supervisor.store import TaskState
 from codesdk.supervisor.store._db import Db, SQLiteDb
 from codesdk.supervisor.store._writer import Writer, WriteRequest, WriterStats
-
+from codesdk.testing.invariants import check_session
 from tests.conftest import MakeEngine
 from tests.engine.doubles import FakeWorker, FakeWorkers, engine_with_doubles, running_task
 

@@ -13,7 +13,6 @@ import trio
 
 from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType
 from codesdk.supervisor.store import TaskState
-
 from tests.api.conftest import Api
 
 FLOOD = 80_000

@@ -35,7 +35,6 @@ from codesdk.protocol import (
     encode_message,
 )
 from codesdk.protocol._framing import MAX_INTEGER_DIGITS, MAX_NESTING_DEPTH
-
 from tests.reliability.hostile_traps import TRAPS, VALID_STOP, Trap
 
 Item = JsonRpcMessage | BadFrame

@@ -23,8 +23,6 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codesdk.testing import WorkerDriver, WorkerOutputEnded, open_worker
-from codesdk.testing.invariants import check_session
 from codesdk.protocol import (
     ErrorObject,
     ErrorResponse,
@@ -41,10 +39,11 @@ from codesdk.protocol import (
 )
 from codesdk.supervisor.engine import Engine, session_events
 from codesdk.supervisor.store import TaskState
+from codesdk.testing import WorkerDriver, WorkerOutputEnded, open_worker
+from codesdk.testing.invariants import check_session
 from codesdk.worker.client import WorkerBroken, WorkerConnection
 from tests.conftest import MakeEngine
 from tests.e2e.conftest import worker_of
-
 from tests.reliability.hostile_traps import TRAPS
 
 HOSTILE_WORKER = Path(__file__).with_name("hostile_worker.py")

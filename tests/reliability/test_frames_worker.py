@@ -12,11 +12,9 @@ from typing import Any
 import pytest
 import trio
 
-from codesdk.testing import WorkerDriver, open_worker
 from codesdk.protocol import ErrorCode, EventType, Method, Request, encode_message
-from codesdk.worker.client import RpcError, worker_argv
-from codesdk.worker.client import VIOLATIONS_KEPT
-
+from codesdk.testing import WorkerDriver, open_worker
+from codesdk.worker.client import VIOLATIONS_KEPT, RpcError, worker_argv
 from tests.reliability.hostile_traps import TRAPS
 
 FRAME_LIMIT = 4096

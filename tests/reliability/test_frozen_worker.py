@@ -14,10 +14,10 @@ import psutil
 import trio
 
 from codesdk.protocol import (
-    Rpc,
     CallCutShort,
     EventType,
     PermissionMode,
+    Rpc,
     TaskStopped,
     ToolCallCompleted,
     WorkerAnswer,
@@ -27,7 +27,6 @@ from codesdk.supervisor.store import EventDraft, TaskState
 from codesdk.supervisor.workers.launch import WorkerPolicy
 from codesdk.testing.invariants import check_session
 from codesdk.worker.client import WorkerProcess
-
 from tests.conftest import MakeEngine
 from tests.waits import until
 

@@ -16,13 +16,12 @@ import psutil
 import pytest
 import trio
 
+from codesdk.procs.tree import has_children
 from codesdk.protocol import EventType
 from codesdk.supervisor.store import TaskState
 from codesdk.supervisor.workers.launch import WorkerPolicy
-from codesdk.procs.tree import has_children
 from codesdk.worker.client import WorkerProcess, worker_argv
 from codesdk.worker.client import _process as worker_process_module
-
 from tests.conftest import MakeEngine
 from tests.e2e.conftest import of_type, run_task
 

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import trio
 
-from codesdk.testing.invariants import check_session
 from codesdk.protocol import (
     EventType,
     Method,
@@ -28,7 +27,7 @@ from codesdk.protocol import (
 )
 from codesdk.supervisor.engine import session_events
 from codesdk.supervisor.store import EventDraft, EventStore, TaskState, TaskUpdate
-
+from codesdk.testing.invariants import check_session
 from tests.engine.doubles import engine_with_doubles, running_task
 
 

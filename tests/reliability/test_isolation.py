@@ -29,10 +29,8 @@ from typing import Any
 import pytest
 import trio
 
-from codesdk.testing.invariants import check_session
 from codesdk.protocol import EventType, PermissionMode
 from codesdk.supervisor.api import TokenAuth
-from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
 from codesdk.supervisor.cli.front import main as cli_main
 from codesdk.supervisor.engine import Engine, EngineError, session_events
 from codesdk.supervisor.namespaces import (
@@ -45,14 +43,19 @@ from codesdk.supervisor.namespaces import (
     UidRange,
     prepare_dirs,
 )
+from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
 from codesdk.supervisor.store import DB_FILENAME
 from codesdk.supervisor.workers.launch import WorkerPolicy
-from codesdk.worker.command import TEST_STEPS_ENV
-from codesdk.worker.client import WorkerProcess, worker_argv
+from codesdk.testing.invariants import check_session
 from codesdk.worker.adapters.claude import home as claude_env
-
+from codesdk.worker.client import WorkerProcess, worker_argv
+from codesdk.worker.command import TEST_STEPS_ENV
+from tests.reliability.probe_worker import (
+    interpreter_for_any_uid,
+    why_no_worker_uids,
+    worker_argv_for_any_uid,
+)
 from tests.worker.harness import REPO
-from tests.reliability.probe_worker import interpreter_for_any_uid, why_no_worker_uids, worker_argv_for_any_uid
 
 PROBE = Path(__file__).with_name("probe_worker.py")
 ALICE, BOB = "user:alice", "user:bob"

@@ -21,7 +21,6 @@ import trio
 from codesdk.procs.children import Children
 from codesdk.procs.orphans import Orphans, become_subreaper
 from codesdk.supervisor.store import TaskState
-
 from tests.conftest import MakeEngine
 from tests.e2e.conftest import run_task
 

@@ -8,36 +8,24 @@ request, decision or start without its completion); the task fails once, and the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import apsw
-import pytest
 import trio
 
-from codesdk.testing.invariants import check_session
 from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType, PermissionMode, ToolCallCompleted
 from codesdk.supervisor.engine import Engine, EngineConfig
 from codesdk.supervisor.tools import ToolContext, ToolRegistry, ToolResult, ToolsConfig
 from codesdk.supervisor.workers.launch import PoolConfig
+from codesdk.testing.invariants import check_session
 from codesdk.worker.command import TEST_STEPS_ENV
-
 from tests.conftest import SCENARIOS
 from tests.reliability.test_crash_points import integrity_ok
 from tests.reliability.test_disk_faults import FaultyVFS
 
 _CALL_EVENTS = frozenset({EventType.TOOL_CALL_REQUESTED, EventType.TOOL_CALL_POLICY_EVALUATED,
                           EventType.TOOL_CALL_APPROVED, EventType.TOOL_CALL_STARTED, EventType.TOOL_CALL_COMPLETED})
-
-
-@pytest.fixture
-def faulty() -> Iterator[FaultyVFS]:
-    vfs = FaultyVFS()
-    try:
-        yield vfs
-    finally:
-        vfs.unregister()
 
 
 class DiskFailsAfterTheRead(ToolRegistry):

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import trio
 
-from codesdk.testing import open_worker
-from codesdk.testing.invariants import check_session
 from codesdk.protocol import EventType, ModelOutputCompleted
 from codesdk.supervisor.engine import session_events
 from codesdk.supervisor.store import TaskState
+from codesdk.testing import open_worker
+from codesdk.testing.invariants import check_session
 from tests.conftest import MakeEngine
 
 ROUTES = ("(print)", "(sys.__stdout__)", "(fd 1)", "(child process)")

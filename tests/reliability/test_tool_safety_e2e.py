@@ -15,7 +15,6 @@ from codesdk.protocol import EventType, PermissionMode
 from codesdk.supervisor.engine import Engine
 from codesdk.supervisor.store import TaskState
 from codesdk.supervisor.tools import probe_sandbox
-
 from tests.conftest import MakeEngine
 from tests.e2e.conftest import of_type, run_task
 

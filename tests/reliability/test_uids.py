@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from codesdk.protocol import EventType, PermissionMode
-from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
+from codesdk.supervisor.cli.admin import main as service_main
 from codesdk.supervisor.engine import session_events
 from codesdk.supervisor.namespaces import (
     UIDS_FILE,
@@ -28,12 +28,15 @@ from codesdk.supervisor.namespaces import (
     namespace_identity,
     prepare_dirs,
 )
-from codesdk.supervisor.cli.admin import main as service_main
+from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
 from codesdk.supervisor.workers.launch import WorkerPolicy
-
 from tests.e2e.conftest import of_type, run_task
+from tests.reliability.probe_worker import (
+    interpreter_for_any_uid,
+    why_no_worker_uids,
+    worker_argv_for_any_uid,
+)
 from tests.worker.harness import REPO
-from tests.reliability.probe_worker import interpreter_for_any_uid, why_no_worker_uids, worker_argv_for_any_uid
 
 RANGE = UidRange(3_910_000, 4)
 NOBODY = 65534

@@ -116,16 +116,20 @@ async def _serve(adapter: _Adapter, output: _Output, check: Any) -> None:
         await send.aclose()
 
 
-async def test_a_flood_leaves_in_few_writes_in_order() -> None:
-    count = 5_000
-    adapter, output = _Adapter(count), _Output()
-
+async def _serve_until_emitted(adapter: _Adapter, output: _Output, count: int) -> None:
+    """Serve the adapter's task until it has emitted ``count`` events (and then to its end)."""
     async def check(server: WorkerServer) -> None:
         while adapter.handle is None or adapter.handle.emitted < count:
             await trio.testing.wait_all_tasks_blocked()
 
     with trio.fail_after(60):
         await _serve(adapter, output, check)
+
+
+async def test_a_flood_leaves_in_few_writes_in_order() -> None:
+    count = 5_000
+    adapter, output = _Adapter(count), _Output()
+    await _serve_until_emitted(adapter, output, count)
     events = output.events()
     assert [e["n"] for e in events] == list(range(1, count + 2))
     assert events[-1]["event"]["type"] == "task.completed"
@@ -253,13 +257,7 @@ class _TwoEmitters(_Emitter):
 async def test_concurrent_emitters_of_one_task_keep_ordinals_in_order() -> None:
     count = 3_000
     adapter, output = _Adapter(count, _TwoEmitters), _Output()
-
-    async def check(server: WorkerServer) -> None:
-        while adapter.handle is None or adapter.handle.emitted < count:
-            await trio.testing.wait_all_tasks_blocked()
-
-    with trio.fail_after(60):
-        await _serve(adapter, output, check)
+    await _serve_until_emitted(adapter, output, count)
     events = output.events()
     assert [e["n"] for e in events] == list(range(1, count + 2))
     for block in ("a", "b"):
