@@ -55,7 +55,7 @@ from ..namespaces import (
     UidRangeError,
 )
 from ..service.assembly import SupervisorOptions
-from ..store import LEASE_S, QUOTA_FLAGS, Quotas, current_holder
+from ..store import COMMIT_LINGER_S, LEASE_S, MAX_COMMIT_LINGER_S, QUOTA_FLAGS, Quotas, current_holder
 from ..tools import DEFAULT_EXEC_UID, check_exec_identity
 from ..workers.launch import WorkerPolicy
 from .common import Parser, data_dir, namespace_name, port, seconds, strict_values
@@ -140,9 +140,24 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                      help="fork workers from a pre-imported template process: ~30 ms and ~6 MB of memory of their "
                           "own each when idle, instead of ~0.5 s and ~24 MB (docs/operations.md; default: on; "
                           "--no-worker-template spawns each as a new interpreter)")
+    run.add_argument("--commit-linger-ms", type=_commit_linger_ms, default=COMMIT_LINGER_S * 1000, metavar="MS",
+                     help="the longest a paced stream's events wait for other sessions' to share their commit, while "
+                          "many streams are live (fewer commits and wakeups per event; a lone stream, a flood and "
+                          "tool calls never wait; 0 turns it off; at most "
+                          f"{MAX_COMMIT_LINGER_S * 1000:g}; default %(default)g)")
     _add_limit_flags(run)
     _add_deadline_flags(run)
     _add_group_flags(run)
+
+
+def _commit_linger_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
+    if not 0 <= value <= MAX_COMMIT_LINGER_S * 1000:
+        raise argparse.ArgumentTypeError(f"{text} ms is outside 0-{MAX_COMMIT_LINGER_S * 1000:g} ms")
+    return value
 
 
 def _add_group_flags(run: argparse.ArgumentParser) -> None:
@@ -231,7 +246,7 @@ def _serve_options(args: argparse.Namespace) -> SupervisorOptions:
         quotas=_quotas(args), api_limits=_api_limits(args), worker_template=args.worker_template,
         store=args.store, lease_s=args.lease_s, disk_reserve_bytes=args.disk_reserve,
         namespace_disk=args.namespace_disk, exec_max_file_bytes=args.exec_max_file_size,
-        task_deadlines=_task_deadlines(args),
+        task_deadlines=_task_deadlines(args), commit_linger_s=args.commit_linger_ms / 1000,
         resource_groups=args.resource_groups, group_limits=_group_limits(args),
         **({"exec_uid": args.exec_uid} if args.exec_uid is not None else {}))
 

@@ -54,23 +54,26 @@ class PendingBatch:
         self._events.pop(run.task_id, None)
         self._blobs.pop(run.task_id, None)
 
-    async def flush(self) -> None:
+    async def flush(self, *, linger: bool = False) -> None:
         """Store everything pending. Short runs first. A stream's events are bulk appends: the writer commits
         them taking turns with everyone else's writes, and while others are writing they go in small parts, each
-        followed by a pause as long as it took (``_share``, owed in ``owed_pause_s``): a flood slows only itself."""
+        followed by a pause as long as it took (``_share``, owed in ``owed_pause_s``): a flood slows only itself.
+        ``linger``: nothing of these tasks waits behind the events (the end of a worker's batch, not a tool request
+        or a task's end), so their commits may wait a little for other sessions' (the store writer's "Linger")."""
         pending = sorted(self._events.values(), key=lambda entry: _is_stream(entry[0]))
         self._events.clear()
         for run, events in pending:
             blobs = self._blobs.pop(run.task_id, None)
             try:
                 if _is_stream(run):
-                    await self._store_stream(run, events, blobs)
+                    await self._store_stream(run, events, blobs, linger)
                 else:
-                    await self._recorder.append(run, events, blobs=blobs)
+                    await self._recorder.append(run, events, blobs=blobs, linger=linger)
             except DatabaseError as exc:  # the disk failed: what was not stored was never acknowledged
                 await self._lost(run, exc)
 
-    async def _store_stream(self, run: TaskRun, events: list[PendingEvent], blobs: Blobs | None) -> None:
+    async def _store_stream(self, run: TaskRun, events: list[PendingEvent], blobs: Blobs | None,
+                            linger: bool) -> None:
         # A stream that keeps up with its runtime (a paced one: its events come one or two at a time) takes no
         # more than its share whatever it does, and pausing it only made it late; one with a backlog (a flood)
         # shares. Judged by this batch alone, so a stream that falls behind starts sharing at its next batch.
@@ -79,7 +82,8 @@ class PendingBatch:
             part_size = SHARE_QUANTUM if self._pause_factor > 0 or self._others_writing(run) else len(events)
             part, events = events[:part_size], events[part_size:]
             started = trio.current_time()
-            if not await self._recorder.append(run, part, blobs=_named_blobs(part, blobs), bulk=True):
+            if not await self._recorder.append(run, part, blobs=_named_blobs(part, blobs), bulk=True,
+                                               linger=linger and not backlogged):
                 return
             if backlogged:
                 await self._share(run, started)

@@ -59,6 +59,7 @@ from ..ids import is_id, new_id
 from ..namespaces import VOLUMES_DIR, DiskQuotaError, DiskUsage, InvalidNamespace, Namespace, is_disk_full, make_workspace
 from ..namespaces import WorkspaceRefused as WorkspacePathRefused
 from ..store import (
+    COMMIT_LINGER_S,
     LEASE_S,
     EventDraft,
     EventStore,
@@ -171,6 +172,9 @@ class EngineConfig:
     free_space: Callable[[Path], int] = free_bytes
     #: Tasks' deadlines: the operator's defaults and maxima for ``timeout_s`` and ``idle_timeout_s``.
     deadlines: DeadlineLimits = field(default_factory=DeadlineLimits)
+    #: The longest a paced stream's events wait for other sessions' to share their commit (the store writer's
+    #: "Linger"; ``serve --commit-linger-ms``; 0: never).
+    commit_linger_s: float = COMMIT_LINGER_S
     #: The time of day (the seam tests replace): a task left running by a supervisor that is gone is told it passed
     #: its stored deadline by it.
     wall_clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
@@ -205,6 +209,7 @@ class Engine:
                    workers: WorkersFactory = pool_workers) -> AsyncIterator[Engine]:
         async with _open_store(config) as store, _open_leases(config, store) as leases, \
                 trio.open_nursery() as nursery:
+            store.commit_linger_s = config.commit_linger_s
             engine = cls(config, store, tooling, nursery, workers=workers, leases=leases)
             await engine.leasing.recover()
             await nursery.start(engine.leasing.keep)

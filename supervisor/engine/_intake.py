@@ -88,7 +88,7 @@ class EventIntake:
                     if run is not None:
                         await self._route(run, params, pending)
                     done = index + 1
-                await pending.flush()
+                await pending.flush(linger=start + done >= len(batch))  # no more of the batch behind them
             start += done
             if pending.owed_pause_s > 0:  # a stream's share, taken outside its turn (``PendingBatch._share``)
                 await trio.sleep(pending.owed_pause_s)

@@ -28,9 +28,11 @@ class RunRecorder:
         self._over_quota = over_quota
 
     async def append(self, run: TaskRun, events: Sequence[PendingEvent],
-                     blobs: Mapping[str, tuple[bytes, str]] | None = None, *, bulk: bool = False) -> bool:
+                     blobs: Mapping[str, tuple[bytes, str]] | None = None, *, bulk: bool = False,
+                     linger: bool = False) -> bool:
         """Store ``events`` and the small ``blobs`` they name in one commit; False if the task has ended (or
-        ends now, over a quota). ``bulk``: part of a long stream (see ``EventStore.append``)."""
+        ends now, over a quota). ``bulk``: part of a long stream (see ``EventStore.append``); ``linger``: nothing
+        waits behind them, so their commit may wait a little for company (``EventStore.append_events``)."""
         if run.ended:
             return False
         run.appending += 1  # the task's end waits for this append before it reads which calls are open
@@ -42,7 +44,7 @@ class RunRecorder:
                     await self.store.append_events(run.session_id, [
                         EventDraft(type=event.type, runtime=event.runtime or run.runtime, payload=event.payload,
                                    trace=run.trace) for event in events], blobs=blobs, bulk=bulk,
-                        quotas=self.quotas)
+                        quotas=self.quotas, linger=linger)
             finally:
                 run.appending -= 1
                 if not run.appending:

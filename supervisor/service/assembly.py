@@ -26,7 +26,7 @@ from ..namespaces import (
     secure_data_dir,
     tighten_data_dir,
 )
-from ..store import LEASE_S, Quotas
+from ..store import COMMIT_LINGER_S, LEASE_S, Quotas
 from ..tools import DEFAULT_EXEC_UID, ExecPolicy, ToolRegistry, ToolsConfig, check_exec_identity
 from codesdk.worker.command import worker_argv
 
@@ -70,6 +70,8 @@ class SupervisorOptions:
     exec_max_file_bytes: int | None = ExecPolicy.max_file_bytes
     #: Tasks' deadlines (``timeout_s``, ``idle_timeout_s``): the operator's defaults and maxima (none: no deadline).
     task_deadlines: DeadlineLimits = field(default_factory=DeadlineLimits)
+    #: The longest a paced stream's events wait for other sessions' to share their commit (``--commit-linger-ms``).
+    commit_linger_s: float = COMMIT_LINGER_S
     #: What API clients may hold: connections (in all, per token), event streams per token, header/body timeouts.
     api_limits: ApiLimits = field(default_factory=ApiLimits)
     #: The event store: None for SQLite in the data dir (the embedded default); a ``postgresql://`` URL for a
@@ -141,7 +143,8 @@ async def _open_engine(options: SupervisorOptions, data_dir: Path, children: Chi
     async with Engine.open(EngineConfig(data_dir=data_dir, pool=pool, holder=options.holder,
                                         quotas=options.quotas, store=options.store, lease_s=options.lease_s,
                                         disk_reserve_bytes=options.disk_reserve_bytes,
-                                        deadlines=options.task_deadlines),
+                                        deadlines=options.task_deadlines,
+                                        commit_linger_s=options.commit_linger_s),
                            tools) as engine:
         if options.worker_uids is not None:  # the data dir becomes 0711: nothing in it may rely on the umask
             tighten_data_dir(data_dir)

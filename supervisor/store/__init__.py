@@ -85,13 +85,15 @@ from ._records import (
 from ._schema import LATEST as SCHEMA_VERSION
 from ._store import DB_FILENAME, INLINE_BLOB_MAX, EventStore, Synchronous, new_id
 from ._subscribe import Subscription
-from ._writer import WriterStats
+from ._writer import COMMIT_LINGER_S, MAX_COMMIT_LINGER_S, WriterStats
 
 __all__ = [
+    "COMMIT_LINGER_S",
     "DB_FILENAME",
     "INLINE_BLOB_MAX",
     "LEASE_S",
     "LOCK_FILENAME",
+    "MAX_COMMIT_LINGER_S",
     "QUOTA_FLAGS",
     "SCHEMA_VERSION",
     "ApprovalDecided",

@@ -56,7 +56,7 @@ class EventLog(EventLogReader, Protocol):
     async def append_events(
         self, session_id: str, drafts: Sequence[EventDraft], *, task_update: TaskUpdate | None = None,
         idempotency_key: str | None = None, blobs: Mapping[str, tuple[bytes, str]] | None = None,
-        bulk: bool = False, quotas: Quotas | None = None,
+        bulk: bool = False, quotas: Quotas | None = None, linger: bool = False,
     ) -> list[StoredEvent]: ...
 
 
@@ -145,6 +145,13 @@ class StoreHealth(Protocol):
 
     @property
     def writer_stats(self) -> WriterStats: ...
+
+    @property
+    def commit_linger_s(self) -> float:
+        """The longest a lingering append waits for other sessions' to share its commit (0: never)."""
+
+    @commit_linger_s.setter
+    def commit_linger_s(self, seconds: float) -> None: ...
 
     async def ping(self) -> None:
         """Return once the writer has committed a probe write (a count in a row): proof that writes still

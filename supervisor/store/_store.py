@@ -46,7 +46,7 @@ from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskR
 from ._schema import check_version, migrate
 from ._stored import StoredEvent
 from ._subscribe import Hub, Subscription
-from ._writer import Writer, WriteRequest, WriterStats
+from ._writer import MAX_COMMIT_LINGER_S, Writer, WriteRequest, WriterStats
 
 T = TypeVar("T")
 
@@ -182,6 +182,19 @@ class EventStore(Recorder):
     def writer_stats(self) -> WriterStats:
         """Transactions and requests so far (group commit shows as requests > transactions)."""
         return self._writer.stats if self._writer is not None else WriterStats()
+
+    @property
+    def commit_linger_s(self) -> float:
+        """The longest a lingering append waits for other sessions' to share its commit (0: never)."""
+        return self._writer.linger_s if self._writer is not None else 0.0
+
+    @commit_linger_s.setter
+    def commit_linger_s(self, seconds: float) -> None:
+        if not 0 <= seconds <= MAX_COMMIT_LINGER_S:
+            raise ValueError(f"the commit linger must be between 0 and {MAX_COMMIT_LINGER_S * 1000:g} ms, "
+                             f"not {seconds * 1000:g} ms")
+        if self._writer is not None:
+            self._writer.linger_s = seconds
 
     # --- sessions ---------------------------------------------------------------------------------
 
@@ -386,9 +399,11 @@ class EventStore(Recorder):
     async def append_events(
         self, session_id: str, drafts: Sequence[EventDraft], *, task_update: TaskUpdate | None = None,
         idempotency_key: str | None = None, blobs: Mapping[str, tuple[bytes, str]] | None = None,
-        bulk: bool = False, quotas: Quotas | None = None,
+        bulk: bool = False, quotas: Quotas | None = None, linger: bool = False,
     ) -> list[StoredEvent]:
-        """``append``, returning the events as stored (their models are built only if someone asks)."""
+        """``append``, returning the events as stored (their models are built only if someone asks). ``linger``:
+        nothing waits behind these events but their own publication, so their commit may wait a little for other
+        sessions' to share it (``commit_linger_s``; the writer's "Linger")."""
         inline = _check_inline_blobs(blobs or {})
         prepared = prepare(session_id, drafts)
         if not prepared and task_update is None:
@@ -415,7 +430,7 @@ class EventStore(Recorder):
             return stored
 
         where = f"appending {len(prepared)} event(s) to session {session_id!r}"
-        return await self._write(where, op, publish_to=session_id, bulk=bulk)
+        return await self._write(where, op, publish_to=session_id, bulk=bulk, linger=linger)
 
     async def read(self, session_id: str, after_seq: int = 0, limit: int = 1000) -> list[NormalizedEvent]:
         """Up to ``limit`` events with seq > ``after_seq``, in seq order. Page with the last seq you got."""
@@ -534,14 +549,15 @@ class EventStore(Recorder):
     # --- plumbing ---------------------------------------------------------------------------------
 
     async def _write(
-        self, where: str, op: Callable[[Db], T], *, publish_to: str | None = None, bulk: bool = False
+        self, where: str, op: Callable[[Db], T], *, publish_to: str | None = None, bulk: bool = False,
+        linger: bool = False,
     ) -> T:
         if self._closed:
             raise StoreClosed(where)
         if self._writer is None:
             raise StoreReadOnly(self.location, where)
         try:
-            result = await self._writer.submit(WriteRequest(op, where, publish_to, bulk=bulk))
+            result = await self._writer.submit(WriteRequest(op, where, publish_to, bulk=bulk, linger=linger))
         except DatabaseError as exc:
             if exc.storage_fault:
                 self._write_failure = str(exc)  # reported by /readyz until a write succeeds again

@@ -14,6 +14,12 @@ tenant's flood delays another tenant's write by one short transaction, not by a 
 a bulk transaction each session gets one bulk request (round robin across streams). Requests of one session
 are always committed in the order they were queued: an ordinary request queued behind a bulk one of the same
 session goes with the bulk turn, right after it.
+
+Linger. A request marked ``linger`` (a paced stream's events, with nothing of its task waiting behind them) may
+wait up to ``linger_s`` for company before its transaction starts, but only while other sessions' lingering
+requests arrive often enough that company is expected within it (``_Company``): many slow streams then share one
+commit, one thread hop and one publish round instead of paying each alone. A lone stream, a flood (one session) and
+every other request never wait; an arriving request that does not linger ends the wait at once.
 """
 
 from __future__ import annotations
@@ -31,20 +37,30 @@ from ._stored import StoredEvent
 
 T = TypeVar("T")
 
+#: The longest a lingering request waits for company by default, and at most (``serve --commit-linger-ms``).
+COMMIT_LINGER_S = 0.002
+MAX_COMMIT_LINGER_S = 0.010
+#: How far back the writer looks at lingering requests to judge whether a linger would find company.
+COMPANY_WINDOW_S = 0.1
+#: Lingering requests remembered over that window (more only makes the count less exact, never wrong in sign).
+COMPANY_KEPT = 4096
+
 
 class WriteRequest(Generic[T]):
     """One unit of work for the writer: ``op(conn)`` runs inside the group transaction."""
 
-    __slots__ = ("bulk", "done", "error", "op", "publish_to", "result", "staged_at_bulk", "where")
+    __slots__ = ("bulk", "done", "error", "linger", "op", "publish_to", "result", "staged_at_bulk", "where")
 
     def __init__(self, op: Callable[[Db], T], where: str, publish_to: str | None = None, *,
-                 bulk: bool = False) -> None:
+                 bulk: bool = False, linger: bool = False) -> None:
         self.op = op
         self.where = where
         #: session whose subscribers get the op's result (a list of stored events) after commit
         self.publish_to = publish_to
         #: part of a long stream: committed in bulk transactions, which take turns with the others
         self.bulk = bulk
+        #: may wait a little for other sessions' requests to share its transaction (the module's "Linger")
+        self.linger = linger
         #: ``WriterStats.bulk_transactions`` when it was queued as ordinary work (-1: it goes in bulk turns)
         self.staged_at_bulk = -1
         self.done = trio.Event()
@@ -67,6 +83,7 @@ class WriterStats:
     #: the most bulk transactions committed between an ordinary request's queueing and its own transaction: the
     #: turn-taking promise is that this never exceeds 1, however long the streams' backlog
     most_bulk_waited: int = 0
+    lingers: int = 0  # transactions whose start waited for company
     # When a session's ordinary append was last committed, and whose it was (None: several sessions' at once, or
     # none yet); and the last one of any session but that one. Two slots answer "when did a session other than S
     # last append" for every S, without a map that grows with the sessions (see ``last_ordinary_of_others``).
@@ -90,6 +107,38 @@ class WriterStats:
         session (task and session rows, blobs, approvals, the watchdog's ping): those go with some session's
         appends when another tenant is active, and are mostly the stream's own task's when it is alone."""
         return self._last_append_at if self._last_append_by != session_id else self._other_append_at
+
+
+class _Company:
+    """The lingering requests that arrived within the last COMPANY_WINDOW_S, by session: how many of other
+    sessions' a linger of a given length may expect, at their recent rate."""
+
+    def __init__(self) -> None:
+        self._arrived: deque[tuple[float, str | None]] = deque()
+        self._by_session: Counter[str | None] = Counter()
+
+    def note(self, now: float, session: str | None) -> None:
+        self._forget_before(now - COMPANY_WINDOW_S)
+        if len(self._arrived) >= COMPANY_KEPT:
+            self._forget_oldest()
+        self._arrived.append((now, session))
+        self._by_session[session] += 1
+
+    def expected(self, now: float, session: str | None, within_s: float) -> float:
+        """Other sessions' lingering requests expected within ``within_s`` from now."""
+        self._forget_before(now - COMPANY_WINDOW_S)
+        others = len(self._arrived) - self._by_session[session]
+        return others * within_s / COMPANY_WINDOW_S
+
+    def _forget_before(self, horizon: float) -> None:
+        while self._arrived and self._arrived[0][0] < horizon:
+            self._forget_oldest()
+
+    def _forget_oldest(self) -> None:
+        _, session = self._arrived.popleft()
+        self._by_session[session] -= 1
+        if not self._by_session[session]:
+            del self._by_session[session]
 
 
 def run_batch(conn: Db, batch: list[WriteRequest[Any]]) -> None:
@@ -139,8 +188,12 @@ class Writer:
         *,
         max_batch: int,
         queue_size: int = 1024,
+        linger_s: float = 0.0,
     ) -> None:
         self._conn = conn
+        #: the longest a lingering request waits for company (0: never); ``EventStore.commit_linger_s`` sets it
+        self.linger_s = linger_s
+        self._company = _Company()
         self._publish = publish
         self._max_batch = max_batch
         self._queue_size = queue_size
@@ -174,15 +227,39 @@ class Writer:
             while True:
                 if not self._ordinary and not self._bulk:
                     try:
-                        self._stage(await self._receive.receive())
+                        first = await self._receive.receive()
                     except trio.EndOfChannel:
                         return
+                    self._stage(first)
+                    if self._company_expected(first):
+                        await self._linger()
                 self._stage_queued()
                 await self._run(self._next_batch())
         finally:
             self._fail_leftovers()
 
+    def _company_expected(self, request: WriteRequest[Any]) -> bool:
+        """Worth a linger: it may wait, and other sessions' lingering requests are expected within it."""
+        return (request.linger and self.linger_s > 0
+                and self._company.expected(trio.current_time(), request.publish_to, self.linger_s) >= 1)
+
+    async def _linger(self) -> None:
+        """Take what arrives for up to ``linger_s`` into the coming transaction; a request that does not linger
+        (a tool call's record, a task's end: somebody waits on it) or a full batch ends the wait at once."""
+        self.stats.lingers += 1
+        with trio.move_on_after(self.linger_s):
+            while len(self._ordinary) + len(self._bulk) < self._max_batch:
+                try:
+                    request = await self._receive.receive()
+                except trio.EndOfChannel:
+                    return
+                self._stage(request)
+                if not request.linger:
+                    return
+
     def _stage(self, request: WriteRequest[Any]) -> None:
+        if request.linger:
+            self._company.note(trio.current_time(), request.publish_to)
         key = request.publish_to
         if request.bulk or self._bulk_of[key]:  # behind a bulk request of its session: keeps its place
             self._bulk.append(request)

@@ -174,7 +174,7 @@ class _SlowRecorder:
         self.store = SimpleNamespace(writer_stats=WriterStats())  # nobody else has written
 
     async def append(self, run: TaskRun, events: list[PendingEvent], blobs: object = None, *,
-                     bulk: bool = False) -> bool:
+                     bulk: bool = False, linger: bool = False) -> bool:
         self.parts.append(len(events))
         self.clock.jump(1.0)
         return True
