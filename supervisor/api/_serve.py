@@ -57,7 +57,10 @@ HALF_CLOSED_GRACE_S = 5.0
 #: Seconds a refused connection gets to send its request line (to tell /healthz from the rest) and to read the answer.
 REFUSE_READ_S = 1.0
 REFUSE_DRAIN_S = 1.0
-#: Listen backlog of each socket: connections the kernel holds while the accept loop is busy.
+#: Listen backlog of each socket (connections the kernel holds while the accept loop is busy) at the least; it is the
+#: connection cap when that is larger (the kernel clamps it to net.core.somaxconn). A burst of clients must wait in
+#: this queue, not be turned away: past a full backlog a unix socket's nonblocking connect() fails with EAGAIN, which
+#: trio (and so httpx) takes for "in progress", leaving the client an unconnected socket whose first read fails EINVAL.
 BACKLOG = 128
 #: TCP keep-alive of accepted loopback connections: a peer that vanished without a FIN/RST is noticed in ~1 min.
 TCP_KEEPALIVE = ((socket.SO_KEEPALIVE, 1, socket.SOL_SOCKET), (socket.TCP_KEEPIDLE, 30, socket.IPPROTO_TCP),
@@ -341,7 +344,7 @@ def _busy_answer(cap: int) -> bytes:
                    f"LimitNOFILE=)"}}, "retry-after: 1")
 
 
-def _unix_listener(path: Path) -> socket.socket:
+def _unix_listener(path: Path, backlog: int = BACKLOG) -> socket.socket:
     """Bind the unix socket ourselves so it is mode 0600 before anyone can connect (no umask games)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with contextlib.suppress(FileNotFoundError):
@@ -351,20 +354,20 @@ def _unix_listener(path: Path) -> socket.socket:
     try:
         sock.bind(str(path))
         os.chmod(path, 0o600)
-        sock.listen(BACKLOG)
+        sock.listen(backlog)
     except BaseException:
         sock.close()
         raise
     return sock
 
 
-def _tcp_listener(port: int) -> socket.socket:
+def _tcp_listener(port: int, backlog: int = BACKLOG) -> socket.socket:
     """127.0.0.1 only: the API is never reachable from another machine."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port))
-        sock.listen(BACKLOG)
+        sock.listen(backlog)
     except BaseException:
         sock.close()
         raise
@@ -395,11 +398,12 @@ async def serve_api(engine: Engine, auth: TokenAuth, unix_socket: Path | None = 
                      bundle_limits=limits.bundles)
     wrapped = wrap_app(guard.wrap(app), config.wsgi_max_body_size, "asgi")
     sockets: list[socket.socket] = []
+    backlog = max(BACKLOG, guard.cap)
     try:
         if unix_socket is not None:
-            sockets.append(_unix_listener(Path(unix_socket)))
+            sockets.append(_unix_listener(Path(unix_socket), backlog))
         if tcp_port is not None:
-            sockets.append(_tcp_listener(tcp_port))
+            sockets.append(_tcp_listener(tcp_port, backlog))
         listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets]
     except BaseException:
         for sock in sockets:
