@@ -45,7 +45,7 @@ from hypercorn.utils import repr_socket_addr, wrap_app
 
 from .limits import MAX_REFUSING, SEND_CHUNK, ApiLimits
 from ..engine import Engine
-from ._app import KEEPALIVE_S, StreamDrain, create_app
+from ._app import CHUNK_WRITER, KEEPALIVE_S, StreamDrain, create_app
 from ._auth import TokenAuth
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ TCP_KEEPALIVE = ((socket.SO_KEEPALIVE, 1, socket.SOL_SOCKET), (socket.TCP_KEEPID
 class _Connection:
     """One accepted connection: its socket, the scope that ends it, and what it is doing."""
 
-    __slots__ = ("active", "ended", "half_closed_at", "idle_since", "principal", "scope", "sending", "sock")
+    __slots__ = ("active", "ended", "half_closed_at", "idle_since", "principal", "scope", "sending", "sock", "stream")
 
     def __init__(self, sock: trio.socket.SocketType, now: float) -> None:
         self.sock = sock
@@ -80,6 +80,7 @@ class _Connection:
         self.idle_since = now
         self.half_closed_at: float | None = None
         self.sending: trio.CancelScope | None = None  # the write in progress (hypercorn shields it: see _BoundedStream)
+        self.stream: _BoundedStream | None = None  # what hypercorn writes to (set once it serves the connection)
         self.ended = False
 
     def end(self) -> None:
@@ -144,6 +145,25 @@ class _BoundedStream(trio.abc.HalfCloseableStream):
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+def _chunk_writer(conn: _Connection, stream: _BoundedStream) -> Callable[[bytes], Awaitable[None]]:
+    """The ``CHUNK_WRITER`` of a request on ``conn``: a piece of its response's body as one HTTP/1.1 chunk, written
+    to the connection as hypercorn would have (h11 sends a GET's response without a content-length chunked to an
+    HTTP/1.1 client; it keeps no count of a chunked body, and writes nothing else until the app ends the response),
+    without the ASGI message, h11's event, hypercorn's send lock and shielded scope per piece."""
+    async def write(data: bytes) -> None:
+        if not data:
+            return  # an empty chunk would end the body
+        try:
+            await stream.send_all(b"%x\r\n%b\r\n" % (len(data), data))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            # The client is gone (or was cut off): end what serves the connection, as the peer watch would (hypercorn
+            # would have told the app "disconnected"); the writer, inside it, unwinds cancelled.
+            conn.end()
+            await trio.lowlevel.checkpoint()
+            raise
+    return write
 
 
 def _peer(sock: trio.socket.SocketType) -> str:
@@ -240,6 +260,9 @@ class ConnectionGuard:
                 await app(scope, receive, send)
                 return
             conn.active += 1
+            if scope.get("http_version") == "1.1" and scope.get("method") == "GET" and conn.stream is not None:
+                scope = {**scope, "extensions": {**(scope.get("extensions") or {}),
+                                                 CHUNK_WRITER: _chunk_writer(conn, conn.stream)}}
             try:
                 await app(scope, receive, send)
             finally:
@@ -305,7 +328,7 @@ class _Server:
         token = _CURRENT.set(conn)  # the tasks hypercorn starts for this connection inherit it
         try:
             with conn.scope:
-                bounded = _BoundedStream(stream, conn, self.send_timeout_s)
+                bounded = conn.stream = _BoundedStream(stream, conn, self.send_timeout_s)
                 await TCPServer(self.app, self.config, self.context, self.state, bounded).run()  # type: ignore[arg-type]
         finally:
             _CURRENT.reset(token)
