@@ -7,7 +7,9 @@ import h11
 import pytest
 import trio
 
-from tests.api.conftest import Api
+from codesdk.supervisor.store import EventStore
+
+from tests.api.conftest import Api, read_sse
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Async generator .* was garbage collected:ResourceWarning"),
@@ -74,3 +76,33 @@ async def test_an_http10_event_stream_is_the_frames_until_the_close(api: Api) ->
         assert head.startswith(b"HTTP/1.1 200 ") or head.startswith(b"HTTP/1.0 200 "), head
         assert b"transfer-encoding" not in head.lower()
         assert body == expected
+
+
+async def test_a_stalled_event_stream_holds_neither_the_writer_nor_unbounded_memory(api: Api) -> None:
+    """One client of a session's stream stops reading; a flood's events still reach another client of the same
+    session whole and in order (appends and the other stream never wait for it), and the stalled stream's pending
+    events stay within its feed's bound (past it the feed is emptied: the stream re-reads from the store later)."""
+    deltas = 5_000  # ~2.7 MB of frames: far more than the socket buffers and the feed hold
+    with trio.fail_after(60):
+        store = api.engine.store
+        assert isinstance(store, EventStore)  # the SQLite store: its subscribers' feeds are looked at below
+        sid = (await api.create_session(api.alice, "user:alice"))["session_id"]
+        stalled = await trio.open_unix_socket(str(api.socket))
+        async with stalled:
+            await stalled.send_all(f"GET /v1/sessions/{sid}/events/stream?after_seq=0 HTTP/1.1\r\nhost: codesdk\r\n"
+                                   f"authorization: Bearer {api.alice}\r\n\r\n".encode())
+            while store.subscriber_count(sid) < 1:
+                await trio.sleep(0.01)
+            steps = [{"flood": deltas, "delta": "x" * 400}, {"complete": {}}]
+            r = await api.client.post(f"/v1/sessions/{sid}/tasks", headers=api.auth(api.alice), json={
+                "prompt": "flood", "runtime_config": {"scenario_inline": {"name": "flood", "steps": steps}}})
+            assert r.status_code == 202, r.text
+            async with api.client.stream("GET", f"/v1/sessions/{sid}/events/stream?until_terminal=true",
+                                         headers=api.auth(api.alice)) as response:
+                frames = await read_sse(response)
+            assert [int(f["id"]) for f in frames] == list(range(1, len(frames) + 1))
+            assert frames[-1]["event"] == "task.completed"
+            assert len(frames) > deltas
+            feeds = list(store._hub._feeds.get(sid, ()))  # the stalled stream's, still open
+            assert len(feeds) == 1
+            assert feeds[0].overflowed and len(feeds[0].buffer) <= feeds[0].capacity
