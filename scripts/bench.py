@@ -85,7 +85,7 @@ def parameters(quick: bool, repeat: int | None) -> dict[str, Any]:
             "spawns": 10, "density": [50, 100, 200], "single": 2_000, "batched": 50_000, "stored": 1_000_000,
             "real_repeat": 5, "cold_repeat": 12, "fair_tasks": 20, "fair_rounds": 4, "transcript_events": 200_000, "transcript_repeat": repeat or 3,
             "pg_flood": 50_000, "lease_s": 5.0, "pg_repeat": repeat or 3, "bundle_events": 200_000,
-            "worker_lines": 200_000, "streams_ladder": [10, 20, 50, 100, 150], "streams_count": 500,
+            "worker_lines": 200_000, "streams_ladder": [10, 20, 50, 100, 150, 200], "streams_count": 500,
             "streams_rate": 50.0}
 
 
@@ -338,8 +338,7 @@ def case_streams(p: dict[str, Any]) -> list[Figure]:
     best = streams.largest_within(rungs)
     top = Figure("streams", "largest N with p99 <= 50 ms", "streams", best, None,
                  goal=">= 200", met=best >= 200,
-                 note=f"ladder {', '.join(str(r['n']) for r in rungs)} (of {p['streams_ladder']}; it stops past "
-                      "5 s p99)")
+                 note=f"ladder {', '.join(str(r['n']) for r in rungs)}; every smaller N within the goal too")
     return figures + [top]
 
 

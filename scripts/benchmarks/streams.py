@@ -178,10 +178,11 @@ async def _rung(n: int, count: int, rate: float, sock: Path, service: psutil.Pro
     }
 
 
-async def run_ladder(ladder: list[int], count: int, rate: float = 50.0, stop_above_s: float = 5.0,
+async def run_ladder(ladder: list[int], count: int, rate: float = 50.0, stop_above_s: float | None = None,
                      extra_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """One service for the whole ladder; each rung's figures (see ``_rung``). The ladder stops early once a rung's
-    p99 passes ``stop_above_s`` (the service is past saturation: larger N only takes longer to say so)."""
+    """One service for the whole ladder; each rung's figures (see ``_rung``). With ``stop_above_s``, the ladder
+    stops early once a rung's p99 passes it (the service is past saturation: larger N only takes longer to say so);
+    by default every rung runs, so that each N's figures are there to compare across changes."""
     namespaces = min(max(ladder), MAX_NAMESPACES)
     with tempfile.TemporaryDirectory(prefix="codesdk-bench-streams-") as tmp_name:
         tmp = Path(tmp_name)
@@ -218,7 +219,7 @@ async def run_ladder(ladder: list[int], count: int, rate: float = 50.0, stop_abo
                 for n in ladder:
                     rung = await _rung(n, count, rate, sock, service, sessions, tmp)
                     rungs.append(rung)
-                    if rung["p99"] > stop_above_s:
+                    if stop_above_s is not None and rung["p99"] > stop_above_s:
                         break
         finally:
             popen.terminate()

@@ -61,6 +61,11 @@ from ._openapi import Operation, openapi_document
 log = logging.getLogger(__name__)
 
 KEEPALIVE_S = 15.0
+#: ASGI scope extension a server may offer on an HTTP/1.1 GET whose response it sends chunked (no content-length):
+#: ``async (bytes) -> None`` writing one non-empty piece of the body as its own chunk, straight to the connection,
+#: once the response has started. An event stream's writes then skip the middlewares' and the server's layers per
+#: message (they only look at the start and the end of a response); ``serve_api`` offers it.
+CHUNK_WRITER = "codesdk.chunk_writer"
 #: Seconds /readyz waits for a probe write when the last write failed (the store may be back).
 READY_PROBE_S = 2.0
 MAX_PAGE = 1000
@@ -901,11 +906,21 @@ class _SSEResponse(Response):
             streams.release(self._principal)
 
     async def _stream(self, scope: Scope, receive: Receive, send: Send) -> None:
-        lock = trio.Lock()
+        lock = trio.Lock()  # the events and the keep-alives: one message at a time
+        write_chunk = (scope.get("extensions") or {}).get(CHUNK_WRITER)
 
         async def emit(chunk: bytes) -> None:
-            async with lock:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            try:
+                lock.acquire_nowait()  # free almost always: taken without a trip through the scheduler
+            except trio.WouldBlock:
+                await lock.acquire()
+            try:
+                if write_chunk is not None:
+                    await write_chunk(chunk)
+                else:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            finally:
+                lock.release()
 
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         open_stream = _OpenStream(self._session_id, self._after, trio.CancelScope())

@@ -45,7 +45,7 @@ from hypercorn.utils import repr_socket_addr, wrap_app
 
 from .limits import MAX_REFUSING, SEND_CHUNK, ApiLimits
 from ..engine import Engine
-from ._app import KEEPALIVE_S, StreamDrain, create_app
+from ._app import CHUNK_WRITER, KEEPALIVE_S, StreamDrain, create_app
 from ._auth import TokenAuth
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,10 @@ HALF_CLOSED_GRACE_S = 5.0
 #: Seconds a refused connection gets to send its request line (to tell /healthz from the rest) and to read the answer.
 REFUSE_READ_S = 1.0
 REFUSE_DRAIN_S = 1.0
-#: Listen backlog of each socket: connections the kernel holds while the accept loop is busy.
+#: Listen backlog of each socket (connections the kernel holds while the accept loop is busy) at the least; it is the
+#: connection cap when that is larger (the kernel clamps it to net.core.somaxconn). A burst of clients must wait in
+#: this queue, not be turned away: past a full backlog a unix socket's nonblocking connect() fails with EAGAIN, which
+#: trio (and so httpx) takes for "in progress", leaving the client an unconnected socket whose first read fails EINVAL.
 BACKLOG = 128
 #: TCP keep-alive of accepted loopback connections: a peer that vanished without a FIN/RST is noticed in ~1 min.
 TCP_KEEPALIVE = ((socket.SO_KEEPALIVE, 1, socket.SOL_SOCKET), (socket.TCP_KEEPIDLE, 30, socket.IPPROTO_TCP),
@@ -67,7 +70,7 @@ TCP_KEEPALIVE = ((socket.SO_KEEPALIVE, 1, socket.SOL_SOCKET), (socket.TCP_KEEPID
 class _Connection:
     """One accepted connection: its socket, the scope that ends it, and what it is doing."""
 
-    __slots__ = ("active", "ended", "half_closed_at", "idle_since", "principal", "scope", "sending", "sock")
+    __slots__ = ("active", "ended", "half_closed_at", "idle_since", "principal", "scope", "sending", "sock", "stream")
 
     def __init__(self, sock: trio.socket.SocketType, now: float) -> None:
         self.sock = sock
@@ -77,6 +80,7 @@ class _Connection:
         self.idle_since = now
         self.half_closed_at: float | None = None
         self.sending: trio.CancelScope | None = None  # the write in progress (hypercorn shields it: see _BoundedStream)
+        self.stream: _BoundedStream | None = None  # what hypercorn writes to (set once it serves the connection)
         self.ended = False
 
     def end(self) -> None:
@@ -100,6 +104,19 @@ class _BoundedStream(trio.abc.HalfCloseableStream):
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         conn = self._conn
+        fd = self.socket.fileno()
+        if not conn.ended and fd >= 0:
+            # What the socket takes now goes in one write(2), without a timed scope or a trip through the scheduler
+            # (hypercorn's send lock already made this a checkpoint): an event stream's write, small and almost
+            # always taken whole, costs a quarter of what it did. What is left waits its turn below, timed.
+            try:
+                written = os.write(fd, data)
+            except OSError:  # full (EAGAIN), or broken: the path below waits, or says how it broke
+                written = 0
+            if written >= len(data):
+                return
+            if written:
+                data = memoryview(data)[written:]
         with memoryview(data) as view:
             for start in range(0, max(len(view), 1), SEND_CHUNK):
                 with trio.CancelScope(deadline=trio.current_time() + self._timeout_s) as sending:
@@ -128,6 +145,25 @@ class _BoundedStream(trio.abc.HalfCloseableStream):
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+def _chunk_writer(conn: _Connection, stream: _BoundedStream) -> Callable[[bytes], Awaitable[None]]:
+    """The ``CHUNK_WRITER`` of a request on ``conn``: a piece of its response's body as one HTTP/1.1 chunk, written
+    to the connection as hypercorn would have (h11 sends a GET's response without a content-length chunked to an
+    HTTP/1.1 client; it keeps no count of a chunked body, and writes nothing else until the app ends the response),
+    without the ASGI message, h11's event, hypercorn's send lock and shielded scope per piece."""
+    async def write(data: bytes) -> None:
+        if not data:
+            return  # an empty chunk would end the body
+        try:
+            await stream.send_all(b"%x\r\n%b\r\n" % (len(data), data))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            # The client is gone (or was cut off): end what serves the connection, as the peer watch would (hypercorn
+            # would have told the app "disconnected"); the writer, inside it, unwinds cancelled.
+            conn.end()
+            await trio.lowlevel.checkpoint()
+            raise
+    return write
 
 
 def _peer(sock: trio.socket.SocketType) -> str:
@@ -224,6 +260,9 @@ class ConnectionGuard:
                 await app(scope, receive, send)
                 return
             conn.active += 1
+            if scope.get("http_version") == "1.1" and scope.get("method") == "GET" and conn.stream is not None:
+                scope = {**scope, "extensions": {**(scope.get("extensions") or {}),
+                                                 CHUNK_WRITER: _chunk_writer(conn, conn.stream)}}
             try:
                 await app(scope, receive, send)
             finally:
@@ -289,7 +328,7 @@ class _Server:
         token = _CURRENT.set(conn)  # the tasks hypercorn starts for this connection inherit it
         try:
             with conn.scope:
-                bounded = _BoundedStream(stream, conn, self.send_timeout_s)
+                bounded = conn.stream = _BoundedStream(stream, conn, self.send_timeout_s)
                 await TCPServer(self.app, self.config, self.context, self.state, bounded).run()  # type: ignore[arg-type]
         finally:
             _CURRENT.reset(token)
@@ -341,7 +380,7 @@ def _busy_answer(cap: int) -> bytes:
                    f"LimitNOFILE=)"}}, "retry-after: 1")
 
 
-def _unix_listener(path: Path) -> socket.socket:
+def _unix_listener(path: Path, backlog: int = BACKLOG) -> socket.socket:
     """Bind the unix socket ourselves so it is mode 0600 before anyone can connect (no umask games)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with contextlib.suppress(FileNotFoundError):
@@ -351,20 +390,20 @@ def _unix_listener(path: Path) -> socket.socket:
     try:
         sock.bind(str(path))
         os.chmod(path, 0o600)
-        sock.listen(BACKLOG)
+        sock.listen(backlog)
     except BaseException:
         sock.close()
         raise
     return sock
 
 
-def _tcp_listener(port: int) -> socket.socket:
+def _tcp_listener(port: int, backlog: int = BACKLOG) -> socket.socket:
     """127.0.0.1 only: the API is never reachable from another machine."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port))
-        sock.listen(BACKLOG)
+        sock.listen(backlog)
     except BaseException:
         sock.close()
         raise
@@ -395,11 +434,12 @@ async def serve_api(engine: Engine, auth: TokenAuth, unix_socket: Path | None = 
                      bundle_limits=limits.bundles)
     wrapped = wrap_app(guard.wrap(app), config.wsgi_max_body_size, "asgi")
     sockets: list[socket.socket] = []
+    backlog = max(BACKLOG, guard.cap)
     try:
         if unix_socket is not None:
-            sockets.append(_unix_listener(Path(unix_socket)))
+            sockets.append(_unix_listener(Path(unix_socket), backlog))
         if tcp_port is not None:
-            sockets.append(_tcp_listener(tcp_port))
+            sockets.append(_tcp_listener(tcp_port, backlog))
         listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets]
     except BaseException:
         for sock in sockets:

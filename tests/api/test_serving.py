@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import stat
 from functools import partial
 from pathlib import Path
@@ -12,7 +13,7 @@ import httpx2 as httpx
 import pytest
 import trio
 
-from codesdk.supervisor.api import TokenAuth
+from codesdk.supervisor.api import ApiLimits, TokenAuth
 from codesdk.supervisor.api.server import serve_api
 
 from tests.conftest import MakeEngine
@@ -79,3 +80,38 @@ async def test_serve_needs_somewhere_to_listen(make_engine: MakeEngine, tmp_path
         async with make_engine() as engine:
             with pytest.raises(ValueError, match="unix socket"):
                 await serve_api(engine, TokenAuth(), None, None)
+
+
+async def test_listen_backlog_holds_a_burst_of_connects(make_engine: MakeEngine, tmp_path: Path) -> None:
+    """A burst of clients connecting while the accept loop is busy waits in the kernel's queue, up to the connection
+    cap: a unix socket's nonblocking connect() past a full backlog fails with EAGAIN, which trio (and so httpx) takes
+    for "in progress" — the client then writes into an unconnected socket and its first read fails with EINVAL."""
+    burst = 256  # > the 128 the listener used to be given; each connect is one descriptor of this process
+    with open("/proc/sys/net/core/somaxconn") as somaxconn:
+        if int(somaxconn.read()) < burst:
+            pytest.skip("net.core.somaxconn caps every listen backlog below the burst")
+    with trio.fail_after(20):
+        data = tmp_path / "data"
+        sock_path = data / "api.sock"
+        async with make_engine(data_dir=data) as engine, trio.open_nursery() as nursery:
+            auth = TokenAuth.bootstrap(data)
+            await nursery.start(partial(serve_api, engine, auth, sock_path, None,
+                                        limits=ApiLimits(max_connections=burst + 16)))
+            pending: list[socket.socket] = []
+            try:
+                # no checkpoint in this loop: the service's accept loop cannot run, every connection stays queued
+                for index in range(burst):
+                    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    pending.append(raw)
+                    raw.setblocking(False)
+                    try:
+                        raw.connect(str(sock_path))
+                    except BlockingIOError:
+                        pytest.fail(f"connect #{index + 1} of {burst} found the listen backlog full (EAGAIN)")
+            finally:
+                for raw in pending:
+                    raw.close()
+            transport = httpx.AsyncHTTPTransport(uds=str(sock_path))
+            async with httpx.AsyncClient(transport=transport, base_url="http://codesdk", timeout=10) as client:
+                assert (await client.get("/healthz")).status_code == 200
+            nursery.cancel_scope.cancel()
