@@ -4,6 +4,7 @@ them, its schema and its errors. The recorder contract itself runs on it too (``
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -229,3 +230,56 @@ async def test_large_blobs_live_in_the_database_for_every_store(postgres_url: st
             info = await b.blob_info(ref)
             assert (info.size, info.media_type) == (len(data), "application/x-test")
 
+
+
+def test_a_batch_of_rows_goes_to_the_server_as_one_copy_not_a_statement_per_row(postgres_url: str,
+                                                                                   tmp_path: Path) -> None:
+    """The append path's insert (``executemany`` of a plain INSERT) is one COPY: no row is bound as a statement of its
+    own (the protocol trace counts Bind messages), and values the COPY text format must escape arrive unchanged."""
+    from codesdk.supervisor.store import _pg
+
+    values = ["tab\there", "line\nbreak", "cr\rhere", "back\\slash \\N \\t", "ünï€ode 🙂", "", "\\.", None]
+    db = _pg.PostgresDb(postgres_url, "test", "origin")
+    try:
+        db.ready()
+        db.execute("CREATE TABLE copied (n BIGINT NOT NULL, v TEXT)")
+        trace = tmp_path / "trace"
+        with trace.open("w") as out:
+            db.conn.pgconn.trace(out.fileno())
+            try:
+                db.executemany("INSERT INTO copied(n, v) VALUES (?, ?)", [(i, v) for i, v in enumerate(values)])
+            finally:
+                db.conn.pgconn.untrace()
+        binds = sum("\tBind\t" in line for line in trace.read_text().splitlines())
+        assert binds < 2, f"{binds} Bind messages for {len(values)} rows"
+        assert [tuple(row) for row in db.execute("SELECT n, v FROM copied ORDER BY n")] == list(enumerate(values))
+        with pytest.raises(psycopg.errors.NotNullViolation):  # the same constraints as an INSERT
+            db.executemany("INSERT INTO copied(n, v) VALUES (?, ?)", [(99, "x"), (None, "y")])
+        assert db.scalar("SELECT count(*) FROM copied") == len(values)  # nothing of the failed batch stayed
+    finally:
+        db.close()
+
+
+async def test_an_event_must_name_a_stored_session_and_a_session_keeps_its_events(postgres_url: str) -> None:
+    """What the events' foreign key promised, kept by the statement-level triggers that replace it (migration 4):
+    rows naming an unknown session are refused (however many rows the statement has), and a session with events can
+    be neither deleted nor renamed; a session without events still can."""
+    async with open_postgres(postgres_url) as store:
+        await store.create_session("s1", runtime="scripted")
+        await store.append("s1", [session_created(), delta("a")])
+        await store.create_session("empty", runtime="scripted")
+    columns = "session_id, seq, task_id, type, time, schema_version, body"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            conn.execute(f"INSERT INTO events({columns}) VALUES ('s1', 3, NULL, 't', 't', 1, '{{}}'), "
+                         "('nobody', 1, NULL, 't', 't', 1, '{}')")
+        with pytest.raises(psycopg.errors.ForeignKeyViolation), conn.cursor() as cursor, \
+                cursor.copy(f"COPY events({columns}) FROM STDIN") as copy:
+            copy.write_row(("nobody", 1, None, "t", "t", 1, "{}"))
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            conn.execute("DELETE FROM sessions WHERE session_id = 's1'")
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            conn.execute("UPDATE sessions SET session_id = 's2' WHERE session_id = 's1'")
+        conn.execute("UPDATE sessions SET last_seq = last_seq WHERE session_id = 's1'")  # other columns: as before
+        assert conn.execute("SELECT count(*) FROM events").fetchone() == (2,)
+        conn.execute("DELETE FROM sessions WHERE session_id = 'empty'")
