@@ -283,3 +283,36 @@ async def test_an_event_must_name_a_stored_session_and_a_session_keeps_its_event
         conn.execute("UPDATE sessions SET last_seq = last_seq WHERE session_id = 's1'")  # other columns: as before
         assert conn.execute("SELECT count(*) FROM events").fetchone() == (2,)
         conn.execute("DELETE FROM sessions WHERE session_id = 'empty'")
+
+
+async def test_a_database_at_schema_3_with_events_moves_to_the_triggers_and_keeps_them(postgres_url: str) -> None:
+    """Migration 4 on a database that already holds sessions and events (as a supervisor of the previous release
+    left it): its events stay, appends go on, and what the dropped foreign key refused is still refused."""
+    from codesdk.supervisor.store import _pg
+    from codesdk.supervisor.store._pg_schema import migrate
+
+    db = _pg.PostgresDb(postgres_url, "test", "origin")
+    try:
+        db.ready()
+        assert migrate(db, target=3) == 0
+    finally:
+        db.close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (3,)
+        for session_id in ("old", "raw"):
+            conn.execute("INSERT INTO sessions(session_id, runtime, namespace, created_at) "
+                         "VALUES (%s, 'scripted', 'default', '2026-01-01T00:00:00Z')", (session_id,))
+        conn.execute("INSERT INTO events(session_id, seq, task_id, type, time, schema_version, body) "
+                     "VALUES ('raw', 1, NULL, 't', 't', 1, '{}')")
+    async with open_postgres(postgres_url) as store:  # migrates to the latest
+        await store.append("old", [session_created(), delta("kept")])
+        assert [event.seq for event in await store.read("old")] == [1, 2]
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (LATEST,)
+        for session_id in ("old", "raw"):
+            with pytest.raises(psycopg.errors.ForeignKeyViolation):
+                conn.execute("DELETE FROM sessions WHERE session_id = %s", (session_id,))
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            conn.execute("INSERT INTO events(session_id, seq, task_id, type, time, schema_version, body) "
+                         "VALUES ('nobody', 1, NULL, 't', 't', 1, '{}')")
+        assert conn.execute("SELECT count(*) FROM events WHERE session_id = 'raw'").fetchone() == (1,)
