@@ -190,11 +190,11 @@ async def engine_with_doubles(data_dir: Path, *, quotas: Quotas | None = None, *
         yield engine, workers
 
 
-async def running_task(engine: Engine, workers: FakeWorkers, workspace: Path | None = None,
-                       **start: Any) -> tuple[str, str, FakeWorker]:
-    """A new session's task, handed to its worker: (session_id, task_id, worker). The worker's events wait for
-    the engine to have stored ``model.input``, so they may be emitted at once."""
-    session = await engine.create_session(workspace=workspace)
+async def running_task(engine: Engine, workers: FakeWorkers, workspace: Path | None = None, *,
+                       namespace: str = "default", **start: Any) -> tuple[str, str, FakeWorker]:
+    """A new session's task in ``namespace``, handed to its worker: (session_id, task_id, worker). The worker's
+    events wait for the engine to have stored ``model.input``, so they may be emitted at once."""
+    session = await engine.create_session(workspace=workspace, namespace=namespace)
     task = await engine.start_task(session.session_id, "x", **start)
     worker = workers.worker(session.namespace)
     await worker.connection.wait_for(Method.START_TASK)

@@ -21,7 +21,7 @@ import pytest
 import trio
 import trio.testing
 
-from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType, Method, ModelOutputDelta, RuntimeEventParams
+from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType, ModelOutputDelta, RuntimeEventParams
 from codesdk.supervisor.engine import Engine, session_events
 from codesdk.supervisor.engine._batch import SHARE_QUANTUM, STREAM_AFTER_EVENTS, PendingBatch
 from codesdk.supervisor.engine._recorder import RunRecorder
@@ -31,7 +31,7 @@ from codesdk.supervisor.store._db import Db, SQLiteDb
 from codesdk.supervisor.store._writer import Writer, WriteRequest, WriterStats
 from codesdk.testing.invariants import check_session
 from tests.conftest import MakeEngine
-from tests.engine.doubles import FakeWorker, FakeWorkers, engine_with_doubles, running_task
+from tests.engine.doubles import FakeWorker, engine_with_doubles, running_task
 
 FLOOD = 1_000_000  # never reached: the flood is stopped at the end
 WARM = 3_000  # the flood is a stream with a backlog before the other tenant starts
@@ -237,14 +237,6 @@ def test_only_other_sessions_appends_count_as_others_writing() -> None:
 
 
 
-async def _task_in(engine: Engine, workers: FakeWorkers, namespace: str) -> tuple[str, str, FakeWorker]:
-    session = await engine.create_session(namespace=namespace)
-    task = await engine.start_task(session.session_id, "x")
-    worker = workers.worker(namespace)
-    await worker.connection.wait_for(Method.START_TASK)
-    return session.session_id, task.task_id, worker
-
-
 async def test_a_flood_waits_in_its_own_pipe_while_another_namespace_has_its_turn(tmp_path: Path) -> None:
     """The event path takes turns across namespaces (``codesdk.supervisor.fair``): while another namespace's unit
     is being stored, a flood's batch is not taken in at all (its worker's pump waits, so its output waits in its own
@@ -252,8 +244,8 @@ async def test_a_flood_waits_in_its_own_pipe_while_another_namespace_has_its_tur
     was active just now)."""
     with trio.fail_after(60):
         async with engine_with_doubles(tmp_path) as (engine, workers):
-            flood_session, flood_task, flood = await _task_in(engine, workers, "user:flooder")
-            _, _, other = await _task_in(engine, workers, "user:other")
+            flood_session, flood_task, flood = await running_task(engine, workers, namespace="user:flooder")
+            _, _, other = await running_task(engine, workers, namespace="user:other")
             before = await engine.store.last_seq(flood_session)
             requests_before = engine.store.writer_stats.requests
             async with trio.open_nursery() as nursery:
@@ -276,8 +268,8 @@ async def test_another_namespaces_event_is_stored_within_one_unit_of_a_running_f
     seconds), however much more the flood has queued."""
     with trio.fail_after(120):
         async with engine_with_doubles(tmp_path) as (engine, workers):
-            flood_session, flood_task, flood = await _task_in(engine, workers, "user:flooder")
-            other_session, other_task, other = await _task_in(engine, workers, "user:other")
+            flood_session, flood_task, flood = await running_task(engine, workers, namespace="user:flooder")
+            other_session, other_task, other = await running_task(engine, workers, namespace="user:other")
             stop = trio.Event()
             batches = 0
 

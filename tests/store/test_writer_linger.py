@@ -14,13 +14,13 @@ import pytest
 import trio
 import trio.testing
 
-from codesdk.protocol import EventType, Method, ModelOutputDelta, TaskCompleted
-from codesdk.supervisor.engine import Engine, session_events
+from codesdk.protocol import EventType, ModelOutputDelta, TaskCompleted
+from codesdk.supervisor.engine import session_events
 from codesdk.supervisor.store import COMMIT_LINGER_S, MAX_COMMIT_LINGER_S, EventStore, TaskState
 from codesdk.supervisor.store._db import SQLiteDb
 from codesdk.supervisor.store._writer import COMPANY_WINDOW_S, Writer, WriteRequest
 from codesdk.testing.invariants import check_session
-from tests.engine.doubles import FakeWorker, FakeWorkers, engine_with_doubles
+from tests.engine.doubles import engine_with_doubles, running_task
 
 LINGER_S = 0.002
 
@@ -180,7 +180,7 @@ async def test_many_paced_streams_through_the_engine_share_commits(tmp_path: Pat
     with trio.fail_after(120):
         async with engine_with_doubles(tmp_path, commit_linger_s=MAX_COMMIT_LINGER_S) as (engine, workers):
             assert engine.store.commit_linger_s == MAX_COMMIT_LINGER_S
-            runs = [await _running_task(engine, workers, f"user:tenant{index}") for index in range(sessions)]
+            runs = [await running_task(engine, workers, namespace=f"user:tenant{index}") for index in range(sessions)]
             stats = engine.store.writer_stats
             commits_per_round = []
             for _ in range(rounds):
@@ -203,11 +203,3 @@ async def test_many_paced_streams_through_the_engine_share_commits(tmp_path: Pat
                 check_session(events)
                 assert sum(event.type == EventType.MODEL_OUTPUT_DELTA for event in events) == rounds
 
-
-async def _running_task(engine: Engine, workers: FakeWorkers, namespace: str) -> tuple[str, str, FakeWorker]:
-    """A new session's task in ``namespace``, handed to that namespace's worker."""
-    session = await engine.create_session(namespace=namespace)
-    task = await engine.start_task(session.session_id, "x")
-    worker = workers.worker(namespace)
-    await worker.connection.wait_for(Method.START_TASK)
-    return session.session_id, task.task_id, worker
