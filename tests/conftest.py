@@ -13,6 +13,7 @@ from typing import Any
 
 import psutil
 import pytest
+import trio.testing
 from hypothesis import HealthCheck, settings
 
 from codesdk.procs.children import Children
@@ -72,6 +73,14 @@ def make_engine(tmp_path: Path, children: Children) -> MakeEngine:
     return make
 
 
+
+
+@pytest.fixture
+def still_clock() -> trio.testing.MockClock:
+    """Trio time that moves only when the test jumps it (pytest-trio runs a test that takes it on it): no deadline
+    passes by itself, however slow or loaded the machine. Guard such a test with ``tests.waits.real_time_limit``:
+    its ``trio.fail_after`` would never fire."""
+    return trio.testing.MockClock()
 
 
 @pytest.fixture

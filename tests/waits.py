@@ -3,8 +3,10 @@ with a hang guard that only a broken product reaches — never a duration that d
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -36,3 +38,30 @@ async def until(what: str, condition: Callable[[], object]) -> None:
     except trio.Cancelled as exc:
         exc.add_note(f"while waiting for {what}")
         raise
+
+
+@contextmanager
+def real_time_limit(what: str, seconds: float = HANG_GUARD_S) -> Iterator[None]:
+    """In a trio test on a clock that stands still (the ``still_clock`` fixture), fail the block once ``seconds``
+    of real time have passed: ``trio.fail_after`` counts trio's time, which there moves only when the test moves
+    it. A timer thread cancels the block through the run's token; ``what`` names it in the failure."""
+    import trio
+
+    token = trio.lowlevel.current_trio_token()
+    with trio.CancelScope() as block:
+
+        def expire() -> None:
+            try:
+                token.run_sync_soon(block.cancel)
+            except trio.RunFinishedError:
+                pass  # the test is over already
+
+        timer = threading.Timer(seconds, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+    if block.cancelled_caught:
+        raise AssertionError(f"gave up after {seconds:g} s of real time: {what}")

@@ -55,6 +55,11 @@ class ApprovalBroker:
         decided = trio.Event()
         self._waiting[approval_id] = decided
         try:
+            # The approval has been listed (and streamed as ``approval.requested``) since ``open``: a decision
+            # made before the line above found nobody to wake. Looked up only now, so none falls in between.
+            current = await self.store.get_approval(approval_id)
+            if current.state != ApprovalState.PENDING:
+                return current
             with trio.move_on_after(self.timeout_s):
                 if run.approver is None:
                     await decided.wait()

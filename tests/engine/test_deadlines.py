@@ -36,12 +36,7 @@ from codesdk.supervisor.store import TaskState
 from codesdk.testing.invariants import check_session
 
 from tests.engine.doubles import FakeWorker, engine_with_doubles, running_task
-
-
-@pytest.fixture
-def clock() -> trio.testing.MockClock:
-    """Trio time that stands still unless a test jumps it (or everything waits for 10 s of real time)."""
-    return trio.testing.MockClock(autojump_threshold=10)
+from tests.waits import real_time_limit
 
 
 async def _settle() -> None:
@@ -87,15 +82,15 @@ def _check_timed_out(payload: TaskFailed, deadline: str, limit_s: float) -> None
 
 
 async def test_a_task_past_its_timeout_is_stopped_and_fails_task_timeout_with_a_receipt(
-        tmp_path: Path, clock: trio.testing.MockClock) -> None:
-    with trio.fail_after(600):
+        tmp_path: Path, still_clock: trio.testing.MockClock) -> None:
+    with real_time_limit("the task and its deadline"):
         async with engine_with_doubles(tmp_path) as (engine, workers):
             sid, task_id, worker = await running_task(engine, workers, timeout_s=30)
             await _delta(worker, task_id)  # events flowing do not extend the wall-clock deadline
-            clock.jump(29)
+            still_clock.jump(29)
             await _settle()
             _not_stopping(engine, task_id)
-            clock.jump(2)
+            still_clock.jump(2)
             payload = await _failed(engine, sid, task_id)
             _check_timed_out(payload, "timeout_s", 30)
             (stop,) = await worker.connection.wait_for(Method.STOP)
@@ -103,28 +98,28 @@ async def test_a_task_past_its_timeout_is_stopped_and_fails_task_timeout_with_a_
 
 
 async def test_a_runtime_silent_past_its_idle_timeout_is_stopped_and_fails_task_timeout(
-        tmp_path: Path, clock: trio.testing.MockClock) -> None:
-    with trio.fail_after(600):
+        tmp_path: Path, still_clock: trio.testing.MockClock) -> None:
+    with real_time_limit("the task and its deadline"):
         async with engine_with_doubles(tmp_path) as (engine, workers):
             sid, task_id, worker = await running_task(engine, workers, idle_timeout_s=10)
             await _delta(worker, task_id)  # it emits, then goes silent
-            clock.jump(11)
+            still_clock.jump(11)
             _check_timed_out(await _failed(engine, sid, task_id), "idle_timeout_s", 10)
 
 
 async def test_events_flowing_keep_a_task_from_its_idle_timeout(tmp_path: Path,
-                                                                 clock: trio.testing.MockClock) -> None:
+                                                                 still_clock: trio.testing.MockClock) -> None:
     """Five events 6 s apart: 30 s of a task whose idle deadline is 10 s, never idle that long."""
-    with trio.fail_after(600):
+    with real_time_limit("the task and its deadline"):
         async with engine_with_doubles(tmp_path) as (engine, workers):
             sid, task_id, worker = await running_task(engine, workers, idle_timeout_s=10)
             for _ in range(5):
-                clock.jump(6)
+                still_clock.jump(6)
                 await _settle()
                 _not_stopping(engine, task_id)
                 await _delta(worker, task_id)
             assert engine.active_task(sid) == task_id
-            clock.jump(11)  # then silent: the deadline is still armed
+            still_clock.jump(11)  # then silent: the deadline is still armed
             _check_timed_out(await _failed(engine, sid, task_id), "idle_timeout_s", 10)
             deltas = [e for e in await session_events(engine.store, sid) if e.type == EventType.MODEL_OUTPUT_DELTA]
             assert len(deltas) == 5  # every one was stored: none came after the task had ended
@@ -135,11 +130,11 @@ async def test_events_flowing_keep_a_task_from_its_idle_timeout(tmp_path: Path,
     ("workspace.write", {"path": "a.txt", "content": "a"}, ExecutedBy.SUPERVISOR, Method.SEND_TOOL_RESULT, []),
 ], ids=["runtime-runs-it", "supervisor-runs-it"])
 async def test_a_call_waiting_for_a_human_does_not_count_as_idle(
-        tmp_path: Path, clock: trio.testing.MockClock, tool: str, tool_input: dict[str, Any],
+        tmp_path: Path, still_clock: trio.testing.MockClock, tool: str, tool_input: dict[str, Any],
         executed_by: ExecutedBy, answer: str, in_flight: list[tuple[str, str]]) -> None:
     """An approval waits 60 s (idle deadline 10 s): the task is not idle — the runtime waits for us. Once the
     answer is sent the idle clock starts again from then."""
-    with trio.fail_after(600):
+    with real_time_limit("the task and its deadline"):
         async with engine_with_doubles(tmp_path) as (engine, workers):
             sid, task_id, worker = await running_task(engine, workers, idle_timeout_s=10,
                                                       permission_mode=PermissionMode.ASK, durable_approvals=True)
@@ -147,16 +142,16 @@ async def test_a_call_waiting_for_a_human_does_not_count_as_idle(
                 tool_call_id="call_1", input_hash=canonical_hash(tool_input), tool_name=tool, input=tool_input,
                 executed_by=executed_by))
             pending = await _pending_approval(engine)
-            clock.jump(60)
+            still_clock.jump(60)
             await _settle()
             _not_stopping(engine, task_id)
             await engine.approvals.decide(pending, True, "user", "go on")
             await worker.connection.wait_for(answer)  # sent only to a task not ended
             await _given_back(engine, task_id)  # its idle clock restarts once the answer is sent: then time moves
-            clock.jump(6)
+            still_clock.jump(6)
             await _settle()
             _not_stopping(engine, task_id)
-            clock.jump(5)
+            still_clock.jump(5)
             payload = await _failed(engine, sid, task_id)
             _check_timed_out(payload, "idle_timeout_s", 10)
             # stopped after the human answered (the call in the runtime's hands, or done), not while it waited
@@ -207,10 +202,10 @@ def test_a_default_above_the_maximum_is_a_configuration_error() -> None:
 @pytest.mark.parametrize(("timeout_s", "code"), [(3600, TaskFailureCode.TASK_TIMEOUT),
                                                   (3 * 3600, TaskFailureCode.SUPERVISOR_RESTARTED)])
 async def test_a_task_left_running_by_a_supervisor_that_is_gone_fails_by_its_stored_deadline(
-        tmp_path: Path, clock: trio.testing.MockClock, timeout_s: float, code: TaskFailureCode) -> None:
+        tmp_path: Path, still_clock: trio.testing.MockClock, timeout_s: float, code: TaskFailureCode) -> None:
     """The supervisor is gone with the task running; the next one starts two hours later: a task whose 1 h
     deadline passed meanwhile fails TASK_TIMEOUT (not retryable), one with time left SUPERVISOR_RESTARTED."""
-    with trio.fail_after(600):
+    with real_time_limit("the task and its deadline"):
         async with engine_with_doubles(tmp_path) as (engine, workers):
             sid, task_id, _worker = await running_task(engine, workers, timeout_s=timeout_s)
             namespace = (await engine.store.get_session(sid)).namespace

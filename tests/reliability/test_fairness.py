@@ -17,7 +17,6 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import apsw
-import pytest
 import trio
 import trio.testing
 
@@ -32,6 +31,7 @@ from codesdk.supervisor.store._writer import Writer, WriteRequest, WriterStats
 from codesdk.testing.invariants import check_session
 from tests.conftest import MakeEngine
 from tests.engine.doubles import FakeWorker, engine_with_doubles, running_task
+from tests.waits import real_time_limit
 
 FLOOD = 1_000_000  # never reached: the flood is stopped at the end
 WARM = 3_000  # the flood is a stream with a backlog before the other tenant starts
@@ -121,13 +121,6 @@ async def test_the_writer_lets_ordinary_writes_pass_a_stream_and_keeps_each_sess
     assert writer.stats.most_bulk_waited == 1
 
 
-@pytest.fixture
-def still_clock() -> trio.testing.MockClock:
-    """Trio time that stands still, so "written within the last SHARE_WINDOW_S" does not depend on how fast the
-    machine is. If everything waits for 10 s of real time, it jumps to the next deadline (``fail_after`` fires)."""
-    return trio.testing.MockClock(autojump_threshold=10)
-
-
 def _deltas(worker: FakeWorker, task_id: str, count: int) -> list[RuntimeEventParams]:
     return [worker.event(task_id, EventType.MODEL_OUTPUT_DELTA, ModelOutputDelta(block_id="b1", delta="f"))
             for _ in range(count)]
@@ -139,7 +132,7 @@ async def test_a_stream_alone_is_never_paced_by_its_own_writes(tmp_path: Path,
     (ordinary appends, before it is a stream) are not someone else writing: before the fix, a stream alone split
     its events into parts of SHARE_QUANTUM and paused after each, for its first SHARE_WINDOW_S as a stream. Seen
     here as the number of bulk appends each batch was stored in: one means it never paused."""
-    with trio.fail_after(60):
+    with real_time_limit("a stream alone"):
         async with engine_with_doubles(tmp_path) as (engine, workers):
             _, task_id, worker = await running_task(engine, workers)
             stats = engine.store.writer_stats
@@ -154,7 +147,7 @@ async def test_a_stream_alone_is_never_paced_by_its_own_writes(tmp_path: Path,
 async def test_a_stream_goes_in_parts_while_another_session_writes(tmp_path: Path,
                                                                   still_clock: trio.testing.MockClock) -> None:
     """The other side of the fix: another session's appends still make a stream go in parts of SHARE_QUANTUM."""
-    with trio.fail_after(60):
+    with real_time_limit("a stream beside another session"):
         async with engine_with_doubles(tmp_path) as (engine, workers):
             _, task_id, worker = await running_task(engine, workers)
             stats = engine.store.writer_stats

@@ -1,6 +1,6 @@
 """The writer's linger: a paced stream's commit may wait a little for other sessions' to share it, and nothing
-else ever waits (``store/_writer.py``, "Linger"). Trio's clock is a mock one: whether a request waited shows as
-the clock having moved, never as a measured duration."""
+else ever waits (``store/_writer.py``, "Linger"). Trio's clock stands still unless a test moves it: whether a
+request waited shows as its not being done yet, or the clock having had to move, never as a measured duration."""
 
 from __future__ import annotations
 
@@ -21,15 +21,9 @@ from codesdk.supervisor.store._db import SQLiteDb
 from codesdk.supervisor.store._writer import COMPANY_WINDOW_S, Writer, WriteRequest
 from codesdk.testing.invariants import check_session
 from tests.engine.doubles import engine_with_doubles, running_task
+from tests.waits import real_time_limit
 
 LINGER_S = 0.002
-
-
-@pytest.fixture
-def clock() -> trio.testing.MockClock:
-    """Time moves only when every task has waited 10 s of real time (then to the next deadline): a linger that
-    was not meant to happen shows as time having passed, and a wait nobody ends still ends."""
-    return trio.testing.MockClock(autojump_threshold=10)
 
 
 @asynccontextmanager
@@ -61,15 +55,15 @@ async def _company(writer: Writer, *sessions: str) -> None:
 
 
 async def test_a_paced_stream_waits_for_company_and_shares_its_commit(tmp_path: Path,
-                                                                     clock: trio.testing.MockClock) -> None:
+                                                                     still_clock: trio.testing.MockClock) -> None:
     async with _writer(tmp_path, linger_s=1.0) as (writer, nursery):
         await _company(writer, "s2")
         before = writer.stats.transactions
         first = await _submitted(nursery, writer, _request("s1"))
         second = await _submitted(nursery, writer, _request("s2"))
         assert not first.done.is_set() and not second.done.is_set(), "the first commit did not wait for company"
-        clock.jump(1.0)
-        with trio.fail_after(30):
+        still_clock.jump(1.0)
+        with real_time_limit("the writer's requests"):
             await first.done.wait()
             await second.done.wait()
         assert writer.stats.transactions == before + 1, "the two sessions' events were not committed together"
@@ -77,14 +71,14 @@ async def test_a_paced_stream_waits_for_company_and_shares_its_commit(tmp_path: 
 
 
 async def test_a_request_nobody_may_keep_waiting_ends_the_linger_at_once(tmp_path: Path,
-                                                                        clock: trio.testing.MockClock) -> None:
+                                                                        still_clock: trio.testing.MockClock) -> None:
     """A tool call's record or a task's end (not lingering) goes at once, and takes the waiting stream along."""
     async with _writer(tmp_path, linger_s=1.0) as (writer, nursery):
         await _company(writer, "s2")
         before, started = writer.stats.transactions, trio.current_time()
         waiting = await _submitted(nursery, writer, _request("s1"))
         assert not waiting.done.is_set()
-        with trio.fail_after(30):
+        with real_time_limit("the writer's requests"):
             await writer.submit(_request("s3", linger=False))
             await waiting.done.wait()
         assert trio.current_time() == started, "the request that may not linger waited"
@@ -92,12 +86,12 @@ async def test_a_request_nobody_may_keep_waiting_ends_the_linger_at_once(tmp_pat
 
 
 async def test_a_lone_stream_and_every_other_request_never_wait(tmp_path: Path,
-                                                               clock: trio.testing.MockClock) -> None:
+                                                               still_clock: trio.testing.MockClock) -> None:
     """No other session lingers lately: no company is expected, so nothing waits (the latency of one stream, or
     of a flood, is not traded for commits it could not share)."""
     async with _writer(tmp_path, linger_s=1.0) as (writer, _):
         started = trio.current_time()
-        with trio.fail_after(30):
+        with real_time_limit("the writer's requests"):
             for _ in range(20):
                 await writer.submit(_request("s1"))
             for session in ("s2", "s3"):
@@ -106,12 +100,13 @@ async def test_a_lone_stream_and_every_other_request_never_wait(tmp_path: Path,
         assert writer.stats.lingers == 0
 
 
-async def test_company_seen_too_long_ago_is_not_expected(tmp_path: Path, clock: trio.testing.MockClock) -> None:
+async def test_company_seen_too_long_ago_is_not_expected(tmp_path: Path,
+                                                         still_clock: trio.testing.MockClock) -> None:
     async with _writer(tmp_path, linger_s=1.0) as (writer, _):
         await _company(writer, "s2")
-        clock.jump(COMPANY_WINDOW_S * 2)
+        still_clock.jump(COMPANY_WINDOW_S * 2)
         started = trio.current_time()
-        with trio.fail_after(30):
+        with real_time_limit("the writer's requests"):
             await writer.submit(_request("s1"))
         assert trio.current_time() == started and writer.stats.lingers == 0
 
@@ -134,11 +129,12 @@ async def test_a_linger_is_bounded(tmp_path: Path, jumping_clock: trio.testing.M
         assert writer.stats.lingers > 0
 
 
-async def test_no_linger_when_it_is_turned_off(tmp_path: Path, clock: trio.testing.MockClock) -> None:
+async def test_no_linger_when_it_is_turned_off(tmp_path: Path, still_clock: trio.testing.MockClock,
+                                               ) -> None:
     async with _writer(tmp_path, linger_s=0.0) as (writer, _):
         await _company(writer, *[f"s{n}" for n in range(2, 60)])
         started = trio.current_time()
-        with trio.fail_after(30):
+        with real_time_limit("the writer's requests"):
             await writer.submit(_request("s1"))
         assert trio.current_time() == started and writer.stats.lingers == 0
 
@@ -172,12 +168,12 @@ async def test_the_store_takes_a_linger_within_its_bound(tmp_path: Path) -> None
 
 
 async def test_many_paced_streams_through_the_engine_share_commits(tmp_path: Path,
-                                                                  clock: trio.testing.MockClock) -> None:
+                                                                  still_clock: trio.testing.MockClock) -> None:
     """Twelve tenants' tasks each send one delta, one task after the other, round after round (paced streams on a
     busy host): their appends wait for each other and share commits, and each session's events stay whole and in
     order."""
     sessions, rounds = 12, 8
-    with trio.fail_after(120):
+    with real_time_limit("twelve paced streams"):
         async with engine_with_doubles(tmp_path, commit_linger_s=MAX_COMMIT_LINGER_S) as (engine, workers):
             assert engine.store.commit_linger_s == MAX_COMMIT_LINGER_S
             runs = [await running_task(engine, workers, namespace=f"user:tenant{index}") for index in range(sessions)]
@@ -190,7 +186,7 @@ async def test_many_paced_streams_through_the_engine_share_commits(tmp_path: Pat
                         nursery.start_soon(worker.emit, task_id, EventType.MODEL_OUTPUT_DELTA,
                                            ModelOutputDelta(block_id="b1", delta="x"))
                         await trio.testing.wait_all_tasks_blocked()
-                    clock.jump(MAX_COMMIT_LINGER_S)  # a linger under way ends now
+                    still_clock.jump(MAX_COMMIT_LINGER_S)  # a linger under way ends now
                 commits_per_round.append(stats.transactions - before)
             # Without the linger the first of a round commits alone and the rest queue behind it: two per round. The
             # first round finds no company yet; a write of the engine's own may fall into a round.
