@@ -4,7 +4,7 @@ request waited shows as its not being done yet, or the clock having had to move,
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from codesdk.protocol import EventType, ModelOutputDelta, TaskCompleted
 from codesdk.supervisor.engine import session_events
 from codesdk.supervisor.store import COMMIT_LINGER_S, MAX_COMMIT_LINGER_S, EventStore, TaskState
 from codesdk.supervisor.store._db import SQLiteDb
-from codesdk.supervisor.store._writer import COMPANY_WINDOW_S, Writer, WriteRequest
+from codesdk.supervisor.store._writer import COMPANY_WINDOW_S, Writer, WriterStats, WriteRequest
 from codesdk.testing.invariants import check_session
 from tests.engine.doubles import engine_with_doubles, running_task
 from tests.waits import real_time_limit
@@ -180,13 +180,13 @@ async def test_many_paced_streams_through_the_engine_share_commits(tmp_path: Pat
             stats = engine.store.writer_stats
             commits_per_round = []
             for _ in range(rounds):
-                before = stats.transactions
+                before, lingers_before = stats.transactions, stats.lingers
                 async with trio.open_nursery() as nursery:
                     for _, task_id, worker in runs:  # one after the other: each reaches the writer alone
                         nursery.start_soon(worker.emit, task_id, EventType.MODEL_OUTPUT_DELTA,
                                            ModelOutputDelta(block_id="b1", delta="x"))
                         await trio.testing.wait_all_tasks_blocked()
-                    still_clock.jump(MAX_COMMIT_LINGER_S)  # a linger under way ends now
+                    await _end_each_linger(still_clock, stats, lingers_before, lambda: not nursery.child_tasks)
                 commits_per_round.append(stats.transactions - before)
             # Without the linger the first of a round commits alone and the rest queue behind it: two per round. The
             # first round finds no company yet; a write of the engine's own may fall into a round.
@@ -199,3 +199,15 @@ async def test_many_paced_streams_through_the_engine_share_commits(tmp_path: Pat
                 check_session(events)
                 assert sum(event.type == EventType.MODEL_OUTPUT_DELTA for event in events) == rounds
 
+
+
+async def _end_each_linger(clock: trio.testing.MockClock, stats: WriterStats, lingers_ended: int,
+                           finished: Callable[[], bool]) -> None:
+    """Until ``finished``: move the still clock past each linger once it has begun, and only then. Through the
+    engine an append may reach the writer after ``wait_all_tasks_blocked`` returned (it counts a task waiting for
+    the store's thread as blocked), so a single jump could come before the linger it was meant to end."""
+    while not finished():
+        await trio.testing.wait_all_tasks_blocked()
+        if stats.lingers > lingers_ended:
+            lingers_ended = stats.lingers
+            clock.jump(MAX_COMMIT_LINGER_S)
