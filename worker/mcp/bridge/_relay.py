@@ -1,18 +1,24 @@
-"""The bridge's MCP side: CodeSDK's MCP server (``codesdk.worker.mcp.server``) on stdio, relaying tool calls to the worker.
+"""The bridge's MCP side: CodeSDK's MCP answers (``codesdk.worker.mcp._messages``) on stdio, relaying tool calls to the
+worker. The standard library only, one thread, one selector over stdin and the worker's socket.
 
-Loaded once the worker accepted our hello. Not the ``mcp`` package's server: importing it costs ~0.8 s, and every
-ACP agent waits for its MCP servers before its first prompt, so that was most of what CodeSDK added to an agent's
-turn (``scripts/bench --case acp``); the project's own server, which Claude Code's in-process server uses too, needs
-trio only. The tests drive the bridge with the ``mcp`` package's client.
+Why not trio, or the ``mcp`` package's server: an agent starts its MCP servers when a turn begins and waits for
+their ``initialize`` and ``tools/list`` answers before its first model request, so the bridge's start-up is on every
+turn's path. Importing the ``mcp`` package costs ~0.8 s; trio ~90 ms of CPU, which on a small box also slows the
+agent and the model server it waits for (codex-acp's warm turn: 1.55x a minimal client with trio imported before the
+handshake, 1.37x with the import moved beside it, measured with ``scripts/bench --case acp``). What is relayed needs
+no task machinery: a request is answered at once or forwarded, and each forwarded call is answered when the worker
+answers it.
 
-Requests from the agent are answered concurrently (an agent's parallel tool calls), each as it finishes; stdin's
-lines are bounded. ``_Relay`` shapes each call for the agents we serve: an argument ``wait_for_previous`` that
+Requests from the agent are answered concurrently (an agent's parallel tool calls), each as it finishes; a call the
+agent cancels (``notifications/cancelled``) is answered "cancelled" at once and its late answer dropped. stdin's and
+the socket's lines are bounded. Calls are shaped for the agents we serve: an argument ``wait_for_previous`` that
 Gemini CLI adds to every call is dropped unless the tool declares it; a text that parses as JSON but not as an
-object also goes out as ``structuredContent = {"result": <value>}``, since Gemini CLI otherwise takes the parsed
-text itself as structured content and fails validating a non-object.
+object also goes out as ``structuredContent = {"result": <value>}``, since Gemini CLI otherwise takes the parsed text
+itself as structured content and fails validating a non-object.
 
-When the worker closes the socket (its task ended), every call in flight, and any call after, is answered
-``TASK_ENDED``; once those answers are written the bridge exits, without waiting for stdin to end.
+When the worker closes the socket (its task ended), every call in flight is answered ``TASK_ENDED`` and the bridge
+exits, without waiting for stdin to end. When stdin ends the agent is done with us: the bridge exits, and the
+worker, seeing the connection close, cancels what it was still running for us.
 """
 
 from __future__ import annotations
@@ -20,170 +26,171 @@ from __future__ import annotations
 import json
 import logging
 import os
+import selectors
 import sys
 from typing import Any, NoReturn
 
-import trio
-
 from codesdk._version import __version__
-from ..server import McpServer, McpTool, ToolCallResult
+from .._messages import Call, Cancel, McpAnswers, McpTool, ToolCallResult
 from ._link import WorkerLink
-from ._wire import MAX_LINE_BYTES, TASK_ENDED, LineReader, LineTooLong, encode_line
+from ._wire import MAX_LINE_BYTES, MAX_STDIN_LINE_BYTES, TASK_ENDED, LineReader, LineTooLong, encode_line
 
 log = logging.getLogger("codesdk.mcp_bridge")
 
-#: Longest JSON-RPC line taken from the agent: a call's arguments plus MCP's envelope. Beyond it a line is dropped
-#: (logged); a call that long could not be forwarded within the socket's own limit anyway.
-MAX_STDIN_LINE_BYTES = 2 * MAX_LINE_BYTES
 #: The argument Gemini CLI adds to every tool call (its scheduler's, not the tool's).
 GEMINI_SCHEDULING_ARGUMENT = "wait_for_previous"
-_READ_CHUNK_BYTES = 64 * 1024
+#: The server's name in ``initialize``.
+SERVER_NAME = "codesdk"
 PARSE_ERROR = -32700
+_READ_CHUNK_BYTES = 64 * 1024
 
 
-async def serve(link: WorkerLink, wire_fd: int) -> None:
+class _Done(Exception):
+    """Nothing is left to do: the bridge exits."""
+
+
+def serve(link: WorkerLink, wire_fd: int, stdin_fd: int = 0) -> None:
+    """Serve the agent on ``stdin_fd``/``wire_fd`` until it is done with us or the worker is gone."""
     level = os.environ.get("CODESDK_LOG_LEVEL", "WARNING").upper()
     logging.basicConfig(stream=sys.stderr, level=level if level in logging.getLevelNamesMapping() else "WARNING",
                         format="codesdk mcp bridge: %(levelname)s %(name)s: %(message)s")
-    relay = _Relay(link)
-    tools = [McpTool(name=str(tool.get("name")), description=str(tool.get("description") or ""),
-                     input_schema=dict(tool.get("inputSchema") or {"type": "object"})) for tool in link.tools]
-    server = McpServer("codesdk", __version__, tools, relay.call)
-    stdout = trio.lowlevel.FdStream(wire_fd)
-    write_lock = trio.Lock()
-
-    async def answer(message: Any, response: dict[str, Any] | None = None) -> None:
-        """Answer one message of the agent (``response``: already known, a parse error)."""
-        relay.started()
+    relay = _Relay(link, wire_fd)
+    with selectors.DefaultSelector() as selector:
+        selector.register(stdin_fd, selectors.EVENT_READ, relay.from_agent)
+        selector.register(link.sock, selectors.EVENT_READ, relay.from_worker)
         try:
-            if response is None:
-                response = await server.handle(message)
-            if response is not None:
-                async with write_lock:
-                    await stdout.send_all(encode_line(response))
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            log.info("the agent closed our stdout (%s): the bridge stops", exc)
-            requests.cancel_scope.cancel()
+            relay.worker_lines()  # what the worker sent along with the tool list, if anything
+            while True:
+                for key, _ in selector.select():
+                    key.data(_read(key.fd))
+        except _Done:
+            pass
         finally:
-            relay.finished()
+            link.sock.close()
 
-    async with relay.stream, trio.open_nursery() as requests:
-        requests.start_soon(relay.read_answers)
-        requests.start_soon(relay.end_when_drained, requests.cancel_scope)
-        async for line in _stdin_lines(trio.lowlevel.FdStream(os.dup(0))):
-            try:
-                message = json.loads(line)
-            except ValueError as exc:
-                requests.start_soon(answer, None, {"jsonrpc": "2.0", "id": None,
-                                                   "error": {"code": PARSE_ERROR, "message": f"Parse error: {exc}"}})
-                continue
-            requests.start_soon(answer, message)
-        requests.cancel_scope.cancel()  # stdin ended: the agent is done with us
+
+def _read(fd: int) -> bytes:
+    try:
+        return os.read(fd, _READ_CHUNK_BYTES)
+    except OSError:  # a reset socket or a broken pipe: an end like any other
+        return b""
 
 
 class _Relay:
-    """The worker's side of each MCP request: its tool list, and its answer to each call."""
+    """The agent's requests and the worker's answers, matched by call."""
 
-    def __init__(self, link: WorkerLink) -> None:
-        self.stream = trio.SocketStream(trio.socket.from_stdlib_socket(link.sock))
-        self.reader = link.reader
+    def __init__(self, link: WorkerLink, wire_fd: int) -> None:
+        self.sock = link.sock
+        self.wire_fd = wire_fd
         self.tools = {str(tool.get("name")): tool for tool in link.tools}
-        self.worker_gone = trio.Event()
-        #: Set once the worker is gone and every call's answer is written: time to exit.
-        self.drained = trio.Event()
+        self.answers = McpAnswers(SERVER_NAME, __version__, [
+            McpTool(name=name, description=str(tool.get("description") or ""),
+                    input_schema=dict(tool.get("inputSchema") or {"type": "object"}))
+            for name, tool in self.tools.items()])
+        self.from_stdin = LineReader(MAX_STDIN_LINE_BYTES)
+        self.from_socket = link.reader
+        #: Calls sent to the worker and not yet answered, by our id on the socket.
+        self.waiting: dict[int, Call] = {}
         self._next_id = 0
-        self._waiting: dict[int, tuple[trio.Event, list[tuple[str, bool]]]] = {}
-        self._send_lock = trio.Lock()
-        #: The agent's requests being answered (their answers not yet written).
-        self._answering = 0
 
-    # -- MCP requests ---------------------------------------------------------------------------
+    # -- the agent ------------------------------------------------------------------------------
 
-    def started(self) -> None:
-        self._answering += 1
+    def from_agent(self, chunk: bytes) -> None:
+        if not chunk:  # stdin ended: the agent is done with us
+            last = self.from_stdin.rest()
+            if last is not None:
+                self._take(last)
+            raise _Done
+        self.from_stdin.feed(chunk)
+        while True:
+            try:
+                line = self.from_stdin.next_line()
+            except LineTooLong as exc:
+                log.error("dropped %s from the agent", exc)
+                continue
+            if line is None:
+                return
+            self._take(line)
 
-    def finished(self) -> None:
-        self._answering -= 1
-        self._check_drained()
+    def _take(self, line: bytes) -> None:
+        try:
+            message = json.loads(line)
+        except ValueError as exc:
+            self._write({"jsonrpc": "2.0", "id": None, "error": {"code": PARSE_ERROR, "message": f"Parse error: {exc}"}})
+            return
+        step = self.answers.step(message)
+        if isinstance(step, Call):
+            self._forward(step)
+        elif isinstance(step, Cancel):
+            for call_id, call in list(self.waiting.items()):
+                if call.request_id == step.request_id:
+                    del self.waiting[call_id]  # its answer, if it comes, is dropped
+                    self._write(call.cancelled())
+        elif step is not None:
+            self._write(step)
 
-    async def call(self, name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> ToolCallResult:
-        """One ``tools/call``, as the worker answers it."""
-        arguments = dict(arguments)
-        declared = (self.tools.get(name, {}).get("inputSchema") or {}).get("properties") or {}
-        if GEMINI_SCHEDULING_ARGUMENT not in declared:
-            arguments.pop(GEMINI_SCHEDULING_ARGUMENT, None)
-        text, is_error = await self._call(name, arguments, meta)
-        return _tool_result(text, is_error)
+    def _write(self, message: dict[str, Any]) -> None:
+        view = memoryview(encode_line(message))
+        try:
+            while view:
+                view = view[os.write(self.wire_fd, view):]
+        except OSError as exc:
+            log.info("the agent closed our stdout (%s): the bridge stops", exc)
+            raise _Done from None
 
     # -- the worker -----------------------------------------------------------------------------
 
-    async def _call(self, name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> tuple[str, bool]:
-        if self.worker_gone.is_set():
-            return TASK_ENDED, True
+    def _forward(self, call: Call) -> None:
+        arguments = dict(call.arguments)
+        declared = (self.tools.get(call.name, {}).get("inputSchema") or {}).get("properties") or {}
+        if GEMINI_SCHEDULING_ARGUMENT not in declared:
+            arguments.pop(GEMINI_SCHEDULING_ARGUMENT, None)
         self._next_id += 1
-        call_id = self._next_id
-        line = encode_line({"type": "call", "id": call_id, "name": name, "arguments": arguments, "meta": meta})
+        line = encode_line({"type": "call", "id": self._next_id, "name": call.name, "arguments": arguments,
+                            "meta": call.meta})
         if len(line) - 1 > MAX_LINE_BYTES:
-            return f"the arguments of this call are too large ({len(line)} bytes; the limit is {MAX_LINE_BYTES})", True
-        arrived, answer = trio.Event(), list[tuple[str, bool]]()
-        self._waiting[call_id] = (arrived, answer)
+            self._write(call.result_of(ToolCallResult(
+                f"the arguments of this call are too large ({len(line)} bytes; the limit is {MAX_LINE_BYTES})",
+                is_error=True)))
+            return
+        self.waiting[self._next_id] = call
         try:
-            async with self._send_lock:
-                await self.stream.send_all(line)
-            await arrived.wait()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.sock.sendall(line)
+        except OSError:
             self._worker_lost()
-        finally:
-            del self._waiting[call_id]
-        return answer[0] if answer else (TASK_ENDED, True)
 
-    async def read_answers(self) -> None:
-        """Wake each call with its answer until the worker closes the socket; then wake the rest with
-        ``TASK_ENDED``."""
+    def from_worker(self, chunk: bytes) -> None:
+        if not chunk:
+            self._worker_lost()
+        self.from_socket.feed(chunk)
+        self.worker_lines()
+
+    def worker_lines(self) -> None:
+        """Take every answer the worker's bytes so far hold."""
         try:
-            while True:
-                while (line := self.reader.next_line()) is not None:
-                    self._take_answer(line)
-                chunk = await self.stream.receive_some(_READ_CHUNK_BYTES)
-                if not chunk:
-                    break
-                self.reader.feed(chunk)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+            while (line := self.from_socket.next_line()) is not None:
+                self._take_answer(line)
         except (LineTooLong, ValueError) as exc:
             log.error("the worker sent an unreadable line (%s): the bridge stops", exc)
-        self._worker_lost()
-        await self.stream.aclose()
+            self._worker_lost()
 
     def _take_answer(self, line: bytes) -> None:
         message = json.loads(line)
         if not isinstance(message, dict) or message.get("type") != "result":
             raise ValueError(f"unexpected message {line[:200]!r}")
         call_id = message.get("id")
-        waiting = self._waiting.get(call_id) if isinstance(call_id, int) else None
-        if waiting is None:
+        call = self.waiting.pop(call_id, None) if isinstance(call_id, int) else None
+        if call is None:
             return  # a call the agent cancelled: nobody waits for it
-        arrived, answer = waiting
-        answer.append((str(message.get("text", "")), bool(message.get("isError"))))
-        arrived.set()
+        self._write(call.result_of(_tool_result(str(message.get("text", "")), bool(message.get("isError")))))
 
-    def _worker_lost(self) -> None:
-        if not self.worker_gone.is_set():
-            log.info("the worker closed the connection: the task ended")
-        self.worker_gone.set()
-        for arrived, _answer in self._waiting.values():
-            arrived.set()
-        self._check_drained()
-
-    # -- ending ---------------------------------------------------------------------------------
-
-    def _check_drained(self) -> None:
-        if self.worker_gone.is_set() and not self._answering:
-            self.drained.set()
-
-    async def end_when_drained(self, scope: trio.CancelScope) -> None:
-        await self.drained.wait()
-        scope.cancel()
+    def _worker_lost(self) -> NoReturn:
+        """The worker closed the connection (the task ended): every call in flight is answered, then we exit."""
+        log.info("the worker closed the connection: the task ended")
+        waiting, self.waiting = self.waiting, {}
+        for call in waiting.values():
+            self._write(call.result_of(ToolCallResult(TASK_ENDED, is_error=True)))
+        raise _Done
 
 
 def _tool_result(text: str, is_error: bool) -> ToolCallResult:
@@ -196,32 +203,3 @@ def _tool_result(text: str, is_error: bool) -> ToolCallResult:
 
 def _not_json(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
-
-
-async def _stdin_lines(stream: trio.lowlevel.FdStream) -> Any:
-    """stdin's lines (without their newline), from a trio stream: cancellable, each bounded (a longer one is
-    dropped, logged)."""
-    reader = LineReader(MAX_STDIN_LINE_BYTES)
-    ended = False
-    while True:
-        try:
-            line = reader.next_line()
-        except LineTooLong as exc:
-            log.error("dropped %s from the agent", exc)
-            continue
-        if line is None and ended:
-            line = reader.rest()
-            if line is None:
-                return
-        if line is not None:
-            if line.strip():
-                yield line
-            continue
-        try:
-            chunk = await stream.receive_some(_READ_CHUNK_BYTES)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            chunk = b""
-        if chunk:
-            reader.feed(chunk)
-        else:
-            ended = True

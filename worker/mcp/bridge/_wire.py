@@ -21,6 +21,10 @@ TOKEN_ENV = "CODESDK_BRIDGE_TOKEN"
 #: result the worker's own protocol carries fits.
 MAX_LINE_BYTES = 8 * 1024 * 1024
 
+#: Longest JSON-RPC line taken from the agent on stdin: a call's arguments plus MCP's envelope. Beyond it a line is
+#: dropped (logged); a call that long could not be forwarded within the socket's own limit anyway.
+MAX_STDIN_LINE_BYTES = 2 * MAX_LINE_BYTES
+
 #: The longest path ``bind``/``connect`` take: ``sun_path`` is 108 bytes with its NUL; a margin for other kernels.
 _MAX_SUN_PATH_BYTES = 100
 

@@ -3,9 +3,9 @@
 Started as ``codesdk-worker mcp-bridge`` or ``python -I -m codesdk.worker.mcp.bridge`` (``BridgeEndpoint.mcp_server``), with
 ``CODESDK_BRIDGE_SOCKET`` and ``CODESDK_BRIDGE_TOKEN`` in its environment. It first reaches the worker and says
 hello, with nothing but the standard library loaded: refused or unreachable, it prints one line on stderr and exits
-2 within milliseconds (the agent then reports its MCP server failed, and has no tools). Accepted, it loads trio and
-the relay (``_relay``) and serves the worker's tools on stdin/stdout until stdin ends or the worker closes
-the socket (the task ended).
+2 within milliseconds (the agent then reports its MCP server failed, and has no tools). Accepted, it serves the
+worker's tools on stdin/stdout (``_relay``, the standard library only: the agent waits for its answers before the
+turn's first model request) until stdin ends or the worker closes the socket (the task ended).
 """
 
 from __future__ import annotations
@@ -35,11 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         link = connect(Path(path), token)
     except WorkerUnavailable as exc:
         return _fail(str(exc))
-    import trio
-
     from ._relay import serve
 
-    trio.run(serve, link, wire)
+    serve(link, wire)
     return 0
 
 

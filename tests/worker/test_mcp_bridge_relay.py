@@ -1,0 +1,190 @@
+"""The bridge's relay (``codesdk.worker.mcp.bridge._relay``) without trio: the handshake is answered with the standard
+library alone, a cancelled call is answered at once and its late answer dropped, a worker that breaks its protocol
+ends every call in flight, and what the agent writes in one piece is taken whole. The whole bridge is driven by the
+``mcp`` package's client in ``test_mcp_bridge.py``; here the relay runs in a thread of this process over real pipes
+and a socket pair whose worker end the test holds, and once as the real bridge process."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from codesdk.worker.mcp.bridge._link import WorkerLink
+from codesdk.worker.mcp.bridge._relay import serve
+from codesdk.worker.mcp.bridge._wire import MAX_LINE_BYTES, TASK_ENDED, LineReader
+from codesdk.worker.mcp.bridge.endpoint import serve_tools
+
+from tests.waits import HANG_GUARD_S
+from tests.worker.harness import REPO
+from tests.worker.test_mcp_bridge import GUARD_S, TOOLS, Handler, bridge_argv, bridge_env
+
+WORKER_TOOLS = [{"name": "echo", "description": "Answers with its arguments.", "inputSchema": {"type": "object"}}]
+
+
+def _line(message: dict[str, Any]) -> bytes:
+    return json.dumps(message).encode() + b"\n"
+
+
+def _request(request_id: int, method: str, params: dict[str, Any] | None = None) -> bytes:
+    return _line({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params or {}})
+
+
+INITIALIZE = _request(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                        "clientInfo": {"name": "test", "version": "0"}})
+INITIALIZED = _line({"jsonrpc": "2.0", "method": "notifications/initialized"})
+TOOLS_LIST = _request(2, "tools/list")
+PING = _request(4, "ping")
+
+
+def _call(request_id: int, text: str) -> bytes:
+    return _request(request_id, "tools/call", {"name": "echo", "arguments": {"text": text}})
+
+
+class _Relayed:
+    """The relay serving in a thread: the agent's pipes and the worker's end of the socket, as the test holds them."""
+
+    def __init__(self) -> None:
+        stdin_read, self.stdin = os.pipe()
+        self.wire, wire_write = os.pipe()
+        ours, self.worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.worker.settimeout(HANG_GUARD_S)
+        self._fds = [stdin_read, wire_write]
+        link = WorkerLink(ours, LineReader(MAX_LINE_BYTES), WORKER_TOOLS)
+        self.thread = threading.Thread(target=self._serve, args=(link, wire_write, stdin_read), daemon=True)
+        self.thread.start()
+        self._buffer = b""
+        self._worker_buffer = b""
+
+    def _serve(self, link: WorkerLink, wire_write: int, stdin_read: int) -> None:
+        serve(link, wire_write, stdin_read)
+        for fd in self._fds:
+            os.close(fd)  # the relay is over: the agent sees its stdout end
+
+    def write(self, data: bytes) -> None:
+        os.write(self.stdin, data)
+
+    def answer(self) -> dict[str, Any]:
+        """The next message the relay wrote to the agent."""
+        while b"\n" not in self._buffer:
+            chunk = os.read(self.wire, 65536)
+            assert chunk, "the relay's stdout ended"
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return dict(json.loads(line))
+
+    def call_at_worker(self) -> dict[str, Any]:
+        while b"\n" not in self._worker_buffer:
+            chunk = self.worker.recv(65536)
+            assert chunk, "the relay closed the worker's socket"
+            self._worker_buffer += chunk
+        line, self._worker_buffer = self._worker_buffer.split(b"\n", 1)
+        return dict(json.loads(line))
+
+    def ended(self) -> bool:
+        self.thread.join(HANG_GUARD_S)
+        return not self.thread.is_alive()
+
+
+@contextmanager
+def _relayed() -> Iterator[_Relayed]:
+    relay = _Relayed()
+    try:
+        yield relay
+    finally:
+        os.close(relay.stdin)
+        relay.worker.close()
+        relay.thread.join(HANG_GUARD_S)
+        os.close(relay.wire)
+
+
+def test_the_handshake_is_answered_without_the_worker_and_a_call_goes_to_it() -> None:
+    with _relayed() as relay:
+        relay.write(INITIALIZE + INITIALIZED + TOOLS_LIST + _call(3, "hi") + PING[:10])
+        initialize, tools = relay.answer(), relay.answer()
+        assert initialize["id"] == 1 and initialize["result"]["protocolVersion"] == "2025-06-18"
+        assert tools == {"jsonrpc": "2.0", "id": 2, "result": {"tools": WORKER_TOOLS}}
+        call = relay.call_at_worker()
+        assert (call["type"], call["name"], call["arguments"]) == ("call", "echo", {"text": "hi"})
+        relay.write(PING[10:])
+        assert relay.answer() == {"jsonrpc": "2.0", "id": 4, "result": {}}, "what followed the call was lost"
+        relay.worker.sendall(_line({"type": "result", "id": call["id"], "text": "hi back", "isError": False}))
+        assert relay.answer()["result"]["content"] == [{"type": "text", "text": "hi back"}]
+
+
+def test_a_cancelled_call_is_answered_at_once_and_its_late_answer_dropped() -> None:
+    with _relayed() as relay:
+        relay.write(_call(7, "slow") + _call(8, "fast"))
+        slow, fast = relay.call_at_worker(), relay.call_at_worker()
+        relay.write(_line({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}}))
+        assert relay.answer() == {"jsonrpc": "2.0", "id": 7, "error": {"code": -32800, "message": "Request cancelled"}}
+        relay.worker.sendall(_line({"type": "result", "id": slow["id"], "text": "too late"})
+                             + _line({"type": "result", "id": fast["id"], "text": "in time"}))
+        answer = relay.answer()
+        assert answer["id"] == 8 and answer["result"]["content"][0]["text"] == "in time"
+
+
+def test_a_worker_that_breaks_its_protocol_ends_every_call_in_flight_and_the_relay() -> None:
+    with _relayed() as relay:
+        relay.write(_call(3, "a") + _call(4, "b"))
+        relay.call_at_worker()
+        relay.call_at_worker()
+        relay.worker.sendall(b"not a json line\n")
+        answers = [relay.answer(), relay.answer()]
+        assert sorted(answer["id"] for answer in answers) == [3, 4]
+        assert all(answer["result"] == {"content": [{"type": "text", "text": TASK_ENDED}], "isError": True}
+                   for answer in answers)
+        assert relay.ended()
+
+
+def test_a_line_that_is_not_json_gets_a_parse_error_and_the_relay_goes_on() -> None:
+    with _relayed() as relay:
+        relay.write(b"{not json\n" + PING)
+        assert relay.answer()["error"]["code"] == -32700
+        assert relay.answer()["id"] == 4
+
+
+def test_the_bridge_imports_neither_trio_nor_mcp() -> None:
+    probe = ("import sys; import codesdk.worker.mcp.bridge.main, codesdk.worker.mcp.bridge._relay; "
+             "print(sorted(name for name in ('trio', 'mcp', 'pydantic') if name in sys.modules))")
+    found = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)
+    assert found.stdout.strip() == "[]"
+
+
+async def test_a_call_written_with_the_handshake_in_one_piece_reaches_the_worker(tmp_path: Path) -> None:
+    """The real bridge process: the handshake, a call and a ping in one write; each is answered once."""
+    handler = Handler()
+    with trio.fail_after(GUARD_S):
+        async with serve_tools(TOOLS, handler, directory=tmp_path) as endpoint, trio.open_nursery() as nursery:
+            bridge: trio.Process = await nursery.start(partial(
+                trio.run_process, bridge_argv(endpoint), env=bridge_env(endpoint), cwd=tmp_path,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False))
+            assert bridge.stdin is not None and bridge.stdout is not None
+            await bridge.stdin.send_all(INITIALIZE + INITIALIZED + TOOLS_LIST + _call(3, "hi") + PING)
+            answers: dict[int, dict[str, Any]] = {}
+            buffer = b""
+            while len(answers) < 4:
+                chunk = await bridge.stdout.receive_some()
+                assert chunk, f"the bridge's stdout ended with answers to {sorted(answers)} only"
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    message = json.loads(line)
+                    assert message["id"] not in answers, f"answered twice: {message}"
+                    answers[message["id"]] = message
+            await bridge.stdin.aclose()
+            assert await bridge.wait() == 0
+    assert [call.name for call in handler.calls] == ["echo"]
+    assert json.loads(answers[3]["result"]["content"][0]["text"]) == {"text": "hi"}
+    assert answers[4]["result"] == {} and {tool["name"] for tool in answers[2]["result"]["tools"]} == {
+        tool.name for tool in TOOLS}
