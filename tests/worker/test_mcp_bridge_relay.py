@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
+from codesdk.worker.mcp._messages import Call, Cancel, McpAnswers, McpTool
 from codesdk.worker.mcp.bridge._link import WorkerLink
 from codesdk.worker.mcp.bridge._relay import serve
 from codesdk.worker.mcp.bridge._wire import MAX_LINE_BYTES, TASK_ENDED, LineReader
@@ -188,3 +191,30 @@ async def test_a_call_written_with_the_handshake_in_one_piece_reaches_the_worker
     assert json.loads(answers[3]["result"]["content"][0]["text"]) == {"text": "hi"}
     assert answers[4]["result"] == {} and {tool["name"] for tool in answers[2]["result"]["tools"]} == {
         tool.name for tool in TOOLS}
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                     max_leaves=8)
+_methods = st.sampled_from(["initialize", "ping", "tools/list", "tools/call", "notifications/cancelled",
+                            "notifications/initialized", "resources/list"]) | st.text(max_size=12)
+
+
+@given(message=_json | st.fixed_dictionaries({"jsonrpc": st.just("2.0"), "method": _methods}, optional={
+    "id": st.integers() | st.text(max_size=4) | st.booleans() | st.none(), "params": _json}))
+def test_every_message_gets_one_well_formed_step(message: Any) -> None:
+    """Whatever an agent sends, ``McpAnswers.step`` decides without raising: an answer to write (carrying the
+    request's own id when it had a usable one), nothing, a call of a tool we serve, or a cancellation."""
+    answers = McpAnswers("codesdk", "1", [McpTool("echo", "", {"type": "object"})])
+    step = answers.step(message)
+    if isinstance(step, Call):
+        assert step.name == "echo" and isinstance(step.arguments, dict) and isinstance(step.meta, dict)
+        assert step.request_id == message["id"]
+    elif isinstance(step, dict):
+        assert step["jsonrpc"] == "2.0" and ("result" in step) != ("error" in step)
+        json.dumps(step)  # writable as it is
+        request_id = message.get("id") if isinstance(message, dict) else None
+        if isinstance(request_id, str | int) and not isinstance(request_id, bool) and "error" not in step:
+            assert step["id"] == request_id
+    else:
+        assert step is None or isinstance(step, Cancel)
