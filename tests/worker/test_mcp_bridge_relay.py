@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -80,6 +81,8 @@ class _Relayed:
     def answer(self) -> dict[str, Any]:
         """The next message the relay wrote to the agent."""
         while b"\n" not in self._buffer:
+            readable, _, _ = select.select([self.wire], [], [], HANG_GUARD_S)
+            assert readable, f"no answer from the relay within {HANG_GUARD_S:g} s"
             chunk = os.read(self.wire, 65536)
             assert chunk, "the relay's stdout ended"
             self._buffer += chunk
@@ -148,6 +151,22 @@ def test_a_worker_that_breaks_its_protocol_ends_every_call_in_flight_and_the_rel
         assert all(answer["result"] == {"content": [{"type": "text", "text": TASK_ENDED}], "isError": True}
                    for answer in answers)
         assert relay.ended()
+
+
+def test_answers_still_reach_the_agent_while_the_worker_reads_no_more_calls() -> None:
+    """The worker stops reading (at its bound of calls in flight, it answers inline) while the agent sends more than
+    the socket holds: the relay keeps what the socket does not take and goes on reading the worker's answers. A
+    relay that waited for the socket would stop reading too, and both sides would wait for ever."""
+    with _relayed() as relay:
+        relay.write(_call(1, "first"))
+        first = relay.call_at_worker()
+        big = "x" * 16_000
+        flood = b"".join(_call(100 + n, big) for n in range(64))  # ~1 MB: far more than the socket's buffers
+        threading.Thread(target=relay.write, args=(flood,), daemon=True).start()
+        relay.worker.sendall(_line({"type": "result", "id": first["id"], "text": "done"}))
+        assert relay.answer()["id"] == 1
+        calls = [relay.call_at_worker() for _ in range(64)]
+        assert [call["arguments"]["text"] == big for call in calls] == [True] * 64
 
 
 def test_a_line_that_is_not_json_gets_a_parse_error_and_the_relay_goes_on() -> None:

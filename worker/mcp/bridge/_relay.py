@@ -54,24 +54,30 @@ def serve(link: WorkerLink, wire_fd: int, stdin_fd: int = 0) -> None:
     level = os.environ.get("CODESDK_LOG_LEVEL", "WARNING").upper()
     logging.basicConfig(stream=sys.stderr, level=level if level in logging.getLevelNamesMapping() else "WARNING",
                         format="codesdk mcp bridge: %(levelname)s %(name)s: %(message)s")
-    relay = _Relay(link, wire_fd)
     with selectors.DefaultSelector() as selector:
+        relay = _Relay(link, wire_fd, selector)
         selector.register(stdin_fd, selectors.EVENT_READ, relay.from_agent)
         selector.register(link.sock, selectors.EVENT_READ, relay.from_worker)
         try:
             relay.worker_lines()  # what the worker sent along with the tool list, if anything
             while True:
-                for key, _ in selector.select():
-                    key.data(_read(key.fd))
+                for key, events in selector.select():
+                    if events & selectors.EVENT_WRITE:
+                        relay.send_waiting()
+                    if events & selectors.EVENT_READ and (chunk := _read(key.fd)) is not None:
+                        key.data(chunk)
         except _Done:
             pass
         finally:
             link.sock.close()
 
 
-def _read(fd: int) -> bytes:
+def _read(fd: int) -> bytes | None:
+    """What ``fd`` has (empty at its end); None if it had nothing after all."""
     try:
         return os.read(fd, _READ_CHUNK_BYTES)
+    except BlockingIOError:
+        return None
     except OSError:  # a reset socket or a broken pipe: an end like any other
         return b""
 
@@ -79,8 +85,13 @@ def _read(fd: int) -> bytes:
 class _Relay:
     """The agent's requests and the worker's answers, matched by call."""
 
-    def __init__(self, link: WorkerLink, wire_fd: int) -> None:
+    def __init__(self, link: WorkerLink, wire_fd: int, selector: selectors.BaseSelector) -> None:
         self.sock = link.sock
+        self.sock.setblocking(False)
+        self.selector = selector
+        #: Calls not yet taken by the socket. Sent as the worker reads, never waited for: a worker that stops
+        #: reading (too many calls in flight) goes on writing answers, which we must go on reading.
+        self.unsent = bytearray()
         self.wire_fd = wire_fd
         self.tools = {str(tool.get("name")): tool for tool in link.tools}
         self.answers = McpAnswers(SERVER_NAME, __version__, [
@@ -154,10 +165,23 @@ class _Relay:
                 is_error=True)))
             return
         self.waiting[self._next_id] = call
+        was_empty = not self.unsent
+        self.unsent += line
+        if was_empty:
+            self.send_waiting()
+
+    def send_waiting(self) -> None:
+        """Give the socket what it takes now of the calls not yet sent; wait for it to be writable for the rest."""
         try:
-            self.sock.sendall(line)
+            sent = self.sock.send(self.unsent)
+        except BlockingIOError:
+            sent = 0
         except OSError:
             self._worker_lost()
+        del self.unsent[:sent]
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self.unsent else 0)
+        if self.selector.get_key(self.sock).events != events:
+            self.selector.modify(self.sock, events, self.from_worker)
 
     def from_worker(self, chunk: bytes) -> None:
         if not chunk:
