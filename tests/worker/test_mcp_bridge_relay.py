@@ -23,7 +23,8 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from codesdk.worker.mcp._messages import Call, Cancel, McpAnswers, McpTool
+from codesdk.worker.mcp._messages import Call, Cancel, McpAnswers, McpTool, ToolCallResult
+from codesdk.worker.mcp.server import McpServer
 from codesdk.worker.mcp.bridge._link import WorkerLink
 from codesdk.worker.mcp.bridge._relay import serve
 from codesdk.worker.mcp.bridge._wire import MAX_LINE_BYTES, TASK_ENDED, LineReader
@@ -235,5 +236,22 @@ def test_every_message_gets_one_well_formed_step(message: Any) -> None:
         request_id = message.get("id") if isinstance(message, dict) else None
         if isinstance(request_id, str | int) and not isinstance(request_id, bool) and "error" not in step:
             assert step["id"] == request_id
+    elif isinstance(step, Cancel):
+        assert isinstance(step.request_id, str | int) and not isinstance(step.request_id, bool)
+        hash(step.request_id)  # a key the servers can look calls up by
     else:
-        assert step is None or isinstance(step, Cancel)
+        assert step is None
+
+
+async def test_a_cancellation_of_a_request_id_no_request_can_have_is_ignored() -> None:
+    """``notifications/cancelled`` naming a list, an object or a boolean: nothing to cancel, nothing raised (the
+    in-process server looks calls up by id)."""
+
+    async def never(name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> ToolCallResult:
+        raise AssertionError("no call was made")
+
+    server = McpServer("codesdk", "1", [McpTool("echo", "", {"type": "object"})], never)
+    for request_id in ([1], {"a": 1}, True, None, 1.5):
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}}
+        assert await server.handle(cancel) is None
+        assert server.answers.step(cancel) is None

@@ -76,7 +76,7 @@ class Call:
 class Cancel:
     """The client cancelled its request ``request_id`` (``notifications/cancelled``); nothing is answered."""
 
-    request_id: Any
+    request_id: str | int
 
 
 #: What a message asks for: an answer to send now (None: nothing to send), a call to make, or one to cancel.
@@ -135,7 +135,11 @@ class McpAnswers:
     @staticmethod
     def _notification(method: str, params: Any) -> Step:
         if method == "notifications/cancelled" and isinstance(params, dict):
-            return Cancel(params.get("requestId"))
+            request_id = params.get("requestId")
+            if isinstance(request_id, str | int) and not isinstance(request_id, bool):
+                return Cancel(request_id)
+            log.debug("cancellation of no request we could have (%r) ignored", request_id)
+            return None
         if method != "notifications/initialized":
             log.debug("MCP notification %s ignored", method)
         return None
