@@ -10,9 +10,8 @@ for a fixed tool list, and importing the ``mcp`` package costs ~0.8 s (measured 
 of a Claude Code turn, and of every ACP agent's start (the agents wait for their MCP servers before the first
 prompt). The messages follow MCP 2025-11-25 (versions 2024-11-05 .. 2025-11-25 are negotiated as the spec says); the
 tests check the answers against the ``mcp`` package's own models and client, and against the Claude SDK's bridge
-for the messages the CLI really sends. Light on purpose: trio and the standard library only; what to answer is
-``_messages`` (no trio: the bridge process answers an agent's handshake with it before trio is loaded), the calls
-and their cancellation are here.
+for the messages the CLI really sends. What to answer is ``_messages`` (pure, shared with the bridge process, whose
+relay runs on the standard library alone); the calls and their cancellation, on trio, are here.
 """
 
 from __future__ import annotations
@@ -48,10 +47,10 @@ class McpServer:
                 scope.cancel()
             return None
         if isinstance(step, Call):
-            return await self.make(step)
+            return await self._make(step)
         return step
 
-    async def make(self, call: Call) -> dict[str, Any]:
+    async def _make(self, call: Call) -> dict[str, Any]:
         """Make ``call`` (cancelled if the client cancels it meanwhile); its answer."""
         with trio.CancelScope() as scope:
             self._running[call.request_id] = scope
