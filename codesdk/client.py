@@ -2,10 +2,11 @@
 
     async with AsyncClient(socket="/run/codesdk/api.sock", token=token) as client:
         session = await client.create_session(namespace="user:alice")
-        async for event in client.run(session["session_id"], "fix the tests"):
+        async for event in client.run(session.session_id, "fix the tests"):
             print(event.type, event.payload)
 
-Events come back as ``protocol.NormalizedEvent``. ``stream`` follows a session over SSE and, when the
+Answers are the typed models of ``codesdk.protocol.api`` (``Session``, ``Task``, ``Approval`` …), re-exported here
+with the event types; events come back as ``NormalizedEvent``. ``stream`` follows a session over SSE and, when the
 connection drops, reconnects with ``Last-Event-ID`` = the last seq it handed out: no gaps, no duplicates.
 Errors are typed by status: Unauthorized (401), Forbidden (403), NotFound (404), Conflict (409),
 NamespaceElsewhere (421: another supervisor sharing the store runs the namespace; ``.api`` says where),
@@ -18,13 +19,35 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import IO, Any, Self
+from dataclasses import dataclass
+from typing import IO, Any, Generic, Self, TypeVar
 from urllib.parse import quote
 
 import anyio
 import httpx2 as httpx
 
-from codesdk.protocol import TERMINAL_EVENT_TYPES, ApprovalRequested, EventType, NormalizedEvent
+from pydantic import ValidationError
+
+from codesdk.protocol import TERMINAL_EVENT_TYPES, ApprovalRequested, EventType, NormalizedEvent, RuntimeOffer, api
+from codesdk.protocol.api import (
+    Approval,
+    EnvVariable,
+    LoginState,
+    NamespaceInfo,
+    Session,
+    StoppedTask,
+    Task,
+    TaskState,
+    Transcript,
+    WorkerState,
+)
+
+T = TypeVar("T")
+
+__all__ = ["ApiError", "Approval", "AsyncClient", "Client", "Conflict", "EnvVariable", "EventApprover", "EventType",
+           "Forbidden", "InvalidRequest", "LoginState", "NamespaceElsewhere", "NamespaceInfo", "NormalizedEvent",
+           "NotFound", "RuntimeOffer", "ServiceUnreachable", "Session", "StoppedTask", "Task", "TaskState",
+           "TooManyRequests", "Transcript", "Unauthorized", "WorkerState"]
 
 #: Answers one ``approval.requested`` event: allow or not, and why (shown to the runtime on a denial).
 EventApprover = Callable[[NormalizedEvent], Awaitable[tuple[bool, str]]]
@@ -222,16 +245,6 @@ def _approval_id(event: NormalizedEvent) -> str:
     return event.payload.approval_id
 
 
-def _session_body(namespace: str, runtime: str | None, metadata: dict[str, Any] | None,
-                  workspace: str | Path | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"namespace": namespace, "metadata": metadata or {}}
-    if runtime:
-        body["runtime"] = runtime
-    if workspace is not None:  # the admin token only: a tenant gets a workspace of its own
-        body["workspace"] = str(workspace)
-    return body
-
-
 def _boolean(name: str, value: object) -> bool:
     """A flag the API takes as a JSON boolean: ``"yes"``, ``1`` or ``None`` is refused here, as by the API."""
     if not isinstance(value, bool):
@@ -239,36 +252,139 @@ def _boolean(name: str, value: object) -> bool:
     return value
 
 
-def _decision(allow: object, reason: str) -> dict[str, Any]:
-    """The body of a decision: ``allow`` is a real boolean."""
-    _boolean("allow", allow)
-    if not isinstance(reason, str):
-        raise TypeError(f"reason must be text, not {reason!r}")
-    return {"allow": allow, "reason": reason}
+@dataclass(frozen=True)
+class _Call(Generic[T]):
+    """One request and how its answer reads (sans-IO): what both clients send for an operation, so the blocking
+    and the async client cannot differ in anything but waiting."""
+
+    method: str
+    path: str
+    read: Callable[[Any], T]
+    json: Any = None
+    params: dict[str, Any] | None = None
+    timeout: float | None = None
 
 
-def _task_body(prompt: str, permission_mode: str | None, runtime_config: dict[str, Any] | None,
-               interactive: bool, runtime: str | None = None, max_input_tokens: int | None = None,
-               timeout_s: float | None = None, idle_timeout_s: float | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"prompt": prompt}
-    if _boolean("interactive", interactive):
-        body["interaction_mode"] = "interactive"
-    if runtime:
-        body["runtime"] = runtime
-    if max_input_tokens is not None:
-        body["max_input_tokens"] = max_input_tokens
-    if timeout_s is not None:
-        body["timeout_s"] = timeout_s
-    if idle_timeout_s is not None:
-        body["idle_timeout_s"] = idle_timeout_s
-    if permission_mode:
-        body["permission_mode"] = permission_mode
-    if runtime_config:
-        body["runtime_config"] = runtime_config
-    return body
+def _page_params(**params: object) -> dict[str, Any]:
+    return {name: value for name, value in params.items() if value is not None}
+
+
+class _Calls:
+    """Every operation of the API as a ``_Call``; the clients' methods are these, sent."""
+
+    @staticmethod
+    def create_session(namespace: str, runtime: str | None, metadata: dict[str, Any] | None,
+                       workspace: str | Path | None) -> _Call[api.Session]:
+        body: dict[str, Any] = {"namespace": namespace, "metadata": metadata or {}}
+        if runtime:
+            body["runtime"] = runtime
+        if workspace is not None:  # the admin token only: a tenant gets a workspace of its own
+            body["workspace"] = str(workspace)
+        return _Call("POST", "/v1/sessions", api.Session.model_validate, json=body)
+
+    @staticmethod
+    def list_sessions(namespace: str | None, limit: int | None, offset: int | None) -> _Call[list[api.Session]]:
+        return _Call("GET", "/v1/sessions", lambda answer: list(api.SessionList.model_validate(answer).sessions),
+                     params=_page_params(namespace=namespace, limit=limit, offset=offset))
+
+    @staticmethod
+    def get_session(session_id: str) -> _Call[api.Session]:
+        return _Call("GET", f"/v1/sessions/{_q(session_id)}", api.Session.model_validate)
+
+    @staticmethod
+    def start_task(session_id: str, prompt: str, permission_mode: str | None, runtime_config: dict[str, Any] | None,
+                   interactive: bool, runtime: str | None, max_input_tokens: int | None, timeout_s: float | None,
+                   idle_timeout_s: float | None) -> _Call[api.Task]:
+        """The body carries what was given; the service checks it (``api.StartTaskRequest``) and says what is
+        wrong, so both clients' refusals are the service's own."""
+        body: dict[str, Any] = {"prompt": prompt}
+        if _boolean("interactive", interactive):
+            body["interaction_mode"] = "interactive"
+        optional = {"runtime": runtime or None, "max_input_tokens": max_input_tokens, "timeout_s": timeout_s,
+                    "idle_timeout_s": idle_timeout_s, "permission_mode": permission_mode or None,
+                    "runtime_config": runtime_config or None}
+        body |= {name: value for name, value in optional.items() if value is not None}
+        return _Call("POST", f"/v1/sessions/{_q(session_id)}/tasks", api.Task.model_validate, json=body)
+
+    @staticmethod
+    def get_task(task_id: str) -> _Call[api.Task]:
+        return _Call("GET", f"/v1/tasks/{_q(task_id)}", api.Task.model_validate)
+
+    @staticmethod
+    def stop_task(task_id: str, reason: str | None) -> _Call[api.StoppedTask]:
+        return _Call("POST", f"/v1/tasks/{_q(task_id)}/stop", api.StoppedTask.model_validate,
+                     json={"reason": reason} if reason else {},
+                     timeout=STOP_TIMEOUT_S)
+
+    @staticmethod
+    def events(session_id: str, after_seq: int, limit: int) -> _Call[list[NormalizedEvent]]:
+        return _Call("GET", f"/v1/sessions/{_q(session_id)}/events",
+                     lambda answer: list(api.EventPage.model_validate(answer).events),
+                     params={"after_seq": after_seq, "limit": limit})
+
+    @staticmethod
+    def approvals(state: str) -> _Call[list[api.Approval]]:
+        return _Call("GET", "/v1/approvals", lambda answer: list(api.ApprovalList.model_validate(answer).approvals),
+                     params={"state": state})
+
+    @staticmethod
+    def decide(approval_id: str, allow: bool, reason: str) -> _Call[api.Approval]:
+        _boolean("allow", allow)
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be text, not {reason!r}")
+        return _Call("POST", f"/v1/approvals/{_q(approval_id)}", api.Approval.model_validate,
+                     json={"allow": allow, "reason": reason})
+
+    @staticmethod
+    def namespaces() -> _Call[list[api.NamespaceInfo]]:
+        return _Call("GET", "/v1/namespaces",
+                     lambda answer: list(api.NamespaceList.model_validate(answer).namespaces))
+
+    @staticmethod
+    def runtimes(namespace: str | None) -> _Call[list[RuntimeOffer]]:
+        return _Call("GET", "/v1/runtimes", lambda answer: list(api.RuntimeList.model_validate(answer).runtimes),
+                     params=_page_params(namespace=namespace))
+
+    @staticmethod
+    def auth_status(namespace: str, runtime: str) -> _Call[api.LoginState]:
+        return _Call("GET", f"/v1/namespaces/{_q(namespace)}/auth/{_q(runtime)}", api.LoginState.model_validate)
+
+    @staticmethod
+    def namespace_env(namespace: str) -> _Call[list[api.EnvVariable]]:
+        return _Call("GET", f"/v1/namespaces/{_q(namespace)}/env",
+                     lambda answer: list(api.EnvList.model_validate(answer).variables))
+
+    @staticmethod
+    def update_namespace_env(namespace: str, set: dict[str, str] | None,
+                             unset: list[str] | None) -> _Call[list[api.EnvVariable]]:
+        return _Call("PATCH", f"/v1/namespaces/{_q(namespace)}/env",
+                     lambda answer: list(api.EnvList.model_validate(answer).variables),
+                     json={"set": set or {}, "unset": unset or []})
+
+    @staticmethod
+    def workers() -> _Call[list[api.WorkerState]]:
+        return _Call("GET", "/v1/workers", lambda answer: list(api.WorkerList.model_validate(answer).workers))
+
+    @staticmethod
+    def lift_quarantine(namespace: str) -> _Call[bool]:
+        return _Call("DELETE", f"/v1/namespaces/{_q(namespace)}/quarantine",
+                     lambda answer: api.QuarantineLifted.model_validate(answer).lifted)
+
+    @staticmethod
+    def transcript(session_id: str) -> _Call[api.Transcript]:
+        return _Call("GET", f"/v1/sessions/{_q(session_id)}/transcript", api.Transcript.model_validate)
+
+
+def _unexpected(call: _Call[Any], answer: object, exc: ValidationError) -> ApiError:
+    return ApiError(502, "unexpected_answer", f"{call.method} {call.path} answered what this client cannot read "
+                    f"({exc.error_count()} problems, first: {exc.errors()[0]['msg']}); is the service a newer major "
+                    "version?")
 
 
 class AsyncClient:
+    """The API's client, async (trio or asyncio). Every answer is a typed model of ``codesdk.protocol.api``
+    (re-exported here); events are ``NormalizedEvent``."""
+
     def __init__(self, *, socket: str | Path | None = None, base_url: str | None = None, token: str,
                  timeout_s: float = 30.0) -> None:
         transport_args, url = _transport_args(socket, base_url)
@@ -285,99 +401,101 @@ class AsyncClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+    async def _send(self, call: _Call[T]) -> T:
         try:
-            response = await self._http.request(method, path, **kwargs)
+            response = await self._http.request(call.method, call.path, json=call.json, params=call.params,
+                                                 timeout=call.timeout or httpx.USE_CLIENT_DEFAULT)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise ServiceUnreachable(self._where, exc) from exc
         _raise_for(response)
-        return response.json()
+        answer = response.json()
+        try:
+            return call.read(answer)
+        except ValidationError as exc:
+            raise _unexpected(call, answer, exc) from exc
 
     async def create_session(self, *, namespace: str = "default", runtime: str | None = None,
                              metadata: dict[str, Any] | None = None,
-                             workspace: str | Path | None = None) -> dict[str, Any]:
-        body = _session_body(namespace, runtime, metadata, workspace)
-        return dict(await self._call("POST", "/v1/sessions", json=body))
+                             workspace: str | Path | None = None) -> api.Session:
+        """A new session in ``namespace`` (``workspace``: the admin token only; a tenant's session gets its own)."""
+        return await self._send(_Calls.create_session(namespace, runtime, metadata, workspace))
 
-    async def list_sessions(self) -> list[dict[str, Any]]:
-        result = await self._call("GET", "/v1/sessions")
-        return list(result["sessions"] if isinstance(result, dict) else result)
+    async def list_sessions(self, *, namespace: str | None = None, limit: int | None = None,
+                            offset: int | None = None) -> list[api.Session]:
+        """The sessions the token sees, oldest first (``namespace``: only that one's)."""
+        return await self._send(_Calls.list_sessions(namespace, limit, offset))
 
-    async def get_session(self, session_id: str) -> dict[str, Any]:
-        return dict(await self._call("GET", f"/v1/sessions/{_q(session_id)}"))
+    async def get_session(self, session_id: str) -> api.Session:
+        return await self._send(_Calls.get_session(session_id))
 
     async def start_task(self, session_id: str, prompt: str, *, permission_mode: str | None = None,
                          runtime_config: dict[str, Any] | None = None, interactive: bool = False,
                          runtime: str | None = None, max_input_tokens: int | None = None,
-                         timeout_s: float | None = None, idle_timeout_s: float | None = None) -> dict[str, Any]:
+                         timeout_s: float | None = None, idle_timeout_s: float | None = None) -> api.Task:
         """Start a task. ``runtime``: move the session to another runtime from this task on (it is given the
         session's transcript); ``max_input_tokens``: cap the compiled input below the runtime's own budget;
         ``timeout_s`` / ``idle_timeout_s``: its deadlines in seconds (None: the service's default), past which it
         is stopped and fails ``TASK_TIMEOUT`` (one above the service's maximum is refused: ``InvalidRequest``)."""
-        body = _task_body(prompt, permission_mode, runtime_config, interactive, runtime, max_input_tokens,
-                          timeout_s, idle_timeout_s)
-        return dict(await self._call("POST", f"/v1/sessions/{_q(session_id)}/tasks", json=body))
+        return await self._send(_Calls.start_task(session_id, prompt, permission_mode, runtime_config, interactive,
+                                                  runtime, max_input_tokens, timeout_s, idle_timeout_s))
 
-    async def get_task(self, task_id: str) -> dict[str, Any]:
-        return dict(await self._call("GET", f"/v1/tasks/{_q(task_id)}"))
+    async def get_task(self, task_id: str) -> api.Task:
+        return await self._send(_Calls.get_task(task_id))
 
-    async def stop_task(self, task_id: str, reason: str | None = None) -> dict[str, Any]:
-        """Stop the task; returns its record with ``receipt`` once it has ended (its runtime may take its whole
-        grace, up to a minute: this call waits longer than the client's timeout)."""
-        return dict(await self._call("POST", f"/v1/tasks/{_q(task_id)}/stop", json={"reason": reason} if reason else {},
-                                     timeout=STOP_TIMEOUT_S))
+    async def stop_task(self, task_id: str, reason: str | None = None) -> api.StoppedTask:
+        """Stop the task; returns it with its ``receipt`` once it has ended (its runtime may take its whole grace,
+        up to a minute: this call waits longer than the client's timeout)."""
+        return await self._send(_Calls.stop_task(task_id, reason))
 
     async def events(self, session_id: str, *, after_seq: int = 0, limit: int = 500) -> list[NormalizedEvent]:
-        page = await self._call("GET", f"/v1/sessions/{_q(session_id)}/events",
-                                params={"after_seq": after_seq, "limit": limit})
-        return [NormalizedEvent.model_validate(e) for e in page["events"]]
+        """One page of the session's stored events after ``after_seq``."""
+        return await self._send(_Calls.events(session_id, after_seq, limit))
 
-    async def approvals(self, state: str = "pending") -> list[dict[str, Any]]:
+    async def approvals(self, state: str = "pending") -> list[api.Approval]:
         """Tool calls waiting for a human (interactive tasks), or decided ones with ``state``."""
-        return list((await self._call("GET", "/v1/approvals", params={"state": state}))["approvals"])
+        return await self._send(_Calls.approvals(state))
 
-    async def decide(self, approval_id: str, *, allow: bool, reason: str = "") -> dict[str, Any]:
+    async def decide(self, approval_id: str, *, allow: bool, reason: str = "") -> api.Approval:
         """Approve or deny a pending call; final (a second decision is a Conflict)."""
-        return dict(await self._call("POST", f"/v1/approvals/{_q(approval_id)}", json=_decision(allow, reason)))
+        return await self._send(_Calls.decide(approval_id, allow, reason))
 
-    async def answer(self, event: NormalizedEvent, *, allow: bool, reason: str = "") -> dict[str, Any]:
+    async def answer(self, event: NormalizedEvent, *, allow: bool, reason: str = "") -> api.Approval:
         """Decide the approval an ``approval.requested`` event (from ``stream``/``run``) asks for."""
         return await self.decide(_approval_id(event), allow=allow, reason=reason)
 
-    async def namespaces(self) -> list[dict[str, Any]]:
-        """The namespaces this token sees, each ``{"namespace", "sessions"}`` (the admin: every one)."""
-        return list((await self._call("GET", "/v1/namespaces"))["namespaces"])
+    async def namespaces(self) -> list[api.NamespaceInfo]:
+        """The namespaces this token sees, with their session counts (the admin: every one)."""
+        return await self._send(_Calls.namespaces())
 
-    async def runtimes(self, namespace: str | None = None) -> list[dict[str, Any]]:
+    async def runtimes(self, namespace: str | None = None) -> list[RuntimeOffer]:
         """What ``namespace``'s worker can run (default: the token's own namespace): each runtime's name, version,
         capabilities (the ``runtime_config`` keys it takes among them) and whether it is available now."""
-        query = {"namespace": namespace} if namespace is not None else None
-        return list((await self._call("GET", "/v1/runtimes", params=query))["runtimes"])
+        return await self._send(_Calls.runtimes(namespace))
 
-    async def auth_status(self, namespace: str, runtime: str) -> dict[str, Any]:
+    async def auth_status(self, namespace: str, runtime: str) -> api.LoginState:
         """Whether ``runtime`` is logged in for ``namespace``, and how to log it in (never a secret)."""
-        return dict(await self._call("GET", f"/v1/namespaces/{_q(namespace)}/auth/{_q(runtime)}"))
+        return await self._send(_Calls.auth_status(namespace, runtime))
 
-    async def namespace_env(self, namespace: str) -> list[dict[str, str]]:
+    async def namespace_env(self, namespace: str) -> list[api.EnvVariable]:
         """The namespace's stored variables as names and fingerprints (admin token); values are never returned."""
-        return list((await self._call("GET", f"/v1/namespaces/{_q(namespace)}/env"))["variables"])
+        return await self._send(_Calls.namespace_env(namespace))
 
     async def update_namespace_env(self, namespace: str, *, set: dict[str, str] | None = None,
-                                   unset: list[str] | None = None) -> list[dict[str, str]]:
+                                   unset: list[str] | None = None) -> list[api.EnvVariable]:
         """Set and remove variables of a namespace (admin token); its next worker has them."""
-        body = {"set": set or {}, "unset": unset or []}
-        return list((await self._call("PATCH", f"/v1/namespaces/{_q(namespace)}/env", json=body))["variables"])
+        return await self._send(_Calls.update_namespace_env(namespace, set, unset))
 
-    async def workers(self) -> list[dict[str, Any]]:
+    async def workers(self) -> list[api.WorkerState]:
         """Every namespace's worker state, recent crashes and quarantine (admin token)."""
-        return list((await self._call("GET", "/v1/workers"))["workers"])
+        return await self._send(_Calls.workers())
 
     async def lift_quarantine(self, namespace: str) -> bool:
         """Let a quarantined namespace start workers again now (admin token); False if it was not quarantined."""
-        return bool((await self._call("DELETE", f"/v1/namespaces/{_q(namespace)}/quarantine"))["lifted"])
+        return await self._send(_Calls.lift_quarantine(namespace))
 
-    async def transcript(self, session_id: str) -> Any:
-        return await self._call("GET", f"/v1/sessions/{_q(session_id)}/transcript")
+    async def transcript(self, session_id: str) -> api.Transcript:
+        """The conversation derived from the session's events: its messages, each with its content blocks."""
+        return await self._send(_Calls.transcript(session_id))
 
     async def bundle(self, session_id: str, into: IO[bytes]) -> int:
         """Write the session's support bundle (a .tar.gz, secrets redacted) to ``into``; returns its size."""
@@ -429,13 +547,13 @@ class AsyncClient:
         With ``approver`` the task is interactive: each ``approval.requested`` is yielded, then answered with
         what ``approver`` returns (an approval that expired or was decided elsewhere meanwhile is left be).
         """
-        before = (await self.get_session(session_id)).get("last_seq", 0)
+        before = (await self.get_session(session_id)).last_seq
         if approver is not None:
             task_args["interactive"] = True
         task = await self.start_task(session_id, prompt, **task_args)
         # this task's events only: starting it may first end a task left running there (a namespace taken over
         # from a supervisor that is gone), whose end is not this one's
-        async for event in self.stream(session_id, after_seq=before, until_terminal=True, task_id=task["task_id"]):
+        async for event in self.stream(session_id, after_seq=before, until_terminal=True, task_id=task.task_id):
             yield event
             if approver is not None and event.type == EventType.APPROVAL_REQUESTED:
                 allow, reason = await approver(event)
@@ -446,7 +564,7 @@ class AsyncClient:
 
 
 class Client:
-    """The same API, blocking (for scripts and tests without an event loop)."""
+    """The same API, blocking (for scripts and tests without an event loop): every method ``AsyncClient`` has."""
 
     def __init__(self, *, socket: str | Path | None = None, base_url: str | None = None, token: str,
                  timeout_s: float = 30.0) -> None:
@@ -465,81 +583,107 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _reachable(self) -> None:
         if self._socket is not None and not self._socket.exists():  # httpx's blocking transport leaks the socket
             raise ServiceUnreachable(self._where, FileNotFoundError(f"no such socket: {self._socket}"))
+
+    def _send(self, call: _Call[T]) -> T:
+        self._reachable()
         try:
-            response = self._http.request(method, path, **kwargs)
+            response = self._http.request(call.method, call.path, json=call.json, params=call.params,
+                                          timeout=call.timeout or httpx.USE_CLIENT_DEFAULT)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise ServiceUnreachable(self._where, exc) from exc
         _raise_for(response)
-        return response.json()
+        answer = response.json()
+        try:
+            return call.read(answer)
+        except ValidationError as exc:
+            raise _unexpected(call, answer, exc) from exc
 
     def create_session(self, *, namespace: str = "default", runtime: str | None = None,
-                       metadata: dict[str, Any] | None = None, workspace: str | Path | None = None) -> dict[str, Any]:
-        return dict(self._call("POST", "/v1/sessions", json=_session_body(namespace, runtime, metadata, workspace)))
+                       metadata: dict[str, Any] | None = None, workspace: str | Path | None = None) -> api.Session:
+        return self._send(_Calls.create_session(namespace, runtime, metadata, workspace))
 
-    def get_session(self, session_id: str) -> dict[str, Any]:
-        return dict(self._call("GET", f"/v1/sessions/{_q(session_id)}"))
+    def list_sessions(self, *, namespace: str | None = None, limit: int | None = None,
+                      offset: int | None = None) -> list[api.Session]:
+        return self._send(_Calls.list_sessions(namespace, limit, offset))
+
+    def get_session(self, session_id: str) -> api.Session:
+        return self._send(_Calls.get_session(session_id))
 
     def start_task(self, session_id: str, prompt: str, *, permission_mode: str | None = None,
                    runtime_config: dict[str, Any] | None = None, interactive: bool = False,
                    runtime: str | None = None, max_input_tokens: int | None = None,
-                   timeout_s: float | None = None, idle_timeout_s: float | None = None) -> dict[str, Any]:
-        body = _task_body(prompt, permission_mode, runtime_config, interactive, runtime, max_input_tokens,
-                          timeout_s, idle_timeout_s)
-        return dict(self._call("POST", f"/v1/sessions/{_q(session_id)}/tasks", json=body))
+                   timeout_s: float | None = None, idle_timeout_s: float | None = None) -> api.Task:
+        return self._send(_Calls.start_task(session_id, prompt, permission_mode, runtime_config, interactive, runtime,
+                                            max_input_tokens, timeout_s, idle_timeout_s))
 
-    def approvals(self, state: str = "pending") -> list[dict[str, Any]]:
-        return list(self._call("GET", "/v1/approvals", params={"state": state})["approvals"])
+    def get_task(self, task_id: str) -> api.Task:
+        return self._send(_Calls.get_task(task_id))
 
-    def decide(self, approval_id: str, *, allow: bool, reason: str = "") -> dict[str, Any]:
-        return dict(self._call("POST", f"/v1/approvals/{_q(approval_id)}", json=_decision(allow, reason)))
+    def stop_task(self, task_id: str, reason: str | None = None) -> api.StoppedTask:
+        return self._send(_Calls.stop_task(task_id, reason))
 
-    def answer(self, event: NormalizedEvent, *, allow: bool, reason: str = "") -> dict[str, Any]:
+    def events(self, session_id: str, *, after_seq: int = 0, limit: int = 500) -> list[NormalizedEvent]:
+        return self._send(_Calls.events(session_id, after_seq, limit))
+
+    def approvals(self, state: str = "pending") -> list[api.Approval]:
+        return self._send(_Calls.approvals(state))
+
+    def decide(self, approval_id: str, *, allow: bool, reason: str = "") -> api.Approval:
+        return self._send(_Calls.decide(approval_id, allow, reason))
+
+    def answer(self, event: NormalizedEvent, *, allow: bool, reason: str = "") -> api.Approval:
         """Decide the approval an ``approval.requested`` event asks for."""
         return self.decide(_approval_id(event), allow=allow, reason=reason)
 
-    def get_task(self, task_id: str) -> dict[str, Any]:
-        return dict(self._call("GET", f"/v1/tasks/{_q(task_id)}"))
+    def namespaces(self) -> list[api.NamespaceInfo]:
+        return self._send(_Calls.namespaces())
 
-    def namespaces(self) -> list[dict[str, Any]]:
-        """The namespaces this token sees, each ``{"namespace", "sessions"}`` (the admin: every one)."""
-        return list(self._call("GET", "/v1/namespaces")["namespaces"])
+    def runtimes(self, namespace: str | None = None) -> list[RuntimeOffer]:
+        return self._send(_Calls.runtimes(namespace))
 
-    def runtimes(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """What ``namespace``'s worker can run (default: the token's own namespace); see ``AsyncClient.runtimes``."""
-        query = {"namespace": namespace} if namespace is not None else None
-        return list(self._call("GET", "/v1/runtimes", params=query)["runtimes"])
+    def auth_status(self, namespace: str, runtime: str) -> api.LoginState:
+        return self._send(_Calls.auth_status(namespace, runtime))
 
-    def auth_status(self, namespace: str, runtime: str) -> dict[str, Any]:
-        return dict(self._call("GET", f"/v1/namespaces/{_q(namespace)}/auth/{_q(runtime)}"))
-
-    def namespace_env(self, namespace: str) -> list[dict[str, str]]:
-        return list(self._call("GET", f"/v1/namespaces/{_q(namespace)}/env")["variables"])
+    def namespace_env(self, namespace: str) -> list[api.EnvVariable]:
+        return self._send(_Calls.namespace_env(namespace))
 
     def update_namespace_env(self, namespace: str, *, set: dict[str, str] | None = None,
-                             unset: list[str] | None = None) -> list[dict[str, str]]:
-        body = {"set": set or {}, "unset": unset or []}
-        return list(self._call("PATCH", f"/v1/namespaces/{_q(namespace)}/env", json=body)["variables"])
+                             unset: list[str] | None = None) -> list[api.EnvVariable]:
+        return self._send(_Calls.update_namespace_env(namespace, set, unset))
 
-    def workers(self) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/v1/workers")["workers"])
+    def workers(self) -> list[api.WorkerState]:
+        return self._send(_Calls.workers())
 
     def lift_quarantine(self, namespace: str) -> bool:
-        return bool(self._call("DELETE", f"/v1/namespaces/{_q(namespace)}/quarantine")["lifted"])
+        return self._send(_Calls.lift_quarantine(namespace))
 
-    def stop_task(self, task_id: str, reason: str | None = None) -> dict[str, Any]:
-        return dict(self._call("POST", f"/v1/tasks/{_q(task_id)}/stop", json={"reason": reason} if reason else {},
-                               timeout=STOP_TIMEOUT_S))
+    def transcript(self, session_id: str) -> api.Transcript:
+        return self._send(_Calls.transcript(session_id))
 
-    def events(self, session_id: str, *, after_seq: int = 0, limit: int = 500) -> list[NormalizedEvent]:
-        page = self._call("GET", f"/v1/sessions/{_q(session_id)}/events", params={"after_seq": after_seq, "limit": limit})
-        return [NormalizedEvent.model_validate(e) for e in page["events"]]
+    def bundle(self, session_id: str, into: IO[bytes]) -> int:
+        """Write the session's support bundle (a .tar.gz, secrets redacted) to ``into``; returns its size."""
+        self._reachable()
+        written = 0
+        try:
+            with self._http.stream("GET", f"/v1/sessions/{_q(session_id)}/bundle",
+                                   timeout=httpx.Timeout(30.0, read=None)) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    _raise_for(response)
+                for chunk in response.iter_bytes():
+                    into.write(chunk)
+                    written += len(chunk)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise ServiceUnreachable(self._where, exc) from exc
+        return written
 
     def stream(self, session_id: str, *, after_seq: int = 0, until_terminal: bool = False,
                task_id: str | None = None) -> Iterator[NormalizedEvent]:
         """As ``AsyncClient.stream``: resumes where it left off when the connection drops or the service ends it."""
+        self._reachable()
         follow = _Follow(session_id, after_seq, until_terminal, task_id)
         while (delay := follow.next_connection()) is not None:
             time.sleep(delay)
@@ -560,3 +704,20 @@ class Client:
             except (httpx.TransportError, httpx.StreamError):
                 pass
         raise follow.lost()
+
+    def run(self, session_id: str, prompt: str, *, approver: Callable[[NormalizedEvent], tuple[bool, str]] | None
+            = None, **task_args: Any) -> Iterator[NormalizedEvent]:
+        """As ``AsyncClient.run``: start a task and yield its events up to its terminal event; ``approver`` (a
+        plain function here) answers each ``approval.requested``."""
+        before = self.get_session(session_id).last_seq
+        if approver is not None:
+            task_args["interactive"] = True
+        task = self.start_task(session_id, prompt, **task_args)
+        for event in self.stream(session_id, after_seq=before, until_terminal=True, task_id=task.task_id):
+            yield event
+            if approver is not None and event.type == EventType.APPROVAL_REQUESTED:
+                allow, reason = approver(event)
+                try:
+                    self.answer(event, allow=allow, reason=reason)
+                except Conflict:
+                    pass

@@ -158,8 +158,9 @@ def test_each_floor_imports_only_what_is_below_it(floor: str, allowed: tuple[str
 
 
 def test_the_face_package_imports_only_the_client() -> None:
-    """``codesdk/__init__.py`` runs before every ``codesdk.*`` import: it names the client, imported on first use."""
-    assert set(GRAPH["codesdk"]) <= {"codesdk._version", "codesdk.client"}
+    """``codesdk/__init__.py`` runs before every ``codesdk.*`` import: it names the client and the API's models, each
+    imported on first use."""
+    assert set(GRAPH["codesdk"]) <= {"codesdk._version", "codesdk.client", "codesdk.protocol", "codesdk.protocol.api"}
 
 
 #: Inside the supervisor: the command lines are the top floor; nothing below them uses the API client, and the

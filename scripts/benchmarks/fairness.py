@@ -76,7 +76,7 @@ async def _small_task(client: AsyncClient, session_id: str) -> float:
 
 
 async def _last_seq(client: AsyncClient, session_id: str) -> int:
-    return int((await client.get_session(session_id)).get("last_seq", 0))
+    return int((await client.get_session(session_id)).last_seq)
 
 
 async def _stored_at_least(client: AsyncClient, session_id: str, count: int) -> None:
@@ -105,8 +105,8 @@ async def run_once(tasks: int, rounds: int = 2, *extra_serve_args: str) -> dict[
             await _serving(sock, other_token)
             async with AsyncClient(socket=sock, token=flooder_token) as flooder, \
                     AsyncClient(socket=sock, token=other_token) as other:
-                flood_session = (await flooder.create_session(namespace="user:flooder"))["session_id"]
-                other_session = (await other.create_session(namespace="user:other"))["session_id"]
+                flood_session = (await flooder.create_session(namespace="user:flooder")).session_id
+                other_session = (await other.create_session(namespace="user:other")).session_id
                 await _small_task(flooder, flood_session)  # both workers running: spawn time is case 4
                 await _small_task(other, other_session)
                 follower = subprocess.Popen([sys.executable, "-c", _FOLLOWER, str(sock), flooder_token,
@@ -132,13 +132,13 @@ async def run_once(tasks: int, rounds: int = 2, *extra_serve_args: str) -> dict[
                     cpu_after = _cpu(service.pid, follower.pid)
                     shared_to, shared_ended = await _last_seq(flooder, flood_session), time.perf_counter()
                     rates.setdefault("shared", (shared_to - shared_from) / (shared_ended - shared_started))
-                    still = (await flooder.get_task(flood["task_id"]))["state"]
+                    still = (await flooder.get_task(flood.task_id)).state
                     if still != "running":
                         raise RuntimeError(f"the flood ended ({still}) before the other tenant's tasks did: "
                                            "raise FLOOD")
-                    await flooder.stop_task(flood["task_id"])
+                    await flooder.stop_task(flood.task_id)
                     with trio.fail_after(GUARD_S):
-                        while (await flooder.get_task(flood["task_id"]))["state"] == "running":
+                        while (await flooder.get_task(flood.task_id)).state == "running":
                             await trio.sleep(0.02)
         finally:
             if follower is not None:

@@ -81,7 +81,7 @@ def _rss_mb(proc: psutil.Process) -> float:
 
 async def _finished(client: AsyncClient, task_id: str, guard_s: float) -> str:
     with trio.fail_after(guard_s):
-        while (state := (await client.get_task(task_id))["state"]) in ("pending", "running", "starting"):
+        while (state := (await client.get_task(task_id)).state) in ("pending", "running", "starting"):
             await trio.sleep(0.05)
     return str(state)
 
@@ -93,7 +93,7 @@ async def _rung(n: int, count: int, rate: float, sock: Path, service: psutil.Pro
     guard_s = duration * 4 + 60
     profiling = os.environ.get("CODESDK_BENCH_PROFILE_WINDOW") == "1"
     chosen = sessions[:n]
-    afters = [int((await client.get_session(session)).get("last_seq", 0)) for client, session, _ in chosen]
+    afters = [int((await client.get_session(session)).last_seq) for client, session, _ in chosen]
     rss_before = _rss_mb(service)
     specs = []
     for first in range(0, n, STREAMS_PER_SUBSCRIBER):
@@ -119,7 +119,7 @@ async def _rung(n: int, count: int, rate: float, sock: Path, service: psutil.Pro
 
         async def start(client: AsyncClient, session: str) -> None:
             task = await client.start_task(session, "paced", runtime_config={"paced": count, "rate": rate})
-            task_ids.append((client, task["task_id"]))
+            task_ids.append((client, task.task_id))
 
         async def sample() -> None:
             begin, end = (started_ns / 1e9 + duration * f for f in STEADY)
@@ -206,12 +206,12 @@ async def run_ladder(ladder: list[int], count: int, rate: float = 50.0, stop_abo
                 for index in range(max(ladder)):
                     namespace, token = tokens[index % namespaces]
                     created = await clients[token].create_session(namespace=namespace, runtime="bench")
-                    sessions.append((clients[token], created["session_id"], token))
+                    sessions.append((clients[token], created.session_id, token))
 
                 async def warm(client: AsyncClient, session: str) -> None:  # every namespace's worker running
                     task = await client.start_task(session, "warm", runtime_config={"paced": WARM_DELTAS,
                                                                                     "rate": rate})
-                    await _finished(client, task["task_id"], 120)
+                    await _finished(client, task.task_id, 120)
 
                 async with trio.open_nursery() as nursery:
                     for client, session, _ in sessions[:namespaces]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -13,11 +12,11 @@ from typing import Any, TypeVar
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -28,8 +27,9 @@ from codesdk.protocol import (
     BadFrame,
     EventType,
     InteractionMode,
-    PermissionMode,
+    StopReceipt,
     TaskStopped,
+    api,
     decode_json,
 )
 
@@ -56,7 +56,9 @@ from ..store import (
     UnknownTask,
 )
 from ._auth import Principal, TokenAuth
-from ._openapi import Operation, openapi_document
+from ._endpoints import ENDPOINTS, Endpoint
+from .openapi import openapi_document, reference_page
+from ._views import approval_answer, env_answer, session_answer, task_answer, worker_answer
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +70,8 @@ KEEPALIVE_S = 15.0
 CHUNK_WRITER = "codesdk.chunk_writer"
 #: Seconds /readyz waits for a probe write when the last write failed (the store may be back).
 READY_PROBE_S = 2.0
-MAX_PAGE = 1000
 MAX_BODY = 1 << 20
-#: Largest seq/offset a client may name: SQLite integers are 64-bit signed.
-MAX_SEQ = 2**63 - 1
+MAX_SEQ = api.MAX_SEQ
 DRAIN_LIMIT = 16 << 20
 M = TypeVar("M", bound=BaseModel)
 
@@ -91,108 +91,6 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
     if details:
         error["details"] = details
     return JSONResponse({"error": error}, status_code=status, headers=headers)
-
-
-# -- request models ---------------------------------------------------------------------------------
-
-class _Body(BaseModel):
-    """A request body: unknown fields refused, and strict types: ``"allow": "yes"`` or ``1`` is not a boolean, nor
-    ``"5"`` an integer (enum fields, named by their value, say ``strict=False``)."""
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-_QUERY_INT = re.compile(r"0|[1-9][0-9]{0,18}")
-_QUERY_BOOL = {"true": True, "false": False}
-
-
-class _Query(_Body):
-    """A query string, as strict as a body: an integer field takes only decimal digits (no sign, space, ``_``,
-    ``5.0`` or ``1e2``), a boolean only ``true`` or ``false``; anything else is refused as it is."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _typed(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        typed = dict(data)
-        for name, value in data.items():
-            field = cls.model_fields.get(name)
-            if field is None or not isinstance(value, str):
-                continue
-            kinds = {field.annotation} | set(getattr(field.annotation, "__args__", ()))
-            if int in kinds and _QUERY_INT.fullmatch(value):
-                typed[name] = int(value)
-            elif bool in kinds and value in _QUERY_BOOL:
-                typed[name] = _QUERY_BOOL[value]
-        return typed
-
-
-class CreateSessionBody(_Body):
-    namespace: str = Field(min_length=1)
-    runtime: str | None = Field(default=None, min_length=1, max_length=64, pattern=RUNTIME_NAME_PATTERN)
-    workspace: str | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
-
-
-class StartTaskBody(_Body):
-    prompt: str = Field(min_length=1)
-    permission_mode: PermissionMode = Field(default=PermissionMode.ASK, strict=False)
-    #: "interactive": calls the policy can't decide wait for a decision at /v1/approvals/{id} (durable; they
-    #: expire to a denial). "non_interactive" (default): such calls are denied with a recorded reason.
-    interaction_mode: InteractionMode = Field(default=InteractionMode.NON_INTERACTIVE, strict=False)
-    runtime_config: dict[str, Any] = Field(default_factory=dict)
-    #: Move the session to this runtime from this task on: the runtime is given the session's transcript.
-    runtime: str | None = Field(default=None, min_length=1, max_length=64, pattern=RUNTIME_NAME_PATTERN)
-    #: A cap on the compiled input (estimated tokens), below the runtime's own budget.
-    max_input_tokens: int | None = Field(default=None, ge=1, le=2**53)
-    #: The task's deadlines in seconds (absent: the operator's default; above its maximum: 422): wall clock from its
-    #: start, and the longest its runtime may stay silent. Past one it is stopped and fails TASK_TIMEOUT.
-    timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    idle_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-
-
-class DecisionBody(_Body):
-    allow: bool
-    reason: str = Field(default="", max_length=1000)
-
-
-class StopTaskBody(_Body):
-    reason: str = Field(default="stop requested via API", min_length=1, max_length=1000)
-
-
-class EnvUpdateBody(_Body):
-    #: Variables to set (values are never returned), and names to remove; one atomic change.
-    set: dict[str, str] = Field(default_factory=dict)
-    unset: list[str] = Field(default_factory=list)
-
-
-class EventsQuery(_Query):
-    after_seq: int = Field(default=0, ge=0, le=MAX_SEQ)
-    limit: int = Field(default=100, ge=1, le=MAX_PAGE)
-
-
-class StreamQuery(_Query):
-    after_seq: int | None = Field(default=None, ge=0, le=MAX_SEQ)
-    until_terminal: bool = False
-
-
-class ListQuery(_Query):
-    namespace: str | None = None
-    limit: int = Field(default=100, ge=1, le=MAX_PAGE)
-    offset: int = Field(default=0, ge=0, le=MAX_SEQ)
-
-
-class RuntimesQuery(_Query):
-    #: Default: the caller's own namespace (the one its token is bound to; the admin's: "default").
-    namespace: str | None = None
-
-
-class NoQuery(_Query):
-    """A route that takes no query parameters: any is refused rather than ignored."""
-
-
-class ApprovalsQuery(_Query):
-    state: str = "pending"
 
 
 #: What ``GET /v1/approvals?state=`` may ask for (or "all"), in the order the refusal lists them.
@@ -221,6 +119,28 @@ def _validation_message(exc: ValidationError, where: str) -> str:
     return "; ".join(parts)
 
 
+#: Where a request's scope holds its ``Endpoint`` (set by the route's wrapper).
+_ENDPOINT = "codesdk.endpoint"
+
+
+def _declared(request: Request, what: str, model: type[BaseModel]) -> None:
+    """A handler reads only the body and query its route declares (what the OpenAPI document says it takes)."""
+    endpoint: Endpoint = request.scope[_ENDPOINT]
+    declared = endpoint.body if what == "body" else endpoint.query
+    if declared is not model:
+        raise RuntimeError(f"{endpoint.operation_id} reads a {what} of {model.__name__}, but its route declares "
+                           f"{declared.__name__ if declared else 'none'}")
+
+
+def _answer(request: Request, answer: BaseModel) -> JSONResponse:
+    """The success answer its route declares, with its status; a model's None fields are left out."""
+    endpoint: Endpoint = request.scope[_ENDPOINT]
+    if endpoint.answer is None or not isinstance(answer, endpoint.answer):
+        raise RuntimeError(f"{endpoint.operation_id} answers a {type(answer).__name__}, but its route declares "
+                           f"{endpoint.answer.__name__ if endpoint.answer else 'none'}")
+    return JSONResponse(answer.model_dump(mode="json", exclude_none=True), status_code=endpoint.status)
+
+
 def _validate(model: type[M], data: Any, where: str) -> M:
     try:
         return model.model_validate(data)
@@ -229,6 +149,7 @@ def _validate(model: type[M], data: Any, where: str) -> M:
 
 
 async def _body(request: Request, model: type[M]) -> M:
+    _declared(request, "body", model)
     chunks: list[bytes] = []
     size = 0
     timeout_s: float = request.app.state.body_timeout_s  # set by create_app
@@ -260,6 +181,7 @@ async def _body(request: Request, model: type[M]) -> M:
 
 
 def _query(request: Request, model: type[M]) -> M:
+    _declared(request, "query", model)
     return _validate(model, dict(request.query_params), "query")
 
 
@@ -441,7 +363,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     # -- routes --
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        return _answer(request, api.Health(status="ok"))
 
     async def readyz(request: Request) -> Response:
         if store.closed:
@@ -456,10 +378,9 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         if (shortage := engine.space_shortage(engine.config.workspaces_dir)) is not None:  # a probe write fits
             return _error(503, "insufficient_space", shortage)  # where a task's own files would not
         groups = engine.pool.config.groups
-        if groups is None:
-            return JSONResponse({"status": "ready"})
         # No resource groups is a degraded mode, not unready: shown, with why, but still 200.
-        return JSONResponse({"status": "ready", "details": {"resource_groups": groups.describe()}})
+        return _answer(request, api.Readiness(
+            status="ready", details=None if groups is None else {"resource_groups": groups.describe()}))
 
     async def metrics_route(request: Request) -> Response:
         if not principal_of(request).admin:  # labels name namespaces: not for tenants
@@ -486,7 +407,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     async def create_session(request: Request) -> Response:
         principal = principal_of(request)
         refuse_while_draining()
-        body = await _body(request, CreateSessionBody)
+        body = await _body(request, api.CreateSessionRequest)
         try:
             Namespace.parse(body.namespace)
         except InvalidNamespace as exc:
@@ -500,11 +421,11 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         record = await engine.create_session(runtime=body.runtime, namespace=body.namespace,
                                              workspace=Path(body.workspace) if body.workspace else None,
                                              metadata=body.metadata)
-        return JSONResponse(record.to_json_obj(), status_code=201)
+        return _answer(request, session_answer(record))
 
     async def list_sessions(request: Request) -> Response:
         principal = principal_of(request)
-        query = _query(request, ListQuery)
+        query = _query(request, api.SessionsQuery)
         if query.namespace is not None and _unstorable(query.namespace):
             raise ApiError(422, "invalid_query", "query 'namespace' is not a namespace (it has a NUL character)")
         if principal.admin:
@@ -518,17 +439,17 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             sessions += await store.list_sessions(namespace=namespace, limit=query.offset + query.limit)
         sessions.sort(key=lambda s: (s.created_at, s.session_id))
         page = sessions[query.offset:query.offset + query.limit]
-        return JSONResponse({"sessions": [s.to_json_obj() for s in page]})
+        return _answer(request, api.SessionList(sessions=tuple(session_answer(s) for s in page)))
 
     async def get_session(request: Request) -> Response:
         session = await session_for(principal_of(request), request.path_params["session_id"])
-        return JSONResponse(session.to_json_obj())
+        return _answer(request, session_answer(session))
 
     async def start_task(request: Request) -> Response:
         principal = principal_of(request)
         session = await session_for(principal, request.path_params["session_id"])
         refuse_while_draining()
-        body = await _body(request, StartTaskBody)
+        body = await _body(request, api.StartTaskRequest)
         switching = body.runtime is not None and body.runtime != session.runtime
         if switching or body.runtime_config:  # the session's own runtime was offered when it was made
             await offered(session.namespace, body.runtime or session.runtime, body.runtime_config, available=switching,
@@ -538,18 +459,19 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             runtime_config=body.runtime_config, runtime=body.runtime, max_input_tokens=body.max_input_tokens,
             timeout_s=body.timeout_s, idle_timeout_s=body.idle_timeout_s,
             durable_approvals=body.interaction_mode == InteractionMode.INTERACTIVE)
-        return JSONResponse(record.to_json_obj(), status_code=202)
+        return _answer(request, task_answer(record))
 
     async def get_task(request: Request) -> Response:
         task = await task_for(principal_of(request), request.path_params["task_id"])
-        return JSONResponse(task.to_json_obj())
+        return _answer(request, task_answer(task))
 
     async def stop_task(request: Request) -> Response:
         principal = principal_of(request)
         task = await task_for(principal, request.path_params["task_id"])
-        body = await _body(request, StopTaskBody)
+        body = await _body(request, api.StopTaskRequest)
         record = await engine.stop_task(task.task_id, reason=body.reason, requested_by=f"api:{principal.name}")
-        return JSONResponse({**record.to_json_obj(), "receipt": await _receipt_of(engine, record)})
+        return _answer(request, api.StoppedTask(**task_answer(record).model_dump(),
+                                                receipt=await _receipt_of(engine, record)))
 
     def namespace_for(principal: Principal, namespace: str) -> str:
         Namespace.parse(namespace)  # InvalidNamespace: 422 invalid_namespace (ERROR_STATUS)
@@ -572,16 +494,16 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def list_runtimes(request: Request) -> Response:
         principal = principal_of(request)
-        query = _query(request, RuntimesQuery)
+        query = _query(request, api.RuntimesQuery)
         namespace = namespace_for(principal, own_namespace(principal, query.namespace))
         offers = await engine.runtimes(namespace)
-        return JSONResponse({"namespace": namespace, "runtimes": [o.to_json_obj() for o in offers]})
+        return _answer(request, api.RuntimeList(namespace=namespace, runtimes=tuple(offers)))
 
     async def list_namespaces(request: Request) -> Response:
         """The namespaces the token sees, with their session counts: a tenant's own (even without sessions); the
         admin's, every namespace that has sessions or a worker directory."""
         principal = principal_of(request)
-        _query(request, NoQuery)
+        _query(request, api.NoQuery)
         counts: dict[str, int] = {}
         if principal.admin:
             for session in await store.list_sessions(limit=MAX_SEQ):
@@ -597,7 +519,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         else:
             for namespace in principal.namespaces:
                 counts[namespace] = len(await store.list_sessions(namespace=namespace, limit=MAX_SEQ))
-        return JSONResponse({"namespaces": [{"namespace": n, "sessions": counts[n]} for n in sorted(counts)]})
+        return _answer(request, api.NamespaceList(namespaces=tuple(
+            api.NamespaceInfo(namespace=n, sessions=counts[n]) for n in sorted(counts))))
 
     def require_admin(request: Request, what: str) -> None:
         if not principal_of(request).admin:
@@ -605,12 +528,13 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def list_workers(request: Request) -> Response:
         require_admin(request, "/v1/workers")  # names every tenant's namespace
-        return JSONResponse({"workers": engine.pool.status(), "template": engine.pool.template_state()})
+        return _answer(request, api.WorkerList(workers=tuple(worker_answer(w) for w in engine.pool.status()),
+                                               template=engine.pool.template_state()))
 
     async def lift_quarantine(request: Request) -> Response:
         namespace = admin_namespace(request, "lifting a quarantine")
         lifted = engine.pool.lift_quarantine(namespace)
-        return JSONResponse({"namespace": namespace, "lifted": lifted})
+        return _answer(request, api.QuarantineLifted(namespace=namespace, lifted=lifted))
 
     def admin_namespace(request: Request, what: str) -> str:
         require_admin(request, what)
@@ -621,33 +545,33 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     async def list_env(request: Request) -> Response:
         namespace = admin_namespace(request, "reading a namespace's variables")
         entries = await trio.to_thread.run_sync(engine.pool.namespace_env.entries, namespace)
-        return JSONResponse({"namespace": namespace, "variables": [e.to_json_obj() for e in entries]})
+        return _answer(request, env_answer(namespace, entries))
 
     async def update_env(request: Request) -> Response:
         namespace = admin_namespace(request, "changing a namespace's variables")
-        body = await _body(request, EnvUpdateBody)
+        body = await _body(request, api.EnvUpdateRequest)
         try:
             entries = await trio.to_thread.run_sync(engine.pool.namespace_env.update, namespace, body.set, body.unset)
         except NamespaceEnvError as exc:
             raise ApiError(422, "invalid_variable", str(exc)) from exc
         await engine.pool.env_changed(namespace)
-        return JSONResponse({"namespace": namespace, "variables": [e.to_json_obj() for e in entries]})
+        return _answer(request, env_answer(namespace, entries))
 
     async def auth_status(request: Request) -> Response:
         namespace = namespace_for(principal_of(request), request.path_params["namespace"])
         await offered(namespace, request.path_params["runtime"], available=False, unknown=404)
         result = await engine.ensure_login(namespace, request.path_params["runtime"])
-        return JSONResponse(result.to_json_obj())
+        return _answer(request, api.LoginState(**result.model_dump()))
 
     async def list_approvals(request: Request) -> Response:
         principal = principal_of(request)
-        asked = _query(request, ApprovalsQuery).state
+        asked = _query(request, api.ApprovalsQuery).state
         if asked != "all" and asked not in _APPROVAL_STATES:
             raise ApiError(422, "invalid_query", f"query 'state' must be {', '.join(_APPROVAL_STATES)} or all")
         state = None if asked == "all" else ApprovalState(asked)
         namespaces = None if principal.admin else sorted(principal.namespaces)
         records = await engine.store.list_approvals(state=state, namespaces=namespaces)
-        return JSONResponse({"approvals": [r.to_json_obj() for r in records]})
+        return _answer(request, api.ApprovalList(approvals=tuple(approval_answer(r) for r in records)))
 
     async def decide_approval(request: Request) -> Response:
         principal = principal_of(request)
@@ -658,7 +582,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             record = None
         if record is None or not principal.can_access(record.namespace):
             raise ApiError(404, "not_found", f"no approval {approval_id}")
-        body = await _body(request, DecisionBody)
+        body = await _body(request, api.DecisionRequest)
         await engine.leasing.own(record.namespace)  # the task waiting for it runs here, or NamespaceElsewhere
         decision = ApprovalState.APPROVED if body.allow else ApprovalState.DENIED
         reason = body.reason or f"{decision.value} by {principal.name}"
@@ -666,17 +590,15 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             decided = await engine.approvals.decide(approval_id, body.allow, f"api:{principal.name}", reason)
         except ApprovalDecided as exc:
             raise ApiError(409, "already_decided", str(exc)) from exc
-        return JSONResponse(decided.to_json_obj())
+        return _answer(request, approval_answer(decided))
 
     async def list_events(request: Request) -> Response:
         session = await session_for(principal_of(request), request.path_params["session_id"])
-        query = _query(request, EventsQuery)
+        query = _query(request, api.EventsQuery)
         events = await store.read(session.session_id, after_seq=query.after_seq, limit=query.limit)
-        return JSONResponse({
-            "events": [e.to_json_obj() for e in events],
-            "next_after_seq": events[-1].seq if events else query.after_seq,
-            "has_more": len(events) == query.limit,
-        })
+        return _answer(request, api.EventPage(events=tuple(events),
+                                              next_after_seq=events[-1].seq if events else query.after_seq,
+                                              has_more=len(events) == query.limit))
 
     async def stream_events(request: Request) -> Response:
         principal = principal_of(request)
@@ -686,7 +608,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         if drain.draining:
             raise ApiError(503, "shutting_down", "the service is shutting down; reconnect with Last-Event-ID once "
                                                  "it is back", {"retry-after": "5"})
-        query = _query(request, StreamQuery)
+        query = _query(request, api.StreamQuery)
         after = query.after_seq
         last_id = request.headers.get("last-event-id")
         if last_id is not None and last_id.strip():
@@ -703,8 +625,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     async def transcript(request: Request) -> Response:
         session = await session_for(principal_of(request), request.path_params["session_id"])
         messages = await derive_transcript(store, session.session_id)
-        return JSONResponse({"session_id": session.session_id,
-                             "messages": [m.model_dump(mode="json") for m in messages]})
+        return _answer(request, api.Transcript(session_id=session.session_id, messages=tuple(messages)))
 
     async def support_bundle(request: Request) -> Response:
         """The session's support bundle (``supervisor.bundle``): for its namespace's tokens and the admin; any other
@@ -746,9 +667,10 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
                           {"retry-after": str(answer.retry_after_s)} if answer.retry_after_s else None,
                           details=details)
 
-    def counted(name: str, handler: Callable[[Request], Awaitable[Response]]) -> Callable[
+    def counted(endpoint: Endpoint, handler: Callable[[Request], Awaitable[Response]]) -> Callable[
             [Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
+            request.scope[_ENDPOINT] = endpoint
             try:
                 response = await refusals_answered(handler, request)
             except ApiError as exc:
@@ -759,71 +681,33 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             except Exception:
                 log.exception("%s %s failed", request.method, request.url.path)
                 response = _error(500, "internal_error", "internal error; see the supervisor log")
-            metrics.requests.labels(route=name, status=str(response.status_code)).inc()
+            metrics.requests.labels(route=endpoint.path, status=str(response.status_code)).inc()
             return response
         return run
 
-    def route(path: str, handler: Callable[[Request], Awaitable[Response]], methods: list[str]) -> Route:
-        return Route(path, counted(path, handler), methods=methods)
-
-    routes = [
-        route("/healthz", healthz, ["GET"]),
-        route("/readyz", readyz, ["GET"]),
-        route("/metrics", metrics_route, ["GET"]),
-        route("/v1/sessions", create_session, ["POST"]),
-        route("/v1/sessions", list_sessions, ["GET"]),
-        route("/v1/sessions/{session_id}", get_session, ["GET"]),
-        route("/v1/sessions/{session_id}/tasks", start_task, ["POST"]),
-        route("/v1/sessions/{session_id}/events", list_events, ["GET"]),
-        route("/v1/sessions/{session_id}/events/stream", stream_events, ["GET"]),
-        route("/v1/sessions/{session_id}/transcript", transcript, ["GET"]),
-        route("/v1/sessions/{session_id}/bundle", support_bundle, ["GET"]),
-        route("/v1/tasks/{task_id}", get_task, ["GET"]),
-        route("/v1/tasks/{task_id}/stop", stop_task, ["POST"]),
-        route("/v1/approvals", list_approvals, ["GET"]),
-        route("/v1/runtimes", list_runtimes, ["GET"]),
-        route("/v1/namespaces", list_namespaces, ["GET"]),
-        route("/v1/namespaces/{namespace}/auth/{runtime}", auth_status, ["GET"]),
-        route("/v1/approvals/{approval_id}", decide_approval, ["POST"]),
-        route("/v1/workers", list_workers, ["GET"]),
-        route("/v1/namespaces/{namespace}/quarantine", lift_quarantine, ["DELETE"]),
-        route("/v1/namespaces/{namespace}/env", list_env, ["GET"]),
-        route("/v1/namespaces/{namespace}/env", update_env, ["PATCH"]),
-    ]
-
-    operations: list[Operation] = [
-        ("GET", "/healthz", "liveness (no token)", None, 200),
-        ("GET", "/readyz", "readiness: the store is open and takes writes, the disk reserve is free", None, 200),
-        ("GET", "/metrics", "Prometheus metrics (admin)", None, 200),
-        ("POST", "/v1/sessions", "create a session in one of your namespaces", CreateSessionBody, 201),
-        ("GET", "/v1/sessions", "your sessions", None, 200),
-        ("GET", "/v1/sessions/{session_id}", "one session", None, 200),
-        ("POST", "/v1/sessions/{session_id}/tasks", "start a task (409 if one is active)", StartTaskBody, 202),
-        ("GET", "/v1/sessions/{session_id}/events", "stored events, paged by after_seq/limit", None, 200),
-        ("GET", "/v1/sessions/{session_id}/events/stream", "live events over SSE", None, 200),
-        ("GET", "/v1/sessions/{session_id}/transcript", "the transcript derived from the events", None, 200),
-        ("GET", "/v1/sessions/{session_id}/bundle", "the session's support bundle (.tar.gz, secrets redacted)", None,
-         200),
-        ("GET", "/v1/tasks/{task_id}", "one task", None, 200),
-        ("POST", "/v1/tasks/{task_id}/stop", "stop a task (task.stopped at once)", StopTaskBody, 200),
-        ("GET", "/v1/approvals", "pending (or ?state=) tool-call approvals", None, 200),
-        ("POST", "/v1/approvals/{approval_id}", "decide an approval, once", DecisionBody, 200),
-        ("GET", "/v1/runtimes", "runtimes a namespace's worker can host (default: the token's own namespace)", None,
-         200),
-        ("GET", "/v1/namespaces", "the namespaces the token sees, with session counts", None, 200),
-        ("GET", "/v1/namespaces/{namespace}/auth/{runtime}", "login state of a runtime in a namespace", None, 200),
-        ("GET", "/v1/workers", "every namespace's worker state, crashes and quarantine (admin)", None, 200),
-        ("DELETE", "/v1/namespaces/{namespace}/quarantine", "lift a namespace's quarantine now (admin)", None, 200),
-        ("GET", "/v1/namespaces/{namespace}/env", "a namespace's variables: names and fingerprints (admin)", None, 200),
-        ("PATCH", "/v1/namespaces/{namespace}/env", "set/unset a namespace's variables for its next worker (admin)",
-         EnvUpdateBody, 200),
-    ]
-    document = openapi_document(operations, version="1")
+    document = openapi_document(version="1")
+    page = reference_page(document)
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)
 
-    routes.append(route("/v1/openapi.json", openapi, ["GET"]))
+    async def api_reference(request: Request) -> Response:
+        return HTMLResponse(page)
+
+    handlers: dict[str, Callable[[Request], Awaitable[Response]]] = {
+        "getHealth": healthz, "getReadiness": readyz, "getMetrics": metrics_route,
+        "createSession": create_session, "listSessions": list_sessions, "getSession": get_session,
+        "startTask": start_task, "listEvents": list_events, "streamEvents": stream_events,
+        "getTranscript": transcript, "getSupportBundle": support_bundle, "getTask": get_task, "stopTask": stop_task,
+        "listApprovals": list_approvals, "decideApproval": decide_approval, "listRuntimes": list_runtimes,
+        "listNamespaces": list_namespaces, "getLoginState": auth_status, "listWorkers": list_workers,
+        "liftQuarantine": lift_quarantine, "getNamespaceEnv": list_env, "updateNamespaceEnv": update_env,
+        "getOpenApi": openapi, "getApiReference": api_reference,
+    }
+    operation_ids = {endpoint.operation_id for endpoint in ENDPOINTS}
+    if set(handlers) != operation_ids:
+        raise RuntimeError(f"the route table and the handlers differ: {sorted(set(handlers) ^ operation_ids)}")
+    routes = [Route(e.path, counted(e, handlers[e.operation_id]), methods=[e.method]) for e in ENDPOINTS]
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -979,10 +863,9 @@ class _SSEResponse(Response):
                 nursery.start_soon(watch_disconnect)
 
 
-async def _receipt_of(engine: Engine, record: TaskRecord) -> Any:
+async def _receipt_of(engine: Engine, record: TaskRecord) -> StopReceipt | None:
     """The receipt stored with the task's ``task.stopped`` (None: it ended otherwise, before the stop took)."""
     page = await engine.store.read_types(record.session_id, [EventType.TASK_STOPPED], limit=1000,
                                          task_id=record.task_id)
     stopped = page[-1].payload if page else None
-    receipt = stopped.receipt if isinstance(stopped, TaskStopped) else None
-    return receipt.to_json_obj() if receipt is not None else None
+    return stopped.receipt if isinstance(stopped, TaskStopped) else None

@@ -10,6 +10,7 @@ by the commands that use them (``token add`` starts neither an HTTP server nor a
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     _token_parser(sub)
     _quarantine_parser(sub)
     _namespace_parser(sub)
+    _openapi_parser(sub)
     return strict_values(parser)
 
 
@@ -508,6 +510,24 @@ def _token_rotate_command(args: argparse.Namespace) -> int:
     return _token_command(args, rotate)
 
 
+# -- openapi --------------------------------------------------------------------------------------
+
+
+def _openapi_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    openapi = sub.add_parser("openapi", help="print the API's OpenAPI 3.1 document (what a service serves at "
+                                             "/v1/openapi.json), for client generators; no service needed")
+    openapi.add_argument("--html", action="store_true", help="the web page of it instead (/v1/docs)")
+    openapi.set_defaults(run=_openapi_command)
+
+
+def _openapi_command(args: argparse.Namespace) -> int:
+    from ..api.openapi import openapi_document, reference_page
+
+    document = openapi_document(version="1")
+    sys.stdout.write(reference_page(document) if args.html else json.dumps(document, indent=2) + "\n")
+    return 0
+
+
 # -- quarantine -----------------------------------------------------------------------------------
 
 
@@ -562,10 +582,10 @@ def _quarantine_command(args: argparse.Namespace) -> int:
                 print(f"{args.namespace}: quarantine lifted" if lifted else f"{args.namespace}: not quarantined")
                 return 0
             for slot in client.workers():
-                until = slot.get("quarantined_until")
+                until = slot.quarantined_until
                 note = (f"quarantined until {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(until))}: "
-                        f"{slot.get('quarantine_reason')}") if until else ""
-                print(f"{slot['namespace']}\t{slot['state']}\tcrashes={slot['recent_crashes']}\t{note}".rstrip())
+                        f"{slot.quarantine_reason}") if until else ""
+                print(f"{slot.namespace}\t{slot.state}\tcrashes={slot.recent_crashes}\t{note}".rstrip())
             return 0
     except ServiceUnreachable as exc:
         print(f"{PROG}: {exc.message}", file=sys.stderr)  # says where, why, and what to check: once
@@ -681,7 +701,7 @@ def _namespace_limits_command(args: argparse.Namespace) -> int:
 def _namespace_env_command(args: argparse.Namespace) -> int:
     """Through the running service when it holds the data dir (it restarts idle workers at once), else on the
     files directly (the next worker started for the namespace has the change)."""
-    from codesdk.client import ApiError, Client
+    from codesdk.client import ApiError, Client, EnvVariable
 
     data_dir: Path = args.data_dir
     try:
@@ -706,12 +726,12 @@ def _namespace_env_command(args: argparse.Namespace) -> int:
             store = NamespaceEnv(data_dir)
             objs = (store.update(args.namespace, set_values, unset) if args.env_command != "list"
                     else store.entries(args.namespace))
-            entries = [e.to_json_obj() for e in objs]
+            entries = [EnvVariable(name=e.name, fingerprint=e.fingerprint) for e in objs]
     except (NamespaceEnvError, InvalidNamespace, ApiError, OSError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     for entry in entries:
-        print(f"{entry['name']}\t{entry['fingerprint']}")
+        print(f"{entry.name}\t{entry.fingerprint}")
     if not entries:
         print(f"namespace {args.namespace} has no stored variables", file=sys.stderr)
     return 0

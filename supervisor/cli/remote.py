@@ -66,12 +66,12 @@ _LOCAL_ONLY = {"env": "set the namespace's variables with `codesdk-supervisor na
 async def _check_offer(client: AsyncClient, namespace: str, runtime: str, runtime_config: dict[str, Any]) -> None:
     """What the service's worker for ``namespace`` offers refuses (``Engine.check_offer``'s rules, read through
     ``GET /v1/runtimes``): an unknown runtime or a ``runtime_config`` it does not take is the command's mistake."""
-    offers = {offer["name"]: offer for offer in await client.runtimes(namespace)}
+    offers = {offer.name: offer for offer in await client.runtimes(namespace)}
     offer = offers.get(runtime)
     if offer is None:
         raise CliError(f"no runtime {runtime!r} in namespace {namespace!r}; it can run: "
                        f"{', '.join(sorted(offers)) or 'none'}")
-    refusal = config_refusal(RuntimeCapabilities.model_validate(offer["capabilities"]), runtime_config)
+    refusal = config_refusal(RuntimeCapabilities.model_validate(offer.capabilities), runtime_config)
     if refusal is not None:
         raise CliError(refusal)
 
@@ -84,7 +84,7 @@ async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) 
     async with client_for(args) as client:
         if args.session:
             session = await client.get_session(args.session)
-            check_session_flags(args, session["namespace"])
+            check_session_flags(args, session.namespace)
         else:
             check_session_flags(args, args.namespace or "default")
             if args.runtime or runtime_config:  # refused before the session is stored, as the embedded CLI does
@@ -107,7 +107,7 @@ async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) 
 
                 nursery.start_soon(stop_on_signal)
                 interactive = not args.non_interactive and sys.stdin.isatty()
-                async for event in client.run(session["session_id"], args.prompt, permission_mode=args.mode,
+                async for event in client.run(session.session_id, args.prompt, permission_mode=args.mode,
                                               runtime_config=runtime_config, runtime=args.runtime,
                                               max_input_tokens=args.max_input_tokens,
                                               timeout_s=args.timeout, idle_timeout_s=args.idle_timeout,
@@ -115,17 +115,17 @@ async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) 
                     if event.type == EventType.TASK_STARTED and event.trace.task_id:
                         task_id.append(event.trace.task_id)
                         if not args.json:
-                            runtime = runtime_note(args.runtime or session["runtime"], session["runtime"])
-                            printer.note(f"session {session['session_id']}  task {event.trace.task_id}  runtime "
-                                         f"{runtime}  namespace {session['namespace']}  workspace "
-                                         f"{session['workspace']}")
+                            runtime = runtime_note(args.runtime or session.runtime, session.runtime)
+                            printer.note(f"session {session.session_id}  task {event.trace.task_id}  runtime "
+                                         f"{runtime}  namespace {session.namespace}  workspace "
+                                         f"{session.workspace}")
                     json_line(event.to_json_obj()) if args.json else printer.print(event)
                     last = event
                 nursery.cancel_scope.cancel()
     ended = last.type.value if last is not None and last.type in TERMINAL_EVENT_TYPES else None
     if not args.json:
         printer.end_line()
-        sid = session["session_id"]
+        sid = session.session_id
         printer.note(f"task {(ended or 'not ended').removeprefix('task.')}. Read it again: "
                      f"{read_again(args, 'events', sid)}  |  transcript: {read_again(args, 'show', sid)}")
     return exit_code(ended, received[0] if received else None)
@@ -147,9 +147,9 @@ async def namespaces_via_api(args: argparse.Namespace) -> int:
         rows = await client.namespaces()
     for row in rows:
         if args.json:
-            json_line(row)
+            json_line(row.to_json_obj())
         else:
-            print(f"{row['namespace']:<24} sessions={row['sessions']}")
+            print(f"{row.namespace:<24} sessions={row.sessions}")
     if not rows and not args.json:
         print("no namespaces yet", file=sys.stderr)
     return 0
@@ -159,10 +159,10 @@ async def sessions_via_api(args: argparse.Namespace) -> int:
     async with client_for(args) as client:
         for s in await client.list_sessions():
             if args.json:
-                json_line(s)
+                json_line(s.to_json_obj())
             else:
-                print(f"{s['session_id']}  {s['created_at'][:19]}  {s['runtime']:<9} {s['namespace']:<16} "
-                      f"events={s.get('last_seq', 0)}")
+                print(f"{s.session_id}  {s.created_at.isoformat()[:19]}  {s.runtime:<9} {s.namespace:<16} "
+                      f"events={s.last_seq}")
     return 0
 
 
@@ -181,7 +181,7 @@ async def events_via_api(args: argparse.Namespace) -> int:
 async def show_via_api(args: argparse.Namespace) -> int:
     async with client_for(args) as client:
         transcript = await client.transcript(args.session)
-    print_transcript([Message.model_validate(m) for m in transcript["messages"]], sys.stdout, as_json=args.json)
+    print_transcript([Message.model_validate(m) for m in transcript.messages], sys.stdout, as_json=args.json)
     return 0
 
 

@@ -139,7 +139,7 @@ def print_transcript(messages: list[Message], out: TextIO, as_json: bool = False
     out.flush()
 
 
-def json_line(obj: Any, out: TextIO | None = None) -> None:
+def json_line(obj: dict[str, Any] | list[Any], out: TextIO | None = None) -> None:
     """One JSON value as one compact line, flushed (the CLI's --json output)."""
     out = out or sys.stdout
     out.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")

@@ -5,32 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from pydantic import Field
 
 from codesdk.protocol import PAYLOAD_MODELS, ApprovalState, EventType, Model, RuntimeInfo, Trace, WorkerEvent
+from codesdk.protocol.api import TERMINAL_STATES as TERMINAL_STATES
+from codesdk.protocol.api import TaskState as TaskState
 
-
-class TaskState(StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in TERMINAL_STATES
-
-    @property
-    def terminal_event(self) -> EventType | None:
-        """The event type that ends a task in this state (``task.completed`` for COMPLETED ...)."""
-        return EventType(f"task.{self.value}") if self.is_terminal else None
-
-
-TERMINAL_STATES = frozenset({TaskState.COMPLETED, TaskState.FAILED, TaskState.STOPPED})
 
 #: Allowed state changes. A terminal state is final: the task has exactly one end.
 TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {

@@ -38,19 +38,19 @@ async def test_a_hanging_task_past_its_deadline_fails_task_timeout_with_a_receip
         async with AsyncClient(socket=api.socket, token=api.alice) as client:
             session = await client.create_session(namespace="user:alice")
             deadline_arg: dict[str, Any] = {field: 0.5}
-            events = [e async for e in client.run(session["session_id"], "hang on", runtime_config={"scenario": "hang"},
+            events = [e async for e in client.run(session.session_id, "hang on", runtime_config={"scenario": "hang"},
                                                   **deadline_arg)]
             _timed_out(events, deadline, 0.5)
-            check_session(await client.events(session["session_id"], limit=1000))
+            check_session(await client.events(session.session_id, limit=1000))
             task = await client.get_task(events[0].trace.task_id or "")
-            assert task["state"] == "failed" and task["error"]["code"] == "TASK_TIMEOUT"
+            assert task.state == "failed" and task.error is not None and task.error["code"] == "TASK_TIMEOUT"
 
 
 async def test_a_task_that_ends_in_time_is_not_touched_by_its_deadline(api: Api) -> None:
     with trio.fail_after(60):
         async with AsyncClient(socket=api.socket, token=api.alice) as client:
             session = await client.create_session(namespace="user:alice")
-            events = [e async for e in client.run(session["session_id"], "hi", runtime_config={"scenario": "echo"},
+            events = [e async for e in client.run(session.session_id, "hi", runtime_config={"scenario": "echo"},
                                                   timeout_s=3600, idle_timeout_s=3600)]
             assert events[-1].type == EventType.TASK_COMPLETED
             assert events[0].payload.model_dump()["timeout_s"] == 3600  # stored with the task
@@ -82,17 +82,17 @@ async def test_a_deadline_above_the_operators_maximum_is_refused_422_saying_the_
     async with AsyncClient(socket=api.socket, token=api.alice) as client:
         session = await client.create_session(namespace="user:alice")
         with pytest.raises(InvalidRequest, match=r"timeout_s 601 s is above this supervisor's maximum of 600 s"):
-            await client.start_task(session["session_id"], "x", timeout_s=601)
+            await client.start_task(session.session_id, "x", timeout_s=601)
         with pytest.raises(InvalidRequest, match=r"idle_timeout_s 61 s is above this supervisor's maximum of 60 s"):
-            await client.start_task(session["session_id"], "x", idle_timeout_s=61)
+            await client.start_task(session.session_id, "x", idle_timeout_s=61)
         assert await api.engine.store.list_active_tasks() == []
-        events = [e async for e in client.run(session["session_id"], "hi", runtime_config={"scenario": "echo"})]
+        events = [e async for e in client.run(session.session_id, "hi", runtime_config={"scenario": "echo"})]
         started = events[0].payload.model_dump()
         assert (started["timeout_s"], started["idle_timeout_s"]) == (600, 60)  # no default: the maximum
 
 
 async def test_the_openapi_document_describes_the_deadlines(api: Api) -> None:
     r = await api.client.get("/v1/openapi.json", headers=api.auth(api.alice))
-    body = r.json()["components"]["schemas"]["StartTaskBody"]["properties"]
+    body = r.json()["components"]["schemas"]["StartTaskRequest"]["properties"]
     for field in ("timeout_s", "idle_timeout_s"):
         assert {"exclusiveMinimum": 0, "type": "number"} in body[field]["anyOf"], body[field]

@@ -17,12 +17,12 @@ async def test_admin_sets_lists_and_unsets_without_ever_seeing_a_value(api: Api)
     with trio.fail_after(30):
         async with AsyncClient(socket=api.socket, token=api.admin) as admin:
             listed = await admin.update_namespace_env("user:alice", set={"API_KEY": SECRET, "MODE": "x"})
-            assert [v["name"] for v in listed] == ["API_KEY", "MODE"]
-            assert all(v["fingerprint"].startswith("hmac-sha256:") for v in listed)
+            assert [v.name for v in listed] == ["API_KEY", "MODE"]
+            assert all(v.fingerprint.startswith("hmac-sha256:") for v in listed)
             again = await admin.namespace_env("user:alice")
-            assert again == listed and SECRET not in json.dumps(again)
+            assert again == listed and SECRET not in json.dumps([v.model_dump() for v in again])
             after = await admin.update_namespace_env("user:alice", unset=["MODE"])
-            assert [v["name"] for v in after] == ["API_KEY"]
+            assert [v.name for v in after] == ["API_KEY"]
             raw = await api.client.get("/v1/namespaces/user:alice/env", headers=api.auth(api.admin))
             assert SECRET not in raw.text
 

@@ -178,7 +178,7 @@ async def test_a_start_over_a_stored_data_quota_is_a_429_that_stores_nothing(
             # A new session of alice's: a session quota is per session; a full namespace gets no new session (its
             # session.created would be stored too) — or, had it one already, no task in it.
             if scope == "session":
-                fresh = (await alice.create_session(namespace="user:alice"))["session_id"]
+                fresh = (await alice.create_session(namespace="user:alice")).session_id
                 assert (await client_run(alice, fresh, ECHO)).type == EventType.TASK_COMPLETED
             else:
                 sessions = await engine.store.list_sessions(namespace="user:alice")
@@ -187,7 +187,7 @@ async def test_a_start_over_a_stored_data_quota_is_a_429_that_stores_nothing(
                 assert no_session.value.code == f"{scope}_quota_exceeded"
                 assert await engine.store.list_sessions(namespace="user:alice") == sessions
             # bob's namespace is his own.
-            session = (await bob.create_session(namespace="user:bob"))["session_id"]
+            session = (await bob.create_session(namespace="user:bob")).session_id
             assert (await client_run(bob, session, ECHO)).type == EventType.TASK_COMPLETED
         async with make_engine(data_dir=data, quotas=serve_flags(flag, "none")) as engine:
             assert (await run(engine, full, ECHO))[0] == "completed"  # lifted: alice goes on
@@ -200,8 +200,8 @@ async def test_tasks_per_namespace_past_the_limit_is_a_429_until_one_ends(make_e
         async with make_engine(data_dir=data, quotas=serve_flags("--max-tasks-per-namespace", "1")) as engine, \
                 tenants(engine, data, tmp_path) as clients:
             alice, bob = clients.alice, clients.bob
-            first = (await alice.create_session(namespace="user:alice"))["session_id"]
-            second = (await alice.create_session(namespace="user:alice"))["session_id"]
+            first = (await alice.create_session(namespace="user:alice")).session_id
+            second = (await alice.create_session(namespace="user:alice")).session_id
             running = await alice.start_task(first, "hang", runtime_config=HANG)
             # The running task's own writes settle first (its input's blob), so that only a refused start's are seen.
             while not await _input_stored(engine, first):
@@ -219,10 +219,10 @@ async def test_tasks_per_namespace_past_the_limit_is_a_429_until_one_ends(make_e
                                            headers={"Authorization": f"Bearer {clients.tokens['alice']}"})
             assert response.status_code == 429 and response.headers["retry-after"] == "1"
             # bob's namespace runs meanwhile.
-            session = (await bob.create_session(namespace="user:bob"))["session_id"]
+            session = (await bob.create_session(namespace="user:bob")).session_id
             assert (await client_run(bob, session, ECHO)).type == EventType.TASK_COMPLETED
             # Once alice's task ends, her next one starts.
-            await alice.stop_task(running["task_id"])
+            await alice.stop_task(running.task_id)
             assert (await client_run(alice, second, ECHO)).type == EventType.TASK_COMPLETED
 
         async with make_engine(data_dir=tmp_path / "lifted",

@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from codesdk import AsyncClient, Client
+from codesdk.client import NamespaceInfo
 
 from tests.api.conftest import Api
 from tests.api.test_approvals import _pending, _start, _wait_done
@@ -131,9 +132,9 @@ async def test_a_runtime_config_the_runtime_does_not_take_is_refused_before_a_ta
         events = await api.client.get(f"/v1/sessions/{session['session_id']}/events", headers=api.auth(api.alice))
         assert [e["type"] for e in events.json()["events"]] == ["session.created"], events.text
         async with AsyncClient(socket=api.socket, token=api.alice) as client:
-            (scripted,) = [o for o in await client.runtimes() if o["name"] == "scripted"]
-        assert "echo" in scripted["capabilities"]["config_choices"]["scenario"]
-        assert "scenario" in scripted["capabilities"]["config_keys"]
+            (scripted,) = [o for o in await client.runtimes() if o.name == "scripted"]
+        assert "echo" in scripted.capabilities.config_choices["scenario"]
+        assert "scenario" in (scripted.capabilities.config_keys or ())
 
 
 async def test_namespaces_lists_those_the_token_sees(api: Api) -> None:
@@ -148,7 +149,7 @@ async def test_namespaces_lists_those_the_token_sees(api: Api) -> None:
         assert rows["user:alice"] == 1 and rows["user:bob"] == 1
         assert (await api.client.get("/v1/namespaces?x=1", headers=api.auth(api.alice))).status_code == 422
         async with AsyncClient(socket=api.socket, token=api.bob) as client:
-            assert await client.namespaces() == [{"namespace": "user:bob", "sessions": 1}]
+            assert await client.namespaces() == [NamespaceInfo(namespace="user:bob", sessions=1)]
 
 
 async def test_nothing_new_starts_while_the_service_drains(api: Api) -> None:

@@ -28,7 +28,7 @@ import httpx2 as httpx
 import psutil
 import pytest
 
-from codesdk.client import Client
+from codesdk.client import Client, Task
 from codesdk.supervisor.api import TokenAuth
 from codesdk.supervisor.api.limits import MAX_REFUSING
 from tests.waits import wait_for
@@ -238,14 +238,14 @@ def closed_by_peer(sock: socket.socket) -> bool:
         sock.settimeout(GUARD_S)
 
 
-def run_task(client: Client, session_id: str, scenario: str = "echo") -> dict[str, Any]:
+def run_task(client: Client, session_id: str, scenario: str = "echo") -> Task:
     task = client.start_task(session_id, "hello", runtime_config={"scenario": scenario})
 
-    def ended() -> dict[str, Any] | None:
-        record = client.get_task(task["task_id"])
-        return record if record["state"] not in ("pending", "running") else None
+    def ended() -> Task | None:
+        record = client.get_task(task.task_id)
+        return record if record.state not in ("pending", "running") else None
 
-    return wait_for(f"task {task['task_id']} to end", ended)
+    return wait_for(f"task {task.task_id} to end", ended)
 
 
 def _check_error_body(body: Any, code: str, *mentions: str) -> None:
@@ -268,9 +268,9 @@ def test_half_open_flood_and_stream_flood_at_a_low_descriptor_limit(tmp_path: Pa
         cap = service.connection_cap()
         assert cap < NOFILE - 64, f"the connection cap {cap} leaves no reserve below RLIMIT_NOFILE {NOFILE}"
         with service.client("bob") as bob, service.client("alice") as alice:
-            bob_session = bob.create_session(namespace="user:bob")["session_id"]
-            alice_session = alice.create_session(namespace="user:alice")["session_id"]
-            assert run_task(bob, bob_session)["state"] == "completed"  # bob's worker runs: part of the baseline
+            bob_session = bob.create_session(namespace="user:bob").session_id
+            alice_session = alice.create_session(namespace="user:alice").session_id
+            assert run_task(bob, bob_session).state == "completed"  # bob's worker runs: part of the baseline
         warm, _, _ = open_stream(service, "alice", alice_session)  # every kind of connection has been served once
         warm.close()
         baseline = service.quiet_fds()
@@ -302,7 +302,7 @@ def test_half_open_flood_and_stream_flood_at_a_low_descriptor_limit(tmp_path: Pa
         # 3. Meanwhile, the service serves everyone else.
         assert service.healthz() == (200, {"status": "ok"})
         with service.client("bob") as bob:
-            assert run_task(bob, bob_session)["state"] == "completed"
+            assert run_task(bob, bob_session).state == "completed"
         peak = max(peak, service.fds())
         assert service.alive(), service.log_text()
         assert peak <= baseline + cap + MAX_REFUSING, f"{peak} descriptors open with {cap} connections allowed"
@@ -331,9 +331,9 @@ def test_busy_connections_past_the_caps_get_clear_429_and_503(tmp_path: Path) ->
         sessions = {}
         for who in tenants:
             with service.client(who) as client:
-                sessions[who] = client.create_session(namespace=f"user:{who}")["session_id"]
+                sessions[who] = client.create_session(namespace=f"user:{who}").session_id
         with service.client("bob") as bob:
-            assert run_task(bob, sessions["bob"])["state"] == "completed"
+            assert run_task(bob, sessions["bob"]).state == "completed"
         baseline = service.quiet_fds()
 
         # alice: her cap of busy connections, then a 429 that says which flag raises it.
@@ -374,7 +374,7 @@ def test_busy_connections_past_the_caps_get_clear_429_and_503(tmp_path: Path) ->
             sock.close()
         wait_for("dave's connections to be released", lambda: service.fds() <= peak - len(leaving))
         with service.client("bob") as bob:
-            assert run_task(bob, sessions["bob"])["state"] == "completed"
+            assert run_task(bob, sessions["bob"]).state == "completed"
         for sock in service.opened:
             sock.close()
         service.opened.clear()
@@ -392,7 +392,7 @@ def test_a_disconnected_stream_client_is_released(tmp_path: Path, how: str) -> N
     under a second here), not asserted: speed is the machine's business."""
     with serving(tmp_path, nofile=1024) as service:
         with service.client("alice") as alice:
-            session = alice.create_session(namespace="user:alice")["session_id"]
+            session = alice.create_session(namespace="user:alice").session_id
         warm, _, _ = open_stream(service, "alice", session)
         warm.close()
         baseline = service.quiet_fds()
@@ -528,10 +528,10 @@ def stalled_stream(service: Service, session_id: str) -> socket.socket:
 def _big_session(service: Service) -> str:
     """alice's session with ~10 MB of stored events."""
     with service.client("alice") as alice:
-        session: str = alice.create_session(namespace="user:alice")["session_id"]
+        session: str = alice.create_session(namespace="user:alice").session_id
         steps = [{"flood": 20_000, "delta": "x" * 400}, {"complete": {}}]
         task = alice.start_task(session, "flood", runtime_config={"scenario_inline": {"name": "big", "steps": steps}})
-        wait_for("the flood to be stored", lambda: alice.get_task(task["task_id"])["state"] == "completed")
+        wait_for("the flood to be stored", lambda: alice.get_task(task.task_id).state == "completed")
     return session
 
 
@@ -569,33 +569,34 @@ def test_workers_past_the_descriptor_limit_fail_clearly_and_the_service_lives(tm
     nofile, namespaces = 96, 28
     with serving(tmp_path, nofile=nofile) as service:
         with service.client("bob") as bob:
-            bob_session = bob.create_session(namespace="user:bob")["session_id"]
-            assert run_task(bob, bob_session)["state"] == "completed"
+            bob_session = bob.create_session(namespace="user:bob").session_id
+            assert run_task(bob, bob_session).state == "completed"
         tasks = []
         with service.client("admin") as admin:
             for index in range(namespaces):
-                session = admin.create_session(namespace=f"user:n{index}")["session_id"]
-                tasks.append(admin.start_task(session, "hang", runtime_config={"scenario": "hang"})["task_id"])
+                session = admin.create_session(namespace=f"user:n{index}").session_id
+                tasks.append(admin.start_task(session, "hang", runtime_config={"scenario": "hang"}).task_id)
 
-            def settled() -> list[dict[str, Any]] | None:
+            def settled() -> list[Task] | None:
                 records = [admin.get_task(task) for task in tasks]
-                return None if any(r["state"] == "pending" for r in records) else records
+                return None if any(r.state == "pending" for r in records) else records
 
             records = wait_for("every task to be running or failed", settled)
             peak = service.fds()
-            failed = [r for r in records if r["state"] == "failed"]
-            running = [r for r in records if r["state"] == "running"]
+            failed = [r for r in records if r.state == "failed"]
+            running = [r for r in records if r.state == "running"]
             assert failed and running and len(failed) + len(running) == namespaces, records
             for record in failed:
-                assert record["error"]["code"] == "WORKER_UNAVAILABLE", record
-                assert "run out of file descriptors" in record["error"]["message"], record
-                assert f"limit {nofile}" in record["error"]["message"], record
+                assert record.error is not None, record
+                assert record.error["code"] == "WORKER_UNAVAILABLE", record
+                assert "run out of file descriptors" in record.error["message"], record
+                assert f"limit {nofile}" in record.error["message"], record
             assert service.healthz() == (200, {"status": "ok"})
             with service.client("bob") as bob:
-                assert run_task(bob, bob_session)["state"] == "completed"
+                assert run_task(bob, bob_session).state == "completed"
             assert service.alive(), service.log_text()
             for record in running:
-                admin.stop_task(record["task_id"])
+                admin.stop_task(record.task_id)
         print(f"RLIMIT_NOFILE {nofile}: {len(running)} workers ran, {len(failed)} tasks failed WORKER_UNAVAILABLE; "
               f"{peak} descriptors open")
 

@@ -287,11 +287,11 @@ async def test_an_interactive_approval_over_the_api_lets_codex_write(make_engine
             async with AsyncClient(socket=sock, token=alice) as client:
                 session = await client.create_session(namespace="user:alice", runtime="codex")  # its own workspace
                 prompt = 'CALL workspace_write {"path": "notes.txt", "content": "written by codex\\n"}'
-                events = [e async for e in client.run(session["session_id"], prompt, approver=approver,
+                events = [e async for e in client.run(session.session_id, prompt, approver=approver,
                                                       runtime_config=dict(CODEX_CONFIG))]
             nursery.cancel_scope.cancel()
     assert asked == ["workspace.write"] and events[-1].type == EventType.TASK_COMPLETED
-    assert (Path(session["workspace"]) / "notes.txt").read_text() == "written by codex\n"
+    assert (Path(session.workspace or "") / "notes.txt").read_text() == "written by codex\n"
     approved = [e.payload for e in events if e.type == EventType.TOOL_CALL_APPROVED]
     assert approved[0].source == "user"  # type: ignore[attr-defined]
     assert "RESULTS:" in _texts(events)[-1]

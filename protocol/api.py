@@ -1,0 +1,323 @@
+"""The HTTP API's typed models: what a client sends and what the service answers, one set for both.
+
+The service validates requests with these models and builds every JSON answer from them; the client parses the
+answers back into them; the OpenAPI document is generated from them. They depend on the contract (events, runtime
+offers, receipts, transcripts) and on nothing of the service's: the store's rows are mapped to them in one place
+(``supervisor/api/_views.py``).
+
+Requests refuse unknown fields and take types strictly (``"allow": "yes"`` is not a boolean). Answers ignore fields
+they do not know, so a client keeps working against a newer service that added some.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ._base import Model
+from ._events import ApprovalState, EventType, NormalizedEvent
+from ._jsonrpc import EnsureLoginResult, RuntimeOffer
+from ._receipt import StopReceipt
+from ._runtime import RUNTIME_NAME_PATTERN, InteractionMode, PermissionMode
+from ._transcript import Message
+
+#: The most a page of events, sessions or approvals holds.
+MAX_PAGE = 1000
+#: Largest seq/offset a client may name: stored integers are 64-bit signed.
+MAX_SEQ = 2**63 - 1
+
+
+class TaskState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+    @property
+    def terminal_event(self) -> EventType | None:
+        """The event type that ends a task in this state (``task.completed`` for COMPLETED ...)."""
+        return EventType(f"task.{self.value}") if self.is_terminal else None
+
+
+TERMINAL_STATES = frozenset({TaskState.COMPLETED, TaskState.FAILED, TaskState.STOPPED})
+
+
+# -- requests -----------------------------------------------------------------------------------------
+
+class Request(BaseModel):
+    """A request body: unknown fields refused, and strict types: ``"allow": "yes"`` or ``1`` is not a boolean, nor
+    ``"5"`` an integer (enum fields, named by their value, say ``strict=False``)."""
+    model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True)
+
+
+_QUERY_INT = re.compile(r"0|[1-9][0-9]{0,18}")
+_QUERY_BOOL = {"true": True, "false": False}
+
+
+class Query(Request):
+    """A query string, as strict as a body: an integer field takes only decimal digits (no sign, space, ``_``,
+    ``5.0`` or ``1e2``), a boolean only ``true`` or ``false``; anything else is refused as it is."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _typed(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        typed = dict(data)
+        for name, value in data.items():
+            field = cls.model_fields.get(name)
+            if field is None or not isinstance(value, str):
+                continue
+            kinds = {field.annotation} | set(getattr(field.annotation, "__args__", ()))
+            if int in kinds and _QUERY_INT.fullmatch(value):
+                typed[name] = int(value)
+            elif bool in kinds and value in _QUERY_BOOL:
+                typed[name] = _QUERY_BOOL[value]
+        return typed
+
+
+class CreateSessionRequest(Request):
+    namespace: str = Field(min_length=1)
+    runtime: str | None = Field(default=None, min_length=1, max_length=64, pattern=RUNTIME_NAME_PATTERN)
+    workspace: str | None = None
+    """The session's workspace directory on the service's host (admin token only; default: one of its own)."""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class StartTaskRequest(Request):
+    prompt: str = Field(min_length=1)
+    permission_mode: PermissionMode = Field(default=PermissionMode.ASK, strict=False)
+    interaction_mode: InteractionMode = Field(default=InteractionMode.NON_INTERACTIVE, strict=False)
+    """``interactive``: calls the policy can't decide wait for a decision at /v1/approvals/{id} (durable; they
+    expire to a denial). ``non_interactive`` (default): such calls are denied with a recorded reason."""
+    runtime_config: dict[str, Any] = Field(default_factory=dict)
+    runtime: str | None = Field(default=None, min_length=1, max_length=64, pattern=RUNTIME_NAME_PATTERN)
+    """Move the session to this runtime from this task on: the runtime is given the session's transcript."""
+    max_input_tokens: int | None = Field(default=None, ge=1, le=2**53)
+    """A cap on the compiled input (estimated tokens), below the runtime's own budget."""
+    timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Wall-clock seconds from the task's start (absent: the operator's default; above its maximum: 422). Past it
+    the task is stopped and fails ``task_timeout``."""
+    idle_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """The longest the runtime may send nothing, in seconds (paused while a tool call waits on the service)."""
+
+
+class DecisionRequest(Request):
+    allow: bool
+    reason: str = Field(default="", max_length=1000)
+
+
+class StopTaskRequest(Request):
+    reason: str = Field(default="stop requested via API", min_length=1, max_length=1000)
+
+
+class EnvUpdateRequest(Request):
+    set: dict[str, str] = Field(default_factory=dict)
+    """Variables to set (values are never returned), and names to remove; one atomic change."""
+    unset: list[str] = Field(default_factory=list)
+
+
+class EventsQuery(Query):
+    after_seq: int = Field(default=0, ge=0, le=MAX_SEQ)
+    limit: int = Field(default=100, ge=1, le=MAX_PAGE)
+
+
+class StreamQuery(Query):
+    after_seq: int | None = Field(default=None, ge=0, le=MAX_SEQ)
+    """Resume after this seq (the ``Last-Event-ID`` header, when sent, takes precedence)."""
+    until_terminal: bool = False
+    """End the stream after the session's next terminal task event."""
+
+
+class SessionsQuery(Query):
+    namespace: str | None = None
+    """One namespace of the token's (the admin's: any); default: all the token sees."""
+    limit: int = Field(default=100, ge=1, le=MAX_PAGE)
+    offset: int = Field(default=0, ge=0, le=MAX_SEQ)
+
+
+class RuntimesQuery(Query):
+    namespace: str | None = None
+    """Default: the caller's own namespace (the one its token is bound to; the admin's: "default")."""
+
+
+class NoQuery(Query):
+    """A route that takes no query parameters: any is refused rather than ignored."""
+
+
+class ApprovalsQuery(Query):
+    state: str = "pending"
+    """pending, approved, denied, expired or all."""
+
+
+# -- answers ------------------------------------------------------------------------------------------
+
+class Answer(Model):
+    """A JSON answer of the service: fields it does not know are ignored (a newer service may add some); fields
+    that are None are left out of the wire form."""
+    model_config = ConfigDict(extra="ignore", use_attribute_docstrings=True)
+
+
+class ErrorInfo(Answer):
+    code: str
+    """Stable and machine-readable (``session_not_found``, ``quota_exceeded`` …): branch on it."""
+    message: str
+    """For people: what was refused and what to do about it."""
+    details: dict[str, Any] | None = None
+    """Structured facts some refusals carry (the quota and its fill, the namespace's owner …)."""
+
+
+class ErrorAnswer(Answer):
+    """Every answer with a status of 400 or more."""
+    error: ErrorInfo
+
+
+class Health(Answer):
+    status: str
+
+
+class Readiness(Answer):
+    status: str
+    details: dict[str, Any] | None = None
+    """Why the service runs degraded while still ready (no resource groups …)."""
+
+
+class Session(Answer):
+    session_id: str
+    runtime: str
+    namespace: str
+    workspace: str | None = None
+    created_at: datetime
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    runtime_session_id: str | None = None
+    """The runtime's own id of the conversation (what it resumes by), once it said one."""
+    last_seq: int = Field(default=0, ge=0)
+    """The seq of the session's newest stored event."""
+
+
+class SessionList(Answer):
+    sessions: tuple[Session, ...]
+
+
+class Task(Answer):
+    task_id: str
+    session_id: str
+    state: TaskState
+    runtime: str
+    created_at: datetime
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    worker_pid: int | None = None
+    terminal_type: str | None = None
+    """The event type that ended it (``task.completed`` …)."""
+    error: dict[str, Any] | None = None
+    """A failed task's error (``code``, ``message``, ``retryable`` …)."""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class StoppedTask(Task):
+    receipt: StopReceipt | None = None
+    """What the stop did and verified; None when the task had ended otherwise before the stop took."""
+
+
+class Approval(Answer):
+    """A tool call waiting for (or given) a person's decision."""
+    approval_id: str
+    session_id: str
+    task_id: str
+    namespace: str
+    tool_call_id: str
+    attempt: int
+    tool_name: str
+    tool_class: str
+    input: dict[str, Any] = Field(default_factory=dict)
+    reason: str
+    state: ApprovalState
+    created_at: datetime
+    expires_at: datetime
+    decided_at: datetime | None = None
+    decided_by: str | None = None
+    decision_reason: str | None = None
+
+
+class ApprovalList(Answer):
+    approvals: tuple[Approval, ...]
+
+
+class EventPage(Answer):
+    events: tuple[NormalizedEvent, ...]
+    next_after_seq: int = Field(ge=0)
+    """Ask for the next page with ``after_seq`` set to this."""
+    has_more: bool
+
+
+class Transcript(Answer):
+    session_id: str
+    messages: tuple[Message, ...]
+
+
+class RuntimeList(Answer):
+    namespace: str
+    runtimes: tuple[RuntimeOffer, ...]
+
+
+class NamespaceInfo(Answer):
+    namespace: str
+    sessions: int = Field(ge=0)
+
+
+class NamespaceList(Answer):
+    namespaces: tuple[NamespaceInfo, ...]
+
+
+class LoginState(EnsureLoginResult):
+    """A runtime's login in a namespace: what an operator must do so it can run there."""
+    model_config = ConfigDict(extra="ignore", use_attribute_docstrings=True)
+
+
+class WorkerState(Answer):
+    namespace: str
+    state: str
+    """idle, starting, running, backing_off, quarantined …"""
+    pid: int | None = None
+    active_tasks: int = Field(ge=0)
+    workers_started: int = Field(ge=0)
+    started_by: str | None = None
+    recent_crashes: int = Field(ge=0)
+    last_exit: str | None = None
+    last_error: str | None = None
+    quarantined_until: float | None = None
+    """Unix time the quarantine ends."""
+    quarantine_reason: str | None = None
+
+
+class WorkerList(Answer):
+    workers: tuple[WorkerState, ...]
+    template: str
+    """The worker template's state (``off`` when not configured)."""
+
+
+class QuarantineLifted(Answer):
+    namespace: str
+    lifted: bool
+    """False: it was not quarantined."""
+
+
+class EnvVariable(Answer):
+    name: str
+    fingerprint: str
+    """Identifies the value without showing it."""
+
+
+class EnvList(Answer):
+    namespace: str
+    variables: tuple[EnvVariable, ...]

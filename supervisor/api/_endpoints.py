@@ -1,0 +1,130 @@
+"""The API's one route table: the app routes from it (``create_app``) and the OpenAPI document is generated from it
+(``openapi_document``), so the two cannot list different operations, parameters or answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from pydantic import BaseModel
+
+from codesdk.protocol import api
+
+
+class Access(StrEnum):
+    PUBLIC = "public"  # no token (probes, the API's own description)
+    TOKEN = "token"  # any tenant's token or the admin's; a tenant sees only its namespaces
+    ADMIN = "admin"  # the admin token only (403 for a tenant's)
+
+
+#: What every status means, in the document.
+STATUS_MEANS = {
+    400: "the request is malformed (not JSON, bad framing)",
+    401: "missing or invalid bearer token",
+    403: "the token may not do this",
+    404: "unknown, or another tenant's (never told apart)",
+    408: "the request body did not arrive in time",
+    409: "conflicts with the resource's state (the message says which)",
+    413: "the request body is larger than 1 MiB",
+    421: "the namespace is served by another supervisor (details name it)",
+    422: "invalid request: the message names the field and what it takes",
+    429: "a limit of the token or the namespace is reached (Retry-After where it passes by itself)",
+    500: "a fault of the service (its log says more)",
+    503: "the service cannot do it now (store failing, shutting down, runtime or disk unavailable)",
+}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One operation of the API."""
+
+    method: str
+    path: str
+    #: The stable name a generated client gives the call.
+    operation_id: str
+    summary: str
+    tag: str
+    access: Access
+    #: The success answer's JSON model, or None where the body is not JSON (``media_type``).
+    answer: type[BaseModel] | None
+    status: int = 200
+    body: type[api.Request] | None = None
+    query: type[api.Query] | None = None
+    #: Error statuses this operation answers beyond those of its access (401, 403) and of every route (429 for a
+    #: token over its connections, 500, 503 for a failing store).
+    errors: tuple[int, ...] = ()
+    media_type: str = "application/json"
+    description: str = ""
+
+    def error_statuses(self) -> tuple[int, ...]:
+        common = {500, 503}
+        if self.access is not Access.PUBLIC:
+            common |= {401, 429}
+        if self.access is Access.ADMIN:
+            common.add(403)
+        if self.body is not None:
+            common |= {400, 408, 413, 422}
+        if self.query is not None:
+            common.add(422)
+        return tuple(sorted(common | set(self.errors)))
+
+
+_SESSION = "/v1/sessions/{session_id}"
+_NAMESPACE = "/v1/namespaces/{namespace}"
+_SSE = ("A `text/event-stream`: each stored event as `id: <seq>`, `event: <type>`, `data: <NormalizedEvent JSON>`; "
+        "comment lines keep the connection alive. Reconnect with the `Last-Event-ID` header (or `after_seq`) to "
+        "resume without a gap or a repeat.")
+
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint("GET", "/healthz", "getHealth", "Liveness: the process answers", "service", Access.PUBLIC, api.Health),
+    Endpoint("GET", "/readyz", "getReadiness",
+             "Readiness: the store is open and takes writes, the disk reserve is free", "service", Access.PUBLIC,
+             api.Readiness),
+    Endpoint("GET", "/metrics", "getMetrics", "Prometheus metrics", "service", Access.ADMIN, None,
+             media_type="text/plain"),
+    Endpoint("POST", "/v1/sessions", "createSession", "Create a session in one of your namespaces", "sessions",
+             Access.TOKEN, api.Session, 201, body=api.CreateSessionRequest, errors=(403, 404, 421, 429)),
+    Endpoint("GET", "/v1/sessions", "listSessions", "Your sessions, oldest first", "sessions", Access.TOKEN,
+             api.SessionList, query=api.SessionsQuery),
+    Endpoint("GET", _SESSION, "getSession", "One session", "sessions", Access.TOKEN, api.Session, errors=(404,)),
+    Endpoint("POST", f"{_SESSION}/tasks", "startTask", "Start a task: the session's next prompt", "tasks",
+             Access.TOKEN, api.Task, 202, body=api.StartTaskRequest, errors=(404, 409, 421, 429),
+             description="Answers once the task is stored (state `pending`); follow it on the session's events. "
+                         "409 `session_busy` while another task of the session is active."),
+    Endpoint("GET", f"{_SESSION}/events", "listEvents", "Stored events, paged by after_seq and limit", "events",
+             Access.TOKEN, api.EventPage, query=api.EventsQuery, errors=(404,)),
+    Endpoint("GET", f"{_SESSION}/events/stream", "streamEvents", "Live events (Server-Sent Events)", "events",
+             Access.TOKEN, None, query=api.StreamQuery, errors=(404,), media_type="text/event-stream",
+             description=_SSE),
+    Endpoint("GET", f"{_SESSION}/transcript", "getTranscript", "The conversation derived from the session's events",
+             "sessions", Access.TOKEN, api.Transcript, errors=(404,)),
+    Endpoint("GET", f"{_SESSION}/bundle", "getSupportBundle",
+             "The session's support bundle (.tar.gz, secrets redacted)", "sessions", Access.TOKEN, None,
+             errors=(404,), media_type="application/gzip"),
+    Endpoint("GET", "/v1/tasks/{task_id}", "getTask", "One task", "tasks", Access.TOKEN, api.Task, errors=(404,)),
+    Endpoint("POST", "/v1/tasks/{task_id}/stop", "stopTask", "Stop a task: task.stopped at once, with a receipt",
+             "tasks", Access.TOKEN, api.StoppedTask, body=api.StopTaskRequest, errors=(404, 409, 421)),
+    Endpoint("GET", "/v1/approvals", "listApprovals", "Tool calls waiting for a decision (or ?state=)", "approvals",
+             Access.TOKEN, api.ApprovalList, query=api.ApprovalsQuery),
+    Endpoint("POST", "/v1/approvals/{approval_id}", "decideApproval", "Decide an approval, once", "approvals",
+             Access.TOKEN, api.Approval, body=api.DecisionRequest, errors=(404, 409, 421)),
+    Endpoint("GET", "/v1/runtimes", "listRuntimes",
+             "The runtimes a namespace's worker can host (default: the token's own namespace)", "runtimes",
+             Access.TOKEN, api.RuntimeList, query=api.RuntimesQuery, errors=(404, 421)),
+    Endpoint("GET", "/v1/namespaces", "listNamespaces", "The namespaces the token sees, with session counts",
+             "namespaces", Access.TOKEN, api.NamespaceList, query=api.NoQuery),
+    Endpoint("GET", f"{_NAMESPACE}/auth/{{runtime}}", "getLoginState", "A runtime's login state in a namespace",
+             "runtimes", Access.TOKEN, api.LoginState, errors=(404, 421, 422)),
+    Endpoint("GET", "/v1/workers", "listWorkers", "Every namespace's worker: state, crashes, quarantine", "service",
+             Access.ADMIN, api.WorkerList),
+    Endpoint("DELETE", f"{_NAMESPACE}/quarantine", "liftQuarantine", "Let a quarantined namespace start workers now",
+             "namespaces", Access.ADMIN, api.QuarantineLifted, errors=(422,)),
+    Endpoint("GET", f"{_NAMESPACE}/env", "getNamespaceEnv", "A namespace's variables: names and fingerprints",
+             "namespaces", Access.ADMIN, api.EnvList, errors=(422,)),
+    Endpoint("PATCH", f"{_NAMESPACE}/env", "updateNamespaceEnv",
+             "Set or unset a namespace's variables, for its next worker", "namespaces", Access.ADMIN, api.EnvList,
+             body=api.EnvUpdateRequest),
+    Endpoint("GET", "/v1/openapi.json", "getOpenApi", "This document", "service", Access.PUBLIC, None),
+    Endpoint("GET", "/v1/docs", "getApiReference", "This document as a web page", "service", Access.PUBLIC, None,
+             media_type="text/html"),
+)
