@@ -239,6 +239,10 @@ def _q(segment: str) -> str:
     return quote(str(segment), safe=":@")
 
 
+def _blob_path(session_id: str, ref: str) -> str:
+    return f"/v1/sessions/{_q(session_id)}/blobs/{_q(ref)}"
+
+
 def _approval_id(event: NormalizedEvent) -> str:
     if not isinstance(event.payload, ApprovalRequested):
         raise TypeError(f"{event.type} is not an approval.requested event; nothing to answer")
@@ -499,10 +503,17 @@ class AsyncClient:
 
     async def bundle(self, session_id: str, into: IO[bytes]) -> int:
         """Write the session's support bundle (a .tar.gz, secrets redacted) to ``into``; returns its size."""
+        return await self._save(f"/v1/sessions/{_q(session_id)}/bundle", into)
+
+    async def download(self, session_id: str, ref: str, into: IO[bytes]) -> int:
+        """Write a blob the session's events name (a ``*_ref`` value: a tool's result, a compiled input, a raw
+        message) to ``into``, as it streams in; returns its size. ``NotFound`` if the session names no such blob."""
+        return await self._save(_blob_path(session_id, ref), into)
+
+    async def _save(self, path: str, into: IO[bytes]) -> int:
         written = 0
         try:
-            async with self._http.stream("GET", f"/v1/sessions/{_q(session_id)}/bundle",
-                                         timeout=httpx.Timeout(30.0, read=None)) as response:
+            async with self._http.stream("GET", path, timeout=httpx.Timeout(30.0, read=None)) as response:
                 if response.status_code >= 400:
                     await response.aread()
                     _raise_for(response)
@@ -665,11 +676,17 @@ class Client:
 
     def bundle(self, session_id: str, into: IO[bytes]) -> int:
         """Write the session's support bundle (a .tar.gz, secrets redacted) to ``into``; returns its size."""
+        return self._save(f"/v1/sessions/{_q(session_id)}/bundle", into)
+
+    def download(self, session_id: str, ref: str, into: IO[bytes]) -> int:
+        """As ``AsyncClient.download``: a blob the session's events name, written to ``into``."""
+        return self._save(_blob_path(session_id, ref), into)
+
+    def _save(self, path: str, into: IO[bytes]) -> int:
         self._reachable()
         written = 0
         try:
-            with self._http.stream("GET", f"/v1/sessions/{_q(session_id)}/bundle",
-                                   timeout=httpx.Timeout(30.0, read=None)) as response:
+            with self._http.stream("GET", path, timeout=httpx.Timeout(30.0, read=None)) as response:
                 if response.status_code >= 400:
                     response.read()
                     _raise_for(response)

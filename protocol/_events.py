@@ -32,6 +32,7 @@ from pydantic import (
 from pydantic_core import CoreSchema, core_schema
 
 from ._base import Model
+from ._canonical import is_hash
 from ._context import ContextReport, InterruptedCall, ResumeMode
 from ._receipt import StopReceipt
 from ._runtime import InteractionMode, PermissionMode
@@ -738,6 +739,20 @@ def parse_event_json(data: str | bytes) -> EventUnion:
 def parse_worker_event(obj: object) -> WorkerEventUnion:
     """A worker's event from its JSON-compatible form, as the class of its type (ValidationError if invalid)."""
     return _ANY_WORKER_EVENT.validate_python(obj)
+
+
+def named_blobs(event: NormalizedEvent) -> tuple[str, ...]:
+    """The blobs an event names, in the contract's own ref fields: the payload's ``*_ref`` fields,
+    ``runtime.raw_ref`` and a failure's ``details.stderr_tail_ref``. These are set by the supervisor alone, so they
+    are what the event's session may read back (``GET /v1/sessions/{id}/blobs/{ref}``, its support bundle). A ref
+    inside a free-form value (a tool's input, a policy snapshot) is not followed: whoever wrote it could name any
+    blob."""
+    payload = event.payload
+    refs = [getattr(payload, name) for name in type(payload).model_fields if name.endswith("_ref")]
+    refs.append(event.runtime.raw_ref)
+    if isinstance(payload, TaskFailed):
+        refs.append(payload.details.get("stderr_tail_ref"))
+    return tuple(dict.fromkeys(ref for ref in refs if isinstance(ref, str) and is_hash(ref)))
 
 
 # --- upcasting old schema versions ----------------------------------------------------------------

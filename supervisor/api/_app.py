@@ -21,6 +21,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from codesdk.protocol import (
+    HASH_PREFIX,
     RUNTIME_NAME_PATTERN,
     RUNTIME_NAME_RULE,
     ApprovalState,
@@ -31,6 +32,7 @@ from codesdk.protocol import (
     TaskStopped,
     api,
     decode_json,
+    is_hash,
 )
 
 from ..bundle import BundleLimits, BundleService
@@ -46,6 +48,7 @@ from ..engine import (
 from ..namespaces import InvalidNamespace, Namespace, NamespaceEnvError
 from ..store import (
     ApprovalDecided,
+    BlobNotFound,
     EventLogReader,
     QuotaExceeded,
     SessionRecord,
@@ -57,6 +60,7 @@ from ..store import (
 )
 from ._auth import Principal, TokenAuth
 from ._endpoints import ENDPOINTS, Endpoint
+from ._ranges import Unsatisfiable, byte_range
 from .openapi import openapi_document, reference_page
 from ._views import approval_answer, env_answer, session_answer, task_answer, worker_answer
 
@@ -627,6 +631,38 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         messages = await derive_transcript(store, session.session_id)
         return _answer(request, api.Transcript(session_id=session.session_id, messages=tuple(messages)))
 
+    async def get_blob(request: Request) -> Response:
+        """A blob the session's events name (``EventStore.names_blob``), to the session's readers: whole, or the one
+        byte range asked for; its hash is its ETag (a blob never changes), so a cached copy is answered 304."""
+        session = await session_for(principal_of(request), request.path_params["session_id"])
+        asked = str(request.path_params["ref"])
+        ref = asked if asked.startswith(HASH_PREFIX) else HASH_PREFIX + asked
+        missing = ApiError(404, "blob_not_found", f"session {session.session_id} names no blob {asked!r} (its "
+                                                  "events' *_ref fields say which it does)")
+        if not is_hash(ref) or not await store.names_blob(session.session_id, ref):
+            raise missing
+        try:
+            info = await store.blob_info(ref)
+            data = await store.get_blob(ref)  # re-hashed on read: corrupt bytes are never sent
+        except BlobNotFound:
+            raise missing from None
+        etag = f'"{ref.removeprefix(HASH_PREFIX)}"'
+        headers = {"etag": etag, "accept-ranges": "bytes", "cache-control": "private, max-age=31536000, immutable",
+                   "x-content-type-options": "nosniff", "content-security-policy": "sandbox"}
+        if etag in {tag.strip() for tag in request.headers.get("if-none-match", "").split(",")}:
+            return Response(status_code=304, headers=headers)
+        if_range = request.headers.get("if-range")
+        try:
+            wanted = byte_range(request.headers.get("range") if if_range in (None, etag) else None, len(data))
+        except Unsatisfiable:
+            raise ApiError(416, "range_not_satisfiable", f"the blob is {len(data)} bytes; the Range asks for none of "
+                                                         "them", {"content-range": f"bytes */{len(data)}"}) from None
+        if wanted is None:
+            return Response(data, media_type=info.media_type, headers=headers)
+        start, stop = wanted
+        headers["content-range"] = f"bytes {start}-{stop - 1}/{len(data)}"
+        return Response(data[start:stop], status_code=206, media_type=info.media_type, headers=headers)
+
     async def support_bundle(request: Request) -> Response:
         """The session's support bundle (``supervisor.bundle``): for its namespace's tokens and the admin; any other
         token gets the 404 of a session it cannot see. Built off the loop, bounded, cached (``BundleService``)."""
@@ -698,7 +734,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         "getHealth": healthz, "getReadiness": readyz, "getMetrics": metrics_route,
         "createSession": create_session, "listSessions": list_sessions, "getSession": get_session,
         "startTask": start_task, "listEvents": list_events, "streamEvents": stream_events,
-        "getTranscript": transcript, "getSupportBundle": support_bundle, "getTask": get_task, "stopTask": stop_task,
+        "getTranscript": transcript, "getSupportBundle": support_bundle, "getBlob": get_blob, "getTask": get_task, "stopTask": stop_task,
         "listApprovals": list_approvals, "decideApproval": decide_approval, "listRuntimes": list_runtimes,
         "listNamespaces": list_namespaces, "getLoginState": auth_status, "listWorkers": list_workers,
         "liftQuarantine": lift_quarantine, "getNamespaceEnv": list_env, "updateNamespaceEnv": update_env,

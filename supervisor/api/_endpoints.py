@@ -29,6 +29,7 @@ STATUS_MEANS = {
     421: "the namespace is served by another supervisor (details name it)",
     422: "invalid request: the message names the field and what it takes",
     429: "a limit of the token or the namespace is reached (Retry-After where it passes by itself)",
+    416: "the Range asks for no byte of it (Content-Range says its size)",
     500: "a fault of the service (its log says more)",
     503: "the service cannot do it now (store failing, shutting down, runtime or disk unavailable)",
 }
@@ -55,6 +56,10 @@ class Endpoint:
     errors: tuple[int, ...] = ()
     media_type: str = "application/json"
     description: str = ""
+    #: Other answers that are not errors: (status, what it means); 206 carries part of the success body.
+    also: tuple[tuple[int, str], ...] = ()
+    #: Request headers it reads: (name, what for).
+    headers: tuple[tuple[str, str], ...] = ()
 
     def error_statuses(self) -> tuple[int, ...]:
         common = {500, 503}
@@ -101,6 +106,17 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("GET", f"{_SESSION}/bundle", "getSupportBundle",
              "The session's support bundle (.tar.gz, secrets redacted)", "sessions", Access.TOKEN, None,
              errors=(404,), media_type="application/gzip"),
+    Endpoint("GET", f"{_SESSION}/blobs/{{ref}}", "getBlob", "Download a blob the session's events name", "sessions",
+             Access.TOKEN, None, errors=(404, 416), media_type="application/octet-stream",
+             description="`ref` is a `sha256:<hex>` the session's events carry in a ref field (`result_ref`, "
+                         "`input_ref`, `runtime.raw_ref` …; the hex alone works too). The answer's `Content-Type` is "
+                         "the blob's own; its `ETag` is its hash, so it never changes. A blob the session does not "
+                         "name is 404, as is another tenant's session.",
+             also=((206, "Part of it: the Range asked for (Content-Range says which)"),
+                   (304, "Not modified: If-None-Match holds its ETag")),
+             headers=(("Range", "one byte range, `bytes=first-last`, `bytes=first-` or `bytes=-suffix`"),
+                      ("If-None-Match", "its ETag: 304 instead of the bytes"),
+                      ("If-Range", "its ETag: the Range holds only if the blob is still this one"))),
     Endpoint("GET", "/v1/tasks/{task_id}", "getTask", "One task", "tasks", Access.TOKEN, api.Task, errors=(404,)),
     Endpoint("POST", "/v1/tasks/{task_id}/stop", "stopTask", "Stop a task: task.stopped at once, with a receipt",
              "tasks", Access.TOKEN, api.StoppedTask, body=api.StopTaskRequest, errors=(404, 409, 421)),

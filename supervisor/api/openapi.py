@@ -77,12 +77,17 @@ def _operation(endpoint: Endpoint, refs: dict[Any, dict[str, Any]]) -> dict[str,
     if endpoint.media_type == "text/event-stream":
         parameters.append({"name": "Last-Event-ID", "in": "header", "required": False, "schema": {"type": "string"},
                            "description": "Resume after this seq (what the last event's `id` said)."})
+    parameters += [{"name": name, "in": "header", "required": False, "schema": {"type": "string"},
+                    "description": what} for name, what in endpoint.headers]
     if parameters:
         operation["parameters"] = parameters
     if endpoint.body is not None:
         operation["requestBody"] = {"required": True, "content": {"application/json": {
             "schema": refs[(endpoint.body, _MODE)]}}}
-    operation["responses"] = {str(endpoint.status): _success(endpoint, refs)} | {
+    success = _success(endpoint, refs)
+    also = {str(status): {"description": what, **({"content": success["content"]} if status == 206 else {})}
+            for status, what in endpoint.also}
+    operation["responses"] = {str(endpoint.status): success} | also | {
         str(status): {"description": STATUS_MEANS[status],
                       "content": {"application/json": {"schema": refs[(api.ErrorAnswer, _MODE)]}}}
         for status in endpoint.error_statuses()}

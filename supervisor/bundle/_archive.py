@@ -24,7 +24,7 @@ from typing import IO, Any
 
 import trio
 
-from codesdk.protocol import HASH_PREFIX, is_hash
+from codesdk.protocol import HASH_PREFIX, NormalizedEvent, named_blobs
 
 from ..store import BlobNotFound
 from ._collect import BundleSources, codesdk_version
@@ -33,18 +33,6 @@ from ._redact import Redactor
 
 #: Events read (and redacted) at a time: what the writer holds in memory of a session's events.
 EVENT_PAGE = 500
-
-
-def _refs(value: Any, key: str = "") -> Iterator[str]:
-    """Blob refs named by an event: the values of ``*_ref`` / ``ref`` keys that are content hashes."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from _refs(v, str(k))
-    elif isinstance(value, list):
-        for v in value:
-            yield from _refs(v, key)
-    elif isinstance(value, str) and (key == "ref" or key.endswith("_ref")) and is_hash(value):
-        yield value
 
 
 @dataclass(frozen=True)
@@ -157,9 +145,9 @@ async def write_bundle(sources: BundleSources, out: Path, *, force: bool = False
                     break
                 objs = [event.to_json_obj() for event in page]
 
-                def redact_page(objs: list[dict[str, Any]] = objs) -> list[_Line]:
-                    return [_Line(int(obj.get("seq", 0)), str(obj.get("type")), tuple(_refs(obj)),
-                                  _json_line(redactor.json(obj, "events.jsonl"))) for obj in objs]
+                def redact_page(objs: list[dict[str, Any]] = objs, page: list[NormalizedEvent] = page) -> list[_Line]:
+                    return [_Line(int(obj.get("seq", 0)), str(obj.get("type")), named_blobs(event),
+                                  _json_line(redactor.json(obj, "events.jsonl"))) for event, obj in zip(page, objs)]
 
                 lines = await trio.to_thread.run_sync(redact_page)  # CPU: not on the loop other tenants share
                 head: list[_Line] = []

@@ -92,7 +92,7 @@ def _global_options(parser: argparse.ArgumentParser, *, in_subcommand: bool) -> 
                         help="more logging on stderr (-vv: debug)")
     parser.add_argument("--url", default=default(os.environ.get("CODESDK_URL") or None),
                         help="use a running supervisor instead (unix:/path/api.sock or http://127.0.0.1:PORT) for "
-                             "run, sessions, events, show, auth and bundle; token from --token or CODESDK_TOKEN")
+                             "run, sessions, events, show, auth, bundle and blob; token from --token or CODESDK_TOKEN")
     parser.add_argument("--token", default=default(None), help="API bearer token (with --url)")
 
 
@@ -170,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     bundle.add_argument("--inspect", metavar="FILE", type=Path,
                         help="check a bundle against its manifest and summarize it (writes nothing)")
     bundle.add_argument("--json", action="store_true", help="--inspect: print the manifest as JSON")
+
+    blob = command("blob", "write a blob a session's events name (a tool's result, a compiled input, a raw message: "
+                           "the value of an event's *_ref field) to a file or stdout")
+    blob.add_argument("session", help="the session whose events name it")
+    blob.add_argument("ref", help="sha256:<hex> (as the event carries it), or the hex alone")
+    blob.add_argument("-o", "--output", type=Path, help="the file to write (default: stdout)")
+    blob.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
 
     namespaces = command("namespaces", "list credential namespaces and their directories")
     namespaces.add_argument("--json", action="store_true")

@@ -17,11 +17,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import trio
 
-from codesdk.protocol import EnsureLoginResult, InteractionMode, PermissionMode
+from codesdk.protocol import HASH_PREFIX, EnsureLoginResult, InteractionMode, PermissionMode, is_hash
 
 from ..service.assembly import SupervisorOptions, open_engine
 from .common import (
@@ -319,6 +319,39 @@ def _bundle_written(out: Path, manifest: dict[str, Any]) -> None:
           f"blobs, {redacted} redactions); check it with: codesdk bundle --inspect {out}", file=sys.stderr)
 
 
+async def cmd_blob(args: argparse.Namespace) -> int:
+    """A blob the session's events name, read from the store on the data dir or from the service (``--url``): to
+    ``-o FILE`` (written whole or not at all) or to stdout."""
+    from ..bundle import atomic_output, check_output  # imported only when used
+
+    ref = args.ref if args.ref.startswith(HASH_PREFIX) else HASH_PREFIX + args.ref
+    if not is_hash(ref):
+        raise CliError(f"{args.ref!r} is no blob ref: a blob is named sha256:<64 hex digits> (an event's *_ref)")
+    out = Path(args.output).absolute() if args.output else None
+    if out is not None:
+        check_output(out, args.force)
+
+    async def save(into: IO[bytes]) -> int:
+        if args.url:
+            from .remote import blob_via_api  # imported only when used: the HTTP client costs start-up time
+            return await blob_via_api(args, ref, into)
+        async with _store(args) as store:
+            if not await store.names_blob(args.session, ref):
+                raise CliError(f"session {args.session} names no blob {ref} (its events' *_ref fields say which)")
+            data = await store.get_blob(ref)
+        into.write(data)
+        return len(data)
+
+    if out is None:
+        await save(sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+        return EXIT_OK
+    with atomic_output(out) as handle:
+        size = await save(handle)
+    print(f"codesdk: wrote {out} ({size} bytes)", file=sys.stderr)
+    return EXIT_OK
+
+
 async def cmd_namespaces(args: argparse.Namespace) -> int:
     if args.url:  # the namespaces the token sees, from the service (without the directories: those are its own)
         from .remote import namespaces_via_api  # imported only when used: the HTTP client costs start-up time
@@ -403,7 +436,8 @@ def run_command(args: argparse.Namespace, ahead: RunAhead | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     commands: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
         "run": partial(cmd_run, ahead=ahead), "sessions": cmd_sessions, "events": cmd_events,
-                "show": cmd_show, "auth": cmd_auth, "namespaces": cmd_namespaces, "bundle": cmd_bundle}
+                "show": cmd_show, "auth": cmd_auth, "namespaces": cmd_namespaces, "bundle": cmd_bundle,
+                "blob": cmd_blob}
     try:
         return int(trio.run(commands[args.command], args))
     except BrokenPipeError:

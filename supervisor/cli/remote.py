@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import trio
 
@@ -183,6 +183,11 @@ async def show_via_api(args: argparse.Namespace) -> int:
         transcript = await client.transcript(args.session)
     print_transcript([Message.model_validate(m) for m in transcript.messages], sys.stdout, as_json=args.json)
     return 0
+
+
+async def blob_via_api(args: argparse.Namespace, ref: str, into: IO[bytes]) -> int:
+    async with client_for(args) as client:
+        return await client.download(args.session, ref, into)
 
 
 async def bundle_via_api(args: argparse.Namespace, out: Path) -> int:

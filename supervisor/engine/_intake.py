@@ -212,7 +212,10 @@ class EventIntake:
                 self._stats.invalid_events += 1
                 log.warning("task %s: %s for a call that was not approved; dropped", run.task_id, event.type)
                 return None
-            payload = payload.model_copy(update={"attempt": identity.attempt, "input_hash": identity.input_hash})
+            # a blob ref is the supervisor's to set (a worker has no store): one the worker named is dropped
+            refs = {name: None for name in type(payload).model_fields if name.endswith("_ref")}
+            payload = payload.model_copy(update={"attempt": identity.attempt, "input_hash": identity.input_hash,
+                                                 **refs})
         if model.raw is None:
             return PendingEvent(event.type, payload)
         ref = await self._raw_blob(model.raw, blobs)
@@ -233,12 +236,14 @@ class EventIntake:
 
     async def _stderr_tail_as_blob(self, payload: Model) -> Model:
         """A worker's ``task.failed`` may carry its runtime's stderr tail as text (``details.stderr_tail``): it
-        is stored as a blob and the event keeps only ``details.stderr_tail_ref``, as for a crashed worker."""
-        if not isinstance(payload, TaskFailed) or not isinstance(payload.details.get("stderr_tail"), str):
+        is stored as a blob and the event keeps only ``details.stderr_tail_ref``, as for a crashed worker. A
+        ``stderr_tail_ref`` the worker named itself is dropped: blob refs are the supervisor's to set."""
+        if not isinstance(payload, TaskFailed) or not ({"stderr_tail", "stderr_tail_ref"} & payload.details.keys()):
             return payload
         details = dict(payload.details)
-        tail = details.pop("stderr_tail")
-        if tail:
+        details.pop("stderr_tail_ref", None)
+        tail = details.pop("stderr_tail", None)
+        if isinstance(tail, str) and tail:
             details["stderr_tail_ref"] = await self._store.put_blob(tail.encode("utf-8", "replace"),
                                                                     "text/plain; charset=utf-8")
         return payload.model_copy(update={"details": details})

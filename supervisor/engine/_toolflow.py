@@ -183,7 +183,9 @@ class ToolFlow:
         if input_hash != requested.input_hash:
             self._stats.invalid_events += 1
             log.warning("task %s: worker's input_hash for %s was wrong", run.task_id, requested.tool_call_id)
-        update: dict[str, Any] = {"attempt": attempt, "input_hash": input_hash}
+        # input_ref is ours alone: a worker cannot have stored a blob, so one it names is not its call's input (and
+        # the session's events name only blobs the supervisor put there: GET /v1/sessions/{id}/blobs/{ref}).
+        update: dict[str, Any] = {"attempt": attempt, "input_hash": input_hash, "input_ref": None}
         if len(data) > INLINE_INPUT_MAX_BYTES:
             update.update(input=None, input_ref=await self._port.put_blob(data, "application/json"))
         return requested.model_copy(update=update), tool_input

@@ -33,6 +33,8 @@ class Db(Protocol):
     #: Added to a SELECT whose rows the transaction must hold until it ends ('' where a write transaction
     #: already holds the whole database, as SQLite's does).
     for_update: str
+    #: The SQL function giving the 1-based position of a substring (0: absent), ``f(text, part)``.
+    text_position: str
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows: ...
 
@@ -69,6 +71,7 @@ class SQLiteDb:
     """An apsw connection (see ``open_connection`` for its pragmas)."""
 
     for_update = ""
+    text_position = "instr"
 
     def __init__(self, conn: apsw.Connection) -> None:
         self.conn = conn

@@ -76,6 +76,7 @@ class PostgresDb:
     """One psycopg connection, (re)made on demand; used by one thread at a time."""
 
     for_update = " FOR UPDATE"
+    text_position = "strpos"
 
     def __init__(self, url: str, location: str, origin: str) -> None:
         self._url = url

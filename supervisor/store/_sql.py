@@ -179,6 +179,18 @@ def select_events_of_types(conn: Db, session_id: str, types: Sequence[str], afte
     return [_event(seq, body, registry) for seq, body in rows]
 
 
+def select_events_containing(conn: Db, session_id: str, text: str, after_seq: int, limit: int,
+                             registry: UpcasterRegistry = upcasters) -> list[NormalizedEvent]:
+    """The session's events whose stored JSON contains ``text``, found by the database's own substring search (a
+    session's rows are scanned, not each decoded); an unknown session is ``UnknownSession``."""
+    rows = cast(list[tuple[int, str]], conn.execute(
+        f"SELECT seq, body FROM events WHERE session_id = ? AND seq > ? AND {conn.text_position}(body, ?) > 0 "
+        "ORDER BY seq LIMIT ?", (session_id, after_seq, text, limit)).fetchall())
+    if not rows:
+        select_last_seq(conn, session_id)
+    return [_event(seq, body, registry) for seq, body in rows]
+
+
 def select_last_event_of_type(conn: Db, session_id: str, event_type: str,
                               registry: UpcasterRegistry = upcasters) -> NormalizedEvent | None:
     """The session's last event of ``event_type`` (a scan from the end, in SQLite)."""

@@ -19,6 +19,7 @@ from codesdk.protocol import (
     NormalizedEvent,
     UpcasterRegistry,
     canonical_json,
+    named_blobs,
     sha256_hex,
     utc_now,
 )
@@ -467,6 +468,22 @@ class EventStore(Recorder):
             _sql.select_last_event_of_type, session_id=session_id, event_type=str(event_type),
             registry=self._upcasters))
 
+    async def names_blob(self, session_id: str, ref: str) -> bool:
+        """Whether one of the session's events names blob ``ref`` in its contract's ref fields
+        (``protocol.named_blobs``): what the session's readers may download. Text that merely contains the ref (a
+        model's output, a tool's input) does not count. ``UnknownSession`` for an unknown session."""
+        check_ref(ref)
+        after = 0
+        while True:
+            page = await self._read(f"reading events of session {session_id!r}", partial(
+                _sql.select_events_containing, session_id=session_id, text=ref, after_seq=after,
+                limit=_NAMING_PAGE, registry=self._upcasters))
+            if any(ref in named_blobs(event) for event in page):
+                return True
+            if len(page) < _NAMING_PAGE:
+                return False
+            after = page[-1].seq
+
     @asynccontextmanager
     async def subscribe(
         self, session_id: str, after_seq: int = 0, *, until_terminal: bool = False
@@ -576,6 +593,9 @@ class EventStore(Recorder):
         except OSError as exc:
             raise translate(exc, where) from exc
 
+
+#: Events a blob's lookup decodes at a time (only those whose JSON contains the ref are read at all).
+_NAMING_PAGE = 200
 
 #: Largest blob kept in the database (committed with its events) rather than as a file.
 INLINE_BLOB_MAX = 64 * 1024

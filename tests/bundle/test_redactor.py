@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import pytest
 
-from codesdk.protocol import sha256_hex
+from codesdk.protocol import (
+    EventType,
+    Model,
+    ModelInput,
+    ModelOutputDelta,
+    NormalizedEvent,
+    RuntimeInfo,
+    TaskFailed,
+    ToolCallCompleted,
+    ToolCallRequested,
+    Trace,
+    sha256_hex,
+    utc_now,
+)
 from codesdk.supervisor.bundle import (
     BundleError,
     BundleSources,
@@ -75,23 +88,16 @@ def test_bad_patterns_are_one_line(tmp_path: Path) -> None:
     assert read_patterns_file(tmp_path / "none") == []
 
 
-class _Event:
-    def __init__(self, seq: int, obj: dict[str, Any]) -> None:
-        self.seq = seq
-        self._obj = {"seq": seq, **obj}
-
-    def to_json_obj(self) -> dict[str, Any]:
-        return self._obj
-
-
 class _Store:
     """The two reads the writer makes (``read``, ``get_blob``), over a fixed list of events and blobs."""
 
-    def __init__(self, events: list[dict[str, Any]], blobs: dict[str, bytes]) -> None:
-        self.events = [_Event(i + 1, e) for i, e in enumerate(events)]
+    def __init__(self, events: list[tuple[EventType, Model, RuntimeInfo]], blobs: dict[str, bytes]) -> None:
+        self.events = [NormalizedEvent(seq=i + 1, type=t, payload=p, runtime=r, trace=Trace(session_id="ses_x"),
+                                       time=utc_now())
+                       for i, (t, p, r) in enumerate(events)]
         self.blobs = blobs
 
-    async def read(self, session_id: str, after_seq: int = 0, limit: int = 1000) -> list[_Event]:
+    async def read(self, session_id: str, after_seq: int = 0, limit: int = 1000) -> list[NormalizedEvent]:
         return [e for e in self.events if e.seq > after_seq][:limit]
 
     async def get_blob(self, ref: str) -> bytes:
@@ -109,10 +115,20 @@ async def test_binary_blobs_are_left_out_text_and_json_redacted(tmp_path: Path) 
     blobs = {sha256_hex(b): b for b in (binary, text, as_json)}
     refs = list(blobs)
     missing = sha256_hex(b"never stored")
-    events = [{"type": "x", "payload": {"raw_ref": refs[0], "input_ref": refs[1], "result_ref": refs[2],
-                                        "other_ref": missing, "input_hash": refs[0]}}]
+    runtime = RuntimeInfo(name="scripted")
+    events: list[tuple[EventType, Model, RuntimeInfo]] = [
+        (EventType.MODEL_INPUT, ModelInput(input_ref=refs[1], input_hash=refs[1], message_count=1),
+         runtime.model_copy(update={"raw_ref": refs[0]})),
+        (EventType.TOOL_CALL_REQUESTED, ToolCallRequested(
+            tool_call_id="c1", input_hash=refs[0], tool_name="workspace.read",
+            input={"other_ref": sha256_hex(b"named by a tool's input")}), runtime),
+        (EventType.TOOL_CALL_COMPLETED, ToolCallCompleted(
+            tool_call_id="c1", input_hash=refs[0], tool_name="workspace.read", result_ref=refs[2]), runtime),
+        (EventType.TASK_FAILED, TaskFailed(code="RUNTIME_CRASHED", message="x",
+                                           details={"stderr_tail_ref": missing}), runtime)]
     # a page size smaller than the events: several pages
-    events += [{"type": "model.output.delta", "payload": {"delta": f"{i} {secret}"}} for i in range(1200)]
+    events += [(EventType.MODEL_OUTPUT_DELTA, ModelOutputDelta(block_id="b", delta=f"{i} {secret}"), runtime)
+               for i in range(1200)]
     sources = BundleSources(store=cast(StoreReader, _Store(events, blobs)), session_id="ses_x",
                             secrets={secret: "namespace_env"}, environment={}, config={}, workers={}, health={})
     out = tmp_path / "b.tar.gz"
@@ -123,9 +139,10 @@ async def test_binary_blobs_are_left_out_text_and_json_redacted(tmp_path: Path) 
     assert by_ref[refs[1]] == {"ref": refs[1], "included": True, "as": "text", "redacted": True}
     assert by_ref[refs[2]]["as"] == "json"
     assert by_ref[missing]["included"] is False
+    assert len(by_ref) == 4  # a ref inside a tool's input is not the session's to name
     files = members(out)
     assert f"blobs/{refs[0].removeprefix('sha256:')}" not in files
     assert json.loads(files[f"blobs/{refs[2].removeprefix('sha256:')}"]) == {"env": {"K": "[REDACTED:namespace_env]"}}
-    assert manifest["counts"]["events"] == 1201 and len(files["events.jsonl"].splitlines()) == 1201
+    assert manifest["counts"]["events"] == 1204 and len(files["events.jsonl"].splitlines()) == 1204
     assert manifest["redactions"]["by_file"]["events.jsonl"] == {"namespace_env": 1200}
     assert inspect_bundle(out)["counts"]["blobs_included"] == 2

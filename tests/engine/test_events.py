@@ -10,21 +10,24 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from codesdk.testing.invariants import check_session
 from codesdk.protocol import (
     EventType,
+    ExecutedBy,
     Method,
     ModelOutputDelta,
+    PermissionMode,
     RuntimeEventParams,
     TaskCompleted,
     TaskFailed,
     ToolCallCompleted,
     ToolCallRequested,
+    ToolCallStarted,
     canonical_hash,
+    named_blobs,
 )
 from codesdk.supervisor.engine import session_events
 from codesdk.supervisor.store import Quotas, TaskState
-
+from codesdk.testing.invariants import check_session
 from tests.conftest import MakeEngine
 from tests.engine.doubles import FakeWorkers, engine_with_doubles, rpc_error, running_task
 
@@ -102,6 +105,35 @@ async def test_a_runtime_tool_event_nobody_approved_is_never_stored(tmp_path: Pa
             await engine.stop_task(task_id)
             assert engine.stats.invalid_events == 1
     assert EventType.TOOL_CALL_COMPLETED not in [e.type for e in events]
+
+
+async def test_a_blob_ref_a_worker_names_is_never_stored(tmp_path: Path) -> None:
+    """A worker has no store: any blob ref in its events is not its own (it could name another tenant's), so the
+    session's events name only blobs the supervisor put there (what GET .../blobs/{ref} serves)."""
+    foreign = canonical_hash({"another": "tenant's"})
+    with trio.fail_after(30):
+        async with engine_with_doubles(tmp_path) as (engine, workers):
+            sid, task_id, worker = await running_task(engine, workers, permission_mode=PermissionMode.YOLO)
+            await worker.emit(task_id, EventType.TOOL_CALL_REQUESTED, ToolCallRequested(
+                tool_call_id="call_r", input_hash=canonical_hash({"command": "ls"}), tool_name="Bash",
+                input={"command": "ls"}, input_ref=foreign, executed_by=ExecutedBy.RUNTIME))
+            await worker.connection.wait_for(Method.SEND_TOOL_APPROVED)
+            await worker.emit(task_id, EventType.TOOL_CALL_STARTED, ToolCallStarted(
+                tool_call_id="call_r", input_hash=canonical_hash({"command": "ls"}), tool_name="Bash",
+                executed_by=ExecutedBy.RUNTIME))
+            await worker.emit(task_id, EventType.TOOL_CALL_COMPLETED, ToolCallCompleted(
+                tool_call_id="call_r", input_hash=canonical_hash({"command": "ls"}), tool_name="Bash",
+                executed_by=ExecutedBy.RUNTIME, result_preview="ok", result_ref=foreign))
+            await worker.emit(task_id, EventType.TASK_FAILED, TaskFailed(
+                code="RUNTIME_CRASHED", message="it died", details={"stderr_tail_ref": foreign}))
+            record = await engine.wait_task(task_id)
+            events = await session_events(engine.store, sid)
+    check_session(events)
+    types = [e.type for e in events]
+    assert EventType.TOOL_CALL_REQUESTED in types and EventType.TOOL_CALL_COMPLETED in types
+    assert all(foreign not in named_blobs(e) for e in events)
+    assert foreign not in json.dumps([e.to_json_obj() for e in events])
+    assert record.error is not None and "stderr_tail_ref" not in record.error["details"]
 
 
 async def test_a_task_whose_events_pass_a_quota_fails_once_and_its_runtime_is_stopped(tmp_path: Path) -> None:

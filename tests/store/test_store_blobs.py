@@ -163,3 +163,23 @@ async def test_a_tampered_inline_blob_is_detected(data_dir: Path) -> None:
     async with EventStore.open(data_dir) as store:
         with pytest.raises(BlobCorrupt, match="table blobs"):
             await store.get_blob(ref)
+
+
+async def test_a_session_names_a_blob_only_in_a_ref_field_of_its_own_events(backend: Backend) -> None:
+    """``names_blob``: what the session's readers may download. Text that merely contains the ref — here a
+    session's metadata — does not name it, nor does another session's event."""
+    data = b'{"result":"mine"}'
+    ref = sha256_hex(data)
+    other = sha256_hex(b"someone else's")
+    async with backend.open() as store:
+        sid = (await store.create_session(runtime="scripted", namespace="default")).session_id
+        elsewhere = (await store.create_session(runtime="scripted", namespace="default")).session_id
+        await store.append(sid, [_named(other)])  # the ref as text only (metadata)
+        await store.append(sid, [EventDraft(type=EventType.MODEL_OUTPUT_DELTA, runtime=RuntimeInfo(
+            name="scripted", raw_ref=ref), payload={"block_id": "b", "delta": f"see {other}"})],
+            blobs={ref: (data, "application/json")})
+        assert await store.names_blob(sid, ref)
+        assert not await store.names_blob(sid, other)
+        assert not await store.names_blob(elsewhere, ref)
+        with pytest.raises(InvalidBlobRef):
+            await store.names_blob(sid, "sha256:zz")
