@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from dataclasses import dataclass
@@ -56,6 +57,12 @@ EventApprover = Callable[[NormalizedEvent], Awaitable[tuple[bool, str]]]
 #: off), and the wait before the first of them (doubled for each next one, up to 4 s).
 MAX_RECONNECTS = 5
 RECONNECT_BACKOFF_S = 0.25
+
+#: A request whose connection broke after it was sent (the answer never came) is sent again this many times, with
+#: the same ``Idempotency-Key`` for a POST, so it runs once; ``RECONNECT_BACKOFF_S`` apart, doubling.
+RETRIES = 3
+#: How long a retry waits, at most, for the first request with its key to be answered (409 ``idempotency_key_in_use``).
+IN_USE_WAIT_S = 120.0
 
 #: Seconds a stop may take: the runtime's longest grace (``protocol.MAX_STOP_GRACE_S``), its SIGTERM grace and the
 #: checks that follow.
@@ -267,7 +274,47 @@ class _Call(Generic[T]):
     json: Any = None
     params: dict[str, Any] | None = None
     timeout: float | None = None
+    #: A POST's ``Idempotency-Key`` (a random one unless the caller gave its own): sent again as is on a retry.
+    idempotency_key: str | None = None
 
+    def headers(self) -> dict[str, str]:
+        return {} if self.idempotency_key is None else {"Idempotency-Key": self.idempotency_key}
+
+
+def _key(given: str | None) -> str:
+    return given if given is not None else str(uuid.uuid4())
+
+
+class _Retry:
+    """When to send a call again (sans-IO, shared by both clients): a connection that broke once the request was
+    on its way (not one that could not be made: nothing listens) up to ``RETRIES`` times, and a POST whose key's
+    first request is still being answered until ``IN_USE_WAIT_S`` has passed. Every operation may be sent again:
+    GETs read, PATCH and DELETE set a state, and each POST carries its key."""
+
+    def __init__(self) -> None:
+        self.broken = 0
+        self.waited = 0.0
+
+    def after_break(self) -> float | None:
+        self.broken += 1
+        return None if self.broken > RETRIES else RECONNECT_BACKOFF_S * 2 ** (self.broken - 1)
+
+    def after_answer(self, response: httpx.Response) -> float | None:
+        if response.status_code != 409 or "idempotent-replayed" in response.headers:
+            return None
+        try:
+            in_use = response.json()["error"]["code"] == "idempotency_key_in_use"
+        except (ValueError, KeyError, TypeError):
+            return None
+        if not in_use or self.waited >= IN_USE_WAIT_S:
+            return None
+        wait = min(float(response.headers.get("retry-after", "1") or 1), 5.0)
+        self.waited += wait
+        return wait
+
+
+#: Errors of a connection that broke after the request was (perhaps) sent.
+_BROKEN = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError, httpx.ReadTimeout, httpx.WriteTimeout)
 
 def _page_params(**params: object) -> dict[str, Any]:
     return {name: value for name, value in params.items() if value is not None}
@@ -278,13 +325,13 @@ class _Calls:
 
     @staticmethod
     def create_session(namespace: str, runtime: str | None, metadata: dict[str, Any] | None,
-                       workspace: str | Path | None) -> _Call[api.Session]:
+                       workspace: str | Path | None, key: str | None) -> _Call[api.Session]:
         body: dict[str, Any] = {"namespace": namespace, "metadata": metadata or {}}
         if runtime:
             body["runtime"] = runtime
         if workspace is not None:  # the admin token only: a tenant gets a workspace of its own
             body["workspace"] = str(workspace)
-        return _Call("POST", "/v1/sessions", api.Session.model_validate, json=body)
+        return _Call("POST", "/v1/sessions", api.Session.model_validate, json=body, idempotency_key=_key(key))
 
     @staticmethod
     def list_sessions(namespace: str | None, limit: int | None, offset: int | None) -> _Call[list[api.Session]]:
@@ -298,7 +345,7 @@ class _Calls:
     @staticmethod
     def start_task(session_id: str, prompt: str, permission_mode: str | None, runtime_config: dict[str, Any] | None,
                    interactive: bool, runtime: str | None, max_input_tokens: int | None, timeout_s: float | None,
-                   idle_timeout_s: float | None) -> _Call[api.Task]:
+                   idle_timeout_s: float | None, key: str | None) -> _Call[api.Task]:
         """The body carries what was given; the service checks it (``api.StartTaskRequest``) and says what is
         wrong, so both clients' refusals are the service's own."""
         body: dict[str, Any] = {"prompt": prompt}
@@ -308,17 +355,17 @@ class _Calls:
                     "idle_timeout_s": idle_timeout_s, "permission_mode": permission_mode or None,
                     "runtime_config": runtime_config or None}
         body |= {name: value for name, value in optional.items() if value is not None}
-        return _Call("POST", f"/v1/sessions/{_q(session_id)}/tasks", api.Task.model_validate, json=body)
+        return _Call("POST", f"/v1/sessions/{_q(session_id)}/tasks", api.Task.model_validate, json=body,
+                     idempotency_key=_key(key))
 
     @staticmethod
     def get_task(task_id: str) -> _Call[api.Task]:
         return _Call("GET", f"/v1/tasks/{_q(task_id)}", api.Task.model_validate)
 
     @staticmethod
-    def stop_task(task_id: str, reason: str | None) -> _Call[api.StoppedTask]:
+    def stop_task(task_id: str, reason: str | None, key: str | None) -> _Call[api.StoppedTask]:
         return _Call("POST", f"/v1/tasks/{_q(task_id)}/stop", api.StoppedTask.model_validate,
-                     json={"reason": reason} if reason else {},
-                     timeout=STOP_TIMEOUT_S)
+                     json={"reason": reason} if reason else {}, timeout=STOP_TIMEOUT_S, idempotency_key=_key(key))
 
     @staticmethod
     def events(session_id: str, after_seq: int, limit: int) -> _Call[list[NormalizedEvent]]:
@@ -332,12 +379,12 @@ class _Calls:
                      params={"state": state})
 
     @staticmethod
-    def decide(approval_id: str, allow: bool, reason: str) -> _Call[api.Approval]:
+    def decide(approval_id: str, allow: bool, reason: str, key: str | None) -> _Call[api.Approval]:
         _boolean("allow", allow)
         if not isinstance(reason, str):
             raise TypeError(f"reason must be text, not {reason!r}")
         return _Call("POST", f"/v1/approvals/{_q(approval_id)}", api.Approval.model_validate,
-                     json={"allow": allow, "reason": reason})
+                     json={"allow": allow, "reason": reason}, idempotency_key=_key(key))
 
     @staticmethod
     def namespaces() -> _Call[list[api.NamespaceInfo]]:
@@ -406,11 +453,22 @@ class AsyncClient:
         await self._http.aclose()
 
     async def _send(self, call: _Call[T]) -> T:
-        try:
-            response = await self._http.request(call.method, call.path, json=call.json, params=call.params,
-                                                 timeout=call.timeout or httpx.USE_CLIENT_DEFAULT)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise ServiceUnreachable(self._where, exc) from exc
+        retry = _Retry()
+        while True:
+            try:
+                response = await self._http.request(call.method, call.path, json=call.json, params=call.params,
+                                                     headers=call.headers(),
+                                                     timeout=call.timeout or httpx.USE_CLIENT_DEFAULT)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                raise ServiceUnreachable(self._where, exc) from exc
+            except _BROKEN as exc:
+                if (wait := retry.after_break()) is None:
+                    raise ServiceUnreachable(self._where, exc) from exc
+                await anyio.sleep(wait)
+                continue
+            if (wait := retry.after_answer(response)) is None:
+                break
+            await anyio.sleep(wait)
         _raise_for(response)
         answer = response.json()
         try:
@@ -419,10 +477,14 @@ class AsyncClient:
             raise _unexpected(call, answer, exc) from exc
 
     async def create_session(self, *, namespace: str = "default", runtime: str | None = None,
-                             metadata: dict[str, Any] | None = None,
-                             workspace: str | Path | None = None) -> api.Session:
-        """A new session in ``namespace`` (``workspace``: the admin token only; a tenant's session gets its own)."""
-        return await self._send(_Calls.create_session(namespace, runtime, metadata, workspace))
+                             metadata: dict[str, Any] | None = None, workspace: str | Path | None = None,
+                             idempotency_key: str | None = None) -> api.Session:
+        """A new session in ``namespace`` (``workspace``: the admin token only; a tenant's session gets its own).
+
+        Every POST carries an ``Idempotency-Key`` (a random one, or ``idempotency_key``: give your own to retry
+        across restarts of your app) and is sent again with it when the connection breaks before the answer came:
+        it runs once."""
+        return await self._send(_Calls.create_session(namespace, runtime, metadata, workspace, idempotency_key))
 
     async def list_sessions(self, *, namespace: str | None = None, limit: int | None = None,
                             offset: int | None = None) -> list[api.Session]:
@@ -435,21 +497,24 @@ class AsyncClient:
     async def start_task(self, session_id: str, prompt: str, *, permission_mode: str | None = None,
                          runtime_config: dict[str, Any] | None = None, interactive: bool = False,
                          runtime: str | None = None, max_input_tokens: int | None = None,
-                         timeout_s: float | None = None, idle_timeout_s: float | None = None) -> api.Task:
+                         timeout_s: float | None = None, idle_timeout_s: float | None = None,
+                         idempotency_key: str | None = None) -> api.Task:
         """Start a task. ``runtime``: move the session to another runtime from this task on (it is given the
         session's transcript); ``max_input_tokens``: cap the compiled input below the runtime's own budget;
         ``timeout_s`` / ``idle_timeout_s``: its deadlines in seconds (None: the service's default), past which it
         is stopped and fails ``TASK_TIMEOUT`` (one above the service's maximum is refused: ``InvalidRequest``)."""
         return await self._send(_Calls.start_task(session_id, prompt, permission_mode, runtime_config, interactive,
-                                                  runtime, max_input_tokens, timeout_s, idle_timeout_s))
+                                                  runtime, max_input_tokens, timeout_s, idle_timeout_s,
+                                                  idempotency_key))
 
     async def get_task(self, task_id: str) -> api.Task:
         return await self._send(_Calls.get_task(task_id))
 
-    async def stop_task(self, task_id: str, reason: str | None = None) -> api.StoppedTask:
+    async def stop_task(self, task_id: str, reason: str | None = None, *,
+                        idempotency_key: str | None = None) -> api.StoppedTask:
         """Stop the task; returns it with its ``receipt`` once it has ended (its runtime may take its whole grace,
         up to a minute: this call waits longer than the client's timeout)."""
-        return await self._send(_Calls.stop_task(task_id, reason))
+        return await self._send(_Calls.stop_task(task_id, reason, idempotency_key))
 
     async def events(self, session_id: str, *, after_seq: int = 0, limit: int = 500) -> list[NormalizedEvent]:
         """One page of the session's stored events after ``after_seq``."""
@@ -459,9 +524,10 @@ class AsyncClient:
         """Tool calls waiting for a human (interactive tasks), or decided ones with ``state``."""
         return await self._send(_Calls.approvals(state))
 
-    async def decide(self, approval_id: str, *, allow: bool, reason: str = "") -> api.Approval:
+    async def decide(self, approval_id: str, *, allow: bool, reason: str = "",
+                     idempotency_key: str | None = None) -> api.Approval:
         """Approve or deny a pending call; final (a second decision is a Conflict)."""
-        return await self._send(_Calls.decide(approval_id, allow, reason))
+        return await self._send(_Calls.decide(approval_id, allow, reason, idempotency_key))
 
     async def answer(self, event: NormalizedEvent, *, allow: bool, reason: str = "") -> api.Approval:
         """Decide the approval an ``approval.requested`` event (from ``stream``/``run``) asks for."""
@@ -600,11 +666,21 @@ class Client:
 
     def _send(self, call: _Call[T]) -> T:
         self._reachable()
-        try:
-            response = self._http.request(call.method, call.path, json=call.json, params=call.params,
-                                          timeout=call.timeout or httpx.USE_CLIENT_DEFAULT)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise ServiceUnreachable(self._where, exc) from exc
+        retry = _Retry()
+        while True:
+            try:
+                response = self._http.request(call.method, call.path, json=call.json, params=call.params,
+                                              headers=call.headers(), timeout=call.timeout or httpx.USE_CLIENT_DEFAULT)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                raise ServiceUnreachable(self._where, exc) from exc
+            except _BROKEN as exc:
+                if (wait := retry.after_break()) is None:
+                    raise ServiceUnreachable(self._where, exc) from exc
+                time.sleep(wait)
+                continue
+            if (wait := retry.after_answer(response)) is None:
+                break
+            time.sleep(wait)
         _raise_for(response)
         answer = response.json()
         try:
@@ -613,8 +689,9 @@ class Client:
             raise _unexpected(call, answer, exc) from exc
 
     def create_session(self, *, namespace: str = "default", runtime: str | None = None,
-                       metadata: dict[str, Any] | None = None, workspace: str | Path | None = None) -> api.Session:
-        return self._send(_Calls.create_session(namespace, runtime, metadata, workspace))
+                       metadata: dict[str, Any] | None = None, workspace: str | Path | None = None,
+                       idempotency_key: str | None = None) -> api.Session:
+        return self._send(_Calls.create_session(namespace, runtime, metadata, workspace, idempotency_key))
 
     def list_sessions(self, *, namespace: str | None = None, limit: int | None = None,
                       offset: int | None = None) -> list[api.Session]:
@@ -626,15 +703,17 @@ class Client:
     def start_task(self, session_id: str, prompt: str, *, permission_mode: str | None = None,
                    runtime_config: dict[str, Any] | None = None, interactive: bool = False,
                    runtime: str | None = None, max_input_tokens: int | None = None,
-                   timeout_s: float | None = None, idle_timeout_s: float | None = None) -> api.Task:
+                   timeout_s: float | None = None, idle_timeout_s: float | None = None,
+                   idempotency_key: str | None = None) -> api.Task:
         return self._send(_Calls.start_task(session_id, prompt, permission_mode, runtime_config, interactive, runtime,
-                                            max_input_tokens, timeout_s, idle_timeout_s))
+                                            max_input_tokens, timeout_s, idle_timeout_s, idempotency_key))
 
     def get_task(self, task_id: str) -> api.Task:
         return self._send(_Calls.get_task(task_id))
 
-    def stop_task(self, task_id: str, reason: str | None = None) -> api.StoppedTask:
-        return self._send(_Calls.stop_task(task_id, reason))
+    def stop_task(self, task_id: str, reason: str | None = None, *,
+                  idempotency_key: str | None = None) -> api.StoppedTask:
+        return self._send(_Calls.stop_task(task_id, reason, idempotency_key))
 
     def events(self, session_id: str, *, after_seq: int = 0, limit: int = 500) -> list[NormalizedEvent]:
         return self._send(_Calls.events(session_id, after_seq, limit))
@@ -642,8 +721,9 @@ class Client:
     def approvals(self, state: str = "pending") -> list[api.Approval]:
         return self._send(_Calls.approvals(state))
 
-    def decide(self, approval_id: str, *, allow: bool, reason: str = "") -> api.Approval:
-        return self._send(_Calls.decide(approval_id, allow, reason))
+    def decide(self, approval_id: str, *, allow: bool, reason: str = "",
+               idempotency_key: str | None = None) -> api.Approval:
+        return self._send(_Calls.decide(approval_id, allow, reason, idempotency_key))
 
     def answer(self, event: NormalizedEvent, *, allow: bool, reason: str = "") -> api.Approval:
         """Decide the approval an ``approval.requested`` event asks for."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +23,9 @@ from starlette.types import Receive, Scope, Send
 
 from codesdk.protocol import (
     HASH_PREFIX,
+    CanonicalizationError,
+    canonical_json,
+    sha256_hex,
     RUNTIME_NAME_PATTERN,
     RUNTIME_NAME_RULE,
     ApprovalState,
@@ -47,6 +51,7 @@ from ..engine import (
 )
 from ..namespaces import InvalidNamespace, Namespace, NamespaceEnvError
 from ..store import (
+    IDEMPOTENCY_WINDOW_S,
     ApprovalDecided,
     BlobNotFound,
     EventLogReader,
@@ -154,6 +159,26 @@ def _validate(model: type[M], data: Any, where: str) -> M:
 
 async def _body(request: Request, model: type[M]) -> M:
     _declared(request, "body", model)
+    raw = await _raw_body(request)
+    if not raw.strip():
+        data: Any = {}
+    else:  # the worker protocol's strict decoder: no duplicate keys, NaN, lone surrogates, absurd nesting
+        data = decode_json(raw)
+        if isinstance(data, BadFrame):
+            raise ApiError(422, "invalid_json", f"request body is not valid JSON: {data.detail}")
+    if not isinstance(data, dict):
+        raise ApiError(422, "invalid_request", "request body must be a JSON object")
+    return _validate(model, data, "body")
+
+
+#: Where a request's scope keeps its body once read (an idempotent request's is read before its handler runs).
+_BODY = "codesdk.body"
+
+
+async def _raw_body(request: Request) -> bytes:
+    """The request's body, read once: bounded in size (413) and in time (408)."""
+    if (cached := request.scope.get(_BODY)) is not None:
+        return bytes(cached)
     chunks: list[bytes] = []
     size = 0
     timeout_s: float = request.app.state.body_timeout_s  # set by create_app
@@ -173,15 +198,23 @@ async def _body(request: Request, model: type[M]) -> M:
         # the response sees the 413 instead of stalling on a full socket buffer.
         raise ApiError(413, "body_too_large", f"request body is larger than {MAX_BODY} bytes")
     raw = b"".join(chunks)
-    if not raw.strip():
-        data: Any = {}
-    else:  # the worker protocol's strict decoder: no duplicate keys, NaN, lone surrogates, absurd nesting
-        data = decode_json(raw)
-        if isinstance(data, BadFrame):
-            raise ApiError(422, "invalid_json", f"request body is not valid JSON: {data.detail}")
-    if not isinstance(data, dict):
-        raise ApiError(422, "invalid_request", "request body must be a JSON object")
-    return _validate(model, data, "body")
+    request.scope[_BODY] = raw
+    return raw
+
+
+#: An ``Idempotency-Key``: 1 to 255 visible ASCII characters (the Python client sends a random UUID).
+_IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+
+
+def _fingerprint(request: Request, raw: bytes) -> str:
+    """What makes two requests with one key the same request: method, path and body (as canonical JSON when it is
+    JSON, so a retry that re-serializes its body in another key order is still the same)."""
+    decoded = decode_json(raw) if raw.strip() else {}
+    try:
+        body = raw if isinstance(decoded, BadFrame) else canonical_json(decoded)
+    except CanonicalizationError:  # a value RFC 8785 has no form for (an integer past 2**53): the bytes as sent
+        body = raw
+    return sha256_hex(f"{request.method} {request.url.path}\n".encode() + body)
 
 
 def _query(request: Request, model: type[M]) -> M:
@@ -703,12 +736,43 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
                           {"retry-after": str(answer.retry_after_s)} if answer.retry_after_s else None,
                           details=details)
 
+    async def idempotent(handler: Callable[[Request], Awaitable[Response]], request: Request, key: str) -> Response:
+        """A POST with an ``Idempotency-Key``: the first request with the key runs and its success is kept (for
+        ``IDEMPOTENCY_WINDOW_S``); the same request again gets that answer without running, another request with
+        the key is 409. A request that did not succeed changed nothing, so its key stays free for the retry."""
+        if not _IDEMPOTENCY_KEY.fullmatch(key):
+            raise ApiError(422, "invalid_idempotency_key", "header 'Idempotency-Key' must be 1 to 255 visible ASCII "
+                                                            "characters (a random UUID, say)")
+        principal = principal_of(request)
+        claim = await store.claim_request(principal.name, key, _fingerprint(request, await _raw_body(request)))
+        if claim.outcome == "answered":
+            return Response(claim.answer, status_code=claim.status, media_type="application/json",
+                            headers={"idempotent-replayed": "true"})
+        if claim.outcome == "mismatch":
+            raise ApiError(409, "idempotency_key_reused", "this Idempotency-Key was used for another request (method, "
+                           f"path or body) within {IDEMPOTENCY_WINDOW_S // 3600} h; a new request takes a new key")
+        if claim.outcome == "running":
+            raise ApiError(409, "idempotency_key_in_use", "the first request with this Idempotency-Key is still "
+                           "being answered; retry shortly for its answer", {"retry-after": "1"})
+        status: int | None = None
+        answer: str | None = None
+        try:
+            response = await refusals_answered(handler, request)
+            if 200 <= response.status_code < 300:
+                status, answer = response.status_code, bytes(response.body).decode()
+            return response
+        finally:
+            with trio.CancelScope(shield=True), contextlib.suppress(StoreError):  # kept even if the client left
+                await store.finish_request(principal.name, key, claim.token, status, answer)
+
     def counted(endpoint: Endpoint, handler: Callable[[Request], Awaitable[Response]]) -> Callable[
             [Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
             request.scope[_ENDPOINT] = endpoint
             try:
-                response = await refusals_answered(handler, request)
+                key = request.headers.get("idempotency-key") if endpoint.method == "POST" else None
+                response = await (refusals_answered(handler, request) if key is None
+                                  else idempotent(handler, request, key))
             except ApiError as exc:
                 response = _error(exc.status, exc.code, exc.message, exc.headers)
             except StoreError as exc:

@@ -71,6 +71,8 @@ class Endpoint:
             common |= {400, 408, 413, 422}
         if self.query is not None:
             common.add(422)
+        if self.method == "POST":  # an Idempotency-Key reused for another request, or still being answered
+            common |= {409, 422}
         return tuple(sorted(common | set(self.errors)))
 
 

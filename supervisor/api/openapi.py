@@ -79,6 +79,12 @@ def _operation(endpoint: Endpoint, refs: dict[Any, dict[str, Any]]) -> dict[str,
                            "description": "Resume after this seq (what the last event's `id` said)."})
     parameters += [{"name": name, "in": "header", "required": False, "schema": {"type": "string"},
                     "description": what} for name, what in endpoint.headers]
+    if endpoint.method == "POST":
+        parameters.append({"name": "Idempotency-Key", "in": "header", "required": False,
+                           "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"},
+                           "description": "Retry safely: the same request with the same key within 24 h gets the "
+                                          "first one's answer (header `Idempotent-Replayed: true`) without running "
+                                          "again; another request with the key is 409 `idempotency_key_reused`."})
     if parameters:
         operation["parameters"] = parameters
     if endpoint.body is not None:

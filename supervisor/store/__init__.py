@@ -64,6 +64,7 @@ from ._recorder import (
     EventLog,
     EventLogReader,
     Recorder,
+    RequestRecords,
     SessionReader,
     SessionRecords,
     StoreHealth,
@@ -77,19 +78,21 @@ from ._records import (
     BlobInfo,
     EventDraft,
     PayloadJson,
+    RequestClaim,
     SessionRecord,
     TaskRecord,
     TaskState,
     TaskUpdate,
 )
 from ._schema import LATEST as SCHEMA_VERSION
-from ._store import DB_FILENAME, INLINE_BLOB_MAX, EventStore, Synchronous, new_id
+from ._store import DB_FILENAME, IDEMPOTENCY_WINDOW_S, INLINE_BLOB_MAX, EventStore, Synchronous, new_id
 from ._subscribe import Subscription
 from ._writer import COMMIT_LINGER_S, MAX_COMMIT_LINGER_S, WriterStats
 
 __all__ = [
     "COMMIT_LINGER_S",
     "DB_FILENAME",
+    "IDEMPOTENCY_WINDOW_S",
     "INLINE_BLOB_MAX",
     "LEASE_S",
     "LOCK_FILENAME",
@@ -125,6 +128,8 @@ __all__ = [
     "Quotas",
     "Recorder",
     "Renewal",
+    "RequestClaim",
+    "RequestRecords",
     "SchemaTooNew",
     "SessionBusy",
     "SessionExists",

@@ -172,6 +172,23 @@ MIGRATIONS: tuple[Migration, ...] = (
             FOR EACH ROW EXECUTE FUNCTION codesdk_session_keeps_its_events();
         """,
     ),
+    Migration(
+        5,
+        "API requests by idempotency key: a retried request gets the first one's answer",
+        """
+        CREATE TABLE api_requests (
+            principal TEXT NOT NULL,
+            idempotency_key TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            claim TEXT NOT NULL,
+            status INTEGER,
+            answer TEXT,
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (principal, idempotency_key)
+        );
+        CREATE INDEX api_requests_by_age ON api_requests(created_at);
+        """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

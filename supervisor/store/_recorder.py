@@ -20,7 +20,16 @@ from typing import Any, Protocol
 from codesdk.protocol import ApprovalState, NormalizedEvent
 
 from ._quotas import Quotas
-from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
+from ._records import (
+    ApprovalRecord,
+    BlobInfo,
+    EventDraft,
+    RequestClaim,
+    SessionRecord,
+    TaskRecord,
+    TaskState,
+    TaskUpdate,
+)
 from ._stored import StoredEvent
 from ._subscribe import Subscription
 from ._writer import WriterStats
@@ -119,6 +128,15 @@ class ApprovalRecords(Protocol):
                              namespaces: Sequence[str] | None = None) -> list[ApprovalRecord]: ...
 
 
+class RequestRecords(Protocol):
+    """API requests by idempotency key: a retried request gets the first one's answer (``EventStore``)."""
+
+    async def claim_request(self, principal: str, key: str, fingerprint: str) -> RequestClaim: ...
+
+    async def finish_request(self, principal: str, key: str, token: str, status: int | None,
+                             answer: str | None = None) -> None: ...
+
+
 class BlobReader(Protocol):
     async def get_blob(self, ref: str) -> bytes: ...
 
@@ -170,8 +188,8 @@ class StoreReader(EventLogReader, SessionReader, TaskReader, BlobReader, Protoco
     """Reading a store beside its writer: the CLI's listings and event dumps, transcripts."""
 
 
-class Recorder(EventLog, SessionRecords, TaskRecords, ApprovalRecords, BlobStore, StoreHealth, StoreReader,
-               Protocol):
+class Recorder(EventLog, SessionRecords, TaskRecords, ApprovalRecords, RequestRecords, BlobStore, StoreHealth,
+               StoreReader, Protocol):
     """Everything the engine records and the HTTP API serves."""
 
     @property

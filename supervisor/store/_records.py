@@ -59,6 +59,19 @@ class EventDraft:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestClaim:
+    """What the store says of an API request's idempotency key (``EventStore.claim_request``)."""
+
+    #: "claimed": this request is the key's first and runs (``token`` finishes or releases it); "answered": the
+    #: key's first request was answered (``status``, ``answer``); "mismatch": the key was used for another request;
+    #: "running": the key's first request is still being answered.
+    outcome: str
+    token: str = ""
+    status: int = 0
+    answer: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class TaskUpdate:
     """Changes to the task ``task_id``. ``None`` leaves a field as it is.
 

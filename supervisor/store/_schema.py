@@ -159,6 +159,23 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         """,
     ),
+    Migration(
+        9,
+        "API requests by idempotency key: a retried request gets the first one's answer",
+        """
+        CREATE TABLE api_requests (
+            principal TEXT NOT NULL,
+            idempotency_key TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            claim TEXT NOT NULL,
+            status INTEGER,
+            answer TEXT,
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (principal, idempotency_key)
+        ) WITHOUT ROWID;
+        CREATE INDEX api_requests_by_age ON api_requests(created_at);
+        """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

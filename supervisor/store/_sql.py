@@ -22,13 +22,23 @@ from ._errors import (
     InvalidTransition,
     SessionBusy,
     SessionExists,
+    StoreError,
     TaskExists,
     UnknownApproval,
     UnknownSession,
     UnknownTask,
 )
 from ._quotas import Usage
-from ._records import TRANSITIONS, ApprovalRecord, BlobInfo, SessionRecord, TaskRecord, TaskState, TaskUpdate
+from ._records import (
+    TRANSITIONS,
+    ApprovalRecord,
+    BlobInfo,
+    RequestClaim,
+    SessionRecord,
+    TaskRecord,
+    TaskState,
+    TaskUpdate,
+)
 from ._stored import StoredEvent, wire_body
 from ._time import from_text, now_text, to_text
 
@@ -177,6 +187,38 @@ def select_events_of_types(conn: Db, session_id: str, types: Sequence[str], afte
         "ORDER BY seq LIMIT ?",
         (session_id, after_seq, *types, *((task_id,) if task_id is not None else ()), limit)).fetchall())
     return [_event(seq, body, registry) for seq, body in rows]
+
+
+def claim_request(conn: Db, principal: str, key: str, fingerprint: str, token: str, now: str, expired_before: str,
+                  abandoned_before: str) -> RequestClaim:
+    """Take ``key`` for this request, or say what holds it (``RequestClaim``). Keys older than ``expired_before``
+    are forgotten; a claim never answered since ``abandoned_before`` (its supervisor died answering) is taken over."""
+    conn.execute("DELETE FROM api_requests WHERE created_at < ?", (expired_before,))
+    conn.execute("DELETE FROM api_requests WHERE principal = ? AND idempotency_key = ? AND status IS NULL AND "
+                 "created_at < ?", (principal, key, abandoned_before))
+    conn.execute("INSERT INTO api_requests(principal, idempotency_key, fingerprint, claim, created_at) "
+                 "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING", (principal, key, fingerprint, token, now))
+    for held_by, status, answer, claim in conn.execute(
+            f"SELECT fingerprint, status, answer, claim FROM api_requests WHERE principal = ? AND "
+            f"idempotency_key = ?{conn.for_update}", (principal, key)):
+        if claim == token:
+            return RequestClaim("claimed", token=token)
+        if held_by != fingerprint:
+            return RequestClaim("mismatch")
+        if status is None:
+            return RequestClaim("running")
+        return RequestClaim("answered", status=int(status), answer=str(answer))
+    raise StoreError(f"the idempotency key of {principal} was neither stored nor found")
+
+
+def finish_request(conn: Db, principal: str, key: str, token: str, status: int | None, answer: str | None) -> None:
+    """Keep the answer of the request holding ``token`` (``status`` None: forget the claim, the key is free)."""
+    if status is None:
+        conn.execute("DELETE FROM api_requests WHERE principal = ? AND idempotency_key = ? AND claim = ?",
+                     (principal, key, token))
+    else:
+        conn.execute("UPDATE api_requests SET status = ?, answer = ? WHERE principal = ? AND idempotency_key = ? "
+                     "AND claim = ?", (status, answer, principal, key, token))
 
 
 def select_events_containing(conn: Db, session_id: str, text: str, after_seq: int, limit: int,

@@ -6,7 +6,8 @@ import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime
+import secrets
+from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, NoReturn, Protocol, TypeVar
@@ -43,9 +44,19 @@ from ._prepare import prepare
 from ._quotas import Quotas
 from ._readers import ReaderPool, close_all
 from ._recorder import Recorder
-from ._records import ApprovalRecord, BlobInfo, EventDraft, SessionRecord, TaskRecord, TaskState, TaskUpdate
+from ._records import (
+    ApprovalRecord,
+    BlobInfo,
+    EventDraft,
+    RequestClaim,
+    SessionRecord,
+    TaskRecord,
+    TaskState,
+    TaskUpdate,
+)
 from ._schema import check_version, migrate
 from ._stored import StoredEvent
+from ._time import to_text
 from ._subscribe import Hub, Subscription
 from ._writer import MAX_COMMIT_LINGER_S, Writer, WriteRequest, WriterStats
 
@@ -509,6 +520,26 @@ class EventStore(Recorder):
     def subscriber_count(self, session_id: str) -> int:
         return self._hub.count(session_id)
 
+    # --- API requests by idempotency key --------------------------------------------------------
+
+    async def claim_request(self, principal: str, key: str, fingerprint: str) -> RequestClaim:
+        """Take an API request's idempotency key for it, or say what holds the key (``RequestClaim``): the answer of
+        the key's first request with this ``fingerprint`` (kept ``IDEMPOTENCY_WINDOW_S``), another request's use of
+        it, or a first request still being answered (one unanswered for ``ABANDONED_CLAIM_S`` is taken over: its
+        supervisor died answering it). Keys are the principal's own."""
+        now = utc_now()
+        return await self._write(f"claiming an idempotency key of {principal!r}", partial(
+            _sql.claim_request, principal=principal, key=key, fingerprint=fingerprint, token=secrets.token_hex(16),
+            now=to_text(now), expired_before=to_text(now - timedelta(seconds=IDEMPOTENCY_WINDOW_S)),
+            abandoned_before=to_text(now - timedelta(seconds=ABANDONED_CLAIM_S))))
+
+    async def finish_request(self, principal: str, key: str, token: str, status: int | None,
+                             answer: str | None = None) -> None:
+        """Keep the answer of the request that claimed ``key`` with ``token``; ``status`` None frees the key (the
+        request changed nothing: a retry may run it again)."""
+        await self._write(f"recording the answer to an idempotency key of {principal!r}", partial(
+            _sql.finish_request, principal=principal, key=key, token=token, status=status, answer=answer))
+
     # --- blobs ------------------------------------------------------------------------------------
 
     async def put_blob(self, data: bytes, media_type: str = "application/octet-stream") -> str:
@@ -593,6 +624,11 @@ class EventStore(Recorder):
         except OSError as exc:
             raise translate(exc, where) from exc
 
+
+#: How long an idempotency key's answer is kept: a retry within it gets the first request's answer.
+IDEMPOTENCY_WINDOW_S = 24 * 3600
+#: A claimed key whose request got no answer in this long is taken over by the next request with it.
+ABANDONED_CLAIM_S = 600
 
 #: Events a blob's lookup decodes at a time (only those whose JSON contains the ref are read at all).
 _NAMING_PAGE = 200
