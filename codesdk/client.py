@@ -38,8 +38,10 @@ from codesdk.protocol.api import (
     Session,
     StoppedTask,
     Task,
+    TaskResult,
     TaskState,
     Transcript,
+    Usage,
     WorkerState,
 )
 
@@ -47,8 +49,8 @@ T = TypeVar("T")
 
 __all__ = ["ApiError", "Approval", "AsyncClient", "Client", "Conflict", "EnvVariable", "EventApprover", "EventType",
            "Forbidden", "InvalidRequest", "LoginState", "NamespaceElsewhere", "NamespaceInfo", "NormalizedEvent",
-           "NotFound", "RuntimeOffer", "ServiceUnreachable", "Session", "StoppedTask", "Task", "TaskState",
-           "TooManyRequests", "Transcript", "Unauthorized", "WorkerState"]
+           "NotFound", "RuntimeOffer", "ServiceUnreachable", "Session", "StoppedTask", "Task", "TaskResult", "TaskRun",
+           "TaskState", "TooManyRequests", "Transcript", "Unauthorized", "Usage", "WorkerState"]
 
 #: Answers one ``approval.requested`` event: allow or not, and why (shown to the runtime on a denial).
 EventApprover = Callable[[NormalizedEvent], Awaitable[tuple[bool, str]]]
@@ -617,27 +619,90 @@ class AsyncClient:
                 pass
         raise follow.lost()
 
-    async def run(self, session_id: str, prompt: str, *, approver: EventApprover | None = None,
-                  **task_args: Any) -> AsyncIterator[NormalizedEvent]:
-        """Start a task and yield its events as they are stored, up to its terminal event.
+    def run(self, session_id: str, prompt: str, *, approver: EventApprover | None = None,
+            **task_args: Any) -> TaskRun:
+        """Start a task: ``async for`` its events as they are stored, up to its terminal event; then ``.task`` is
+        the task as it ended, with its ``result`` (final answer, tool calls, usage). ``await client.run(…).wait()``
+        runs it to its end and returns that.
 
         With ``approver`` the task is interactive: each ``approval.requested`` is yielded, then answered with
         what ``approver`` returns (an approval that expired or was decided elsewhere meanwhile is left be).
         """
-        before = (await self.get_session(session_id)).last_seq
+        return TaskRun(self, session_id, prompt, approver, task_args)
+
+
+class TaskRun:
+    """A task ``AsyncClient.run`` starts: its events (``async for``, once), then ``task``, with its result."""
+
+    def __init__(self, client: AsyncClient, session_id: str, prompt: str, approver: EventApprover | None,
+                 task_args: dict[str, Any]) -> None:
+        self._client, self._session_id, self._prompt = client, session_id, prompt
+        self._approver, self._task_args = approver, task_args
+        #: The task as it ended, with its ``result``: set once its events are all read.
+        self.task: api.Task | None = None
+
+    def __aiter__(self) -> AsyncIterator[NormalizedEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[NormalizedEvent]:
+        client, approver, task_args = self._client, self._approver, dict(self._task_args)
+        before = (await client.get_session(self._session_id)).last_seq
         if approver is not None:
             task_args["interactive"] = True
-        task = await self.start_task(session_id, prompt, **task_args)
+        task = await client.start_task(self._session_id, self._prompt, **task_args)
         # this task's events only: starting it may first end a task left running there (a namespace taken over
         # from a supervisor that is gone), whose end is not this one's
-        async for event in self.stream(session_id, after_seq=before, until_terminal=True, task_id=task.task_id):
+        async for event in client.stream(self._session_id, after_seq=before, until_terminal=True,
+                                         task_id=task.task_id):
             yield event
             if approver is not None and event.type == EventType.APPROVAL_REQUESTED:
                 allow, reason = await approver(event)
                 try:
-                    await self.answer(event, allow=allow, reason=reason)
+                    await client.answer(event, allow=allow, reason=reason)
                 except Conflict:
                     pass
+        self.task = await client.get_task(task.task_id)
+
+    async def wait(self) -> api.Task:
+        """Run it to its end (its events read and dropped); the task as it ended, with its result."""
+        async for _ in self:
+            pass
+        assert self.task is not None
+        return self.task
+
+
+class BlockingTaskRun:
+    """A task ``Client.run`` starts: its events (``for``, once), then ``task``, with its result."""
+
+    def __init__(self, client: Client, session_id: str, prompt: str,
+                 approver: Callable[[NormalizedEvent], tuple[bool, str]] | None, task_args: dict[str, Any]) -> None:
+        self._client, self._session_id, self._prompt = client, session_id, prompt
+        self._approver, self._task_args = approver, task_args
+        #: The task as it ended, with its ``result``: set once its events are all read.
+        self.task: api.Task | None = None
+
+    def __iter__(self) -> Iterator[NormalizedEvent]:
+        client, approver, task_args = self._client, self._approver, dict(self._task_args)
+        before = client.get_session(self._session_id).last_seq
+        if approver is not None:
+            task_args["interactive"] = True
+        task = client.start_task(self._session_id, self._prompt, **task_args)
+        for event in client.stream(self._session_id, after_seq=before, until_terminal=True, task_id=task.task_id):
+            yield event
+            if approver is not None and event.type == EventType.APPROVAL_REQUESTED:
+                allow, reason = approver(event)
+                try:
+                    client.answer(event, allow=allow, reason=reason)
+                except Conflict:
+                    pass
+        self.task = client.get_task(task.task_id)
+
+    def wait(self) -> api.Task:
+        """Run it to its end; the task as it ended, with its result."""
+        for _ in self:
+            pass
+        assert self.task is not None
+        return self.task
 
 
 class Client:
@@ -803,18 +868,7 @@ class Client:
         raise follow.lost()
 
     def run(self, session_id: str, prompt: str, *, approver: Callable[[NormalizedEvent], tuple[bool, str]] | None
-            = None, **task_args: Any) -> Iterator[NormalizedEvent]:
-        """As ``AsyncClient.run``: start a task and yield its events up to its terminal event; ``approver`` (a
-        plain function here) answers each ``approval.requested``."""
-        before = self.get_session(session_id).last_seq
-        if approver is not None:
-            task_args["interactive"] = True
-        task = self.start_task(session_id, prompt, **task_args)
-        for event in self.stream(session_id, after_seq=before, until_terminal=True, task_id=task.task_id):
-            yield event
-            if approver is not None and event.type == EventType.APPROVAL_REQUESTED:
-                allow, reason = approver(event)
-                try:
-                    self.answer(event, allow=allow, reason=reason)
-                except Conflict:
-                    pass
+            = None, **task_args: Any) -> BlockingTaskRun:
+        """As ``AsyncClient.run``: start a task; ``for`` its events up to its terminal event, then ``.task`` (or
+        ``.wait()``); ``approver`` (a plain function here) answers each ``approval.requested``."""
+        return BlockingTaskRun(self, session_id, prompt, approver, task_args)

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ._base import Model
-from ._events import ApprovalState, EventType, NormalizedEvent
+from ._events import ApprovalState, BlockKind, EventType, NormalizedEvent
 from ._jsonrpc import EnsureLoginResult, RuntimeOffer
 from ._receipt import StopReceipt
 from ._runtime import RUNTIME_NAME_PATTERN, InteractionMode, PermissionMode
@@ -208,6 +208,39 @@ class SessionList(Answer):
     sessions: tuple[Session, ...]
 
 
+class Usage(Answer):
+    """A task's usage: the sums of what its runtime reported (``usage.reported`` events)."""
+    reports: int = Field(default=0, ge=0)
+    """How many reports (a runtime reports once per model request, or once per task)."""
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+    cache_read_tokens: int = Field(default=0, ge=0)
+    cache_write_tokens: int = Field(default=0, ge=0)
+    reasoning_tokens: int = Field(default=0, ge=0)
+    cost_usd: float | None = Field(default=None, ge=0)
+    """The sum of the costs it reported; None: it reported none (most runtimes do not)."""
+
+
+class OutputBlock(Answer):
+    kind: BlockKind
+    text: str
+    language: str | None = None
+
+
+class TaskResult(Answer):
+    """What an ended task came to, from its stored events."""
+    stop_reason: str | None = None
+    """Why a completed task's runtime stopped (``end_turn`` …)."""
+    output: tuple[OutputBlock, ...] = ()
+    """Its final answer: the text and code blocks the runtime gave after its last tool call."""
+    text: str = ""
+    """Those blocks' text, one after the other."""
+    tool_calls: int = Field(default=0, ge=0)
+    usage: Usage = Field(default_factory=Usage)
+    duration_ms: float | None = Field(default=None, ge=0)
+    """From its start to its end."""
+
+
 class Task(Answer):
     task_id: str
     session_id: str
@@ -222,6 +255,8 @@ class Task(Answer):
     error: dict[str, Any] | None = None
     """A failed task's error (``code``, ``message``, ``retryable`` …)."""
     metadata: dict[str, Any] = Field(default_factory=dict)
+    result: TaskResult | None = None
+    """Once it has ended (``GET /v1/tasks/{id}``, a stop's answer): its final answer, tool calls and usage."""
 
 
 class StoppedTask(Task):

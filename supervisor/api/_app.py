@@ -67,7 +67,7 @@ from ._auth import Principal, TokenAuth
 from ._endpoints import ENDPOINTS, Endpoint
 from ._ranges import Unsatisfiable, byte_range
 from .openapi import openapi_document, reference_page
-from ._views import approval_answer, env_answer, session_answer, task_answer, worker_answer
+from ._views import approval_answer, env_answer, session_answer, task_answer, task_result, worker_answer
 
 log = logging.getLogger(__name__)
 
@@ -500,14 +500,14 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def get_task(request: Request) -> Response:
         task = await task_for(principal_of(request), request.path_params["task_id"])
-        return _answer(request, task_answer(task))
+        return _answer(request, task_answer(task, await task_result(store, task)))
 
     async def stop_task(request: Request) -> Response:
         principal = principal_of(request)
         task = await task_for(principal, request.path_params["task_id"])
         body = await _body(request, api.StopTaskRequest)
         record = await engine.stop_task(task.task_id, reason=body.reason, requested_by=f"api:{principal.name}")
-        return _answer(request, api.StoppedTask(**task_answer(record).model_dump(),
+        return _answer(request, api.StoppedTask(**task_answer(record, await task_result(store, record)).model_dump(),
                                                 receipt=await _receipt_of(engine, record)))
 
     def namespace_for(principal: Principal, namespace: str) -> str:

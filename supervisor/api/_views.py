@@ -4,11 +4,20 @@ rows and the pool's status never reach the wire as they are, so a change to eith
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-from codesdk.protocol import api
+from codesdk.protocol import (
+    BlockKind,
+    EventType,
+    ModelOutputCompleted,
+    TaskCompleted,
+    ToolCallRequested,
+    UsageReported,
+    api,
+)
 
 from ..namespaces import EnvEntry
-from ..store import ApprovalRecord, SessionRecord, TaskRecord
+from ..store import ApprovalRecord, EventLogReader, SessionRecord, TaskRecord
 
 
 def session_answer(record: SessionRecord) -> api.Session:
@@ -17,11 +26,60 @@ def session_answer(record: SessionRecord) -> api.Session:
                        runtime_session_id=record.runtime_session_id, last_seq=record.last_seq)
 
 
-def task_answer(record: TaskRecord) -> api.Task:
+def task_answer(record: TaskRecord, result: api.TaskResult | None = None) -> api.Task:
     return api.Task(task_id=record.task_id, session_id=record.session_id, state=api.TaskState(record.state),
                     runtime=record.runtime, created_at=record.created_at, started_at=record.started_at,
                     ended_at=record.ended_at, worker_pid=record.worker_pid, terminal_type=record.terminal_type,
-                    error=record.error, metadata=record.metadata)
+                    error=record.error, metadata=record.metadata, result=result)
+
+
+#: The events a task's result is made of (read filtered in SQL: its deltas are never decoded).
+_RESULT_TYPES = (EventType.MODEL_OUTPUT_COMPLETED, EventType.USAGE_REPORTED, EventType.TOOL_CALL_REQUESTED,
+                 EventType.TASK_COMPLETED)
+_PAGE = 1000
+
+
+async def task_result(store: EventLogReader, record: TaskRecord) -> api.TaskResult | None:
+    """What an ended task came to (None while it runs): its final answer (the text and code blocks after its last
+    tool call), its tool calls, the sums of its usage reports, its stop reason and duration."""
+    if not record.state.is_terminal:
+        return None
+    output: list[api.OutputBlock] = []
+    usage: dict[str, Any] = {"reports": 0}
+    costs: list[float] = []
+    tool_calls = 0
+    stop_reason = None
+    after = 0
+    while True:
+        page = await store.read_types(record.session_id, _RESULT_TYPES, after_seq=after, limit=_PAGE,
+                                      task_id=record.task_id)
+        for event in page:
+            payload = event.payload
+            if isinstance(payload, ModelOutputCompleted) and payload.kind != BlockKind.THINKING:
+                output.append(api.OutputBlock(kind=payload.kind, text=payload.text, language=payload.language))
+            elif isinstance(payload, ToolCallRequested):
+                tool_calls += 1
+                output.clear()  # what came before a tool call was not the answer
+            elif isinstance(payload, UsageReported):
+                usage["reports"] += 1
+                for field in _TOKENS:
+                    usage[field] = usage.get(field, 0) + getattr(payload, field)
+                if payload.cost_usd is not None:
+                    costs.append(payload.cost_usd)
+            elif isinstance(payload, TaskCompleted):
+                stop_reason = payload.stop_reason
+        if len(page) < _PAGE:
+            break
+        after = page[-1].seq
+    duration = None
+    if record.started_at is not None and record.ended_at is not None:
+        duration = max(0.0, (record.ended_at - record.started_at).total_seconds() * 1000)
+    return api.TaskResult(stop_reason=stop_reason, output=tuple(output), text="".join(b.text for b in output),
+                          tool_calls=tool_calls, usage=api.Usage(**usage, cost_usd=sum(costs) if costs else None),
+                          duration_ms=duration)
+
+
+_TOKENS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens")
 
 
 def approval_answer(record: ApprovalRecord) -> api.Approval:

@@ -32,4 +32,4 @@ async def test_the_readme_app_runs_a_task_through_the_service(api: Api, tmp_path
     out = result.stdout.decode()
     assert result.returncode == 0, (out, result.stderr.decode())
     assert "fix the failing test" in out  # the scripted runtime's echo, streamed delta by delta
-    assert re.search(r"task task_\S+: completed\n\Z", out), out
+    assert re.search(r"task task_\S+: completed, \d+ tokens out\n\Z", out), out
