@@ -744,7 +744,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(422, "invalid_idempotency_key", "header 'Idempotency-Key' must be 1 to 255 visible ASCII "
                                                             "characters (a random UUID, say)")
         principal = principal_of(request)
-        claim = await store.claim_request(principal.name, key, _fingerprint(request, await _raw_body(request)))
+        claim = await store.claim_request(principal.identity, key, _fingerprint(request, await _raw_body(request)))
         if claim.outcome == "answered":
             return Response(claim.answer, status_code=claim.status, media_type="application/json",
                             headers={"idempotent-replayed": "true"})
@@ -763,7 +763,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             return response
         finally:
             with trio.CancelScope(shield=True), contextlib.suppress(StoreError):  # kept even if the client left
-                await store.finish_request(principal.name, key, claim.token, status, answer)
+                await store.finish_request(principal.identity, key, claim.token, status, answer)
 
     def counted(endpoint: Endpoint, handler: Callable[[Request], Awaitable[Response]]) -> Callable[
             [Request], Awaitable[Response]]:

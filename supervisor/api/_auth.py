@@ -49,6 +49,13 @@ class Principal:
     def can_access(self, namespace: str) -> bool:
         return self.admin or namespace in self.namespaces
 
+    @property
+    def identity(self) -> str:
+        """Who this is, the same for each of its tokens (a rotated one too) and no other principal's: a name is
+        unique per namespace only, so a name alone could be another tenant's. What is kept per principal (its
+        idempotency keys) is kept by this."""
+        return "admin" if self.admin else f"{self.name}@{','.join(sorted(self.namespaces))}"
+
 
 class TokenFileInvalid(ValueError):
     """The tokens file is not a valid token table (syntax, or a field of the wrong type)."""

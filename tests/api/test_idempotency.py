@@ -46,6 +46,10 @@ async def test_the_same_post_with_the_same_key_runs_once(api: Api) -> None:
         bobs = await api.client.post(f"/v1/sessions/{bob_sid}/tasks",
                                      headers={**api.auth(api.bob), "Idempotency-Key": key}, json=body)
         assert bobs.status_code == 202  # keys are each token's own
+        # a name is unique per namespace only: another tenant's token of the same name shares nothing of alice's
+        namesake = api.tokens.add_principal("alice", ["user:bob"])
+        replayed = await api.client.post(url, headers={**api.auth(namesake), "Idempotency-Key": key}, json=body)
+        assert replayed.status_code == 404, replayed.text  # her session is not its to see, key or no key
         while (await api.client.get(f"/v1/tasks/{first.json()['task_id']}",
                                     headers=api.auth(api.alice))).json()["state"] in ("pending", "running"):
             await trio.sleep(0.05)
