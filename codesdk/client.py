@@ -36,6 +36,7 @@ from codesdk.protocol.api import (
     LoginState,
     NamespaceInfo,
     Session,
+    SessionList,
     StoppedTask,
     Task,
     TaskResult,
@@ -49,7 +50,7 @@ T = TypeVar("T")
 
 __all__ = ["ApiError", "Approval", "AsyncClient", "Client", "Conflict", "EnvVariable", "EventApprover", "EventType",
            "Forbidden", "InvalidRequest", "LoginState", "NamespaceElsewhere", "NamespaceInfo", "NormalizedEvent",
-           "NotFound", "RuntimeOffer", "ServiceUnreachable", "Session", "StoppedTask", "Task", "TaskResult", "TaskRun",
+           "NotFound", "RuntimeOffer", "ServiceUnreachable", "Session", "SessionList", "StoppedTask", "Task", "TaskResult", "TaskRun",
            "TaskState", "TooManyRequests", "Transcript", "Unauthorized", "Usage", "WorkerState"]
 
 #: Answers one ``approval.requested`` event: allow or not, and why (shown to the runtime on a denial).
@@ -336,9 +337,11 @@ class _Calls:
         return _Call("POST", "/v1/sessions", api.Session.model_validate, json=body, idempotency_key=_key(key))
 
     @staticmethod
-    def list_sessions(namespace: str | None, limit: int | None, offset: int | None) -> _Call[list[api.Session]]:
-        return _Call("GET", "/v1/sessions", lambda answer: list(api.SessionList.model_validate(answer).sessions),
-                     params=_page_params(namespace=namespace, limit=limit, offset=offset))
+    def list_sessions(namespace: str | None, runtime: str | None, after: str | None, limit: int | None,
+                      offset: int | None) -> _Call[api.SessionList]:
+        return _Call("GET", "/v1/sessions", api.SessionList.model_validate,
+                     params=_page_params(namespace=namespace, runtime=runtime, after=after, limit=limit,
+                                         offset=offset))
 
     @staticmethod
     def get_session(session_id: str) -> _Call[api.Session]:
@@ -488,10 +491,12 @@ class AsyncClient:
         it runs once."""
         return await self._send(_Calls.create_session(namespace, runtime, metadata, workspace, idempotency_key))
 
-    async def list_sessions(self, *, namespace: str | None = None, limit: int | None = None,
-                            offset: int | None = None) -> list[api.Session]:
-        """The sessions the token sees, oldest first (``namespace``: only that one's)."""
-        return await self._send(_Calls.list_sessions(namespace, limit, offset))
+    async def list_sessions(self, *, namespace: str | None = None, runtime: str | None = None,
+                            after: str | None = None, limit: int | None = None,
+                            offset: int | None = None) -> api.SessionList:
+        """One page of the sessions the token sees, oldest first (``namespace``, ``runtime``: only those); while
+        ``has_more``, the next page is ``after=page.next_after``."""
+        return await self._send(_Calls.list_sessions(namespace, runtime, after, limit, offset))
 
     async def get_session(self, session_id: str) -> api.Session:
         return await self._send(_Calls.get_session(session_id))
@@ -758,9 +763,9 @@ class Client:
                        idempotency_key: str | None = None) -> api.Session:
         return self._send(_Calls.create_session(namespace, runtime, metadata, workspace, idempotency_key))
 
-    def list_sessions(self, *, namespace: str | None = None, limit: int | None = None,
-                      offset: int | None = None) -> list[api.Session]:
-        return self._send(_Calls.list_sessions(namespace, limit, offset))
+    def list_sessions(self, *, namespace: str | None = None, runtime: str | None = None, after: str | None = None,
+                      limit: int | None = None, offset: int | None = None) -> api.SessionList:
+        return self._send(_Calls.list_sessions(namespace, runtime, after, limit, offset))
 
     def get_session(self, session_id: str) -> api.Session:
         return self._send(_Calls.get_session(session_id))

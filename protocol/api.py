@@ -141,8 +141,13 @@ class StreamQuery(Query):
 class SessionsQuery(Query):
     namespace: str | None = None
     """One namespace of the token's (the admin's: any); default: all the token sees."""
+    runtime: str | None = Field(default=None, min_length=1, max_length=64, pattern=RUNTIME_NAME_PATTERN)
+    """Only sessions on this runtime."""
+    after: str | None = Field(default=None, min_length=1, max_length=200)
+    """A cursor: only sessions stored after this one (a page's ``next_after``)."""
     limit: int = Field(default=100, ge=1, le=MAX_PAGE)
     offset: int = Field(default=0, ge=0, le=MAX_SEQ)
+    """Skip this many first (after ``after``, if given); a cursor stays right while sessions are added."""
 
 
 class RuntimesQuery(Query):
@@ -205,7 +210,12 @@ class Session(Answer):
 
 
 class SessionList(Answer):
+    """One page of sessions, oldest first."""
     sessions: tuple[Session, ...]
+    has_more: bool = False
+    """More sessions follow this page: ask again with ``after`` = ``next_after``."""
+    next_after: str | None = None
+    """The cursor of the next page: the last session of this one."""
 
 
 class Usage(Answer):

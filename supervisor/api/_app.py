@@ -465,18 +465,23 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         query = _query(request, api.SessionsQuery)
         if query.namespace is not None and _unstorable(query.namespace):
             raise ApiError(422, "invalid_query", "query 'namespace' is not a namespace (it has a NUL character)")
-        if principal.admin:
-            namespaces: list[str | None] = [query.namespace]
-        elif query.namespace is not None:
-            namespaces = [query.namespace] if principal.can_access(query.namespace) else []
+        if query.namespace is not None:
+            namespaces: list[str] | None = [query.namespace] if principal.can_access(query.namespace) else []
         else:
-            namespaces = [*sorted(principal.namespaces)]
-        sessions: list[SessionRecord] = []
-        for namespace in namespaces:
-            sessions += await store.list_sessions(namespace=namespace, limit=query.offset + query.limit)
-        sessions.sort(key=lambda s: (s.created_at, s.session_id))
-        page = sessions[query.offset:query.offset + query.limit]
-        return _answer(request, api.SessionList(sessions=tuple(session_answer(s) for s in page)))
+            namespaces = None if principal.admin else sorted(principal.namespaces)
+        if query.after is not None:  # a cursor names one of the sessions the token sees, or it is no cursor
+            try:
+                seen = None if _unstorable(query.after) else await store.get_session(query.after)
+            except UnknownSession:
+                seen = None
+            if seen is None or not principal.can_access(seen.namespace):
+                raise ApiError(422, "invalid_query", f"query 'after' is no session of yours ({query.after!r}): give "
+                                                     "the next_after of the page before")
+        found = await store.list_sessions(namespaces=namespaces, runtime=query.runtime, after=query.after,
+                                          limit=query.limit + 1, offset=query.offset)
+        page, more = found[:query.limit], len(found) > query.limit
+        return _answer(request, api.SessionList(sessions=tuple(session_answer(s) for s in page), has_more=more,
+                                                next_after=page[-1].session_id if more else None))
 
     async def get_session(request: Request) -> Response:
         session = await session_for(principal_of(request), request.path_params["session_id"])

@@ -156,13 +156,21 @@ async def namespaces_via_api(args: argparse.Namespace) -> int:
 
 
 async def sessions_via_api(args: argparse.Namespace) -> int:
+    """The sessions the token sees, oldest first, page by page (the service's cursor), up to ``--limit``."""
+    left, after = args.limit, None
     async with client_for(args) as client:
-        for s in await client.list_sessions():
-            if args.json:
-                json_line(s.to_json_obj())
-            else:
-                print(f"{s.session_id}  {s.created_at.isoformat()[:19]}  {s.runtime:<9} {s.namespace:<16} "
-                      f"events={s.last_seq}")
+        while left > 0:
+            page = await client.list_sessions(namespace=args.namespace, after=after, limit=min(left, 1000))
+            for s in page.sessions:
+                if args.json:
+                    json_line(s.to_json_obj())
+                else:
+                    print(f"{s.session_id}  {s.created_at.isoformat()[:19]}  {s.runtime:<9} {s.namespace:<16} "
+                          f"events={s.last_seq}")
+            left -= len(page.sessions)
+            if not page.has_more:
+                break
+            after = page.next_after
     return 0
 
 

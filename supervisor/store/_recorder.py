@@ -74,8 +74,9 @@ class EventLog(EventLogReader, Protocol):
 class SessionReader(Protocol):
     async def get_session(self, session_id: str) -> SessionRecord: ...
 
-    async def list_sessions(self, *, namespace: str | None = None, limit: int = 100,
-                            offset: int = 0) -> list[SessionRecord]: ...
+    async def list_sessions(self, *, namespace: str | None = None, limit: int = 100, offset: int = 0,
+                            namespaces: Sequence[str] | None = None, runtime: str | None = None,
+                            after: str | None = None) -> list[SessionRecord]: ...
 
 
 class SessionRecords(SessionReader, Protocol):

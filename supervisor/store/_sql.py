@@ -104,9 +104,31 @@ def select_session(conn: Db, session_id: str) -> SessionRecord:
     raise UnknownSession(session_id)
 
 
-def select_sessions(conn: Db, namespace: str | None, limit: int, offset: int) -> list[SessionRecord]:
-    """Oldest first (insertion order)."""
-    where, args = ("WHERE namespace = ?", (namespace,)) if namespace is not None else ("", ())
+def select_sessions(conn: Db, namespace: str | None, limit: int, offset: int, namespaces: Sequence[str] | None = None,
+                    runtime: str | None = None, after: str | None = None) -> list[SessionRecord]:
+    """Oldest first (insertion order): of ``namespace`` or of any of ``namespaces``, of ``runtime``, and stored
+    after session ``after`` (a cursor: ``UnknownSession`` if there is no such session)."""
+    clauses: list[str] = []
+    args: list[Any] = []
+    if namespace is not None:
+        clauses.append("namespace = ?")
+        args.append(namespace)
+    if namespaces is not None:
+        if not namespaces:
+            return []
+        clauses.append(f"namespace IN ({','.join('?' * len(namespaces))})")
+        args += namespaces
+    if runtime is not None:
+        clauses.append("runtime = ?")
+        args.append(runtime)
+    if after is not None:
+        for (position,) in conn.execute("SELECT rowid FROM sessions WHERE session_id = ?", (after,)):
+            clauses.append("rowid > ?")
+            args.append(position)
+            break
+        else:
+            raise UnknownSession(after)
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     sql = f"SELECT {_SESSION_COLUMNS} FROM sessions {where} ORDER BY rowid LIMIT ? OFFSET ?"
     return [_session(row) for row in conn.execute(sql, (*args, limit, offset))]
 

@@ -266,13 +266,15 @@ class EventStore(Recorder):
         )
 
     async def list_sessions(
-        self, *, namespace: str | None = None, limit: int = 100, offset: int = 0
+        self, *, namespace: str | None = None, limit: int = 100, offset: int = 0,
+        namespaces: Sequence[str] | None = None, runtime: str | None = None, after: str | None = None,
     ) -> list[SessionRecord]:
-        """Sessions oldest first, optionally of one namespace."""
+        """Sessions oldest first, optionally of one namespace (or of any of ``namespaces``) and one runtime, and
+        only those stored after session ``after`` (a cursor; ``UnknownSession`` if no such session)."""
         _check_page(limit, offset)
-        return await self._read(
-            "listing sessions", partial(_sql.select_sessions, namespace=namespace, limit=limit, offset=offset)
-        )
+        return await self._read("listing sessions", partial(
+            _sql.select_sessions, namespace=namespace, limit=limit, offset=offset, namespaces=namespaces,
+            runtime=runtime, after=after))
 
     async def last_seq(self, session_id: str) -> int:
         """The seq of the session's last stored event (0 when it has none)."""
