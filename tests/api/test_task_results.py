@@ -27,7 +27,8 @@ async def test_an_ended_task_says_its_final_answer_tool_calls_and_usage(api: Api
         assert result.text == result.output[0].text + result.output[1].text
         assert (result.usage.reports, result.usage.input_tokens, result.usage.output_tokens) == (1, 120, 48)
         assert result.usage.cost_usd is None  # the scripted runtime reports no cost
-        assert result.duration_ms is not None and result.duration_ms >= 0
+        assert task.started_at is not None and task.ended_at is not None  # the duration is theirs, not a clock's
+        assert result.duration_ms == (task.ended_at - task.started_at).total_seconds() * 1000
         raw = (await api.client.get(f"/v1/tasks/{task.task_id}", headers=api.auth(api.alice))).json()
         assert raw["result"]["usage"]["input_tokens"] == 120 and raw["result"]["tool_calls"] == 2
 
