@@ -28,17 +28,17 @@ if TYPE_CHECKING:
         Unauthorized,
     )
     from .protocol import EventType, NormalizedEvent
-    from .protocol.api import Approval, Session, Task, TaskState, Transcript
+    from .protocol.api import Approval, DeletedSession, Session, SessionState, Task, TaskState, Transcript
 
 _CLIENT = ["ApiError", "AsyncClient", "Client", "Conflict", "Forbidden", "InvalidRequest", "NamespaceElsewhere",
            "NotFound", "ServiceUnreachable", "TooManyRequests", "Unauthorized"]
 #: The models an app meets most (the rest: ``codesdk.protocol.api``), importable without the HTTP stack.
-_MODELS = {"Approval": ".protocol.api", "Session": ".protocol.api", "Task": ".protocol.api",
-           "TaskState": ".protocol.api", "Transcript": ".protocol.api", "EventType": ".protocol",
-           "NormalizedEvent": ".protocol"}
-__all__ = ["ApiError", "Approval", "AsyncClient", "Client", "Conflict", "EventType", "Forbidden", "InvalidRequest",
-           "NamespaceElsewhere", "NormalizedEvent", "NotFound", "ServiceUnreachable", "Session", "Task", "TaskState",
-           "TooManyRequests", "Transcript", "Unauthorized", "__version__"]
+_MODELS = {"Approval": ".protocol.api", "DeletedSession": ".protocol.api", "Session": ".protocol.api",
+           "SessionState": ".protocol.api", "Task": ".protocol.api", "TaskState": ".protocol.api",
+           "Transcript": ".protocol.api", "EventType": ".protocol", "NormalizedEvent": ".protocol"}
+__all__ = ["ApiError", "Approval", "AsyncClient", "Client", "Conflict", "DeletedSession", "EventType", "Forbidden",
+           "InvalidRequest", "NamespaceElsewhere", "NormalizedEvent", "NotFound", "ServiceUnreachable", "Session",
+           "SessionState", "Task", "TaskState", "TooManyRequests", "Transcript", "Unauthorized", "__version__"]
 
 
 def __getattr__(name: str) -> object:

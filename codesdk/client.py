@@ -32,11 +32,15 @@ from pydantic import ValidationError
 from codesdk.protocol import TERMINAL_EVENT_TYPES, ApprovalRequested, EventType, NormalizedEvent, RuntimeOffer, api
 from codesdk.protocol.api import (
     Approval,
+    DeletedSession,
     EnvVariable,
+    ForkWorkspace,
     LoginState,
     NamespaceInfo,
     Session,
+    SessionFilter,
     SessionList,
+    SessionState,
     StoppedTask,
     Task,
     TaskResult,
@@ -48,10 +52,11 @@ from codesdk.protocol.api import (
 
 T = TypeVar("T")
 
-__all__ = ["ApiError", "Approval", "AsyncClient", "Client", "Conflict", "EnvVariable", "EventApprover", "EventType",
-           "Forbidden", "InvalidRequest", "LoginState", "NamespaceElsewhere", "NamespaceInfo", "NormalizedEvent",
-           "NotFound", "RuntimeOffer", "ServiceUnreachable", "Session", "SessionList", "StoppedTask", "Task", "TaskResult", "TaskRun",
-           "TaskState", "TooManyRequests", "Transcript", "Unauthorized", "Usage", "WorkerState"]
+__all__ = ["ApiError", "Approval", "AsyncClient", "Client", "Conflict", "DeletedSession", "EnvVariable", "EventApprover",
+           "EventType", "Forbidden", "ForkWorkspace", "InvalidRequest", "LoginState", "NamespaceElsewhere",
+           "NamespaceInfo", "NormalizedEvent", "NotFound", "RuntimeOffer", "ServiceUnreachable", "Session",
+           "SessionFilter", "SessionList", "SessionState", "StoppedTask", "Task", "TaskResult", "TaskRun", "TaskState",
+           "TooManyRequests", "Transcript", "Unauthorized", "Usage", "WorkerState"]
 
 #: Answers one ``approval.requested`` event: allow or not, and why (shown to the runtime on a denial).
 EventApprover = Callable[[NormalizedEvent], Awaitable[tuple[bool, str]]]
@@ -328,24 +333,52 @@ class _Calls:
 
     @staticmethod
     def create_session(namespace: str, runtime: str | None, metadata: dict[str, Any] | None,
-                       workspace: str | Path | None, key: str | None) -> _Call[api.Session]:
+                       workspace: str | Path | None, key: str | None, title: str | None) -> _Call[api.Session]:
         body: dict[str, Any] = {"namespace": namespace, "metadata": metadata or {}}
         if runtime:
             body["runtime"] = runtime
         if workspace is not None:  # the admin token only: a tenant gets a workspace of its own
             body["workspace"] = str(workspace)
+        if title is not None:  # as given: the service says what a title takes (1 to 200 characters)
+            body["title"] = title
         return _Call("POST", "/v1/sessions", api.Session.model_validate, json=body, idempotency_key=_key(key))
 
     @staticmethod
     def list_sessions(namespace: str | None, runtime: str | None, after: str | None, limit: int | None,
-                      offset: int | None) -> _Call[api.SessionList]:
+                      offset: int | None, state: str | None, q: str | None) -> _Call[api.SessionList]:
         return _Call("GET", "/v1/sessions", api.SessionList.model_validate,
                      params=_page_params(namespace=namespace, runtime=runtime, after=after, limit=limit,
-                                         offset=offset))
+                                         offset=offset, state=None if state is None else str(state), q=q))
 
     @staticmethod
     def get_session(session_id: str) -> _Call[api.Session]:
         return _Call("GET", f"/v1/sessions/{_q(session_id)}", api.Session.model_validate)
+
+    @staticmethod
+    def update_session(session_id: str, title: str | None, archived: bool | None,
+                       metadata: dict[str, Any] | None) -> _Call[api.Session]:
+        """Only what is given changes (``api.UpdateSessionRequest``)."""
+        body: dict[str, Any] = {}
+        if title is not None:
+            body["title"] = title
+        if archived is not None:
+            body["archived"] = _boolean("archived", archived)
+        if metadata is not None:
+            body["metadata"] = metadata
+        return _Call("PATCH", f"/v1/sessions/{_q(session_id)}", api.Session.model_validate, json=body)
+
+    @staticmethod
+    def delete_session(session_id: str) -> _Call[api.DeletedSession]:
+        return _Call("DELETE", f"/v1/sessions/{_q(session_id)}", api.DeletedSession.model_validate)
+
+    @staticmethod
+    def fork_session(session_id: str, at_seq: int | None, title: str | None, metadata: dict[str, Any] | None,
+                     workspace: str, key: str | None) -> _Call[api.Session]:
+        body: dict[str, Any] = {"workspace": str(workspace)}
+        optional = {"at_seq": at_seq, "title": title, "metadata": metadata}
+        body |= {name: value for name, value in optional.items() if value is not None}
+        return _Call("POST", f"/v1/sessions/{_q(session_id)}/fork", api.Session.model_validate, json=body,
+                     idempotency_key=_key(key))
 
     @staticmethod
     def start_task(session_id: str, prompt: str, permission_mode: str | None, runtime_config: dict[str, Any] | None,
@@ -483,23 +516,59 @@ class AsyncClient:
 
     async def create_session(self, *, namespace: str = "default", runtime: str | None = None,
                              metadata: dict[str, Any] | None = None, workspace: str | Path | None = None,
-                             idempotency_key: str | None = None) -> api.Session:
-        """A new session in ``namespace`` (``workspace``: the admin token only; a tenant's session gets its own).
+                             title: str | None = None, idempotency_key: str | None = None) -> api.Session:
+        """A new session in ``namespace`` (``workspace``: the admin token only; a tenant's session gets its own;
+        ``title``: 1 to 200 characters, for people, searched by ``list_sessions(q=…)``).
 
         Every POST carries an ``Idempotency-Key`` (a random one, or ``idempotency_key``: give your own to retry
         across restarts of your app) and is sent again with it when the connection breaks before the answer came:
         it runs once."""
-        return await self._send(_Calls.create_session(namespace, runtime, metadata, workspace, idempotency_key))
+        return await self._send(_Calls.create_session(namespace, runtime, metadata, workspace, idempotency_key,
+                                                      title))
 
     async def list_sessions(self, *, namespace: str | None = None, runtime: str | None = None,
-                            after: str | None = None, limit: int | None = None,
-                            offset: int | None = None) -> api.SessionList:
+                            after: str | None = None, limit: int | None = None, offset: int | None = None,
+                            state: api.SessionFilter | str | None = None, q: str | None = None) -> api.SessionList:
         """One page of the sessions the token sees, oldest first (``namespace``, ``runtime``: only those); while
-        ``has_more``, the next page is ``after=page.next_after``."""
-        return await self._send(_Calls.list_sessions(namespace, runtime, after, limit, offset))
+        ``has_more``, the next page is ``after=page.next_after``. ``state``: ``live`` (the default: all but the
+        archived), ``idle``, ``busy``, ``archived`` or ``all``; ``q``: only those whose title or one of whose
+        prompts contains this text."""
+        return await self._send(_Calls.list_sessions(namespace, runtime, after, limit, offset, state, q))
 
     async def get_session(self, session_id: str) -> api.Session:
         return await self._send(_Calls.get_session(session_id))
+
+    async def update_session(self, session_id: str, *, title: str | None = None, archived: bool | None = None,
+                             metadata: dict[str, Any] | None = None) -> api.Session:
+        """Retitle the session, archive it (``archived=True``) or bring it back, and/or replace its metadata; only
+        what is given changes. Returns the session as it is now."""
+        return await self._send(_Calls.update_session(session_id, title, archived, metadata))
+
+    async def archive(self, session_id: str) -> api.Session:
+        """Leave the session out of listings (``state="archived"`` or ``"all"`` lists it); it is kept whole and
+        usable."""
+        return await self._send(_Calls.update_session(session_id, None, True, None))
+
+    async def unarchive(self, session_id: str) -> api.Session:
+        """Bring an archived session back into listings."""
+        return await self._send(_Calls.update_session(session_id, None, False, None))
+
+    async def delete_session(self, session_id: str) -> api.DeletedSession:
+        """Delete the session: its events, tasks and approvals, the blobs no other session holds, and its default
+        workspace unless a fork works in it; returns what was removed. ``Conflict`` (``session_busy``) while one of
+        its tasks is pending or running: stop it first."""
+        return await self._send(_Calls.delete_session(session_id))
+
+    async def fork_session(self, session_id: str, *, at_seq: int | None = None, title: str | None = None,
+                           metadata: dict[str, Any] | None = None, workspace: api.ForkWorkspace | str = "shared",
+                           idempotency_key: str | None = None) -> api.Session:
+        """A new session whose events are copies of this one's up to ``at_seq`` (default: the newest outside a
+        running task); its next task's runtime is given that conversation. ``workspace``: ``"shared"`` (the same
+        directory) or ``"new"`` (an empty one of its own); ``title``, ``metadata``: default the session's own.
+        ``InvalidRequest`` ``fork_inside_task`` when ``at_seq`` falls inside a task (``.details``: ``task_id``,
+        ``started_seq``, ``ended_seq``, ``fork_before``), ``fork_past_end`` past the newest event."""
+        return await self._send(_Calls.fork_session(session_id, at_seq, title, metadata, workspace,
+                                                    idempotency_key))
 
     async def start_task(self, session_id: str, prompt: str, *, permission_mode: str | None = None,
                          runtime_config: dict[str, Any] | None = None, interactive: bool = False,
@@ -760,15 +829,34 @@ class Client:
 
     def create_session(self, *, namespace: str = "default", runtime: str | None = None,
                        metadata: dict[str, Any] | None = None, workspace: str | Path | None = None,
-                       idempotency_key: str | None = None) -> api.Session:
-        return self._send(_Calls.create_session(namespace, runtime, metadata, workspace, idempotency_key))
+                       title: str | None = None, idempotency_key: str | None = None) -> api.Session:
+        return self._send(_Calls.create_session(namespace, runtime, metadata, workspace, idempotency_key, title))
 
     def list_sessions(self, *, namespace: str | None = None, runtime: str | None = None, after: str | None = None,
-                      limit: int | None = None, offset: int | None = None) -> api.SessionList:
-        return self._send(_Calls.list_sessions(namespace, runtime, after, limit, offset))
+                      limit: int | None = None, offset: int | None = None,
+                      state: api.SessionFilter | str | None = None, q: str | None = None) -> api.SessionList:
+        return self._send(_Calls.list_sessions(namespace, runtime, after, limit, offset, state, q))
 
     def get_session(self, session_id: str) -> api.Session:
         return self._send(_Calls.get_session(session_id))
+
+    def update_session(self, session_id: str, *, title: str | None = None, archived: bool | None = None,
+                       metadata: dict[str, Any] | None = None) -> api.Session:
+        return self._send(_Calls.update_session(session_id, title, archived, metadata))
+
+    def archive(self, session_id: str) -> api.Session:
+        return self._send(_Calls.update_session(session_id, None, True, None))
+
+    def unarchive(self, session_id: str) -> api.Session:
+        return self._send(_Calls.update_session(session_id, None, False, None))
+
+    def delete_session(self, session_id: str) -> api.DeletedSession:
+        return self._send(_Calls.delete_session(session_id))
+
+    def fork_session(self, session_id: str, *, at_seq: int | None = None, title: str | None = None,
+                     metadata: dict[str, Any] | None = None, workspace: api.ForkWorkspace | str = "shared",
+                     idempotency_key: str | None = None) -> api.Session:
+        return self._send(_Calls.fork_session(session_id, at_seq, title, metadata, workspace, idempotency_key))
 
     def start_task(self, session_id: str, prompt: str, *, permission_mode: str | None = None,
                    runtime_config: dict[str, Any] | None = None, interactive: bool = False,

@@ -89,12 +89,22 @@ WORKER_EVENT_TYPES = frozenset(
 # --- payloads -------------------------------------------------------------------------------------
 
 
+class ForkPoint(Model):
+    """Where a forked session came from: its events up to ``seq`` are copies of that session's."""
+
+    session_id: str
+    seq: int = Field(ge=1)
+
+
 class SessionCreated(Model):
     contract_version: str = CONTRACT_VERSION
     runtime: str
     namespace: str
     workspace: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    title: str | None = None
+    #: A fork's origin: the events after this one, up to ``forked_from.seq``, are copied from that session.
+    forked_from: ForkPoint | None = None
 
 
 class TaskStarted(Model):

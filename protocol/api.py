@@ -3,7 +3,7 @@
 The service validates requests with these models and builds every JSON answer from them; the client parses the
 answers back into them; the OpenAPI document is generated from them. They depend on the contract (events, runtime
 offers, receipts, transcripts) and on nothing of the service's: the store's rows are mapped to them in one place
-(``supervisor/api/_views.py``).
+(``supervisor/api/views.py``).
 
 Requests refuse unknown fields and take types strictly (``"allow": "yes"`` is not a boolean). Answers ignore fields
 they do not know, so a client keeps working against a newer service that added some.
@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ._base import Model
 from ._events import ApprovalState, BlockKind, EventType, NormalizedEvent
+from ._events import ForkPoint as ForkPoint  # a Session's forked_from: part of this module's vocabulary
 from ._jsonrpc import EnsureLoginResult, RuntimeOffer
 from ._receipt import StopReceipt
 from ._runtime import RUNTIME_NAME_PATTERN, InteractionMode, PermissionMode
@@ -49,6 +50,36 @@ class TaskState(StrEnum):
 
 
 TERMINAL_STATES = frozenset({TaskState.COMPLETED, TaskState.FAILED, TaskState.STOPPED})
+
+
+class SessionState(StrEnum):
+    IDLE = "idle"
+    """No task pending or running: a prompt may be sent."""
+    BUSY = "busy"
+    """A task is pending or running (``active_task_id``)."""
+    ARCHIVED = "archived"
+    """Kept, readable and usable, but left out of listings unless asked for."""
+
+
+class SessionFilter(StrEnum):
+    """Which sessions a listing holds, by state."""
+    LIVE = "live"
+    """Not archived (idle or busy): the default."""
+    IDLE = "idle"
+    BUSY = "busy"
+    ARCHIVED = "archived"
+    ALL = "all"
+
+
+class ForkWorkspace(StrEnum):
+    SHARED = "shared"
+    """The fork works in the same directory as the session it came from (as a runtime's own fork does)."""
+    NEW = "new"
+    """The fork gets an empty workspace of its own."""
+
+
+#: The longest title a session takes, in characters.
+MAX_TITLE = 200
 
 
 # -- requests -----------------------------------------------------------------------------------------
@@ -91,6 +122,27 @@ class CreateSessionRequest(Request):
     workspace: str | None = None
     """The session's workspace directory on the service's host (admin token only; default: one of its own)."""
     metadata: dict[str, Any] = Field(default_factory=dict)
+    title: str | None = Field(default=None, min_length=1, max_length=MAX_TITLE)
+    """For people (listings search it with ``q``)."""
+
+
+class UpdateSessionRequest(Request):
+    """Only the fields sent change."""
+    title: str | None = Field(default=None, min_length=1, max_length=MAX_TITLE)
+    archived: bool | None = None
+    """true: archive it (left out of listings, kept whole and usable); false: bring it back."""
+    metadata: dict[str, Any] | None = None
+    """Replaces the session's metadata."""
+
+
+class ForkSessionRequest(Request):
+    at_seq: int | None = Field(default=None, ge=1, le=MAX_SEQ)
+    """The last event the fork keeps (default: the session's newest). It may not fall inside a task: a task's
+    events are kept whole or not at all (the refusal names the seqs around it)."""
+    title: str | None = Field(default=None, min_length=1, max_length=MAX_TITLE)
+    metadata: dict[str, Any] | None = None
+    """Default: the session's own."""
+    workspace: ForkWorkspace = Field(default=ForkWorkspace.SHARED, strict=False)
 
 
 class StartTaskRequest(Request):
@@ -139,6 +191,10 @@ class StreamQuery(Query):
 
 
 class SessionsQuery(Query):
+    state: SessionFilter = Field(default=SessionFilter.LIVE, strict=False)
+    """live (default: all but the archived), idle, busy, archived or all."""
+    q: str | None = Field(default=None, min_length=1, max_length=MAX_TITLE)
+    """Only sessions whose title or one of whose prompts contains this text (ASCII letters in any case)."""
     namespace: str | None = None
     """One namespace of the token's (the admin's: any); default: all the token sees."""
     runtime: str | None = Field(default=None, min_length=1, max_length=64, pattern=RUNTIME_NAME_PATTERN)
@@ -207,6 +263,25 @@ class Session(Answer):
     """The runtime's own id of the conversation (what it resumes by), once it said one."""
     last_seq: int = Field(default=0, ge=0)
     """The seq of the session's newest stored event."""
+    title: str | None = None
+    state: SessionState = SessionState.IDLE
+    active_task_id: str | None = None
+    """The task pending or running, if any (a session runs one at a time)."""
+    archived_at: datetime | None = None
+    forked_from: ForkPoint | None = None
+    """A fork's origin: its events up to that seq are copies of that session's (their task ids are its tasks')."""
+
+
+class DeletedSession(Answer):
+    """What deleting a session removed."""
+    session_id: str
+    events: int = Field(ge=0)
+    stored_bytes: int = Field(ge=0)
+    """What it counted against its namespace's quota: its events and the blobs they named."""
+    blobs: int = Field(ge=0)
+    """Blobs removed: those no other session held."""
+    workspace_removed: bool
+    """Its default workspace was removed (false: it had an operator's workspace, one a fork still uses, or none)."""
 
 
 class SessionList(Answer):

@@ -39,9 +39,11 @@ from codesdk.protocol import (
     is_hash,
 )
 
+from ..audit import audit
 from ..bundle import BundleLimits, BundleService
 from ..engine import (
     Engine,
+    ForkInsideTask,
     InvalidTaskInput,
     NamespaceElsewhere,
     RuntimeUnavailable,
@@ -67,7 +69,15 @@ from ._auth import Principal, TokenAuth
 from ._endpoints import ENDPOINTS, Endpoint
 from ._ranges import Unsatisfiable, byte_range
 from .openapi import openapi_document, reference_page
-from ._views import approval_answer, env_answer, session_answer, task_answer, task_result, worker_answer
+from .views import (
+    approval_answer,
+    deleted_answer,
+    env_answer,
+    session_answer,
+    task_answer,
+    task_result,
+    worker_answer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -457,7 +467,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             await offered(body.namespace, body.runtime)
         record = await engine.create_session(runtime=body.runtime, namespace=body.namespace,
                                              workspace=Path(body.workspace) if body.workspace else None,
-                                             metadata=body.metadata)
+                                             metadata=body.metadata, title=body.title)
         return _answer(request, session_answer(record))
 
     async def list_sessions(request: Request) -> Response:
@@ -477,8 +487,11 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             if seen is None or not principal.can_access(seen.namespace):
                 raise ApiError(422, "invalid_query", f"query 'after' is no session of yours ({query.after!r}): give "
                                                      "the next_after of the page before")
+        if query.q is not None and _unstorable(query.q):
+            raise ApiError(422, "invalid_query", "query 'q' has a NUL character")
         found = await store.list_sessions(namespaces=namespaces, runtime=query.runtime, after=query.after,
-                                          limit=query.limit + 1, offset=query.offset)
+                                          limit=query.limit + 1, offset=query.offset, state=query.state,
+                                          text=query.q)
         page, more = found[:query.limit], len(found) > query.limit
         return _answer(request, api.SessionList(sessions=tuple(session_answer(s) for s in page), has_more=more,
                                                 next_after=page[-1].session_id if more else None))
@@ -486,6 +499,33 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     async def get_session(request: Request) -> Response:
         session = await session_for(principal_of(request), request.path_params["session_id"])
         return _answer(request, session_answer(session))
+
+    async def update_session(request: Request) -> Response:
+        principal = principal_of(request)
+        session = await session_for(principal, request.path_params["session_id"])
+        body = await _body(request, api.UpdateSessionRequest)
+        record = await store.update_session(session.session_id, title=body.title, archived=body.archived,
+                                            metadata=body.metadata)
+        if body.archived is not None and body.archived != (session.archived_at is not None):
+            audit("session.archived" if body.archived else "session.unarchived", f"api:{principal.name}",
+                  session=session.session_id, namespace=session.namespace)
+        return _answer(request, session_answer(record))
+
+    async def delete_session(request: Request) -> Response:
+        principal = principal_of(request)
+        session = await session_for(principal, request.path_params["session_id"])
+        dropped, removed = await engine.delete_session(session.session_id, by=f"api:{principal.name}")
+        return _answer(request, deleted_answer(dropped, removed))
+
+    async def fork_session(request: Request) -> Response:
+        principal = principal_of(request)
+        session = await session_for(principal, request.path_params["session_id"])
+        refuse_while_draining()
+        body = await _body(request, api.ForkSessionRequest)
+        record = await engine.fork_session(session.session_id, at_seq=body.at_seq, title=body.title,
+                                           metadata=body.metadata, by=f"api:{principal.name}",
+                                           new_workspace=body.workspace == api.ForkWorkspace.NEW)
+        return _answer(request, session_answer(record))
 
     async def start_task(request: Request) -> Response:
         principal = principal_of(request)
@@ -576,6 +616,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     async def lift_quarantine(request: Request) -> Response:
         namespace = admin_namespace(request, "lifting a quarantine")
         lifted = engine.pool.lift_quarantine(namespace)
+        if lifted:
+            audit("namespace.quarantine_lifted", "api:admin", namespace=namespace)
         return _answer(request, api.QuarantineLifted(namespace=namespace, lifted=lifted))
 
     def admin_namespace(request: Request, what: str) -> str:
@@ -597,6 +639,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         except NamespaceEnvError as exc:
             raise ApiError(422, "invalid_variable", str(exc)) from exc
         await engine.pool.env_changed(namespace)
+        audit("namespace.env_changed", "api:admin", namespace=namespace, set=",".join(sorted(body.set)) or "-",
+              unset=",".join(sorted(body.unset)) or "-")  # names only: values are secrets
         return _answer(request, env_answer(namespace, entries))
 
     async def auth_status(request: Request) -> Response:
@@ -736,7 +780,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             answer = error_status(exc)
             if answer is None:
                 raise
-            details = exc.details() if isinstance(exc, NamespaceElsewhere | QuotaExceeded) else None
+            details = exc.details() if isinstance(exc, NamespaceElsewhere | QuotaExceeded | ForkInsideTask) else None
             return _error(answer.status, answer.code, str(exc),
                           {"retry-after": str(answer.retry_after_s)} if answer.retry_after_s else None,
                           details=details)
@@ -802,6 +846,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     handlers: dict[str, Callable[[Request], Awaitable[Response]]] = {
         "getHealth": healthz, "getReadiness": readyz, "getMetrics": metrics_route,
         "createSession": create_session, "listSessions": list_sessions, "getSession": get_session,
+        "updateSession": update_session, "deleteSession": delete_session, "forkSession": fork_session,
         "startTask": start_task, "listEvents": list_events, "streamEvents": stream_events,
         "getTranscript": transcript, "getSupportBundle": support_bundle, "getBlob": get_blob, "getTask": get_task, "stopTask": stop_task,
         "listApprovals": list_approvals, "decideApproval": decide_approval, "listRuntimes": list_runtimes,

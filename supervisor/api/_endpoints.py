@@ -91,9 +91,27 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              media_type="text/plain"),
     Endpoint("POST", "/v1/sessions", "createSession", "Create a session in one of your namespaces", "sessions",
              Access.TOKEN, api.Session, 201, body=api.CreateSessionRequest, errors=(403, 404, 421, 429)),
-    Endpoint("GET", "/v1/sessions", "listSessions", "Your sessions, oldest first", "sessions", Access.TOKEN,
+    Endpoint("GET", "/v1/sessions", "listSessions", "Your sessions, oldest first (not the archived, unless asked)", "sessions", Access.TOKEN,
              api.SessionList, query=api.SessionsQuery),
     Endpoint("GET", _SESSION, "getSession", "One session", "sessions", Access.TOKEN, api.Session, errors=(404,)),
+    Endpoint("PATCH", _SESSION, "updateSession", "Retitle, archive or unarchive a session, or replace its metadata",
+             "sessions", Access.TOKEN, api.Session, body=api.UpdateSessionRequest, errors=(404,),
+             description="An archived session is left out of listings (`state=archived` or `all` shows it) and kept "
+                         "whole: its events, blobs and workspace stay, and a task may still be started in it."),
+    Endpoint("DELETE", _SESSION, "deleteSession", "Delete a session: its events, tasks and the blobs only it held",
+             "sessions", Access.TOKEN, api.DeletedSession, errors=(404, 409, 421),
+             description="Refused (409 `session_busy`) while one of its tasks is pending or running: stop it first. "
+                         "Removes its events, tasks and approvals, the blobs no other session holds, and its default "
+                         "workspace unless a fork still works in it (an operator's workspace is never removed). "
+                         "What it stored no longer counts against the namespace's quotas. Written to the service's "
+                         "audit log."),
+    Endpoint("POST", f"{_SESSION}/fork", "forkSession", "Fork a session at an event into a new one", "sessions",
+             Access.TOKEN, api.Session, 201, body=api.ForkSessionRequest, errors=(404, 409, 421, 429),
+             description="The new session, in the same namespace and on the same runtime, starts with copies of the "
+                         "session's events up to `at_seq`: its transcript is the conversation up to there, and its "
+                         "next task's runtime is given that transcript as a new conversation of its own. The session "
+                         "forked from is left as it is (it may be busy). 422 `fork_inside_task` when `at_seq` falls "
+                         "inside a task (`details` names the seqs around it)."),
     Endpoint("POST", f"{_SESSION}/tasks", "startTask", "Start a task: the session's next prompt", "tasks",
              Access.TOKEN, api.Task, 202, body=api.StartTaskRequest, errors=(404, 409, 421, 429),
              description="Answers once the task is stored (state `pending`); follow it on the session's events. "

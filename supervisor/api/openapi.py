@@ -120,11 +120,14 @@ def _link(schema: str) -> str:
 
 
 def _query_parameters(query: type[api.Query]) -> list[dict[str, Any]]:
-    schema = query.model_json_schema(ref_template=_REF)
+    schema = query.model_json_schema(mode=_MODE)
+    defs = schema.get("$defs", {})
     required = set(schema.get("required", ()))
     parameters = []
     for name, prop in schema.get("properties", {}).items():
         prop = dict(prop)
+        if "$ref" in prop:  # an enum: inline, as a query parameter's schema is read on its own
+            prop = {**{k: v for k, v in defs[prop.pop("$ref").rsplit("/", 1)[-1]].items() if k != "title"}, **prop}
         description = prop.pop("description", None)
         prop.pop("title", None)
         parameter: dict[str, Any] = {"name": name, "in": "query", "required": name in required, "schema": prop}

@@ -26,6 +26,10 @@ _UNAVAILABLE_STATUSES = frozenset({421, 429, 503})  # 421: another supervisor ru
 #: closed terminal.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 DEFAULT_RUNTIME, DEFAULT_NAMESPACE = "scripted", "default"
+#: ``protocol.api.MAX_TITLE`` and ``protocol.api.SessionFilter``'s values, the default first (here without importing
+#: the protocol; a test holds them equal).
+MAX_TITLE = 200
+SESSION_STATES = ("live", "idle", "busy", "archived", "all")
 
 
 class CliError(Exception):
@@ -181,6 +185,13 @@ def check_session_flags(args: argparse.Namespace, namespace: str) -> None:
     if args.max_input_tokens is not None and not 1 <= args.max_input_tokens <= 2**53:
         raise CliError(f"--max-input-tokens must be a whole number of tokens from 1 to 2^53, not "
                        f"{args.max_input_tokens}")
+
+
+def check_title(flag: str, value: str | None) -> None:
+    """A session's title, or a text to search titles for: at most ``MAX_TITLE`` characters (the embedded CLI
+    refuses a longer one as the API does; an empty one the flag's type refused already)."""
+    if value is not None and len(value) > MAX_TITLE:
+        raise CliError(f"{flag} takes at most {MAX_TITLE} characters, not {len(value)}; shorten it")
 
 
 def run_env(items: list[str] | None) -> dict[str, str]:

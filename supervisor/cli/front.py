@@ -24,6 +24,7 @@ from ..config import default_data_dir
 from .common import (
     DEFAULT_NAMESPACE,
     DEFAULT_RUNTIME,
+    SESSION_STATES,
     Parser,
     config_item,
     data_dir,
@@ -92,7 +93,8 @@ def _global_options(parser: argparse.ArgumentParser, *, in_subcommand: bool) -> 
                         help="more logging on stderr (-vv: debug)")
     parser.add_argument("--url", default=default(os.environ.get("CODESDK_URL") or None),
                         help="use a running supervisor instead (unix:/path/api.sock or http://127.0.0.1:PORT) for "
-                             "run, sessions, events, show, auth, bundle and blob; token from --token or CODESDK_TOKEN")
+                             "run, sessions, events, show, auth, bundle, blob, archive, unarchive, delete and fork; token "
+                             "from --token or CODESDK_TOKEN")
     parser.add_argument("--token", default=default(None), help="API bearer token (with --url)")
 
 
@@ -128,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--namespace", type=namespace_name, help="credential namespace: default | user:<id> | ci:<job> (default: "
                                           f"{DEFAULT_NAMESPACE}; with --session: the session's)")
     run.add_argument("--workspace", help="directory the tools work in (default: a new one in the data dir)")
+    run.add_argument("--title", help="the new session's title, for people (at most 200 characters; `codesdk sessions "
+                                     "--search` finds it)")
     run.add_argument("--mode", choices=PERMISSION_MODES, default="ask",
                      help="permission mode (default: ask; asks on the terminal, denies when non-interactive)")
     run.add_argument("--non-interactive", action="store_true", help="never prompt; 'ask' decisions become denials")
@@ -140,7 +144,34 @@ def build_parser() -> argparse.ArgumentParser:
     sessions = command("sessions", "list sessions")
     sessions.add_argument("--namespace", type=namespace_name)
     sessions.add_argument("--limit", type=_at_least(1), default=100, help="at most this many (default 100)")
+    sessions.add_argument("--state", choices=SESSION_STATES, default=SESSION_STATES[0],
+                          help="live (default: all but the archived), idle, busy, archived or all")
+    sessions.add_argument("--search", metavar="TEXT",
+                          help="only sessions whose title or one of whose prompts contains TEXT")
     sessions.add_argument("--json", action="store_true")
+
+    for name, text in (("archive", "leave a session out of `codesdk sessions` (kept whole and usable; "
+                                   "`codesdk sessions --state archived` lists it)"),
+                       ("unarchive", "bring an archived session back into `codesdk sessions`")):
+        change = command(name, text)
+        change.add_argument("session")
+        change.add_argument("--json", action="store_true", help="print the session as JSON")
+
+    delete = command("delete", "delete a session: its events, tasks, the blobs only it held and its default "
+                               "workspace (refused while a task of it runs: stop it first); prints what was removed")
+    delete.add_argument("session")
+    delete.add_argument("--json", action="store_true", help="print what was removed as JSON")
+
+    fork = command("fork", "fork a session at an event into a new session, whose runtime is given the conversation "
+                           "up to there; prints the new session's line, its id first")
+    fork.add_argument("session")
+    fork.add_argument("--at", type=_at_least(1), metavar="SEQ",
+                      help="the last event the fork keeps (default: the newest before any running task); not one "
+                           "inside a task")
+    fork.add_argument("--title", help="the fork's title (default: the session's)")
+    fork.add_argument("--new-workspace", action="store_true",
+                      help="give the fork an empty workspace of its own (default: it works in the session's)")
+    fork.add_argument("--json", action="store_true", help="print the new session as JSON")
 
     events = command("events", "print a session's events from the store")
     events.add_argument("session")

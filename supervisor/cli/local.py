@@ -17,11 +17,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from functools import partial
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import trio
 
-from codesdk.protocol import HASH_PREFIX, EnsureLoginResult, InteractionMode, PermissionMode, is_hash
+from codesdk.protocol import HASH_PREFIX, EnsureLoginResult, InteractionMode, PermissionMode, api, is_hash
 
 from ..service.assembly import SupervisorOptions, open_engine
 from .common import (
@@ -36,6 +36,7 @@ from .common import (
     api_exit_code,
     ask_on_terminal,
     check_session_flags,
+    check_title,
     exit_code,
     read_again,
     run_config,
@@ -43,6 +44,8 @@ from .common import (
     runtime_note,
 )
 from .run_ahead import RunAhead
+from ..api.views import deleted_answer, session_answer
+from ..audit import audit
 from ..config import ADMIN_TOKEN_FILE
 from ..engine import (
     ApprovalRequest,
@@ -55,9 +58,19 @@ from ..engine import (
 )
 from .login import run_login
 from ..namespaces import InvalidNamespace, UnsafeDataDir
-from .render import EventPrinter, json_line, print_stored_events, print_transcript
+from .render import (
+    EventPrinter,
+    deleted_line,
+    json_line,
+    printable,
+    print_stored_events,
+    print_transcript,
+    session_line,
+)
 from ..workers.launch import WorkerPolicy
 from ..store import DataDirBusy, EventStore, StoreError, StoreReader
+
+T = TypeVar("T")
 
 # -- run ------------------------------------------------------------------------------------------
 
@@ -74,6 +87,9 @@ async def cmd_run(args: argparse.Namespace, ahead: RunAhead | None = None) -> in
     runtime_config = run_config(args)
     if args.session and args.workspace:
         raise CliError("--workspace cannot be used with --session: a session keeps the workspace it was created with")
+    if args.session and args.title:
+        raise CliError("--title names a new session; it cannot be used with --session")
+    check_title("--title", args.title)
     if args.url:
         from .remote import run_via_api  # imported only when used: the HTTP client costs start-up time
         return await run_via_api(args, runtime_config)
@@ -116,7 +132,8 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
                                      runtime_config, available=bool(args.runtime))
         session = await engine.create_session(runtime=args.runtime or DEFAULT_RUNTIME,
                                               namespace=args.namespace or DEFAULT_NAMESPACE, workspace=workspace,
-                                              session_id=ahead.session_id if ahead is not None else None)
+                                              session_id=ahead.session_id if ahead is not None else None,
+                                              title=args.title)
         if ahead is not None:
             ahead.claim(session.workspace)
     before = await engine.store.last_seq(session.session_id) if args.session else 0  # a new one: session.created
@@ -180,21 +197,113 @@ def _service_instead(args: argparse.Namespace, busy: DataDirBusy) -> None:
 
 
 async def cmd_sessions(args: argparse.Namespace) -> int:
+    check_title("--search", args.search)
     if args.url:
         from .remote import sessions_via_api  # imported only when used: the HTTP client costs start-up time
         return await sessions_via_api(args)
     async with _store(args) as store:
-        sessions = await store.list_sessions(namespace=args.namespace, limit=args.limit)
+        sessions = await store.list_sessions(namespace=args.namespace, limit=args.limit,
+                                             state=api.SessionFilter(args.state), text=args.search)
         for s in sessions:
             tasks = await store.list_tasks(s.session_id)
             last = tasks[-1].state.value if tasks else "-"
+            state = session_answer(s).state.value
             if args.json:
-                json_line({**s.to_json_obj(), "tasks": len(tasks), "last_task_state": last})
+                json_line({**s.to_json_obj(), "state": state, "tasks": len(tasks), "last_task_state": last})
             else:
+                title = f"  {printable(s.title)}" if s.title else ""
                 print(f"{s.session_id}  {s.created_at:%Y-%m-%d %H:%M:%S}  {s.runtime:<9} {s.namespace:<16} "
-                      f"tasks={len(tasks):<3} last={last:<9} events={s.last_seq}")
+                      f"tasks={len(tasks):<3} last={last:<9} events={s.last_seq} state={state}{title}")
         if not sessions and not args.json:
-            print("no sessions yet — start one with: codesdk run \"hello\"", file=sys.stderr)
+            if args.search or args.state != api.SessionFilter.LIVE:
+                print(f"no {args.state} sessions{' with that text' if args.search else ''}", file=sys.stderr)
+            elif await store.list_sessions(namespace=args.namespace, limit=1, state=api.SessionFilter.ARCHIVED):
+                print("no live sessions; `codesdk sessions --state archived` lists the archived", file=sys.stderr)
+            else:
+                print("no sessions yet — start one with: codesdk run \"hello\"", file=sys.stderr)
+    return EXIT_OK
+
+
+# -- a session's life: archive, unarchive, delete, fork -----------------------------------------------------------
+
+
+async def _embedded(args: argparse.Namespace, change: Callable[[Engine], Awaitable[T]]) -> T | None:
+    """``change`` done by a supervisor embedded on the data dir; None when it is to go through the API instead:
+    ``--url``, or a running service holds the data dir (``args.url`` and ``args.token`` are then its own)."""
+    if args.url:
+        return None
+    if not Path(args.data_dir).exists():
+        raise CliError(f"no data in {args.data_dir} yet (run a task first, or pass --data-dir)")
+    try:
+        async with open_engine(SupervisorOptions(data_dir=args.data_dir, holder=f"codesdk {args.command}")) as engine:
+            return await change(engine)
+    except DataDirBusy as busy:
+        _service_instead(args, busy)
+    return None
+
+
+async def cmd_archive(args: argparse.Namespace) -> int:
+    """``archive`` or ``unarchive`` a session; prints it as it is now."""
+    archived = args.command == "archive"
+
+    async def change(engine: Engine) -> api.Session:
+        before = await engine.store.get_session(args.session)
+        record = await engine.store.update_session(args.session, archived=archived)
+        if archived != (before.archived_at is not None):
+            audit("session.archived" if archived else "session.unarchived", "cli", session=record.session_id,
+                  namespace=record.namespace)
+        return session_answer(record)
+
+    session = await _embedded(args, change)
+    if session is None:
+        from .remote import archive_via_api  # imported only when used: the HTTP client costs start-up time
+        session = await archive_via_api(args, archived)
+    if args.json:
+        json_line(session.to_json_obj())
+        return EXIT_OK
+    print(session_line(session))
+    if archived:
+        print(f"codesdk: `codesdk sessions` leaves {session.session_id} out now (--state archived lists it); bring it "
+              f"back with: {read_again(args, 'unarchive', session.session_id)}", file=sys.stderr)
+    return EXIT_OK
+
+
+async def cmd_delete(args: argparse.Namespace) -> int:
+    """Delete a session (not while a task of it runs); prints what was removed."""
+
+    async def change(engine: Engine) -> api.DeletedSession:
+        dropped, removed = await engine.delete_session(args.session, by="cli")
+        return deleted_answer(dropped, removed)
+
+    deleted = await _embedded(args, change)
+    if deleted is None:
+        from .remote import delete_via_api  # imported only when used: the HTTP client costs start-up time
+        deleted = await delete_via_api(args)
+    json_line(deleted.to_json_obj()) if args.json else print(deleted_line(deleted))
+    return EXIT_OK
+
+
+async def cmd_fork(args: argparse.Namespace) -> int:
+    """Fork a session at an event; prints the new session's line (its id first), and how to go on with it."""
+    check_title("--title", args.title)
+
+    async def change(engine: Engine) -> api.Session:
+        return session_answer(await engine.fork_session(args.session, at_seq=args.at, title=args.title,
+                                                  new_workspace=args.new_workspace, by="cli"))
+
+    fork = await _embedded(args, change)
+    if fork is None:
+        from .remote import fork_via_api  # imported only when used: the HTTP client costs start-up time
+        fork = await fork_via_api(args)
+    if args.json:
+        json_line(fork.to_json_obj())
+        return EXIT_OK
+    print(session_line(fork))
+    sys.stdout.flush()
+    at = f" at seq {fork.forked_from.seq}" if fork.forked_from is not None else ""
+    workspace = "an empty workspace of its own" if args.new_workspace else "the same workspace"
+    print(f"codesdk: forked {args.session}{at} into {fork.session_id} ({workspace}: {fork.workspace}); go on with: "
+          f"{read_again(args, 'run --session', fork.session_id)} \"PROMPT\"", file=sys.stderr)
     return EXIT_OK
 
 
@@ -437,7 +546,8 @@ def run_command(args: argparse.Namespace, ahead: RunAhead | None = None) -> int:
     commands: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
         "run": partial(cmd_run, ahead=ahead), "sessions": cmd_sessions, "events": cmd_events,
                 "show": cmd_show, "auth": cmd_auth, "namespaces": cmd_namespaces, "bundle": cmd_bundle,
-                "blob": cmd_blob}
+                "blob": cmd_blob, "archive": cmd_archive, "unarchive": cmd_archive, "delete": cmd_delete,
+                "fork": cmd_fork}
     try:
         return int(trio.run(commands[args.command], args))
     except BrokenPipeError:

@@ -24,6 +24,7 @@ from codesdk.protocol import (
     Message,
     NormalizedEvent,
     RuntimeCapabilities,
+    api,
     config_refusal,
 )
 
@@ -37,7 +38,7 @@ from .common import (
     read_again,
     runtime_note,
 )
-from .render import EventPrinter, json_line, print_stored_events, print_transcript
+from .render import EventPrinter, json_line, print_stored_events, print_transcript, session_line
 
 
 def client_for(args: argparse.Namespace) -> AsyncClient:
@@ -90,7 +91,7 @@ async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) 
             if args.runtime or runtime_config:  # refused before the session is stored, as the embedded CLI does
                 await _check_offer(client, args.namespace or "default", args.runtime or DEFAULT_RUNTIME, runtime_config)
             session = await client.create_session(namespace=args.namespace or "default", runtime=args.runtime,
-                                                  workspace=args.workspace)
+                                                  workspace=args.workspace, title=args.title)
         last: Any = None
         received: list[int] = []
         with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
@@ -160,18 +161,32 @@ async def sessions_via_api(args: argparse.Namespace) -> int:
     left, after = args.limit, None
     async with client_for(args) as client:
         while left > 0:
-            page = await client.list_sessions(namespace=args.namespace, after=after, limit=min(left, 1000))
+            page = await client.list_sessions(namespace=args.namespace, after=after, limit=min(left, 1000),
+                                              state=args.state, q=args.search)
             for s in page.sessions:
-                if args.json:
-                    json_line(s.to_json_obj())
-                else:
-                    print(f"{s.session_id}  {s.created_at.isoformat()[:19]}  {s.runtime:<9} {s.namespace:<16} "
-                          f"events={s.last_seq}")
+                json_line(s.to_json_obj()) if args.json else print(session_line(s))
             left -= len(page.sessions)
             if not page.has_more:
                 break
             after = page.next_after
     return 0
+
+
+async def archive_via_api(args: argparse.Namespace, archived: bool) -> api.Session:
+    """``archive`` (``archived``) or ``unarchive`` the session; the session as it is now."""
+    async with client_for(args) as client:
+        return await (client.archive if archived else client.unarchive)(args.session)
+
+
+async def delete_via_api(args: argparse.Namespace) -> api.DeletedSession:
+    async with client_for(args) as client:
+        return await client.delete_session(args.session)
+
+
+async def fork_via_api(args: argparse.Namespace) -> api.Session:
+    async with client_for(args) as client:
+        return await client.fork_session(args.session, at_seq=args.at, title=args.title,
+                                         workspace="new" if args.new_workspace else "shared")
 
 
 async def events_via_api(args: argparse.Namespace) -> int:

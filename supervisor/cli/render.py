@@ -8,7 +8,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
-from codesdk.protocol import EventType, Message, ModelInput, NormalizedEvent, StopReceipt, WorkerAnswer
+from codesdk.protocol import EventType, Message, ModelInput, NormalizedEvent, StopReceipt, WorkerAnswer, api
 
 _DIM, _BOLD, _RED, _GREEN, _YELLOW, _RESET = "\033[2m", "\033[1m", "\033[31m", "\033[32m", "\033[33m", "\033[0m"
 #: Our own colour codes: the only escape sequences a printed line may carry as they are.
@@ -144,6 +144,21 @@ def json_line(obj: dict[str, Any] | list[Any], out: TextIO | None = None) -> Non
     out = out or sys.stdout
     out.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")
     out.flush()
+
+
+def session_line(session: api.Session) -> str:
+    """A session in a line, as ``codesdk sessions`` lists it through the API: its id first (what a script cuts), its
+    title, free text, last."""
+    title = f"  {printable(session.title)}" if session.title else ""
+    return (f"{session.session_id}  {session.created_at.isoformat()[:19]}  {session.runtime:<9} "
+            f"{session.namespace:<16} events={session.last_seq} state={session.state.value}{title}")
+
+
+def deleted_line(deleted: api.DeletedSession) -> str:
+    """What deleting a session removed, in a line."""
+    workspace = "workspace removed" if deleted.workspace_removed else "workspace kept"
+    return (f"{deleted.session_id} deleted: {deleted.events} events, {deleted.stored_bytes} bytes, {deleted.blobs} "
+            f"blobs, {workspace}")
 
 
 ReadPage = Callable[[int, int], Awaitable[list[NormalizedEvent]]]

@@ -55,10 +55,11 @@ async def compile_input(store: StoreForInput, params: StartTaskParams, prompt: s
     transcript_ref = None
     if sent != messages:  # the next task compiles from the whole transcript, not from what was sent of it
         transcript_ref = await store.put_blob(canonical_json({"messages": [m.to_json_obj() for m in messages]}),
-                                              "application/json")
+                                              "application/json", session_id=params.session.session_id)
     sent_ids = {b.tool_call_id for m in sent for b in m.blocks if isinstance(b, ToolUseBlock)}
     model_input = ModelInput(
-        input_ref=await store.put_blob(compiled_json, "application/json"), input_hash=sha256_hex(compiled_json),
+        input_ref=await store.put_blob(compiled_json, "application/json", session_id=params.session.session_id),
+        input_hash=sha256_hex(compiled_json),
         message_count=len(sent), tool_names=tuple(params.tool_manifest.names()), switched_from=switched_from,
         interrupted_calls=tuple(c for c in interrupted if c.tool_call_id in sent_ids), context=report,
         transcript_ref=transcript_ref)

@@ -38,6 +38,7 @@ from codesdk.protocol import (
     Rpc,
     RuntimeInfo,
     RuntimeOffer,
+    ForkPoint,
     SessionCreated,
     SessionRef,
     StartTaskParams,
@@ -55,12 +56,14 @@ from codesdk.protocol import (
 )
 
 from codesdk.procs.orphans import Orphans
+from ..audit import audit
 from ..ids import is_id, new_id
 from ..namespaces import VOLUMES_DIR, DiskQuotaError, DiskUsage, InvalidNamespace, Namespace, is_disk_full, make_workspace
 from ..namespaces import WorkspaceRefused as WorkspacePathRefused
 from ..store import (
     COMMIT_LINGER_S,
     LEASE_S,
+    DroppedSession,
     EventDraft,
     EventStore,
     InvalidTransition,
@@ -85,6 +88,7 @@ from ..workers.pool import WorkerPool
 from codesdk.worker.client import REAP_WAIT_S
 from ._approvals import APPROVAL_TIMEOUT_S, ApprovalBroker
 from ._compile import compile_input, context_window
+from ._lifecycle import events_to_fork, made_workspace, remove_workspace
 from ._deadlines import DeadlineLimits, TaskClock
 from ._ending import REQUEST_TIMEOUT_S, TaskEnder
 from ._errors import (
@@ -256,7 +260,7 @@ class Engine:
 
     async def create_session(self, *, runtime: str | None = None, namespace: str = "default",
                              workspace: Path | None = None, metadata: dict[str, Any] | None = None,
-                             session_id: str | None = None) -> SessionRecord:
+                             session_id: str | None = None, title: str | None = None) -> SessionRecord:
         """A new session and its ``session.created``. ``InvalidNamespace``; ``WorkspaceRefused``; ``InsufficientSpace``;
         ``InvalidTaskInput``
         for a name no runtime can have (``protocol.RUNTIME_NAME_PATTERN``).
@@ -273,14 +277,12 @@ class Engine:
         session_id = session_id or new_id("ses")
         made = workspace is None or not workspace.exists()
         if workspace is None:
-            root = (self.config.workspaces_dir or await self._namespace_workspaces(namespace)
-                    or self.config.data_dir / "workspaces")
-            workspace = root / session_id
+            workspace = await self._default_workspace(namespace, session_id)
         workspace = await self._prepare_workspace(workspace, namespace)
         try:
             record = await self.store.create_session(session_id, runtime=runtime, namespace=namespace,
                                                      workspace=str(workspace), metadata=metadata,
-                                                     quotas=self.config.quotas)
+                                                     quotas=self.config.quotas, title=title)
         except QuotaExceeded:
             if made:  # nothing of the refused session is left behind
                 with contextlib.suppress(OSError):
@@ -289,9 +291,76 @@ class Engine:
         await self.store.append(session_id, [EventDraft(
             type=EventType.SESSION_CREATED, runtime=RuntimeInfo(name=runtime),
             payload=SessionCreated(contract_version=CONTRACT_VERSION, runtime=runtime, namespace=namespace,
-                                   workspace=str(workspace), metadata=metadata or {}),
+                                   workspace=str(workspace), metadata=metadata or {}, title=title),
             trace=Trace(session_id=session_id))])
         return record
+
+    async def _default_workspace(self, namespace: str, session_id: str) -> Path:
+        root = (self.config.workspaces_dir or await self._namespace_workspaces(namespace)
+                or self.config.data_dir / "workspaces")
+        return root / session_id
+
+    def _workspace_roots(self) -> list[Path]:
+        """Where the service makes sessions' default workspaces (a namespace volume's aside)."""
+        return [root for root in (self.config.workspaces_dir, self.config.data_dir / "workspaces") if root is not None]
+
+    async def fork_session(self, session_id: str, *, at_seq: int | None = None, title: str | None = None,
+                           metadata: dict[str, Any] | None = None, new_workspace: bool = False,
+                           by: str) -> SessionRecord:
+        """A new session whose first events are copies of ``session_id``'s up to ``at_seq`` (``events_to_fork``:
+        ``ForkInsideTask``, ``ForkPastEnd``), in its namespace and on its runtime, with the same workspace or
+        (``new_workspace``) an empty one of its own. Its runtime is given the copied transcript on its first task
+        (a fork has no runtime session id). ``QuotaExceeded`` as a new session and as its copied events."""
+        parent = await self.store.get_session(session_id)
+        await self.leasing.own(parent.namespace)
+        events, cut = await events_to_fork(self.store, session_id, at_seq)
+        fork_id = new_id("ses")
+        workspace = Path(parent.workspace) if parent.workspace is not None else None
+        made = None
+        if new_workspace or workspace is None:
+            self._check_space(self.config.workspaces_dir)
+            made = workspace = await self._prepare_workspace(await self._default_workspace(parent.namespace, fork_id),
+                                                             parent.namespace)
+        origin = ForkPoint(session_id=session_id, seq=max(cut, 1))
+        title = title or parent.title
+        metadata = parent.metadata if metadata is None else metadata
+        record = SessionRecord(session_id=fork_id, runtime=parent.runtime, namespace=parent.namespace,
+                               workspace=str(workspace), created_at=datetime.now(UTC), metadata=metadata,
+                               title=title, forked_from=origin)
+        created = EventDraft(
+            type=EventType.SESSION_CREATED, runtime=RuntimeInfo(name=parent.runtime), trace=Trace(session_id=fork_id),
+            payload=SessionCreated(contract_version=CONTRACT_VERSION, runtime=parent.runtime,
+                                   namespace=parent.namespace, workspace=str(workspace), metadata=metadata,
+                                   title=title, forked_from=origin))
+        try:
+            forked = await self.store.fork_session(session_id, created, events, record=record,
+                                                   quotas=self.config.quotas)
+        except BaseException:
+            if made is not None:  # nothing of the refused fork is left behind
+                with contextlib.suppress(OSError):
+                    await trio.to_thread.run_sync(made.rmdir)
+            raise
+        audit("session.forked", by, session=fork_id, forked_from=session_id, at_seq=origin.seq,
+              namespace=parent.namespace, events=len(events) + 1)
+        return forked
+
+    async def delete_session(self, session_id: str, *, by: str) -> tuple[DroppedSession, bool]:
+        """Delete an idle session (``SessionBusy`` while a task of it is pending or running): the store's part
+        (``EventStore.drop_session``), then its default workspace unless another session works in it. Returns what
+        was dropped and whether the workspace was removed."""
+        session = await self.store.get_session(session_id)
+        await self.leasing.own(session.namespace)  # its workspace is on the supervisor that runs the namespace
+        try:
+            dropped = await self.store.drop_session(session_id)
+        except StoredSessionBusy as exc:
+            raise SessionBusy(session_id, exc.active_task_id, then="stop it before deleting the session") from exc
+        removed = False
+        workspace = made_workspace(session.workspace, self._workspace_roots(), self.config.data_dir)
+        if workspace is not None and not dropped.workspace_shared:
+            removed = await trio.to_thread.run_sync(remove_workspace, workspace)
+        audit("session.deleted", by, session=session_id, namespace=session.namespace, events=dropped.events,
+              stored_bytes=dropped.stored_bytes, blobs=len(dropped.blobs), workspace_removed=removed)
+        return dropped, removed
 
     def space_shortage(self, workspace: Path | None = None) -> str | None:
         """What lacks the free space a task needs (``EngineConfig.disk_reserve_bytes``): the data dir's file system,
@@ -678,7 +747,8 @@ class Engine:
             if result.resume == ResumeMode.NATIVE:  # the runtime was sent the prompt only: nothing was compiled
                 update |= {"context": None, "interrupted_calls": ()}
             if result.implicit_sources is not None:
-                update["implicit_sources_ref"] = await self.store.put_json_blob(result.implicit_sources)
+                update["implicit_sources_ref"] = await self.store.put_json_blob(result.implicit_sources,
+                                                                                 session_id=run.session_id)
             await self._recorder.append(run, [PendingEvent(EventType.MODEL_INPUT, model_input.model_copy(
                 update=update))])
         finally:

@@ -80,11 +80,33 @@ class SessionBusy(EngineError, StoredSessionBusy):
     """The session already has an active task. Also the store's ``SessionBusy``: the same refusal, whether the
     engine saw the running task or the store's transaction did."""
 
-    def __init__(self, session_id: str, active_task_id: str) -> None:
+    def __init__(self, session_id: str, active_task_id: str, *, then: str = "wait for it to end or stop it first",
+                 ) -> None:
         self.session_id = session_id
         self.active_task_id = active_task_id
-        Exception.__init__(self, f"session {session_id} already has an active task ({active_task_id}); "
-                                 "wait for it to end or stop it first")
+        Exception.__init__(self, f"session {session_id} already has an active task ({active_task_id}); {then}")
+
+
+class ForkInsideTask(EngineError):
+    """A fork's cut falls inside a task: its events are copied whole or not at all."""
+
+    def __init__(self, session_id: str, at_seq: int, task_id: str, started_seq: int, ended_seq: int | None) -> None:
+        self.session_id = session_id
+        self.at_seq = at_seq
+        self.task_id = task_id
+        self.started_seq = started_seq
+        self.ended_seq = ended_seq
+        after = f" or at {ended_seq}, where it ended" if ended_seq is not None else " (it is still running)"
+        super().__init__(f"seq {at_seq} of session {session_id} falls inside task {task_id} (its events begin at "
+                         f"seq {started_seq}): fork at {started_seq - 1}, before it{after}")
+
+    def details(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "started_seq": self.started_seq, "ended_seq": self.ended_seq,
+                "fork_before": self.started_seq - 1}
+
+
+class ForkPastEnd(EngineError):
+    """A fork's cut lies past the session's newest event."""
 
 
 class ErrorStatus(NamedTuple):
@@ -109,6 +131,8 @@ ERROR_STATUS: dict[type[Exception], ErrorStatus] = {
     InsufficientSpace: ErrorStatus(503, "insufficient_space"),
     NamespaceDiskFull: ErrorStatus(429, "namespace_disk_full"),  # a quota, like the namespace's others
     ApproverRequired: ErrorStatus(422, "approver_required"),
+    ForkInsideTask: ErrorStatus(422, "fork_inside_task"),
+    ForkPastEnd: ErrorStatus(422, "fork_past_end"),
     SessionBusy: ErrorStatus(409, "session_busy"),
     StoredSessionBusy: ErrorStatus(409, "session_busy"),
     QuotaExceeded: ErrorStatus(429, "quota_exceeded"),  # answered with the exception's own code

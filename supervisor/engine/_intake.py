@@ -113,8 +113,9 @@ class EventIntake:
             return
         self._stats.worker_crashes += 1
         tail = worker.stderr.text()
-        tail_ref = await self._store.put_blob(tail.encode("utf-8"), "text/plain; charset=utf-8") if tail else None
-        for run in orphans:
+        for run in orphans:  # each session holds the tail its failure names
+            tail_ref = await self._store.put_blob(tail.encode("utf-8"), "text/plain; charset=utf-8",
+                                                  session_id=run.session_id) if tail else None
             await self._ender.fail(run, TaskFailureCode.WORKER_CRASHED,
                                    f"the worker for namespace {namespace!r} {status.describe()} while the task was "
                                    "running", retryable=True, worker_pid=worker.pid, stderr_tail_ref=tail_ref,
@@ -192,7 +193,7 @@ class EventIntake:
             await self._tools.requested(run, request)
         elif event.type in TERMINAL_EVENT_TYPES:
             await pending.flush()
-            await self._ender.finish(run, event.type, await self._stderr_tail_as_blob(event.model().event.payload))
+            await self._ender.finish(run, event.type, await self._stderr_tail_as_blob(run, event.model().event.payload))
         else:
             plain = await self._plain(run, event, pending.blobs_for(run))
             if plain is not None:
@@ -218,10 +219,10 @@ class EventIntake:
                                                  **refs})
         if model.raw is None:
             return PendingEvent(event.type, payload)
-        ref = await self._raw_blob(model.raw, blobs)
+        ref = await self._raw_blob(run, model.raw, blobs)
         return PendingEvent(event.type, payload, run.runtime.model_copy(update={"raw_ref": ref}))
 
-    async def _raw_blob(self, raw: Any, inline: Blobs) -> str:
+    async def _raw_blob(self, run: TaskRun, raw: Any, inline: Blobs) -> str:
         """A runtime's raw message as a blob: small ones go into ``inline`` (committed with their event), big
         ones are written now. JSON that can't be canonicalized (a 64-bit int, say) is kept as plain JSON."""
         try:
@@ -232,9 +233,9 @@ class EventIntake:
         if len(data) <= INLINE_BLOB_MAX:
             inline[ref] = (data, "application/json")
             return ref
-        return await self._store.put_blob(data, "application/json")
+        return await self._store.put_blob(data, "application/json", session_id=run.session_id)
 
-    async def _stderr_tail_as_blob(self, payload: Model) -> Model:
+    async def _stderr_tail_as_blob(self, run: TaskRun, payload: Model) -> Model:
         """A worker's ``task.failed`` may carry its runtime's stderr tail as text (``details.stderr_tail``): it
         is stored as a blob and the event keeps only ``details.stderr_tail_ref``, as for a crashed worker. A
         ``stderr_tail_ref`` the worker named itself is dropped: blob refs are the supervisor's to set."""
@@ -245,5 +246,6 @@ class EventIntake:
         tail = details.pop("stderr_tail", None)
         if isinstance(tail, str) and tail:
             details["stderr_tail_ref"] = await self._store.put_blob(tail.encode("utf-8", "replace"),
-                                                                    "text/plain; charset=utf-8")
+                                                                    "text/plain; charset=utf-8",
+                                                                    session_id=run.session_id)
         return payload.model_copy(update={"details": details})

@@ -187,7 +187,7 @@ class ToolFlow:
         # the session's events name only blobs the supervisor put there: GET /v1/sessions/{id}/blobs/{ref}).
         update: dict[str, Any] = {"attempt": attempt, "input_hash": input_hash, "input_ref": None}
         if len(data) > INLINE_INPUT_MAX_BYTES:
-            update.update(input=None, input_ref=await self._port.put_blob(data, "application/json"))
+            update.update(input=None, input_ref=await self._port.put_blob(run, data, "application/json"))
         return requested.model_copy(update=update), tool_input
 
     async def _handle(self, run: TaskRun, requested: ToolCallRequested, tool_input: dict[str, Any]) -> None:
@@ -269,7 +269,7 @@ class ToolFlow:
         if len(data) <= INLINE_BLOB_MAX:  # committed with tool.call.completed: no separate fsyncs
             blobs[result_ref] = (data, "application/json")
         else:
-            await self._port.put_blob(data, "application/json")
+            await self._port.put_blob(run, data, "application/json")
         completed = ToolCallCompleted(
             **identity.model_dump(), tool_name=requested.tool_name, is_error=result.is_error,
             execution_env=result.execution_env, policy_snapshot=policy_snapshot, sandbox=result.sandbox,

@@ -54,7 +54,9 @@ class ToolFlowPort(Protocol):
         """Store ``events`` of ``run`` (with the small ``blobs`` they name) in one commit; False once it ended."""
         ...
 
-    async def put_blob(self, data: bytes, media_type: str) -> str: ...
+    async def put_blob(self, run: TaskRun, data: bytes, media_type: str) -> str:
+        """Store a blob an event of ``run`` will name (its session holds it from now on)."""
+        ...
     async def get_blob(self, ref: str) -> bytes: ...
 
     async def read_types(self, session_id: str, types: Sequence[str], after_seq: int,
@@ -78,8 +80,8 @@ class EnginePort:
     async def append(self, run: TaskRun, events: Sequence[PendingEvent], blobs: Blobs | None = None) -> bool:
         return await self.recorder.append(run, events, blobs)
 
-    async def put_blob(self, data: bytes, media_type: str) -> str:
-        return await self.store.put_blob(data, media_type)
+    async def put_blob(self, run: TaskRun, data: bytes, media_type: str) -> str:
+        return await self.store.put_blob(data, media_type, session_id=run.session_id)
 
     async def get_blob(self, ref: str) -> bytes:
         return await self.store.get_blob(ref)

@@ -85,6 +85,7 @@ from ._records import (
     TaskUpdate,
 )
 from ._schema import LATEST as SCHEMA_VERSION
+from ._sql import DroppedSession
 from ._store import DB_FILENAME, IDEMPOTENCY_WINDOW_S, INLINE_BLOB_MAX, EventStore, Synchronous, new_id
 from ._subscribe import Subscription
 from ._writer import COMMIT_LINGER_S, MAX_COMMIT_LINGER_S, WriterStats
@@ -111,6 +112,7 @@ __all__ = [
     "DataDirBusy",
     "DataDirLock",
     "DatabaseError",
+    "DroppedSession",
     "EventDraft",
     "PayloadJson",
     "EventLog",

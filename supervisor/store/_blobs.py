@@ -32,9 +32,10 @@ class BlobFiles:
         digest = check_ref(ref)[len(HASH_PREFIX):]
         return self.root / "sha256" / digest[:2] / digest[2:]
 
-    def put(self, data: bytes) -> tuple[str, bool]:
-        """Store ``data``; return its ref and whether a new file was written."""
-        ref = sha256_hex(data)
+    def put(self, data: bytes, ref: str | None = None) -> tuple[str, bool]:
+        """Store ``data`` (whose ref is ``ref``, when the caller has hashed it already); return its ref and whether
+        a new file was written."""
+        ref = ref or sha256_hex(data)
         target = self.path(ref)
         if target.exists():
             return ref, False
@@ -70,6 +71,10 @@ class BlobFiles:
 
     def exists(self, ref: str) -> bool:
         return self.path(ref).is_file()
+
+    def remove(self, ref: str) -> None:
+        """Unlink the blob's file (gone already: nothing to do)."""
+        self.path(ref).unlink(missing_ok=True)
 
     def size(self, ref: str) -> int:
         try:

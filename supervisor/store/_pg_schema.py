@@ -16,6 +16,7 @@ from __future__ import annotations
 from ._errors import MigrationFailed, SchemaTooNew, StoreError
 from ._pg import PostgresDb
 from ._schema import Migration
+from ._sql import hold_named_blobs
 from ._time import now_text
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -189,6 +190,25 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX api_requests_by_age ON api_requests(created_at);
         """,
     ),
+    Migration(
+        6,
+        "session titles, archiving and forks; task prompts to search; the sessions holding each blob",
+        # a metadata text with an escaped NUL is no jsonb: its prompt is left unsearched rather than fail the step
+        r"""
+        ALTER TABLE sessions ADD COLUMN title TEXT, ADD COLUMN archived_at TEXT, ADD COLUMN forked_from TEXT,
+            ADD COLUMN forked_at_seq BIGINT;
+        ALTER TABLE tasks ADD COLUMN prompt TEXT;
+        UPDATE tasks SET prompt = metadata::jsonb ->> 'prompt_preview'
+            WHERE strpos(metadata, '\u0000') = 0 AND jsonb_typeof(metadata::jsonb -> 'prompt_preview') = 'string';
+        CREATE TABLE blob_holders (
+            ref TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            PRIMARY KEY (ref, session_id)
+        );
+        CREATE INDEX blob_holders_by_session ON blob_holders(session_id);
+        """,
+        backfill=hold_named_blobs,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version
@@ -237,6 +257,8 @@ def migrate(db: PostgresDb, target: int = LATEST) -> int:
         for step in MIGRATIONS[found:target]:
             try:
                 db.conn.execute(step.sql.encode())
+                if step.backfill is not None:
+                    step.backfill(db)
             except Exception as exc:
                 raise MigrationFailed(
                     f"migrating {db.location} to schema version {step.version} ({step.name}) failed; the database "

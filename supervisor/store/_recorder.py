@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from codesdk.protocol import ApprovalState, NormalizedEvent
+from codesdk.protocol.api import SessionFilter
 
 from ._quotas import Quotas
 from ._records import (
@@ -30,6 +31,7 @@ from ._records import (
     TaskState,
     TaskUpdate,
 )
+from ._sql import DroppedSession
 from ._stored import StoredEvent
 from ._subscribe import Subscription
 from ._writer import WriterStats
@@ -76,19 +78,25 @@ class SessionReader(Protocol):
 
     async def list_sessions(self, *, namespace: str | None = None, limit: int = 100, offset: int = 0,
                             namespaces: Sequence[str] | None = None, runtime: str | None = None,
-                            after: str | None = None) -> list[SessionRecord]: ...
+                            after: str | None = None, state: SessionFilter = SessionFilter.ALL,
+                            text: str | None = None) -> list[SessionRecord]: ...
 
 
 class SessionRecords(SessionReader, Protocol):
     async def create_session(
         self, session_id: str | None = None, *, runtime: str, namespace: str = "default",
         workspace: str | None = None, metadata: Mapping[str, Any] | None = None, created_at: datetime | None = None,
-        quotas: Quotas | None = None,
+        quotas: Quotas | None = None, title: str | None = None,
     ) -> SessionRecord: ...
 
     async def update_session(self, session_id: str, *, runtime_session_id: str | None = None,
                              metadata: Mapping[str, Any] | None = None, runtime: str | None = None,
-                             ) -> SessionRecord: ...
+                             title: str | None = None, archived: bool | None = None) -> SessionRecord: ...
+
+    async def drop_session(self, session_id: str) -> DroppedSession: ...
+
+    async def fork_session(self, session_id: str, created: EventDraft, events: Sequence[NormalizedEvent], *,
+                           record: SessionRecord, quotas: Quotas | None = None) -> SessionRecord: ...
 
 
 class TaskReader(Protocol):
@@ -149,9 +157,10 @@ class BlobReader(Protocol):
 class BlobStore(BlobReader, Protocol):
     """Content-addressed bytes (``sha256:<hex>`` refs) that events name instead of carrying them."""
 
-    async def put_blob(self, data: bytes, media_type: str = "application/octet-stream") -> str: ...
+    async def put_blob(self, data: bytes, media_type: str = "application/octet-stream", *,
+                       session_id: str | None = None) -> str: ...
 
-    async def put_json_blob(self, value: Any) -> str: ...
+    async def put_json_blob(self, value: Any, *, session_id: str | None = None) -> str: ...
 
 
 class StoreHealth(Protocol):

@@ -9,7 +9,16 @@ from typing import Any
 
 from pydantic import Field
 
-from codesdk.protocol import PAYLOAD_MODELS, ApprovalState, EventType, Model, RuntimeInfo, Trace, WorkerEvent
+from codesdk.protocol import (
+    PAYLOAD_MODELS,
+    ApprovalState,
+    EventType,
+    ForkPoint,
+    Model,
+    RuntimeInfo,
+    Trace,
+    WorkerEvent,
+)
 from codesdk.protocol.api import TERMINAL_STATES as TERMINAL_STATES
 from codesdk.protocol.api import TaskState as TaskState
 
@@ -97,6 +106,11 @@ class SessionRecord(Model):
     metadata: dict[str, Any] = Field(default_factory=dict)
     runtime_session_id: str | None = None
     last_seq: int = Field(default=0, ge=0)
+    title: str | None = None
+    archived_at: datetime | None = None
+    forked_from: ForkPoint | None = None
+    #: Its task pending or running (read with the row; None when idle).
+    active_task_id: str | None = None
 
 
 class TaskRecord(Model):

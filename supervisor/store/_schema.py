@@ -8,11 +8,14 @@ a failure leaves it at its old version; a database newer than ``LATEST`` is refu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import apsw
 
+from ._db import Db, SQLiteDb
 from ._errors import MigrationFailed, SchemaTooNew, StoreError, translate
+from ._sql import hold_named_blobs
 from ._time import now_text
 
 
@@ -21,6 +24,8 @@ class Migration:
     version: int
     name: str
     sql: str
+    #: Run after ``sql``, in the same transaction: fills what SQL alone cannot (either engine's ``Db``).
+    backfill: Callable[[Db], None] | None = None
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -176,6 +181,26 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX api_requests_by_age ON api_requests(created_at);
         """,
     ),
+    Migration(
+        10,
+        "session titles, archiving and forks; task prompts to search; the sessions holding each blob",
+        """
+        ALTER TABLE sessions ADD COLUMN title TEXT;
+        ALTER TABLE sessions ADD COLUMN archived_at TEXT;
+        ALTER TABLE sessions ADD COLUMN forked_from TEXT;
+        ALTER TABLE sessions ADD COLUMN forked_at_seq INTEGER;
+        ALTER TABLE tasks ADD COLUMN prompt TEXT;
+        UPDATE tasks SET prompt = json_extract(metadata, '$.prompt_preview')
+            WHERE json_type(metadata, '$.prompt_preview') = 'text';
+        CREATE TABLE blob_holders (
+            ref TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            PRIMARY KEY (ref, session_id)
+        ) WITHOUT ROWID;
+        CREATE INDEX blob_holders_by_session ON blob_holders(session_id);
+        """,
+        backfill=hold_named_blobs,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version
@@ -221,6 +246,8 @@ def migrate(conn: apsw.Connection, path: str, target: int = LATEST) -> int:
         for step in MIGRATIONS[found:target]:
             try:
                 conn.execute(step.sql)
+                if step.backfill is not None:
+                    step.backfill(SQLiteDb(conn))
             except apsw.Error as exc:
                 raise MigrationFailed(
                     f"migrating {path} to schema version {step.version} ({step.name}) failed; the database "

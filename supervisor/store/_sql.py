@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
-from codesdk.protocol import ApprovalState, NormalizedEvent, UpcasterRegistry, upcasters
+from codesdk.protocol import ApprovalState, ForkPoint, NormalizedEvent, UpcasterRegistry, upcasters
+from codesdk.protocol.api import SessionFilter
 
 from ._db import Db
 from ._errors import (
@@ -49,7 +51,12 @@ def dumps(value: Any) -> str:
 
 # --- rows -> records ------------------------------------------------------------------------------
 
-_SESSION_COLUMNS = "session_id, runtime, namespace, workspace, created_at, metadata, runtime_session_id, last_seq"
+_ACTIVE = "('pending', 'running')"
+_SESSION_COLUMNS = (
+    "s.session_id, s.runtime, s.namespace, s.workspace, s.created_at, s.metadata, s.runtime_session_id, s.last_seq, "
+    "s.title, s.archived_at, s.forked_from, s.forked_at_seq, "
+    f"(SELECT t.task_id FROM tasks t WHERE t.session_id = s.session_id AND t.state IN {_ACTIVE}) AS active_task_id"
+)
 _TASK_COLUMNS = (
     "task_id, session_id, state, runtime, created_at, started_at, ended_at, worker_pid, terminal_type, "
     "error, metadata"
@@ -57,7 +64,8 @@ _TASK_COLUMNS = (
 
 
 def _session(row: Sequence[Any]) -> SessionRecord:
-    sid, runtime, namespace, workspace, created_at, metadata, runtime_session_id, last_seq = row
+    (sid, runtime, namespace, workspace, created_at, metadata, runtime_session_id, last_seq, title, archived_at,
+     forked_from, forked_at_seq, active_task_id) = row
     return SessionRecord(
         session_id=sid,
         runtime=runtime,
@@ -67,6 +75,10 @@ def _session(row: Sequence[Any]) -> SessionRecord:
         metadata=json.loads(metadata),
         runtime_session_id=runtime_session_id,
         last_seq=last_seq,
+        title=title,
+        archived_at=from_text(archived_at) if archived_at is not None else None,
+        forked_from=ForkPoint(session_id=forked_from, seq=forked_at_seq) if forked_from is not None else None,
+        active_task_id=active_task_id,
     )
 
 
@@ -99,37 +111,58 @@ def _event(seq: int, body: str, registry: UpcasterRegistry = upcasters) -> Norma
 
 
 def select_session(conn: Db, session_id: str) -> SessionRecord:
-    for row in conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE session_id = ?", (session_id,)):
+    for row in conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions s WHERE s.session_id = ?", (session_id,)):
         return _session(row)
     raise UnknownSession(session_id)
 
 
+#: A listing's state filter (``SessionFilter``) as SQL on ``sessions s``.
+_STATE_CLAUSES = {
+    SessionFilter.LIVE: "s.archived_at IS NULL",
+    SessionFilter.ARCHIVED: "s.archived_at IS NOT NULL",
+    SessionFilter.BUSY: f"s.archived_at IS NULL AND EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = s.session_id "
+                        f"AND t.state IN {_ACTIVE})",
+    SessionFilter.IDLE: f"s.archived_at IS NULL AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = "
+                        f"s.session_id AND t.state IN {_ACTIVE})",
+    SessionFilter.ALL: "",
+}
+
+
 def select_sessions(conn: Db, namespace: str | None, limit: int, offset: int, namespaces: Sequence[str] | None = None,
-                    runtime: str | None = None, after: str | None = None) -> list[SessionRecord]:
-    """Oldest first (insertion order): of ``namespace`` or of any of ``namespaces``, of ``runtime``, and stored
-    after session ``after`` (a cursor: ``UnknownSession`` if there is no such session)."""
+                    runtime: str | None = None, after: str | None = None, state: SessionFilter = SessionFilter.ALL,
+                    text: str | None = None) -> list[SessionRecord]:
+    """Oldest first (insertion order): of ``namespace`` or of any of ``namespaces``, of ``runtime``, in ``state``,
+    whose title or a task's prompt contains ``text`` (ASCII case ignored), and stored after session ``after`` (a
+    cursor: ``UnknownSession`` if there is no such session)."""
     clauses: list[str] = []
     args: list[Any] = []
     if namespace is not None:
-        clauses.append("namespace = ?")
+        clauses.append("s.namespace = ?")
         args.append(namespace)
     if namespaces is not None:
         if not namespaces:
             return []
-        clauses.append(f"namespace IN ({','.join('?' * len(namespaces))})")
+        clauses.append(f"s.namespace IN ({','.join('?' * len(namespaces))})")
         args += namespaces
     if runtime is not None:
-        clauses.append("runtime = ?")
+        clauses.append("s.runtime = ?")
         args.append(runtime)
+    if _STATE_CLAUSES[state]:
+        clauses.append(_STATE_CLAUSES[state])
+    if text is not None:
+        found = f"{conn.text_position}(lower(%s), lower(?)) > 0"  # one engine's lower() on both sides
+        clauses.append(f"({found % 's.title'} OR EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = s.session_id "
+                       f"AND {found % 't.prompt'}))")
+        args += [text, text]
     if after is not None:
         for (position,) in conn.execute("SELECT rowid FROM sessions WHERE session_id = ?", (after,)):
-            clauses.append("rowid > ?")
+            clauses.append("s.rowid > ?")
             args.append(position)
             break
         else:
             raise UnknownSession(after)
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    sql = f"SELECT {_SESSION_COLUMNS} FROM sessions {where} ORDER BY rowid LIMIT ? OFFSET ?"
+    sql = f"SELECT {_SESSION_COLUMNS} FROM sessions s {where} ORDER BY s.rowid LIMIT ? OFFSET ?"
     return [_session(row) for row in conn.execute(sql, (*args, limit, offset))]
 
 
@@ -316,9 +349,10 @@ def select_blob(conn: Db, ref: str) -> BlobInfo | None:
 
 
 def insert_session(conn: Db, record: SessionRecord) -> SessionRecord:
+    fork = record.forked_from
     inserted = conn.execute(
-        "INSERT INTO sessions(session_id, runtime, namespace, workspace, created_at, metadata) "
-        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(session_id) DO NOTHING RETURNING session_id",
+        "INSERT INTO sessions(session_id, runtime, namespace, workspace, created_at, metadata, title, forked_from, "
+        "forked_at_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(session_id) DO NOTHING RETURNING session_id",
         (
             record.session_id,
             record.runtime,
@@ -326,6 +360,9 @@ def insert_session(conn: Db, record: SessionRecord) -> SessionRecord:
             record.workspace,
             to_text(record.created_at),
             dumps(record.metadata),
+            record.title,
+            fork.session_id if fork is not None else None,
+            fork.seq if fork is not None else None,
         ),
     ).fetchall()
     if not inserted:
@@ -339,8 +376,15 @@ def update_session(
     runtime_session_id: str | None,
     metadata: Mapping[str, Any] | None,
     runtime: str | None = None,
+    title: str | None = None,
+    archived: bool | None = None,
 ) -> SessionRecord:
     select_last_seq(conn, session_id)
+    if title is not None:
+        conn.execute("UPDATE sessions SET title = ? WHERE session_id = ?", (title, session_id))
+    if archived is not None:  # archiving again keeps the first time
+        conn.execute("UPDATE sessions SET archived_at = CASE WHEN ? THEN COALESCE(archived_at, ?) END "
+                     "WHERE session_id = ?", (archived, now_text(), session_id))
     if runtime is not None:
         conn.execute(
             "UPDATE sessions SET runtime = ?, runtime_session_id = ? WHERE session_id = ?",
@@ -365,7 +409,8 @@ def insert_task(
     metadata: Mapping[str, Any],
     worker_pid: int | None,
 ) -> TaskRecord:
-    """Insert a PENDING or RUNNING task; ``runtime`` defaults to the session's."""
+    """Insert a PENDING or RUNNING task; ``runtime`` defaults to the session's. Its metadata's ``prompt_preview``
+    is kept apart too, where session listings search it."""
     lock_session(conn, session_id)
     session = select_session(conn, session_id)
     for _ in conn.execute("SELECT 1 FROM tasks WHERE task_id = ?", (task_id,)):
@@ -376,8 +421,8 @@ def insert_task(
         raise SessionBusy(session_id, active_id, active_state)
     now = now_text()
     conn.execute(
-        "INSERT INTO tasks(task_id, session_id, state, runtime, created_at, started_at, worker_pid, metadata) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO tasks(task_id, session_id, state, runtime, created_at, started_at, worker_pid, metadata, prompt) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             task_id,
             session_id,
@@ -387,6 +432,7 @@ def insert_task(
             now if state is TaskState.RUNNING else None,
             worker_pid,
             dumps(dict(metadata)),
+            prompt if isinstance(prompt := metadata.get("prompt_preview"), str) else None,
         ),
     )
     return select_task(conn, task_id)
@@ -446,10 +492,12 @@ class PreparedEvent:
 
 
 def insert_events(
-    conn: Db, session_id: str, events: Sequence[PreparedEvent], stored_bytes: int = 0
+    conn: Db, session_id: str, events: Sequence[PreparedEvent], cost: BatchCost | None = None
 ) -> list[StoredEvent]:
-    """Give ``events`` the next seqs of the session and insert them; return them as stored. ``stored_bytes``
-    (``batch_bytes``) is added to the session's and its namespace's usage, with the number of events."""
+    """Give ``events`` the next seqs of the session and insert them; return them as stored. ``cost``
+    (``batch_cost``): its bytes are added to the session's and its namespace's usage, with the number of events,
+    and the session holds the blobs it names."""
+    stored_bytes = cost.bytes if cost is not None else 0
     last = conn.scalar("UPDATE sessions SET last_seq = last_seq + ?, stored_bytes = stored_bytes + ? "
                        "WHERE session_id = ? RETURNING last_seq", (len(events), stored_bytes, session_id))
     if last is None:
@@ -473,32 +521,82 @@ def insert_events(
         "bytes = namespace_usage.bytes + excluded.bytes",
         (len(events), stored_bytes, session_id),
     )
+    if cost is not None and cost.blobs:
+        hold_blobs(conn, session_id, cost.blobs)
     return stored
 
 
-# --- accounting (quotas) ---------------------------------------------------------------------------
+# --- accounting (quotas, and which sessions hold a blob) -------------------------------------------
 
 _BLOB_REF = re.compile(r"sha256:[0-9a-f]{64}")
 
 
-def batch_bytes(conn: Db, events: Sequence[PreparedEvent], inline: Mapping[str, bytes]) -> int:
-    """What storing ``events`` costs: their bodies (UTF-8), the small blobs committed with them (``inline``: ref ->
-    bytes), and the stored blobs they name (each once per batch, however it was stored — put on its own, or carried
-    by an earlier batch; refs that name no blob, like input hashes, cost nothing)."""
+@dataclass(frozen=True, slots=True)
+class BatchCost:
+    """What storing a batch of events costs."""
+
+    #: Their bodies (UTF-8), the small blobs committed with them and the stored blobs they name.
+    bytes: int
+    #: The stored blobs they name and the small blobs committed with them: their session holds these.
+    blobs: tuple[str, ...]
+
+
+def named_refs(body: str) -> set[str]:
+    """Every blob ref an event's JSON contains, in any field: what keeps a blob stored (a superset of what the
+    session may read back, ``protocol.named_blobs``)."""
+    return set(_BLOB_REF.findall(body)) if "sha256:" in body else set()
+
+
+def batch_cost(conn: Db, events: Sequence[PreparedEvent], inline: Mapping[str, bytes]) -> BatchCost:
+    """What storing ``events`` costs: their bodies, the small blobs committed with them (``inline``: ref -> bytes),
+    and the stored blobs they name (each once per batch, however it was stored — put on its own, or carried by an
+    earlier batch; refs that name no blob, like input hashes, cost nothing)."""
     total = sum(len(e.body) if e.body.isascii() else len(e.body.encode()) for e in events)
     total += sum(len(data) for data in inline.values())
     refs: set[str] = set()
     for event in events:
-        if "sha256:" in event.body:
-            refs.update(_BLOB_REF.findall(event.body))
+        refs |= named_refs(event.body)
     refs.difference_update(inline)
+    held = list(inline)
     named = sorted(refs)
     for start in range(0, len(named), 500):
         chunk = named[start:start + 500]
-        total += int(conn.scalar(
-            f"SELECT COALESCE(SUM(size), 0) FROM blobs WHERE ref IN ({','.join('?' * len(chunk))})",
-            chunk))
-    return total
+        for ref, size in conn.execute(f"SELECT ref, size FROM blobs WHERE ref IN ({','.join('?' * len(chunk))})",
+                                      chunk):
+            total += int(size)
+            held.append(ref)
+    return BatchCost(total, tuple(held))
+
+
+def hold_named_blobs(conn: Db, page: int = 1000) -> None:
+    """Each session holds the stored blobs its events name: the holders of a store from before they were kept
+    (a migration's backfill), read a page of events at a time."""
+    last: tuple[str, int] = ("", 0)
+    while True:
+        rows = conn.execute(
+            "SELECT session_id, seq, body FROM events WHERE (session_id, seq) > (?, ?) "
+            f"AND {conn.text_position}(body, 'sha256:') > 0 ORDER BY session_id, seq LIMIT ?", (*last, page)
+        ).fetchall()
+        if not rows:
+            return
+        named = {(session_id, ref) for session_id, _, body in rows for ref in named_refs(body)}
+        refs = sorted({ref for _, ref in named})
+        stored: set[str] = set()
+        for start in range(0, len(refs), 500):
+            chunk = refs[start:start + 500]
+            stored.update(ref for (ref,) in conn.execute(
+                f"SELECT ref FROM blobs WHERE ref IN ({','.join('?' * len(chunk))})", chunk))
+        holders = sorted((ref, session_id) for session_id, ref in named if ref in stored)
+        if holders:
+            conn.executemany("INSERT INTO blob_holders(ref, session_id) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                             holders)
+        last = (rows[-1][0], int(rows[-1][1]))
+
+
+def hold_blobs(conn: Db, session_id: str, refs: Sequence[str]) -> None:
+    """The session holds these blobs: they stay stored while it exists (``drop_session``)."""
+    conn.executemany("INSERT INTO blob_holders(ref, session_id) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                     [(ref, session_id) for ref in refs])
 
 
 def select_usage(conn: Db, session_id: str) -> Usage:
@@ -524,6 +622,64 @@ def count_active_tasks(conn: Db, namespace: str) -> int:
     return int(conn.scalar(
         "SELECT count(*) FROM tasks JOIN sessions USING (session_id) "
         "WHERE tasks.state IN ('pending', 'running') AND sessions.namespace = ?", (namespace,)))
+
+
+@dataclass(frozen=True, slots=True)
+class DroppedSession:
+    """What ``drop_session`` removed."""
+
+    session: SessionRecord
+    events: int
+    stored_bytes: int
+    #: Blobs removed (no other session held them), and which of those are files to unlink once this commits.
+    blobs: tuple[str, ...]
+    blob_files: tuple[str, ...]
+    #: Another session works in its workspace (a fork): the workspace must stay.
+    workspace_shared: bool
+
+
+def drop_session(conn: Db, session_id: str) -> DroppedSession:
+    """Remove an idle session whole (``SessionBusy`` while a task of it is pending or running): its events, tasks,
+    approvals and keyed appends, its usage from its namespace's, and the blobs no other session holds."""
+    lock_session(conn, session_id)
+    session = select_session(conn, session_id)
+    for active_id, active_state in conn.execute(
+        f"SELECT task_id, state FROM tasks WHERE session_id = ? AND state IN {_ACTIVE}", (session_id,)
+    ):
+        raise SessionBusy(session_id, active_id, active_state)
+    stored_bytes = int(conn.scalar("SELECT stored_bytes FROM sessions WHERE session_id = ?", (session_id,)))
+    held = sorted(ref for (ref,) in conn.execute("SELECT ref FROM blob_holders WHERE session_id = ?", (session_id,)))
+    for table in ("events", "approvals", "tasks", "appends", "blob_holders"):  # approvals name tasks: first
+        conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
+    conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+    conn.execute("UPDATE namespace_usage SET events = CASE WHEN events > ? THEN events - ? ELSE 0 END, "
+                 "bytes = CASE WHEN bytes > ? THEN bytes - ? ELSE 0 END WHERE namespace = ?",
+                 (session.last_seq, session.last_seq, stored_bytes, stored_bytes, session.namespace))
+    removed: list[str] = []
+    files: list[str] = []
+    for start in range(0, len(held), 500):
+        chunk = held[start:start + 500]
+        for ref, as_file in conn.execute(
+            f"DELETE FROM blobs WHERE ref IN ({','.join('?' * len(chunk))}) AND NOT EXISTS "
+            "(SELECT 1 FROM blob_holders h WHERE h.ref = blobs.ref) RETURNING ref, content IS NULL", chunk
+        ):
+            removed.append(ref)
+            if as_file:
+                files.append(ref)
+    shared = session.workspace is not None and conn.scalar(
+        "SELECT count(*) FROM sessions WHERE workspace = ?", (session.workspace,))
+    return DroppedSession(session, session.last_seq, stored_bytes, tuple(removed), tuple(files), bool(shared))
+
+
+def unheld_blob_files(conn: Db, refs: Sequence[str]) -> list[str]:
+    """Of ``refs``, those with no row (no session holds them): their files may go. Inside the writer, so that no
+    ``put_blob`` can record one of them meanwhile (it records the row before it writes the file)."""
+    kept: set[str] = set()
+    for start in range(0, len(refs), 500):
+        chunk = list(refs[start:start + 500])
+        kept.update(ref for (ref,) in conn.execute(
+            f"SELECT ref FROM blobs WHERE ref IN ({','.join('?' * len(chunk))})", chunk))
+    return [ref for ref in refs if ref not in kept]
 
 
 def insert_blob(conn: Db, info: BlobInfo) -> None:

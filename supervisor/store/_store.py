@@ -26,6 +26,8 @@ from codesdk.protocol import (
 )
 from codesdk.protocol import upcasters as this_builds_upcasters
 
+from codesdk.protocol.api import SessionFilter
+
 from ..ids import new_id
 from . import _sql
 from ._blobs import BlobFiles, check_ref
@@ -55,6 +57,7 @@ from ._records import (
     TaskUpdate,
 )
 from ._schema import check_version, migrate
+from ._sql import DroppedSession
 from ._stored import StoredEvent
 from ._time import to_text
 from ._subscribe import Hub, Subscription
@@ -220,6 +223,7 @@ class EventStore(Recorder):
         metadata: Mapping[str, Any] | None = None,
         created_at: datetime | None = None,
         quotas: Quotas | None = None,
+        title: str | None = None,
     ) -> SessionRecord:
         """Record a new session (no events: the engine appends ``session.created`` itself). With ``quotas``, a
         namespace at its sessions or stored-bytes limit gets none (``QuotaExceeded``, checked in the transaction
@@ -231,6 +235,7 @@ class EventStore(Recorder):
             workspace=workspace,
             created_at=created_at or utc_now(),
             metadata=dict(metadata or {}),
+            title=title,
         )
         def op(conn: Db) -> SessionRecord:
             if quotas is not None:
@@ -246,9 +251,12 @@ class EventStore(Recorder):
         runtime_session_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         runtime: str | None = None,
+        title: str | None = None,
+        archived: bool | None = None,
     ) -> SessionRecord:
-        """Set the runtime's own session id (for resuming) and/or replace the metadata. ``runtime``: the session
-        moves to that runtime, and its runtime session id becomes ``runtime_session_id`` (None: none yet)."""
+        """Set the runtime's own session id (for resuming), the title, whether it is archived, and/or replace the
+        metadata (None: as it is). ``runtime``: the session moves to that runtime, and its runtime session id becomes
+        ``runtime_session_id`` (None: none yet)."""
         return await self._write(
             f"updating session {session_id!r}",
             partial(
@@ -257,8 +265,45 @@ class EventStore(Recorder):
                 runtime_session_id=runtime_session_id,
                 metadata=metadata,
                 runtime=runtime,
+                title=title,
+                archived=archived,
             ),
         )
+
+    async def drop_session(self, session_id: str) -> DroppedSession:
+        """Delete an idle session whole (``SessionBusy`` while a task of it is pending or running): its events,
+        tasks and approvals, what it counted against its namespace's quotas, and the blobs no other session holds.
+        Its followers' subscriptions end. Its workspace is the caller's (``DroppedSession.workspace_shared``)."""
+        dropped = await self._write(f"deleting session {session_id!r}", partial(_sql.drop_session,
+                                                                              session_id=session_id))
+        self._hub.end(session_id)
+        await self._drop_blob_files(dropped.blob_files)
+        return dropped
+
+    async def fork_session(self, session_id: str, created: EventDraft, events: Sequence[NormalizedEvent], *,
+                           record: SessionRecord, quotas: Quotas | None = None) -> SessionRecord:
+        """Record ``record``, a fork of ``session_id``, with ``created`` (its ``session.created``) and copies of
+        ``events`` (that session's, in order) as its first events, in one transaction. The copies keep their times,
+        types, payloads and task ids; only their ``trace.session_id`` is the fork's. With ``quotas``, refused like a
+        new session, and like an append of all those events (``QuotaExceeded``)."""
+        fork_id = record.session_id
+        drafts = [created, *(EventDraft(type=e.type, runtime=e.runtime, payload=e.payload, time=e.time,
+                                        trace=e.trace.model_copy(update={"session_id": fork_id})) for e in events)]
+        prepared = await trio.to_thread.run_sync(prepare, fork_id, drafts)  # a long session: off the loop
+
+        def op(conn: Db) -> SessionRecord:
+            if quotas is not None:
+                quotas.check_new_session(record.namespace, *_sql.namespace_totals(conn, record.namespace))
+            _sql.insert_session(conn, record)
+            cost = _sql.batch_cost(conn, prepared, {})
+            if quotas is not None:
+                quotas.check_append(_sql.select_usage(conn, fork_id), fork_id, len(prepared), cost.bytes)
+            _sql.insert_events(conn, fork_id, prepared, cost)
+            return _sql.select_session(conn, fork_id)
+
+        # nothing to publish: no one follows a session that does not exist yet
+        return await self._write(f"forking session {session_id!r} into {fork_id!r}", op,
+                                 bulk=len(prepared) > _FORK_BULK)
 
     async def get_session(self, session_id: str) -> SessionRecord:
         return await self._read(
@@ -268,13 +313,15 @@ class EventStore(Recorder):
     async def list_sessions(
         self, *, namespace: str | None = None, limit: int = 100, offset: int = 0,
         namespaces: Sequence[str] | None = None, runtime: str | None = None, after: str | None = None,
+        state: SessionFilter = SessionFilter.ALL, text: str | None = None,
     ) -> list[SessionRecord]:
-        """Sessions oldest first, optionally of one namespace (or of any of ``namespaces``) and one runtime, and
-        only those stored after session ``after`` (a cursor; ``UnknownSession`` if no such session)."""
+        """Sessions oldest first, optionally of one namespace (or of any of ``namespaces``), one runtime and one
+        ``state``, with ``text`` in their title or a prompt, and only those stored after session ``after`` (a
+        cursor; ``UnknownSession`` if no such session)."""
         _check_page(limit, offset)
         return await self._read("listing sessions", partial(
             _sql.select_sessions, namespace=namespace, limit=limit, offset=offset, namespaces=namespaces,
-            runtime=runtime, after=after))
+            runtime=runtime, after=after, state=state, text=text))
 
     async def last_seq(self, session_id: str) -> int:
         """The seq of the session's last stored event (0 when it has none)."""
@@ -399,7 +446,7 @@ class EventStore(Recorder):
         name: they are kept in the database and committed with the events — no extra fsyncs, and never an event
         naming a blob that is not there. Each ref is checked against its bytes first.
 
-        Every append adds its events and bytes (``_sql.batch_bytes``) to the session's and namespace's usage; with
+        Every append adds its events and bytes (``_sql.batch_cost``) to the session's and namespace's usage; with
         ``quotas``, an append that would take either past its limit stores nothing and raises ``QuotaExceeded``.
 
         ``bulk`` marks part of a long stream (the engine sets it for a task that has streamed many events, in
@@ -431,12 +478,12 @@ class EventStore(Recorder):
                 earlier = _sql.select_keyed_append(conn, session_id, idempotency_key, self._upcasters)
                 if earlier is not None:
                     return AlreadyStored(StoredEvent.of(event) for event in earlier)
-            size = _sql.batch_bytes(conn, prepared, {ref: data for ref, (data, _) in inline.items()})
+            cost = _sql.batch_cost(conn, prepared, {ref: data for ref, (data, _) in inline.items()})
             if quotas is not None:
-                quotas.check_append(_sql.select_usage(conn, session_id), session_id, len(prepared), size)
+                quotas.check_append(_sql.select_usage(conn, session_id), session_id, len(prepared), cost.bytes)
             for ref, (data, media_type) in inline.items():
                 _sql.insert_inline_blob(conn, ref, data, media_type)
-            stored = _sql.insert_events(conn, session_id, prepared, size)
+            stored = _sql.insert_events(conn, session_id, prepared, cost)
             if idempotency_key is not None:
                 _sql.insert_keyed_append(conn, session_id, idempotency_key, stored)
             if task_update is not None:
@@ -544,16 +591,21 @@ class EventStore(Recorder):
 
     # --- blobs ------------------------------------------------------------------------------------
 
-    async def put_blob(self, data: bytes, media_type: str = "application/octet-stream") -> str:
-        """Store ``data`` content-addressed; return ``sha256:<hex>``. Idempotent (first media type wins)."""
+    async def put_blob(self, data: bytes, media_type: str = "application/octet-stream", *,
+                       session_id: str | None = None) -> str:
+        """Store ``data`` content-addressed; return ``sha256:<hex>``. Idempotent (first media type wins).
+
+        ``session_id``: the session whose event will name it, which holds the blob from now on — so deleting
+        another session that held it too cannot remove it before that event is stored. Without it, the blob is held
+        by the sessions whose events name it once they are stored."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"blob data must be bytes, not {type(data).__name__}")
-        return await self._put(bytes(data), media_type)
+        return await self._put(bytes(data), media_type, session_id)
 
-    async def put_json_blob(self, value: Any) -> str:
+    async def put_json_blob(self, value: Any, *, session_id: str | None = None) -> str:
         """Store the RFC 8785 canonical JSON of ``value``; the ref equals ``protocol.canonical_hash(value)``."""
         data = await trio.to_thread.run_sync(canonical_json, value)
-        return await self._put(data, "application/json")
+        return await self._put(data, "application/json", session_id)
 
     async def get_blob(self, ref: str) -> bytes:
         """The blob's bytes, re-hashed on read (``BlobCorrupt`` if they no longer match the ref)."""
@@ -583,18 +635,40 @@ class EventStore(Recorder):
         size = await self._blob_io(f"reading blob {ref}", self._blobs.size, ref)  # file without row
         return BlobInfo(ref=ref, size=size, media_type="application/octet-stream")
 
-    async def _put(self, data: bytes, media_type: str) -> str:
+    async def _put(self, data: bytes, media_type: str, session_id: str | None) -> str:
         if self._writer is None:
             raise StoreReadOnly(self.location, "writing a blob")
-        if self._blobs is None:  # every blob in the database, committed like any write
-            ref = await trio.to_thread.run_sync(sha256_hex, data)
-            await self._write(f"recording blob {ref}", partial(_sql.insert_inline_blob, ref=ref, data=data,
-                                                                media_type=media_type))
-            return ref
-        ref, _ = await self._blob_io("writing a blob", self._blobs.put, data)
-        info = BlobInfo(ref=ref, size=len(data), media_type=media_type)
-        await self._write(f"recording blob {ref}", partial(_sql.insert_blob, info=info))
+        ref = await trio.to_thread.run_sync(sha256_hex, data)
+        holders = (session_id,) if session_id is not None else ()
+
+        def record(conn: Db) -> None:
+            if files is None:
+                _sql.insert_inline_blob(conn, ref, data, media_type)
+            else:
+                _sql.insert_blob(conn, BlobInfo(ref=ref, size=len(data), media_type=media_type))
+            for holder in holders:
+                _sql.hold_blobs(conn, holder, (ref,))
+
+        # The row (and its holder) before the file: a session's deletion removes the file of a blob only while no
+        # row is recorded (``_drop_blob_files``), so once recorded, the file written next stays.
+        files = self._blobs
+        await self._write(f"recording blob {ref}", record)
+        if files is not None:
+            await self._blob_io("writing a blob", partial(files.put, ref=ref), data)
         return ref
+
+    async def _drop_blob_files(self, refs: Sequence[str]) -> None:
+        """Unlink the files of blobs whose rows a deletion removed, unless a ``put_blob`` recorded one again."""
+        files = self._blobs
+        if files is None or not refs:
+            return
+
+        def unlink(conn: Db) -> None:  # in the writer: no put records a row between the check and the unlink
+            for ref in _sql.unheld_blob_files(conn, refs):
+                with contextlib.suppress(OSError):  # left behind: a file without a row is never served
+                    files.remove(ref)
+
+        await self._write(f"removing {len(refs)} blob file(s)", unlink)
 
     # --- plumbing ---------------------------------------------------------------------------------
 
@@ -631,6 +705,9 @@ class EventStore(Recorder):
 IDEMPOTENCY_WINDOW_S = 24 * 3600
 #: A claimed key whose request got no answer in this long is taken over by the next request with it.
 ABANDONED_CLAIM_S = 600
+
+#: A fork copying more events than this commits as a bulk write (taking turns with the others, see ``_writer``).
+_FORK_BULK = 1000
 
 #: Events a blob's lookup decodes at a time (only those whose JSON contains the ref are read at all).
 _NAMING_PAGE = 200

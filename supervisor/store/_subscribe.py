@@ -30,7 +30,7 @@ ReadPage = Callable[[int, int], Awaitable[list[StoredEvent]]]
 class Feed:
     """One subscriber's mailbox, filled by the writer task after each commit."""
 
-    __slots__ = ("buffer", "capacity", "closed", "overflowed", "stale", "wake")
+    __slots__ = ("buffer", "capacity", "closed", "ended", "overflowed", "stale", "wake")
 
     def __init__(self, capacity: int) -> None:
         self.buffer: deque[StoredEvent] = deque()
@@ -39,6 +39,7 @@ class Feed:
         self.stale = False  # the store has events the feed was not given: read them there
         self.wake = trio.Event()
         self.closed = False
+        self.ended = False  # its session was deleted: no event will follow
 
     def push(self, events: list[StoredEvent]) -> None:
         if not self.overflowed:
@@ -85,6 +86,12 @@ class Hub:
         """Events may have been stored unseen (the nudges' connection was lost): every subscriber reads."""
         for session_id in list(self._feeds):
             self.nudge(session_id)
+
+    def end(self, session_id: str) -> None:
+        """The session was deleted: its subscribers' iterations end once they have what was stored."""
+        for feed in self._feeds.get(session_id, ()):
+            feed.ended = True
+            feed.wake.set()
 
     def close(self) -> None:
         self._closed = True
@@ -167,6 +174,8 @@ class Subscription:
                 self._queue([event])
             if self._ready or self._catching_up:
                 continue
+            if feed.ended:
+                raise StopAsyncIteration
             if feed.closed:
                 raise StoreClosed(f"following events after seq {self._cursor}")
             feed.wake = trio.Event()  # no checkpoint between the emptiness check and the wait

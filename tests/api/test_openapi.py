@@ -238,6 +238,16 @@ async def test_every_answer_of_every_operation_matches_the_schema_the_document_d
                               json={"set": {"bad name": "x"}})).status_code == 422
         assert (await c.get("/v1/namespaces/user:alice/env", headers=admin)).status_code == 200
 
+        archived = await c.patch(f"/v1/sessions/{sid}", headers=alice, json={"archived": True, "title": "Done"})
+        assert archived.status_code == 200 and archived.json()["state"] == "archived"
+        assert (await c.get("/v1/sessions?state=archived&q=done", headers=alice)).json()["sessions"]
+        assert (await c.post(f"/v1/sessions/{sid}/fork", headers=alice, json={"at_seq": 3})).status_code == 422
+        fork = await c.post(f"/v1/sessions/{sid}/fork", headers=alice, json={})
+        assert fork.status_code == 201
+        assert (await c.delete(f"/v1/sessions/{sid}", headers=alice)).status_code == 200
+        assert (await c.delete(f"/v1/sessions/{sid}", headers=alice)).status_code == 404
+        assert (await c.delete(f"/v1/sessions/{fork.json()['session_id']}", headers=alice)).status_code == 200
+
     assert checked.succeeded == {e.operation_id for e in ENDPOINTS}, \
         {e.operation_id for e in ENDPOINTS} - checked.succeeded
     assert len(checked.errors) >= 15, checked.errors

@@ -65,7 +65,7 @@ class MemoryPort:
         self.blobs.update({ref: data for ref, (data, _) in (blobs or {}).items()})
         return True
 
-    async def put_blob(self, data: bytes, media_type: str) -> str:
+    async def put_blob(self, run: TaskRun, data: bytes, media_type: str) -> str:
         ref = sha256_hex(data)
         self.blobs[ref] = data
         return ref

@@ -17,13 +17,23 @@ from codesdk.protocol import (
 )
 
 from ..namespaces import EnvEntry
-from ..store import ApprovalRecord, EventLogReader, SessionRecord, TaskRecord
+from ..store import ApprovalRecord, DroppedSession, EventLogReader, SessionRecord, TaskRecord
 
 
 def session_answer(record: SessionRecord) -> api.Session:
+    state = (api.SessionState.ARCHIVED if record.archived_at is not None
+             else api.SessionState.BUSY if record.active_task_id is not None else api.SessionState.IDLE)
     return api.Session(session_id=record.session_id, runtime=record.runtime, namespace=record.namespace,
                        workspace=record.workspace, created_at=record.created_at, metadata=record.metadata,
-                       runtime_session_id=record.runtime_session_id, last_seq=record.last_seq)
+                       runtime_session_id=record.runtime_session_id, last_seq=record.last_seq, title=record.title,
+                       state=state, active_task_id=record.active_task_id, archived_at=record.archived_at,
+                       forked_from=record.forked_from)
+
+
+def deleted_answer(dropped: DroppedSession, workspace_removed: bool) -> api.DeletedSession:
+    return api.DeletedSession(session_id=dropped.session.session_id, events=dropped.events,
+                              stored_bytes=dropped.stored_bytes, blobs=len(dropped.blobs),
+                              workspace_removed=workspace_removed)
 
 
 def task_answer(record: TaskRecord, result: api.TaskResult | None = None) -> api.Task:
