@@ -6,12 +6,13 @@ import contextlib
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
@@ -41,6 +42,7 @@ from codesdk.protocol import (
 
 from ..audit import audit
 from ..bundle import BundleLimits, BundleService
+from ..observe.metrics import STEP_BUCKETS, ServiceCollector, ServiceFacts, TaskMetrics
 from ..engine import (
     Engine,
     ForkInsideTask,
@@ -66,7 +68,7 @@ from ..store import (
     UnknownTask,
 )
 from ._auth import Principal, TokenAuth
-from ._endpoints import ENDPOINTS, Endpoint
+from ._endpoints import ENDPOINTS, Access, Endpoint
 from ._ranges import Unsatisfiable, byte_range
 from .openapi import openapi_document, reference_page
 from .views import (
@@ -138,8 +140,25 @@ def _validation_message(exc: ValidationError, where: str) -> str:
     return "; ".join(parts)
 
 
-#: Where a request's scope holds its ``Endpoint`` (set by the route's wrapper).
+#: Where a request's scope holds its ``Endpoint`` (set by the route's wrapper), and who sent it (once known).
 _ENDPOINT = "codesdk.endpoint"
+_PRINCIPAL = "codesdk.principal"
+
+access_log = logging.getLogger("codesdk.access")
+
+
+def _log_access(request: Request, endpoint: Endpoint, status: int, seconds: float, level: int) -> None:
+    """One line per request: who (the principal, never its token), what (the route and the path, not the query:
+    it may hold a tenant's search text), the status and how long until the answer started."""
+    if not access_log.isEnabledFor(level):
+        return
+    who = request.scope.get(_PRINCIPAL, "-")
+    client = request.client.host if request.client is not None else "-"
+    access_log.log(level, "%s %s %d %.1f ms principal=%s client=%s", request.method, request.url.path, status,
+                   seconds * 1000, who, client or "unix", extra={"access": {
+                       "method": request.method, "route": endpoint.path, "operation": endpoint.operation_id,
+                       "path": request.url.path, "status": status, "duration_ms": round(seconds * 1000, 3),
+                       "principal": who, "client": client or "unix"}})
 
 
 def _declared(request: Request, what: str, model: type[BaseModel]) -> None:
@@ -235,34 +254,49 @@ def _query(request: Request, model: type[M]) -> M:
 # -- the app -----------------------------------------------------------------------------------------
 
 class _Metrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.active_tasks = Gauge("codesdk_active_tasks", "Tasks pending or running", registry=self.registry)
-        self.workers = Gauge("codesdk_workers", "Worker slots per state", ["state"], registry=self.registry)
-        self.worker_starts = Gauge("codesdk_workers_started", "Workers started per namespace (restarts = n-1)",
-                                   ["namespace"], registry=self.registry)
-        self.store_tx = Gauge("codesdk_store_write_transactions", "Write transactions committed by the store",
-                              registry=self.registry)
-        self.sse_events = Counter("codesdk_sse_events_sent", "Events sent over SSE streams", registry=self.registry)
+    """The service's metrics (``supervisor.observe.metrics``): its tasks, as the engine tells them; its state at each
+    scrape; the HTTP requests; the namespaces' groups and disks; the process."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.registry = r = CollectorRegistry()
+        self.tasks = TaskMetrics(r)
+        stats = engine.stats
+        writer = engine.store.writer_stats
+        r.register(ServiceCollector(ServiceFacts(
+            workers=lambda: [(str(s["namespace"]), str(s["state"]), int(str(s["workers_started"] or 0)),
+                              s["pid"] is not None) for s in engine.pool.status()],
+            writer=lambda: (writer.transactions, writer.requests, writer.bulk_transactions),
+            dropped=lambda: {"late": stats.late_events, "unknown_task": stats.unknown_task_events,
+                             "ordinal_gap": stats.ordinal_gaps, "duplicate": stats.duplicate_events,
+                             "invalid": stats.invalid_events},
+            worker_crashes=lambda: stats.worker_crashes,
+            store_backend="postgresql" if engine.config.store else "sqlite")))
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        self.active_tasks = Gauge("codesdk_active_tasks", "Tasks pending or running (all supervisors sharing the "
+                                  "store)", registry=r)
+        self.sse_events = Counter("codesdk_sse_events_sent", "Events sent over SSE streams", registry=r)
         self.disk = {what: Gauge(f"codesdk_namespace_disk_{what}", f"A namespace's volume: {what.replace('_', ' ')} "
-                                 "(its disk quota; namespaces with a mounted volume)", ["namespace"],
-                                 registry=self.registry)
+                                 "(its disk quota; namespaces with a mounted volume)", ["namespace"], registry=r)
                      for what in ("used_bytes", "limit_bytes", "used_files", "limit_files")}
-        self.requests = Counter("codesdk_http_requests", "HTTP requests by route and status",
-                                ["route", "status"], registry=self.registry)
+        self.requests = Counter("codesdk_http_requests", "HTTP requests by route and status", ["route", "status"],
+                                registry=r)
+        self.request_seconds = Histogram("codesdk_http_request_duration_seconds", "From a request's arrival to its "
+                                         "answer's start (an event stream: to its first byte), by route",
+                                         ["route"], buckets=STEP_BUCKETS, registry=r)
         # Per namespace with a live resource group (one that runs a worker or an exec call): a bounded label set.
         group = ["namespace"]
         self.ns_processes = Gauge("codesdk_namespace_processes", "Processes in the namespace's resource group",
-                                  group, registry=self.registry)
+                                  group, registry=r)
         self.ns_memory = Gauge("codesdk_namespace_memory_bytes", "Memory charged to the namespace's group "
-                               "(tmpfs pages included)", group, registry=self.registry)
+                               "(tmpfs pages included)", group, registry=r)
         self.ns_cpu = Gauge("codesdk_namespace_cpu_seconds", "CPU time used by the namespace's group since it "
-                            "was created", group, registry=self.registry)
+                            "was created", group, registry=r)
         self.ns_limit = Gauge("codesdk_namespace_limit", "The namespace group's limits", ["namespace", "resource"],
-                              registry=self.registry)
+                              registry=r)
         self.ns_hits = Gauge("codesdk_namespace_limit_hits", "Times the namespace's group hit a limit since it was "
                              "created (pids: a fork refused; memory: the limit reached; oom_kill: a process killed)",
-                             ["namespace", "limit"], registry=self.registry)
+                             ["namespace", "limit"], registry=r)
 
 
 async def _group_metrics(metrics: _Metrics, engine: Engine) -> None:
@@ -350,7 +384,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     per-token connection cap); it returns why not, if the token holds too many (429). ``drain``: the service's
     record of open event streams, which it drains on SIGTERM."""
     drain = drain or StreamDrain()
-    metrics = _Metrics()
+    metrics = _Metrics(engine)
+    engine.observers.add(metrics.tasks)
     store = engine.store
     streams = _StreamSlots(max_streams_per_principal)
     bundles = BundleService(engine, bundle_limits)  # support bundles: one per token at a time, cached
@@ -361,6 +396,13 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         principal = auth.authenticate(token.strip()) if scheme.lower() == "bearer" else None
         if principal is None:
             raise ApiError(401, "unauthorized", "missing or invalid bearer token (Authorization: Bearer <token>)")
+        access = request.scope[_ENDPOINT].access
+        if access is Access.METRICS and not (principal.admin or principal.metrics):
+            raise ApiError(403, "forbidden", "/metrics needs the admin token or a metrics token (`codesdk-supervisor "
+                                             "token add NAME --metrics`)")
+        if principal.metrics and access is not Access.METRICS:
+            raise ApiError(403, "forbidden", "a metrics token reads /metrics and nothing else")
+        request.scope[_PRINCIPAL] = principal.identity
         if claim_connection is not None and (refused := claim_connection(principal.name)) is not None:
             raise ApiError(429, "too_many_connections", refused, {"connection": "close", "retry-after": "1"})
         return principal
@@ -430,17 +472,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             status="ready", details=None if groups is None else {"resource_groups": groups.describe()}))
 
     async def metrics_route(request: Request) -> Response:
-        if not principal_of(request).admin:  # labels name namespaces: not for tenants
-            raise ApiError(403, "forbidden", "/metrics needs the admin token")
+        principal_of(request)  # the admin's token or a metrics token (the route's access)
         metrics.active_tasks.set(len(await store.list_active_tasks()))
-        status = engine.pool.status()
-        metrics.workers.clear()
-        for slot in status:
-            metrics.workers.labels(state=str(slot["state"])).inc()
-            started = slot["workers_started"]
-            metrics.worker_starts.labels(namespace=str(slot["namespace"])).set(
-                started if isinstance(started, int) else 0)
-        metrics.store_tx.set(store.writer_stats.transactions)
         disks = engine.config.pool.disks
         for gauge in metrics.disk.values():
             gauge.clear()
@@ -816,8 +849,11 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     def counted(endpoint: Endpoint, handler: Callable[[Request], Awaitable[Response]]) -> Callable[
             [Request], Awaitable[Response]]:
+        probe = endpoint.access is Access.PUBLIC or endpoint.access is Access.METRICS  # at DEBUG: scrapes, probes
+
         async def run(request: Request) -> Response:
             request.scope[_ENDPOINT] = endpoint
+            arrived = time.monotonic()
             try:
                 key = request.headers.get("idempotency-key") if endpoint.method == "POST" else None
                 response = await (refusals_answered(handler, request) if key is None
@@ -830,7 +866,10 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             except Exception:
                 log.exception("%s %s failed", request.method, request.url.path)
                 response = _error(500, "internal_error", "internal error; see the supervisor log")
+            seconds = time.monotonic() - arrived
             metrics.requests.labels(route=endpoint.path, status=str(response.status_code)).inc()
+            metrics.request_seconds.labels(route=endpoint.path).observe(seconds)
+            _log_access(request, endpoint, response.status_code, seconds, logging.DEBUG if probe else logging.INFO)
             return response
         return run
 

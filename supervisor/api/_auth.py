@@ -22,7 +22,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..config import ADMIN_TOKEN_FILE
 from ..namespaces import Namespace, write_private
@@ -45,6 +45,8 @@ class Principal:
     name: str
     admin: bool = False
     namespaces: frozenset[str] = field(default_factory=frozenset)
+    #: A token for Prometheus: it reads /metrics and nothing else (no namespace, not the admin).
+    metrics: bool = False
 
     def can_access(self, namespace: str) -> bool:
         return self.admin or namespace in self.namespaces
@@ -54,6 +56,8 @@ class Principal:
         """Who this is, the same for each of its tokens (a rotated one too) and no other principal's: a name is
         unique per namespace only, so a name alone could be another tenant's. What is kept per principal (its
         idempotency keys) is kept by this."""
+        if self.metrics:
+            return f"{self.name}@metrics"
         return "admin" if self.admin else f"{self.name}@{','.join(sorted(self.namespaces))}"
 
 
@@ -81,6 +85,13 @@ class _TokenRecord(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     admin: bool = False  # strict: "false" (a string) is an error, never a truthy grant
     namespaces: list[str] = Field(default_factory=list)
+    metrics: bool = False  # reads /metrics only
+
+    @model_validator(mode="after")
+    def _metrics_alone(self) -> _TokenRecord:
+        if self.metrics and (self.admin or self.namespaces):
+            raise ValueError("a metrics token has no namespaces and is not the admin's")
+        return self
 
     @field_validator("namespaces")
     @classmethod
@@ -104,7 +115,8 @@ def _read_entries(path: Path) -> list[_Entry]:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'file'}: {e['msg']}"
                              for e in exc.errors(include_url=False))
         raise TokenFileInvalid(f"{path} is not a valid token table ({problems})") from None
-    entries = [_Entry(r.sha256, Principal(name=r.name, admin=r.admin, namespaces=frozenset(r.namespaces)),
+    entries = [_Entry(r.sha256, Principal(name=r.name, admin=r.admin, namespaces=frozenset(r.namespaces),
+                                          metrics=r.metrics),
                       r.id or "tok_" + r.sha256[:12])  # a stable id for a record written before ids
                for r in table.tokens]
     for i, entry in enumerate(entries):  # written before names were unique: both work; say so, lock nobody out
@@ -123,8 +135,8 @@ class _Entry:
 
 
 def _clashes(a: Principal, b: Principal) -> bool:
-    """Two tokens of one name for one namespace (the admin's namespaces: all of them)."""
-    return a.name == b.name and (a.admin or b.admin or bool(a.namespaces & b.namespaces))
+    """Two tokens of one name for one namespace (the admin's namespaces: all of them), or two metrics tokens."""
+    return a.name == b.name and (a.admin or b.admin or bool(a.namespaces & b.namespaces) or (a.metrics and b.metrics))
 
 
 class TokenAuth:
@@ -155,11 +167,15 @@ class TokenAuth:
         auth.save()
         return auth
 
-    def add_principal(self, name: str, namespaces: list[str] | tuple[str, ...], *, admin: bool = False) -> str:
-        """Bind a new token to ``namespaces``; returns the token (only its hash is kept). Saves if file-backed."""
+    def add_principal(self, name: str, namespaces: list[str] | tuple[str, ...], *, admin: bool = False,
+                      metrics: bool = False) -> str:
+        """Bind a new token to ``namespaces`` (``metrics``: a token that reads /metrics alone, bound to none);
+        returns the token (only its hash is kept). Saves if file-backed."""
         for namespace in namespaces:
             Namespace.parse(namespace)  # InvalidNamespace with a clear message
-        principal = Principal(name=name, admin=admin, namespaces=frozenset(namespaces))
+        if metrics and (admin or namespaces):
+            raise ValueError("a metrics token reads /metrics alone: give it no namespace")
+        principal = Principal(name=name, admin=admin, namespaces=frozenset(namespaces), metrics=metrics)
         for entry in self._entries:
             if _clashes(entry.principal, principal):
                 raise TokenNameTaken(f"a token named {name!r} already exists for "
@@ -207,7 +223,8 @@ class TokenAuth:
             raise ValueError("this TokenAuth has no file to save to")
         doc = {"version": 1, "tokens": [
             {"id": e.id, "name": e.principal.name, "sha256": e.digest, "admin": e.principal.admin,
-             "namespaces": sorted(e.principal.namespaces)} for e in self._entries]}
+             "namespaces": sorted(e.principal.namespaces)} | ({"metrics": True} if e.principal.metrics else {})
+            for e in self._entries]}
         write_private(self.path, json.dumps(doc, indent=2) + "\n")
 
     def reload(self) -> int:

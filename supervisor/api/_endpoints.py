@@ -15,6 +15,7 @@ class Access(StrEnum):
     PUBLIC = "public"  # no token (probes, the API's own description)
     TOKEN = "token"  # any tenant's token or the admin's; a tenant sees only its namespaces
     ADMIN = "admin"  # the admin token only (403 for a tenant's)
+    METRICS = "metrics"  # the admin token or a metrics token (``token add --metrics``): what Prometheus holds
 
 
 #: What every status means, in the document.
@@ -65,8 +66,8 @@ class Endpoint:
         common = {500, 503}
         if self.access is not Access.PUBLIC:
             common |= {401, 429}
-        if self.access is Access.ADMIN:
-            common.add(403)
+        if self.access is not Access.PUBLIC:
+            common.add(403)  # a metrics token anywhere but /metrics; a tenant's on an admin route
         if self.body is not None:
             common |= {400, 408, 413, 422}
         if self.query is not None:
@@ -87,8 +88,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("GET", "/readyz", "getReadiness",
              "Readiness: the store is open and takes writes, the disk reserve is free", "service", Access.PUBLIC,
              api.Readiness),
-    Endpoint("GET", "/metrics", "getMetrics", "Prometheus metrics", "service", Access.ADMIN, None,
-             media_type="text/plain"),
+    Endpoint("GET", "/metrics", "getMetrics", "Prometheus metrics", "service", Access.METRICS, None,
+             media_type="text/plain",
+             description="The Prometheus text format. Read with a metrics token (`codesdk-supervisor token add NAME "
+                         "--metrics`), which may read nothing else, so that Prometheus never holds the admin's; also "
+                         "served alone on `serve --metrics-port` (127.0.0.1)."),
     Endpoint("POST", "/v1/sessions", "createSession", "Create a session in one of your namespaces", "sessions",
              Access.TOKEN, api.Session, 201, body=api.CreateSessionRequest, errors=(403, 404, 421, 429)),
     Endpoint("GET", "/v1/sessions", "listSessions", "Your sessions, oldest first (not the archived, unless asked)", "sessions", Access.TOKEN,

@@ -42,6 +42,7 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import AppWrapper, ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .limits import MAX_REFUSING, SEND_CHUNK, ApiLimits
 from ..engine import Engine
@@ -410,11 +411,36 @@ def _tcp_listener(port: int, backlog: int = BACKLOG) -> socket.socket:
     return sock
 
 
+#: What the metrics port answers: the metrics, and the probes (a scraper's health check).
+METRICS_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
+
+
+def _metrics_door(app: ASGIApp, metrics_port: int) -> ASGIApp:
+    """``app`` where a connection to ``metrics_port`` reaches ``METRICS_PATHS`` alone (404 for anything else)."""
+
+    async def door(scope: Scope, receive: Receive, send: Send) -> None:
+        server = scope.get("server")
+        if scope["type"] == "http" and server is not None and server[1] == metrics_port \
+                and scope["path"] not in METRICS_PATHS:
+            body = json.dumps({"error": {"code": "not_found", "message": "the metrics port serves /metrics, /healthz "
+                                                                         "and /readyz alone"}}).encode()
+            await send({"type": "http.response.start", "status": 404,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await app(scope, receive, send)
+
+    return door
+
+
 async def serve_api(engine: Engine, auth: TokenAuth, unix_socket: Path | None = None, tcp_port: int | None = None,
                     *, keepalive_s: float = KEEPALIVE_S, limits: ApiLimits | None = None,
-                    drain: StreamDrain | None = None, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+                    drain: StreamDrain | None = None, metrics_port: int | None = None,
+                    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve until cancelled; ``task_status.started`` gets the bound addresses (``http://unix:…``,
-    ``http://127.0.0.1:…``)."""
+    ``http://127.0.0.1:…``). ``metrics_port``: also listen on 127.0.0.1 there for /metrics and the probes alone
+    (Prometheus' door: nothing else of the API answers on it)."""
     if unix_socket is None and tcp_port is None:
         raise ValueError("serve_api needs a unix socket path and/or a TCP port")
     limits = limits or ApiLimits()
@@ -432,7 +458,8 @@ async def serve_api(engine: Engine, auth: TokenAuth, unix_socket: Path | None = 
     app = create_app(engine, auth, keepalive_s=keepalive_s, max_streams_per_principal=limits.max_streams_per_principal,
                      body_timeout_s=limits.body_timeout_s, claim_connection=guard.claim, drain=drain,
                      bundle_limits=limits.bundles)
-    wrapped = wrap_app(guard.wrap(app), config.wsgi_max_body_size, "asgi")
+    served = _metrics_door(app, metrics_port) if metrics_port is not None else app
+    wrapped = wrap_app(guard.wrap(served), config.wsgi_max_body_size, "asgi")
     sockets: list[socket.socket] = []
     backlog = max(BACKLOG, guard.cap)
     try:
@@ -440,6 +467,8 @@ async def serve_api(engine: Engine, auth: TokenAuth, unix_socket: Path | None = 
             sockets.append(_unix_listener(Path(unix_socket), backlog))
         if tcp_port is not None:
             sockets.append(_tcp_listener(tcp_port, backlog))
+        if metrics_port is not None:
+            sockets.append(_tcp_listener(metrics_port, backlog))
         listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets]
     except BaseException:
         for sock in sockets:

@@ -64,7 +64,8 @@ def openapi_document(version: str, endpoints: tuple[Endpoint, ...] = ENDPOINTS) 
 def _operation(endpoint: Endpoint, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
     operation: dict[str, Any] = {"operationId": endpoint.operation_id, "summary": endpoint.summary,
                                  "tags": [endpoint.tag]}
-    access = {Access.PUBLIC: "No token needed.", Access.ADMIN: "The admin token only.", Access.TOKEN: ""}
+    access = {Access.PUBLIC: "No token needed.", Access.ADMIN: "The admin token only.", Access.TOKEN: "",
+              Access.METRICS: "The admin token or a metrics token."}
     description = " ".join(part for part in (endpoint.description, access[endpoint.access]) if part)
     if description:
         operation["description"] = description

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -55,6 +54,8 @@ from ..namespaces import (
     UidRange,
     UidRangeError,
 )
+from ..observe.logs import LOG_FORMATS
+from ..observe.logs import configure as configure_logging
 from ..service.assembly import SupervisorOptions
 from ..store import COMMIT_LINGER_S, LEASE_S, MAX_COMMIT_LINGER_S, QUOTA_FLAGS, Quotas, current_holder
 from ..tools import DEFAULT_EXEC_UID, check_exec_identity
@@ -94,8 +95,14 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     run.add_argument("--listen", type=Path, default=None,
                      help="unix socket for the API (default: DATA_DIR/api.sock; systemd: $RUNTIME_DIRECTORY/api.sock)")
     run.add_argument("--port", type=port, default=None, help="also listen on 127.0.0.1:PORT")
+    run.add_argument("--metrics-port", type=port, default=None, metavar="PORT",
+                     help="serve /metrics (and the probes) alone on 127.0.0.1:PORT, for Prometheus with a metrics "
+                          "token (`token add NAME --metrics`)")
     run.add_argument("--log-level", default="INFO", type=str.upper, choices=_LOG_LEVELS,
                      help="DEBUG, INFO (default), WARNING, ERROR or CRITICAL")
+    run.add_argument("--log-format", default="text", choices=LOG_FORMATS,
+                     help="text (default; with journald's priority prefixes when stderr is the journal) or json "
+                          "(one object per line, with the audit and access facts as fields)")
     run.add_argument("--worker-uids", type=_uid_range, default=None, metavar="START:COUNT",
                      help="run each namespace's worker as its own uid/gid from this range of unused ids (no "
                           "passwd entries needed; needs root or CAP_SETUID/CAP_SETGID/CAP_CHOWN/CAP_DAC_OVERRIDE/"
@@ -330,12 +337,11 @@ def _api_limits(args: argparse.Namespace) -> ApiLimits:
 def _serve_command(args: argparse.Namespace) -> int:
     from ..service.serve import ServiceRefused, run_service  # the HTTP stack: only for serve
 
-    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
-                        format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level, args.log_format)
     options = _serve_options(args)
     socket_path: Path = args.listen or options.data_dir / "api.sock"
     try:
-        run_service(options, socket_path, args.port, advertise=args.advertise or ())
+        run_service(options, socket_path, args.port, advertise=args.advertise or (), metrics_port=args.metrics_port)
     except ServiceRefused as refused:
         print(f"{PROG}: {refused}", file=sys.stderr)
         return refused.exit_code
@@ -436,8 +442,10 @@ def _token_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     add = token_sub.add_parser("add", help="create a token bound to namespaces; prints it once")
     add.set_defaults(run=_token_add_command)
     add.add_argument("name", help="unique per namespace")
-    add.add_argument("--namespace", action="append", required=True, type=namespace_name,
-                     help="default | user:<id> | ci:<job> (repeat)")
+    add.add_argument("--namespace", action="append", type=namespace_name,
+                     help="default | user:<id> | ci:<job> (repeat; one at least, unless --metrics)")
+    add.add_argument("--metrics", action="store_true",
+                     help="a token for Prometheus: it reads /metrics and nothing else (no namespace)")
     listing = token_sub.add_parser("list", help="every token's id, name, role and namespaces (never the token)")
     listing.set_defaults(run=_token_list_command)
     revoke = token_sub.add_parser("revoke", help="remove a token: it stops working at once")
@@ -476,7 +484,9 @@ def _token_command(args: argparse.Namespace, act: Callable[[TokenAuth], None]) -
 
 def _token_add_command(args: argparse.Namespace) -> int:
     def add(auth: TokenAuth) -> None:
-        token = auth.add_principal(args.name, args.namespace)
+        if not args.metrics and not args.namespace:
+            raise ValueError("token add needs --namespace (the namespaces the token may use), or --metrics")
+        token = auth.add_principal(args.name, args.namespace or [], metrics=args.metrics)
         print(token)
         print(f"token {args.name!r} added to {auth.path}", file=sys.stderr)
 
@@ -486,7 +496,7 @@ def _token_add_command(args: argparse.Namespace) -> int:
 def _token_list_command(args: argparse.Namespace) -> int:
     def listing(auth: TokenAuth) -> None:
         for token_id, principal in auth.records():
-            role = "admin" if principal.admin else "tenant"
+            role = "admin" if principal.admin else "metrics" if principal.metrics else "tenant"
             print(f"{token_id}\t{principal.name}\t{role}\t{','.join(sorted(principal.namespaces)) or '-'}")
 
     return _token_command(args, listing)

@@ -1,7 +1,7 @@
 """The task engine: sessions, tasks, events, tool calls — the invariants of the contract live here.
 
 Layering, lowest first (no module imports one below it in this list): ``_transcript`` (a session's messages),
-``_errors`` (refusals and their HTTP answers), ``_deadlines`` (a task's deadlines and their watch), ``_ports`` (what the engine needs of workers: the test seam),
+``_errors`` (refusals and their HTTP answers), ``_telemetry`` (what observers of tasks are told), ``_deadlines`` (a task's deadlines and their watch), ``_ports`` (what the engine needs of workers: the test seam),
 ``_compile`` (a task's input from the transcript, fitted to the runtime's budget), ``_runs`` (a running task's
 state, the run table), ``_recorder`` (a run's appends), ``_batch`` (a worker's batch on its way to the store),
 ``_approvals``, ``_toolport`` / ``_toolflow`` (one tool call, through its port), ``_ending`` (a task's one
@@ -39,12 +39,13 @@ from ._errors import (
 )
 from ._ports import PoolWorkers, RequestChannel, WorkerEvents, WorkerExit, WorkerLink, Workers, WorkersFactory
 from ._runs import EngineStats
+from ._telemetry import NO_TELEMETRY, Phase, TaskTelemetry, Telemetry
 from ._transcript import derive_transcript, session_events
 
 __all__ = [
     "DISK_RESERVE_BYTES", "ERROR_STATUS", "ApprovalRequest", "Approver", "ApproverAnswer", "ApproverRequired", "DeadlineLimits",
     "Engine", "SERVICE_IDLE_TIMEOUT_MAX_S", "SERVICE_IDLE_TIMEOUT_S", "SERVICE_TIMEOUT_MAX_S", "SERVICE_TIMEOUT_S", "EngineConfig",
-    "EngineError", "EngineStats", "ErrorStatus", "ForkInsideTask", "ForkPastEnd", "InsufficientSpace", "NamespaceDiskFull", "InvalidTaskInput", "NamespaceElsewhere", "NamespaceUnavailable",
+    "EngineError", "EngineStats", "NO_TELEMETRY", "Phase", "TaskTelemetry", "Telemetry", "ErrorStatus", "ForkInsideTask", "ForkPastEnd", "InsufficientSpace", "NamespaceDiskFull", "InvalidTaskInput", "NamespaceElsewhere", "NamespaceUnavailable",
     "PoolWorkers", "RequestChannel", "RuntimeUnavailable", "SessionBusy", "TaskNotActive", "UnknownRuntime", "WorkerEvents",
     "WorkerExit", "WorkerLink", "Workers", "WorkersFactory", "WorkspaceRefused", "derive_transcript", "error_status",
     "session_events",

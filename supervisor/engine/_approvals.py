@@ -54,23 +54,29 @@ class ApprovalBroker:
         approval_id = record.approval_id
         decided = trio.Event()
         self._waiting[approval_id] = decided
+        phase = run.telemetry.approval_wait(request.tool_name)
+        outcome = "cancelled"
         try:
             # The approval has been listed (and streamed as ``approval.requested``) since ``open``: a decision
             # made before the line above found nobody to wake. Looked up only now, so none falls in between.
             current = await self.store.get_approval(approval_id)
             if current.state != ApprovalState.PENDING:
+                outcome = current.state.value
                 return current
             with trio.move_on_after(self.timeout_s):
                 if run.approver is None:
                     await decided.wait()
                 else:
                     await self._ask_approver(run.approver, approval_id, request)
-            return await self.close(approval_id, f"no decision within {self.timeout_s:.0f} s")
+            closed = await self.close(approval_id, f"no decision within {self.timeout_s:.0f} s")
+            outcome = closed.state.value
+            return closed
         except trio.Cancelled:
             with trio.CancelScope(shield=True):  # the task ended while waiting: close the approval too
                 await self.close_for_end(run, approval_id)
             raise
         finally:
+            phase.end(outcome)
             self._waiting.pop(approval_id, None)
 
     async def close_for_end(self, run: TaskRun, approval_id: str) -> ApprovalRecord:

@@ -74,6 +74,7 @@ class TaskEnder:
             run.tools_nursery.cancel_scope.cancel()  # no tool starts or finishes after the end
         state = TaskState(event_type.value.removeprefix("task."))
         error = payload.to_json_obj() if event_type == EventType.TASK_FAILED else None
+        run.telemetry.ended(state.value, str(payload.code) if isinstance(payload, TaskFailed) else "")
         update = TaskUpdate(task_id=run.task_id, state=state, error=error)
         stored = False
         try:

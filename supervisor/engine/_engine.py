@@ -89,6 +89,7 @@ from codesdk.worker.client import REAP_WAIT_S
 from ._approvals import APPROVAL_TIMEOUT_S, ApprovalBroker
 from ._compile import compile_input, context_window
 from ._lifecycle import events_to_fork, made_workspace, remove_workspace
+from ._telemetry import Observers
 from ._deadlines import DeadlineLimits, TaskClock
 from ._ending import REQUEST_TIMEOUT_S, TaskEnder
 from ._errors import (
@@ -195,6 +196,8 @@ class Engine:
         self.tooling = tooling
         self._nursery = nursery
         self.stats = EngineStats()
+        #: Who watches its tasks (``observe(...)``: the service's metrics and tracer).
+        self.observers = Observers()
         self._runs = RunTable(RECENT_RUNS_KEPT)
         self.approvals = ApprovalBroker(store, config.approval_timeout_s)
         self._ender = TaskEnder(store, self._runs, nursery)
@@ -472,7 +475,10 @@ class Engine:
                           trace=Trace(session_id=session_id, task_id=task_id, request_id=tr.request_id,
                                       client_id=tr.client_id, user_id=tr.user_id),
                           runtime=RuntimeInfo(name=target, runtime_session_id=runtime_session_id),
-                          clock=TaskClock.arm(timeout_s, idle_timeout_s))
+                          clock=TaskClock.arm(timeout_s, idle_timeout_s),
+                          telemetry=self.observers.task(task_id=task_id, session_id=session_id,
+                                                        namespace=session.namespace, runtime=target,
+                                                        request_id=tr.request_id, client_id=tr.client_id))
             await self._record_start(run, started)
         self._nursery.start_soon(self._drive, run, name=f"drive:{task_id}")
         return record

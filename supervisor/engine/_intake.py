@@ -152,6 +152,7 @@ class EventIntake:
         if (session_id or model) and (name, model, session_id) != (
                 current.name, current.model, current.runtime_session_id):  # a new one only on change: hot path
             run.runtime = RuntimeInfo(name=name, model=model, runtime_session_id=session_id)
+        run.telemetry.worker_event(params.type)
         return run
 
     async def _route(self, run: TaskRun, event: WireEvent, pending: PendingBatch) -> None:

@@ -36,6 +36,8 @@ class RunRecorder:
         if run.ended:
             return False
         run.appending += 1  # the task's end waits for this append before it reads which calls are open
+        commit = run.telemetry.store_commit(len(events))
+        outcome = "error"
         try:
             try:
                 # Shielded: a queued write is carried out even if its caller is cancelled (a tool's run, cut short
@@ -45,7 +47,9 @@ class RunRecorder:
                         EventDraft(type=event.type, runtime=event.runtime or run.runtime, payload=event.payload,
                                    trace=run.trace) for event in events], blobs=blobs, bulk=bulk,
                         quotas=self.quotas, linger=linger)
+                outcome = "ok"
             finally:
+                commit.end(outcome)
                 run.appending -= 1
                 if not run.appending:
                     run.appends_settled.unpark_all()

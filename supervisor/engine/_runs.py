@@ -14,6 +14,7 @@ from ..tools import Approver
 from ._deadlines import TaskClock
 from ._ports import WorkerLink
 from ._stopping import StopInProgress
+from ._telemetry import NO_TASK_TELEMETRY, TaskTelemetry
 
 #: Small blobs committed with the events that name them: ref -> (bytes, media type).
 Blobs = dict[str, tuple[bytes, str]]
@@ -81,6 +82,8 @@ class TaskRun:
     released: trio.Event = field(default_factory=trio.Event)
     #: Its deadlines (``_deadlines``): fed by its events, held while the supervisor holds one of its tool calls.
     clock: TaskClock = field(default_factory=TaskClock)
+    #: Its observer (metrics, traces: ``_telemetry``).
+    telemetry: TaskTelemetry = NO_TASK_TELEMETRY
 
     @property
     def session_id(self) -> str:

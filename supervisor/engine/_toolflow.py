@@ -67,6 +67,7 @@ from ..tools import (
 )
 from ._approvals import BY_CODESDK
 from ._runs import EngineStats, PendingEvent, TaskRun
+from ._telemetry import Phase
 from ._toolport import ToolAnswer, ToolFlowPort
 
 log = logging.getLogger("codesdk.supervisor.tools")
@@ -144,25 +145,34 @@ class ToolFlow:
         ``CanonicalizationError`` if the input cannot be stored.
 
         While the supervisor holds the call (until its answer is sent) the task's idle clock does not run."""
-        with run.clock.hold():
-            await self._requested(run, requested)
+        spec = self._port.tools.spec(requested.tool_name)
+        phase = run.telemetry.tool_call(requested.tool_name, spec.tool_class.value if spec else "unknown")
+        rest: Rest | None = None
+        handed = False  # to the rest of the call, which ends the phase
+        try:
+            with run.clock.hold():
+                rest = await self._requested(run, requested)
+            if rest is not None and run.tools_nursery is not None:
+                run.tools_nursery.start_soon(_held, run, rest, phase)
+                handed = True
+        finally:
+            if not handed:
+                phase.end("ok" if rest is None else "cancelled")
 
-    async def _requested(self, run: TaskRun, requested: ToolCallRequested) -> None:
+    async def _requested(self, run: TaskRun, requested: ToolCallRequested) -> Rest | None:
+        """The rest of the call to run in the task's tool nursery, or None when nothing is left to do."""
         stamped = await self._stamp(run, requested)
         if stamped is None:
-            return
+            return None
         requested, tool_input = stamped
         if requested.executed_by == ExecutedBy.SUPERVISOR and \
                 run.params.interaction_mode != InteractionMode.INTERACTIVE:
-            rest = await self._begin(run, requested, tool_input, request_stored=False)
-            if rest is not None and run.tools_nursery is not None:
-                run.tools_nursery.start_soon(_held, run, rest)
-            return
+            return await self._begin(run, requested, tool_input, request_stored=False)
         if not await self._port.append(run, [PendingEvent(EventType.TOOL_CALL_REQUESTED, requested)]):
-            return
+            return None
         assert run.tools_nursery is not None
         handle = self._handle_runtime_call if requested.executed_by == ExecutedBy.RUNTIME else self._handle
-        run.tools_nursery.start_soon(_held, run, partial(handle, run, requested, tool_input))
+        return partial(handle, run, requested, tool_input)
 
     async def _stamp(self, run: TaskRun, requested: ToolCallRequested,
                      ) -> tuple[ToolCallRequested, dict[str, Any]] | None:
@@ -404,10 +414,19 @@ class ToolFlow:
 _INDEX_TYPES = (EventType.TOOL_CALL_REQUESTED, EventType.TOOL_CALL_COMPLETED)
 
 
-async def _held(run: TaskRun, rest: Rest) -> None:
-    """The rest of a call the supervisor still holds: the task's idle clock does not run meanwhile."""
-    with run.clock.hold():
-        await rest()
+async def _held(run: TaskRun, rest: Rest, phase: Phase) -> None:
+    """The rest of a call the supervisor still holds: the task's idle clock does not run meanwhile; ``phase`` (its
+    observers' timing of the call) ends with it."""
+    outcome = "error"
+    try:
+        with run.clock.hold():
+            await rest()
+        outcome = "ok"
+    except trio.Cancelled:
+        outcome = "cancelled"
+        raise
+    finally:
+        phase.end(outcome)
 
 
 def _output_events(identity: ToolCallIdentity, result: ToolResult) -> list[PendingEvent]:

@@ -55,7 +55,7 @@ class ServiceRefused(Exception):
 
 
 def run_service(options: SupervisorOptions, socket_path: Path, port: int | None = None, *,
-                advertise: Sequence[str] = ()) -> None:
+                advertise: Sequence[str] = (), metrics_port: int | None = None) -> None:
     """Check ``options``, then serve until SIGTERM or SIGINT (``ServiceRefused`` for what keeps it from serving).
 
     Options that could only fail later are refused before anything is made (not even the data dir)."""
@@ -70,7 +70,8 @@ def run_service(options: SupervisorOptions, socket_path: Path, port: int | None 
     _say_disk_quotas(options)
     _make_non_dumpable()
     try:
-        trio.run(partial(serve, options, socket_path, port, Notifier(), advertise=advertise))
+        trio.run(partial(serve, options, socket_path, port, Notifier(), advertise=advertise,
+                         metrics_port=metrics_port))
     except (DataDirBusy, TokenFileInvalid, UnsafeDataDir, StoreError, BaseExceptionGroup) as exc:
         refused = _leaf(exc)
         if isinstance(refused, StoreError) and not isinstance(refused, DataDirBusy):
@@ -82,7 +83,7 @@ def run_service(options: SupervisorOptions, socket_path: Path, port: int | None 
 
 async def serve(options: SupervisorOptions, socket_path: Path, port: int | None, notifier: Notifier,
                 task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED, *,
-                advertise: Sequence[str] = ()) -> None:
+                advertise: Sequence[str] = (), metrics_port: int | None = None) -> None:
     data_dir = options.data_dir
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with open_engine(options) as engine:
@@ -90,7 +91,8 @@ async def serve(options: SupervisorOptions, socket_path: Path, port: int | None,
             drain = StreamDrain()
             async with trio.open_nursery() as nursery:
                 bound = await nursery.start(partial(serve_api, engine, auth, socket_path, port,
-                                                    limits=options.api_limits, drain=drain))
+                                                    limits=options.api_limits, drain=drain,
+                                                    metrics_port=metrics_port))
                 api = [f"unix:{socket_path}", *([f"http://127.0.0.1:{port}"] if port else [])]
                 if engine.store.lock is not None:  # a CLI that finds the data dir locked comes here instead
                     engine.store.lock.announce(api)

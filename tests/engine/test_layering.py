@@ -8,7 +8,7 @@ from pathlib import Path
 
 import codesdk.supervisor.engine
 
-LAYERS = ["_transcript", "_errors", "_deadlines", "_ports", "_compile", "_stopping", "_runs", "_recorder", "_batch", "_approvals", "_toolport",
+LAYERS = ["_transcript", "_errors", "_telemetry", "_deadlines", "_ports", "_compile", "_stopping", "_runs", "_recorder", "_batch", "_approvals", "_toolport",
           "_toolflow", "_ending", "_intake", "_leasing", "_lifecycle", "_engine"]
 PACKAGE = Path(codesdk.supervisor.engine.__file__).parent
 
@@ -34,6 +34,6 @@ def test_each_module_imports_only_lower_layers() -> None:
 
 
 def test_the_tool_flow_knows_nothing_of_the_engine_its_workers_or_its_store() -> None:
-    assert _imports("_toolflow") <= {"_approvals", "_runs", "_toolport"}
+    assert _imports("_toolflow") <= {"_approvals", "_runs", "_telemetry", "_toolport"}
     source = (PACKAGE / "_toolflow.py").read_text()
     assert "EventStore" not in source and "WorkerProcess" not in source
