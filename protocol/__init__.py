@@ -203,6 +203,7 @@ from ._runtime import (
     is_runtime_name,
 )
 from ._tools import ExecutedBy, ToolCallIdentity, ToolClass, ToolManifest, ToolSpec
+from ._traceparent import TraceParent, parse_traceparent
 from ._transcript import (
     CodeBlock,
     ContentBlock,
@@ -327,6 +328,8 @@ __all__ = [
     "SendToolDeniedParams",
     "SendToolResultParams",
     "ForkPoint",
+    "TraceParent",
+    "parse_traceparent",
     "SessionCreated",
     "SessionCreatedEvent",
     "SessionRef",

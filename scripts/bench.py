@@ -39,6 +39,8 @@ Machines here are small and noisy, so each figure is the median of several repet
            all N streams' worth, through a pipe to one reader
   bundle   a support bundle of a 200k-event session: the supervisor's CPU and loop lag while it builds (in a
            low-priority child), and the cached bundle again; baseline: a raw read of the same events
+  telemetry the events flood with the service's metrics observing, and with metrics and traces sent to a local
+           OTLP sink; baseline: the same flood with no observer, interleaved (scripts/benchmarks/telemetry.py)
 
 No thresholds are asserted: the goals are printed next to the figures. --quick is the CI smoke run.
 """
@@ -69,7 +71,7 @@ from benchmarks import worker_alone
 from benchmarks.common import Figure, from_reps, median, percentile, print_table
 
 CASES = ("events", "latency", "tool", "spawn", "density", "store", "postgres", "real", "cold", "codex", "acp",
-         "fairness", "transcript", "bundle", "streams", "worker")
+         "fairness", "transcript", "bundle", "streams", "worker", "telemetry")
 NETNS_UNAVAILABLE = 97  # scripts/netns-run's exit code when no namespace can be made
 
 
@@ -291,6 +293,24 @@ def case_transcript(p: dict[str, Any]) -> list[Figure]:
     return [single, together]
 
 
+def case_telemetry(p: dict[str, Any]) -> list[Figure]:
+    """The event flood watched by no one, by the service's metrics, and by metrics and traces (benchmarks/telemetry.py):
+    what the engine's telemetry hooks and their observers cost, as ratios against no observer in the same run."""
+    from benchmarks import telemetry
+
+    r = telemetry.run(p["events"], p["repeat"])
+    figures = [from_reps("telemetry", "deltas/s, metrics on (serving's default)", "ev/s", r["metrics"], r["none"],
+                         higher_is_better=True, goal=">= 0.95 of no observer",
+                         note="baseline: the same flood, no observer (codesdk run's engine)")]
+    figures[-1].met = figures[-1].ratio is not None and figures[-1].ratio >= 0.95
+    if "traces" in r:
+        figures.append(from_reps("telemetry", "deltas/s, metrics and traces to OTLP", "ev/s", r["traces"], r["none"],
+                                 higher_is_better=True, note="spans exported to a local sink by the SDK's batch thread"))
+    else:
+        figures.append(_skipped("telemetry", "traces: the otel extra is not installed"))
+    return figures
+
+
 def case_bundle(p: dict[str, Any]) -> list[Figure]:
     """A support bundle of a long session, built as the API builds it (a child process at the lowest priority),
     against a raw read of the same events in the same run (benchmarks/bundle.py)."""
@@ -430,7 +450,7 @@ RUNNERS: dict[str, Callable[[dict[str, Any]], list[Figure]]] = {
     "density": case_density, "store": case_store, "postgres": case_postgres, "real": case_real, "cold": cases.cold, "codex": case_codex,
     "acp": case_acp,
     "fairness": case_fairness, "transcript": case_transcript, "bundle": case_bundle, "streams": case_streams,
-    "worker": worker_alone.figures,
+    "worker": worker_alone.figures, "telemetry": case_telemetry,
 }
 
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from codesdk.protocol import EventType, ModelOutputDelta
 from codesdk.procs.children import Children
 from codesdk.procs.orphans import become_subreaper
 from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
-from codesdk.supervisor.engine import Engine
+from codesdk.supervisor.engine import Engine, Telemetry
 from codesdk.procs.launch import Launch
 from codesdk.supervisor.workers.launch import WorkerPolicy
 from codesdk.worker.client import WorkerProcess, WorkerSpec, worker_argv
@@ -60,12 +60,16 @@ def _cpu_s() -> float:
 
 
 async def events_codesdk(n: int, store: str | None = None, namespace: str = "default",
-                         ready: Callable[[], Awaitable[None]] | None = None) -> tuple[float, float]:
+                         ready: Callable[[], Awaitable[None]] | None = None,
+                         observers: Sequence[Telemetry] = ()) -> tuple[float, float]:
     """Events/s: n deltas from the scripted runtime until one live subscriber has seen task.completed; and the
     supervisor's CPU seconds per event meanwhile (this process: store, engine, subscriber; not the worker).
-    ``ready``: awaited once all is warm, just before the flood (to start several supervisors' floods at once)."""
+    ``ready``: awaited once all is warm, just before the flood (to start several supervisors' floods at once).
+    ``observers``: the engine's telemetry (the service's metrics, a tracer); none: as ``codesdk run`` has it."""
     with tempfile.TemporaryDirectory(prefix="codesdk-bench-") as tmp:
         async with engine_in(Path(tmp), store=store) as engine:
+            for observer in observers:
+                engine.observers.add(observer)
             session = await engine.create_session(namespace=namespace)
             warm = await engine.start_task(session.session_id, "warm", runtime_config={"scenario": "echo"})
             await engine.wait_task(warm.task_id)  # the worker is running: spawn time is case 4, not this one

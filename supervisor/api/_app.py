@@ -38,6 +38,8 @@ from codesdk.protocol import (
     api,
     decode_json,
     is_hash,
+    parse_traceparent,
+    TraceContext,
 )
 
 from ..audit import audit
@@ -244,6 +246,15 @@ def _fingerprint(request: Request, raw: bytes) -> str:
     except CanonicalizationError:  # a value RFC 8785 has no form for (an integer past 2**53): the bytes as sent
         body = raw
     return sha256_hex(f"{request.method} {request.url.path}\n".encode() + body)
+
+
+#: What an ``X-Request-Id`` or ``X-Client-Id`` may be: up to 200 visible ASCII characters (else ignored).
+_TRACE_ID = re.compile(r"[\x21-\x7e]{1,200}")
+
+
+def _trace_header(request: Request, name: str) -> str | None:
+    value = request.headers.get(name)
+    return value if value is not None and _TRACE_ID.fullmatch(value) else None
 
 
 def _query(request: Request, model: type[M]) -> M:
@@ -569,8 +580,11 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         if switching or body.runtime_config:  # the session's own runtime was offered when it was made
             await offered(session.namespace, body.runtime or session.runtime, body.runtime_config, available=switching,
                           worker_needed=switching)
+        parent = parse_traceparent(request.headers.get("traceparent"))
         record = await engine.start_task(
             session.session_id, body.prompt, permission_mode=body.permission_mode,
+            trace=TraceContext(request_id=_trace_header(request, "x-request-id") or (parent and parent.trace_id),
+                               client_id=_trace_header(request, "x-client-id")), traceparent=parent,
             runtime_config=body.runtime_config, runtime=body.runtime, max_input_tokens=body.max_input_tokens,
             timeout_s=body.timeout_s, idle_timeout_s=body.idle_timeout_s,
             durable_approvals=body.interaction_mode == InteractionMode.INTERACTIVE)

@@ -119,7 +119,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("POST", f"{_SESSION}/tasks", "startTask", "Start a task: the session's next prompt", "tasks",
              Access.TOKEN, api.Task, 202, body=api.StartTaskRequest, errors=(404, 409, 421, 429),
              description="Answers once the task is stored (state `pending`); follow it on the session's events. "
-                         "409 `session_busy` while another task of the session is active."),
+                         "409 `session_busy` while another task of the session is active.",
+             headers=(("traceparent", "a W3C trace context: the task's spans join that trace, and its events' "
+                                      "`trace.request_id` is its trace id (unless X-Request-Id is sent)"),
+                      ("X-Request-Id", "stored as every event's `trace.request_id` (1 to 200 visible ASCII)"),
+                      ("X-Client-Id", "stored as every event's `trace.client_id` (1 to 200 visible ASCII)"))),
     Endpoint("GET", f"{_SESSION}/events", "listEvents", "Stored events, paged by after_seq and limit", "events",
              Access.TOKEN, api.EventPage, query=api.EventsQuery, errors=(404,)),
     Endpoint("GET", f"{_SESSION}/events/stream", "streamEvents", "Live events (Server-Sent Events)", "events",

@@ -95,6 +95,9 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     run.add_argument("--listen", type=Path, default=None,
                      help="unix socket for the API (default: DATA_DIR/api.sock; systemd: $RUNTIME_DIRECTORY/api.sock)")
     run.add_argument("--port", type=port, default=None, help="also listen on 127.0.0.1:PORT")
+    run.add_argument("--otlp-endpoint", default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None, metavar="URL",
+                     help="send traces of tasks to this OpenTelemetry collector (OTLP over HTTP: http://host:4318; "
+                          "default: $OTEL_EXPORTER_OTLP_ENDPOINT; needs the otel extra). Default: no traces")
     run.add_argument("--metrics-port", type=port, default=None, metavar="PORT",
                      help="serve /metrics (and the probes) alone on 127.0.0.1:PORT, for Prometheus with a metrics "
                           "token (`token add NAME --metrics`)")
@@ -341,7 +344,8 @@ def _serve_command(args: argparse.Namespace) -> int:
     options = _serve_options(args)
     socket_path: Path = args.listen or options.data_dir / "api.sock"
     try:
-        run_service(options, socket_path, args.port, advertise=args.advertise or (), metrics_port=args.metrics_port)
+        run_service(options, socket_path, args.port, advertise=args.advertise or (), metrics_port=args.metrics_port,
+                    otlp_endpoint=args.otlp_endpoint)
     except ServiceRefused as refused:
         print(f"{PROG}: {refused}", file=sys.stderr)
         return refused.exit_code

@@ -50,6 +50,7 @@ from codesdk.protocol import (
     TaskStopped,
     Trace,
     TraceContext,
+    TraceParent,
     WorkerAnswer,
     canonical_json,
     check_runtime_name,
@@ -424,6 +425,7 @@ class Engine:
                          interaction_mode: InteractionMode = InteractionMode.NON_INTERACTIVE,
                          runtime_config: dict[str, Any] | None = None, approver: Approver | None = None,
                          durable_approvals: bool = False, trace: TraceContext | None = None,
+                         traceparent: TraceParent | None = None,
                          runtime: str | None = None, max_input_tokens: int | None = None,
                          timeout_s: float | None = None, idle_timeout_s: float | None = None) -> TaskRecord:
         """Record the task and ``task.started``; the runtime is driven in the background, given the session's
@@ -432,7 +434,8 @@ class Engine:
         ``runtime``: move the session to this runtime from this task on (by reconstruction: the new runtime gets
         the transcript); the move is kept once the task ends completed or stopped (``TaskEnder.finish``): a task
         that fails there leaves the session where it was. ``max_input_tokens``: a cap on the
-        compiled input, below the runtime's own budget. ``timeout_s`` / ``idle_timeout_s``: the task's deadlines
+        compiled input, below the runtime's own budget. ``traceparent``: the caller's W3C trace, which the task's
+        spans join (``trace``: its ids, stored in every event's ``trace``). ``timeout_s`` / ``idle_timeout_s``: the task's deadlines
         (None: the operator's default, ``EngineConfig.deadlines``); past one the task is stopped, with its receipt,
         and fails ``TASK_TIMEOUT`` (``_deadlines``).
 
@@ -478,7 +481,8 @@ class Engine:
                           clock=TaskClock.arm(timeout_s, idle_timeout_s),
                           telemetry=self.observers.task(task_id=task_id, session_id=session_id,
                                                         namespace=session.namespace, runtime=target,
-                                                        request_id=tr.request_id, client_id=tr.client_id))
+                                                        request_id=tr.request_id, client_id=tr.client_id,
+                                                        parent=traceparent))
             await self._record_start(run, started)
         self._nursery.start_soon(self._drive, run, name=f"drive:{task_id}")
         return record

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from codesdk.protocol import TraceParent
+
 
 class Phase(Protocol):
     """A timed part of a task (a tool call, an approval wait), from its making to its ``end``."""
@@ -36,8 +38,8 @@ class TaskTelemetry(Protocol):
 
 class Telemetry(Protocol):
     def task(self, *, task_id: str, session_id: str, namespace: str, runtime: str, request_id: str | None,
-             client_id: str | None) -> TaskTelemetry:
-        """The observer of a task just admitted."""
+             client_id: str | None, parent: TraceParent | None) -> TaskTelemetry:
+        """The observer of a task just admitted (``parent``: the caller's W3C trace, which the task joins)."""
 
 
 class _NoPhase:
@@ -64,7 +66,7 @@ class _NoTaskTelemetry:
 
 class _NoTelemetry:
     def task(self, *, task_id: str, session_id: str, namespace: str, runtime: str, request_id: str | None,
-             client_id: str | None) -> TaskTelemetry:
+             client_id: str | None, parent: TraceParent | None) -> TaskTelemetry:
         return NO_TASK_TELEMETRY
 
 
@@ -84,9 +86,9 @@ class Observers:
         self._all.append(telemetry)
 
     def task(self, *, task_id: str, session_id: str, namespace: str, runtime: str, request_id: str | None,
-             client_id: str | None) -> TaskTelemetry:
+             client_id: str | None, parent: TraceParent | None) -> TaskTelemetry:
         each = [t.task(task_id=task_id, session_id=session_id, namespace=namespace, runtime=runtime,
-                       request_id=request_id, client_id=client_id) for t in self._all]
+                       request_id=request_id, client_id=client_id, parent=parent) for t in self._all]
         if not each:
             return NO_TASK_TELEMETRY
         return each[0] if len(each) == 1 else _EveryTask(each)

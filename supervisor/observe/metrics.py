@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from codesdk._version import __version__
-from codesdk.protocol import EventType, TaskFailureCode
+from codesdk.protocol import EventType, TaskFailureCode, TraceParent
 
 #: Seconds a whole task takes: from a second to an hour.
 TASK_BUCKETS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
@@ -66,7 +66,7 @@ class TaskMetrics:
                                        buckets=APPROVAL_BUCKETS, registry=r)
 
     def task(self, *, task_id: str, session_id: str, namespace: str, runtime: str, request_id: str | None,
-             client_id: str | None) -> _TaskMeter:
+             client_id: str | None, parent: TraceParent | None) -> _TaskMeter:
         self.started.labels(runtime=runtime).inc()
         return _TaskMeter(self, self._clock())
 

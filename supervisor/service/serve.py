@@ -18,7 +18,8 @@ import gc
 import logging
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 
@@ -55,8 +56,10 @@ class ServiceRefused(Exception):
 
 
 def run_service(options: SupervisorOptions, socket_path: Path, port: int | None = None, *,
-                advertise: Sequence[str] = (), metrics_port: int | None = None) -> None:
+                advertise: Sequence[str] = (), metrics_port: int | None = None,
+                otlp_endpoint: str | None = None) -> None:
     """Check ``options``, then serve until SIGTERM or SIGINT (``ServiceRefused`` for what keeps it from serving).
+    ``otlp_endpoint``: export traces of tasks there (``observe.tracing``; the ``otel`` extra).
 
     Options that could only fail later are refused before anything is made (not even the data dir)."""
     try:
@@ -65,13 +68,25 @@ def run_service(options: SupervisorOptions, socket_path: Path, port: int | None 
             check_store_url(options.store)
     except (UidRangeError, DiskQuotaError, StoreError) as exc:
         raise ServiceRefused(str(exc), 2) from None
+    if metrics_port is not None and metrics_port == port:
+        raise ServiceRefused(f"--metrics-port {metrics_port} is the API's --port too: give the metrics a port of "
+                             "their own", 2)
+    if otlp_endpoint:
+        try:
+            from ..observe.tracing import traces_url
+        except ImportError as exc:
+            raise ServiceRefused(f"traces need the otel extra (pip install 'codesdk[otel]'): {exc}", 2) from None
+        try:
+            traces_url(otlp_endpoint)
+        except ValueError as exc:
+            raise ServiceRefused(f"--otlp-endpoint: {exc}", 2) from None
     options.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     _warn_about_trust(options)
     _say_disk_quotas(options)
     _make_non_dumpable()
     try:
         trio.run(partial(serve, options, socket_path, port, Notifier(), advertise=advertise,
-                         metrics_port=metrics_port))
+                         metrics_port=metrics_port, otlp_endpoint=otlp_endpoint))
     except (DataDirBusy, TokenFileInvalid, UnsafeDataDir, StoreError, BaseExceptionGroup) as exc:
         refused = _leaf(exc)
         if isinstance(refused, StoreError) and not isinstance(refused, DataDirBusy):
@@ -83,10 +98,11 @@ def run_service(options: SupervisorOptions, socket_path: Path, port: int | None 
 
 async def serve(options: SupervisorOptions, socket_path: Path, port: int | None, notifier: Notifier,
                 task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED, *,
-                advertise: Sequence[str] = (), metrics_port: int | None = None) -> None:
+                advertise: Sequence[str] = (), metrics_port: int | None = None,
+                otlp_endpoint: str | None = None) -> None:
     data_dir = options.data_dir
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        async with open_engine(options) as engine:
+        async with open_engine(options) as engine, _traced(engine, otlp_endpoint):
             auth = TokenAuth.bootstrap(data_dir)
             drain = StreamDrain()
             async with trio.open_nursery() as nursery:
@@ -121,6 +137,25 @@ async def serve(options: SupervisorOptions, socket_path: Path, port: int | None,
                     break
                 nursery.cancel_scope.cancel()  # stop accepting; the engine's exit stops tasks and workers
     notifier.notify("STATUS=stopped")
+
+
+@asynccontextmanager
+async def _traced(engine: Engine, endpoint: str | None) -> AsyncIterator[None]:
+    """The engine's tasks traced to ``endpoint`` while the service runs; the spans still queued are sent at its
+    end (bounded by the exporter's timeout)."""
+    if not endpoint:
+        yield
+        return
+    from ..observe.tracing import open_tracer, traces_url
+
+    tracer, shutdown = open_tracer(endpoint)
+    engine.observers.add(tracer)
+    log.info("traces of tasks are sent to %s (OTLP/HTTP)", traces_url(endpoint))
+    try:
+        yield
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(shutdown)
 
 
 async def _drain(engine: Engine, drain: StreamDrain) -> None:
