@@ -559,6 +559,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         principal = principal_of(request)
         session = await session_for(principal, request.path_params["session_id"])
         dropped, removed = await engine.delete_session(session.session_id, by=f"api:{principal.name}")
+        await trio.to_thread.run_sync(bundles.cache.forget, session.session_id)
         return _answer(request, deleted_answer(dropped, removed))
 
     async def fork_session(request: Request) -> Response:

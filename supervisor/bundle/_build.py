@@ -18,6 +18,7 @@ per session, and is emptied when the supervisor starts using it.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import hmac
 import json
@@ -132,6 +133,13 @@ class BundleCache:
                 entry.unlink(missing_ok=True)
                 total -= size
         return path
+
+
+    def forget(self, session_id: str) -> None:
+        """Drop the session's bundle (it was deleted: nothing of it stays on disk)."""
+        if self.root.is_dir():
+            for old in self.root.glob(f"{glob.escape(session_id)}.*.tar.gz"):
+                old.unlink(missing_ok=True)
 
 
 def _touch(path: Path) -> None:

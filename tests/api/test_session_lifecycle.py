@@ -154,6 +154,9 @@ async def test_deleting_removes_the_session_whole_but_not_what_a_fork_still_hold
         await _run(api, api.alice, lonely, "only here")
         [lonely_ref] = [e["payload"]["input_ref"] for e in await _events(api, api.alice, lonely)
                         if e["type"] == "model.input"]
+        assert (await api.client.get(f"/v1/sessions/{sid}/bundle", headers=auth)).status_code == 200
+        cache = api.engine.config.data_dir / "bundle-cache"
+        assert any(p.name.startswith(sid) for p in cache.iterdir())
         workspace = Path((await api.client.get(f"/v1/sessions/{sid}", headers=auth)).json()["workspace"])
         (workspace / "notes.txt").write_text("kept for the fork")
         r = await api.client.delete(f"/v1/sessions/{sid}", headers=api.auth(api.bob))
@@ -169,6 +172,7 @@ async def test_deleting_removes_the_session_whole_but_not_what_a_fork_still_hold
             assert r.status_code == 404, (path, r.text)
         assert (await api.client.delete(f"/v1/sessions/{sid}", headers=auth)).status_code == 404
         assert workspace.is_dir()  # the fork works in it
+        assert not any(p.name.startswith(sid) for p in cache.iterdir())  # its cached bundle went with it
         r = await api.client.get(f"/v1/sessions/{fork}/blobs/{ref}", headers=auth)
         assert r.status_code == 200  # the fork names it too
         r = await api.client.delete(f"/v1/sessions/{fork}", headers=auth)
