@@ -11,12 +11,13 @@ they do not know, so a client keeps working against a newer service that added s
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from ._base import Model
 from ._events import ApprovalState, BlockKind, EventType, NormalizedEvent
@@ -78,8 +79,23 @@ class ForkWorkspace(StrEnum):
     """The fork gets an empty workspace of its own."""
 
 
-#: The longest title a session takes, in characters.
+#: The longest title a session takes, in characters; and what a title may not hold (a NUL: no store keeps one).
 MAX_TITLE = 200
+TITLE_PATTERN = r"^[^\x00]*$"
+#: The most a session's metadata takes, as compact JSON (UTF-8 bytes): metadata is kept with the session's row.
+MAX_METADATA_BYTES = 64 * 1024
+
+
+def _small_metadata(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    if value is not None:
+        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str).encode())
+        if size > MAX_METADATA_BYTES:
+            raise ValueError(f"metadata is {size} bytes as JSON; a session's takes at most {MAX_METADATA_BYTES}")
+    return value
+
+
+Metadata = Annotated[dict[str, Any], AfterValidator(_small_metadata)]
+Title = Annotated[str, Field(min_length=1, max_length=MAX_TITLE, pattern=TITLE_PATTERN)]
 
 
 # -- requests -----------------------------------------------------------------------------------------
@@ -121,17 +137,18 @@ class CreateSessionRequest(Request):
     runtime: str | None = Field(default=None, min_length=1, max_length=64, pattern=RUNTIME_NAME_PATTERN)
     workspace: str | None = None
     """The session's workspace directory on the service's host (admin token only; default: one of its own)."""
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    title: str | None = Field(default=None, min_length=1, max_length=MAX_TITLE)
+    metadata: Metadata = Field(default_factory=dict)
+    title: Title | None = None
     """For people (listings search it with ``q``)."""
 
 
 class UpdateSessionRequest(Request):
     """Only the fields sent change."""
-    title: str | None = Field(default=None, min_length=1, max_length=MAX_TITLE)
+    title: Title | None = None
+    """A new title; ``null`` removes it."""
     archived: bool | None = None
     """true: archive it (left out of listings, kept whole and usable); false: bring it back."""
-    metadata: dict[str, Any] | None = None
+    metadata: Metadata | None = None
     """Replaces the session's metadata."""
 
 
@@ -139,8 +156,8 @@ class ForkSessionRequest(Request):
     at_seq: int | None = Field(default=None, ge=1, le=MAX_SEQ)
     """The last event the fork keeps (default: the session's newest). It may not fall inside a task: a task's
     events are kept whole or not at all (the refusal names the seqs around it)."""
-    title: str | None = Field(default=None, min_length=1, max_length=MAX_TITLE)
-    metadata: dict[str, Any] | None = None
+    title: Title | None = None
+    metadata: Metadata | None = None
     """Default: the session's own."""
     workspace: ForkWorkspace = Field(default=ForkWorkspace.SHARED, strict=False)
 
@@ -193,7 +210,7 @@ class StreamQuery(Query):
 class SessionsQuery(Query):
     state: SessionFilter = Field(default=SessionFilter.LIVE, strict=False)
     """live (default: all but the archived), idle, busy, archived or all."""
-    q: str | None = Field(default=None, min_length=1, max_length=MAX_TITLE)
+    q: str | None = Field(default=None, min_length=1, max_length=MAX_TITLE, pattern=TITLE_PATTERN)
     """Only sessions whose title or one of whose prompts contains this text (ASCII letters in any case)."""
     namespace: str | None = None
     """One namespace of the token's (the admin's: any); default: all the token sees."""

@@ -128,7 +128,8 @@ def _unstorable(key: str) -> bool:
 
 #: What a field's pattern asks for, in words (pydantic names only the regular expression).
 _PATTERN_MEANS = {RUNTIME_NAME_PATTERN: f"a runtime's name is {RUNTIME_NAME_RULE} "
-                                        "(GET /v1/runtimes?namespace=… lists those a namespace can run)"}
+                                        "(GET /v1/runtimes?namespace=… lists those a namespace can run)",
+                  api.TITLE_PATTERN: "it may not hold a NUL character"}
 
 
 def _validation_message(exc: ValidationError, where: str) -> str:
@@ -147,9 +148,12 @@ _ENDPOINT = "codesdk.endpoint"
 _PRINCIPAL = "codesdk.principal"
 
 access_log = logging.getLogger("codesdk.access")
+#: The route label of a request no route takes (404, 405): its path is the client's to choose, so never a label.
+UNMATCHED = "unmatched"
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
-def _log_access(request: Request, endpoint: Endpoint, status: int, seconds: float, level: int) -> None:
+def _log_access(request: Request, endpoint: Endpoint | None, status: int, seconds: float, level: int) -> None:
     """One line per request: who (the principal, never its token), what (the route and the path, not the query:
     it may hold a tenant's search text), the status and how long until the answer started."""
     if not access_log.isEnabledFor(level):
@@ -158,7 +162,8 @@ def _log_access(request: Request, endpoint: Endpoint, status: int, seconds: floa
     client = request.client.host if request.client is not None else "-"
     access_log.log(level, "%s %s %d %.1f ms principal=%s client=%s", request.method, request.url.path, status,
                    seconds * 1000, who, client or "unix", extra={"access": {
-                       "method": request.method, "route": endpoint.path, "operation": endpoint.operation_id,
+                       "method": request.method, "route": endpoint.path if endpoint else UNMATCHED,
+                       "operation": endpoint.operation_id if endpoint else None,
                        "path": request.url.path, "status": status, "duration_ms": round(seconds * 1000, 3),
                        "principal": who, "client": client or "unix"}})
 
@@ -290,8 +295,8 @@ class _Metrics:
         self.disk = {what: Gauge(f"codesdk_namespace_disk_{what}", f"A namespace's volume: {what.replace('_', ' ')} "
                                  "(its disk quota; namespaces with a mounted volume)", ["namespace"], registry=r)
                      for what in ("used_bytes", "limit_bytes", "used_files", "limit_files")}
-        self.requests = Counter("codesdk_http_requests", "HTTP requests by route and status", ["route", "status"],
-                                registry=r)
+        self.requests = Counter("codesdk_http_requests", "HTTP requests by route, method and status (a path no route "
+                                "takes: route=\"unmatched\")", ["route", "method", "status"], registry=r)
         self.request_seconds = Histogram("codesdk_http_request_duration_seconds", "From a request's arrival to its "
                                          "answer's start (an event stream: to its first byte), by route",
                                          ["route"], buckets=STEP_BUCKETS, registry=r)
@@ -391,7 +396,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
                max_streams_per_principal: int = 32, body_timeout_s: float = 30.0,
                claim_connection: Callable[[str], str | None] | None = None,
                drain: StreamDrain | None = None, bundle_limits: BundleLimits | None = None) -> Starlette:
-    """``claim_connection(principal name)`` charges the request's connection to the principal (the server's
+    """``claim_connection(principal identity)`` charges the request's connection to the principal (the server's
     per-token connection cap); it returns why not, if the token holds too many (429). ``drain``: the service's
     record of open event streams, which it drains on SIGTERM."""
     drain = drain or StreamDrain()
@@ -414,7 +419,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         if principal.metrics and access is not Access.METRICS:
             raise ApiError(403, "forbidden", "a metrics token reads /metrics and nothing else")
         request.scope[_PRINCIPAL] = principal.identity
-        if claim_connection is not None and (refused := claim_connection(principal.name)) is not None:
+        if claim_connection is not None and (refused := claim_connection(principal.identity)) is not None:
             raise ApiError(429, "too_many_connections", refused, {"connection": "close", "retry-after": "1"})
         return principal
 
@@ -531,8 +536,6 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             if seen is None or not principal.can_access(seen.namespace):
                 raise ApiError(422, "invalid_query", f"query 'after' is no session of yours ({query.after!r}): give "
                                                      "the next_after of the page before")
-        if query.q is not None and _unstorable(query.q):
-            raise ApiError(422, "invalid_query", "query 'q' has a NUL character")
         found = await store.list_sessions(namespaces=namespaces, runtime=query.runtime, after=query.after,
                                           limit=query.limit + 1, offset=query.offset, state=query.state,
                                           text=query.q)
@@ -548,7 +551,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         principal = principal_of(request)
         session = await session_for(principal, request.path_params["session_id"])
         body = await _body(request, api.UpdateSessionRequest)
-        record = await store.update_session(session.session_id, title=body.title, archived=body.archived,
+        title = "" if "title" in body.model_fields_set and body.title is None else body.title  # null: removed
+        record = await store.update_session(session.session_id, title=title, archived=body.archived,
                                             metadata=body.metadata)
         if body.archived is not None and body.archived != (session.archived_at is not None):
             audit("session.archived" if body.archived else "session.unarchived", f"api:{principal.name}",
@@ -737,7 +741,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     async def stream_events(request: Request) -> Response:
         principal = principal_of(request)
         session = await session_for(principal, request.path_params["session_id"])
-        if streams.full(principal.name):
+        if streams.full(principal.identity):
             raise streams.refusal()
         if drain.draining:
             raise ApiError(503, "shutting_down", "the service is shutting down; reconnect with Last-Event-ID once "
@@ -754,7 +758,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             if not 0 <= after <= MAX_SEQ:
                 raise ApiError(422, "invalid_request", f"header 'Last-Event-ID' must be between 0 and {MAX_SEQ}")
         return _SSEResponse(engine, session.session_id, after or 0, query.until_terminal, metrics.sse_events,
-                            keepalive_s, streams=streams, principal=principal.name, drain=drain)
+                            keepalive_s, streams=streams, principal=principal.identity, drain=drain)
 
     async def transcript(request: Request) -> Response:
         session = await session_for(principal_of(request), request.path_params["session_id"])
@@ -801,7 +805,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         principal = principal_of(request)
         session = await session_for(principal, request.path_params["session_id"])
         try:
-            handle = await bundles.open(principal.name, session.session_id)
+            handle = await bundles.open(principal.identity, session.session_id)
         except bundle.BundleRefused as exc:
             raise ApiError(429, exc.code, str(exc), {"retry-after": str(exc.retry_after_s)}) from None
         except bundle.BundleError as exc:  # the operator's to fix (a bad pattern file): not shown to a tenant
@@ -882,7 +886,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
                 log.exception("%s %s failed", request.method, request.url.path)
                 response = _error(500, "internal_error", "internal error; see the supervisor log")
             seconds = time.monotonic() - arrived
-            metrics.requests.labels(route=endpoint.path, status=str(response.status_code)).inc()
+            metrics.requests.labels(route=endpoint.path, method=endpoint.method,
+                                    status=str(response.status_code)).inc()
             metrics.request_seconds.labels(route=endpoint.path).observe(seconds)
             _log_access(request, endpoint, response.status_code, seconds, logging.DEBUG if probe else logging.INFO)
             return response
@@ -916,6 +921,9 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        metrics.requests.labels(route=UNMATCHED, method=request.method if request.method in _METHODS else "other",
+                                status=str(exc.status_code)).inc()
+        _log_access(request, None, exc.status_code, 0.0, logging.INFO)
         return _error(exc.status_code, code, str(exc.detail))
 
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})

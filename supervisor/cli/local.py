@@ -45,6 +45,7 @@ from .common import (
 )
 from .run_ahead import RunAhead
 from ..api.views import deleted_answer, session_answer
+from ..terminal import one_line
 from ..audit import audit
 from ..config import ADMIN_TOKEN_FILE
 from ..engine import (
@@ -62,7 +63,6 @@ from .render import (
     EventPrinter,
     deleted_line,
     json_line,
-    printable,
     print_stored_events,
     print_transcript,
     session_line,
@@ -211,7 +211,7 @@ async def cmd_sessions(args: argparse.Namespace) -> int:
             if args.json:
                 json_line({**s.to_json_obj(), "state": state, "tasks": len(tasks), "last_task_state": last})
             else:
-                title = f"  {printable(s.title)}" if s.title else ""
+                title = f"  {one_line(s.title)}" if s.title else ""
                 print(f"{s.session_id}  {s.created_at:%Y-%m-%d %H:%M:%S}  {s.runtime:<9} {s.namespace:<16} "
                       f"tasks={len(tasks):<3} last={last:<9} events={s.last_seq} state={state}{title}")
         if not sessions and not args.json:

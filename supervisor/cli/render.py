@@ -10,18 +10,11 @@ from typing import Any, TextIO
 
 from codesdk.protocol import EventType, Message, ModelInput, NormalizedEvent, StopReceipt, WorkerAnswer, api
 
+from ..terminal import one_line, printable
+
 _DIM, _BOLD, _RED, _GREEN, _YELLOW, _RESET = "\033[2m", "\033[1m", "\033[31m", "\033[32m", "\033[33m", "\033[0m"
 #: Our own colour codes: the only escape sequences a printed line may carry as they are.
 _OURS = re.compile("(" + "|".join(re.escape(code) for code in (_DIM, _BOLD, _RED, _GREEN, _YELLOW, _RESET)) + ")")
-#: What a tenant's text could drive the operator's terminal with (control characters but newline and tab — escape
-#: sequences, bells, carriage returns — DEL, C1 controls, bidirectional overrides): printed escaped instead.
-_UNSAFE = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c not in (0x09, 0x0A)}
-_UNSAFE |= {c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
-
-
-def printable(text: str) -> str:
-    """``text`` with every character that could drive a terminal shown escaped (``\\x1b``, ``\\u202e``)."""
-    return text.translate(_UNSAFE)
 
 
 def _printable_line(line: str) -> str:
@@ -149,7 +142,7 @@ def json_line(obj: dict[str, Any] | list[Any], out: TextIO | None = None) -> Non
 def session_line(session: api.Session) -> str:
     """A session in a line, as ``codesdk sessions`` lists it through the API: its id first (what a script cuts), its
     title, free text, last."""
-    title = f"  {printable(session.title)}" if session.title else ""
+    title = f"  {one_line(session.title)}" if session.title else ""
     return (f"{session.session_id}  {session.created_at.isoformat()[:19]}  {session.runtime:<9} "
             f"{session.namespace:<16} events={session.last_seq} state={session.state.value}{title}")
 

@@ -70,7 +70,6 @@ from ..store import (
     InvalidTransition,
     Leases,
     PostgresLeases,
-    QuotaExceeded,
     Quotas,
     Recorder,
     SessionRecord,
@@ -287,9 +286,9 @@ class Engine:
             record = await self.store.create_session(session_id, runtime=runtime, namespace=namespace,
                                                      workspace=str(workspace), metadata=metadata,
                                                      quotas=self.config.quotas, title=title)
-        except QuotaExceeded:
-            if made:  # nothing of the refused session is left behind
-                with contextlib.suppress(OSError):
+        except BaseException:
+            if made:  # nothing of the refused session is left behind (its workspace is still empty)
+                with trio.CancelScope(shield=True), contextlib.suppress(OSError):
                     await trio.to_thread.run_sync(workspace.rmdir)
             raise
         await self.store.append(session_id, [EventDraft(
@@ -297,7 +296,7 @@ class Engine:
             payload=SessionCreated(contract_version=CONTRACT_VERSION, runtime=runtime, namespace=namespace,
                                    workspace=str(workspace), metadata=metadata or {}, title=title),
             trace=Trace(session_id=session_id))])
-        return record
+        return record.model_copy(update={"last_seq": record.last_seq + 1})  # its session.created, just stored
 
     async def _default_workspace(self, namespace: str, session_id: str) -> Path:
         root = (self.config.workspaces_dir or await self._namespace_workspaces(namespace)

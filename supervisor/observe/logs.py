@@ -11,6 +11,8 @@ import sys
 from datetime import UTC, datetime
 from typing import IO, Literal
 
+from ..terminal import one_line
+
 LogFormat = Literal["text", "json"]
 LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 
@@ -43,11 +45,15 @@ def stream_is_journal(stream: IO[str]) -> bool:
 
 class TextFormatter(logging.Formatter):
     """``LEVEL logger: message``, prefixed by ``<N>`` (its syslog priority) for journald, which then files the line
-    at that priority and drops the prefix."""
+    at that priority and drops the prefix. The message is one line whatever it holds: control characters (a
+    request's path, say) are shown escaped, so nobody can forge a line or drive the reader's terminal."""
 
     def __init__(self, journal: bool) -> None:
         super().__init__("%(levelname)s %(name)s: %(message)s")
         self.journal = journal
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return self._style.format(_Escaped(record))
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
@@ -55,6 +61,14 @@ class TextFormatter(logging.Formatter):
             return text
         prefix = f"<{priority(record.levelno)}>"
         return "\n".join(prefix + line for line in text.splitlines())  # each line of a traceback, too
+
+
+class _Escaped:
+    """A record whose message is shown on one line (``terminal.one_line``), for the text format's template."""
+
+    def __init__(self, record: logging.LogRecord) -> None:
+        self.__dict__.update(record.__dict__)
+        self.message = one_line(record.message)
 
 
 class JsonFormatter(logging.Formatter):

@@ -79,7 +79,7 @@ def run_service(options: SupervisorOptions, socket_path: Path, port: int | None 
         try:
             traces_url(otlp_endpoint)
         except ValueError as exc:
-            raise ServiceRefused(f"--otlp-endpoint: {exc}", 2) from None
+            raise ServiceRefused(f"--otlp-endpoint (or OTEL_EXPORTER_OTLP_ENDPOINT): {exc}", 2) from None
     options.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     _warn_about_trust(options)
     _say_disk_quotas(options)

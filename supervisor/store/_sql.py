@@ -380,8 +380,8 @@ def update_session(
     archived: bool | None = None,
 ) -> SessionRecord:
     select_last_seq(conn, session_id)
-    if title is not None:
-        conn.execute("UPDATE sessions SET title = ? WHERE session_id = ?", (title, session_id))
+    if title is not None:  # "" removes it
+        conn.execute("UPDATE sessions SET title = ? WHERE session_id = ?", (title or None, session_id))
     if archived is not None:  # archiving again keeps the first time
         conn.execute("UPDATE sessions SET archived_at = CASE WHEN ? THEN COALESCE(archived_at, ?) END "
                      "WHERE session_id = ?", (archived, now_text(), session_id))
@@ -432,7 +432,8 @@ def insert_task(
             now if state is TaskState.RUNNING else None,
             worker_pid,
             dumps(dict(metadata)),
-            prompt if isinstance(prompt := metadata.get("prompt_preview"), str) else None,
+            # searched, not shown: without the NULs no PostgreSQL text can hold
+            prompt.replace("\x00", "") if isinstance(prompt := metadata.get("prompt_preview"), str) else None,
         ),
     )
     return select_task(conn, task_id)

@@ -254,8 +254,8 @@ class EventStore(Recorder):
         title: str | None = None,
         archived: bool | None = None,
     ) -> SessionRecord:
-        """Set the runtime's own session id (for resuming), the title, whether it is archived, and/or replace the
-        metadata (None: as it is). ``runtime``: the session moves to that runtime, and its runtime session id becomes
+        """Set the runtime's own session id (for resuming), the title (``""``: none), whether it is archived, and/or
+        replace the metadata (None: as it is). ``runtime``: the session moves to that runtime, and its runtime session id becomes
         ``runtime_session_id`` (None: none yet)."""
         return await self._write(
             f"updating session {session_id!r}",
@@ -292,6 +292,10 @@ class EventStore(Recorder):
         prepared = await trio.to_thread.run_sync(prepare, fork_id, drafts)  # a long session: off the loop
 
         def op(conn: Db) -> SessionRecord:
+            # The session forked from is still stored, and stays so until this commits: a deletion of it either
+            # came first (``UnknownSession``: no fork) or comes after and sees the fork holding its blobs and its
+            # workspace.
+            _sql.lock_session(conn, session_id)
             if quotas is not None:
                 quotas.check_new_session(record.namespace, *_sql.namespace_totals(conn, record.namespace))
             _sql.insert_session(conn, record)

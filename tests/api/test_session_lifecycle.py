@@ -48,10 +48,54 @@ async def _listed(api: Api, token: str, query: str = "") -> list[str]:
     return [s["session_id"] for s in r.json()["sessions"]]
 
 
+async def test_a_fork_racing_the_deletion_of_its_session_is_whole_or_not_at_all(api: Api) -> None:
+    """Deleting a session while it is being forked: the fork is refused (404), or it holds what it copied — its
+    blobs and its shared workspace stay, and it runs tasks."""
+    with trio.fail_after(120):
+        auth = api.auth(api.alice)
+        outcomes: set[int] = set()
+        for _ in range(8):
+            sid = await _session(api, api.alice, "user:alice")
+            await _run(api, api.alice, sid)
+            [ref] = [e["payload"]["input_ref"] for e in await _events(api, api.alice, sid) if e["type"] == "model.input"]
+            answers: dict[str, Any] = {}
+            async with trio.open_nursery() as nursery:
+                async def fork() -> None:
+                    answers["fork"] = await api.client.post(f"/v1/sessions/{sid}/fork", headers=auth, json={})
+
+                async def delete() -> None:
+                    answers["delete"] = await api.client.delete(f"/v1/sessions/{sid}", headers=auth)
+
+                nursery.start_soon(fork)
+                nursery.start_soon(delete)
+            assert answers["delete"].status_code == 200, answers["delete"].text
+            forked = answers["fork"]
+            outcomes.add(forked.status_code)
+            assert forked.status_code in (201, 404), forked.text
+            if forked.status_code == 201:
+                made = forked.json()
+                assert Path(made["workspace"]).is_dir()
+                got = await api.client.get(f"/v1/sessions/{made['session_id']}/blobs/{ref}", headers=auth)
+                assert got.status_code == 200, got.text
+                assert (await _run(api, api.alice, made["session_id"]))["state"] == "completed"
+        print(f"fork answers seen: {sorted(outcomes)}")
+
+
+async def test_limits_kept_per_principal_are_not_shared_by_tokens_of_one_name(api: Api) -> None:
+    """Token names are unique per namespace only: another tenant's token of the same name shares no limit."""
+    with trio.fail_after(60):
+        eve = api.tokens.add_principal("alice", ["user:eve"])
+        for token, namespace in ((api.alice, "user:alice"), (eve, "user:eve")):
+            sid = await _session(api, token, namespace)
+            r = await api.client.get(f"/v1/sessions/{sid}/bundle", headers=api.auth(token))
+            assert r.status_code == 200, r.text  # eve's first bundle is not within alice's interval
+
+
 async def test_archived_sessions_leave_the_listings_and_come_back(api: Api) -> None:
     with trio.fail_after(60):
         auth = api.auth(api.alice)
         parser = await _session(api, api.alice, "user:alice", "Fix the parser")
+        assert (await api.client.get(f"/v1/sessions/{parser}", headers=auth)).json()["last_seq"] == 1
         other = await _session(api, api.alice, "user:alice")
         await _run(api, api.alice, other, "Rewrite the README intro")
         r = await api.client.patch(f"/v1/sessions/{parser}", json={"archived": True}, headers=auth)
@@ -68,11 +112,16 @@ async def test_archived_sessions_leave_the_listings_and_come_back(api: Api) -> N
                                    headers=auth)
         assert r.json()["state"] == "idle" and r.json()["title"] == "Parser, done" and "archived_at" not in r.json()
         assert await _listed(api, api.alice) == [parser, other]
-        for bad in ({"archived": "yes"}, {"title": ""}, {"title": "x" * 201}, {"owner": "bob"}):
+        r = await api.client.patch(f"/v1/sessions/{parser}", json={"title": None}, headers=auth)
+        assert r.status_code == 200 and "title" not in r.json()  # null removes it
+        for bad in ({"archived": "yes"}, {"title": ""}, {"title": "x" * 201}, {"owner": "bob"}, {"title": "a\x00b"},
+                    {"metadata": {"blob": "x" * (64 * 1024)}}):
             r = await api.client.patch(f"/v1/sessions/{parser}", json=bad, headers=auth)
             assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", (bad, r.text)
         r = await api.client.get("/v1/sessions?state=gone", headers=auth)
         assert r.status_code == 422 and "state" in r.json()["error"]["message"]
+        r = await api.client.get("/v1/sessions", params={"q": "a\x00"}, headers=auth)
+        assert r.status_code == 422 and "NUL" in r.json()["error"]["message"], r.text
         r = await api.client.patch(f"/v1/sessions/{parser}", json={"archived": True}, headers=api.auth(api.bob))
         assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
 

@@ -34,8 +34,15 @@ def test_text_lines_carry_journald_priorities_only_for_the_journal() -> None:
     assert [priority(level) for level in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR,
                                           logging.CRITICAL, 25)] == [7, 6, 4, 3, 2, 6]
     assert TextFormatter(journal=False).format(_record(logging.WARNING, "careful")) == "WARNING codesdk.test: careful"
-    assert TextFormatter(journal=True).format(_record(logging.ERROR, "broke\nsecond line")) == (
-        "<3>ERROR codesdk.test: broke\n<3>second line")
+    assert TextFormatter(journal=True).format(_record(logging.ERROR, "broke\nINFO forged: line")) == (
+        "<3>ERROR codesdk.test: broke\\nINFO forged: line")  # one line: a message cannot forge another
+    assert TextFormatter(journal=False).format(_record(logging.INFO, "GET /\x1b[2J\r")) == (
+        "INFO codesdk.test: GET /\\x1b[2J\\x0d")  # nor drive the reader's terminal
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        failed = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    assert TextFormatter(journal=True).format(failed).splitlines()[-1] == "<3>ValueError: boom"
 
 
 def test_json_lines_hold_the_facts_as_fields() -> None:
@@ -81,6 +88,7 @@ def test_the_service_logs_json_with_an_access_line_per_request_and_never_a_token
         with _client(tmp_path) as client:
             sid = client.post("/v1/sessions", json={"namespace": "default", "title": "logged"}).json()["session_id"]
             assert client.get("/v1/sessions/ses_nope").status_code == 404
+            assert client.get("/v2/nothing").status_code == 404
             assert client.delete(f"/v1/sessions/{sid}").status_code == 200
     finally:
         lines = _lines(proc)
@@ -88,7 +96,8 @@ def test_the_service_logs_json_with_an_access_line_per_request_and_never_a_token
     access = [r["access"] for r in records if r["logger"] == "codesdk.access"]
     assert {"method": "POST", "route": "/v1/sessions", "status": 201, "principal": "admin"}.items() <= access[0].items()
     assert any(a["status"] == 404 and a["path"] == "/v1/sessions/ses_nope" for a in access)
-    assert all(a["duration_ms"] >= 0 and a["operation"] for a in access)
+    assert all(a["duration_ms"] >= 0 and (a["operation"] or a["route"] == "unmatched") for a in access)
+    assert any(a["route"] == "unmatched" and a["status"] == 404 for a in access)  # no route took it: still a line
     [deleted] = [r["audit"] for r in records if r["logger"] == "codesdk.audit"]
     assert deleted["action"] == "session.deleted" and deleted["session"] == sid and deleted["by"] == "api:admin"
     assert all(token not in line for line in lines)

@@ -64,7 +64,7 @@ async def test_listings_filter_by_state_and_search_titles_and_prompts(recorder: 
     with trio.fail_after(10):
         parser = await _session(recorder, "Fix the Parser")
         busy = await _session(recorder, "Docs")
-        await recorder.create_task(busy, metadata={"prompt_preview": "Rewrite the README intro"})
+        await recorder.create_task(busy, metadata={"prompt_preview": "Rewrite the README\x00 intro"})
         archived = await _session(recorder)
         await recorder.update_session(archived, archived=True)
 
