@@ -159,13 +159,13 @@ def _log_access(request: Request, endpoint: Endpoint | None, status: int, second
     if not access_log.isEnabledFor(level):
         return
     who = request.scope.get(_PRINCIPAL, "-")
-    client = request.client.host if request.client is not None else "-"
+    client = request.client.host if request.client is not None and request.client.host else "unix"
     access_log.log(level, "%s %s %d %.1f ms principal=%s client=%s", request.method, request.url.path, status,
-                   seconds * 1000, who, client or "unix", extra={"access": {
+                   seconds * 1000, who, client, extra={"access": {
                        "method": request.method, "route": endpoint.path if endpoint else UNMATCHED,
                        "operation": endpoint.operation_id if endpoint else None,
                        "path": request.url.path, "status": status, "duration_ms": round(seconds * 1000, 3),
-                       "principal": who, "client": client or "unix"}})
+                       "principal": who, "client": client}})
 
 
 def _declared(request: Request, what: str, model: type[BaseModel]) -> None:
@@ -264,6 +264,10 @@ def _trace_header(request: Request, name: str) -> str | None:
 
 def _query(request: Request, model: type[M]) -> M:
     _declared(request, "query", model)
+    repeated = sorted({key for key, _ in request.query_params.multi_items()
+                       if len(request.query_params.getlist(key)) > 1})
+    if repeated:
+        raise ApiError(422, "invalid_request", f"query field '{repeated[0]}': given more than once; give it once")
     return _validate(model, dict(request.query_params), "query")
 
 
@@ -525,6 +529,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         if query.namespace is not None and _unstorable(query.namespace):
             raise ApiError(422, "invalid_query", "query 'namespace' is not a namespace (it has a NUL character)")
         if query.namespace is not None:
+            Namespace.parse(query.namespace)  # InvalidNamespace: 422, saying what a namespace is
             namespaces: list[str] | None = [query.namespace] if principal.can_access(query.namespace) else []
         else:
             namespaces = None if principal.admin else sorted(principal.namespaces)
@@ -555,14 +560,14 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         record = await store.update_session(session.session_id, title=title, archived=body.archived,
                                             metadata=body.metadata)
         if body.archived is not None and body.archived != (session.archived_at is not None):
-            audit("session.archived" if body.archived else "session.unarchived", f"api:{principal.name}",
+            audit("session.archived" if body.archived else "session.unarchived", f"api:{principal.identity}",
                   session=session.session_id, namespace=session.namespace)
         return _answer(request, session_answer(record))
 
     async def delete_session(request: Request) -> Response:
         principal = principal_of(request)
         session = await session_for(principal, request.path_params["session_id"])
-        dropped, removed = await engine.delete_session(session.session_id, by=f"api:{principal.name}")
+        dropped, removed = await engine.delete_session(session.session_id, by=f"api:{principal.identity}")
         await trio.to_thread.run_sync(bundles.cache.forget, session.session_id)
         return _answer(request, deleted_answer(dropped, removed))
 
@@ -572,7 +577,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         refuse_while_draining()
         body = await _body(request, api.ForkSessionRequest)
         record = await engine.fork_session(session.session_id, at_seq=body.at_seq, title=body.title,
-                                           metadata=body.metadata, by=f"api:{principal.name}",
+                                           metadata=body.metadata, by=f"api:{principal.identity}",
                                            new_workspace=body.workspace == api.ForkWorkspace.NEW)
         return _answer(request, session_answer(record))
 

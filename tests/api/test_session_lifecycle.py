@@ -118,6 +118,9 @@ async def test_archived_sessions_leave_the_listings_and_come_back(api: Api) -> N
                     {"metadata": {"blob": "x" * (64 * 1024)}}):
             r = await api.client.patch(f"/v1/sessions/{parser}", json=bad, headers=auth)
             assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", (bad, r.text)
+        for query in ("state=all&state=archived", "namespace=bad%20ns"):
+            r = await api.client.get(f"/v1/sessions?{query}", headers=auth)
+            assert r.status_code == 422, (query, r.text)
         r = await api.client.get("/v1/sessions?state=gone", headers=auth)
         assert r.status_code == 422 and "state" in r.json()["error"]["message"]
         r = await api.client.get("/v1/sessions", params={"q": "a\x00"}, headers=auth)
@@ -231,7 +234,7 @@ async def test_deleting_removes_the_session_whole_but_not_what_a_fork_still_hold
         assert r.status_code == 200 and r.json()["workspace_removed"] is True
         assert not await api.engine.store.blob_exists(lonely_ref) and not await api.engine.store.blob_exists(ref)
         lines = [r.getMessage() for r in caplog.records if r.name == "codesdk.audit"]
-        assert any(line.startswith(f"session.deleted by api:alice: session={sid} ") for line in lines), lines
+        assert any(line.startswith(f"session.deleted by api:alice@user:alice: session={sid} ") for line in lines), lines
         assert any(line.startswith(f"session.deleted by api:admin: session={lonely} ") for line in lines), lines
         assert all(api.alice not in line for line in lines)  # never a token
 
