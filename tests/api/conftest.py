@@ -19,6 +19,7 @@ from codesdk.supervisor.api.server import StreamDrain, serve_api
 from codesdk.supervisor.engine import Engine
 
 from tests.conftest import MakeEngine
+from tests.waits import HANG_GUARD_S
 
 KEEPALIVE_S = 0.3
 
@@ -51,8 +52,10 @@ class Api:
 
 @asynccontextmanager
 async def serve_test_api(make_engine: MakeEngine, tmp_path: Path, limits: ApiLimits | None = None,
-                         timeout_s: float = 10) -> AsyncIterator[Api]:
-    """A supervisor's API on a unix socket in ``tmp_path`` (admin, alice and bob tokens), with these limits."""
+                         timeout_s: float = HANG_GUARD_S) -> AsyncIterator[Api]:
+    """A supervisor's API on a unix socket in ``tmp_path`` (admin, alice and bob tokens), with these limits. Its
+    client's timeout is a hang guard, never a measure: a busy machine may take long (a support bundle is built at
+    the lowest CPU priority, and waits for idle time)."""
     data_dir = tmp_path / "data"
     async with make_engine(data_dir=data_dir) as engine:
         auth = TokenAuth.bootstrap(data_dir)

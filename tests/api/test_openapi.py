@@ -23,6 +23,7 @@ from codesdk.protocol import api as models
 from codesdk.supervisor.api.openapi import ENDPOINTS, Endpoint
 
 from tests.api.conftest import Api
+from tests.waits import HANG_GUARD_S
 
 _TEMPLATE = re.compile(r"\{[^/]+\}")
 
@@ -167,7 +168,7 @@ class _Checked:
 
 
 async def test_every_answer_of_every_operation_matches_the_schema_the_document_declares(api: Api) -> None:
-    with trio.fail_after(120):
+    with trio.fail_after(HANG_GUARD_S * 3):
         checked = _Checked(await _document(api))
         api.client.event_hooks = {"response": [checked]}
         alice, admin, c = api.auth(api.alice), api.auth(api.admin), api.client
@@ -208,7 +209,8 @@ async def test_every_answer_of_every_operation_matches_the_schema_the_document_d
         assert page["has_more"] and len(page["events"]) == 3
         assert (await c.get(f"/v1/sessions/{sid}/events", headers=alice)).status_code == 200
         assert (await c.get(f"/v1/sessions/{sid}/transcript", headers=alice)).status_code == 200
-        assert (await c.get(f"/v1/sessions/{sid}/bundle", headers=alice)).status_code == 200
+        # built at the lowest CPU priority (SCHED_IDLE): on a busy machine it waits for idle time, however long
+        assert (await c.get(f"/v1/sessions/{sid}/bundle", headers=alice, timeout=None)).status_code == 200
         [compiled] = [e["payload"]["input_ref"] for e in page["events"] if e["type"] == "model.input"]
         blob = f"/v1/sessions/{sid}/blobs/{compiled}"
         assert (await c.get(blob, headers=alice)).status_code == 200

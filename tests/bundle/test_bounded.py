@@ -26,7 +26,7 @@ from tests.conftest import MakeEngine
 def api_with(make_engine: MakeEngine, tmp_path: Path,
              limits: bundle.BundleLimits) -> AbstractAsyncContextManager[Api]:
     """The API fixture's service, with these bundle limits."""
-    return serve_test_api(make_engine, tmp_path, ApiLimits(bundles=limits), timeout_s=30)
+    return serve_test_api(make_engine, tmp_path, ApiLimits(bundles=limits))
 
 
 async def _flood(api: Api, session_id: str, n: int, delta: str) -> None:
