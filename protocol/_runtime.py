@@ -70,8 +70,84 @@ class CancellationSupport(StrEnum):
     KILL = "kill"  # only by ending its process
 
 
+class AuthModel(StrEnum):
+    """How the runtime is logged in: a local OAuth login (a cache in its HOME), an API key, either, or none."""
+
+    OAUTH_LOCAL = "oauth_local"
+    API_KEY = "api_key"
+    BOTH = "both"
+    NONE = "none"
+    UNKNOWN = "unknown"
+
+
+class ToolExecution(StrEnum):
+    """Where a task's tool calls run."""
+
+    EXTERNAL = "external_mcp"  # all in the supervisor (reached by MCP or the adapter's in-band relay)
+    RUNTIME_INTERNAL = "runtime_internal"  # in the runtime itself
+    HYBRID = "hybrid"  # the supervisor's, and built-ins of the runtime an operator may enable
+
+
+class PermissionModel(StrEnum):
+    """Who decides whether a call may run."""
+
+    CODESDK = "codesdk"  # the supervisor's policy decides every call (the runtime's own prompts are sent to it)
+    RUNTIME = "runtime"
+    HYBRID = "hybrid"
+
+
+class StateModel(StrEnum):
+    """Where the runtime keeps a conversation between tasks."""
+
+    IN_PROCESS = "in_process"
+    LOCAL_DISK = "local_disk"  # files under its HOME (the namespace's, or the session's)
+    SERVER_SIDE = "server_side"
+    HYBRID = "hybrid"
+    UNKNOWN = "unknown"
+
+
+class ResumeModel(StrEnum):
+    """How a session's next task continues its conversation."""
+
+    NATIVE = "native"  # the runtime takes its own session up again (while its state is there; else reconstruct)
+    RECONSTRUCT = "reconstruct"  # the runtime is given the transcript, always
+    NONE = "none"
+
+
+class ReplaySafety(StrEnum):
+    """What a tool call sent again (a runtime retrying after a crash or a resume) needs."""
+
+    SAFE_REPLAY = "safe_replay"  # answered from the store by its identity: it never runs twice
+    REQUIRES_REAPPROVAL = "requires_reapproval"  # some calls (a runtime's built-ins) are decided again
+    UNKNOWN = "unknown"
+
+
+class McpSupport(StrEnum):
+    """What the runtime is in MCP's terms."""
+
+    NONE = "none"
+    CLIENT_ONLY = "client_only"  # it uses MCP servers it is given
+    SERVER_ONLY = "server_only"
+    BOTH = "both"
+
+
+class McpTransport(StrEnum):
+    STDIO = "stdio"
+    SSE = "sse"
+    HTTP = "http"  # streamable HTTP
+
+
+class CancellationModel(StrEnum):
+    """What the runtime's own cancel promises (the supervisor ends the process tree after a grace either way)."""
+
+    BEST_EFFORT = "best_effort"  # it is asked to stop; a tool or request under way may finish first
+    GUARANTEED = "guaranteed"  # nothing of the task runs once the cancel returns
+    UNKNOWN = "unknown"
+
+
 class RuntimeCapabilities(Model):
-    """Everything the supervisor needs to know to drive a runtime without special cases."""
+    """Everything the supervisor needs to know to drive a runtime without special cases, and what an app needs to
+    know to feature-detect without guessing (the "models" below: docs/protocol.md, "Capabilities")."""
 
     name: str
     version: str
@@ -108,6 +184,58 @@ class RuntimeCapabilities(Model):
     #: What the runtime has but does not offer here, and why (a predicate: "is a test instrument, off on …"): a key
     #: (``"scenario_inline"``) or one value of a choice (``"scenario=hang"``). A refusal of it says why, not "unknown".
     config_withheld: dict[str, str] = Field(default_factory=dict)
+    auth_model: AuthModel = AuthModel.UNKNOWN
+    tool_execution: ToolExecution = ToolExecution.EXTERNAL
+    permission_model: PermissionModel = PermissionModel.CODESDK
+    state_model: StateModel = StateModel.UNKNOWN
+    resume_model: ResumeModel = ResumeModel.RECONSTRUCT
+    tool_replay: ReplaySafety = ReplaySafety.UNKNOWN
+    mcp_support: McpSupport = McpSupport.NONE
+    #: The MCP transports it can take a server by (CodeSDK's own tools come by ``stdio``: the mcp-bridge).
+    mcp_transports: tuple[McpTransport, ...] = ()
+    cancellation_model: CancellationModel = CancellationModel.UNKNOWN
+    #: The isolation level a host should run it at (``namespaced``: a HOME per credential namespace).
+    recommended_isolation: IsolationLevel = IsolationLevel.NAMESPACED
+    #: The most tool calls of one task it has waiting at once (None: no fixed bound; 1: one at a time).
+    max_outstanding_tool_calls: int | None = Field(default=None, ge=1)
+    #: It hands back files of its own (images, patches) as artifacts: none of today's adapters do.
+    artifacts: bool = False
+    #: A running task can be stopped (``runtime.stop``).
+    stop: bool = True
+
+    @property
+    def non_interactive(self) -> bool:
+        """A task can run with nobody to ask (``interaction_mode: non_interactive``)."""
+        return InteractionMode.NON_INTERACTIVE in self.interaction_modes
+
+
+def capability_conflicts(capabilities: RuntimeCapabilities) -> list[str]:
+    """What a runtime's declaration says against itself (an adapter's bug: the contract suite fails on any)."""
+    c = capabilities
+    found = []
+    if c.resume_model == ResumeModel.NATIVE and not c.session_resume:
+        found.append("resume_model is native but session_resume is false")
+    if c.resume_model == ResumeModel.RECONSTRUCT and not c.transcript_input:
+        found.append("resume_model is reconstruct but transcript_input is false")
+    if c.mcp_support in (McpSupport.CLIENT_ONLY, McpSupport.BOTH) and not c.mcp_transports:
+        found.append("it uses MCP servers but names no transport")
+    if c.mcp_support == McpSupport.NONE and c.mcp_transports:
+        found.append("it names MCP transports but supports no MCP")
+    if ToolRouting.MCP in c.tool_routing and McpTransport.STDIO not in c.mcp_transports:
+        found.append("its tools come through the stdio mcp-bridge, but stdio is not among its MCP transports")
+    if c.tool_execution == ToolExecution.HYBRID and not c.builtin_tools:
+        found.append("tool_execution is hybrid but it names no built-in tools")
+    if c.tool_execution == ToolExecution.EXTERNAL and c.builtin_tools_default_enabled:
+        found.append("tool_execution is external_mcp but its built-in tools are on by default")
+    if c.max_outstanding_tool_calls is not None and c.max_outstanding_tool_calls > 1 and not c.parallel_tool_calls:
+        found.append("more than one outstanding tool call, but parallel_tool_calls is false")
+    if c.parallel_tool_calls and c.max_outstanding_tool_calls == 1:
+        found.append("parallel_tool_calls, but at most one outstanding tool call")
+    if c.auth_model == AuthModel.NONE and c.requires_auth:
+        found.append("auth_model is none but requires_auth is true")
+    if c.tool_replay == ReplaySafety.SAFE_REPLAY and c.tool_execution != ToolExecution.EXTERNAL:
+        found.append("safe_replay, but some of its calls run inside the runtime")
+    return found
 
 
 def config_refusal(capabilities: RuntimeCapabilities, runtime_config: Mapping[str, object]) -> str | None:

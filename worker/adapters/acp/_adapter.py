@@ -30,6 +30,15 @@ from typing import Any, TypeVar
 import trio
 
 from codesdk.protocol import (
+    AuthModel,
+    CancellationModel,
+    McpSupport,
+    McpTransport,
+    PermissionModel,
+    ReplaySafety,
+    ResumeModel,
+    StateModel,
+    ToolExecution,
     AuthState,
     AuthStatus,
     CancellationSupport,
@@ -99,7 +108,11 @@ class AcpAdapter(RuntimeAdapter):
             permission_prompts=True, interaction_modes=(InteractionMode.NON_INTERACTIVE,), session_create=True,
             session_resume=True, transcript_input=False, cancellation=CancellationSupport.COOPERATIVE,
             usage_reporting=True, cost_reporting=False, default_model=None,
-            config_keys=self.profile.config_keys)
+            config_keys=self.profile.config_keys, auth_model=AuthModel.BOTH, tool_execution=ToolExecution.EXTERNAL,
+            permission_model=PermissionModel.CODESDK, state_model=StateModel.LOCAL_DISK,
+            resume_model=ResumeModel.NATIVE, tool_replay=ReplaySafety.SAFE_REPLAY, mcp_support=McpSupport.CLIENT_ONLY,
+            mcp_transports=(McpTransport.STDIO,),  # what ACP has every agent take; http and sse are optional there
+            cancellation_model=CancellationModel.BEST_EFFORT)
 
     def availability(self) -> Availability:
         refusal = self.profile.refusal(os.environ)

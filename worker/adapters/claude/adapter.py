@@ -26,6 +26,15 @@ from typing import Any
 import trio
 
 from codesdk.protocol import (
+    AuthModel,
+    CancellationModel,
+    McpSupport,
+    McpTransport,
+    PermissionModel,
+    ReplaySafety,
+    ResumeModel,
+    StateModel,
+    ToolExecution,
     AuthState,
     AuthStatus,
     BlockKind,
@@ -115,7 +124,11 @@ class ClaudeAdapter(RuntimeAdapter):
             interaction_modes=(InteractionMode.NON_INTERACTIVE,), session_create=True, session_resume=True,
             transcript_input=False, context_window_tokens=200_000, cancellation=CancellationSupport.COOPERATIVE, usage_reporting=True,
             cost_reporting=True, default_model=ClaudeSettings().model,
-            config_keys=CLAUDE_CONFIG_KEYS)
+            config_keys=CLAUDE_CONFIG_KEYS, auth_model=AuthModel.BOTH, tool_execution=ToolExecution.HYBRID,
+            permission_model=PermissionModel.CODESDK, state_model=StateModel.LOCAL_DISK,
+            resume_model=ResumeModel.NATIVE, tool_replay=ReplaySafety.REQUIRES_REAPPROVAL,
+            mcp_support=McpSupport.CLIENT_ONLY, mcp_transports=(McpTransport.STDIO, McpTransport.SSE, McpTransport.HTTP),
+            cancellation_model=CancellationModel.BEST_EFFORT)
 
     def _version(self) -> str:
         return cli_version()

@@ -26,6 +26,15 @@ from typing import Any
 import trio
 
 from codesdk.protocol import (
+    AuthModel,
+    CancellationModel,
+    McpSupport,
+    McpTransport,
+    PermissionModel,
+    ReplaySafety,
+    ResumeModel,
+    StateModel,
+    ToolExecution,
     AuthState,
     AuthStatus,
     BlockKind,
@@ -110,7 +119,11 @@ class CodexAdapter(RuntimeAdapter):
             builtin_tools=(), builtin_tools_default_enabled=False, permission_prompts=True,
             interaction_modes=(InteractionMode.NON_INTERACTIVE,), session_create=True, session_resume=True,
             transcript_input=False, context_window_tokens=272_000, cancellation=CancellationSupport.COOPERATIVE, usage_reporting=True,
-            cost_reporting=False, default_model=None, config_keys=CODEX_CONFIG_KEYS)
+            cost_reporting=False, default_model=None, config_keys=CODEX_CONFIG_KEYS, auth_model=AuthModel.BOTH,
+            tool_execution=ToolExecution.EXTERNAL, permission_model=PermissionModel.CODESDK,
+            state_model=StateModel.LOCAL_DISK, resume_model=ResumeModel.NATIVE, tool_replay=ReplaySafety.SAFE_REPLAY,
+            mcp_support=McpSupport.CLIENT_ONLY, mcp_transports=(McpTransport.STDIO, McpTransport.HTTP),
+            cancellation_model=CancellationModel.BEST_EFFORT)
 
     def availability(self) -> Availability:
         if codex_path() is None:

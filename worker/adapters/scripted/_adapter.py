@@ -19,6 +19,14 @@ from pathlib import Path
 import trio
 
 from codesdk.protocol import (
+    AuthModel,
+    CancellationModel,
+    McpSupport,
+    PermissionModel,
+    ReplaySafety,
+    ResumeModel,
+    StateModel,
+    ToolExecution,
     AuthState,
     AuthStatus,
     BlockKind,
@@ -125,6 +133,14 @@ class ScriptedAdapter(RuntimeAdapter):
             context_window_tokens=100_000,
             models=("scripted-1",),
             default_model="scripted-1",
+            auth_model=AuthModel.NONE,
+            tool_execution=ToolExecution.EXTERNAL,
+            permission_model=PermissionModel.CODESDK,
+            state_model=StateModel.IN_PROCESS,
+            resume_model=ResumeModel.NATIVE,
+            tool_replay=ReplaySafety.SAFE_REPLAY,
+            mcp_support=McpSupport.NONE,
+            cancellation_model=CancellationModel.GUARANTEED,  # it plays in the worker: a stop ends the scenario
             **self._config_offer(),
         )
 
