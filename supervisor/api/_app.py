@@ -283,7 +283,7 @@ class _Metrics:
         stats = engine.stats
         writer = engine.store.writer_stats
         r.register(ServiceCollector(ServiceFacts(
-            workers=lambda: [(str(s["namespace"]), str(s["state"]), int(str(s["workers_started"] or 0)),
+            workers=lambda: [(str(s["namespace"]), str(s["state"]), _count(s["workers_started"]),
                               s["pid"] is not None) for s in engine.pool.status()],
             writer=lambda: (writer.transactions, writer.requests, writer.bulk_transactions),
             dropped=lambda: {"late": stats.late_events, "unknown_task": stats.unknown_task_events,
@@ -317,6 +317,10 @@ class _Metrics:
         self.ns_hits = Gauge("codesdk_namespace_limit_hits", "Times the namespace's group hit a limit since it was "
                              "created (pids: a fork refused; memory: the limit reached; oom_kill: a process killed)",
                              ["namespace", "limit"], registry=r)
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) else 0
 
 
 async def _group_metrics(metrics: _Metrics, engine: Engine) -> None:
@@ -557,11 +561,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         session = await session_for(principal, request.path_params["session_id"])
         body = await _body(request, api.UpdateSessionRequest)
         title = "" if "title" in body.model_fields_set and body.title is None else body.title  # null: removed
-        record = await store.update_session(session.session_id, title=title, archived=body.archived,
-                                            metadata=body.metadata)
-        if body.archived is not None and body.archived != (session.archived_at is not None):
-            audit("session.archived" if body.archived else "session.unarchived", f"api:{principal.identity}",
-                  session=session.session_id, namespace=session.namespace)
+        record = await engine.update_session(session.session_id, title=title, archived=body.archived,
+                                             metadata=body.metadata, by=f"api:{principal.identity}")
         return _answer(request, session_answer(record))
 
     async def delete_session(request: Request) -> Response:

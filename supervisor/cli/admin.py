@@ -55,7 +55,7 @@ from ..namespaces import (
     UidRangeError,
 )
 from ..observe.logs import LOG_FORMATS
-from ..observe.logs import configure as configure_logging
+from ..observe.logs import configured as logging_configured
 from ..service.assembly import SupervisorOptions
 from ..store import COMMIT_LINGER_S, LEASE_S, MAX_COMMIT_LINGER_S, QUOTA_FLAGS, Quotas, current_holder
 from ..tools import DEFAULT_EXEC_UID, check_exec_identity
@@ -340,15 +340,15 @@ def _api_limits(args: argparse.Namespace) -> ApiLimits:
 def _serve_command(args: argparse.Namespace) -> int:
     from ..service.serve import ServiceRefused, run_service  # the HTTP stack: only for serve
 
-    configure_logging(args.log_level, args.log_format)
-    options = _serve_options(args)
-    socket_path: Path = args.listen or options.data_dir / "api.sock"
-    try:
-        run_service(options, socket_path, args.port, advertise=args.advertise or (), metrics_port=args.metrics_port,
-                    otlp_endpoint=args.otlp_endpoint)
-    except ServiceRefused as refused:
-        print(f"{PROG}: {refused}", file=sys.stderr)
-        return refused.exit_code
+    with logging_configured(args.log_level, args.log_format):
+        options = _serve_options(args)
+        socket_path: Path = args.listen or options.data_dir / "api.sock"
+        try:
+            run_service(options, socket_path, args.port, advertise=args.advertise or (),
+                        metrics_port=args.metrics_port, otlp_endpoint=args.otlp_endpoint)
+        except ServiceRefused as refused:
+            print(f"{PROG}: {refused}", file=sys.stderr)
+            return refused.exit_code
     return 0
 
 

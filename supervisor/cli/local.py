@@ -46,7 +46,6 @@ from .common import (
 from .run_ahead import RunAhead
 from ..api.views import deleted_answer, session_answer
 from ..terminal import one_line
-from ..audit import audit
 from ..config import ADMIN_TOKEN_FILE
 from ..engine import (
     ApprovalRequest,
@@ -247,12 +246,7 @@ async def cmd_archive(args: argparse.Namespace) -> int:
     archived = args.command == "archive"
 
     async def change(engine: Engine) -> api.Session:
-        before = await engine.store.get_session(args.session)
-        record = await engine.store.update_session(args.session, archived=archived)
-        if archived != (before.archived_at is not None):
-            audit("session.archived" if archived else "session.unarchived", "cli", session=record.session_id,
-                  namespace=record.namespace)
-        return session_answer(record)
+        return session_answer(await engine.update_session(args.session, archived=archived, by="cli"))
 
     session = await _embedded(args, change)
     if session is None:

@@ -39,13 +39,13 @@ from ._errors import (
 )
 from ._ports import PoolWorkers, RequestChannel, WorkerEvents, WorkerExit, WorkerLink, Workers, WorkersFactory
 from ._runs import EngineStats
-from ._telemetry import NO_TELEMETRY, Phase, TaskTelemetry, Telemetry
+from ._telemetry import Phase, TaskTelemetry, Telemetry
 from ._transcript import derive_transcript, session_events
 
 __all__ = [
     "DISK_RESERVE_BYTES", "ERROR_STATUS", "ApprovalRequest", "Approver", "ApproverAnswer", "ApproverRequired", "DeadlineLimits",
     "Engine", "SERVICE_IDLE_TIMEOUT_MAX_S", "SERVICE_IDLE_TIMEOUT_S", "SERVICE_TIMEOUT_MAX_S", "SERVICE_TIMEOUT_S", "EngineConfig",
-    "EngineError", "EngineStats", "NO_TELEMETRY", "Phase", "TaskTelemetry", "Telemetry", "ErrorStatus", "ForkInsideTask", "ForkPastEnd", "InsufficientSpace", "NamespaceDiskFull", "InvalidTaskInput", "NamespaceElsewhere", "NamespaceUnavailable",
+    "EngineError", "EngineStats", "Phase", "TaskTelemetry", "Telemetry", "ErrorStatus", "ForkInsideTask", "ForkPastEnd", "InsufficientSpace", "NamespaceDiskFull", "InvalidTaskInput", "NamespaceElsewhere", "NamespaceUnavailable",
     "PoolWorkers", "RequestChannel", "RuntimeUnavailable", "SessionBusy", "TaskNotActive", "UnknownRuntime", "WorkerEvents",
     "WorkerExit", "WorkerLink", "Workers", "WorkersFactory", "WorkspaceRefused", "derive_transcript", "error_status",
     "session_events",

@@ -307,6 +307,17 @@ class Engine:
         """Where the service makes sessions' default workspaces (a namespace volume's aside)."""
         return [root for root in (self.config.workspaces_dir, self.config.data_dir / "workspaces") if root is not None]
 
+    async def update_session(self, session_id: str, *, title: str | None = None, archived: bool | None = None,
+                             metadata: dict[str, Any] | None = None, by: str) -> SessionRecord:
+        """Retitle the session (``""``: no title), archive or unarchive it, and/or replace its metadata (None: as
+        it is); a change of its archiving is audited, as done ``by`` whom."""
+        before = await self.store.get_session(session_id)
+        record = await self.store.update_session(session_id, title=title, archived=archived, metadata=metadata)
+        if archived is not None and archived != (before.archived_at is not None):
+            audit("session.archived" if archived else "session.unarchived", by, session=session_id,
+                  namespace=record.namespace)
+        return record
+
     async def fork_session(self, session_id: str, *, at_seq: int | None = None, title: str | None = None,
                            metadata: dict[str, Any] | None = None, new_workspace: bool = False,
                            by: str) -> SessionRecord:

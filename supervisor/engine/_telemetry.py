@@ -1,6 +1,6 @@
 """What of a task's life the engine tells its observers — metrics and traces (``supervisor.observe``): its start,
 each event of its worker, its tool calls and approval waits, its end. The engine calls these few hooks and knows
-nothing of what is behind them; with no observer they cost a call that returns (``NO_TELEMETRY``)."""
+nothing of what is behind them; with no observer they cost a call that returns (``NO_TASK_TELEMETRY``)."""
 
 from __future__ import annotations
 
@@ -64,15 +64,8 @@ class _NoTaskTelemetry:
         return None
 
 
-class _NoTelemetry:
-    def task(self, *, task_id: str, session_id: str, namespace: str, runtime: str, request_id: str | None,
-             client_id: str | None, parent: TraceParent | None) -> TaskTelemetry:
-        return NO_TASK_TELEMETRY
-
-
 _NO_PHASE = _NoPhase()
 NO_TASK_TELEMETRY: TaskTelemetry = _NoTaskTelemetry()
-NO_TELEMETRY: Telemetry = _NoTelemetry()
 
 
 class Observers:

@@ -8,6 +8,8 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import IO, Literal
 
@@ -93,14 +95,19 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False, default=str, separators=(",", ":"))
 
 
-def configure(level: str, log_format: LogFormat, stream: IO[str] | None = None) -> logging.Handler:
-    """The root logger writes to ``stream`` (stderr) at ``level`` in ``log_format``; returns its handler."""
+@contextmanager
+def configured(level: str, log_format: LogFormat, stream: IO[str] | None = None) -> Iterator[logging.Handler]:
+    """While it lasts, the root logger writes to ``stream`` (stderr) at ``level`` in ``log_format``; then the
+    handler goes and the level is what it was (a service run from a test leaves the test's logging as it found it)."""
     stream = stream or sys.stderr
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter(stream_is_journal(stream)))
     root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
+    level_before = root.level
     root.addHandler(handler)
     root.setLevel(level.upper())
-    return handler
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level_before)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -522,7 +522,7 @@ def insert_events(
         "bytes = namespace_usage.bytes + excluded.bytes",
         (len(events), stored_bytes, session_id),
     )
-    if cost is not None and cost.blobs:
+    if cost is not None:
         hold_blobs(conn, session_id, cost.blobs)
     return stored
 
@@ -558,15 +558,19 @@ def batch_cost(conn: Db, events: Sequence[PreparedEvent], inline: Mapping[str, b
     for event in events:
         refs |= named_refs(event.body)
     refs.difference_update(inline)
-    held = list(inline)
-    named = sorted(refs)
-    for start in range(0, len(named), 500):
-        chunk = named[start:start + 500]
-        for ref, size in conn.execute(f"SELECT ref, size FROM blobs WHERE ref IN ({','.join('?' * len(chunk))})",
-                                      chunk):
-            total += int(size)
-            held.append(ref)
-    return BatchCost(total, tuple(held))
+    stored = stored_blob_sizes(conn, refs)
+    return BatchCost(total + sum(stored.values()), (*inline, *sorted(stored)))
+
+
+def stored_blob_sizes(conn: Db, refs: Collection[str]) -> dict[str, int]:
+    """Of ``refs``, those of stored blobs (a row in ``blobs``), with their sizes."""
+    ordered = sorted(refs)
+    found: dict[str, int] = {}
+    for start in range(0, len(ordered), 500):
+        chunk = ordered[start:start + 500]
+        found.update((ref, int(size)) for ref, size in conn.execute(
+            f"SELECT ref, size FROM blobs WHERE ref IN ({','.join('?' * len(chunk))})", chunk))
+    return found
 
 
 def hold_named_blobs(conn: Db, page: int = 1000) -> None:
@@ -580,24 +584,20 @@ def hold_named_blobs(conn: Db, page: int = 1000) -> None:
         ).fetchall()
         if not rows:
             return
-        named = {(session_id, ref) for session_id, _, body in rows for ref in named_refs(body)}
-        refs = sorted({ref for _, ref in named})
-        stored: set[str] = set()
-        for start in range(0, len(refs), 500):
-            chunk = refs[start:start + 500]
-            stored.update(ref for (ref,) in conn.execute(
-                f"SELECT ref FROM blobs WHERE ref IN ({','.join('?' * len(chunk))})", chunk))
-        holders = sorted((ref, session_id) for session_id, ref in named if ref in stored)
-        if holders:
-            conn.executemany("INSERT INTO blob_holders(ref, session_id) VALUES (?, ?) ON CONFLICT DO NOTHING",
-                             holders)
+        named: dict[str, set[str]] = {}
+        for session_id, _, body in rows:
+            named.setdefault(session_id, set()).update(named_refs(body))
+        stored = stored_blob_sizes(conn, set().union(*named.values()))
+        for session_id, refs in named.items():
+            hold_blobs(conn, session_id, sorted(refs & stored.keys()))
         last = (rows[-1][0], int(rows[-1][1]))
 
 
 def hold_blobs(conn: Db, session_id: str, refs: Sequence[str]) -> None:
     """The session holds these blobs: they stay stored while it exists (``drop_session``)."""
-    conn.executemany("INSERT INTO blob_holders(ref, session_id) VALUES (?, ?) ON CONFLICT DO NOTHING",
-                     [(ref, session_id) for ref in refs])
+    if refs:
+        conn.executemany("INSERT INTO blob_holders(ref, session_id) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                         [(ref, session_id) for ref in refs])
 
 
 def select_usage(conn: Db, session_id: str) -> Usage:
@@ -675,11 +675,7 @@ def drop_session(conn: Db, session_id: str) -> DroppedSession:
 def unheld_blob_files(conn: Db, refs: Sequence[str]) -> list[str]:
     """Of ``refs``, those with no row (no session holds them): their files may go. Inside the writer, so that no
     ``put_blob`` can record one of them meanwhile (it records the row before it writes the file)."""
-    kept: set[str] = set()
-    for start in range(0, len(refs), 500):
-        chunk = list(refs[start:start + 500])
-        kept.update(ref for (ref,) in conn.execute(
-            f"SELECT ref FROM blobs WHERE ref IN ({','.join('?' * len(chunk))})", chunk))
+    kept = stored_blob_sizes(conn, refs)
     return [ref for ref in refs if ref not in kept]
 
 

@@ -43,6 +43,22 @@ class Api:
         assert r.status_code == 201, r.text
         return dict(r.json())
 
+    async def ended(self, token: str, task_id: str) -> dict[str, Any]:
+        """The task once it has ended (asked again until then)."""
+        while (task := (await self.client.get(f"/v1/tasks/{task_id}", headers=self.auth(token))).json())["state"] in (
+                "pending", "running"):
+            await trio.sleep(0.05)
+        return dict(task)
+
+    async def decide_first_approval(self, token: str, allow: bool) -> dict[str, Any]:
+        """Decide the first approval the token sees pending, once there is one; the approval as decided."""
+        while not (pending := (await self.client.get("/v1/approvals", headers=self.auth(token))).json()["approvals"]):
+            await trio.sleep(0.05)
+        r = await self.client.post(f"/v1/approvals/{pending[0]['approval_id']}", headers=self.auth(token),
+                                   json={"allow": allow})
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
     async def run_task(self, token: str, session_id: str, scenario: str = "echo") -> dict[str, Any]:
         r = await self.client.post(f"/v1/sessions/{session_id}/tasks", headers=self.auth(token),
                                    json={"prompt": "hello", "runtime_config": {"scenario": scenario}})

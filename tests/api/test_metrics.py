@@ -8,7 +8,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import httpx2 as httpx
 import pytest
@@ -18,13 +17,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from codesdk.supervisor.api.server import serve_api
 
 from tests.api.conftest import Api
-
-
-async def _ended(api: Api, token: str, session_id: str, task_id: str) -> dict[str, Any]:
-    while (task := (await api.client.get(f"/v1/tasks/{task_id}", headers=api.auth(token))).json())["state"] in (
-            "pending", "running"):
-        await trio.sleep(0.05)
-    return dict(task)
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -42,14 +34,11 @@ async def _tasks_of_every_outcome(api: Api) -> None:
     sid = (await api.create_session(api.alice, "user:alice"))["session_id"]
     for scenario in ("echo", "parallel-tools", "fail"):
         task = await api.run_task(api.alice, sid, scenario)
-        await _ended(api, api.alice, sid, task["task_id"])
+        await api.ended(api.alice, task["task_id"])
     r = await api.client.post(f"/v1/sessions/{sid}/tasks", headers=auth, json={
         "prompt": "write", "interaction_mode": "interactive", "runtime_config": {"scenario": "write-or-deny"}})
-    task_id = r.json()["task_id"]
-    while not (pending := (await api.client.get("/v1/approvals", headers=auth)).json()["approvals"]):
-        await trio.sleep(0.05)
-    await api.client.post(f"/v1/approvals/{pending[0]['approval_id']}", headers=auth, json={"allow": True})
-    await _ended(api, api.alice, sid, task_id)
+    await api.decide_first_approval(api.alice, allow=True)
+    await api.ended(api.alice, r.json()["task_id"])
     hung = await api.run_task(api.alice, sid, "hang")
     await api.client.post(f"/v1/tasks/{hung['task_id']}/stop", headers=auth, json={})
 

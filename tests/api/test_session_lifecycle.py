@@ -23,11 +23,7 @@ async def _run(api: Api, token: str, session_id: str, prompt: str = "hello", sce
     r = await api.client.post(f"/v1/sessions/{session_id}/tasks", headers=api.auth(token),
                               json={"prompt": prompt, "runtime_config": {"scenario": scenario}})
     assert r.status_code == 202, r.text
-    task_id = r.json()["task_id"]
-    while (task := (await api.client.get(f"/v1/tasks/{task_id}", headers=api.auth(token))).json())["state"] in (
-            "pending", "running"):
-        await trio.sleep(0.05)
-    return dict(task)
+    return await api.ended(token, r.json()["task_id"])
 
 
 async def _events(api: Api, token: str, session_id: str) -> list[dict[str, Any]]:

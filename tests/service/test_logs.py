@@ -18,7 +18,7 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 
-from codesdk.supervisor.observe.logs import JsonFormatter, TextFormatter, configure, priority, stream_is_journal
+from codesdk.supervisor.observe.logs import JsonFormatter, TextFormatter, configured, priority, stream_is_journal
 
 from tests.service.test_service import _client, _start, _wait_socket
 from tests.worker.harness import REPO
@@ -66,12 +66,12 @@ def test_the_journal_is_told_apart_by_journal_stream(tmp_path: Path, monkeypatch
         assert not stream_is_journal(stream)
     monkeypatch.delenv("JOURNAL_STREAM")
     assert not stream_is_journal(io.StringIO())
-    handler = configure("info", "text", io.StringIO())
-    try:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    with configured("debug", "text", io.StringIO()) as handler:
+        assert root.handlers == [*handlers, handler] and root.level == logging.DEBUG
         assert isinstance(handler.formatter, TextFormatter) and not handler.formatter.journal
-    finally:
-        logging.getLogger().removeHandler(handler)
-
+    assert root.handlers == handlers and root.level == level  # as it was: nothing leaks into what runs next
 
 def _lines(proc: subprocess.Popen[bytes]) -> list[str]:
     proc.send_signal(signal.SIGTERM)
@@ -96,7 +96,8 @@ def test_the_service_logs_json_with_an_access_line_per_request_and_never_a_token
     access = [r["access"] for r in records if r["logger"] == "codesdk.access"]
     assert {"method": "POST", "route": "/v1/sessions", "status": 201, "principal": "admin"}.items() <= access[0].items()
     assert any(a["status"] == 404 and a["path"] == "/v1/sessions/ses_nope" for a in access)
-    assert all(a["duration_ms"] >= 0 and (a["operation"] or a["route"] == "unmatched") for a in access)
+    assert all(isinstance(a["duration_ms"], int | float) and (a["operation"] or a["route"] == "unmatched")
+               for a in access)  # each line says how long (a figure; how much is the bench's to judge)
     assert any(a["route"] == "unmatched" and a["status"] == 404 for a in access)  # no route took it: still a line
     [deleted] = [r["audit"] for r in records if r["logger"] == "codesdk.audit"]
     assert deleted["action"] == "session.deleted" and deleted["session"] == sid and deleted["by"] == "api:admin"

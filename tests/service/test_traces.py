@@ -129,16 +129,12 @@ async def test_a_task_is_a_span_with_its_steps_in_the_callers_trace(api: Api) ->
         r = await api.client.post(f"/v1/sessions/{sid}/tasks", headers={**auth, "traceparent": PARENT},
                                   json={"prompt": "read", "runtime_config": {"scenario": "parallel-tools"}})
         task_id = r.json()["task_id"]
-        while (await api.client.get(f"/v1/tasks/{task_id}", headers=auth)).json()["state"] in ("pending", "running"):
-            await trio.sleep(0.05)
+        await api.ended(api.alice, task_id)
         r = await api.client.post(f"/v1/sessions/{sid}/tasks", headers=auth, json={
             "prompt": "write", "interaction_mode": "interactive", "runtime_config": {"scenario": "write-or-deny"}})
         second = r.json()["task_id"]
-        while not (pending := (await api.client.get("/v1/approvals", headers=auth)).json()["approvals"]):
-            await trio.sleep(0.05)
-        await api.client.post(f"/v1/approvals/{pending[0]['approval_id']}", headers=auth, json={"allow": False})
-        while (await api.client.get(f"/v1/tasks/{second}", headers=auth)).json()["state"] in ("pending", "running"):
-            await trio.sleep(0.05)
+        await api.decide_first_approval(api.alice, allow=False)
+        await api.ended(api.alice, second)
         await trio.to_thread.run_sync(shutdown)  # flushes what is queued
         _check_task_tree(got, task_id)
         [wait] = got.named("codesdk.approval_wait")
