@@ -439,6 +439,11 @@ class _Calls:
         return _Call("GET", f"/v1/namespaces/{_q(namespace)}/auth/{_q(runtime)}", api.LoginState.model_validate)
 
     @staticmethod
+    def runtime_env(namespace: str, session_id: str | None) -> _Call[api.RuntimeEnvView]:
+        return _Call("GET", f"/v1/namespaces/{_q(namespace)}/runtime-env", api.RuntimeEnvView.model_validate,
+                     params=_page_params(session_id=session_id))
+
+    @staticmethod
     def namespace_env(namespace: str) -> _Call[list[api.EnvVariable]]:
         return _Call("GET", f"/v1/namespaces/{_q(namespace)}/env",
                      lambda answer: list(api.EnvList.model_validate(answer).variables))
@@ -621,6 +626,12 @@ class AsyncClient:
     async def auth_status(self, namespace: str, runtime: str) -> api.LoginState:
         """Whether ``runtime`` is logged in for ``namespace``, and how to log it in (never a secret)."""
         return await self._send(_Calls.auth_status(namespace, runtime))
+
+    async def runtime_env(self, namespace: str, *, session_id: str | None = None) -> api.RuntimeEnvView:
+        """What ``namespace``'s worker runs with: its HOME and XDG folders, the names of its variables (never a
+        value), its uid, and per runtime what it would load on its own — project files looked for in
+        ``session_id``'s workspace if given. The namespace's own token or the admin's."""
+        return await self._send(_Calls.runtime_env(namespace, session_id))
 
     async def namespace_env(self, namespace: str) -> list[api.EnvVariable]:
         """The namespace's stored variables as names and fingerprints (admin token); values are never returned."""
@@ -895,6 +906,9 @@ class Client:
 
     def auth_status(self, namespace: str, runtime: str) -> api.LoginState:
         return self._send(_Calls.auth_status(namespace, runtime))
+
+    def runtime_env(self, namespace: str, *, session_id: str | None = None) -> api.RuntimeEnvView:
+        return self._send(_Calls.runtime_env(namespace, session_id))
 
     def namespace_env(self, namespace: str) -> list[api.EnvVariable]:
         return self._send(_Calls.namespace_env(namespace))

@@ -57,6 +57,7 @@ class Method(StrEnum):
     STOP = "runtime.stop"
     SHUTDOWN = "runtime.shutdown"
     PING = "runtime.ping"  # liveness: answered at once by a worker whose loop runs
+    DESCRIBE_ENV = "runtime.describeEnv"  # what each runtime would load on its own here (the runtime-env view)
     EVENT = "runtime.event"  # notification, worker -> supervisor
 
 
@@ -265,6 +266,34 @@ class EnsureLoginResult(Model):
     login_command: tuple[str, ...] | None = None
 
 
+class DescribeEnvParams(Model):
+    """Where to look for project files: a session's workspace (None: none, only the user's own sources)."""
+
+    cwd: str | None = Field(default=None, min_length=1, max_length=4096)
+
+
+class ImplicitSource(Model):
+    """A file or folder a runtime would read on its own, found where it looks. ``used``: the runtime loads it
+    under CodeSDK (else CodeSDK turns it off); never its content, a hash at most."""
+
+    kind: str
+    path: str
+    used: bool
+    sha256: str | None = None
+
+
+class RuntimeSources(Model):
+    """One runtime's implicit sources in a worker's environment, and CodeSDK's policy for them."""
+
+    runtime: str
+    policy: str
+    found: tuple[ImplicitSource, ...] = ()
+
+
+class DescribeEnvResult(Model):
+    runtimes: tuple[RuntimeSources, ...]
+
+
 class SessionRef(Model):
     session_id: str = Field(min_length=1, max_length=200)
     runtime_session_id: str | None = None
@@ -393,6 +422,7 @@ class Rpc:
     STOP: Final = MethodSpec(Method.STOP, StopParams, Ack)
     SHUTDOWN: Final = MethodSpec(Method.SHUTDOWN, NoParams, Ack)
     PING: Final = MethodSpec(Method.PING, NoParams, Ack)
+    DESCRIBE_ENV: Final = MethodSpec(Method.DESCRIBE_ENV, DescribeEnvParams, DescribeEnvResult)
 
 
 #: Method name -> its spec: every request a worker serves.

@@ -238,6 +238,36 @@ def capability_conflicts(capabilities: RuntimeCapabilities) -> list[str]:
     return found
 
 
+class McpRoute(Model):
+    """One row of the MCP transport matrix: the transports a runtime can take an MCP server by, the one CodeSDK's
+    tools reach it by (None: they do not come by MCP), and why."""
+
+    runtime: str
+    supports: tuple[McpTransport, ...]
+    chosen: McpTransport | None
+    why: str
+
+
+def mcp_route(runtime: str, capabilities: RuntimeCapabilities) -> McpRoute:
+    """How CodeSDK's tools reach ``runtime``, read from what it declares (support bundles' transport matrix)."""
+    c = capabilities
+    others = ", ".join(t for t in c.mcp_transports if t != McpTransport.STDIO)
+    if ToolRouting.MCP in c.tool_routing and McpTransport.STDIO in c.mcp_transports:
+        why = ("CodeSDK's tools come from its own MCP server (`codesdk-worker mcp-bridge`), the runtime's child on "
+               "stdio: no port is opened and nothing outside the worker can reach it")
+        return McpRoute(runtime=runtime, supports=c.mcp_transports, chosen=McpTransport.STDIO,
+                        why=why + (f"; {others} not used: any other MCP server is turned off" if others else ""))
+    if ToolRouting.MCP in c.tool_routing:
+        return McpRoute(runtime=runtime, supports=c.mcp_transports, chosen=None,
+                        why="its tools would come through the stdio mcp-bridge, but it declares no stdio transport: "
+                            "no transport both sides speak")
+    if ToolRouting.IN_BAND in c.tool_routing:
+        why = "CodeSDK's tools reach it in band (its adapter relays each call): no MCP server is given to it"
+        return McpRoute(runtime=runtime, supports=c.mcp_transports, chosen=None,
+                        why=why + ("; its own MCP client is left without servers" if c.mcp_transports else ""))
+    return McpRoute(runtime=runtime, supports=c.mcp_transports, chosen=None, why="it takes no tools")
+
+
 def config_refusal(capabilities: RuntimeCapabilities, runtime_config: Mapping[str, object]) -> str | None:
     """Why a task's ``runtime_config`` cannot go to this runtime, as a sentence — said before anything is stored —
     or None. Only what the offer declares is checked here; the runtime checks the values when the task starts."""

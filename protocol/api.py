@@ -22,9 +22,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from ._base import Model
 from ._events import ApprovalState, BlockKind, EventType, NormalizedEvent
 from ._events import ForkPoint as ForkPoint  # a Session's forked_from: part of this module's vocabulary
-from ._jsonrpc import EnsureLoginResult, RuntimeOffer
+from ._jsonrpc import EnsureLoginResult, RuntimeOffer, RuntimeSources
 from ._receipt import StopReceipt
-from ._runtime import RUNTIME_NAME_PATTERN, InteractionMode, PermissionMode
+from ._runtime import RUNTIME_NAME_PATTERN, InteractionMode, PermissionMode, RuntimeEnv
 from ._transcript import Message
 
 #: The most a page of events, sessions or approvals holds.
@@ -228,6 +228,12 @@ class RuntimesQuery(Query):
     """Default: the caller's own namespace (the one its token is bound to; the admin's: "default")."""
 
 
+class RuntimeEnvQuery(Query):
+    session_id: str | None = None
+    """Look for project files (instructions, settings) in this session's workspace; it must be the namespace's.
+    Without it only the user's own sources are listed."""
+
+
 class NoQuery(Query):
     """A route that takes no query parameters: any is refused rather than ignored."""
 
@@ -419,6 +425,24 @@ class NamespaceList(Answer):
 class LoginState(EnsureLoginResult):
     """A runtime's login in a namespace: what an operator must do so it can run there."""
     model_config = ConfigDict(extra="ignore", use_attribute_docstrings=True)
+
+
+class RuntimeEnvView(Answer):
+    """What a namespace's worker really runs with: where its HOME and XDG folders are, which variables it gets
+    (names only: a value is never shown), as whom it runs, and per runtime what it would load on its own."""
+    namespace: str
+    env: RuntimeEnv
+    """The isolation level and mode, the folders, PATH and the names of every variable the worker gets."""
+    worker_pid: int
+    uid: int
+    """The worker's user id (its namespace's own with a uid range; else the service's)."""
+    gid: int
+    cwd: str | None = None
+    """The folder the worker starts in (its HOME)."""
+    workspace: str | None = None
+    """The session workspace looked in for project files (``session_id``), if any."""
+    runtimes: tuple[RuntimeSources, ...]
+    """Per runtime: CodeSDK's policy for what it loads on its own, and what was found (``used``: loaded)."""
 
 
 class WorkerState(Answer):

@@ -28,9 +28,12 @@ from codesdk.protocol import (
     TERMINAL_EVENT_TYPES,
     Ack,
     BadFrame,
+    DescribeEnvParams,
+    DescribeEnvResult,
     ErrorCode,
     EventType,
     GetAuthStatusParams,
+    ImplicitSource,
     IncomingId,
     IncomingRequest,
     InitializeParams,
@@ -44,6 +47,7 @@ from codesdk.protocol import (
     ProcessEnd,
     RuntimeInfo,
     RuntimeOffer,
+    RuntimeSources,
     SendToolApprovedParams,
     SendToolDeniedParams,
     SendToolResultParams,
@@ -106,6 +110,15 @@ class Later:
 #: What a handler gives back: the result, or an answer to come.
 Reply = Model | Later
 Handler = Callable[[Any], Reply]
+
+
+def runtime_sources(adapter: RuntimeAdapter, cwd: str | None) -> RuntimeSources:
+    """``adapter``'s implicit sources in this worker's environment; without a ``cwd`` (no session's workspace to
+    look in) only the user's own: a project's would be guessed from a folder no task works in."""
+    sources = adapter.implicit_sources(Path(cwd) if cwd is not None else Path.home())
+    found = [ImplicitSource.model_validate(entry) for entry in sources.get("found", ())
+             if cwd is not None or not str(entry.get("kind", "")).startswith("project")]
+    return RuntimeSources(runtime=adapter.name, policy=str(sources.get("policy", "")), found=tuple(found))
 
 
 class EventTooLarge(ValueError):
@@ -272,6 +285,7 @@ class WorkerServer:
             Method.STOP: self._stop,
             Method.SHUTDOWN: self._shutdown,
             Method.PING: self._ping,
+            Method.DESCRIBE_ENV: self._describe_env,
         }
         assert self._handlers.keys() == METHOD_TABLE.keys()
 
@@ -466,6 +480,16 @@ class WorkerServer:
 
     def _ensure_login(self, params: GetAuthStatusParams) -> Reply:
         return Later(self._adapter(params.runtime).ensure_login)
+
+    def _describe_env(self, params: DescribeEnvParams) -> Reply:
+        if params.cwd is not None and not os.path.isabs(params.cwd):
+            raise RpcFailure(ErrorCode.INVALID_PARAMS, f"describeEnv: cwd must be an absolute path, not {params.cwd!r}")
+        adapters = list(self.registry.adapters.values())
+
+        async def describe() -> DescribeEnvResult:
+            found = await trio.to_thread.run_sync(lambda: [runtime_sources(a, params.cwd) for a in adapters])
+            return DescribeEnvResult(runtimes=tuple(found))
+        return Later(describe)
 
     def _adapter(self, name: str) -> RuntimeAdapter:
         adapter = self.registry.get(name)

@@ -77,6 +77,7 @@ from .views import (
     approval_answer,
     deleted_answer,
     env_answer,
+    runtime_env_answer,
     session_answer,
     task_answer,
     task_result,
@@ -707,6 +708,14 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         result = await engine.ensure_login(namespace, request.path_params["runtime"])
         return _answer(request, api.LoginState(**result.model_dump()))
 
+    async def runtime_env(request: Request) -> Response:
+        principal = principal_of(request)
+        namespace = namespace_for(principal, request.path_params["namespace"])
+        query = _query(request, api.RuntimeEnvQuery)
+        if query.session_id is not None:
+            await session_for(principal, query.session_id)  # 404 unless the caller may see it
+        return _answer(request, runtime_env_answer(namespace, await engine.runtime_env(namespace, query.session_id)))
+
     async def list_approvals(request: Request) -> Response:
         principal = principal_of(request)
         asked = _query(request, api.ApprovalsQuery).state
@@ -915,7 +924,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         "startTask": start_task, "listEvents": list_events, "streamEvents": stream_events,
         "getTranscript": transcript, "getSupportBundle": support_bundle, "getBlob": get_blob, "getTask": get_task, "stopTask": stop_task,
         "listApprovals": list_approvals, "decideApproval": decide_approval, "listRuntimes": list_runtimes,
-        "listNamespaces": list_namespaces, "getLoginState": auth_status, "listWorkers": list_workers,
+        "listNamespaces": list_namespaces, "getLoginState": auth_status, "getRuntimeEnv": runtime_env, "listWorkers": list_workers,
         "liftQuarantine": lift_quarantine, "getNamespaceEnv": list_env, "updateNamespaceEnv": update_env,
         "getOpenApi": openapi, "getApiReference": api_reference,
     }

@@ -16,6 +16,7 @@ from codesdk.protocol import (
     api,
 )
 
+from ..engine import WorkerEnvironment
 from ..namespaces import EnvEntry
 from ..store import ApprovalRecord, DroppedSession, EventLogReader, SessionRecord, TaskRecord
 
@@ -109,3 +110,8 @@ def worker_answer(status: Mapping[str, object]) -> api.WorkerState:
 def env_answer(namespace: str, entries: Sequence[EnvEntry]) -> api.EnvList:
     return api.EnvList(namespace=namespace, variables=tuple(
         api.EnvVariable(name=entry.name, fingerprint=entry.fingerprint) for entry in entries))
+
+
+def runtime_env_answer(namespace: str, seen: WorkerEnvironment) -> api.RuntimeEnvView:
+    return api.RuntimeEnvView(namespace=namespace, env=seen.env, worker_pid=seen.pid, uid=seen.uid, gid=seen.gid,
+                              cwd=seen.cwd, workspace=seen.workspace, runtimes=seen.runtimes)

@@ -79,7 +79,7 @@ async def sources_from_engine(engine: Engine, session_id: str, *, extra_patterns
     """Everything a running engine knows about ``session_id`` and its namespace (no worker is started).
 
     ``UnknownSession`` if there is no such session."""
-    from codesdk.protocol import PROTOCOL_VERSION
+    from codesdk.protocol import PROTOCOL_VERSION, mcp_route
 
     store = engine.store
     session = await store.get_session(session_id)
@@ -103,8 +103,10 @@ async def sources_from_engine(engine: Engine, session_id: str, *, extra_patterns
                        for e in seen})
     worker = pool.worker_of(namespace)
     runtimes: list[Any] = []
+    mcp_matrix: list[Any] = []
     if worker is not None and worker.info is not None:
         runtimes = [offer.to_json_obj() for offer in worker.info.runtimes]
+        mcp_matrix = [mcp_route(o.name, o.capabilities).model_dump(mode="json") for o in worker.info.runtimes]
     environment = {
         "codesdk_version": codesdk_version(), "protocol_version": PROTOCOL_VERSION,
         "python": sys.version, "implementation": platform.python_implementation(), "platform": platform.platform(),
@@ -112,9 +114,10 @@ async def sources_from_engine(engine: Engine, session_id: str, *, extra_patterns
         "runtimes_recorded": [json.loads(r) for r in recorded],
         "worker": ({"pid": worker.pid, "version": worker.info.worker.version if worker.info else None,
                     "runtimes": runtimes} if worker is not None else None),
+        "mcp_transports": mcp_matrix,
         "runtimes_note": None if runtimes else "no worker of this namespace is running in this supervisor: runtime "
-                                               "versions and capabilities are those the events record (none started "
-                                               "for the bundle)",
+                                               "versions are those the events record, and capabilities and the MCP "
+                                               "transport matrix are unknown (no worker is started for a bundle)",
     }
     def config_report() -> dict[str, Any]:  # reads the fingerprint key: file I/O, in a thread
         return {

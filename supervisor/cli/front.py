@@ -93,7 +93,7 @@ def _global_options(parser: argparse.ArgumentParser, *, in_subcommand: bool) -> 
                         help="more logging on stderr (-vv: debug)")
     parser.add_argument("--url", default=default(os.environ.get("CODESDK_URL") or None),
                         help="use a running supervisor instead (unix:/path/api.sock or http://127.0.0.1:PORT) for "
-                             "run, sessions, events, show, auth, bundle, blob, archive, unarchive, delete and fork; token "
+                             "run, sessions, events, show, auth, runtime-env, bundle, blob, archive, unarchive, delete and fork; token "
                              "from --token or CODESDK_TOKEN")
     parser.add_argument("--token", default=default(None), help="API bearer token (with --url)")
 
@@ -190,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     auth.add_argument("--runtime", type=runtime_name, default="claude")
     auth.add_argument("--namespace", type=namespace_name, default="default")
     auth.add_argument("--json", action="store_true")
+
+    runtime_env = command("runtime-env", "what a namespace's worker runs with: HOME and XDG folders, variable names "
+                                         "(never values), its uid, and what each runtime would load on its own")
+    runtime_env.add_argument("namespace", type=namespace_name, nargs="?", default="default")
+    runtime_env.add_argument("--session", help="also look for project files in this session's workspace")
+    runtime_env.add_argument("--json", action="store_true")
 
     bundle = command("bundle", "write a support bundle of a session (events, blobs, versions, worker logs; "
                                "secrets redacted), or check and summarize one (--inspect)")

@@ -44,7 +44,7 @@ from .common import (
     runtime_note,
 )
 from .run_ahead import RunAhead
-from ..api.views import deleted_answer, session_answer
+from ..api.views import deleted_answer, runtime_env_answer, session_answer
 from ..terminal import one_line
 from ..config import ADMIN_TOKEN_FILE
 from ..engine import (
@@ -62,6 +62,7 @@ from .render import (
     EventPrinter,
     deleted_line,
     json_line,
+    print_runtime_env,
     print_stored_events,
     print_transcript,
     session_line,
@@ -360,6 +361,27 @@ async def cmd_auth(args: argparse.Namespace) -> int:
     return EXIT_OK if result.logged_in else EXIT_FAILED
 
 
+async def cmd_runtime_env(args: argparse.Namespace) -> int:
+    """What a namespace's worker runs with, asked of that worker (through the running service when it holds the
+    data dir, or with --url)."""
+    if not args.url:
+        options = SupervisorOptions(data_dir=args.data_dir, holder="codesdk runtime-env",
+                                    worker_policy=WorkerPolicy(idle_timeout_s=1.0))
+        try:
+            async with open_engine(options) as engine:
+                view = runtime_env_answer(args.namespace, await engine.runtime_env(args.namespace, args.session))
+        except DataDirBusy as busy:
+            _service_instead(args, busy)
+    if args.url:
+        from .remote import runtime_env_via_api  # imported only when used: the HTTP client costs start-up time
+        view = await runtime_env_via_api(args)
+    if args.json:
+        json_line(view.to_json_obj())
+    else:
+        print_runtime_env(view, sys.stdout)
+    return EXIT_OK
+
+
 async def _login(args: argparse.Namespace, result: EnsureLoginResult) -> int:
     if not result.login_command:
         print(f"{args.runtime} has no login of its own: {result.status.message or 'nothing to do'}")
@@ -539,7 +561,7 @@ def run_command(args: argparse.Namespace, ahead: RunAhead | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     commands: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
         "run": partial(cmd_run, ahead=ahead), "sessions": cmd_sessions, "events": cmd_events,
-                "show": cmd_show, "auth": cmd_auth, "namespaces": cmd_namespaces, "bundle": cmd_bundle,
+                "show": cmd_show, "auth": cmd_auth, "runtime-env": cmd_runtime_env, "namespaces": cmd_namespaces, "bundle": cmd_bundle,
                 "blob": cmd_blob, "archive": cmd_archive, "unarchive": cmd_archive, "delete": cmd_delete,
                 "fork": cmd_fork}
     try:

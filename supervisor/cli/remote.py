@@ -142,6 +142,11 @@ async def auth_status_via_api(args: argparse.Namespace) -> EnsureLoginResult:
         return EnsureLoginResult.model_validate(await client.auth_status(args.namespace, args.runtime))
 
 
+async def runtime_env_via_api(args: argparse.Namespace) -> api.RuntimeEnvView:
+    async with client_for(args) as client:
+        return await client.runtime_env(args.namespace, session_id=args.session)
+
+
 async def namespaces_via_api(args: argparse.Namespace) -> int:
     """The namespaces the token sees, with their session counts (a service does not show its directories)."""
     async with client_for(args) as client:

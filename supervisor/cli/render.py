@@ -207,3 +207,26 @@ def describe_receipt(receipt: StopReceipt) -> str:
     if receipt.duration_ms is not None:
         parts.append(f"{receipt.duration_ms / 1000:.2f} s")
     return "; ".join(parts) or "nothing was running"
+
+
+def print_runtime_env(view: api.RuntimeEnvView, out: TextIO) -> None:
+    """The runtime-env view for people: the worker, its folders, its variables' names, each runtime's sources."""
+    env = view.env
+    out.write(f"namespace {view.namespace}: isolation {env.isolation} ({env.mode}), worker pid {view.worker_pid}, "
+              f"uid {view.uid}, gid {view.gid}\n")
+    for name, value in (("HOME", env.home), ("XDG_CONFIG_HOME", env.xdg_config_home),
+                        ("XDG_STATE_HOME", env.xdg_state_home), ("XDG_CACHE_HOME", env.xdg_cache_home),
+                        ("XDG_DATA_HOME", env.xdg_data_home), ("TMPDIR", env.tmpdir), ("PATH", env.path),
+                        ("cwd", view.cwd)):
+        out.write(f"  {name:<16}{one_line(value) if value else '-'}\n")
+    names = ", ".join(one_line(n) for n in env.variable_names)
+    out.write(f"  variables ({len(env.variable_names)}, values never shown): {names or 'none'}\n")
+    out.write(f"project files looked for in: {one_line(view.workspace)}\n" if view.workspace else
+              "project files: not looked for (name a session with --session to look in its workspace)\n")
+    for runtime in view.runtimes:
+        out.write(f"{runtime.runtime}: {one_line(runtime.policy)}\n")
+        for source in runtime.found:
+            state = "loaded" if source.used else "off"
+            out.write(f"  {state:<7}{source.kind:<24}{one_line(source.path)}\n")
+        if not runtime.found:
+            out.write("  nothing of its own found\n")

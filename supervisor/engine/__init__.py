@@ -5,7 +5,7 @@ Layering, lowest first (no module imports one below it in this list): ``_transcr
 ``_compile`` (a task's input from the transcript, fitted to the runtime's budget), ``_runs`` (a running task's
 state, the run table), ``_recorder`` (a run's appends), ``_batch`` (a worker's batch on its way to the store),
 ``_approvals``, ``_toolport`` / ``_toolflow`` (one tool call, through its port), ``_ending`` (a task's one
-end), ``_intake`` (events from workers), ``_leasing`` (which namespaces this supervisor runs), ``_lifecycle`` (forks' cuts, default workspaces), ``_engine``
+end), ``_requests`` (requests to a worker outside tasks), ``_intake`` (events from workers), ``_leasing`` (which namespaces this supervisor runs), ``_lifecycle`` (forks' cuts, default workspaces), ``_engine``
 (sessions and tasks).
 """
 
@@ -17,6 +17,7 @@ from ._deadlines import (
     SERVICE_TIMEOUT_S,
     DeadlineLimits,
 )
+from ._requests import WorkerEnvironment
 from ._engine import DISK_RESERVE_BYTES, Engine, EngineConfig
 from ._errors import (
     ERROR_STATUS,
@@ -44,7 +45,7 @@ from ._transcript import derive_transcript, session_events
 
 __all__ = [
     "DISK_RESERVE_BYTES", "ERROR_STATUS", "ApprovalRequest", "Approver", "ApproverAnswer", "ApproverRequired", "DeadlineLimits",
-    "Engine", "SERVICE_IDLE_TIMEOUT_MAX_S", "SERVICE_IDLE_TIMEOUT_S", "SERVICE_TIMEOUT_MAX_S", "SERVICE_TIMEOUT_S", "EngineConfig",
+    "Engine", "WorkerEnvironment", "SERVICE_IDLE_TIMEOUT_MAX_S", "SERVICE_IDLE_TIMEOUT_S", "SERVICE_TIMEOUT_MAX_S", "SERVICE_TIMEOUT_S", "EngineConfig",
     "EngineError", "EngineStats", "Phase", "TaskTelemetry", "Telemetry", "ErrorStatus", "ForkInsideTask", "ForkPastEnd", "InsufficientSpace", "NamespaceDiskFull", "InvalidTaskInput", "NamespaceElsewhere", "NamespaceUnavailable",
     "PoolWorkers", "RequestChannel", "RuntimeUnavailable", "SessionBusy", "TaskNotActive", "UnknownRuntime", "WorkerEvents",
     "WorkerExit", "WorkerLink", "Workers", "WorkersFactory", "WorkspaceRefused", "derive_transcript", "error_status",

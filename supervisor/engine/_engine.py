@@ -26,6 +26,7 @@ from codesdk.protocol import (
     CanonicalizationError,
     config_refusal,
     ContextTooLarge,
+    DescribeEnvParams,
     EnsureLoginResult,
     ErrorCode,
     EventType,
@@ -78,6 +79,7 @@ from ..store import (
     TaskRecord,
     TaskState,
     TaskUpdate,
+    UnknownSession,
     open_postgres,
 )
 from ..store import SessionBusy as StoredSessionBusy
@@ -110,6 +112,7 @@ from ._intake import EventIntake
 from ._leasing import Leasing
 from ._ports import PoolWorkers, WorkerLink, WorkersFactory, pool_workers
 from ._recorder import RunRecorder
+from ._requests import WorkerEnvironment, ask as _ask
 from ._runs import EngineStats, PendingEvent, RunTable, TaskRun
 from ._stopping import (
     TOOLS_WAIT_S,
@@ -633,18 +636,24 @@ class Engine:
         """Ask the namespace's worker whether ``runtime`` is logged in there, and what to do if not.
         ``UnknownRuntime``; ``RuntimeUnavailable``; ``NamespaceUnavailable``."""
         async with self._borrowed_worker(namespace) as worker:
-            try:
-                with trio.fail_after(REQUEST_TIMEOUT_S):
-                    result = await worker.connection.request(Rpc.ENSURE_LOGIN, GetAuthStatusParams(runtime=runtime))
-            except RpcError as exc:
-                refusal = UnknownRuntime if exc.code == ErrorCode.UNKNOWN_RUNTIME else RuntimeUnavailable
-                raise refusal(f"{exc.message}" + (f" ({exc.data})" if exc.data else "")) from exc
-            except trio.TooSlowError as exc:
-                raise RuntimeUnavailable(f"the worker of namespace {namespace!r} did not answer for {runtime!r} "
-                                         f"within {REQUEST_TIMEOUT_S:.0f} s") from exc
-            except WorkerError as exc:
-                raise RuntimeUnavailable(f"the worker of namespace {namespace!r} went away: {exc}") from exc
-        return result
+            return await _ask(worker, namespace, f"for {runtime!r}", Rpc.ENSURE_LOGIN,
+                              GetAuthStatusParams(runtime=runtime))
+
+    async def runtime_env(self, namespace: str, session_id: str | None = None) -> WorkerEnvironment:
+        """What the namespace's worker (started if needed) really runs with: its environment's safe view (names of
+        variables, never values), its process, and per runtime what it would load on its own — looking for
+        project files in ``session_id``'s workspace if given. ``UnknownSession`` (none of that id in the
+        namespace); ``RuntimeUnavailable``; ``NamespaceUnavailable``."""
+        workspace = None
+        if session_id is not None:
+            session = await self.store.get_session(session_id)
+            if session.namespace != namespace:  # another namespace's session is not there for this view
+                raise UnknownSession(session_id)
+            workspace = session.workspace
+        async with self._borrowed_worker(namespace) as worker:
+            found = await _ask(worker, namespace, "about its environment", Rpc.DESCRIBE_ENV,
+                               DescribeEnvParams(cwd=workspace))
+            return WorkerEnvironment.of(worker, workspace, found.runtimes)
 
     async def runtimes(self, namespace: str) -> list[RuntimeOffer]:
         """What the namespace's worker can host (it is started if needed), with capabilities and versions."""

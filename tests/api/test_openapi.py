@@ -231,6 +231,9 @@ async def test_every_answer_of_every_operation_matches_the_schema_the_document_d
         assert (await c.get("/v1/namespaces", headers=alice)).status_code == 200
         assert (await c.get("/v1/namespaces?x=1", headers=alice)).status_code == 422
         assert (await c.get("/v1/namespaces/user:alice/auth/claude", headers=alice)).status_code == 200
+        assert (await c.get("/v1/namespaces/user:alice/runtime-env", headers=alice)).status_code == 200
+        assert (await c.get(f"/v1/namespaces/user:alice/runtime-env?session_id={sid}", headers=alice)).status_code == 200
+        assert (await c.get("/v1/namespaces/user:bob/runtime-env", headers=alice)).status_code == 404
         assert (await c.get("/v1/workers", headers=admin)).status_code == 200
         assert (await c.get("/v1/workers", headers=alice)).status_code == 403
         assert (await c.delete("/v1/namespaces/user:alice/quarantine", headers=admin)).status_code == 200

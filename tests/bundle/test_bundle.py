@@ -62,6 +62,12 @@ async def test_canaries_never_leave_and_the_manifest_counts_them(make_engine: Ma
     environment = json.loads(files["environment.json"])
     assert environment["codesdk_version"] and environment["session_runtime"] == "scripted"
     assert any(r["name"] == "scripted" for r in environment["worker"]["runtimes"])
+    matrix = {row["runtime"]: row for row in environment["mcp_transports"]}
+    assert matrix["claude"]["chosen"] == "stdio" and "sse" in matrix["claude"]["supports"]
+    assert matrix["codex"]["chosen"] is None and "in band" in matrix["codex"]["why"]
+    assert matrix["scripted"] == {"runtime": "scripted", "supports": [], "chosen": None,
+                                  "why": "CodeSDK's tools reach it in band (its adapter relays each call): no MCP "
+                                         "server is given to it"}
     config = json.loads(files["config.json"])
     assert [v["name"] for v in config["namespace_env"]] == ["CANARY_VAR"]
     assert config["redaction_patterns"]["count"] == 1

@@ -10,6 +10,7 @@ import trio
 from codesdk.testing import open_worker
 from codesdk.protocol import (
     PROTOCOL_VERSION,
+    DescribeEnvResult,
     ErrorCode,
     EventType,
     Message,
@@ -192,3 +193,31 @@ async def test_bad_input_gets_the_right_error_and_the_worker_keeps_serving(
             assert reply["error"]["code"] == code, reply
             after = await worker.start_task(scenario="echo")  # still serving
             assert (await after.until_terminal())[-1].event.type == EventType.TASK_COMPLETED
+
+
+async def test_describe_env_names_what_each_runtime_would_load_and_looks_in_cwd_only_when_asked(
+        tmp_path: Path) -> None:
+    home, workspace = tmp_path / "home", tmp_path / "ws"
+    (home / ".codex").mkdir(parents=True)
+    (home / ".codex" / "AGENTS.md").write_text("user rules\n")
+    workspace.mkdir()
+    (workspace / "AGENTS.md").write_text("project rules\n")
+    with trio.fail_after(30):
+        async with open_worker(home=home) as worker:
+            plain = DescribeEnvResult.model_validate(await worker.request(Method.DESCRIBE_ENV, {}))
+            asked = DescribeEnvResult.model_validate(await worker.request(Method.DESCRIBE_ENV, {"cwd": str(workspace)}))
+            with pytest.raises(RpcError) as err:
+                await worker.request(Method.DESCRIBE_ENV, {"cwd": "relative/ws"})
+            assert err.value.code == ErrorCode.INVALID_PARAMS and "absolute" in err.value.message
+            assert await worker.request(Method.PING) == {"ok": True}  # still serving
+
+    def found(answer: DescribeEnvResult, runtime: str) -> dict[str, tuple[str, bool]]:
+        [entry] = [r for r in answer.runtimes if r.runtime == runtime]
+        return {source.kind: (source.path, source.used) for source in entry.found}
+
+    user = (str(home / ".codex" / "AGENTS.md"), False)
+    assert found(plain, "codex") == {"user_instructions": user}
+    assert found(asked, "codex") == {"user_instructions": user,
+                                     "project_instructions": (str(workspace / "AGENTS.md"), False)}
+    assert found(asked, "codex-acp")["user_instructions"] == (user[0], True)  # codex-acp loads it (recorded)
+    assert found(asked, "scripted") == {}

@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from codesdk.protocol import (
@@ -216,6 +217,12 @@ class RuntimeAdapter(ABC):
         browser by itself when BROWSER=true), run by ``codesdk auth login`` with the namespace's environment
         as the namespace's user. None: nothing to log in to."""
         return None
+
+    def implicit_sources(self, cwd: Path) -> dict[str, Any]:
+        """What the runtime would load on its own with this worker's environment, working in ``cwd``, and what
+        CodeSDK does with each (``policy``; ``found``: kind, path, used, sha256). Recorded with each task and shown
+        by the runtime-env view. Blocking file work."""
+        return {"policy": f"the {self.name} runtime loads nothing implicitly", "found": []}
 
     @abstractmethod
     def start_task(self, params: StartTaskParams, io: TaskIO) -> TaskHandle:

@@ -148,8 +148,11 @@ class AcpAdapter(RuntimeAdapter):
         if settings.model:
             io.set_model(settings.model)
         task = AcpTask(self.profile, params, io, given, program, settings, cwd)
-        task.implicit_sources = self.profile.implicit_sources(os.environ, cwd)
+        task.implicit_sources = self.implicit_sources(cwd)
         return task
+
+    def implicit_sources(self, cwd: Path) -> dict[str, Any]:
+        return self.profile.implicit_sources(os.environ, cwd)
 
 
 class AcpTask(AnswersToolCalls, TaskHandle):

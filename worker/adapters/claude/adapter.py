@@ -160,8 +160,11 @@ class ClaudeAdapter(RuntimeAdapter):
         if given.resume_id:
             io.set_runtime_session_id(given.resume_id)
         task = ClaudeTask(params, io, given, cli, self.ahead)
-        task.implicit_sources = home.implicit_sources(os.environ, task.cwd)
+        task.implicit_sources = self.implicit_sources(task.cwd)
         return task
+
+    def implicit_sources(self, cwd: Path) -> dict[str, Any]:
+        return home.implicit_sources(os.environ, cwd)
 
 
 class ClaudeTask(AnswersToolCalls, TaskHandle):
