@@ -13,9 +13,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from codesdk.protocol import AuthState, AuthStatus, sha256_hex, utc_now
+from codesdk.protocol import AuthState, AuthStatus, utc_now
 
 from .._namespace_home import namespace_of
+from .._source_hash import source_sha256
 
 
 def config_dir(env: dict[str, str] | os._Environ[str]) -> Path:
@@ -123,8 +124,9 @@ def implicit_sources(env: dict[str, str] | os._Environ[str], cwd: Path) -> dict[
     for kind, path in candidates.items():
         if path.exists():
             entry: dict[str, Any] = {"kind": kind, "path": str(path), "used": False}
-            if path.is_file() and kind != "global_config":  # the global config holds account data: no hash
-                entry["sha256"] = sha256_hex(path.read_bytes())
+            # the global config holds account data: no hash
+            if kind != "global_config" and (digest := source_sha256(path)) is not None:
+                entry["sha256"] = digest
             found.append(entry)
     return {
         "policy": "--setting-sources= (no user/project/local settings, no CLAUDE.md), --strict-mcp-config "

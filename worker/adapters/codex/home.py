@@ -10,9 +10,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from codesdk.protocol import AuthState, AuthStatus, sha256_hex, utc_now
+from codesdk.protocol import AuthState, AuthStatus, utc_now
 
 from .._namespace_home import namespace_of
+from .._source_hash import source_sha256
 from .launch import codex_home
 
 
@@ -66,8 +67,9 @@ def implicit_sources(env: Mapping[str, str], cwd: Path) -> dict[str, Any]:
     for kind, (path, used) in candidates.items():
         if path.exists():
             entry: dict[str, Any] = {"kind": kind, "path": str(path), "used": used}
-            if path.is_file() and kind != "login":  # the login holds credentials: no hash
-                entry["sha256"] = sha256_hex(path.read_bytes())
+            # the login holds credentials: no hash
+            if kind != "login" and (digest := source_sha256(path)) is not None:
+                entry["sha256"] = digest
             found.append(entry)
     return {
         "policy": "Codex's own base instructions are sent; project docs (AGENTS.md) off (project_doc_max_bytes=0), "
