@@ -60,7 +60,18 @@ from ..service.assembly import SupervisorOptions
 from ..store import COMMIT_LINGER_S, LEASE_S, MAX_COMMIT_LINGER_S, QUOTA_FLAGS, Quotas, current_holder
 from ..tools import DEFAULT_EXEC_UID, check_exec_identity
 from ..workers.launch import WorkerPolicy
-from .common import Parser, data_dir, namespace_name, port, seconds, strict_values
+from .common import (
+    EXIT_USAGE,
+    Parser,
+    add_fetch_flags,
+    data_dir,
+    fetch_flags_refusal,
+    fetch_options,
+    namespace_name,
+    port,
+    seconds,
+    strict_values,
+)
 
 PROG = "codesdk-supervisor"
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -113,6 +124,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     run.add_argument("--allow-exec", action="append", metavar="COMMAND", default=None,
                      help="enable the sandboxed workspace.exec tool for tenants, for this command (an executable "
                           "name or absolute path; repeatable). Default: off")
+    add_fetch_flags(run, "for tenants")
     run.add_argument("--exec-uid", type=_exec_identity, default=None, metavar="UID[:GID]",
                      help="the uid (and gid; default: the same number) workspace.exec commands run as when the "
                           "service is root and the workspace is not a namespace's own: never 0, outside "
@@ -255,6 +267,7 @@ def _serve_options(args: argparse.Namespace) -> SupervisorOptions:
         data_dir=args.data_dir, worker_policy=policy, worker_uids=args.worker_uids,
         holder="codesdk-supervisor serve",
         test_scenarios=args.enable_test_scenarios, exec_allowlist=tuple(args.allow_exec or ()),
+        fetch=fetch_options(args),
         quotas=_quotas(args), api_limits=_api_limits(args), worker_template=args.worker_template,
         store=args.store, lease_s=args.lease_s, disk_reserve_bytes=args.disk_reserve,
         namespace_disk=args.namespace_disk, exec_max_file_bytes=args.exec_max_file_size,
@@ -340,6 +353,10 @@ def _api_limits(args: argparse.Namespace) -> ApiLimits:
 def _serve_command(args: argparse.Namespace) -> int:
     from ..service.serve import ServiceRefused, run_service  # the HTTP stack: only for serve
 
+    refusal = fetch_flags_refusal(args)
+    if refusal is not None:
+        print(f"{PROG} serve: error: {refusal}", file=sys.stderr)
+        return EXIT_USAGE
     with logging_configured(args.log_level, args.log_format):
         options = _serve_options(args)
         socket_path: Path = args.listen or options.data_dir / "api.sock"
