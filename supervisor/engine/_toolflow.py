@@ -284,7 +284,7 @@ class ToolFlow:
             **identity.model_dump(), tool_name=requested.tool_name, is_error=result.is_error,
             execution_env=result.execution_env, policy_snapshot=policy_snapshot, sandbox=result.sandbox,
             result_ref=result_ref, result_preview=result.preview or _preview(result.content),
-            result_hash=result_ref, duration_ms=round(duration_ms, 3))
+            result_hash=result_ref, output_ref=result.output_ref, duration_ms=round(duration_ms, 3))
         record = [*unstored, *output, PendingEvent(EventType.TOOL_CALL_COMPLETED, completed)]
         if not await self._port.append(run, record, blobs):
             return None

@@ -97,6 +97,9 @@ class ToolResult(BaseModel):
     execution_env: str = "supervisor:workspace"
     stdout: str | None = None
     stderr: str | None = None
+    #: A blob the tool stored through ``ToolContext.put_blob`` (``http.fetch``'s body): named by the call's
+    #: ``tool.call.completed`` so the session's readers may download it.
+    output_ref: str | None = None
 
     @field_validator("preview")
     @classmethod

@@ -348,6 +348,7 @@ class FetchTool:
             # not sandboxed: confined by the egress policy, which the sandbox summary has no word for
             sandbox=SandboxSummary(kind="none", network=True, time_limit_s=ctx.limits.fetch_timeout_s),
             execution_env="supervisor:network",
+            output_ref=body_ref,
         )
 
 

@@ -106,7 +106,7 @@ async def test_disabled_tool_says_how_to_enable_it(tmp_path: Path) -> None:
     assert error_of(result) == ("unknown_tool", error_of(result)[1]) and "--allow-fetch" in error_of(result)[1]
 
 
-def test_text_json_and_binary_bodies(tmp_path: Path) -> None:
+def test_text_json_and_binary_bodies(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     async def scenario(server: Served, secret: Served, ws: Path) -> None:
         tools, blobs = registry(server.port), Blobs()
         base = f"http://api.example.test:{server.port}"
@@ -117,6 +117,7 @@ def test_text_json_and_binary_bodies(tmp_path: Path) -> None:
         assert "set-cookie" not in text.content["headers"]  # type: ignore[operator]
         ref = text.content["body_ref"]
         assert isinstance(ref, str) and blobs.stored[ref][0] == b"hello from the namespace"
+        assert text.output_ref == ref  # named by tool.call.completed, so the session's readers may download it
         assert text.sandbox.network is True and text.execution_env == "supervisor:network"
         data = await call(tools, ws, blobs, url=f"{base}/json")
         assert isinstance(data.content, dict) and json.loads(str(data.content["text"])) == {"ok": True}
@@ -127,7 +128,11 @@ def test_text_json_and_binary_bodies(tmp_path: Path) -> None:
         assert isinstance(head.content, dict) and head.content["status"] == 200 and head.content["bytes"] == 0
         missing = await call(tools, ws, blobs, url=f"{base}/nothing")
         assert missing.is_error and isinstance(missing.content, dict) and missing.content["status"] == 404
+    caplog.set_level("INFO", logger="codesdk.audit")
     in_netns(tmp_path, scenario)
+    fetched = [r for r in caplog.records if getattr(r, "audit", {}).get("action") == "tool.http_fetch"]
+    assert len(fetched) == 5 and all(r.audit["by"] == "namespace:user:alice" for r in fetched)  # type: ignore[attr-defined]
+    assert fetched[0].audit["status"] == 200 and fetched[0].audit["outcome"] == "ok"  # type: ignore[attr-defined]
 
 
 def test_size_is_truncated_and_says_so(tmp_path: Path) -> None:
@@ -203,7 +208,8 @@ SSRF = [
 
 
 @pytest.mark.parametrize(("where", "why"), SSRF)
-def test_ssrf_attempts_are_refused_before_connecting(tmp_path: Path, where: str, why: str) -> None:
+def test_ssrf_attempts_are_refused_before_connecting(tmp_path: Path, where: str, why: str,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
     async def scenario(server: Served, secret: Served, ws: Path) -> None:
         port = secret.port
         literal = ("127.0.0.1", "2130706433", "0x7f.1", "[::1]", "[::ffff:127.0.0.1]")
@@ -211,7 +217,10 @@ def test_ssrf_attempts_are_refused_before_connecting(tmp_path: Path, where: str,
         code, message = error_of(await call(tools, ws, url="http://" + where.format(port=port)))
         assert code == "egress_refused" and why in message, message
         assert secret.hits == []
+    caplog.set_level("INFO", logger="codesdk.audit")
     in_netns(tmp_path, scenario)
+    [refused] = [r for r in caplog.records if getattr(r, "audit", {}).get("action") == "tool.http_fetch"]
+    assert refused.audit["outcome"] == "egress_refused"  # type: ignore[attr-defined]
 
 
 def test_a_redirect_to_loopback_is_refused(tmp_path: Path) -> None:
