@@ -106,6 +106,15 @@ class HostPattern:
             return host.endswith("." + self.host)
         return host == self.host
 
+    def covers(self, other: HostPattern) -> bool:
+        """Whether every host and port ``other`` matches, this pattern matches too (a namespace's pattern must be
+        covered by one of the operator's: it may narrow, never widen)."""
+        if self.port != other.port:
+            return False
+        if not self.suffix:
+            return not other.suffix and other.host == self.host
+        return other.host.endswith("." + self.host) or (other.suffix and other.host == self.host)
+
     def __str__(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         text = ("*." if self.suffix else "") + host
@@ -196,6 +205,10 @@ class EgressPolicy:
 
     def address_refusal(self, address: IPAddress) -> str | None:
         return address_refusal(address, self.addresses)
+
+    def uncovered(self, patterns: tuple[HostPattern, ...]) -> list[HostPattern]:
+        """The ``patterns`` (a namespace's) that would allow a host none of the operator's allows."""
+        return [p for p in patterns if not any(mine.covers(p) for mine in self.hosts)]
 
     def describe_hosts(self) -> str:
         return ", ".join(str(pattern) for pattern in self.hosts) or "none"

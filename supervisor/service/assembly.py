@@ -18,6 +18,7 @@ from ..namespaces import (
     DiskQuota,
     DiskQuotaError,
     NamespaceDisks,
+    NamespaceEgress,
     UidRange,
     UidRangeError,
     check_can_switch_uids,
@@ -142,8 +143,8 @@ async def _open_engine(options: SupervisorOptions, data_dir: Path, children: Chi
                              namespace_uids=_namespace_uids(options.worker_uids),
                              max_processes=options.group_limits.pids,
                              max_file_bytes=options.exec_max_file_bytes)
-    tools = ToolRegistry(ToolsConfig(exec=exec_policy, fetch=FetchPolicy(egress=options.fetch)), children=children,
-                         groups=groups)
+    fetch_policy = FetchPolicy(egress=options.fetch, namespace_hosts=NamespaceEgress(data_dir).get)
+    tools = ToolRegistry(ToolsConfig(exec=exec_policy, fetch=fetch_policy), children=children, groups=groups)
     async with Engine.open(EngineConfig(data_dir=data_dir, pool=pool, holder=options.holder,
                                         quotas=options.quotas, store=options.store, lease_s=options.lease_s,
                                         disk_reserve_bytes=options.disk_reserve_bytes,

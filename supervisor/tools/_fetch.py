@@ -31,7 +31,7 @@ from codesdk.protocol import SandboxSummary, ToolClass
 
 from ..audit import audit
 from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolInput, ToolResult, clip
-from ..egress import DEFAULT_PORTS, EgressPolicy, IPAddress, PatternError, normalize_host
+from ..egress import DEFAULT_PORTS, EgressPolicy, HostPattern, IPAddress, PatternError, normalize_host
 
 if TYPE_CHECKING:
     import h11
@@ -79,6 +79,9 @@ class FetchPolicy:
     resolver: Resolver = system_resolver
     #: Trust store for https (None: the system's).
     ssl_context: ssl.SSLContext | None = None
+    #: A namespace's own narrowing of the hosts (``NamespaceEgress.get``): None from it, or no lookup, leaves the
+    #: operator's list as is; a tuple allows only hosts both it and the operator's allow.
+    namespace_hosts: Callable[[str], tuple[HostPattern, ...] | None] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -111,6 +114,14 @@ class _Target:
     host: str  # normalized: what patterns compare and TLS verifies
     port: int
     target: str  # path and query, what goes on the request line
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """The namespace a call is made for, and its own narrowing of the hosts (None: none)."""
+
+    namespace: str | None
+    hosts: tuple[HostPattern, ...] | None
 
 
 @dataclass
@@ -172,12 +183,17 @@ class FetchTool:
     def __init__(self, policy: FetchPolicy) -> None:
         self.policy = policy
 
-    async def _addresses(self, target: _Target) -> list[IPAddress]:
+    async def _addresses(self, target: _Target, scope: _Scope) -> list[IPAddress]:
         """The checked addresses of ``target``'s host: every one must be allowed (one bad answer spoils all)."""
         egress = self.policy.egress
         if not egress.host_allowed(target.host, target.port, target.scheme):
             raise _refused(f"{target.url!r}: host {target.host}:{target.port} is not allowed for http.fetch "
                            f"(allowed: {egress.describe_hosts()})")
+        if scope.hosts is not None and not any(p.matches(target.host, target.port, target.scheme)
+                                               for p in scope.hosts):
+            mine = ", ".join(str(p) for p in scope.hosts) or "none"
+            raise _refused(f"{target.url!r}: host {target.host}:{target.port} is not allowed for http.fetch in "
+                           f"namespace {scope.namespace!r} (its egress policy allows: {mine})")
         try:
             addresses = await self.policy.resolver(target.host, target.port)
         except OSError as exc:
@@ -251,10 +267,10 @@ class FetchTool:
                          data, total, truncated)
 
     async def _request(self, target: _Target, method: str, headers: Mapping[str, str], body: bytes | None,
-                       limit: int) -> _Response:
+                       limit: int, scope: _Scope) -> _Response:
         import h11
 
-        addresses = await self._addresses(target)
+        addresses = await self._addresses(target, scope)
         stream = await self._connect(target, addresses)
         try:
             return await self._exchange(stream, target, method, headers, body, limit)
@@ -264,8 +280,21 @@ class FetchTool:
         finally:
             await trio.aclose_forcefully(stream)
 
-    async def fetch(self, args: FetchInput, limit: int) -> tuple[_Target, _Response, list[str]]:
+    def _scope(self, namespace: str | None) -> _Scope:
+        lookup = self.policy.namespace_hosts
+        if namespace is None or lookup is None:
+            return _Scope(namespace, None)
+        try:
+            return _Scope(namespace, lookup(namespace))
+        except (OSError, ValueError) as exc:  # a broken settings file: refuse rather than fetch unnarrowed
+            log.error("http.fetch: the egress policy of namespace %s cannot be read: %s", namespace, exc)
+            raise _refused(f"http.fetch: namespace {namespace!r}'s egress policy cannot be read; "
+                           "the operator must fix it") from None
+
+    async def fetch(self, args: FetchInput, limit: int, namespace: str | None = None,
+                    ) -> tuple[_Target, _Response, list[str]]:
         """Follow up to ``MAX_REDIRECTS`` redirects, each checked from the start; the last response."""
+        scope = self._scope(namespace)
         if args.method == "POST" and not self.policy.egress.allow_post:
             raise _refused("http.fetch: POST is not allowed here (the operator enables it with --allow-fetch-post); "
                            "use GET or HEAD")
@@ -276,7 +305,7 @@ class FetchTool:
         body = args.body.encode("utf-8") if args.body is not None else (b"" if method == "POST" else None)
         visited: list[str] = []
         while True:
-            response = await self._request(target, method, headers, body, limit)
+            response = await self._request(target, method, headers, body, limit, scope)
             location = response.header("location")
             if response.status not in _REDIRECTS or location is None:
                 return target, response, visited
@@ -297,7 +326,7 @@ class FetchTool:
         by = f"namespace:{ctx.namespace or '-'}"
         try:
             with trio.fail_after(timeout):
-                target, response, redirects = await self.fetch(args, limit)
+                target, response, redirects = await self.fetch(args, limit, ctx.namespace)
         except trio.TooSlowError:
             audit("tool.http_fetch", by, url=args.url, method=args.method, outcome="timeout")
             raise ToolError(ErrorCode.TIMEOUT, f"{args.url!r}: no complete answer within {timeout:g}s; "

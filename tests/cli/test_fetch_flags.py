@@ -68,3 +68,27 @@ def test_run_with_allow_fetch_offers_the_tool_which_then_needs_approval(tmp_path
     events = [json.loads(line) for line in done.stdout.splitlines()]
     [denied] = [e["payload"] for e in events if e["type"] == "tool.call.denied"]
     assert "needs approval for network tool 'http.fetch'" in denied["reason"]
+
+
+def _supervisor(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "codesdk.supervisor.cli.admin", *args], capture_output=True,
+                          text=True, timeout=60, cwd=REPO, check=False)
+
+
+def test_namespace_egress_commands_keep_a_namespaces_own_list(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    shown = _supervisor("namespace", "egress", "show", "user:alice", "--data-dir", data)
+    assert shown.returncode == 0 and "serve --allow-fetch (no list of its own)" in shown.stdout
+    done = _supervisor("namespace", "egress", "set", "user:alice", "docs.example.com", "*.cdn.example.com:8443",
+                       "--data-dir", data)
+    assert done.returncode == 0, done.stderr
+    assert "docs.example.com *.cdn.example.com:8443" in done.stdout and "also allows" in done.stdout
+    from codesdk.supervisor.namespaces import NamespaceEgress
+    assert NamespaceEgress(Path(data)).get("user:alice") == (HostPattern.parse("docs.example.com"),
+                                                             HostPattern.parse("*.cdn.example.com:8443"))
+    assert "hosts\tnone" in _supervisor("namespace", "egress", "deny-all", "user:alice", "--data-dir", data).stdout
+    assert NamespaceEgress(Path(data)).get("user:alice") == ()
+    cleared = _supervisor("namespace", "egress", "clear", "user:alice", "--data-dir", data)
+    assert cleared.returncode == 0 and NamespaceEgress(Path(data)).get("user:alice") is None
+    bad = _supervisor("namespace", "egress", "set", "user:alice", "*.com", "--data-dir", data)
+    assert bad.returncode == EXIT_USAGE and "would match a whole top-level domain" in bad.stderr

@@ -95,3 +95,27 @@ def test_public_addresses_are_allowed_and_metadata_endpoints_are_not() -> None:
 def test_bad_address_ranges_are_refused(bad: str) -> None:
     with pytest.raises(PatternError, match="CIDR"):
         parse_network(bad)
+
+
+patterns = st.builds(lambda suffix, host, port: HostPattern(host, suffix, port), st.booleans(),
+                     st.sampled_from(["example.com", "a.example.com", "b.a.example.com", "example.org"]),
+                     st.sampled_from([None, 443, 8443]))
+hosts = st.builds(lambda sub, parent: f"{sub}.{parent}" if sub else parent, st.sampled_from(["", "x", "a", "b.a"]),
+                  st.sampled_from(["example.com", "a.example.com", "example.org"]))
+
+
+@given(patterns, patterns, hosts, st.sampled_from([80, 443, 8443]), schemes)
+def test_a_covered_pattern_never_allows_what_its_cover_does_not(
+        outer: HostPattern, inner: HostPattern, host: str, port: int, scheme: str) -> None:
+    """What a namespace may set (a pattern one of the operator's covers) narrows: never a host the operator's
+    does not allow."""
+    if outer.covers(inner) and inner.matches(host, port, scheme):
+        assert outer.matches(host, port, scheme)
+
+
+def test_covering_by_example() -> None:
+    wide = HostPattern.parse("*.example.com")
+    assert wide.covers(HostPattern.parse("docs.example.com")) and wide.covers(HostPattern.parse("*.a.example.com"))
+    assert wide.covers(wide) and not wide.covers(HostPattern.parse("example.com"))
+    assert not wide.covers(HostPattern.parse("docs.example.com:8443"))
+    assert not HostPattern.parse("docs.example.com").covers(HostPattern.parse("*.docs.example.com"))

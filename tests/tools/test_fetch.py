@@ -272,3 +272,13 @@ def test_https_verifies_the_certificate_against_the_host_name(tmp_path: Path) ->
                 del NAMES["other.example.test"]
                 nursery.cancel_scope.cancel()
     run_in_fresh_netns(body)
+
+
+async def test_a_namespace_list_that_cannot_be_read_refuses_rather_than_widens(tmp_path: Path) -> None:
+    def broken(namespace: str) -> tuple[HostPattern, ...] | None:
+        raise ValueError("namespace-egress.json is not a namespace egress file")
+
+    egress = EgressPolicy(hosts=(HostPattern.parse("api.example.test"),))
+    tools = ToolRegistry(ToolsConfig(fetch=FetchPolicy(egress=egress, resolver=fake_resolver, namespace_hosts=broken)))
+    code, message = error_of(await call(tools, tmp_path, url="http://api.example.test/text"))
+    assert code == "egress_refused" and "egress policy cannot be read" in message
