@@ -261,7 +261,8 @@ class FetchTool:
                     break
             elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
                 break
-        assert response is not None
+        if response is None:  # h11 raises for a connection closed early; this is only a guard
+            raise ToolError(ErrorCode.NETWORK_ERROR, f"{target.url!r}: {target.host} sent no response")
         return _Response(response.status_code,
                          [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in response.headers],
                          data, total, truncated)

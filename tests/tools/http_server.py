@@ -1,8 +1,8 @@
 """A small HTTP/1.1 server for the http.fetch tests, to run inside a test's own network namespace
 (``tests.netns.run_in_fresh_netns``). Routes:
 
-``/text`` ``/json`` ``/bin`` ``/big`` (100 000 bytes of text) ``/slow`` (never answers) ``/loop`` (redirects to
-itself) ``/redirect?to=URL`` (302 to URL) ``/echo`` (the request back, as JSON). Every request is recorded in
+``/text`` ``/json`` ``/bin`` ``/big`` (100 000 bytes of text) ``/slow`` (never answers) ``/garbage`` (not HTTP)
+``/close`` (hangs up) ``/loop`` (redirects to itself) ``/redirect?to=URL`` (302 to URL) ``/echo`` (the request back, as JSON). Every request is recorded in
 ``hits``, so a test can show a refused fetch never reached a server.
 """
 
@@ -74,6 +74,10 @@ async def _handle(served: Served, tls: ssl.SSLContext | None, stream: trio.abc.S
             answer = _response(200, "text/plain", b"x" * BIG)
         elif path == "/slow":
             await trio.sleep_forever()
+        elif path == "/garbage":
+            answer = b"NOT HTTP AT ALL\r\n\r\n"
+        elif path == "/close":
+            return
         elif path == "/loop":
             answer = _response(302, "text/plain", b"", {"Location": "/loop"})
         elif path == "/redirect":

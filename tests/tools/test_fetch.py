@@ -233,11 +233,14 @@ def test_a_redirect_to_loopback_is_refused(tmp_path: Path) -> None:
     in_netns(tmp_path, scenario)
 
 
-def test_a_closed_port_is_a_network_error(tmp_path: Path) -> None:
+def test_a_closed_port_or_a_broken_answer_is_a_network_error(tmp_path: Path) -> None:
     async def scenario(server: Served, secret: Served, ws: Path) -> None:
-        tools = registry(1)
-        code, message = error_of(await call(tools, ws, url="http://api.example.test:1/text"))
+        code, message = error_of(await call(registry(1), ws, url="http://api.example.test:1/text"))
         assert code == "network_error" and "could not connect" in message
+        for path in ("/garbage", "/close"):
+            code, message = error_of(await call(registry(server.port), ws,
+                                                url=f"http://api.example.test:{server.port}{path}"))
+            assert code == "network_error" and "the exchange with api.example.test failed" in message, message
     in_netns(tmp_path, scenario)
 
 
