@@ -94,9 +94,9 @@ async def _handle(served: Served, tls: ssl.SSLContext | None, stream: trio.abc.S
         await trio.aclose_forcefully(stream)
 
 
-async def serve(nursery: trio.Nursery, host: str, tls: ssl.SSLContext | None = None) -> Served:
-    """Start the server on ``host`` (a free port) in ``nursery``; what it has served so far."""
-    listeners = await trio.open_tcp_listeners(0, host=host)
+async def serve(nursery: trio.Nursery, host: str, tls: ssl.SSLContext | None = None, port: int = 0) -> Served:
+    """Start the server on ``host`` (``port``, or a free one) in ``nursery``; what it has served so far."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
     served = Served(host, listeners[0].socket.getsockname()[1])
     nursery.start_soon(trio.serve_listeners, partial(_handle, served, tls), listeners)
     return served

@@ -285,3 +285,25 @@ async def test_a_namespace_list_that_cannot_be_read_refuses_rather_than_widens(t
     tools = ToolRegistry(ToolsConfig(fetch=FetchPolicy(egress=egress, resolver=fake_resolver, namespace_hosts=broken)))
     code, message = error_of(await call(tools, tmp_path, url="http://api.example.test/text"))
     assert code == "egress_refused" and "egress policy cannot be read" in message
+
+
+def test_the_connection_goes_to_the_address_checked_not_a_later_answer(tmp_path: Path) -> None:
+    """DNS rebinding: a name that answers an allowed address first and loopback after is looked up once per
+    request, and that first answer is where the connection goes — not to a twin server on loopback's same port."""
+    async def scenario(server: Served, secret: Served, ws: Path) -> None:
+        answers: list[str] = []
+
+        async def rebinding(host: str, port: int) -> list[IPAddress]:
+            answers.append(host)
+            return [ipaddress.ip_address(SERVER if len(answers) == 1 else SECRET)]
+
+        egress = EgressPolicy(hosts=(HostPattern.parse(f"rebind.example.test:{server.port}"),),
+                              addresses=(parse_network(f"{SERVER}/32"),))
+        tools = ToolRegistry(ToolsConfig(fetch=FetchPolicy(egress=egress, resolver=rebinding)))
+        async with trio.open_nursery() as nursery:
+            twin = await serve(nursery, SECRET, port=server.port)
+            result = await call(tools, ws, url=f"http://rebind.example.test:{server.port}/text")
+            nursery.cancel_scope.cancel()
+        assert isinstance(result.content, dict) and result.content["text"] == "hello from the namespace"
+        assert answers == ["rebind.example.test"] and server.hits == ["/text"] and twin.hits == []
+    in_netns(tmp_path, scenario)
