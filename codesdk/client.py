@@ -456,6 +456,15 @@ class _Calls:
                      json={"set": set or {}, "unset": unset or []})
 
     @staticmethod
+    def namespace_egress(namespace: str) -> _Call[api.NamespaceEgress]:
+        return _Call("GET", f"/v1/namespaces/{_q(namespace)}/egress", api.NamespaceEgress.model_validate)
+
+    @staticmethod
+    def set_namespace_egress(namespace: str, hosts: list[str] | None) -> _Call[api.NamespaceEgress]:
+        return _Call("PUT", f"/v1/namespaces/{_q(namespace)}/egress", api.NamespaceEgress.model_validate,
+                     json={"hosts": hosts})
+
+    @staticmethod
     def workers() -> _Call[list[api.WorkerState]]:
         return _Call("GET", "/v1/workers", lambda answer: list(api.WorkerList.model_validate(answer).workers))
 
@@ -641,6 +650,15 @@ class AsyncClient:
                                    unset: list[str] | None = None) -> list[api.EnvVariable]:
         """Set and remove variables of a namespace (admin token); its next worker has them."""
         return await self._send(_Calls.update_namespace_env(namespace, set, unset))
+
+    async def namespace_egress(self, namespace: str) -> api.NamespaceEgress:
+        """The hosts ``http.fetch`` may reach for a namespace: the operator's, and its own narrowing (admin token)."""
+        return await self._send(_Calls.namespace_egress(namespace))
+
+    async def set_namespace_egress(self, namespace: str, hosts: list[str] | None) -> api.NamespaceEgress:
+        """Narrow the operator's ``http.fetch`` hosts for a namespace (admin token): ``[]`` allows none, ``None``
+        drops its own list. A pattern wider than the operator's is refused (422 ``invalid_pattern``)."""
+        return await self._send(_Calls.set_namespace_egress(namespace, hosts))
 
     async def workers(self) -> list[api.WorkerState]:
         """Every namespace's worker state, recent crashes and quarantine (admin token)."""
@@ -916,6 +934,12 @@ class Client:
     def update_namespace_env(self, namespace: str, *, set: dict[str, str] | None = None,
                              unset: list[str] | None = None) -> list[api.EnvVariable]:
         return self._send(_Calls.update_namespace_env(namespace, set, unset))
+
+    def namespace_egress(self, namespace: str) -> api.NamespaceEgress:
+        return self._send(_Calls.namespace_egress(namespace))
+
+    def set_namespace_egress(self, namespace: str, hosts: list[str] | None) -> api.NamespaceEgress:
+        return self._send(_Calls.set_namespace_egress(namespace, hosts))
 
     def workers(self) -> list[api.WorkerState]:
         return self._send(_Calls.workers())

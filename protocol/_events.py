@@ -293,6 +293,9 @@ class ToolCallCompleted(ToolCallIdentity):
     result_ref: str | None = None
     result_preview: str = ""
     result_hash: str | None = None
+    #: A blob the supervisor's tool stored besides its result (``http.fetch``'s response body), which the session's
+    #: readers may download; the result names it too. Never a runtime's to set.
+    output_ref: str | None = None
     duration_ms: float | None = None
     replayed: bool = False  # answered from the store without running again
     #: Set when the supervisor ended the call because its task ended first (the call's own result never came).

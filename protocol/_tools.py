@@ -16,6 +16,8 @@ class ToolClass(StrEnum):
     READ_ONLY = "read_only"
     WRITE = "write"
     DANGEROUS = "dangerous"
+    #: Reaches the network from the supervisor's host (``http.fetch``): asks in every permission mode.
+    NETWORK = "network"
 
 
 class ToolSpec(Model):

@@ -195,6 +195,13 @@ class EnvUpdateRequest(Request):
     unset: list[str] = Field(default_factory=list)
 
 
+class EgressUpdateRequest(Request):
+    hosts: list[str] | None
+    """The namespace's own host patterns for http.fetch (``example.com``, ``*.example.com``, an IP, each with an
+    optional ``:PORT``), each within one of the operator's ``--allow-fetch``: it may then fetch only from hosts both
+    allow. ``[]``: none at all; ``null``: drop the namespace's own list (the operator's applies as is)."""
+
+
 class EventsQuery(Query):
     after_seq: int = Field(default=0, ge=0, le=MAX_SEQ)
     limit: int = Field(default=100, ge=1, le=MAX_PAGE)
@@ -477,6 +484,14 @@ class EnvVariable(Answer):
     name: str
     fingerprint: str
     """Identifies the value without showing it."""
+
+
+class NamespaceEgress(Answer):
+    namespace: str
+    operator_hosts: tuple[str, ...]
+    """The operator's ``--allow-fetch`` patterns (none: http.fetch is off on this service)."""
+    hosts: tuple[str, ...] | None = None
+    """The namespace's own narrowing of them; absent when it has none."""
 
 
 class EnvList(Answer):

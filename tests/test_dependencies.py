@@ -18,6 +18,7 @@ def test_pinned_versions_are_the_ones_installed() -> None:
     assert version("rfc8785") == "0.1.4"
     assert version("pydantic").startswith("2.")
     assert version("msgspec").startswith("0.22")  # the wire decoder leans on its 0.22 behaviour (tests/protocol)
+    assert version("h11").startswith("0.16")  # http.fetch speaks HTTP/1.1 through it (supervisor/tools/_fetch.py)
     assert version("mcp").startswith("2.3")  # the test extra's: the oracle of our MCP server
 
 

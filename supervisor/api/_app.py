@@ -55,7 +55,8 @@ from ..engine import (
     derive_transcript,
     error_status,
 )
-from ..namespaces import InvalidNamespace, Namespace, NamespaceEnvError
+from ..egress import HostPattern, PatternError
+from ..namespaces import InvalidNamespace, Namespace, NamespaceEgress, NamespaceEgressError, NamespaceEnvError
 from ..store import (
     IDEMPOTENCY_WINDOW_S,
     ApprovalDecided,
@@ -702,6 +703,43 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
               unset=",".join(sorted(body.unset)) or "-")  # names only: values are secrets
         return _answer(request, env_answer(namespace, entries))
 
+    egress = NamespaceEgress(engine.config.data_dir)
+    operator_egress = engine.tooling.config.fetch.egress
+
+    def egress_answer(namespace: str, own: tuple[HostPattern, ...] | None) -> api.NamespaceEgress:
+        return api.NamespaceEgress(namespace=namespace, operator_hosts=tuple(str(p) for p in operator_egress.hosts),
+                                   hosts=None if own is None else tuple(str(p) for p in own))
+
+    async def get_egress(request: Request) -> Response:
+        namespace = admin_namespace(request, "reading a namespace's egress policy")
+        try:
+            own = await trio.to_thread.run_sync(egress.get, namespace)
+        except NamespaceEgressError as exc:
+            raise ApiError(503, "egress_unreadable", str(exc)) from exc
+        return _answer(request, egress_answer(namespace, own))
+
+    async def set_egress(request: Request) -> Response:
+        namespace = admin_namespace(request, "changing a namespace's egress policy")
+        body = await _body(request, api.EgressUpdateRequest)
+        patterns: tuple[HostPattern, ...] | None = None
+        if body.hosts is not None:
+            try:
+                patterns = tuple(HostPattern.parse(host) for host in body.hosts)
+            except PatternError as exc:
+                raise ApiError(422, "invalid_pattern", str(exc)) from exc
+            wider = operator_egress.uncovered(patterns)
+            if wider:
+                raise ApiError(422, "invalid_pattern", (
+                    f"{', '.join(str(p) for p in wider)} would allow hosts the operator's --allow-fetch "
+                    f"({operator_egress.describe_hosts()}) does not; a namespace's list can only narrow it"))
+        try:
+            own = await trio.to_thread.run_sync(egress.set, namespace, patterns)
+        except NamespaceEgressError as exc:
+            raise ApiError(422, "invalid_pattern", str(exc)) from exc
+        audit("namespace.egress_changed", "api:admin", namespace=namespace,
+              hosts="operator's" if own is None else ",".join(str(p) for p in own) or "none")
+        return _answer(request, egress_answer(namespace, own))
+
     async def auth_status(request: Request) -> Response:
         namespace = namespace_for(principal_of(request), request.path_params["namespace"])
         await offered(namespace, request.path_params["runtime"], available=False, unknown=404)
@@ -926,6 +964,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         "listApprovals": list_approvals, "decideApproval": decide_approval, "listRuntimes": list_runtimes,
         "listNamespaces": list_namespaces, "getLoginState": auth_status, "getRuntimeEnv": runtime_env, "listWorkers": list_workers,
         "liftQuarantine": lift_quarantine, "getNamespaceEnv": list_env, "updateNamespaceEnv": update_env,
+        "getNamespaceEgress": get_egress, "setNamespaceEgress": set_egress,
         "getOpenApi": openapi, "getApiReference": api_reference,
     }
     operation_ids = {endpoint.operation_id for endpoint in ENDPOINTS}

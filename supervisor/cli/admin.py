@@ -49,6 +49,8 @@ from ..namespaces import (
     InvalidNamespace,
     Namespace,
     NamespaceDisks,
+    NamespaceEgress,
+    NamespaceEgressError,
     NamespaceEnv,
     NamespaceEnvError,
     UidRange,
@@ -60,7 +62,19 @@ from ..service.assembly import SupervisorOptions
 from ..store import COMMIT_LINGER_S, LEASE_S, MAX_COMMIT_LINGER_S, QUOTA_FLAGS, Quotas, current_holder
 from ..tools import DEFAULT_EXEC_UID, check_exec_identity
 from ..workers.launch import WorkerPolicy
-from .common import Parser, data_dir, namespace_name, port, seconds, strict_values
+from .common import (
+    EXIT_USAGE,
+    Parser,
+    add_fetch_flags,
+    data_dir,
+    fetch_flags_refusal,
+    fetch_host,
+    fetch_options,
+    namespace_name,
+    port,
+    seconds,
+    strict_values,
+)
 
 PROG = "codesdk-supervisor"
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -113,6 +127,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     run.add_argument("--allow-exec", action="append", metavar="COMMAND", default=None,
                      help="enable the sandboxed workspace.exec tool for tenants, for this command (an executable "
                           "name or absolute path; repeatable). Default: off")
+    add_fetch_flags(run, "for tenants")
     run.add_argument("--exec-uid", type=_exec_identity, default=None, metavar="UID[:GID]",
                      help="the uid (and gid; default: the same number) workspace.exec commands run as when the "
                           "service is root and the workspace is not a namespace's own: never 0, outside "
@@ -255,6 +270,7 @@ def _serve_options(args: argparse.Namespace) -> SupervisorOptions:
         data_dir=args.data_dir, worker_policy=policy, worker_uids=args.worker_uids,
         holder="codesdk-supervisor serve",
         test_scenarios=args.enable_test_scenarios, exec_allowlist=tuple(args.allow_exec or ()),
+        fetch=fetch_options(args),
         quotas=_quotas(args), api_limits=_api_limits(args), worker_template=args.worker_template,
         store=args.store, lease_s=args.lease_s, disk_reserve_bytes=args.disk_reserve,
         namespace_disk=args.namespace_disk, exec_max_file_bytes=args.exec_max_file_size,
@@ -340,6 +356,10 @@ def _api_limits(args: argparse.Namespace) -> ApiLimits:
 def _serve_command(args: argparse.Namespace) -> int:
     from ..service.serve import ServiceRefused, run_service  # the HTTP stack: only for serve
 
+    refusal = fetch_flags_refusal(args)
+    if refusal is not None:
+        print(f"{PROG} serve: error: {refusal}", file=sys.stderr)
+        return EXIT_USAGE
     with logging_configured(args.log_level, args.log_format):
         options = _serve_options(args)
         socket_path: Path = args.listen or options.data_dir / "api.sock"
@@ -648,6 +668,50 @@ def _namespace_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         cmd.set_defaults(run=_namespace_disk_command)
         cmd.add_argument("--data-dir", type=data_dir, default=default_data_dir())
     _namespace_limits_parser(namespace_sub)
+    _namespace_egress_parser(namespace_sub)
+
+
+def _namespace_egress_parser(namespace_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    egress = namespace_sub.add_parser("egress", help="narrow the hosts http.fetch may reach for a namespace (within "
+                                                     "serve's --allow-fetch)")
+    egress_sub = egress.add_subparsers(dest="egress_command", required=True)
+    egress_set = egress_sub.add_parser("set", help="allow only these hosts (each also allowed by serve's "
+                                                   "--allow-fetch): replaces the namespace's list")
+    egress_set.add_argument("namespace", type=namespace_name)
+    egress_set.add_argument("patterns", nargs="+", type=fetch_host, metavar="HOST_PATTERN")
+    egress_none = egress_sub.add_parser("deny-all", help="allow it no host at all")
+    egress_none.add_argument("namespace", type=namespace_name)
+    egress_clear = egress_sub.add_parser("clear", help="drop the namespace's list: serve's --allow-fetch applies")
+    egress_clear.add_argument("namespace", type=namespace_name)
+    egress_show = egress_sub.add_parser("show", help="the namespace's list")
+    egress_show.add_argument("namespace", type=namespace_name)
+    for cmd in (egress_set, egress_none, egress_clear, egress_show):
+        cmd.set_defaults(run=_namespace_egress_command)
+        cmd.add_argument("--data-dir", type=data_dir, default=default_data_dir())
+
+
+def _namespace_egress_command(args: argparse.Namespace) -> int:
+    """On the data dir's file directly, read by the next http.fetch call. The service's --allow-fetch is not known
+    here: a pattern outside it allows nothing (PUT /v1/namespaces/{ns}/egress refuses one)."""
+    stored = NamespaceEgress(args.data_dir)
+    try:
+        if args.egress_command == "set":
+            own = stored.set(args.namespace, tuple(args.patterns))
+        elif args.egress_command == "deny-all":
+            own = stored.set(args.namespace, ())
+        elif args.egress_command == "clear":
+            own = stored.set(args.namespace, None)
+        else:
+            own = stored.get(args.namespace)
+    except (NamespaceEgressError, InvalidNamespace, OSError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if own is None:
+        print("hosts\tserve --allow-fetch (no list of its own)")
+    else:
+        print(f"hosts\t{' '.join(str(p) for p in own) or 'none'}")
+        print("note\tonly hosts serve's --allow-fetch also allows can be fetched")
+    return 0
 
 
 def _namespace_disk_command(args: argparse.Namespace) -> int:

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ..egress import EgressPolicy, HostPattern, IPNetwork, PatternError, parse_network
+
 #: Exit codes of ``codesdk run`` (README): a stop by signal exits 128 + the signal's number, as shells report.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 128 + signal.SIGINT
 #: A refusal the command could not have avoided (sysexits' EX_UNAVAILABLE): a namespace's worker failing, a runtime
@@ -106,6 +108,51 @@ def env_item(value: str) -> str:
     if "\x00" in value:
         _refuse(f"the value of {key} has a NUL character, which no environment can hold")
     return value
+
+
+def fetch_host(value: str) -> HostPattern:
+    """``--allow-fetch HOST_PATTERN``: ``example.com``, ``*.example.com``, an IP literal, each with an optional
+    ``:PORT``."""
+    try:
+        return HostPattern.parse(text(value))
+    except PatternError as exc:
+        _refuse(str(exc))
+
+
+def fetch_address(value: str) -> IPNetwork:
+    """``--allow-fetch-address CIDR``: an address range http.fetch may reach although it is not public."""
+    try:
+        return parse_network(text(value))
+    except PatternError as exc:
+        _refuse(str(exc))
+
+
+def add_fetch_flags(parser: argparse.ArgumentParser, whom: str) -> None:
+    """The flags that enable ``http.fetch`` (``codesdk run`` and ``codesdk-supervisor serve`` alike)."""
+    parser.add_argument("--allow-fetch", action="append", type=fetch_host, metavar="HOST_PATTERN", default=None,
+                        help=f"enable the http.fetch tool {whom}, for URLs on this host: example.com, *.example.com "
+                             "(hosts below it), or an IP, each with an optional :PORT (else the scheme's default "
+                             "port); repeatable. Each call still needs approval, in every permission mode. "
+                             "Default: off")
+    parser.add_argument("--allow-fetch-address", action="append", type=fetch_address, metavar="CIDR", default=None,
+                        help="let http.fetch connect to these addresses although they are not public (loopback, "
+                             "private, link-local...: refused otherwise); repeatable")
+    parser.add_argument("--allow-fetch-post", action="store_true",
+                        help="let http.fetch send POST requests (with a body); default: GET and HEAD only")
+
+
+def fetch_options(args: argparse.Namespace) -> EgressPolicy:
+    """The egress policy of ``http.fetch`` from the fetch flags (no hosts: the tool is off)."""
+    return EgressPolicy(hosts=tuple(args.allow_fetch or ()), addresses=tuple(args.allow_fetch_address or ()),
+                        allow_post=args.allow_fetch_post)
+
+
+def fetch_flags_refusal(args: argparse.Namespace) -> str | None:
+    """Why the fetch flags given make no sense together (None: they do)."""
+    if not args.allow_fetch and (args.allow_fetch_address or args.allow_fetch_post):
+        flag = "--allow-fetch-address" if args.allow_fetch_address else "--allow-fetch-post"
+        return f"{flag} has no effect without --allow-fetch HOST_PATTERN, which enables http.fetch"
+    return None
 
 
 def regex(value: str) -> str:

@@ -22,6 +22,7 @@ from codesdk._version import __version__
 
 from ..config import default_data_dir
 from .common import (
+    add_fetch_flags,
     DEFAULT_NAMESPACE,
     DEFAULT_RUNTIME,
     SESSION_STATES,
@@ -137,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--non-interactive", action="store_true", help="never prompt; 'ask' decisions become denials")
     run.add_argument("--allow-exec", action="append", metavar="COMMAND",
                      help="enable the sandboxed workspace.exec tool for this command (repeatable)")
+    add_fetch_flags(run, "for this command")
     run.add_argument("--env", action="append", type=env_item, metavar="KEY=VALUE",
                      help="a variable for the namespace's worker and runtime (e.g. ANTHROPIC_BASE_URL); repeatable")
     run.add_argument("--json", action="store_true", help="print events as JSON lines")

@@ -38,6 +38,8 @@ from .common import (
     check_session_flags,
     check_title,
     exit_code,
+    fetch_flags_refusal,
+    fetch_options,
     read_again,
     run_config,
     run_env,
@@ -85,6 +87,8 @@ async def _terminal_approver(request: ApprovalRequest) -> ApproverAnswer:
 
 async def cmd_run(args: argparse.Namespace, ahead: RunAhead | None = None) -> int:
     runtime_config = run_config(args)
+    if (refusal := fetch_flags_refusal(args)) is not None:
+        raise CliError(refusal)
     if args.session and args.workspace:
         raise CliError("--workspace cannot be used with --session: a session keeps the workspace it was created with")
     if args.session and args.title:
@@ -95,6 +99,7 @@ async def cmd_run(args: argparse.Namespace, ahead: RunAhead | None = None) -> in
         return await run_via_api(args, runtime_config)
     # This supervisor serves one task in one namespace: the variables are that namespace's.
     options = SupervisorOptions(data_dir=args.data_dir, exec_allowlist=tuple(args.allow_exec or ()),
+                                fetch=fetch_options(args),
                                 worker_env={"*": run_env(args.env)}, holder="codesdk run", test_scenarios=True,
                                 children=ahead.children if ahead is not None else None)  # its headstart's
     with trio.open_signal_receiver(*STOP_SIGNALS) as signals:

@@ -267,7 +267,7 @@ class ToolFlow:
         """Run the tool and store its result, with ``unstored`` (the record so far of a read, not stored yet) and
         its output in the same commit. Returns the answer to send the runtime; None if the task ended."""
         result = await self._port.tools.execute(requested.tool_name, tool_input, ToolContext(
-            workspace=workspace, namespace=run.session.namespace))
+            workspace=workspace, namespace=run.session.namespace, put_blob=partial(self._port.put_blob, run)))
         duration_ms = (time.monotonic() - started_at) * 1000
         output = _output_events(identity, result)
         if not unstored and output:  # a command's output is stored as soon as it ran
@@ -284,7 +284,7 @@ class ToolFlow:
             **identity.model_dump(), tool_name=requested.tool_name, is_error=result.is_error,
             execution_env=result.execution_env, policy_snapshot=policy_snapshot, sandbox=result.sandbox,
             result_ref=result_ref, result_preview=result.preview or _preview(result.content),
-            result_hash=result_ref, duration_ms=round(duration_ms, 3))
+            result_hash=result_ref, output_ref=result.output_ref, duration_ms=round(duration_ms, 3))
         record = [*unstored, *output, PendingEvent(EventType.TOOL_CALL_COMPLETED, completed)]
         if not await self._port.append(run, record, blobs):
             return None

@@ -18,7 +18,8 @@ One job per module: ``_names`` (the grammar), ``_files`` (the supervisor's priva
 may shape, opened without following symlinks: also for the workspace tools), ``_dirs`` (the namespace's
 directories), ``_env`` (the worker's environment), ``_variables`` (the stored variables), ``_uids`` (the range,
 each namespace's identity, handing files to it), ``_uid_checks`` (start-up checks for a range), ``_data_dir`` (the
-data dir's own modes), ``_disk`` (each namespace's disk quota: an ext4 image of its own), ``_workspaces`` (which workspaces are allowed, handing one to a namespace). Other packages
+data dir's own modes), ``_disk`` (each namespace's disk quota: an ext4 image of its own), ``_workspaces`` (which workspaces are allowed, handing one to a namespace), ``_egress`` (its narrowing of
+``http.fetch``'s hosts). Other packages
 import this face only.
 """
 
@@ -33,6 +34,7 @@ from ._disk import (
     disk_unsupported,
     is_disk_full,
 )
+from ._egress import EGRESS_FILE, MAX_NAMESPACE_PATTERNS, NamespaceEgress, NamespaceEgressError
 from ._dirs import SUBDIRS, NamespaceDirs, prepare_dirs, prepare_namespace
 from ._env import DEFAULT_PATH, RECORD_STREAMS_ENV, RUNTIME_AHEAD_ENV, build_env
 from ._files import DIR_FLAGS, WALK_FLAGS, chmod_entry, make_dir, open_dir, walk_tree, write_private
@@ -43,6 +45,10 @@ from ._variables import ENV_DIR, MAX_VALUE_BYTES, MAX_VARIABLES, EnvEntry, Names
 from ._workspaces import WorkspaceRefused, check_workspace, give_workspace, make_workspace
 
 __all__ = [
+    "EGRESS_FILE",
+    "MAX_NAMESPACE_PATTERNS",
+    "NamespaceEgress",
+    "NamespaceEgressError",
     "DISK_QUOTAS_FILE",
     "VOLUMES_DIR",
     "DiskQuota",

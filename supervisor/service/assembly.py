@@ -18,6 +18,7 @@ from ..namespaces import (
     DiskQuota,
     DiskQuotaError,
     NamespaceDisks,
+    NamespaceEgress,
     UidRange,
     UidRangeError,
     check_can_switch_uids,
@@ -27,7 +28,8 @@ from ..namespaces import (
     tighten_data_dir,
 )
 from ..store import COMMIT_LINGER_S, LEASE_S, Quotas
-from ..tools import DEFAULT_EXEC_UID, ExecPolicy, ToolRegistry, ToolsConfig, check_exec_identity
+from ..egress import EgressPolicy
+from ..tools import DEFAULT_EXEC_UID, ExecPolicy, FetchPolicy, ToolRegistry, ToolsConfig, check_exec_identity
 from codesdk.worker.command import worker_argv
 
 from ..workers.launch import PoolConfig, WorkerPolicy, workers_env
@@ -37,6 +39,8 @@ from ..workers.launch import PoolConfig, WorkerPolicy, workers_env
 class SupervisorOptions:
     data_dir: Path = field(default_factory=default_data_dir)
     exec_allowlist: tuple[str, ...] = ()  # non-empty enables the sandboxed workspace.exec tool
+    #: ``http.fetch``'s egress policy (``--allow-fetch``...): allowing a host enables the tool.
+    fetch: EgressPolicy = field(default_factory=EgressPolicy)
     #: When a namespace's worker is let go (idle), restarted, quarantined, or killed after its grace.
     worker_policy: WorkerPolicy = field(default_factory=WorkerPolicy)
     worker_env: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -139,7 +143,8 @@ async def _open_engine(options: SupervisorOptions, data_dir: Path, children: Chi
                              namespace_uids=_namespace_uids(options.worker_uids),
                              max_processes=options.group_limits.pids,
                              max_file_bytes=options.exec_max_file_bytes)
-    tools = ToolRegistry(ToolsConfig(exec=exec_policy), children=children, groups=groups)
+    fetch_policy = FetchPolicy(egress=options.fetch, namespace_hosts=NamespaceEgress(data_dir).get)
+    tools = ToolRegistry(ToolsConfig(exec=exec_policy, fetch=fetch_policy), children=children, groups=groups)
     async with Engine.open(EngineConfig(data_dir=data_dir, pool=pool, holder=options.holder,
                                         quotas=options.quotas, store=options.store, lease_s=options.lease_s,
                                         disk_reserve_bytes=options.disk_reserve_bytes,

@@ -2,7 +2,7 @@
 
 Tools (``ToolRegistry``): ``workspace.read``, ``workspace.write``, ``patch.apply``, ``workspace.list`` are on
 by default; ``workspace.exec`` is off unless ``ToolsConfig.exec`` enables it, and then runs only allowlisted
-commands in a sandbox. Every path is confined to the session workspace. ``ToolRegistry.execute`` turns
+commands in a sandbox; ``http.fetch`` is off unless ``ToolsConfig.fetch`` allows some hosts (``_egress``). Every path is confined to the session workspace. ``ToolRegistry.execute`` turns
 every caller-caused failure into an error ``ToolResult``.
 
 Policy (``evaluate``/``complete``): permission mode x tool class, recorded as ordered evaluations plus one
@@ -23,6 +23,8 @@ from ._base import (
 from ._builtins import runtime_tool_spec
 from ._diff import DiffError, FilePatch, Hunk, HunkMismatch, apply_hunks, parse_unified_diff, split_lines
 from ._exec import DEFAULT_EXEC_PATH, DEFAULT_EXEC_UID, ExecInput, ExecPolicy, check_exec_identity
+from ..egress import EgressPolicy, HostPattern, PatternError, address_refusal, parse_network
+from ._fetch import FETCH_TOOL_NAME, FetchInput, FetchPolicy, Resolver, system_resolver
 from ._files import ListInput, ReadInput, WriteInput
 from ._patch import PatchInput
 from ._paths import ConfinedPath, confine
@@ -51,6 +53,7 @@ __all__ = [
     "DEFAULT_EXEC_PATH",
     "DEFAULT_EXEC_UID",
     "EXEC_TOOL_NAME",
+    "FETCH_TOOL_NAME",
     "POLICY_VERSION",
     "PREVIEW_MAX_CHARS",
     "RULES",
@@ -61,18 +64,24 @@ __all__ = [
     "ConfinedPath",
     "DiffError",
     "ErrorCode",
+    "EgressPolicy",
     "Evaluation",
     "ExecInput",
     "ExecPolicy",
+    "FetchInput",
+    "FetchPolicy",
     "FilePatch",
+    "HostPattern",
     "Hunk",
     "HunkMismatch",
     "ListInput",
     "PatchInput",
+    "PatternError",
     "PolicyOutcome",
     "PolicyPayload",
     "PolicyRequest",
     "ReadInput",
+    "Resolver",
     "SandboxProber",
     "SandboxTools",
     "Tool",
@@ -84,6 +93,7 @@ __all__ = [
     "ToolResult",
     "ToolsConfig",
     "WriteInput",
+    "address_refusal",
     "apply_hunks",
     "check_exec_identity",
     "codesdk_evaluation",
@@ -93,9 +103,11 @@ __all__ = [
     "evaluation_payloads",
     "input_hash",
     "is_replay_safe",
+    "parse_network",
     "parse_unified_diff",
     "policy_payloads",
     "probe_sandbox",
     "runtime_tool_spec",
     "split_lines",
+    "system_resolver",
 ]

@@ -36,6 +36,9 @@ class ErrorCode(StrEnum):
     COMMAND_REFUSED = "command_refused"
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
     IO_ERROR = "io_error"
+    EGRESS_REFUSED = "egress_refused"  # http.fetch: the egress policy forbids that URL, address or method
+    NETWORK_ERROR = "network_error"  # http.fetch: the remote, or the way to it, failed
+    TIMEOUT = "timeout"  # http.fetch: no complete answer in time
     DISK_FULL = "disk_full"  # the namespace's disk quota (or the workspace's file system) is full
     INTERNAL = "internal_error"
 
@@ -65,6 +68,8 @@ class ToolLimits:
     exec_timeout_s: float = 60.0
     exec_memory_mb: int = 1024
     exec_output_max_bytes: int = 64 * 1024
+    fetch_timeout_s: float = 30.0
+    fetch_max_bytes: int = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,9 @@ class ToolContext:
     limits: ToolLimits = field(default_factory=ToolLimits)
     #: The namespace the call is made for: ``workspace.exec`` runs in its resource group (None: in none).
     namespace: str | None = None
+    #: Stores a blob the call's result names (``http.fetch``'s body) in the task's session; returns its ref.
+    #: None where there is no store (the tool then returns no ref).
+    put_blob: Callable[[bytes, str], Awaitable[str]] | None = None
 
 
 class ToolResult(BaseModel):
@@ -89,6 +97,9 @@ class ToolResult(BaseModel):
     execution_env: str = "supervisor:workspace"
     stdout: str | None = None
     stderr: str | None = None
+    #: A blob the tool stored through ``ToolContext.put_blob`` (``http.fetch``'s body): named by the call's
+    #: ``tool.call.completed`` so the session's readers may download it.
+    output_ref: str | None = None
 
     @field_validator("preview")
     @classmethod

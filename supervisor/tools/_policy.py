@@ -2,13 +2,17 @@
 
 The codesdk rule is a table of permission mode x tool class (the tool's *risk*, not its name):
 
-============  ==========  =======  =========
-mode          read_only   write    dangerous
-============  ==========  =======  =========
-``yolo``      allow       allow    allow
-``auto``      allow       allow    ask
-``ask``       allow       ask      ask
-============  ==========  =======  =========
+============  ==========  =======  =========  =======
+mode          read_only   write    dangerous  network
+============  ==========  =======  =========  =======
+``yolo``      allow       allow    allow      ask
+``auto``      allow       allow    ask        ask
+``ask``       allow       ask      ask        ask
+============  ==========  =======  =========  =======
+
+``network`` (``http.fetch``) asks even in ``yolo``: a request leaves the supervisor's host, and what it sends (the
+URL, headers, a body) can carry the workspace's secrets out, so a human sees each one. There is no switch that
+lets it through unasked; an operator who wants unattended fetches keeps the allowlist (``--allow-fetch``) narrow.
 
 A tool that is not enabled (unknown, or disabled by config) is denied in every mode.
 
@@ -59,12 +63,15 @@ RULES: Mapping[tuple[PermissionMode, ToolClass], PolicyDecision] = {
     (PermissionMode.YOLO, ToolClass.READ_ONLY): ALLOW,
     (PermissionMode.YOLO, ToolClass.WRITE): ALLOW,
     (PermissionMode.YOLO, ToolClass.DANGEROUS): ALLOW,
+    (PermissionMode.YOLO, ToolClass.NETWORK): ASK,
     (PermissionMode.AUTO, ToolClass.READ_ONLY): ALLOW,
     (PermissionMode.AUTO, ToolClass.WRITE): ALLOW,
     (PermissionMode.AUTO, ToolClass.DANGEROUS): ASK,
+    (PermissionMode.AUTO, ToolClass.NETWORK): ASK,
     (PermissionMode.ASK, ToolClass.READ_ONLY): ALLOW,
     (PermissionMode.ASK, ToolClass.WRITE): ASK,
     (PermissionMode.ASK, ToolClass.DANGEROUS): ASK,
+    (PermissionMode.ASK, ToolClass.NETWORK): ASK,
 }
 
 RULE_NOT_ENABLED = "tool.not_enabled"

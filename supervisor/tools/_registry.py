@@ -19,6 +19,7 @@ from codesdk.protocol import ToolManifest, ToolSpec, canonical_hash
 from ..groups import ResourceGroups
 from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolResult
 from ._exec import ExecPolicy, make_exec_tool
+from ._fetch import FETCH_TOOL_NAME, FetchPolicy, make_fetch_tool
 from ._files import LIST_TOOL, READ_TOOL, WRITE_TOOL
 from ._patch import PATCH_TOOL
 from ._sandbox import SandboxProber
@@ -30,9 +31,11 @@ EXEC_TOOL_NAME = "workspace.exec"
 
 @dataclass(frozen=True)
 class ToolsConfig:
-    """Operator configuration: ``exec`` is off unless enabled there; ``disabled`` turns off others by name."""
+    """Operator configuration: ``exec`` and ``fetch`` are off unless enabled there; ``disabled`` turns off others by
+    name."""
 
     exec: ExecPolicy = field(default_factory=ExecPolicy)
+    fetch: FetchPolicy = field(default_factory=FetchPolicy)
     disabled: frozenset[str] = frozenset()
 
 
@@ -60,6 +63,8 @@ class ToolRegistry:
         every: list[Tool[Any]] = [READ_TOOL, WRITE_TOOL, PATCH_TOOL, LIST_TOOL]
         if self.config.exec.enabled:
             every.append(make_exec_tool(self.config.exec, prober, children, groups))
+        if self.config.fetch.enabled:
+            every.append(make_fetch_tool(self.config.fetch))
         self._tools: dict[str, Tool[Any]] = {
             tool.name: tool for tool in every if tool.name not in self.config.disabled
         }
@@ -87,9 +92,10 @@ class ToolRegistry:
         """Validate ``input`` against the tool's model and run it; every failure is an error result."""
         tool = self._tools.get(name)
         if tool is None:
-            why = (
-                "is disabled (enable it in the tools config)" if name == EXEC_TOOL_NAME else "is not enabled"
-            )
+            why = {
+                EXEC_TOOL_NAME: "is disabled (the operator enables it with --allow-exec)",
+                FETCH_TOOL_NAME: "is disabled (the operator enables it with --allow-fetch)",
+            }.get(name, "is not enabled")
             known = ", ".join(self._tools) or "none"
             return ToolResult.error(ErrorCode.UNKNOWN_TOOL, f"tool {name!r} {why}; available: {known}")
         sandbox, env = tool.refusal_sandbox(ctx), tool.execution_env

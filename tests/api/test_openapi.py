@@ -242,6 +242,10 @@ async def test_every_answer_of_every_operation_matches_the_schema_the_document_d
         assert (await c.patch("/v1/namespaces/user:alice/env", headers=admin,
                               json={"set": {"bad name": "x"}})).status_code == 422
         assert (await c.get("/v1/namespaces/user:alice/env", headers=admin)).status_code == 200
+        egress = "/v1/namespaces/user:alice/egress"
+        assert (await c.put(egress, headers=admin, json={"hosts": []})).status_code == 200
+        assert (await c.put(egress, headers=admin, json={"hosts": ["wider.example.com"]})).status_code == 422
+        assert (await c.get(egress, headers=admin)).status_code == 200
 
         archived = await c.patch(f"/v1/sessions/{sid}", headers=alice, json={"archived": True, "title": "Done"})
         assert archived.status_code == 200 and archived.json()["state"] == "archived"

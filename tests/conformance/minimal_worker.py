@@ -295,7 +295,7 @@ PARAMS: dict[str, Check] = {
         "messages": array(model({"role": enum("system", "user", "assistant", "tool")}, {"blocks": array(block)})),
         "tool_manifest": model({}, {"tools": array(model({"name": string(1, 128, r"[A-Za-z0-9_.\-]+")}, {
             "description": TEXT, "input_schema": json_object,
-            "tool_class": enum("read_only", "write", "dangerous")}))}),
+            "tool_class": enum("read_only", "write", "dangerous", "network")}))}),
         "permission_mode": enum("ask", "auto", "yolo"),
         "interaction_mode": enum("non_interactive", "interactive"), "runtime_config": json_object,
         "trace": model({}, {k: OPTIONAL_TEXT for k in ("request_id", "client_id", "user_id")})}),

@@ -137,6 +137,9 @@ def test_cli_goes_through_the_service_that_holds_the_data_dir(tmp_path: Path) ->
         assert refused.returncode == 2 and "--env cannot be honoured through the API" in refused.stderr
         refused = _cli(data, "run", "x", "--allow-exec", "ls")
         assert refused.returncode == 2 and "--allow-exec cannot be honoured" in refused.stderr
+        refused = _cli(data, "run", "x", "--allow-fetch", "example.com")
+        assert refused.returncode == 2 and "--allow-fetch cannot be honoured" in refused.stderr
+        assert "serve --allow-fetch" in refused.stderr
         auth = _cli(data, "auth", "--runtime", "scripted")
         assert auth.returncode == 0 and "scripted in default" in auth.stdout
 

@@ -25,6 +25,7 @@ from codesdk.protocol import (
 )
 from codesdk.supervisor.tools import (
     POLICY_VERSION,
+    RULES,
     ApprovalNeeded,
     ApprovalRequest,
     ApproverAnswer,
@@ -42,16 +43,21 @@ from codesdk.supervisor.tools import (
 )
 
 Y, A, K = PermissionMode.YOLO, PermissionMode.AUTO, PermissionMode.ASK
-RO, W, D = ToolClass.READ_ONLY, ToolClass.WRITE, ToolClass.DANGEROUS
+RO, W, D, N = ToolClass.READ_ONLY, ToolClass.WRITE, ToolClass.DANGEROUS, ToolClass.NETWORK
 ALLOW, DENY, ASK = PolicyDecision.ALLOW, PolicyDecision.DENY, PolicyDecision.ASK
 INTERACTIVE, BATCH = InteractionMode.INTERACTIVE, InteractionMode.NON_INTERACTIVE
 
 #: The documented table: what codesdk says for each (mode, class).
 TABLE = {
-    (Y, RO): ALLOW, (Y, W): ALLOW, (Y, D): ALLOW,
-    (A, RO): ALLOW, (A, W): ALLOW, (A, D): ASK,
-    (K, RO): ALLOW, (K, W): ASK, (K, D): ASK,
+    (Y, RO): ALLOW, (Y, W): ALLOW, (Y, D): ALLOW, (Y, N): ASK,
+    (A, RO): ALLOW, (A, W): ALLOW, (A, D): ASK, (A, N): ASK,
+    (K, RO): ALLOW, (K, W): ASK, (K, D): ASK, (K, N): ASK,
 }  # fmt: skip
+
+
+def test_the_table_covers_every_mode_and_class() -> None:
+    """A new mode or class must get its row or column here and in the policy's table alike."""
+    assert set(TABLE) == set(itertools.product(PermissionMode, ToolClass)) and dict(RULES) == TABLE
 
 
 def spec(tool_class: ToolClass, name: str = "t.tool") -> ToolSpec:
@@ -89,7 +95,7 @@ async def decide_soon(request: PolicyRequest, approver: Any = None) -> PolicyOut
 
 @pytest.mark.parametrize(
     ("mode", "tool_class", "interaction", "answer"),
-    list(itertools.product([Y, A, K], [RO, W, D], [INTERACTIVE, BATCH], [True, False])),
+    list(itertools.product([Y, A, K], [RO, W, D, N], [INTERACTIVE, BATCH], [True, False])),
 )
 async def test_policy_matrix(
     mode: PermissionMode, tool_class: ToolClass, interaction: InteractionMode, answer: bool
