@@ -10,9 +10,15 @@ import trio
 
 from codesdk import AsyncClient
 from codesdk.testing.invariants import check_session
-from codesdk.protocol import EventType, NormalizedEvent
+from codesdk.protocol import EventType, NormalizedEvent, RuntimeCapabilities
 
 from tests.api.conftest import Api
+
+#: The capabilities added for apps to feature-detect by (docs/protocol.md §3.1): each served, whatever its value.
+MODELS_AN_APP_READS = ("auth_model", "tool_execution", "permission_model", "state_model", "resume_model",
+                       "tool_replay", "mcp_support", "mcp_transports", "cancellation_model", "recommended_isolation",
+                       "artifacts", "stop", "parallel_tool_calls", "session_resume", "usage_reporting",
+                       "interaction_modes")
 
 
 async def _pending(api: Api, token: str) -> list[dict[str, Any]]:
@@ -164,6 +170,16 @@ async def test_runtimes_and_auth_status_per_namespace(api: Api) -> None:
         assert r.status_code == 200
         names = {o["name"]: o for o in r.json()["runtimes"]}
         assert names["scripted"]["capabilities"]["parallel_tool_calls"] is True and "claude" in names
+        # Every field an app feature-detects by is served for every runtime, as the worker declared it; the
+        # clients hand back the same (protocol) model.
+        offers = {o.name: o for o in await api.engine.runtimes("user:alice")}
+        async with AsyncClient(socket=api.socket, token=api.alice) as client:
+            typed = {o.name: o for o in await client.runtimes("user:alice")}
+        for name, served in names.items():
+            assert set(MODELS_AN_APP_READS) <= set(served["capabilities"]), name
+            assert RuntimeCapabilities.model_validate(served["capabilities"]) == offers[name].capabilities
+            assert typed[name].capabilities == offers[name].capabilities
+        assert names["claude"]["capabilities"]["max_outstanding_tool_calls"] == 1
         hidden = await api.client.get("/v1/runtimes?namespace=user:alice", headers=api.auth(api.bob))
         assert hidden.status_code == 404
         auth = await api.client.get("/v1/namespaces/user:alice/auth/claude", headers=api.auth(api.alice))

@@ -77,6 +77,7 @@ class CodexAcpProfile(PlatformBuildProfile):
     package = "@zed-industries/codex-acp"
     version = "0.16.0"
     context_window_tokens = 272_000  # Codex's default model
+    parallel_tool_calls = False  # Codex runs MCP tools one at a time (they are not marked parallel)
     handshake_timeout_s = 60.0  # initialize 0.05-0.15 s, session/new ~0.02 s (MCP servers start in the background)
     exit_grace_s = 0.0  # it never exits on stdin EOF; SIGTERM ends it at once, its rollout already written
     default_max_retries = 4  # Codex's own default for its provider's requests

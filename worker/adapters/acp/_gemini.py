@@ -52,6 +52,7 @@ class GeminiProfile(AgentProfile):
     package = "@google/gemini-cli"
     version = "0.61.0"
     context_window_tokens = 1_048_576  # the window of the Gemini models it defaults to
+    parallel_tool_calls = False  # its ACP session runs a turn's calls in order, each answered before the next
     handshake_timeout_s = 60.0
     exit_grace_s = 0.0  # with an MCP server attached it does not exit on stdin EOF: SIGTERM at once (its transcript
     # is written as the turn goes; it exits on SIGTERM in ~50 ms)

@@ -76,6 +76,9 @@ class AgentProfile(ABC):
     version: str
     #: Tokens of context of the agent's default model (None: the operator chooses the model; unknown).
     context_window_tokens: int | None = None
+    #: It asks for a turn's tool calls together, several waiting at once (else one at a time: each is answered
+    #: before it asks for the next; the contract suite holds either).
+    parallel_tool_calls: bool = True
     #: Bound on each answer before the turn runs (start-up, ``initialize``, ``session/new``).
     handshake_timeout_s: float = 60.0
     #: After the turn, stdin is closed and the agent gets this long to exit by itself before SIGTERM.

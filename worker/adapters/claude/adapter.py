@@ -117,11 +117,13 @@ class ClaudeAdapter(RuntimeAdapter):
         return RuntimeCapabilities(
             name=self.name, version=self._version(), isolation_modes=(IsolationMode.SUBPROCESS,),
             requires_auth=True, auth_methods=("oauth_local", "api_key", "oauth_token", "third_party"),
-            streaming_text=True, streaming_thinking=True, tool_calls=True, parallel_tool_calls=True,
+            streaming_text=True, streaming_thinking=True, tool_calls=True,
+            # CodeSDK's tools carry no read-only hint, so Claude Code runs them one at a time (as the contract shows)
+            parallel_tool_calls=False, max_outstanding_tool_calls=1,
             tool_routing=(ToolRouting.MCP,),
             builtin_tools=("Bash", "Read", "Write", "Edit", "Glob", "Grep", "WebFetch", "WebSearch"),
             builtin_tools_default_enabled=False, permission_prompts=True,
-            interaction_modes=(InteractionMode.NON_INTERACTIVE,), session_create=True, session_resume=True,
+            interaction_modes=tuple(InteractionMode), session_create=True, session_resume=True,
             transcript_input=False, context_window_tokens=200_000, cancellation=CancellationSupport.COOPERATIVE, usage_reporting=True,
             cost_reporting=True, default_model=ClaudeSettings().model,
             config_keys=CLAUDE_CONFIG_KEYS, auth_model=AuthModel.BOTH, tool_execution=ToolExecution.HYBRID,

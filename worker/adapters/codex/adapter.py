@@ -117,7 +117,7 @@ class CodexAdapter(RuntimeAdapter):
             requires_auth=True, auth_methods=("api_key", "oauth_local"), streaming_text=True,
             streaming_thinking=True, tool_calls=True, parallel_tool_calls=True, tool_routing=(ToolRouting.IN_BAND,),
             builtin_tools=(), builtin_tools_default_enabled=False, permission_prompts=True,
-            interaction_modes=(InteractionMode.NON_INTERACTIVE,), session_create=True, session_resume=True,
+            interaction_modes=tuple(InteractionMode), session_create=True, session_resume=True,
             transcript_input=False, context_window_tokens=272_000, cancellation=CancellationSupport.COOPERATIVE, usage_reporting=True,
             cost_reporting=False, default_model=None, config_keys=CODEX_CONFIG_KEYS, auth_model=AuthModel.BOTH,
             tool_execution=ToolExecution.EXTERNAL, permission_model=PermissionModel.CODESDK,

@@ -137,7 +137,7 @@ class ScriptedAdapter(RuntimeAdapter):
             tool_execution=ToolExecution.EXTERNAL,
             permission_model=PermissionModel.CODESDK,
             state_model=StateModel.IN_PROCESS,
-            resume_model=ResumeModel.NATIVE,
+            resume_model=ResumeModel.RECONSTRUCT,  # it keeps nothing between tasks: it is given the transcript
             tool_replay=ReplaySafety.SAFE_REPLAY,
             mcp_support=McpSupport.NONE,
             cancellation_model=CancellationModel.GUARANTEED,  # it plays in the worker: a stop ends the scenario
