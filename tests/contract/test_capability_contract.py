@@ -278,26 +278,12 @@ async def test_interactive_asks_a_person_as_declared(make_engine: MakeEngine, ca
     assert [a.source for a in of_type(events, EventType.TOOL_CALL_APPROVED)] == [PolicySource.USER]
 
 
-async def test_usage_reporting_as_declared(make_engine: MakeEngine, case: Case) -> None:
-    """``usage_reporting``: a turn reports its usage (usage.reported); not declared, it reports none."""
-    turn = case.stream("how much did this cost")
-    with trio.fail_after(HANG_GUARD_S):
-        async with make_engine(worker_env={"*": case.worker_env()}) as engine:
-            declared = await _declared(engine, case)
-            session = await engine.create_session(runtime=case.runtime)
-            task = await engine.start_task(session.session_id, turn.prompt, runtime_config=turn.runtime_config)
-            assert (record := await engine.wait_task(task.task_id)).state == TaskState.COMPLETED, record.error
-            events = await _task_events(engine, session.session_id, task.task_id)
-    reported = bool(of_type(events, EventType.USAGE_REPORTED))
-    assert reported == declared.usage_reporting, f"{case.runtime} declares usage_reporting " \
-        f"{declared.usage_reporting} but reported {'some' if reported else 'none'}"
-
-
 async def test_tools_run_and_are_decided_where_declared(make_engine: MakeEngine, case: Case,
                                                         tmp_path: Path) -> None:
     """``tool_execution`` ``external_mcp`` or ``hybrid``: CodeSDK's tools reach it as tool.call.requested and run in
     the supervisor. ``permission_model`` ``codesdk``: every call is decided by CodeSDK's policy (a
-    policy_evaluated by codesdk, the decision by codesdk), a denied one never runs."""
+    policy_evaluated by codesdk, the decision by codesdk), a denied one never runs. ``usage_reporting``: the turn
+    reports its usage (usage.reported); not declared, it reports none."""
     ws = workspace(tmp_path)
     turn = case.tools(("workspace.read", {"path": "a.txt"}), ("workspace.write", {"path": "b.txt", "content": "x"}))
     with trio.fail_after(HANG_GUARD_S):
@@ -308,6 +294,9 @@ async def test_tools_run_and_are_decided_where_declared(make_engine: MakeEngine,
                                            permission_mode=PermissionMode.ASK)
             assert (record := await engine.wait_task(task.task_id)).state == TaskState.COMPLETED, record.error
             events = await _task_events(engine, session.session_id, task.task_id)
+    reported = bool(of_type(events, EventType.USAGE_REPORTED))
+    assert reported == declared.usage_reporting, f"{case.runtime} declares usage_reporting " \
+        f"{declared.usage_reporting} but reported {'some' if reported else 'none'}"
     if declared.tool_execution == ToolExecution.RUNTIME_INTERNAL:
         pytest.skip(f"{case.runtime} runs its tools itself: CodeSDK's do not reach it")
     requested = of_type(events, EventType.TOOL_CALL_REQUESTED)
