@@ -50,6 +50,8 @@ class SupervisorOptions:
     exec_allowlist: tuple[str, ...] = ()  # non-empty enables the sandboxed workspace.exec tool
     #: ``http.fetch``'s egress policy (``--allow-fetch``...): allowing a host enables the tool.
     fetch: EgressPolicy = field(default_factory=EgressPolicy)
+    #: ``yolo`` tasks run ``http.fetch`` without asking (``--allow-fetch-unattended``); ``auto``/``ask`` still ask.
+    fetch_unattended: bool = False
     #: Where ``http.fetch`` opens its connections (tests: inside a network namespace of their own).
     fetch_connect: Connector = open_tcp
     #: When a namespace's worker is let go (idle), restarted, quarantined, or killed after its grace.
@@ -155,7 +157,7 @@ async def _open_engine(options: SupervisorOptions, data_dir: Path, children: Chi
                              max_processes=options.group_limits.pids,
                              max_file_bytes=options.exec_max_file_bytes)
     fetch_policy = FetchPolicy(egress=options.fetch, connect=options.fetch_connect,
-                               namespace_hosts=NamespaceEgress(data_dir).get)
+                               unattended=options.fetch_unattended, namespace_hosts=NamespaceEgress(data_dir).get)
     tools = ToolRegistry(ToolsConfig(exec=exec_policy, fetch=fetch_policy), children=children, groups=groups)
     async with Engine.open(EngineConfig(data_dir=data_dir, pool=pool, holder=options.holder,
                                         quotas=options.quotas, store=options.store, lease_s=options.lease_s,

@@ -94,6 +94,8 @@ class FetchPolicy:
     #: A namespace's own narrowing of the hosts (``NamespaceEgress.get``): None from it, or no lookup, leaves the
     #: operator's list as is; a tuple allows only hosts both it and the operator's allow.
     namespace_hosts: Callable[[str], tuple[HostPattern, ...] | None] | None = None
+    #: ``yolo`` tasks fetch without asking (``--allow-fetch-unattended``; the permission policy reads it).
+    unattended: bool = False
 
     @property
     def enabled(self) -> bool:

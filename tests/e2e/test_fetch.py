@@ -1,7 +1,7 @@
 """http.fetch end to end: a scripted runtime in a real worker calls it; the supervisor asks a human first (in every
-permission mode), then fetches from a server in the test's own network namespace and stores the body. The engine
-and the API run in the test's own loop; only the server and the fetch's sockets are in the namespace
-(tests/netns.py says why)."""
+permission mode, unless the operator lets yolo tasks fetch unattended), then fetches from a server in the test's
+own network namespace and stores the body. The engine and the API run in the test's own loop; only the server and
+the fetch's sockets are in the namespace (tests/netns.py says why)."""
 
 from __future__ import annotations
 
@@ -81,3 +81,24 @@ async def test_a_non_interactive_fetch_is_denied_even_in_yolo_mode(make_engine: 
     assert "needs approval for network tool 'http.fetch'" in denied.reason and "non-interactive" in denied.reason
     assert not of_type(events, EventType.TOOL_CALL_STARTED) and record.state == TaskState.COMPLETED
 
+
+async def test_with_unattended_fetches_a_non_interactive_yolo_task_fetches_and_auto_still_asks(
+        make_engine: MakeEngine, tmp_path: Path) -> None:
+    async with FreshNetns() as netns:
+        server = await serve_in(netns, SERVER)
+        egress = EgressPolicy(hosts=(HostPattern.parse(f"{SERVER}:{server.port}"),),
+                              addresses=(parse_network(f"{SERVER}/32"),))
+        url = f"http://{SERVER}:{server.port}/text"
+        with trio.fail_after(90):
+            async with make_engine(fetch=egress, fetch_unattended=True, fetch_connect=netns.connect) as engine:
+                _, record, events = await run_task(engine, permission_mode=PermissionMode.YOLO,
+                                                   runtime_config={"scenario_inline": fetching(url)})
+                assert record.state == TaskState.COMPLETED and not of_type(events, EventType.TOOL_CALL_DENIED)
+                [approved] = of_type(events, EventType.TOOL_CALL_APPROVED)
+                assert approved.policy_snapshot["rule"] == "mode.yolo.network.unattended"
+                [output] = of_type(events, EventType.MODEL_OUTPUT_COMPLETED)
+                assert output.text == "hello from the namespace" and server.hits == ["/text"]
+                _, _, events = await run_task(engine, permission_mode=PermissionMode.AUTO,
+                                              runtime_config={"scenario_inline": fetching(url)})
+        [denied] = of_type(events, EventType.TOOL_CALL_DENIED)
+        assert "needs approval for network tool 'http.fetch'" in denied.reason and server.hits == ["/text"]
