@@ -270,7 +270,7 @@ def _serve_options(args: argparse.Namespace) -> SupervisorOptions:
         data_dir=args.data_dir, worker_policy=policy, worker_uids=args.worker_uids,
         holder="codesdk-supervisor serve",
         test_scenarios=args.enable_test_scenarios, exec_allowlist=tuple(args.allow_exec or ()),
-        fetch=fetch_options(args),
+        fetch=fetch_options(args), fetch_unattended=args.allow_fetch_unattended,
         quotas=_quotas(args), api_limits=_api_limits(args), worker_template=args.worker_template,
         store=args.store, lease_s=args.lease_s, disk_reserve_bytes=args.disk_reserve,
         namespace_disk=args.namespace_disk, exec_max_file_bytes=args.exec_max_file_size,

@@ -132,13 +132,17 @@ def add_fetch_flags(parser: argparse.ArgumentParser, whom: str) -> None:
     parser.add_argument("--allow-fetch", action="append", type=fetch_host, metavar="HOST_PATTERN", default=None,
                         help=f"enable the http.fetch tool {whom}, for URLs on this host: example.com, *.example.com "
                              "(hosts below it), or an IP, each with an optional :PORT (else the scheme's default "
-                             "port); repeatable. Each call still needs approval, in every permission mode. "
-                             "Default: off")
+                             "port); repeatable. Each call still needs approval, in every permission mode unless "
+                             "--allow-fetch-unattended. Default: off")
     parser.add_argument("--allow-fetch-address", action="append", type=fetch_address, metavar="CIDR", default=None,
                         help="let http.fetch connect to these addresses although they are not public (loopback, "
                              "private, link-local...: refused otherwise); repeatable")
     parser.add_argument("--allow-fetch-post", action="store_true",
                         help="let http.fetch send POST requests (with a body); default: GET and HEAD only")
+    parser.add_argument("--allow-fetch-unattended", action="store_true",
+                        help="let tasks in permission mode yolo run http.fetch without asking (non-interactive yolo "
+                             "tasks fetch instead of being denied); the allowed hosts still apply, and auto and ask "
+                             "tasks still ask. Default: every fetch needs approval")
 
 
 def fetch_options(args: argparse.Namespace) -> EgressPolicy:
@@ -149,9 +153,11 @@ def fetch_options(args: argparse.Namespace) -> EgressPolicy:
 
 def fetch_flags_refusal(args: argparse.Namespace) -> str | None:
     """Why the fetch flags given make no sense together (None: they do)."""
-    if not args.allow_fetch and (args.allow_fetch_address or args.allow_fetch_post):
-        flag = "--allow-fetch-address" if args.allow_fetch_address else "--allow-fetch-post"
-        return f"{flag} has no effect without --allow-fetch HOST_PATTERN, which enables http.fetch"
+    given = [flag for flag, value in (("--allow-fetch-address", args.allow_fetch_address),
+                                      ("--allow-fetch-post", args.allow_fetch_post),
+                                      ("--allow-fetch-unattended", args.allow_fetch_unattended)) if value]
+    if not args.allow_fetch and given:
+        return f"{given[0]} has no effect without --allow-fetch HOST_PATTERN, which enables http.fetch"
     return None
 
 

@@ -99,7 +99,7 @@ async def cmd_run(args: argparse.Namespace, ahead: RunAhead | None = None) -> in
         return await run_via_api(args, runtime_config)
     # This supervisor serves one task in one namespace: the variables are that namespace's.
     options = SupervisorOptions(data_dir=args.data_dir, exec_allowlist=tuple(args.allow_exec or ()),
-                                fetch=fetch_options(args),
+                                fetch=fetch_options(args), fetch_unattended=args.allow_fetch_unattended,
                                 worker_env={"*": run_env(args.env)}, holder="codesdk run", test_scenarios=True,
                                 children=ahead.children if ahead is not None else None)  # its headstart's
     with trio.open_signal_receiver(*STOP_SIGNALS) as signals:

@@ -225,7 +225,7 @@ class ToolFlow:
         decided = await self._decide(run, identity, requested, tool_input, prefix, PolicyRequest(
             tool_name=requested.tool_name, tool=spec, permission_mode=run.params.permission_mode,
             interaction_mode=run.params.interaction_mode, tools_hash=tools.manifest_hash(),
-            input=tool_input, identity=identity))
+            input=tool_input, identity=identity, unattended_network=tools.unattended_network))
         if decided is None:
             return None
         outcome, decision = decided

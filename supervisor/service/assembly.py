@@ -29,7 +29,16 @@ from ..namespaces import (
 )
 from ..store import COMMIT_LINGER_S, LEASE_S, Quotas
 from ..egress import EgressPolicy
-from ..tools import DEFAULT_EXEC_UID, ExecPolicy, FetchPolicy, ToolRegistry, ToolsConfig, check_exec_identity
+from ..tools import (
+    DEFAULT_EXEC_UID,
+    Connector,
+    ExecPolicy,
+    FetchPolicy,
+    ToolRegistry,
+    ToolsConfig,
+    check_exec_identity,
+    open_tcp,
+)
 from codesdk.worker.command import worker_argv
 
 from ..workers.launch import PoolConfig, WorkerPolicy, workers_env
@@ -41,6 +50,10 @@ class SupervisorOptions:
     exec_allowlist: tuple[str, ...] = ()  # non-empty enables the sandboxed workspace.exec tool
     #: ``http.fetch``'s egress policy (``--allow-fetch``...): allowing a host enables the tool.
     fetch: EgressPolicy = field(default_factory=EgressPolicy)
+    #: ``yolo`` tasks run ``http.fetch`` without asking (``--allow-fetch-unattended``); ``auto``/``ask`` still ask.
+    fetch_unattended: bool = False
+    #: Where ``http.fetch`` opens its connections (tests: inside a network namespace of their own).
+    fetch_connect: Connector = open_tcp
     #: When a namespace's worker is let go (idle), restarted, quarantined, or killed after its grace.
     worker_policy: WorkerPolicy = field(default_factory=WorkerPolicy)
     worker_env: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -143,7 +156,8 @@ async def _open_engine(options: SupervisorOptions, data_dir: Path, children: Chi
                              namespace_uids=_namespace_uids(options.worker_uids),
                              max_processes=options.group_limits.pids,
                              max_file_bytes=options.exec_max_file_bytes)
-    fetch_policy = FetchPolicy(egress=options.fetch, namespace_hosts=NamespaceEgress(data_dir).get)
+    fetch_policy = FetchPolicy(egress=options.fetch, connect=options.fetch_connect,
+                               unattended=options.fetch_unattended, namespace_hosts=NamespaceEgress(data_dir).get)
     tools = ToolRegistry(ToolsConfig(exec=exec_policy, fetch=fetch_policy), children=children, groups=groups)
     async with Engine.open(EngineConfig(data_dir=data_dir, pool=pool, holder=options.holder,
                                         quotas=options.quotas, store=options.store, lease_s=options.lease_s,

@@ -24,7 +24,7 @@ from ._builtins import runtime_tool_spec
 from ._diff import DiffError, FilePatch, Hunk, HunkMismatch, apply_hunks, parse_unified_diff, split_lines
 from ._exec import DEFAULT_EXEC_PATH, DEFAULT_EXEC_UID, ExecInput, ExecPolicy, check_exec_identity
 from ..egress import EgressPolicy, HostPattern, PatternError, address_refusal, parse_network
-from ._fetch import FETCH_TOOL_NAME, FetchInput, FetchPolicy, Resolver, system_resolver
+from ._fetch import FETCH_TOOL_NAME, Connector, FetchInput, FetchPolicy, Resolver, open_tcp, system_resolver
 from ._files import ListInput, ReadInput, WriteInput
 from ._patch import PatchInput
 from ._paths import ConfinedPath, confine
@@ -62,6 +62,7 @@ __all__ = [
     "Approver",
     "ApproverAnswer",
     "ConfinedPath",
+    "Connector",
     "DiffError",
     "ErrorCode",
     "EgressPolicy",
@@ -103,6 +104,7 @@ __all__ = [
     "evaluation_payloads",
     "input_hash",
     "is_replay_safe",
+    "open_tcp",
     "parse_network",
     "parse_unified_diff",
     "policy_payloads",

@@ -7,6 +7,7 @@ once (``Resolver``; trio's ``getaddrinfo`` by default), every address it resolve
 goes to a checked address itself, so a DNS answer that changes between the check and the connection (rebinding)
 cannot move it; TLS still verifies the certificate against the host name. A general client resolves on its own
 when it connects and gives no such hold. Every redirect is a new request, checked the same way from the start.
+Only the opening of the TCP connection to a checked address is a seam (``FetchPolicy.connect``), for tests.
 
 Limits: a total time (``ToolLimits.fetch_timeout_s``), a body size (the rest is not read: ``truncated``), a
 handful of redirects. The body is stored as a blob (``body_ref``); a text preview is returned only for text, JSON
@@ -71,17 +72,30 @@ async def system_resolver(host: str, port: int) -> list[IPAddress]:
     return addresses
 
 
+#: Opens the TCP connection to an address already checked (tests inject one that opens it in their own network
+#: namespace); TLS, if any, goes over it after.
+Connector = Callable[[IPAddress, int], Awaitable[trio.SocketStream]]
+
+
+async def open_tcp(address: IPAddress, port: int) -> trio.SocketStream:
+    """A plain TCP connection to ``address`` itself (a literal: nothing is resolved again)."""
+    return await trio.open_tcp_stream(str(address), port)
+
+
 @dataclass(frozen=True)
 class FetchPolicy:
     """Operator configuration of ``http.fetch``: on when ``egress`` allows at least one host."""
 
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     resolver: Resolver = system_resolver
+    connect: Connector = open_tcp
     #: Trust store for https (None: the system's).
     ssl_context: ssl.SSLContext | None = None
     #: A namespace's own narrowing of the hosts (``NamespaceEgress.get``): None from it, or no lookup, leaves the
     #: operator's list as is; a tuple allows only hosts both it and the operator's allow.
     namespace_hosts: Callable[[str], tuple[HostPattern, ...] | None] | None = None
+    #: ``yolo`` tasks fetch without asking (``--allow-fetch-unattended``; the permission policy reads it).
+    unattended: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -210,7 +224,7 @@ class FetchTool:
         errors = []
         for address in addresses:
             try:
-                tcp = await trio.open_tcp_stream(str(address), target.port)
+                tcp = await self.policy.connect(address, target.port)
             except OSError as exc:
                 errors.append(f"{address}: {exc.strerror or exc}")
                 continue

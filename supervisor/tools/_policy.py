@@ -5,14 +5,15 @@ The codesdk rule is a table of permission mode x tool class (the tool's *risk*, 
 ============  ==========  =======  =========  =======
 mode          read_only   write    dangerous  network
 ============  ==========  =======  =========  =======
-``yolo``      allow       allow    allow      ask
+``yolo``      allow       allow    allow      ask (allow where the operator allows unattended fetches)
 ``auto``      allow       allow    ask        ask
 ``ask``       allow       ask      ask        ask
 ============  ==========  =======  =========  =======
 
-``network`` (``http.fetch``) asks even in ``yolo``: a request leaves the supervisor's host, and what it sends (the
-URL, headers, a body) can carry the workspace's secrets out, so a human sees each one. There is no switch that
-lets it through unasked; an operator who wants unattended fetches keeps the allowlist (``--allow-fetch``) narrow.
+``network`` (``http.fetch``) asks even in ``yolo`` by default: a request leaves the supervisor's host, and what it
+sends (the URL, headers, a body) can carry the workspace's secrets out, so a human sees each one. Only the
+operator can let ``yolo`` tasks fetch unasked (``--allow-fetch-unattended``: ``PolicyRequest.unattended_network``,
+rule ``mode.yolo.network.unattended``); the egress policy still applies, and ``auto`` and ``ask`` still ask.
 
 A tool that is not enabled (unknown, or disabled by config) is denied in every mode.
 
@@ -74,6 +75,8 @@ RULES: Mapping[tuple[PermissionMode, ToolClass], PolicyDecision] = {
     (PermissionMode.ASK, ToolClass.NETWORK): ASK,
 }
 
+#: ``yolo`` x ``network`` where the operator allows unattended fetches.
+RULE_UNATTENDED_NETWORK = "mode.yolo.network.unattended"
 RULE_NOT_ENABLED = "tool.not_enabled"
 RULE_RUNTIME_DENIED = "runtime.denied"
 RULE_NON_INTERACTIVE = "ask.non_interactive"
@@ -110,6 +113,8 @@ class PolicyRequest:
     input: Mapping[str, Any] = field(default_factory=dict)
     identity: ToolCallIdentity | None = None
     runtime_evaluation: Evaluation | None = None
+    #: The operator lets ``yolo`` tasks run network tools unasked (``--allow-fetch-unattended``).
+    unattended_network: bool = False
 
     @classmethod
     def for_manifest(
@@ -194,6 +199,10 @@ def codesdk_evaluation(request: PolicyRequest) -> Evaluation:
         reason = f"tool {request.tool_name!r} is not enabled (unknown, or disabled by configuration)"
         return Evaluation(PolicySource.CODESDK, DENY, reason, RULE_NOT_ENABLED)
     mode, tool_class = request.permission_mode, tool.tool_class
+    if (mode, tool_class) == (PermissionMode.YOLO, ToolClass.NETWORK) and request.unattended_network:
+        reason = (f"permission mode {mode.value!r} allows {tool_class.value} tools (the operator allows unattended "
+                  "fetches)")
+        return Evaluation(PolicySource.CODESDK, ALLOW, reason, RULE_UNATTENDED_NETWORK)
     decision = RULES[(mode, tool_class)]
     verb = {ALLOW: "allows", ASK: "needs approval for"}.get(decision, "denies")
     reason = f"permission mode {mode.value!r} {verb} {tool_class.value} tools"

@@ -88,6 +88,11 @@ class ToolRegistry:
     def spec(self, name: str) -> ToolSpec | None:
         return self._manifest.get(name)
 
+    @property
+    def unattended_network(self) -> bool:
+        """The operator lets ``yolo`` tasks run network tools unasked (``--allow-fetch-unattended``)."""
+        return self.config.fetch.enabled and self.config.fetch.unattended
+
     async def execute(self, name: str, input: Any, ctx: ToolContext) -> ToolResult:
         """Validate ``input`` against the tool's model and run it; every failure is an error result."""
         tool = self._tools.get(name)

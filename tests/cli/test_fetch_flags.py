@@ -29,6 +29,10 @@ def test_the_flags_make_the_egress_policy() -> None:
     served = admin.build_parser().parse_args(["serve", "--allow-fetch", "api.example.com"])
     assert fetch_options(served).hosts == (HostPattern("api.example.com"),) and not fetch_options(served).allow_post
     assert not fetch_options(front.build_parser().parse_args(["run", "x"])).hosts  # off by default
+    assert not args.allow_fetch_unattended
+    unattended = admin.build_parser().parse_args(["serve", "--allow-fetch", "a.example.com",
+                                                  "--allow-fetch-unattended"])
+    assert admin._serve_options(unattended).fetch_unattended and not admin._serve_options(served).fetch_unattended
 
 
 @pytest.mark.parametrize(("flags", "said"), [
@@ -39,6 +43,9 @@ def test_the_flags_make_the_egress_policy() -> None:
     (["--allow-fetch-address", "intranet"], "give an IP address or a CIDR"),
     (["--allow-fetch-post"], "--allow-fetch-post has no effect without --allow-fetch HOST_PATTERN"),
     (["--allow-fetch-address", "10.0.0.0/8"], "--allow-fetch-address has no effect without --allow-fetch"),
+    (["--allow-fetch-unattended"], "--allow-fetch-unattended has no effect without --allow-fetch HOST_PATTERN"),
+    (["--url", "unix:/nonexistent/api.sock", "--allow-fetch", "a.example.com", "--allow-fetch-unattended"],
+     "cannot be honoured through the API"),
 ])
 def test_bad_fetch_flags_of_run_are_usage_errors(tmp_path: Path, flags: list[str], said: str) -> None:
     done = _run(tmp_path, "run", "hello", *flags)
@@ -49,6 +56,7 @@ def test_bad_fetch_flags_of_run_are_usage_errors(tmp_path: Path, flags: list[str
 @pytest.mark.parametrize(("flags", "said"), [
     (["--allow-fetch", "*.10.0.0.1"], "'*.' goes before a domain name"),
     (["--allow-fetch-post"], "--allow-fetch-post has no effect without --allow-fetch"),
+    (["--allow-fetch-unattended"], "--allow-fetch-unattended has no effect without --allow-fetch"),
 ])
 def test_bad_fetch_flags_of_serve_are_usage_errors(tmp_path: Path, flags: list[str], said: str) -> None:
     done = subprocess.run([sys.executable, "-m", "codesdk.supervisor.cli.admin", "serve", "--data-dir",
@@ -68,6 +76,22 @@ def test_run_with_allow_fetch_offers_the_tool_which_then_needs_approval(tmp_path
     events = [json.loads(line) for line in done.stdout.splitlines()]
     [denied] = [e["payload"] for e in events if e["type"] == "tool.call.denied"]
     assert "needs approval for network tool 'http.fetch'" in denied["reason"]
+
+
+def test_run_with_allow_fetch_unattended_lets_a_yolo_task_fetch_unasked(tmp_path: Path) -> None:
+    """Unattended, the call is approved by the policy and goes to the tool, whose egress policy still refuses a
+    loopback address (so nothing here leaves the machine)."""
+    scenario = {"name": "f", "steps": [
+        {"tool_calls": [{"id": "f", "name": "http.fetch", "input": {"url": "http://127.0.0.1:9/"}}]},
+        {"complete": {}}]}
+    done = _run(tmp_path, "run", "fetch", "--allow-fetch", "127.0.0.1:9", "--allow-fetch-unattended", "--mode", "yolo",
+                "--non-interactive", "--json", "--config", f"scenario_inline={json.dumps(scenario)}")
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    [approved] = [e["payload"] for e in events if e["type"] == "tool.call.approved"]
+    assert approved["policy_snapshot"]["rule"] == "mode.yolo.network.unattended"
+    [completed] = [e["payload"] for e in events if e["type"] == "tool.call.completed"]
+    assert completed["is_error"] is True and "egress_refused" in completed["result_preview"], completed
 
 
 def _supervisor(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,5 +1,6 @@
 """A small HTTP/1.1 server for the http.fetch tests, to run inside a test's own network namespace
-(``tests.netns.run_in_fresh_netns``). Routes:
+(``serve_in`` a ``tests.netns.FreshNetns``). Plain trio, no name look-ups and no worker threads, as that
+namespace's loop requires. Routes:
 
 ``/text`` ``/json`` ``/bin`` ``/big`` (100 000 bytes of text) ``/slow`` (never answers) ``/garbage`` (not HTTP)
 ``/close`` (hangs up) ``/loop`` (redirects to itself) ``/redirect?to=URL`` (302 to URL) ``/echo`` (the request back, as JSON). Every request is recorded in
@@ -16,6 +17,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import trio
 
+from codesdk.supervisor.tools import Connector
+
+from tests.netns import FreshNetns
+
 BIG = 100_000
 
 
@@ -24,6 +29,8 @@ class Served:
     host: str
     port: int
     hits: list[str] = field(default_factory=list)
+    #: How the test's own loop reaches it (``FetchPolicy.connect``): set by ``serve_in``.
+    connect: Connector | None = None
 
 
 async def _read_request(stream: trio.abc.Stream) -> tuple[str, str, dict[str, str], bytes] | None:
@@ -99,4 +106,11 @@ async def serve(nursery: trio.Nursery, host: str, tls: ssl.SSLContext | None = N
     listeners = await trio.open_tcp_listeners(port, host=host)
     served = Served(host, listeners[0].socket.getsockname()[1])
     nursery.start_soon(trio.serve_listeners, partial(_handle, served, tls), listeners)
+    return served
+
+
+async def serve_in(netns: FreshNetns, host: str, tls: ssl.SSLContext | None = None, port: int = 0) -> Served:
+    """``serve`` in ``netns``'s own loop, until it closes; ``connect`` of what it returns reaches it from outside."""
+    served = await netns.run(partial(serve, netns.nursery, host, tls, port))
+    served.connect = netns.connect
     return served

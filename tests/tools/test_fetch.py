@@ -1,13 +1,16 @@
 """http.fetch against real servers in the test's own network namespace: what it returns, and every way a call
-could reach what the egress policy forbids (SSRF) refused before a byte is sent."""
+could reach what the egress policy forbids (SSRF) refused before a byte is sent. The tool runs in the test's own
+loop, as in production; only its sockets are opened in the namespace (``Served.connect``, see tests/netns.py)."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import ssl
 import subprocess
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +30,8 @@ from codesdk.supervisor.tools import (
     system_resolver,
 )
 
-from tests.netns import run_in_fresh_netns
-from tests.tools.http_server import BIG, Served, serve
+from tests.netns import FreshNetns
+from tests.tools.http_server import BIG, Served, serve_in
 
 #: The test server's address: allowed by the operator's --allow-fetch-address; 127.0.0.1 (where a "secret" server
 #: listens) is not.
@@ -55,29 +58,29 @@ class Blobs:
         return ref
 
 
-def registry(port: int, *, hosts: tuple[str, ...] = (), post: bool = False,
+def registry(port: int, via: Served | None = None, *, hosts: tuple[str, ...] = (), post: bool = False,
              ssl_context: ssl.SSLContext | None = None) -> ToolRegistry:
+    """http.fetch allowed on ``*.example.test:port`` (and ``hosts``), connecting into ``via``'s namespace."""
     patterns = tuple(HostPattern.parse(p) for p in (f"*.example.test:{port}", *hosts))
     egress = EgressPolicy(hosts=patterns, addresses=(parse_network(f"{SERVER}/32"),), allow_post=post)
-    return ToolRegistry(ToolsConfig(fetch=FetchPolicy(egress=egress, resolver=fake_resolver,
-                                                      ssl_context=ssl_context)))
+    policy = FetchPolicy(egress=egress, resolver=fake_resolver, ssl_context=ssl_context)
+    if via is not None:
+        assert via.connect is not None
+        policy = replace(policy, connect=via.connect)
+    return ToolRegistry(ToolsConfig(fetch=policy))
 
 
-Scenario = Callable[[Served, Served, Path], Awaitable[Any]]
+Scenario = Callable[[FreshNetns, Served, Served, Path], Awaitable[Any]]
 
 
-def in_netns(tmp_path: Path, scenario: Scenario) -> Any:
-    """Run ``scenario(server, secret, workspace)`` with both servers up, in a network namespace of its own."""
-    async def body() -> Any:
-        async with trio.open_nursery() as nursery:
-            server = await serve(nursery, SERVER)
-            secret = await serve(nursery, SECRET)
-            try:
-                with trio.fail_after(60):
-                    return await scenario(server, secret, tmp_path)
-            finally:
-                nursery.cancel_scope.cancel()
-    return run_in_fresh_netns(body)
+async def in_netns(tmp_path: Path, scenario: Scenario) -> Any:
+    """Run ``scenario(netns, server, secret, workspace)`` with both servers up in a network namespace of their
+    own."""
+    async with FreshNetns() as netns:
+        server = await serve_in(netns, SERVER)
+        secret = await serve_in(netns, SECRET)
+        with trio.fail_after(60):
+            return await scenario(netns, server, secret, tmp_path)
 
 
 async def call(tools: ToolRegistry, workspace: Path, blobs: Blobs | None = None,
@@ -106,9 +109,9 @@ async def test_disabled_tool_says_how_to_enable_it(tmp_path: Path) -> None:
     assert error_of(result) == ("unknown_tool", error_of(result)[1]) and "--allow-fetch" in error_of(result)[1]
 
 
-def test_text_json_and_binary_bodies(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    async def scenario(server: Served, secret: Served, ws: Path) -> None:
-        tools, blobs = registry(server.port), Blobs()
+async def test_text_json_and_binary_bodies(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario(netns: FreshNetns, server: Served, secret: Served, ws: Path) -> None:
+        tools, blobs = registry(server.port, server), Blobs()
         base = f"http://api.example.test:{server.port}"
         text = await call(tools, ws, blobs, url=f"{base}/text")
         assert not text.is_error and isinstance(text.content, dict)
@@ -129,15 +132,15 @@ def test_text_json_and_binary_bodies(tmp_path: Path, caplog: pytest.LogCaptureFi
         missing = await call(tools, ws, blobs, url=f"{base}/nothing")
         assert missing.is_error and isinstance(missing.content, dict) and missing.content["status"] == 404
     caplog.set_level("INFO", logger="codesdk.audit")
-    in_netns(tmp_path, scenario)
+    await in_netns(tmp_path, scenario)
     fetched = [r for r in caplog.records if getattr(r, "audit", {}).get("action") == "tool.http_fetch"]
     assert len(fetched) == 5 and all(r.audit["by"] == "namespace:user:alice" for r in fetched)  # type: ignore[attr-defined]
     assert fetched[0].audit["status"] == 200 and fetched[0].audit["outcome"] == "ok"  # type: ignore[attr-defined]
 
 
-def test_size_is_truncated_and_says_so(tmp_path: Path) -> None:
-    async def scenario(server: Served, secret: Served, ws: Path) -> None:
-        tools, blobs = registry(server.port), Blobs()
+async def test_size_is_truncated_and_says_so(tmp_path: Path) -> None:
+    async def scenario(netns: FreshNetns, server: Served, secret: Served, ws: Path) -> None:
+        tools, blobs = registry(server.port, server), Blobs()
         url = f"http://api.example.test:{server.port}/big"
         cut = await call(tools, ws, blobs, url=url, max_bytes=1000)
         assert isinstance(cut.content, dict) and cut.content["truncated"] is True and cut.content["bytes"] == 1000
@@ -146,43 +149,43 @@ def test_size_is_truncated_and_says_so(tmp_path: Path) -> None:
         assert isinstance(capped.content, dict) and capped.content["bytes"] == 4096 and capped.content["truncated"]
         whole = await call(tools, ws, blobs, url=url)
         assert isinstance(whole.content, dict) and whole.content["bytes"] == BIG and not whole.content["truncated"]
-    in_netns(tmp_path, scenario)
+    await in_netns(tmp_path, scenario)
 
 
-def test_timeout_is_its_own_error(tmp_path: Path) -> None:
-    async def scenario(server: Served, secret: Served, ws: Path) -> None:
-        result = await call(registry(server.port), ws, limits=ToolLimits(fetch_timeout_s=0.5),
+async def test_timeout_is_its_own_error(tmp_path: Path) -> None:
+    async def scenario(netns: FreshNetns, server: Served, secret: Served, ws: Path) -> None:
+        result = await call(registry(server.port, server), ws, limits=ToolLimits(fetch_timeout_s=0.5),
                             url=f"http://api.example.test:{server.port}/slow")
         code, message = error_of(result)
         assert code == "timeout" and "within 0.5s" in message
-    in_netns(tmp_path, scenario)
+    await in_netns(tmp_path, scenario)
 
 
-def test_redirects_are_followed_and_a_loop_is_cut(tmp_path: Path) -> None:
-    async def scenario(server: Served, secret: Served, ws: Path) -> None:
-        tools = registry(server.port)
+async def test_redirects_are_followed_and_a_loop_is_cut(tmp_path: Path) -> None:
+    async def scenario(netns: FreshNetns, server: Served, secret: Served, ws: Path) -> None:
+        tools = registry(server.port, server)
         base = f"http://api.example.test:{server.port}"
         followed = await call(tools, ws, url=f"{base}/redirect?to=/text")
         assert isinstance(followed.content, dict) and followed.content["final_url"] == f"{base}/text"
         assert followed.content["redirects"] == [f"{base}/redirect?to=/text"]
         code, message = error_of(await call(tools, ws, url=f"{base}/loop"))
         assert code == "network_error" and "more than 5 redirects" in message
-    in_netns(tmp_path, scenario)
+    await in_netns(tmp_path, scenario)
 
 
-def test_post_only_with_the_switch(tmp_path: Path) -> None:
-    async def scenario(server: Served, secret: Served, ws: Path) -> None:
+async def test_post_only_with_the_switch(tmp_path: Path) -> None:
+    async def scenario(netns: FreshNetns, server: Served, secret: Served, ws: Path) -> None:
         url = f"http://api.example.test:{server.port}/echo"
-        code, message = error_of(await call(registry(server.port), ws, url=url, method="POST", body="x=1"))
+        code, message = error_of(await call(registry(server.port, server), ws, url=url, method="POST", body="x=1"))
         assert code == "egress_refused" and "--allow-fetch-post" in message
         assert server.hits == []
-        posted = await call(registry(server.port, post=True), ws, url=url, method="POST", body="x=1",
+        posted = await call(registry(server.port, server, post=True), ws, url=url, method="POST", body="x=1",
                             headers={"X-Token": "t"})
         assert isinstance(posted.content, dict)
         echoed = json.loads(str(posted.content["text"]))
         assert echoed["method"] == "POST" and echoed["body"] == "x=1" and echoed["headers"]["x-token"] == "t"
         assert echoed["headers"]["host"] == f"api.example.test:{server.port}"
-    in_netns(tmp_path, scenario)
+    await in_netns(tmp_path, scenario)
 
 
 @pytest.mark.parametrize("headers", [{"Host": "metadata.google.internal"}, {"Transfer-Encoding": "chunked"},
@@ -208,40 +211,40 @@ SSRF = [
 
 
 @pytest.mark.parametrize(("where", "why"), SSRF)
-def test_ssrf_attempts_are_refused_before_connecting(tmp_path: Path, where: str, why: str,
+async def test_ssrf_attempts_are_refused_before_connecting(tmp_path: Path, where: str, why: str,
                                                     caplog: pytest.LogCaptureFixture) -> None:
-    async def scenario(server: Served, secret: Served, ws: Path) -> None:
+    async def scenario(netns: FreshNetns, server: Served, secret: Served, ws: Path) -> None:
         port = secret.port
         literal = ("127.0.0.1", "2130706433", "0x7f.1", "[::1]", "[::ffff:127.0.0.1]")
-        tools = registry(port, hosts=tuple(f"{host}:{port}" for host in literal))
+        tools = registry(port, secret, hosts=tuple(f"{host}:{port}" for host in literal))
         code, message = error_of(await call(tools, ws, url="http://" + where.format(port=port)))
         assert code == "egress_refused" and why in message, message
         assert secret.hits == []
     caplog.set_level("INFO", logger="codesdk.audit")
-    in_netns(tmp_path, scenario)
+    await in_netns(tmp_path, scenario)
     [refused] = [r for r in caplog.records if getattr(r, "audit", {}).get("action") == "tool.http_fetch"]
     assert refused.audit["outcome"] == "egress_refused"  # type: ignore[attr-defined]
 
 
-def test_a_redirect_to_loopback_is_refused(tmp_path: Path) -> None:
-    async def scenario(server: Served, secret: Served, ws: Path) -> None:
-        tools = registry(server.port, hosts=(f"127.0.0.1:{secret.port}",))
+async def test_a_redirect_to_loopback_is_refused(tmp_path: Path) -> None:
+    async def scenario(netns: FreshNetns, server: Served, secret: Served, ws: Path) -> None:
+        tools = registry(server.port, server, hosts=(f"127.0.0.1:{secret.port}",))
         to = f"http://127.0.0.1:{secret.port}/text"
         code, message = error_of(await call(tools, ws, url=f"http://api.example.test:{server.port}/redirect?to={to}"))
         assert code == "egress_refused" and "127.0.0.1, a loopback address" in message
         assert server.hits and secret.hits == []
-    in_netns(tmp_path, scenario)
+    await in_netns(tmp_path, scenario)
 
 
-def test_a_closed_port_or_a_broken_answer_is_a_network_error(tmp_path: Path) -> None:
-    async def scenario(server: Served, secret: Served, ws: Path) -> None:
-        code, message = error_of(await call(registry(1), ws, url="http://api.example.test:1/text"))
+async def test_a_closed_port_or_a_broken_answer_is_a_network_error(tmp_path: Path) -> None:
+    async def scenario(netns: FreshNetns, server: Served, secret: Served, ws: Path) -> None:
+        code, message = error_of(await call(registry(1, server), ws, url="http://api.example.test:1/text"))
         assert code == "network_error" and "could not connect" in message
         for path in ("/garbage", "/close"):
-            code, message = error_of(await call(registry(server.port), ws,
+            code, message = error_of(await call(registry(server.port, server), ws,
                                                 url=f"http://api.example.test:{server.port}{path}"))
             assert code == "network_error" and "the exchange with api.example.test failed" in message, message
-    in_netns(tmp_path, scenario)
+    await in_netns(tmp_path, scenario)
 
 
 def _certificate(tmp_path: Path, host: str) -> tuple[Path, Path]:
@@ -255,26 +258,23 @@ def _certificate(tmp_path: Path, host: str) -> tuple[Path, Path]:
     return key, cert
 
 
-def test_https_verifies_the_certificate_against_the_host_name(tmp_path: Path) -> None:
+async def test_https_verifies_the_certificate_against_the_host_name(tmp_path: Path) -> None:
     key, cert = _certificate(tmp_path, "api.example.test")
     server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_tls.load_cert_chain(cert, key)
     trusting = ssl.create_default_context(cafile=str(cert))
 
-    async def body() -> None:
-        async with trio.open_nursery() as nursery:
-            server = await serve(nursery, SERVER, tls=server_tls)
-            NAMES["other.example.test"] = [SERVER]
-            try:
-                tools = registry(server.port, ssl_context=trusting)
-                ok = await call(tools, tmp_path, url=f"https://api.example.test:{server.port}/text")
-                assert isinstance(ok.content, dict) and ok.content["text"] == "hello from the namespace", ok.content
-                code, message = error_of(await call(tools, tmp_path, url=f"https://other.example.test:{server.port}/"))
-                assert code == "network_error" and "TLS" in message
-            finally:
-                del NAMES["other.example.test"]
-                nursery.cancel_scope.cancel()
-    run_in_fresh_netns(body)
+    async with FreshNetns() as netns:
+        server = await serve_in(netns, SERVER, tls=server_tls)
+        NAMES["other.example.test"] = [SERVER]
+        try:
+            tools = registry(server.port, server, ssl_context=trusting)
+            ok = await call(tools, tmp_path, url=f"https://api.example.test:{server.port}/text")
+            assert isinstance(ok.content, dict) and ok.content["text"] == "hello from the namespace", ok.content
+            code, message = error_of(await call(tools, tmp_path, url=f"https://other.example.test:{server.port}/"))
+            assert code == "network_error" and "TLS" in message
+        finally:
+            del NAMES["other.example.test"]
 
 
 async def test_a_namespace_list_that_cannot_be_read_refuses_rather_than_widens(tmp_path: Path) -> None:
@@ -287,10 +287,10 @@ async def test_a_namespace_list_that_cannot_be_read_refuses_rather_than_widens(t
     assert code == "egress_refused" and "egress policy cannot be read" in message
 
 
-def test_the_connection_goes_to_the_address_checked_not_a_later_answer(tmp_path: Path) -> None:
+async def test_the_connection_goes_to_the_address_checked_not_a_later_answer(tmp_path: Path) -> None:
     """DNS rebinding: a name that answers an allowed address first and loopback after is looked up once per
     request, and that first answer is where the connection goes — not to a twin server on loopback's same port."""
-    async def scenario(server: Served, secret: Served, ws: Path) -> None:
+    async def scenario(netns: FreshNetns, server: Served, secret: Served, ws: Path) -> None:
         answers: list[str] = []
 
         async def rebinding(host: str, port: int) -> list[IPAddress]:
@@ -299,11 +299,36 @@ def test_the_connection_goes_to_the_address_checked_not_a_later_answer(tmp_path:
 
         egress = EgressPolicy(hosts=(HostPattern.parse(f"rebind.example.test:{server.port}"),),
                               addresses=(parse_network(f"{SERVER}/32"),))
-        tools = ToolRegistry(ToolsConfig(fetch=FetchPolicy(egress=egress, resolver=rebinding)))
-        async with trio.open_nursery() as nursery:
-            twin = await serve(nursery, SECRET, port=server.port)
-            result = await call(tools, ws, url=f"http://rebind.example.test:{server.port}/text")
-            nursery.cancel_scope.cancel()
+        assert server.connect is not None
+        tools = ToolRegistry(ToolsConfig(fetch=FetchPolicy(egress=egress, resolver=rebinding,
+                                                           connect=server.connect)))
+        twin = await serve_in(netns, SECRET, port=server.port)
+        result = await call(tools, ws, url=f"http://rebind.example.test:{server.port}/text")
         assert isinstance(result.content, dict) and result.content["text"] == "hello from the namespace"
         assert answers == ["rebind.example.test"] and server.hits == ["/text"] and twin.hits == []
-    in_netns(tmp_path, scenario)
+    await in_netns(tmp_path, scenario)
+
+
+def _netns_of_threads() -> set[str]:
+    """The network namespaces this process's threads are in (threads ending meanwhile are left out)."""
+    seen = set()
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            seen.add(os.readlink(task / "ns" / "net"))
+        except FileNotFoundError:
+            pass
+    return seen
+
+
+async def test_no_thread_of_the_process_is_left_in_the_namespace(tmp_path: Path) -> None:
+    """Only the servers' thread enters the namespace: worker threads the fetch and the test use (trio keeps them
+    for later tests) are in the process's own, during the test and after."""
+    ours = os.readlink("/proc/thread-self/ns/net")
+
+    async def scenario(netns: FreshNetns, server: Served, secret: Served, ws: Path) -> None:
+        fetched = await call(registry(server.port, server), ws, url=f"http://api.example.test:{server.port}/text")
+        assert isinstance(fetched.content, dict) and fetched.content["status"] == 200
+        in_worker = await trio.to_thread.run_sync(os.readlink, "/proc/thread-self/ns/net")
+        assert in_worker == ours and len(_netns_of_threads()) == 2  # ours, and the servers' thread's
+    await in_netns(tmp_path, scenario)
+    assert _netns_of_threads() == {ours}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -29,8 +30,11 @@ from codesdk.supervisor.tools import (
     ApprovalNeeded,
     ApprovalRequest,
     ApproverAnswer,
+    EgressPolicy,
     Evaluation,
     ExecPolicy,
+    FetchPolicy,
+    HostPattern,
     PolicyOutcome,
     PolicyRequest,
     ToolRegistry,
@@ -156,6 +160,37 @@ async def test_tools_not_enabled_are_denied_in_every_mode(
         outcome.effective.rule == "tool.not_enabled" and "'ghost' is not enabled" in outcome.effective.reason
     )
     assert outcome.policy_snapshot["tool_class"] is None
+
+
+#: With the operator's ``--allow-fetch-unattended``: yolo runs network tools unasked, nothing else changes.
+UNATTENDED_TABLE = {**TABLE, (Y, N): ALLOW}
+
+
+@pytest.mark.parametrize(("mode", "tool_class", "interaction"),
+                         list(itertools.product([Y, A, K], [RO, W, D, N], [INTERACTIVE, BATCH])))
+async def test_unattended_network_lets_only_yolo_fetch_unasked(
+    mode: PermissionMode, tool_class: ToolClass, interaction: InteractionMode
+) -> None:
+    approver = Approver(allow=True)
+    request = PolicyRequest("t.tool", spec(tool_class), mode, interaction, unattended_network=True)
+    outcome = await decide_soon(request, approver)
+    first = outcome.evaluations[0]
+    assert first.decision is UNATTENDED_TABLE[(mode, tool_class)]
+    if (mode, tool_class) == (Y, N):
+        assert outcome.approved and approver.requests == [] and outcome.effective is first
+        assert first.rule == outcome.policy_snapshot["rule"] == "mode.yolo.network.unattended"
+        assert "the operator allows unattended fetches" in first.reason
+    else:
+        assert first.rule == f"mode.{mode}.{tool_class}"
+        assert outcome == await decide_soon(replace(request, unattended_network=False), approver)
+
+
+def test_unattended_network_is_the_fetch_operators_switch() -> None:
+    egress = EgressPolicy(hosts=(HostPattern.parse("api.example.com"),))
+    assert not ToolRegistry().unattended_network
+    assert not ToolRegistry(ToolsConfig(fetch=FetchPolicy(egress=egress))).unattended_network
+    assert not ToolRegistry(ToolsConfig(fetch=FetchPolicy(unattended=True))).unattended_network  # fetch is off
+    assert ToolRegistry(ToolsConfig(fetch=FetchPolicy(egress=egress, unattended=True))).unattended_network
 
 
 async def test_disabled_exec_is_denied_even_in_yolo() -> None:
