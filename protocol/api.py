@@ -24,7 +24,8 @@ from ._events import ApprovalState, BlockKind, EventType, NormalizedEvent
 from ._events import ForkPoint as ForkPoint  # a Session's forked_from: part of this module's vocabulary
 from ._jsonrpc import EnsureLoginResult, RuntimeOffer
 from ._receipt import StopReceipt
-from ._runtime import RUNTIME_NAME_PATTERN, InteractionMode, IsolationLevel, PermissionMode
+from ._runtime import RUNTIME_NAME_PATTERN, InteractionMode, PermissionMode
+from ._runtime import IsolationLevel as IsolationLevel  # a Session's isolation: part of this module's vocabulary
 from ._transcript import Message
 
 #: The most a page of events, sessions or approvals holds.

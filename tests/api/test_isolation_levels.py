@@ -3,9 +3,24 @@ level is 422 naming the choices, and ``shared`` (the operator's own HOME) is 409
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
+import trio
+
+from codesdk import AsyncClient, Client, Conflict, InvalidRequest, Session
+from codesdk.protocol import IsolationLevel
 
 from tests.api.conftest import Api
+
+CLI = [sys.executable, "-m", "codesdk.supervisor.cli.front"]
+
+
+async def _cli(api: Api, token: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return await trio.run_process([*CLI, "--url", f"unix:{api.socket}", "--token", token, *args],
+                                  stdin=subprocess.DEVNULL, capture_stdout=True, capture_stderr=True, check=False)
 
 
 async def test_a_session_is_created_with_its_isolation_level_and_shows_it(api: Api) -> None:
@@ -58,3 +73,37 @@ async def test_shared_is_refused_while_the_service_has_tenants_and_given_once_it
     other = await api.client.post("/v1/sessions", headers=api.auth(api.admin),
                                   json={"namespace": "user:carol", "isolation": "shared"})
     assert other.status_code == 409 and "only for namespace 'default'" in other.json()["error"]["message"]
+
+
+async def test_both_clients_choose_the_level_and_are_told_a_refusal(api: Api) -> None:
+    with trio.fail_after(90):
+        async with AsyncClient(socket=api.socket, token=api.alice) as client:
+            own = await client.create_session(namespace="user:alice", isolation=IsolationLevel.EPHEMERAL)
+            assert own.isolation == IsolationLevel.EPHEMERAL
+            assert (await client.create_session(namespace="user:alice")).isolation == IsolationLevel.NAMESPACED
+            with pytest.raises(InvalidRequest) as unknown:
+                await client.create_session(namespace="user:alice", isolation="isolated")
+            assert "ephemeral" in str(unknown.value)
+
+        def blocking() -> tuple[Session, str]:
+            with Client(socket=api.socket, token=api.admin) as sync_client:
+                made = sync_client.create_session(namespace="user:alice", isolation="ephemeral")
+                with pytest.raises(Conflict) as refused:
+                    sync_client.create_session(isolation="shared")
+                return made, refused.value.code
+
+        made, code = await trio.to_thread.run_sync(blocking)
+        assert made.isolation == IsolationLevel.EPHEMERAL and code == "isolation_refused"
+
+
+async def test_the_command_line_through_the_service_chooses_the_level_and_exits_2_on_a_refusal(api: Api) -> None:
+    with trio.fail_after(90):
+        made = await _cli(api, api.alice, "run", "hello", "--namespace", "user:alice", "--isolation", "ephemeral",
+                          "--json", "--non-interactive")
+        assert made.returncode == 0, made.stderr.decode()
+        session_id = json.loads(made.stdout.decode().splitlines()[0])["trace"]["session_id"]
+        async with AsyncClient(socket=api.socket, token=api.alice) as client:
+            assert (await client.get_session(session_id)).isolation == IsolationLevel.EPHEMERAL
+        refused = await _cli(api, api.admin, "run", "hello", "--isolation", "shared")
+        assert refused.returncode == 2 and refused.stdout == b""
+        assert "isolation_refused" in refused.stderr.decode() and "multi-user" in refused.stderr.decode()
