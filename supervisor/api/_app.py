@@ -602,6 +602,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         session = await session_for(principal, request.path_params["session_id"])
         refuse_while_draining()
         body = await _body(request, api.StartTaskRequest)
+        single_user_only(session.isolation)  # a tenant token added since: no more tasks in the operator's HOME
         switching = body.runtime is not None and body.runtime != session.runtime
         if switching or body.runtime_config:  # the session's own runtime was offered when it was made
             await offered(session.namespace, body.runtime or session.runtime, body.runtime_config, available=switching,

@@ -233,14 +233,17 @@ class WorkerPool:
         return "off" if self._template is None else self._template.state()
 
     def lift_quarantine(self, namespace: str) -> bool:
-        """Let the namespace start workers again now, with a fresh crash budget. False if it was not quarantined."""
-        slot = self._slots.get(namespace)
-        if slot is None or slot.quarantine is None:
-            return False
-        log.warning("namespace %s: quarantine lifted by the operator", namespace)
-        slot.quarantine = None
-        slot.crashes.clear()
-        return True
+        """Let the namespace start workers again now (its sessions' own too), with a fresh crash budget. False if
+        none of them was quarantined."""
+        lifted = False
+        for slot in self._slots_of(namespace):
+            if slot.quarantine is not None:
+                log.warning("namespace %s: quarantine lifted by the operator (%s worker)", namespace,
+                            slot.placement.isolation)
+                slot.quarantine = None
+                slot.crashes.clear()
+                lifted = True
+        return lifted
 
     async def env_changed(self, namespace: str) -> None:
         """The namespace's stored variables changed: an idle worker (each of its slots') makes way for one that

@@ -107,3 +107,18 @@ async def test_the_command_line_through_the_service_chooses_the_level_and_exits_
         refused = await _cli(api, api.admin, "run", "hello", "--isolation", "shared")
         assert refused.returncode == 2 and refused.stdout == b""
         assert "isolation_refused" in refused.stderr.decode() and "multi-user" in refused.stderr.decode()
+
+
+async def test_a_shared_session_takes_no_task_once_the_service_has_a_tenant(api: Api) -> None:
+    for name in ("alice", "bob"):
+        api.tokens.revoke(name)
+    made = await api.client.post("/v1/sessions", headers=api.auth(api.admin),
+                                 json={"namespace": "default", "isolation": "shared"})
+    assert made.status_code == 201, made.text
+    sid = made.json()["session_id"]
+    carol = api.tokens.add_principal("carol", ["default"])
+    for token in (api.admin, carol):
+        r = await api.client.post(f"/v1/sessions/{sid}/tasks", headers=api.auth(token),
+                                  json={"prompt": "hello", "runtime_config": {"scenario": "echo"}})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "isolation_refused", r.text
+        assert "carol" in r.json()["error"]["message"]
