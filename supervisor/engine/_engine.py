@@ -68,7 +68,6 @@ from ..namespaces import (
     Namespace,
     is_disk_full,
     make_workspace,
-    remove_session_dirs,
 )
 from ..namespaces import WorkspaceRefused as WorkspacePathRefused
 from ..store import (
@@ -103,6 +102,7 @@ from ._lifecycle import (
     events_to_fork,
     made_workspace,
     placement_of,
+    remove_ephemeral_home,
     remove_workspace,
     sweep_ephemeral_homes,
 )
@@ -405,7 +405,7 @@ class Engine:
         home_removed = None
         if session.isolation == IsolationLevel.EPHEMERAL:  # its own worker first: nothing may hold its HOME then
             await self._workers.session_ended(placement_of(session))
-            home_removed = await trio.to_thread.run_sync(remove_session_dirs, self.config.pool.data_dir, session_id)
+            home_removed = await remove_ephemeral_home(self.store, self.config.pool, session.namespace, session_id)
         audit("session.deleted", by, session=session_id, namespace=session.namespace, events=dropped.events,
               stored_bytes=dropped.stored_bytes, blobs=len(dropped.blobs), workspace_removed=removed,
               **({"home_removed": home_removed} if home_removed is not None else {}))

@@ -15,9 +15,9 @@ import trio
 from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType, IsolationLevel, NormalizedEvent
 
 from ..ids import is_id
-from ..namespaces import VOLUMES_DIR, UidRange, ephemeral_sessions, remove_session_dirs
+from ..namespaces import VOLUMES_DIR, DiskQuotaError, Namespace, UidRange, ephemeral_sessions, remove_session_dirs
 from ..store import SessionRecord, StoreReader, UnknownSession
-from ..workers.launch import Placement
+from ..workers.launch import Placement, PoolConfig
 from ._errors import ForkInsideTask, ForkPastEnd, IsolationRefused
 
 log = logging.getLogger("codesdk.supervisor.engine")
@@ -123,11 +123,39 @@ def check_isolation(isolation: IsolationLevel, namespace: str, worker_uids: UidR
             f"(--worker-uids {worker_uids}): it is multi-user; use 'namespaced' or 'ephemeral'")
 
 
-async def sweep_ephemeral_homes(store: StoreReader, data_dir: Path) -> int:
-    """Remove the ephemeral HOMEs whose session no longer exists (deleted while the supervisor was down, or
-    whose removal failed); how many were removed. Blocking parts run in a thread."""
+def ephemeral_bases(pool: PoolConfig, namespace: str) -> list[Path]:
+    """Where the namespace's ephemeral HOMEs may be: the data dir, and its volume if it has one (mounted now, as
+    its worker's start does). Blocking."""
+    bases = [pool.data_dir]
+    disks = pool.disks
+    parsed = Namespace.parse(namespace)
+    if disks is not None and disks.image(parsed).exists():
+        try:
+            volume = disks.ensure(parsed, move_files_in=False)
+        except (DiskQuotaError, OSError) as exc:
+            log.error("namespace %s: its volume cannot be mounted to remove an ephemeral HOME there: %s", namespace,
+                      exc)
+        else:
+            bases += [volume] if volume is not None else []
+    return bases
+
+
+async def remove_ephemeral_home(store: StoreReader, pool: PoolConfig, namespace: str, session_id: str) -> bool:
+    """Remove a deleted session's ephemeral HOME wherever it is; on the namespace's volume, those of its sessions
+    deleted while the service was down go too (the start-up sweep sees only the data dir's). True when none of it
+    is left."""
+    bases = await trio.to_thread.run_sync(ephemeral_bases, pool, namespace)
+    removed = [await trio.to_thread.run_sync(remove_session_dirs, base, session_id) for base in bases]
+    for volume in bases[1:]:
+        await sweep_ephemeral_homes(store, volume)
+    return all(removed)
+
+
+async def sweep_ephemeral_homes(store: StoreReader, base: Path) -> int:
+    """Remove the ephemeral HOMEs below ``base`` whose session no longer exists (deleted while the supervisor was
+    down, or whose removal failed); how many were removed. Blocking parts run in a thread."""
     removed = 0
-    for session_id in await trio.to_thread.run_sync(ephemeral_sessions, data_dir):
+    for session_id in await trio.to_thread.run_sync(ephemeral_sessions, base):
         if not is_id(session_id, "ses"):
             continue  # not made by us: left alone
         try:
@@ -135,7 +163,7 @@ async def sweep_ephemeral_homes(store: StoreReader, data_dir: Path) -> int:
             continue
         except UnknownSession:
             pass
-        if await trio.to_thread.run_sync(remove_session_dirs, data_dir, session_id):
+        if await trio.to_thread.run_sync(remove_session_dirs, base, session_id):
             removed += 1
     if removed:
         log.info("removed %d ephemeral HOME(s) of sessions that no longer exist", removed)

@@ -1,10 +1,12 @@
 """HOMEs of a session's own: made for one ephemeral session, removed with it; and the operator's own (shared).
 
-An ephemeral session's HOME/XDG/TMPDIR live in ``<data-dir>/ephemeral/<session-id>/`` (home/, config/, state/,
-cache/, data/, tmp/), owned like its namespace's (by the namespace's uid with a uid range: its worker runs as that
-uid, and works in the namespace's workspaces). ``ephemeral/`` itself is the supervisor's (0700, 0711 with a uid
-range), so no tenant can swap it for a symlink; a session's tree is made and removed through descriptors. Nothing
-is copied in: the runtime there starts logged out and gets credentials only from the namespace's stored variables.
+An ephemeral session's HOME/XDG/TMPDIR live in ``<base>/ephemeral/<session-id>/`` (home/, config/, state/,
+cache/, data/, tmp/), where base is the data dir — or the namespace's own volume when it has a disk quota
+(``<data-dir>/volumes/<safe>/``, beside its workspaces), so that they count against it. They are owned like the
+namespace's (by the namespace's uid with a uid range: its worker runs as that uid, and works in the namespace's
+workspaces). ``ephemeral/`` itself is the supervisor's (0700, 0711 with a uid range), so no tenant can swap it for a
+symlink; a session's tree is made and removed through descriptors. Nothing is copied in: the runtime there starts
+logged out and gets credentials only from the namespace's stored variables.
 
 The shared level's directories are the service user's own HOME and XDG directories, as its environment names
 them (the XDG defaults under HOME when it names none).
@@ -29,14 +31,15 @@ log = logging.getLogger("codesdk.supervisor.namespaces")
 EPHEMERAL_DIR = "ephemeral"
 
 
-def ephemeral_root(data_dir: Path, session_id: str) -> Path:
-    return data_dir / EPHEMERAL_DIR / session_id
+def ephemeral_root(base: Path, session_id: str) -> Path:
+    return base / EPHEMERAL_DIR / session_id
 
 
-def prepare_session_dirs(data_dir: Path, session_id: str, identity: Identity | None = None) -> NamespaceDirs:
-    """Make (or tighten) the session's own directories, 0700 and owned by ``identity`` when given."""
-    root = ephemeral_root(data_dir, session_id)
-    with _open_dir(data_dir, None, create=False) as fd:
+def prepare_session_dirs(base: Path, session_id: str, identity: Identity | None = None) -> NamespaceDirs:
+    """Make (or tighten) the session's own directories below ``base`` (the data dir, or the namespace's volume),
+    0700 and owned by ``identity`` when given."""
+    root = ephemeral_root(base, session_id)
+    with _open_dir(base, None, create=False) as fd:
         with _open_dir(Path(EPHEMERAL_DIR), fd, create=True, shown_as=root.parent) as parent_fd:
             os.fchmod(parent_fd, 0o711 if identity is not None else 0o700)  # a passage, never listable
             with _open_dir(Path(session_id), parent_fd, create=True, shown_as=root) as root_fd:
@@ -47,7 +50,7 @@ def prepare_session_dirs(data_dir: Path, session_id: str, identity: Identity | N
     return NamespaceDirs(root=root, **{name: root / name for name in SUBDIRS})
 
 
-def remove_session_dirs(data_dir: Path, session_id: str) -> bool:
+def remove_session_dirs(base: Path, session_id: str) -> bool:
     """Remove the session's directories and all in it (through descriptors: a symlink its runtime planted is
     removed, never followed). True when nothing of them is left (none made counts); False (logged) otherwise."""
     failures: list[str] = []
@@ -56,7 +59,7 @@ def remove_session_dirs(data_dir: Path, session_id: str) -> bool:
         failures.append(f"{name}: {info}")
 
     try:
-        with _open_dir(data_dir / EPHEMERAL_DIR, None, create=False) as parent_fd:
+        with _open_dir(base / EPHEMERAL_DIR, None, create=False) as parent_fd:
             try:
                 os.stat(session_id, dir_fd=parent_fd, follow_symlinks=False)
             except FileNotFoundError:
@@ -75,10 +78,10 @@ def remove_session_dirs(data_dir: Path, session_id: str) -> bool:
     return not failures
 
 
-def ephemeral_sessions(data_dir: Path) -> list[str]:
-    """The session ids that have an ephemeral HOME here (for the sweep of those whose session is gone)."""
+def ephemeral_sessions(base: Path) -> list[str]:
+    """The session ids that have an ephemeral HOME below ``base`` (for the sweep of those whose session is gone)."""
     try:
-        return sorted(entry.name for entry in os.scandir(data_dir / EPHEMERAL_DIR))
+        return sorted(entry.name for entry in os.scandir(base / EPHEMERAL_DIR))
     except FileNotFoundError:
         return []
 

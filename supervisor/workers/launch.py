@@ -172,13 +172,14 @@ def prepare_launch(config: PoolConfig, namespace: Namespace, placement: Placemen
     worker works in the namespace's workspaces), or the service user's own (shared: run as the service's uid).
     Blocking file work: the pool runs it in a thread. ``UidRangeError``; ``OSError``."""
     isolation = placement.isolation if placement is not None else NAMESPACED
+    volume = None
     if config.disks is not None and isolation != SHARED:  # its volume first: the directories are then made on it
-        config.disks.ensure(namespace)  # (an ephemeral session's workspace is on it)
+        volume = config.disks.ensure(namespace)  # (an ephemeral session's HOME, and its workspace, too)
     if isolation == EPHEMERAL:
         assert placement is not None and placement.session_id is not None
         identity = (namespace_identity(config.data_dir, config.worker_uids, namespace)
                     if config.worker_uids is not None else None)
-        dirs = prepare_session_dirs(config.data_dir, placement.session_id, identity)
+        dirs = prepare_session_dirs(volume or config.data_dir, placement.session_id, identity)
         if identity is not None:
             tighten_data_dir(config.data_dir)
     elif isolation == SHARED:
