@@ -32,7 +32,10 @@ async def _hanging(engine: Engine, session: SessionRecord) -> tuple[str, dict[st
                 break
     worker = engine.pool.worker_of(session.namespace, placement_of(session))
     assert worker is not None
-    return task.task_id, psutil.Process(worker.pid).environ(), worker.pid
+    environ = psutil.Process(worker.pid).environ()
+    told = worker.spec.runtime_env  # the safe view its initialize carried
+    assert told is not None and (told.isolation, told.home) == (session.isolation, environ["HOME"])
+    return task.task_id, environ, worker.pid
 
 
 async def test_ephemeral_sessions_each_get_a_home_and_a_worker_of_their_own(make_engine: MakeEngine,

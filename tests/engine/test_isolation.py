@@ -12,7 +12,7 @@ import trio
 from codesdk.protocol import IsolationLevel
 from codesdk.protocol import Method
 from codesdk.supervisor.engine import InvalidTaskInput
-from codesdk.supervisor.workers.launch import Placement
+from codesdk.supervisor.workers.launch import EPHEMERAL, NAMESPACED, SHARED, Placement
 
 from tests.engine.doubles import engine_with_doubles
 
@@ -42,3 +42,7 @@ async def test_an_unknown_level_is_refused_naming_the_levels(tmp_path: Path) -> 
             with pytest.raises(InvalidTaskInput, match="shared, namespaced, ephemeral"):
                 await engine.create_session(**bad)
             assert await engine.store.list_sessions() == []
+
+
+def test_the_pool_knows_the_levels_the_protocol_does() -> None:
+    assert {NAMESPACED, EPHEMERAL, SHARED} == {level.value for level in IsolationLevel}
