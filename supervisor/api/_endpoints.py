@@ -95,9 +95,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                          "served alone on `serve --metrics-port` (127.0.0.1)."),
     Endpoint("POST", "/v1/sessions", "createSession", "Create a session in one of your namespaces", "sessions",
              Access.TOKEN, api.Session, 201, body=api.CreateSessionRequest, errors=(403, 404, 409, 421, 429),
-             description="`isolation` chooses where its runtime keeps its HOME (`namespaced`, the default; `ephemeral`; "
-                         "`shared`): 409 `isolation_refused` for `shared` on a multi-user service or outside "
-                         "namespace `default`."),
+             description="`isolation` chooses where its runtime keeps its HOME (`namespaced`, the default; "
+                         "`ephemeral`; `shared`): 409 `isolation_refused` for `shared` on a multi-user service or "
+                         "outside namespace `default`."),
     Endpoint("GET", "/v1/sessions", "listSessions", "Your sessions, oldest first (not the archived, unless asked)", "sessions", Access.TOKEN,
              api.SessionList, query=api.SessionsQuery),
     Endpoint("GET", _SESSION, "getSession", "One session", "sessions", Access.TOKEN, api.Session, errors=(404,)),

@@ -2,10 +2,10 @@
 
 Every refusal is an ``EngineError``: nothing was stored, and the message says what to do instead. Its
 subclass names the reason, so the API and the CLI map them by type, never by message text. The caller's
-move: ``InvalidTaskInput``, ``WorkspaceRefused``, ``UnknownRuntime``, ``ApproverRequired``, ``IsolationRefused``. Wait and retry
-(or stop something): ``SessionBusy``, ``TaskNotActive``. Ask another supervisor: ``NamespaceElsewhere``. The
-service's side: ``NamespaceUnavailable``, ``RuntimeUnavailable``. Refusals raised below the engine keep their own
-types and are listed here too: ``QuotaExceeded`` (an operator's limit), ``InvalidNamespace`` and the store's
+move: ``InvalidTaskInput``, ``WorkspaceRefused``, ``UnknownRuntime``, ``ApproverRequired``, ``IsolationRefused``.
+Wait and retry (or stop something): ``SessionBusy``, ``TaskNotActive``. Ask another supervisor:
+``NamespaceElsewhere``. The service's side: ``NamespaceUnavailable``, ``RuntimeUnavailable``. Refusals raised below
+the engine keep their own types and are listed here too: ``QuotaExceeded`` (an operator's limit), ``InvalidNamespace`` and the store's
 unknown session/task.
 """
 

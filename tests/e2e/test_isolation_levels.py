@@ -55,7 +55,7 @@ async def test_ephemeral_sessions_each_get_a_home_and_a_worker_of_their_own(make
                 task_id, env, pid = await _hanging(engine, session)
                 home = Path(env["HOME"])
                 assert home == data_dir / "ephemeral" / session.session_id / "home" and home.is_dir()
-                assert env["TMPDIR"].startswith(str(home.parent)) and env["XDG_CONFIG_HOME"].startswith(str(home.parent))
+                assert all(env[name].startswith(str(home.parent)) for name in ("TMPDIR", "XDG_CONFIG_HOME"))
                 assert env["CI_TOKEN"] == "stored"  # credentials from the namespace's stored variables ...
                 assert os.listdir(home) == []  # ... and nothing of its login cache
                 homes.append((session, home))
