@@ -32,11 +32,11 @@ from ..namespaces import (
     UidRange,
     UnsafeDataDir,
     build_env,
+    namespace_identity,
     operator_dirs,
     prepare_namespace,
     prepare_session_dirs,
     secure_data_dir,
-    namespace_identity,
     tighten_data_dir,
 )
 

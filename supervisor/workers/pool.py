@@ -46,7 +46,7 @@ from codesdk.worker.client import (
 )
 
 from ..namespaces import DiskQuotaError, Namespace, NamespaceEnv, UidRangeError
-from .launch import NAMESPACED, Headstart, Placement, PoolConfig, prepare_launch, template_env
+from .launch import EPHEMERAL, NAMESPACED, Headstart, Placement, PoolConfig, prepare_launch, template_env
 from .template import TemplateUnavailable, WorkerTemplate
 
 log = logging.getLogger("codesdk.supervisor.pool")
@@ -281,9 +281,10 @@ class WorkerPool:
 
     async def session_ended(self, placement: Placement) -> None:
         """A session with a worker of its own (ephemeral) is gone: that worker is shut down now (bounded) and its
-        slot forgotten, so the session's HOME can be removed."""
+        slot forgotten, so the session's HOME can be removed. Any other placement's worker serves other sessions
+        too, and is left alone."""
         slot = self._slots.get(placement.key)
-        if slot is None or slot.placement.isolation == NAMESPACED:
+        if slot is None or slot.placement.isolation != EPHEMERAL:
             return
         if slot.worker is not None:
             slot.worker.stopping = True

@@ -125,6 +125,10 @@ async def test_shared_runs_in_the_operators_home_in_a_worker_of_its_own(make_eng
             await engine.stop_task(task_id)
             events = await engine.store.read(shared.session_id, limit=100)
             assert the_model_input(events).isolation == IsolationLevel.SHARED
+            await engine.pool.session_ended(placement_of(shared))  # not the session's own: left running
+            await engine.delete_session(shared.session_id, by="test")
+            again = await engine.create_session(isolation=IsolationLevel.SHARED)
+            assert (await _hanging(engine, again))[2] == pid and operator.is_dir()  # one shared worker
             with pytest.raises(IsolationRefused, match="only for namespace 'default'"):
                 await engine.create_session(namespace="user:alice", isolation=IsolationLevel.SHARED)
 
