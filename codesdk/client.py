@@ -333,8 +333,11 @@ class _Calls:
 
     @staticmethod
     def create_session(namespace: str, runtime: str | None, metadata: dict[str, Any] | None,
-                       workspace: str | Path | None, key: str | None, title: str | None) -> _Call[api.Session]:
+                       workspace: str | Path | None, key: str | None, title: str | None,
+                       isolation: api.IsolationLevel | str | None = None) -> _Call[api.Session]:
         body: dict[str, Any] = {"namespace": namespace, "metadata": metadata or {}}
+        if isolation is not None:  # as given: the service names the levels it knows when it refuses one
+            body["isolation"] = str(isolation)
         if runtime:
             body["runtime"] = runtime
         if workspace is not None:  # the admin token only: a tenant gets a workspace of its own
@@ -530,15 +533,18 @@ class AsyncClient:
 
     async def create_session(self, *, namespace: str = "default", runtime: str | None = None,
                              metadata: dict[str, Any] | None = None, workspace: str | Path | None = None,
-                             title: str | None = None, idempotency_key: str | None = None) -> api.Session:
+                             title: str | None = None, idempotency_key: str | None = None,
+                             isolation: api.IsolationLevel | str | None = None) -> api.Session:
         """A new session in ``namespace`` (``workspace``: the admin token only; a tenant's session gets its own;
-        ``title``: 1 to 200 characters, for people, searched by ``list_sessions(q=…)``).
+        ``title``: 1 to 200 characters, for people, searched by ``list_sessions(q=…)``; ``isolation``: where its
+        runtime's HOME is — ``namespaced`` (the service's default), ``ephemeral`` (one of its own, removed with it)
+        or ``shared`` (the service user's own; ``Conflict`` ``isolation_refused`` on a multi-user service)).
 
         Every POST carries an ``Idempotency-Key`` (a random one, or ``idempotency_key``: give your own to retry
         across restarts of your app) and is sent again with it when the connection breaks before the answer came:
         it runs once."""
         return await self._send(_Calls.create_session(namespace, runtime, metadata, workspace, idempotency_key,
-                                                      title))
+                                                      title, isolation))
 
     async def list_sessions(self, *, namespace: str | None = None, runtime: str | None = None,
                             after: str | None = None, limit: int | None = None, offset: int | None = None,
@@ -858,8 +864,11 @@ class Client:
 
     def create_session(self, *, namespace: str = "default", runtime: str | None = None,
                        metadata: dict[str, Any] | None = None, workspace: str | Path | None = None,
-                       title: str | None = None, idempotency_key: str | None = None) -> api.Session:
-        return self._send(_Calls.create_session(namespace, runtime, metadata, workspace, idempotency_key, title))
+                       title: str | None = None, idempotency_key: str | None = None,
+                       isolation: api.IsolationLevel | str | None = None) -> api.Session:
+        """As ``AsyncClient.create_session``."""
+        return self._send(_Calls.create_session(namespace, runtime, metadata, workspace, idempotency_key, title,
+                                                isolation))
 
     def list_sessions(self, *, namespace: str | None = None, runtime: str | None = None, after: str | None = None,
                       limit: int | None = None, offset: int | None = None,

@@ -35,7 +35,7 @@ from ._base import Model
 from ._canonical import is_hash
 from ._context import ContextReport, InterruptedCall, ResumeMode
 from ._receipt import StopReceipt
-from ._runtime import InteractionMode, PermissionMode
+from ._runtime import InteractionMode, IsolationLevel, PermissionMode
 from ._tools import ExecutedBy, ToolCallIdentity, ToolClass
 from ._versions import CONTRACT_VERSION, SCHEMA_VERSION
 
@@ -141,6 +141,9 @@ class ModelInput(Model):
     context: ContextReport | None = None
     #: The whole transcript (blob) when ``context`` left part of it out: the next task compiles from it.
     transcript_ref: str | None = None
+    #: Where the runtime ran: its namespace's HOME, one of the session's own (ephemeral), or the operator's (shared)
+    #: (None: stored before CodeSDK recorded it).
+    isolation: IsolationLevel | None = None
 
 
 class RuntimeRequestStarted(Model):

@@ -25,6 +25,7 @@ from ._events import ForkPoint as ForkPoint  # a Session's forked_from: part of 
 from ._jsonrpc import EnsureLoginResult, RuntimeOffer, RuntimeSources
 from ._receipt import StopReceipt
 from ._runtime import RUNTIME_NAME_PATTERN, InteractionMode, PermissionMode, RuntimeEnv
+from ._runtime import IsolationLevel as IsolationLevel  # a Session's isolation: part of this module's vocabulary
 from ._transcript import Message
 
 #: The most a page of events, sessions or approvals holds.
@@ -140,6 +141,10 @@ class CreateSessionRequest(Request):
     metadata: Metadata = Field(default_factory=dict)
     title: Title | None = None
     """For people (listings search it with ``q``)."""
+    isolation: IsolationLevel = Field(default=IsolationLevel.NAMESPACED, strict=False)
+    """Where the runtime's HOME is: the namespace's (``namespaced``), one made for this session and removed with it
+    (``ephemeral``: credentials only from the namespace's stored variables), or the service user's own (``shared``:
+    namespace ``default`` of a single-user service only, 409 ``isolation_refused`` otherwise)."""
 
 
 class UpdateSessionRequest(Request):
@@ -300,6 +305,9 @@ class Session(Answer):
     archived_at: datetime | None = None
     forked_from: ForkPoint | None = None
     """A fork's origin: its events up to that seq are copies of that session's (their task ids are its tasks')."""
+    isolation: IsolationLevel = IsolationLevel.NAMESPACED
+    """Where its runtime's HOME is (``namespaced``, ``ephemeral``, ``shared``): chosen when it was created, kept by
+    its forks."""
 
 
 class DeletedSession(Answer):
@@ -466,6 +474,10 @@ class WorkerState(Answer):
     quarantined_until: float | None = None
     """Unix time the quarantine ends."""
     quarantine_reason: str | None = None
+    isolation: IsolationLevel = IsolationLevel.NAMESPACED
+    """The worker's level: the namespace's own (``namespaced``), or one session's (``ephemeral``, with
+    ``session_id``) or the shared level's, each a worker of its own."""
+    session_id: str | None = None
 
 
 class WorkerList(Answer):

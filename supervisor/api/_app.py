@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 from codesdk.protocol import (
     HASH_PREFIX,
     CanonicalizationError,
+    IsolationLevel,
     canonical_json,
     sha256_hex,
     RUNTIME_NAME_PATTERN,
@@ -49,6 +50,7 @@ from ..engine import (
     Engine,
     ForkInsideTask,
     InvalidTaskInput,
+    IsolationRefused,
     NamespaceElsewhere,
     RuntimeUnavailable,
     UnknownRuntime,
@@ -286,7 +288,8 @@ class _Metrics:
         writer = engine.store.writer_stats
         r.register(ServiceCollector(ServiceFacts(
             workers=lambda: [(str(s["namespace"]), str(s["state"]), _count(s["workers_started"]),
-                              s["pid"] is not None) for s in engine.pool.status()],
+                              s["pid"] is not None and s["isolation"] == "namespaced")  # one sample per namespace
+                             for s in engine.pool.status()],
             writer=lambda: (writer.transactions, writer.requests, writer.bulk_transactions),
             dropped=lambda: {"late": stats.late_events, "unknown_task": stats.unknown_task_events,
                              "ordinal_gap": stats.ordinal_gaps, "duplicate": stats.duplicate_events,
@@ -510,6 +513,16 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         await _group_metrics(metrics, engine)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    def single_user_only(isolation: IsolationLevel) -> None:
+        """``IsolationRefused`` (409) for ``shared`` while the service has tenants' tokens: the operator's own HOME
+        (its logins, its files) is no tenant's to use."""
+        if isolation == IsolationLevel.SHARED and (tenants := auth.tenants()):
+            shown = ", ".join(tenants[:5]) + (f" and {len(tenants) - 5} more" if len(tenants) > 5 else "")
+            raise IsolationRefused(
+                f"isolation 'shared' runs in the service user's own HOME, and this service has tenants' tokens "
+                f"({shown}): it is multi-user. Use 'namespaced' (the namespace's own HOME) or 'ephemeral' (a HOME "
+                "made for the session); 'shared' is for a single-user service, whose only tokens are the admin's")
+
     async def create_session(request: Request) -> Response:
         principal = principal_of(request)
         refuse_while_draining()
@@ -522,11 +535,12 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(403, "forbidden", f"this token may not create sessions in namespace {body.namespace!r}")
         if body.workspace is not None and not principal.admin:
             raise ApiError(403, "forbidden", "only the admin token may choose a workspace path")
+        single_user_only(body.isolation)
         if body.runtime is not None:
             await offered(body.namespace, body.runtime)
         record = await engine.create_session(runtime=body.runtime, namespace=body.namespace,
                                              workspace=Path(body.workspace) if body.workspace else None,
-                                             metadata=body.metadata, title=body.title)
+                                             metadata=body.metadata, title=body.title, isolation=body.isolation)
         return _answer(request, session_answer(record))
 
     async def list_sessions(request: Request) -> Response:
@@ -579,6 +593,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         session = await session_for(principal, request.path_params["session_id"])
         refuse_while_draining()
         body = await _body(request, api.ForkSessionRequest)
+        single_user_only(session.isolation)
         record = await engine.fork_session(session.session_id, at_seq=body.at_seq, title=body.title,
                                            metadata=body.metadata, by=f"api:{principal.identity}",
                                            new_workspace=body.workspace == api.ForkWorkspace.NEW)
@@ -589,6 +604,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         session = await session_for(principal, request.path_params["session_id"])
         refuse_while_draining()
         body = await _body(request, api.StartTaskRequest)
+        single_user_only(session.isolation)  # a tenant token added since: no more tasks in the operator's HOME
         switching = body.runtime is not None and body.runtime != session.runtime
         if switching or body.runtime_config:  # the session's own runtime was offered when it was made
             await offered(session.namespace, body.runtime or session.runtime, body.runtime_config, available=switching,

@@ -191,6 +191,15 @@ class TokenAuth:
         """(id, principal) of every token, in the file's order; never a token or its hash."""
         return [(e.id, e.principal) for e in self._entries]
 
+    def tenants(self) -> list[str]:
+        """Why the service is multi-user, if it is: the names of its tenants' tokens (those bound to namespaces),
+        or the tokens file that does not load (its tokens are unknown: taken as tenants'); empty when only the
+        admin's (and metrics) tokens exist."""
+        self._reload_if_changed()
+        if self.broken is not None:
+            return [f"those of the tokens file that does not load ({self.path})"]
+        return [e.principal.name for e in self._entries if not e.principal.admin and not e.principal.metrics]
+
     def _find(self, id_or_name: str) -> int:
         matches = [i for i, e in enumerate(self._entries) if id_or_name in (e.id, e.principal.name)]
         if not matches:

@@ -94,7 +94,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                          "--metrics`), which may read nothing else, so that Prometheus never holds the admin's; also "
                          "served alone on `serve --metrics-port` (127.0.0.1)."),
     Endpoint("POST", "/v1/sessions", "createSession", "Create a session in one of your namespaces", "sessions",
-             Access.TOKEN, api.Session, 201, body=api.CreateSessionRequest, errors=(403, 404, 421, 429)),
+             Access.TOKEN, api.Session, 201, body=api.CreateSessionRequest, errors=(403, 404, 409, 421, 429),
+             description="`isolation` chooses where its runtime keeps its HOME (`namespaced`, the default; "
+                         "`ephemeral`; `shared`): 409 `isolation_refused` for `shared` on a multi-user service or "
+                         "outside namespace `default`."),
     Endpoint("GET", "/v1/sessions", "listSessions", "Your sessions, oldest first (not the archived, unless asked)", "sessions", Access.TOKEN,
              api.SessionList, query=api.SessionsQuery),
     Endpoint("GET", _SESSION, "getSession", "One session", "sessions", Access.TOKEN, api.Session, errors=(404,)),

@@ -28,7 +28,7 @@ def session_answer(record: SessionRecord) -> api.Session:
                        workspace=record.workspace, created_at=record.created_at, metadata=record.metadata,
                        runtime_session_id=record.runtime_session_id, last_seq=record.last_seq, title=record.title,
                        state=state, active_task_id=record.active_task_id, archived_at=record.archived_at,
-                       forked_from=record.forked_from)
+                       forked_from=record.forked_from, isolation=record.isolation)
 
 
 def deleted_answer(dropped: DroppedSession, workspace_removed: bool) -> api.DeletedSession:

@@ -111,6 +111,7 @@ async def sources_from_engine(engine: Engine, session_id: str, *, extra_patterns
         "codesdk_version": codesdk_version(), "protocol_version": PROTOCOL_VERSION,
         "python": sys.version, "implementation": platform.python_implementation(), "platform": platform.platform(),
         "session_runtime": session.runtime, "namespace": namespace,
+        "isolation": session.isolation.value,  # where its runtime's HOME was: namespaced, ephemeral or shared
         "runtimes_recorded": [json.loads(r) for r in recorded],
         "worker": ({"pid": worker.pid, "version": worker.info.worker.version if worker.info else None,
                     "runtimes": runtimes} if worker is not None else None),

@@ -28,10 +28,11 @@ _UNAVAILABLE_STATUSES = frozenset({421, 429, 503})  # 421: another supervisor ru
 #: closed terminal.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 DEFAULT_RUNTIME, DEFAULT_NAMESPACE = "scripted", "default"
-#: ``protocol.api.MAX_TITLE`` and ``protocol.api.SessionFilter``'s values, the default first (here without importing
-#: the protocol; a test holds them equal).
+#: ``protocol.api.MAX_TITLE``, ``protocol.api.SessionFilter``'s and ``protocol.IsolationLevel``'s values, the default
+#: first (here without importing the protocol; a test holds them equal).
 MAX_TITLE = 200
 SESSION_STATES = ("live", "idle", "busy", "archived", "all")
+ISOLATION_LEVELS = ("namespaced", "ephemeral", "shared")
 
 
 class CliError(Exception):
@@ -235,6 +236,9 @@ def check_session_flags(args: argparse.Namespace, namespace: str) -> None:
     if args.namespace and args.namespace != namespace:
         raise CliError(f"session {args.session} belongs to namespace {namespace!r}, not {args.namespace!r}; "
                        "drop --namespace (a session keeps its namespace)")
+    if args.session and getattr(args, "isolation", None):
+        raise CliError("--isolation chooses a new session's level; a session keeps the one it was created with "
+                       "(drop --isolation, or drop --session to start a new session)")
     if args.max_input_tokens is not None and not 1 <= args.max_input_tokens <= 2**53:
         raise CliError(f"--max-input-tokens must be a whole number of tokens from 1 to 2^53, not "
                        f"{args.max_input_tokens}")

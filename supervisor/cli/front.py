@@ -25,6 +25,7 @@ from .common import (
     add_fetch_flags,
     DEFAULT_NAMESPACE,
     DEFAULT_RUNTIME,
+    ISOLATION_LEVELS,
     SESSION_STATES,
     Parser,
     config_item,
@@ -133,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workspace", help="directory the tools work in (default: a new one in the data dir)")
     run.add_argument("--title", help="the new session's title, for people (at most 200 characters; `codesdk sessions "
                                      "--search` finds it)")
+    run.add_argument("--isolation", choices=ISOLATION_LEVELS,
+                     help="where the new session's runtime keeps its HOME: namespaced (the namespace's own; the "
+                          "default), ephemeral (one made for the session, removed with it: credentials only from "
+                          "the namespace's variables) or shared (your own HOME and logins; namespace default of a "
+                          "single-user service only)")
     run.add_argument("--mode", choices=PERMISSION_MODES, default="ask",
                      help="permission mode (default: ask; asks on the terminal, denies when non-interactive)")
     run.add_argument("--non-interactive", action="store_true", help="never prompt; 'ask' decisions become denials")

@@ -21,7 +21,15 @@ from typing import IO, Any, TypeVar
 
 import trio
 
-from codesdk.protocol import HASH_PREFIX, EnsureLoginResult, InteractionMode, PermissionMode, api, is_hash
+from codesdk.protocol import (
+    HASH_PREFIX,
+    EnsureLoginResult,
+    InteractionMode,
+    IsolationLevel,
+    PermissionMode,
+    api,
+    is_hash,
+)
 
 from ..service.assembly import SupervisorOptions, open_engine
 from .common import (
@@ -127,7 +135,9 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
             await engine.check_offer(session.namespace, args.runtime or session.runtime, runtime_config,
                                      available=switching, worker_needed=switching)
     else:
-        engine.prewarm(args.namespace or DEFAULT_NAMESPACE)  # the worker starts while the session is made
+        isolation = IsolationLevel(args.isolation or IsolationLevel.NAMESPACED)
+        if isolation == IsolationLevel.NAMESPACED:  # another level's worker is the session's own: made with it
+            engine.prewarm(args.namespace or DEFAULT_NAMESPACE)  # the worker starts while the session is made
         workspace = Path(args.workspace).resolve() if args.workspace else None
         if workspace is not None and not workspace.is_dir():
             raise CliError(f"--workspace {args.workspace} is not a directory")
@@ -138,7 +148,7 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
         session = await engine.create_session(runtime=args.runtime or DEFAULT_RUNTIME,
                                               namespace=args.namespace or DEFAULT_NAMESPACE, workspace=workspace,
                                               session_id=ahead.session_id if ahead is not None else None,
-                                              title=args.title)
+                                              title=args.title, isolation=isolation)
         if ahead is not None:
             ahead.claim(session.workspace)
     before = await engine.store.last_seq(session.session_id) if args.session else 0  # a new one: session.created

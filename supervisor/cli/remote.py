@@ -93,7 +93,8 @@ async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) 
             if args.runtime or runtime_config:  # refused before the session is stored, as the embedded CLI does
                 await _check_offer(client, args.namespace or "default", args.runtime or DEFAULT_RUNTIME, runtime_config)
             session = await client.create_session(namespace=args.namespace or "default", runtime=args.runtime,
-                                                  workspace=args.workspace, title=args.title)
+                                                  workspace=args.workspace, title=args.title,
+                                                  isolation=args.isolation)
         last: Any = None
         received: list[int] = []
         with trio.open_signal_receiver(*STOP_SIGNALS) as signals:

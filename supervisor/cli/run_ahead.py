@@ -59,6 +59,8 @@ class RunAhead:
                 ahead.made_workspace = workspace
         except (OSError, ValueError, UnsafeDataDir, WorkspaceRefused):
             return ahead  # the engine's own attempt says what is wrong, in context
+        if getattr(args, "isolation", None) not in (None, "namespaced"):
+            return ahead  # its worker is the session's own (ephemeral) or the shared one: none to start ahead
         task = {"runtime": args.runtime or DEFAULT_RUNTIME, "runtime_config": runtime_config,
                 "workspace": str(workspace)}
         config = PoolConfig(data_dir=data_dir, env=workers_env({"*": variables}, test_scenarios=True),

@@ -29,6 +29,7 @@ from ._errors import (
     InsufficientSpace,
     NamespaceDiskFull,
     InvalidTaskInput,
+    IsolationRefused,
     NamespaceElsewhere,
     NamespaceUnavailable,
     RuntimeUnavailable,
@@ -46,7 +47,7 @@ from ._transcript import derive_transcript, session_events
 __all__ = [
     "DISK_RESERVE_BYTES", "ERROR_STATUS", "ApprovalRequest", "Approver", "ApproverAnswer", "ApproverRequired", "DeadlineLimits",
     "Engine", "WorkerEnvironment", "SERVICE_IDLE_TIMEOUT_MAX_S", "SERVICE_IDLE_TIMEOUT_S", "SERVICE_TIMEOUT_MAX_S", "SERVICE_TIMEOUT_S", "EngineConfig",
-    "EngineError", "EngineStats", "Phase", "TaskTelemetry", "Telemetry", "ErrorStatus", "ForkInsideTask", "ForkPastEnd", "InsufficientSpace", "NamespaceDiskFull", "InvalidTaskInput", "NamespaceElsewhere", "NamespaceUnavailable",
+    "EngineError", "EngineStats", "Phase", "TaskTelemetry", "Telemetry", "ErrorStatus", "ForkInsideTask", "ForkPastEnd", "InsufficientSpace", "NamespaceDiskFull", "InvalidTaskInput", "IsolationRefused", "NamespaceElsewhere", "NamespaceUnavailable",
     "PoolWorkers", "RequestChannel", "RuntimeUnavailable", "SessionBusy", "TaskNotActive", "UnknownRuntime", "WorkerEvents",
     "WorkerExit", "WorkerLink", "Workers", "WorkersFactory", "WorkspaceRefused", "derive_transcript", "error_status",
     "session_events",

@@ -32,6 +32,7 @@ from codesdk.protocol import (
     EventType,
     GetAuthStatusParams,
     InteractionMode,
+    IsolationLevel,
     Message,
     Model,
     PermissionMode,
@@ -60,7 +61,15 @@ from codesdk.protocol import (
 from codesdk.procs.orphans import Orphans
 from ..audit import audit
 from ..ids import is_id, new_id
-from ..namespaces import VOLUMES_DIR, DiskQuotaError, DiskUsage, InvalidNamespace, Namespace, is_disk_full, make_workspace
+from ..namespaces import (
+    VOLUMES_DIR,
+    DiskQuotaError,
+    DiskUsage,
+    InvalidNamespace,
+    Namespace,
+    is_disk_full,
+    make_workspace,
+)
 from ..namespaces import WorkspaceRefused as WorkspacePathRefused
 from ..store import (
     COMMIT_LINGER_S,
@@ -90,7 +99,15 @@ from ..workers.pool import WorkerPool
 from codesdk.worker.client import REAP_WAIT_S
 from ._approvals import APPROVAL_TIMEOUT_S, ApprovalBroker
 from ._compile import compile_input, context_window
-from ._lifecycle import events_to_fork, made_workspace, remove_workspace
+from ._lifecycle import (
+    check_isolation,
+    events_to_fork,
+    made_workspace,
+    placement_of,
+    remove_ephemeral_home,
+    remove_workspace,
+    sweep_ephemeral_homes,
+)
 from ._telemetry import Observers
 from ._deadlines import DeadlineLimits, TaskClock
 from ._ending import REQUEST_TIMEOUT_S, TaskEnder
@@ -222,6 +239,7 @@ class Engine:
             store.commit_linger_s = config.commit_linger_s
             engine = cls(config, store, tooling, nursery, workers=workers, leases=leases)
             await engine.leasing.recover()
+            await sweep_ephemeral_homes(store, config.pool.data_dir)  # sessions deleted while we were down
             await nursery.start(engine.leasing.keep)
             # What dead workers and tools left is re-parented to us; the sweep asks the registry of this process's
             # children, the one its spawners own their children in (``PoolConfig.children``), what to leave alone.
@@ -266,16 +284,23 @@ class Engine:
 
     async def create_session(self, *, runtime: str | None = None, namespace: str = "default",
                              workspace: Path | None = None, metadata: dict[str, Any] | None = None,
-                             session_id: str | None = None, title: str | None = None) -> SessionRecord:
+                             session_id: str | None = None, title: str | None = None,
+                             isolation: IsolationLevel = IsolationLevel.NAMESPACED) -> SessionRecord:
         """A new session and its ``session.created``. ``InvalidNamespace``; ``WorkspaceRefused``; ``InsufficientSpace``;
         ``InvalidTaskInput``
-        for a name no runtime can have (``protocol.RUNTIME_NAME_PATTERN``).
+        for a name no runtime can have (``protocol.RUNTIME_NAME_PATTERN``); ``IsolationRefused``.
+
+        ``isolation``: where its runtime's HOME is — the namespace's (``namespaced``), one made for the session and
+        removed with it (``ephemeral``), or the service user's own (``shared``: ``check_isolation``). Each level
+        other than ``namespaced`` runs in a worker of its own (``placement_of``).
 
         ``session_id``: one chosen ahead (``new_id("ses")``: ``codesdk run`` chooses it, and makes the default
         workspace, before the supervisor is even imported); the default workspace is that session's own either way,
         so it is removed (if still empty) when the session is refused."""
         Namespace.parse(namespace)  # InvalidNamespace with a clear message
         runtime = _runtime_name(runtime or self.config.default_runtime)
+        isolation = _isolation_level(isolation)
+        check_isolation(isolation, namespace, self.config.pool.worker_uids)
         await self.leasing.own(namespace)  # its workspace and worker are on the supervisor that runs it
         if session_id is not None and not is_id(session_id, "ses"):
             raise ValueError(f"not a session id: {session_id!r}")
@@ -288,7 +313,7 @@ class Engine:
         try:
             record = await self.store.create_session(session_id, runtime=runtime, namespace=namespace,
                                                      workspace=str(workspace), metadata=metadata,
-                                                     quotas=self.config.quotas, title=title)
+                                                     quotas=self.config.quotas, title=title, isolation=isolation)
         except BaseException:
             if made:  # nothing of the refused session is left behind (its workspace is still empty)
                 with trio.CancelScope(shield=True), contextlib.suppress(OSError):
@@ -327,8 +352,13 @@ class Engine:
         """A new session whose first events are copies of ``session_id``'s up to ``at_seq`` (``events_to_fork``:
         ``ForkInsideTask``, ``ForkPastEnd``), in its namespace and on its runtime, with the same workspace or
         (``new_workspace``) an empty one of its own. Its runtime is given the copied transcript on its first task
-        (a fork has no runtime session id). ``QuotaExceeded`` as a new session and as its copied events."""
+        (a fork has no runtime session id). ``QuotaExceeded`` as a new session and as its copied events.
+
+        It keeps the session's isolation level: a fork of an ephemeral session gets a new, empty HOME of its own
+        (nothing of the parent's runtime state — its login cache least of all — is copied); ``IsolationRefused``
+        for a shared one where ``shared`` is no longer allowed."""
         parent = await self.store.get_session(session_id)
+        check_isolation(parent.isolation, parent.namespace, self.config.pool.worker_uids)
         await self.leasing.own(parent.namespace)
         events, cut = await events_to_fork(self.store, session_id, at_seq)
         fork_id = new_id("ses")
@@ -343,7 +373,7 @@ class Engine:
         metadata = parent.metadata if metadata is None else metadata
         record = SessionRecord(session_id=fork_id, runtime=parent.runtime, namespace=parent.namespace,
                                workspace=str(workspace), created_at=datetime.now(UTC), metadata=metadata,
-                               title=title, forked_from=origin)
+                               title=title, forked_from=origin, isolation=parent.isolation)
         created = EventDraft(
             type=EventType.SESSION_CREATED, runtime=RuntimeInfo(name=parent.runtime), trace=Trace(session_id=fork_id),
             payload=SessionCreated(contract_version=CONTRACT_VERSION, runtime=parent.runtime,
@@ -375,8 +405,13 @@ class Engine:
         workspace = made_workspace(session.workspace, self._workspace_roots(), self.config.data_dir)
         if workspace is not None and not dropped.workspace_shared:
             removed = await trio.to_thread.run_sync(remove_workspace, workspace)
+        home_removed = None
+        if session.isolation == IsolationLevel.EPHEMERAL:  # its own worker first: nothing may hold its HOME then
+            await self._workers.session_ended(placement_of(session))
+            home_removed = await remove_ephemeral_home(self.store, self.config.pool, session.namespace, session_id)
         audit("session.deleted", by, session=session_id, namespace=session.namespace, events=dropped.events,
-              stored_bytes=dropped.stored_bytes, blobs=len(dropped.blobs), workspace_removed=removed)
+              stored_bytes=dropped.stored_bytes, blobs=len(dropped.blobs), workspace_removed=removed,
+              **({"home_removed": home_removed} if home_removed is not None else {}))
         return dropped, removed
 
     def space_shortage(self, workspace: Path | None = None) -> str | None:
@@ -703,7 +738,7 @@ class Engine:
             for other in self._runs.unreleased_in(run.session_id):
                 await other.released.wait()
         try:
-            async with self._workers.borrow(run.namespace) as worker:
+            async with self._workers.borrow(run.namespace, placement_of(run.session)) as worker:
                 if run.ended:  # stopped before it reached a worker: nothing to start
                     run.released.set()
                     return
@@ -772,7 +807,8 @@ class Engine:
         try:
             model_input = run.model_input
             assert model_input is not None
-            update: dict[str, Any] = {"resume": result.resume, "sent_hash": result.sent_hash}
+            update: dict[str, Any] = {"resume": result.resume, "sent_hash": result.sent_hash,
+                                      "isolation": run.session.isolation}
             if result.resume == ResumeMode.NATIVE:  # the runtime was sent the prompt only: nothing was compiled
                 update |= {"context": None, "interrupted_calls": ()}
             if result.implicit_sources is not None:
@@ -798,6 +834,15 @@ def _runtime_name(name: str) -> str:
         return check_runtime_name(name)
     except ValueError as exc:
         raise InvalidTaskInput(str(exc)) from None
+
+
+def _isolation_level(level: str) -> IsolationLevel:
+    """``level`` as an ``IsolationLevel``, else ``InvalidTaskInput`` naming the choices."""
+    try:
+        return IsolationLevel(level)
+    except ValueError:
+        raise InvalidTaskInput(f"unknown isolation level {level!r}: choose one of "
+                               f"{', '.join(level.value for level in IsolationLevel)}") from None
 
 
 def _check_storable(params: StartTaskParams, started: TaskStarted) -> None:

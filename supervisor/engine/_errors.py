@@ -2,10 +2,10 @@
 
 Every refusal is an ``EngineError``: nothing was stored, and the message says what to do instead. Its
 subclass names the reason, so the API and the CLI map them by type, never by message text. The caller's
-move: ``InvalidTaskInput``, ``WorkspaceRefused``, ``UnknownRuntime``, ``ApproverRequired``. Wait and retry
-(or stop something): ``SessionBusy``, ``TaskNotActive``. Ask another supervisor: ``NamespaceElsewhere``. The
-service's side: ``NamespaceUnavailable``, ``RuntimeUnavailable``. Refusals raised below the engine keep their own
-types and are listed here too: ``QuotaExceeded`` (an operator's limit), ``InvalidNamespace`` and the store's
+move: ``InvalidTaskInput``, ``WorkspaceRefused``, ``UnknownRuntime``, ``ApproverRequired``, ``IsolationRefused``.
+Wait and retry (or stop something): ``SessionBusy``, ``TaskNotActive``. Ask another supervisor:
+``NamespaceElsewhere``. The service's side: ``NamespaceUnavailable``, ``RuntimeUnavailable``. Refusals raised below
+the engine keep their own types and are listed here too: ``QuotaExceeded`` (an operator's limit), ``InvalidNamespace`` and the store's
 unknown session/task.
 """
 
@@ -72,6 +72,11 @@ class NamespaceDiskFull(EngineError):
     delete files from its workspaces (or ask the operator for a larger quota)."""
 
 
+class IsolationRefused(EngineError):
+    """The session's isolation level may not be used here: ``shared`` (the operator's own HOME) is for a
+    single-user service only. The caller's to change: another level, or the operator's setup."""
+
+
 class ApproverRequired(EngineError):
     """An interactive task needs someone to ask: an approver, or approvals decided over the API."""
 
@@ -131,6 +136,7 @@ ERROR_STATUS: dict[type[Exception], ErrorStatus] = {
     InsufficientSpace: ErrorStatus(503, "insufficient_space"),
     NamespaceDiskFull: ErrorStatus(429, "namespace_disk_full"),  # a quota, like the namespace's others
     ApproverRequired: ErrorStatus(422, "approver_required"),
+    IsolationRefused: ErrorStatus(409, "isolation_refused"),
     ForkInsideTask: ErrorStatus(422, "fork_inside_task"),
     ForkPastEnd: ErrorStatus(422, "fork_past_end"),
     SessionBusy: ErrorStatus(409, "session_busy"),

@@ -1,5 +1,6 @@
-"""A session's life past its creation, as far as it is not the store's: where a fork may be cut, and which
-workspaces the service made and so may remove."""
+"""A session's life past its creation, as far as it is not the store's: where a fork may be cut, which
+workspaces the service made and so may remove, where its worker runs (its isolation level) and the ephemeral
+HOMEs left by sessions that are gone."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType, NormalizedEvent
+import trio
+
+from codesdk.protocol import TERMINAL_EVENT_TYPES, EventType, IsolationLevel, NormalizedEvent
 
 from ..ids import is_id
-from ..namespaces import VOLUMES_DIR
-from ..store import StoreReader
-from ._errors import ForkInsideTask, ForkPastEnd
+from ..namespaces import VOLUMES_DIR, DiskQuotaError, Namespace, UidRange, ephemeral_sessions, remove_session_dirs
+from ..store import SessionRecord, StoreReader, UnknownSession
+from ..workers.launch import Placement, PoolConfig
+from ._errors import ForkInsideTask, ForkPastEnd, IsolationRefused
 
 log = logging.getLogger("codesdk.supervisor.engine")
 
@@ -91,3 +95,76 @@ def remove_workspace(path: Path) -> bool:
     if failures:
         log.warning("workspace %s was not removed whole (%d failure(s), first: %s)", path, len(failures), failures[0])
     return not failures and not path.exists()
+
+
+def placement_of(session: SessionRecord) -> Placement:
+    """Which worker runs the session's tasks: its namespace's, its own (ephemeral) or the shared one."""
+    own = session.isolation == IsolationLevel.EPHEMERAL
+    return Placement(session.namespace, session.isolation.value, session.session_id if own else None)
+
+
+#: The one namespace a ``shared`` session may be in: the operator's own.
+SHARED_NAMESPACE = "default"
+
+
+def check_isolation(isolation: IsolationLevel, namespace: str, worker_uids: UidRange | None) -> None:
+    """``IsolationRefused`` for a level this service may not give: ``shared`` (the service user's own HOME, its
+    logins and files) only in the ``default`` namespace of a service that runs no worker as a tenant's uid."""
+    if isolation != IsolationLevel.SHARED:
+        return
+    if namespace != SHARED_NAMESPACE:
+        raise IsolationRefused(
+            f"isolation 'shared' runs in the service user's own HOME, which belongs to no tenant: it is only for "
+            f"namespace {SHARED_NAMESPACE!r}, not {namespace!r}; use 'namespaced' (the namespace's own HOME) or "
+            "'ephemeral' (a HOME made for the session)")
+    if worker_uids is not None:
+        raise IsolationRefused(
+            f"isolation 'shared' runs as the service's own user, and this service runs workers as tenants' uids "
+            f"(--worker-uids {worker_uids}): it is multi-user; use 'namespaced' or 'ephemeral'")
+
+
+def ephemeral_bases(pool: PoolConfig, namespace: str) -> list[Path]:
+    """Where the namespace's ephemeral HOMEs may be: the data dir, and its volume if it has one (mounted now, as
+    its worker's start does). Blocking."""
+    bases = [pool.data_dir]
+    disks = pool.disks
+    parsed = Namespace.parse(namespace)
+    if disks is not None and disks.image(parsed).exists():
+        try:
+            volume = disks.ensure(parsed, move_files_in=False)
+        except (DiskQuotaError, OSError) as exc:
+            log.error("namespace %s: its volume cannot be mounted to remove an ephemeral HOME there: %s", namespace,
+                      exc)
+        else:
+            bases += [volume] if volume is not None else []
+    return bases
+
+
+async def remove_ephemeral_home(store: StoreReader, pool: PoolConfig, namespace: str, session_id: str) -> bool:
+    """Remove a deleted session's ephemeral HOME wherever it is; on the namespace's volume, those of its sessions
+    deleted while the service was down go too (the start-up sweep sees only the data dir's). True when none of it
+    is left."""
+    bases = await trio.to_thread.run_sync(ephemeral_bases, pool, namespace)
+    removed = [await trio.to_thread.run_sync(remove_session_dirs, base, session_id) for base in bases]
+    for volume in bases[1:]:
+        await sweep_ephemeral_homes(store, volume)
+    return all(removed)
+
+
+async def sweep_ephemeral_homes(store: StoreReader, base: Path) -> int:
+    """Remove the ephemeral HOMEs below ``base`` whose session no longer exists (deleted while the supervisor was
+    down, or whose removal failed); how many were removed. Blocking parts run in a thread."""
+    removed = 0
+    for session_id in await trio.to_thread.run_sync(ephemeral_sessions, base):
+        if not is_id(session_id, "ses"):
+            continue  # not made by us: left alone
+        try:
+            await store.get_session(session_id)
+            continue
+        except UnknownSession:
+            pass
+        if await trio.to_thread.run_sync(remove_session_dirs, base, session_id):
+            removed += 1
+    if removed:
+        log.info("removed %d ephemeral HOME(s) of sessions that no longer exist", removed)
+    return removed

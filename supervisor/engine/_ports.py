@@ -16,7 +16,7 @@ import trio
 
 from codesdk.protocol import ExitStatus, InitializeResult, MethodSpec, Model, StderrTail, WireEvent
 
-from ..workers.launch import PoolConfig
+from ..workers.launch import Placement, PoolConfig
 from codesdk.worker.client import WorkerProcess, WorkerSpec
 from ..workers.pool import NamespaceFailing, WorkerPool
 from ._errors import NamespaceUnavailable
@@ -51,10 +51,14 @@ class WorkerLink(Protocol):
 class Workers(Protocol):
     """Where the engine gets a namespace's worker."""
 
-    def borrow(self, namespace: str) -> AbstractAsyncContextManager[WorkerLink]:
-        """The namespace's worker (started if needed) while the block runs; ``NamespaceUnavailable`` if none
-        can be had."""
+    def borrow(self, namespace: str, placement: Placement | None = None) -> AbstractAsyncContextManager[WorkerLink]:
+        """The namespace's worker (started if needed) while the block runs — or, with a ``placement``, that
+        placement's own (a session's ephemeral worker, the shared one); ``NamespaceUnavailable`` if none can be
+        had."""
         ...
+
+    async def session_ended(self, placement: Placement) -> None:
+        """The session with this placement is gone: a worker of its own (ephemeral) is shut down now."""
 
     async def let_go(self, namespace: str) -> None:
         """End the namespace's worker now (its lease was lost: another supervisor may run the namespace)."""
@@ -81,15 +85,19 @@ class PoolWorkers:
         self.pool = pool
 
     @asynccontextmanager
-    async def borrow(self, namespace: str) -> AsyncIterator[WorkerProcess]:
+    async def borrow(self, namespace: str, placement: Placement | None = None) -> AsyncIterator[WorkerProcess]:
+        placement = placement or Placement(namespace)
         try:
-            worker = await self.pool.acquire(namespace)
+            worker = await self.pool.acquire(namespace, placement)
         except NamespaceFailing as exc:
             raise NamespaceUnavailable(str(exc)) from exc
         try:
             yield worker
         finally:
-            self.pool.release(namespace, worker)
+            self.pool.release(placement.key, worker)
+
+    async def session_ended(self, placement: Placement) -> None:
+        await self.pool.session_ended(placement)
 
     async def let_go(self, namespace: str) -> None:
         await self.pool.let_go(namespace)

@@ -87,7 +87,7 @@ class StoredLimits:
 @dataclass
 class _Namespace:
     execs: int = 0
-    worker: bool = False
+    workers: set[str] = field(default_factory=set)  # the leaves its workers run in
     missing: list[str] = field(default_factory=list)
 
 
@@ -167,17 +167,19 @@ class ResourceGroups:
         state.missing = self.tree.apply(rel, self.limits_for(namespace))
         return self.tree, rel
 
-    def place_worker(self, namespace: str, pid: int) -> None:
+    def place_worker(self, namespace: str, pid: int, leaf: str = WORKER_LEAF) -> None:
         """Put a namespace's worker — and whatever it started already (a headstart's runtime) — into its group.
-        Called before the worker is sent anything, so no runtime of it starts outside the group."""
+        Called before the worker is sent anything, so no runtime of it starts outside the group. ``leaf``: the
+        worker's own leaf (a session's own worker — ephemeral or shared isolation — has one beside ``worker/``,
+        so that its end empties only its own)."""
         with self._lock:
             found = self._ensure(namespace)
             if found is None:
                 return
             tree, rel = found
-            leaf = f"{rel}/{WORKER_LEAF}"
+            self._namespaces[namespace].workers.add(leaf)
+            leaf = f"{rel}/{leaf}"
             tree.create(leaf)
-            self._namespaces[namespace].worker = True
             tree.move(leaf, pid)
         try:
             for child in psutil.Process(pid).children(recursive=True):
@@ -185,7 +187,7 @@ class ResourceGroups:
         except psutil.Error:
             pass
 
-    def worker_ended(self, namespace: str) -> None:
+    def worker_ended(self, namespace: str, leaf: str = WORKER_LEAF) -> None:
         """Kill everything left in the worker's group (a daemon that escaped its tree too); the namespace's group
         goes when no exec call of it runs."""
         try:
@@ -193,8 +195,8 @@ class ResourceGroups:
                 state = self._namespaces.get(namespace)
                 if self.tree is None or state is None:
                     return
-                state.worker = False
-                self.tree.remove(f"{namespace_group(namespace)}/{WORKER_LEAF}")
+                state.workers.discard(leaf)
+                self.tree.remove(f"{namespace_group(namespace)}/{leaf}")
                 self._maybe_remove(namespace, state)
         except OSError as exc:  # the worker's exit must still be reported; the next start empties it again
             log.error("namespace %s: its resource group could not be emptied: %s", namespace, exc)
@@ -227,7 +229,7 @@ class ResourceGroups:
             self._maybe_remove(namespace, state)
 
     def _maybe_remove(self, namespace: str, state: _Namespace) -> None:
-        if self.tree is not None and not state.worker and state.execs == 0:
+        if self.tree is not None and not state.workers and state.execs == 0:
             if self.tree.remove(namespace_group(namespace)):
                 self._namespaces.pop(namespace, None)
 

@@ -18,7 +18,7 @@ One job per module: ``_names`` (the grammar), ``_files`` (the supervisor's priva
 may shape, opened without following symlinks: also for the workspace tools), ``_dirs`` (the namespace's
 directories), ``_env`` (the worker's environment), ``_variables`` (the stored variables), ``_uids`` (the range,
 each namespace's identity, handing files to it), ``_uid_checks`` (start-up checks for a range), ``_data_dir`` (the
-data dir's own modes), ``_disk`` (each namespace's disk quota: an ext4 image of its own), ``_workspaces`` (which workspaces are allowed, handing one to a namespace), ``_egress`` (its narrowing of
+data dir's own modes), ``_sessions`` (an ephemeral session's own HOME, the operator's for the shared level), ``_disk`` (each namespace's disk quota: an ext4 image of its own), ``_workspaces`` (which workspaces are allowed, handing one to a namespace), ``_egress`` (its narrowing of
 ``http.fetch``'s hosts). Other packages
 import this face only.
 """
@@ -36,6 +36,14 @@ from ._disk import (
 )
 from ._egress import EGRESS_FILE, MAX_NAMESPACE_PATTERNS, NamespaceEgress, NamespaceEgressError
 from ._dirs import SUBDIRS, NamespaceDirs, prepare_dirs, prepare_namespace
+from ._sessions import (
+    EPHEMERAL_DIR,
+    ephemeral_root,
+    ephemeral_sessions,
+    operator_dirs,
+    prepare_session_dirs,
+    remove_session_dirs,
+)
 from ._env import DEFAULT_PATH, RECORD_STREAMS_ENV, RUNTIME_AHEAD_ENV, build_env
 from ._files import DIR_FLAGS, WALK_FLAGS, chmod_entry, make_dir, open_dir, walk_tree, write_private
 from ._names import InvalidNamespace, Namespace
@@ -58,6 +66,12 @@ __all__ = [
     "disk_unsupported",
     "is_disk_full",
     "DEFAULT_PATH",
+    "EPHEMERAL_DIR",
+    "ephemeral_root",
+    "ephemeral_sessions",
+    "operator_dirs",
+    "prepare_session_dirs",
+    "remove_session_dirs",
     "DIR_FLAGS",
     "ENV_DIR",
     "MAX_VALUE_BYTES",

@@ -31,7 +31,7 @@ def secure_data_dir(data_dir: Path) -> None:
 
 def tighten_data_dir(data_dir: Path) -> None:
     """Close every top-level entry of the data dir to group and others, but the passages to the tenants' own
-    directories: ``namespaces/`` (``prepare_dirs`` sets it) and ``workspaces/`` when it is 0711.
+    directories: ``namespaces/`` (``prepare_dirs`` sets it) and ``workspaces/`` (and ``ephemeral/``) when 0711.
 
     With a uid range the data dir is 0711, so anything in it is reachable by name: the store, blobs and
     token files must then not rely on the umask they were created with. ``workspaces/`` is made 0711 when a
@@ -43,7 +43,8 @@ def tighten_data_dir(data_dir: Path) -> None:
         if entry.name == "namespaces" or entry.is_symlink():
             continue
         mode = stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode)
-        if entry.name in ("workspaces", "volumes") and mode == 0o711:  # volumes/: namespaces' disks (``_disk``)
+        # volumes/: namespaces' disks (``_disk``); ephemeral/: ephemeral sessions' HOMEs (``_sessions``)
+        if entry.name in ("workspaces", "volumes", "ephemeral") and mode == 0o711:
             continue
         if mode & 0o077:
             os.chmod(entry.path, mode & 0o700, follow_symlinks=True)

@@ -179,7 +179,7 @@ async def _reload(engine: Engine, auth: TokenAuth, data_dir: Path) -> None:
     fails in part logs the part and leaves the service serving."""
     tokens = auth.reload()
     level = _reload_log_level(data_dir)
-    namespaces = [str(slot["namespace"]) for slot in engine.pool.status()]
+    namespaces = sorted({str(slot["namespace"]) for slot in engine.pool.status()})  # once each, whatever its slots
     for namespace in namespaces:
         await engine.pool.env_changed(namespace)
     said = (f"reloaded {tokens} token(s) from {auth.path}" if auth.broken is None else

@@ -209,6 +209,13 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
         backfill=hold_named_blobs,
     ),
+    Migration(
+        7,
+        "each session's isolation level (its HOME: the namespace's, one of its own, or the operator's)",
+        """
+        ALTER TABLE sessions ADD COLUMN isolation TEXT NOT NULL DEFAULT 'namespaced';
+        """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -17,7 +17,7 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any, Protocol
 
-from codesdk.protocol import ApprovalState, NormalizedEvent
+from codesdk.protocol import ApprovalState, IsolationLevel, NormalizedEvent
 from codesdk.protocol.api import SessionFilter
 
 from ._quotas import Quotas
@@ -86,7 +86,7 @@ class SessionRecords(SessionReader, Protocol):
     async def create_session(
         self, session_id: str | None = None, *, runtime: str, namespace: str = "default",
         workspace: str | None = None, metadata: Mapping[str, Any] | None = None, created_at: datetime | None = None,
-        quotas: Quotas | None = None, title: str | None = None,
+        quotas: Quotas | None = None, title: str | None = None, isolation: IsolationLevel = IsolationLevel.NAMESPACED,
     ) -> SessionRecord: ...
 
     async def update_session(self, session_id: str, *, runtime_session_id: str | None = None,

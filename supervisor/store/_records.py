@@ -14,6 +14,7 @@ from codesdk.protocol import (
     ApprovalState,
     EventType,
     ForkPoint,
+    IsolationLevel,
     Model,
     RuntimeInfo,
     Trace,
@@ -109,6 +110,8 @@ class SessionRecord(Model):
     title: str | None = None
     archived_at: datetime | None = None
     forked_from: ForkPoint | None = None
+    #: Where its runtime's HOME is: the namespace's (namespaced), one of its own (ephemeral), the operator's (shared).
+    isolation: IsolationLevel = IsolationLevel.NAMESPACED
     #: Its task pending or running (read with the row; None when idle).
     active_task_id: str | None = None
 

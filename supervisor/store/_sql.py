@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from codesdk.protocol import ApprovalState, ForkPoint, NormalizedEvent, UpcasterRegistry, upcasters
+from codesdk.protocol import ApprovalState, ForkPoint, IsolationLevel, NormalizedEvent, UpcasterRegistry, upcasters
 from codesdk.protocol.api import SessionFilter
 
 from ._db import Db
@@ -54,7 +54,7 @@ def dumps(value: Any) -> str:
 _ACTIVE = "('pending', 'running')"
 _SESSION_COLUMNS = (
     "s.session_id, s.runtime, s.namespace, s.workspace, s.created_at, s.metadata, s.runtime_session_id, s.last_seq, "
-    "s.title, s.archived_at, s.forked_from, s.forked_at_seq, "
+    "s.title, s.archived_at, s.forked_from, s.forked_at_seq, s.isolation, "
     f"(SELECT t.task_id FROM tasks t WHERE t.session_id = s.session_id AND t.state IN {_ACTIVE}) AS active_task_id"
 )
 _TASK_COLUMNS = (
@@ -65,7 +65,7 @@ _TASK_COLUMNS = (
 
 def _session(row: Sequence[Any]) -> SessionRecord:
     (sid, runtime, namespace, workspace, created_at, metadata, runtime_session_id, last_seq, title, archived_at,
-     forked_from, forked_at_seq, active_task_id) = row
+     forked_from, forked_at_seq, isolation, active_task_id) = row
     return SessionRecord(
         session_id=sid,
         runtime=runtime,
@@ -78,6 +78,7 @@ def _session(row: Sequence[Any]) -> SessionRecord:
         title=title,
         archived_at=from_text(archived_at) if archived_at is not None else None,
         forked_from=ForkPoint(session_id=forked_from, seq=forked_at_seq) if forked_from is not None else None,
+        isolation=IsolationLevel(isolation),
         active_task_id=active_task_id,
     )
 
@@ -352,7 +353,8 @@ def insert_session(conn: Db, record: SessionRecord) -> SessionRecord:
     fork = record.forked_from
     inserted = conn.execute(
         "INSERT INTO sessions(session_id, runtime, namespace, workspace, created_at, metadata, title, forked_from, "
-        "forked_at_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(session_id) DO NOTHING RETURNING session_id",
+        "forked_at_seq, isolation) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(session_id) DO NOTHING "
+        "RETURNING session_id",
         (
             record.session_id,
             record.runtime,
@@ -363,6 +365,7 @@ def insert_session(conn: Db, record: SessionRecord) -> SessionRecord:
             record.title,
             fork.session_id if fork is not None else None,
             fork.seq if fork is not None else None,
+            record.isolation.value,
         ),
     ).fetchall()
     if not inserted:

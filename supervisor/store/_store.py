@@ -17,6 +17,7 @@ import trio
 
 from codesdk.protocol import (
     ApprovalState,
+    IsolationLevel,
     NormalizedEvent,
     UpcasterRegistry,
     canonical_json,
@@ -224,6 +225,7 @@ class EventStore(Recorder):
         created_at: datetime | None = None,
         quotas: Quotas | None = None,
         title: str | None = None,
+        isolation: IsolationLevel = IsolationLevel.NAMESPACED,
     ) -> SessionRecord:
         """Record a new session (no events: the engine appends ``session.created`` itself). With ``quotas``, a
         namespace at its sessions or stored-bytes limit gets none (``QuotaExceeded``, checked in the transaction
@@ -236,6 +238,7 @@ class EventStore(Recorder):
             created_at=created_at or utc_now(),
             metadata=dict(metadata or {}),
             title=title,
+            isolation=isolation,
         )
         def op(conn: Db) -> SessionRecord:
             if quotas is not None:

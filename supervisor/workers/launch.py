@@ -32,8 +32,12 @@ from ..namespaces import (
     UidRange,
     UnsafeDataDir,
     build_env,
+    namespace_identity,
+    operator_dirs,
     prepare_namespace,
+    prepare_session_dirs,
     secure_data_dir,
+    tighten_data_dir,
 )
 
 if TYPE_CHECKING:
@@ -120,6 +124,41 @@ def workers_env(env: Mapping[str, Mapping[str, str]], *, test_scenarios: bool,
 
 
 
+#: The isolation levels (``protocol.IsolationLevel``'s values: this module imports no models).
+NAMESPACED, EPHEMERAL, SHARED = "namespaced", "ephemeral", "shared"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which worker runs a session's tasks, each its own pool slot: its namespace's (``namespaced``), one of the
+    session's own with a HOME made for it (``ephemeral``, ``session_id`` given), or the one with the service user's
+    own HOME (``shared``)."""
+
+    namespace: str
+    isolation: str = NAMESPACED
+    session_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.isolation not in (NAMESPACED, EPHEMERAL, SHARED):
+            raise ValueError(f"unknown isolation level {self.isolation!r}")
+        if (self.isolation == EPHEMERAL) != (self.session_id is not None):
+            raise ValueError("an ephemeral placement, and only one, names its session")
+
+    @property
+    def key(self) -> str:
+        """The pool slot's name: the namespace's own for ``namespaced`` (as before there were levels)."""
+        if self.isolation == EPHEMERAL:
+            return f"{self.namespace}~{self.session_id}"
+        return self.namespace if self.isolation == NAMESPACED else f"{self.namespace}~shared"
+
+    @property
+    def group_leaf(self) -> str:
+        """The worker's leaf in its namespace's resource group (``groups.place_worker``)."""
+        if self.isolation == EPHEMERAL:
+            return f"worker-{self.session_id}"
+        return "worker" if self.isolation == NAMESPACED else "worker-shared"
+
+
 @dataclass(frozen=True)
 class PreparedLaunch:
     launch: Launch
@@ -127,12 +166,26 @@ class PreparedLaunch:
     env_stamp: str  # the namespace's stored variables' stamp, taken before they were read
 
 
-def prepare_launch(config: PoolConfig, namespace: Namespace) -> PreparedLaunch:
-    """Make the namespace's directories (and identity, with a uid range) and compose its worker's launch.
+def prepare_launch(config: PoolConfig, namespace: Namespace, placement: Placement | None = None) -> PreparedLaunch:
+    """Make the namespace's directories (and identity, with a uid range) and compose its worker's launch — or,
+    for another ``placement``, an ephemeral session's own directories (owned by the namespace's identity: its
+    worker works in the namespace's workspaces), or the service user's own (shared: run as the service's uid).
     Blocking file work: the pool runs it in a thread. ``UidRangeError``; ``OSError``."""
-    if config.disks is not None:  # its volume first: the directories are then made on it
-        config.disks.ensure(namespace)
-    dirs, identity = prepare_namespace(config.data_dir, namespace, config.worker_uids)
+    isolation = placement.isolation if placement is not None else NAMESPACED
+    volume = None
+    if config.disks is not None and isolation != SHARED:  # its volume first: the directories are then made on it
+        volume = config.disks.ensure(namespace)  # (an ephemeral session's HOME, and its workspace, too)
+    if isolation == EPHEMERAL:
+        assert placement is not None and placement.session_id is not None
+        identity = (namespace_identity(config.data_dir, config.worker_uids, namespace)
+                    if config.worker_uids is not None else None)
+        dirs = prepare_session_dirs(volume or config.data_dir, placement.session_id, identity)
+        if identity is not None:
+            tighten_data_dir(config.data_dir)
+    elif isolation == SHARED:
+        dirs, identity = operator_dirs(), None
+    else:
+        dirs, identity = prepare_namespace(config.data_dir, namespace, config.worker_uids)
     stored_env = NamespaceEnv(config.data_dir)
     stamp = stored_env.stamp(namespace.name)  # before the values: a write in between shows as a change
     env = build_env(dirs, {**stored_env.values(namespace.name), **config.env_for(namespace.name)}, config.path)

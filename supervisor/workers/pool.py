@@ -46,7 +46,7 @@ from codesdk.worker.client import (
 )
 
 from ..namespaces import DiskQuotaError, Namespace, NamespaceEnv, UidRangeError
-from .launch import Headstart, PoolConfig, prepare_launch, template_env
+from .launch import EPHEMERAL, NAMESPACED, Headstart, Placement, PoolConfig, prepare_launch, template_env
 from .template import TemplateUnavailable, WorkerTemplate
 
 log = logging.getLogger("codesdk.supervisor.pool")
@@ -87,6 +87,7 @@ class Quarantine:
 @dataclass
 class _Slot:
     namespace: Namespace
+    placement: Placement
     worker: WorkerProcess | None = None
     starting: trio.Event | None = None
     start_scope: trio.CancelScope | None = None  # the start under way, cancelled when the pool closes
@@ -146,9 +147,14 @@ class WorkerPool:
 
     # -- public ---------------------------------------------------------------------------------
 
-    async def acquire(self, namespace: str) -> WorkerProcess:
-        """The namespace's running worker (started if needed), counted as in use until ``release``."""
-        slot = self._slots.setdefault(namespace, _Slot(Namespace.parse(namespace)))
+    async def acquire(self, namespace: str, placement: Placement | None = None) -> WorkerProcess:
+        """The namespace's running worker (started if needed), counted as in use until ``release``; with a
+        ``placement`` other than the namespace's own, that placement's worker (a slot of its own, never shared
+        with the namespace's: ``Placement.key`` names it, and ``release`` takes that key)."""
+        placement = placement or Placement(namespace)
+        slot = self._slots.get(placement.key)
+        if slot is None:
+            slot = self._slots[placement.key] = _Slot(Namespace.parse(namespace), placement)
         while True:
             if self._closing:
                 raise NamespaceFailing(SHUTTING_DOWN)
@@ -188,8 +194,9 @@ class WorkerPool:
         else:
             self._headstarts[headstart.namespace] = headstart
 
-    def release(self, namespace: str, worker: WorkerProcess) -> None:
-        slot = self._slots.get(namespace)
+    def release(self, key: str, worker: WorkerProcess) -> None:
+        """The worker acquired for ``key`` (a namespace, or ``Placement.key``) is no longer in use by that task."""
+        slot = self._slots.get(key)
         if slot is None or slot.worker is not worker:
             return
         slot.active = max(0, slot.active - 1)
@@ -205,7 +212,9 @@ class WorkerPool:
         out: list[dict[str, object]] = []
         for name, slot in sorted(self._slots.items()):
             out.append({
-                "namespace": name,
+                "namespace": slot.namespace.name,
+                "isolation": slot.placement.isolation,
+                "session_id": slot.placement.session_id,
                 "state": self._state(slot, now).value,
                 "pid": slot.worker.pid if slot.worker and not slot.worker.exited.is_set() else None,
                 "active_tasks": slot.active,
@@ -224,47 +233,68 @@ class WorkerPool:
         return "off" if self._template is None else self._template.state()
 
     def lift_quarantine(self, namespace: str) -> bool:
-        """Let the namespace start workers again now, with a fresh crash budget. False if it was not quarantined."""
-        slot = self._slots.get(namespace)
-        if slot is None or slot.quarantine is None:
-            return False
-        log.warning("namespace %s: quarantine lifted by the operator", namespace)
-        slot.quarantine = None
-        slot.crashes.clear()
-        return True
+        """Let the namespace start workers again now (its sessions' own too), with a fresh crash budget. False if
+        none of them was quarantined."""
+        lifted = False
+        for slot in self._slots_of(namespace):
+            if slot.quarantine is not None:
+                log.warning("namespace %s: quarantine lifted by the operator (%s worker)", namespace,
+                            slot.placement.isolation)
+                slot.quarantine = None
+                slot.crashes.clear()
+                lifted = True
+        return lifted
 
     async def env_changed(self, namespace: str) -> None:
-        """The namespace's stored variables changed: an idle worker makes way for one that has them now; a busy
-        one finishes its tasks first (it is replaced when it becomes idle)."""
-        slot = self._slots.get(namespace)
-        worker = slot.worker if slot is not None else None
-        if slot is not None and worker is not None and await self._env_changed(slot):
-            self._retire(slot, worker, "its stored variables changed")
+        """The namespace's stored variables changed: an idle worker (each of its slots') makes way for one that
+        has them now; a busy one finishes its tasks first (it is replaced when it becomes idle)."""
+        for slot in self._slots_of(namespace):
+            worker = slot.worker
+            if worker is not None and await self._env_changed(slot):
+                self._retire(slot, worker, "its stored variables changed")
 
     async def let_go(self, namespace: str) -> None:
         """The namespace is no longer ours to run (its lease was lost to another supervisor): its worker and the
-        runtimes under it are killed now rather than shut down gracefully, and that is no crash."""
-        slot = self._slots.get(namespace)
-        worker = slot.worker if slot is not None else None
-        if worker is not None:
-            log.error("namespace %s: its lease was lost; killing its worker pid %d", namespace, worker.pid)
-            worker.stopping = True
-            await worker.kill()
+        runtimes under it are killed now rather than shut down gracefully, and that is no crash. Its sessions' own
+        workers (ephemeral, shared) too."""
+        for slot in self._slots_of(namespace):
+            worker = slot.worker
+            if worker is not None:
+                log.error("namespace %s: its lease was lost; killing its worker pid %d", namespace, worker.pid)
+                worker.stopping = True
+                await worker.kill()
 
     async def kill_hung(self, namespace: str, worker: WorkerProcess, why: str) -> None:
         """The worker did not answer (``why``: a stop, or the liveness ping): it is treated as crashed. Its whole
         tree is SIGKILLed at once (a frozen process cannot act on SIGTERM); its exit, reported as usual, fails its
         tasks once and counts toward quarantine; the namespace's next task starts a new worker."""
-        slot = self._slots.get(namespace)
-        if slot is None or slot.worker is not worker or worker.exited.is_set() or worker.stopping:
+        slot = next((s for s in self._slots_of(namespace) if s.worker is worker), None)
+        if slot is None or worker.exited.is_set() or worker.stopping:
             return
         slot.hung = why
         log.error("namespace %s: worker pid %d %s; killing it as hung", namespace, worker.pid, why)
         await worker.kill(term_grace_s=0)
 
-    def worker_of(self, namespace: str) -> WorkerProcess | None:
-        slot = self._slots.get(namespace)
+    def worker_of(self, namespace: str, placement: Placement | None = None) -> WorkerProcess | None:
+        slot = self._slots.get(placement.key if placement is not None else namespace)
         return slot.worker if slot else None
+
+    async def session_ended(self, placement: Placement) -> None:
+        """A session with a worker of its own (ephemeral) is gone: that worker is shut down now (bounded) and its
+        slot forgotten, so the session's HOME can be removed. Any other placement's worker serves other sessions
+        too, and is left alone."""
+        slot = self._slots.get(placement.key)
+        if slot is None or slot.placement.isolation != EPHEMERAL:
+            return
+        if slot.worker is not None:
+            slot.worker.stopping = True
+            await slot.worker.shutdown(self.config.policy.shutdown_grace_s)
+            await slot.vacated.wait()
+        if slot.starting is None and slot.worker is None and self._slots.get(placement.key) is slot:
+            del self._slots[placement.key]
+
+    def _slots_of(self, namespace: str) -> list[_Slot]:
+        return [slot for slot in self._slots.values() if slot.namespace.name == namespace]
 
     async def aclose(self) -> None:
         """Shut every worker down (bounded) and wait for their exits to be reported."""
@@ -365,7 +395,7 @@ class WorkerPool:
             log.info("namespace %s: restarting worker after %.2f s backoff", name, delay)
             await trio.sleep(delay)
         try:
-            prepared = await trio.to_thread.run_sync(prepare_launch, self.config, slot.namespace)
+            prepared = await trio.to_thread.run_sync(prepare_launch, self.config, slot.namespace, slot.placement)
         except (UidRangeError, DiskQuotaError) as exc:  # e.g. the range is exhausted: the operator's to fix
             slot.last_error = str(exc)
             log.error("namespace %s: %s", name, exc)
@@ -377,13 +407,15 @@ class WorkerPool:
             raise NamespaceFailing(f"no worker could be started: {why}") from exc
         slot.env_stamp = prepared.env_stamp
         launch = prepared.launch
-        spec = worker_spec(launch, f"worker[{name}]", runtime_env(slot.namespace, launch.env))
+        label = name if slot.placement.isolation == NAMESPACED else slot.placement.key
+        spec = worker_spec(launch, f"worker[{label}]",
+                           runtime_env(slot.namespace, launch.env, IsolationLevel(slot.placement.isolation)))
         try:
             check_descriptor_headroom(f"namespace {name!r}")
         except WorkerResourcesExhausted as exc:  # the host's trouble, not the namespace's: no crash
             log.error("namespace %s: %s", name, exc)
             raise NamespaceFailing(f"namespace {name!r}: no worker could be started: {exc}") from exc
-        adopted = await self._started_elsewhere(name, launch)
+        adopted = await self._started_elsewhere(slot.placement.key, launch)
         if self._closing:  # closed meanwhile (``aclose`` cancels this start): start nothing more
             if adopted is not None:
                 adopted.close()
@@ -425,7 +457,8 @@ class WorkerPool:
         try:
             async with trio.open_nursery() as nursery:
                 groups = self.config.groups
-                placed = partial(groups.place_worker, slot.namespace.name) if groups is not None else None
+                placed = (partial(groups.place_worker, slot.namespace.name, leaf=slot.placement.group_leaf)
+                          if groups is not None else None)
                 worker = await WorkerProcess.start(nursery, spec, self.config.handshake_timeout_s, adopted,
                                                    children=self.config.children, table=self._table, placed=placed)
                 slot.started_by = ("new interpreter" if adopted is None else
@@ -454,7 +487,8 @@ class WorkerPool:
             await worker.exited.wait()
         status = worker.exit_status or ExitStatus(None, 9)
         if self.config.groups is not None:  # a daemon that escaped the worker's tree dies with it here
-            await trio.to_thread.run_sync(self.config.groups.worker_ended, slot.namespace.name)
+            await trio.to_thread.run_sync(self.config.groups.worker_ended, slot.namespace.name,
+                                          slot.placement.group_leaf)
         slot.last_exit = status
         if slot.worker is worker:
             slot.worker = None
@@ -548,10 +582,11 @@ def worker_spec(launch: Launch, name: str, runtime_env: RuntimeEnv | None = None
                       user=launch.user, group=launch.group, extra_groups=launch.extra_groups)
 
 
-def runtime_env(namespace: Namespace, env: Mapping[str, str]) -> RuntimeEnv:
+def runtime_env(namespace: Namespace, env: Mapping[str, str],
+                isolation: IsolationLevel = IsolationLevel.NAMESPACED) -> RuntimeEnv:
     """The safe view sent to the worker: paths and variable names, never values of other variables."""
     return RuntimeEnv(
-        namespace=namespace.name, isolation=IsolationLevel.NAMESPACED, mode=IsolationMode.SUBPROCESS,
+        namespace=namespace.name, isolation=isolation, mode=IsolationMode.SUBPROCESS,
         home=env["HOME"], xdg_config_home=env["XDG_CONFIG_HOME"], xdg_state_home=env["XDG_STATE_HOME"],
         xdg_cache_home=env["XDG_CACHE_HOME"], xdg_data_home=env["XDG_DATA_HOME"], tmpdir=env["TMPDIR"],
         path=env["PATH"], variable_names=tuple(sorted(env)),

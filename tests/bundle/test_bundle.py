@@ -61,6 +61,7 @@ async def test_canaries_never_leave_and_the_manifest_counts_them(make_engine: Ma
     assert "[REDACTED:authorization]" in workers["stderr_tail"]
     environment = json.loads(files["environment.json"])
     assert environment["codesdk_version"] and environment["session_runtime"] == "scripted"
+    assert environment["isolation"] == "namespaced"
     assert any(r["name"] == "scripted" for r in environment["worker"]["runtimes"])
     matrix = {row["runtime"]: row for row in environment["mcp_transports"]}
     assert matrix["claude"]["chosen"] == "stdio" and "sse" in matrix["claude"]["supports"]

@@ -29,7 +29,7 @@ from codesdk.supervisor.namespaces import (
     prepare_namespace,
 )
 from codesdk.supervisor.store import DataDirLock, TaskState
-from codesdk.supervisor.workers.launch import Headstart, PoolConfig, PreparedLaunch, prepare_launch
+from codesdk.supervisor.workers.launch import Headstart, Placement, PoolConfig, PreparedLaunch, prepare_launch
 from codesdk.supervisor.workers import pool as pool_module
 
 from tests.conftest import MakeEngine
@@ -110,10 +110,11 @@ async def test_a_start_under_way_when_the_pool_closes_spawns_nothing_and_is_no_f
     preparing, discarded = threading.Event(), threading.Event()
     real_prepare = prepare_launch
 
-    def prepare_once_discarded(config: PoolConfig, namespace: Namespace) -> PreparedLaunch:
+    def prepare_once_discarded(config: PoolConfig, namespace: Namespace,
+                               placement: Placement | None = None) -> PreparedLaunch:
         preparing.set()
         assert discarded.wait(timeout=60)
-        return real_prepare(config, namespace)
+        return real_prepare(config, namespace, placement)
 
     with trio.fail_after(60), caplog.at_level(logging.INFO, logger="codesdk.supervisor"):
         async with make_engine() as engine:

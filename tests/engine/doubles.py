@@ -39,7 +39,7 @@ from codesdk.supervisor.engine import (
 )
 from codesdk.supervisor.store import Quotas
 from codesdk.supervisor.tools import ToolRegistry, ToolsConfig
-from codesdk.supervisor.workers.launch import PoolConfig
+from codesdk.supervisor.workers.launch import Placement, PoolConfig
 from codesdk.worker.client import RpcError, WorkerSpec
 
 P = TypeVar("P", bound=Model)
@@ -141,6 +141,8 @@ class FakeWorkers:
         self.workers: dict[str, FakeWorker] = {}
         self.unavailable: dict[str, str] = {}  # namespace -> why no worker can be had
         self.hung_workers: list[tuple[str, str]] = []  # (namespace, why) of each worker killed as hung
+        self.placements: list[Placement] = []  # each borrow's (every double serves its namespace's one worker)
+        self.ended: list[Placement] = []  # sessions whose own worker was let go (``session_ended``)
         self._on_events: WorkerEvents | None = None
         self._on_exit: WorkerExit | None = None
 
@@ -156,10 +158,14 @@ class FakeWorkers:
         return self.workers[namespace]
 
     @asynccontextmanager
-    async def borrow(self, namespace: str) -> AsyncIterator[WorkerLink]:
+    async def borrow(self, namespace: str, placement: Placement | None = None) -> AsyncIterator[WorkerLink]:
         if namespace in self.unavailable:
             raise NamespaceUnavailable(self.unavailable[namespace])
+        self.placements.append(placement or Placement(namespace))
         yield self.worker(namespace)
+
+    async def session_ended(self, placement: Placement) -> None:
+        self.ended.append(placement)
 
     async def let_go(self, namespace: str) -> None:
         worker = self.workers.get(namespace)

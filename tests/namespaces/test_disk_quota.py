@@ -181,6 +181,29 @@ async def test_a_disk_filler_fails_at_the_quota_and_others_keep_writing(mounted_
             assert (ws / "fill" / "0.txt").read_text() == "x" * MiB
 
 
+async def test_an_ephemeral_home_is_on_its_namespaces_volume_and_goes_with_its_session(mounted_disks: Path) -> None:
+    """An ephemeral session's HOME counts against its namespace's quota (it is on its volume); deleting the session
+    removes it there, and what sessions deleted while the service was down left on that volume."""
+    from codesdk.protocol import IsolationLevel
+    from codesdk.supervisor.ids import new_id
+
+    data = mounted_disks
+    config = EngineConfig(data_dir=data, pool=PoolConfig(data_dir=data, disks=NamespaceDisks(data, QUOTA)))
+    with trio.fail_after(120):
+        async with Engine.open(config, ToolRegistry()) as engine:
+            session = await engine.create_session(namespace="user:e", isolation=IsolationLevel.EPHEMERAL)
+            task = await engine.start_task(session.session_id, "hello")
+            assert (await engine.wait_task(task.task_id)).state == "completed"
+            volume = data / "volumes" / "user.e"
+            home = volume / "ephemeral" / session.session_id / "home"
+            assert home.is_dir() and not (data / "ephemeral" / session.session_id).exists()
+            assert home.stat().st_dev == volume.stat().st_dev != data.stat().st_dev  # on the volume
+            stale = volume / "ephemeral" / new_id("ses")
+            stale.mkdir()
+            await engine.delete_session(session.session_id, by="test")
+            assert not home.parent.exists() and not stale.exists()
+
+
 async def test_the_files_quota_holds(mounted_disks: Path) -> None:
     disks = NamespaceDisks(mounted_disks, FEW_FILES)
     disks.ensure(Namespace.parse("user:f"))

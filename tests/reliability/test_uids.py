@@ -16,9 +16,9 @@ import psutil
 import pytest
 import trio
 
-from codesdk.protocol import EventType, PermissionMode
+from codesdk.protocol import EventType, IsolationLevel, PermissionMode
 from codesdk.supervisor.cli.admin import main as service_main
-from codesdk.supervisor.engine import session_events
+from codesdk.supervisor.engine import IsolationRefused, session_events
 from codesdk.supervisor.namespaces import (
     UIDS_FILE,
     Namespace,
@@ -265,5 +265,44 @@ def test_tools_leave_workspace_files_to_the_namespace_and_exec_works_in_it(open_
                 said = "".join(getattr(e.payload, "text", "") for e in events
                                if e.type == EventType.MODEL_OUTPUT_COMPLETED)
                 assert str(owner) in said, said  # `id -u`: the command ran as the namespace's uid
+
+    trio.run(scenario)
+
+
+@needs_root
+def test_an_ephemeral_session_runs_as_its_namespaces_uid_in_a_home_of_its_own(open_tmp: Path) -> None:
+    """With worker uids an ephemeral session's worker is its namespace's uid (so it works in the namespace's
+    workspace), in a HOME owned by that uid that goes with the session; ``shared`` is refused here."""
+    data = open_tmp / "data"
+    argv = worker_argv_for_any_uid()
+    assert argv is not None
+    options = SupervisorOptions(
+        data_dir=data, worker_argv=tuple(argv), worker_uids=RANGE,
+        worker_env={"*": {"CODESDK_SCENARIO_DIR": str(REPO / "worker" / "adapters" / "scripted" / "scenarios")}},
+        test_scenarios=True)
+
+    async def scenario() -> None:
+        with trio.fail_after(60):
+            async with open_engine(options) as engine:
+                namespace = "user:e"
+                session = await engine.create_session(namespace=namespace, isolation=IsolationLevel.EPHEMERAL)
+                workspace = Path(str(session.workspace))
+                (workspace / "README.md").write_text("# Demo\n")
+                give_workspace(workspace, namespace, data, RANGE)
+                _, record, events = await run_task(engine, session_id=session.session_id,
+                                                   permission_mode=PermissionMode.YOLO,
+                                                   runtime_config={"scenario": "edit-file"})
+                assert record.state == "completed", events
+                assert "Edited by the scripted runtime." in (workspace / "README.md").read_text()
+                identity = namespace_identity(data, RANGE, Namespace.parse(namespace))
+                home = data / "ephemeral" / session.session_id / "home"
+                assert (home.stat().st_uid, home.stat().st_mode & 0o777) == (identity.uid, 0o700)
+                assert record.worker_pid is not None
+                assert psutil.Process(record.worker_pid).uids().real == identity.uid
+                assert psutil.Process(record.worker_pid).environ()["HOME"] == str(home)
+                await engine.delete_session(session.session_id, by="test")
+                assert not home.parent.exists()
+                with pytest.raises(IsolationRefused, match="worker-uids"):
+                    await engine.create_session(isolation=IsolationLevel.SHARED)
 
     trio.run(scenario)

@@ -17,12 +17,11 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codesdk.protocol import EventType, ForkPoint, SessionCreated, Trace, sha256_hex
+from codesdk.protocol import EventType, ForkPoint, IsolationLevel, SessionCreated, Trace, sha256_hex
 from codesdk.protocol.api import SessionFilter
 from codesdk.supervisor.store import (
     DB_FILENAME,
     INLINE_BLOB_MAX,
-    SCHEMA_VERSION,
     BlobNotFound,
     EventDraft,
     EventStore,
@@ -242,12 +241,12 @@ async def test_migrating_a_store_gives_its_sessions_the_blobs_their_events_name(
             await store.append(second, [delta(f"and here: {ref}")])
         conn = apsw.Connection(str(data_dir / DB_FILENAME))
         conn.execute("DROP TABLE blob_holders")  # back to the version before them: as an older store has it
-        for column in ("title", "archived_at", "forked_from", "forked_at_seq"):
+        for column in ("title", "archived_at", "forked_from", "forked_at_seq", "isolation"):
             conn.execute(f"ALTER TABLE sessions DROP COLUMN {column}")
         conn.execute("ALTER TABLE tasks DROP COLUMN prompt")
-        conn.pragma("user_version", SCHEMA_VERSION - 1)
-        conn.execute("DELETE FROM schema_migrations WHERE version = ?", (SCHEMA_VERSION,))
-        assert migrate(conn, str(data_dir)) == SCHEMA_VERSION - 1
+        conn.pragma("user_version", 9)
+        conn.execute("DELETE FROM schema_migrations WHERE version >= 10")
+        assert migrate(conn, str(data_dir)) == 9
         holders = sorted(conn.execute("SELECT session_id FROM blob_holders WHERE ref = ?", (ref,)).fetchall())
         assert holders == sorted([(first,), (second,)])
         conn.close()
@@ -256,3 +255,31 @@ async def test_migrating_a_store_gives_its_sessions_the_blobs_their_events_name(
             assert await store.get_blob(ref) == small  # the second holds it
             await store.drop_session(second)
             assert not await store.blob_exists(ref)
+
+
+async def test_a_session_keeps_its_isolation_level(recorder: Recorder) -> None:
+    plain = await recorder.create_session(runtime="scripted")
+    own = await recorder.create_session(runtime="scripted", isolation=IsolationLevel.EPHEMERAL)
+    assert plain.isolation == IsolationLevel.NAMESPACED and own.isolation == IsolationLevel.EPHEMERAL
+    assert (await recorder.get_session(own.session_id)).isolation == IsolationLevel.EPHEMERAL
+    assert (await recorder.get_session(plain.session_id)).isolation == IsolationLevel.NAMESPACED
+    listed = {s.session_id: s.isolation for s in await recorder.list_sessions()}
+    assert listed == {plain.session_id: IsolationLevel.NAMESPACED, own.session_id: IsolationLevel.EPHEMERAL}
+
+
+async def test_migrating_a_store_gives_its_sessions_the_namespaced_level(tmp_path: Path) -> None:
+    """A store from before isolation levels: its sessions ran in their namespace's HOME, and say so."""
+    with trio.fail_after(20):
+        data_dir = tmp_path / "data"
+        async with EventStore.open(data_dir) as store:
+            session_id = await _session(store)
+        conn = apsw.Connection(str(data_dir / DB_FILENAME))
+        conn.execute("ALTER TABLE sessions DROP COLUMN isolation")
+        conn.pragma("user_version", 10)
+        conn.execute("DELETE FROM schema_migrations WHERE version >= 11")
+        assert migrate(conn, str(data_dir)) == 10
+        conn.close()
+        async with EventStore.open(data_dir) as store:
+            assert (await store.get_session(session_id)).isolation == IsolationLevel.NAMESPACED
+            made = await store.create_session(runtime="scripted", isolation=IsolationLevel.SHARED)
+            assert (await store.get_session(made.session_id)).isolation == IsolationLevel.SHARED

@@ -21,6 +21,7 @@ from codesdk.supervisor.store import (
     TaskUpdate,
     open_postgres,
 )
+from codesdk.protocol import IsolationLevel
 from codesdk.supervisor.store._pg_schema import LATEST
 
 from tests.postgres import PostgresServer
@@ -316,3 +317,24 @@ async def test_a_database_at_schema_3_with_events_moves_to_the_triggers_and_keep
             conn.execute("INSERT INTO events(session_id, seq, task_id, type, time, schema_version, body) "
                          "VALUES ('nobody', 1, NULL, 't', 't', 1, '{}')")
         assert conn.execute("SELECT count(*) FROM events WHERE session_id = 'raw'").fetchone() == (1,)
+
+
+async def test_sessions_from_before_isolation_levels_are_namespaced(postgres_url: str) -> None:
+    """A database at schema 6 (before a session stored its isolation level): migrated, its sessions say the level
+    they ran at, their namespace's HOME."""
+    from codesdk.supervisor.store import _pg
+    from codesdk.supervisor.store._pg_schema import migrate
+
+    db = _pg.PostgresDb(postgres_url, "test", "origin")
+    try:
+        db.ready()
+        assert migrate(db, target=6) == 0
+    finally:
+        db.close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO sessions(session_id, runtime, namespace, created_at, metadata) "
+                     "VALUES ('old', 'scripted', 'default', '2026-01-01T00:00:00Z', '{}')")
+    async with open_postgres(postgres_url) as store:  # migrates to the latest
+        assert (await store.get_session("old")).isolation == IsolationLevel.NAMESPACED
+        made = await store.create_session(runtime="scripted", isolation=IsolationLevel.EPHEMERAL)
+        assert (await store.get_session(made.session_id)).isolation == IsolationLevel.EPHEMERAL
