@@ -5,7 +5,7 @@ Layering, lowest first (no module imports one below it in this list): ``_transcr
 ``_compile`` (a task's input from the transcript, fitted to the runtime's budget), ``_runs`` (a running task's
 state, the run table), ``_recorder`` (a run's appends), ``_batch`` (a worker's batch on its way to the store),
 ``_approvals``, ``_toolport`` / ``_toolflow`` (one tool call, through its port), ``_ending`` (a task's one
-end), ``_requests`` (requests to a worker outside tasks), ``_intake`` (events from workers), ``_leasing`` (which namespaces this supervisor runs), ``_lifecycle`` (forks' cuts, default workspaces), ``_engine``
+end), ``_intake`` (events from workers), ``_leasing`` (which namespaces this supervisor runs), ``_lifecycle`` (forks' cuts, default workspaces), ``_requests`` (requests to a worker outside tasks), ``_engine``
 (sessions and tasks).
 """
 
