@@ -65,43 +65,6 @@ async def test_streams_deltas_then_completes(make_engine: MakeEngine, case: Case
     assert of_type(events, EventType.USAGE_REPORTED)
 
 
-async def test_parallel_calls_one_approved_one_denied(make_engine: MakeEngine, case: Case,
-                                                      tmp_path: Path) -> None:
-    ws = workspace(tmp_path)
-    turn = case.tools(("workspace.read", {"path": "a.txt"}), ("workspace.write", {"path": "b.txt", "content": "x"}))
-    with trio.fail_after(120):
-        record, events, _ = await _run(make_engine, case, turn, ws, permission_mode=PermissionMode.ASK)
-    assert record.state == TaskState.COMPLETED
-    requested = of_type(events, EventType.TOOL_CALL_REQUESTED)
-    assert sorted(r.tool_name for r in requested) == ["workspace.read", "workspace.write"]
-    approved = {p.tool_call_id for p in of_type(events, EventType.TOOL_CALL_APPROVED)}
-    denied = of_type(events, EventType.TOOL_CALL_DENIED)
-    read_id = next(r.tool_call_id for r in requested if r.tool_name == "workspace.read")
-    assert approved == {read_id} and len(denied) == 1
-    assert not (ws / "b.txt").exists()
-    final = _texts(events)[-1]
-    assert "alpha" in final  # the read result reached the runtime
-    assert "non-interactive" in final  # and so did the denial's reason; the runtime carried on
-
-
-async def test_interactive_approval_runs_the_write(make_engine: MakeEngine, case: Case,
-                                                   tmp_path: Path) -> None:
-    ws = workspace(tmp_path)
-    asked: list[str] = []
-
-    async def approve(request: ApprovalRequest) -> ApproverAnswer:
-        asked.append(request.tool_name)
-        return ApproverAnswer(allow=True, reason="fine by the test")
-
-    turn = case.tools(("workspace.write", {"path": "notes.txt", "content": "written\n"}))
-    with trio.fail_after(120):
-        record, events, _ = await _run(make_engine, case, turn, ws, permission_mode=PermissionMode.ASK,
-                                       interaction_mode=InteractionMode.INTERACTIVE, approver=approve)
-    assert record.state == TaskState.COMPLETED and asked == ["workspace.write"]
-    assert (ws / "notes.txt").read_text() == "written\n"
-    assert of_type(events, EventType.TOOL_CALL_APPROVED)[0].source == "user"
-
-
 async def test_denial_reason_reaches_the_runtime(make_engine: MakeEngine, case: Case, tmp_path: Path) -> None:
     ws = workspace(tmp_path)
 

@@ -225,33 +225,6 @@ def _runtime_processes(worker_pid: int, case: Case) -> Iterator[psutil.Process]:
             continue
 
 
-async def test_non_interactive_never_waits_for_a_person(make_engine: MakeEngine, case: Case,
-                                                        tmp_path: Path) -> None:
-    """``non_interactive`` among ``interaction_modes``: a task run so, asking for a call that would need approval,
-    ends with that call denied and the reason said, and no approval ever asked for (the test waits for the end
-    under a hang guard only: a task that waited for a person would hang it)."""
-    ws = workspace(tmp_path)
-    turn = case.tools(("workspace.write", {"path": "asked.txt", "content": "x"}))
-    with trio.fail_after(HANG_GUARD_S):
-        async with make_engine(worker_env={"*": case.worker_env()}) as engine:
-            declared = await _declared(engine, case)
-            if not declared.non_interactive:
-                pytest.skip(f"{case.runtime} does not declare non_interactive among its interaction modes")
-            session = await engine.create_session(runtime=case.runtime, workspace=ws)
-            task = await engine.start_task(session.session_id, turn.prompt, runtime_config=turn.runtime_config,
-                                           permission_mode=PermissionMode.ASK,
-                                           interaction_mode=InteractionMode.NON_INTERACTIVE)
-            record = await engine.wait_task(task.task_id)
-            events = await _task_events(engine, session.session_id, task.task_id)
-    assert record.state in (TaskState.COMPLETED, TaskState.FAILED), record.state
-    if record.state == TaskState.FAILED:
-        assert record.error and record.error.get("message"), "failed without a reason"
-    assert not of_type(events, EventType.APPROVAL_REQUESTED)
-    denied = of_type(events, EventType.TOOL_CALL_DENIED)
-    assert len(denied) == 1 and "non-interactive" in denied[0].reason
-    assert not of_type(events, EventType.TOOL_CALL_STARTED) and not (ws / "asked.txt").exists()
-
-
 async def test_interactive_asks_a_person_as_declared(make_engine: MakeEngine, case: Case, tmp_path: Path) -> None:
     """``interactive`` among ``interaction_modes``: a task run so puts a call that needs approval to the task's
     approver, and runs it once the person allows it."""
@@ -280,20 +253,33 @@ async def test_interactive_asks_a_person_as_declared(make_engine: MakeEngine, ca
 
 async def test_tools_run_and_are_decided_where_declared(make_engine: MakeEngine, case: Case,
                                                         tmp_path: Path) -> None:
-    """``tool_execution`` ``external_mcp`` or ``hybrid``: CodeSDK's tools reach it as tool.call.requested and run in
-    the supervisor. ``permission_model`` ``codesdk``: every call is decided by CodeSDK's policy (a
-    policy_evaluated by codesdk, the decision by codesdk), a denied one never runs. ``usage_reporting``: the turn
-    reports its usage (usage.reported); not declared, it reports none."""
+    """One non-interactive turn in ``ask`` mode asking for a read and a write, held to four declarations.
+    ``non_interactive``: the task never waits for a person — the write is denied with the reason said, no approval
+    asked for, and the runtime carries on with the read's result and the denial's reason. ``tool_execution``
+    ``external_mcp`` or ``hybrid``: CodeSDK's tools reach it as tool.call.requested and run in the supervisor.
+    ``permission_model`` ``codesdk``: every call is decided by CodeSDK's policy (a policy_evaluated by codesdk, the
+    decision by codesdk), a denied one never runs. ``usage_reporting``: the turn reports its usage
+    (usage.reported); not declared, it reports none. (The test waits for the end under a hang guard only: a task
+    that waited for a person would hang it.)"""
     ws = workspace(tmp_path)
     turn = case.tools(("workspace.read", {"path": "a.txt"}), ("workspace.write", {"path": "b.txt", "content": "x"}))
     with trio.fail_after(HANG_GUARD_S):
         async with make_engine(worker_env={"*": case.worker_env()}) as engine:
             declared = await _declared(engine, case)
+            if not declared.non_interactive:
+                pytest.skip(f"{case.runtime} does not declare non_interactive among its interaction modes")
             session = await engine.create_session(runtime=case.runtime, workspace=ws)
             task = await engine.start_task(session.session_id, turn.prompt, runtime_config=turn.runtime_config,
-                                           permission_mode=PermissionMode.ASK)
+                                           permission_mode=PermissionMode.ASK,
+                                           interaction_mode=InteractionMode.NON_INTERACTIVE)
             assert (record := await engine.wait_task(task.task_id)).state == TaskState.COMPLETED, record.error
             events = await _task_events(engine, session.session_id, task.task_id)
+    assert not of_type(events, EventType.APPROVAL_REQUESTED)
+    denied = of_type(events, EventType.TOOL_CALL_DENIED)
+    assert len(denied) == 1 and "non-interactive" in denied[0].reason
+    final = [p.text for p in of_type(events, EventType.MODEL_OUTPUT_COMPLETED) if p.kind == "text"][-1]
+    assert "alpha" in final  # the read result reached the runtime
+    assert "non-interactive" in final  # and so did the denial's reason; the runtime carried on
     reported = bool(of_type(events, EventType.USAGE_REPORTED))
     assert reported == declared.usage_reporting, f"{case.runtime} declares usage_reporting " \
         f"{declared.usage_reporting} but reported {'some' if reported else 'none'}"
