@@ -8,6 +8,7 @@ import pytest
 
 from codesdk.supervisor.workers import launch as worker_launch
 from codesdk.worker.adapters.codex.launch import BadCodexConfig, CodexSettings, codex_home, codex_launch
+from codesdk.worker.adapters.codex.adapter import approval_answer
 from codesdk.worker.command import RUNTIMES_DIR_ENV
 
 
@@ -49,3 +50,14 @@ def test_the_api_key_stays_in_the_environment_never_on_the_command_line() -> Non
 def test_a_runtime_config_codex_cannot_take_is_refused_saying_why(config: dict[str, object], says: str) -> None:
     with pytest.raises(BadCodexConfig, match=says):
         CodexSettings.from_config(config)
+
+
+@pytest.mark.parametrize(("method", "allowed", "decision"), [
+    ("item/commandExecution/requestApproval", True, "accept"), ("item/commandExecution/requestApproval", False, "decline"),
+    ("item/fileChange/requestApproval", True, "accept"), ("item/fileChange/requestApproval", False, "decline"),
+    ("execCommandApproval", True, "approved"), ("execCommandApproval", False, "denied"),
+    ("applyPatchApproval", True, "approved"), ("applyPatchApproval", False, "denied")])
+def test_each_approval_is_answered_in_its_protocols_words(method: str, allowed: bool, decision: str) -> None:
+    """v2's item/*/requestApproval takes accept/decline; the first protocol's execCommandApproval and
+    applyPatchApproval take a ReviewDecision (approved/denied): the other's word would not parse."""
+    assert approval_answer(method, allowed) == {"decision": decision}

@@ -102,6 +102,16 @@ TERM_GRACE_S = 1.0
 _APPROVALS = {"item/commandExecution/requestApproval": "commandExecution",
               "item/fileChange/requestApproval": "fileChange", "execCommandApproval": "commandExecution",
               "applyPatchApproval": "fileChange"}
+#: The first protocol's approvals, answered with its own ``ReviewDecision`` words (the others: v2's).
+_V1_APPROVALS = frozenset({"execCommandApproval", "applyPatchApproval"})
+
+
+def approval_answer(method: str, allowed: bool) -> dict[str, str]:
+    """The answer to one of Codex's approval requests in its protocol's words: v2's ``accept``/``decline``, v1's
+    ``approved``/``denied`` (a v2 word to a v1 request would not parse there)."""
+    if method in _V1_APPROVALS:
+        return {"decision": "approved" if allowed else "denied"}
+    return {"decision": "accept" if allowed else "decline"}
 
 
 class CodexAdapter(RuntimeAdapter):
@@ -286,7 +296,7 @@ class CodexTask(AnswersToolCalls, TaskHandle):
         if method == "item/tool/call":
             return await self._tool_call(params)
         if method in _APPROVALS:
-            return await self._approval(_APPROVALS[method], params)
+            return await self._approval(method, params)
         if method == "item/tool/requestUserInput":  # nobody is at Codex's side to answer it
             return {"answers": {}}
         if method == "mcpServer/elicitation/request":
@@ -307,19 +317,20 @@ class CodexTask(AnswersToolCalls, TaskHandle):
         text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
         return _tool_answer(text, success=not outcome.is_error)
 
-    async def _approval(self, tool: str, params: dict[str, Any]) -> dict[str, Any]:
+    async def _approval(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """One of Codex's own tools wants to run: the supervisor decides; approved, Codex runs it."""
+        tool = _APPROVALS[method]
         call_id = str(params.get("itemId") or params.get("callId") or f"codex-{canonical_hash(params)[7:19]}")
         tool_input = {k: v for k, v in params.items() if k not in ("threadId", "turnId", "itemId", "callId",
                                                                      "availableDecisions", "startedAtMs")}
         outcome = await self._request_call(tool, tool_input, call_id, ExecutedBy.RUNTIME)
         if outcome.denied:
-            return {"decision": "decline"}
+            return approval_answer(method, allowed=False)
         self._runtime_calls[call_id] = (tool, tool_input)
         await self.io.emit(EventType.TOOL_CALL_STARTED, ToolCallStarted(
             **call_identity(call_id, tool_input), tool_name=tool, executed_by=ExecutedBy.RUNTIME,
             execution_env="runtime:codex"))
-        return {"decision": "accept"}
+        return approval_answer(method, allowed=True)
 
     async def _request_call(self, tool_name: str, tool_input: dict[str, Any], call_id: str,
                             executed_by: ExecutedBy) -> ToolOutcome:
