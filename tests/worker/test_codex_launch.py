@@ -53,7 +53,8 @@ def test_a_runtime_config_codex_cannot_take_is_refused_saying_why(config: dict[s
 
 
 @pytest.mark.parametrize(("method", "allowed", "decision"), [
-    ("item/commandExecution/requestApproval", True, "accept"), ("item/commandExecution/requestApproval", False, "decline"),
+    ("item/commandExecution/requestApproval", True, "accept"),
+    ("item/commandExecution/requestApproval", False, "decline"),
     ("item/fileChange/requestApproval", True, "accept"), ("item/fileChange/requestApproval", False, "decline"),
     ("execCommandApproval", True, "approved"), ("execCommandApproval", False, "denied"),
     ("applyPatchApproval", True, "approved"), ("applyPatchApproval", False, "denied")])
