@@ -71,6 +71,7 @@ from ..namespaces import InvalidNamespace, UnsafeDataDir
 from .render import (
     EventPrinter,
     deleted_line,
+    isolation_note,
     json_line,
     print_runtime_env,
     print_stored_events,
@@ -228,7 +229,8 @@ async def cmd_sessions(args: argparse.Namespace) -> int:
             else:
                 title = f"  {one_line(s.title)}" if s.title else ""
                 print(f"{s.session_id}  {s.created_at:%Y-%m-%d %H:%M:%S}  {s.runtime:<9} {s.namespace:<16} "
-                      f"tasks={len(tasks):<3} last={last:<9} events={s.last_seq} state={state}{title}")
+                      f"tasks={len(tasks):<3} last={last:<9} events={s.last_seq} state={state}"
+                      f"{isolation_note(s.isolation)}{title}")
         if not sessions and not args.json:
             if args.search or args.state != api.SessionFilter.LIVE:
                 print(f"no {args.state} sessions{' with that text' if args.search else ''}", file=sys.stderr)

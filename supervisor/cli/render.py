@@ -139,12 +139,18 @@ def json_line(obj: dict[str, Any] | list[Any], out: TextIO | None = None) -> Non
     out.flush()
 
 
+def isolation_note(level: api.IsolationLevel) -> str:
+    """A session's isolation level in a listing, when it is not the default one."""
+    return "" if level == api.IsolationLevel.NAMESPACED else f" isolation={level.value}"
+
+
 def session_line(session: api.Session) -> str:
     """A session in a line, as ``codesdk sessions`` lists it through the API: its id first (what a script cuts), its
     title, free text, last."""
     title = f"  {one_line(session.title)}" if session.title else ""
     return (f"{session.session_id}  {session.created_at.isoformat()[:19]}  {session.runtime:<9} "
-            f"{session.namespace:<16} events={session.last_seq} state={session.state.value}{title}")
+            f"{session.namespace:<16} events={session.last_seq} state={session.state.value}"
+            f"{isolation_note(session.isolation)}{title}")
 
 
 def deleted_line(deleted: api.DeletedSession) -> str:

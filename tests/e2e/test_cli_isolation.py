@@ -42,6 +42,8 @@ def test_run_makes_an_ephemeral_session_whose_home_goes_with_it(tmp_path: Path) 
     again = _run(tmp_path, "run", "more", "--session", session_id, "--json", "--non-interactive")
     assert again.returncode == 0, again.stderr
     assert '"isolation":"ephemeral"' in again.stdout.replace(" ", "")
+    [listed] = _run(tmp_path, "sessions").stdout.splitlines()
+    assert listed.startswith(session_id) and " isolation=ephemeral" in listed
     deleted = _run(tmp_path, "delete", session_id)
     assert deleted.returncode == 0, deleted.stderr
     assert not home.parent.exists()
