@@ -767,7 +767,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         namespace = namespace_for(principal, request.path_params["namespace"])
         query = _query(request, api.RuntimeEnvQuery)
         if query.session_id is not None:
-            await session_for(principal, query.session_id)  # 404 unless the caller may see it
+            session = await session_for(principal, query.session_id)  # 404 unless the caller may see it
+            single_user_only(session.isolation)  # a shared session's worker is the operator's own
         return _answer(request, runtime_env_answer(namespace, await engine.runtime_env(namespace, query.session_id)))
 
     async def list_approvals(request: Request) -> Response:

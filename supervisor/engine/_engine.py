@@ -93,7 +93,7 @@ from ..store import (
 )
 from ..store import SessionBusy as StoredSessionBusy
 from ..tools import Approver
-from ..workers.launch import PoolConfig
+from ..workers.launch import Placement, PoolConfig
 from codesdk.worker.client import InvalidResult, RpcError, WorkerError
 from ..workers.pool import WorkerPool
 from codesdk.worker.client import REAP_WAIT_S
@@ -649,12 +649,14 @@ class Engine:
     # -- namespaces' workers --------------------------------------------------------------------
 
     @asynccontextmanager
-    async def _borrowed_worker(self, namespace: str) -> AsyncIterator[WorkerLink]:
-        """The namespace's worker (started if needed) for one request. ``InvalidNamespace``;
-        ``NamespaceUnavailable``; ``NamespaceElsewhere`` (its worker runs on the supervisor holding its lease)."""
+    async def _borrowed_worker(self, namespace: str, placement: Placement | None = None
+                               ) -> AsyncIterator[WorkerLink]:
+        """The namespace's worker (started if needed) for one request — or ``placement``'s (a session's own, the
+        shared one). ``InvalidNamespace``; ``NamespaceUnavailable``; ``NamespaceElsewhere`` (its worker runs on
+        the supervisor holding its lease)."""
         Namespace.parse(namespace)
         await self.leasing.own(namespace)
-        async with self._workers.borrow(namespace) as worker:
+        async with self._workers.borrow(namespace, placement) as worker:
             yield worker
 
     def prewarm(self, namespace: str) -> None:
@@ -676,16 +678,17 @@ class Engine:
 
     async def runtime_env(self, namespace: str, session_id: str | None = None) -> WorkerEnvironment:
         """What the namespace's worker (started if needed) really runs with: its environment's safe view (names of
-        variables, never values), its process, and per runtime what it would load on its own — looking for
-        project files in ``session_id``'s workspace if given. ``UnknownSession`` (none of that id in the
-        namespace); ``RuntimeUnavailable``; ``NamespaceUnavailable``."""
-        workspace = None
+        variables, never values), its process, and per runtime what it would load on its own. With ``session_id``,
+        the worker that runs that session's tasks (its own for an ``ephemeral`` one), project files looked for in
+        its workspace. ``UnknownSession`` (none of that id in the namespace); ``RuntimeUnavailable``;
+        ``NamespaceUnavailable``."""
+        workspace, placement = None, None
         if session_id is not None:
             session = await self.store.get_session(session_id)
             if session.namespace != namespace:  # another namespace's session is not there for this view
                 raise UnknownSession(session_id)
-            workspace = session.workspace
-        async with self._borrowed_worker(namespace) as worker:
+            workspace, placement = session.workspace, placement_of(session)
+        async with self._borrowed_worker(namespace, placement) as worker:
             found = await _ask(worker, namespace, "about its environment", Rpc.DESCRIBE_ENV,
                                DescribeEnvParams(cwd=workspace))
             return WorkerEnvironment.of(worker, workspace, found.runtimes)

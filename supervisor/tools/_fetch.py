@@ -329,10 +329,15 @@ class FetchTool:
                 raise ToolError(ErrorCode.NETWORK_ERROR, f"{args.url!r}: more than {MAX_REDIRECTS} redirects "
                                 f"(the last to {location!r}); not followed further")
             following = _parse(urljoin(target.url, location))
-            if (following.host, following.port) != (target.host, target.port):
-                headers = {}  # what the call meant for one host (a token) is not sent to another
+            same_origin = (following.scheme, following.host, following.port) == (target.scheme, target.host,
+                                                                                 target.port)
             if response.status == 303 or (response.status in (301, 302) and method == "POST"):
                 method, body = "GET", None
+            elif method == "POST" and not same_origin:  # 307/308 would re-send the body somewhere else
+                raise ToolError(ErrorCode.NETWORK_ERROR, f"{args.url!r}: the POST was redirected to another origin "
+                                f"({following.url!r}); its body is not sent there — post to that URL if it is meant")
+            if not same_origin:
+                headers = {}  # what the call meant for one origin (a token) is not sent to another, nor in clear
             target = following
 
     async def run(self, args: FetchInput, ctx: ToolContext) -> ToolResult:
@@ -349,9 +354,10 @@ class FetchTool:
         except ToolError as exc:
             audit("tool.http_fetch", by, url=args.url, method=args.method, outcome=exc.code.value)
             raise
+        result = await self._result(args, target, response, redirects, ctx)
         audit("tool.http_fetch", by, url=args.url, method=args.method, final_url=target.url,
               status=response.status, bytes=response.total, truncated=response.truncated, outcome="ok")
-        return await self._result(args, target, response, redirects, ctx)
+        return result
 
     async def _result(self, args: FetchInput, target: _Target, response: _Response, redirects: list[str],
                       ctx: ToolContext) -> ToolResult:
@@ -363,7 +369,7 @@ class FetchTool:
         if body and _is_text(content_type):
             try:
                 decoded = body.decode(_charset(content_type), errors="replace")
-            except LookupError:
+            except (LookupError, ValueError):  # the server's charset is no text encoding ("rot13", "idna" …)
                 decoded = body.decode("utf-8", errors="replace")
             text = clip(decoded, TEXT_PREVIEW_CHARS)
         content: dict[str, JsonValue] = {

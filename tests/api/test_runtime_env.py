@@ -143,3 +143,25 @@ async def test_the_command_on_a_data_dir(tmp_path: Path) -> None:
         done = await trio.run_process([*CLI, *data, "runtime-env", "--session", "nope"], stdin=subprocess.DEVNULL,
                                       capture_stdout=True, capture_stderr=True, check=False)
         assert done.returncode == 2 and b"no session 'nope'" in done.stderr and b"Traceback" not in done.stderr
+
+
+async def test_a_session_of_its_own_worker_is_shown_with_that_worker(api: Api) -> None:
+    with trio.fail_after(GUARD_S):
+        r = await api.client.post("/v1/sessions", headers=api.auth(api.alice),
+                                  json={"namespace": "user:alice", "isolation": "ephemeral"})
+        assert r.status_code == 201, r.text
+        sid = r.json()["session_id"]
+        r = await api.client.get("/v1/namespaces/user:alice/runtime-env", headers=api.auth(api.alice),
+                                 params={"session_id": sid})
+        assert r.status_code == 200, r.text
+        view = models.RuntimeEnvView.model_validate(r.json())
+        assert view.env.isolation == "ephemeral" and sid in view.env.home
+        assert psutil.Process(view.worker_pid).environ()["HOME"] == view.env.home
+        namespaced = models.RuntimeEnvView.model_validate(
+            (await api.client.get("/v1/namespaces/user:alice/runtime-env", headers=api.auth(api.alice))).json())
+        assert namespaced.worker_pid != view.worker_pid and namespaced.env.isolation == "namespaced"
+        # the operator's own HOME is no tenant's to look at: not while the service has tenants' tokens
+        shared = await api.engine.create_session(namespace="default", isolation=models.IsolationLevel.SHARED)
+        r = await api.client.get("/v1/namespaces/default/runtime-env", headers=api.auth(api.admin),
+                                 params={"session_id": shared.session_id})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "isolation_refused"

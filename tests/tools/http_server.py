@@ -88,7 +88,10 @@ async def _handle(served: Served, tls: ssl.SSLContext | None, stream: trio.abc.S
         elif path == "/loop":
             answer = _response(302, "text/plain", b"", {"Location": "/loop"})
         elif path == "/redirect":
-            answer = _response(302, "text/plain", b"", {"Location": parse_qs(parts.query)["to"][0]})
+            status = int(parse_qs(parts.query).get("status", ["302"])[0])
+            answer = _response(status, "text/plain", b"", {"Location": parse_qs(parts.query)["to"][0]})
+        elif path == "/charset":  # a charset that is no text encoding: decoding by it raises
+            answer = _response(200, "text/plain; charset=idna", b"caf\xc3\xa9 \xff")
         elif path == "/echo":
             echoed = {"method": method, "headers": headers, "body": body.decode("utf-8", "replace")}
             answer = _response(200, "application/json", json.dumps(echoed).encode())

@@ -188,6 +188,24 @@ async def test_post_only_with_the_switch(tmp_path: Path) -> None:
     await in_netns(tmp_path, scenario)
 
 
+async def test_a_post_redirected_elsewhere_keeps_its_body_and_a_strange_charset_is_read_as_utf8(
+        tmp_path: Path) -> None:
+    async def scenario(netns: FreshNetns, server: Served, secret: Served, ws: Path) -> None:
+        tools = registry(server.port, server, post=True)
+        base = f"http://api.example.test:{server.port}"
+        here = await call(tools, ws, url=f"{base}/redirect?status=307&to=/echo", method="POST", body="x=1")
+        assert isinstance(here.content, dict)
+        assert json.loads(str(here.content["text"]))["body"] == "x=1"  # the same origin: the body goes along
+        other = f"http://other.example.test:{server.port}/echo"
+        code, message = error_of(await call(tools, ws, url=f"{base}/redirect?status=308&to={other}", method="POST",
+                                            body="secret=1"))
+        assert code == "network_error" and "another origin" in message
+        assert server.hits[-1] == f"/redirect?status=308&to={other}"  # the body never went to the other
+        odd = await call(tools, ws, url=f"{base}/charset")
+        assert isinstance(odd.content, dict) and odd.content["text"] == "café \ufffd"
+    await in_netns(tmp_path, scenario)
+
+
 @pytest.mark.parametrize("headers", [{"Host": "metadata.google.internal"}, {"Transfer-Encoding": "chunked"},
                                      {"Connection": "upgrade"}, {"Proxy-Authorization": "x"},
                                      {"X-Evil": "a\r\nHost: b"}])
