@@ -10,21 +10,18 @@ its worker ends and no exec call of it runs, so the groups alive are those of na
 from __future__ import annotations
 
 import errno
-import fcntl
 import itertools
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
-from ..namespaces import Namespace, write_private
+from ..namespaces import Namespace, locked, write_private
 from ._cgroups import CgroupTree, GroupStats, GroupsUnavailable, Hierarchy, detect
 from ._spec import (
     EXEC_PREFIX,
@@ -67,21 +64,12 @@ class StoredLimits:
     def set(self, namespace: str, overrides: LimitOverrides) -> LimitOverrides:
         name = Namespace.parse(namespace).name
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # set before the service ever ran there
-        with self._locked():
+        with locked(self.path.with_suffix(".lock")):
             every = self.all()
             merged = every.get(name, LimitOverrides()).merged(overrides)
             every[name] = merged
             write_private(self.path, json.dumps({k: v.to_json_obj() for k, v in sorted(every.items())}, indent=1))
         return merged
-
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        fd = os.open(self.path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
 
 
 @dataclass

@@ -45,7 +45,7 @@ from ._sessions import (
     remove_session_dirs,
 )
 from ._env import DEFAULT_PATH, RECORD_STREAMS_ENV, RUNTIME_AHEAD_ENV, build_env
-from ._files import DIR_FLAGS, WALK_FLAGS, chmod_entry, make_dir, open_dir, walk_tree, write_private
+from ._files import DIR_FLAGS, WALK_FLAGS, chmod_entry, locked, make_dir, open_dir, walk_tree, write_private
 from ._names import InvalidNamespace, Namespace
 from ._uid_checks import check_can_switch_uids, check_reachable_by_workers
 from ._uids import UIDS_FILE, Identity, UidRange, UidRangeError, hand_over, namespace_identity
@@ -108,5 +108,6 @@ __all__ = [
     "secure_data_dir",
     "tighten_data_dir",
     "walk_tree",
+    "locked",
     "write_private",
 ]

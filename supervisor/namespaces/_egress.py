@@ -7,15 +7,11 @@ An empty list: no host at all. Kept like the other per-namespace settings (0600,
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from ..egress import HostPattern, PatternError
-from ._files import write_private
+from ._files import locked, write_private
 from ._names import Namespace
 
 EGRESS_FILE = "namespace-egress.json"
@@ -58,7 +54,7 @@ class NamespaceEgress:
             raise NamespaceEgressError(f"{len(patterns)} patterns for namespace {namespace!r}; at most "
                                        f"{MAX_NAMESPACE_PATTERNS} are kept")
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with self._locked():
+        with locked(self.path.with_suffix(".lock")):
             every = self.all()
             if patterns is None:
                 every.pop(name, None)
@@ -67,12 +63,3 @@ class NamespaceEgress:
             write_private(self.path, json.dumps({k: [str(p) for p in v] for k, v in sorted(every.items())},
                                                 indent=1) + "\n")
         return every.get(name)
-
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        fd = os.open(self.path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)

@@ -14,11 +14,13 @@ through a symlink), so both live here: one module for how the supervisor touches
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import secrets
 import stat
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -151,6 +153,18 @@ def chmod_entry(dir_fd: int, name: str, change: Callable[[int], int]) -> None:
         info = os.fstat(fd)
         if not stat.S_ISLNK(info.st_mode):
             os.chmod(f"/proc/self/fd/{fd}", change(stat.S_IMODE(info.st_mode)))
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def locked(lock_file: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_file`` (made 0600 if missing, never through a symlink) while the block
+    runs: one writer at a time of a settings file, across processes (the service and the operator's commands)."""
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
     finally:
         os.close(fd)
 

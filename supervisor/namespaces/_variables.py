@@ -13,7 +13,6 @@ to the one its worker started with to know that the worker is out of date.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import hmac
 import json
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._env import RECORD_STREAMS_ENV, RUNTIME_AHEAD_ENV
-from ._files import write_private
+from ._files import locked, write_private
 from ._names import Namespace
 
 ENV_DIR = "namespace-env"
@@ -137,12 +136,8 @@ class NamespaceEnv:
     @contextmanager
     def _locked(self) -> Iterator[None]:
         self._ensure_root()
-        fd = os.open(self.root / _LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with locked(self.root / _LOCK_FILE):
             yield
-        finally:
-            os.close(fd)
 
     def _key(self) -> bytes:
         path = self.root / _KEY_FILE
