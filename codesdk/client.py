@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from dataclasses import dataclass
 from typing import IO, Any, Generic, Self, TypeVar
@@ -30,6 +30,7 @@ import httpx2 as httpx
 from pydantic import ValidationError
 
 from codesdk.protocol import TERMINAL_EVENT_TYPES, ApprovalRequested, EventType, NormalizedEvent, RuntimeOffer, api
+from codesdk.protocol import CodeBlock, TextBlock
 from codesdk.protocol.api import (
     Approval,
     DeletedSession,
@@ -43,6 +44,7 @@ from codesdk.protocol.api import (
     SessionState,
     StoppedTask,
     Task,
+    TaskInput,
     TaskResult,
     TaskState,
     Transcript,
@@ -52,10 +54,19 @@ from codesdk.protocol.api import (
 
 T = TypeVar("T")
 
+#: A message for a running task (``send_input``): text, or text/code blocks (models or their JSON objects).
+TaskInputText = str | Sequence[TextBlock | CodeBlock | Mapping[str, Any]]
+
+
+def _input_json(text: TaskInputText) -> str | list[Any]:
+    if isinstance(text, str):
+        return text
+    return [block.to_json_obj() if isinstance(block, (TextBlock, CodeBlock)) else dict(block) for block in text]
+
 __all__ = ["ApiError", "Approval", "AsyncClient", "Client", "Conflict", "DeletedSession", "EnvVariable", "EventApprover",
            "EventType", "Forbidden", "ForkWorkspace", "InvalidRequest", "LoginState", "NamespaceElsewhere",
            "NamespaceInfo", "NormalizedEvent", "NotFound", "RuntimeOffer", "ServiceUnreachable", "Session",
-           "SessionFilter", "SessionList", "SessionState", "StoppedTask", "Task", "TaskResult", "TaskRun", "TaskState",
+           "SessionFilter", "SessionList", "SessionState", "StoppedTask", "Task", "TaskInput", "TaskInputText", "TaskResult", "TaskRun", "TaskState",
            "TooManyRequests", "Transcript", "Unauthorized", "Usage", "WorkerState"]
 
 #: Answers one ``approval.requested`` event: allow or not, and why (shown to the runtime on a denial).
@@ -409,6 +420,14 @@ class _Calls:
                      json={"reason": reason} if reason else {}, timeout=STOP_TIMEOUT_S, idempotency_key=_key(key))
 
     @staticmethod
+    def send_input(task_id: str, text: TaskInputText, input_id: str | None, key: str | None) -> _Call[api.TaskInput]:
+        body: dict[str, Any] = {"input": _input_json(text)}
+        if input_id is not None:
+            body["input_id"] = input_id
+        return _Call("POST", f"/v1/tasks/{_q(task_id)}/input", api.TaskInput.model_validate, json=body,
+                     idempotency_key=_key(key))
+
+    @staticmethod
     def events(session_id: str, after_seq: int, limit: int) -> _Call[list[NormalizedEvent]]:
         return _Call("GET", f"/v1/sessions/{_q(session_id)}/events",
                      lambda answer: list(api.EventPage.model_validate(answer).events),
@@ -611,6 +630,13 @@ class AsyncClient:
         """Stop the task; returns it with its ``receipt`` once it has ended (its runtime may take its whole grace,
         up to a minute: this call waits longer than the client's timeout)."""
         return await self._send(_Calls.stop_task(task_id, reason, idempotency_key))
+
+    async def send_input(self, task_id: str, text: TaskInputText, *, input_id: str | None = None,
+                         idempotency_key: str | None = None) -> api.TaskInput:
+        """Add a message to the running task (steering): its ``delivery`` says whether the runtime takes it into
+        the running turn (``mid_turn``) or queues it for the next (``queued``). ``text``: a string, or text/code
+        blocks. Conflict unless the task is running."""
+        return await self._send(_Calls.send_input(task_id, text, input_id, idempotency_key))
 
     async def events(self, session_id: str, *, after_seq: int = 0, limit: int = 500) -> list[NormalizedEvent]:
         """One page of the session's stored events after ``after_seq``."""
@@ -910,6 +936,11 @@ class Client:
     def stop_task(self, task_id: str, reason: str | None = None, *,
                   idempotency_key: str | None = None) -> api.StoppedTask:
         return self._send(_Calls.stop_task(task_id, reason, idempotency_key))
+
+    def send_input(self, task_id: str, text: TaskInputText, *, input_id: str | None = None,
+                   idempotency_key: str | None = None) -> api.TaskInput:
+        """Add a message to the running task (steering); see ``AsyncClient.send_input``."""
+        return self._send(_Calls.send_input(task_id, text, input_id, idempotency_key))
 
     def events(self, session_id: str, *, after_seq: int = 0, limit: int = 500) -> list[NormalizedEvent]:
         return self._send(_Calls.events(session_id, after_seq, limit))

@@ -36,6 +36,8 @@ from ._context import (
     split_prompt,
 )
 from ._events import (
+    ModelInputAppendedEvent,
+    ModelInputAppendedWorkerEvent,
     EVENT_MODELS,
     PAYLOAD_MODELS,
     TERMINAL_EVENT_TYPES,
@@ -218,6 +220,17 @@ from ._runtime import (
     check_runtime_name,
     is_runtime_name,
 )
+from ._steering import (
+    MAX_INPUT_CHARS,
+    InputBlock,
+    InputDelivery,
+    ModelInputAppended,
+    SendInputParams,
+    SendInputResult,
+    SteeringSupport,
+    input_hash,
+    input_text,
+)
 from ._tools import ExecutedBy, ToolCallIdentity, ToolClass, ToolManifest, ToolSpec
 from ._traceparent import TraceParent, parse_traceparent
 from ._transcript import (
@@ -317,6 +330,17 @@ __all__ = [
     "Method",
     "MethodSpec",
     "Model",
+    "MAX_INPUT_CHARS",
+    "InputBlock",
+    "InputDelivery",
+    "ModelInputAppended",
+    "ModelInputAppendedEvent",
+    "ModelInputAppendedWorkerEvent",
+    "SendInputParams",
+    "SendInputResult",
+    "SteeringSupport",
+    "input_hash",
+    "input_text",
     "ModelInput",
     "ModelInputEvent",
     "ModelOutputCompleted",

@@ -36,6 +36,7 @@ from ._canonical import is_hash
 from ._context import ContextReport, InterruptedCall, ResumeMode
 from ._receipt import StopReceipt
 from ._runtime import InteractionMode, IsolationLevel, PermissionMode
+from ._steering import ModelInputAppended
 from ._tools import ExecutedBy, ToolCallIdentity, ToolClass
 from ._versions import CONTRACT_VERSION, SCHEMA_VERSION
 
@@ -61,6 +62,7 @@ class EventType(StrEnum):
     TASK_COMPLETED = "task.completed"
     TASK_FAILED = "task.failed"
     TASK_STOPPED = "task.stopped"
+    MODEL_INPUT_APPENDED = "model.input.appended"
 
 
 TERMINAL_EVENT_TYPES = frozenset({EventType.TASK_COMPLETED, EventType.TASK_FAILED, EventType.TASK_STOPPED})
@@ -82,6 +84,7 @@ WORKER_EVENT_TYPES = frozenset(
         EventType.TASK_COMPLETED,
         EventType.TASK_FAILED,
         EventType.TASK_STOPPED,
+        EventType.MODEL_INPUT_APPENDED,
     }
 )
 
@@ -144,6 +147,9 @@ class ModelInput(Model):
     #: Where the runtime ran: its namespace's HOME, one of the session's own (ephemeral), or the operator's (shared)
     #: (None: stored before CodeSDK recorded it).
     isolation: IsolationLevel | None = None
+    #: Inputs the session's previous task could not deliver (``model.input.appended`` ``queued``), opening this
+    #: task's prompt: their ``input_id``s, in order.
+    carried_inputs: tuple[str, ...] = ()
 
 
 class RuntimeRequestStarted(Model):
@@ -612,6 +618,11 @@ class TaskStoppedEvent(NormalizedEvent):
     payload: TaskStopped = Field(default_factory=TaskStopped)
 
 
+class ModelInputAppendedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.MODEL_INPUT_APPENDED]] = EventType.MODEL_INPUT_APPENDED
+    payload: ModelInputAppended
+
+
 class RuntimeRequestStartedWorkerEvent(WorkerEvent):
     type: _Tag[Literal[EventType.RUNTIME_REQUEST_STARTED]] = EventType.RUNTIME_REQUEST_STARTED
     payload: RuntimeRequestStarted
@@ -682,19 +693,25 @@ class TaskStoppedWorkerEvent(WorkerEvent):
     payload: TaskStopped = Field(default_factory=TaskStopped)
 
 
+class ModelInputAppendedWorkerEvent(WorkerEvent):
+    type: _Tag[Literal[EventType.MODEL_INPUT_APPENDED]] = EventType.MODEL_INPUT_APPENDED
+    payload: ModelInputAppended
+
+
 EventUnion: TypeAlias = (
     SessionCreatedEvent | TaskStartedEvent | ModelInputEvent | RuntimeRequestStartedEvent
     | RuntimeRequestCompletedEvent | ModelOutputDeltaEvent | ModelOutputCompletedEvent | ToolCallRequestedEvent
     | ToolCallPolicyEvaluatedEvent | ApprovalRequestedEvent | ToolCallApprovedEvent | ToolCallDeniedEvent
     | ToolCallStartedEvent | ToolOutputDeltaEvent | ToolOutputCompletedEvent | ToolCallCompletedEvent
     | UsageReportedEvent | TaskCompletedEvent | TaskFailedEvent | TaskStoppedEvent
+    | ModelInputAppendedEvent
 )
 WorkerEventUnion: TypeAlias = (
     RuntimeRequestStartedWorkerEvent | RuntimeRequestCompletedWorkerEvent | ModelOutputDeltaWorkerEvent
     | ModelOutputCompletedWorkerEvent | ToolCallRequestedWorkerEvent | ToolCallPolicyEvaluatedWorkerEvent
     | ToolCallStartedWorkerEvent | ToolOutputDeltaWorkerEvent | ToolOutputCompletedWorkerEvent
     | ToolCallCompletedWorkerEvent | UsageReportedWorkerEvent | TaskCompletedWorkerEvent | TaskFailedWorkerEvent
-    | TaskStoppedWorkerEvent
+    | TaskStoppedWorkerEvent | ModelInputAppendedWorkerEvent
 )
 
 @dataclass(frozen=True, slots=True)
@@ -719,7 +736,7 @@ AnyWorkerEvent: TypeAlias = Annotated[WorkerEventUnion, _ByType(
     "worker_event_type",
     "type must be an event type a worker may send (runtime.request.*, model.output.*, tool.call.requested, "
     "tool.call.policy_evaluated, tool.call.started|completed, tool.output.*, usage.reported, "
-    "task.completed|failed|stopped); the others are emitted by the supervisor, not by a worker")]
+    "task.completed|failed|stopped, model.input.appended); the others are emitted by the supervisor, not by a worker")]
 
 
 #: The envelope class of each type (a subclass's ``type`` defaults to its tag).

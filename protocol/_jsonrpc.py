@@ -17,6 +17,7 @@ from pydantic import Field, JsonValue, ValidationError
 from ._base import Model
 from ._context import ResumeMode
 from ._events import AnyWorkerEvent
+from ._steering import SendInputParams, SendInputResult
 from ._runtime import AuthStatus, InteractionMode, PermissionMode, RuntimeCapabilities, RuntimeEnv
 from ._tools import ToolManifest
 from ._transcript import Message, Role
@@ -54,6 +55,7 @@ class Method(StrEnum):
     SEND_TOOL_RESULT = "runtime.sendToolResult"
     SEND_TOOL_DENIED = "runtime.sendToolDenied"
     SEND_TOOL_APPROVED = "runtime.sendToolApproved"  # for calls the runtime executes itself
+    SEND_INPUT = "runtime.sendInput"  # a user's message into a running task (steering)
     STOP = "runtime.stop"
     SHUTDOWN = "runtime.shutdown"
     PING = "runtime.ping"  # liveness: answered at once by a worker whose loop runs
@@ -419,6 +421,7 @@ class Rpc:
     SEND_TOOL_RESULT: Final = MethodSpec(Method.SEND_TOOL_RESULT, SendToolResultParams, Ack)
     SEND_TOOL_DENIED: Final = MethodSpec(Method.SEND_TOOL_DENIED, SendToolDeniedParams, Ack)
     SEND_TOOL_APPROVED: Final = MethodSpec(Method.SEND_TOOL_APPROVED, SendToolApprovedParams, Ack)
+    SEND_INPUT: Final = MethodSpec(Method.SEND_INPUT, SendInputParams, SendInputResult)
     STOP: Final = MethodSpec(Method.STOP, StopParams, Ack)
     SHUTDOWN: Final = MethodSpec(Method.SHUTDOWN, NoParams, Ack)
     PING: Final = MethodSpec(Method.PING, NoParams, Ack)

@@ -10,6 +10,7 @@ from enum import StrEnum
 from pydantic import Field
 
 from ._base import Model
+from ._steering import SteeringSupport
 
 #: What a runtime may be called: the names adapters register (``scripted``, ``claude``, ``codex``, ``codex-acp``,
 #: ``gemini``, ``opencode``), and so all a session or a task may name. One rule, so that the API (which refuses a
@@ -202,6 +203,9 @@ class RuntimeCapabilities(Model):
     artifacts: bool = False
     #: A running task can be stopped (``runtime.stop``).
     stop: bool = True
+    #: What it does with a user's input sent while a task runs (``runtime.sendInput``): takes it into the running
+    #: turn, or keeps it for its next turn (the session's next task).
+    steering: SteeringSupport = SteeringSupport.NEXT_TURN
 
     @property
     def non_interactive(self) -> bool:

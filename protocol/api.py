@@ -17,16 +17,26 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 from ._base import Model
 from ._events import ApprovalState, BlockKind, EventType, NormalizedEvent
 from ._events import ForkPoint as ForkPoint  # a Session's forked_from: part of this module's vocabulary
 from ._jsonrpc import EnsureLoginResult, RuntimeOffer, RuntimeSources
 from ._receipt import StopReceipt
+from ._steering import MAX_INPUT_CHARS, InputBlock, InputDelivery, input_text
 from ._runtime import RUNTIME_NAME_PATTERN, InteractionMode, PermissionMode, RuntimeEnv
 from ._runtime import IsolationLevel as IsolationLevel  # a Session's isolation: part of this module's vocabulary
-from ._transcript import Message
+from ._transcript import CodeBlock, Message, TextBlock
 
 #: The most a page of events, sessions or approvals holds.
 MAX_PAGE = 1000
@@ -192,6 +202,33 @@ class DecisionRequest(Request):
 
 class StopTaskRequest(Request):
     reason: str = Field(default="stop requested via API", min_length=1, max_length=1000)
+
+
+class TaskInputRequest(Request):
+    """A user's message into a running task (steering)."""
+    input: str | list[InputBlock]
+    """The message: text, or text/code blocks as a task's messages hold them (at most 100 000 characters)."""
+    input_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[!-~]+$")
+    """Your name for it, unique in the session (absent: the service makes one); the event that records its
+    delivery carries it."""
+
+    @field_validator("input", mode="wrap")
+    @classmethod
+    def _has_text(cls, value: object, handler: ValidatorFunctionWrapHandler) -> str | list[TextBlock | CodeBlock]:
+        try:
+            value = handler(value)
+        except ValidationError as exc:  # one sentence, not one per branch of the union
+            where = next((".".join(map(str, e["loc"][1:])) for e in exc.errors() if len(e["loc"]) > 1
+                          and not isinstance(value, str)), "")
+            raise ValueError("must be text, or a list of blocks {\"type\": \"text\", \"text\": …} / {\"type\": "
+                             "\"code\", \"code\": …}" + (f" (block {where})" if where else "")) from None
+        assert isinstance(value, (str, list))
+        text = input_text(value if isinstance(value, str) else tuple(value))
+        if not text.strip():
+            raise ValueError("an input must hold some text")
+        if len(text) > MAX_INPUT_CHARS:
+            raise ValueError(f"an input holds at most {MAX_INPUT_CHARS} characters (this one {len(text)})")
+        return value
 
 
 class EnvUpdateRequest(Request):
@@ -380,6 +417,14 @@ class Task(Answer):
     metadata: dict[str, Any] = Field(default_factory=dict)
     result: TaskResult | None = None
     """Once it has ended (``GET /v1/tasks/{id}``, a stop's answer): its final answer, tool calls and usage."""
+
+
+class TaskInput(Answer):
+    """An input the task's runtime took: now, into the running turn (``mid_turn``), or for its next turn
+    (``queued``: the session's next task, if this one ends first). ``model.input.appended`` records its delivery."""
+    task_id: str
+    input_id: str
+    delivery: InputDelivery
 
 
 class StoppedTask(Task):

@@ -48,6 +48,8 @@ from codesdk.protocol import (
     RuntimeInfo,
     RuntimeOffer,
     RuntimeSources,
+    SendInputParams,
+    SendInputResult,
     SendToolApprovedParams,
     SendToolDeniedParams,
     SendToolResultParams,
@@ -153,6 +155,8 @@ class _RunningTask:
     _task_json: bytes = b""
     _runtime_json: bytes = b""
     _runtime_of: RuntimeInfo | None = None
+    #: The ids of the inputs sent to this task (``runtime.sendInput``): each once.
+    input_ids: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._task_json = task_json(self.params.task_id)
@@ -282,6 +286,7 @@ class WorkerServer:
             Method.SEND_TOOL_RESULT: self._answer_tool,
             Method.SEND_TOOL_DENIED: self._answer_tool,
             Method.SEND_TOOL_APPROVED: self._answer_tool,
+            Method.SEND_INPUT: self._send_input,
             Method.STOP: self._stop,
             Method.SHUTDOWN: self._shutdown,
             Method.PING: self._ping,
@@ -584,6 +589,17 @@ class WorkerServer:
             raise RpcFailure(ErrorCode.UNKNOWN_TOOL_CALL, f"task {params.task_id!r} has no pending tool call "
                              f"{params.tool_call_id!r} (unknown or already answered)") from None
         return Ack()
+
+    def _send_input(self, params: SendInputParams) -> Reply:
+        """A user's input into a running task: the adapter says whether its runtime takes it in this turn."""
+        task = self._active_task(params.task_id)
+        assert task.handle is not None
+        if task.stop_asked_at is not None:
+            raise RpcFailure(ErrorCode.UNKNOWN_TASK, f"task {params.task_id!r} is being stopped: it takes no input")
+        if params.input_id in task.input_ids:
+            raise RpcFailure(ErrorCode.INVALID_PARAMS, f"input {params.input_id!r} was sent to this task already")
+        task.input_ids.add(params.input_id)
+        return SendInputResult(input_id=params.input_id, delivery=task.handle.send_input(params))
 
     def _stop(self, params: StopParams) -> Reply:
         task = self._active_task(params.task_id)

@@ -207,6 +207,11 @@ class DrivenTask:
     async def approve(self, tool_call_id: str, reason: str = "approved") -> Any:
         return await self.answer(tool_call_id, ToolAnswer.approve(reason))
 
+    async def send_input(self, text: Any, input_id: str = "in-1") -> Any:
+        """``runtime.sendInput``: a user's input into the running task; answered with how it will be delivered."""
+        return await self.driver.request(Method.SEND_INPUT, {"task_id": self.task_id, "input_id": input_id,
+                                                             "input": text})
+
     async def stop(self, reason: str | None = None) -> Any:
         """``runtime.stop``: the acknowledgement means the stop was requested; wait with ``until_terminal``."""
         params: dict[str, Any] = {"task_id": self.task_id}

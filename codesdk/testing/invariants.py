@@ -26,6 +26,8 @@ from codesdk.protocol import (
     SCHEMA_VERSION,
     TERMINAL_EVENT_TYPES,
     EventType,
+    InputDelivery,
+    ModelInputAppended,
     NormalizedEvent,
     RuntimeEventParams,
     ToolCallIdentity,
@@ -149,8 +151,40 @@ def check_session(events: Sequence[NormalizedEvent]) -> None:
             check_task(task_events)
         except InvariantError as exc:
             problems += exc.problems
+    problems += _input_problems(events)
     if problems:
         raise InvariantError(problems)
+
+
+def _input_problems(events: Sequence[NormalizedEvent]) -> list[str]:
+    """Steering: each ``model.input.appended`` lies inside its task (a ``queued`` one with the task's end: nothing
+    but its terminal event and other ends after it), its ``input_id`` is the session's only one by that id, and a
+    queued input is carried by the session's next task that compiles an input (``model.input.carried_inputs``)."""
+    problems: list[str] = []
+    seen: dict[str, int] = {}
+    owed: list[str] = []
+    for index, event in enumerate(events):
+        payload = event.payload
+        if event.type == EventType.MODEL_INPUT and owed:
+            carried = list(getattr(payload, "carried_inputs", ()))
+            if carried != owed:
+                problems.append(f"task {event.trace.task_id!r} carries inputs {carried}, not {owed}: the inputs its "
+                                "session's last task queued open its prompt, in order")
+            owed = []
+        if not isinstance(payload, ModelInputAppended):
+            continue
+        if payload.input_id in seen:
+            problems.append(f"input {payload.input_id!r} appended twice (seq={seen[payload.input_id]} and "
+                            f"{event.seq}): an input is reported once")
+        seen[payload.input_id] = event.seq
+        if payload.delivery == InputDelivery.QUEUED:
+            owed.append(payload.input_id)
+            rest = [e.type for e in events[index + 1:] if e.trace.task_id == event.trace.task_id]
+            if not rest or rest[-1] not in TERMINAL_EVENT_TYPES or not all(
+                    t in (EventType.MODEL_INPUT_APPENDED, EventType.TOOL_CALL_COMPLETED) for t in rest[:-1]):
+                problems.append(f"input {payload.input_id!r} (seq={event.seq}) is queued but not stored with its "
+                                "task's end: an input the runtime never took is recorded as the task ends")
+    return problems
 
 
 def check_task(events: Sequence[NormalizedEvent]) -> None:

@@ -631,6 +631,14 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         return _answer(request, api.StoppedTask(**task_answer(record, await task_result(store, record)).model_dump(),
                                                 receipt=await _receipt_of(engine, record)))
 
+    async def send_task_input(request: Request) -> Response:
+        task = await task_for(principal_of(request), request.path_params["task_id"])
+        body = await _body(request, api.TaskInputRequest)
+        text = body.input if isinstance(body.input, str) else tuple(body.input)
+        answer = await engine.send_input(task.task_id, text, input_id=body.input_id)
+        return _answer(request, api.TaskInput(task_id=task.task_id, input_id=answer.input_id,
+                                              delivery=answer.delivery))
+
     def namespace_for(principal: Principal, namespace: str) -> str:
         Namespace.parse(namespace)  # InvalidNamespace: 422 invalid_namespace (ERROR_STATUS)
         if not principal.can_access(namespace):
@@ -977,7 +985,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         "createSession": create_session, "listSessions": list_sessions, "getSession": get_session,
         "updateSession": update_session, "deleteSession": delete_session, "forkSession": fork_session,
         "startTask": start_task, "listEvents": list_events, "streamEvents": stream_events,
-        "getTranscript": transcript, "getSupportBundle": support_bundle, "getBlob": get_blob, "getTask": get_task, "stopTask": stop_task,
+        "getTranscript": transcript, "getSupportBundle": support_bundle, "getBlob": get_blob, "getTask": get_task, "stopTask": stop_task, "sendTaskInput": send_task_input,
         "listApprovals": list_approvals, "decideApproval": decide_approval, "listRuntimes": list_runtimes,
         "listNamespaces": list_namespaces, "getLoginState": auth_status, "getRuntimeEnv": runtime_env, "listWorkers": list_workers,
         "liftQuarantine": lift_quarantine, "getNamespaceEnv": list_env, "updateNamespaceEnv": update_env,

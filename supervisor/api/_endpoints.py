@@ -151,6 +151,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("GET", "/v1/tasks/{task_id}", "getTask", "One task", "tasks", Access.TOKEN, api.Task, errors=(404,)),
     Endpoint("POST", "/v1/tasks/{task_id}/stop", "stopTask", "Stop a task: task.stopped at once, with a receipt",
              "tasks", Access.TOKEN, api.StoppedTask, body=api.StopTaskRequest, errors=(404, 409, 421)),
+    Endpoint("POST", "/v1/tasks/{task_id}/input", "sendTaskInput", "Add a message to a running task (steering)",
+             "tasks", Access.TOKEN, api.TaskInput, 202, body=api.TaskInputRequest, errors=(404, 409, 421),
+             description="The runtime takes it into the turn it is running (`mid_turn`: at its next model request) "
+                         "or queues it (`queued`: a runtime that cannot steer); an input it has not taken when the "
+                         "task ends opens the session's next task's prompt. `model.input.appended` records when it "
+                         "was delivered. 409 `task_not_active` unless the task is running; 422 for an empty input or "
+                         "an `input_id` the session has used."),
     Endpoint("GET", "/v1/approvals", "listApprovals", "Tool calls waiting for a decision (or ?state=)", "approvals",
              Access.TOKEN, api.ApprovalList, query=api.ApprovalsQuery),
     Endpoint("POST", "/v1/approvals/{approval_id}", "decideApproval", "Decide an approval, once", "approvals",

@@ -24,7 +24,7 @@ from codesdk.protocol import (
 
 from ..store import BlobStore, StoreReader
 from ._ports import WorkerLink
-from ._transcript import derive_transcript
+from ._transcript import carried_inputs, derive_transcript
 
 
 def context_window(worker: WorkerLink, runtime: str) -> int | None:
@@ -43,8 +43,10 @@ async def compile_input(store: StoreForInput, params: StartTaskParams, prompt: s
                         ) -> tuple[StartTaskParams, ModelInput]:
     """``params`` with the compiled messages, and the ``model.input`` to record (the worker adds how its runtime
     was given them). ``ContextTooLarge`` when the request alone exceeds the budget: nothing is stored then."""
-    transcript, interrupted = repair_unfinished_calls(await derive_transcript(store, params.session.session_id))
-    messages = (*transcript, Message.user_text(prompt))
+    session_id = params.session.session_id
+    transcript, interrupted = repair_unfinished_calls(await derive_transcript(store, session_id, queued=False))
+    carried = await carried_inputs(store, session_id)  # what the last task's runtime never took opens this prompt
+    messages = (*transcript, Message.user_text("\n\n".join([*(c.text for c in carried), prompt])))
     budget = input_budget(window_tokens, max_input_tokens)
     report: ContextReport | None = None
     sent = messages
@@ -62,6 +64,6 @@ async def compile_input(store: StoreForInput, params: StartTaskParams, prompt: s
         input_hash=sha256_hex(compiled_json),
         message_count=len(sent), tool_names=tuple(params.tool_manifest.names()), switched_from=switched_from,
         interrupted_calls=tuple(c for c in interrupted if c.tool_call_id in sent_ids), context=report,
-        transcript_ref=transcript_ref)
+        transcript_ref=transcript_ref, carried_inputs=tuple(c.input_id for c in carried))
     return params, model_input
 

@@ -30,6 +30,7 @@ from ..store import (
 from codesdk.worker.client import WorkerError
 from ._ports import WorkerLink
 from ._runs import RunTable, TaskRun
+from ._steering import carried
 from ._stopping import cut_short_ends, open_calls
 
 log = logging.getLogger("codesdk.supervisor.engine")
@@ -79,7 +80,7 @@ class TaskEnder:
         stored = False
         try:
             with trio.CancelScope(shield=True):
-                drafts = [*await self._call_ends(run, cut_short_by(event_type, payload)),
+                drafts = [*await self._call_ends(run, cut_short_by(event_type, payload)), *carried(run),
                           EventDraft(type=event_type, runtime=run.runtime, payload=payload, trace=run.trace)]
                 try:
                     await self._store.append(run.session_id, drafts, task_update=update)

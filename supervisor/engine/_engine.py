@@ -20,7 +20,13 @@ from typing import Any
 
 import trio
 
+from pydantic import ValidationError
+
 from codesdk.protocol import (
+    InputBlock,
+    ModelInputAppended,
+    SendInputParams,
+    SendInputResult,
     CONTRACT_VERSION,
     INPUT_SHARE,
     CanonicalizationError,
@@ -131,6 +137,7 @@ from ._ports import PoolWorkers, WorkerLink, WorkersFactory, pool_workers
 from ._recorder import RunRecorder
 from ._requests import WorkerEnvironment, ask as _ask
 from ._runs import EngineStats, PendingEvent, RunTable, TaskRun
+from ._steering import send_input
 from ._stopping import (
     TOOLS_WAIT_S,
     StopInProgress,
@@ -641,6 +648,38 @@ class Engine:
         if run is not None:
             await run.done.wait()
         return await self.store.get_task(task_id)
+
+    async def send_input(self, task_id: str, text: str | tuple[InputBlock, ...], *,
+                         input_id: str | None = None) -> SendInputResult:
+        """Add a user's input to a running task (steering, ``_steering``): the answer says whether the runtime takes
+        it into the running turn or queues it for the next (the session's next task). A task still being given to
+        its worker is waited for. Refusals: ``TaskNotActive`` (ended, being stopped), ``InvalidTaskInput`` (empty,
+        too long, an input id the session has used), ``RuntimeUnavailable`` (its worker did not take it)."""
+        run = self._runs.active(task_id)
+        if run is None:
+            record = await self.store.get_task(task_id)
+            if not record.state.is_terminal:  # running elsewhere (NamespaceElsewhere), or orphaned and failed now
+                await self.leasing.own((await self.store.get_session(record.session_id)).namespace)
+                record = await self.store.get_task(task_id)
+            raise TaskNotActive(f"task {task_id} is not running (state: {record.state}): an input goes to a running "
+                                "task; start a new task with it instead")
+        try:
+            params = SendInputParams(task_id=task_id, input_id=input_id or new_id("input"), input=text)
+        except ValidationError as exc:
+            raise InvalidTaskInput(f"input: {exc.errors()[0]['msg']}") from None
+        if params.input_id in run.inputs or params.input_id in await self._input_ids(run.session_id):
+            raise InvalidTaskInput(f"input_id {params.input_id!r} is used already in this session: give a new one")
+        with trio.move_on_after(REQUEST_TIMEOUT_S):
+            await run.input_stored.wait()  # a pending task: its worker has it once its input is stored
+        return await send_input(run, params)
+
+    async def _input_ids(self, session_id: str) -> set[str]:
+        ids: set[str] = set()
+        after = 0
+        while page := await self.store.read_types(session_id, (EventType.MODEL_INPUT_APPENDED,), after, 1000):
+            after = page[-1].seq
+            ids |= {e.payload.input_id for e in page if isinstance(e.payload, ModelInputAppended)}
+        return ids
 
     def active_task(self, session_id: str) -> str | None:
         run = self._runs.active_in(session_id)

@@ -18,6 +18,7 @@ from codesdk.protocol import (
     TERMINAL_EVENT_TYPES,
     CanonicalizationError,
     EventType,
+    ModelInputAppended,
     ExitStatus,
     Model,
     RuntimeInfo,
@@ -36,6 +37,7 @@ from ._ending import TaskEnder
 from ._ports import WorkerLink
 from ._recorder import RunRecorder
 from ._runs import Blobs, EngineStats, PendingEvent, RunTable, TaskRun
+from ._steering import reported
 from ._toolflow import ToolFlow
 
 log = logging.getLogger("codesdk.supervisor.engine")
@@ -192,6 +194,14 @@ class EventIntake:
             assert isinstance(request, ToolCallRequested)
             await pending.flush()
             await self._tools.requested(run, request)
+        elif event.type == EventType.MODEL_INPUT_APPENDED:
+            appended = event.model().event.payload
+            assert isinstance(appended, ModelInputAppended)
+            stored = reported(run, appended)
+            if stored is None:
+                self._stats.invalid_events += 1
+            else:
+                pending.add(run, PendingEvent(event.type, stored))
         elif event.type in TERMINAL_EVENT_TYPES:
             await pending.flush()
             await self._ender.finish(run, event.type, await self._stderr_tail_as_blob(run, event.model().event.payload))

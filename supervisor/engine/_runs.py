@@ -7,7 +7,16 @@ from dataclasses import dataclass, field
 
 import trio
 
-from codesdk.protocol import EventType, Model, ModelInput, RuntimeInfo, StartTaskParams, ToolCallIdentity, Trace
+from codesdk.protocol import (
+    EventType,
+    Model,
+    ModelInput,
+    RuntimeInfo,
+    SendInputParams,
+    StartTaskParams,
+    ToolCallIdentity,
+    Trace,
+)
 
 from ..store import PayloadJson, SessionRecord
 from ..tools import Approver
@@ -84,6 +93,8 @@ class TaskRun:
     clock: TaskClock = field(default_factory=TaskClock)
     #: Its observer (metrics, traces: ``_telemetry``).
     telemetry: TaskTelemetry = NO_TASK_TELEMETRY
+    #: Inputs sent to it (``_steering``) whose delivery the worker has not reported yet, in the order sent.
+    inputs: dict[str, SendInputParams] = field(default_factory=dict)
 
     @property
     def session_id(self) -> str:

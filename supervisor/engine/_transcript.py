@@ -17,7 +17,9 @@ from codesdk.protocol import (
     CodeBlock,
     ContentBlock,
     EventType,
+    InputDelivery,
     Message,
+    ModelInputAppended,
     ModelInput,
     ModelOutputCompleted,
     NormalizedEvent,
@@ -46,10 +48,13 @@ async def session_events(store: StoreReader, session_id: str) -> list[Normalized
 
 #: The event types a transcript is made of (after the last model.input).
 TRANSCRIPT_TYPES = (EventType.MODEL_OUTPUT_COMPLETED, EventType.TOOL_CALL_REQUESTED, EventType.TOOL_CALL_COMPLETED,
-                    EventType.TOOL_CALL_DENIED)
+                    EventType.TOOL_CALL_DENIED, EventType.MODEL_INPUT_APPENDED)
 
 
-async def derive_transcript(store: StoreReader, session_id: str) -> list[Message]:
+async def derive_transcript(store: StoreReader, session_id: str, *, queued: bool = True) -> list[Message]:
+    """The session's messages. A user's inputs are user messages where the runtime took them (steering); those it
+    never took (``queued``, carried into the next task) close the transcript unless ``queued`` is false — the next
+    task's compile puts them into its prompt instead (``carried_inputs``)."""
     last_input = await store.last_event_of_type(session_id, EventType.MODEL_INPUT)
     if last_input is None:
         return []
@@ -62,8 +67,29 @@ async def derive_transcript(store: StoreReader, session_id: str) -> list[Message
     while page := await store.read_types(session_id, TRANSCRIPT_TYPES, after, PAGE, task_id=last_input.trace.task_id):
         later += page
         after = page[-1].seq
+    if not queued:
+        later = [e for e in later if not _is_queued(e)]
     messages += await _messages_from(store, later)
     return messages
+
+
+def _is_queued(event: NormalizedEvent) -> bool:
+    return isinstance(event.payload, ModelInputAppended) and event.payload.delivery == InputDelivery.QUEUED
+
+
+async def carried_inputs(store: StoreReader, session_id: str) -> list[ModelInputAppended]:
+    """The inputs the session's last task did not deliver (``queued``), in the order they were sent: its next task
+    carries them."""
+    last_input = await store.last_event_of_type(session_id, EventType.MODEL_INPUT)
+    if last_input is None:
+        return []
+    found: list[ModelInputAppended] = []
+    after = last_input.seq
+    while page := await store.read_types(session_id, (EventType.MODEL_INPUT_APPENDED,), after, PAGE,
+                                         task_id=last_input.trace.task_id):
+        after = page[-1].seq
+        found += [e.payload for e in page if _is_queued(e) and isinstance(e.payload, ModelInputAppended)]
+    return found
 
 
 async def _messages_from(store: StoreReader, events: list[NormalizedEvent]) -> list[Message]:
@@ -84,7 +110,11 @@ async def _messages_from(store: StoreReader, events: list[NormalizedEvent]) -> l
 
     for event in events:
         payload = event.payload
-        if isinstance(payload, ModelOutputCompleted) and payload.kind != BlockKind.THINKING:
+        if isinstance(payload, ModelInputAppended):  # the user's, where the runtime took it
+            flush_assistant()
+            flush_results()
+            out.append(Message.user_text(payload.text))
+        elif isinstance(payload, ModelOutputCompleted) and payload.kind != BlockKind.THINKING:
             flush_results()
             if payload.kind == BlockKind.CODE:
                 assistant.append(CodeBlock(code=payload.text, language=payload.language))

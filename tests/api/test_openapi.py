@@ -223,6 +223,9 @@ async def test_every_answer_of_every_operation_matches_the_schema_the_document_d
 
         hung = (await c.post(f"/v1/sessions/{sid}/tasks", headers=alice, json={
             "prompt": "wait", "runtime_config": {"scenario": "hang"}})).json()
+        steer = f"/v1/tasks/{hung['task_id']}/input"
+        assert (await c.post(steer, headers=alice, json={"input": "also this"})).status_code == 202
+        assert (await c.post(steer, headers=alice, json={"input": ""})).status_code == 422
         stopped = await c.post(f"/v1/tasks/{hung['task_id']}/stop", headers=alice, json={"reason": "enough"})
         assert stopped.status_code == 200 and stopped.json()["state"] == "stopped"
 

@@ -16,6 +16,7 @@ ROUTES = [
     ("GET", "/v1/sessions/{sid}/events/stream", None),
     ("GET", "/v1/sessions/{sid}/transcript", None),
     ("GET", "/v1/tasks/{tid}", None),
+    ("POST", "/v1/tasks/{tid}/input", {"input": "not yours"}),
     ("POST", "/v1/tasks/{tid}/stop", {"reason": "not yours"}),
 ]
 

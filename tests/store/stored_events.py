@@ -211,6 +211,12 @@ async def _run_tasks(data_dir: Path, workspaces: Path, scenarios: Path) -> None:
         await task(engine, await session(engine, "runtime-failed"), "fail", "fail")
         await task(engine, await session(engine, "worker-crashed"), "crash", "crash-exit")
         await task(engine, await session(engine, "refused-scenario"), "nothing", "no-such-scenario")
+        # Steering: an input sent while the task runs, delivered into its turn.
+        steered = await session(engine, "steered")
+        started = await engine.start_task(steered, "steer", runtime_config={"scenario": "steer"})
+        await until(engine, steered, EventType.RUNTIME_REQUEST_COMPLETED)
+        await engine.send_input(started.task_id, "and this too", input_id="corpus-input")
+        await engine.wait_task(started.task_id)
         # A task stopped while its runtime hangs.
         hung = await session(engine, "stopped")
         started = await engine.start_task(hung, "hang", runtime_config={"scenario": "hang"})

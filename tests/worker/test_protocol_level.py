@@ -15,7 +15,9 @@ from codesdk.protocol import (
     EventType,
     Message,
     Method,
+    ModelInputAppended,
     RuntimeEventParams,
+    RuntimeRequestStarted,
     canonical_hash,
 )
 from codesdk.worker.client import RpcError
@@ -221,3 +223,45 @@ async def test_describe_env_names_what_each_runtime_would_load_and_looks_in_cwd_
                                      "project_instructions": (str(workspace / "AGENTS.md"), False)}
     assert found(asked, "codex-acp")["user_instructions"] == (user[0], True)  # codex-acp loads it (recorded)
     assert found(asked, "scripted") == {}
+
+
+async def test_an_input_sent_mid_turn_goes_into_the_next_request_and_is_reported(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with open_worker(home=tmp_path) as worker:
+            info = {r.name: r for r in worker.info.runtimes}["scripted"]
+            assert info.capabilities.steering == "mid_turn"
+            task = await worker.start_task("fix the tests", scenario="steer")
+            await task.next_event(EventType.RUNTIME_REQUEST_COMPLETED)  # it waits for the input now
+            blocks = [{"type": "text", "text": "also update"}, {"type": "code", "code": "the docs"}]
+            assert await task.send_input(blocks, "in-1") == {"input_id": "in-1", "delivery": "mid_turn"}
+            events = await task.until_terminal()
+            with pytest.raises(RpcError) as err:  # the task is over: it takes no more input
+                await task.send_input("too late", "in-2")
+            assert err.value.code == ErrorCode.UNKNOWN_TASK
+    [payload] = [e.event.payload for e in events if isinstance(e.event.payload, ModelInputAppended)]
+    assert (payload.input_id, payload.text, payload.delivery) == ("in-1", "also update\n\nthe docs", "mid_turn")
+    assert payload.input_hash == canonical_hash(blocks)
+    after = types(events)[types(events).index("model.input.appended") + 1]
+    assert after == "runtime.request.started"
+    started = events[types(events).index("model.input.appended") + 1].event.payload
+    assert isinstance(started, RuntimeRequestStarted) and payload.before_request_id == started.request_id
+    texts = [e.event.payload.text for e in events if e.event.type == EventType.MODEL_OUTPUT_COMPLETED]
+    assert texts[-1] == "You added: also update\n\nthe docs"
+
+
+async def test_a_bad_input_is_refused_naming_the_field(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with open_worker(home=tmp_path) as worker:
+            task = await worker.start_task("go", scenario="hang")
+            await task.next_event(EventType.MODEL_OUTPUT_COMPLETED)
+            for bad in ("  ", [], [{"type": "tool_use", "tool_call_id": "x", "name": "y"}]):
+                with pytest.raises(RpcError) as err:
+                    await task.send_input(bad, "in-bad")
+                assert err.value.code == ErrorCode.INVALID_PARAMS
+                assert "input" in str(err.value.data)
+            await task.send_input("fine", "in-1")
+            with pytest.raises(RpcError) as err:  # an input id is used once
+                await task.send_input("again", "in-1")
+            assert err.value.code == ErrorCode.INVALID_PARAMS
+            await task.stop()
+            assert types(await task.until_terminal())[-1] == "task.stopped"

@@ -21,9 +21,11 @@ from codesdk.protocol import (
     ErrorCode,
     EventType,
     ExitStatus,
+    InputDelivery,
     Model,
     ResumeMode,
     RuntimeCapabilities,
+    SendInputParams,
     StartTaskParams,
     TaskCompleted,
     TaskFailed,
@@ -126,6 +128,12 @@ class TaskHandle(ABC):
     def send_tool_approved(self, tool_call_id: str, reason: str) -> None:
         """Approve a call the runtime executes itself (``executed_by: runtime``). Raises UnknownToolCall."""
         raise UnknownToolCall(f"this runtime has no runtime-executed call {tool_call_id!r} waiting")
+
+    def send_input(self, params: SendInputParams) -> InputDelivery:
+        """A user's input while the task runs: taken into the running turn (``MID_TURN``, reported with
+        ``model.input.appended`` once the runtime has it) or left for the next turn (``QUEUED``: the supervisor
+        carries it into the session's next task). A runtime without steering queues it (the default)."""
+        return InputDelivery.QUEUED
 
     @abstractmethod
     def stop(self, reason: str | None) -> None:

@@ -26,6 +26,9 @@ from codesdk.protocol import (
     ReplaySafety,
     ResumeModel,
     StateModel,
+    InputDelivery,
+    SendInputParams,
+    SteeringSupport,
     ToolExecution,
     AuthState,
     AuthStatus,
@@ -63,9 +66,11 @@ from codesdk.protocol import (
 from ...command import TEST_STEPS_ENV
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome
 from .._grace import BadGrace, stop_grace
+from .._steering import InputInbox, delivered
 from ..runtime_process import RuntimeProcess
 from ..base import RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
 from .scenario import (
+    AwaitInputStep,
     CodeStep,
     CompleteStep,
     CrashStep,
@@ -141,6 +146,7 @@ class ScriptedAdapter(RuntimeAdapter):
             tool_replay=ReplaySafety.SAFE_REPLAY,
             mcp_support=McpSupport.NONE,
             cancellation_model=CancellationModel.GUARANTEED,  # it plays in the worker: a stop ends the scenario
+            steering=SteeringSupport.MID_TURN,  # an input goes into its next request (``await_input`` waits for one)
             **self._config_offer(),
         )
 
@@ -261,6 +267,9 @@ class ScriptedTask(AnswersToolCalls, TaskHandle):
         self.tools = PendingToolCalls()
         history, prompt = split_prompt(params.messages)
         self.template = _Template(prompt, render_history(history))
+        self.template.values["input"] = ""
+        self.inbox = InputInbox()
+        self._last_tool_call: str | None = None
         # The scripted runtime keeps nothing between tasks: the messages it is given are all it knows.
         self.resume = ResumeMode.RECONSTRUCTED if history else ResumeMode.NEW
         self.sent_hash = canonical_hash([m.to_json_obj() for m in params.messages])
@@ -274,6 +283,10 @@ class ScriptedTask(AnswersToolCalls, TaskHandle):
         self.implicit_sources = {"policy": "the scripted runtime loads nothing implicitly", "found": []}
 
     # -- inputs (tool answers: AnswersToolCalls) ----------------------------------------------
+
+    def send_input(self, params: SendInputParams) -> InputDelivery:
+        self.inbox.put(params)  # its next model request carries it
+        return InputDelivery.MID_TURN
 
     def stop(self, reason: str | None) -> None:
         self._stop_reason = self._stop_reason or reason or "stop requested"  # the first stop says why
@@ -303,6 +316,11 @@ class ScriptedTask(AnswersToolCalls, TaskHandle):
             case TextStep():
                 await self._stream_block(BlockKind.TEXT, self.template.render(step.text), step.chunk_size,
                                          delay_s=step.delay_s)
+            case AwaitInputStep():
+                await self._end_request("pause_turn")
+                await self.inbox.wait()
+                if step.await_input is True:
+                    await self._begin_request()  # the next request, carrying it
             case EchoPromptStep():
                 await self._stream_block(BlockKind.TEXT, self.template.values["prompt"], 16)
             case CodeStep():
@@ -389,6 +407,11 @@ class ScriptedTask(AnswersToolCalls, TaskHandle):
         if self._in_request is None:
             self._request_counter += 1
             self._in_request = f"{self.params.task_id}:r{self._request_counter}"
+            if self.inbox:  # what the user added since the last request goes into this one, before it
+                inputs = self.inbox.take()
+                self.template.values["input"] = "\n\n".join(i.text() for i in inputs)
+                await delivered(self.io, inputs, before_request_id=self._in_request,
+                                after_tool_call_id=self._last_tool_call)
             await self.io.emit(EventType.RUNTIME_REQUEST_STARTED,
                                RuntimeRequestStarted(request_id=self._in_request, model=self.scenario.model))
 
@@ -429,6 +452,7 @@ class ScriptedTask(AnswersToolCalls, TaskHandle):
         async with trio.open_nursery() as nursery:
             for call in step.tool_calls:
                 nursery.start_soon(wait_for, call.id)
+        self._last_tool_call = step.tool_calls[-1].id
         for call in step.tool_calls:  # in request order, whatever order the answers came in
             outcome = outcomes[call.id]
             if outcome.approved:  # a built-in of "the runtime": it runs it itself and reports

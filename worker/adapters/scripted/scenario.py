@@ -2,7 +2,7 @@
 
 A scenario is ``{"name", "description"?, "model"?, "steps": [step, ...]}``; each step is an object with
 exactly one of the keys below. Text may quote earlier answers: ``{{prompt}}`` (last user message),
-``{{result:<call id>}}`` and ``{{denied:<call id>}}``.
+``{{result:<call id>}}``, ``{{denied:<call id>}}`` and ``{{input}}`` (the inputs the last request was given).
 """
 
 from __future__ import annotations
@@ -173,6 +173,14 @@ class EchoPromptStep(_Step):
     echo_prompt: Literal[True]
 
 
+class AwaitInputStep(_Step):
+    """End the model request under way and wait for a user's input (``runtime.sendInput``): a new request carries
+    it at once, and ``{{input}}`` quotes it. ``"hold"``: the input is left for the next request a later step makes
+    (a ``complete`` next leaves it undelivered: carried into the session's next task)."""
+
+    await_input: Literal[True, "hold"]
+
+
 Step = Annotated[
     TextStep
     | CodeStep
@@ -192,7 +200,8 @@ Step = Annotated[
     | PolluteStdoutStep
     | SpawnStep
     | RuntimeProcessStep
-    | EchoPromptStep,
+    | EchoPromptStep
+    | AwaitInputStep,
     Field(union_mode="left_to_right"),
 ]
 
