@@ -148,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--env", action="append", type=env_item, metavar="KEY=VALUE",
                      help="a variable for the namespace's worker and runtime (e.g. ANTHROPIC_BASE_URL); repeatable")
     run.add_argument("--json", action="store_true", help="print events as JSON lines")
+    run.add_argument("--steer", action=argparse.BooleanOptionalAction, default=None,
+                     help="while the task runs, send each line typed on stdin to it as a message (steering); "
+                          "default: on when stdin is a terminal, off otherwise (--steer reads piped lines too; "
+                          "--no-steer never reads stdin for it)")
 
     sessions = command("sessions", "list sessions")
     sessions.add_argument("--namespace", type=namespace_name)

@@ -56,9 +56,11 @@ from .common import (
 from .run_ahead import RunAhead
 from ..api.views import deleted_answer, runtime_env_answer, session_answer
 from ..terminal import one_line
+from .typed import TypedLines, reads_lines
 from ..config import ADMIN_TOKEN_FILE
 from ..engine import (
     ApprovalRequest,
+    Approver,
     ApproverAnswer,
     Engine,
     EngineError,
@@ -86,12 +88,15 @@ T = TypeVar("T")
 # -- run ------------------------------------------------------------------------------------------
 
 
-async def _terminal_approver(request: ApprovalRequest) -> ApproverAnswer:
-    """Ask on the terminal. Anything but y/yes denies."""
-    shown = json.dumps(request.input, ensure_ascii=False)[:300]
-    allow, reason = await ask_on_terminal(f"\n? {request.tool_name} ({request.tool_class}) wants to run with "
-                                          f"{shown}\n  {request.reason}\n  Allow? [y/N] ")
-    return ApproverAnswer(allow=allow, reason=reason)
+def _terminal_approver(ask: Callable[[str], Awaitable[tuple[bool, str]]] = ask_on_terminal) -> Approver:
+    """Ask on the terminal (through ``ask``: the typed lines' reader when it owns stdin). Anything but y/yes
+    denies."""
+    async def approve(request: ApprovalRequest) -> ApproverAnswer:
+        shown = json.dumps(request.input, ensure_ascii=False)[:300]
+        allow, reason = await ask(f"\n? {request.tool_name} ({request.tool_class}) wants to run with "
+                                  f"{shown}\n  {request.reason}\n  Allow? [y/N] ")
+        return ApproverAnswer(allow=allow, reason=reason)
+    return approve
 
 
 async def cmd_run(args: argparse.Namespace, ahead: RunAhead | None = None) -> int:
@@ -153,10 +158,17 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
         if ahead is not None:
             ahead.claim(session.workspace)
     before = await engine.store.last_seq(session.session_id) if args.session else 0  # a new one: session.created
+    running: list[str] = []
+
+    async def send_line(text: str) -> str:
+        return (await engine.send_input(running[0], text)).delivery.value
+
+    lines = TypedLines(send_line, printer.note) if reads_lines(args) else None
     task = await engine.start_task(
         session.session_id, args.prompt, permission_mode=PermissionMode(args.mode),
         interaction_mode=InteractionMode.INTERACTIVE if interactive else InteractionMode.NON_INTERACTIVE,
-        runtime_config=runtime_config, approver=_terminal_approver if interactive else None,
+        runtime_config=runtime_config,
+        approver=_terminal_approver(lines.ask if lines is not None else ask_on_terminal) if interactive else None,
         runtime=args.runtime, max_input_tokens=args.max_input_tokens, timeout_s=args.timeout,
         idle_timeout_s=args.idle_timeout)
     if not args.json:
@@ -175,6 +187,9 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
                 return
 
         nursery.start_soon(stop_on_signal)
+        running.append(task.task_id)
+        if lines is not None:
+            nursery.start_soon(lines.run)
         async with engine.store.subscribe(session.session_id, after_seq=before, until_terminal=True) as sub:
             async for event in sub:
                 if args.json:

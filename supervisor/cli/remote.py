@@ -1,7 +1,6 @@
 """The ``codesdk`` commands against a running supervisor (``--url``), through ``codesdk.AsyncClient``.
 
-Remote runs are non-interactive from the CLI's side: calls the policy would ask about are denied with a
-recorded reason (use the API's approvals for human decisions).
+Lines typed while a remote run streams are sent to its task (``typed``), as with the embedded supervisor.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -38,6 +38,7 @@ from .common import (
     read_again,
     runtime_note,
 )
+from .typed import TypedLines, reads_lines
 from .render import EventPrinter, json_line, print_stored_events, print_transcript, session_line
 
 
@@ -111,13 +112,23 @@ async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) 
 
                 nursery.start_soon(stop_on_signal)
                 interactive = not args.non_interactive and sys.stdin.isatty()
+
+                async def send_line(text: str) -> str:
+                    if not task_id:
+                        raise CliError("the task has not started yet: type it again in a moment")
+                    return (await client.send_input(task_id[0], text)).delivery.value
+
+                lines = TypedLines(send_line, printer.note) if reads_lines(args) else None
+                ask = lines.ask if lines is not None else ask_on_terminal
                 async for event in client.run(session.session_id, args.prompt, permission_mode=args.mode,
                                               runtime_config=runtime_config, runtime=args.runtime,
                                               max_input_tokens=args.max_input_tokens,
                                               timeout_s=args.timeout, idle_timeout_s=args.idle_timeout,
-                                              approver=_terminal_approver if interactive else None):
+                                              approver=_terminal_approver(ask) if interactive else None):
                     if event.type == EventType.TASK_STARTED and event.trace.task_id:
                         task_id.append(event.trace.task_id)
+                        if lines is not None:
+                            nursery.start_soon(lines.run)
                         if not args.json:
                             runtime = runtime_note(args.runtime or session.runtime, session.runtime)
                             printer.note(f"session {session.session_id}  task {event.trace.task_id}  runtime "
@@ -135,9 +146,13 @@ async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) 
     return exit_code(ended, received[0] if received else None)
 
 
-async def _terminal_approver(event: NormalizedEvent) -> tuple[bool, str]:
-    """Ask about an ``approval.requested`` event, which was printed just before."""
-    return await ask_on_terminal("  Allow? [y/N] ")
+def _terminal_approver(ask: Callable[[str], Awaitable[tuple[bool, str]]],
+                       ) -> Callable[[NormalizedEvent], Awaitable[tuple[bool, str]]]:
+    """Ask about an ``approval.requested`` event, which was printed just before (through ``ask``: the typed
+    lines' reader when it owns stdin)."""
+    async def approve(event: NormalizedEvent) -> tuple[bool, str]:
+        return await ask("  Allow? [y/N] ")
+    return approve
 
 
 async def auth_status_via_api(args: argparse.Namespace) -> EnsureLoginResult:

@@ -101,6 +101,10 @@ class EventPrinter:
                 status = self._c(_RED, "error") if p.is_error else "ok"
                 replay = " (replayed from the store)" if p.replayed else ""
                 return f"{name} {p.tool_name} {status}{replay}: {_short(p.result_preview)}"
+            case EventType.MODEL_INPUT_APPENDED:
+                where = (f"before {p.before_request_id}" if p.before_request_id else "into the running turn") \
+                    if p.delivery == "mid_turn" else "not taken: the session's next task carries it"
+                return f"{self._c(_BOLD, t.value)} {p.input_id} {where}: {_short(p.text, 80)}"
             case EventType.USAGE_REPORTED:
                 return f"{name} in={p.input_tokens} out={p.output_tokens} model={p.model}"
             case EventType.TASK_COMPLETED:

@@ -3,6 +3,8 @@ refused naming the field, another tenant's task not found."""
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 import pytest
@@ -85,3 +87,16 @@ async def test_both_clients_send_inputs_and_map_refusals(api: Api) -> None:
                 with pytest.raises(Conflict, match="not running"):
                     own.send_input(tid, [{"type": "code", "code": "late"}])
         await trio.to_thread.run_sync(sync_calls)
+
+
+async def test_the_command_line_steers_a_task_of_the_service_with_piped_lines(api: Api) -> None:
+    """``codesdk run --url … --steer``: each line on stdin goes to the task (``tests/cli`` tests the rest)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODESDK_")} | {"NO_COLOR": "1"}
+    with trio.fail_after(90):
+        ran = await trio.run_process([sys.executable, "-m", "codesdk.supervisor.cli.front", "--url",
+                                      f"unix:{api.socket}", "--token", api.alice, "run", "go", "--namespace",
+                                      "user:alice", "--scenario", "steer", "--steer"],
+                                     stdin=b"through the service\n", capture_stdout=True, capture_stderr=True,
+                                     check=False, env=env)
+    assert ran.returncode == 0, ran.stderr.decode()
+    assert "You added: through the service" in ran.stdout.decode()

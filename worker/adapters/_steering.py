@@ -20,23 +20,26 @@ class InputInbox:
     def __init__(self) -> None:
         self._waiting: list[SendInputParams] = []
         self._arrived = trio.Event()
+        #: How many inputs were ever put (taken or not).
+        self.received = 0
 
     def put(self, params: SendInputParams) -> None:
         self._waiting.append(params)
+        self.received += 1
         self._arrived.set()
+        self._arrived = trio.Event()
 
     def take(self) -> list[SendInputParams]:
         """Every input waiting, now handed over (the inbox is empty after)."""
         taken, self._waiting = self._waiting, []
-        self._arrived = trio.Event()
         return taken
 
     def __bool__(self) -> bool:
         return bool(self._waiting)
 
-    async def wait(self) -> None:
-        """Until at least one input waits."""
-        while not self._waiting:
+    async def wait(self, received: int = 1) -> None:
+        """Until at least ``received`` inputs have come in all (taken or not)."""
+        while self.received < received:
             await self._arrived.wait()
 
 

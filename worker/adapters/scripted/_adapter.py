@@ -270,6 +270,7 @@ class ScriptedTask(AnswersToolCalls, TaskHandle):
         self.template.values["input"] = ""
         self.inbox = InputInbox()
         self._last_tool_call: str | None = None
+        self._awaited = 0
         # The scripted runtime keeps nothing between tasks: the messages it is given are all it knows.
         self.resume = ResumeMode.RECONSTRUCTED if history else ResumeMode.NEW
         self.sent_hash = canonical_hash([m.to_json_obj() for m in params.messages])
@@ -318,7 +319,8 @@ class ScriptedTask(AnswersToolCalls, TaskHandle):
                                          delay_s=step.delay_s)
             case AwaitInputStep():
                 await self._end_request("pause_turn")
-                await self.inbox.wait()
+                self._awaited += 1  # one more input than the steps before awaited (it may have come already)
+                await self.inbox.wait(self._awaited)
                 if step.await_input is True:
                     await self._begin_request()  # the next request, carrying it
             case EchoPromptStep():

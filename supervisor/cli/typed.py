@@ -1,0 +1,83 @@
+"""Lines typed while a task streams (``codesdk run``): each becomes an input for the running task (steering),
+except the answer to a question the CLI is asking on the terminal (an approval).
+
+Read only when stdin is a terminal, or when ``--steer`` says so (a script piping lines in): never waited for
+otherwise, so a run in CI, whose stdin is closed or empty, is not held up by it. One reader owns stdin, so an
+approval's answer and a steering line never race for the same line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TextIO
+
+import trio
+
+#: Sends one typed line to the running task; says how it was taken ("mid_turn", "queued").
+SendLine = Callable[[str], Awaitable[str]]
+
+
+def reads_lines(args: argparse.Namespace, stdin: TextIO | None = None) -> bool:
+    """Whether typed lines are read: ``--steer`` / ``--no-steer`` if given, else only from a terminal."""
+    flag = getattr(args, "steer", None)
+    if flag is not None:
+        return bool(flag)
+    stream = stdin if stdin is not None else sys.stdin
+    try:
+        return stream is not None and stream.isatty()
+    except (ValueError, OSError):  # closed
+        return False
+
+
+class TypedLines:
+    """stdin's lines while a task runs: an answer to ``ask`` when a question waits for one, else an input."""
+
+    def __init__(self, send: SendLine, note: Callable[[str], None], stdin: TextIO | None = None) -> None:
+        self._send = send
+        self._note = note
+        self._stdin = stdin if stdin is not None else sys.stdin
+        self._answer: trio.MemorySendChannel[str] | None = None
+        self._eof = False
+
+    async def ask(self, question: str) -> tuple[bool, str]:
+        """A yes/no question on the terminal, answered by the next line typed; anything but y/yes is a no."""
+        if self._eof:  # nobody can answer any more
+            return False, "denied: stdin is closed"
+        send, receive = trio.open_memory_channel[str](1)
+        self._answer = send
+        sys.stdout.flush()
+        sys.stderr.write(question)
+        sys.stderr.flush()
+        try:
+            answer = await receive.receive()
+        except trio.EndOfChannel:
+            answer = ""
+        finally:
+            self._answer = None
+        allow = answer.strip().lower() in ("y", "yes")
+        return allow, "approved on the terminal" if allow else "denied on the terminal"
+
+    async def run(self) -> None:
+        """Read lines until stdin ends (or this is cancelled, when the task ends)."""
+        while True:
+            line = await trio.to_thread.run_sync(self._stdin.readline, abandon_on_cancel=True)
+            if not line:
+                self._eof = True
+                if self._answer is not None:
+                    self._answer.close()
+                return
+            if self._answer is not None:
+                await self._answer.send(line)
+                continue
+            text = line.rstrip("\r\n")
+            if not text.strip():
+                continue
+            try:
+                delivery = await self._send(text)
+            except Exception as exc:  # noqa: BLE001 - a refusal (the task ended, a bad line) is said, never fatal
+                self._note(f"input not sent: {exc}")
+            else:
+                how = "into the running turn" if delivery == "mid_turn" else "queued for the next turn"
+                self._note(f"input sent ({how})")
