@@ -18,6 +18,7 @@ from codesdk.protocol import (
     CancellationModel,
     EventType,
     ExecutedBy,
+    InputDelivery,
     InteractionMode,
     NormalizedEvent,
     PermissionMode,
@@ -26,6 +27,7 @@ from codesdk.protocol import (
     ResumeMode,
     ResumeModel,
     RuntimeCapabilities,
+    SteeringSupport,
     TaskStoppedEvent,
     ToolExecution,
     WorkerAnswer,
@@ -299,3 +301,58 @@ async def test_tools_run_and_are_decided_where_declared(make_engine: MakeEngine,
         assert evaluated and {p.source for p in evaluated} == {PolicySource.CODESDK}, evaluated
     decisions = of_type(events, EventType.TOOL_CALL_APPROVED) + of_type(events, EventType.TOOL_CALL_DENIED)
     assert len(decisions) == 2 and {d.source for d in decisions} == {PolicySource.CODESDK}
+
+
+async def test_steering_as_declared(make_engine: MakeEngine, case: Case, tmp_path: Path) -> None:
+    """``steering``: an input sent while the runtime's turn runs (here: while a call of it waits for a person).
+    ``mid_turn`` — it is taken into that turn: answered and recorded ``mid_turn``, and the next request to the model
+    carries its text; ``next_turn`` — answered ``queued``, recorded ``queued`` with the task's end, and the session's
+    next task carries it (``model.input.carried_inputs``) to the model."""
+    ws = workspace(tmp_path)
+    turn = case.tools(("workspace.write", {"path": "steered.txt", "content": "x\n"}))
+    marker = "steer-marker-7301"
+    asked, sent = trio.Event(), trio.Event()
+
+    async def person(request: ApprovalRequest) -> ApproverAnswer:
+        asked.set()
+        await sent.wait()  # the input goes in while the turn waits on this call
+        return ApproverAnswer(allow=True, reason="a person said yes")
+
+    fake = getattr(case, "fake", None)  # the fake model API of a real runtime (None: the scripted runtime)
+    with trio.fail_after(HANG_GUARD_S):
+        async with make_engine(worker_env={"*": case.worker_env()}) as engine:
+            declared = await _declared(engine, case)
+            if InteractionMode.INTERACTIVE not in declared.interaction_modes:
+                pytest.skip(f"{case.runtime} does not declare interactive: no turn to hold open here")
+            session = await engine.create_session(runtime=case.runtime, workspace=ws)
+            task = await engine.start_task(session.session_id, turn.prompt, runtime_config=turn.runtime_config,
+                                           permission_mode=PermissionMode.ASK,
+                                           interaction_mode=InteractionMode.INTERACTIVE, approver=person)
+            await asked.wait()
+            before = len(fake.requests()) if fake is not None else 0
+            answer = await engine.send_input(task.task_id, f"also note {marker}", input_id="steer-1")
+            sent.set()
+            assert (record := await engine.wait_task(task.task_id)).state == TaskState.COMPLETED, record.error
+            events = await _task_events(engine, session.session_id, task.task_id)
+            later = json.dumps([r["body"] for r in fake.requests()[before:]]) if fake is not None else ""
+            if declared.steering == SteeringSupport.NEXT_TURN:
+                again = case.stream("carry on")
+                before = len(fake.requests()) if fake is not None else 0
+                nxt = await engine.start_task(session.session_id, again.prompt, runtime_config=again.runtime_config)
+                assert (record := await engine.wait_task(nxt.task_id)).state == TaskState.COMPLETED, record.error
+                next_events = await _task_events(engine, session.session_id, nxt.task_id)
+                later = json.dumps([r["body"] for r in fake.requests()[before:]]) if fake is not None \
+                    else said(next_events)
+    [appended] = of_type(events, EventType.MODEL_INPUT_APPENDED)
+    assert (appended.input_id, appended.text) == ("steer-1", f"also note {marker}")
+    if declared.steering == SteeringSupport.MID_TURN:
+        assert (answer.delivery, appended.delivery) == (InputDelivery.MID_TURN, InputDelivery.MID_TURN), \
+            f"{case.runtime} declares mid_turn steering: {answer.delivery}, recorded {appended.delivery}"
+        requests = [p.request_id for p in of_type(events, EventType.RUNTIME_REQUEST_STARTED)]
+        assert appended.before_request_id in requests[1:], "it went into a request after the turn's first"
+        if fake is not None:
+            assert marker in later, f"{case.runtime}: no request to the model after the input carried it"
+    else:
+        assert (answer.delivery, appended.delivery) == (InputDelivery.QUEUED, InputDelivery.QUEUED)
+        assert the_model_input(next_events).carried_inputs == ("steer-1",)
+        assert marker in later, f"{case.runtime}: the next task's model was not given the queued input"

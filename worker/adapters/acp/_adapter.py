@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import trio
 
 from codesdk.protocol import (
+    SteeringSupport,
     AuthModel,
     CancellationModel,
     McpSupport,
@@ -114,7 +115,10 @@ class AcpAdapter(RuntimeAdapter):
             permission_model=PermissionModel.CODESDK, state_model=StateModel.LOCAL_DISK,
             resume_model=ResumeModel.NATIVE, tool_replay=ReplaySafety.SAFE_REPLAY, mcp_support=McpSupport.CLIENT_ONLY,
             mcp_transports=(McpTransport.STDIO,),  # what ACP has every agent take; http and sse are optional there
-            cancellation_model=CancellationModel.BEST_EFFORT)
+            cancellation_model=CancellationModel.BEST_EFFORT,
+            # ACP v1 has no way into a running prompt (a second session/prompt would abort Gemini's first): an
+            # input is queued (TaskHandle.send_input) and carried into the session's next task
+            steering=SteeringSupport.NEXT_TURN)
 
     def availability(self) -> Availability:
         refusal = self.profile.refusal(os.environ)

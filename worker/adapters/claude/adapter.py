@@ -42,6 +42,7 @@ from codesdk.protocol import (
     ErrorCode,
     EventType,
     ExecutedBy,
+    InputDelivery,
     InteractionMode,
     IsolationMode,
     ModelOutputCompleted,
@@ -49,7 +50,9 @@ from codesdk.protocol import (
     RuntimeCapabilities,
     RuntimeRequestCompleted,
     RuntimeRequestStarted,
+    SendInputParams,
     StartTaskParams,
+    SteeringSupport,
     TaskFailureCode,
     ToolCallCompleted,
     ToolCallRequested,
@@ -62,6 +65,7 @@ from codesdk.protocol import (
 
 from codesdk.procs.launch import Launch
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
+from .._steering import InputInbox, delivered
 from ...mcp.server import McpServer, McpTool, ToolCallResult
 from .._api_failures import api_failure, is_unreachable, shown_url
 from ..runtime_process import RuntimeAhead, RuntimeProcess
@@ -96,6 +100,9 @@ log = logging.getLogger("codesdk.worker.claude")
 _CLAUDE_TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
 #: Bound on the CLI's answer to ``initialize`` (it starts in well under a second).
 INITIALIZE_TIMEOUT_S = 60.0
+#: Seconds a turn that ended with inputs written after its last model request waits for the turn Claude Code runs
+#: for them (it runs one: they are queued commands); then the task ends, and the supervisor carries them.
+FOLLOW_UP_S = 60.0
 #: After the turn, stdin is closed and the CLI gets this long to flush its transcript and exit by itself.
 EXIT_GRACE_S = 5.0
 #: SIGTERM -> SIGKILL when we end the CLI's process group (stop after its grace, cancellation, crash report).
@@ -130,7 +137,9 @@ class ClaudeAdapter(RuntimeAdapter):
             permission_model=PermissionModel.CODESDK, state_model=StateModel.LOCAL_DISK,
             resume_model=ResumeModel.NATIVE, tool_replay=ReplaySafety.REQUIRES_REAPPROVAL,
             mcp_support=McpSupport.CLIENT_ONLY, mcp_transports=(McpTransport.STDIO, McpTransport.SSE, McpTransport.HTTP),
-            cancellation_model=CancellationModel.BEST_EFFORT)
+            cancellation_model=CancellationModel.BEST_EFFORT,
+            # a user message written on its open stdin mid-turn is folded in before its next model request
+            steering=SteeringSupport.MID_TURN)
 
     def _version(self) -> str:
         return cli_version()
@@ -206,8 +215,16 @@ class ClaudeTask(AnswersToolCalls, TaskHandle):
         self._served_model: str | None = None
         self._assistant_error: str | None = None
         self._raw: list[Any] = []
+        #: Inputs (steering) received, to be written to the CLI; and those written, waiting for its next request.
+        self.inbox = InputInbox()
+        self._written: list[SendInputParams] = []
+        self._last_tool_call: str | None = None
 
     # -- inputs (tool answers: AnswersToolCalls) ----------------------------------------------
+
+    def send_input(self, params: SendInputParams) -> InputDelivery:
+        self.inbox.put(params)  # written to the CLI's stdin at once (``_write_inputs``)
+        return InputDelivery.MID_TURN
 
     def stop(self, reason: str | None) -> None:
         self._stop_reason = self._stop_reason or reason or "stop requested"  # the first stop says why
@@ -241,6 +258,7 @@ class ClaudeTask(AnswersToolCalls, TaskHandle):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(channel.run)
             nursery.start_soon(self._stop_when_asked, channel)
+            nursery.start_soon(self._write_inputs, channel)
             outcome = await self._converse(channel)
             channel.messages.close()
             if outcome is not None:
@@ -279,11 +297,41 @@ class ClaudeTask(AnswersToolCalls, TaskHandle):
                                 "parent_tool_use_id": None, "session_id": "default"})
         except ChannelClosed:
             return None
+        outcome: TaskOutcome | None = None
         async for message in channel.messages:
-            outcome = await self._handle(message)
-            if outcome is not None:
-                return outcome
-        return None
+            got = await self._handle(message)
+            if got is None:
+                continue
+            outcome = got
+            if not (self._written and got.completed is not None and not self._stop.is_set()):
+                return got
+            break  # inputs written after its last request: it takes them up in a turn of their own
+        if outcome is None:
+            return None
+        with trio.move_on_after(FOLLOW_UP_S):  # that turn's result ends the task (else the first one's)
+            async for message in channel.messages:
+                got = await self._handle(message)
+                if got is not None:
+                    outcome = got
+                    if not (self._written and got.completed is not None):
+                        return got
+        return outcome
+
+    async def _write_inputs(self, channel: ControlChannel) -> None:
+        """Each input, as another user message on the CLI's open stdin: Claude Code queues it (priority ``next``)
+        and folds it into the running turn at its next tool boundary, before its next model request — where it is
+        reported delivered (``_stream_event``)."""
+        written = 0
+        while True:
+            await self.inbox.wait(written + 1)
+            for params in self.inbox.take():
+                written += 1
+                try:
+                    await channel.send({"type": "user", "message": {"role": "user", "content": params.text()},
+                                        "parent_tool_use_id": None, "session_id": "default", "priority": "next"})
+                except ChannelClosed:
+                    return  # the CLI is gone: the supervisor records the input as not delivered
+                self._written.append(params)
 
     async def _stop_when_asked(self, channel: ControlChannel) -> None:
         """On stop: interrupt the turn; whatever is still running after the grace ends with the process group."""
@@ -386,6 +434,7 @@ class ClaudeTask(AnswersToolCalls, TaskHandle):
     async def _request(self, claude_name: str, tool_input: dict[str, Any], tool_use_id: str) -> ToolOutcome:
         spec = self.by_claude_name.get(claude_name)
         self.tools.expect(tool_use_id)
+        self._last_tool_call = tool_use_id
         await self.io.emit(EventType.TOOL_CALL_REQUESTED, ToolCallRequested(
             **call_identity(tool_use_id, tool_input), tool_name=spec.name if spec else claude_name, input=tool_input,
             executed_by=ExecutedBy.SUPERVISOR if spec else ExecutedBy.RUNTIME))
@@ -432,6 +481,10 @@ class ClaudeTask(AnswersToolCalls, TaskHandle):
             if message.get("model"):
                 self._served_model = str(message["model"])
                 self.io.set_model(self._served_model)
+            if self._written:  # what was written since its last request went into this one
+                taken, self._written = self._written, []
+                await delivered(self.io, taken, before_request_id=self._message_id,
+                                after_tool_call_id=self._last_tool_call)
             await self.io.emit(EventType.RUNTIME_REQUEST_STARTED, RuntimeRequestStarted(
                 request_id=self._message_id, model=message.get("model")))
         elif kind == "content_block_start":

@@ -26,6 +26,9 @@ from typing import Any
 import trio
 
 from codesdk.protocol import (
+    InputDelivery,
+    SendInputParams,
+    SteeringSupport,
     AuthModel,
     CancellationModel,
     McpSupport,
@@ -60,6 +63,7 @@ from codesdk.protocol import (
     canonical_hash,
 )
 
+from .._steering import InputInbox, delivered
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
 from .._api_failures import api_failure, is_unreachable
 from .._conversation import hold_conversation
@@ -133,7 +137,8 @@ class CodexAdapter(RuntimeAdapter):
             tool_execution=ToolExecution.EXTERNAL, permission_model=PermissionModel.CODESDK,
             state_model=StateModel.LOCAL_DISK, resume_model=ResumeModel.NATIVE, tool_replay=ReplaySafety.SAFE_REPLAY,
             mcp_support=McpSupport.CLIENT_ONLY, mcp_transports=(McpTransport.STDIO, McpTransport.HTTP),
-            cancellation_model=CancellationModel.BEST_EFFORT)
+            cancellation_model=CancellationModel.BEST_EFFORT,
+            steering=SteeringSupport.MID_TURN)  # turn/steer: taken at the running turn's next model request
 
     def availability(self) -> Availability:
         if codex_path() is None:
@@ -201,8 +206,17 @@ class CodexTask(AnswersToolCalls, TaskHandle):
         self._error: dict[str, Any] | None = None
         self._last_text = ""
         self._raw: list[Any] = []
+        #: Inputs (steering): received; sent by turn/steer and waiting for their userMessage item (by client id).
+        self.inbox = InputInbox()
+        self._active = trio.Event()  # the turn has started (turn/started): only then does Codex take a steer
+        self._steered: dict[str, SendInputParams] = {}
+        self._last_tool_call: str | None = None
 
     # -- inputs (tool answers: AnswersToolCalls) ----------------------------------------------
+
+    def send_input(self, params: SendInputParams) -> InputDelivery:
+        self.inbox.put(params)  # sent by turn/steer once the turn is active (``_steer``)
+        return InputDelivery.MID_TURN
 
     def stop(self, reason: str | None) -> None:
         self._stop_reason = self._stop_reason or reason or "stop requested"  # the first stop says why
@@ -225,7 +239,7 @@ class CodexTask(AnswersToolCalls, TaskHandle):
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     await process.send(launch.opening)  # if it is gone already, its output ends: reported below
             return await hold_conversation(
-                process, peer, partial(self._converse, peer), alongside=[partial(self._stop_when_asked, peer)],
+                process, peer, partial(self._converse, peer), alongside=[partial(self._stop_when_asked, peer), partial(self._steer, peer)],
                 exit_grace_s=EXIT_GRACE_S, term_grace_s=TERM_GRACE_S, broke="Codex broke its protocol",
                 stopped=self._stopped)
 
@@ -275,6 +289,37 @@ class CodexTask(AnswersToolCalls, TaskHandle):
         tools = [{"type": "function", "name": name, "description": spec.description or spec.name,
                   "inputSchema": dict(spec.input_schema)} for name, spec in self.by_codex_name.items()]
         return dict(await peer.request("thread/start", {**common, "dynamicTools": tools}))
+
+    async def _steer(self, peer: RpcPeer) -> None:
+        """Each input into the running turn: ``turn/steer`` with the turn's id, once Codex has said the turn started
+        (a steer between turn/start's answer and turn/started is refused, "no active turn"). A refused steer (the
+        turn ended, or is not steerable) leaves the input undelivered: the supervisor carries it into the session's
+        next task. Delivered, Codex adds a ``userMessage`` item with its client id (``_user_message``)."""
+        await self._active.wait()
+        sent = 0
+        while True:
+            await self.inbox.wait(sent + 1)
+            for params in self.inbox.take():
+                sent += 1
+                self._steered[params.input_id] = params
+                try:
+                    await peer.request("turn/steer", {
+                        "threadId": self._thread_id, "expectedTurnId": self._turn_id,
+                        "input": [{"type": "text", "text": params.text()}], "clientUserMessageId": params.input_id})
+                except PeerError as exc:  # no active turn, another turn, a review/compact turn
+                    self._steered.pop(params.input_id, None)
+                    log.info("Codex did not take input %s: %s", params.input_id, exc.message)
+                except PeerClosed:
+                    return
+
+    async def _user_message(self, item: dict[str, Any]) -> None:
+        """A steered input in the turn (its client id): delivered, into the request it opens."""
+        params = self._steered.pop(str(item.get("clientId") or ""), None)
+        if params is None:
+            return
+        before = self._request or f"{self._turn_id}:{self._requests + 1}"
+        await delivered(self.io, [params], before_request_id=before, after_tool_call_id=self._last_tool_call)
+        await self._open_request()
 
     async def _stop_when_asked(self, peer: RpcPeer) -> None:
         """On stop: interrupt the turn; whatever still runs after the grace ends with the process group."""
@@ -335,6 +380,7 @@ class CodexTask(AnswersToolCalls, TaskHandle):
     async def _request_call(self, tool_name: str, tool_input: dict[str, Any], call_id: str,
                             executed_by: ExecutedBy) -> ToolOutcome:
         self.tools.expect(call_id)
+        self._last_tool_call = call_id
         await self.io.emit(EventType.TOOL_CALL_REQUESTED, ToolCallRequested(
             **call_identity(call_id, tool_input), tool_name=tool_name, input=tool_input, executed_by=executed_by))
         return await self.tools.wait(call_id)
@@ -346,9 +392,13 @@ class CodexTask(AnswersToolCalls, TaskHandle):
             return None  # another thread's (none are started by us)
         self._raw.append({"method": method, "params": params})
         if method == "turn/started":
+            if (params.get("turn") or {}).get("id") in (None, self._turn_id):
+                self._active.set()
             await self._open_request()
+        elif method in ("item/started", "item/completed") and (params.get("item") or {}).get("type") == "userMessage":
+            await self._user_message(params.get("item") or {})
         elif method == "item/started":
-            if (params.get("item") or {}).get("type") not in ("userMessage", None):
+            if (params.get("item") or {}).get("type") is not None:
                 await self._open_request()
         elif method == "item/agentMessage/delta":
             await self._delta((str(params.get("itemId")), "text"), BlockKind.TEXT, params.get("delta"))
