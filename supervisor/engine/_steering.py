@@ -24,7 +24,7 @@ from codesdk.protocol import (
 from codesdk.worker.client import RpcError, WorkerError
 
 from ..store import EventDraft
-from ._errors import RuntimeUnavailable, TaskNotActive
+from ._errors import InvalidTaskInput, RuntimeUnavailable, TaskNotActive
 from ._runs import TaskRun
 
 log = logging.getLogger("codesdk.supervisor.engine")
@@ -35,10 +35,13 @@ SEND_WAIT_S = 10.0
 
 async def send_input(run: TaskRun, params: SendInputParams) -> SendInputResult:
     """Hand ``params`` to the task's worker: ``TaskNotActive`` if the task ended (or its worker no longer has it),
-    ``RuntimeUnavailable`` if the worker does not answer. Kept before it is sent: its delivery may come first."""
+    ``InvalidTaskInput`` for an input id the task has already, ``RuntimeUnavailable`` if the worker does not
+    answer. Kept before it is sent: its delivery may come first."""
     worker = run.worker
     if worker is None or run.ended or run.stop is not None:
         raise TaskNotActive(f"task {run.task_id} is ending: it takes no more input; start a task with it instead")
+    if params.input_id in run.inputs:  # checked and kept with no await between: two sends of one id cannot race
+        raise InvalidTaskInput(f"input_id {params.input_id!r} is used already in this session: give a new one")
     run.inputs[params.input_id] = params
     try:
         with trio.fail_after(SEND_WAIT_S):
@@ -48,6 +51,8 @@ async def send_input(run: TaskRun, params: SendInputParams) -> SendInputResult:
         if exc.code == ErrorCode.UNKNOWN_TASK:
             raise TaskNotActive(f"task {run.task_id} has ended: it takes no more input; start a task with it "
                                 "instead") from exc
+        if exc.code == ErrorCode.INVALID_PARAMS:  # an input id the worker's task had already
+            raise InvalidTaskInput(f"the task refused the input: {exc.message}") from exc
         raise RuntimeUnavailable(f"the worker refused the input: {exc.message}") from exc
     except (trio.TooSlowError, WorkerError) as exc:
         run.inputs.pop(params.input_id, None)

@@ -48,14 +48,18 @@ async def test_an_input_goes_into_the_running_turn_and_the_transcript(make_engin
             assert (await engine.wait_task(task.task_id)).state == TaskState.COMPLETED
             with pytest.raises(TaskNotActive, match="not running"):
                 await engine.send_input(task.task_id, "too late")
-            events = await session_events(engine.store, sid)
             transcript = await derive_transcript(engine.store, sid)
+            recall = {"name": "recall", "steps": [{"text": "I recall: {{history}}"}]}
+            later = await engine.start_task(sid, "what came before?", runtime_config={"scenario_inline": recall})
+            assert (await engine.wait_task(later.task_id)).state == TaskState.COMPLETED
+            events = await session_events(engine.store, sid)
     check_session(events)
     [appended] = [e.payload for e in events if isinstance(e.payload, ModelInputAppended)]
     assert (appended.input_id, appended.text, appended.delivery) == ("in-1", "and the docs", InputDelivery.MID_TURN)
     assert appended.before_request_id is not None
     texts = [e.payload.text for e in events if isinstance(e.payload, ModelOutputCompleted)]
-    assert texts[-1] == "You added: and the docs"
+    assert texts[-2] == "You added: and the docs"
+    assert "<user>\nand the docs\n</user>" in texts[-1]  # a later task, given the transcript, is given it too
     assert [(m.role, m.text()) for m in transcript] == [
         (Role.USER, "fix the tests"), (Role.ASSISTANT, "Working on: fix the tests"), (Role.USER, "and the docs"),
         (Role.ASSISTANT, "You added: and the docs")]
@@ -99,3 +103,27 @@ async def test_bad_inputs_are_refused_before_anything_is_sent(make_engine: MakeE
                 await engine.send_input(second.task_id, "again", input_id="in-1")
             await engine.stop_task(second.task_id)
             check_session(await session_events(engine.store, sid))
+
+
+async def test_two_sends_of_one_input_id_at_once_take_one(make_engine: MakeEngine) -> None:
+    with trio.fail_after(60):
+        async with make_engine() as engine:
+            sid = (await engine.create_session()).session_id
+            task = await engine.start_task(sid, "x", runtime_config={"scenario": "hang"})
+            outcomes: list[str] = []
+
+            async def send() -> None:
+                try:
+                    await engine.send_input(task.task_id, "once", input_id="same")
+                    outcomes.append("taken")
+                except InvalidTaskInput:
+                    outcomes.append("refused")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send)
+                nursery.start_soon(send)
+            await engine.stop_task(task.task_id)
+            events = await session_events(engine.store, sid)
+    assert sorted(outcomes) == ["refused", "taken"]
+    check_session(events)
+    assert [e.payload.input_id for e in events if isinstance(e.payload, ModelInputAppended)] == ["same"]

@@ -218,6 +218,7 @@ class ClaudeTask(AnswersToolCalls, TaskHandle):
         #: Inputs (steering) received, to be written to the CLI; and those written, waiting for its next request.
         self.inbox = InputInbox()
         self._written: list[SendInputParams] = []
+        self._prompt_sent = trio.Event()  # inputs follow the prompt on stdin, never come before it
         self._last_tool_call: str | None = None
 
     # -- inputs (tool answers: AnswersToolCalls) ----------------------------------------------
@@ -297,6 +298,7 @@ class ClaudeTask(AnswersToolCalls, TaskHandle):
                                 "parent_tool_use_id": None, "session_id": "default"})
         except ChannelClosed:
             return None
+        self._prompt_sent.set()
         outcome: TaskOutcome | None = None
         async for message in channel.messages:
             got = await self._handle(message)
@@ -321,6 +323,7 @@ class ClaudeTask(AnswersToolCalls, TaskHandle):
         """Each input, as another user message on the CLI's open stdin: Claude Code queues it (priority ``next``)
         and folds it into the running turn at its next tool boundary, before its next model request — where it is
         reported delivered (``_stream_event``)."""
+        await self._prompt_sent.wait()
         written = 0
         while True:
             await self.inbox.wait(written + 1)
