@@ -56,7 +56,7 @@ from .common import (
 from .run_ahead import RunAhead
 from ..api.views import deleted_answer, runtime_env_answer, session_answer
 from ..terminal import one_line
-from .typed import TypedLines, reads_lines
+from .typed import TypedLines, reads_lines, typed_note
 from ..config import ADMIN_TOKEN_FILE
 from ..engine import (
     ApprovalRequest,
@@ -163,7 +163,7 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
     async def send_line(text: str) -> str:
         return (await engine.send_input(running[0], text)).delivery.value
 
-    lines = TypedLines(send_line, printer.note) if reads_lines(args) else None
+    lines = TypedLines(send_line, typed_note(args, printer)) if reads_lines(args) else None
     task = await engine.start_task(
         session.session_id, args.prompt, permission_mode=PermissionMode(args.mode),
         interaction_mode=InteractionMode.INTERACTIVE if interactive else InteractionMode.NON_INTERACTIVE,

@@ -38,7 +38,7 @@ from .common import (
     read_again,
     runtime_note,
 )
-from .typed import TypedLines, reads_lines
+from .typed import TypedLines, reads_lines, typed_note
 from .render import EventPrinter, json_line, print_stored_events, print_transcript, session_line
 
 
@@ -118,7 +118,7 @@ async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) 
                         raise CliError("the task has not started yet: type it again in a moment")
                     return (await client.send_input(task_id[0], text)).delivery.value
 
-                lines = TypedLines(send_line, printer.note) if reads_lines(args) else None
+                lines = TypedLines(send_line, typed_note(args, printer)) if reads_lines(args) else None
                 ask = lines.ask if lines is not None else ask_on_terminal
                 async for event in client.run(session.session_id, args.prompt, permission_mode=args.mode,
                                               runtime_config=runtime_config, runtime=args.runtime,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Awaitable, Callable
-from typing import TextIO
+from typing import Protocol, TextIO
 
 import trio
 
@@ -29,6 +29,18 @@ def reads_lines(args: argparse.Namespace, stdin: TextIO | None = None) -> bool:
         return stream is not None and stream.isatty()
     except (ValueError, OSError):  # closed
         return False
+
+
+class _Notes(Protocol):
+    def note(self, text: str) -> None: ...
+
+
+def typed_note(args: argparse.Namespace, printer: _Notes) -> Callable[[str], None]:
+    """Where what became of a typed line is said: the event printer's notes, or stderr under ``--json`` (whose
+    stdout holds events only)."""
+    if getattr(args, "json", False):
+        return lambda text: print(f"codesdk: {text}", file=sys.stderr, flush=True)
+    return printer.note
 
 
 class TypedLines:

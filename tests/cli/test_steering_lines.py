@@ -61,3 +61,13 @@ def test_lines_typed_on_a_terminal_steer_the_task(tmp_path: Path) -> None:
     assert process.returncode == 0, err
     assert "You added: typed here" in out
     assert [a["text"] for a in _appended(data)] == ["typed here"]
+
+
+def test_json_output_holds_events_only(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    ran = subprocess.run([*CLI, "--data-dir", str(data), "run", "go", "--scenario", "steer", "--steer", "--json"],
+                         input="as json\n", capture_output=True, text=True, env=_env(), timeout=GUARD_S)
+    assert ran.returncode == 0, ran.stderr
+    events = [json.loads(line) for line in ran.stdout.splitlines()]
+    assert "model.input.appended" in [e["type"] for e in events]
+    assert "input sent (into the running turn)" in ran.stderr
