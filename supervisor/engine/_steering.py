@@ -38,8 +38,11 @@ async def send_input(run: TaskRun, params: SendInputParams) -> SendInputResult:
     ``InvalidTaskInput`` for an input id the task has already, ``RuntimeUnavailable`` if the worker does not
     answer. Kept before it is sent: its delivery may come first."""
     worker = run.worker
-    if worker is None or run.ended or run.stop is not None:
+    if run.ended or run.stop is not None:
         raise TaskNotActive(f"task {run.task_id} is ending: it takes no more input; start a task with it instead")
+    if worker is None or not run.input_stored.is_set():
+        raise TaskNotActive(f"task {run.task_id} is still starting (its runtime has not taken it yet): send the "
+                            "input again once it runs")
     if params.input_id in run.inputs:  # checked and kept with no await between: two sends of one id cannot race
         raise InvalidTaskInput(f"input_id {params.input_id!r} is used already in this session: give a new one")
     run.inputs[params.input_id] = params
