@@ -302,6 +302,7 @@ PARAMS: dict[str, Check] = {
     "runtime.sendToolResult": model(CALL, {"result": anything, "is_error": boolean}),
     "runtime.sendToolDenied": model(CALL, {"reason": TEXT}),
     "runtime.sendToolApproved": model(CALL, {"reason": TEXT}),
+    "runtime.sendInput": model({"task_id": TEXT, "input_id": string(1, 200), "input": anything}),
     "runtime.stop": model({"task_id": TEXT}, {"reason": OPTIONAL_TEXT}),
     "runtime.shutdown": model({}),
 }
@@ -364,6 +365,7 @@ class Task:
         self.stop_reason: str | None = None
         self.pending: set[str] = set()
         self.answers: dict[str, Answer] = {}
+        self.inputs: set[str] = set()  # the input ids sent to it (runtime.sendInput), each once
         self.thread = threading.Thread(target=self.run, name=f"task-{self.task_id}", daemon=True)
 
     def emit(self, kind: str, payload: dict[str, Any], terminal: bool = False) -> None:
@@ -665,6 +667,24 @@ class Worker:
     def sendToolApproved(self, p: dict[str, Any]) -> Any:  # the scripted calls all run in the supervisor
         task = self._task(p["task_id"])
         raise RpcError(-32009, f"task {task.task_id!r} has no runtime-executed tool call {p['tool_call_id']!r}")
+
+    def sendInput(self, p: dict[str, Any]) -> Any:  # §3.5b: this runtime cannot steer; every input is queued
+        task = self._task(p["task_id"])
+        given = p["input"]
+        if isinstance(given, list) and all(isinstance(b, dict) and (
+                (b.get("type") == "text" and isinstance(b.get("text"), str))
+                or (b.get("type") == "code" and isinstance(b.get("code"), str))) for b in given):
+            text = "".join(str(b.get("text", b.get("code"))) for b in given)
+        elif isinstance(given, str):
+            text = given
+        else:
+            raise RpcError(-32602, "Invalid params", {"errors": [{"loc": "input", "msg": "text or text/code blocks"}]})
+        if not text.strip() or len(text) > 100_000:
+            raise RpcError(-32602, "Invalid params", {"errors": [{"loc": "input", "msg": "some text, at most 100000"}]})
+        if p["input_id"] in task.inputs:
+            raise RpcError(-32602, f"input {p['input_id']!r} was sent to this task already")
+        task.inputs.add(p["input_id"])
+        return {"input_id": p["input_id"], "delivery": "queued"}
 
     def stop(self, p: dict[str, Any]) -> Any:
         task = self._task(p["task_id"])

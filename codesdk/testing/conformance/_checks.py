@@ -277,6 +277,28 @@ async def stop(target: Target) -> None:
                             target.timeout_s)
 
 
+async def steering(target: Target) -> None:
+    async with target.worker() as driver:
+        task = await target.start(driver, "hang")
+        await task.next_event(timeout=target.timeout_s)
+        answer = await driver.request(Method.SEND_INPUT, {"task_id": task.task_id, "input_id": "in-1",
+                                                          "input": "conformance input"}, timeout=target.timeout_s)
+        _expect(isinstance(answer, dict) and answer.get("input_id") == "in-1"
+                and answer.get("delivery") in ("mid_turn", "queued"),
+                f"runtime.sendInput answered {_short(answer)}; expected {{'input_id': 'in-1', 'delivery': "
+                "'mid_turn' or 'queued'}")
+        for params in ({"task_id": task.task_id, "input_id": "in-1", "input": "again"},
+                       {"task_id": task.task_id, "input_id": "in-2", "input": "  "}):
+            await _expect_error(driver, ErrorCode.INVALID_PARAMS, Method.SEND_INPUT, params, target.timeout_s)
+        await task.stop()
+        await task.until_terminal(timeout=target.timeout_s)
+        await _expect_error(driver, ErrorCode.UNKNOWN_TASK, Method.SEND_INPUT,
+                            {"task_id": task.task_id, "input_id": "in-3", "input": "late"}, target.timeout_s)
+    appended = [e.event.payload for e in task.events if e.event.type == EventType.MODEL_INPUT_APPENDED]
+    _expect(all(getattr(p, "input_id", None) == "in-1" for p in appended) and len(appended) <= 1,
+            f"model.input.appended must report the input sent, once; got {_short([p.to_json_obj() for p in appended])}")
+
+
 async def refusals(target: Target) -> None:
     async with target.worker() as driver:
         task = await target.start(driver, "hang", task_id="busy", session_id="busy-session")
@@ -381,6 +403,8 @@ CHECKS: tuple[Check, ...] = (
     Check("denial", "§3.5 §7", "a denied call takes the denied branch and the task completes", denial),
     Check("stop", "§3.6 §8", "runtime.stop is acknowledged; the task ends task.stopped with its reason", stop,
           judged_by=(WorkerTimedOut,)),
+    Check("steering", "§3.5b", "runtime.sendInput says how a running task takes an input; a repeated id or an empty "
+                               "input -32602, an ended task -32008", steering, judged_by=(WorkerTimedOut,)),
     Check("refusals", "§3.3 §6.2", "duplicate task -32006, busy session -32007, unknown runtime -32004, "
                                    "unknown field -32602", refusals),
     Check("hostile-frames", "§1.2 §1.3 §1.4 §6.2", "bad lines get the right error and the worker keeps serving",
