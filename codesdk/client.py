@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from dataclasses import dataclass
 from typing import IO, Any, Generic, Self, TypeVar
@@ -29,7 +29,7 @@ import httpx2 as httpx
 
 from pydantic import ValidationError
 
-from codesdk.protocol import TERMINAL_EVENT_TYPES, ApprovalRequested, EventType, NormalizedEvent, RuntimeOffer, api
+from codesdk.protocol import TERMINAL_EVENT_TYPES, ApprovalRequested, EventType, NormalizedEvent, QuestionRequested, RuntimeOffer, api
 from codesdk.protocol.api import (
     Approval,
     DeletedSession,
@@ -264,6 +264,12 @@ def _approval_id(event: NormalizedEvent) -> str:
     return event.payload.approval_id
 
 
+def _question_id(event: NormalizedEvent) -> str:
+    if not isinstance(event.payload, QuestionRequested):
+        raise TypeError(f"{event.type} is not a question.requested event; nothing to answer")
+    return event.payload.question_id
+
+
 def _boolean(name: str, value: object) -> bool:
     """A flag the API takes as a JSON boolean: ``"yes"``, ``1`` or ``None`` is refused here, as by the API."""
     if not isinstance(value, bool):
@@ -426,6 +432,28 @@ class _Calls:
             raise TypeError(f"reason must be text, not {reason!r}")
         return _Call("POST", f"/v1/approvals/{_q(approval_id)}", api.Approval.model_validate,
                      json={"allow": allow, "reason": reason}, idempotency_key=_key(key))
+
+    @staticmethod
+    def questions(state: str) -> _Call[list[api.AskedQuestion]]:
+        return _Call("GET", "/v1/questions",
+                     lambda answer: list(api.AskedQuestionList.model_validate(answer).questions),
+                     params={"state": state})
+
+    @staticmethod
+    def question(question_id: str) -> _Call[api.AskedQuestion]:
+        return _Call("GET", f"/v1/questions/{_q(question_id)}", api.AskedQuestion.model_validate)
+
+    @staticmethod
+    def answer_question(question_id: str, answers: Mapping[str, Any] | None, decline: bool, reason: str,
+                        key: str | None) -> _Call[api.AskedQuestion]:
+        _boolean("decline", decline)
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be text, not {reason!r}")
+        if answers is not None and not isinstance(answers, Mapping):
+            raise TypeError(f"answers must be a mapping of question id to answer, not {answers!r}")
+        body: dict[str, Any] = {"answers": dict(answers or {}), "decline": decline, "reason": reason}
+        return _Call("POST", f"/v1/questions/{_q(question_id)}", api.AskedQuestion.model_validate, json=body,
+                     idempotency_key=_key(key))
 
     @staticmethod
     def namespaces() -> _Call[list[api.NamespaceInfo]]:
@@ -628,6 +656,25 @@ class AsyncClient:
     async def answer(self, event: NormalizedEvent, *, allow: bool, reason: str = "") -> api.Approval:
         """Decide the approval an ``approval.requested`` event (from ``stream``/``run``) asks for."""
         return await self.decide(_approval_id(event), allow=allow, reason=reason)
+
+    async def questions(self, state: str = "pending") -> list[api.AskedQuestion]:
+        """Runtimes' questions waiting for an answer (interactive tasks), or settled ones with ``state``."""
+        return await self._send(_Calls.questions(state))
+
+    async def question(self, question_id: str) -> api.AskedQuestion:
+        return await self._send(_Calls.question(question_id))
+
+    async def answer_question(self, question_id: str, answers: Mapping[str, Any] | None = None, *,
+                              decline: bool = False, reason: str = "",
+                              idempotency_key: str | None = None) -> api.AskedQuestion:
+        """Answer a pending question (answers keyed by question id), or decline it; final (a second answer is a
+        Conflict, a bad answer an InvalidRequest naming the field)."""
+        return await self._send(_Calls.answer_question(question_id, answers, decline, reason, idempotency_key))
+
+    async def reply(self, event: NormalizedEvent, answers: Mapping[str, Any] | None = None, *,
+                    decline: bool = False, reason: str = "") -> api.AskedQuestion:
+        """Answer the question a ``question.requested`` event (from ``stream``/``run``) asks."""
+        return await self.answer_question(_question_id(event), answers, decline=decline, reason=reason)
 
     async def namespaces(self) -> list[api.NamespaceInfo]:
         """The namespaces this token sees, with their session counts (the admin: every one)."""
@@ -924,6 +971,21 @@ class Client:
     def answer(self, event: NormalizedEvent, *, allow: bool, reason: str = "") -> api.Approval:
         """Decide the approval an ``approval.requested`` event asks for."""
         return self.decide(_approval_id(event), allow=allow, reason=reason)
+
+    def questions(self, state: str = "pending") -> list[api.AskedQuestion]:
+        return self._send(_Calls.questions(state))
+
+    def question(self, question_id: str) -> api.AskedQuestion:
+        return self._send(_Calls.question(question_id))
+
+    def answer_question(self, question_id: str, answers: Mapping[str, Any] | None = None, *, decline: bool = False,
+                        reason: str = "", idempotency_key: str | None = None) -> api.AskedQuestion:
+        return self._send(_Calls.answer_question(question_id, answers, decline, reason, idempotency_key))
+
+    def reply(self, event: NormalizedEvent, answers: Mapping[str, Any] | None = None, *, decline: bool = False,
+              reason: str = "") -> api.AskedQuestion:
+        """Answer the question a ``question.requested`` event asks."""
+        return self.answer_question(_question_id(event), answers, decline=decline, reason=reason)
 
     def namespaces(self) -> list[api.NamespaceInfo]:
         return self._send(_Calls.namespaces())

@@ -34,6 +34,7 @@ from pydantic_core import CoreSchema, core_schema
 from ._base import Model
 from ._canonical import is_hash
 from ._context import ContextReport, InterruptedCall, ResumeMode
+from ._questions import QuestionAnswered, QuestionRequested
 from ._receipt import StopReceipt
 from ._runtime import InteractionMode, IsolationLevel, PermissionMode
 from ._tools import ExecutedBy, ToolCallIdentity, ToolClass
@@ -61,6 +62,8 @@ class EventType(StrEnum):
     TASK_COMPLETED = "task.completed"
     TASK_FAILED = "task.failed"
     TASK_STOPPED = "task.stopped"
+    QUESTION_REQUESTED = "question.requested"
+    QUESTION_ANSWERED = "question.answered"
 
 
 TERMINAL_EVENT_TYPES = frozenset({EventType.TASK_COMPLETED, EventType.TASK_FAILED, EventType.TASK_STOPPED})
@@ -82,6 +85,7 @@ WORKER_EVENT_TYPES = frozenset(
         EventType.TASK_COMPLETED,
         EventType.TASK_FAILED,
         EventType.TASK_STOPPED,
+        EventType.QUESTION_REQUESTED,  # the runtime's question: the supervisor records it and asks
     }
 )
 
@@ -612,6 +616,21 @@ class TaskStoppedEvent(NormalizedEvent):
     payload: TaskStopped = Field(default_factory=TaskStopped)
 
 
+class QuestionRequestedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.QUESTION_REQUESTED]] = EventType.QUESTION_REQUESTED
+    payload: QuestionRequested
+
+
+class QuestionAnsweredEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.QUESTION_ANSWERED]] = EventType.QUESTION_ANSWERED
+    payload: QuestionAnswered
+
+
+class QuestionRequestedWorkerEvent(WorkerEvent):
+    type: _Tag[Literal[EventType.QUESTION_REQUESTED]] = EventType.QUESTION_REQUESTED
+    payload: QuestionRequested
+
+
 class RuntimeRequestStartedWorkerEvent(WorkerEvent):
     type: _Tag[Literal[EventType.RUNTIME_REQUEST_STARTED]] = EventType.RUNTIME_REQUEST_STARTED
     payload: RuntimeRequestStarted
@@ -688,13 +707,14 @@ EventUnion: TypeAlias = (
     | ToolCallPolicyEvaluatedEvent | ApprovalRequestedEvent | ToolCallApprovedEvent | ToolCallDeniedEvent
     | ToolCallStartedEvent | ToolOutputDeltaEvent | ToolOutputCompletedEvent | ToolCallCompletedEvent
     | UsageReportedEvent | TaskCompletedEvent | TaskFailedEvent | TaskStoppedEvent
+    | QuestionRequestedEvent | QuestionAnsweredEvent
 )
 WorkerEventUnion: TypeAlias = (
     RuntimeRequestStartedWorkerEvent | RuntimeRequestCompletedWorkerEvent | ModelOutputDeltaWorkerEvent
     | ModelOutputCompletedWorkerEvent | ToolCallRequestedWorkerEvent | ToolCallPolicyEvaluatedWorkerEvent
     | ToolCallStartedWorkerEvent | ToolOutputDeltaWorkerEvent | ToolOutputCompletedWorkerEvent
     | ToolCallCompletedWorkerEvent | UsageReportedWorkerEvent | TaskCompletedWorkerEvent | TaskFailedWorkerEvent
-    | TaskStoppedWorkerEvent
+    | TaskStoppedWorkerEvent | QuestionRequestedWorkerEvent
 )
 
 @dataclass(frozen=True, slots=True)
@@ -719,7 +739,8 @@ AnyWorkerEvent: TypeAlias = Annotated[WorkerEventUnion, _ByType(
     "worker_event_type",
     "type must be an event type a worker may send (runtime.request.*, model.output.*, tool.call.requested, "
     "tool.call.policy_evaluated, tool.call.started|completed, tool.output.*, usage.reported, "
-    "task.completed|failed|stopped); the others are emitted by the supervisor, not by a worker")]
+    "task.completed|failed|stopped, question.requested); the others are emitted by the supervisor, not by a "
+    "worker")]
 
 
 #: The envelope class of each type (a subclass's ``type`` defaults to its tag).

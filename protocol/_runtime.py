@@ -10,6 +10,7 @@ from enum import StrEnum
 from pydantic import Field
 
 from ._base import Model
+from ._questions import QuestionSource
 
 #: What a runtime may be called: the names adapters register (``scripted``, ``claude``, ``codex``, ``codex-acp``,
 #: ``gemini``, ``opencode``), and so all a session or a task may name. One rule, so that the API (which refuses a
@@ -202,6 +203,9 @@ class RuntimeCapabilities(Model):
     artifacts: bool = False
     #: A running task can be stopped (``runtime.stop``).
     stop: bool = True
+    #: The questions to its user it forwards as ``question.requested`` (answered by ``runtime.sendAnswer``), by
+    #: source; empty: it asks none (its questions, if any, are declined or never asked).
+    user_questions: tuple[QuestionSource, ...] = ()
 
     @property
     def non_interactive(self) -> bool:

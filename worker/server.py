@@ -48,6 +48,7 @@ from codesdk.protocol import (
     RuntimeInfo,
     RuntimeOffer,
     RuntimeSources,
+    SendAnswerParams,
     SendToolApprovedParams,
     SendToolDeniedParams,
     SendToolResultParams,
@@ -74,6 +75,7 @@ from ._failure import RpcFailure
 from ._event_line import FAST_PAYLOADS, event_line, runtime_json, task_json
 from ._outgoing import OutgoingLines
 from ._recording import StreamRecorder
+from .adapters._questions import QuestionAnswer
 from .adapters.runtime_process import ended_processes
 from .adapters.base import (
     AdapterRegistry,
@@ -81,6 +83,7 @@ from .adapters.base import (
     RuntimeCrashed,
     TaskHandle,
     TaskOutcome,
+    UnknownQuestion,
     UnknownToolCall,
 )
 
@@ -282,6 +285,7 @@ class WorkerServer:
             Method.SEND_TOOL_RESULT: self._answer_tool,
             Method.SEND_TOOL_DENIED: self._answer_tool,
             Method.SEND_TOOL_APPROVED: self._answer_tool,
+            Method.SEND_ANSWER: self._answer_question,
             Method.STOP: self._stop,
             Method.SHUTDOWN: self._shutdown,
             Method.PING: self._ping,
@@ -583,6 +587,20 @@ class WorkerServer:
         except UnknownToolCall:
             raise RpcFailure(ErrorCode.UNKNOWN_TOOL_CALL, f"task {params.task_id!r} has no pending tool call "
                              f"{params.tool_call_id!r} (unknown or already answered)") from None
+        return Ack()
+
+    def _answer_question(self, params: SendAnswerParams) -> Reply:
+        task = self._active_task(params.task_id)
+        handle = task.handle
+        assert handle is not None
+        if task.recorder is not None:
+            task.recorder.write("answer", answer="question", **params.to_json_obj())
+        try:
+            handle.send_answer(params.question_id, QuestionAnswer(answers=dict(params.answers),
+                                                                  declined=params.declined, reason=params.reason))
+        except UnknownQuestion:
+            raise RpcFailure(ErrorCode.UNKNOWN_QUESTION, f"task {params.task_id!r} has no pending question "
+                             f"{params.question_id!r} (unknown or already answered)") from None
         return Ack()
 
     def _stop(self, params: StopParams) -> Reply:

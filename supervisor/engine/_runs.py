@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
 
-from codesdk.protocol import EventType, Model, ModelInput, RuntimeInfo, StartTaskParams, ToolCallIdentity, Trace
+from codesdk.protocol import EventType, Model, ModelInput, QuestionReply, RuntimeInfo, StartTaskParams, ToolCallIdentity, Trace
 
-from ..store import PayloadJson, SessionRecord
+from ..store import PayloadJson, QuestionRecord, SessionRecord
 from ..tools import Approver
 from ._deadlines import TaskClock
 from ._ports import WorkerLink
@@ -84,6 +85,10 @@ class TaskRun:
     clock: TaskClock = field(default_factory=TaskClock)
     #: Its observer (metrics, traces: ``_telemetry``).
     telemetry: TaskTelemetry = NO_TASK_TELEMETRY
+    #: Who answers its runtime's questions in-process (a terminal, an embedding app; ``_questions.Answerer``);
+    #: None: they are answered over the API. The workers' ids of the questions asked: a repeat is not asked twice.
+    answerer: Callable[[QuestionRecord], Awaitable[QuestionReply]] | None = None
+    asks_seen: set[str] = field(default_factory=set)
 
     @property
     def session_id(self) -> str:

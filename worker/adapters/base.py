@@ -34,6 +34,9 @@ from codesdk.protocol import (
 )
 
 from .._failure import RpcFailure
+from ._questions import QuestionAnswer, UnknownQuestion
+
+__all__ = ["QuestionAnswer", "UnknownQuestion"]  # besides the classes below: the question half of a handle
 
 
 class StartTaskRefused(RpcFailure):
@@ -126,6 +129,10 @@ class TaskHandle(ABC):
     def send_tool_approved(self, tool_call_id: str, reason: str) -> None:
         """Approve a call the runtime executes itself (``executed_by: runtime``). Raises UnknownToolCall."""
         raise UnknownToolCall(f"this runtime has no runtime-executed call {tool_call_id!r} waiting")
+
+    def send_answer(self, question_id: str, answer: QuestionAnswer) -> None:
+        """Deliver the answer to one of the runtime's questions (``question.requested``). Raises UnknownQuestion."""
+        raise UnknownQuestion(f"this runtime has no question {question_id!r} waiting")
 
     @abstractmethod
     def stop(self, reason: str | None) -> None:
