@@ -29,7 +29,8 @@ import httpx2 as httpx
 
 from pydantic import ValidationError
 
-from codesdk.protocol import TERMINAL_EVENT_TYPES, ApprovalRequested, EventType, NormalizedEvent, QuestionRequested, RuntimeOffer, api
+from codesdk.protocol import TERMINAL_EVENT_TYPES, ApprovalRequested, EventType, NormalizedEvent, RuntimeOffer, api
+from codesdk.protocol import QuestionReply, QuestionRequested
 from codesdk.protocol.api import (
     Approval,
     DeletedSession,
@@ -52,7 +53,8 @@ from codesdk.protocol.api import (
 
 T = TypeVar("T")
 
-__all__ = ["ApiError", "Approval", "AsyncClient", "Client", "Conflict", "DeletedSession", "EnvVariable", "EventApprover",
+__all__ = ["ApiError", "Approval", "AsyncClient", "Client", "Conflict", "DeletedSession", "EnvVariable", "EventAnswerer",
+           "EventApprover", "QuestionReply",
            "EventType", "Forbidden", "ForkWorkspace", "InvalidRequest", "LoginState", "NamespaceElsewhere",
            "NamespaceInfo", "NormalizedEvent", "NotFound", "RuntimeOffer", "ServiceUnreachable", "Session",
            "SessionFilter", "SessionList", "SessionState", "StoppedTask", "Task", "TaskResult", "TaskRun", "TaskState",
@@ -60,6 +62,9 @@ __all__ = ["ApiError", "Approval", "AsyncClient", "Client", "Conflict", "Deleted
 
 #: Answers one ``approval.requested`` event: allow or not, and why (shown to the runtime on a denial).
 EventApprover = Callable[[NormalizedEvent], Awaitable[tuple[bool, str]]]
+
+#: Answers one ``question.requested`` event: the answers (keyed by question id), or a decline with its reason.
+EventAnswerer = Callable[[NormalizedEvent], Awaitable[QuestionReply]]
 
 #: Reconnects of one stream in a row that bring no new event before giving up (each resumes where the last left
 #: off), and the wait before the first of them (doubled for each next one, up to 4 s).
@@ -268,6 +273,11 @@ def _question_id(event: NormalizedEvent) -> str:
     if not isinstance(event.payload, QuestionRequested):
         raise TypeError(f"{event.type} is not a question.requested event; nothing to answer")
     return event.payload.question_id
+
+
+def _asks_someone(event: NormalizedEvent) -> bool:
+    """A ``question.requested`` that waits for an answer (one refused at once has no expiry, and no one to ask)."""
+    return isinstance(event.payload, QuestionRequested) and event.payload.expires_at is not None
 
 
 def _boolean(name: str, value: object) -> bool:
@@ -776,24 +786,26 @@ class AsyncClient:
         raise follow.lost()
 
     def run(self, session_id: str, prompt: str, *, approver: EventApprover | None = None,
+            answerer: EventAnswerer | None = None,
             **task_args: Any) -> TaskRun:
         """Start a task: ``async for`` its events as they are stored, up to its terminal event; then ``.task`` is
         the task as it ended, with its ``result`` (final answer, tool calls, usage). ``await client.run(…).wait()``
         runs it to its end and returns that.
 
         With ``approver`` the task is interactive: each ``approval.requested`` is yielded, then answered with
-        what ``approver`` returns (an approval that expired or was decided elsewhere meanwhile is left be).
+        what ``approver`` returns (an approval that expired or was decided elsewhere meanwhile is left be). With
+        ``answerer`` too: each ``question.requested`` is yielded, then answered with its reply.
         """
-        return TaskRun(self, session_id, prompt, approver, task_args)
+        return TaskRun(self, session_id, prompt, approver, task_args, answerer)
 
 
 class TaskRun:
     """A task ``AsyncClient.run`` starts: its events (``async for``, once), then ``task``, with its result."""
 
     def __init__(self, client: AsyncClient, session_id: str, prompt: str, approver: EventApprover | None,
-                 task_args: dict[str, Any]) -> None:
+                 task_args: dict[str, Any], answerer: EventAnswerer | None = None) -> None:
         self._client, self._session_id, self._prompt = client, session_id, prompt
-        self._approver, self._task_args = approver, task_args
+        self._approver, self._task_args, self._answerer = approver, task_args, answerer
         #: The task as it ended, with its ``result``: set once its events are all read.
         self.task: api.Task | None = None
 
@@ -802,8 +814,9 @@ class TaskRun:
 
     async def _events(self) -> AsyncIterator[NormalizedEvent]:
         client, approver, task_args = self._client, self._approver, dict(self._task_args)
+        answerer = self._answerer
         before = (await client.get_session(self._session_id)).last_seq
-        if approver is not None:
+        if approver is not None or answerer is not None:
             task_args["interactive"] = True
         task = await client.start_task(self._session_id, self._prompt, **task_args)
         # this task's events only: starting it may first end a task left running there (a namespace taken over
@@ -817,6 +830,13 @@ class TaskRun:
                     await client.answer(event, allow=allow, reason=reason)
                 except Conflict:
                     pass
+            if answerer is not None and event.type == EventType.QUESTION_REQUESTED \
+                    and _asks_someone(event):
+                reply = await answerer(event)
+                try:
+                    await client.reply(event, reply.answers, decline=reply.decline, reason=reply.reason)
+                except Conflict:
+                    pass  # answered elsewhere, or expired, meanwhile
         self.task = await client.get_task(task.task_id)
 
     async def wait(self) -> api.Task:
@@ -831,16 +851,18 @@ class BlockingTaskRun:
     """A task ``Client.run`` starts: its events (``for``, once), then ``task``, with its result."""
 
     def __init__(self, client: Client, session_id: str, prompt: str,
-                 approver: Callable[[NormalizedEvent], tuple[bool, str]] | None, task_args: dict[str, Any]) -> None:
+                 approver: Callable[[NormalizedEvent], tuple[bool, str]] | None, task_args: dict[str, Any],
+                 answerer: Callable[[NormalizedEvent], QuestionReply] | None = None) -> None:
         self._client, self._session_id, self._prompt = client, session_id, prompt
-        self._approver, self._task_args = approver, task_args
+        self._approver, self._task_args, self._answerer = approver, task_args, answerer
         #: The task as it ended, with its ``result``: set once its events are all read.
         self.task: api.Task | None = None
 
     def __iter__(self) -> Iterator[NormalizedEvent]:
         client, approver, task_args = self._client, self._approver, dict(self._task_args)
+        answerer = self._answerer
         before = client.get_session(self._session_id).last_seq
-        if approver is not None:
+        if approver is not None or answerer is not None:
             task_args["interactive"] = True
         task = client.start_task(self._session_id, self._prompt, **task_args)
         for event in client.stream(self._session_id, after_seq=before, until_terminal=True, task_id=task.task_id):
@@ -849,6 +871,12 @@ class BlockingTaskRun:
                 allow, reason = approver(event)
                 try:
                     client.answer(event, allow=allow, reason=reason)
+                except Conflict:
+                    pass
+            if answerer is not None and event.type == EventType.QUESTION_REQUESTED and _asks_someone(event):
+                reply = answerer(event)
+                try:
+                    client.reply(event, reply.answers, decline=reply.decline, reason=reply.reason)
                 except Conflict:
                     pass
         self.task = client.get_task(task.task_id)
@@ -1070,7 +1098,9 @@ class Client:
         raise follow.lost()
 
     def run(self, session_id: str, prompt: str, *, approver: Callable[[NormalizedEvent], tuple[bool, str]] | None
-            = None, **task_args: Any) -> BlockingTaskRun:
+            = None, answerer: Callable[[NormalizedEvent], QuestionReply] | None = None,
+            **task_args: Any) -> BlockingTaskRun:
         """As ``AsyncClient.run``: start a task; ``for`` its events up to its terminal event, then ``.task`` (or
-        ``.wait()``); ``approver`` (a plain function here) answers each ``approval.requested``."""
-        return BlockingTaskRun(self, session_id, prompt, approver, task_args)
+        ``.wait()``); ``approver`` / ``answerer`` (plain functions here) answer each ``approval.requested`` /
+        ``question.requested``."""
+        return BlockingTaskRun(self, session_id, prompt, approver, task_args, answerer)

@@ -75,10 +75,11 @@ from ._failure import RpcFailure
 from ._event_line import FAST_PAYLOADS, event_line, runtime_json, task_json
 from ._outgoing import OutgoingLines
 from ._recording import StreamRecorder
-from .adapters._questions import QuestionAnswer
+
 from .adapters.runtime_process import ended_processes
 from .adapters.base import (
     AdapterRegistry,
+    QuestionAnswer,
     RuntimeAdapter,
     RuntimeCrashed,
     TaskHandle,

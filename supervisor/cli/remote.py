@@ -23,6 +23,8 @@ from codesdk.protocol import (
     EventType,
     Message,
     NormalizedEvent,
+    QuestionReply,
+    QuestionRequested,
     RuntimeCapabilities,
     api,
     config_refusal,
@@ -39,6 +41,7 @@ from .common import (
     runtime_note,
 )
 from .render import EventPrinter, json_line, print_stored_events, print_transcript, session_line
+from .questions import ask_on_terminal as ask_questions
 
 
 def client_for(args: argparse.Namespace) -> AsyncClient:
@@ -115,7 +118,8 @@ async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) 
                                               runtime_config=runtime_config, runtime=args.runtime,
                                               max_input_tokens=args.max_input_tokens,
                                               timeout_s=args.timeout, idle_timeout_s=args.idle_timeout,
-                                              approver=_terminal_approver if interactive else None):
+                                              approver=_terminal_approver if interactive else None,
+                                              answerer=_terminal_answerer if interactive else None):
                     if event.type == EventType.TASK_STARTED and event.trace.task_id:
                         task_id.append(event.trace.task_id)
                         if not args.json:
@@ -138,6 +142,13 @@ async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) 
 async def _terminal_approver(event: NormalizedEvent) -> tuple[bool, str]:
     """Ask about an ``approval.requested`` event, which was printed just before."""
     return await ask_on_terminal("  Allow? [y/N] ")
+
+
+async def _terminal_answerer(event: NormalizedEvent) -> QuestionReply:
+    """Ask a ``question.requested`` event's questions, which were printed just before."""
+    asked = event.payload
+    assert isinstance(asked, QuestionRequested)
+    return await ask_questions(asked.message, asked.questions)
 
 
 async def auth_status_via_api(args: argparse.Namespace) -> EnsureLoginResult:

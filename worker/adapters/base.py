@@ -34,9 +34,8 @@ from codesdk.protocol import (
 )
 
 from .._failure import RpcFailure
-from ._questions import QuestionAnswer, UnknownQuestion
-
-__all__ = ["QuestionAnswer", "UnknownQuestion"]  # besides the classes below: the question half of a handle
+from ._questions import QuestionAnswer as QuestionAnswer  # the question half of a handle, re-exported
+from ._questions import UnknownQuestion as UnknownQuestion
 
 
 class StartTaskRefused(RpcFailure):
