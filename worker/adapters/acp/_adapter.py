@@ -114,7 +114,10 @@ class AcpAdapter(RuntimeAdapter):
             permission_model=PermissionModel.CODESDK, state_model=StateModel.LOCAL_DISK,
             resume_model=ResumeModel.NATIVE, tool_replay=ReplaySafety.SAFE_REPLAY, mcp_support=McpSupport.CLIENT_ONLY,
             mcp_transports=(McpTransport.STDIO,),  # what ACP has every agent take; http and sse are optional there
-            cancellation_model=CancellationModel.BEST_EFFORT)
+            cancellation_model=CancellationModel.BEST_EFFORT,
+            # The pinned agents have no elicitation method (ACP's elicitation/create is newer than their SDKs) and
+            # session/request_permission carries only allow/reject: no question can travel to the user and back.
+            user_questions=())
 
     def availability(self) -> Availability:
         refusal = self.profile.refusal(os.environ)
