@@ -10,7 +10,7 @@ import trio
 
 from codesdk import AsyncClient, Client
 from codesdk.client import Conflict, InvalidRequest, NotFound
-from codesdk.protocol import EventType, NormalizedEvent, QuestionRequested
+from codesdk.protocol import EventType, NormalizedEvent, QuestionReply, QuestionRequested
 from codesdk.testing.invariants import check_session
 
 from tests.api.conftest import Api
@@ -154,3 +154,30 @@ async def test_both_clients_answer_from_the_stream(api: Api) -> None:
                     bob.answer_question(answered.question_id, {"colour": "red"})
 
         await trio.to_thread.run_sync(sync_side)
+
+
+async def test_run_answers_each_question_as_it_comes(api: Api) -> None:
+    asked: list[str] = []
+
+    async def answerer(event: NormalizedEvent) -> QuestionReply:
+        assert isinstance(event.payload, QuestionRequested)
+        asked.extend(q.id for q in event.payload.questions)
+        return QuestionReply(answers={"colour": "red", "name": "Streamed"})
+
+    with trio.fail_after(60):
+        async with AsyncClient(socket=api.socket, token=api.alice) as client:
+            session = await client.create_session(namespace="user:alice")
+            events = [e async for e in client.run(session.session_id, "a widget", answerer=answerer,
+                                                  runtime_config={"scenario": "ask-user"})]
+
+        def blocking() -> list[NormalizedEvent]:
+            with Client(socket=api.socket, token=api.alice) as sync:
+                return list(sync.run(session.session_id, "again", runtime_config={"scenario": "ask-user"},
+                                     answerer=lambda event: QuestionReply(decline=True, reason="busy")))
+
+        declined = await trio.to_thread.run_sync(blocking)
+    assert asked == ["colour", "name"] and events[-1].type == EventType.TASK_COMPLETED
+    texts = [e.payload.text for e in events if e.type == EventType.MODEL_OUTPUT_COMPLETED]  # type: ignore[attr-defined]
+    assert texts[-1] == "Colour red, name Streamed."
+    again = [e.payload.text for e in declined if e.type == EventType.MODEL_OUTPUT_COMPLETED]  # type: ignore[attr-defined]
+    assert again[-1] == "No answer (busy); I will stop here."

@@ -117,3 +117,17 @@ async def test_the_tasks_end_closes_its_open_question_before_its_terminal_event(
     assert types[-2:] == [EventType.QUESTION_ANSWERED, EventType.TASK_STOPPED]
     assert final.state == QuestionState.DECLINED and final.answered_via == AnsweredVia.TASK_END
     check_session(events)
+
+
+async def test_a_supervisor_shutting_down_declines_its_open_questions(tmp_path: Path) -> None:
+    with real_time_limit("questions closed at shutdown"):
+        async with engine_with_doubles(tmp_path) as (engine, workers):
+            session_id, task_id, worker = await running_task(engine, workers, durable_approvals=True)
+            await worker.emit(task_id, EventType.QUESTION_REQUESTED, ASKED)
+            record = await _pending(engine)
+        async with engine_with_doubles(tmp_path) as (engine, _):
+            final = await engine.store.get_question(record.question_id)
+            events = await engine.store.read(session_id)
+    assert final.state == QuestionState.DECLINED and final.answered_via == AnsweredVia.TASK_END
+    assert [e.type for e in events][-2] == EventType.QUESTION_ANSWERED
+    check_session(events)
