@@ -30,7 +30,7 @@ import httpx2 as httpx
 from pydantic import ValidationError
 
 from codesdk.protocol import TERMINAL_EVENT_TYPES, ApprovalRequested, EventType, NormalizedEvent, RuntimeOffer, api
-from codesdk.protocol import CodeBlock, TextBlock
+from codesdk.protocol import CodeBlock, QuestionReply, QuestionRequested, TextBlock
 from codesdk.protocol.api import (
     Approval,
     DeletedSession,
@@ -63,7 +63,9 @@ def _input_json(text: TaskInputText) -> str | list[Any]:
         return text
     return [block.to_json_obj() if isinstance(block, (TextBlock, CodeBlock)) else dict(block) for block in text]
 
-__all__ = ["ApiError", "Approval", "AsyncClient", "Client", "Conflict", "DeletedSession", "EnvVariable", "EventApprover",
+
+__all__ = ["ApiError", "Approval", "AsyncClient", "Client", "Conflict", "DeletedSession", "EnvVariable", "EventAnswerer",
+           "EventApprover", "QuestionReply",
            "EventType", "Forbidden", "ForkWorkspace", "InvalidRequest", "LoginState", "NamespaceElsewhere",
            "NamespaceInfo", "NormalizedEvent", "NotFound", "RuntimeOffer", "ServiceUnreachable", "Session",
            "SessionFilter", "SessionList", "SessionState", "StoppedTask", "Task", "TaskInput", "TaskInputText", "TaskResult", "TaskRun", "TaskState",
@@ -71,6 +73,9 @@ __all__ = ["ApiError", "Approval", "AsyncClient", "Client", "Conflict", "Deleted
 
 #: Answers one ``approval.requested`` event: allow or not, and why (shown to the runtime on a denial).
 EventApprover = Callable[[NormalizedEvent], Awaitable[tuple[bool, str]]]
+
+#: Answers one ``question.requested`` event: the answers (keyed by question id), or a decline with its reason.
+EventAnswerer = Callable[[NormalizedEvent], Awaitable[QuestionReply]]
 
 #: Reconnects of one stream in a row that bring no new event before giving up (each resumes where the last left
 #: off), and the wait before the first of them (doubled for each next one, up to 4 s).
@@ -275,6 +280,17 @@ def _approval_id(event: NormalizedEvent) -> str:
     return event.payload.approval_id
 
 
+def _question_id(event: NormalizedEvent) -> str:
+    if not isinstance(event.payload, QuestionRequested):
+        raise TypeError(f"{event.type} is not a question.requested event; nothing to answer")
+    return event.payload.question_id
+
+
+def _asks_someone(event: NormalizedEvent) -> bool:
+    """A ``question.requested`` that waits for an answer (one refused at once has no expiry, and no one to ask)."""
+    return isinstance(event.payload, QuestionRequested) and event.payload.expires_at is not None
+
+
 def _boolean(name: str, value: object) -> bool:
     """A flag the API takes as a JSON boolean: ``"yes"``, ``1`` or ``None`` is refused here, as by the API."""
     if not isinstance(value, bool):
@@ -445,6 +461,28 @@ class _Calls:
             raise TypeError(f"reason must be text, not {reason!r}")
         return _Call("POST", f"/v1/approvals/{_q(approval_id)}", api.Approval.model_validate,
                      json={"allow": allow, "reason": reason}, idempotency_key=_key(key))
+
+    @staticmethod
+    def questions(state: str) -> _Call[list[api.AskedQuestion]]:
+        return _Call("GET", "/v1/questions",
+                     lambda answer: list(api.AskedQuestionList.model_validate(answer).questions),
+                     params={"state": state})
+
+    @staticmethod
+    def question(question_id: str) -> _Call[api.AskedQuestion]:
+        return _Call("GET", f"/v1/questions/{_q(question_id)}", api.AskedQuestion.model_validate)
+
+    @staticmethod
+    def answer_question(question_id: str, answers: Mapping[str, Any] | None, decline: bool, reason: str,
+                        key: str | None) -> _Call[api.AskedQuestion]:
+        _boolean("decline", decline)
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be text, not {reason!r}")
+        if answers is not None and not isinstance(answers, Mapping):
+            raise TypeError(f"answers must be a mapping of question id to answer, not {answers!r}")
+        body: dict[str, Any] = {"answers": dict(answers or {}), "decline": decline, "reason": reason}
+        return _Call("POST", f"/v1/questions/{_q(question_id)}", api.AskedQuestion.model_validate, json=body,
+                     idempotency_key=_key(key))
 
     @staticmethod
     def namespaces() -> _Call[list[api.NamespaceInfo]]:
@@ -655,6 +693,25 @@ class AsyncClient:
         """Decide the approval an ``approval.requested`` event (from ``stream``/``run``) asks for."""
         return await self.decide(_approval_id(event), allow=allow, reason=reason)
 
+    async def questions(self, state: str = "pending") -> list[api.AskedQuestion]:
+        """Runtimes' questions waiting for an answer (interactive tasks), or settled ones with ``state``."""
+        return await self._send(_Calls.questions(state))
+
+    async def question(self, question_id: str) -> api.AskedQuestion:
+        return await self._send(_Calls.question(question_id))
+
+    async def answer_question(self, question_id: str, answers: Mapping[str, Any] | None = None, *,
+                              decline: bool = False, reason: str = "",
+                              idempotency_key: str | None = None) -> api.AskedQuestion:
+        """Answer a pending question (answers keyed by question id), or decline it; final (a second answer is a
+        Conflict, a bad answer an InvalidRequest naming the field)."""
+        return await self._send(_Calls.answer_question(question_id, answers, decline, reason, idempotency_key))
+
+    async def reply(self, event: NormalizedEvent, answers: Mapping[str, Any] | None = None, *,
+                    decline: bool = False, reason: str = "") -> api.AskedQuestion:
+        """Answer the question a ``question.requested`` event (from ``stream``/``run``) asks."""
+        return await self.answer_question(_question_id(event), answers, decline=decline, reason=reason)
+
     async def namespaces(self) -> list[api.NamespaceInfo]:
         """The namespaces this token sees, with their session counts (the admin: every one)."""
         return await self._send(_Calls.namespaces())
@@ -755,24 +812,26 @@ class AsyncClient:
         raise follow.lost()
 
     def run(self, session_id: str, prompt: str, *, approver: EventApprover | None = None,
+            answerer: EventAnswerer | None = None,
             **task_args: Any) -> TaskRun:
         """Start a task: ``async for`` its events as they are stored, up to its terminal event; then ``.task`` is
         the task as it ended, with its ``result`` (final answer, tool calls, usage). ``await client.run(…).wait()``
         runs it to its end and returns that.
 
         With ``approver`` the task is interactive: each ``approval.requested`` is yielded, then answered with
-        what ``approver`` returns (an approval that expired or was decided elsewhere meanwhile is left be).
+        what ``approver`` returns (an approval that expired or was decided elsewhere meanwhile is left be). With
+        ``answerer`` too: each ``question.requested`` is yielded, then answered with its reply.
         """
-        return TaskRun(self, session_id, prompt, approver, task_args)
+        return TaskRun(self, session_id, prompt, approver, task_args, answerer)
 
 
 class TaskRun:
     """A task ``AsyncClient.run`` starts: its events (``async for``, once), then ``task``, with its result."""
 
     def __init__(self, client: AsyncClient, session_id: str, prompt: str, approver: EventApprover | None,
-                 task_args: dict[str, Any]) -> None:
+                 task_args: dict[str, Any], answerer: EventAnswerer | None = None) -> None:
         self._client, self._session_id, self._prompt = client, session_id, prompt
-        self._approver, self._task_args = approver, task_args
+        self._approver, self._task_args, self._answerer = approver, task_args, answerer
         #: The task as it ended, with its ``result``: set once its events are all read.
         self.task: api.Task | None = None
 
@@ -781,8 +840,9 @@ class TaskRun:
 
     async def _events(self) -> AsyncIterator[NormalizedEvent]:
         client, approver, task_args = self._client, self._approver, dict(self._task_args)
+        answerer = self._answerer
         before = (await client.get_session(self._session_id)).last_seq
-        if approver is not None:
+        if approver is not None or answerer is not None:
             task_args["interactive"] = True
         task = await client.start_task(self._session_id, self._prompt, **task_args)
         # this task's events only: starting it may first end a task left running there (a namespace taken over
@@ -796,6 +856,13 @@ class TaskRun:
                     await client.answer(event, allow=allow, reason=reason)
                 except Conflict:
                     pass
+            if answerer is not None and event.type == EventType.QUESTION_REQUESTED \
+                    and _asks_someone(event):
+                reply = await answerer(event)
+                try:
+                    await client.reply(event, reply.answers, decline=reply.decline, reason=reply.reason)
+                except Conflict:
+                    pass  # answered elsewhere, or expired, meanwhile
         self.task = await client.get_task(task.task_id)
 
     async def wait(self) -> api.Task:
@@ -810,16 +877,18 @@ class BlockingTaskRun:
     """A task ``Client.run`` starts: its events (``for``, once), then ``task``, with its result."""
 
     def __init__(self, client: Client, session_id: str, prompt: str,
-                 approver: Callable[[NormalizedEvent], tuple[bool, str]] | None, task_args: dict[str, Any]) -> None:
+                 approver: Callable[[NormalizedEvent], tuple[bool, str]] | None, task_args: dict[str, Any],
+                 answerer: Callable[[NormalizedEvent], QuestionReply] | None = None) -> None:
         self._client, self._session_id, self._prompt = client, session_id, prompt
-        self._approver, self._task_args = approver, task_args
+        self._approver, self._task_args, self._answerer = approver, task_args, answerer
         #: The task as it ended, with its ``result``: set once its events are all read.
         self.task: api.Task | None = None
 
     def __iter__(self) -> Iterator[NormalizedEvent]:
         client, approver, task_args = self._client, self._approver, dict(self._task_args)
+        answerer = self._answerer
         before = client.get_session(self._session_id).last_seq
-        if approver is not None:
+        if approver is not None or answerer is not None:
             task_args["interactive"] = True
         task = client.start_task(self._session_id, self._prompt, **task_args)
         for event in client.stream(self._session_id, after_seq=before, until_terminal=True, task_id=task.task_id):
@@ -828,6 +897,12 @@ class BlockingTaskRun:
                 allow, reason = approver(event)
                 try:
                     client.answer(event, allow=allow, reason=reason)
+                except Conflict:
+                    pass
+            if answerer is not None and event.type == EventType.QUESTION_REQUESTED and _asks_someone(event):
+                reply = answerer(event)
+                try:
+                    client.reply(event, reply.answers, decline=reply.decline, reason=reply.reason)
                 except Conflict:
                     pass
         self.task = client.get_task(task.task_id)
@@ -956,6 +1031,21 @@ class Client:
         """Decide the approval an ``approval.requested`` event asks for."""
         return self.decide(_approval_id(event), allow=allow, reason=reason)
 
+    def questions(self, state: str = "pending") -> list[api.AskedQuestion]:
+        return self._send(_Calls.questions(state))
+
+    def question(self, question_id: str) -> api.AskedQuestion:
+        return self._send(_Calls.question(question_id))
+
+    def answer_question(self, question_id: str, answers: Mapping[str, Any] | None = None, *, decline: bool = False,
+                        reason: str = "", idempotency_key: str | None = None) -> api.AskedQuestion:
+        return self._send(_Calls.answer_question(question_id, answers, decline, reason, idempotency_key))
+
+    def reply(self, event: NormalizedEvent, answers: Mapping[str, Any] | None = None, *, decline: bool = False,
+              reason: str = "") -> api.AskedQuestion:
+        """Answer the question a ``question.requested`` event asks."""
+        return self.answer_question(_question_id(event), answers, decline=decline, reason=reason)
+
     def namespaces(self) -> list[api.NamespaceInfo]:
         return self._send(_Calls.namespaces())
 
@@ -1039,7 +1129,9 @@ class Client:
         raise follow.lost()
 
     def run(self, session_id: str, prompt: str, *, approver: Callable[[NormalizedEvent], tuple[bool, str]] | None
-            = None, **task_args: Any) -> BlockingTaskRun:
+            = None, answerer: Callable[[NormalizedEvent], QuestionReply] | None = None,
+            **task_args: Any) -> BlockingTaskRun:
         """As ``AsyncClient.run``: start a task; ``for`` its events up to its terminal event, then ``.task`` (or
-        ``.wait()``); ``approver`` (a plain function here) answers each ``approval.requested``."""
-        return BlockingTaskRun(self, session_id, prompt, approver, task_args)
+        ``.wait()``); ``approver`` / ``answerer`` (plain functions here) answer each ``approval.requested`` /
+        ``question.requested``."""
+        return BlockingTaskRun(self, session_id, prompt, approver, task_args, answerer)

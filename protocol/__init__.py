@@ -246,6 +246,36 @@ from ._transcript import (
 from ._versions import CONTRACT_VERSION, PROTOCOL_VERSION, SCHEMA_VERSION
 from ._wire import FAST_EVENT_TYPES, SLOW_EVENT_TYPES, Unmirrorable, WireEvent, decode_event_fast
 
+from ._questions import (
+    MAX_QUESTIONS,
+    REDACTED,
+    AnswerValue,
+    Answers,
+    AnsweredVia,
+    Question,
+    QuestionAnswered,
+    QuestionOption,
+    QuestionReply,
+    QuestionRequested,
+    QuestionSource,
+    QuestionState,
+    AnswerSchema,
+    ItemSchema,
+    SchemaChoice,
+    answer_problems,
+    default_answers,
+    duplicate_ids,
+    redacted,
+    schema_problem,
+    value_problem,
+)
+from ._events import (
+    QuestionAnsweredEvent,
+    QuestionRequestedEvent,
+    QuestionRequestedWorkerEvent,
+)
+from ._jsonrpc import SendAnswerParams
+
 __all__ = [
     "FAST_EVENT_TYPES",
     "SLOW_EVENT_TYPES",
@@ -482,4 +512,30 @@ __all__ = [
     "split_prompt",
     "upcasters",
     "utc_now",
+    # questions to the user
+    "MAX_QUESTIONS",
+    "REDACTED",
+    "AnswerValue",
+    "Answers",
+    "AnsweredVia",
+    "Question",
+    "QuestionAnswered",
+    "QuestionOption",
+    "QuestionReply",
+    "QuestionRequested",
+    "QuestionSource",
+    "QuestionState",
+    "AnswerSchema",
+    "ItemSchema",
+    "SchemaChoice",
+    "answer_problems",
+    "default_answers",
+    "duplicate_ids",
+    "redacted",
+    "schema_problem",
+    "value_problem",
+    "QuestionAnsweredEvent",
+    "QuestionRequestedEvent",
+    "QuestionRequestedWorkerEvent",
+    "SendAnswerParams",
 ]

@@ -34,6 +34,7 @@ from pydantic_core import CoreSchema, core_schema
 from ._base import Model
 from ._canonical import is_hash
 from ._context import ContextReport, InterruptedCall, ResumeMode
+from ._questions import QuestionAnswered, QuestionRequested
 from ._receipt import StopReceipt
 from ._runtime import InteractionMode, IsolationLevel, PermissionMode
 from ._steering import ModelInputAppended
@@ -63,6 +64,8 @@ class EventType(StrEnum):
     TASK_FAILED = "task.failed"
     TASK_STOPPED = "task.stopped"
     MODEL_INPUT_APPENDED = "model.input.appended"
+    QUESTION_REQUESTED = "question.requested"
+    QUESTION_ANSWERED = "question.answered"
 
 
 TERMINAL_EVENT_TYPES = frozenset({EventType.TASK_COMPLETED, EventType.TASK_FAILED, EventType.TASK_STOPPED})
@@ -85,6 +88,7 @@ WORKER_EVENT_TYPES = frozenset(
         EventType.TASK_FAILED,
         EventType.TASK_STOPPED,
         EventType.MODEL_INPUT_APPENDED,
+        EventType.QUESTION_REQUESTED,  # the runtime's question: the supervisor records it and asks
     }
 )
 
@@ -621,6 +625,19 @@ class TaskStoppedEvent(NormalizedEvent):
 class ModelInputAppendedEvent(NormalizedEvent):
     type: _Tag[Literal[EventType.MODEL_INPUT_APPENDED]] = EventType.MODEL_INPUT_APPENDED
     payload: ModelInputAppended
+class QuestionRequestedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.QUESTION_REQUESTED]] = EventType.QUESTION_REQUESTED
+    payload: QuestionRequested
+
+
+class QuestionAnsweredEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.QUESTION_ANSWERED]] = EventType.QUESTION_ANSWERED
+    payload: QuestionAnswered
+
+
+class QuestionRequestedWorkerEvent(WorkerEvent):
+    type: _Tag[Literal[EventType.QUESTION_REQUESTED]] = EventType.QUESTION_REQUESTED
+    payload: QuestionRequested
 
 
 class RuntimeRequestStartedWorkerEvent(WorkerEvent):
@@ -705,6 +722,7 @@ EventUnion: TypeAlias = (
     | ToolCallStartedEvent | ToolOutputDeltaEvent | ToolOutputCompletedEvent | ToolCallCompletedEvent
     | UsageReportedEvent | TaskCompletedEvent | TaskFailedEvent | TaskStoppedEvent
     | ModelInputAppendedEvent
+    | QuestionRequestedEvent | QuestionAnsweredEvent
 )
 WorkerEventUnion: TypeAlias = (
     RuntimeRequestStartedWorkerEvent | RuntimeRequestCompletedWorkerEvent | ModelOutputDeltaWorkerEvent
@@ -712,6 +730,7 @@ WorkerEventUnion: TypeAlias = (
     | ToolCallStartedWorkerEvent | ToolOutputDeltaWorkerEvent | ToolOutputCompletedWorkerEvent
     | ToolCallCompletedWorkerEvent | UsageReportedWorkerEvent | TaskCompletedWorkerEvent | TaskFailedWorkerEvent
     | TaskStoppedWorkerEvent | ModelInputAppendedWorkerEvent
+    | TaskStoppedWorkerEvent | QuestionRequestedWorkerEvent
 )
 
 @dataclass(frozen=True, slots=True)
@@ -736,7 +755,8 @@ AnyWorkerEvent: TypeAlias = Annotated[WorkerEventUnion, _ByType(
     "worker_event_type",
     "type must be an event type a worker may send (runtime.request.*, model.output.*, tool.call.requested, "
     "tool.call.policy_evaluated, tool.call.started|completed, tool.output.*, usage.reported, "
-    "task.completed|failed|stopped, model.input.appended); the others are emitted by the supervisor, not by a worker")]
+    "task.completed|failed|stopped, model.input.appended, question.requested); the others are emitted by the "
+    "supervisor, not by a worker")]
 
 
 #: The envelope class of each type (a subclass's ``type`` defaults to its tag).

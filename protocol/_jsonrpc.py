@@ -18,6 +18,7 @@ from ._base import Model
 from ._context import ResumeMode
 from ._events import AnyWorkerEvent
 from ._steering import SendInputParams, SendInputResult
+from ._questions import AnswersField
 from ._runtime import AuthStatus, InteractionMode, PermissionMode, RuntimeCapabilities, RuntimeEnv
 from ._tools import ToolManifest
 from ._transcript import Message, Role
@@ -45,6 +46,7 @@ class ErrorCode(IntEnum):
     INVALID_SCENARIO = -32011  # scripted runtime: scenario missing or malformed
     INVALID_RUNTIME_CONFIG = -32012  # the task's runtime_config is unusable for its runtime (the caller's to fix)
     UNSAFE_WORKSPACE = -32013  # the workspace holds what the runtime would load and obey (the caller's to fix)
+    UNKNOWN_QUESTION = -32014  # no pending question with that id in the task
 
 
 class Method(StrEnum):
@@ -56,6 +58,7 @@ class Method(StrEnum):
     SEND_TOOL_DENIED = "runtime.sendToolDenied"
     SEND_TOOL_APPROVED = "runtime.sendToolApproved"  # for calls the runtime executes itself
     SEND_INPUT = "runtime.sendInput"  # a user's message into a running task (steering)
+    SEND_ANSWER = "runtime.sendAnswer"  # the answer to a runtime's question (question.requested)
     STOP = "runtime.stop"
     SHUTDOWN = "runtime.shutdown"
     PING = "runtime.ping"  # liveness: answered at once by a worker whose loop runs
@@ -362,6 +365,17 @@ class SendToolApprovedParams(Model):
     reason: str = "approved"
 
 
+class SendAnswerParams(Model):
+    """The answer to a runtime's ``question.requested``: answers keyed by question id (checked by the supervisor
+    against the question), or a decline with its reason."""
+
+    task_id: str
+    question_id: str = Field(min_length=1, max_length=200)
+    answers: AnswersField = Field(default_factory=dict)
+    declined: bool = False
+    reason: str = ""
+
+
 class StopParams(Model):
     task_id: str
     reason: str | None = None
@@ -422,6 +436,7 @@ class Rpc:
     SEND_TOOL_DENIED: Final = MethodSpec(Method.SEND_TOOL_DENIED, SendToolDeniedParams, Ack)
     SEND_TOOL_APPROVED: Final = MethodSpec(Method.SEND_TOOL_APPROVED, SendToolApprovedParams, Ack)
     SEND_INPUT: Final = MethodSpec(Method.SEND_INPUT, SendInputParams, SendInputResult)
+    SEND_ANSWER: Final = MethodSpec(Method.SEND_ANSWER, SendAnswerParams, Ack)
     STOP: Final = MethodSpec(Method.STOP, StopParams, Ack)
     SHUTDOWN: Final = MethodSpec(Method.SHUTDOWN, NoParams, Ack)
     PING: Final = MethodSpec(Method.PING, NoParams, Ack)

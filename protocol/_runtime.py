@@ -11,6 +11,7 @@ from pydantic import Field
 
 from ._base import Model
 from ._steering import SteeringSupport
+from ._questions import QuestionSource
 
 #: What a runtime may be called: the names adapters register (``scripted``, ``claude``, ``codex``, ``codex-acp``,
 #: ``gemini``, ``opencode``), and so all a session or a task may name. One rule, so that the API (which refuses a
@@ -206,6 +207,9 @@ class RuntimeCapabilities(Model):
     #: What it does with a user's input sent while a task runs (``runtime.sendInput``): takes it into the running
     #: turn, or keeps it for its next turn (the session's next task).
     steering: SteeringSupport = SteeringSupport.NEXT_TURN
+    #: The questions to its user it forwards as ``question.requested`` (answered by ``runtime.sendAnswer``), by
+    #: source; empty: it asks none (its questions, if any, are declined or never asked).
+    user_questions: tuple[QuestionSource, ...] = ()
 
     @property
     def non_interactive(self) -> bool:

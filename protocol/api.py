@@ -32,6 +32,7 @@ from ._base import Model
 from ._events import ApprovalState, BlockKind, EventType, NormalizedEvent
 from ._events import ForkPoint as ForkPoint  # a Session's forked_from: part of this module's vocabulary
 from ._jsonrpc import EnsureLoginResult, RuntimeOffer, RuntimeSources
+from ._questions import MAX_QUESTIONS, AnsweredVia, AnswerValue, Question, QuestionSource, QuestionState
 from ._receipt import StopReceipt
 from ._steering import MAX_INPUT_CHARS, InputBlock, InputDelivery, input_text
 from ._runtime import RUNTIME_NAME_PATTERN, InteractionMode, PermissionMode, RuntimeEnv
@@ -554,3 +555,49 @@ class NamespaceEgress(Answer):
 class EnvList(Answer):
     namespace: str
     variables: tuple[EnvVariable, ...]
+
+
+# -- questions to the user ------------------------------------------------------------------------------------
+
+class QuestionsQuery(Query):
+    state: str = "pending"
+    """pending, answered, declined or all."""
+
+
+class AnswerRequest(Request):
+    """The answer to a runtime's question: ``answers`` keyed by question id (each checked against its question:
+    one of its choices, a list of them with ``multi_select``, text, or a value its schema allows), or
+    ``decline: true`` (with a ``reason`` the runtime is told)."""
+    answers: dict[str, AnswerValue] = Field(default_factory=dict, max_length=MAX_QUESTIONS)
+    decline: bool = False
+    reason: str = Field(default="", max_length=2000)
+
+    @model_validator(mode="after")
+    def _answers_or_decline(self) -> AnswerRequest:
+        if self.decline and self.answers:
+            raise ValueError("give answers or decline: true, not both")
+        return self
+
+
+class AskedQuestion(Answer):
+    """A runtime's question waiting for (or given) its user's answer (a secret answer shown as ``[secret]``)."""
+    question_id: str
+    session_id: str
+    task_id: str
+    namespace: str
+    source: QuestionSource
+    message: str = ""
+    origin: str = ""
+    questions: tuple[Question, ...]
+    state: QuestionState
+    created_at: datetime
+    expires_at: datetime
+    answered_at: datetime | None = None
+    answered_via: AnsweredVia | None = None
+    answered_by: str | None = None
+    answers: dict[str, AnswerValue] = Field(default_factory=dict)
+    reason: str | None = None
+
+
+class AskedQuestionList(Answer):
+    questions: tuple[AskedQuestion, ...]

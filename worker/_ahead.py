@@ -36,7 +36,8 @@ AHEAD_TTL_S = 60.0
 #: How one runtime composes the launch of a new session's first task from what ``codesdk run`` knows of it: its
 #: ``runtime_config``, its workspace and the worker's environment; None when it cannot (missing program, unusable
 #: config: the task itself then says why).
-Composer = Callable[[Mapping[str, object], str, Mapping[str, str]], Launch | None]
+#: (``interactive``: the task may ask its user, which changes Claude Code's tools.)
+Composer = Callable[[Mapping[str, object], str, Mapping[str, str], bool], Launch | None]
 
 
 #: The runtimes that can be started ahead, each with the composer its adapter's task uses too.
@@ -74,7 +75,7 @@ def start_ahead(runtime: str, hint: Mapping[str, object]) -> StartedAhead | None
     config, workspace = hint.get("runtime_config", {}), hint.get("workspace")
     launch = None
     if composer is not None and isinstance(config, dict) and isinstance(workspace, str) and workspace:
-        launch = composer(config, workspace, dict(os.environ))
+        launch = composer(config, workspace, dict(os.environ), hint.get("interactive") is True)
     if launch is None:
         log.info("not starting %s ahead of its task: no launch for it here", runtime)
         return None

@@ -50,6 +50,7 @@ from codesdk.protocol import (
     RuntimeSources,
     SendInputParams,
     SendInputResult,
+    SendAnswerParams,
     SendToolApprovedParams,
     SendToolDeniedParams,
     SendToolResultParams,
@@ -76,13 +77,16 @@ from ._failure import RpcFailure
 from ._event_line import FAST_PAYLOADS, event_line, runtime_json, task_json
 from ._outgoing import OutgoingLines
 from ._recording import StreamRecorder
+
 from .adapters.runtime_process import ended_processes
 from .adapters.base import (
     AdapterRegistry,
+    QuestionAnswer,
     RuntimeAdapter,
     RuntimeCrashed,
     TaskHandle,
     TaskOutcome,
+    UnknownQuestion,
     UnknownToolCall,
 )
 
@@ -287,6 +291,7 @@ class WorkerServer:
             Method.SEND_TOOL_DENIED: self._answer_tool,
             Method.SEND_TOOL_APPROVED: self._answer_tool,
             Method.SEND_INPUT: self._send_input,
+            Method.SEND_ANSWER: self._answer_question,
             Method.STOP: self._stop,
             Method.SHUTDOWN: self._shutdown,
             Method.PING: self._ping,
@@ -600,6 +605,19 @@ class WorkerServer:
             raise RpcFailure(ErrorCode.INVALID_PARAMS, f"input {params.input_id!r} was sent to this task already")
         task.input_ids.add(params.input_id)
         return SendInputResult(input_id=params.input_id, delivery=task.handle.send_input(params))
+    def _answer_question(self, params: SendAnswerParams) -> Reply:
+        task = self._active_task(params.task_id)
+        handle = task.handle
+        assert handle is not None
+        if task.recorder is not None:
+            task.recorder.write("answer", answer="question", **params.to_json_obj())
+        try:
+            handle.send_answer(params.question_id, QuestionAnswer(answers=dict(params.answers),
+                                                                  declined=params.declined, reason=params.reason))
+        except UnknownQuestion:
+            raise RpcFailure(ErrorCode.UNKNOWN_QUESTION, f"task {params.task_id!r} has no pending question "
+                             f"{params.question_id!r} (unknown or already answered)") from None
+        return Ack()
 
     def _stop(self, params: StopParams) -> Reply:
         task = self._active_task(params.task_id)

@@ -9,7 +9,7 @@ Two kinds of stream:
   without gaps, the current schema version, one active task at a time, and per task (``check_task``) one
   ``task.started`` first, one terminal event last, and the tool-call graph — requested, then at most one decision,
   then started/completed only after an approval, and once the task has ended every started call completed
-  exactly once.
+  exactly once; each question asked is answered exactly once.
 
 Each check raises ``InvariantError`` (an ``AssertionError``) naming every broken rule it found, with the events
 involved, so a failing test says what is wrong rather than only that something is.
@@ -29,6 +29,8 @@ from codesdk.protocol import (
     InputDelivery,
     ModelInputAppended,
     NormalizedEvent,
+    QuestionAnswered,
+    QuestionRequested,
     RuntimeEventParams,
     ToolCallIdentity,
     ToolCallRequested,
@@ -210,8 +212,38 @@ def check_task(events: Sequence[NormalizedEvent]) -> None:
     if terminals and types[-1] not in TERMINAL_EVENT_TYPES:
         problems.append(f"task {task_id!r}: events follow its terminal event")
     problems += _tool_problems(task_id, [(e.type, e.payload) for e in events], _TOOL_ORDER, ended=bool(terminals))
+    problems += _question_problems(task_id, events, ended=bool(terminals))
     if problems:
         raise InvariantError(problems)
+
+
+def _question_problems(task_id: str, events: Sequence[NormalizedEvent], *, ended: bool) -> list[str]:
+    """Each ``question.requested`` has exactly one ``question.answered`` after it (once its task has ended, every
+    question has its answer), and nothing answers a question that was not asked."""
+    asked: dict[str, int] = {}
+    answers: defaultdict[str, int] = defaultdict(int)
+    problems: list[str] = []
+    for event in events:
+        payload = event.payload
+        if isinstance(payload, QuestionRequested):
+            if payload.question_id in asked:
+                problems.append(f"task {task_id!r}: question {payload.question_id!r} asked twice")
+            asked[payload.question_id] = event.seq
+        elif isinstance(payload, QuestionAnswered):
+            if payload.question_id not in asked:
+                problems.append(f"task {task_id!r}: question {payload.question_id!r} answered (seq={event.seq}) "
+                                "but never asked before")
+            answers[payload.question_id] += 1
+    for question_id, count in answers.items():
+        if count > 1:
+            problems.append(f"task {task_id!r}: question {question_id!r} answered {count} times; exactly one "
+                            "answer per question")
+    if ended:
+        unanswered = [q for q in asked if not answers[q]]
+        if unanswered:
+            problems.append(f"task {task_id!r}: question(s) {unanswered} never answered, yet the task ended: its "
+                            "end closes them with a question.answered")
+    return problems
 
 
 def _tool_problems(task_id: str, events: Sequence[tuple[EventType, object]], order: dict[EventType, int],

@@ -22,6 +22,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from codesdk.protocol import QuestionReply, QuestionState
 from codesdk.protocol import (
     HASH_PREFIX,
     CanonicalizationError,
@@ -76,6 +77,9 @@ from ._auth import Principal, TokenAuth
 from ._endpoints import ENDPOINTS, Access, Endpoint
 from ._ranges import Unsatisfiable, byte_range
 from .openapi import openapi_document, reference_page
+from ..engine import InvalidAnswer
+from ..store import QuestionRecord, QuestionSettled, UnknownQuestion
+from .views import question_answer
 from .views import (
     approval_answer,
     deleted_answer,
@@ -122,6 +126,7 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
 
 #: What ``GET /v1/approvals?state=`` may ask for (or "all"), in the order the refusal lists them.
 _APPROVAL_STATES = tuple(state.value for state in ApprovalState)
+_QUESTION_STATES = tuple(state.value for state in QuestionState)
 
 
 def _unstorable(key: str) -> bool:
@@ -808,6 +813,48 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(409, "already_decided", str(exc)) from exc
         return _answer(request, approval_answer(decided))
 
+    async def list_questions(request: Request) -> Response:
+        principal = principal_of(request)
+        asked = _query(request, api.QuestionsQuery).state
+        if asked != "all" and asked not in _QUESTION_STATES:
+            raise ApiError(422, "invalid_query", f"query 'state' must be {', '.join(_QUESTION_STATES)} or all")
+        state = None if asked == "all" else QuestionState(asked)
+        namespaces = None if principal.admin else sorted(principal.namespaces)
+        records = await engine.store.list_questions(state=state, namespaces=namespaces)
+        return _answer(request, api.AskedQuestionList(questions=tuple(question_answer(r) for r in records)))
+
+    async def question_for(request: Request) -> QuestionRecord:
+        """The question the path names, if the caller may see it (else 404: another tenant's does not exist)."""
+        principal = principal_of(request)
+        question_id = request.path_params["question_id"]
+        try:
+            record = None if _unstorable(question_id) else await engine.store.get_question(question_id)
+        except UnknownQuestion:
+            record = None
+        if record is None or not principal.can_access(record.namespace):
+            raise ApiError(404, "not_found", f"no question {question_id}")
+        return record
+
+    async def get_question(request: Request) -> Response:
+        return _answer(request, question_answer(await question_for(request)))
+
+    async def answer_question(request: Request) -> Response:
+        record = await question_for(request)
+        body = await _body(request, api.AnswerRequest)
+        if record.state != QuestionState.PENDING:
+            raise ApiError(409, "already_answered", f"question {record.question_id!r} is already {record.state}; "
+                                                    "an answer is final")
+        await engine.leasing.own(record.namespace)  # the task waiting for it runs here, or NamespaceElsewhere
+        reply = QuestionReply(answers=body.answers, decline=body.decline, reason=body.reason)
+        try:
+            answered = await engine.questions.answer(record.question_id, reply, f"api:{principal_of(request).name}")
+        except InvalidAnswer as exc:
+            raise ApiError(422, "invalid_answer", "; ".join(f"body field '{field}': {why}"
+                                                            for field, why in exc.problems)) from exc
+        except QuestionSettled as exc:
+            raise ApiError(409, "already_answered", str(exc)) from exc
+        return _answer(request, question_answer(answered))
+
     async def list_events(request: Request) -> Response:
         session = await session_for(principal_of(request), request.path_params["session_id"])
         query = _query(request, api.EventsQuery)
@@ -986,7 +1033,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         "updateSession": update_session, "deleteSession": delete_session, "forkSession": fork_session,
         "startTask": start_task, "listEvents": list_events, "streamEvents": stream_events,
         "getTranscript": transcript, "getSupportBundle": support_bundle, "getBlob": get_blob, "getTask": get_task, "stopTask": stop_task, "sendTaskInput": send_task_input,
-        "listApprovals": list_approvals, "decideApproval": decide_approval, "listRuntimes": list_runtimes,
+        "listApprovals": list_approvals, "decideApproval": decide_approval, "listQuestions": list_questions,
+        "getQuestion": get_question, "answerQuestion": answer_question, "listRuntimes": list_runtimes,
         "listNamespaces": list_namespaces, "getLoginState": auth_status, "getRuntimeEnv": runtime_env, "listWorkers": list_workers,
         "liftQuarantine": lift_quarantine, "getNamespaceEnv": list_env, "updateNamespaceEnv": update_env,
         "getNamespaceEgress": get_egress, "setNamespaceEgress": set_egress,

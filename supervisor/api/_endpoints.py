@@ -162,6 +162,16 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              Access.TOKEN, api.ApprovalList, query=api.ApprovalsQuery),
     Endpoint("POST", "/v1/approvals/{approval_id}", "decideApproval", "Decide an approval, once", "approvals",
              Access.TOKEN, api.Approval, body=api.DecisionRequest, errors=(404, 409, 421)),
+    Endpoint("GET", "/v1/questions", "listQuestions", "Runtimes' questions waiting for an answer (or ?state=)",
+             "questions", Access.TOKEN, api.AskedQuestionList, query=api.QuestionsQuery),
+    Endpoint("GET", "/v1/questions/{question_id}", "getQuestion", "One question a runtime asked", "questions",
+             Access.TOKEN, api.AskedQuestion, errors=(404,)),
+    Endpoint("POST", "/v1/questions/{question_id}", "answerQuestion", "Answer (or decline) a question, once",
+             "questions", Access.TOKEN, api.AskedQuestion, body=api.AnswerRequest, errors=(404, 409, 421, 422),
+             description="`answers` is keyed by question id; each answer is checked against its question (one of "
+                         "its choices, a list of them with `multi_select`, text, or a value its schema allows). A "
+                         "bad answer is 422 naming the field (`answers.<id>`); a second answer is 409; another "
+                         "tenant's question is 404."),
     Endpoint("GET", "/v1/runtimes", "listRuntimes",
              "The runtimes a namespace's worker can host (default: the token's own namespace)", "runtimes",
              Access.TOKEN, api.RuntimeList, query=api.RuntimesQuery, errors=(404, 421)),

@@ -26,6 +26,7 @@ _TAGS = {
     "tasks": "One prompt and everything the runtime did for it, to its one terminal event.",
     "events": "The session's normalized events, stored with a gap-free seq: paged, or live over SSE.",
     "approvals": "Tool calls the policy left to a person (interactive tasks).",
+    "questions": "Questions a runtime asks its user (interactive tasks), answered once.",
     "runtimes": "What a namespace's worker can run, and its logins.",
     "namespaces": "Tenants' namespaces and, for the operator, their variables and quarantine.",
     "service": "Health, readiness, metrics, workers and this description.",

@@ -18,7 +18,7 @@ from codesdk.protocol import (
 
 from ..engine import WorkerEnvironment
 from ..namespaces import EnvEntry
-from ..store import ApprovalRecord, DroppedSession, EventLogReader, SessionRecord, TaskRecord
+from ..store import ApprovalRecord, QuestionRecord, DroppedSession, EventLogReader, SessionRecord, TaskRecord
 
 
 def session_answer(record: SessionRecord) -> api.Session:
@@ -91,6 +91,16 @@ async def task_result(store: EventLogReader, record: TaskRecord) -> api.TaskResu
 
 
 _TOKENS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens")
+
+
+def question_answer(record: QuestionRecord) -> api.AskedQuestion:
+    request = record.request
+    return api.AskedQuestion(question_id=record.question_id, session_id=record.session_id, task_id=record.task_id,
+                             namespace=record.namespace, source=request.source, message=request.message,
+                             origin=request.origin, questions=request.questions, state=record.state,
+                             created_at=record.created_at, expires_at=record.expires_at,
+                             answered_at=record.answered_at, answered_via=record.answered_via,
+                             answered_by=record.answered_by, answers=record.answers, reason=record.reason)
 
 
 def approval_answer(record: ApprovalRecord) -> api.Approval:

@@ -66,12 +66,14 @@ from .common import (
     EXIT_USAGE,
     Parser,
     add_fetch_flags,
+    add_question_flags,
     data_dir,
     fetch_flags_refusal,
     fetch_host,
     fetch_options,
     namespace_name,
     port,
+    question_policy,
     seconds,
     strict_values,
 )
@@ -128,6 +130,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                      help="enable the sandboxed workspace.exec tool for tenants, for this command (an executable "
                           "name or absolute path; repeatable). Default: off")
     add_fetch_flags(run, "for tenants")
+    add_question_flags(run, "over the API")
     run.add_argument("--exec-uid", type=_exec_identity, default=None, metavar="UID[:GID]",
                      help="the uid (and gid; default: the same number) workspace.exec commands run as when the "
                           "service is root and the workspace is not a namespace's own: never 0, outside "
@@ -275,7 +278,7 @@ def _serve_options(args: argparse.Namespace) -> SupervisorOptions:
         store=args.store, lease_s=args.lease_s, disk_reserve_bytes=args.disk_reserve,
         namespace_disk=args.namespace_disk, exec_max_file_bytes=args.exec_max_file_size,
         task_deadlines=_task_deadlines(args), commit_linger_s=args.commit_linger_ms / 1000,
-        resource_groups=args.resource_groups, group_limits=_group_limits(args),
+        questions=question_policy(args), resource_groups=args.resource_groups, group_limits=_group_limits(args),
         **({"exec_uid": args.exec_uid} if args.exec_uid is not None else {}))
 
 

@@ -12,9 +12,12 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..egress import EgressPolicy, HostPattern, IPNetwork, PatternError, parse_network
+
+if TYPE_CHECKING:
+    from ..engine import QuestionPolicy
 
 #: Exit codes of ``codesdk run`` (README): a stop by signal exits 128 + the signal's number, as shells report.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 128 + signal.SIGINT
@@ -195,6 +198,25 @@ def data_dir(value: str) -> Path:
             except OSError:
                 pass
     return where
+
+
+def add_question_flags(parser: argparse.ArgumentParser, whom: str) -> None:
+    """How long a runtime's question waits for its user, and what it becomes then (docs/sessions.md, Questions)."""
+    parser.add_argument("--question-timeout", type=seconds, default=None, metavar="SECONDS",
+                        help=f"how long a runtime's question waits for an answer {whom} before --question-fallback "
+                             "answers it (default 900)")
+    parser.add_argument("--question-fallback", choices=("decline", "default"), default="decline",
+                        help="what an unanswered question becomes: declined, or each question's default answer (a "
+                             "request with a required question that has none is declined; default %(default)s)")
+
+
+def question_policy(args: argparse.Namespace) -> QuestionPolicy:
+    """The engine's ``QuestionPolicy`` from the flags (imported here: this module stays light)."""
+    from ..engine import QUESTION_TIMEOUT_S, QuestionFallback, QuestionPolicy
+
+    timeout = getattr(args, "question_timeout", None)
+    return QuestionPolicy(timeout_s=QUESTION_TIMEOUT_S if timeout is None else timeout,
+                          fallback=QuestionFallback(getattr(args, "question_fallback", "decline")))
 
 
 def seconds(text: str) -> float:

@@ -23,6 +23,7 @@ from codesdk._version import __version__
 from ..config import default_data_dir
 from .common import (
     add_fetch_flags,
+    add_question_flags,
     DEFAULT_NAMESPACE,
     DEFAULT_RUNTIME,
     ISOLATION_LEVELS,
@@ -145,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--allow-exec", action="append", metavar="COMMAND",
                      help="enable the sandboxed workspace.exec tool for this command (repeatable)")
     add_fetch_flags(run, "for this command")
+    add_question_flags(run, "on the terminal (this command's own supervisor; a service has its own)")
     run.add_argument("--env", action="append", type=env_item, metavar="KEY=VALUE",
                      help="a variable for the namespace's worker and runtime (e.g. ANTHROPIC_BASE_URL); repeatable")
     run.add_argument("--json", action="store_true", help="print events as JSON lines")

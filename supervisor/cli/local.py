@@ -25,6 +25,7 @@ from codesdk.protocol import (
     HASH_PREFIX,
     EnsureLoginResult,
     InteractionMode,
+    QuestionReply,
     IsolationLevel,
     PermissionMode,
     api,
@@ -48,11 +49,13 @@ from .common import (
     exit_code,
     fetch_flags_refusal,
     fetch_options,
+    question_policy,
     read_again,
     run_config,
     run_env,
     runtime_note,
 )
+from .questions import ask_on_terminal as ask_questions
 from .run_ahead import RunAhead
 from ..api.views import deleted_answer, runtime_env_answer, session_answer
 from ..terminal import one_line
@@ -81,7 +84,7 @@ from .render import (
     session_line,
 )
 from ..workers.launch import WorkerPolicy
-from ..store import DataDirBusy, EventStore, StoreError, StoreReader
+from ..store import DataDirBusy, EventStore, QuestionRecord, StoreError, StoreReader
 
 T = TypeVar("T")
 
@@ -97,6 +100,11 @@ def _terminal_approver(ask: Callable[[str], Awaitable[tuple[bool, str]]] = ask_o
                                   f"{shown}\n  {request.reason}\n  Allow? [y/N] ")
         return ApproverAnswer(allow=allow, reason=reason)
     return approve
+
+
+async def _terminal_answerer(record: QuestionRecord) -> QuestionReply:
+    """Ask a runtime's question on the terminal (its ``question.requested`` was printed just before)."""
+    return await ask_questions(record.request.message, record.request.questions)
 
 
 async def cmd_run(args: argparse.Namespace, ahead: RunAhead | None = None) -> int:
@@ -115,6 +123,7 @@ async def cmd_run(args: argparse.Namespace, ahead: RunAhead | None = None) -> in
     options = SupervisorOptions(data_dir=args.data_dir, exec_allowlist=tuple(args.allow_exec or ()),
                                 fetch=fetch_options(args), fetch_unattended=args.allow_fetch_unattended,
                                 worker_env={"*": run_env(args.env)}, holder="codesdk run", test_scenarios=True,
+                                questions=question_policy(args),
                                 children=ahead.children if ahead is not None else None)  # its headstart's
     with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         try:
@@ -169,6 +178,7 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
         interaction_mode=InteractionMode.INTERACTIVE if interactive else InteractionMode.NON_INTERACTIVE,
         runtime_config=runtime_config,
         approver=_terminal_approver(lines.ask if lines is not None else ask_on_terminal) if interactive else None,
+        answerer=_terminal_answerer if interactive else None,
         runtime=args.runtime, max_input_tokens=args.max_input_tokens, timeout_s=args.timeout,
         idle_timeout_s=args.idle_timeout)
     if not args.json:

@@ -23,6 +23,8 @@ from codesdk.protocol import (
     EventType,
     Message,
     NormalizedEvent,
+    QuestionReply,
+    QuestionRequested,
     RuntimeCapabilities,
     api,
     config_refusal,
@@ -40,6 +42,7 @@ from .common import (
 )
 from .typed import TypedLines, reads_lines, typed_note
 from .render import EventPrinter, json_line, print_stored_events, print_transcript, session_line
+from .questions import ask_on_terminal as ask_questions
 
 
 def client_for(args: argparse.Namespace) -> AsyncClient:
@@ -124,7 +127,8 @@ async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) 
                                               runtime_config=runtime_config, runtime=args.runtime,
                                               max_input_tokens=args.max_input_tokens,
                                               timeout_s=args.timeout, idle_timeout_s=args.idle_timeout,
-                                              approver=_terminal_approver(ask) if interactive else None):
+                                              approver=_terminal_approver(ask) if interactive else None,
+                                              answerer=_terminal_answerer if interactive else None):
                     if event.type == EventType.TASK_STARTED and event.trace.task_id:
                         task_id.append(event.trace.task_id)
                         if lines is not None:
@@ -153,6 +157,13 @@ def _terminal_approver(ask: Callable[[str], Awaitable[tuple[bool, str]]],
     async def approve(event: NormalizedEvent) -> tuple[bool, str]:
         return await ask("  Allow? [y/N] ")
     return approve
+
+
+async def _terminal_answerer(event: NormalizedEvent) -> QuestionReply:
+    """Ask a ``question.requested`` event's questions, which were printed just before."""
+    asked = event.payload
+    assert isinstance(asked, QuestionRequested)
+    return await ask_questions(asked.message, asked.questions)
 
 
 async def auth_status_via_api(args: argparse.Namespace) -> EnsureLoginResult:

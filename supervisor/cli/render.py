@@ -91,6 +91,13 @@ class EventPrinter:
             case EventType.APPROVAL_REQUESTED:
                 return (f"{self._c(_YELLOW, t.value)} {p.approval_id}: {p.tool_name} ({p.tool_class}) "
                         f"{_short(p.input_preview, 80)} — {p.reason}; expires {p.expires_at:%H:%M:%S} UTC")
+            case EventType.QUESTION_REQUESTED:
+                asks = "; ".join(q.header or q.text for q in p.questions)
+                when = f"; expires {p.expires_at:%H:%M:%S} UTC" if p.expires_at is not None else ""
+                return f"{self._c(_YELLOW, t.value)} {p.question_id}: {_short(p.message or asks, 80)}{when}"
+            case EventType.QUESTION_ANSWERED:
+                said = f"declined: {p.reason}" if p.declined else _short(p.answers, 80)
+                return f"{self._c(_YELLOW if p.declined else _GREEN, t.value)} ({p.answered_via}) {said}"
             case EventType.TOOL_CALL_APPROVED:
                 return f"{self._c(_GREEN, t.value)} {p.tool_call_id} ({p.source}) {p.reason}"
             case EventType.TOOL_CALL_DENIED:

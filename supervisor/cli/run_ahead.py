@@ -8,6 +8,8 @@ needs the other for it.
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import contextlib
 from dataclasses import dataclass, field
@@ -62,7 +64,9 @@ class RunAhead:
         if getattr(args, "isolation", None) not in (None, "namespaced"):
             return ahead  # its worker is the session's own (ephemeral) or the shared one: none to start ahead
         task = {"runtime": args.runtime or DEFAULT_RUNTIME, "runtime_config": runtime_config,
-                "workspace": str(workspace)}
+                "workspace": str(workspace),
+                # as cmd_run decides: an interactive task's runtime is started able to ask its user
+                "interactive": not getattr(args, "non_interactive", False) and sys.stdin.isatty()}
         config = PoolConfig(data_dir=data_dir, env=workers_env({"*": variables}, test_scenarios=True),
                             children=ahead.children)
         ahead.headstart = Headstart.start(config, namespace, runtime_ahead=task)

@@ -4,7 +4,7 @@ Layering, lowest first (no module imports one below it in this list): ``_transcr
 ``_errors`` (refusals and their HTTP answers), ``_telemetry`` (what observers of tasks are told), ``_deadlines`` (a task's deadlines and their watch), ``_ports`` (what the engine needs of workers: the test seam),
 ``_compile`` (a task's input from the transcript, fitted to the runtime's budget), ``_runs`` (a running task's
 state, the run table), ``_recorder`` (a run's appends), ``_batch`` (a worker's batch on its way to the store),
-``_approvals``, ``_toolport`` / ``_toolflow`` (one tool call, through its port), ``_ending`` (a task's one
+``_approvals``, ``_questions`` (a runtime's questions to its user), ``_toolport`` / ``_toolflow`` (one tool call, through its port), ``_ending`` (a task's one
 end), ``_intake`` (events from workers), ``_leasing`` (which namespaces this supervisor runs), ``_lifecycle`` (forks' cuts, default workspaces), ``_requests`` (requests to a worker outside tasks), ``_engine``
 (sessions and tasks).
 """
@@ -43,6 +43,7 @@ from ._ports import PoolWorkers, RequestChannel, WorkerEvents, WorkerExit, Worke
 from ._runs import EngineStats
 from ._telemetry import Phase, TaskTelemetry, Telemetry
 from ._transcript import derive_transcript, session_events
+from ._questions import QUESTION_TIMEOUT_S, Answerer, InvalidAnswer, QuestionFallback, QuestionPolicy
 
 __all__ = [
     "DISK_RESERVE_BYTES", "ERROR_STATUS", "ApprovalRequest", "Approver", "ApproverAnswer", "ApproverRequired", "DeadlineLimits",
@@ -50,5 +51,5 @@ __all__ = [
     "EngineError", "EngineStats", "Phase", "TaskTelemetry", "Telemetry", "ErrorStatus", "ForkInsideTask", "ForkPastEnd", "InsufficientSpace", "NamespaceDiskFull", "InvalidTaskInput", "IsolationRefused", "NamespaceElsewhere", "NamespaceUnavailable",
     "PoolWorkers", "RequestChannel", "RuntimeUnavailable", "SessionBusy", "TaskNotActive", "UnknownRuntime", "WorkerEvents",
     "WorkerExit", "WorkerLink", "Workers", "WorkersFactory", "WorkspaceRefused", "derive_transcript", "error_status",
-    "session_events",
+    "session_events", "QUESTION_TIMEOUT_S", "Answerer", "InvalidAnswer", "QuestionFallback", "QuestionPolicy",
 ]

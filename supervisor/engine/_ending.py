@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -63,6 +64,9 @@ class TaskEnder:
         self._store = store
         self._runs = runs
         self._nursery = nursery
+        #: The ``question.answered`` events that close a task's open questions, stored with its terminal event
+        #: (``QuestionBroker.close_for_end``; set by the engine).
+        self.question_ends: Callable[[TaskRun], Awaitable[list[EventDraft]]] | None = None
 
     async def finish(self, run: TaskRun, event_type: EventType, payload: Model) -> None:
         """Store the one terminal event with the task's final state, atomically. Idempotent."""
@@ -81,6 +85,7 @@ class TaskEnder:
         try:
             with trio.CancelScope(shield=True):
                 drafts = [*await self._call_ends(run, cut_short_by(event_type, payload)), *carried(run),
+                          *await self._question_ends(run),
                           EventDraft(type=event_type, runtime=run.runtime, payload=payload, trace=run.trace)]
                 try:
                     await self._store.append(run.session_id, drafts, task_update=update)
@@ -112,6 +117,15 @@ class TaskEnder:
             return []
         return [EventDraft(type=EventType.TOOL_CALL_COMPLETED, runtime=run.runtime, payload=end, trace=run.trace)
                 for end in cut_short_ends(calls, how)]
+
+    async def _question_ends(self, run: TaskRun) -> list[EventDraft]:
+        if self.question_ends is None:
+            return []
+        try:
+            return await self.question_ends(run)
+        except StoreError as exc:  # the end is stored all the same; the questions stay open in the log
+            log.error("task %s: its open questions could not be closed: %s", run.task_id, exc)
+            return []
 
     async def _keep_switch(self, run: TaskRun) -> None:
         """A task that moved its session to another runtime ended well there: the session is that runtime's now,

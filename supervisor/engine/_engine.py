@@ -104,6 +104,7 @@ from codesdk.worker.client import InvalidResult, RpcError, WorkerError
 from ..workers.pool import WorkerPool
 from codesdk.worker.client import REAP_WAIT_S
 from ._approvals import APPROVAL_TIMEOUT_S, ApprovalBroker
+from ._questions import Answerer, QuestionBroker, QuestionPolicy
 from ._compile import compile_input, context_window
 from ._lifecycle import (
     check_isolation,
@@ -189,6 +190,9 @@ class EngineConfig:
     default_runtime: str = "scripted"
     workspaces_dir: Path | None = None
     approval_timeout_s: float = APPROVAL_TIMEOUT_S
+    #: How long a runtime's question waits for its user, and what it becomes then (``--question-timeout`` /
+    #: ``--question-fallback``).
+    questions: QuestionPolicy = field(default_factory=QuestionPolicy)
     store_vfs: str | None = None  # a registered SQLite VFS for the store (fault-injection tests)
     #: A PostgreSQL URL: the store several supervisors share, with namespace leases (None: SQLite in data_dir).
     store: str | None = None
@@ -229,13 +233,15 @@ class Engine:
         self.approvals = ApprovalBroker(store, config.approval_timeout_s)
         self._ender = TaskEnder(store, self._runs, nursery)
         self._recorder = RunRecorder(store, config.quotas, self._ender.over_quota)
+        self.questions = QuestionBroker(store, self._recorder, config.questions)
+        self._ender.question_ends = self.questions.close_for_end
         tools = ToolFlow(EnginePort(store, self._recorder, tooling, self.approvals), self.stats)
-        intake = EventIntake(store, self._runs, self.stats, self._recorder, tools, self._ender)
+        intake = EventIntake(store, self._runs, self.stats, self._recorder, tools, self._ender, self.questions)
         #: the namespaces' turns at the event path (weighted deficit round robin; ``codesdk.supervisor.fair``)
         self.turns = intake.turns
         self._workers = workers(config.pool, nursery, intake.on_events, intake.on_exit)
         self.leasing = Leasing(store, leases or SoleLeases(), self._runs, self.approvals, self._workers.let_go,
-                               wall_clock=config.wall_clock)
+                               wall_clock=config.wall_clock, questions=self.questions)
 
     @classmethod
     @asynccontextmanager
@@ -479,7 +485,7 @@ class Engine:
     async def start_task(self, session_id: str, prompt: str, *, permission_mode: PermissionMode = PermissionMode.ASK,
                          interaction_mode: InteractionMode = InteractionMode.NON_INTERACTIVE,
                          runtime_config: dict[str, Any] | None = None, approver: Approver | None = None,
-                         durable_approvals: bool = False, trace: TraceContext | None = None,
+                         answerer: Answerer | None = None, durable_approvals: bool = False, trace: TraceContext | None = None,
                          traceparent: TraceParent | None = None,
                          runtime: str | None = None, max_input_tokens: int | None = None,
                          timeout_s: float | None = None, idle_timeout_s: float | None = None) -> TaskRecord:
@@ -528,7 +534,8 @@ class Engine:
         async with self.turns.turn(session.namespace, 1):  # a light turn: a flood elsewhere waits, not this
             record = await self._admit(session, task_id, prompt, target)
             tr = params.trace
-            run = TaskRun(task_id=task_id, session=session, params=params, approver=approver, prompt=prompt,
+            run = TaskRun(task_id=task_id, session=session, params=params, approver=approver, answerer=answerer,
+                          prompt=prompt,
                           max_input_tokens=max_input_tokens, switched_from=switched_from,
                           trace=Trace(session_id=session_id, task_id=task_id, request_id=tr.request_id,
                                       client_id=tr.client_id, user_id=tr.user_id),

@@ -24,6 +24,7 @@ from codesdk.protocol import (
     RuntimeInfo,
     TaskFailed,
     TaskFailureCode,
+    QuestionRequested,
     ToolCallRequested,
     WireEvent,
     canonical_json,
@@ -38,6 +39,7 @@ from ._ports import WorkerLink
 from ._recorder import RunRecorder
 from ._runs import Blobs, EngineStats, PendingEvent, RunTable, TaskRun
 from ._steering import reported
+from ._questions import QuestionBroker
 from ._toolflow import ToolFlow
 
 log = logging.getLogger("codesdk.supervisor.engine")
@@ -55,7 +57,8 @@ class EventIntake:
     """The workers' two callbacks into the engine: ``on_events`` (a batch, in order) and ``on_exit``."""
 
     def __init__(self, store: Recorder, runs: RunTable, stats: EngineStats, recorder: RunRecorder,
-                 tools: ToolFlow, ender: TaskEnder, turns: FairTurns | None = None) -> None:
+                 tools: ToolFlow, ender: TaskEnder, questions: QuestionBroker,
+                 turns: FairTurns | None = None) -> None:
         #: every namespace's events take turns here (weighted deficit round robin): a flood slows its own namespace
         self.turns = turns if turns is not None else FairTurns()
         self._store = store
@@ -64,6 +67,7 @@ class EventIntake:
         self._recorder = recorder
         self._tools = tools
         self._ender = ender
+        self._questions = questions
 
     async def on_events(self, worker: WorkerLink, batch: Sequence[WireEvent]) -> None:
         """Store a worker's events in order, in turns fair across namespaces (``FairTurns``: while another
@@ -202,6 +206,11 @@ class EventIntake:
                 self._stats.invalid_events += 1
             else:
                 pending.add(run, PendingEvent(event.type, stored))
+        elif event.type == EventType.QUESTION_REQUESTED:
+            question = event.model().event.payload
+            assert isinstance(question, QuestionRequested)
+            await pending.flush()
+            await self._questions.asked(run, question)
         elif event.type in TERMINAL_EVENT_TYPES:
             await pending.flush()
             await self._ender.finish(run, event.type, await self._stderr_tail_as_blob(run, event.model().event.payload))

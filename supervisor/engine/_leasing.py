@@ -35,6 +35,7 @@ from codesdk.protocol import (
 
 from ..store import EventDraft, InvalidTransition, Leases, Recorder, StoreError, TaskRecord, TaskState, TaskUpdate
 from ._approvals import ApprovalBroker
+from ._questions import QuestionBroker, question_ends
 from ._errors import NamespaceElsewhere
 from ._runs import RunTable
 from ._stopping import cut_short_ends, open_calls
@@ -47,8 +48,10 @@ LetGo = Callable[[str], Awaitable[None]]
 
 class Leasing:
     def __init__(self, store: Recorder, leases: Leases, runs: RunTable, approvals: ApprovalBroker,
-                 let_go: LetGo, *, wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 let_go: LetGo, *, wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 questions: QuestionBroker | None = None) -> None:
         self.store = store
+        self._questions = questions
         self._wall_clock = wall_clock
         self.leases = leases
         self._runs = runs
@@ -163,10 +166,13 @@ class Leasing:
                                                                       task_id=record.task_id)
             ends = cut_short_ends(await open_calls(self.store, record.session_id, record.task_id),
                                   CallCutShort.INTERRUPTED)  # an approved call is started → completed, once
+            asked = await question_ends(self.store, record.session_id, record.task_id, runtime, trace,
+                                        "the supervisor running the task stopped before an answer")
             try:
                 await self.store.append(record.session_id, [
                     *(EventDraft(type=EventType.TOOL_CALL_COMPLETED, runtime=runtime, payload=end, trace=trace)
                       for end in ends),
+                    *asked,
                     EventDraft(type=EventType.TASK_FAILED, runtime=runtime, payload=failed, trace=trace)],
                     task_update=TaskUpdate(task_id=record.task_id, state=TaskState.FAILED,
                                            error=failed.to_json_obj()))
@@ -175,6 +181,8 @@ class Leasing:
             log.warning("task %s was left %s by a supervisor that is gone; marked failed", record.task_id,
                         record.state)
         await self._approvals.expire_orphans(namespace)
+        if self._questions is not None:
+            await self._questions.expire_orphans(namespace)
 
     async def _orphan_failure(self, record: TaskRecord) -> TaskFailed:
         """How a task left running by a supervisor that is gone fails: ``TASK_TIMEOUT`` if its stored wall-clock

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -12,13 +13,14 @@ from codesdk.protocol import (
     Model,
     ModelInput,
     RuntimeInfo,
+    QuestionReply,
     SendInputParams,
     StartTaskParams,
     ToolCallIdentity,
     Trace,
 )
 
-from ..store import PayloadJson, SessionRecord
+from ..store import PayloadJson, QuestionRecord, SessionRecord
 from ..tools import Approver
 from ._deadlines import TaskClock
 from ._ports import WorkerLink
@@ -95,6 +97,10 @@ class TaskRun:
     telemetry: TaskTelemetry = NO_TASK_TELEMETRY
     #: Inputs sent to it (``_steering``) whose delivery the worker has not reported yet, in the order sent.
     inputs: dict[str, SendInputParams] = field(default_factory=dict)
+    #: Who answers its runtime's questions in-process (a terminal, an embedding app; ``_questions.Answerer``);
+    #: None: they are answered over the API. The workers' ids of the questions asked: a repeat is not asked twice.
+    answerer: Callable[[QuestionRecord], Awaitable[QuestionReply]] | None = None
+    asks_seen: set[str] = field(default_factory=set)
 
     @property
     def session_id(self) -> str:

@@ -13,7 +13,7 @@ from codesdk.procs.orphans import become_subreaper
 from ..api import ApiLimits
 from ..config import default_data_dir
 from ..groups import GroupLimits, ResourceGroups
-from ..engine import DISK_RESERVE_BYTES, DeadlineLimits, Engine, EngineConfig
+from ..engine import DISK_RESERVE_BYTES, DeadlineLimits, Engine, EngineConfig, QuestionPolicy
 from ..namespaces import (
     DiskQuota,
     DiskQuotaError,
@@ -89,6 +89,8 @@ class SupervisorOptions:
     task_deadlines: DeadlineLimits = field(default_factory=DeadlineLimits)
     #: The longest a paced stream's events wait for other sessions' to share their commit (``--commit-linger-ms``).
     commit_linger_s: float = COMMIT_LINGER_S
+    #: How long a runtime's question waits for its user, and what it becomes then (``--question-timeout`` …).
+    questions: QuestionPolicy = field(default_factory=QuestionPolicy)
     #: What API clients may hold: connections (in all, per token), event streams per token, header/body timeouts.
     api_limits: ApiLimits = field(default_factory=ApiLimits)
     #: The event store: None for SQLite in the data dir (the embedded default); a ``postgresql://`` URL for a
@@ -163,7 +165,7 @@ async def _open_engine(options: SupervisorOptions, data_dir: Path, children: Chi
                                         quotas=options.quotas, store=options.store, lease_s=options.lease_s,
                                         disk_reserve_bytes=options.disk_reserve_bytes,
                                         deadlines=options.task_deadlines,
-                                        commit_linger_s=options.commit_linger_s),
+                                        commit_linger_s=options.commit_linger_s, questions=options.questions),
                            tools) as engine:
         if options.worker_uids is not None:  # the data dir becomes 0711: nothing in it may rely on the umask
             tighten_data_dir(data_dir)

@@ -84,6 +84,8 @@ from ._records import (
     TaskState,
     TaskUpdate,
 )
+from ._questions import QuestionRecord, QuestionSettled, UnknownQuestion
+from ._recorder import QuestionRecords
 from ._schema import LATEST as SCHEMA_VERSION
 from ._sql import DroppedSession
 from ._store import DB_FILENAME, IDEMPOTENCY_WINDOW_S, INLINE_BLOB_MAX, EventStore, Synchronous, new_id
@@ -163,4 +165,8 @@ __all__ = [
     "is_postgres_url",
     "new_id",
     "open_postgres",
+    "QuestionRecord",
+    "QuestionRecords",
+    "QuestionSettled",
+    "UnknownQuestion",
 ]

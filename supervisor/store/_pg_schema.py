@@ -16,6 +16,7 @@ from __future__ import annotations
 from ._errors import MigrationFailed, SchemaTooNew, StoreError
 from ._pg import PostgresDb
 from ._schema import Migration
+from ._questions import QUESTIONS_TABLE
 from ._sql import hold_named_blobs
 from ._time import now_text
 
@@ -216,6 +217,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         ALTER TABLE sessions ADD COLUMN isolation TEXT NOT NULL DEFAULT 'namespaced';
         """,
     ),
+    Migration(8, "questions a runtime asks its user",
+              QUESTIONS_TABLE.format(rowid="rowid BIGINT GENERATED ALWAYS AS IDENTITY,\n            ")),
 )
 
 LATEST = MIGRATIONS[-1].version

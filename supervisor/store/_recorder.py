@@ -17,9 +17,10 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any, Protocol
 
-from codesdk.protocol import ApprovalState, IsolationLevel, NormalizedEvent
+from codesdk.protocol import AnsweredVia, Answers, ApprovalState, IsolationLevel, NormalizedEvent, QuestionState
 from codesdk.protocol.api import SessionFilter
 
+from ._questions import QuestionRecord
 from ._quotas import Quotas
 from ._records import (
     ApprovalRecord,
@@ -137,6 +138,21 @@ class ApprovalRecords(Protocol):
                              namespaces: Sequence[str] | None = None) -> list[ApprovalRecord]: ...
 
 
+class QuestionRecords(Protocol):
+    """Runtimes' questions waiting for their user: pending ones outlive the process; each is settled once."""
+
+    async def create_question(self, record: QuestionRecord) -> QuestionRecord: ...
+
+    async def settle_question(self, question_id: str, state: QuestionState, via: AnsweredVia, by: str,
+                              answers: Answers, reason: str) -> QuestionRecord: ...
+
+    async def get_question(self, question_id: str) -> QuestionRecord: ...
+
+    async def list_questions(self, *, state: QuestionState | None = QuestionState.PENDING,
+                             namespaces: Sequence[str] | None = None,
+                             task_id: str | None = None) -> list[QuestionRecord]: ...
+
+
 class RequestRecords(Protocol):
     """API requests by idempotency key: a retried request gets the first one's answer (``EventStore``)."""
 
@@ -198,7 +214,7 @@ class StoreReader(EventLogReader, SessionReader, TaskReader, BlobReader, Protoco
     """Reading a store beside its writer: the CLI's listings and event dumps, transcripts."""
 
 
-class Recorder(EventLog, SessionRecords, TaskRecords, ApprovalRecords, RequestRecords, BlobStore, StoreHealth,
+class Recorder(EventLog, SessionRecords, TaskRecords, ApprovalRecords, QuestionRecords, RequestRecords, BlobStore, StoreHealth,
                StoreReader, Protocol):
     """Everything the engine records and the HTTP API serves."""
 

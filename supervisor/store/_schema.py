@@ -15,6 +15,7 @@ import apsw
 
 from ._db import Db, SQLiteDb
 from ._errors import MigrationFailed, SchemaTooNew, StoreError, translate
+from ._questions import QUESTIONS_TABLE
 from ._sql import hold_named_blobs
 from ._time import now_text
 
@@ -208,6 +209,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         ALTER TABLE sessions ADD COLUMN isolation TEXT NOT NULL DEFAULT 'namespaced';
         """,
     ),
+    Migration(12, "questions a runtime asks its user", QUESTIONS_TABLE.format(rowid="")),
 )
 
 LATEST = MIGRATIONS[-1].version

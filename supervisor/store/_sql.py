@@ -653,7 +653,7 @@ def drop_session(conn: Db, session_id: str) -> DroppedSession:
         raise SessionBusy(session_id, active_id, active_state)
     stored_bytes = int(conn.scalar("SELECT stored_bytes FROM sessions WHERE session_id = ?", (session_id,)))
     held = sorted(ref for (ref,) in conn.execute("SELECT ref FROM blob_holders WHERE session_id = ?", (session_id,)))
-    for table in ("events", "approvals", "tasks", "appends", "blob_holders"):  # approvals name tasks: first
+    for table in ("events", "approvals", "questions", "tasks", "appends", "blob_holders"):  # these name tasks: first
         conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
     conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
     conn.execute("UPDATE namespace_usage SET events = CASE WHEN events > ? THEN events - ? ELSE 0 END, "

@@ -15,6 +15,7 @@ from typing import Any, Literal, NoReturn, Protocol, TypeVar
 import apsw
 import trio
 
+from codesdk.protocol import AnsweredVia, Answers, QuestionState
 from codesdk.protocol import (
     ApprovalState,
     IsolationLevel,
@@ -30,6 +31,7 @@ from codesdk.protocol import upcasters as this_builds_upcasters
 from codesdk.protocol.api import SessionFilter
 
 from ..ids import new_id
+from . import _questions
 from . import _sql
 from ._blobs import BlobFiles, check_ref
 from ._db import Db, SQLiteDb, open_connection
@@ -57,6 +59,7 @@ from ._records import (
     TaskState,
     TaskUpdate,
 )
+from ._questions import QuestionRecord
 from ._schema import check_version, migrate
 from ._sql import DroppedSession
 from ._stored import StoredEvent
@@ -415,6 +418,27 @@ class EventStore(Recorder):
                              namespaces: Sequence[str] | None = None) -> list[ApprovalRecord]:
         return await self._read("listing approvals", partial(_sql.select_approvals, state=state,
                                                              namespaces=namespaces))
+
+    async def create_question(self, record: QuestionRecord) -> QuestionRecord:
+        return await self._write(f"recording question {record.question_id!r}",
+                                 partial(_questions.insert_question, record=record))
+
+    async def settle_question(self, question_id: str, state: QuestionState, via: AnsweredVia, by: str,
+                              answers: Answers, reason: str) -> QuestionRecord:
+        """Record the one answer (or decline) of a pending question (``QuestionSettled`` if it has one)."""
+        return await self._write(f"answering question {question_id!r}", partial(
+            _questions.settle_question, question_id=question_id, state=state, via=via, by=by, answers=answers,
+            reason=reason))
+
+    async def get_question(self, question_id: str) -> QuestionRecord:
+        return await self._read(f"reading question {question_id!r}",
+                                partial(_questions.select_question, question_id=question_id))
+
+    async def list_questions(self, *, state: QuestionState | None = QuestionState.PENDING,
+                             namespaces: Sequence[str] | None = None,
+                             task_id: str | None = None) -> list[QuestionRecord]:
+        return await self._read("listing questions", partial(_questions.select_questions, state=state,
+                                                             namespaces=namespaces, task_id=task_id))
 
     async def ping(self) -> None:
         """A probe write through the writer: returns once the writer has committed one more count in a row.

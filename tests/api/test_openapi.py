@@ -221,6 +221,19 @@ async def test_every_answer_of_every_operation_matches_the_schema_the_document_d
         assert (await c.get(f"/v1/sessions/{sid}/blobs/nope", headers=alice)).status_code == 404
         assert (await c.post(f"/v1/tasks/{task['task_id']}/stop", headers=alice, json={})).status_code == 409
 
+        asking = (await c.post(f"/v1/sessions/{sid}/tasks", headers=alice, json={
+            "prompt": "ask", "interaction_mode": "interactive", "runtime_config": {"scenario": "ask-user"}})).json()
+        while not (asked := (await c.get("/v1/questions", headers=alice)).json()["questions"]):
+            await trio.sleep(0.05)
+        assert (await c.get("/v1/questions?state=nope", headers=alice)).status_code == 422
+        question = f"/v1/questions/{asked[0]['question_id']}"
+        assert (await c.get(question, headers=alice)).status_code == 200
+        assert (await c.post(question, headers=alice, json={"answers": {"colour": "green"}})).status_code == 422
+        assert (await c.post(question, headers=alice, json={"decline": True})).status_code == 200
+        assert (await c.post(question, headers=alice, json={"decline": True})).status_code == 409
+        while (await c.get(f"/v1/tasks/{asking['task_id']}", headers=alice)).json()["state"] == "running":
+            await trio.sleep(0.05)
+
         hung = (await c.post(f"/v1/sessions/{sid}/tasks", headers=alice, json={
             "prompt": "wait", "runtime_config": {"scenario": "hang"}})).json()
         steer = f"/v1/tasks/{hung['task_id']}/input"

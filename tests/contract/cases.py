@@ -22,6 +22,12 @@ from fixtures.fake_anthropic import opencode_config
 STDERR_MARKER = "scripted-runtime-process: about to work"
 
 
+#: The question each runtime is made to ask: one choice of two (the answer the contract gives is "blue").
+QUESTION: dict[str, Any] = {"id": "colour", "header": "Colour", "text": "Which colour should it be?",
+                            "options": [{"label": "red", "description": "warm"},
+                                        {"label": "blue", "description": "calm"}]}
+
+
 @dataclass
 class Turn:
     prompt: str
@@ -55,6 +61,11 @@ class ScriptedCase:
 
     def slow(self) -> Turn:
         return Turn("count slowly", {"scenario": "slow-stream", "stop_grace_s": 0.5})
+
+    def question(self) -> Turn | None:
+        """Ask the user which colour (red or blue), then say what came back."""
+        steps = [{"ask": {"questions": [QUESTION]}}, {"text": "ANSWER: {{answer:colour}}"}]
+        return Turn("ask me", {"scenario_inline": {"name": "contract-question", "steps": steps}})
 
     def with_runtime_process(self, ready: Path) -> Turn:
         """Streams a little, then waits on a runtime process of its own (what the test kills); the process says
@@ -108,6 +119,11 @@ class ClaudeCase:
     def slow(self) -> Turn:
         return Turn("SLOW 20", {"stop_grace_s": 2})
 
+    def question(self) -> Turn | None:
+        return Turn(_call("AskUserQuestion", {"questions": [{
+            "question": QUESTION["text"], "header": QUESTION["header"], "multiSelect": False,
+            "options": QUESTION["options"]}]}))
+
     def with_runtime_process(self, ready: Path) -> Turn:
         return Turn("SLOW 60")
 
@@ -153,6 +169,11 @@ class CodexCase:
 
     def slow(self) -> Turn:
         return Turn("SLOW 20", {**CODEX_CONFIG, "stop_grace_s": 2})
+
+    def question(self) -> Turn | None:
+        return Turn(_call("request_user_input", {"questions": [{
+            "id": QUESTION["id"], "header": QUESTION["header"], "question": QUESTION["text"],
+            "options": QUESTION["options"]}]}), dict(CODEX_CONFIG))
 
     def with_runtime_process(self, ready: Path) -> Turn:
         return Turn("SLOW 60", dict(CODEX_CONFIG))
@@ -201,6 +222,9 @@ class _AcpCase:
 
     def tools(self, *calls: tuple[str, dict[str, Any]]) -> Turn:
         return Turn("\n".join(_call(name, args) for name, args in calls), dict(self.config))
+
+    def question(self) -> Turn | None:
+        return None  # declared: the pinned ACP agents have no question that can travel to the user and back
 
     def slow(self) -> Turn:
         return Turn("SLOW 20", {**self.config, "stop_grace_s": 2})

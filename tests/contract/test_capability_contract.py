@@ -24,6 +24,7 @@ from codesdk.protocol import (
     PermissionMode,
     PermissionModel,
     PolicySource,
+    QuestionReply,
     ResumeMode,
     ResumeModel,
     RuntimeCapabilities,
@@ -356,3 +357,36 @@ async def test_steering_as_declared(make_engine: MakeEngine, case: Case, tmp_pat
         assert (answer.delivery, appended.delivery) == (InputDelivery.QUEUED, InputDelivery.QUEUED)
         assert the_model_input(next_events).carried_inputs == ("steer-1",)
         assert marker in later, f"{case.runtime}: the next task's model was not given the queued input"
+async def test_user_questions_as_declared(make_engine: MakeEngine, case: Case, tmp_path: Path) -> None:
+    """``user_questions``: the runtime's question arrives as ``question.requested`` of a source it declares, is
+    answered over the API (the broker ``POST /v1/questions/{id}`` answers through), and the runtime receives the
+    answer: its next model request carries it, so what it says next quotes it. Declared none: the runtime has no
+    question that can reach its user (the pinned ACP agents), and the case has none to make it ask."""
+    turn = case.question()
+    with trio.fail_after(HANG_GUARD_S):
+        async with make_engine(worker_env={"*": case.worker_env()}) as engine:
+            declared = await _declared(engine, case)
+            if not declared.user_questions:
+                assert turn is None, f"{case.runtime} declares no user_questions, but its case can make it ask"
+                return
+            assert turn is not None, f"{case.runtime} declares {declared.user_questions}: its case must ask one"
+            session = await engine.create_session(runtime=case.runtime, workspace=workspace(tmp_path))
+            task = await engine.start_task(session.session_id, turn.prompt, runtime_config=turn.runtime_config,
+                                           permission_mode=PermissionMode.ASK, durable_approvals=True)
+            while not (pending := await engine.store.list_questions(task_id=task.task_id)):
+                if engine.active_task(session.session_id) is None:  # it ended without asking
+                    events = await _task_events(engine, session.session_id, task.task_id)
+                    pytest.fail(f"{case.runtime} never asked its question; it said: {said(events)!r}")
+                await trio.sleep(0.05)
+            [asked] = pending
+            assert asked.request.source in declared.user_questions
+            [question] = asked.request.questions
+            assert [o.label for o in question.options] == ["red", "blue"] and "Which colour" in question.text
+            await engine.questions.answer(asked.question_id, QuestionReply(answers={question.id: "blue"}),
+                                          "api:contract")
+            record = await engine.wait_task(task.task_id)
+            events = await _task_events(engine, session.session_id, task.task_id)
+    assert record.state == TaskState.COMPLETED, record.error
+    [answered] = of_type(events, EventType.QUESTION_ANSWERED)
+    assert answered.answers == {question.id: "blue"} and answered.answered_via == "user"
+    assert "blue" in said(events).split("ANSWER:" if case.runtime == "scripted" else "RESULTS:", 1)[-1], said(events)

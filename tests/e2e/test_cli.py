@@ -94,6 +94,60 @@ def test_ask_mode_prompts_on_a_terminal(tmp_path: Path) -> None:
     assert b"tool.call.approved" in out and b"(user) approved on the terminal" in out
 
 
+def _read_until(proc: subprocess.Popen[bytes], marker: bytes, seen: bytes = b"") -> bytes:
+    deadline = time.monotonic() + 60
+    assert proc.stderr is not None
+    while marker not in seen and time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stderr], [], [], 1.0)
+        if ready:
+            seen += os.read(proc.stderr.fileno(), 4096)
+    return seen
+
+
+def test_a_runtimes_question_is_answered_on_the_terminal(tmp_path: Path) -> None:
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*CLI, "run", "a widget", "--scenario", "ask-user"], stdin=slave,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(tmp_path), cwd=REPO)
+    os.close(slave)
+    try:
+        seen = _read_until(proc, b"> ")
+        assert b"Before I start on: a widget" in seen and b"1. red" in seen and b"2. blue" in seen
+        os.write(master, b"green\n")  # not a choice: said why, and asked again
+        seen = _read_until(proc, b"'green' is not a choice", seen)
+        os.write(master, b"1\n")
+        seen = _read_until(proc, b"What should it be called?", seen)
+        os.write(master, b"Widget\n")
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert b"Colour red, name Widget." in out and b"question.answered (user)" in out
+
+
+def test_an_unanswered_question_takes_the_operators_fallback(tmp_path: Path) -> None:
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*CLI, "run", "a widget", "--scenario", "ask-user", "--question-timeout", "1",
+                             "--question-fallback", "default"], stdin=slave, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=_env(tmp_path), cwd=REPO)
+    os.close(slave)
+    try:
+        out, _ = proc.communicate(timeout=60)  # nobody types
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert b"Colour blue, name untitled." in out and b"question.answered (fallback)" in out
+
+
+def test_a_question_in_a_task_nobody_can_be_asked_in_is_declined(tmp_path: Path) -> None:
+    done = _run(tmp_path, "run", "a widget", "--scenario", "ask-user", "--non-interactive")
+    assert done.returncode == 0, done.stderr
+    assert "question.answered (refused) declined: the task is not interactive" in done.stdout
+
+
 def test_events_follow_sees_a_task_run_by_another_process(tmp_path: Path) -> None:
     env = _env(tmp_path)
     first = _run(tmp_path, "run", "first")

@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from codesdk.protocol import ApprovalState, EventType, ModelOutputDelta, NormalizedEvent, Trace, utc_now
+from codesdk.protocol import AnsweredVia, Question, QuestionOption, QuestionRequested, QuestionSource, QuestionState
 from codesdk.supervisor.store import (
     ApprovalDecided,
     ApprovalRecord,
@@ -34,6 +35,7 @@ from codesdk.supervisor.store import (
     UnknownTask,
 )
 
+from codesdk.supervisor.store import QuestionRecord, QuestionSettled, UnknownQuestion
 from tests.store.backends import Backend
 from tests.store.store_helpers import RUNTIME, bad_delta, delta, session_created, terminal, texts
 
@@ -407,6 +409,48 @@ async def test_approvals_are_decided_exactly_once(recorder: Recorder) -> None:
             await recorder.get_approval("nope")
         with pytest.raises(UnknownApproval):
             await recorder.decide_approval("nope", ApprovalState.DENIED, "approver", "")
+
+
+def _question(question_id: str, namespace: str = "default") -> QuestionRecord:
+    now = utc_now()
+    request = QuestionRequested(question_id=question_id, source=QuestionSource.SCRIPTED, questions=(
+        Question(id="color", text="Which colour?", options=(QuestionOption(label="red"), QuestionOption(label="blue"))),
+        Question(id="token", text="Your token?", secret=True)))
+    return QuestionRecord(question_id=question_id, session_id="s1", task_id="t1", namespace=namespace,
+                          ask_id="ask-1", request=request, state=QuestionState.PENDING, created_at=now,
+                          expires_at=now + timedelta(minutes=5))
+
+
+async def test_questions_are_answered_exactly_once(recorder: Recorder) -> None:
+    with trio.fail_after(10):
+        await recorder.create_session("s1", runtime="scripted")
+        await recorder.create_task("s1", "t1", state=TaskState.RUNNING)
+        first = await recorder.create_question(_question("q1"))
+        assert first.state == "pending" and first.request.questions[1].secret and first.answered_at is None
+        await recorder.create_question(_question("q2", namespace="user:7"))
+        assert await recorder.get_question("q1") == first
+        assert [q.question_id for q in await recorder.list_questions()] == ["q1", "q2"]
+        assert [q.question_id for q in await recorder.list_questions(namespaces=["user:7"])] == ["q2"]
+        assert [q.question_id for q in await recorder.list_questions(task_id="t1")] == ["q1", "q2"]
+        assert await recorder.list_questions(namespaces=[]) == []
+        answered = await recorder.settle_question("q1", QuestionState.ANSWERED, AnsweredVia.USER, "api:alice",
+                                                  {"color": "red", "token": "[secret]"}, "")
+        assert (answered.state, answered.answered_via, answered.answered_by) == ("answered", "user", "api:alice")
+        assert answered.answers == {"color": "red", "token": "[secret]"} and answered.answered_at is not None
+        with pytest.raises(QuestionSettled, match="already answered"):
+            await recorder.settle_question("q1", QuestionState.DECLINED, AnsweredVia.USER, "api:bob", {}, "no")
+        assert [q.question_id for q in await recorder.list_questions()] == ["q2"]
+        declined = await recorder.settle_question("q2", QuestionState.DECLINED, AnsweredVia.TASK_END, "codesdk",
+                                                  {}, "the task ended")
+        assert (declined.state, declined.reason) == ("declined", "the task ended")
+        assert [q.state for q in await recorder.list_questions(state=None)] == ["answered", "declined"]
+        with pytest.raises(UnknownQuestion):
+            await recorder.get_question("nope")
+        with pytest.raises(UnknownQuestion):
+            await recorder.settle_question("nope", QuestionState.DECLINED, AnsweredVia.USER, "x", {}, "")
+        await recorder.update_task("t1", state=TaskState.COMPLETED)
+        await recorder.drop_session("s1")  # its questions go with it
+        assert await recorder.list_questions(state=None) == []
 
 
 async def test_an_append_repeated_with_its_key_stores_nothing(recorder: Recorder) -> None:

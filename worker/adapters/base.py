@@ -36,6 +36,8 @@ from codesdk.protocol import (
 )
 
 from .._failure import RpcFailure
+from ._questions import QuestionAnswer as QuestionAnswer  # the question half of a handle, re-exported
+from ._questions import UnknownQuestion as UnknownQuestion
 
 
 class StartTaskRefused(RpcFailure):
@@ -134,6 +136,9 @@ class TaskHandle(ABC):
         ``model.input.appended`` once the runtime has it) or left for the next turn (``QUEUED``: the supervisor
         carries it into the session's next task). A runtime without steering queues it (the default)."""
         return InputDelivery.QUEUED
+    def send_answer(self, question_id: str, answer: QuestionAnswer) -> None:
+        """Deliver the answer to one of the runtime's questions (``question.requested``). Raises UnknownQuestion."""
+        raise UnknownQuestion(f"this runtime has no question {question_id!r} waiting")
 
     @abstractmethod
     def stop(self, reason: str | None) -> None:

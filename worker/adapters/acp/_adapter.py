@@ -118,7 +118,10 @@ class AcpAdapter(RuntimeAdapter):
             cancellation_model=CancellationModel.BEST_EFFORT,
             # ACP v1 has no way into a running prompt (a second session/prompt would abort Gemini's first): an
             # input is queued (TaskHandle.send_input) and carried into the session's next task
-            steering=SteeringSupport.NEXT_TURN)
+            steering=SteeringSupport.NEXT_TURN,
+            # The pinned agents have no elicitation method (ACP's elicitation/create is newer than their SDKs) and
+            # session/request_permission carries only allow/reject: no question can travel to the user and back.
+            user_questions=())
 
     def availability(self) -> Availability:
         refusal = self.profile.refusal(os.environ)

@@ -44,6 +44,9 @@ from codesdk.protocol import (
     ExecutedBy,
     InputDelivery,
     InteractionMode,
+    Question,
+    QuestionRequested,
+    QuestionSource,
     IsolationMode,
     ModelOutputCompleted,
     ModelOutputDelta,
@@ -64,6 +67,7 @@ from codesdk.protocol import (
 )
 
 from codesdk.procs.launch import Launch
+from .._questions import AnswersQuestions, PendingQuestions, QuestionAnswer
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
 from .._steering import InputInbox, delivered
 from ...mcp.server import McpServer, McpTool, ToolCallResult
@@ -79,8 +83,10 @@ from ..base import (
     TaskOutcome,
 )
 from . import home
+from .questions import ask_user_input, ask_user_questions, elicitation_answer, elicitation_questions
 from ._control import ChannelClosed, ControlChannel, ControlError
 from .launch import (
+    ASK_USER_QUESTION,
     CLAUDE_CONFIG_KEYS,
     INITIALIZE_REQUEST_ID,
     MCP_SERVER,
@@ -139,7 +145,9 @@ class ClaudeAdapter(RuntimeAdapter):
             mcp_support=McpSupport.CLIENT_ONLY, mcp_transports=(McpTransport.STDIO, McpTransport.SSE, McpTransport.HTTP),
             cancellation_model=CancellationModel.BEST_EFFORT,
             # a user message written on its open stdin mid-turn is folded in before its next model request
-            steering=SteeringSupport.MID_TURN)
+            steering=SteeringSupport.MID_TURN,
+            # AskUserQuestion in interactive tasks; an MCP server's elicitation, forwarded by the CLI
+            user_questions=(QuestionSource.CLAUDE_ASK_USER, QuestionSource.MCP_ELICITATION))
 
     def _version(self) -> str:
         return cli_version()
@@ -178,7 +186,7 @@ class ClaudeAdapter(RuntimeAdapter):
         return home.implicit_sources(os.environ, cwd)
 
 
-class ClaudeTask(AnswersToolCalls, TaskHandle):
+class ClaudeTask(AnswersToolCalls, AnswersQuestions, TaskHandle):
     def __init__(self, params: StartTaskParams, io: TaskIO, given: RuntimeInput, cli: Path,
                  ahead: RuntimeAhead | None = None) -> None:
         self.params = params
@@ -202,6 +210,9 @@ class ClaudeTask(AnswersToolCalls, TaskHandle):
             McpTool(claude_tool_name(t.name), t.description or t.name, dict(t.input_schema))
             for t in params.tool_manifest.tools], self._call_tool)
         self.tools = PendingToolCalls()
+        self.questions = PendingQuestions("claude-ask")
+        #: An interactive task offers ``AskUserQuestion``; its questions reach the user through CodeSDK.
+        self.asks_user = params.interaction_mode == InteractionMode.INTERACTIVE
         #: Every call the PreToolUse hook decided, by tool_use_id: (allowed, reason) — what can_use_tool answers.
         self._decisions: dict[str, tuple[bool, str]] = {}
         #: The supervisor's answers to approved calls of our tools, waiting for Claude's tools/call.
@@ -236,7 +247,7 @@ class ClaudeTask(AnswersToolCalls, TaskHandle):
     def launch(self) -> Launch:
         """How the CLI is started for this task (``_launch.claude_launch``; the same for a CLI started ahead)."""
         return claude_launch(self.cli, self.settings, cwd=str(self.cwd),
-                             resume=self.given.resume_id, environ=os.environ)
+                             resume=self.given.resume_id, environ=os.environ, questions=self.asks_user)
 
     # -- the run --------------------------------------------------------------------------------
 
@@ -361,7 +372,11 @@ class ClaudeTask(AnswersToolCalls, TaskHandle):
                 return await self._post_tool_use(hook_input, tool_use_id)
             raise LookupError(f"no hook callback {request.get('callback_id')!r}")
         if subtype == "can_use_tool":
+            if request.get("tool_name") == ASK_USER_QUESTION and self.asks_user:
+                return await self._ask_user_question(request)
             return self._can_use_tool(request)
+        if subtype == "elicitation":
+            return await self._elicitation(request)
         if subtype == "mcp_message":
             message = request.get("message")
             if request.get("server_name") != MCP_SERVER:
@@ -378,6 +393,8 @@ class ClaudeTask(AnswersToolCalls, TaskHandle):
         name = str(hook_input.get("tool_name", ""))
         tool_input = hook_input.get("tool_input") or {}
         call_id = tool_use_id or f"call-{canonical_hash(tool_input)[7:19]}"
+        if name == ASK_USER_QUESTION and self.asks_user:  # not a tool call: a question, asked at can_use_tool
+            return _hook_decision("ask", "CodeSDK asks the user")
         if name not in self.by_claude_name and name not in self.builtins:
             return self._deny(call_id, f"{name} is not enabled: CodeSDK runs this task with Claude's built-in "
                                        "tools off")
@@ -410,6 +427,42 @@ class ClaudeTask(AnswersToolCalls, TaskHandle):
             tool_input = request.get("input")
             return {"behavior": "allow", "updatedInput": tool_input if isinstance(tool_input, dict) else {}}
         return {"behavior": "deny", "message": reason}
+
+    async def _ask(self, source: QuestionSource, questions: list[Question], message: str = "",
+                   origin: str = "") -> QuestionAnswer:
+        """Put the runtime's question to its user (``question.requested``) and wait for the supervisor's answer."""
+        ask_id = self.questions.new_ask_id()
+        self.questions.expect(ask_id)
+        await self.io.emit(EventType.QUESTION_REQUESTED, QuestionRequested(
+            question_id=ask_id, source=source, message=message[:20_000], origin=origin[:200],
+            questions=tuple(questions)))
+        return await self.questions.wait(ask_id)
+
+    async def _ask_user_question(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``AskUserQuestion`` wants its user: the questions are asked through CodeSDK; answered, the call is
+        allowed with the answers in its input (what the CLI's own prompt would do); declined, denied saying why."""
+        tool_input = request.get("input") if isinstance(request.get("input"), dict) else {}
+        assert isinstance(tool_input, dict)
+        try:
+            questions = ask_user_questions(tool_input)
+        except ValueError as exc:
+            return {"behavior": "deny", "message": f"CodeSDK cannot ask this: {exc}"}
+        answer = await self._ask(QuestionSource.CLAUDE_ASK_USER, questions)
+        if answer.declined:
+            return {"behavior": "deny", "message": f"The user declined to answer: {answer.reason or 'declined'}"}
+        return {"behavior": "allow", "updatedInput": ask_user_input(tool_input, questions, answer)}
+
+    async def _elicitation(self, request: dict[str, Any]) -> dict[str, Any]:
+        """An MCP server asks the user (form mode) through Claude Code: asked as a question. A URL cannot be shown
+        here: declined (CodeSDK's own MCP server never elicits)."""
+        try:
+            questions = elicitation_questions(request)
+        except ValueError as exc:
+            self._raw.append({"control_request": request, "codesdk": f"declined: {exc}"})
+            return {"action": "decline"}
+        answer = await self._ask(QuestionSource.MCP_ELICITATION, questions, str(request.get("message") or ""),
+                                 str(request.get("mcp_server_name") or ""))
+        return elicitation_answer(answer)
 
     async def _call_tool(self, name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> ToolCallResult:
         """MCP tools/call: hand over the supervisor's answer to the call the hook approved (Claude Code names it in

@@ -50,6 +50,9 @@ class BadClaudeConfig(ValueError):
     """The task's ``runtime_config`` cannot be used (the caller's mistake); the message says which key and why."""
 
 
+#: Claude Code's tool that asks the user questions (offered in interactive tasks only).
+ASK_USER_QUESTION = "AskUserQuestion"
+
 @dataclass(frozen=True)
 class ClaudeSettings:
     """What a task's ``runtime_config`` asks of Claude Code, checked."""
@@ -87,14 +90,17 @@ class ClaudeSettings:
 
 
 def claude_launch(cli: Path, settings: ClaudeSettings, *, cwd: str, resume: str | None,
-                  environ: Mapping[str, str]) -> Launch:
+                  environ: Mapping[str, str], questions: bool = False) -> Launch:
     """The CLI's launch for a task (the flags claude-agent-sdk 0.2.187 passes for the same options).
 
     Our tools are not named on the command line: the MCP server lists them over the control channel once the task
     runs, and the PreToolUse hook decides each call (an "allow" there needs no allow rule). So a launch depends on
-    the task's settings, directory and resumed session only — what ``codesdk run`` knows before it starts."""
+    the task's settings, directory and resumed session only — what ``codesdk run`` knows before it starts.
+    ``questions``: the task is interactive, so Claude's ``AskUserQuestion`` is offered (its questions reach the user
+    through CodeSDK)."""
+    tools = (*settings.builtins, ASK_USER_QUESTION) if questions else settings.builtins
     argv = [str(cli), "--output-format", "stream-json", "--verbose", "--input-format", "stream-json",
-            "--system-prompt", "", "--tools", ",".join(settings.builtins), "--model", settings.model,
+            "--system-prompt", "", "--tools", ",".join(tools), "--model", settings.model,
             "--max-turns", str(settings.max_turns), "--permission-prompt-tool", "stdio",
             "--mcp-config", json.dumps({"mcpServers": {MCP_SERVER: {"type": "sdk", "name": MCP_SERVER}}}),
             "--strict-mcp-config", "--setting-sources=", "--include-partial-messages"]
@@ -126,13 +132,14 @@ def initialize_request(builtins: tuple[str, ...]) -> dict[str, object]:
     return {"subtype": "initialize", "hooks": hooks}
 
 
-def launch_ahead(config: Mapping[str, object], workspace: str, environ: Mapping[str, str]) -> Launch | None:
+def launch_ahead(config: Mapping[str, object], workspace: str, environ: Mapping[str, str],
+                 interactive: bool = False) -> Launch | None:
     """The launch of a new session's first task in ``workspace`` (a ``worker._ahead.Composer``); None when the CLI
     is missing or ``config`` unusable (the task itself then says why)."""
     cli = cli_path()
     try:
-        return claude_launch(cli, ClaudeSettings.from_config(config), cwd=workspace, resume=None, environ=environ) \
-            if cli is not None else None
+        return claude_launch(cli, ClaudeSettings.from_config(config), cwd=workspace, resume=None, environ=environ,
+                             questions=interactive) if cli is not None else None
     except BadClaudeConfig:
         return None
 

@@ -49,6 +49,9 @@ from codesdk.protocol import (
     IsolationMode,
     ModelOutputCompleted,
     ModelOutputDelta,
+    Question,
+    QuestionRequested,
+    QuestionSource,
     RuntimeCapabilities,
     RuntimeRequestCompleted,
     RuntimeRequestStarted,
@@ -64,6 +67,7 @@ from codesdk.protocol import (
 )
 
 from .._steering import InputInbox, delivered
+from .._questions import AnswersQuestions, PendingQuestions, QuestionAnswer
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
 from .._api_failures import api_failure, is_unreachable
 from .._conversation import hold_conversation
@@ -81,6 +85,7 @@ from ..base import (
     TaskOutcome,
 )
 from . import home
+from .questions import elicitation_answer, elicitation_questions, user_input_answer, user_input_questions
 from .launch import (
     CODEX_CONFIG_KEYS,
     CODEX_VERSION,
@@ -138,7 +143,8 @@ class CodexAdapter(RuntimeAdapter):
             state_model=StateModel.LOCAL_DISK, resume_model=ResumeModel.NATIVE, tool_replay=ReplaySafety.SAFE_REPLAY,
             mcp_support=McpSupport.CLIENT_ONLY, mcp_transports=(McpTransport.STDIO, McpTransport.HTTP),
             cancellation_model=CancellationModel.BEST_EFFORT,
-            steering=SteeringSupport.MID_TURN)  # turn/steer: taken at the running turn's next model request
+            steering=SteeringSupport.MID_TURN,  # turn/steer: taken at the running turn's next model request
+            user_questions=(QuestionSource.CODEX_USER_INPUT, QuestionSource.MCP_ELICITATION))
 
     def availability(self) -> Availability:
         if codex_path() is None:
@@ -175,7 +181,7 @@ class CodexAdapter(RuntimeAdapter):
         return home.implicit_sources(os.environ, cwd)
 
 
-class CodexTask(AnswersToolCalls, TaskHandle):
+class CodexTask(AnswersToolCalls, AnswersQuestions, TaskHandle):
     def __init__(self, params: StartTaskParams, io: TaskIO, given: RuntimeInput, binary: Path,
                  settings: CodexSettings, ahead: RuntimeAhead | None = None) -> None:
         self.params = params
@@ -189,6 +195,7 @@ class CodexTask(AnswersToolCalls, TaskHandle):
         self.cwd = Path(params.workspace) if params.workspace else Path(os.environ.get("HOME", "/"))
         self.by_codex_name: dict[str, ToolSpec] = model_tool_names(params.tool_manifest.tools)
         self.tools = PendingToolCalls()
+        self.questions = PendingQuestions("codex-ask")
         self._stop = trio.Event()
         self._stop_reason: str | None = None
         self._thread_id: str | None = given.resume_id
@@ -342,11 +349,69 @@ class CodexTask(AnswersToolCalls, TaskHandle):
             return await self._tool_call(params)
         if method in _APPROVALS:
             return await self._approval(method, params)
-        if method == "item/tool/requestUserInput":  # nobody is at Codex's side to answer it
-            return {"answers": {}}
+        if method == "item/tool/requestUserInput":
+            return await self._user_input(params)
         if method == "mcpServer/elicitation/request":
-            return {"action": "decline"}
+            return await self._elicitation(params)
+        if method == "item/permissions/requestApproval":
+            return await self._permissions(params)
         raise PeerError(METHOD_NOT_FOUND, f"CodeSDK does not serve {method}")
+
+    async def _ask(self, source: QuestionSource, questions: list[Question], message: str = "",
+                   origin: str = "") -> QuestionAnswer:
+        """Put the runtime's question to its user (``question.requested``) and wait for the supervisor's answer."""
+        ask_id = self.questions.new_ask_id()
+        self.questions.expect(ask_id)
+        await self.io.emit(EventType.QUESTION_REQUESTED, QuestionRequested(
+            question_id=ask_id, source=source, message=message[:20_000], origin=origin[:200],
+            questions=tuple(questions)))
+        return await self.questions.wait(ask_id)
+
+    async def _user_input(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The model's ``request_user_input``: its questions are asked; their answers go back as Codex's lists."""
+        try:
+            questions = user_input_questions(params)
+        except ValueError as exc:
+            self._raw.append({"method": "item/tool/requestUserInput", "params": params, "codesdk": str(exc)})
+            return {"answers": {}}
+        return user_input_answer(await self._ask(QuestionSource.CODEX_USER_INPUT, questions))
+
+    async def _elicitation(self, params: dict[str, Any]) -> dict[str, Any]:
+        """An MCP server's form is asked as a question; Codex's own MCP-tool approval (``_meta``) is an approval;
+        a URL (the user is to open a page) cannot be shown, so it is declined, the reason kept with the request's
+        raw notifications."""
+        server = str(params.get("serverName") or "")
+        found = params.get("_meta")
+        meta: dict[str, Any] = found if isinstance(found, dict) else {}
+        if meta.get("codex_approval_kind") == "mcp_tool_call":
+            call_id = f"codex-mcp-{canonical_hash(params)[7:19]}"
+            tool_input = {"server": server, "message": params.get("message"), **meta}
+            outcome = await self._request_call("mcpToolCall", tool_input, call_id, ExecutedBy.RUNTIME)
+            return {"action": "decline" if outcome.denied else "accept"}
+        if params.get("mode") == "url":
+            self._raw.append({"method": "mcpServer/elicitation/request", "params": params,
+                              "codesdk": "declined: a URL elicitation asks the user to open a page, which CodeSDK "
+                                         "cannot show"})
+            return {"action": "decline"}
+        try:
+            questions = elicitation_questions(params)
+        except ValueError as exc:
+            self._raw.append({"method": "mcpServer/elicitation/request", "params": params,
+                              "codesdk": f"declined: {exc}"})
+            return {"action": "decline"}
+        return elicitation_answer(await self._ask(QuestionSource.MCP_ELICITATION, questions,
+                                                  str(params.get("message") or ""), server))
+
+    async def _permissions(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Codex's ``request_permissions`` wants more access (network, paths) for the turn: an approval the
+        supervisor's policy decides like Codex's command approvals. Granted: what it asked for, for the turn;
+        denied: nothing (Codex has no decision word: what is left out is denied)."""
+        call_id = str(params.get("itemId") or f"codex-{canonical_hash(params)[7:19]}")
+        tool_input = {k: v for k, v in params.items() if k in ("permissions", "reason", "cwd", "environmentId")}
+        outcome = await self._request_call("requestPermissions", tool_input, call_id, ExecutedBy.RUNTIME)
+        granted = params.get("permissions") if not outcome.denied and isinstance(params.get("permissions"), dict) \
+            else {}
+        return {"permissions": granted, "scope": "turn"}
 
     async def _tool_call(self, params: dict[str, Any]) -> dict[str, Any]:
         name, call_id = str(params.get("tool", "")), str(params.get("callId", ""))

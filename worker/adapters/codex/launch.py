@@ -34,13 +34,16 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_STOP_GRACE_S = 5.0
 #: Codex features switched off for every task: anything that runs code, reaches the network beyond the model
 #: provider, installs or updates things, or lets something other than the supervisor decide a call. Our tools reach
-#: the model as dynamic tools; what is left on its side is ``request_user_input`` (answered with no answers).
+#: the model as dynamic tools; what is left on its side is ``request_user_input`` (asked through CodeSDK).
 DISABLED_FEATURES = (
     "shell_tool", "unified_exec", "view_image", "multi_agent", "goals", "image_generation", "apps", "plugins",
     "remote_plugin", "plugin_sharing", "browser_use", "browser_use_external", "computer_use", "code_mode_host",
     "hooks", "skill_mcp_dependency_install", "tool_suggest", "daemon_auto_start", "sleep_tool",
     "workspace_dependencies", "in_app_updates", "guardian_approval", "enable_request_compression",
 )
+#: Codex features switched on for every task: ``request_user_input`` outside Plan mode, so the model's questions
+#: reach the user through CodeSDK (``question.requested``; declined with the reason where nobody can be asked).
+ENABLED_FEATURES = ("default_mode_request_user_input",)
 #: ``-c`` settings for every task: no analytics, no update check, no web search, no AGENTS.md project docs, no
 #: skills' instructions (a workspace's ``.agents/skills`` would otherwise reach the model as developer instructions).
 QUIET_CONFIG = {"analytics.enabled": False, "check_for_update_on_startup": False, "web_search": "disabled",
@@ -147,6 +150,8 @@ def codex_launch(binary: Path, settings: CodexSettings, *, cwd: str, environ: Ma
         argv += _setting(key, value)
     for feature in DISABLED_FEATURES:
         argv += ["--disable", feature]
+    for feature in ENABLED_FEATURES:
+        argv += ["--enable", feature]
     if environ.get("OPENAI_API_KEY"):
         provider = f"model_providers.{PROVIDER}"
         argv += _setting("model_provider", PROVIDER) + _setting(f"{provider}.name", "CodeSDK")
@@ -181,7 +186,8 @@ def has_credentials(environ: Mapping[str, str]) -> bool:
     return bool(environ.get("OPENAI_API_KEY")) or (codex_home(environ) / "auth.json").is_file()
 
 
-def launch_ahead(config: Mapping[str, object], workspace: str, environ: Mapping[str, str]) -> Launch | None:
+def launch_ahead(config: Mapping[str, object], workspace: str, environ: Mapping[str, str],
+                 interactive: bool = False) -> Launch | None:
     """The launch of a new session's first task in ``workspace`` (a ``worker._ahead.Composer``); None when the
     binary is missing, ``config`` unusable, or there are no credentials (the task itself then says why). Makes
     ``CODEX_HOME``, as a task does before it starts Codex."""

@@ -43,6 +43,8 @@ from codesdk.protocol import (
     ModelOutputCompleted,
     ModelOutputDelta,
     Notification,
+    QuestionRequested,
+    QuestionSource,
     ResumeMode,
     RuntimeCapabilities,
     RuntimeEventParams,
@@ -64,6 +66,7 @@ from codesdk.protocol import (
 )
 
 from ...command import TEST_STEPS_ENV
+from .._questions import AnswersQuestions, PendingQuestions
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome
 from .._grace import BadGrace, stop_grace
 from .._steering import InputInbox, delivered
@@ -71,6 +74,7 @@ from ..runtime_process import RuntimeProcess
 from ..base import RuntimeAdapter, StartTaskRefused, TaskHandle, TaskIO, TaskOutcome
 from .scenario import (
     AwaitInputStep,
+    AskStep,
     CodeStep,
     CompleteStep,
     CrashStep,
@@ -147,6 +151,7 @@ class ScriptedAdapter(RuntimeAdapter):
             mcp_support=McpSupport.NONE,
             cancellation_model=CancellationModel.GUARANTEED,  # it plays in the worker: a stop ends the scenario
             steering=SteeringSupport.MID_TURN,  # an input goes into its next request (``await_input`` waits for one)
+            user_questions=(QuestionSource.SCRIPTED,),  # its ``ask`` step
             **self._config_offer(),
         )
 
@@ -219,7 +224,7 @@ def _raw_instruments_in(steps: object) -> bool:
         if isinstance(step, dict):
             if _INSTRUMENT_KEYS & step.keys():
                 return True
-            if any(_raw_instruments_in(step.get(branch)) for branch in ("on_denied", "on_error")):
+            if any(_raw_instruments_in(step.get(branch)) for branch in ("on_denied", "on_error", "on_declined")):
                 return True
     return False
 
@@ -229,10 +234,11 @@ def _instruments_in(steps: tuple[Step, ...]) -> str | None:
     for step in steps:
         if isinstance(step, TEST_INSTRUMENTS):
             return next(iter(type(step).model_fields))
-        if isinstance(step, ToolCallsStep):
-            for branch in (step.on_denied, step.on_error):
-                if branch and (found := _instruments_in(branch)):
-                    return found
+        branches = (step.on_denied, step.on_error) if isinstance(step, ToolCallsStep) else \
+            (step.on_declined,) if isinstance(step, AskStep) else ()
+        for branch in branches:
+            if branch and (found := _instruments_in(branch)):
+                return found
     return None
 
 
@@ -258,13 +264,14 @@ class _Template:
         return text
 
 
-class ScriptedTask(AnswersToolCalls, TaskHandle):
+class ScriptedTask(AnswersToolCalls, AnswersQuestions, TaskHandle):
     def __init__(self, scenario: Scenario, params: StartTaskParams, io: TaskIO, stop_grace_s: float) -> None:
         self.scenario = scenario
         self.params = params
         self.io = io
         self.stop_grace_s = stop_grace_s
         self.tools = PendingToolCalls()
+        self.questions = PendingQuestions()
         history, prompt = split_prompt(params.messages)
         self.template = _Template(prompt, render_history(history))
         self.template.values["input"] = ""
@@ -332,6 +339,8 @@ class ScriptedTask(AnswersToolCalls, TaskHandle):
                 await self._stream_block(BlockKind.THINKING, step.thinking, 32)
             case ToolCallsStep():
                 return await self._tool_calls(step)
+            case AskStep():
+                return await self._ask(step)
             case UsageStep():
                 await self.io.emit(EventType.USAGE_REPORTED, UsageReported(model=self.scenario.model, **step.usage.model_dump()))
             case CompleteStep():
@@ -382,6 +391,28 @@ class ScriptedTask(AnswersToolCalls, TaskHandle):
                                                      stdout=subprocess.DEVNULL, start_new_session=step.new_session)
                 except OSError as exc:
                     return TaskOutcome.failure(TaskFailureCode.INVALID_SCENARIO, f"spawn {step.spawn[0]!r}: {exc}")
+        return None
+
+    async def _ask(self, step: AskStep) -> TaskOutcome | None:
+        """Ask the user and wait for the answer, as a model's question tool would."""
+        await self._begin_request()
+        ask_id = self.questions.new_ask_id()
+        self.questions.expect(ask_id)
+        questions = tuple(q.model_copy(update={"text": self.template.render(q.text)}) for q in step.ask.questions)
+        await self.io.emit(EventType.QUESTION_REQUESTED, QuestionRequested(
+            question_id=ask_id, source=QuestionSource.SCRIPTED, message=self.template.render(step.ask.message),
+            questions=questions))
+        await self._end_request("tool_use")
+        answer = await self.questions.wait(ask_id)
+        if answer.declined:
+            self.template.values["declined"] = answer.reason or "declined"
+            if step.on_declined is not None:
+                return await self._play(step.on_declined)
+            return None
+        for key, value in answer.answers.items():
+            text = ", ".join(value) if isinstance(value, list) else value if isinstance(value, str) else \
+                json.dumps(value)
+            self.template.values[f"answer:{key}"] = text
         return None
 
     async def _run_builtin(self, call: ToolCallSpec) -> ToolOutcome:

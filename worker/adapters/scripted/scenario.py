@@ -2,7 +2,8 @@
 
 A scenario is ``{"name", "description"?, "model"?, "steps": [step, ...]}``; each step is an object with
 exactly one of the keys below. Text may quote earlier answers: ``{{prompt}}`` (last user message),
-``{{result:<call id>}}``, ``{{denied:<call id>}}`` and ``{{input}}`` (the inputs the last request was given).
+``{{result:<call id>}}``, ``{{denied:<call id>}}``, ``{{answer:<question id>}}``, ``{{declined}}`` and ``{{input}}``
+(the inputs the last request was given).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from codesdk.protocol import MAX_QUESTIONS, Question
 
 SCENARIO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
 
@@ -59,6 +62,20 @@ class ToolCallsStep(_Step):
     tool_calls: tuple[ToolCallSpec, ...] = Field(min_length=1)
     on_denied: tuple[Step, ...] | None = None
     on_error: tuple[Step, ...] | None = None
+
+
+class AskSpec(_Step):
+    message: str = ""
+    questions: tuple[Question, ...] = Field(min_length=1, max_length=MAX_QUESTIONS)
+
+
+class AskStep(_Step):
+    """Ask the user (``question.requested``) and wait for the answer: ``{{answer:<question id>}}`` quotes it
+    (several choices joined with ", "), ``{{declined}}`` the reason of a decline. If the question is declined,
+    the ``on_declined`` steps replace the rest."""
+
+    ask: AskSpec
+    on_declined: tuple[Step, ...] | None = None
 
 
 class UsageSpec(_Step):
@@ -186,6 +203,7 @@ Step = Annotated[
     | CodeStep
     | ThinkingStep
     | ToolCallsStep
+    | AskStep
     | UsageStep
     | CompleteStep
     | FailStep
