@@ -32,6 +32,7 @@ from pydantic import (
 from pydantic_core import CoreSchema, core_schema
 
 from ._base import Model
+from ._budgets import BudgetRaised, BudgetReached
 from ._canonical import is_hash
 from ._context import ContextReport, InterruptedCall, ResumeMode
 from ._receipt import StopReceipt
@@ -61,6 +62,8 @@ class EventType(StrEnum):
     TASK_COMPLETED = "task.completed"
     TASK_FAILED = "task.failed"
     TASK_STOPPED = "task.stopped"
+    BUDGET_REACHED = "budget.reached"
+    BUDGET_RAISED = "budget.raised"
 
 
 TERMINAL_EVENT_TYPES = frozenset({EventType.TASK_COMPLETED, EventType.TASK_FAILED, EventType.TASK_STOPPED})
@@ -612,6 +615,16 @@ class TaskStoppedEvent(NormalizedEvent):
     payload: TaskStopped = Field(default_factory=TaskStopped)
 
 
+class BudgetReachedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.BUDGET_REACHED]] = EventType.BUDGET_REACHED
+    payload: BudgetReached
+
+
+class BudgetRaisedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.BUDGET_RAISED]] = EventType.BUDGET_RAISED
+    payload: BudgetRaised
+
+
 class RuntimeRequestStartedWorkerEvent(WorkerEvent):
     type: _Tag[Literal[EventType.RUNTIME_REQUEST_STARTED]] = EventType.RUNTIME_REQUEST_STARTED
     payload: RuntimeRequestStarted
@@ -687,7 +700,8 @@ EventUnion: TypeAlias = (
     | RuntimeRequestCompletedEvent | ModelOutputDeltaEvent | ModelOutputCompletedEvent | ToolCallRequestedEvent
     | ToolCallPolicyEvaluatedEvent | ApprovalRequestedEvent | ToolCallApprovedEvent | ToolCallDeniedEvent
     | ToolCallStartedEvent | ToolOutputDeltaEvent | ToolOutputCompletedEvent | ToolCallCompletedEvent
-    | UsageReportedEvent | TaskCompletedEvent | TaskFailedEvent | TaskStoppedEvent
+    | UsageReportedEvent | TaskCompletedEvent | TaskFailedEvent | TaskStoppedEvent | BudgetReachedEvent
+    | BudgetRaisedEvent
 )
 WorkerEventUnion: TypeAlias = (
     RuntimeRequestStartedWorkerEvent | RuntimeRequestCompletedWorkerEvent | ModelOutputDeltaWorkerEvent

@@ -10,6 +10,7 @@ from enum import StrEnum
 from pydantic import Field
 
 from ._base import Model
+from ._budgets import BudgetGate
 
 #: What a runtime may be called: the names adapters register (``scripted``, ``claude``, ``codex``, ``codex-acp``,
 #: ``gemini``, ``opencode``), and so all a session or a task may name. One rule, so that the API (which refuses a
@@ -202,6 +203,10 @@ class RuntimeCapabilities(Model):
     artifacts: bool = False
     #: A running task can be stopped (``runtime.stop``).
     stop: bool = True
+    #: Where the supervisor can check a task's budget: before each model request (``before_request``: the
+    #: runtime's next request waits on the supervisor and its usage so far is known) or only once usage is reported
+    #: (``after_usage``). See docs/sessions.md, "Budgets".
+    budget_gate: BudgetGate = BudgetGate.AFTER_USAGE
 
     @property
     def non_interactive(self) -> bool:

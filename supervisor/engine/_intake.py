@@ -24,6 +24,7 @@ from codesdk.protocol import (
     TaskFailed,
     TaskFailureCode,
     ToolCallRequested,
+    UsageReported,
     WireEvent,
     canonical_json,
     sha256_hex,
@@ -32,6 +33,7 @@ from codesdk.protocol import (
 from ..fair import FairTurns
 from ..store import INLINE_BLOB_MAX, DatabaseError, PayloadJson, Recorder, StoreError
 from ._batch import PendingBatch
+from ._budgets import Budgets
 from ._ending import TaskEnder
 from ._ports import WorkerLink
 from ._recorder import RunRecorder
@@ -53,7 +55,8 @@ class EventIntake:
     """The workers' two callbacks into the engine: ``on_events`` (a batch, in order) and ``on_exit``."""
 
     def __init__(self, store: Recorder, runs: RunTable, stats: EngineStats, recorder: RunRecorder,
-                 tools: ToolFlow, ender: TaskEnder, turns: FairTurns | None = None) -> None:
+                 tools: ToolFlow, ender: TaskEnder, turns: FairTurns | None = None,
+                 budgets: Budgets | None = None) -> None:
         #: every namespace's events take turns here (weighted deficit round robin): a flood slows its own namespace
         self.turns = turns if turns is not None else FairTurns()
         self._store = store
@@ -62,6 +65,7 @@ class EventIntake:
         self._recorder = recorder
         self._tools = tools
         self._ender = ender
+        self._budgets = budgets
 
     async def on_events(self, worker: WorkerLink, batch: Sequence[WireEvent]) -> None:
         """Store a worker's events in order, in turns fair across namespaces (``FairTurns``: while another
@@ -191,6 +195,8 @@ class EventIntake:
             request = event.model().event.payload
             assert isinstance(request, ToolCallRequested)
             await pending.flush()
+            if self._budgets is not None and not await self._budgets.tool_call(run, request):
+                return  # a limit is reached: the call never runs, the task is being stopped
             await self._tools.requested(run, request)
         elif event.type in TERMINAL_EVENT_TYPES:
             await pending.flush()
@@ -199,6 +205,11 @@ class EventIntake:
             plain = await self._plain(run, event, pending.blobs_for(run))
             if plain is not None:
                 pending.add(run, plain)
+            if event.type == EventType.USAGE_REPORTED and self._budgets is not None:
+                report = event.model().event.payload
+                assert isinstance(report, UsageReported)
+                await pending.flush()  # stored before it is counted, and before a budget.reached it leads to
+                await self._budgets.usage(run, report)
 
     async def _plain(self, run: TaskRun, event: WireEvent, blobs: Blobs) -> PendingEvent | None:
         """A plain event as it is to be stored (its raw message a blob, small ones into ``blobs``), or None

@@ -12,6 +12,7 @@ from codesdk.protocol import EventType, Model, ModelInput, RuntimeInfo, StartTas
 from ..store import PayloadJson, SessionRecord
 from ..tools import Approver
 from ._deadlines import TaskClock
+from ._meter import TaskMeter
 from ._ports import WorkerLink
 from ._stopping import StopInProgress
 from ._telemetry import NO_TASK_TELEMETRY, TaskTelemetry
@@ -84,6 +85,8 @@ class TaskRun:
     clock: TaskClock = field(default_factory=TaskClock)
     #: Its observer (metrics, traces: ``_telemetry``).
     telemetry: TaskTelemetry = NO_TASK_TELEMETRY
+    #: Its budget: limits, what it and its session spent (``_budgets``).
+    meter: TaskMeter = field(default_factory=lambda: TaskMeter(task_id=""))
 
     @property
     def session_id(self) -> str:

@@ -216,6 +216,21 @@ MIGRATIONS: tuple[Migration, ...] = (
         ALTER TABLE sessions ADD COLUMN isolation TEXT NOT NULL DEFAULT 'namespaced';
         """,
     ),
+    Migration(
+        8,
+        "session budgets (limits, spent, paused) and each namespace's spend per calendar month",
+        """
+        ALTER TABLE sessions ADD COLUMN budget TEXT;
+        CREATE TABLE namespace_spend (
+            namespace TEXT NOT NULL,
+            month TEXT NOT NULL,
+            cost_usd DOUBLE PRECISION NOT NULL DEFAULT 0,
+            tokens BIGINT NOT NULL DEFAULT 0,
+            unpriced_reports BIGINT NOT NULL DEFAULT 0,
+            PRIMARY KEY (namespace, month)
+        );
+        """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

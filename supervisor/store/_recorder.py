@@ -12,12 +12,12 @@ semantics each method promises are stated once, on ``EventStore``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any, Protocol
 
-from codesdk.protocol import ApprovalState, IsolationLevel, NormalizedEvent
+from codesdk.protocol import ApprovalState, BudgetSpent, IsolationLevel, NormalizedEvent, SessionBudget
 from codesdk.protocol.api import SessionFilter
 
 from ._quotas import Quotas
@@ -87,7 +87,13 @@ class SessionRecords(SessionReader, Protocol):
         self, session_id: str | None = None, *, runtime: str, namespace: str = "default",
         workspace: str | None = None, metadata: Mapping[str, Any] | None = None, created_at: datetime | None = None,
         quotas: Quotas | None = None, title: str | None = None, isolation: IsolationLevel = IsolationLevel.NAMESPACED,
+        budget: SessionBudget | None = None,
     ) -> SessionRecord: ...
+
+    async def change_budget(self, session_id: str, change: Callable[[SessionBudget | None], SessionBudget | None],
+                            *, spend: tuple[str, str, BudgetSpent] | None = None) -> SessionRecord: ...
+
+    async def namespace_spend(self, namespace: str, month: str) -> BudgetSpent: ...
 
     async def update_session(self, session_id: str, *, runtime_session_id: str | None = None,
                              metadata: Mapping[str, Any] | None = None, runtime: str | None = None,

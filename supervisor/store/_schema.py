@@ -208,6 +208,21 @@ MIGRATIONS: tuple[Migration, ...] = (
         ALTER TABLE sessions ADD COLUMN isolation TEXT NOT NULL DEFAULT 'namespaced';
         """,
     ),
+    Migration(
+        12,
+        "session budgets (limits, spent, paused) and each namespace's spend per calendar month",
+        """
+        ALTER TABLE sessions ADD COLUMN budget TEXT;
+        CREATE TABLE namespace_spend (
+            namespace TEXT NOT NULL,
+            month TEXT NOT NULL,
+            cost_usd REAL NOT NULL DEFAULT 0,
+            tokens INTEGER NOT NULL DEFAULT 0,
+            unpriced_reports INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (namespace, month)
+        ) WITHOUT ROWID;
+        """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -17,6 +17,8 @@ import trio
 
 from codesdk.protocol import (
     ApprovalState,
+    BudgetSpent,
+    SessionBudget,
     IsolationLevel,
     NormalizedEvent,
     UpcasterRegistry,
@@ -226,6 +228,7 @@ class EventStore(Recorder):
         quotas: Quotas | None = None,
         title: str | None = None,
         isolation: IsolationLevel = IsolationLevel.NAMESPACED,
+        budget: SessionBudget | None = None,
     ) -> SessionRecord:
         """Record a new session (no events: the engine appends ``session.created`` itself). With ``quotas``, a
         namespace at its sessions or stored-bytes limit gets none (``QuotaExceeded``, checked in the transaction
@@ -239,6 +242,7 @@ class EventStore(Recorder):
             metadata=dict(metadata or {}),
             title=title,
             isolation=isolation,
+            budget=budget,
         )
         def op(conn: Db) -> SessionRecord:
             if quotas is not None:
@@ -329,6 +333,24 @@ class EventStore(Recorder):
         return await self._read("listing sessions", partial(
             _sql.select_sessions, namespace=namespace, limit=limit, offset=offset, namespaces=namespaces,
             runtime=runtime, after=after, state=state, text=text))
+
+    async def change_budget(self, session_id: str, change: Callable[[SessionBudget | None], SessionBudget | None],
+                            *, spend: tuple[str, str, BudgetSpent] | None = None) -> SessionRecord:
+        """Replace the session's budget by ``change(its stored budget)`` (None: as it is), in one transaction with
+        ``spend`` — (namespace, ``YYYY-MM``, what was spent) added to the namespace's month. ``change`` runs in the
+        writer's thread: a pure function. ``UnknownSession``."""
+        def op(conn: Db) -> SessionRecord:
+            record = _sql.change_budget(conn, session_id, change)
+            if spend is not None:
+                _sql.add_namespace_spend(conn, *spend)
+            return record
+
+        return await self._write(f"changing the budget of session {session_id!r}", op)
+
+    async def namespace_spend(self, namespace: str, month: str) -> BudgetSpent:
+        """What the namespace's sessions spent in ``month`` (``YYYY-MM``, UTC), as their usage was counted."""
+        return await self._read(f"reading namespace {namespace!r}'s spend",
+                                partial(_sql.select_namespace_spend, namespace=namespace, month=month))
 
     async def last_seq(self, session_id: str) -> int:
         """The seq of the session's last stored event (0 when it has none)."""
