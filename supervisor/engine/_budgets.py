@@ -139,17 +139,14 @@ class Budgets:
         # The stop is set first: from here nothing more of the task is stored but these, and no other stop starts.
         run.stop = StopInProgress(reason=BUDGET_REACHED_REASON, requested_by="supervisor")
         log.info("task %s: %s; stopping it", run.task_id, describe(reached))
-        await self._recorder.append(run, [PendingEvent(EventType.BUDGET_REACHED, reached)])
         now = self._clock()
 
         def pause(budget: SessionBudget | None) -> SessionBudget:
             budget = budget or SessionBudget()
             return budget.model_copy(update={"paused": reached, "paused_at": now})
 
-        try:
-            run.session = await self._store.change_budget(run.session_id, pause)
-        except StoreError as exc:
-            log.error("task %s: its session could not be marked paused: %s", run.task_id, exc)
+        # One commit: the event and the pause it makes are stored together or not at all.
+        await self._recorder.append(run, [PendingEvent(EventType.BUDGET_REACHED, reached)], budget_change=pause)
         if self.start_stop is not None:
             self.start_stop(run)
 

@@ -655,22 +655,16 @@ class Engine:
                 (still := first_reached(new_limits, budget.spent, next_tool_call=True)) is not None:
             raise InvalidTaskInput(f"body field 'limits.{still.value}': the session already spent "
                                    f"{budget.spent.amount(still):g} of it; raise it above that")
-        ended: list[SessionBudget] = []
+        def unpause(stored: SessionBudget | None) -> SessionBudget:
+            if stored is None or stored.paused != budget.paused:  # raised meanwhile by another request
+                raise BudgetNotPaused(f"session {session_id} is not paused at its budget any more: it was raised")
+            return stored.model_copy(update={"limits": new_limits, "paused": None, "paused_at": None})
 
-        def unpause(stored: SessionBudget | None) -> SessionBudget | None:
-            if stored is None or stored.paused is None:
-                return None
-            ended.append(stored)
-            return stored.model_copy(update={"limits": stored.limits.merged(limits), "paused": None,
-                                             "paused_at": None})
-
-        record = await self.store.change_budget(session_id, unpause)
-        if not ended or ended[0].paused is None:  # raised meanwhile by another request
-            raise BudgetNotPaused(f"session {session_id} is not paused at its budget any more: it was raised")
+        # One commit: budget.raised and the end of the pause are stored together, once.
         await self.store.append(session_id, [EventDraft(
             type=EventType.BUDGET_RAISED, runtime=RuntimeInfo(name=session.runtime),
-            payload=BudgetRaised(limits=new_limits, raised_by=by, reached=ended[0].paused, continued=go_on),
-            trace=Trace(session_id=session_id))])
+            payload=BudgetRaised(limits=new_limits, raised_by=by, reached=budget.paused, continued=go_on),
+            trace=Trace(session_id=session_id))], budget_change=unpause)
         audit("session.budget_raised", by, session=session_id, namespace=session.namespace,
               limits=new_limits.to_json_obj(), continued=go_on)
         if not go_on:
@@ -683,7 +677,7 @@ class Engine:
             durable_approvals=before.interaction_mode == InteractionMode.INTERACTIVE,
             runtime_config=dict(before.runtime_config), timeout_s=before.timeout_s,
             idle_timeout_s=before.idle_timeout_s, budget=task_budget)
-        return await self.store.get_session(record.session_id), task
+        return await self.store.get_session(session_id), task
 
     async def _carry_out_stop(self, run: TaskRun) -> None:
         stop = run.stop

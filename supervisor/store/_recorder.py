@@ -37,6 +37,12 @@ from ._subscribe import Subscription
 from ._writer import WriterStats
 
 
+#: A change of a session's stored budget: its new budget from its stored one (None: as it is). It runs in the store's
+#: writer, inside the transaction: a pure function; an exception it raises aborts the transaction and reaches the
+#: caller as it is.
+BudgetChange = Callable[[SessionBudget | None], SessionBudget | None]
+
+
 class EventLogReader(Protocol):
     """A session's events in seq order: pages, the types a projection needs, and the live tail."""
 
@@ -63,13 +69,14 @@ class EventLog(EventLogReader, Protocol):
     async def append(
         self, session_id: str, drafts: Sequence[EventDraft], *, task_update: TaskUpdate | None = None,
         idempotency_key: str | None = None, blobs: Mapping[str, tuple[bytes, str]] | None = None,
-        bulk: bool = False, quotas: Quotas | None = None,
+        bulk: bool = False, quotas: Quotas | None = None, budget_change: BudgetChange | None = None,
     ) -> list[NormalizedEvent]: ...
 
     async def append_events(
         self, session_id: str, drafts: Sequence[EventDraft], *, task_update: TaskUpdate | None = None,
         idempotency_key: str | None = None, blobs: Mapping[str, tuple[bytes, str]] | None = None,
         bulk: bool = False, quotas: Quotas | None = None, linger: bool = False,
+        budget_change: BudgetChange | None = None,
     ) -> list[StoredEvent]: ...
 
 
@@ -90,7 +97,7 @@ class SessionRecords(SessionReader, Protocol):
         budget: SessionBudget | None = None,
     ) -> SessionRecord: ...
 
-    async def change_budget(self, session_id: str, change: Callable[[SessionBudget | None], SessionBudget | None],
+    async def change_budget(self, session_id: str, change: BudgetChange,
                             *, spend: tuple[str, str, BudgetSpent] | None = None) -> SessionRecord: ...
 
     async def namespace_spend(self, namespace: str, month: str) -> BudgetSpent: ...

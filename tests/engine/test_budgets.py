@@ -220,3 +220,32 @@ def test_the_namespace_budgets_file_is_private_and_validated(tmp_path: Path) -> 
     with pytest.raises(ValueError, match="monthly budget is a number"):
         budgets.set("user:team", -1)
     assert budgets.set("user:team", None) is None and budgets.get("user:team") is None
+
+
+async def test_a_budget_stop_cut_short_by_the_supervisors_end_ends_stopped_by_the_next_one(tmp_path: Path) -> None:
+    """The supervisor is gone while it stops a task at its budget (budget.reached and the pause stored, the worker
+    never ending the task): the next one ends the task task.stopped reason budget_reached, not failed, so the
+    session keeps the contract's order and is resumable by a raise."""
+    async with engine_with_doubles(tmp_path) as (engine, workers):
+        sid, task_id, worker = await _task(engine, workers, budget=BudgetLimits(tokens=1))
+        worker.connection.stopped = None  # it acknowledges the stop and never ends the task
+        await _usage(worker, task_id, 1, 1)
+        await worker.connection.wait_for(Method.STOP)
+        await engine.leasing._lost("default")  # noqa: SLF001 - what a killed supervisor leaves in the store
+    async with engine_with_doubles(tmp_path) as (engine, workers):
+        reached = await _stopped_by_budget_without_a_worker(engine, sid, task_id)
+        await engine.raise_budget(sid, BudgetLimits(tokens=100), by="test")
+        await engine.start_task(sid, "again")
+        check_session(await session_events(engine.store, sid))
+    assert reached.limit == BudgetLimit.TOKENS
+
+
+async def _stopped_by_budget_without_a_worker(engine: Engine, sid: str, task_id: str) -> BudgetReached:
+    assert (await engine.store.get_task(task_id)).state == TaskState.STOPPED
+    events = await session_events(engine.store, sid)
+    check_session(events)
+    stopped = events[-1].payload
+    assert isinstance(stopped, TaskStopped) and stopped.reason == BUDGET_REACHED_REASON
+    assert stopped.receipt is not None and stopped.receipt.worker == "exited"
+    (reached,) = [e.payload for e in events if isinstance(e.payload, BudgetReached)]
+    return reached

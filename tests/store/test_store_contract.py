@@ -498,3 +498,23 @@ async def test_a_sessions_budget_is_stored_changed_in_one_transaction_and_spend_
         assert await recorder.change_budget("s2", lambda budget: None) == await recorder.get_session("s2")
         with pytest.raises(UnknownSession):
             await recorder.change_budget("nope", spend(1))
+
+
+async def test_an_append_changes_the_sessions_budget_in_its_own_transaction(recorder: Recorder) -> None:
+    from codesdk.protocol import BudgetLimits, SessionBudget
+
+    class Refused(Exception):
+        pass
+
+    def refuse(budget: SessionBudget | None) -> SessionBudget:
+        raise Refused("not paused")
+
+    with trio.fail_after(10):
+        await recorder.create_session("s1", runtime="scripted")
+        await recorder.append("s1", [session_created()],
+                              budget_change=lambda budget: SessionBudget(limits=BudgetLimits(tool_calls=2)))
+        stored = await recorder.get_session("s1")
+        assert stored.budget is not None and stored.budget.limits.tool_calls == 2 and stored.last_seq == 1
+        with pytest.raises(Refused):  # the change refused: nothing of the append is stored
+            await recorder.append("s1", [delta("x")], budget_change=refuse)
+        assert await recorder.last_seq("s1") == 1
