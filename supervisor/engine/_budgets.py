@@ -96,6 +96,9 @@ class Budgets:
                             cost_usd=report.cost_usd, prices=self.prices)
         meter = run.meter
         meter.add(spent)
+        if spent.unpriced_reports and (meter.limits.cost_usd is not None or meter.session_limits.cost_usd is not None):
+            log.warning("task %s: usage of model %r has no cost and no price (serve --price-table): its cost is not "
+                        "counted against the task's cost limit", run.task_id, report.model)
         await self._spend(run, spent, month_of(self._clock()))
         if meter.reached is None and (reached := meter.check(gate=BudgetGate.AFTER_USAGE)) is not None:
             await self.stop(run, reached)

@@ -120,7 +120,7 @@ class BudgetPaused(EngineError):
     def __init__(self, session_id: str, detail: str) -> None:
         self.session_id = session_id
         super().__init__(f"session {session_id} is paused at its budget ({detail}); raise it first "
-                         f"(POST /v1/sessions/{session_id}/budget/raise, or `codesdk budget raise {session_id}`)")
+                         f"(POST /v1/sessions/{session_id}/budget/raise, or `codesdk budget {session_id} --raise`)")
 
 
 class BudgetNotPaused(EngineError):
