@@ -29,8 +29,19 @@ import httpx2 as httpx
 
 from pydantic import ValidationError
 
-from codesdk.protocol import TERMINAL_EVENT_TYPES, ApprovalRequested, EventType, NormalizedEvent, RuntimeOffer, api
-from codesdk.protocol import CodeBlock, QuestionReply, QuestionRequested, TextBlock
+from codesdk.protocol import (
+    TERMINAL_EVENT_TYPES,
+    ApprovalRequested,
+    BudgetLimits,
+    CodeBlock,
+    EventType,
+    NormalizedEvent,
+    QuestionReply,
+    QuestionRequested,
+    RuntimeOffer,
+    TextBlock,
+    api,
+)
 from codesdk.protocol.api import (
     Approval,
     DeletedSession,
@@ -64,8 +75,8 @@ def _input_json(text: TaskInputText) -> str | list[Any]:
     return [block.to_json_obj() if isinstance(block, (TextBlock, CodeBlock)) else dict(block) for block in text]
 
 
-__all__ = ["ApiError", "Approval", "AsyncClient", "Client", "Conflict", "DeletedSession", "EnvVariable", "EventAnswerer",
-           "EventApprover", "QuestionReply",
+__all__ = ["ApiError", "Approval", "AsyncClient", "Budget", "Client", "Conflict", "DeletedSession", "EnvVariable",
+           "EventAnswerer", "EventApprover", "PaymentRequired", "QuestionReply",
            "EventType", "Forbidden", "ForkWorkspace", "InvalidRequest", "LoginState", "NamespaceElsewhere",
            "NamespaceInfo", "NormalizedEvent", "NotFound", "RuntimeOffer", "ServiceUnreachable", "Session",
            "SessionFilter", "SessionList", "SessionState", "StoppedTask", "Task", "TaskInput", "TaskInputText", "TaskResult", "TaskRun", "TaskState",
@@ -124,6 +135,11 @@ class TooManyRequests(ApiError):
     go on (wait, close something, or have the operator raise the limit)."""
 
 
+class PaymentRequired(ApiError):
+    """402 ``monthly_budget_spent``: the namespace spent its monthly budget (the operator's); ``details`` say what it
+    spent, its limit and when the month resets (``resets_at``, UTC)."""
+
+
 class NamespaceElsewhere(ApiError):
     """421: several supervisors share the service's store, and another one runs this namespace (creating its
     sessions, starting, stopping and approving its tasks happen there; reading works on any). ``api`` lists where
@@ -144,7 +160,7 @@ class ServiceUnreachable(ApiError):
                          "`codesdk-supervisor serve` running there, and is that the socket or URL it listens on?")
 
 
-_BY_STATUS: dict[int, type[ApiError]] = {401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
+_BY_STATUS: dict[int, type[ApiError]] = {402: PaymentRequired, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
                                          421: NamespaceElsewhere, 422: InvalidRequest, 429: TooManyRequests}
 
 
@@ -351,6 +367,17 @@ class _Retry:
 #: Errors of a connection that broke after the request was (perhaps) sent.
 _BROKEN = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError, httpx.ReadTimeout, httpx.WriteTimeout)
 
+#: A budget's limits: ``{"tokens": N, "cost_usd": X, "tool_calls": N}`` (any of them), or the API's model.
+Budget = Mapping[str, Any] | api.BudgetLimitsRequest | BudgetLimits
+
+
+def _budget(limits: Budget) -> dict[str, Any]:
+    """A budget as the body carries it: as given (the service says what is wrong with it, naming the field)."""
+    if isinstance(limits, (api.BudgetLimitsRequest, BudgetLimits)):
+        return limits.model_dump(exclude_none=True)
+    return dict(limits)
+
+
 def _page_params(**params: object) -> dict[str, Any]:
     return {name: value for name, value in params.items() if value is not None}
 
@@ -361,8 +388,11 @@ class _Calls:
     @staticmethod
     def create_session(namespace: str, runtime: str | None, metadata: dict[str, Any] | None,
                        workspace: str | Path | None, key: str | None, title: str | None,
-                       isolation: api.IsolationLevel | str | None = None) -> _Call[api.Session]:
+                       isolation: api.IsolationLevel | str | None = None,
+                       budget: Budget | None = None) -> _Call[api.Session]:
         body: dict[str, Any] = {"namespace": namespace, "metadata": metadata or {}}
+        if budget is not None:
+            body["budget"] = _budget(budget)
         if isolation is not None:  # as given: the service names the levels it knows when it refuses one
             body["isolation"] = str(isolation)
         if runtime:
@@ -413,10 +443,12 @@ class _Calls:
     @staticmethod
     def start_task(session_id: str, prompt: str, permission_mode: str | None, runtime_config: dict[str, Any] | None,
                    interactive: bool, runtime: str | None, max_input_tokens: int | None, timeout_s: float | None,
-                   idle_timeout_s: float | None, key: str | None) -> _Call[api.Task]:
+                   idle_timeout_s: float | None, key: str | None, budget: Budget | None = None) -> _Call[api.Task]:
         """The body carries what was given; the service checks it (``api.StartTaskRequest``) and says what is
         wrong, so both clients' refusals are the service's own."""
         body: dict[str, Any] = {"prompt": prompt}
+        if budget is not None:
+            body["budget"] = _budget(budget)
         if _boolean("interactive", interactive):
             body["interaction_mode"] = "interactive"
         optional = {"runtime": runtime or None, "max_input_tokens": max_input_tokens, "timeout_s": timeout_s,
@@ -516,6 +548,35 @@ class _Calls:
                      json={"set": set or {}, "unset": unset or []})
 
     @staticmethod
+    def session_budget(session_id: str) -> _Call[api.SessionBudgetView]:
+        return _Call("GET", f"/v1/sessions/{_q(session_id)}/budget", api.SessionBudgetView.model_validate)
+
+    @staticmethod
+    def set_session_budget(session_id: str, limits: Budget) -> _Call[api.SessionBudgetView]:
+        return _Call("PUT", f"/v1/sessions/{_q(session_id)}/budget", api.SessionBudgetView.model_validate,
+                     json={"limits": _budget(limits)})
+
+    @staticmethod
+    def raise_budget(session_id: str, limits: Budget | None, go_on: bool, task_budget: Budget | None,
+                     prompt: str | None, key: str | None) -> _Call[api.RaisedBudget]:
+        body: dict[str, Any] = {"limits": _budget(limits or {}), "continue": _boolean("continue_", go_on)}
+        if task_budget is not None:
+            body["task_budget"] = _budget(task_budget)
+        if prompt is not None:
+            body["prompt"] = prompt
+        return _Call("POST", f"/v1/sessions/{_q(session_id)}/budget/raise", api.RaisedBudget.model_validate,
+                     json=body, idempotency_key=_key(key))
+
+    @staticmethod
+    def namespace_budget(namespace: str) -> _Call[api.NamespaceBudget]:
+        return _Call("GET", f"/v1/namespaces/{_q(namespace)}/budget", api.NamespaceBudget.model_validate)
+
+    @staticmethod
+    def set_namespace_budget(namespace: str, monthly_usd: float | None) -> _Call[api.NamespaceBudget]:
+        return _Call("PUT", f"/v1/namespaces/{_q(namespace)}/budget", api.NamespaceBudget.model_validate,
+                     json={"monthly_usd": monthly_usd})
+
+    @staticmethod
     def namespace_egress(namespace: str) -> _Call[api.NamespaceEgress]:
         return _Call("GET", f"/v1/namespaces/{_q(namespace)}/egress", api.NamespaceEgress.model_validate)
 
@@ -591,7 +652,8 @@ class AsyncClient:
     async def create_session(self, *, namespace: str = "default", runtime: str | None = None,
                              metadata: dict[str, Any] | None = None, workspace: str | Path | None = None,
                              title: str | None = None, idempotency_key: str | None = None,
-                             isolation: api.IsolationLevel | str | None = None) -> api.Session:
+                             isolation: api.IsolationLevel | str | None = None,
+                             budget: Budget | None = None) -> api.Session:
         """A new session in ``namespace`` (``workspace``: the admin token only; a tenant's session gets its own;
         ``title``: 1 to 200 characters, for people, searched by ``list_sessions(q=…)``; ``isolation``: where its
         runtime's HOME is — ``namespaced`` (the service's default), ``ephemeral`` (one of its own, removed with it)
@@ -601,7 +663,7 @@ class AsyncClient:
         across restarts of your app) and is sent again with it when the connection breaks before the answer came:
         it runs once."""
         return await self._send(_Calls.create_session(namespace, runtime, metadata, workspace, idempotency_key,
-                                                      title, isolation))
+                                                      title, isolation, budget))
 
     async def list_sessions(self, *, namespace: str | None = None, runtime: str | None = None,
                             after: str | None = None, limit: int | None = None, offset: int | None = None,
@@ -651,14 +713,14 @@ class AsyncClient:
                          runtime_config: dict[str, Any] | None = None, interactive: bool = False,
                          runtime: str | None = None, max_input_tokens: int | None = None,
                          timeout_s: float | None = None, idle_timeout_s: float | None = None,
-                         idempotency_key: str | None = None) -> api.Task:
+                         idempotency_key: str | None = None, budget: Budget | None = None) -> api.Task:
         """Start a task. ``runtime``: move the session to another runtime from this task on (it is given the
         session's transcript); ``max_input_tokens``: cap the compiled input below the runtime's own budget;
         ``timeout_s`` / ``idle_timeout_s``: its deadlines in seconds (None: the service's default), past which it
         is stopped and fails ``TASK_TIMEOUT`` (one above the service's maximum is refused: ``InvalidRequest``)."""
         return await self._send(_Calls.start_task(session_id, prompt, permission_mode, runtime_config, interactive,
                                                   runtime, max_input_tokens, timeout_s, idle_timeout_s,
-                                                  idempotency_key))
+                                                  idempotency_key, budget))
 
     async def get_task(self, task_id: str) -> api.Task:
         return await self._send(_Calls.get_task(task_id))
@@ -739,6 +801,33 @@ class AsyncClient:
                                    unset: list[str] | None = None) -> list[api.EnvVariable]:
         """Set and remove variables of a namespace (admin token); its next worker has them."""
         return await self._send(_Calls.update_namespace_env(namespace, set, unset))
+
+    async def session_budget(self, session_id: str) -> api.SessionBudgetView:
+        """The session's budget: limits, what it spent, and ``paused`` (what it reached) while a raise is pending."""
+        return await self._send(_Calls.session_budget(session_id))
+
+    async def set_session_budget(self, session_id: str, limits: Budget) -> api.SessionBudgetView:
+        """Replace the session's limits (``{"tokens": N, "cost_usd": X, "tool_calls": N}``); a paused session stays
+        paused (``raise_budget`` ends a pause). ``InvalidRequest`` naming the field for a bad limit."""
+        return await self._send(_Calls.set_session_budget(session_id, limits))
+
+    async def raise_budget(self, session_id: str, limits: Budget | None = None, *, continue_: bool = False,
+                           task_budget: Budget | None = None, prompt: str | None = None,
+                           idempotency_key: str | None = None) -> api.RaisedBudget:
+        """Raise a session paused at its budget (``limits`` replace its own, kind by kind); ``continue_``: start a
+        task at once that goes on with the work (``.task``). ``Conflict`` ``budget_not_paused`` when it is not
+        paused."""
+        return await self._send(_Calls.raise_budget(session_id, limits, continue_, task_budget, prompt,
+                                                    idempotency_key))
+
+    async def namespace_budget(self, namespace: str) -> api.NamespaceBudget:
+        """A namespace's monthly budget and what it spent this month, UTC (admin token)."""
+        return await self._send(_Calls.namespace_budget(namespace))
+
+    async def set_namespace_budget(self, namespace: str, monthly_usd: float | None) -> api.NamespaceBudget:
+        """Set a namespace's monthly budget in USD (``None``: none), admin token. Once spent, new tasks there are
+        refused with ``PaymentRequired`` until the month (UTC) ends."""
+        return await self._send(_Calls.set_namespace_budget(namespace, monthly_usd))
 
     async def namespace_egress(self, namespace: str) -> api.NamespaceEgress:
         """The hosts ``http.fetch`` may reach for a namespace: the operator's, and its own narrowing (admin token)."""
@@ -966,10 +1055,11 @@ class Client:
     def create_session(self, *, namespace: str = "default", runtime: str | None = None,
                        metadata: dict[str, Any] | None = None, workspace: str | Path | None = None,
                        title: str | None = None, idempotency_key: str | None = None,
-                       isolation: api.IsolationLevel | str | None = None) -> api.Session:
+                       isolation: api.IsolationLevel | str | None = None,
+                       budget: Budget | None = None) -> api.Session:
         """As ``AsyncClient.create_session``."""
         return self._send(_Calls.create_session(namespace, runtime, metadata, workspace, idempotency_key, title,
-                                                isolation))
+                                                isolation, budget))
 
     def list_sessions(self, *, namespace: str | None = None, runtime: str | None = None, after: str | None = None,
                       limit: int | None = None, offset: int | None = None,
@@ -1001,9 +1091,9 @@ class Client:
                    runtime_config: dict[str, Any] | None = None, interactive: bool = False,
                    runtime: str | None = None, max_input_tokens: int | None = None,
                    timeout_s: float | None = None, idle_timeout_s: float | None = None,
-                   idempotency_key: str | None = None) -> api.Task:
+                   idempotency_key: str | None = None, budget: Budget | None = None) -> api.Task:
         return self._send(_Calls.start_task(session_id, prompt, permission_mode, runtime_config, interactive, runtime,
-                                            max_input_tokens, timeout_s, idle_timeout_s, idempotency_key))
+                                            max_input_tokens, timeout_s, idle_timeout_s, idempotency_key, budget))
 
     def get_task(self, task_id: str) -> api.Task:
         return self._send(_Calls.get_task(task_id))
@@ -1064,6 +1154,24 @@ class Client:
     def update_namespace_env(self, namespace: str, *, set: dict[str, str] | None = None,
                              unset: list[str] | None = None) -> list[api.EnvVariable]:
         return self._send(_Calls.update_namespace_env(namespace, set, unset))
+
+    def session_budget(self, session_id: str) -> api.SessionBudgetView:
+        return self._send(_Calls.session_budget(session_id))
+
+    def set_session_budget(self, session_id: str, limits: Budget) -> api.SessionBudgetView:
+        return self._send(_Calls.set_session_budget(session_id, limits))
+
+    def raise_budget(self, session_id: str, limits: Budget | None = None, *, continue_: bool = False,
+                     task_budget: Budget | None = None, prompt: str | None = None,
+                     idempotency_key: str | None = None) -> api.RaisedBudget:
+        """As ``AsyncClient.raise_budget``."""
+        return self._send(_Calls.raise_budget(session_id, limits, continue_, task_budget, prompt, idempotency_key))
+
+    def namespace_budget(self, namespace: str) -> api.NamespaceBudget:
+        return self._send(_Calls.namespace_budget(namespace))
+
+    def set_namespace_budget(self, namespace: str, monthly_usd: float | None) -> api.NamespaceBudget:
+        return self._send(_Calls.set_namespace_budget(namespace, monthly_usd))
 
     def namespace_egress(self, namespace: str) -> api.NamespaceEgress:
         return self._send(_Calls.namespace_egress(namespace))

@@ -6,6 +6,24 @@ module is the public surface.
 """
 
 from ._base import Model
+from ._budgets import (
+    BUDGET_REACHED_REASON,
+    MAX_LIMIT as MAX_BUDGET_LIMIT,
+    BudgetGate,
+    BudgetLimit,
+    BudgetLimits,
+    BudgetRaised,
+    BudgetReached,
+    BudgetScope,
+    BudgetSpent,
+    ModelPrice,
+    PriceTable,
+    PriceTableError,
+    SessionBudget,
+    first_reached,
+    parse_price_table,
+    usage_spent,
+)
 from ._canonical import (
     HASH_PREFIX,
     CanonicalizationError,
@@ -46,6 +64,8 @@ from ._events import (
     AnyEvent,
     AnyWorkerEvent,
     ApprovalRequested,
+    BudgetRaisedEvent,
+    BudgetReachedEvent,
     ApprovalRequestedEvent,
     ApprovalState,
     BlockKind,
@@ -277,6 +297,24 @@ from ._events import (
 from ._jsonrpc import SendAnswerParams
 
 __all__ = [
+    "BUDGET_REACHED_REASON",
+    "MAX_BUDGET_LIMIT",
+    "BudgetGate",
+    "BudgetLimit",
+    "BudgetLimits",
+    "BudgetRaised",
+    "BudgetReached",
+    "BudgetScope",
+    "BudgetSpent",
+    "ModelPrice",
+    "PriceTable",
+    "PriceTableError",
+    "parse_price_table",
+    "SessionBudget",
+    "first_reached",
+    "usage_spent",
+    "BudgetRaisedEvent",
+    "BudgetReachedEvent",
     "FAST_EVENT_TYPES",
     "SLOW_EVENT_TYPES",
     "Unmirrorable",

@@ -32,6 +32,7 @@ from pydantic import (
 from pydantic_core import CoreSchema, core_schema
 
 from ._base import Model
+from ._budgets import BudgetRaised, BudgetReached
 from ._canonical import is_hash
 from ._context import ContextReport, InterruptedCall, ResumeMode
 from ._questions import QuestionAnswered, QuestionRequested
@@ -66,6 +67,8 @@ class EventType(StrEnum):
     MODEL_INPUT_APPENDED = "model.input.appended"
     QUESTION_REQUESTED = "question.requested"
     QUESTION_ANSWERED = "question.answered"
+    BUDGET_REACHED = "budget.reached"
+    BUDGET_RAISED = "budget.raised"
 
 
 TERMINAL_EVENT_TYPES = frozenset({EventType.TASK_COMPLETED, EventType.TASK_FAILED, EventType.TASK_STOPPED})
@@ -625,6 +628,8 @@ class TaskStoppedEvent(NormalizedEvent):
 class ModelInputAppendedEvent(NormalizedEvent):
     type: _Tag[Literal[EventType.MODEL_INPUT_APPENDED]] = EventType.MODEL_INPUT_APPENDED
     payload: ModelInputAppended
+
+
 class QuestionRequestedEvent(NormalizedEvent):
     type: _Tag[Literal[EventType.QUESTION_REQUESTED]] = EventType.QUESTION_REQUESTED
     payload: QuestionRequested
@@ -638,6 +643,16 @@ class QuestionAnsweredEvent(NormalizedEvent):
 class QuestionRequestedWorkerEvent(WorkerEvent):
     type: _Tag[Literal[EventType.QUESTION_REQUESTED]] = EventType.QUESTION_REQUESTED
     payload: QuestionRequested
+
+
+class BudgetReachedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.BUDGET_REACHED]] = EventType.BUDGET_REACHED
+    payload: BudgetReached
+
+
+class BudgetRaisedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.BUDGET_RAISED]] = EventType.BUDGET_RAISED
+    payload: BudgetRaised
 
 
 class RuntimeRequestStartedWorkerEvent(WorkerEvent):
@@ -723,14 +738,14 @@ EventUnion: TypeAlias = (
     | UsageReportedEvent | TaskCompletedEvent | TaskFailedEvent | TaskStoppedEvent
     | ModelInputAppendedEvent
     | QuestionRequestedEvent | QuestionAnsweredEvent
+    | BudgetReachedEvent | BudgetRaisedEvent
 )
 WorkerEventUnion: TypeAlias = (
     RuntimeRequestStartedWorkerEvent | RuntimeRequestCompletedWorkerEvent | ModelOutputDeltaWorkerEvent
     | ModelOutputCompletedWorkerEvent | ToolCallRequestedWorkerEvent | ToolCallPolicyEvaluatedWorkerEvent
     | ToolCallStartedWorkerEvent | ToolOutputDeltaWorkerEvent | ToolOutputCompletedWorkerEvent
     | ToolCallCompletedWorkerEvent | UsageReportedWorkerEvent | TaskCompletedWorkerEvent | TaskFailedWorkerEvent
-    | TaskStoppedWorkerEvent | ModelInputAppendedWorkerEvent
-    | TaskStoppedWorkerEvent | QuestionRequestedWorkerEvent
+    | TaskStoppedWorkerEvent | ModelInputAppendedWorkerEvent | QuestionRequestedWorkerEvent
 )
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from pydantic import Field
 from ._base import Model
 from ._steering import SteeringSupport
 from ._questions import QuestionSource
+from ._budgets import BudgetGate
 
 #: What a runtime may be called: the names adapters register (``scripted``, ``claude``, ``codex``, ``codex-acp``,
 #: ``gemini``, ``opencode``), and so all a session or a task may name. One rule, so that the API (which refuses a
@@ -210,6 +211,10 @@ class RuntimeCapabilities(Model):
     #: The questions to its user it forwards as ``question.requested`` (answered by ``runtime.sendAnswer``), by
     #: source; empty: it asks none (its questions, if any, are declined or never asked).
     user_questions: tuple[QuestionSource, ...] = ()
+    #: Where the supervisor can check a task's budget: before each model request (``before_request``: the
+    #: runtime's next request waits on the supervisor and its usage so far is known) or only once usage is reported
+    #: (``after_usage``). See docs/sessions.md, "Budgets".
+    budget_gate: BudgetGate = BudgetGate.AFTER_USAGE
 
     @property
     def non_interactive(self) -> bool:

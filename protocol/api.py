@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from ._base import Model
+from ._budgets import MAX_LIMIT, BudgetLimits, BudgetReached, BudgetSpent, SessionBudget
 from ._events import ApprovalState, BlockKind, EventType, NormalizedEvent
 from ._events import ForkPoint as ForkPoint  # a Session's forked_from: part of this module's vocabulary
 from ._jsonrpc import EnsureLoginResult, RuntimeOffer, RuntimeSources
@@ -144,6 +145,20 @@ class Query(Request):
         return typed
 
 
+class BudgetLimitsRequest(Request):
+    """Limits of a budget (absent or ``null``: none of that kind). Reached at or above the limit: the task stops
+    (``task.stopped`` reason ``budget_reached``) and the session pauses until its budget is raised."""
+    tokens: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
+    """Input plus output tokens, as the runtime reports them."""
+    cost_usd: float | None = Field(default=None, ge=0, le=MAX_LIMIT, allow_inf_nan=False)
+    """USD: the runtime's reported cost, else the operator's price for the model (``serve --price-table``)."""
+    tool_calls: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
+    """Tool calls that may run: the next one stops the task before it runs."""
+
+    def limits(self) -> BudgetLimits:
+        return BudgetLimits(tokens=self.tokens, cost_usd=self.cost_usd, tool_calls=self.tool_calls)
+
+
 class CreateSessionRequest(Request):
     namespace: str = Field(min_length=1)
     runtime: str | None = Field(default=None, min_length=1, max_length=64, pattern=RUNTIME_NAME_PATTERN)
@@ -156,6 +171,8 @@ class CreateSessionRequest(Request):
     """Where the runtime's HOME is: the namespace's (``namespaced``), one made for this session and removed with it
     (``ephemeral``: credentials only from the namespace's stored variables), or the service user's own (``shared``:
     namespace ``default`` of a single-user service only, 409 ``isolation_refused`` otherwise)."""
+    budget: BudgetLimitsRequest | None = None
+    """The session's budget: what all its tasks together may spend (docs/sessions.md, "Budgets")."""
 
 
 class UpdateSessionRequest(Request):
@@ -194,6 +211,31 @@ class StartTaskRequest(Request):
     the task is stopped and fails ``task_timeout``."""
     idle_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """The longest the runtime may send nothing, in seconds (paused while a tool call waits on the service)."""
+    budget: BudgetLimitsRequest | None = None
+    """This task's own budget (besides its session's)."""
+
+
+class SetBudgetRequest(Request):
+    limits: BudgetLimitsRequest
+    """The session's limits from now on (replacing its own; a paused session stays paused: raise it instead)."""
+
+
+class RaiseBudgetRequest(Request):
+    model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True, populate_by_name=True)
+    limits: BudgetLimitsRequest = Field(default_factory=BudgetLimitsRequest)
+    """New session limits, each replacing the session's of its kind (a limit the session reached must be raised
+    above what it spent: 422)."""
+    continue_: bool = Field(default=False, alias="continue")
+    """Start a task at once that goes on with the work (the stopped task's modes and runtime config)."""
+    task_budget: BudgetLimitsRequest | None = None
+    """The continuing task's own budget."""
+    prompt: str | None = Field(default=None, min_length=1)
+    """The continuing task's prompt (default: continue where the stopped task left off)."""
+
+
+class NamespaceBudgetRequest(Request):
+    monthly_usd: float | None = Field(ge=0, le=1e12, allow_inf_nan=False)
+    """The namespace's budget per calendar month (UTC) in USD; ``null``: none."""
 
 
 class DecisionRequest(Request):
@@ -346,6 +388,37 @@ class Session(Answer):
     isolation: IsolationLevel = IsolationLevel.NAMESPACED
     """Where its runtime's HOME is (``namespaced``, ``ephemeral``, ``shared``): chosen when it was created, kept by
     its forks."""
+    budget: SessionBudget | None = None
+    """Its budget: limits, what it spent, and ``paused`` (what was reached) while it waits for a raise."""
+
+
+class SessionBudgetView(Answer):
+    """A session's budget, and the raise it waits for while paused."""
+    session_id: str
+    limits: BudgetLimits = Field(default_factory=BudgetLimits)
+    spent: BudgetSpent = Field(default_factory=BudgetSpent)
+    paused: BudgetReached | None = None
+    """Set while paused: the limit reached. A new task is refused (409 ``budget_paused``) until it is raised."""
+    paused_at: datetime | None = None
+    raise_pending: bool = False
+    """A raise is asked for (``POST .../budget/raise``): the session is paused."""
+
+
+class RaisedBudget(SessionBudgetView):
+    task: Task | None = None
+    """The task started to go on with the work (``continue``)."""
+
+
+class NamespaceBudget(Answer):
+    """A namespace's monthly budget and what it spent this month (UTC)."""
+    namespace: str
+    monthly_usd: float | None = None
+    """None: no monthly budget."""
+    month: str
+    """``YYYY-MM``."""
+    spent: BudgetSpent
+    resets_at: datetime
+    """When this month's spend starts again from 0."""
 
 
 class DeletedSession(Answer):

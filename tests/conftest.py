@@ -15,8 +15,10 @@ import psutil
 import pytest
 import trio.testing
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 
 from codesdk.procs.children import Children
+from codesdk.protocol import MAX_BUDGET_LIMIT, BudgetLimits
 from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
 from codesdk.supervisor.engine import Engine
 
@@ -165,3 +167,10 @@ def no_processes_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
         if time.monotonic() > deadline:
             pytest.fail(f"{request.node.nodeid} left processes behind: {', '.join(left)}", pytrace=False)
         time.sleep(0.05)
+
+
+# A budget's optional bounded limits: hypothesis applies a field's bounds to its None too, so they are given here.
+_LIMIT = st.none() | st.integers(0, MAX_BUDGET_LIMIT)
+st.register_type_strategy(BudgetLimits, st.builds(
+    BudgetLimits, tokens=_LIMIT, tool_calls=_LIMIT,
+    cost_usd=st.none() | st.floats(0, MAX_BUDGET_LIMIT, allow_nan=False, allow_infinity=False)))

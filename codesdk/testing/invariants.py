@@ -9,7 +9,9 @@ Two kinds of stream:
   without gaps, the current schema version, one active task at a time, and per task (``check_task``) one
   ``task.started`` first, one terminal event last, and the tool-call graph — requested, then at most one decision,
   then started/completed only after an approval, and once the task has ended every started call completed
-  exactly once; each question asked is answered exactly once.
+  exactly once; each question asked is answered exactly once; and budgets: a ``budget.reached`` is followed by exactly one ``task.stopped`` with reason
+  ``budget_reached`` (its task's end), and no task starts in a session paused at its budget before a
+  ``budget.raised`` (a session-wide event, between tasks) — a budget stop leaves the session resumable.
 
 Each check raises ``InvariantError`` (an ``AssertionError``) naming every broken rule it found, with the events
 involved, so a failing test says what is wrong rather than only that something is.
@@ -23,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from datetime import timedelta
 
 from codesdk.protocol import (
+    BUDGET_REACHED_REASON,
     SCHEMA_VERSION,
     TERMINAL_EVENT_TYPES,
     EventType,
@@ -32,6 +35,7 @@ from codesdk.protocol import (
     QuestionAnswered,
     QuestionRequested,
     RuntimeEventParams,
+    TaskStopped,
     ToolCallIdentity,
     ToolCallRequested,
     canonical_hash,
@@ -132,13 +136,27 @@ def check_session(events: Sequence[NormalizedEvent]) -> None:
                         "upcast to the current version")
     by_task: defaultdict[str, list[NormalizedEvent]] = defaultdict(list)
     active: str | None = None
+    paused_at: int | None = None  # the seq of a budget.reached no budget.raised has answered yet
     for event in events[1:]:
         task_id = event.trace.task_id
+        if event.type == EventType.BUDGET_RAISED:  # session-wide: between tasks, answering a budget.reached
+            if active is not None:
+                problems.append(f"budget.raised (seq={event.seq}) while task {active!r} was active: a budget is "
+                                "raised once its stopped task has ended")
+            if paused_at is None:
+                problems.append(f"budget.raised (seq={event.seq}) with no budget.reached before it to answer")
+            paused_at = None
+            continue
         if not task_id:
             problems.append(f"event seq={event.seq} ({event.type.value}) belongs to no task")
             continue
         by_task[task_id].append(event)
+        if event.type == EventType.BUDGET_REACHED:
+            paused_at = event.seq
         if event.type == EventType.TASK_STARTED:
+            if paused_at is not None:
+                problems.append(f"task {task_id!r} started (seq={event.seq}) while the session was paused at its "
+                                f"budget (budget.reached seq={paused_at}, no budget.raised since)")
             if active is not None:
                 problems.append(f"task {task_id!r} started (seq={event.seq}) while {active!r} was still active: "
                                 "one active task per session")
@@ -213,6 +231,7 @@ def check_task(events: Sequence[NormalizedEvent]) -> None:
         problems.append(f"task {task_id!r}: events follow its terminal event")
     problems += _tool_problems(task_id, [(e.type, e.payload) for e in events], _TOOL_ORDER, ended=bool(terminals))
     problems += _question_problems(task_id, events, ended=bool(terminals))
+    problems += _budget_problems(task_id, events)
     if problems:
         raise InvariantError(problems)
 
@@ -243,6 +262,24 @@ def _question_problems(task_id: str, events: Sequence[NormalizedEvent], *, ended
         if unanswered:
             problems.append(f"task {task_id!r}: question(s) {unanswered} never answered, yet the task ended: its "
                             "end closes them with a question.answered")
+    return problems
+
+
+def _budget_problems(task_id: str, events: Sequence[NormalizedEvent]) -> list[str]:
+    """A budget reached ends its task: one ``budget.reached``, then (once the task ends) ``task.stopped`` with reason
+    ``budget_reached``; and that reason only after a ``budget.reached``."""
+    reached = [i for i, e in enumerate(events) if e.type == EventType.BUDGET_REACHED]
+    last = events[-1]
+    by_budget = last.type == EventType.TASK_STOPPED and isinstance(last.payload, TaskStopped) \
+        and last.payload.reason == BUDGET_REACHED_REASON
+    problems = []
+    if len(reached) > 1:
+        problems.append(f"task {task_id!r}: more than one budget.reached ({len(reached)})")
+    if reached and last.type in TERMINAL_EVENT_TYPES and not by_budget:
+        problems.append(f"task {task_id!r}: budget.reached is followed by {last.type.value}, not task.stopped with "
+                        f"reason {BUDGET_REACHED_REASON}")
+    if by_budget and not reached:
+        problems.append(f"task {task_id!r}: task.stopped with reason {BUDGET_REACHED_REASON} but no budget.reached")
     return problems
 
 

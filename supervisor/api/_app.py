@@ -52,6 +52,7 @@ from ..engine import (
     ForkInsideTask,
     InvalidTaskInput,
     IsolationRefused,
+    MonthlyBudgetSpent,
     NamespaceElsewhere,
     RuntimeUnavailable,
     UnknownRuntime,
@@ -59,7 +60,16 @@ from ..engine import (
     error_status,
 )
 from ..egress import HostPattern, PatternError
-from ..namespaces import InvalidNamespace, Namespace, NamespaceEgress, NamespaceEgressError, NamespaceEnvError
+from ..namespaces import (
+    InvalidNamespace,
+    Namespace,
+    NamespaceBudgetError,
+    NamespaceEgress,
+    NamespaceEgressError,
+    NamespaceEnvError,
+    month_of,
+    next_month_start,
+)
 from ..store import (
     IDEMPOTENCY_WINDOW_S,
     ApprovalDecided,
@@ -82,6 +92,7 @@ from ..store import QuestionRecord, QuestionSettled, UnknownQuestion
 from .views import question_answer
 from .views import (
     approval_answer,
+    budget_answer,
     deleted_answer,
     env_answer,
     runtime_env_answer,
@@ -545,7 +556,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             await offered(body.namespace, body.runtime)
         record = await engine.create_session(runtime=body.runtime, namespace=body.namespace,
                                              workspace=Path(body.workspace) if body.workspace else None,
-                                             metadata=body.metadata, title=body.title, isolation=body.isolation)
+                                             metadata=body.metadata, title=body.title, isolation=body.isolation,
+                                             budget=body.budget.limits() if body.budget is not None else None)
         return _answer(request, session_answer(record))
 
     async def list_sessions(request: Request) -> Response:
@@ -621,8 +633,33 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
                                client_id=_trace_header(request, "x-client-id")), traceparent=parent,
             runtime_config=body.runtime_config, runtime=body.runtime, max_input_tokens=body.max_input_tokens,
             timeout_s=body.timeout_s, idle_timeout_s=body.idle_timeout_s,
-            durable_approvals=body.interaction_mode == InteractionMode.INTERACTIVE)
+            durable_approvals=body.interaction_mode == InteractionMode.INTERACTIVE,
+            budget=body.budget.limits() if body.budget is not None else None)
         return _answer(request, task_answer(record))
+
+    async def get_session_budget(request: Request) -> Response:
+        session = await session_for(principal_of(request), request.path_params["session_id"])
+        return _answer(request, budget_answer(session))
+
+    async def set_session_budget(request: Request) -> Response:
+        principal = principal_of(request)
+        session = await session_for(principal, request.path_params["session_id"])
+        body = await _body(request, api.SetBudgetRequest)
+        record = await engine.set_budget(session.session_id, body.limits.limits(), by=f"api:{principal.identity}")
+        return _answer(request, budget_answer(record))
+
+    async def raise_session_budget(request: Request) -> Response:
+        principal = principal_of(request)
+        session = await session_for(principal, request.path_params["session_id"])
+        body = await _body(request, api.RaiseBudgetRequest)
+        if body.continue_:
+            refuse_while_draining()
+        record, task = await engine.raise_budget(
+            session.session_id, body.limits.limits(), by=f"api:{principal.identity}", go_on=body.continue_,
+            task_budget=body.task_budget.limits() if body.task_budget is not None else None,
+            **({"prompt": body.prompt} if body.prompt is not None else {}))
+        return _answer(request, api.RaisedBudget(**budget_answer(record).model_dump(),
+                                                 task=task_answer(task) if task is not None else None))
 
     async def get_task(request: Request) -> Response:
         task = await task_for(principal_of(request), request.path_params["task_id"])
@@ -768,6 +805,34 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         audit("namespace.egress_changed", "api:admin", namespace=namespace,
               hosts="operator's" if own is None else ",".join(str(p) for p in own) or "none")
         return _answer(request, egress_answer(namespace, own))
+
+    namespace_budgets = engine.budgets.namespaces
+
+    async def namespace_budget_answer(namespace: str, monthly_usd: float | None) -> api.NamespaceBudget:
+        now = engine.config.wall_clock()
+        month = month_of(now)
+        return api.NamespaceBudget(namespace=namespace, monthly_usd=monthly_usd, month=month,
+                                   spent=await store.namespace_spend(namespace, month),
+                                   resets_at=next_month_start(now))
+
+    async def get_namespace_budget(request: Request) -> Response:
+        namespace = admin_namespace(request, "reading a namespace's monthly budget")
+        try:
+            limit = await trio.to_thread.run_sync(namespace_budgets.get, namespace)
+        except NamespaceBudgetError as exc:
+            raise ApiError(503, "budgets_unreadable", str(exc)) from exc
+        return _answer(request, await namespace_budget_answer(namespace, limit))
+
+    async def set_namespace_budget(request: Request) -> Response:
+        namespace = admin_namespace(request, "changing a namespace's monthly budget")
+        body = await _body(request, api.NamespaceBudgetRequest)
+        try:
+            limit = await trio.to_thread.run_sync(namespace_budgets.set, namespace, body.monthly_usd)
+        except NamespaceBudgetError as exc:
+            raise ApiError(422, "invalid_request", f"body field 'monthly_usd': {exc}") from exc
+        audit("namespace.budget_changed", "api:admin", namespace=namespace,
+              monthly_usd="none" if limit is None else f"{limit:g}")
+        return _answer(request, await namespace_budget_answer(namespace, limit))
 
     async def auth_status(request: Request) -> Response:
         namespace = namespace_for(principal_of(request), request.path_params["namespace"])
@@ -957,7 +1022,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             answer = error_status(exc)
             if answer is None:
                 raise
-            details = exc.details() if isinstance(exc, NamespaceElsewhere | QuotaExceeded | ForkInsideTask) else None
+            details = exc.details() if isinstance(exc, NamespaceElsewhere | QuotaExceeded | ForkInsideTask
+                                                  | MonthlyBudgetSpent) else None
             return _error(answer.status, answer.code, str(exc),
                           {"retry-after": str(answer.retry_after_s)} if answer.retry_after_s else None,
                           details=details)
@@ -1038,6 +1104,9 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         "listNamespaces": list_namespaces, "getLoginState": auth_status, "getRuntimeEnv": runtime_env, "listWorkers": list_workers,
         "liftQuarantine": lift_quarantine, "getNamespaceEnv": list_env, "updateNamespaceEnv": update_env,
         "getNamespaceEgress": get_egress, "setNamespaceEgress": set_egress,
+        "getSessionBudget": get_session_budget, "setSessionBudget": set_session_budget,
+        "raiseSessionBudget": raise_session_budget, "getNamespaceBudget": get_namespace_budget,
+        "setNamespaceBudget": set_namespace_budget,
         "getOpenApi": openapi, "getApiReference": api_reference,
     }
     operation_ids = {endpoint.operation_id for endpoint in ENDPOINTS}

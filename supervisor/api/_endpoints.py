@@ -29,6 +29,7 @@ STATUS_MEANS = {
     413: "the request body is larger than 1 MiB",
     421: "the namespace is served by another supervisor (details name it)",
     422: "invalid request: the message names the field and what it takes",
+    402: "the namespace spent its monthly budget (details: spent, limit, when it resets)",
     429: "a limit of the token or the namespace is reached (Retry-After where it passes by itself)",
     416: "the Range asks for no byte of it (Content-Range says its size)",
     500: "a fault of the service (its log says more)",
@@ -120,13 +121,26 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                          "forked from is left as it is (it may be busy). 422 `fork_inside_task` when `at_seq` falls "
                          "inside a task (`details` names the seqs around it)."),
     Endpoint("POST", f"{_SESSION}/tasks", "startTask", "Start a task: the session's next prompt", "tasks",
-             Access.TOKEN, api.Task, 202, body=api.StartTaskRequest, errors=(404, 409, 421, 429),
+             Access.TOKEN, api.Task, 202, body=api.StartTaskRequest, errors=(402, 404, 409, 421, 429),
              description="Answers once the task is stored (state `pending`); follow it on the session's events. "
-                         "409 `session_busy` while another task of the session is active.",
+                         "409 `session_busy` while another task of the session is active; 409 `budget_paused` "
+                         "while the session is paused at its budget (raise it first); 402 `monthly_budget_spent` "
+                         "once the namespace spent its monthly budget.",
              headers=(("traceparent", "a W3C trace context: the task's spans join that trace, and its events' "
                                       "`trace.request_id` is its trace id (unless X-Request-Id is sent)"),
                       ("X-Request-Id", "stored as every event's `trace.request_id` (1 to 200 visible ASCII)"),
                       ("X-Client-Id", "stored as every event's `trace.client_id` (1 to 200 visible ASCII)"))),
+    Endpoint("GET", f"{_SESSION}/budget", "getSessionBudget", "A session's budget: limits, spent, and whether it is "
+             "paused waiting for a raise", "sessions", Access.TOKEN, api.SessionBudgetView, errors=(404,)),
+    Endpoint("PUT", f"{_SESSION}/budget", "setSessionBudget", "Replace a session's budget limits", "sessions",
+             Access.TOKEN, api.SessionBudgetView, body=api.SetBudgetRequest, errors=(404, 421),
+             description="A paused session stays paused: `POST .../budget/raise` ends a pause."),
+    Endpoint("POST", f"{_SESSION}/budget/raise", "raiseSessionBudget",
+             "Raise a paused session's budget, and optionally go on with the work in a new task", "sessions",
+             Access.TOKEN, api.RaisedBudget, body=api.RaiseBudgetRequest, errors=(402, 404, 409, 421, 429),
+             description="409 `budget_not_paused` when the session is not paused at its budget. Stores "
+                         "`budget.raised`; with `continue` a task of the session is started (202 semantics: "
+                         "follow it on the events) with the stopped task's modes and runtime config."),
     Endpoint("GET", f"{_SESSION}/events", "listEvents", "Stored events, paged by after_seq and limit", "events",
              Access.TOKEN, api.EventPage, query=api.EventsQuery, errors=(404,)),
     Endpoint("GET", f"{_SESSION}/events/stream", "streamEvents", "Live events (Server-Sent Events)", "events",
@@ -197,6 +211,14 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("PUT", f"{_NAMESPACE}/egress", "setNamespaceEgress",
              "Narrow (never widen) the operator's http.fetch hosts for a namespace", "namespaces", Access.ADMIN,
              api.NamespaceEgress, body=api.EgressUpdateRequest),
+    Endpoint("GET", f"{_NAMESPACE}/budget", "getNamespaceBudget",
+             "A namespace's monthly budget (USD) and what it spent this month", "namespaces", Access.ADMIN,
+             api.NamespaceBudget, errors=(422,)),
+    Endpoint("PUT", f"{_NAMESPACE}/budget", "setNamespaceBudget",
+             "Set a namespace's monthly budget (USD; null: none)", "namespaces", Access.ADMIN, api.NamespaceBudget,
+             body=api.NamespaceBudgetRequest,
+             description="Once its sessions spent it in a calendar month (UTC), new tasks there are refused with "
+                         "402 `monthly_budget_spent` until the month ends."),
     Endpoint("GET", "/v1/openapi.json", "getOpenApi", "This document", "service", Access.PUBLIC, None),
     Endpoint("GET", "/v1/docs", "getApiReference", "This document as a web page", "service", Access.PUBLIC, None,
              media_type="text/html"),

@@ -28,7 +28,16 @@ def session_answer(record: SessionRecord) -> api.Session:
                        workspace=record.workspace, created_at=record.created_at, metadata=record.metadata,
                        runtime_session_id=record.runtime_session_id, last_seq=record.last_seq, title=record.title,
                        state=state, active_task_id=record.active_task_id, archived_at=record.archived_at,
-                       forked_from=record.forked_from, isolation=record.isolation)
+                       forked_from=record.forked_from, isolation=record.isolation, budget=record.budget)
+
+
+def budget_answer(record: SessionRecord) -> api.SessionBudgetView:
+    budget = record.budget
+    if budget is None:
+        return api.SessionBudgetView(session_id=record.session_id)
+    return api.SessionBudgetView(session_id=record.session_id, limits=budget.limits, spent=budget.spent,
+                                 paused=budget.paused, paused_at=budget.paused_at,
+                                 raise_pending=budget.paused is not None)
 
 
 def deleted_answer(dropped: DroppedSession, workspace_removed: bool) -> api.DeletedSession:

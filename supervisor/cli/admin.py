@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from codesdk._version import __version__
+from codesdk.protocol import PriceTable, PriceTableError, parse_price_table
 
 from ..api import ADMIN_TOKEN_FILE, ApiLimits, TokenAuth
 from ..bundle import BundleLimits
@@ -48,6 +49,8 @@ from ..namespaces import (
     DiskQuotaError,
     InvalidNamespace,
     Namespace,
+    NamespaceBudgetError,
+    NamespaceBudgets,
     NamespaceDisks,
     NamespaceEgress,
     NamespaceEgressError,
@@ -55,6 +58,7 @@ from ..namespaces import (
     NamespaceEnvError,
     UidRange,
     UidRangeError,
+    check_monthly_usd,
 )
 from ..observe.logs import LOG_FORMATS
 from ..observe.logs import configured as logging_configured
@@ -175,9 +179,23 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                           "many streams are live (fewer commits and wakeups per event; a lone stream, a flood and "
                           "tool calls never wait; 0 turns it off; at most "
                           f"{MAX_COMMIT_LINGER_S * 1000:g}; default %(default)g)")
+    run.add_argument("--price-table", type=_price_table, default=PriceTable(), metavar="FILE",
+                     help='USD per million tokens by model, for budgets\' cost where a runtime reports none: JSON '
+                          '{"models": {"<model>": {"input": 3, "output": 15, "cached_input": 0.3}}} '
+                          "(docs/operations.md, \"Price table\"; default: none, usage without a cost is unpriced)")
     _add_limit_flags(run)
     _add_deadline_flags(run)
     _add_group_flags(run)
+
+
+def _price_table(path: str) -> PriceTable:
+    """The price table file, checked now: a bad one stops ``serve`` (exit 2) saying where and what."""
+    try:
+        return parse_price_table(Path(path).read_bytes(), path)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except PriceTableError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _commit_linger_ms(text: str) -> float:
@@ -278,7 +296,8 @@ def _serve_options(args: argparse.Namespace) -> SupervisorOptions:
         store=args.store, lease_s=args.lease_s, disk_reserve_bytes=args.disk_reserve,
         namespace_disk=args.namespace_disk, exec_max_file_bytes=args.exec_max_file_size,
         task_deadlines=_task_deadlines(args), commit_linger_s=args.commit_linger_ms / 1000,
-        questions=question_policy(args), resource_groups=args.resource_groups, group_limits=_group_limits(args),
+        questions=question_policy(args), prices=args.price_table, resource_groups=args.resource_groups,
+        group_limits=_group_limits(args),
         **({"exec_uid": args.exec_uid} if args.exec_uid is not None else {}))
 
 
@@ -672,6 +691,45 @@ def _namespace_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         cmd.add_argument("--data-dir", type=data_dir, default=default_data_dir())
     _namespace_limits_parser(namespace_sub)
     _namespace_egress_parser(namespace_sub)
+    _namespace_budget_parser(namespace_sub)
+
+
+def _namespace_budget_parser(namespace_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    budget = namespace_sub.add_parser("budget", help="a namespace's monthly budget in USD: once its sessions spent it "
+                                                     "in a calendar month (UTC), new tasks are refused (402)")
+    budget.add_argument("namespace", type=namespace_name)
+    given = budget.add_mutually_exclusive_group()
+    given.add_argument("--monthly-usd", type=_monthly_usd, default=None, metavar="USD",
+                       help="set it (0: no new task at all); without a flag: show it")
+    given.add_argument("--clear", action="store_true", help="drop it: no monthly budget")
+    budget.add_argument("--data-dir", type=data_dir, default=default_data_dir())
+    budget.set_defaults(run=_namespace_budget_command)
+
+
+def _monthly_usd(text: str) -> float:
+    try:
+        return check_monthly_usd(float(text))
+    except (ValueError, NamespaceBudgetError):
+        raise argparse.ArgumentTypeError(f"invalid budget {text!r}: a number of USD, 0 or more") from None
+
+
+def _namespace_budget_command(args: argparse.Namespace) -> int:
+    """On the data dir's file directly, read at each task's start. What the namespace spent this month is the
+    service's to say (``GET /v1/namespaces/{ns}/budget``): its store may be held by the running service."""
+    stored = NamespaceBudgets(args.data_dir)
+    try:
+        if args.clear:
+            limit = stored.set(args.namespace, None)
+        elif args.monthly_usd is not None:
+            limit = stored.set(args.namespace, args.monthly_usd)
+        else:
+            limit = stored.get(args.namespace)
+    except (NamespaceBudgetError, InvalidNamespace, OSError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"monthly_usd\t{'none' if limit is None else f'{limit:g}'}")
+    print("note\twhat it spent this month (UTC): GET /v1/namespaces/{ns}/budget on the running service")
+    return 0
 
 
 def _namespace_egress_parser(namespace_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -26,7 +26,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 1
 #: refusals the command itself must change to get past.
 EXIT_UNAVAILABLE = 69
 #: HTTP statuses of the API's refusals that are the service's state, not the request's fault (``api_exit_code``).
-_UNAVAILABLE_STATUSES = frozenset({421, 429, 503})  # 421: another supervisor runs the namespace
+_UNAVAILABLE_STATUSES = frozenset({402, 421, 429, 503})  # 421: another supervisor runs the namespace; 402: its
+# monthly budget is spent
 #: Signals that stop the running task (task.stopped) rather than kill the process: Ctrl-C, systemd/kill, a
 #: closed terminal.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -228,6 +229,43 @@ def seconds(text: str) -> float:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
     return value
+
+
+def usd(text: str) -> float:
+    """An argparse type: a finite number of USD, 0 or more (a usage error otherwise, never a traceback)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of USD, 0 or more, got {text!r}")
+    return value
+
+
+def count(text: str) -> int:
+    """An argparse type: a whole number, 0 or more."""
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, got {text!r}")
+    return int(text)
+
+
+def budget_limits(args: argparse.Namespace, prefix: str = "budget_") -> dict[str, float] | None:
+    """The limits given by ``--{prefix}tokens``, ``--{prefix}usd``, ``--{prefix}tool-calls`` as a budget body
+    (``{"tokens": N, "cost_usd": X, "tool_calls": N}``), or None when none was."""
+    given = {"tokens": getattr(args, f"{prefix}tokens", None), "cost_usd": getattr(args, f"{prefix}usd", None),
+             "tool_calls": getattr(args, f"{prefix}tool_calls", None)}
+    limits = {name: value for name, value in given.items() if value is not None}
+    return limits or None
+
+
+def add_budget_flags(parser: argparse.ArgumentParser, prefix: str, whose: str) -> None:
+    """``--{prefix}tokens N``, ``--{prefix}usd X``, ``--{prefix}tool-calls N``: limits of ``whose`` budget."""
+    parser.add_argument(f"--{prefix}tokens", type=count, metavar="N",
+                        help=f"{whose}: input plus output tokens, as the runtime reports them")
+    parser.add_argument(f"--{prefix}usd", type=usd, metavar="USD",
+                        help=f"{whose}: cost in USD (the runtime's, else the operator's price table)")
+    parser.add_argument(f"--{prefix}tool-calls", type=count, metavar="N",
+                        help=f"{whose}: tool calls that may run (the next one stops the task)")
 
 
 def port(value: str) -> int:

@@ -22,6 +22,7 @@ from codesdk._version import __version__
 
 from ..config import default_data_dir
 from .common import (
+    add_budget_flags,
     add_fetch_flags,
     add_question_flags,
     DEFAULT_NAMESPACE,
@@ -127,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stop the task (TASK_TIMEOUT) when its runtime sends no event for this long; time spent "
                           "waiting for an approval or a tool the supervisor runs does not count (default: the "
                           "supervisor's; none embedded)")
+    add_budget_flags(run, "budget-", "the task's budget; reaching it stops the task (task.stopped: budget_reached) and "
+                                     "pauses its session until `codesdk budget SESSION --raise`")
     run.add_argument("--scenario", help="scripted runtime: scenario name, one of those shipped with the scripted runtime (default: echo)")
     run.add_argument("--config", action="append", type=config_item, metavar="KEY=VALUE", help="extra runtime_config (JSON values)")
     run.add_argument("--session", help="continue an existing session (its transcript is sent along)")
@@ -186,6 +189,16 @@ def build_parser() -> argparse.ArgumentParser:
     fork.add_argument("--new-workspace", action="store_true",
                       help="give the fork an empty workspace of its own (default: it works in the session's)")
     fork.add_argument("--json", action="store_true", help="print the new session as JSON")
+
+    budget = command("budget", "a session's budget: show it, set its limits, or raise it once paused (--raise)")
+    budget.add_argument("session")
+    add_budget_flags(budget, "", "the session's limit")
+    budget.add_argument("--raise", dest="raise_", action="store_true",
+                        help="end the session's pause at its budget: the limits given replace its own")
+    budget.add_argument("--continue", dest="continue_", action="store_true",
+                        help="with --raise: start a task that goes on with the work (through a running service; "
+                             "embedded, raise and then `codesdk run --session SESSION PROMPT`)")
+    budget.add_argument("--json", action="store_true", help="print the budget as JSON")
 
     events = command("events", "print a session's events from the store")
     events.add_argument("session")

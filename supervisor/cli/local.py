@@ -23,6 +23,7 @@ import trio
 
 from codesdk.protocol import (
     HASH_PREFIX,
+    BudgetLimits,
     EnsureLoginResult,
     InteractionMode,
     QuestionReply,
@@ -44,6 +45,7 @@ from .common import (
     CliError,
     api_exit_code,
     ask_on_terminal,
+    budget_limits,
     check_session_flags,
     check_title,
     exit_code,
@@ -57,7 +59,7 @@ from .common import (
 )
 from .questions import ask_on_terminal as ask_questions
 from .run_ahead import RunAhead
-from ..api.views import deleted_answer, runtime_env_answer, session_answer
+from ..api.views import budget_answer, deleted_answer, runtime_env_answer, session_answer
 from ..terminal import one_line
 from .typed import TypedLines, reads_lines, typed_note
 from ..config import ADMIN_TOKEN_FILE
@@ -75,9 +77,11 @@ from .login import run_login
 from ..namespaces import InvalidNamespace, UnsafeDataDir
 from .render import (
     EventPrinter,
+    budget_note,
     deleted_line,
     isolation_note,
     json_line,
+    print_budget,
     print_runtime_env,
     print_stored_events,
     print_transcript,
@@ -180,7 +184,7 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
         approver=_terminal_approver(lines.ask if lines is not None else ask_on_terminal) if interactive else None,
         answerer=_terminal_answerer if interactive else None,
         runtime=args.runtime, max_input_tokens=args.max_input_tokens, timeout_s=args.timeout,
-        idle_timeout_s=args.idle_timeout)
+        idle_timeout_s=args.idle_timeout, budget=_budget_of(args))
     if not args.json:
         printer.note(f"session {session.session_id}  task {task.task_id}  runtime "
                      f"{runtime_note(task.runtime, session.runtime)}  "
@@ -255,7 +259,7 @@ async def cmd_sessions(args: argparse.Namespace) -> int:
                 title = f"  {one_line(s.title)}" if s.title else ""
                 print(f"{s.session_id}  {s.created_at:%Y-%m-%d %H:%M:%S}  {s.runtime:<9} {s.namespace:<16} "
                       f"tasks={len(tasks):<3} last={last:<9} events={s.last_seq} state={state}"
-                      f"{isolation_note(s.isolation)}{title}")
+                      f"{isolation_note(s.isolation)}{budget_note(s.budget)}{title}")
         if not sessions and not args.json:
             if args.search or args.state != api.SessionFilter.LIVE:
                 print(f"no {args.state} sessions{' with that text' if args.search else ''}", file=sys.stderr)
@@ -282,6 +286,40 @@ async def _embedded(args: argparse.Namespace, change: Callable[[Engine], Awaitab
     except DataDirBusy as busy:
         _service_instead(args, busy)
     return None
+
+
+def _budget_of(args: argparse.Namespace, prefix: str = "budget_") -> BudgetLimits | None:
+    limits = budget_limits(args, prefix)
+    return None if limits is None else BudgetLimits.model_validate(limits)
+
+
+async def cmd_budget(args: argparse.Namespace) -> int:
+    """Show a session's budget, set its limits, or raise it once paused (``--raise``)."""
+    limits = _budget_of(args, "")
+    if args.continue_ and not args.raise_:
+        raise CliError("--continue goes with --raise: it starts the task that goes on once the budget is raised")
+    if args.raise_ and args.continue_ and not args.url:
+        raise CliError("--continue needs a running service (--url): an embedded supervisor ends with the command. "
+                       f"Raise without it, then: codesdk run --session {args.session} \"continue\"")
+
+    async def change(engine: Engine) -> api.SessionBudgetView:
+        if args.raise_:
+            record, _ = await engine.raise_budget(args.session, limits or BudgetLimits(), by="cli")
+        elif limits is not None:
+            record = await engine.set_budget(args.session, limits, by="cli")
+        else:
+            record = await engine.store.get_session(args.session)
+        return budget_answer(record)
+
+    view: api.SessionBudgetView | None = await _embedded(args, change)
+    if view is None:
+        from .remote import budget_via_api  # imported only when used: the HTTP client costs start-up time
+        view = await budget_via_api(args, limits)
+    if args.json:
+        json_line(view.to_json_obj())
+    else:
+        print_budget(view)
+    return EXIT_OK
 
 
 async def cmd_archive(args: argparse.Namespace) -> int:
@@ -605,7 +643,7 @@ def run_command(args: argparse.Namespace, ahead: RunAhead | None = None) -> int:
         "run": partial(cmd_run, ahead=ahead), "sessions": cmd_sessions, "events": cmd_events,
                 "show": cmd_show, "auth": cmd_auth, "runtime-env": cmd_runtime_env, "namespaces": cmd_namespaces, "bundle": cmd_bundle,
                 "blob": cmd_blob, "archive": cmd_archive, "unarchive": cmd_archive, "delete": cmd_delete,
-                "fork": cmd_fork}
+                "fork": cmd_fork, "budget": cmd_budget}
     try:
         return int(trio.run(commands[args.command], args))
     except BrokenPipeError:

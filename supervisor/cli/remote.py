@@ -18,6 +18,7 @@ import trio
 
 from codesdk.client import ApiError, AsyncClient
 from codesdk.protocol import (
+    BudgetLimits,
     TERMINAL_EVENT_TYPES,
     EnsureLoginResult,
     EventType,
@@ -35,6 +36,7 @@ from .common import (
     DEFAULT_RUNTIME,
     CliError,
     ask_on_terminal,
+    budget_limits,
     check_session_flags,
     exit_code,
     read_again,
@@ -128,7 +130,8 @@ async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) 
                                               max_input_tokens=args.max_input_tokens,
                                               timeout_s=args.timeout, idle_timeout_s=args.idle_timeout,
                                               approver=_terminal_approver(ask) if interactive else None,
-                                              answerer=_terminal_answerer if interactive else None):
+                                              answerer=_terminal_answerer if interactive else None,
+                                              budget=budget_limits(args)):
                     if event.type == EventType.TASK_STARTED and event.trace.task_id:
                         task_id.append(event.trace.task_id)
                         if lines is not None:
@@ -221,6 +224,19 @@ async def fork_via_api(args: argparse.Namespace) -> api.Session:
     async with client_for(args) as client:
         return await client.fork_session(args.session, at_seq=args.at, title=args.title,
                                          workspace="new" if args.new_workspace else "shared")
+
+
+async def budget_via_api(args: argparse.Namespace, limits: BudgetLimits | None) -> api.SessionBudgetView:
+    async with client_for(args) as client:
+        if args.raise_:
+            raised = await client.raise_budget(args.session, limits, continue_=args.continue_)
+            if raised.task is not None:
+                print(f"codesdk: task {raised.task.task_id} goes on with the work; follow it with: "
+                      f"{read_again(args, 'events -f', args.session)}", file=sys.stderr)
+            return raised
+        if limits is not None:
+            return await client.set_session_budget(args.session, limits)
+        return await client.session_budget(args.session)
 
 
 async def events_via_api(args: argparse.Namespace) -> int:

@@ -8,7 +8,16 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
-from codesdk.protocol import EventType, Message, ModelInput, NormalizedEvent, StopReceipt, WorkerAnswer, api
+from codesdk.protocol import (
+    EventType,
+    Message,
+    ModelInput,
+    NormalizedEvent,
+    SessionBudget,
+    StopReceipt,
+    WorkerAnswer,
+    api,
+)
 
 from ..terminal import one_line, printable
 
@@ -122,6 +131,12 @@ class EventPrinter:
             case EventType.TASK_STOPPED:
                 receipt = f" — {describe_receipt(p.receipt)}" if p.receipt is not None else ""
                 return f"{self._c(_YELLOW, t.value)} {p.reason}{receipt}"
+            case EventType.BUDGET_REACHED:
+                return (f"{self._c(_YELLOW, t.value)} the {p.scope}'s {p.limit} limit ({p.limit_value:g}): "
+                        f"{p.spent.amount(p.limit):g} spent; the session pauses until its budget is raised "
+                        f"(codesdk budget {event.trace.session_id} --raise)")
+            case EventType.BUDGET_RAISED:
+                return f"{self._c(_GREEN, t.value)} by {p.raised_by}: {_short(p.limits.to_json_obj())}"
             case _:
                 return self._c(_DIM, f"{t.value} {_short(p.to_json_obj())}")
 
@@ -155,13 +170,18 @@ def isolation_note(level: api.IsolationLevel) -> str:
     return "" if level == api.IsolationLevel.NAMESPACED else f" isolation={level.value}"
 
 
+def budget_note(budget: SessionBudget | None) -> str:
+    """`` budget=paused`` in a listing while a session waits for its budget to be raised."""
+    return " budget=paused" if budget is not None and budget.paused is not None else ""
+
+
 def session_line(session: api.Session) -> str:
     """A session in a line, as ``codesdk sessions`` lists it through the API: its id first (what a script cuts), its
     title, free text, last."""
     title = f"  {one_line(session.title)}" if session.title else ""
     return (f"{session.session_id}  {session.created_at.isoformat()[:19]}  {session.runtime:<9} "
             f"{session.namespace:<16} events={session.last_seq} state={session.state.value}"
-            f"{isolation_note(session.isolation)}{title}")
+            f"{isolation_note(session.isolation)}{budget_note(session.budget)}{title}")
 
 
 def deleted_line(deleted: api.DeletedSession) -> str:
@@ -247,3 +267,27 @@ def print_runtime_env(view: api.RuntimeEnvView, out: TextIO) -> None:
             out.write(f"  {state:<7}{source.kind:<24}{one_line(source.path)}\n")
         if not runtime.found:
             out.write("  nothing of its own found\n")
+
+
+def print_budget(view: api.SessionBudgetView) -> None:
+    """A session's budget, one ``key<TAB>value`` line each: its limits, what it spent, whether it is paused."""
+    limits, spent = view.limits, view.spent
+
+    def of(value: float | None, shown: str) -> str:
+        return "no limit" if value is None else shown
+
+    print(f"tokens\t{spent.tokens} of {of(limits.tokens, str(limits.tokens))}")
+    cost = f"${spent.cost_usd:.4f}" + (f" (+{spent.unpriced_reports} unpriced reports)" if spent.unpriced_reports
+                                       else "")
+    print(f"cost_usd\t{cost} of {of(limits.cost_usd, f'${limits.cost_usd or 0:.4f}')}")
+    print(f"tool_calls\t{spent.tool_calls} of {of(limits.tool_calls, str(limits.tool_calls))}")
+    if view.paused is not None:
+        reached = view.paused
+        print(f"paused\tthe {reached.scope.value}'s {reached.limit.value} limit ({reached.limit_value:g}) was reached "
+              f"by task {reached.task_id}; go on with: codesdk budget {view.session_id} --raise --{_flag(reached.limit.value)} N")
+    else:
+        print("paused\tno")
+
+
+def _flag(limit: str) -> str:
+    return {"cost_usd": "usd", "tool_calls": "tool-calls"}.get(limit, limit)

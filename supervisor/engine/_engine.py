@@ -28,6 +28,12 @@ from codesdk.protocol import (
     SendInputParams,
     SendInputResult,
     CONTRACT_VERSION,
+    BudgetLimits,
+    BudgetRaised,
+    BudgetScope,
+    PriceTable,
+    SessionBudget,
+    first_reached,
     INPUT_SHARE,
     CanonicalizationError,
     config_refusal,
@@ -69,6 +75,7 @@ from ..audit import audit
 from ..ids import is_id, new_id
 from ..namespaces import (
     VOLUMES_DIR,
+    NamespaceBudgets,
     DiskQuotaError,
     DiskUsage,
     InvalidNamespace,
@@ -116,10 +123,12 @@ from ._lifecycle import (
     sweep_ephemeral_homes,
 )
 from ._telemetry import Observers
+from ._budgets import Budgets
 from ._deadlines import DeadlineLimits, TaskClock
 from ._ending import REQUEST_TIMEOUT_S, TaskEnder
 from ._errors import (
     ApproverRequired,
+    BudgetNotPaused,
     EngineError,
     InsufficientSpace,
     NamespaceDiskFull,
@@ -158,6 +167,9 @@ log = logging.getLogger("codesdk.supervisor.engine")
 
 #: Ended runs remembered so their late events are recognised (and counted) rather than "unknown task".
 RECENT_RUNS_KEPT = 1000
+#: The prompt of the task a raise of a paused budget starts to go on with the work (``raise_budget``).
+CONTINUE_PROMPT = ("Continue the previous task where it stopped: it was paused when it reached its budget, which has "
+                   "now been raised.")
 #: Seconds a new task waits for the worker to let go of the session's previous (stopped) task.
 RELEASE_WAIT_S = 15.0
 
@@ -214,6 +226,8 @@ class EngineConfig:
     #: The time of day (the seam tests replace): a task left running by a supervisor that is gone is told it passed
     #: its stored deadline by it.
     wall_clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    #: The operator's prices per model (``serve --price-table``): the cost of usage a runtime reports without one.
+    prices: PriceTable = field(default_factory=PriceTable)
 
 
 class Engine:
@@ -235,8 +249,12 @@ class Engine:
         self._recorder = RunRecorder(store, config.quotas, self._ender.over_quota)
         self.questions = QuestionBroker(store, self._recorder, config.questions)
         self._ender.question_ends = self.questions.close_for_end
+        #: Budgets: tasks' and sessions' limits, the namespaces' monthly spend (``_budgets``).
+        self.budgets = Budgets(store, self._recorder, config.prices, NamespaceBudgets(config.data_dir),
+                               config.wall_clock, start_stop=self._start_stop)
         tools = ToolFlow(EnginePort(store, self._recorder, tooling, self.approvals), self.stats)
-        intake = EventIntake(store, self._runs, self.stats, self._recorder, tools, self._ender, self.questions)
+        intake = EventIntake(store, self._runs, self.stats, self._recorder, tools, self._ender, self.questions,
+                             budgets=self.budgets)
         #: the namespaces' turns at the event path (weighted deficit round robin; ``codesdk.supervisor.fair``)
         self.turns = intake.turns
         self._workers = workers(config.pool, nursery, intake.on_events, intake.on_exit)
@@ -298,7 +316,8 @@ class Engine:
     async def create_session(self, *, runtime: str | None = None, namespace: str = "default",
                              workspace: Path | None = None, metadata: dict[str, Any] | None = None,
                              session_id: str | None = None, title: str | None = None,
-                             isolation: IsolationLevel = IsolationLevel.NAMESPACED) -> SessionRecord:
+                             isolation: IsolationLevel = IsolationLevel.NAMESPACED,
+                             budget: BudgetLimits | None = None) -> SessionRecord:
         """A new session and its ``session.created``. ``InvalidNamespace``; ``WorkspaceRefused``; ``InsufficientSpace``;
         ``InvalidTaskInput``
         for a name no runtime can have (``protocol.RUNTIME_NAME_PATTERN``); ``IsolationRefused``.
@@ -326,7 +345,8 @@ class Engine:
         try:
             record = await self.store.create_session(session_id, runtime=runtime, namespace=namespace,
                                                      workspace=str(workspace), metadata=metadata,
-                                                     quotas=self.config.quotas, title=title, isolation=isolation)
+                                                     quotas=self.config.quotas, title=title, isolation=isolation,
+                                                     budget=None if budget is None else SessionBudget(limits=budget))
         except BaseException:
             if made:  # nothing of the refused session is left behind (its workspace is still empty)
                 with trio.CancelScope(shield=True), contextlib.suppress(OSError):
@@ -488,7 +508,8 @@ class Engine:
                          answerer: Answerer | None = None, durable_approvals: bool = False, trace: TraceContext | None = None,
                          traceparent: TraceParent | None = None,
                          runtime: str | None = None, max_input_tokens: int | None = None,
-                         timeout_s: float | None = None, idle_timeout_s: float | None = None) -> TaskRecord:
+                         timeout_s: float | None = None, idle_timeout_s: float | None = None,
+                         budget: BudgetLimits | None = None) -> TaskRecord:
         """Record the task and ``task.started``; the runtime is driven in the background, given the session's
         transcript compiled for it.
 
@@ -509,6 +530,8 @@ class Engine:
         if busy is not None:
             raise SessionBusy(session_id, busy.task_id)
         self._check_space(Path(session.workspace) if session.workspace else None)
+        task_id = new_id("task")
+        meter = await self.budgets.admit(session, task_id, budget)  # BudgetPaused, MonthlyBudgetSpent
         if durable_approvals:  # decisions come from whoever decides the stored approval (the HTTP API)
             interaction_mode, approver = InteractionMode.INTERACTIVE, None
         elif interaction_mode == InteractionMode.INTERACTIVE and approver is None:
@@ -520,7 +543,6 @@ class Engine:
         timeout_s, idle_timeout_s = self.config.deadlines.resolve(timeout_s, idle_timeout_s)
         target = _runtime_name(runtime or session.runtime)
         switched_from = session.runtime if target != session.runtime else None
-        task_id = new_id("task")
         runtime_session_id = None if switched_from else session.runtime_session_id  # another runtime's id is no use
         params = StartTaskParams(
             runtime=target, session=SessionRef(session_id=session_id, runtime_session_id=runtime_session_id),
@@ -540,7 +562,7 @@ class Engine:
                           trace=Trace(session_id=session_id, task_id=task_id, request_id=tr.request_id,
                                       client_id=tr.client_id, user_id=tr.user_id),
                           runtime=RuntimeInfo(name=target, runtime_session_id=runtime_session_id),
-                          clock=TaskClock.arm(timeout_s, idle_timeout_s),
+                          clock=TaskClock.arm(timeout_s, idle_timeout_s), meter=meter,
                           telemetry=self.observers.task(task_id=task_id, session_id=session_id,
                                                         namespace=session.namespace, runtime=target,
                                                         request_id=tr.request_id, client_id=tr.client_id,
@@ -607,6 +629,69 @@ class Engine:
             self._nursery.start_soon(self._carry_out_stop, run, name=f"stop:{task_id}")  # not the caller's to cancel
         await run.done.wait()
         return await self.store.get_task(task_id)
+
+    def _start_stop(self, run: TaskRun) -> None:
+        """Carry out the stop set on ``run`` (a budget's), in the engine's nursery."""
+        self._nursery.start_soon(self._carry_out_stop, run, name=f"stop:{run.task_id}")
+
+    # -- budgets --------------------------------------------------------------------------------
+
+    async def set_budget(self, session_id: str, limits: BudgetLimits, *, by: str) -> SessionRecord:
+        """Replace the session's limits (a paused session stays paused: ``raise_budget`` ends a pause)."""
+        session = await self.store.get_session(session_id)
+
+        def change(budget: SessionBudget | None) -> SessionBudget:
+            return (budget or SessionBudget()).model_copy(update={"limits": limits})
+
+        record = await self.store.change_budget(session_id, change)
+        audit("session.budget_changed", by, session=session_id, namespace=session.namespace,
+              limits=limits.to_json_obj())
+        return record
+
+    async def raise_budget(self, session_id: str, limits: BudgetLimits, *, by: str, go_on: bool = False,
+                           task_budget: BudgetLimits | None = None, prompt: str = CONTINUE_PROMPT,
+                           ) -> tuple[SessionRecord, TaskRecord | None]:
+        """End the session's pause at its budget: its limits become ``limits`` (over its own, kind by kind),
+        ``budget.raised`` is stored, and with ``go_on`` a task is started to go on with the work (the stopped task's
+        modes and config; its runtime resumes natively where it can, else is given the transcript).
+        ``BudgetNotPaused``; ``InvalidTaskInput`` when a session limit reached is not raised above what was spent;
+        ``SessionBusy`` while the stopped task is still ending."""
+        session = await self.store.get_session(session_id)
+        await self.leasing.own(session.namespace)
+        if (busy := self._runs.active_in(session_id)) is not None:
+            raise SessionBusy(session_id, busy.task_id, then="wait for it to end, then raise the budget")
+        budget = session.budget or SessionBudget()
+        if budget.paused is None:
+            raise BudgetNotPaused(f"session {session_id} is not paused at its budget: there is nothing to raise "
+                                  f"(change its limits with PUT /v1/sessions/{session_id}/budget)")
+        new_limits = budget.limits.merged(limits)
+        if budget.paused.scope == BudgetScope.SESSION and \
+                (still := first_reached(new_limits, budget.spent, next_tool_call=True)) is not None:
+            raise InvalidTaskInput(f"body field 'limits.{still.value}': the session already spent "
+                                   f"{budget.spent.amount(still):g} of it; raise it above that")
+        def unpause(stored: SessionBudget | None) -> SessionBudget:
+            if stored is None or stored.paused != budget.paused:  # raised meanwhile by another request
+                raise BudgetNotPaused(f"session {session_id} is not paused at its budget any more: it was raised")
+            return stored.model_copy(update={"limits": new_limits, "paused": None, "paused_at": None})
+
+        # One commit: budget.raised and the end of the pause are stored together, once.
+        await self.store.append(session_id, [EventDraft(
+            type=EventType.BUDGET_RAISED, runtime=RuntimeInfo(name=session.runtime),
+            payload=BudgetRaised(limits=new_limits, raised_by=by, reached=budget.paused, continued=go_on),
+            trace=Trace(session_id=session_id))], budget_change=unpause)
+        audit("session.budget_raised", by, session=session_id, namespace=session.namespace,
+              limits=new_limits.to_json_obj(), continued=go_on)
+        if not go_on:
+            return await self.store.get_session(session_id), None
+        started = await self.store.last_event_of_type(session_id, EventType.TASK_STARTED.value)
+        before = started.payload if started is not None and isinstance(started.payload, TaskStarted) else TaskStarted(
+            task_id="")
+        task = await self.start_task(
+            session_id, prompt, permission_mode=before.permission_mode, interaction_mode=before.interaction_mode,
+            durable_approvals=before.interaction_mode == InteractionMode.INTERACTIVE,
+            runtime_config=dict(before.runtime_config), timeout_s=before.timeout_s,
+            idle_timeout_s=before.idle_timeout_s, budget=task_budget)
+        return await self.store.get_session(session_id), task
 
     async def _carry_out_stop(self, run: TaskRun) -> None:
         stop = run.stop

@@ -114,6 +114,33 @@ class ForkPastEnd(EngineError):
     """A fork's cut lies past the session's newest event."""
 
 
+class BudgetPaused(EngineError):
+    """The session is paused at its budget: a new task starts only once the budget is raised."""
+
+    def __init__(self, session_id: str, detail: str) -> None:
+        self.session_id = session_id
+        super().__init__(f"session {session_id} is paused at its budget ({detail}); raise it first "
+                         f"(POST /v1/sessions/{session_id}/budget/raise, or `codesdk budget {session_id} --raise`)")
+
+
+class BudgetNotPaused(EngineError):
+    """A raise of a budget that is not paused: there is nothing to raise (change its limits instead)."""
+
+
+class MonthlyBudgetSpent(EngineError):
+    """The namespace spent its monthly budget (the operator's): no new task until the month ends or it is raised."""
+
+    def __init__(self, namespace: str, spent_usd: float, limit_usd: float, resets_at: str) -> None:
+        self.namespace, self.spent_usd, self.limit_usd, self.resets_at = namespace, spent_usd, limit_usd, resets_at
+        super().__init__(f"namespace {namespace!r} spent ${spent_usd:.4f} of its monthly budget of ${limit_usd:.2f}; "
+                         f"new tasks are refused until it resets at {resets_at} (UTC), or the operator raises it "
+                         f"(`codesdk-supervisor namespace budget {namespace} --monthly-usd N`)")
+
+    def details(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "spent_usd": self.spent_usd, "limit_usd": self.limit_usd,
+                "resets_at": self.resets_at}
+
+
 class ErrorStatus(NamedTuple):
     """How the HTTP API answers a refusal."""
 
@@ -139,6 +166,9 @@ ERROR_STATUS: dict[type[Exception], ErrorStatus] = {
     IsolationRefused: ErrorStatus(409, "isolation_refused"),
     ForkInsideTask: ErrorStatus(422, "fork_inside_task"),
     ForkPastEnd: ErrorStatus(422, "fork_past_end"),
+    BudgetPaused: ErrorStatus(409, "budget_paused"),
+    BudgetNotPaused: ErrorStatus(409, "budget_not_paused"),
+    MonthlyBudgetSpent: ErrorStatus(402, "monthly_budget_spent"),
     SessionBusy: ErrorStatus(409, "session_busy"),
     StoredSessionBusy: ErrorStatus(409, "session_busy"),
     QuotaExceeded: ErrorStatus(429, "quota_exceeded"),  # answered with the exception's own code

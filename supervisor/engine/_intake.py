@@ -26,6 +26,7 @@ from codesdk.protocol import (
     TaskFailureCode,
     QuestionRequested,
     ToolCallRequested,
+    UsageReported,
     WireEvent,
     canonical_json,
     sha256_hex,
@@ -34,6 +35,7 @@ from codesdk.protocol import (
 from ..fair import FairTurns
 from ..store import INLINE_BLOB_MAX, DatabaseError, PayloadJson, Recorder, StoreError
 from ._batch import PendingBatch
+from ._budgets import Budgets
 from ._ending import TaskEnder
 from ._ports import WorkerLink
 from ._recorder import RunRecorder
@@ -58,7 +60,7 @@ class EventIntake:
 
     def __init__(self, store: Recorder, runs: RunTable, stats: EngineStats, recorder: RunRecorder,
                  tools: ToolFlow, ender: TaskEnder, questions: QuestionBroker,
-                 turns: FairTurns | None = None) -> None:
+                 turns: FairTurns | None = None, budgets: Budgets | None = None) -> None:
         #: every namespace's events take turns here (weighted deficit round robin): a flood slows its own namespace
         self.turns = turns if turns is not None else FairTurns()
         self._store = store
@@ -68,6 +70,7 @@ class EventIntake:
         self._tools = tools
         self._ender = ender
         self._questions = questions
+        self._budgets = budgets
 
     async def on_events(self, worker: WorkerLink, batch: Sequence[WireEvent]) -> None:
         """Store a worker's events in order, in turns fair across namespaces (``FairTurns``: while another
@@ -197,6 +200,8 @@ class EventIntake:
             request = event.model().event.payload
             assert isinstance(request, ToolCallRequested)
             await pending.flush()
+            if self._budgets is not None and not await self._budgets.tool_call(run, request):
+                return  # a limit is reached: the call never runs, the task is being stopped
             await self._tools.requested(run, request)
         elif event.type == EventType.MODEL_INPUT_APPENDED:
             appended = event.model().event.payload
@@ -218,6 +223,11 @@ class EventIntake:
             plain = await self._plain(run, event, pending.blobs_for(run))
             if plain is not None:
                 pending.add(run, plain)
+            if event.type == EventType.USAGE_REPORTED and self._budgets is not None:
+                report = event.model().event.payload
+                assert isinstance(report, UsageReported)
+                await pending.flush()  # stored before it is counted, and before a budget.reached it leads to
+                await self._budgets.usage(run, report)
 
     async def _plain(self, run: TaskRun, event: WireEvent, blobs: Blobs) -> PendingEvent | None:
         """A plain event as it is to be stored (its raw message a blob, small ones into ``blobs``), or None

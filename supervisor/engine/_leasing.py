@@ -23,14 +23,19 @@ from datetime import UTC, datetime
 import trio
 
 from codesdk.protocol import (
+    BUDGET_REACHED_REASON,
     ApprovalState,
     CallCutShort,
     EventType,
+    Model,
     RuntimeInfo,
+    StopReceipt,
     TaskFailed,
     TaskFailureCode,
     TaskStarted,
+    TaskStopped,
     Trace,
+    WorkerAnswer,
 )
 
 from ..store import EventDraft, InvalidTransition, Leases, Recorder, StoreError, TaskRecord, TaskState, TaskUpdate
@@ -161,7 +166,14 @@ class Leasing:
             if self._runs.active(record.task_id) is not None:
                 continue
             session = await self.store.get_session(record.session_id)
-            failed = await self._orphan_failure(record)
+            end: Model = await self._orphan_failure(record)
+            end_type, state = EventType.TASK_FAILED, TaskState.FAILED
+            paused = session.budget.paused if session.budget is not None else None
+            if paused is not None and paused.task_id == record.task_id:  # it was being stopped at its budget
+                end_type, state = EventType.TASK_STOPPED, TaskState.STOPPED
+                end = TaskStopped(reason=BUDGET_REACHED_REASON, requested_by="supervisor", receipt=StopReceipt(
+                    worker=WorkerAnswer.EXITED, worker_detail="the supervisor stopping the task at its budget "
+                    "stopped meanwhile; its worker, and every process of the task, went with it"))
             runtime, trace = RuntimeInfo(name=session.runtime), Trace(session_id=record.session_id,
                                                                       task_id=record.task_id)
             ends = cut_short_ends(await open_calls(self.store, record.session_id, record.task_id),
@@ -173,13 +185,13 @@ class Leasing:
                     *(EventDraft(type=EventType.TOOL_CALL_COMPLETED, runtime=runtime, payload=end, trace=trace)
                       for end in ends),
                     *asked,
-                    EventDraft(type=EventType.TASK_FAILED, runtime=runtime, payload=failed, trace=trace)],
-                    task_update=TaskUpdate(task_id=record.task_id, state=TaskState.FAILED,
-                                           error=failed.to_json_obj()))
+                    EventDraft(type=end_type, runtime=runtime, payload=end, trace=trace)],
+                    task_update=TaskUpdate(task_id=record.task_id, state=state,
+                                           error=end.to_json_obj() if state == TaskState.FAILED else None))
             except InvalidTransition:
                 continue  # it ended meanwhile: its one terminal event is stored already
-            log.warning("task %s was left %s by a supervisor that is gone; marked failed", record.task_id,
-                        record.state)
+            log.warning("task %s was left %s by a supervisor that is gone; marked %s", record.task_id,
+                        record.state, state.value)
         await self._approvals.expire_orphans(namespace)
         if self._questions is not None:
             await self._questions.expire_orphans(namespace)

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import trio
 
-from ..store import EventDraft, QuotaExceeded, Quotas, Recorder
+from ..store import BudgetChange, EventDraft, QuotaExceeded, Quotas, Recorder
 from ._runs import PendingEvent, TaskRun
 
 log = logging.getLogger("codesdk.supervisor.engine")
@@ -29,7 +29,7 @@ class RunRecorder:
 
     async def append(self, run: TaskRun, events: Sequence[PendingEvent],
                      blobs: Mapping[str, tuple[bytes, str]] | None = None, *, bulk: bool = False,
-                     linger: bool = False) -> bool:
+                     linger: bool = False, budget_change: BudgetChange | None = None) -> bool:
         """Store ``events`` and the small ``blobs`` they name in one commit; False if the task has ended (or
         ends now, over a quota). ``bulk``: part of a long stream (see ``EventStore.append``); ``linger``: nothing
         waits behind them, so their commit may wait a little for company (``EventStore.append_events``)."""
@@ -46,7 +46,7 @@ class RunRecorder:
                     await self.store.append_events(run.session_id, [
                         EventDraft(type=event.type, runtime=event.runtime or run.runtime, payload=event.payload,
                                    trace=run.trace) for event in events], blobs=blobs, bulk=bulk,
-                        quotas=self.quotas, linger=linger)
+                        quotas=self.quotas, linger=linger, budget_change=budget_change)
                 outcome = "ok"
             finally:
                 commit.end(outcome)

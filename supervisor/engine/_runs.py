@@ -23,6 +23,7 @@ from codesdk.protocol import (
 from ..store import PayloadJson, QuestionRecord, SessionRecord
 from ..tools import Approver
 from ._deadlines import TaskClock
+from ._meter import TaskMeter
 from ._ports import WorkerLink
 from ._stopping import StopInProgress
 from ._telemetry import NO_TASK_TELEMETRY, TaskTelemetry
@@ -101,6 +102,8 @@ class TaskRun:
     #: None: they are answered over the API. The workers' ids of the questions asked: a repeat is not asked twice.
     answerer: Callable[[QuestionRecord], Awaitable[QuestionReply]] | None = None
     asks_seen: set[str] = field(default_factory=set)
+    #: Its budget: limits, what it and its session spent (``_budgets``).
+    meter: TaskMeter = field(default_factory=lambda: TaskMeter(task_id=""))
 
     @property
     def session_id(self) -> str:

@@ -34,6 +34,14 @@ from ._disk import (
     disk_unsupported,
     is_disk_full,
 )
+from ._budgets import (
+    BUDGETS_FILE,
+    NamespaceBudgetError,
+    NamespaceBudgets,
+    check_monthly_usd,
+    month_of,
+    next_month_start,
+)
 from ._egress import EGRESS_FILE, MAX_NAMESPACE_PATTERNS, NamespaceEgress, NamespaceEgressError
 from ._dirs import SUBDIRS, NamespaceDirs, prepare_dirs, prepare_namespace
 from ._sessions import (
@@ -53,6 +61,12 @@ from ._variables import ENV_DIR, MAX_VALUE_BYTES, MAX_VARIABLES, EnvEntry, Names
 from ._workspaces import WorkspaceRefused, check_workspace, give_workspace, make_workspace
 
 __all__ = [
+    "BUDGETS_FILE",
+    "NamespaceBudgetError",
+    "NamespaceBudgets",
+    "check_monthly_usd",
+    "month_of",
+    "next_month_start",
     "EGRESS_FILE",
     "MAX_NAMESPACE_PATTERNS",
     "NamespaceEgress",

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from codesdk.procs.children import Children
+from codesdk.protocol import PriceTable
 from codesdk.procs.orphans import become_subreaper
 
 from ..api import ApiLimits
@@ -91,6 +92,8 @@ class SupervisorOptions:
     commit_linger_s: float = COMMIT_LINGER_S
     #: How long a runtime's question waits for its user, and what it becomes then (``--question-timeout`` …).
     questions: QuestionPolicy = field(default_factory=QuestionPolicy)
+    #: USD per million tokens by model (``--price-table``): the cost of usage a runtime reports without one.
+    prices: PriceTable = field(default_factory=PriceTable)
     #: What API clients may hold: connections (in all, per token), event streams per token, header/body timeouts.
     api_limits: ApiLimits = field(default_factory=ApiLimits)
     #: The event store: None for SQLite in the data dir (the embedded default); a ``postgresql://`` URL for a
@@ -165,7 +168,8 @@ async def _open_engine(options: SupervisorOptions, data_dir: Path, children: Chi
                                         quotas=options.quotas, store=options.store, lease_s=options.lease_s,
                                         disk_reserve_bytes=options.disk_reserve_bytes,
                                         deadlines=options.task_deadlines,
-                                        commit_linger_s=options.commit_linger_s, questions=options.questions),
+                                        commit_linger_s=options.commit_linger_s, questions=options.questions,
+                                        prices=options.prices),
                            tools) as engine:
         if options.worker_uids is not None:  # the data dir becomes 0711: nothing in it may rely on the umask
             tighten_data_dir(data_dir)

@@ -59,6 +59,7 @@ from ._postgres import check_store_url, is_postgres_url, open_postgres
 from ._quotas import QUOTA_FLAGS, QuotaExceeded, Quotas, Usage
 from ._recorder import (
     ApprovalRecords,
+    BudgetChange,
     BlobReader,
     BlobStore,
     EventLog,
@@ -105,6 +106,7 @@ __all__ = [
     "ApprovalDecided",
     "ApprovalRecord",
     "ApprovalRecords",
+    "BudgetChange",
     "BlobCorrupt",
     "BlobInfo",
     "BlobNotFound",

@@ -219,6 +219,21 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(8, "questions a runtime asks its user",
               QUESTIONS_TABLE.format(rowid="rowid BIGINT GENERATED ALWAYS AS IDENTITY,\n            ")),
+    Migration(
+        9,
+        "session budgets (limits, spent, paused) and each namespace's spend per calendar month",
+        """
+        ALTER TABLE sessions ADD COLUMN budget TEXT;
+        CREATE TABLE namespace_spend (
+            namespace TEXT NOT NULL,
+            month TEXT NOT NULL,
+            cost_usd DOUBLE PRECISION NOT NULL DEFAULT 0,
+            tokens BIGINT NOT NULL DEFAULT 0,
+            unpriced_reports BIGINT NOT NULL DEFAULT 0,
+            PRIMARY KEY (namespace, month)
+        );
+        """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

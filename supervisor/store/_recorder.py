@@ -12,12 +12,21 @@ semantics each method promises are stated once, on ``EventStore``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any, Protocol
 
-from codesdk.protocol import AnsweredVia, Answers, ApprovalState, IsolationLevel, NormalizedEvent, QuestionState
+from codesdk.protocol import (
+    AnsweredVia,
+    Answers,
+    ApprovalState,
+    BudgetSpent,
+    IsolationLevel,
+    NormalizedEvent,
+    QuestionState,
+    SessionBudget,
+)
 from codesdk.protocol.api import SessionFilter
 
 from ._questions import QuestionRecord
@@ -36,6 +45,12 @@ from ._sql import DroppedSession
 from ._stored import StoredEvent
 from ._subscribe import Subscription
 from ._writer import WriterStats
+
+
+#: A change of a session's stored budget: its new budget from its stored one (None: as it is). It runs in the store's
+#: writer, inside the transaction: a pure function; an exception it raises aborts the transaction and reaches the
+#: caller as it is.
+BudgetChange = Callable[[SessionBudget | None], SessionBudget | None]
 
 
 class EventLogReader(Protocol):
@@ -64,13 +79,14 @@ class EventLog(EventLogReader, Protocol):
     async def append(
         self, session_id: str, drafts: Sequence[EventDraft], *, task_update: TaskUpdate | None = None,
         idempotency_key: str | None = None, blobs: Mapping[str, tuple[bytes, str]] | None = None,
-        bulk: bool = False, quotas: Quotas | None = None,
+        bulk: bool = False, quotas: Quotas | None = None, budget_change: BudgetChange | None = None,
     ) -> list[NormalizedEvent]: ...
 
     async def append_events(
         self, session_id: str, drafts: Sequence[EventDraft], *, task_update: TaskUpdate | None = None,
         idempotency_key: str | None = None, blobs: Mapping[str, tuple[bytes, str]] | None = None,
         bulk: bool = False, quotas: Quotas | None = None, linger: bool = False,
+        budget_change: BudgetChange | None = None,
     ) -> list[StoredEvent]: ...
 
 
@@ -88,7 +104,13 @@ class SessionRecords(SessionReader, Protocol):
         self, session_id: str | None = None, *, runtime: str, namespace: str = "default",
         workspace: str | None = None, metadata: Mapping[str, Any] | None = None, created_at: datetime | None = None,
         quotas: Quotas | None = None, title: str | None = None, isolation: IsolationLevel = IsolationLevel.NAMESPACED,
+        budget: SessionBudget | None = None,
     ) -> SessionRecord: ...
+
+    async def change_budget(self, session_id: str, change: BudgetChange,
+                            *, spend: tuple[str, str, BudgetSpent] | None = None) -> SessionRecord: ...
+
+    async def namespace_spend(self, namespace: str, month: str) -> BudgetSpent: ...
 
     async def update_session(self, session_id: str, *, runtime_session_id: str | None = None,
                              metadata: Mapping[str, Any] | None = None, runtime: str | None = None,

@@ -17,6 +17,7 @@ from codesdk.protocol import (
     IsolationLevel,
     Model,
     RuntimeInfo,
+    SessionBudget,
     Trace,
     WorkerEvent,
 )
@@ -114,6 +115,8 @@ class SessionRecord(Model):
     isolation: IsolationLevel = IsolationLevel.NAMESPACED
     #: Its task pending or running (read with the row; None when idle).
     active_task_id: str | None = None
+    #: Its budget: limits, what it spent, whether it is paused (None: it never had one nor spent anything).
+    budget: SessionBudget | None = None
 
 
 class TaskRecord(Model):

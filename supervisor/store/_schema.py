@@ -210,6 +210,21 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
     ),
     Migration(12, "questions a runtime asks its user", QUESTIONS_TABLE.format(rowid="")),
+    Migration(
+        13,
+        "session budgets (limits, spent, paused) and each namespace's spend per calendar month",
+        """
+        ALTER TABLE sessions ADD COLUMN budget TEXT;
+        CREATE TABLE namespace_spend (
+            namespace TEXT NOT NULL,
+            month TEXT NOT NULL,
+            cost_usd REAL NOT NULL DEFAULT 0,
+            tokens INTEGER NOT NULL DEFAULT 0,
+            unpriced_reports INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (namespace, month)
+        ) WITHOUT ROWID;
+        """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

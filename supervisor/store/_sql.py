@@ -14,7 +14,16 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from codesdk.protocol import ApprovalState, ForkPoint, IsolationLevel, NormalizedEvent, UpcasterRegistry, upcasters
+from codesdk.protocol import (
+    ApprovalState,
+    BudgetSpent,
+    ForkPoint,
+    IsolationLevel,
+    NormalizedEvent,
+    SessionBudget,
+    UpcasterRegistry,
+    upcasters,
+)
 from codesdk.protocol.api import SessionFilter
 
 from ._db import Db
@@ -54,7 +63,7 @@ def dumps(value: Any) -> str:
 _ACTIVE = "('pending', 'running')"
 _SESSION_COLUMNS = (
     "s.session_id, s.runtime, s.namespace, s.workspace, s.created_at, s.metadata, s.runtime_session_id, s.last_seq, "
-    "s.title, s.archived_at, s.forked_from, s.forked_at_seq, s.isolation, "
+    "s.title, s.archived_at, s.forked_from, s.forked_at_seq, s.isolation, s.budget, "
     f"(SELECT t.task_id FROM tasks t WHERE t.session_id = s.session_id AND t.state IN {_ACTIVE}) AS active_task_id"
 )
 _TASK_COLUMNS = (
@@ -65,7 +74,7 @@ _TASK_COLUMNS = (
 
 def _session(row: Sequence[Any]) -> SessionRecord:
     (sid, runtime, namespace, workspace, created_at, metadata, runtime_session_id, last_seq, title, archived_at,
-     forked_from, forked_at_seq, isolation, active_task_id) = row
+     forked_from, forked_at_seq, isolation, budget, active_task_id) = row
     return SessionRecord(
         session_id=sid,
         runtime=runtime,
@@ -80,6 +89,7 @@ def _session(row: Sequence[Any]) -> SessionRecord:
         forked_from=ForkPoint(session_id=forked_from, seq=forked_at_seq) if forked_from is not None else None,
         isolation=IsolationLevel(isolation),
         active_task_id=active_task_id,
+        budget=None if budget is None else SessionBudget.model_validate_json(budget),
     )
 
 
@@ -353,7 +363,7 @@ def insert_session(conn: Db, record: SessionRecord) -> SessionRecord:
     fork = record.forked_from
     inserted = conn.execute(
         "INSERT INTO sessions(session_id, runtime, namespace, workspace, created_at, metadata, title, forked_from, "
-        "forked_at_seq, isolation) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(session_id) DO NOTHING "
+        "forked_at_seq, isolation, budget) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(session_id) DO NOTHING "
         "RETURNING session_id",
         (
             record.session_id,
@@ -366,6 +376,7 @@ def insert_session(conn: Db, record: SessionRecord) -> SessionRecord:
             fork.session_id if fork is not None else None,
             fork.seq if fork is not None else None,
             record.isolation.value,
+            None if record.budget is None else record.budget.model_dump_json(),
         ),
     ).fetchall()
     if not inserted:
@@ -746,3 +757,36 @@ def decide_approval(conn: Db, approval_id: str, state: ApprovalState, decided_by
     if decided is None:
         raise ApprovalDecided(approval_id, select_approval(conn, approval_id).state)  # or UnknownApproval
     return select_approval(conn, approval_id)
+
+
+# --- budgets --------------------------------------------------------------------------------------
+
+
+def change_budget(conn: Db, session_id: str,
+                  change: Callable[[SessionBudget | None], SessionBudget | None]) -> SessionRecord:
+    """Replace the session's budget with ``change(its budget)`` (None: leave it), read and written in one
+    transaction so that spending and raising never lose each other's change."""
+    lock_session(conn, session_id)
+    before = select_session(conn, session_id).budget
+    after = change(before)
+    if after is not None and after != before:
+        conn.execute("UPDATE sessions SET budget = ? WHERE session_id = ?", (after.model_dump_json(), session_id))
+    return select_session(conn, session_id)
+
+
+def add_namespace_spend(conn: Db, namespace: str, month: str, spent: BudgetSpent) -> None:
+    """Add to the namespace's spend of ``month`` (``YYYY-MM``, UTC): one row per namespace and month."""
+    conn.execute(
+        "INSERT INTO namespace_spend(namespace, month, cost_usd, tokens, unpriced_reports) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT(namespace, month) DO UPDATE SET cost_usd = namespace_spend.cost_usd + excluded.cost_usd, "
+        "tokens = namespace_spend.tokens + excluded.tokens, "
+        "unpriced_reports = namespace_spend.unpriced_reports + excluded.unpriced_reports",
+        (namespace, month, spent.cost_usd, spent.tokens, spent.unpriced_reports))
+
+
+def select_namespace_spend(conn: Db, namespace: str, month: str) -> BudgetSpent:
+    for cost, tokens, unpriced in conn.execute(
+            "SELECT cost_usd, tokens, unpriced_reports FROM namespace_spend WHERE namespace = ? AND month = ?",
+            (namespace, month)):
+        return BudgetSpent(cost_usd=float(cost), tokens=int(tokens), unpriced_reports=int(unpriced))
+    return BudgetSpent()

@@ -18,6 +18,8 @@ import trio
 from codesdk.protocol import AnsweredVia, Answers, QuestionState
 from codesdk.protocol import (
     ApprovalState,
+    BudgetSpent,
+    SessionBudget,
     IsolationLevel,
     NormalizedEvent,
     UpcasterRegistry,
@@ -48,7 +50,7 @@ from ._lock import DataDirLock
 from ._prepare import prepare
 from ._quotas import Quotas
 from ._readers import ReaderPool, close_all
-from ._recorder import Recorder
+from ._recorder import BudgetChange, Recorder
 from ._records import (
     ApprovalRecord,
     BlobInfo,
@@ -229,6 +231,7 @@ class EventStore(Recorder):
         quotas: Quotas | None = None,
         title: str | None = None,
         isolation: IsolationLevel = IsolationLevel.NAMESPACED,
+        budget: SessionBudget | None = None,
     ) -> SessionRecord:
         """Record a new session (no events: the engine appends ``session.created`` itself). With ``quotas``, a
         namespace at its sessions or stored-bytes limit gets none (``QuotaExceeded``, checked in the transaction
@@ -242,6 +245,7 @@ class EventStore(Recorder):
             metadata=dict(metadata or {}),
             title=title,
             isolation=isolation,
+            budget=budget,
         )
         def op(conn: Db) -> SessionRecord:
             if quotas is not None:
@@ -332,6 +336,24 @@ class EventStore(Recorder):
         return await self._read("listing sessions", partial(
             _sql.select_sessions, namespace=namespace, limit=limit, offset=offset, namespaces=namespaces,
             runtime=runtime, after=after, state=state, text=text))
+
+    async def change_budget(self, session_id: str, change: BudgetChange,
+                            *, spend: tuple[str, str, BudgetSpent] | None = None) -> SessionRecord:
+        """Replace the session's budget by ``change(its stored budget)`` (None: as it is), in one transaction with
+        ``spend`` — (namespace, ``YYYY-MM``, what was spent) added to the namespace's month. ``change`` runs in the
+        writer's thread: a pure function. ``UnknownSession``."""
+        def op(conn: Db) -> SessionRecord:
+            record = _sql.change_budget(conn, session_id, change)
+            if spend is not None:
+                _sql.add_namespace_spend(conn, *spend)
+            return record
+
+        return await self._write(f"changing the budget of session {session_id!r}", op)
+
+    async def namespace_spend(self, namespace: str, month: str) -> BudgetSpent:
+        """What the namespace's sessions spent in ``month`` (``YYYY-MM``, UTC), as their usage was counted."""
+        return await self._read(f"reading namespace {namespace!r}'s spend",
+                                partial(_sql.select_namespace_spend, namespace=namespace, month=month))
 
     async def last_seq(self, session_id: str) -> int:
         """The seq of the session's last stored event (0 when it has none)."""
@@ -461,7 +483,7 @@ class EventStore(Recorder):
     async def append(
         self, session_id: str, drafts: Sequence[EventDraft], *, task_update: TaskUpdate | None = None,
         idempotency_key: str | None = None, blobs: Mapping[str, tuple[bytes, str]] | None = None,
-        bulk: bool = False, quotas: Quotas | None = None,
+        bulk: bool = False, quotas: Quotas | None = None, budget_change: BudgetChange | None = None,
     ) -> list[NormalizedEvent]:
         """Store ``drafts`` atomically as the session's next events; return them with their seqs (``append_events``
         returns them as stored, without building their models: the engine's streams need none).
@@ -485,17 +507,19 @@ class EventStore(Recorder):
         with all other writes, so a flood delays others by at most one such transaction (see ``_writer``).
         """
         stored = await self.append_events(session_id, drafts, task_update=task_update, idempotency_key=idempotency_key,
-                                          blobs=blobs, bulk=bulk, quotas=quotas)
+                                          blobs=blobs, bulk=bulk, quotas=quotas, budget_change=budget_change)
         return [event.model() for event in stored]
 
     async def append_events(
         self, session_id: str, drafts: Sequence[EventDraft], *, task_update: TaskUpdate | None = None,
         idempotency_key: str | None = None, blobs: Mapping[str, tuple[bytes, str]] | None = None,
         bulk: bool = False, quotas: Quotas | None = None, linger: bool = False,
+        budget_change: BudgetChange | None = None,
     ) -> list[StoredEvent]:
         """``append``, returning the events as stored (their models are built only if someone asks). ``linger``:
         nothing waits behind these events but their own publication, so their commit may wait a little for other
-        sessions' to share it (``commit_linger_s``; the writer's "Linger")."""
+        sessions' to share it (``commit_linger_s``; the writer's "Linger"). ``budget_change``: the session's budget
+        changed in the same transaction (a budget reached and the pause it makes, stored together)."""
         inline = _check_inline_blobs(blobs or {})
         prepared = prepare(session_id, drafts)
         if not prepared and task_update is None:
@@ -519,6 +543,8 @@ class EventStore(Recorder):
                 _sql.insert_keyed_append(conn, session_id, idempotency_key, stored)
             if task_update is not None:
                 _sql.apply_task_update(conn, task_update, session_id=session_id)
+            if budget_change is not None:
+                _sql.change_budget(conn, session_id, budget_change)
             return stored
 
         where = f"appending {len(prepared)} event(s) to session {session_id!r}"

@@ -262,6 +262,23 @@ async def test_every_answer_of_every_operation_matches_the_schema_the_document_d
         assert (await c.put(egress, headers=admin, json={"hosts": []})).status_code == 200
         assert (await c.put(egress, headers=admin, json={"hosts": ["wider.example.com"]})).status_code == 422
         assert (await c.get(egress, headers=admin)).status_code == 200
+        budget = "/v1/namespaces/user:alice/budget"
+        assert (await c.put(budget, headers=admin, json={"monthly_usd": 100})).status_code == 200
+        assert (await c.put(budget, headers=admin, json={"monthly_usd": "lots"})).status_code == 422
+        assert (await c.get(budget, headers=admin)).status_code == 200
+
+        capped = (await c.post("/v1/sessions", headers=alice, json={"namespace": "user:alice",
+                                                                    "budget": {"tokens": 1}})).json()["session_id"]
+        over = (await c.post(f"/v1/sessions/{capped}/tasks", headers=alice, json={"prompt": "hi"})).json()
+        assert (await api.ended(api.alice, over["task_id"]))["state"] == "stopped"
+        assert (await c.get(f"/v1/sessions/{capped}/budget", headers=alice)).json()["raise_pending"]
+        assert (await c.post(f"/v1/sessions/{capped}/tasks", headers=alice, json={"prompt": "x"})).status_code == 409
+        assert (await c.put(f"/v1/sessions/{capped}/budget", headers=alice,
+                            json={"limits": {"tokens": 2}})).status_code == 200
+        raised = await c.post(f"/v1/sessions/{capped}/budget/raise", headers=alice,
+                              json={"limits": {"tokens": 10_000}, "continue": True})
+        assert raised.status_code == 200 and raised.json()["task"] is not None
+        assert (await api.ended(api.alice, raised.json()["task"]["task_id"]))["state"] == "completed"
 
         archived = await c.patch(f"/v1/sessions/{sid}", headers=alice, json={"archived": True, "title": "Done"})
         assert archived.status_code == 200 and archived.json()["state"] == "archived"

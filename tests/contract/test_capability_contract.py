@@ -15,6 +15,10 @@ import pytest
 import trio
 
 from codesdk.protocol import (
+    BUDGET_REACHED_REASON,
+    BudgetGate,
+    BudgetLimit,
+    BudgetLimits,
     CancellationModel,
     EventType,
     ExecutedBy,
@@ -33,7 +37,7 @@ from codesdk.protocol import (
     ToolExecution,
     WorkerAnswer,
 )
-from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, Engine, session_events
+from codesdk.supervisor.engine import ApprovalRequest, ApproverAnswer, BudgetPaused, Engine, session_events
 from codesdk.supervisor.store import TaskState
 from codesdk.testing.invariants import check_session
 from codesdk.worker.adapters.registry import default_registry
@@ -390,3 +394,54 @@ async def test_user_questions_as_declared(make_engine: MakeEngine, case: Case, t
     [answered] = of_type(events, EventType.QUESTION_ANSWERED)
     assert answered.answers == {question.id: "blue"} and answered.answered_via == "user"
     assert "blue" in said(events).split("ANSWER:" if case.runtime == "scripted" else "RESULTS:", 1)[-1], said(events)
+async def test_a_budget_pauses_the_session_and_a_raise_goes_on_as_declared(make_engine: MakeEngine, case: Case,
+                                                                            tmp_path: Path) -> None:
+    """``budget_gate``: a task with a tool-call budget of 0 ends ``budget.reached`` (found before its first call was
+    decided: the runtime's next request waited on it) then ``task.stopped`` reason ``budget_reached`` with its
+    receipt, the call never run, and its session paused; a raise with ``continue`` runs a new task of the session to
+    completion. A token budget of 1 is found reached at the first usage report (``after_usage``), and pauses the
+    session the same way (a runtime that reports no tokens never reaches one)."""
+    ws = workspace(tmp_path)
+    turn = case.tools(("workspace.read", {"path": "a.txt"}))
+    with trio.fail_after(HANG_GUARD_S):
+        async with make_engine(worker_env={"*": case.worker_env()}) as engine:
+            declared = await _declared(engine, case)
+            session = await engine.create_session(runtime=case.runtime, workspace=ws)
+            sid = session.session_id
+            task = await engine.start_task(sid, turn.prompt, runtime_config=turn.runtime_config,
+                                           permission_mode=PermissionMode.YOLO, budget=BudgetLimits(tool_calls=0))
+            record = await engine.wait_task(task.task_id)
+            events = await _task_events(engine, sid, task.task_id)
+            paused = (await engine.store.get_session(sid)).budget
+            with pytest.raises(BudgetPaused):
+                await engine.start_task(sid, "more")
+            _, going_on = await engine.raise_budget(sid, BudgetLimits(), by="contract", go_on=True)
+            assert going_on is not None
+            went_on = await engine.wait_task(going_on.task_id)
+            check_session(await session_events(engine.store, sid))
+
+            priced = await engine.create_session(runtime=case.runtime, workspace=ws,
+                                                 budget=BudgetLimits(tokens=1))
+            chat = case.stream("count the tokens")
+            over = await engine.start_task(priced.session_id, chat.prompt, runtime_config=chat.runtime_config)
+            over_record = await engine.wait_task(over.task_id)
+            over_events = await _task_events(engine, priced.session_id, over.task_id)
+            over_paused = (await engine.store.get_session(priced.session_id)).budget
+    assert declared.budget_gate in tuple(BudgetGate)
+    assert record.state == TaskState.STOPPED, record.error
+    (reached,) = of_type(events, EventType.BUDGET_REACHED)
+    assert (reached.limit, reached.gate, reached.spent.tool_calls) == (BudgetLimit.TOOL_CALLS,
+                                                                      BudgetGate.BEFORE_REQUEST, 0)
+    assert not of_type(events, EventType.TOOL_CALL_STARTED), "a call past the budget ran"
+    stopped = [e for e in events if isinstance(e, TaskStoppedEvent)]
+    assert stopped[-1].payload.reason == BUDGET_REACHED_REASON and stopped[-1].payload.receipt is not None
+    assert paused is not None and paused.paused == reached
+    assert went_on.state == TaskState.COMPLETED, went_on.error
+    counted = sum(u.input_tokens + u.output_tokens for u in of_type(over_events, EventType.USAGE_REPORTED))
+    if not counted:  # it reports no tokens (codex-acp's answers carry none): a token budget is never reached
+        assert over_record.state == TaskState.COMPLETED and not of_type(over_events, EventType.BUDGET_REACHED)
+        return
+    assert over_record.state == TaskState.STOPPED, over_record.error
+    (tokens,) = of_type(over_events, EventType.BUDGET_REACHED)
+    assert tokens.limit == BudgetLimit.TOKENS and tokens.gate == BudgetGate.AFTER_USAGE and tokens.spent.tokens >= 1
+    assert over_paused is not None and over_paused.paused == tokens and over_paused.spent.tokens == tokens.spent.tokens

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import UTC, datetime, timedelta, timezone
+from collections.abc import Callable
 from typing import cast
 
 import pytest
@@ -510,3 +511,54 @@ async def test_a_healthy_writer_reports_no_failure(recorder: Recorder) -> None:
         before = recorder.writer_stats.transactions
         await recorder.create_session("s1", runtime="scripted")
         assert recorder.writer_stats.transactions > before
+
+
+async def test_a_sessions_budget_is_stored_changed_in_one_transaction_and_spend_adds_up_per_month(
+        recorder: Recorder) -> None:
+    from codesdk.protocol import BudgetLimits, BudgetSpent, SessionBudget
+
+    with trio.fail_after(10):
+        created = await recorder.create_session("s1", runtime="scripted", namespace="user:7",
+                                                budget=SessionBudget(limits=BudgetLimits(tokens=100)))
+        assert created.budget is not None and created.budget.limits.tokens == 100
+        assert (await recorder.create_session("s2", runtime="scripted")).budget is None
+
+        def spend(tokens: int) -> Callable[[SessionBudget | None], SessionBudget]:
+            def change(budget: SessionBudget | None) -> SessionBudget:
+                budget = budget or SessionBudget()
+                return budget.model_copy(update={"spent": budget.spent.plus(BudgetSpent(tokens=tokens))})
+            return change
+
+        async with trio.open_nursery() as nursery:  # concurrent changes: none is lost
+            for _ in range(10):
+                nursery.start_soon(lambda: recorder.change_budget(
+                    "s1", spend(3), spend=("user:7", "2026-11", BudgetSpent(cost_usd=0.25, tokens=3))))
+        stored = await recorder.get_session("s1")
+        assert stored.budget is not None and stored.budget.spent.tokens == 30 and stored.budget.limits.tokens == 100
+        assert [s.budget for s in await recorder.list_sessions(namespace="user:7")] == [stored.budget]
+        month = await recorder.namespace_spend("user:7", "2026-11")
+        assert (month.tokens, month.cost_usd) == (30, 2.5)
+        assert await recorder.namespace_spend("user:7", "2026-12") == BudgetSpent()
+        assert await recorder.change_budget("s2", lambda budget: None) == await recorder.get_session("s2")
+        with pytest.raises(UnknownSession):
+            await recorder.change_budget("nope", spend(1))
+
+
+async def test_an_append_changes_the_sessions_budget_in_its_own_transaction(recorder: Recorder) -> None:
+    from codesdk.protocol import BudgetLimits, SessionBudget
+
+    class Refused(Exception):
+        pass
+
+    def refuse(budget: SessionBudget | None) -> SessionBudget:
+        raise Refused("not paused")
+
+    with trio.fail_after(10):
+        await recorder.create_session("s1", runtime="scripted")
+        await recorder.append("s1", [session_created()],
+                              budget_change=lambda budget: SessionBudget(limits=BudgetLimits(tool_calls=2)))
+        stored = await recorder.get_session("s1")
+        assert stored.budget is not None and stored.budget.limits.tool_calls == 2 and stored.last_seq == 1
+        with pytest.raises(Refused):  # the change refused: nothing of the append is stored
+            await recorder.append("s1", [delta("x")], budget_change=refuse)
+        assert await recorder.last_seq("s1") == 1

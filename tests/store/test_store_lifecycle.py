@@ -35,7 +35,7 @@ from codesdk.supervisor.store import (
     UnknownSession,
     UnknownTask,
 )
-from codesdk.supervisor.store._schema import migrate
+from codesdk.supervisor.store._schema import MIGRATIONS, migrate
 
 from tests.store.store_helpers import RUNTIME, delta, session_created, terminal
 
@@ -241,6 +241,7 @@ async def test_migrating_a_store_gives_its_sessions_the_blobs_their_events_name(
             await store.append(second, [delta(f"and here: {ref}")])
         conn = apsw.Connection(str(data_dir / DB_FILENAME))
         conn.execute("DROP TABLE blob_holders")  # back to the version before them: as an older store has it
+        _undo_budgets(conn)
         for column in ("title", "archived_at", "forked_from", "forked_at_seq", "isolation"):
             conn.execute(f"ALTER TABLE sessions DROP COLUMN {column}")
         conn.execute("ALTER TABLE tasks DROP COLUMN prompt")
@@ -275,6 +276,7 @@ async def test_migrating_a_store_gives_its_sessions_the_namespaced_level(tmp_pat
             session_id = await _session(store)
         conn = apsw.Connection(str(data_dir / DB_FILENAME))
         conn.execute("ALTER TABLE sessions DROP COLUMN isolation")
+        _undo_budgets(conn)
         conn.pragma("user_version", 10)
         conn.execute("DELETE FROM schema_migrations WHERE version >= 11")
         assert migrate(conn, str(data_dir)) == 10
@@ -283,3 +285,34 @@ async def test_migrating_a_store_gives_its_sessions_the_namespaced_level(tmp_pat
             assert (await store.get_session(session_id)).isolation == IsolationLevel.NAMESPACED
             made = await store.create_session(runtime="scripted", isolation=IsolationLevel.SHARED)
             assert (await store.get_session(made.session_id)).isolation == IsolationLevel.SHARED
+
+
+def _budgets_step() -> int:
+    """The version of the migration that added budgets (found by name: versions are renumbered as steps land)."""
+    return next(m.version for m in MIGRATIONS if m.name.startswith("session budgets"))
+
+
+def _undo_budgets(conn: apsw.Connection) -> None:
+    """What the budgets migration added, taken away again (a store from before it)."""
+    conn.execute("ALTER TABLE sessions DROP COLUMN budget")
+    conn.execute("DROP TABLE namespace_spend")
+
+
+async def test_migrating_a_store_gives_its_sessions_no_budget_and_its_namespaces_nothing_spent(
+        tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        data_dir = tmp_path / "data"
+        async with EventStore.open(data_dir) as store:
+            session_id = await _session(store)
+        conn = apsw.Connection(str(data_dir / DB_FILENAME))
+        before = _budgets_step() - 1
+        for later in reversed(MIGRATIONS[before:]):  # only the budgets step and what came after it are undone
+            assert later.name.startswith("session budgets"), "undo the later steps here too"
+        _undo_budgets(conn)
+        conn.pragma("user_version", before)
+        conn.execute("DELETE FROM schema_migrations WHERE version > ?", (before,))
+        assert migrate(conn, str(data_dir)) == before
+        conn.close()
+        async with EventStore.open(data_dir) as store:
+            assert (await store.get_session(session_id)).budget is None
+            assert (await store.namespace_spend("default", "2026-11")).cost_usd == 0

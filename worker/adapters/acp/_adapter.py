@@ -31,6 +31,7 @@ import trio
 
 from codesdk.protocol import (
     SteeringSupport,
+    BudgetGate,
     AuthModel,
     CancellationModel,
     McpSupport,
@@ -111,6 +112,7 @@ class AcpAdapter(RuntimeAdapter):
             permission_prompts=True, interaction_modes=tuple(InteractionMode), session_create=True,
             session_resume=True, transcript_input=False, cancellation=CancellationSupport.COOPERATIVE,
             usage_reporting=True, cost_reporting=False, default_model=None,
+            budget_gate=BudgetGate.AFTER_USAGE,  # usage comes with a prompt's answer: after the turn
             config_keys=self.profile.config_keys, auth_model=AuthModel.BOTH, tool_execution=ToolExecution.EXTERNAL,
             permission_model=PermissionModel.CODESDK, state_model=StateModel.LOCAL_DISK,
             resume_model=ResumeModel.NATIVE, tool_replay=ReplaySafety.SAFE_REPLAY, mcp_support=McpSupport.CLIENT_ONLY,

@@ -26,6 +26,7 @@ from typing import Any
 import trio
 
 from codesdk.protocol import (
+    BudgetGate,
     AuthModel,
     CancellationModel,
     McpSupport,
@@ -138,6 +139,7 @@ class ClaudeAdapter(RuntimeAdapter):
             builtin_tools_default_enabled=False, permission_prompts=True,
             interaction_modes=tuple(InteractionMode), session_create=True, session_resume=True,
             transcript_input=False, context_window_tokens=200_000, cancellation=CancellationSupport.COOPERATIVE, usage_reporting=True,
+            budget_gate=BudgetGate.AFTER_USAGE,  # usage comes with its result: once per turn
             cost_reporting=True, default_model=ClaudeSettings().model,
             config_keys=CLAUDE_CONFIG_KEYS, auth_model=AuthModel.BOTH, tool_execution=ToolExecution.HYBRID,
             permission_model=PermissionModel.CODESDK, state_model=StateModel.LOCAL_DISK,

@@ -29,6 +29,7 @@ from codesdk.protocol import (
     InputDelivery,
     SendInputParams,
     SteeringSupport,
+    BudgetGate,
     AuthModel,
     CancellationModel,
     McpSupport,
@@ -138,6 +139,7 @@ class CodexAdapter(RuntimeAdapter):
             builtin_tools=(), builtin_tools_default_enabled=False, permission_prompts=True,
             interaction_modes=tuple(InteractionMode), session_create=True, session_resume=True,
             transcript_input=False, context_window_tokens=272_000, cancellation=CancellationSupport.COOPERATIVE, usage_reporting=True,
+            budget_gate=BudgetGate.AFTER_USAGE,  # usage is reported at turn/completed
             cost_reporting=False, default_model=None, config_keys=CODEX_CONFIG_KEYS, auth_model=AuthModel.BOTH,
             tool_execution=ToolExecution.EXTERNAL, permission_model=PermissionModel.CODESDK,
             state_model=StateModel.LOCAL_DISK, resume_model=ResumeModel.NATIVE, tool_replay=ReplaySafety.SAFE_REPLAY,

@@ -19,6 +19,7 @@ from pathlib import Path
 import trio
 
 from codesdk.protocol import (
+    BudgetGate,
     AuthModel,
     CancellationModel,
     McpSupport,
@@ -139,6 +140,7 @@ class ScriptedAdapter(RuntimeAdapter):
             transcript_input=True,
             cancellation=CancellationSupport.COOPERATIVE,
             usage_reporting=True,
+            budget_gate=BudgetGate.BEFORE_REQUEST,  # its usage is reported before its next step asks anything
             context_window_tokens=100_000,
             models=("scripted-1",),
             default_model="scripted-1",
