@@ -242,6 +242,7 @@ async def test_migrating_a_store_gives_its_sessions_the_blobs_their_events_name(
         conn = apsw.Connection(str(data_dir / DB_FILENAME))
         conn.execute("DROP TABLE blob_holders")  # back to the version before them: as an older store has it
         _undo_budgets(conn)
+        conn.execute("DROP TABLE questions")
         for column in ("title", "archived_at", "forked_from", "forked_at_seq", "isolation"):
             conn.execute(f"ALTER TABLE sessions DROP COLUMN {column}")
         conn.execute("ALTER TABLE tasks DROP COLUMN prompt")
@@ -277,6 +278,7 @@ async def test_migrating_a_store_gives_its_sessions_the_namespaced_level(tmp_pat
         conn = apsw.Connection(str(data_dir / DB_FILENAME))
         conn.execute("ALTER TABLE sessions DROP COLUMN isolation")
         _undo_budgets(conn)
+        conn.execute("DROP TABLE questions")
         conn.pragma("user_version", 10)
         conn.execute("DELETE FROM schema_migrations WHERE version >= 11")
         assert migrate(conn, str(data_dir)) == 10
