@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -30,7 +30,9 @@ from codesdk.protocol import (
     CONTRACT_VERSION,
     BudgetLimits,
     BudgetRaised,
+    BudgetReached,
     BudgetScope,
+    NormalizedEvent,
     PriceTable,
     SessionBudget,
     first_reached,
@@ -406,7 +408,8 @@ class Engine:
         metadata = parent.metadata if metadata is None else metadata
         record = SessionRecord(session_id=fork_id, runtime=parent.runtime, namespace=parent.namespace,
                                workspace=str(workspace), created_at=datetime.now(UTC), metadata=metadata,
-                               title=title, forked_from=origin, isolation=parent.isolation)
+                               title=title, forked_from=origin, isolation=parent.isolation,
+                               budget=fork_budget(parent.budget, events))
         created = EventDraft(
             type=EventType.SESSION_CREATED, runtime=RuntimeInfo(name=parent.runtime), trace=Trace(session_id=fork_id),
             payload=SessionCreated(contract_version=CONTRACT_VERSION, runtime=parent.runtime,
@@ -960,6 +963,21 @@ class Engine:
                 await self.store.update_task(run.task_id, state=TaskState.RUNNING, worker_pid=worker.pid)
             except InvalidTransition:  # lost a race with the terminal update; the terminal state stands
                 log.debug("task %s ended before it was marked running", run.task_id)
+
+
+def fork_budget(parent: SessionBudget | None, copied: Sequence[NormalizedEvent]) -> SessionBudget | None:
+    """A fork's budget: the parent's limits, nothing spent yet, and paused where its copied events leave it paused
+    (a ``budget.reached`` no ``budget.raised`` answered): the fork goes on only once raised, as its events say."""
+    paused = None
+    for event in copied:
+        if isinstance(event.payload, BudgetReached):
+            paused = event.payload
+        elif event.type == EventType.BUDGET_RAISED:
+            paused = None
+    if parent is None and paused is None:
+        return None
+    return SessionBudget(limits=parent.limits if parent is not None else BudgetLimits(), paused=paused,
+                         paused_at=None if paused is None else datetime.now(UTC))
 
 
 def _runtime_name(name: str) -> str:

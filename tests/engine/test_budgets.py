@@ -43,6 +43,7 @@ from codesdk.supervisor.engine import (
     Engine,
     InvalidTaskInput,
     MonthlyBudgetSpent,
+    derive_transcript,
     session_events,
 )
 from codesdk.supervisor.namespaces import NamespaceBudgets
@@ -249,3 +250,21 @@ async def _stopped_by_budget_without_a_worker(engine: Engine, sid: str, task_id:
     assert stopped.receipt is not None and stopped.receipt.worker == "exited"
     (reached,) = [e.payload for e in events if isinstance(e.payload, BudgetReached)]
     return reached
+
+
+async def test_a_fork_of_a_paused_session_is_paused_as_its_events_say(tmp_path: Path) -> None:
+    async with engine_with_doubles(tmp_path) as (engine, workers):
+        sid, task_id, worker = await _task(engine, workers, session_budget=BudgetLimits(tokens=5))
+        await _usage(worker, task_id, 5, 5)
+        await _stopped_by_budget(engine, sid, task_id)
+        paused = await engine.fork_session(sid, by="test")
+        assert paused.budget is not None and paused.budget.paused is not None
+        assert paused.budget.limits.tokens == 5 and paused.budget.spent.tokens == 0
+        with pytest.raises(BudgetPaused):
+            await engine.start_task(paused.session_id, "more")
+        await engine.raise_budget(sid, BudgetLimits(tokens=100), by="test")
+        going = await engine.fork_session(sid, by="test")  # the raise is among its events: not paused
+        assert going.budget is not None and going.budget.paused is None
+        await engine.start_task(going.session_id, "more")
+        assert await derive_transcript(engine.store, sid)  # budget events are no turns
+        check_session(await session_events(engine.store, going.session_id))
