@@ -7,6 +7,7 @@ this file. Kept like the other per-namespace settings (0600, written whole under
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 from datetime import UTC, datetime
@@ -55,7 +56,12 @@ class NamespaceBudgets:
             raw = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):  # nothing wrong with the file: the process is short
+                raise NamespaceBudgetError(f"{self.path} cannot be read now: the supervisor is out of file "
+                                           f"descriptors ({exc}); retry once it holds fewer") from exc
+            raise NamespaceBudgetError(f"{self.path} cannot be read ({exc}): fix or remove it") from exc
+        except ValueError as exc:
             raise NamespaceBudgetError(f"{self.path} cannot be read ({exc}): fix or remove it") from exc
         if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
             raise NamespaceBudgetError(f"{self.path} is not a namespace budgets file: fix or remove it")
