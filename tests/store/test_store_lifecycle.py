@@ -241,6 +241,7 @@ async def test_migrating_a_store_gives_its_sessions_the_blobs_their_events_name(
             await store.append(second, [delta(f"and here: {ref}")])
         conn = apsw.Connection(str(data_dir / DB_FILENAME))
         conn.execute("DROP TABLE blob_holders")  # back to the version before them: as an older store has it
+        conn.execute("DROP TABLE questions")  # and what came after
         for column in ("title", "archived_at", "forked_from", "forked_at_seq", "isolation"):
             conn.execute(f"ALTER TABLE sessions DROP COLUMN {column}")
         conn.execute("ALTER TABLE tasks DROP COLUMN prompt")
@@ -275,6 +276,7 @@ async def test_migrating_a_store_gives_its_sessions_the_namespaced_level(tmp_pat
             session_id = await _session(store)
         conn = apsw.Connection(str(data_dir / DB_FILENAME))
         conn.execute("ALTER TABLE sessions DROP COLUMN isolation")
+        conn.execute("DROP TABLE questions")  # what came after
         conn.pragma("user_version", 10)
         conn.execute("DELETE FROM schema_migrations WHERE version >= 11")
         assert migrate(conn, str(data_dir)) == 10
