@@ -58,6 +58,9 @@ BY_ANSWERER = "answerer"
 #: A task's own answerer: given the stored question, returns the reply (``InvalidAnswer``-checked like the API's).
 Answerer = Callable[[QuestionRecord], Awaitable[QuestionReply]]
 
+#: Questions of one task waiting at once: a runtime that asks more (a flood) has the rest declined, saying why.
+MAX_OPEN_QUESTIONS = 16
+
 NOT_INTERACTIVE = ("the task is not interactive: nobody can answer the runtime's question (start the task with "
                    "interaction_mode interactive to be asked)")
 
@@ -91,6 +94,8 @@ class QuestionBroker:
         self._waiting: dict[str, trio.Event] = {}
         #: Answers as given (a secret one unredacted), until sent to the runtime: the store keeps them redacted.
         self._given: dict[str, Answers] = {}
+        #: Questions waiting, per task.
+        self._open: dict[str, int] = {}
 
     async def asked(self, run: TaskRun, asked: QuestionRequested) -> None:
         """A worker's ``question.requested``, in its order: recorded (or refused) here, never waiting for anyone;
@@ -104,6 +109,8 @@ class QuestionBroker:
         refusal = NOT_INTERACTIVE if run.params.interaction_mode != InteractionMode.INTERACTIVE else None
         if repeated := duplicate_ids(asked.questions):
             refusal = f"the runtime's question repeats the id(s) {repeated}: an answer could not say which it answers"
+        elif refusal is None and self._open.get(run.task_id, 0) >= MAX_OPEN_QUESTIONS:
+            refusal = f"the task has {MAX_OPEN_QUESTIONS} questions waiting already: answer those first"
         if refusal is not None:
             refused = QuestionAnswered(question_id=question_id, declined=True, reason=refusal,
                                        answered_via=AnsweredVia.REFUSED, answered_by=BY_CODESDK)
@@ -126,6 +133,7 @@ class QuestionBroker:
             await self._settle(record, QuestionState.DECLINED, AnsweredVia.TASK_END, BY_CODESDK, {},
                                "the task ended before the question was asked")
             return
+        self._open[run.task_id] = self._open.get(run.task_id, 0) + 1
         run.tools_nursery.start_soon(self._wait, run, record, name=f"question:{question_id}")
 
     async def _wait(self, run: TaskRun, record: QuestionRecord) -> None:
@@ -153,6 +161,11 @@ class QuestionBroker:
         finally:
             self._waiting.pop(question_id, None)
             self._given.pop(question_id, None)
+            left = self._open.get(run.task_id, 1) - 1
+            if left > 0:
+                self._open[run.task_id] = left
+            else:
+                self._open.pop(run.task_id, None)
 
     async def _ask_answerer(self, answerer: Answerer, record: QuestionRecord) -> None:
         try:

@@ -181,3 +181,19 @@ async def test_run_answers_each_question_as_it_comes(api: Api) -> None:
     assert texts[-1] == "Colour red, name Streamed."
     again = [e.payload.text for e in declined if e.type == EventType.MODEL_OUTPUT_COMPLETED]  # type: ignore[attr-defined]
     assert again[-1] == "No answer (busy); I will stop here."
+
+
+async def test_an_answer_body_beyond_its_bounds_is_422(api: Api) -> None:
+    with trio.fail_after(30):
+        session = await api.create_session(api.alice, "user:alice")
+        await _start(api, api.alice, session["session_id"])
+        [question] = await _pending(api, api.alice)
+        path = f"/v1/questions/{question['question_id']}"
+        many = await api.client.post(path, headers=api.auth(api.alice),
+                                     json={"answers": {f"q{n}": "x" for n in range(40)}})
+        nested = await api.client.post(path, headers=api.auth(api.alice), json={"answers": {"colour": {"a": 1}}})
+        long_text = await api.client.post(path, headers=api.auth(api.alice),
+                                          json={"answers": {"colour": "red", "name": "x" * 30_000}})
+    assert many.status_code == 422 and "'answers'" in many.json()["error"]["message"]
+    assert nested.status_code == 422 and "answers.colour" in nested.json()["error"]["message"]
+    assert long_text.status_code == 422 and "answers.name" in long_text.json()["error"]["message"]

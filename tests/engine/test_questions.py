@@ -22,7 +22,7 @@ from codesdk.protocol import (
     QuestionState,
 )
 from codesdk.supervisor.engine import Engine
-from codesdk.supervisor.engine._questions import InvalidAnswer, QuestionFallback, QuestionPolicy
+from codesdk.supervisor.engine._questions import MAX_OPEN_QUESTIONS, InvalidAnswer, QuestionFallback, QuestionPolicy
 from codesdk.supervisor.store import QuestionRecord, QuestionSettled
 from codesdk.testing.invariants import check_session
 
@@ -131,3 +131,16 @@ async def test_a_supervisor_shutting_down_declines_its_open_questions(tmp_path: 
     assert final.state == QuestionState.DECLINED and final.answered_via == AnsweredVia.TASK_END
     assert [e.type for e in events][-2] == EventType.QUESTION_ANSWERED
     check_session(events)
+
+
+async def test_a_flood_of_questions_is_declined_past_the_open_limit(tmp_path: Path) -> None:
+    with real_time_limit("a flood of questions"):
+        async with engine_with_doubles(tmp_path) as (engine, workers):
+            session_id, task_id, worker = await running_task(engine, workers, durable_approvals=True)
+            for n in range(MAX_OPEN_QUESTIONS + 1):
+                await worker.emit(task_id, EventType.QUESTION_REQUESTED, ASKED.model_copy(
+                    update={"question_id": f"ask-{n}"}))
+            [refused] = await worker.connection.wait_for(Method.SEND_ANSWER)
+            pending = await engine.store.list_questions()
+    assert refused["question_id"] == f"ask-{MAX_OPEN_QUESTIONS}" and "waiting already" in refused["reason"]
+    assert len(pending) == MAX_OPEN_QUESTIONS

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from codesdk.protocol import EventType, QuestionRequested, StartTaskParams, ToolCallRequested, value_problem
@@ -129,3 +130,16 @@ async def test_codex_user_input_is_asked_and_answered(tmp_path: Path) -> None:
     assert kind == EventType.QUESTION_REQUESTED and asked.source == "codex.request_user_input"
     assert answer == {"answers": {"colour": {"answers": ["blue"]}}}
     assert url == {"action": "decline"}
+
+
+def test_a_claude_elicitation_form_is_asked_and_a_url_is_not() -> None:
+    from codesdk.worker.adapters.claude.questions import elicitation_answer, elicitation_questions
+
+    request = {"subtype": "elicitation", "mcp_server_name": "tickets", "message": "File a ticket", "mode": "form",
+               "requested_schema": {"type": "object", "required": ["title"],
+                                    "properties": {"title": {"type": "string", "title": "Title"}}}}
+    [title] = elicitation_questions(request)
+    assert title.required and title.header == "Title" and value_problem(title, 3) == "must be text"
+    assert elicitation_answer(QuestionAnswer(answers={"title": "t"})) == {"action": "accept", "content": {"title": "t"}}
+    with pytest.raises(ValueError, match="cannot show it"):
+        elicitation_questions({"mode": "url", "url": "https://example.com"})
