@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from dataclasses import dataclass
 from typing import IO, Any, Generic, Self, TypeVar
@@ -27,9 +27,19 @@ from urllib.parse import quote
 import anyio
 import httpx2 as httpx
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from codesdk.protocol import TERMINAL_EVENT_TYPES, ApprovalRequested, EventType, NormalizedEvent, RuntimeOffer, api
+from codesdk.protocol import (
+    TERMINAL_EVENT_TYPES,
+    ApprovalRequested,
+    CommandPattern,
+    EventType,
+    HostPattern,
+    NormalizedEvent,
+    PathPattern,
+    RuntimeOffer,
+    api,
+)
 from codesdk.protocol.api import (
     Approval,
     DeletedSession,
@@ -289,6 +299,34 @@ class _Call(Generic[T]):
         return {} if self.idempotency_key is None else {"Idempotency-Key": self.idempotency_key}
 
 
+#: A rule's pattern: the model, or its JSON form (``{"kind": "path", "prefix": "src"}``).
+Pattern = PathPattern | CommandPattern | HostPattern | Mapping[str, Any]
+#: One decision of ``decide_many``: the request model, or its JSON form with ``approval_id``.
+Decision = api.ApprovalDecision | Mapping[str, Any]
+
+
+def _decision(allow: bool, reason: str, scope: str, pattern: Pattern | None,
+              input: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A decision's JSON body; checked here as the API checks it (``TypeError``/``ValueError`` before sending)."""
+    _boolean("allow", allow)
+    if not isinstance(reason, str):
+        raise TypeError(f"reason must be text, not {reason!r}")
+    body: dict[str, Any] = {"allow": allow, "reason": reason}
+    if scope != "once":
+        body["scope"] = str(scope)
+    if pattern is not None:
+        body["pattern"] = pattern.model_dump(mode="json") if isinstance(pattern, BaseModel) else dict(pattern)
+    if input is not None:
+        body["input"] = dict(input)
+    api.DecisionRequest.model_validate(body)  # ValidationError (a ValueError) naming the field, before sending
+    return body
+
+
+def _decision_item(item: Decision) -> dict[str, Any]:
+    model = item if isinstance(item, api.ApprovalDecision) else api.ApprovalDecision.model_validate(dict(item))
+    return model.model_dump(mode="json", exclude_none=True)
+
+
 def _key(given: str | None) -> str:
     return given if given is not None else str(uuid.uuid4())
 
@@ -420,12 +458,26 @@ class _Calls:
                      params={"state": state})
 
     @staticmethod
-    def decide(approval_id: str, allow: bool, reason: str, key: str | None) -> _Call[api.Approval]:
-        _boolean("allow", allow)
-        if not isinstance(reason, str):
-            raise TypeError(f"reason must be text, not {reason!r}")
+    def decide(approval_id: str, allow: bool, reason: str, key: str | None, scope: str = "once",
+               pattern: Pattern | None = None, input: Mapping[str, Any] | None = None) -> _Call[api.Approval]:
         return _Call("POST", f"/v1/approvals/{_q(approval_id)}", api.Approval.model_validate,
-                     json={"allow": allow, "reason": reason}, idempotency_key=_key(key))
+                     json=_decision(allow, reason, scope, pattern, input), idempotency_key=_key(key))
+
+    @staticmethod
+    def decide_many(decisions: Sequence[Decision], key: str | None) -> _Call[list[api.DecisionResult]]:
+        body = [_decision_item(item) for item in decisions]
+        return _Call("POST", "/v1/approvals/decisions",
+                     lambda answer: list(api.DecisionResults.model_validate(answer).results),
+                     json={"decisions": body}, idempotency_key=_key(key))
+
+    @staticmethod
+    def grants(session_id: str) -> _Call[list[api.Grant]]:
+        return _Call("GET", f"/v1/sessions/{_q(session_id)}/grants",
+                     lambda answer: list(api.GrantList.model_validate(answer).grants))
+
+    @staticmethod
+    def revoke_grant(session_id: str, grant_id: str) -> _Call[api.Grant]:
+        return _Call("DELETE", f"/v1/sessions/{_q(session_id)}/grants/{_q(grant_id)}", api.Grant.model_validate)
 
     @staticmethod
     def namespaces() -> _Call[list[api.NamespaceInfo]]:
@@ -620,10 +672,27 @@ class AsyncClient:
         """Tool calls waiting for a human (interactive tasks), or decided ones with ``state``."""
         return await self._send(_Calls.approvals(state))
 
-    async def decide(self, approval_id: str, *, allow: bool, reason: str = "",
+    async def decide(self, approval_id: str, *, allow: bool, reason: str = "", scope: str = "once",
+                     pattern: Pattern | None = None, input: Mapping[str, Any] | None = None,
                      idempotency_key: str | None = None) -> api.Approval:
-        """Approve or deny a pending call; final (a second decision is a Conflict)."""
-        return await self._send(_Calls.decide(approval_id, allow, reason, idempotency_key))
+        """Approve or deny a pending call; final (a second decision is a Conflict). ``scope`` ``task``,
+        ``session`` or ``rule`` (with ``pattern``) also makes a grant for the calls it covers; ``input``: run the
+        call with this input instead (an allow only)."""
+        return await self._send(_Calls.decide(approval_id, allow, reason, idempotency_key, scope, pattern, input))
+
+    async def decide_many(self, decisions: Sequence[Decision], *,
+                          idempotency_key: str | None = None) -> list[api.DecisionResult]:
+        """Decide several approvals in one request (parallel calls): each applied on its own, answered with its own
+        ``status`` (200, 404, 409, 422) in the order given."""
+        return await self._send(_Calls.decide_many(decisions, idempotency_key))
+
+    async def grants(self, session_id: str) -> list[api.Grant]:
+        """The session's grants, active and revoked, oldest first."""
+        return await self._send(_Calls.grants(session_id))
+
+    async def revoke_grant(self, session_id: str, grant_id: str) -> api.Grant:
+        """Revoke a grant: it decides nothing from now on. ``NotFound``; ``Conflict`` if already revoked."""
+        return await self._send(_Calls.revoke_grant(session_id, grant_id))
 
     async def answer(self, event: NormalizedEvent, *, allow: bool, reason: str = "") -> api.Approval:
         """Decide the approval an ``approval.requested`` event (from ``stream``/``run``) asks for."""
@@ -917,9 +986,20 @@ class Client:
     def approvals(self, state: str = "pending") -> list[api.Approval]:
         return self._send(_Calls.approvals(state))
 
-    def decide(self, approval_id: str, *, allow: bool, reason: str = "",
+    def decide(self, approval_id: str, *, allow: bool, reason: str = "", scope: str = "once",
+               pattern: Pattern | None = None, input: Mapping[str, Any] | None = None,
                idempotency_key: str | None = None) -> api.Approval:
-        return self._send(_Calls.decide(approval_id, allow, reason, idempotency_key))
+        return self._send(_Calls.decide(approval_id, allow, reason, idempotency_key, scope, pattern, input))
+
+    def decide_many(self, decisions: Sequence[Decision], *,
+                    idempotency_key: str | None = None) -> list[api.DecisionResult]:
+        return self._send(_Calls.decide_many(decisions, idempotency_key))
+
+    def grants(self, session_id: str) -> list[api.Grant]:
+        return self._send(_Calls.grants(session_id))
+
+    def revoke_grant(self, session_id: str, grant_id: str) -> api.Grant:
+        return self._send(_Calls.revoke_grant(session_id, grant_id))
 
     def answer(self, event: NormalizedEvent, *, allow: bool, reason: str = "") -> api.Approval:
         """Decide the approval an ``approval.requested`` event asks for."""

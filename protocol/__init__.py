@@ -47,6 +47,8 @@ from ._events import (
     ApprovalRequestedEvent,
     ApprovalState,
     BlockKind,
+    GrantCreatedEvent,
+    GrantRevokedEvent,
     EventType,
     EventUnion,
     ModelInput,
@@ -218,6 +220,20 @@ from ._runtime import (
     check_runtime_name,
     is_runtime_name,
 )
+from ._grants import (
+    PATTERN_ARGV_MAX,
+    PATTERN_TEXT_MAX,
+    CommandPattern,
+    GrantCreated,
+    GrantDecision,
+    GrantPattern,
+    GrantRevoked,
+    GrantScope,
+    HostPattern,
+    PathPattern,
+    grant_rule,
+    normalize_relative_path,
+)
 from ._tools import ExecutedBy, ToolCallIdentity, ToolClass, ToolManifest, ToolSpec
 from ._traceparent import TraceParent, parse_traceparent
 from ._transcript import (
@@ -234,6 +250,20 @@ from ._versions import CONTRACT_VERSION, PROTOCOL_VERSION, SCHEMA_VERSION
 from ._wire import FAST_EVENT_TYPES, SLOW_EVENT_TYPES, Unmirrorable, WireEvent, decode_event_fast
 
 __all__ = [
+    "PATTERN_ARGV_MAX",
+    "PATTERN_TEXT_MAX",
+    "CommandPattern",
+    "GrantCreated",
+    "GrantCreatedEvent",
+    "GrantDecision",
+    "GrantPattern",
+    "GrantRevoked",
+    "GrantRevokedEvent",
+    "GrantScope",
+    "HostPattern",
+    "PathPattern",
+    "grant_rule",
+    "normalize_relative_path",
     "FAST_EVENT_TYPES",
     "SLOW_EVENT_TYPES",
     "Unmirrorable",

@@ -34,6 +34,7 @@ from pydantic_core import CoreSchema, core_schema
 from ._base import Model
 from ._canonical import is_hash
 from ._context import ContextReport, InterruptedCall, ResumeMode
+from ._grants import GrantCreated, GrantRevoked
 from ._receipt import StopReceipt
 from ._runtime import InteractionMode, IsolationLevel, PermissionMode
 from ._tools import ExecutedBy, ToolCallIdentity, ToolClass
@@ -61,6 +62,8 @@ class EventType(StrEnum):
     TASK_COMPLETED = "task.completed"
     TASK_FAILED = "task.failed"
     TASK_STOPPED = "task.stopped"
+    GRANT_CREATED = "grant.created"
+    GRANT_REVOKED = "grant.revoked"
 
 
 TERMINAL_EVENT_TYPES = frozenset({EventType.TASK_COMPLETED, EventType.TASK_FAILED, EventType.TASK_STOPPED})
@@ -209,6 +212,14 @@ class ToolCallPolicyEvaluated(ToolCallIdentity):
     rule: str | None = None
     policy_snapshot: dict[str, Any] = Field(default_factory=dict)
     approval_id: str | None = None  # the answered approval, on a ``user`` evaluation
+    #: The grant that decided (a ``user`` evaluation with rule ``grant.<scope>``), or the grant this answer created.
+    grant_id: str | None = None
+    #: The approver edited the call's input before allowing it: the hash of the input the call runs with (this
+    #: event's ``input_hash`` is the original's; the call's later events carry this one), and that input (inline
+    #: when small, else ``edited_input_ref``, a blob).
+    edited_input_hash: str | None = None
+    edited_input: dict[str, Any] | None = None
+    edited_input_ref: str | None = None
 
 
 class ApprovalState(StrEnum):
@@ -612,6 +623,16 @@ class TaskStoppedEvent(NormalizedEvent):
     payload: TaskStopped = Field(default_factory=TaskStopped)
 
 
+class GrantCreatedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.GRANT_CREATED]] = EventType.GRANT_CREATED
+    payload: GrantCreated
+
+
+class GrantRevokedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.GRANT_REVOKED]] = EventType.GRANT_REVOKED
+    payload: GrantRevoked
+
+
 class RuntimeRequestStartedWorkerEvent(WorkerEvent):
     type: _Tag[Literal[EventType.RUNTIME_REQUEST_STARTED]] = EventType.RUNTIME_REQUEST_STARTED
     payload: RuntimeRequestStarted
@@ -688,6 +709,7 @@ EventUnion: TypeAlias = (
     | ToolCallPolicyEvaluatedEvent | ApprovalRequestedEvent | ToolCallApprovedEvent | ToolCallDeniedEvent
     | ToolCallStartedEvent | ToolOutputDeltaEvent | ToolOutputCompletedEvent | ToolCallCompletedEvent
     | UsageReportedEvent | TaskCompletedEvent | TaskFailedEvent | TaskStoppedEvent
+    | GrantCreatedEvent | GrantRevokedEvent
 )
 WorkerEventUnion: TypeAlias = (
     RuntimeRequestStartedWorkerEvent | RuntimeRequestCompletedWorkerEvent | ModelOutputDeltaWorkerEvent

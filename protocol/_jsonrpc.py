@@ -17,6 +17,7 @@ from pydantic import Field, JsonValue, ValidationError
 from ._base import Model
 from ._context import ResumeMode
 from ._events import AnyWorkerEvent
+from ._grants import GrantScope
 from ._runtime import AuthStatus, InteractionMode, PermissionMode, RuntimeCapabilities, RuntimeEnv
 from ._tools import ToolManifest
 from ._transcript import Message, Role
@@ -358,6 +359,10 @@ class SendToolApprovedParams(Model):
     task_id: str
     tool_call_id: str
     reason: str = "approved"
+    #: How far the approver's answer reaches (``once``: this call). A runtime with a native notion of it (Codex's
+    #: accept-for-session, ACP's allow_always, Claude's session permission updates) is told, so it stops asking
+    #: for calls the grant covers; the supervisor decides those by the grant regardless.
+    scope: GrantScope = GrantScope.ONCE
 
 
 class StopParams(Model):

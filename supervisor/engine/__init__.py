@@ -4,7 +4,7 @@ Layering, lowest first (no module imports one below it in this list): ``_transcr
 ``_errors`` (refusals and their HTTP answers), ``_telemetry`` (what observers of tasks are told), ``_deadlines`` (a task's deadlines and their watch), ``_ports`` (what the engine needs of workers: the test seam),
 ``_compile`` (a task's input from the transcript, fitted to the runtime's budget), ``_runs`` (a running task's
 state, the run table), ``_recorder`` (a run's appends), ``_batch`` (a worker's batch on its way to the store),
-``_approvals``, ``_toolport`` / ``_toolflow`` (one tool call, through its port), ``_ending`` (a task's one
+``_approvals``, ``_grants`` (a session's grants, from its events), ``_toolport`` / ``_toolflow`` (one tool call, through its port), ``_ending`` (a task's one
 end), ``_intake`` (events from workers), ``_leasing`` (which namespaces this supervisor runs), ``_lifecycle`` (forks' cuts, default workspaces), ``_requests`` (requests to a worker outside tasks), ``_engine``
 (sessions and tasks).
 """
@@ -18,6 +18,8 @@ from ._deadlines import (
     DeadlineLimits,
 )
 from ._requests import WorkerEnvironment
+from ._approvals import DecisionRefused
+from ._grants import GrantAlreadyRevoked, GrantBook, GrantEntry, UnknownGrant
 from ._engine import DISK_RESERVE_BYTES, Engine, EngineConfig
 from ._errors import (
     ERROR_STATUS,
@@ -50,5 +52,5 @@ __all__ = [
     "EngineError", "EngineStats", "Phase", "TaskTelemetry", "Telemetry", "ErrorStatus", "ForkInsideTask", "ForkPastEnd", "InsufficientSpace", "NamespaceDiskFull", "InvalidTaskInput", "IsolationRefused", "NamespaceElsewhere", "NamespaceUnavailable",
     "PoolWorkers", "RequestChannel", "RuntimeUnavailable", "SessionBusy", "TaskNotActive", "UnknownRuntime", "WorkerEvents",
     "WorkerExit", "WorkerLink", "Workers", "WorkersFactory", "WorkspaceRefused", "derive_transcript", "error_status",
-    "session_events",
+    "session_events", "DecisionRefused", "GrantAlreadyRevoked", "GrantBook", "GrantEntry", "UnknownGrant",
 ]

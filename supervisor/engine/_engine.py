@@ -98,6 +98,7 @@ from codesdk.worker.client import InvalidResult, RpcError, WorkerError
 from ..workers.pool import WorkerPool
 from codesdk.worker.client import REAP_WAIT_S
 from ._approvals import APPROVAL_TIMEOUT_S, ApprovalBroker
+from ._grants import GrantBook
 from ._compile import compile_input, context_window
 from ._lifecycle import (
     check_isolation,
@@ -219,10 +220,11 @@ class Engine:
         #: Who watches its tasks (``observe(...)``: the service's metrics and tracer).
         self.observers = Observers()
         self._runs = RunTable(RECENT_RUNS_KEPT)
-        self.approvals = ApprovalBroker(store, config.approval_timeout_s)
+        self.approvals = ApprovalBroker(store, config.approval_timeout_s, tooling.input_problems)
+        self.grants = GrantBook(store, config.quotas)
         self._ender = TaskEnder(store, self._runs, nursery)
         self._recorder = RunRecorder(store, config.quotas, self._ender.over_quota)
-        tools = ToolFlow(EnginePort(store, self._recorder, tooling, self.approvals), self.stats)
+        tools = ToolFlow(EnginePort(store, self._recorder, tooling, self.approvals, self.grants), self.stats)
         intake = EventIntake(store, self._runs, self.stats, self._recorder, tools, self._ender)
         #: the namespaces' turns at the event path (weighted deficit round robin; ``codesdk.supervisor.fair``)
         self.turns = intake.turns

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import codesdk.supervisor.engine
 
-LAYERS = ["_transcript", "_errors", "_telemetry", "_deadlines", "_ports", "_compile", "_stopping", "_runs", "_recorder", "_batch", "_approvals", "_toolport",
+LAYERS = ["_transcript", "_errors", "_telemetry", "_deadlines", "_ports", "_compile", "_stopping", "_runs", "_recorder", "_batch", "_approvals", "_grants", "_toolport",
           "_toolflow", "_ending", "_intake", "_leasing", "_lifecycle", "_requests", "_engine"]
 PACKAGE = Path(codesdk.supervisor.engine.__file__).parent
 
