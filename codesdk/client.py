@@ -68,8 +68,10 @@ __all__ = ["ApiError", "Approval", "AsyncClient", "Client", "Conflict", "Deleted
            "SessionFilter", "SessionList", "SessionState", "StoppedTask", "Task", "TaskResult", "TaskRun", "TaskState",
            "TooManyRequests", "Transcript", "Unauthorized", "Usage", "WorkerState"]
 
-#: Answers one ``approval.requested`` event: allow or not, and why (shown to the runtime on a denial).
-EventApprover = Callable[[NormalizedEvent], Awaitable[tuple[bool, str]]]
+#: Answers one ``approval.requested`` event: allow or not, and why (shown to the runtime on a denial) — or a whole
+#: ``api.DecisionRequest`` (with a scope, a rule's pattern, an edited input).
+Answer = tuple[bool, str] | api.DecisionRequest
+EventApprover = Callable[[NormalizedEvent], Awaitable[Answer]]
 
 #: Reconnects of one stream in a row that bring no new event before giving up (each resumes where the last left
 #: off), and the wait before the first of them (doubled for each next one, up to 4 s).
@@ -325,6 +327,13 @@ def _decision(allow: bool, reason: str, scope: str, pattern: Pattern | None,
 def _decision_item(item: Decision) -> dict[str, Any]:
     model = item if isinstance(item, api.ApprovalDecision) else api.ApprovalDecision.model_validate(dict(item))
     return model.model_dump(mode="json", exclude_none=True)
+
+
+def _as_decision(answer: Answer) -> api.DecisionRequest:
+    if isinstance(answer, api.DecisionRequest):
+        return answer
+    allow, reason = answer
+    return api.DecisionRequest(allow=_boolean("allow", allow), reason=reason)
 
 
 def _key(given: str | None) -> str:
@@ -834,9 +843,10 @@ class TaskRun:
                                          task_id=task.task_id):
             yield event
             if approver is not None and event.type == EventType.APPROVAL_REQUESTED:
-                allow, reason = await approver(event)
+                decision = _as_decision(await approver(event))
                 try:
-                    await client.answer(event, allow=allow, reason=reason)
+                    await client.decide(_approval_id(event), allow=decision.allow, reason=decision.reason,
+                                        scope=decision.scope, pattern=decision.pattern, input=decision.input)
                 except Conflict:
                     pass
         self.task = await client.get_task(task.task_id)
@@ -853,7 +863,7 @@ class BlockingTaskRun:
     """A task ``Client.run`` starts: its events (``for``, once), then ``task``, with its result."""
 
     def __init__(self, client: Client, session_id: str, prompt: str,
-                 approver: Callable[[NormalizedEvent], tuple[bool, str]] | None, task_args: dict[str, Any]) -> None:
+                 approver: Callable[[NormalizedEvent], Answer] | None, task_args: dict[str, Any]) -> None:
         self._client, self._session_id, self._prompt = client, session_id, prompt
         self._approver, self._task_args = approver, task_args
         #: The task as it ended, with its ``result``: set once its events are all read.
@@ -868,9 +878,10 @@ class BlockingTaskRun:
         for event in client.stream(self._session_id, after_seq=before, until_terminal=True, task_id=task.task_id):
             yield event
             if approver is not None and event.type == EventType.APPROVAL_REQUESTED:
-                allow, reason = approver(event)
+                decision = _as_decision(approver(event))
                 try:
-                    client.answer(event, allow=allow, reason=reason)
+                    client.decide(_approval_id(event), allow=decision.allow, reason=decision.reason,
+                                  scope=decision.scope, pattern=decision.pattern, input=decision.input)
                 except Conflict:
                     pass
         self.task = client.get_task(task.task_id)
@@ -1087,7 +1098,7 @@ class Client:
                 pass
         raise follow.lost()
 
-    def run(self, session_id: str, prompt: str, *, approver: Callable[[NormalizedEvent], tuple[bool, str]] | None
+    def run(self, session_id: str, prompt: str, *, approver: Callable[[NormalizedEvent], Answer] | None
             = None, **task_args: Any) -> BlockingTaskRun:
         """As ``AsyncClient.run``: start a task; ``for`` its events up to its terminal event, then ``.task`` (or
         ``.wait()``); ``approver`` (a plain function here) answers each ``approval.requested``."""

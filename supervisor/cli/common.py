@@ -308,6 +308,28 @@ def exit_code(terminal_type: str | None, signum: int | None = None) -> int:
     return {"task.completed": EXIT_OK, "task.stopped": EXIT_STOPPED}.get(str(terminal_type), EXIT_FAILED)
 
 
+#: The terminal's answers to an approval: (allow, scope, what it says). Anything else is a no for this call.
+TERMINAL_ANSWERS: dict[str, tuple[bool, str, str]] = {
+    "y": (True, "once", "approved on the terminal"), "yes": (True, "once", "approved on the terminal"),
+    "t": (True, "task", "approved on the terminal for the rest of the task"),
+    "s": (True, "session", "approved on the terminal for the rest of the session"),
+    "d": (False, "session", "denied on the terminal for the rest of the session"),
+}
+#: The question the terminal asks about an approval.
+DECISION_PROMPT = "  Allow? [y]es once, [t]his task, [s]ession, [d]eny for the session, [N]o: "
+
+
+async def ask_decision_on_terminal(question: str) -> tuple[bool, str, str]:
+    """Ask about an approval on the terminal (stderr, stdin): (allow, scope, reason); the scopes of
+    ``TERMINAL_ANSWERS`` (``t``, ``s``: a grant, docs/sessions.md), anything unknown a no for this call."""
+    import trio  # here, not above: this module is imported before trio is (``front``), and trio is not light
+    sys.stdout.flush()
+    sys.stderr.write(question)
+    sys.stderr.flush()
+    answer = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+    return TERMINAL_ANSWERS.get(answer.strip().lower(), (False, "once", "denied on the terminal"))
+
+
 async def ask_on_terminal(question: str) -> tuple[bool, str]:
     """Ask a yes/no question on the terminal (stderr, stdin); anything but y/yes is a no. (allow, reason)."""
     import trio  # here, not above: this module is imported before trio is (``front``), and trio is not light

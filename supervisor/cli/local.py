@@ -24,6 +24,7 @@ import trio
 from codesdk.protocol import (
     HASH_PREFIX,
     EnsureLoginResult,
+    GrantScope,
     InteractionMode,
     IsolationLevel,
     PermissionMode,
@@ -42,7 +43,8 @@ from .common import (
     STOP_SIGNALS,
     CliError,
     api_exit_code,
-    ask_on_terminal,
+    DECISION_PROMPT,
+    ask_decision_on_terminal,
     check_session_flags,
     check_title,
     exit_code,
@@ -54,7 +56,7 @@ from .common import (
     runtime_note,
 )
 from .run_ahead import RunAhead
-from ..api.views import deleted_answer, runtime_env_answer, session_answer
+from ..api.views import deleted_answer, grant_answer, runtime_env_answer, session_answer
 from ..terminal import one_line
 from ..config import ADMIN_TOKEN_FILE
 from ..engine import (
@@ -89,9 +91,10 @@ T = TypeVar("T")
 async def _terminal_approver(request: ApprovalRequest) -> ApproverAnswer:
     """Ask on the terminal. Anything but y/yes denies."""
     shown = json.dumps(request.input, ensure_ascii=False)[:300]
-    allow, reason = await ask_on_terminal(f"\n? {request.tool_name} ({request.tool_class}) wants to run with "
-                                          f"{shown}\n  {request.reason}\n  Allow? [y/N] ")
-    return ApproverAnswer(allow=allow, reason=reason)
+    allow, scope, reason = await ask_decision_on_terminal(
+        f"\n? {request.tool_name} ({request.tool_class}) wants to run with {shown}\n  {request.reason}\n"
+        f"{DECISION_PROMPT}")
+    return ApproverAnswer(allow=allow, reason=reason, scope=GrantScope(scope))
 
 
 async def cmd_run(args: argparse.Namespace, ahead: RunAhead | None = None) -> int:
@@ -292,6 +295,23 @@ async def cmd_delete(args: argparse.Namespace) -> int:
         from .remote import delete_via_api  # imported only when used: the HTTP client costs start-up time
         deleted = await delete_via_api(args)
     json_line(deleted.to_json_obj()) if args.json else print(deleted_line(deleted))
+    return EXIT_OK
+
+
+async def cmd_revoke(args: argparse.Namespace) -> int:
+    """Revoke a grant of a session; prints it as it is now."""
+    from .decisions import print_grant
+
+    async def change(engine: Engine) -> api.Grant:
+        session = await engine.store.get_session(args.session)
+        return grant_answer(session.session_id, await engine.grants.revoke(session, args.grant, "cli"))
+
+    grant = await _embedded(args, change)
+    if grant is None:
+        from .remote import client_for  # imported only when used: the HTTP client costs start-up time
+        async with client_for(args) as client:
+            grant = await client.revoke_grant(args.session, args.grant)
+    print_grant(grant, args.json)
     return EXIT_OK
 
 
@@ -574,13 +594,16 @@ def refusal_exit_code(error: BaseException) -> int:
 
 def run_command(args: argparse.Namespace, ahead: RunAhead | None = None) -> int:
     """Run a parsed command; ``ahead``: what ``run`` prepared before this module was imported."""
+    from .decisions import cmd_approvals, cmd_decide, cmd_grants
+
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     commands: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
         "run": partial(cmd_run, ahead=ahead), "sessions": cmd_sessions, "events": cmd_events,
                 "show": cmd_show, "auth": cmd_auth, "runtime-env": cmd_runtime_env, "namespaces": cmd_namespaces, "bundle": cmd_bundle,
                 "blob": cmd_blob, "archive": cmd_archive, "unarchive": cmd_archive, "delete": cmd_delete,
-                "fork": cmd_fork}
+                "fork": cmd_fork, "approvals": cmd_approvals, "decide": cmd_decide, "grants": cmd_grants,
+                "revoke": cmd_revoke}
     try:
         return int(trio.run(commands[args.command], args))
     except BrokenPipeError:

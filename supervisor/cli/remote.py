@@ -21,6 +21,7 @@ from codesdk.protocol import (
     TERMINAL_EVENT_TYPES,
     EnsureLoginResult,
     EventType,
+    GrantScope,
     Message,
     NormalizedEvent,
     RuntimeCapabilities,
@@ -32,7 +33,8 @@ from .common import (
     STOP_SIGNALS,
     DEFAULT_RUNTIME,
     CliError,
-    ask_on_terminal,
+    DECISION_PROMPT,
+    ask_decision_on_terminal,
     check_session_flags,
     exit_code,
     read_again,
@@ -135,9 +137,10 @@ async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) 
     return exit_code(ended, received[0] if received else None)
 
 
-async def _terminal_approver(event: NormalizedEvent) -> tuple[bool, str]:
+async def _terminal_approver(event: NormalizedEvent) -> api.DecisionRequest:
     """Ask about an ``approval.requested`` event, which was printed just before."""
-    return await ask_on_terminal("  Allow? [y/N] ")
+    allow, scope, reason = await ask_decision_on_terminal(DECISION_PROMPT)
+    return api.DecisionRequest(allow=allow, reason=reason, scope=GrantScope(scope))
 
 
 async def auth_status_via_api(args: argparse.Namespace) -> EnsureLoginResult:

@@ -19,7 +19,7 @@ from ._deadlines import (
 )
 from ._requests import WorkerEnvironment
 from ._approvals import DecisionRefused
-from ._grants import GrantAlreadyRevoked, GrantBook, GrantEntry, UnknownGrant
+from ._grants import GrantAlreadyRevoked, GrantBook, GrantEntry, UnknownGrant, read_grants
 from ._engine import DISK_RESERVE_BYTES, Engine, EngineConfig
 from ._errors import (
     ERROR_STATUS,
@@ -52,5 +52,5 @@ __all__ = [
     "EngineError", "EngineStats", "Phase", "TaskTelemetry", "Telemetry", "ErrorStatus", "ForkInsideTask", "ForkPastEnd", "InsufficientSpace", "NamespaceDiskFull", "InvalidTaskInput", "IsolationRefused", "NamespaceElsewhere", "NamespaceUnavailable",
     "PoolWorkers", "RequestChannel", "RuntimeUnavailable", "SessionBusy", "TaskNotActive", "UnknownRuntime", "WorkerEvents",
     "WorkerExit", "WorkerLink", "Workers", "WorkersFactory", "WorkspaceRefused", "derive_transcript", "error_status",
-    "session_events", "DecisionRefused", "GrantAlreadyRevoked", "GrantBook", "GrantEntry", "UnknownGrant",
+    "session_events", "DecisionRefused", "GrantAlreadyRevoked", "GrantBook", "GrantEntry", "UnknownGrant", "read_grants",
 ]

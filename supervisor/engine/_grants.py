@@ -24,18 +24,19 @@ from codesdk.protocol import (
     utc_now,
 )
 
-from ..store import EventDraft, Quotas, Recorder, SessionRecord
+from ..store import EventDraft, EventLogReader, Quotas, Recorder, SessionRecord
+from ._errors import EngineError
 
 _TYPES = (EventType.GRANT_CREATED.value, EventType.GRANT_REVOKED.value)
 _PAGE = 1000
 
 
-class UnknownGrant(LookupError):
+class UnknownGrant(EngineError, LookupError):
     def __init__(self, session_id: str, grant_id: str) -> None:
-        super().__init__(f"session {session_id} has no grant {grant_id}")
+        super().__init__(f"session {session_id} has no grant {grant_id} (its grants: `codesdk grants {session_id}`)")
 
 
-class GrantAlreadyRevoked(Exception):
+class GrantAlreadyRevoked(EngineError):
     def __init__(self, grant_id: str, revoked_by: str) -> None:
         super().__init__(f"grant {grant_id} is already revoked (by {revoked_by or 'someone'}); it decides nothing")
 
@@ -71,6 +72,19 @@ def entries_of(events: list[NormalizedEvent], forked_at: int | None) -> dict[str
     return found
 
 
+async def read_grants(store: EventLogReader, session: SessionRecord) -> list[GrantEntry]:
+    """Every grant of ``session`` as its stored events tell, oldest first (a reader beside the writer will do)."""
+    events: list[NormalizedEvent] = []
+    after = 0
+    while page := await store.read_types(session.session_id, _TYPES, after, _PAGE):
+        events += page
+        after = page[-1].seq
+        if len(page) < _PAGE:
+            break
+    forked_at = session.forked_from.seq if session.forked_from is not None else None
+    return list(entries_of(events, forked_at).values())
+
+
 class GrantBook:
     def __init__(self, store: Recorder, quotas: Quotas | None = None) -> None:
         self.store = store
@@ -82,15 +96,7 @@ class GrantBook:
 
     async def entries(self, session: SessionRecord) -> list[GrantEntry]:
         """Every grant of the session, oldest first (from the store: what a listing shows)."""
-        events: list[NormalizedEvent] = []
-        after = 0
-        while page := await self.store.read_types(session.session_id, _TYPES, after, _PAGE):
-            events += page
-            after = page[-1].seq
-            if len(page) < _PAGE:
-                break
-        forked_at = session.forked_from.seq if session.forked_from is not None else None
-        return list(entries_of(events, forked_at).values())
+        return await read_grants(self.store, session)
 
     async def live(self, session: SessionRecord) -> tuple[GrantCreated, ...]:
         """The session's grants that decide calls now."""
