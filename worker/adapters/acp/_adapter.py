@@ -45,6 +45,7 @@ from codesdk.protocol import (
     ErrorCode,
     EventType,
     ExecutedBy,
+    GrantScope,
     InteractionMode,
     IsolationMode,
     RuntimeCapabilities,
@@ -114,7 +115,9 @@ class AcpAdapter(RuntimeAdapter):
             permission_model=PermissionModel.CODESDK, state_model=StateModel.LOCAL_DISK,
             resume_model=ResumeModel.NATIVE, tool_replay=ReplaySafety.SAFE_REPLAY, mcp_support=McpSupport.CLIENT_ONLY,
             mcp_transports=(McpTransport.STDIO,),  # what ACP has every agent take; http and sse are optional there
-            cancellation_model=CancellationModel.BEST_EFFORT)
+            cancellation_model=CancellationModel.BEST_EFFORT,
+            # Never allow_always: the agent would then run that tool unasked, unrecorded, and past a revocation
+            approval_scopes=(GrantScope.ONCE,))
 
     def availability(self) -> Availability:
         refusal = self.profile.refusal(os.environ)

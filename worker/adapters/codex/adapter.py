@@ -42,6 +42,7 @@ from codesdk.protocol import (
     ErrorCode,
     EventType,
     ExecutedBy,
+    GrantScope,
     InteractionMode,
     IsolationMode,
     ModelOutputCompleted,
@@ -133,7 +134,9 @@ class CodexAdapter(RuntimeAdapter):
             tool_execution=ToolExecution.EXTERNAL, permission_model=PermissionModel.CODESDK,
             state_model=StateModel.LOCAL_DISK, resume_model=ResumeModel.NATIVE, tool_replay=ReplaySafety.SAFE_REPLAY,
             mcp_support=McpSupport.CLIENT_ONLY, mcp_transports=(McpTransport.STDIO, McpTransport.HTTP),
-            cancellation_model=CancellationModel.BEST_EFFORT)
+            cancellation_model=CancellationModel.BEST_EFFORT,
+            # Never acceptForSession: Codex would then run those commands unasked, unrecorded, and past a revocation
+            approval_scopes=(GrantScope.ONCE,))
 
     def availability(self) -> Availability:
         if codex_path() is None:
