@@ -111,6 +111,12 @@ class EventPrinter:
             case EventType.TASK_STOPPED:
                 receipt = f" — {describe_receipt(p.receipt)}" if p.receipt is not None else ""
                 return f"{self._c(_YELLOW, t.value)} {p.reason}{receipt}"
+            case EventType.GRANT_CREATED:
+                pattern = f" where {_short(p.pattern.to_json_obj())}" if p.pattern is not None else ""
+                return (f"{self._c(_YELLOW, t.value)} {p.grant_id}: {p.decision} {p.tool_name} for the {p.scope}"
+                        f"{pattern} (by {p.created_by or '?'})")
+            case EventType.GRANT_REVOKED:
+                return f"{self._c(_YELLOW, t.value)} {p.grant_id} by {p.revoked_by or '?'}"
             case _:
                 return self._c(_DIM, f"{t.value} {_short(p.to_json_obj())}")
 

@@ -403,6 +403,7 @@ class Engine:
             dropped = await self.store.drop_session(session_id)
         except StoredSessionBusy as exc:
             raise SessionBusy(session_id, exc.active_task_id, then="stop it before deleting the session") from exc
+        self.grants.forget(session_id)
         removed = False
         workspace = made_workspace(session.workspace, self._workspace_roots(), self.config.data_dir)
         if workspace is not None and not dropped.workspace_shared:

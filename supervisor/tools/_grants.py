@@ -5,13 +5,14 @@ for any other tool, or an input it cannot read with certainty, it matches nothin
 
 - ``path``: every path the input names (a known field; ``workspace.list``'s default ``.``) must lie at or under
   the prefix once normalized to workspace-relative form; an absolute path counts only inside the workspace, and a
-  path that climbs out (``..``) matches no prefix. The comparison is lexical, by component: ``src`` covers
+  path with any ``..`` component (or a backslash, a NUL) matches no prefix. The comparison is lexical, by component: ``src`` covers
   ``src/a.py``, never ``src2/``. (A symlink inside the workspace is the tools' confinement's to follow, as for any
   call: it never leads out of the workspace.)
 - ``command``: an argv (a list) must begin with the prefix's words; a command line (a string) is split as the
   shell would and must hold none of the shell's operators or expansions (``; & | < > $ ` ( ) { }``, a newline),
   so ``git status; rm -rf ~`` is not ``git status``.
-- ``host``: the host ``http.fetch`` would connect to (its own URL parser), exact or a ``*.`` subdomain.
+- ``host``: the host ``http.fetch`` would connect to (its own URL parser), exact or a ``*.`` subdomain; a URL
+  that parsers may read differently (a backslash, ``@``, whitespace) matches nothing.
 """
 
 from __future__ import annotations
@@ -111,6 +112,12 @@ def command_words(value: Any) -> list[str] | None:
     return words or None
 
 
+def _plain_url(url: str) -> bool:
+    """A URL every parser reads the same host from: no backslash, ``@``, whitespace or control character (a
+    runtime's own fetch tool may parse ``https://a.com\\@b.com`` as host a.com where Python reads b.com)."""
+    return not any(c in "\\@" or c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url)
+
+
 def host_matches(host: str, pattern: str) -> bool:
     if pattern.startswith("*."):
         return host.endswith(pattern[1:]) and len(host) > len(pattern) - 1
@@ -139,7 +146,7 @@ def matches(pattern: GrantPattern, tool_name: str, tool_input: Mapping[str, Any]
     if isinstance(pattern, HostPattern):
         field = URL_FIELDS.get(tool)
         url = tool_input.get(field) if field is not None else None
-        host = fetch_host(url) if isinstance(url, str) else None
+        host = fetch_host(url) if isinstance(url, str) and _plain_url(url) else None
         return host is not None and host_matches(host, pattern.host)
     return False
 

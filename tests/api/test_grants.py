@@ -211,3 +211,39 @@ async def test_the_clients_grant_calls(api: Api) -> None:
             assert grant.scope == "rule" and grant.pattern is not None and grant.state == "active"
             revoked = await c.revoke_grant(session, grant.grant_id)
             assert revoked.state == "revoked" and revoked.revoked_by is not None and revoked.revoked_by.startswith("api:")
+
+
+async def test_the_blocking_client_decides_lists_and_revokes(api: Api) -> None:
+    from codesdk import Client
+    from codesdk.client import Conflict, NotFound
+
+    with trio.fail_after(60):
+        session = (await api.create_session(api.alice, "user:alice"))["session_id"]
+        task = await _start(api, session, _scenario([_write("w1", "a.txt"), _write("w2", "b.txt")]))
+        first, second = [a["approval_id"] for a in await _pending(api, 2)]
+
+        def blocking() -> list[str]:
+            with Client(socket=api.socket, token=api.alice) as client:
+                decided = client.decide(first, allow=True, scope="session")
+                [late] = client.decide_many([{"approval_id": second, "allow": True}])
+                return [decided.state, str(late.status)]
+
+        assert await trio.to_thread.run_sync(blocking) == ["approved", "200"]
+        assert (await api.ended(api.alice, task))["state"] == "completed"
+
+        def grants() -> list[str]:
+            with Client(socket=api.socket, token=api.alice) as client:
+                [grant] = client.grants(session)
+                revoked = client.revoke_grant(session, grant.grant_id)
+                try:
+                    client.revoke_grant(session, grant.grant_id)
+                except Conflict:
+                    again = "409"
+                with Client(socket=api.socket, token=api.bob) as bob:
+                    try:
+                        bob.grants(session)
+                    except NotFound:
+                        hidden = "404"
+                return [revoked.state, again, hidden]
+
+        assert await trio.to_thread.run_sync(grants) == ["revoked", "409", "404"]

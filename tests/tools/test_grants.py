@@ -169,6 +169,14 @@ def test_commands() -> None:
     assert not matches(git_status, "Bash", {"command": "git 'status"})  # unbalanced quote: unreadable
 
 
+def test_a_url_parsers_may_read_differently_is_never_covered() -> None:
+    pattern = HostPattern(host="evil.com")
+    for url in ["https://example.com\\@evil.com/", "https://example.com\\.evil.com", "https://evil.com /x",
+                "https://evil.com\t/", "https://a@evil.com/"]:
+        assert not matches(pattern, "WebFetch", {"url": url}), url
+    assert matches(pattern, "WebFetch", {"url": "https://EVIL.com:443/x?y=1"})
+
+
 @given(host=st.sampled_from(["example.com", "a.example.com", "example.com.evil.net", "evilexample.com",
                              "b.a.example.com", "EXAMPLE.com"]),
        trick=st.sampled_from(["", "user@", "example.com@"]))
