@@ -27,15 +27,18 @@ from urllib.parse import quote
 import anyio
 import httpx2 as httpx
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from codesdk.protocol import (
     TERMINAL_EVENT_TYPES,
     ApprovalRequested,
     BudgetLimits,
     CodeBlock,
+    CommandPattern,
     EventType,
+    HostPattern,
     NormalizedEvent,
+    PathPattern,
     QuestionReply,
     QuestionRequested,
     RuntimeOffer,
@@ -82,8 +85,10 @@ __all__ = ["ApiError", "Approval", "AsyncClient", "Budget", "Client", "Conflict"
            "SessionFilter", "SessionList", "SessionState", "StoppedTask", "Task", "TaskInput", "TaskInputText", "TaskResult", "TaskRun", "TaskState",
            "TooManyRequests", "Transcript", "Unauthorized", "Usage", "WorkerState"]
 
-#: Answers one ``approval.requested`` event: allow or not, and why (shown to the runtime on a denial).
-EventApprover = Callable[[NormalizedEvent], Awaitable[tuple[bool, str]]]
+#: Answers one ``approval.requested`` event: allow or not, and why (shown to the runtime on a denial) — or a whole
+#: ``api.DecisionRequest`` (with a scope, a rule's pattern, an edited input).
+Answer = tuple[bool, str] | api.DecisionRequest
+EventApprover = Callable[[NormalizedEvent], Awaitable[Answer]]
 
 #: Answers one ``question.requested`` event: the answers (keyed by question id), or a decline with its reason.
 EventAnswerer = Callable[[NormalizedEvent], Awaitable[QuestionReply]]
@@ -332,6 +337,41 @@ class _Call(Generic[T]):
         return {} if self.idempotency_key is None else {"Idempotency-Key": self.idempotency_key}
 
 
+#: A rule's pattern: the model, or its JSON form (``{"kind": "path", "prefix": "src"}``).
+Pattern = PathPattern | CommandPattern | HostPattern | Mapping[str, Any]
+#: One decision of ``decide_many``: the request model, or its JSON form with ``approval_id``.
+Decision = api.ApprovalDecision | Mapping[str, Any]
+
+
+def _decision(allow: bool, reason: str, scope: str, pattern: Pattern | None,
+              input: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A decision's JSON body; checked here as the API checks it (``TypeError``/``ValueError`` before sending)."""
+    _boolean("allow", allow)
+    if not isinstance(reason, str):
+        raise TypeError(f"reason must be text, not {reason!r}")
+    body: dict[str, Any] = {"allow": allow, "reason": reason}
+    if scope != "once":
+        body["scope"] = str(scope)
+    if pattern is not None:
+        body["pattern"] = pattern.model_dump(mode="json") if isinstance(pattern, BaseModel) else dict(pattern)
+    if input is not None:
+        body["input"] = dict(input)
+    api.DecisionRequest.model_validate(body)  # ValidationError (a ValueError) naming the field, before sending
+    return body
+
+
+def _decision_item(item: Decision) -> dict[str, Any]:
+    model = item if isinstance(item, api.ApprovalDecision) else api.ApprovalDecision.model_validate(dict(item))
+    return model.model_dump(mode="json", exclude_none=True)
+
+
+def _as_decision(answer: Answer) -> api.DecisionRequest:
+    if isinstance(answer, api.DecisionRequest):
+        return answer
+    allow, reason = answer
+    return api.DecisionRequest(allow=_boolean("allow", allow), reason=reason)
+
+
 def _key(given: str | None) -> str:
     return given if given is not None else str(uuid.uuid4())
 
@@ -487,12 +527,26 @@ class _Calls:
                      params={"state": state})
 
     @staticmethod
-    def decide(approval_id: str, allow: bool, reason: str, key: str | None) -> _Call[api.Approval]:
-        _boolean("allow", allow)
-        if not isinstance(reason, str):
-            raise TypeError(f"reason must be text, not {reason!r}")
+    def decide(approval_id: str, allow: bool, reason: str, key: str | None, scope: str = "once",
+               pattern: Pattern | None = None, input: Mapping[str, Any] | None = None) -> _Call[api.Approval]:
         return _Call("POST", f"/v1/approvals/{_q(approval_id)}", api.Approval.model_validate,
-                     json={"allow": allow, "reason": reason}, idempotency_key=_key(key))
+                     json=_decision(allow, reason, scope, pattern, input), idempotency_key=_key(key))
+
+    @staticmethod
+    def decide_many(decisions: Sequence[Decision], key: str | None) -> _Call[list[api.DecisionResult]]:
+        body = [_decision_item(item) for item in decisions]
+        return _Call("POST", "/v1/approvals/decisions",
+                     lambda answer: list(api.DecisionResults.model_validate(answer).results),
+                     json={"decisions": body}, idempotency_key=_key(key))
+
+    @staticmethod
+    def grants(session_id: str) -> _Call[list[api.Grant]]:
+        return _Call("GET", f"/v1/sessions/{_q(session_id)}/grants",
+                     lambda answer: list(api.GrantList.model_validate(answer).grants))
+
+    @staticmethod
+    def revoke_grant(session_id: str, grant_id: str) -> _Call[api.Grant]:
+        return _Call("DELETE", f"/v1/sessions/{_q(session_id)}/grants/{_q(grant_id)}", api.Grant.model_validate)
 
     @staticmethod
     def questions(state: str) -> _Call[list[api.AskedQuestion]]:
@@ -746,10 +800,27 @@ class AsyncClient:
         """Tool calls waiting for a human (interactive tasks), or decided ones with ``state``."""
         return await self._send(_Calls.approvals(state))
 
-    async def decide(self, approval_id: str, *, allow: bool, reason: str = "",
+    async def decide(self, approval_id: str, *, allow: bool, reason: str = "", scope: str = "once",
+                     pattern: Pattern | None = None, input: Mapping[str, Any] | None = None,
                      idempotency_key: str | None = None) -> api.Approval:
-        """Approve or deny a pending call; final (a second decision is a Conflict)."""
-        return await self._send(_Calls.decide(approval_id, allow, reason, idempotency_key))
+        """Approve or deny a pending call; final (a second decision is a Conflict). ``scope`` ``task``,
+        ``session`` or ``rule`` (with ``pattern``) also makes a grant for the calls it covers; ``input``: run the
+        call with this input instead (an allow only)."""
+        return await self._send(_Calls.decide(approval_id, allow, reason, idempotency_key, scope, pattern, input))
+
+    async def decide_many(self, decisions: Sequence[Decision], *,
+                          idempotency_key: str | None = None) -> list[api.DecisionResult]:
+        """Decide several approvals in one request (parallel calls): each applied on its own, answered with its own
+        ``status`` (200, 404, 409, 422) in the order given."""
+        return await self._send(_Calls.decide_many(decisions, idempotency_key))
+
+    async def grants(self, session_id: str) -> list[api.Grant]:
+        """The session's grants, active and revoked, oldest first."""
+        return await self._send(_Calls.grants(session_id))
+
+    async def revoke_grant(self, session_id: str, grant_id: str) -> api.Grant:
+        """Revoke a grant: it decides nothing from now on. ``NotFound``; ``Conflict`` if already revoked."""
+        return await self._send(_Calls.revoke_grant(session_id, grant_id))
 
     async def answer(self, event: NormalizedEvent, *, allow: bool, reason: str = "") -> api.Approval:
         """Decide the approval an ``approval.requested`` event (from ``stream``/``run``) asks for."""
@@ -940,9 +1011,10 @@ class TaskRun:
                                          task_id=task.task_id):
             yield event
             if approver is not None and event.type == EventType.APPROVAL_REQUESTED:
-                allow, reason = await approver(event)
+                decision = _as_decision(await approver(event))
                 try:
-                    await client.answer(event, allow=allow, reason=reason)
+                    await client.decide(_approval_id(event), allow=decision.allow, reason=decision.reason,
+                                        scope=decision.scope, pattern=decision.pattern, input=decision.input)
                 except Conflict:
                     pass
             if answerer is not None and event.type == EventType.QUESTION_REQUESTED \
@@ -966,7 +1038,7 @@ class BlockingTaskRun:
     """A task ``Client.run`` starts: its events (``for``, once), then ``task``, with its result."""
 
     def __init__(self, client: Client, session_id: str, prompt: str,
-                 approver: Callable[[NormalizedEvent], tuple[bool, str]] | None, task_args: dict[str, Any],
+                 approver: Callable[[NormalizedEvent], Answer] | None, task_args: dict[str, Any],
                  answerer: Callable[[NormalizedEvent], QuestionReply] | None = None) -> None:
         self._client, self._session_id, self._prompt = client, session_id, prompt
         self._approver, self._task_args, self._answerer = approver, task_args, answerer
@@ -983,9 +1055,10 @@ class BlockingTaskRun:
         for event in client.stream(self._session_id, after_seq=before, until_terminal=True, task_id=task.task_id):
             yield event
             if approver is not None and event.type == EventType.APPROVAL_REQUESTED:
-                allow, reason = approver(event)
+                decision = _as_decision(approver(event))
                 try:
-                    client.answer(event, allow=allow, reason=reason)
+                    client.decide(_approval_id(event), allow=decision.allow, reason=decision.reason,
+                                  scope=decision.scope, pattern=decision.pattern, input=decision.input)
                 except Conflict:
                     pass
             if answerer is not None and event.type == EventType.QUESTION_REQUESTED and _asks_someone(event):
@@ -1113,9 +1186,20 @@ class Client:
     def approvals(self, state: str = "pending") -> list[api.Approval]:
         return self._send(_Calls.approvals(state))
 
-    def decide(self, approval_id: str, *, allow: bool, reason: str = "",
+    def decide(self, approval_id: str, *, allow: bool, reason: str = "", scope: str = "once",
+               pattern: Pattern | None = None, input: Mapping[str, Any] | None = None,
                idempotency_key: str | None = None) -> api.Approval:
-        return self._send(_Calls.decide(approval_id, allow, reason, idempotency_key))
+        return self._send(_Calls.decide(approval_id, allow, reason, idempotency_key, scope, pattern, input))
+
+    def decide_many(self, decisions: Sequence[Decision], *,
+                    idempotency_key: str | None = None) -> list[api.DecisionResult]:
+        return self._send(_Calls.decide_many(decisions, idempotency_key))
+
+    def grants(self, session_id: str) -> list[api.Grant]:
+        return self._send(_Calls.grants(session_id))
+
+    def revoke_grant(self, session_id: str, grant_id: str) -> api.Grant:
+        return self._send(_Calls.revoke_grant(session_id, grant_id))
 
     def answer(self, event: NormalizedEvent, *, allow: bool, reason: str = "") -> api.Approval:
         """Decide the approval an ``approval.requested`` event asks for."""
@@ -1236,7 +1320,7 @@ class Client:
                 pass
         raise follow.lost()
 
-    def run(self, session_id: str, prompt: str, *, approver: Callable[[NormalizedEvent], tuple[bool, str]] | None
+    def run(self, session_id: str, prompt: str, *, approver: Callable[[NormalizedEvent], Answer] | None
             = None, answerer: Callable[[NormalizedEvent], QuestionReply] | None = None,
             **task_args: Any) -> BlockingTaskRun:
         """As ``AsyncClient.run``: start a task; ``for`` its events up to its terminal event, then ``.task`` (or

@@ -36,6 +36,7 @@ from ._budgets import BudgetRaised, BudgetReached
 from ._canonical import is_hash
 from ._context import ContextReport, InterruptedCall, ResumeMode
 from ._questions import QuestionAnswered, QuestionRequested
+from ._grants import GrantCreated, GrantRevoked
 from ._receipt import StopReceipt
 from ._runtime import InteractionMode, IsolationLevel, PermissionMode
 from ._steering import ModelInputAppended
@@ -69,6 +70,8 @@ class EventType(StrEnum):
     QUESTION_ANSWERED = "question.answered"
     BUDGET_REACHED = "budget.reached"
     BUDGET_RAISED = "budget.raised"
+    GRANT_CREATED = "grant.created"
+    GRANT_REVOKED = "grant.revoked"
 
 
 TERMINAL_EVENT_TYPES = frozenset({EventType.TASK_COMPLETED, EventType.TASK_FAILED, EventType.TASK_STOPPED})
@@ -222,6 +225,14 @@ class ToolCallPolicyEvaluated(ToolCallIdentity):
     rule: str | None = None
     policy_snapshot: dict[str, Any] = Field(default_factory=dict)
     approval_id: str | None = None  # the answered approval, on a ``user`` evaluation
+    #: The grant that decided (a ``user`` evaluation with rule ``grant.<scope>``), or the grant this answer created.
+    grant_id: str | None = None
+    #: The approver edited the call's input before allowing it: the hash of the input the call runs with (this
+    #: event's ``input_hash`` is the original's; the call's later events carry this one), and that input (inline
+    #: when small, else ``edited_input_ref``, a blob).
+    edited_input_hash: str | None = None
+    edited_input: dict[str, Any] | None = None
+    edited_input_ref: str | None = None
 
 
 class ApprovalState(StrEnum):
@@ -653,6 +664,14 @@ class BudgetReachedEvent(NormalizedEvent):
 class BudgetRaisedEvent(NormalizedEvent):
     type: _Tag[Literal[EventType.BUDGET_RAISED]] = EventType.BUDGET_RAISED
     payload: BudgetRaised
+class GrantCreatedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.GRANT_CREATED]] = EventType.GRANT_CREATED
+    payload: GrantCreated
+
+
+class GrantRevokedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.GRANT_REVOKED]] = EventType.GRANT_REVOKED
+    payload: GrantRevoked
 
 
 class RuntimeRequestStartedWorkerEvent(WorkerEvent):
@@ -739,6 +758,7 @@ EventUnion: TypeAlias = (
     | ModelInputAppendedEvent
     | QuestionRequestedEvent | QuestionAnsweredEvent
     | BudgetReachedEvent | BudgetRaisedEvent
+    | GrantCreatedEvent | GrantRevokedEvent
 )
 WorkerEventUnion: TypeAlias = (
     RuntimeRequestStartedWorkerEvent | RuntimeRequestCompletedWorkerEvent | ModelOutputDeltaWorkerEvent

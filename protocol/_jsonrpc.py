@@ -19,6 +19,7 @@ from ._context import ResumeMode
 from ._events import AnyWorkerEvent
 from ._steering import SendInputParams, SendInputResult
 from ._questions import AnswersField
+from ._grants import GrantScope
 from ._runtime import AuthStatus, InteractionMode, PermissionMode, RuntimeCapabilities, RuntimeEnv
 from ._tools import ToolManifest
 from ._transcript import Message, Role
@@ -363,6 +364,10 @@ class SendToolApprovedParams(Model):
     task_id: str
     tool_call_id: str
     reason: str = "approved"
+    #: How far the approver's answer reaches (``once``: this call). An adapter whose runtime honours it without
+    #: losing sight of the calls (Claude's session permission updates: its hook still shows every call) tells it;
+    #: the supervisor decides the calls a grant covers by the grant regardless.
+    scope: GrantScope = GrantScope.ONCE
 
 
 class SendAnswerParams(Model):

@@ -13,6 +13,7 @@ from ._base import Model
 from ._steering import SteeringSupport
 from ._questions import QuestionSource
 from ._budgets import BudgetGate
+from ._grants import GrantScope
 
 #: What a runtime may be called: the names adapters register (``scripted``, ``claude``, ``codex``, ``codex-acp``,
 #: ``gemini``, ``opencode``), and so all a session or a task may name. One rule, so that the API (which refuses a
@@ -189,6 +190,9 @@ class RuntimeCapabilities(Model):
     config_withheld: dict[str, str] = Field(default_factory=dict)
     auth_model: AuthModel = AuthModel.UNKNOWN
     tool_execution: ToolExecution = ToolExecution.EXTERNAL
+    #: The grant scopes the runtime itself is told of and honours for its own tools (``once`` always; e.g. Codex's
+    #: accept-for-session is ``session``). The supervisor enforces every scope for the calls it decides anyway.
+    approval_scopes: tuple[GrantScope, ...] = (GrantScope.ONCE,)
     permission_model: PermissionModel = PermissionModel.CODESDK
     state_model: StateModel = StateModel.UNKNOWN
     resume_model: ResumeModel = ResumeModel.RECONSTRUCT

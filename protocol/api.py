@@ -23,6 +23,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
@@ -32,6 +33,7 @@ from ._base import Model
 from ._budgets import MAX_LIMIT, BudgetLimits, BudgetReached, BudgetSpent, SessionBudget
 from ._events import ApprovalState, BlockKind, EventType, NormalizedEvent
 from ._events import ForkPoint as ForkPoint  # a Session's forked_from: part of this module's vocabulary
+from ._grants import GrantDecision, GrantPattern, GrantScope
 from ._jsonrpc import EnsureLoginResult, RuntimeOffer, RuntimeSources
 from ._questions import MAX_QUESTIONS, AnsweredVia, AnswerValue, Question, QuestionSource, QuestionState
 from ._receipt import StopReceipt
@@ -83,6 +85,11 @@ class SessionFilter(StrEnum):
     BUSY = "busy"
     ARCHIVED = "archived"
     ALL = "all"
+
+
+class GrantState(StrEnum):
+    ACTIVE = "active"
+    REVOKED = "revoked"
 
 
 class ForkWorkspace(StrEnum):
@@ -241,6 +248,43 @@ class NamespaceBudgetRequest(Request):
 class DecisionRequest(Request):
     allow: bool
     reason: str = Field(default="", max_length=1000)
+    scope: GrantScope = Field(default=GrantScope.ONCE, strict=False)
+    """How far the answer reaches: ``once`` (this call), ``task`` (this tool for the rest of the task),
+    ``session`` (this tool for the session) or ``rule`` (this tool, for the session, where ``pattern`` matches).
+    Every scope but ``once`` becomes a grant (docs/sessions.md, "Scoped grants")."""
+    pattern: GrantPattern | None = Field(default=None, validate_default=True)
+    """With scope ``rule`` (only): ``{"kind": "path", "prefix": "src"}``, ``{"kind": "command", "argv": ["git",
+    "status"]}`` or ``{"kind": "host", "host": "docs.python.org"}``."""
+    input: dict[str, Any] | None = Field(default=None, validate_default=True)
+    """With an allow: the input the call runs with instead (validated like any input of the tool)."""
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern_for_rule(cls, value: Any, info: ValidationInfo) -> Any:
+        scope = info.data.get("scope")
+        if scope is GrantScope.RULE and value is None:
+            raise ValueError("scope 'rule' needs a pattern (kind path, command or host)")
+        if value is not None and scope is not None and scope is not GrantScope.RULE:
+            raise ValueError(f"a pattern goes with scope 'rule', not {scope.value!r}")
+        return value
+
+    @field_validator("input")
+    @classmethod
+    def _input_on_allow(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and info.data.get("allow") is False:
+            raise ValueError("an edited input goes with an allow; a denial runs nothing")
+        return value
+
+
+class ApprovalDecision(DecisionRequest):
+    """One decision of a batch: which approval, and the decision as ``POST /v1/approvals/{id}`` takes it."""
+    approval_id: str = Field(min_length=1, max_length=128)
+
+
+class DecisionsRequest(Request):
+    decisions: list[ApprovalDecision] = Field(min_length=1, max_length=100)
+    """Each applied on its own: one that cannot be (unknown, already decided, invalid for its call) does not
+    keep the others from being applied."""
 
 
 class StopTaskRequest(Request):
@@ -528,6 +572,45 @@ class Approval(Answer):
 
 class ApprovalList(Answer):
     approvals: tuple[Approval, ...]
+
+
+class DecisionResult(Answer):
+    """How one decision of a batch went: ``status`` as the single call would have answered (200, 404, 409, 422),
+    with the approval as decided, or the error."""
+    approval_id: str
+    status: int
+    approval: Approval | None = None
+    error: dict[str, Any] | None = None
+
+
+class DecisionResults(Answer):
+    results: tuple[DecisionResult, ...]
+    """In the order of the request's ``decisions``."""
+
+
+class Grant(Answer):
+    """A standing answer: it decides the session's calls it covers until revoked (docs/sessions.md)."""
+    grant_id: str
+    session_id: str
+    scope: GrantScope
+    decision: GrantDecision
+    tool_name: str
+    pattern: GrantPattern | None = None
+    approval_id: str | None = None
+    tool_call_id: str | None = None
+    task_id: str | None = None
+    """The one task a ``task`` grant is for."""
+    created_by: str = ""
+    created_at: datetime
+    created_seq: int | None = None
+    state: GrantState
+    revoked_at: datetime | None = None
+    revoked_by: str | None = None
+    revoke_reason: str | None = None
+
+
+class GrantList(Answer):
+    grants: tuple[Grant, ...]
 
 
 class EventPage(Answer):

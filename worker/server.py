@@ -587,7 +587,7 @@ class WorkerServer:
             if isinstance(params, SendToolResultParams):
                 handle.send_tool_result(params.tool_call_id, params.result, params.is_error)
             elif isinstance(params, SendToolApprovedParams):
-                handle.send_tool_approved(params.tool_call_id, params.reason)
+                handle.send_tool_approved(params.tool_call_id, params.reason, params.scope)
             else:
                 handle.send_tool_denied(params.tool_call_id, params.reason)
         except UnknownToolCall:

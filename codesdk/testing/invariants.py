@@ -9,9 +9,12 @@ Two kinds of stream:
   without gaps, the current schema version, one active task at a time, and per task (``check_task``) one
   ``task.started`` first, one terminal event last, and the tool-call graph — requested, then at most one decision,
   then started/completed only after an approval, and once the task has ended every started call completed
-  exactly once; each question asked is answered exactly once; and budgets: a ``budget.reached`` is followed by exactly one ``task.stopped`` with reason
-  ``budget_reached`` (its task's end), and no task starts in a session paused at its budget before a
-  ``budget.raised`` (a session-wide event, between tasks) — a budget stop leaves the session resumable.
+  exactly once; each question asked is answered exactly once; budgets: a ``budget.reached`` is followed by exactly
+  one ``task.stopped`` with reason ``budget_reached`` (its task's end), and no task starts in a session paused at
+  its budget before a ``budget.raised`` (a session-wide event, between tasks) — a budget stop leaves the session
+  resumable; grants (``_grant_problems``): a call decided by a grant names one created earlier in the session
+  (after a fork's copies), not revoked before, and for a ``task`` grant of the same task; a grant is revoked at
+  most once; and an input an approver edited is the one the call's later events carry.
 
 Each check raises ``InvariantError`` (an ``AssertionError``) naming every broken rule it found, with the events
 involved, so a failing test says what is wrong rather than only that something is.
@@ -29,14 +32,19 @@ from codesdk.protocol import (
     SCHEMA_VERSION,
     TERMINAL_EVENT_TYPES,
     EventType,
+    GrantCreated,
+    GrantRevoked,
+    GrantScope,
     InputDelivery,
     ModelInputAppended,
     NormalizedEvent,
     QuestionAnswered,
     QuestionRequested,
     RuntimeEventParams,
+    SessionCreated,
     TaskStopped,
     ToolCallIdentity,
+    ToolCallPolicyEvaluated,
     ToolCallRequested,
     canonical_hash,
 )
@@ -137,8 +145,11 @@ def check_session(events: Sequence[NormalizedEvent]) -> None:
     by_task: defaultdict[str, list[NormalizedEvent]] = defaultdict(list)
     active: str | None = None
     paused_at: int | None = None  # the seq of a budget.reached no budget.raised has answered yet
+    problems += _grant_problems(events)
     for event in events[1:]:
         task_id = event.trace.task_id
+        if event.type in _SESSION_LEVEL:  # a grant revoked over the API, between or during tasks
+            continue
         if event.type == EventType.BUDGET_RAISED:  # session-wide: between tasks, answering a budget.reached
             if active is not None:
                 problems.append(f"budget.raised (seq={event.seq}) while task {active!r} was active: a budget is "
@@ -232,6 +243,7 @@ def check_task(events: Sequence[NormalizedEvent]) -> None:
     problems += _tool_problems(task_id, [(e.type, e.payload) for e in events], _TOOL_ORDER, ended=bool(terminals))
     problems += _question_problems(task_id, events, ended=bool(terminals))
     problems += _budget_problems(task_id, events)
+    problems += _edit_problems(task_id, [(e.type, e.payload) for e in events])
     if problems:
         raise InvariantError(problems)
 
@@ -314,6 +326,74 @@ def _tool_problems(task_id: str, events: Sequence[tuple[EventType, object]], ord
         if ended and EventType.TOOL_CALL_STARTED in seen and not completed:
             problems.append(f"{name} started and never completed, yet its task ended: a call cut short by its "
                             "task's end is completed with is_error and cut_short")
+    return problems
+
+
+#: Events stored in a session outside its tasks' lifetimes.
+_SESSION_LEVEL = frozenset({EventType.GRANT_REVOKED})
+
+
+def _grant_problems(events: Sequence[NormalizedEvent]) -> list[str]:
+    """Grants decide only while they exist: a ``grant.<scope>`` evaluation names a grant created before it in this
+    session (a fork's copies of its parent's are history, not grants), not revoked before it, of the same tool, and
+    for a ``task`` grant of the same task; a revocation names a grant of the session, once."""
+    problems: list[str] = []
+    forked_at = 0
+    if events and isinstance(events[0].payload, SessionCreated) and events[0].payload.forked_from is not None:
+        forked_at = events[0].payload.forked_from.seq
+    created: dict[str, tuple[GrantCreated, str | None]] = {}
+    revoked: set[str] = set()
+    requested: dict[tuple[str | None, str, int], str] = {}
+    for event in events:
+        payload = event.payload
+        if event.seq <= forked_at:
+            continue
+        if isinstance(payload, ToolCallRequested) and event.type == EventType.TOOL_CALL_REQUESTED:
+            requested[(event.trace.task_id, payload.tool_call_id, payload.attempt)] = payload.tool_name
+        elif isinstance(payload, GrantCreated):
+            created[payload.grant_id] = (payload, event.trace.task_id)
+        elif isinstance(payload, GrantRevoked):
+            if payload.grant_id not in created:
+                problems.append(f"grant.revoked seq={event.seq} names grant {payload.grant_id!r}, which the session "
+                                "never created")
+            elif payload.grant_id in revoked:
+                problems.append(f"grant {payload.grant_id!r} is revoked twice (again at seq={event.seq})")
+            revoked.add(payload.grant_id)
+        elif isinstance(payload, ToolCallPolicyEvaluated) and (payload.rule or "").startswith("grant."):
+            where = f"tool call {payload.tool_call_id!r} decided at seq={event.seq} by {payload.rule}"
+            grant = created.get(payload.grant_id or "")
+            if grant is None:
+                problems.append(f"{where} names grant {payload.grant_id!r}, not created earlier in this session")
+                continue
+            if payload.grant_id in revoked:
+                problems.append(f"{where} names grant {payload.grant_id!r}, revoked before it")
+            made, _ = grant
+            if made.scope is GrantScope.TASK and made.task_id != event.trace.task_id:
+                problems.append(f"{where} names task grant {made.grant_id!r} of task {made.task_id!r}, not its own "
+                                f"({event.trace.task_id!r})")
+            tool = requested.get((event.trace.task_id, payload.tool_call_id, payload.attempt))
+            if tool is not None and tool != made.tool_name:
+                problems.append(f"{where} names grant {made.grant_id!r} of tool {made.tool_name!r}, not {tool!r}")
+    return problems
+
+
+def _edit_problems(task_id: str, events: Sequence[tuple[EventType, object]]) -> list[str]:
+    """An input an approver edited: the call's events up to the answer carry the original's hash, those after it
+    the edited input's (and an edited input, when inline, hashes to it)."""
+    problems: list[str] = []
+    expected: dict[tuple[str, int], str] = {}
+    for event_type, payload in events:
+        if not isinstance(payload, ToolCallIdentity):
+            continue
+        key = (payload.tool_call_id, payload.attempt)
+        if key in expected and payload.input_hash != expected[key]:
+            problems.append(f"task {task_id!r}: tool call {key[0]!r} (attempt {key[1]}): {event_type.value} carries "
+                            f"input_hash {payload.input_hash}, not the edited input's {expected[key]}")
+        if isinstance(payload, ToolCallPolicyEvaluated) and payload.edited_input_hash is not None:
+            expected[key] = payload.edited_input_hash
+            if payload.edited_input is not None and canonical_hash(payload.edited_input) != payload.edited_input_hash:
+                problems.append(f"task {task_id!r}: tool call {key[0]!r}: its edited input does not hash to "
+                                f"edited_input_hash {payload.edited_input_hash}")
     return problems
 
 

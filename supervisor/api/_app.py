@@ -48,8 +48,11 @@ from ..audit import audit
 from ..bundle import BundleLimits, BundleService
 from ..observe.metrics import STEP_BUCKETS, ServiceCollector, ServiceFacts, TaskMetrics
 from ..engine import (
+    DecisionRefused,
     Engine,
     ForkInsideTask,
+    GrantAlreadyRevoked,
+    UnknownGrant,
     InvalidTaskInput,
     IsolationRefused,
     MonthlyBudgetSpent,
@@ -73,6 +76,7 @@ from ..namespaces import (
 from ..store import (
     IDEMPOTENCY_WINDOW_S,
     ApprovalDecided,
+    ApprovalRecord,
     BlobNotFound,
     EventLogReader,
     QuotaExceeded,
@@ -95,6 +99,7 @@ from .views import (
     budget_answer,
     deleted_answer,
     env_answer,
+    grant_answer,
     runtime_env_answer,
     session_answer,
     task_answer,
@@ -859,24 +864,67 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         records = await engine.store.list_approvals(state=state, namespaces=namespaces)
         return _answer(request, api.ApprovalList(approvals=tuple(approval_answer(r) for r in records)))
 
-    async def decide_approval(request: Request) -> Response:
-        principal = principal_of(request)
-        approval_id = request.path_params["approval_id"]
+    async def approval_for(principal: Principal, approval_id: str) -> ApprovalRecord:
         try:
             record = None if _unstorable(approval_id) else await engine.store.get_approval(approval_id)
         except UnknownApproval:
             record = None
         if record is None or not principal.can_access(record.namespace):
             raise ApiError(404, "not_found", f"no approval {approval_id}")
-        body = await _body(request, api.DecisionRequest)
+        return record
+
+    async def decided(principal: Principal, record: ApprovalRecord, body: api.DecisionRequest) -> api.Approval:
+        """One decision applied (404/409/422 as ``ApiError``)."""
         await engine.leasing.own(record.namespace)  # the task waiting for it runs here, or NamespaceElsewhere
         decision = ApprovalState.APPROVED if body.allow else ApprovalState.DENIED
         reason = body.reason or f"{decision.value} by {principal.name}"
         try:
-            decided = await engine.approvals.decide(approval_id, body.allow, f"api:{principal.name}", reason)
+            answer = await engine.approvals.decide(record.approval_id, body.allow, f"api:{principal.name}", reason,
+                                                   scope=body.scope, pattern=body.pattern, input=body.input)
+        except DecisionRefused as exc:
+            raise ApiError(422, "invalid_request", f"body field '{exc.field}': {exc}") from exc
         except ApprovalDecided as exc:
             raise ApiError(409, "already_decided", str(exc)) from exc
-        return _answer(request, approval_answer(decided))
+        return approval_answer(answer)
+
+    async def decide_approval(request: Request) -> Response:
+        principal = principal_of(request)
+        record = await approval_for(principal, request.path_params["approval_id"])
+        body = await _body(request, api.DecisionRequest)
+        return _answer(request, await decided(principal, record, body))
+
+    async def decide_approvals(request: Request) -> Response:
+        principal = principal_of(request)
+        body = await _body(request, api.DecisionsRequest)
+        results: list[api.DecisionResult] = []
+        for item in body.decisions:
+            try:
+                approval = await decided(principal, await approval_for(principal, item.approval_id), item)
+                results.append(api.DecisionResult(approval_id=item.approval_id, status=200, approval=approval))
+            except ApiError as exc:
+                if exc.status == 421:  # the namespace is another supervisor's: so is every other decision of it
+                    raise
+                results.append(api.DecisionResult(approval_id=item.approval_id, status=exc.status,
+                                                  error={"code": exc.code, "message": exc.message}))
+        return _answer(request, api.DecisionResults(results=tuple(results)))
+
+    async def list_grants(request: Request) -> Response:
+        session = await session_for(principal_of(request), request.path_params["session_id"])
+        entries = await engine.grants.entries(session)
+        return _answer(request, api.GrantList(grants=tuple(grant_answer(session.session_id, e) for e in entries)))
+
+    async def revoke_grant(request: Request) -> Response:
+        principal = principal_of(request)
+        session = await session_for(principal, request.path_params["session_id"])
+        grant_id = request.path_params["grant_id"]
+        await engine.leasing.own(session.namespace)  # its tasks' policy runs here, or NamespaceElsewhere
+        try:
+            entry = await engine.grants.revoke(session, grant_id, f"api:{principal.name}")
+        except UnknownGrant as exc:
+            raise ApiError(404, "not_found", str(exc)) from exc
+        except GrantAlreadyRevoked as exc:
+            raise ApiError(409, "already_revoked", str(exc)) from exc
+        return _answer(request, grant_answer(session.session_id, entry))
 
     async def list_questions(request: Request) -> Response:
         principal = principal_of(request)
@@ -1101,6 +1149,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         "getTranscript": transcript, "getSupportBundle": support_bundle, "getBlob": get_blob, "getTask": get_task, "stopTask": stop_task, "sendTaskInput": send_task_input,
         "listApprovals": list_approvals, "decideApproval": decide_approval, "listQuestions": list_questions,
         "getQuestion": get_question, "answerQuestion": answer_question, "listRuntimes": list_runtimes,
+        "decideApprovals": decide_approvals, "listGrants": list_grants, "revokeGrant": revoke_grant,
         "listNamespaces": list_namespaces, "getLoginState": auth_status, "getRuntimeEnv": runtime_env, "listWorkers": list_workers,
         "liftQuarantine": lift_quarantine, "getNamespaceEnv": list_env, "updateNamespaceEnv": update_env,
         "getNamespaceEgress": get_egress, "setNamespaceEgress": set_egress,

@@ -174,8 +174,22 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                          "an `input_id` the session has used."),
     Endpoint("GET", "/v1/approvals", "listApprovals", "Tool calls waiting for a decision (or ?state=)", "approvals",
              Access.TOKEN, api.ApprovalList, query=api.ApprovalsQuery),
+    Endpoint("POST", "/v1/approvals/decisions", "decideApprovals", "Decide several approvals at once", "approvals",
+             Access.TOKEN, api.DecisionResults, body=api.DecisionsRequest, errors=(421,),
+             description="For parallel calls: each decision is applied on its own and answered with the status the "
+                         "single call would have had (200 with the approval, or 404, 409 `already_decided`, 422 "
+                         "naming the field), in the request's order; one that fails leaves the others applied."),
     Endpoint("POST", "/v1/approvals/{approval_id}", "decideApproval", "Decide an approval, once", "approvals",
-             Access.TOKEN, api.Approval, body=api.DecisionRequest, errors=(404, 409, 421)),
+             Access.TOKEN, api.Approval, body=api.DecisionRequest, errors=(404, 409, 421),
+             description="`scope` other than `once` also makes a grant that decides the session's later calls it "
+                         "covers (docs/sessions.md, \"Scoped grants\"); `input` runs the call with an edited input. "
+                         "422 naming the field for a pattern or an input that cannot apply to the call."),
+    Endpoint("GET", f"{_SESSION}/grants", "listGrants", "The session's grants, active and revoked, oldest first",
+             "approvals", Access.TOKEN, api.GrantList, errors=(404,)),
+    Endpoint("DELETE", f"{_SESSION}/grants/{{grant_id}}", "revokeGrant", "Revoke a grant: it decides nothing after",
+             "approvals", Access.TOKEN, api.Grant, errors=(404, 409, 421),
+             description="Stored as `grant.revoked` in the session's events. 409 `already_revoked` for a grant "
+                         "revoked before; 404 for one the session does not have."),
     Endpoint("GET", "/v1/questions", "listQuestions", "Runtimes' questions waiting for an answer (or ?state=)",
              "questions", Access.TOKEN, api.AskedQuestionList, query=api.QuestionsQuery),
     Endpoint("GET", "/v1/questions/{question_id}", "getQuestion", "One question a runtime asked", "questions",

@@ -16,7 +16,7 @@ from codesdk.protocol import (
     api,
 )
 
-from ..engine import WorkerEnvironment
+from ..engine import GrantEntry, WorkerEnvironment
 from ..namespaces import EnvEntry
 from ..store import ApprovalRecord, QuestionRecord, DroppedSession, EventLogReader, SessionRecord, TaskRecord
 
@@ -119,6 +119,17 @@ def approval_answer(record: ApprovalRecord) -> api.Approval:
                         reason=record.reason, state=record.state, created_at=record.created_at,
                         expires_at=record.expires_at, decided_at=record.decided_at, decided_by=record.decided_by,
                         decision_reason=record.decision_reason)
+
+
+def grant_answer(session_id: str, entry: GrantEntry) -> api.Grant:
+    created, revoked = entry.created, entry.revoked
+    return api.Grant(grant_id=created.grant_id, session_id=session_id, scope=created.scope, decision=created.decision,
+                     tool_name=created.tool_name, pattern=created.pattern, approval_id=created.approval_id,
+                     tool_call_id=created.tool_call_id, task_id=created.task_id, created_by=created.created_by,
+                     created_at=entry.created_at, created_seq=entry.created_seq,
+                     state=api.GrantState.ACTIVE if revoked is None else api.GrantState.REVOKED,
+                     revoked_at=entry.revoked_at, revoked_by=revoked.revoked_by if revoked else None,
+                     revoke_reason=(revoked.reason or None) if revoked else None)
 
 
 def worker_answer(status: Mapping[str, object]) -> api.WorkerState:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import argparse
 import errno
+import getpass
 import json
 import re
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -368,12 +369,45 @@ def exit_code(terminal_type: str | None, signum: int | None = None) -> int:
     return {"task.completed": EXIT_OK, "task.stopped": EXIT_STOPPED}.get(str(terminal_type), EXIT_FAILED)
 
 
-async def ask_on_terminal(question: str) -> tuple[bool, str]:
-    """Ask a yes/no question on the terminal (stderr, stdin); anything but y/yes is a no. (allow, reason)."""
-    import trio  # here, not above: this module is imported before trio is (``front``), and trio is not light
+#: The terminal's answers to an approval: (allow, scope, what it says). Anything else is a no for this call.
+TERMINAL_ANSWERS: dict[str, tuple[bool, str, str]] = {
+    "y": (True, "once", "approved on the terminal"), "yes": (True, "once", "approved on the terminal"),
+    "t": (True, "task", "approved on the terminal for the rest of the task"),
+    "s": (True, "session", "approved on the terminal for the rest of the session"),
+    "d": (False, "session", "denied on the terminal for the rest of the session"),
+}
+#: The question the terminal asks about an approval.
+DECISION_PROMPT = "  Allow? [y]es once, [t]his task, [s]ession, [d]eny for the session, [N]o: "
+
+
+#: Reads the line typed in answer to a prompt (written to stderr first); ``secret``: not echoed where stdin is a
+#: terminal. None once stdin has ended. ``read_terminal``, or the typed lines' reader while it owns stdin.
+LineReader = Callable[[str, bool], Awaitable[str | None]]
+
+
+def _read_line(prompt: str, secret: bool) -> str | None:
+    """One line from stdin (blocking: run in a thread)."""
     sys.stdout.flush()
-    sys.stderr.write(question)
+    if secret and sys.stdin.isatty():
+        try:
+            return getpass.getpass(prompt, stream=sys.stderr)
+        except EOFError:
+            return None
+    sys.stderr.write(prompt)
     sys.stderr.flush()
-    answer = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
-    allow = answer.strip().lower() in ("y", "yes")
-    return allow, "approved on the terminal" if allow else "denied on the terminal"
+    return sys.stdin.readline() or None
+
+
+async def read_terminal(prompt: str, secret: bool = False) -> str | None:
+    """``LineReader`` of stdin itself, for when nothing else reads it."""
+    import trio  # here, not above: this module is imported before trio is (``front``), and trio is not light
+    return await trio.to_thread.run_sync(_read_line, prompt, secret, abandon_on_cancel=True)
+
+
+async def ask_decision_on_terminal(question: str, read: LineReader = read_terminal) -> tuple[bool, str, str]:
+    """Ask about an approval on the terminal: (allow, scope, reason); the scopes of ``TERMINAL_ANSWERS`` (``t``,
+    ``s``: a grant, docs/sessions.md), anything unknown a no for this call, a closed stdin a no."""
+    answer = await read(question, False)
+    if answer is None:
+        return False, "once", "denied: stdin is closed"
+    return TERMINAL_ANSWERS.get(answer.strip().lower(), (False, "once", "denied on the terminal"))

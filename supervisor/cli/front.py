@@ -39,6 +39,7 @@ from .common import (
     seconds,
     strict_values,
 )
+from .decision_args import add_parsers as add_decision_parsers
 from .run_ahead import RunAhead
 
 #: ``protocol.PermissionMode``'s values, here without importing the protocol (a test holds them equal).
@@ -97,7 +98,8 @@ def _global_options(parser: argparse.ArgumentParser, *, in_subcommand: bool) -> 
                         help="more logging on stderr (-vv: debug)")
     parser.add_argument("--url", default=default(os.environ.get("CODESDK_URL") or None),
                         help="use a running supervisor instead (unix:/path/api.sock or http://127.0.0.1:PORT) for "
-                             "run, sessions, events, show, auth, runtime-env, bundle, blob, archive, unarchive, delete and fork; token "
+                             "run, sessions, events, show, auth, runtime-env, bundle, blob, archive, unarchive, delete, fork, "
+                             "approvals, decide, grants and revoke; token "
                              "from --token or CODESDK_TOKEN")
     parser.add_argument("--token", default=default(None), help="API bearer token (with --url)")
 
@@ -244,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     namespaces = command("namespaces", "list credential namespaces and their directories")
     namespaces.add_argument("--json", action="store_true")
+
+    add_decision_parsers(command)
     return strict_values(parser)
 
 

@@ -25,6 +25,7 @@ from codesdk.protocol import (
     HASH_PREFIX,
     BudgetLimits,
     EnsureLoginResult,
+    GrantScope,
     InteractionMode,
     QuestionReply,
     IsolationLevel,
@@ -44,7 +45,9 @@ from .common import (
     STOP_SIGNALS,
     CliError,
     api_exit_code,
-    ask_on_terminal,
+    DECISION_PROMPT,
+    LineReader,
+    ask_decision_on_terminal,
     budget_limits,
     check_session_flags,
     check_title,
@@ -53,17 +56,19 @@ from .common import (
     fetch_options,
     question_policy,
     read_again,
+    read_terminal,
     run_config,
     run_env,
     runtime_note,
 )
 from .questions import ask_on_terminal as ask_questions
 from .run_ahead import RunAhead
-from ..api.views import budget_answer, deleted_answer, runtime_env_answer, session_answer
+from ..api.views import budget_answer, deleted_answer, grant_answer, runtime_env_answer, session_answer
 from ..terminal import one_line
 from .typed import TypedLines, reads_lines, typed_note
 from ..config import ADMIN_TOKEN_FILE
 from ..engine import (
+    Answerer,
     ApprovalRequest,
     Approver,
     ApproverAnswer,
@@ -95,20 +100,23 @@ T = TypeVar("T")
 # -- run ------------------------------------------------------------------------------------------
 
 
-def _terminal_approver(ask: Callable[[str], Awaitable[tuple[bool, str]]] = ask_on_terminal) -> Approver:
-    """Ask on the terminal (through ``ask``: the typed lines' reader when it owns stdin). Anything but y/yes
-    denies."""
+def _terminal_approver(read: LineReader) -> Approver:
+    """Ask on the terminal, each answer read by ``read`` (the typed lines' reader when it owns stdin): once, for
+    the task or the session (a grant), or no."""
     async def approve(request: ApprovalRequest) -> ApproverAnswer:
         shown = json.dumps(request.input, ensure_ascii=False)[:300]
-        allow, reason = await ask(f"\n? {request.tool_name} ({request.tool_class}) wants to run with "
-                                  f"{shown}\n  {request.reason}\n  Allow? [y/N] ")
-        return ApproverAnswer(allow=allow, reason=reason)
+        allow, scope, reason = await ask_decision_on_terminal(
+            f"\n? {request.tool_name} ({request.tool_class}) wants to run with {shown}\n  {request.reason}\n"
+            f"{DECISION_PROMPT}", read)
+        return ApproverAnswer(allow=allow, reason=reason, scope=GrantScope(scope))
     return approve
 
 
-async def _terminal_answerer(record: QuestionRecord) -> QuestionReply:
+def _terminal_answerer(read: LineReader) -> Answerer:
     """Ask a runtime's question on the terminal (its ``question.requested`` was printed just before)."""
-    return await ask_questions(record.request.message, record.request.questions)
+    async def answer(record: QuestionRecord) -> QuestionReply:
+        return await ask_questions(record.request.message, record.request.questions, read)
+    return answer
 
 
 async def cmd_run(args: argparse.Namespace, ahead: RunAhead | None = None) -> int:
@@ -177,12 +185,13 @@ async def _run_embedded(args: argparse.Namespace, engine: Engine, runtime_config
         return (await engine.send_input(running[0], text)).delivery.value
 
     lines = TypedLines(send_line, typed_note(args, printer)) if reads_lines(args) else None
+    read: LineReader = lines.read if lines is not None else read_terminal
     task = await engine.start_task(
         session.session_id, args.prompt, permission_mode=PermissionMode(args.mode),
         interaction_mode=InteractionMode.INTERACTIVE if interactive else InteractionMode.NON_INTERACTIVE,
         runtime_config=runtime_config,
-        approver=_terminal_approver(lines.ask if lines is not None else ask_on_terminal) if interactive else None,
-        answerer=_terminal_answerer if interactive else None,
+        approver=_terminal_approver(read) if interactive else None,
+        answerer=_terminal_answerer(read) if interactive else None,
         runtime=args.runtime, max_input_tokens=args.max_input_tokens, timeout_s=args.timeout,
         idle_timeout_s=args.idle_timeout, budget=_budget_of(args))
     if not args.json:
@@ -355,6 +364,23 @@ async def cmd_delete(args: argparse.Namespace) -> int:
         from .remote import delete_via_api  # imported only when used: the HTTP client costs start-up time
         deleted = await delete_via_api(args)
     json_line(deleted.to_json_obj()) if args.json else print(deleted_line(deleted))
+    return EXIT_OK
+
+
+async def cmd_revoke(args: argparse.Namespace) -> int:
+    """Revoke a grant of a session; prints it as it is now."""
+    from .decisions import print_grant
+
+    async def change(engine: Engine) -> api.Grant:
+        session = await engine.store.get_session(args.session)
+        return grant_answer(session.session_id, await engine.grants.revoke(session, args.grant, "cli"))
+
+    grant = await _embedded(args, change)
+    if grant is None:
+        from .remote import client_for  # imported only when used: the HTTP client costs start-up time
+        async with client_for(args) as client:
+            grant = await client.revoke_grant(args.session, args.grant)
+    print_grant(grant, args.json)
     return EXIT_OK
 
 
@@ -637,13 +663,16 @@ def refusal_exit_code(error: BaseException) -> int:
 
 def run_command(args: argparse.Namespace, ahead: RunAhead | None = None) -> int:
     """Run a parsed command; ``ahead``: what ``run`` prepared before this module was imported."""
+    from .decisions import cmd_approvals, cmd_decide, cmd_grants
+
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     commands: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
         "run": partial(cmd_run, ahead=ahead), "sessions": cmd_sessions, "events": cmd_events,
                 "show": cmd_show, "auth": cmd_auth, "runtime-env": cmd_runtime_env, "namespaces": cmd_namespaces, "bundle": cmd_bundle,
                 "blob": cmd_blob, "archive": cmd_archive, "unarchive": cmd_archive, "delete": cmd_delete,
-                "fork": cmd_fork, "budget": cmd_budget}
+                "fork": cmd_fork, "budget": cmd_budget, "approvals": cmd_approvals, "decide": cmd_decide, "grants": cmd_grants,
+                "revoke": cmd_revoke}
     try:
         return int(trio.run(commands[args.command], args))
     except BrokenPipeError:

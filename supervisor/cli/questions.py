@@ -8,12 +8,13 @@ request. An answer the question does not allow is said why and asked again. Used
 
 from __future__ import annotations
 
-import getpass
 import math
 import sys
 from collections.abc import Sequence
 
 from codesdk.protocol import AnswerValue, Question, QuestionReply, value_problem
+
+from .common import LineReader, read_terminal
 
 #: Tries at one question before the request is declined.
 ATTEMPTS = 3
@@ -75,37 +76,26 @@ def _choice(text: str, labels: list[str]) -> str:
     return text
 
 
-def read_line(prompt: str, secret: bool) -> str:
-    """One line from the terminal (blocking: run in a thread). A secret is not echoed where there is a terminal."""
-    sys.stdout.flush()
-    if secret and sys.stdin.isatty():
-        return getpass.getpass(prompt, stream=sys.stderr)
-    sys.stderr.write(prompt)
-    sys.stderr.flush()
-    line = sys.stdin.readline()
-    if not line:
-        raise Declined("the terminal closed")
-    return line
-
-
-async def ask_on_terminal(message: str, questions: Sequence[Question]) -> QuestionReply:
-    """Ask each question in turn; the reply (a decline when the user types ``!`` or gives up)."""
+async def ask_on_terminal(message: str, questions: Sequence[Question],
+                          read: LineReader = read_terminal) -> QuestionReply:
+    """Ask each question in turn, each answer read by ``read``; the reply (a decline when the user types ``!``, gives
+    up, or stdin ends)."""
     sys.stderr.write(f"\n? {message}\n" if message else "\n? the runtime asks:\n")
     answers: dict[str, AnswerValue] = {}
     try:
         for question in questions:
-            answers.update(await _ask_one(question))
+            answers.update(await _ask_one(question, read))
     except Declined as why:
         return QuestionReply(decline=True, reason=f"declined on the terminal ({why})")
     return QuestionReply(answers=answers)
 
 
-async def _ask_one(question: Question) -> dict[str, AnswerValue]:
-    import trio
-
+async def _ask_one(question: Question, read: LineReader) -> dict[str, AnswerValue]:
     prompt = describe(question)
     for _ in range(ATTEMPTS):
-        line = await trio.to_thread.run_sync(read_line, prompt, question.secret, abandon_on_cancel=True)
+        line = await read(prompt, question.secret)
+        if line is None:
+            raise Declined("stdin is closed")
         if line.strip() == DECLINE:
             raise Declined("declined")
         value = parse(question, line)

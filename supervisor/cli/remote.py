@@ -22,6 +22,7 @@ from codesdk.protocol import (
     TERMINAL_EVENT_TYPES,
     EnsureLoginResult,
     EventType,
+    GrantScope,
     Message,
     NormalizedEvent,
     QuestionReply,
@@ -34,12 +35,15 @@ from codesdk.protocol import (
 from .common import (
     STOP_SIGNALS,
     DEFAULT_RUNTIME,
+    DECISION_PROMPT,
     CliError,
-    ask_on_terminal,
+    LineReader,
+    ask_decision_on_terminal,
     budget_limits,
     check_session_flags,
     exit_code,
     read_again,
+    read_terminal,
     runtime_note,
 )
 from .typed import TypedLines, reads_lines, typed_note
@@ -124,13 +128,13 @@ async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) 
                     return (await client.send_input(task_id[0], text)).delivery.value
 
                 lines = TypedLines(send_line, typed_note(args, printer)) if reads_lines(args) else None
-                ask = lines.ask if lines is not None else ask_on_terminal
+                read: LineReader = lines.read if lines is not None else read_terminal
                 async for event in client.run(session.session_id, args.prompt, permission_mode=args.mode,
                                               runtime_config=runtime_config, runtime=args.runtime,
                                               max_input_tokens=args.max_input_tokens,
                                               timeout_s=args.timeout, idle_timeout_s=args.idle_timeout,
-                                              approver=_terminal_approver(ask) if interactive else None,
-                                              answerer=_terminal_answerer if interactive else None,
+                                              approver=_terminal_approver(read) if interactive else None,
+                                              answerer=_terminal_answerer(read) if interactive else None,
                                               budget=budget_limits(args)):
                     if event.type == EventType.TASK_STARTED and event.trace.task_id:
                         task_id.append(event.trace.task_id)
@@ -153,20 +157,22 @@ async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) 
     return exit_code(ended, received[0] if received else None)
 
 
-def _terminal_approver(ask: Callable[[str], Awaitable[tuple[bool, str]]],
-                       ) -> Callable[[NormalizedEvent], Awaitable[tuple[bool, str]]]:
-    """Ask about an ``approval.requested`` event, which was printed just before (through ``ask``: the typed
-    lines' reader when it owns stdin)."""
-    async def approve(event: NormalizedEvent) -> tuple[bool, str]:
-        return await ask("  Allow? [y/N] ")
+def _terminal_approver(read: LineReader) -> Callable[[NormalizedEvent], Awaitable[api.DecisionRequest]]:
+    """Ask about an ``approval.requested`` event, which was printed just before, each answer read by ``read`` (the
+    typed lines' reader when it owns stdin): once, for the task or the session (a grant), or no."""
+    async def approve(event: NormalizedEvent) -> api.DecisionRequest:
+        allow, scope, reason = await ask_decision_on_terminal(DECISION_PROMPT, read)
+        return api.DecisionRequest(allow=allow, reason=reason, scope=GrantScope(scope))
     return approve
 
 
-async def _terminal_answerer(event: NormalizedEvent) -> QuestionReply:
+def _terminal_answerer(read: LineReader) -> Callable[[NormalizedEvent], Awaitable[QuestionReply]]:
     """Ask a ``question.requested`` event's questions, which were printed just before."""
-    asked = event.payload
-    assert isinstance(asked, QuestionRequested)
-    return await ask_questions(asked.message, asked.questions)
+    async def answer(event: NormalizedEvent) -> QuestionReply:
+        asked = event.payload
+        assert isinstance(asked, QuestionRequested)
+        return await ask_questions(asked.message, asked.questions, read)
+    return answer
 
 
 async def auth_status_via_api(args: argparse.Namespace) -> EnsureLoginResult:

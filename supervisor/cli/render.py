@@ -137,6 +137,12 @@ class EventPrinter:
                         f"(codesdk budget {event.trace.session_id} --raise)")
             case EventType.BUDGET_RAISED:
                 return f"{self._c(_GREEN, t.value)} by {p.raised_by}: {_short(p.limits.to_json_obj())}"
+            case EventType.GRANT_CREATED:
+                pattern = f" where {_short(p.pattern.to_json_obj())}" if p.pattern is not None else ""
+                return (f"{self._c(_YELLOW, t.value)} {p.grant_id}: {p.decision} {p.tool_name} for the {p.scope}"
+                        f"{pattern} (by {p.created_by or '?'})")
+            case EventType.GRANT_REVOKED:
+                return f"{self._c(_YELLOW, t.value)} {p.grant_id} by {p.revoked_by or '?'}"
             case _:
                 return self._c(_DIM, f"{t.value} {_short(p.to_json_obj())}")
 

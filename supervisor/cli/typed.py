@@ -1,5 +1,5 @@
 """Lines typed while a task streams (``codesdk run``): each becomes an input for the running task (steering),
-except the answer to a question the CLI is asking on the terminal (an approval).
+except the answer to a question the CLI is asking on the terminal (an approval, a runtime's question).
 
 Read only when stdin is a terminal, or when ``--steer`` says so (a script piping lines in): never waited for
 otherwise, so a run in CI, whose stdin is closed or empty, is not held up by it. One reader owns stdin, so an
@@ -9,8 +9,10 @@ approval's answer and a steering line never race for the same line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Awaitable, Callable
+import termios
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Protocol, TextIO
 
 import trio
@@ -53,23 +55,23 @@ class TypedLines:
         self._answer: trio.MemorySendChannel[str] | None = None
         self._eof = False
 
-    async def ask(self, question: str) -> tuple[bool, str]:
-        """A yes/no question on the terminal, answered by the next line typed; anything but y/yes is a no."""
+    async def read(self, prompt: str, secret: bool = False) -> str | None:
+        """``LineReader``: the next line typed goes to the prompt (an approval's, a question's), not to the task;
+        None once stdin has ended. A secret is not echoed where stdin is a terminal."""
         if self._eof:  # nobody can answer any more
-            return False, "denied: stdin is closed"
+            return None
         send, receive = trio.open_memory_channel[str](1)
         self._answer = send
         sys.stdout.flush()
-        sys.stderr.write(question)
+        sys.stderr.write(prompt)
         sys.stderr.flush()
         try:
-            answer = await receive.receive()
+            with _unechoed(self._stdin) if secret else contextlib.nullcontext():
+                return await receive.receive()
         except trio.EndOfChannel:
-            answer = ""
+            return None
         finally:
             self._answer = None
-        allow = answer.strip().lower() in ("y", "yes")
-        return allow, "approved on the terminal" if allow else "denied on the terminal"
 
     async def run(self) -> None:
         """Read lines until stdin ends (or this is cancelled, when the task ends)."""
@@ -93,3 +95,23 @@ class TypedLines:
             else:
                 how = "into the running turn" if delivery == "mid_turn" else "queued for the next turn"
                 self._note(f"input sent ({how})")
+
+
+@contextlib.contextmanager
+def _unechoed(stdin: TextIO) -> Iterator[None]:
+    """Typing is not echoed meanwhile, where ``stdin`` is a terminal (the reader's thread is already waiting on it:
+    the terminal's line discipline echoes as keys arrive, so turning echo off applies to the line still to come)."""
+    try:
+        fd = stdin.fileno()
+        saved = termios.tcgetattr(fd)
+    except (OSError, ValueError, termios.error):  # not a terminal: nothing echoes
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~termios.ECHO
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, saved)
+        sys.stderr.write("\n")

@@ -5,20 +5,27 @@ following the stream sees it), is decided once — by the task's own approver (a
 over the API by whoever may touch the namespace — and ends as approved, denied or expired. It expires to a denial
 after the timeout, and is closed (expired, with the reason) when its task ends first. Pending approvals survive
 an API reconnect and are listed after a supervisor restart as expired: their task's worker died with the old one.
+
+A decision may reach further than its call (``scope``, and a rule's ``pattern``: the tool flow makes it a grant)
+and may edit the call's input: both are checked here against the call asked about (``DecisionRefused``, naming the
+field) before the decision is recorded, and kept for the waiting call (``answer_of``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import trio
 
-from codesdk.protocol import ApprovalState, utc_now
+from codesdk.protocol import ApprovalState, GrantPattern, GrantScope, utc_now
 
 from ..ids import new_id
 from ..store import ApprovalDecided, ApprovalRecord, ApprovalRecords
-from ..tools import ApprovalRequest, Approver
+from ..tools import ApprovalRequest, Approver, ApproverAnswer, pattern_kinds
 from ._runs import TaskRun
 
 log = logging.getLogger("codesdk.supervisor.approvals")
@@ -31,14 +38,80 @@ BY_CODESDK = "codesdk"
 BY_APPROVER = "approver"
 
 
+#: What is wrong with an input for a tool (``ToolRegistry.input_problems``): ``loc``/``msg``/``type`` each.
+InputProblems = Callable[[str, Any], list[dict[str, Any]]]
+
+
+class DecisionRefused(ValueError):
+    """A decision that cannot apply to the call asked about; ``field`` names what is wrong (``pattern``, ``input``,
+    ``input.path`` …). The approval stays pending."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class _Asked:
+    request: ApprovalRequest
+    runs_here: bool  # the supervisor runs the call (so it can run it with an edited input)
+
+
 class ApprovalBroker:
-    def __init__(self, store: ApprovalRecords, timeout_s: float = APPROVAL_TIMEOUT_S) -> None:
+    def __init__(self, store: ApprovalRecords, timeout_s: float = APPROVAL_TIMEOUT_S,
+                 input_problems: InputProblems | None = None) -> None:
         self.store = store
         self.timeout_s = timeout_s
+        self.input_problems = input_problems
         self._waiting: dict[str, trio.Event] = {}
+        self._asked: dict[str, _Asked] = {}
+        self._answers: dict[str, ApproverAnswer] = {}
 
-    async def open(self, run: TaskRun, request: ApprovalRequest) -> ApprovalRecord:
-        """Record the pending approval (before anyone is asked)."""
+    async def open(self, run: TaskRun, request: ApprovalRequest, *, runs_here: bool = True) -> ApprovalRecord:
+        """Record the pending approval (before anyone is asked). ``runs_here``: the supervisor runs the call (an
+        approver may edit its input)."""
+        record = await self._create(run, request)
+        self._asked[record.approval_id] = _Asked(request, runs_here)
+        return record
+
+    def answer_of(self, approval_id: str) -> ApproverAnswer | None:
+        """The whole decision on an approval decided here (scope, pattern, edited input); taken once."""
+        return self._answers.pop(approval_id, None)
+
+    def check(self, approval_id: str, answer: ApproverAnswer) -> None:
+        """``DecisionRefused`` when ``answer`` cannot apply to the call asked about: a pattern of a kind the tool's
+        input has not, a pattern without scope ``rule`` (or none with it), an edited input on a denial, on a call
+        the runtime runs, or that the tool would refuse."""
+        if answer.scope is GrantScope.RULE and answer.pattern is None:
+            raise DecisionRefused("pattern", "scope 'rule' needs a pattern: {\"kind\": \"path\", \"prefix\": …}, "
+                                             "{\"kind\": \"command\", \"argv\": […]} or {\"kind\": \"host\", …}")
+        if answer.pattern is not None and answer.scope is not GrantScope.RULE:
+            raise DecisionRefused("pattern", f"a pattern goes with scope 'rule', not {answer.scope.value!r}")
+        if answer.input is not None and not answer.allow:
+            raise DecisionRefused("input", "an edited input goes with an allow; a denial runs nothing")
+        asked = self._asked.get(approval_id)
+        if asked is None:
+            return  # not waiting here: recording the decision says why (already decided, or expired)
+        tool = asked.request.tool_name
+        if answer.pattern is not None:
+            kinds = pattern_kinds(tool)
+            if answer.pattern.kind not in kinds:
+                takes = f"it takes a {' or '.join(sorted(kinds))} pattern" if kinds else \
+                    "no pattern applies to it: decide with scope 'task' or 'session'"
+                raise DecisionRefused("pattern", f"a {answer.pattern.kind} pattern cannot match calls of {tool}; "
+                                                 f"{takes}")
+        if answer.input is not None:
+            if not asked.runs_here:
+                raise DecisionRefused("input", f"{tool} is run by the runtime itself, which cannot be given an "
+                                               "edited input; allow or deny it as asked")
+            problems = self.input_problems(tool, dict(answer.input)) if self.input_problems else []
+            if problems:
+                first = problems[0]
+                loc = str(first.get("loc") or "")
+                raise DecisionRefused(f"input.{loc}" if loc and loc != "<input>" else "input",
+                                      f"the edited input is not valid for {tool}: {first.get('msg')}")
+
+    async def _create(self, run: TaskRun, request: ApprovalRequest) -> ApprovalRecord:
         now = utc_now()
         identity = request.identity
         return await self.store.create_approval(ApprovalRecord(
@@ -78,11 +151,14 @@ class ApprovalBroker:
         finally:
             phase.end(outcome)
             self._waiting.pop(approval_id, None)
+            self._asked.pop(approval_id, None)
 
     async def close_for_end(self, run: TaskRun, approval_id: str) -> ApprovalRecord:
         """The task ended before the approval was decided (at any point after it was opened): close it, saying how
         the task ended."""
         ended = "stopped" if run.stop is not None else (run.terminal_type or "task.ended").removeprefix("task.")
+        self._asked.pop(approval_id, None)
+        self._answers.pop(approval_id, None)
         return await self.close(approval_id, f"the task was {ended} before a decision")
 
     async def _ask_approver(self, approver: Approver, approval_id: str, request: ApprovalRequest) -> None:
@@ -93,8 +169,14 @@ class ApprovalBroker:
             await self.close(approval_id, f"approval failed: {type(exc).__name__}: {exc}", state=ApprovalState.DENIED)
             return
         try:
+            self.check(approval_id, answer)
+        except DecisionRefused as exc:  # the caller's approver answered what cannot be: deny, never guess
+            await self.close(approval_id, f"approval failed: {exc.field}: {exc}", state=ApprovalState.DENIED)
+            return
+        try:
             decision = _decision(answer.allow)
             await self.store.decide_approval(approval_id, decision, BY_APPROVER, answer.reason or decision.value)
+            self._answers[approval_id] = answer
         except ApprovalDecided:
             pass  # decided over the API meanwhile: the first decision stands
 
@@ -108,9 +190,15 @@ class ApprovalBroker:
         except ApprovalDecided:
             return await self.store.get_approval(approval_id)
 
-    async def decide(self, approval_id: str, allow: bool, decided_by: str, reason: str) -> ApprovalRecord:
-        """Record a human's decision (``ApprovalDecided`` if there already is one) and wake the waiting call."""
+    async def decide(self, approval_id: str, allow: bool, decided_by: str, reason: str, *,
+                     scope: GrantScope = GrantScope.ONCE, pattern: GrantPattern | None = None,
+                     input: Mapping[str, Any] | None = None) -> ApprovalRecord:
+        """Record a human's decision (``ApprovalDecided`` if there already is one; ``DecisionRefused`` if it cannot
+        apply to the call, see ``check``) and wake the waiting call."""
+        answer = ApproverAnswer(allow=allow, reason=reason, scope=scope, pattern=pattern, input=input)
+        self.check(approval_id, answer)
         record = await self.store.decide_approval(approval_id, _decision(allow), decided_by, reason)
+        self._answers[approval_id] = answer
         waiting = self._waiting.get(approval_id)
         if waiting is not None:
             waiting.set()

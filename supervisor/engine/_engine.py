@@ -114,6 +114,7 @@ from ..workers.pool import WorkerPool
 from codesdk.worker.client import REAP_WAIT_S
 from ._approvals import APPROVAL_TIMEOUT_S, ApprovalBroker
 from ._questions import Answerer, QuestionBroker, QuestionPolicy
+from ._grants import GrantBook
 from ._compile import compile_input, context_window
 from ._lifecycle import (
     check_isolation,
@@ -246,7 +247,8 @@ class Engine:
         #: Who watches its tasks (``observe(...)``: the service's metrics and tracer).
         self.observers = Observers()
         self._runs = RunTable(RECENT_RUNS_KEPT)
-        self.approvals = ApprovalBroker(store, config.approval_timeout_s)
+        self.approvals = ApprovalBroker(store, config.approval_timeout_s, tooling.input_problems)
+        self.grants = GrantBook(store, config.quotas)
         self._ender = TaskEnder(store, self._runs, nursery)
         self._recorder = RunRecorder(store, config.quotas, self._ender.over_quota)
         self.questions = QuestionBroker(store, self._recorder, config.questions)
@@ -254,7 +256,7 @@ class Engine:
         #: Budgets: tasks' and sessions' limits, the namespaces' monthly spend (``_budgets``).
         self.budgets = Budgets(store, self._recorder, config.prices, NamespaceBudgets(config.data_dir),
                                config.wall_clock, start_stop=self._start_stop)
-        tools = ToolFlow(EnginePort(store, self._recorder, tooling, self.approvals), self.stats)
+        tools = ToolFlow(EnginePort(store, self._recorder, tooling, self.approvals, self.grants), self.stats)
         intake = EventIntake(store, self._runs, self.stats, self._recorder, tools, self._ender, self.questions,
                              budgets=self.budgets)
         #: the namespaces' turns at the event path (weighted deficit round robin; ``codesdk.supervisor.fair``)
@@ -437,6 +439,7 @@ class Engine:
             dropped = await self.store.drop_session(session_id)
         except StoredSessionBusy as exc:
             raise SessionBusy(session_id, exc.active_task_id, then="stop it before deleting the session") from exc
+        self.grants.forget(session_id)
         removed = False
         workspace = made_workspace(session.workspace, self._workspace_roots(), self.config.data_dir)
         if workspace is not None and not dropped.workspace_shared:

@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ import trio
 
 from codesdk.protocol import (
     ApprovalRequested,
+    GrantCreated,
+    GrantDecision,
+    GrantScope,
     ApprovalState,
     EventType,
     ExecutedBy,
@@ -48,8 +52,10 @@ from codesdk.protocol import (
     sha256_hex,
 )
 
+from ..ids import new_id
 from ..store import INLINE_BLOB_MAX, ApprovalRecord
 from ..tools import (
+    RULES,
     ApprovalNeeded,
     ApproverAnswer,
     PolicyOutcome,
@@ -225,13 +231,16 @@ class ToolFlow:
         decided = await self._decide(run, identity, requested, tool_input, prefix, PolicyRequest(
             tool_name=requested.tool_name, tool=spec, permission_mode=run.params.permission_mode,
             interaction_mode=run.params.interaction_mode, tools_hash=tools.manifest_hash(),
-            input=tool_input, identity=identity, unattended_network=tools.unattended_network))
+            input=tool_input, identity=identity, unattended_network=tools.unattended_network,
+            **await self._grant_context(run, spec.tool_class if spec else None)))
         if decided is None:
             return None
-        outcome, decision = decided
+        outcome, decision = decided.outcome, decided.events
+        identity, tool_input = decided.identity, decided.tool_input  # an approver's edit: the call runs with it
         if not outcome.approved:
             if not await self._port.append(run, decision):
                 return None
+            self._note_grant(run, decided)
             return partial(self._answer, run, Rpc.SEND_TOOL_DENIED, SendToolDeniedParams(
                 task_id=run.task_id, tool_call_id=requested.tool_call_id, reason=outcome.effective.reason))
 
@@ -251,6 +260,7 @@ class ToolFlow:
         # A write or a command: the decision and tool.call.started share one commit, durable before the tool runs.
         if not await self._port.append(run, [*decision, started]):
             return None
+        self._note_grant(run, decided)
         return partial(self._execute_and_answer, run, requested, identity, tool_input, outcome.policy_snapshot,
                        workspace, started_at)
 
@@ -301,29 +311,46 @@ class ToolFlow:
         spec = runtime_tool_spec(requested.tool_name)
         decided = await self._decide(run, identity, requested, tool_input, [], PolicyRequest(
             tool_name=requested.tool_name, tool=spec, permission_mode=run.params.permission_mode,
-            interaction_mode=run.params.interaction_mode, input=tool_input, identity=identity),
-            snapshot_extra={"executed_by": "runtime"})
+            interaction_mode=run.params.interaction_mode, input=tool_input, identity=identity,
+            **await self._grant_context(run, spec.tool_class)), snapshot_extra={"executed_by": "runtime"}, runs_here=False)
         if decided is None:
             return
-        outcome, decision = decided
+        outcome, decision = decided.outcome, decided.events
         if not await self._port.append(run, decision):
             return
+        self._note_grant(run, decided)
         if outcome.approved:
             run.approved_runtime_calls[requested.tool_call_id] = identity
         if outcome.approved:
             await self._answer(run, Rpc.SEND_TOOL_APPROVED, SendToolApprovedParams(
-                task_id=run.task_id, tool_call_id=requested.tool_call_id, reason=outcome.effective.reason))
+                task_id=run.task_id, tool_call_id=requested.tool_call_id, reason=outcome.effective.reason,
+                scope=decided.scope))
         else:
             await self._answer(run, Rpc.SEND_TOOL_DENIED, SendToolDeniedParams(
                 task_id=run.task_id, tool_call_id=requested.tool_call_id, reason=outcome.effective.reason))
 
+    async def _grant_context(self, run: TaskRun, tool_class: ToolClass | None) -> dict[str, Any]:
+        """What the policy needs to consult the session's grants (only this session's live ones), where it may:
+        a call the mode does not ask about (or a tool not enabled) is decided without them."""
+        if tool_class is None or RULES[(run.params.permission_mode, tool_class)] is not PolicyDecision.ASK:
+            return {}
+        return {"grants": await self._port.grants.live(run.session), "task_id": run.task_id,
+                "workspace": run.session.workspace}
+
+    def _note_grant(self, run: TaskRun, decided: _Decided) -> None:
+        """The grant an answer created is stored now: it decides the session's next calls."""
+        if decided.grant is not None:
+            self._port.grants.noted(run.session_id, decided.grant)
+
     async def _decide(self, run: TaskRun, identity: ToolCallIdentity, requested: ToolCallRequested,
                       tool_input: dict[str, Any], prefix: list[PendingEvent], request: PolicyRequest,
-                      snapshot_extra: dict[str, Any] | None = None,
-                      ) -> tuple[PolicyOutcome, list[PendingEvent]] | None:
+                      snapshot_extra: dict[str, Any] | None = None, *, runs_here: bool = True,
+                      ) -> _Decided | None:
         """The policy's outcome, and the events still to store for it (``prefix`` first). An "ask" is stored at
         once — with ``prefix``, the evaluations so far and ``approval.requested`` — before the human is asked;
-        then the answer's events are what is left. None: the task ended meanwhile."""
+        then the answer's events are what is left: a grant it makes (``grant.created``, before the evaluation that
+        names it), and an input the approver edited (the call's events after the evaluation carry its hash).
+        None: the task ended meanwhile."""
 
         def events(payloads: Sequence[PolicyPayload]) -> list[PendingEvent]:
             if snapshot_extra:
@@ -333,9 +360,12 @@ class ToolFlow:
 
         step = evaluate(request)
         if isinstance(step, PolicyOutcome):
-            return step, [*prefix, *events(policy_payloads(step, identity))]
+            effective = step.effective
+            scope = _grant_scope(request.grants, effective.grant_id) if step.approved else GrantScope.ONCE
+            return _Decided(step, [*prefix, *events(policy_payloads(step, identity))], identity, tool_input,
+                            scope=scope)
         approvals = self._port.approvals
-        record = await approvals.open(run, step.approval)
+        record = await approvals.open(run, step.approval, runs_here=runs_here)
         asked = ApprovalRequested(**identity.model_dump(), approval_id=record.approval_id,
                                   tool_name=requested.tool_name, tool_class=step.approval.tool_class.value,
                                   reason=step.approval.reason, expires_at=record.expires_at,
@@ -353,8 +383,36 @@ class ToolFlow:
             with trio.CancelScope(shield=True):
                 await approvals.close_for_end(run, record.approval_id)
             raise
-        outcome = _outcome(step, final)
-        return outcome, events(policy_payloads(outcome, identity)[len(step.evaluations):])
+        answer = approvals.answer_of(record.approval_id) if final.decided_by != BY_CODESDK else None
+        grant = _grant_of(run, requested, final, answer)
+        outcome = _outcome(step, final, grant.grant_id if grant is not None else None)
+        payloads = policy_payloads(outcome, identity)[len(step.evaluations):]
+        edit = await self._edit(run, answer) if outcome.approved and answer is not None else None
+        if edit is not None:
+            # The answer's evaluation records the edit (under the call's original hash); the decision and what
+            # follows carry the edited input's hash: the call runs with that input.
+            edited_input, edited_hash, recorded = edit
+            user, *after = payloads
+            assert isinstance(user, ToolCallPolicyEvaluated)
+            payloads = [user.model_copy(update={"edited_input_hash": edited_hash, **recorded}),
+                        *(p.model_copy(update={"input_hash": edited_hash}) for p in after)]
+            identity = identity.model_copy(update={"input_hash": edited_hash})
+            tool_input = edited_input
+        made = [PendingEvent(EventType.GRANT_CREATED, grant)] if grant is not None else []
+        return _Decided(outcome, [*made, *events(payloads)], identity, tool_input, grant=grant,
+                        scope=grant.scope if grant is not None and outcome.approved else GrantScope.ONCE)
+
+    async def _edit(self, run: TaskRun, answer: ApproverAnswer) -> tuple[dict[str, Any], str, dict[str, Any]] | None:
+        """An approver's edited input: it, its hash, and how the evaluation records it (inline when small, else a
+        blob); None when the input was not edited (or edited to itself)."""
+        if answer.input is None:
+            return None
+        edited = dict(answer.input)
+        data = canonical_json(edited)
+        edited_hash = sha256_hex(data)
+        if len(data) > INLINE_INPUT_MAX_BYTES:
+            return edited, edited_hash, {"edited_input_ref": await self._port.put_blob(run, data, "application/json")}
+        return edited, edited_hash, {"edited_input": edited}
 
     async def _replayable(self, run: TaskRun, requested: ToolCallRequested) -> ToolCallCompleted | None:
         if run.session_id not in self._indexed_sessions:
@@ -449,7 +507,38 @@ def _identity(requested: ToolCallRequested) -> ToolCallIdentity:
                             attempt=requested.attempt, input_hash=requested.input_hash)
 
 
-def _outcome(step: ApprovalNeeded, final: ApprovalRecord) -> PolicyOutcome:
+@dataclass(frozen=True)
+class _Decided:
+    """A call's decision: the policy's outcome, its events still to store, the identity and input the call goes on
+    with (an approver may have edited the input), the grant the answer made, and the scope to tell the runtime."""
+
+    outcome: PolicyOutcome
+    events: list[PendingEvent]
+    identity: ToolCallIdentity
+    tool_input: dict[str, Any]
+    grant: GrantCreated | None = None
+    scope: GrantScope = GrantScope.ONCE
+
+
+def _grant_scope(grants: Sequence[GrantCreated], grant_id: str | None) -> GrantScope:
+    found = next((g for g in grants if g.grant_id == grant_id), None) if grant_id else None
+    return found.scope if found is not None else GrantScope.ONCE
+
+
+def _grant_of(run: TaskRun, requested: ToolCallRequested, final: ApprovalRecord,
+              answer: ApproverAnswer | None) -> GrantCreated | None:
+    """The grant a person's scoped answer makes (None for ``once``, or when nobody answered)."""
+    if answer is None or answer.scope is GrantScope.ONCE or final.decided_by == BY_CODESDK \
+            or final.state not in (ApprovalState.APPROVED, ApprovalState.DENIED):
+        return None
+    decision = GrantDecision.ALLOW if final.state == ApprovalState.APPROVED else GrantDecision.DENY
+    return GrantCreated(
+        grant_id=new_id("grt"), scope=answer.scope, decision=decision, tool_name=requested.tool_name,
+        pattern=answer.pattern, approval_id=final.approval_id, tool_call_id=requested.tool_call_id,
+        created_by=final.decided_by or "", task_id=run.task_id if answer.scope is GrantScope.TASK else None)
+
+
+def _outcome(step: ApprovalNeeded, final: ApprovalRecord, grant_id: str | None = None) -> PolicyOutcome:
     """The policy outcome of a settled approval: a human's decision, or codesdk's denial when nobody's."""
     reason = final.decision_reason or final.state
     if final.decided_by == BY_CODESDK:
@@ -457,7 +546,7 @@ def _outcome(step: ApprovalNeeded, final: ApprovalRecord) -> PolicyOutcome:
             return complete(step, None, unanswered=reason)
         return complete(step, None, failure=reason)
     return complete(step, ApproverAnswer(allow=final.state == ApprovalState.APPROVED, reason=reason),
-                    approval_id=final.approval_id)
+                    approval_id=final.approval_id, grant_id=grant_id)
 
 
 def _type_of(payload: PolicyPayload) -> EventType:

@@ -11,12 +11,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from codesdk.protocol import Ack, ApprovalState, MethodSpec, Model, NormalizedEvent, ToolSpec
+from codesdk.protocol import Ack, ApprovalState, GrantCreated, MethodSpec, Model, NormalizedEvent, ToolSpec
 
-from ..store import ApprovalRecord, Recorder
-from ..tools import ApprovalRequest, ToolContext, ToolRegistry, ToolResult
+from ..store import ApprovalRecord, Recorder, SessionRecord
+from ..tools import ApprovalRequest, ApproverAnswer, ToolContext, ToolRegistry, ToolResult
 from codesdk.worker.client import WorkerError
 from ._approvals import ApprovalBroker
+from ._grants import GrantBook
 from ._recorder import RunRecorder
 from ._runs import Blobs, PendingEvent, TaskRun
 
@@ -39,11 +40,19 @@ class ToolRunner(Protocol):
 class Approvals(Protocol):
     """Where an "ask" waits for a decision (``ApprovalBroker``)."""
 
-    async def open(self, run: TaskRun, request: ApprovalRequest) -> ApprovalRecord: ...
+    async def open(self, run: TaskRun, request: ApprovalRequest, *, runs_here: bool = True) -> ApprovalRecord: ...
+    def answer_of(self, approval_id: str) -> ApproverAnswer | None: ...
     async def wait(self, run: TaskRun, record: ApprovalRecord, request: ApprovalRequest) -> ApprovalRecord: ...
     async def close(self, approval_id: str, why: str,
                     state: ApprovalState = ApprovalState.EXPIRED) -> ApprovalRecord: ...
     async def close_for_end(self, run: TaskRun, approval_id: str) -> ApprovalRecord: ...
+
+
+class Grants(Protocol):
+    """A session's live grants, for the policy (``GrantBook``)."""
+
+    async def live(self, session: SessionRecord) -> tuple[GrantCreated, ...]: ...
+    def noted(self, session_id: str, created: GrantCreated) -> None: ...
 
 
 class ToolFlowPort(Protocol):
@@ -51,6 +60,8 @@ class ToolFlowPort(Protocol):
     def tools(self) -> ToolRunner: ...
     @property
     def approvals(self) -> Approvals: ...
+    @property
+    def grants(self) -> Grants: ...
 
     async def append(self, run: TaskRun, events: Sequence[PendingEvent], blobs: Blobs | None = None) -> bool:
         """Store ``events`` of ``run`` (with the small ``blobs`` they name) in one commit; False once it ended."""
@@ -73,11 +84,12 @@ class ToolFlowPort(Protocol):
 
 class EnginePort:
     def __init__(self, store: Recorder, recorder: RunRecorder, tools: ToolRegistry,
-                 approvals: ApprovalBroker) -> None:
+                 approvals: ApprovalBroker, grants: GrantBook) -> None:
         self.store = store
         self.recorder = recorder
         self.tools = tools
         self.approvals = approvals
+        self.grants = grants
 
     async def append(self, run: TaskRun, events: Sequence[PendingEvent], blobs: Blobs | None = None) -> bool:
         return await self.recorder.append(run, events, blobs)

@@ -45,11 +45,19 @@ from ._policy import (
     evaluation_payloads,
     policy_payloads,
 )
+from ._grants import COMMAND_FIELDS, PATH_FIELDS, URL_FIELDS, covers, deciding_grant, matches, pattern_kinds
 from ._registry import EXEC_TOOL_NAME, ToolRegistry, ToolsConfig
 from ._replay import input_hash, is_replay_safe
 from ._sandbox import SandboxProber, SandboxTools, probe_sandbox
 
 __all__ = [
+    "COMMAND_FIELDS",
+    "PATH_FIELDS",
+    "URL_FIELDS",
+    "covers",
+    "deciding_grant",
+    "matches",
+    "pattern_kinds",
     "DEFAULT_EXEC_PATH",
     "DEFAULT_EXEC_UID",
     "EXEC_TOOL_NAME",

@@ -154,6 +154,15 @@ def _refused(message: str) -> ToolError:
     return ToolError(ErrorCode.EGRESS_REFUSED, message)
 
 
+def fetch_host(url: str) -> str | None:
+    """The normalized host ``http.fetch`` would connect to for ``url`` (what grants compare), or None when it
+    would refuse the URL."""
+    try:
+        return _parse(url).host
+    except ToolError:
+        return None
+
+
 def _parse(url: str) -> _Target:
     try:
         parts = urlsplit(url)

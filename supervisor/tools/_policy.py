@@ -23,7 +23,12 @@ One decision goes like this, each step adding an evaluation (a ``tool.call.polic
    will not run the call anyway); anything else is recorded and the decision continues: a runtime can
    never *widen* what codesdk allows.
 2. ``codesdk``: the table above. ``allow``/``deny`` are final.
-3. ``ask`` in an interactive task: a human answers (the engine's approvals) and that becomes a ``user``
+3. ``ask``: a live grant of the session that covers the call (``supervisor.tools._grants``) answers first, as a
+   ``user`` evaluation with rule ``grant.<scope>`` naming the ``grant_id``: the grant is a person's answer given
+   ahead, so it is recorded as theirs. A covering ``deny`` grant wins over an ``allow`` one. Grants answer only
+   what would be asked: a runtime deny, a tool not enabled, a mode that denies stay denied, and a call the mode
+   allows is not looked up. They answer in a non-interactive task too (the person already answered).
+4. ``ask`` in an interactive task with no grant: a human answers (the engine's approvals) and that becomes a ``user``
    evaluation; no answer in time, or a failing approver, is a ``codesdk`` denial. In a non-interactive task
    ``ask`` degrades to deny, with a fixed reason, so the same inputs always give the same outcome.
 
@@ -39,6 +44,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from codesdk.protocol import (
+    GrantCreated,
+    GrantDecision,
+    GrantPattern,
+    GrantScope,
     InteractionMode,
     PermissionMode,
     PolicyDecision,
@@ -51,7 +60,10 @@ from codesdk.protocol import (
     ToolManifest,
     ToolSpec,
     canonical_hash,
+    grant_rule,
 )
+
+from ._grants import deciding_grant
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +111,7 @@ class Evaluation:
     reason: str = ""
     rule: str | None = None
     approval_id: str | None = None  # the approval a ``user`` evaluation answered
+    grant_id: str | None = None  # the grant that decided (or the grant the answer created)
 
 
 @dataclass(frozen=True)
@@ -115,6 +128,11 @@ class PolicyRequest:
     runtime_evaluation: Evaluation | None = None
     #: The operator lets ``yolo`` tasks run network tools unasked (``--allow-fetch-unattended``).
     unattended_network: bool = False
+    #: The live grants of the call's session (only its own), the task it is for (a ``task`` grant covers only
+    #: that one), and the session's workspace (an absolute path a rule's path prefix is relative to).
+    grants: tuple[GrantCreated, ...] = ()
+    task_id: str | None = None
+    workspace: str | None = None
 
     @classmethod
     def for_manifest(
@@ -151,8 +169,14 @@ class ApprovalRequest:
 
 @dataclass(frozen=True)
 class ApproverAnswer:
+    """A decision. ``scope`` other than ``once`` also makes a grant (``rule``: with ``pattern``); ``input``: the
+    input the call runs with instead of the one asked about (an allow only; validated like any input)."""
+
     allow: bool
     reason: str = ""
+    scope: GrantScope = GrantScope.ONCE
+    pattern: GrantPattern | None = None
+    input: Mapping[str, Any] | None = None
 
 
 Approver = Callable[[ApprovalRequest], Awaitable[ApproverAnswer]]
@@ -236,6 +260,15 @@ def evaluate(request: PolicyRequest) -> PolicyOutcome | ApprovalNeeded:
     if ours.decision is not ASK:
         return _final(evaluations, ours, snapshot)
     assert request.tool is not None
+    grant = deciding_grant(request.grants, request.tool_name, request.input, task_id=request.task_id,
+                           workspace=request.workspace)
+    if grant is not None:
+        decision = ALLOW if grant.decision is GrantDecision.ALLOW else DENY
+        verb = "allowed" if decision is ALLOW else "denied"
+        reason = f"{verb} by grant {grant.grant_id} ({grant.scope.value} scope)"
+        evaluation = Evaluation(PolicySource.USER, decision, reason, grant_rule(grant.scope), grant_id=grant.grant_id)
+        evaluations.append(evaluation)
+        return _final(evaluations, evaluation, snapshot)
     if request.interaction_mode is InteractionMode.NON_INTERACTIVE:
         reason = (
             f"permission mode {request.permission_mode.value!r} needs approval for "
@@ -258,7 +291,7 @@ def evaluate(request: PolicyRequest) -> PolicyOutcome | ApprovalNeeded:
 
 def complete(
     pending: ApprovalNeeded, answer: ApproverAnswer | None, *, failure: str | None = None,
-    unanswered: str | None = None, approval_id: str | None = None,
+    unanswered: str | None = None, approval_id: str | None = None, grant_id: str | None = None,
 ) -> PolicyOutcome:
     """Finish an ``ask``: a human's ``answer`` (to ``approval_id``), or a denial when there is none — the
     approver failed (``failure``: the reason to record), nobody answered (``unanswered``: why), or there was no
@@ -276,7 +309,7 @@ def complete(
         return _final(evaluations, effective, pending.policy_snapshot)
     decision = ALLOW if answer.allow else DENY
     reason = answer.reason or ("approved by the user" if answer.allow else "denied by the user")
-    user = Evaluation(PolicySource.USER, decision, reason, RULE_USER, approval_id)
+    user = Evaluation(PolicySource.USER, decision, reason, RULE_USER, approval_id, grant_id)
     evaluations.append(user)
     return _final(evaluations, user, pending.policy_snapshot)
 
@@ -297,6 +330,7 @@ def evaluation_payloads(evaluations: tuple[Evaluation, ...], snapshot: dict[str,
             rule=item.rule,
             policy_snapshot=snapshot,
             approval_id=item.approval_id,
+            grant_id=item.grant_id,
         )
         for item in evaluations
     ]

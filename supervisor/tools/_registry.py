@@ -93,6 +93,18 @@ class ToolRegistry:
         """The operator lets ``yolo`` tasks run network tools unasked (``--allow-fetch-unattended``)."""
         return self.config.fetch.enabled and self.config.fetch.unattended
 
+    def input_problems(self, name: str, input: Any) -> list[dict[str, Any]]:
+        """What is wrong with ``input`` for tool ``name`` (``loc``/``msg``/``type`` each; empty: valid), checked
+        as ``execute`` would — for an input an approver edits, refused before the call is allowed."""
+        tool = self._tools.get(name)
+        if tool is None:
+            return [{"loc": "<tool>", "msg": f"tool {name!r} is not enabled", "type": "unknown_tool"}]
+        try:
+            tool.input_model.model_validate(input)
+        except ValidationError as exc:
+            return _validation_message(exc)[1]
+        return []
+
     async def execute(self, name: str, input: Any, ctx: ToolContext) -> ToolResult:
         """Validate ``input`` against the tool's model and run it; every failure is an error result."""
         tool = self._tools.get(name)

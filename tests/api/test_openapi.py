@@ -198,8 +198,11 @@ async def test_every_answer_of_every_operation_matches_the_schema_the_document_d
         assert (await c.get("/v1/approvals?state=nope", headers=alice)).status_code == 422
         decide = f"/v1/approvals/{pending[0]['approval_id']}"
         assert (await c.post(decide, headers=alice, json={"allow": "yes"})).status_code == 422
-        assert (await c.post(decide, headers=alice, json={"allow": True})).status_code == 200
+        assert (await c.post(decide, headers=alice, json={"allow": True, "scope": "session"})).status_code == 200
         assert (await c.post(decide, headers=alice, json={"allow": True})).status_code == 409
+        batch = await c.post("/v1/approvals/decisions", headers=alice,
+                             json={"decisions": [{"approval_id": pending[0]["approval_id"], "allow": True}]})
+        assert batch.status_code == 200 and batch.json()["results"][0]["status"] == 409
         async with c.stream("GET", f"/v1/sessions/{sid}/events/stream?until_terminal=true", headers=alice) as stream:
             async for line in stream.aiter_lines():
                 if line.startswith("data: "):
@@ -209,6 +212,10 @@ async def test_every_answer_of_every_operation_matches_the_schema_the_document_d
         assert page["has_more"] and len(page["events"]) == 3
         assert (await c.get(f"/v1/sessions/{sid}/events", headers=alice)).status_code == 200
         assert (await c.get(f"/v1/sessions/{sid}/transcript", headers=alice)).status_code == 200
+        [grant] = (await c.get(f"/v1/sessions/{sid}/grants", headers=alice)).json()["grants"]
+        revoke = f"/v1/sessions/{sid}/grants/{grant['grant_id']}"
+        assert (await c.delete(revoke, headers=alice)).status_code == 200
+        assert (await c.delete(revoke, headers=alice)).status_code == 409
         # built at the lowest CPU priority (SCHED_IDLE): on a busy machine it waits for idle time, however long
         assert (await c.get(f"/v1/sessions/{sid}/bundle", headers=alice, timeout=None)).status_code == 200
         [compiled] = [e["payload"]["input_ref"] for e in page["events"] if e["type"] == "model.input"]

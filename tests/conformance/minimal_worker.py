@@ -301,7 +301,7 @@ PARAMS: dict[str, Check] = {
         "trace": model({}, {k: OPTIONAL_TEXT for k in ("request_id", "client_id", "user_id")})}),
     "runtime.sendToolResult": model(CALL, {"result": anything, "is_error": boolean}),
     "runtime.sendToolDenied": model(CALL, {"reason": TEXT}),
-    "runtime.sendToolApproved": model(CALL, {"reason": TEXT}),
+    "runtime.sendToolApproved": model(CALL, {"reason": TEXT, "scope": enum("once", "task", "session", "rule")}),
     "runtime.sendInput": model({"task_id": TEXT, "input_id": string(1, 200), "input": anything}),
     "runtime.stop": model({"task_id": TEXT}, {"reason": OPTIONAL_TEXT}),
     "runtime.shutdown": model({}),

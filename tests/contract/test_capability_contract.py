@@ -23,6 +23,7 @@ from codesdk.protocol import (
     EventType,
     ExecutedBy,
     InputDelivery,
+    GrantScope,
     InteractionMode,
     NormalizedEvent,
     PermissionMode,
@@ -256,6 +257,50 @@ async def test_interactive_asks_a_person_as_declared(make_engine: MakeEngine, ca
             events = await _task_events(engine, session.session_id, task.task_id)
     assert asked == ["workspace.write"] and (ws / "allowed.txt").read_text() == "yes\n"
     assert [a.source for a in of_type(events, EventType.TOOL_CALL_APPROVED)] == [PolicySource.USER]
+
+
+async def test_a_session_grant_answers_the_next_matching_call_unasked(make_engine: MakeEngine, case: Case,
+                                                                     tmp_path: Path) -> None:
+    """Scoped grants (every runtime, whatever its ``approval_scopes``: the supervisor enforces every scope for the
+    calls it decides): a person allows a write for the session; the session's next task's write is decided by that
+    grant — no ``approval.requested``, the person not asked, a ``user`` evaluation ``grant.session`` naming it —
+    and runs. Once revoked, the grant decides nothing: the write after is asked again."""
+    ws = workspace(tmp_path)
+    asked: list[str] = []
+
+    async def person(request: ApprovalRequest) -> ApproverAnswer:
+        asked.append(str(request.input.get("path")))
+        return ApproverAnswer(allow=True, reason="for the session", scope=GrantScope.SESSION)
+
+    async def write(engine: Engine, session_id: str, path: str) -> list[NormalizedEvent]:
+        turn = case.tools(("workspace.write", {"path": path, "content": f"{path}\n"}))
+        task = await engine.start_task(session_id, turn.prompt, runtime_config=turn.runtime_config,
+                                       permission_mode=PermissionMode.ASK,
+                                       interaction_mode=InteractionMode.INTERACTIVE, approver=person)
+        assert (record := await engine.wait_task(task.task_id)).state == TaskState.COMPLETED, record.error
+        return await _task_events(engine, session_id, task.task_id)
+
+    with trio.fail_after(HANG_GUARD_S):
+        async with make_engine(worker_env={"*": case.worker_env()}) as engine:
+            declared = await _declared(engine, case)
+            if InteractionMode.INTERACTIVE not in declared.interaction_modes:
+                pytest.skip(f"{case.runtime} does not declare interactive among its interaction modes")
+            assert GrantScope.ONCE in declared.approval_scopes
+            session = await engine.create_session(runtime=case.runtime, workspace=ws)
+            first = await write(engine, session.session_id, "one.txt")
+            second = await write(engine, session.session_id, "two.txt")
+            [grant] = of_type(first, EventType.GRANT_CREATED)
+            await engine.grants.revoke(session, grant.grant_id, "contract")
+            third = await write(engine, session.session_id, "three.txt")
+            check_session(await session_events(engine.store, session.session_id))
+    assert asked == ["one.txt", "three.txt"]
+    assert grant.scope == GrantScope.SESSION and grant.tool_name == "workspace.write"
+    assert len(of_type(first, EventType.APPROVAL_REQUESTED)) == 1
+    assert not of_type(second, EventType.APPROVAL_REQUESTED)
+    by_grant = [p for p in of_type(second, EventType.TOOL_CALL_POLICY_EVALUATED) if p.source == PolicySource.USER]
+    assert [(p.rule, p.grant_id) for p in by_grant] == [("grant.session", grant.grant_id)]
+    assert len(of_type(third, EventType.APPROVAL_REQUESTED)) == 1
+    assert all((ws / name).read_text() == f"{name}\n" for name in ("one.txt", "two.txt", "three.txt"))
 
 
 async def test_tools_run_and_are_decided_where_declared(make_engine: MakeEngine, case: Case,

@@ -78,11 +78,11 @@ def test_ask_mode_prompts_on_a_terminal(tmp_path: Path) -> None:
         seen = b""
         deadline = time.monotonic() + 60
         assert proc.stderr is not None
-        while b"Allow? [y/N]" not in seen and time.monotonic() < deadline:
+        while b"[N]o: " not in seen and time.monotonic() < deadline:
             ready, _, _ = select.select([proc.stderr], [], [], 1.0)
             if ready:
                 seen += os.read(proc.stderr.fileno(), 4096)
-        assert b"workspace.write" in seen and b"Allow? [y/N]" in seen
+        assert b"workspace.write" in seen and b"Allow? [y]es once" in seen
         os.write(master, b"y\n")
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -146,6 +146,54 @@ def test_a_question_in_a_task_nobody_can_be_asked_in_is_declined(tmp_path: Path)
     done = _run(tmp_path, "run", "a widget", "--scenario", "ask-user", "--non-interactive")
     assert done.returncode == 0, done.stderr
     assert "question.answered (refused) declined: the task is not interactive" in done.stdout
+
+
+def test_a_session_answer_on_the_terminal_is_a_grant_listed_and_revoked(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*CLI, "run", "write", "--scenario", "write-twice", "--workspace", str(ws), "--json"],
+                            stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(tmp_path),
+                            cwd=REPO)
+    os.close(slave)
+    try:
+        seen = b""
+        deadline = time.monotonic() + 60
+        assert proc.stderr is not None
+        while b"[N]o: " not in seen and time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stderr], [], [], 1.0)
+            if ready:
+                seen += os.read(proc.stderr.fileno(), 4096)
+        os.write(master, b"s\n")  # for the rest of the session: the second write is not asked
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert (ws / "first.txt").exists() and (ws / "second.txt").exists()
+    assert (seen + err).count(b"[N]o: ") == 1
+    events = [json.loads(line) for line in out.splitlines()]
+    session_id = events[0]["trace"]["session_id"]
+    [grant_id] = [e["payload"]["grant_id"] for e in events if e["type"] == "grant.created"]
+
+    listed = _run(tmp_path, "grants", session_id)
+    assert listed.returncode == 0 and grant_id in listed.stdout and "active" in listed.stdout
+    assert "session" in listed.stdout and "workspace.write" in listed.stdout
+    revoked = _run(tmp_path, "revoke", session_id, grant_id, "--json")
+    assert revoked.returncode == 0, revoked.stderr
+    assert json.loads(revoked.stdout)["state"] == "revoked"
+    again = _run(tmp_path, "revoke", session_id, grant_id)
+    assert again.returncode == 2 and "already revoked" in again.stderr
+    unknown = _run(tmp_path, "revoke", session_id, "grt_nope")
+    assert unknown.returncode == 2 and "has no grant grt_nope" in unknown.stderr
+    assert "revoked" in _run(tmp_path, "grants", session_id).stdout
+    # deciding needs the supervisor that runs the task; a decision's flags are checked before anything is sent
+    nowhere = _run(tmp_path, "decide", "allow", "apr_x")
+    assert nowhere.returncode == 2 and "--url" in nowhere.stderr
+    bad = _run(tmp_path, "--url", "unix:/nonexistent.sock", "decide", "allow", "apr_x", "--scope", "rule")
+    assert bad.returncode == 2 and "--path/--command/--host" in bad.stderr
+    assert "Traceback" not in nowhere.stderr + bad.stderr + again.stderr
 
 
 def test_events_follow_sees_a_task_run_by_another_process(tmp_path: Path) -> None:

@@ -16,6 +16,8 @@ import pytest
 import trio
 
 from codesdk.protocol import (
+    GrantCreated,
+    GrantScope,
     ApprovalState,
     EventType,
     ExecutedBy,
@@ -42,7 +44,20 @@ from codesdk.supervisor.engine._runs import Blobs, PendingEvent, TaskRun
 from codesdk.supervisor.engine._toolflow import INLINE_INPUT_MAX_BYTES, ToolFlow
 from codesdk.supervisor.engine._toolport import Approvals, ToolAnswer, ToolRunner
 from codesdk.supervisor.store import ApprovalRecord, DatabaseError, SessionRecord
-from codesdk.supervisor.tools import ApprovalRequest, ToolRegistry, ToolsConfig
+from codesdk.supervisor.tools import ApprovalRequest, ApproverAnswer, ToolRegistry, ToolsConfig
+
+
+class MemoryGrants:
+    """A session's live grants in memory (none unless a test notes some)."""
+
+    def __init__(self) -> None:
+        self.by_session: dict[str, dict[str, GrantCreated]] = {}
+
+    async def live(self, session: SessionRecord) -> tuple[GrantCreated, ...]:
+        return tuple(self.by_session.get(session.session_id, {}).values())
+
+    def noted(self, session_id: str, created: GrantCreated) -> None:
+        self.by_session.setdefault(session_id, {})[created.grant_id] = created
 
 
 @dataclass
@@ -56,6 +71,7 @@ class MemoryPort:
     blobs: dict[str, bytes] = field(default_factory=dict)
     answers: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     history: list[NormalizedEvent] = field(default_factory=list)  # the session's events before this flow
+    grants: MemoryGrants = field(default_factory=lambda: MemoryGrants())
 
     async def append(self, run: TaskRun, events: Sequence[PendingEvent], blobs: Blobs | None = None) -> bool:
         if run.ended:
@@ -91,12 +107,15 @@ class ScriptedApprovals:
     """Every approval ends as ``state`` by ``decided_by`` — a human's answer, or "codesdk" when nobody's."""
 
     def __init__(self, state: ApprovalState = ApprovalState.PENDING, decided_by: str = "api:alice",
-                 reason: str = "") -> None:
-        self.state, self.decided_by, self.reason = state, decided_by, reason
+                 reason: str = "", answer: ApproverAnswer | None = None) -> None:
+        self.state, self.decided_by, self.reason, self.answer = state, decided_by, reason, answer
         self.asked: list[ApprovalRequest] = []
         self.closed: list[str] = []
 
-    async def open(self, run: TaskRun, request: ApprovalRequest) -> ApprovalRecord:
+    def answer_of(self, approval_id: str) -> ApproverAnswer | None:
+        return self.answer
+
+    async def open(self, run: TaskRun, request: ApprovalRequest, *, runs_here: bool = True) -> ApprovalRecord:
         self.asked.append(request)
         now = utc_now()
         identity = request.identity
@@ -285,6 +304,37 @@ async def test_a_granted_approval_is_stored_before_the_human_is_asked_then_the_c
     assert [r.tool_name for r in approvals.asked] == ["workspace.write"]
     assert (workspace / "b.txt").read_text() == "yes\n"
     assert [m for m, _ in f.port.answers] == [Method.SEND_TOOL_RESULT]
+
+
+async def test_a_scoped_answer_is_a_grant_stored_with_it_that_decides_the_next_call(workspace: Path) -> None:
+    approvals = ScriptedApprovals(ApprovalState.APPROVED, answer=ApproverAnswer(allow=True, scope=GrantScope.TASK))
+    f = _flow(approvals)
+    with trio.fail_after(10):
+        await f.call(_run(workspace, interaction=InteractionMode.INTERACTIVE),
+                     _request("workspace.write", {"path": "b.txt", "content": "1"}),
+                     _request("workspace.write", {"path": "c.txt", "content": "2"}, call="call_2"))
+    assert len(approvals.asked) == 1  # the second call was not asked
+    [grant] = f.port.payloads(EventType.GRANT_CREATED)
+    assert (grant.scope, grant.task_id, grant.approval_id) == (GrantScope.TASK, "task_t", "apr_1")
+    types = f.port.types()
+    assert types.index(EventType.GRANT_CREATED) < types.index(EventType.TOOL_CALL_APPROVED)
+    user = [p for p in f.port.payloads(EventType.TOOL_CALL_POLICY_EVALUATED) if p.source == "user"]
+    assert [(p.rule, p.grant_id) for p in user] == [("user.answer", grant.grant_id), ("grant.task", grant.grant_id)]
+    assert (workspace / "c.txt").read_text() == "2"
+
+
+async def test_an_edited_input_runs_and_its_hash_follows_the_answer(workspace: Path) -> None:
+    edited = {"path": "edited.txt", "content": "edited"}
+    f = _flow(ScriptedApprovals(ApprovalState.APPROVED, answer=ApproverAnswer(allow=True, input=edited)))
+    with trio.fail_after(10):
+        await f.call(_run(workspace, interaction=InteractionMode.INTERACTIVE),
+                     _request("workspace.write", {"path": "b.txt", "content": "original"}))
+    assert (workspace / "edited.txt").read_text() == "edited" and not (workspace / "b.txt").exists()
+    [user] = [p for p in f.port.payloads(EventType.TOOL_CALL_POLICY_EVALUATED) if p.source == "user"]
+    assert user.edited_input == edited and user.edited_input_hash == canonical_hash(edited)
+    assert user.input_hash == canonical_hash({"path": "b.txt", "content": "original"})
+    for later in (EventType.TOOL_CALL_APPROVED, EventType.TOOL_CALL_STARTED, EventType.TOOL_CALL_COMPLETED):
+        assert [p.input_hash for p in f.port.payloads(later)] == [canonical_hash(edited)]
 
 
 async def test_a_denied_approval_tells_the_runtime_the_humans_reason(workspace: Path) -> None:

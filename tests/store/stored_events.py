@@ -37,6 +37,7 @@ from codesdk.testing.invariants import InvariantError, check_session
 from codesdk.protocol import (
     SCHEMA_VERSION,
     EventType,
+    GrantScope,
     InteractionMode,
     NormalizedEvent,
     PermissionMode,
@@ -175,6 +176,9 @@ async def _run_tasks(data_dir: Path, workspaces: Path, scenarios: Path) -> None:
     async def approve(request: ApprovalRequest) -> ApproverAnswer:
         return ApproverAnswer(allow=True, reason="fine by the corpus")
 
+    async def for_the_session(request: ApprovalRequest) -> ApproverAnswer:
+        return ApproverAnswer(allow=True, reason="for the session", scope=GrantScope.SESSION)
+
     async def refuse(request: ApprovalRequest) -> ApproverAnswer:
         return ApproverAnswer(allow=False, reason="not in the corpus")
 
@@ -197,6 +201,12 @@ async def _run_tasks(data_dir: Path, workspaces: Path, scenarios: Path) -> None:
                    **interactive)
         await task(engine, await session(engine, "policy-denied"), "write", "write-or-deny",
                    permission_mode=PermissionMode.ASK)
+        # A grant: one answer for the session decides the second write unasked; then it is revoked.
+        granted = await session(engine, "granted")
+        await task(engine, granted, "write twice", "write-twice", approver=for_the_session, **interactive)
+        record = await engine.store.get_session(granted)
+        for entry in await engine.grants.entries(record):
+            await engine.grants.revoke(record, entry.created.grant_id, "freeze-stored-events")
         durable = await session(engine, "durable-approval")
         started = await engine.start_task(durable, "write", runtime_config={"scenario": "write-or-deny"},
                                           permission_mode=PermissionMode.ASK, durable_approvals=True)

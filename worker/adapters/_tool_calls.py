@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 
-from codesdk.protocol import canonical_hash
+from codesdk.protocol import GrantScope, canonical_hash
 
 from .base import UnknownToolCall
 
@@ -21,6 +21,8 @@ class ToolOutcome:
     denied: bool = False
     approved: bool = False  # a runtime-executed call may go ahead (no result: the runtime produces it)
     reason: str | None = None
+    #: How far the approval reaches: a runtime with a native notion of it is told (e.g. "accept for session").
+    scope: GrantScope = GrantScope.ONCE
 
 
 class PendingToolCalls:
@@ -63,8 +65,8 @@ class AnswersToolCalls:
     def send_tool_denied(self, tool_call_id: str, reason: str) -> None:
         self.tools.answer(tool_call_id, ToolOutcome(denied=True, reason=reason))
 
-    def send_tool_approved(self, tool_call_id: str, reason: str) -> None:
-        self.tools.answer(tool_call_id, ToolOutcome(approved=True, reason=reason))
+    def send_tool_approved(self, tool_call_id: str, reason: str, scope: GrantScope = GrantScope.ONCE) -> None:
+        self.tools.answer(tool_call_id, ToolOutcome(approved=True, reason=reason, scope=scope))
 
 
 def call_identity(call_id: str, tool_input: dict[str, Any]) -> dict[str, Any]:

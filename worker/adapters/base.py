@@ -19,6 +19,7 @@ from codesdk.protocol import (
     AuthStatus,
     EnsureLoginResult,
     ErrorCode,
+    GrantScope,
     EventType,
     ExitStatus,
     InputDelivery,
@@ -127,8 +128,9 @@ class TaskHandle(ABC):
     def send_tool_denied(self, tool_call_id: str, reason: str) -> None:
         """Deliver a denial. Raises UnknownToolCall if no such call is pending."""
 
-    def send_tool_approved(self, tool_call_id: str, reason: str) -> None:
-        """Approve a call the runtime executes itself (``executed_by: runtime``). Raises UnknownToolCall."""
+    def send_tool_approved(self, tool_call_id: str, reason: str, scope: GrantScope = GrantScope.ONCE) -> None:
+        """Approve a call the runtime executes itself (``executed_by: runtime``); ``scope``: how far the
+        approver's answer reaches, for a runtime with a native notion of it. Raises UnknownToolCall."""
         raise UnknownToolCall(f"this runtime has no runtime-executed call {tool_call_id!r} waiting")
 
     def send_input(self, params: SendInputParams) -> InputDelivery:

@@ -47,6 +47,7 @@ from codesdk.protocol import (
     ErrorCode,
     EventType,
     ExecutedBy,
+    GrantScope,
     InteractionMode,
     IsolationMode,
     RuntimeCapabilities,
@@ -123,7 +124,9 @@ class AcpAdapter(RuntimeAdapter):
             steering=SteeringSupport.NEXT_TURN,
             # The pinned agents have no elicitation method (ACP's elicitation/create is newer than their SDKs) and
             # session/request_permission carries only allow/reject: no question can travel to the user and back.
-            user_questions=())
+            user_questions=(),
+            # Never allow_always: the agent would then run that tool unasked, unrecorded, and past a revocation
+            approval_scopes=(GrantScope.ONCE,))
 
     def availability(self) -> Availability:
         refusal = self.profile.refusal(os.environ)

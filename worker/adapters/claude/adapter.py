@@ -44,6 +44,7 @@ from codesdk.protocol import (
     EventType,
     ExecutedBy,
     InputDelivery,
+    GrantScope,
     InteractionMode,
     Question,
     QuestionRequested,
@@ -149,7 +150,9 @@ class ClaudeAdapter(RuntimeAdapter):
             # a user message written on its open stdin mid-turn is folded in before its next model request
             steering=SteeringSupport.MID_TURN,
             # AskUserQuestion in interactive tasks; an MCP server's elicitation, forwarded by the CLI
-            user_questions=(QuestionSource.CLAUDE_ASK_USER, QuestionSource.MCP_ELICITATION))
+            user_questions=(QuestionSource.CLAUDE_ASK_USER, QuestionSource.MCP_ELICITATION),
+            # a session grant is told as a session-scoped permission update when Claude Code asks (never settings)
+            approval_scopes=(GrantScope.ONCE, GrantScope.SESSION))
 
     def _version(self) -> str:
         return cli_version()
@@ -217,6 +220,7 @@ class ClaudeTask(AnswersToolCalls, AnswersQuestions, TaskHandle):
         self.asks_user = params.interaction_mode == InteractionMode.INTERACTIVE
         #: Every call the PreToolUse hook decided, by tool_use_id: (allowed, reason) — what can_use_tool answers.
         self._decisions: dict[str, tuple[bool, str]] = {}
+        self._session_grants: set[str] = set()  # calls allowed for the session: Claude is told so if it asks
         #: The supervisor's answers to approved calls of our tools, waiting for Claude's tools/call.
         self._results: dict[str, ToolOutcome] = {}
         self._approved_by_input: dict[tuple[str, str], deque[str]] = defaultdict(deque)
@@ -405,6 +409,8 @@ class ClaudeTask(AnswersToolCalls, AnswersQuestions, TaskHandle):
             return self._deny(call_id, outcome.reason or "denied by policy")
         reason = outcome.reason or "approved by CodeSDK"
         self._decisions[call_id] = (True, reason)
+        if outcome.scope is GrantScope.SESSION:
+            self._session_grants.add(call_id)
         if name in self.builtins:  # approved: Claude runs its own tool now; PostToolUse reports the end
             await self.io.emit(EventType.TOOL_CALL_STARTED, ToolCallStarted(
                 **call_identity(call_id, tool_input), tool_name=name, executed_by=ExecutedBy.RUNTIME,
@@ -427,7 +433,11 @@ class ClaudeTask(AnswersToolCalls, AnswersQuestions, TaskHandle):
         allowed, reason = decision
         if allowed:  # the CLI wants a prompt although the hook allowed it: the supervisor has decided already
             tool_input = request.get("input")
-            return {"behavior": "allow", "updatedInput": tool_input if isinstance(tool_input, dict) else {}}
+            answer: dict[str, Any] = {"behavior": "allow",
+                                      "updatedInput": tool_input if isinstance(tool_input, dict) else {}}
+            if call_id in self._session_grants and request.get("tool_name"):
+                answer["updatedPermissions"] = [session_rule(str(request["tool_name"]))]
+            return answer
         return {"behavior": "deny", "message": reason}
 
     async def _ask(self, source: QuestionSource, questions: list[Question], message: str = "",
@@ -591,6 +601,12 @@ class ClaudeTask(AnswersToolCalls, AnswersQuestions, TaskHandle):
         if result.get("is_error"):
             return _failure_from(result)
         return TaskOutcome.success(str(result.get("stop_reason") or "end_turn"), str(result.get("result") or "")[-200:])
+
+
+def session_rule(tool_name: str) -> dict[str, Any]:
+    """A permission update that lets Claude Code run ``tool_name`` unasked for the rest of its session, and no
+    longer: destination ``session`` only (any other destination writes a settings file)."""
+    return {"type": "addRules", "rules": [{"toolName": tool_name}], "behavior": "allow", "destination": "session"}
 
 
 def _hook_decision(decision: str, reason: str) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from codesdk.protocol import (
     ErrorCode,
     EventType,
     ExecutedBy,
+    GrantScope,
     InteractionMode,
     IsolationMode,
     ModelOutputCompleted,
@@ -146,7 +147,9 @@ class CodexAdapter(RuntimeAdapter):
             mcp_support=McpSupport.CLIENT_ONLY, mcp_transports=(McpTransport.STDIO, McpTransport.HTTP),
             cancellation_model=CancellationModel.BEST_EFFORT,
             steering=SteeringSupport.MID_TURN,  # turn/steer: taken at the running turn's next model request
-            user_questions=(QuestionSource.CODEX_USER_INPUT, QuestionSource.MCP_ELICITATION))
+            user_questions=(QuestionSource.CODEX_USER_INPUT, QuestionSource.MCP_ELICITATION),
+            # Never acceptForSession: Codex would then run those commands unasked, unrecorded, and past a revocation
+            approval_scopes=(GrantScope.ONCE,))
 
     def availability(self) -> Availability:
         if codex_path() is None:

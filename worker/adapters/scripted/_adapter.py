@@ -35,6 +35,7 @@ from codesdk.protocol import (
     AuthStatus,
     BlockKind,
     CancellationSupport,
+    GrantScope,
     ErrorCode,
     EventType,
     ExecutedBy,
@@ -135,6 +136,7 @@ class ScriptedAdapter(RuntimeAdapter):
             parallel_tool_calls=True,
             tool_routing=(ToolRouting.IN_BAND,),
             interaction_modes=tuple(InteractionMode),
+            approval_scopes=(GrantScope.ONCE,),  # no runtime-side grants: the supervisor enforces every scope
             session_create=True,
             session_resume=True,
             transcript_input=True,
