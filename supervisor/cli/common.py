@@ -232,21 +232,26 @@ def seconds(text: str) -> float:
     return value
 
 
+#: The largest budget limit, ``protocol.MAX_LIMIT`` (here without importing the protocol; a test holds them equal).
+MAX_BUDGET_LIMIT = 2**53
+
+
 def usd(text: str) -> float:
-    """An argparse type: a finite number of USD, 0 or more (a usage error otherwise, never a traceback)."""
+    """An argparse type: a finite number of USD, 0 to ``MAX_BUDGET_LIMIT`` (a usage error otherwise, never a
+    traceback)."""
     try:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of USD, 0 or more, got {text!r}")
+    if not 0 <= value <= MAX_BUDGET_LIMIT:
+        raise argparse.ArgumentTypeError(f"expected a number of USD from 0 to 2^53, got {text!r}")
     return value
 
 
 def count(text: str) -> int:
-    """An argparse type: a whole number, 0 or more."""
-    if not (text.isascii() and text.isdigit()):
-        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, got {text!r}")
+    """An argparse type: a whole number, 0 to ``MAX_BUDGET_LIMIT``."""
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_BUDGET_LIMIT:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to 2^53, got {text!r}")
     return int(text)
 
 

@@ -53,6 +53,8 @@ def _bad_values(action: argparse.Action) -> list[str]:
         bad.append("/proc/nope")
     if action.dest == "port":
         bad.append("99999")
+    if action.type in (common.count, common.usd):  # a budget's limit: above what the protocol takes
+        bad.append("9" * 30)
     return bad
 
 
@@ -132,3 +134,9 @@ def test_the_command_line_knows_a_runtime_name_as_the_protocol_does() -> None:
     from codesdk.protocol import RUNTIME_NAME_PATTERN
 
     assert common.RUNTIME_NAME.pattern == RUNTIME_NAME_PATTERN
+
+
+def test_the_command_line_knows_the_largest_budget_limit_as_the_protocol_does() -> None:
+    from codesdk.protocol._budgets import MAX_LIMIT
+
+    assert common.MAX_BUDGET_LIMIT == MAX_LIMIT
