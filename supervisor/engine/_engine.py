@@ -31,7 +31,6 @@ from codesdk.protocol import (
     BudgetLimits,
     BudgetRaised,
     BudgetReached,
-    BudgetScope,
     NormalizedEvent,
     PriceTable,
     SessionBudget,
@@ -671,8 +670,9 @@ class Engine:
             raise BudgetNotPaused(f"session {session_id} is not paused at its budget: there is nothing to raise "
                                   f"(change its limits with PUT /v1/sessions/{session_id}/budget)")
         new_limits = budget.limits.merged(limits)
-        if budget.paused.scope == BudgetScope.SESSION and \
-                (still := first_reached(new_limits, budget.spent, next_tool_call=True)) is not None:
+        # Whichever limit paused it (the task's or the session's), a session limit at what was spent would pause
+        # the next task at once.
+        if (still := first_reached(new_limits, budget.spent, next_tool_call=True)) is not None:
             raise InvalidTaskInput(f"body field 'limits.{still.value}': the session already spent "
                                    f"{budget.spent.amount(still):g} of it; raise it above that")
         def unpause(stored: SessionBudget | None) -> SessionBudget:

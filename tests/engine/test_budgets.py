@@ -170,6 +170,19 @@ async def test_raising_a_paused_budget_with_continue_starts_the_next_task(tmp_pa
             await engine.raise_budget(sid, BudgetLimits(tokens=2000), by="test")
 
 
+async def test_a_raise_after_a_tasks_own_limit_refuses_a_session_limit_already_spent(tmp_path: Path) -> None:
+    async with engine_with_doubles(tmp_path) as (engine, workers):
+        sid, task_id, worker = await _task(engine, workers, budget=BudgetLimits(tokens=10))
+        await _usage(worker, task_id, 10, 9)
+        assert (await _stopped_by_budget(engine, sid, task_id)).scope == BudgetScope.TASK
+        with pytest.raises(InvalidTaskInput, match="limits.tokens.*spent 19"):  # the next task would pause at once
+            await engine.raise_budget(sid, BudgetLimits(tokens=5), by="test")
+        session = await engine.store.get_session(sid)
+        assert session.budget is not None and session.budget.paused is not None and session.budget.limits.empty
+        session, _ = await engine.raise_budget(sid, BudgetLimits(tokens=20), by="test")
+        assert session.budget is not None and session.budget.paused is None
+
+
 async def test_the_namespaces_monthly_budget_refuses_new_tasks_once_spent(tmp_path: Path) -> None:
     now = datetime(2026, 12, 15, tzinfo=UTC)
     async with engine_with_doubles(tmp_path, wall_clock=lambda: now) as (engine, workers):
