@@ -63,18 +63,26 @@ def workspace_root(workspace: Path) -> Path:
     return root
 
 
+def lexical_refusal(given: str) -> str | None:
+    """Why ``given`` is refused from its text alone, whatever the workspace holds (None: not for that); an edited
+    input is checked by it before its call is allowed."""
+    if "\x00" in given:
+        return "it contains a NUL byte"
+    if posixpath.isabs(given) or os.path.isabs(given):
+        return "absolute paths are not allowed; give a path relative to the workspace"
+    lexical = posixpath.normpath(given) if given else "."
+    if lexical == ".." or lexical.startswith("../"):
+        return "'..' would leave the workspace"
+    return None
+
+
 def confine(workspace: Path, given: str) -> ConfinedPath:
     """Resolve ``given`` inside ``workspace`` or raise ``ToolError(PATH_REFUSED)`` saying why not.
 
     ``""`` and ``"."`` name the workspace itself (useful for listing; file tools refuse it).
     """
-    if "\x00" in given:
-        raise _refuse(given, "it contains a NUL byte")
-    if posixpath.isabs(given) or os.path.isabs(given):
-        raise _refuse(given, "absolute paths are not allowed; give a path relative to the workspace")
-    lexical = posixpath.normpath(given) if given else "."
-    if lexical == ".." or lexical.startswith("../"):
-        raise _refuse(given, "'..' would leave the workspace")
+    if (why := lexical_refusal(given)) is not None:
+        raise _refuse(given, why)
     root = workspace_root(workspace)
     try:
         resolved = Path(os.path.realpath(root / given))

@@ -21,7 +21,9 @@ from ._base import ErrorCode, Tool, ToolContext, ToolError, ToolResult
 from ._exec import ExecPolicy, make_exec_tool
 from ._fetch import FETCH_TOOL_NAME, FetchPolicy, make_fetch_tool
 from ._files import LIST_TOOL, READ_TOOL, WRITE_TOOL
+from ._grants import PATH_FIELDS
 from ._patch import PATCH_TOOL
+from ._paths import lexical_refusal
 from ._sandbox import SandboxProber
 
 log = logging.getLogger(__name__)
@@ -103,6 +105,10 @@ class ToolRegistry:
             tool.input_model.model_validate(input)
         except ValidationError as exc:
             return _validation_message(exc)[1]
+        for name_of_path in PATH_FIELDS.get(name, ()):  # what confinement would refuse whatever the workspace holds
+            given = input.get(name_of_path)
+            if isinstance(given, str) and (why := lexical_refusal(given)) is not None:
+                return [{"loc": name_of_path, "msg": f"path {given!r} refused: {why}", "type": "path_refused"}]
         return []
 
     async def execute(self, name: str, input: Any, ctx: ToolContext) -> ToolResult:

@@ -137,6 +137,9 @@ async def test_bad_decisions_are_refused_naming_the_field(api: Api) -> None:
             ({"allow": False, "input": {"path": "b.txt", "content": ""}}, "input"),
             ({"allow": True, "input": {"content": "no path"}}, "input.path"),
             ({"allow": True, "input": {"path": "b.txt", "content": "", "mode": "x"}}, "input.mode"),
+            ({"allow": True, "input": {"path": "../../etc/passwd", "content": ""}}, "input.path"),
+            ({"allow": True, "input": {"path": "/etc/passwd", "content": ""}}, "input.path"),
+            ({"allow": True, "input": {"path": "a\x00b", "content": ""}}, "input.path"),
         ]:
             r = await _decide(api, approval_id, body)
             assert r.status_code == 422, (body, r.text)
