@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from codesdk.protocol import CommandPattern, HostPattern, PathPattern, api
 
 from ..engine import read_grants
@@ -46,9 +48,22 @@ def decision_of(args: argparse.Namespace, approval_id: str) -> api.ApprovalDecis
             raise CliError(f"--input is not JSON: {exc}") from None
     try:
         return api.ApprovalDecision.model_validate(body)
-    except ValueError as exc:  # pydantic's ValidationError: say it in the flags' words
-        text = str(exc).replace("pattern", "--path/--command/--host").replace("scope 'rule'", "--scope rule")
-        raise CliError(f"the decision is not valid: {text}") from None
+    except ValidationError as exc:  # said in the flags' words, on one line
+        raise CliError(f"the decision is not valid: {_in_flags_words(exc)}") from None
+
+
+#: The decision's fields, by the flags that give them.
+_FLAGS = {"pattern": "--path/--command/--host", "input": "--input", "scope": "--scope", "reason": "--reason"}
+
+
+def _in_flags_words(exc: ValidationError) -> str:
+    said = []
+    for error in exc.errors():
+        field, *inner = [str(part) for part in error["loc"]] or ["decision"]
+        where = _FLAGS.get(field, field) + (f" ({'.'.join(inner)})" if inner else "")
+        why = error["msg"].removeprefix("Value error, ").replace("scope 'rule'", "--scope rule")
+        said.append(f"{where}: {why.replace('a pattern', 'one of --path, --command, --host')}")
+    return "; ".join(said)
 
 
 def pattern_text(pattern: PathPattern | CommandPattern | HostPattern | None) -> str:
