@@ -207,9 +207,9 @@ def add_question_flags(parser: argparse.ArgumentParser, whom: str) -> None:
     parser.add_argument("--question-timeout", type=seconds, default=None, metavar="SECONDS",
                         help=f"how long a runtime's question waits for an answer {whom} before --question-fallback "
                              "answers it (default 900)")
-    parser.add_argument("--question-fallback", choices=("decline", "default"), default="decline",
+    parser.add_argument("--question-fallback", choices=("decline", "default"), default=None,
                         help="what an unanswered question becomes: declined, or each question's default answer (a "
-                             "request with a required question that has none is declined; default %(default)s)")
+                             "request with a required question that has none is declined; default decline)")
 
 
 def question_policy(args: argparse.Namespace) -> QuestionPolicy:
@@ -218,7 +218,7 @@ def question_policy(args: argparse.Namespace) -> QuestionPolicy:
 
     timeout = getattr(args, "question_timeout", None)
     return QuestionPolicy(timeout_s=QUESTION_TIMEOUT_S if timeout is None else timeout,
-                          fallback=QuestionFallback(getattr(args, "question_fallback", "decline")))
+                          fallback=QuestionFallback(getattr(args, "question_fallback", None) or "decline"))
 
 
 def seconds(text: str) -> float:

@@ -73,7 +73,10 @@ def _printer() -> EventPrinter:
 _LOCAL_ONLY = {"env": "set the namespace's variables with `codesdk-supervisor namespace env set NS KEY=VALUE`",
                "allow_exec": "workspace.exec is configured on the service (`codesdk-supervisor serve --allow-exec`)",
                **{flag: "http.fetch is configured on the service (`codesdk-supervisor serve --allow-fetch`)"
-                  for flag in ("allow_fetch", "allow_fetch_address", "allow_fetch_post", "allow_fetch_unattended")}}
+                  for flag in ("allow_fetch", "allow_fetch_address", "allow_fetch_post", "allow_fetch_unattended")},
+               **{flag: "a service's questions wait and fall back as its operator set "
+                        "(`codesdk-supervisor serve --question-timeout/--question-fallback`)"
+                  for flag in ("question_timeout", "question_fallback")}}
 
 
 async def _check_offer(client: AsyncClient, namespace: str, runtime: str, runtime_config: dict[str, Any]) -> None:
