@@ -16,6 +16,7 @@ InvalidRequest (422), TooManyRequests (429), else ApiError; ``.details`` holds w
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
@@ -90,8 +91,10 @@ __all__ = ["ApiError", "Approval", "AsyncClient", "Budget", "Client", "Conflict"
 Answer = tuple[bool, str] | api.DecisionRequest
 EventApprover = Callable[[NormalizedEvent], Awaitable[Answer]]
 
+#: What an answerer returns: a ``QuestionReply`` (answers, or a decline), or just the answers by question id.
+Reply = QuestionReply | Mapping[str, Any]
 #: Answers one ``question.requested`` event: the answers (keyed by question id), or a decline with its reason.
-EventAnswerer = Callable[[NormalizedEvent], Awaitable[QuestionReply]]
+EventAnswerer = Callable[[NormalizedEvent], Awaitable[Reply]]
 
 #: Reconnects of one stream in a row that bring no new event before giving up (each resumes where the last left
 #: off), and the wait before the first of them (doubled for each next one, up to 4 s).
@@ -365,6 +368,15 @@ def _decision_item(item: Decision) -> dict[str, Any]:
     return model.model_dump(mode="json", exclude_none=True)
 
 
+def _as_reply(reply: Reply) -> QuestionReply:
+    """An answerer's reply: a ``QuestionReply``, or just the answers keyed by question id."""
+    if isinstance(reply, QuestionReply):
+        return reply
+    if isinstance(reply, Mapping):
+        return QuestionReply(answers=dict(reply))
+    raise TypeError(f"an answerer returns a QuestionReply or a dict of answers by question id, not {reply!r}")
+
+
 def _as_decision(answer: Answer) -> api.DecisionRequest:
     if isinstance(answer, api.DecisionRequest):
         return answer
@@ -415,6 +427,9 @@ def _budget(limits: Budget) -> dict[str, Any]:
     """A budget as the body carries it: as given (the service says what is wrong with it, naming the field)."""
     if isinstance(limits, (api.BudgetLimitsRequest, BudgetLimits)):
         return limits.model_dump(exclude_none=True)
+    for name, value in limits.items():  # JSON has no NaN or infinity: such a limit cannot even be sent
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"budget limit {name!r} must be a finite number, not {value!r}")
     return dict(limits)
 
 
@@ -1019,7 +1034,7 @@ class TaskRun:
                     pass
             if answerer is not None and event.type == EventType.QUESTION_REQUESTED \
                     and _asks_someone(event):
-                reply = await answerer(event)
+                reply = _as_reply(await answerer(event))
                 try:
                     await client.reply(event, reply.answers, decline=reply.decline, reason=reply.reason)
                 except Conflict:
@@ -1039,7 +1054,7 @@ class BlockingTaskRun:
 
     def __init__(self, client: Client, session_id: str, prompt: str,
                  approver: Callable[[NormalizedEvent], Answer] | None, task_args: dict[str, Any],
-                 answerer: Callable[[NormalizedEvent], QuestionReply] | None = None) -> None:
+                 answerer: Callable[[NormalizedEvent], Reply] | None = None) -> None:
         self._client, self._session_id, self._prompt = client, session_id, prompt
         self._approver, self._task_args, self._answerer = approver, task_args, answerer
         #: The task as it ended, with its ``result``: set once its events are all read.
@@ -1062,7 +1077,7 @@ class BlockingTaskRun:
                 except Conflict:
                     pass
             if answerer is not None and event.type == EventType.QUESTION_REQUESTED and _asks_someone(event):
-                reply = answerer(event)
+                reply = _as_reply(answerer(event))
                 try:
                     client.reply(event, reply.answers, decline=reply.decline, reason=reply.reason)
                 except Conflict:
@@ -1321,7 +1336,7 @@ class Client:
         raise follow.lost()
 
     def run(self, session_id: str, prompt: str, *, approver: Callable[[NormalizedEvent], Answer] | None
-            = None, answerer: Callable[[NormalizedEvent], QuestionReply] | None = None,
+            = None, answerer: Callable[[NormalizedEvent], Reply] | None = None,
             **task_args: Any) -> BlockingTaskRun:
         """As ``AsyncClient.run``: start a task; ``for`` its events up to its terminal event, then ``.task`` (or
         ``.wait()``); ``approver`` / ``answerer`` (plain functions here) answer each ``approval.requested`` /

@@ -16,7 +16,17 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
-from pydantic import AliasChoices, ConfigDict, Field, confloat, conint
+from pydantic import (
+    AliasChoices,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    confloat,
+    conint,
+)
+from pydantic_core import PydanticCustomError
 
 from ._base import Model
 
@@ -27,9 +37,19 @@ else:  # constraints that property tests (hypothesis) generate within, not only 
     FiniteFloat = confloat(ge=-1e300, le=1e300)  # JSON has no NaN or infinity
     _Count = conint(ge=0, le=2**31)
 
+def _one_answer(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """One error saying what an answer may be, not one per kind it is not (``null``, an object)."""
+    try:
+        return handler(value)
+    except ValidationError:
+        raise PydanticCustomError(
+            "answer_value", "must be text, a number, true/false or a list of text (a finite number at most 1e300)",
+        ) from None
+
+
 #: One question's answer: a choice's label or typed text, a number, a yes/no, or several labels.
 #: (A smart union: a JSON value keeps its own type — ``true`` a bool, ``1`` an int, ``"1"`` text.)
-AnswerValue: TypeAlias = bool | int | FiniteFloat | str | list[str]
+AnswerValue: TypeAlias = Annotated[bool | int | FiniteFloat | str | list[str], WrapValidator(_one_answer)]
 #: Answers keyed by question id.
 Answers: TypeAlias = dict[str, AnswerValue]
 
@@ -178,6 +198,8 @@ def value_problem(question: Question, value: object) -> str | None:
         return f"must be one of {_listing(labels)}" if labels else "must be text"
     if labels:
         return _choice_problem(value, labels, question.allow_other)
+    if question.required and not value.strip():
+        return "must not be empty: the question needs an answer (or decline it)"
     return _text_problem(value)
 
 

@@ -289,8 +289,10 @@ def print_budget(view: api.SessionBudgetView) -> None:
     print(f"tool_calls\t{spent.tool_calls} of {of(limits.tool_calls, str(limits.tool_calls))}")
     if view.paused is not None:
         reached = view.paused
+        # a task's limit is the stopped task's own: a plain raise goes on; a session's limit must be raised above it
+        more = f" --{_flag(reached.limit.value)} N" if reached.scope.value == "session" else ""
         print(f"paused\tthe {reached.scope.value}'s {reached.limit.value} limit ({reached.limit_value:g}) was reached "
-              f"by task {reached.task_id}; go on with: codesdk budget {view.session_id} --raise --{_flag(reached.limit.value)} N")
+              f"by task {reached.task_id}; go on with: codesdk budget {view.session_id} --raise{more}")
     else:
         print("paused\tno")
 

@@ -132,7 +132,7 @@ class MonthlyBudgetSpent(EngineError):
 
     def __init__(self, namespace: str, spent_usd: float, limit_usd: float, resets_at: str) -> None:
         self.namespace, self.spent_usd, self.limit_usd, self.resets_at = namespace, spent_usd, limit_usd, resets_at
-        super().__init__(f"namespace {namespace!r} spent ${spent_usd:.4f} of its monthly budget of ${limit_usd:.2f}; "
+        super().__init__(f"namespace {namespace!r} spent ${spent_usd:.4f} of its monthly budget of ${limit_usd:g}; "
                          f"new tasks are refused until it resets at {resets_at} (UTC), or the operator raises it "
                          f"(`codesdk-supervisor namespace budget {namespace} --monthly-usd N`)")
 

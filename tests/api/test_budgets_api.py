@@ -53,6 +53,8 @@ async def test_the_blocking_client_sets_and_reads_a_budget(api: Api) -> None:
             assert client.get_session(session.session_id).budget is not None
             with pytest.raises(InvalidRequest, match="tool_calls"):
                 client.set_session_budget(session.session_id, {"tool_calls": -1})
+            with pytest.raises(ValueError, match="'tokens' must be a finite number"):
+                client.set_session_budget(session.session_id, {"tokens": float("nan")})
             with pytest.raises(Conflict, match="not paused"):
                 client.raise_budget(session.session_id, {"tokens": 5}, continue_=True)
 

@@ -31,6 +31,7 @@ def test_a_task_over_its_budget_stops_and_its_session_waits_for_a_raise_embedded
     sid = _session_of(done.stdout)
     shown = _run(tmp_path, "budget", sid)
     assert shown.returncode == 0 and "paused\tthe task's tokens limit (5) was reached" in shown.stdout, shown.stdout
+    assert f"go on with: codesdk budget {sid} --raise\n" in shown.stdout, shown.stdout  # a task's limit: a plain raise
     refused = _run(tmp_path, "run", "more", "--session", sid, "--non-interactive")
     assert refused.returncode == EXIT_USAGE and "paused at its budget" in refused.stderr, refused.stderr
     continuing = _run(tmp_path, "budget", sid, "--raise", "--continue")

@@ -281,3 +281,9 @@ async def test_a_fork_of_a_paused_session_is_paused_as_its_events_say(tmp_path: 
         await engine.start_task(going.session_id, "more")
         assert await derive_transcript(engine.store, sid)  # budget events are no turns
         check_session(await session_events(engine.store, going.session_id))
+
+
+def test_a_monthly_refusal_shows_the_limit_as_set() -> None:
+    """A small limit is not rounded away: $0.001, not $0.00."""
+    refusal = str(MonthlyBudgetSpent("user:alice", 0.019, 0.001, "2026-12-01T00:00:00Z"))
+    assert "spent $0.0190 of its monthly budget of $0.001;" in refusal, refusal

@@ -88,6 +88,8 @@ def test_a_required_question_needs_an_answer_and_a_secret_is_redacted() -> None:
     questions = [Question(id="name", text="Name?"), Question(id="token", text="Token?", secret=True, required=False)]
     assert answer_problems(questions, {}) == [("answers.name", "required: this question needs an answer (or "
                                                                "decline the whole request)")]
+    assert answer_problems(questions, {"name": " "}) == [("answers.name", "must not be empty: the question needs an "
+                                                                      "answer (or decline it)")]
     assert redacted(questions, {"name": "a", "token": "t0k3n"}) == {"name": "a", "token": "[secret]"}
     assert default_answers(questions) is None  # a required question without a default: declined instead
     assert duplicate_ids([questions[0], questions[0]]) == ["name"]
