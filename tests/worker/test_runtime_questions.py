@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from codesdk.protocol import EventType, QuestionRequested, StartTaskParams, ToolCallRequested, value_problem
+from codesdk.worker.adapters._questions import form_answer
 from codesdk.worker.adapters.base import QuestionAnswer, RuntimeInput
 from codesdk.worker.adapters.claude.questions import ask_user_input, ask_user_questions
 from codesdk.worker.adapters.codex import questions as codex
@@ -45,9 +46,9 @@ def test_a_codex_elicitation_form_is_one_question_per_property() -> None:
     assert value_problem(title, "ab") == "must be at least 3 characters"
     assert value_problem(priority, "p3") is not None and value_problem(priority, "p1") is None
     assert value_problem(count, 0) == "must be at least 1" and value_problem(notify, "yes") is not None
-    assert codex.elicitation_answer(QuestionAnswer(answers={"title": "abc", "priority": "p1"})) == {
+    assert form_answer(QuestionAnswer(answers={"title": "abc", "priority": "p1"})) == {
         "action": "accept", "content": {"title": "abc", "priority": "p1"}}
-    assert codex.elicitation_answer(QuestionAnswer(declined=True)) == {"action": "decline"}
+    assert form_answer(QuestionAnswer(declined=True)) == {"action": "decline"}
 
 
 def test_claude_ask_user_question_is_answered_in_its_input() -> None:
@@ -133,13 +134,13 @@ async def test_codex_user_input_is_asked_and_answered(tmp_path: Path) -> None:
 
 
 def test_a_claude_elicitation_form_is_asked_and_a_url_is_not() -> None:
-    from codesdk.worker.adapters.claude.questions import elicitation_answer, elicitation_questions
+    from codesdk.worker.adapters.claude.questions import elicitation_questions
 
     request = {"subtype": "elicitation", "mcp_server_name": "tickets", "message": "File a ticket", "mode": "form",
                "requested_schema": {"type": "object", "required": ["title"],
                                     "properties": {"title": {"type": "string", "title": "Title"}}}}
     [title] = elicitation_questions(request)
     assert title.required and title.header == "Title" and value_problem(title, 3) == "must be text"
-    assert elicitation_answer(QuestionAnswer(answers={"title": "t"})) == {"action": "accept", "content": {"title": "t"}}
+    assert form_answer(QuestionAnswer(answers={"title": "t"})) == {"action": "accept", "content": {"title": "t"}}
     with pytest.raises(ValueError, match="cannot show it"):
         elicitation_questions({"mode": "url", "url": "https://example.com"})

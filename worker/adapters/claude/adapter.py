@@ -46,8 +46,6 @@ from codesdk.protocol import (
     InputDelivery,
     GrantScope,
     InteractionMode,
-    Question,
-    QuestionRequested,
     QuestionSource,
     IsolationMode,
     ModelOutputCompleted,
@@ -69,7 +67,7 @@ from codesdk.protocol import (
 )
 
 from codesdk.procs.launch import Launch
-from .._questions import AnswersQuestions, PendingQuestions, QuestionAnswer
+from .._questions import AnswersQuestions, PendingQuestions, form_answer
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
 from .._steering import InputInbox, delivered
 from ...mcp.server import McpServer, McpTool, ToolCallResult
@@ -85,7 +83,7 @@ from ..base import (
     TaskOutcome,
 )
 from . import home
-from .questions import ask_user_input, ask_user_questions, elicitation_answer, elicitation_questions
+from .questions import ask_user_input, ask_user_questions, elicitation_questions
 from ._control import ChannelClosed, ControlChannel, ControlError
 from .launch import (
     ASK_USER_QUESTION,
@@ -440,16 +438,6 @@ class ClaudeTask(AnswersToolCalls, AnswersQuestions, TaskHandle):
             return answer
         return {"behavior": "deny", "message": reason}
 
-    async def _ask(self, source: QuestionSource, questions: list[Question], message: str = "",
-                   origin: str = "") -> QuestionAnswer:
-        """Put the runtime's question to its user (``question.requested``) and wait for the supervisor's answer."""
-        ask_id = self.questions.new_ask_id()
-        self.questions.expect(ask_id)
-        await self.io.emit(EventType.QUESTION_REQUESTED, QuestionRequested(
-            question_id=ask_id, source=source, message=message[:20_000], origin=origin[:200],
-            questions=tuple(questions)))
-        return await self.questions.wait(ask_id)
-
     async def _ask_user_question(self, request: dict[str, Any]) -> dict[str, Any]:
         """``AskUserQuestion`` wants its user: the questions are asked through CodeSDK; answered, the call is
         allowed with the answers in its input (what the CLI's own prompt would do); declined, denied saying why."""
@@ -459,7 +447,7 @@ class ClaudeTask(AnswersToolCalls, AnswersQuestions, TaskHandle):
             questions = ask_user_questions(tool_input)
         except ValueError as exc:
             return {"behavior": "deny", "message": f"CodeSDK cannot ask this: {exc}"}
-        answer = await self._ask(QuestionSource.CLAUDE_ASK_USER, questions)
+        answer = await self.questions.ask(self.io.emit, QuestionSource.CLAUDE_ASK_USER, questions)
         if answer.declined:
             return {"behavior": "deny", "message": f"The user declined to answer: {answer.reason or 'declined'}"}
         return {"behavior": "allow", "updatedInput": ask_user_input(tool_input, questions, answer)}
@@ -472,9 +460,9 @@ class ClaudeTask(AnswersToolCalls, AnswersQuestions, TaskHandle):
         except ValueError as exc:
             self._raw.append({"control_request": request, "codesdk": f"declined: {exc}"})
             return {"action": "decline"}
-        answer = await self._ask(QuestionSource.MCP_ELICITATION, questions, str(request.get("message") or ""),
-                                 str(request.get("mcp_server_name") or ""))
-        return elicitation_answer(answer)
+        answer = await self.questions.ask(self.io.emit, QuestionSource.MCP_ELICITATION, questions,
+                                          str(request.get("message") or ""), str(request.get("mcp_server_name") or ""))
+        return form_answer(answer)
 
     async def _call_tool(self, name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> ToolCallResult:
         """MCP tools/call: hand over the supervisor's answer to the call the hook approved (Claude Code names it in

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
 
-from codesdk.protocol import AnswerSchema, Question, QuestionOption
+from codesdk.protocol import Question, QuestionOption
 
-from .._questions import QuestionAnswer
+from .._questions import QuestionAnswer, form_questions
 
 
 def ask_user_questions(tool_input: dict[str, Any]) -> list[Question]:
@@ -49,27 +48,8 @@ def ask_user_input(tool_input: dict[str, Any], questions: list[Question], answer
 
 def elicitation_questions(request: dict[str, Any]) -> list[Question]:
     """A form elicitation's properties as questions (ValueError for one CodeSDK cannot ask)."""
-    schema = request.get("requested_schema")
-    if request.get("mode") == "url" or not isinstance(schema, dict) or not isinstance(schema.get("properties"), dict):
-        raise ValueError("not a form elicitation (a URL, or no requested_schema): CodeSDK cannot show it")
-    required = set(schema.get("required") or [])
-    questions = []
-    for name, prop in schema["properties"].items():
-        if not isinstance(prop, dict):
-            raise ValueError(f"property {name!r} is not a schema")
-        try:
-            answer_schema = AnswerSchema.model_validate(prop)
-        except ValidationError as exc:
-            raise ValueError(f"property {name!r}: {exc.errors()[0]['msg']}") from None
-        questions.append(Question(id=str(name)[:200], header=str(prop.get("title") or "")[:1000],
-                                  text=str(prop.get("description") or prop.get("title") or name)[:20_000],
-                                  answer_schema=answer_schema, required=name in required))
-    if not questions:
-        raise ValueError("the elicitation asks nothing")
-    return questions
+    if request.get("mode") == "url":
+        raise ValueError("not a form elicitation (a URL): CodeSDK cannot show it")
+    return form_questions(request.get("requested_schema"))
 
 
-def elicitation_answer(answer: QuestionAnswer) -> dict[str, Any]:
-    if answer.declined:
-        return {"action": "decline"}
-    return {"action": "accept", "content": dict(answer.answers)}

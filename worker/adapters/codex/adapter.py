@@ -51,8 +51,6 @@ from codesdk.protocol import (
     IsolationMode,
     ModelOutputCompleted,
     ModelOutputDelta,
-    Question,
-    QuestionRequested,
     QuestionSource,
     RuntimeCapabilities,
     RuntimeRequestCompleted,
@@ -69,7 +67,7 @@ from codesdk.protocol import (
 )
 
 from .._steering import InputInbox, delivered
-from .._questions import AnswersQuestions, PendingQuestions, QuestionAnswer
+from .._questions import AnswersQuestions, PendingQuestions, form_answer
 from .._tool_calls import AnswersToolCalls, PendingToolCalls, ToolOutcome, call_identity
 from .._api_failures import api_failure, is_unreachable
 from .._conversation import hold_conversation
@@ -87,7 +85,7 @@ from ..base import (
     TaskOutcome,
 )
 from . import home
-from .questions import elicitation_answer, elicitation_questions, user_input_answer, user_input_questions
+from .questions import elicitation_questions, user_input_answer, user_input_questions
 from .launch import (
     CODEX_CONFIG_KEYS,
     CODEX_VERSION,
@@ -362,16 +360,6 @@ class CodexTask(AnswersToolCalls, AnswersQuestions, TaskHandle):
             return await self._permissions(params)
         raise PeerError(METHOD_NOT_FOUND, f"CodeSDK does not serve {method}")
 
-    async def _ask(self, source: QuestionSource, questions: list[Question], message: str = "",
-                   origin: str = "") -> QuestionAnswer:
-        """Put the runtime's question to its user (``question.requested``) and wait for the supervisor's answer."""
-        ask_id = self.questions.new_ask_id()
-        self.questions.expect(ask_id)
-        await self.io.emit(EventType.QUESTION_REQUESTED, QuestionRequested(
-            question_id=ask_id, source=source, message=message[:20_000], origin=origin[:200],
-            questions=tuple(questions)))
-        return await self.questions.wait(ask_id)
-
     async def _user_input(self, params: dict[str, Any]) -> dict[str, Any]:
         """The model's ``request_user_input``: its questions are asked; their answers go back as Codex's lists."""
         try:
@@ -379,7 +367,7 @@ class CodexTask(AnswersToolCalls, AnswersQuestions, TaskHandle):
         except ValueError as exc:
             self._raw.append({"method": "item/tool/requestUserInput", "params": params, "codesdk": str(exc)})
             return {"answers": {}}
-        return user_input_answer(await self._ask(QuestionSource.CODEX_USER_INPUT, questions))
+        return user_input_answer(await self.questions.ask(self.io.emit, QuestionSource.CODEX_USER_INPUT, questions))
 
     async def _elicitation(self, params: dict[str, Any]) -> dict[str, Any]:
         """An MCP server's form is asked as a question; Codex's own MCP-tool approval (``_meta``) is an approval;
@@ -404,7 +392,7 @@ class CodexTask(AnswersToolCalls, AnswersQuestions, TaskHandle):
             self._raw.append({"method": "mcpServer/elicitation/request", "params": params,
                               "codesdk": f"declined: {exc}"})
             return {"action": "decline"}
-        return elicitation_answer(await self._ask(QuestionSource.MCP_ELICITATION, questions,
+        return form_answer(await self.questions.ask(self.io.emit, QuestionSource.MCP_ELICITATION, questions,
                                                   str(params.get("message") or ""), server))
 
     async def _permissions(self, params: dict[str, Any]) -> dict[str, Any]:

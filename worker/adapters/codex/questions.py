@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
 
-from codesdk.protocol import AnswerSchema, Question, QuestionOption
+from codesdk.protocol import Question, QuestionOption
 
-from .._questions import QuestionAnswer
+from .._questions import QuestionAnswer, form_questions
 
 
 def user_input_questions(params: dict[str, Any]) -> list[Question]:
@@ -48,34 +47,7 @@ def user_input_answer(answer: QuestionAnswer) -> dict[str, Any]:
 
 def elicitation_questions(params: dict[str, Any]) -> list[Question]:
     """A form elicitation's properties as questions (ValueError for a schema CodeSDK cannot ask by)."""
-    schema = params.get("requestedSchema")
-    if not isinstance(schema, dict) or not isinstance(schema.get("properties"), dict):
-        raise ValueError("the elicitation has no requestedSchema with properties")
-    required = set(schema.get("required") or [])
-    questions = []
-    for name, prop in schema["properties"].items():
-        if not isinstance(prop, dict):
-            raise ValueError(f"property {name!r} is not a schema")
-        try:
-            answer_schema = AnswerSchema.model_validate(prop)
-        except ValidationError as exc:
-            raise ValueError(f"property {name!r}: {exc.errors()[0]['msg']}") from None
-        default = prop.get("default")
-        questions.append(Question(
-            id=str(name)[:200], header=str(prop.get("title") or "")[:1000],
-            text=str(prop.get("description") or prop.get("title") or name)[:20_000], answer_schema=answer_schema,
-            required=name in required,
-            default=default if isinstance(default, (str, int, float, bool)) and not isinstance(default, dict) else None))
-    if not questions:
-        raise ValueError("the elicitation asks nothing")
-    return questions
-
-
-def elicitation_answer(answer: QuestionAnswer) -> dict[str, Any]:
-    """The ``McpServerElicitationRequestResponse``."""
-    if answer.declined:
-        return {"action": "decline"}
-    return {"action": "accept", "content": dict(answer.answers)}
+    return form_questions(params.get("requestedSchema"))
 
 
 def _text(value: object) -> str:
