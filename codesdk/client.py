@@ -22,6 +22,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from dataclasses import dataclass
+from functools import partial
 from typing import IO, Any, Generic, Self, TypeVar
 from urllib.parse import quote
 
@@ -42,6 +43,7 @@ from codesdk.protocol import (
     PathPattern,
     QuestionReply,
     QuestionRequested,
+    QuestionState,
     RuntimeOffer,
     TextBlock,
     api,
@@ -96,6 +98,9 @@ Reply = QuestionReply | Mapping[str, Any]
 #: Answers one ``question.requested`` event: the answers (keyed by question id), or a decline with its reason.
 EventAnswerer = Callable[[NormalizedEvent], Awaitable[Reply]]
 
+#: The longest wait between two asks of whether an approval or a question ``run`` put to a person was settled
+#: elsewhere (over the API, by expiry, by its task's end).
+SETTLED_POLL_MAX_S = 5.0
 #: Reconnects of one stream in a row that bring no new event before giving up (each resumes where the last left
 #: off), and the wait before the first of them (doubled for each next one, up to 4 s).
 MAX_RECONNECTS = 5
@@ -1026,20 +1031,60 @@ class TaskRun:
                                          task_id=task.task_id):
             yield event
             if approver is not None and event.type == EventType.APPROVAL_REQUESTED:
-                decision = _as_decision(await approver(event))
-                try:
-                    await client.decide(_approval_id(event), allow=decision.allow, reason=decision.reason,
-                                        scope=decision.scope, pattern=decision.pattern, input=decision.input)
-                except Conflict:
-                    pass
+                given = await self._unless_settled(event, partial(approver, event))
+                if given is not None:
+                    decision = _as_decision(given)
+                    try:
+                        await client.decide(_approval_id(event), allow=decision.allow, reason=decision.reason,
+                                            scope=decision.scope, pattern=decision.pattern, input=decision.input)
+                    except Conflict:
+                        pass
             if answerer is not None and event.type == EventType.QUESTION_REQUESTED \
                     and _asks_someone(event):
-                reply = _as_reply(await answerer(event))
-                try:
-                    await client.reply(event, reply.answers, decline=reply.decline, reason=reply.reason)
-                except Conflict:
-                    pass  # answered elsewhere, or expired, meanwhile
+                replied = await self._unless_settled(event, partial(answerer, event))
+                if replied is not None:
+                    reply = _as_reply(replied)
+                    try:
+                        await client.reply(event, reply.answers, decline=reply.decline, reason=reply.reason)
+                    except Conflict:
+                        pass  # answered elsewhere, or expired, meanwhile
         self.task = await client.get_task(task.task_id)
+
+    async def _unless_settled(self, asked: NormalizedEvent, ask: Callable[[], Awaitable[T]]) -> T | None:
+        """What ``ask`` (a person, asked about ``asked``) returns — unless the request is settled first (decided
+        or answered elsewhere, expired, its task ended): then ``ask`` is cancelled and this is None. Whether it is,
+        is asked of the service meanwhile, less often as the wait grows (at most every ``SETTLED_POLL_MAX_S``); the
+        settling events stay for the main stream to yield."""
+        given: list[T] = []
+        async with anyio.create_task_group() as race:
+            async def asking() -> None:
+                given.append(await ask())
+                race.cancel_scope.cancel()
+
+            async def watching() -> None:
+                delay = 0.25
+                while True:
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, SETTLED_POLL_MAX_S)
+                    try:
+                        if await self._settled(asked):
+                            race.cancel_scope.cancel()
+                            return
+                    except ApiError:
+                        pass  # the service is away for now: the person's answer may still end the wait
+
+            race.start_soon(asking)
+            race.start_soon(watching)
+        return given[0] if given else None
+
+    async def _settled(self, asked: NormalizedEvent) -> bool:
+        """Whether the approval or question ``asked`` requested is no longer waiting."""
+        payload = asked.payload
+        if isinstance(payload, QuestionRequested):
+            return (await self._client.question(payload.question_id)).state != QuestionState.PENDING
+        if isinstance(payload, ApprovalRequested):
+            return all(a.approval_id != payload.approval_id for a in await self._client.approvals("pending"))
+        return False
 
     async def wait(self) -> api.Task:
         """Run it to its end (its events read and dropped); the task as it ended, with its result."""

@@ -164,6 +164,30 @@ async def test_the_client_answers_approvals_from_the_stream(api: Api) -> None:
     assert approved[0].reason == "fine from the stream" and approved[0].source == "user"  # type: ignore[attr-defined]
 
 
+
+async def test_an_approval_decided_elsewhere_ends_the_prompt_and_the_run_goes_on(api: Api) -> None:
+    """The person at ``run``'s approver never answers; someone decides over the API: the approver is cancelled and
+    the run streams on to the task's end."""
+    cancelled: list[bool] = []
+
+    with trio.fail_after(60):
+        async with AsyncClient(socket=api.socket, token=api.alice) as client, \
+                AsyncClient(socket=api.socket, token=api.alice) as elsewhere:
+            async def never_typing(event: NormalizedEvent) -> tuple[bool, str]:
+                await elsewhere.answer(event, allow=True, reason="decided at the desk")
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    cancelled.append(True)
+                raise AssertionError("unreachable")
+
+            session = await client.create_session(namespace="user:alice")
+            events = [e async for e in client.run(session.session_id, "write", approver=never_typing,
+                                                  runtime_config={"scenario": "write-or-deny"})]
+    assert cancelled == [True] and events[-1].type == EventType.TASK_COMPLETED
+    approved = [e.payload for e in events if e.type == EventType.TOOL_CALL_APPROVED]
+    assert approved[0].reason == "decided at the desk"  # type: ignore[attr-defined]
+
 async def test_runtimes_and_auth_status_per_namespace(api: Api) -> None:
     with trio.fail_after(30):
         r = await api.client.get("/v1/runtimes?namespace=user:alice", headers=api.auth(api.alice))

@@ -10,7 +10,7 @@ import trio
 
 from codesdk import AsyncClient, Client
 from codesdk.client import Conflict, InvalidRequest, NotFound
-from codesdk.protocol import EventType, NormalizedEvent, QuestionReply, QuestionRequested
+from codesdk.protocol import EventType, NormalizedEvent, QuestionAnswered, QuestionReply, QuestionRequested
 from codesdk.testing.invariants import check_session
 
 from tests.api.conftest import Api
@@ -199,3 +199,30 @@ async def test_an_answer_body_beyond_its_bounds_is_422(api: Api) -> None:
     assert many.status_code == 422 and "'answers'" in many.json()["error"]["message"]
     assert nested.status_code == 422 and "answers.colour" in nested.json()["error"]["message"]
     assert long_text.status_code == 422 and "answers.name" in long_text.json()["error"]["message"]
+
+
+async def test_a_question_answered_elsewhere_ends_the_prompt_and_the_run_goes_on(api: Api) -> None:
+    """The person at ``run``'s answerer never answers: the question is answered over the API by someone else, the
+    answerer is cancelled, and the run streams on to the task's end (nothing waits on the prompt)."""
+    cancelled: list[bool] = []
+
+    with trio.fail_after(60):
+        async with AsyncClient(socket=api.socket, token=api.alice) as client, \
+                AsyncClient(socket=api.socket, token=api.alice) as elsewhere:
+            async def never_typing(event: NormalizedEvent) -> QuestionReply:
+                assert isinstance(event.payload, QuestionRequested)
+                await elsewhere.answer_question(event.payload.question_id, {"colour": "blue", "name": "Elsewhere"})
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    cancelled.append(True)
+                raise AssertionError("unreachable")
+
+            session = await client.create_session(namespace="user:alice")
+            events = [e async for e in client.run(session.session_id, "a widget", answerer=never_typing,
+                                                  runtime_config={"scenario": "ask-user"})]
+    assert cancelled == [True] and events[-1].type == EventType.TASK_COMPLETED
+    [answered] = [e.payload for e in events if e.type == EventType.QUESTION_ANSWERED]
+    assert isinstance(answered, QuestionAnswered) and answered.answered_by.startswith("api:")
+    texts = [e.payload.text for e in events if e.type == EventType.MODEL_OUTPUT_COMPLETED]  # type: ignore[attr-defined]
+    assert texts[-1] == "Colour blue, name Elsewhere."
