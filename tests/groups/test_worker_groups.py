@@ -62,7 +62,8 @@ async def test_a_daemon_that_escaped_the_worker_s_tree_dies_when_the_namespace_s
             assert all(psutil.Process(pid).ppid() == os.getpid() for pid in daemons)  # it left the worker's tree
             await worker.shutdown(5.0)  # the worker ends (as when idle): the daemon dies with its namespace
             await until("the escaped daemon gone", lambda: all(_name(pid) in (None, "zombie") for pid in daemons))
-            assert not groups.tree.exists(rel)
+            tree = groups.tree
+            await until("the namespace's group removed", lambda: not tree.exists(rel))  # once its last member died
 
 
 def _name(pid: int) -> str | None:
