@@ -66,6 +66,16 @@ def test_human_output_and_exit_codes(tmp_path: Path) -> None:
     assert namespaces.stdout.startswith("default") and "namespaces/default/home" in namespaces.stdout
 
 
+def _read_until(proc: subprocess.Popen[bytes], marker: bytes, seen: bytes = b"") -> bytes:
+    deadline = time.monotonic() + 60
+    assert proc.stderr is not None
+    while marker not in seen and time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stderr], [], [], 1.0)
+        if ready:
+            seen += os.read(proc.stderr.fileno(), 4096)
+    return seen
+
+
 def test_ask_mode_prompts_on_a_terminal(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -75,13 +85,7 @@ def test_ask_mode_prompts_on_a_terminal(tmp_path: Path) -> None:
                             cwd=REPO)
     os.close(slave)
     try:
-        seen = b""
-        deadline = time.monotonic() + 60
-        assert proc.stderr is not None
-        while b"[N]o: " not in seen and time.monotonic() < deadline:
-            ready, _, _ = select.select([proc.stderr], [], [], 1.0)
-            if ready:
-                seen += os.read(proc.stderr.fileno(), 4096)
+        seen = _read_until(proc, b"[N]o: ")
         assert b"workspace.write" in seen and b"Allow? [y]es once" in seen
         os.write(master, b"y\n")
         out, _ = proc.communicate(timeout=60)
@@ -92,16 +96,6 @@ def test_ask_mode_prompts_on_a_terminal(tmp_path: Path) -> None:
     assert proc.returncode == 0
     assert (ws / "notes.txt").read_text() == "hello from the scripted runtime\n"
     assert b"tool.call.approved" in out and b"(user) approved on the terminal" in out
-
-
-def _read_until(proc: subprocess.Popen[bytes], marker: bytes, seen: bytes = b"") -> bytes:
-    deadline = time.monotonic() + 60
-    assert proc.stderr is not None
-    while marker not in seen and time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stderr], [], [], 1.0)
-        if ready:
-            seen += os.read(proc.stderr.fileno(), 4096)
-    return seen
 
 
 def test_a_runtimes_question_is_answered_on_the_terminal(tmp_path: Path) -> None:
@@ -157,13 +151,7 @@ def test_a_session_answer_on_the_terminal_is_a_grant_listed_and_revoked(tmp_path
                             cwd=REPO)
     os.close(slave)
     try:
-        seen = b""
-        deadline = time.monotonic() + 60
-        assert proc.stderr is not None
-        while b"[N]o: " not in seen and time.monotonic() < deadline:
-            ready, _, _ = select.select([proc.stderr], [], [], 1.0)
-            if ready:
-                seen += os.read(proc.stderr.fileno(), 4096)
+        seen = _read_until(proc, b"[N]o: ")
         os.write(master, b"s\n")  # for the rest of the session: the second write is not asked
         out, err = proc.communicate(timeout=60)
     finally:
