@@ -35,7 +35,7 @@ from ._base import Model
 from ._budgets import BudgetRaised, BudgetReached
 from ._canonical import is_hash
 from ._context import ContextReport, InterruptedCall, ResumeMode
-from ._questions import QuestionAnswered, QuestionRequested
+from ._questions import QuestionAnswered, QuestionEscalated, QuestionRequested
 from ._grants import GrantCreated, GrantRevoked
 from ._receipt import StopReceipt
 from ._runtime import InteractionMode, IsolationLevel, PermissionMode
@@ -72,6 +72,8 @@ class EventType(StrEnum):
     BUDGET_RAISED = "budget.raised"
     GRANT_CREATED = "grant.created"
     GRANT_REVOKED = "grant.revoked"
+    APPROVAL_ESCALATED = "approval.escalated"
+    QUESTION_ESCALATED = "question.escalated"
 
 
 TERMINAL_EVENT_TYPES = frozenset({EventType.TASK_COMPLETED, EventType.TASK_FAILED, EventType.TASK_STOPPED})
@@ -255,6 +257,18 @@ class ApprovalRequested(ToolCallIdentity):
     reason: str
     expires_at: datetime
     input_preview: str = ""  # the call's input, clipped; the whole input is on tool.call.requested
+
+
+class ApprovalEscalated(Model):
+    """An approval still pending ``pending_s`` after it was asked (``serve --escalate-after``): recorded once,
+    between its ``approval.requested`` and its decision, so that a second target (a webhook subscribed to
+    ``approval.escalated``) is told. It changes nothing about the approval: it still expires at ``expires_at``."""
+
+    approval_id: str
+    tool_call_id: str
+    tool_name: str
+    pending_s: float = Field(ge=0)
+    expires_at: datetime
 
 
 class ToolCallApproved(ToolCallIdentity):
@@ -651,6 +665,16 @@ class QuestionAnsweredEvent(NormalizedEvent):
     payload: QuestionAnswered
 
 
+class ApprovalEscalatedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.APPROVAL_ESCALATED]] = EventType.APPROVAL_ESCALATED
+    payload: ApprovalEscalated
+
+
+class QuestionEscalatedEvent(NormalizedEvent):
+    type: _Tag[Literal[EventType.QUESTION_ESCALATED]] = EventType.QUESTION_ESCALATED
+    payload: QuestionEscalated
+
+
 class QuestionRequestedWorkerEvent(WorkerEvent):
     type: _Tag[Literal[EventType.QUESTION_REQUESTED]] = EventType.QUESTION_REQUESTED
     payload: QuestionRequested
@@ -759,6 +783,7 @@ EventUnion: TypeAlias = (
     | QuestionRequestedEvent | QuestionAnsweredEvent
     | BudgetReachedEvent | BudgetRaisedEvent
     | GrantCreatedEvent | GrantRevokedEvent
+    | ApprovalEscalatedEvent | QuestionEscalatedEvent
 )
 WorkerEventUnion: TypeAlias = (
     RuntimeRequestStartedWorkerEvent | RuntimeRequestCompletedWorkerEvent | ModelOutputDeltaWorkerEvent

@@ -142,6 +142,16 @@ class QuestionAnswered(Model):
     answered_by: str = ""
 
 
+class QuestionEscalated(Model):
+    """A question still unanswered ``pending_s`` after it was asked (``serve --escalate-after``): recorded once,
+    between its ``question.requested`` and its ``question.answered``, so that a second target (a webhook subscribed
+    to ``question.escalated``) is told. The question still settles at ``expires_at``."""
+
+    question_id: str
+    pending_s: float = Field(ge=0)
+    expires_at: datetime
+
+
 #: What a secret answer is stored and streamed as.
 REDACTED = "[secret]"
 

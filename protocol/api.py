@@ -550,6 +550,29 @@ class StoppedTask(Task):
     """What the stop did and verified; None when the task had ended otherwise before the stop took."""
 
 
+class UnattendedFallback(StrEnum):
+    """What an approval or question nobody could answer got when it opened (``serve --unattended``)."""
+    DENY = "deny"
+    WAIT = "wait"
+
+
+class Routing(Answer):
+    """Who could answer a pending approval or question, and what happens if nobody does (docs/sessions.md,
+    "Who is asked")."""
+    answerable: bool
+    """Someone could answer it now: a client following its namespace's events, its task's own approver or answerer,
+    or a webhook taking its ``*.requested`` kind there."""
+    streams: int = 0
+    """Event streams following its namespace on this supervisor now."""
+    webhook: bool = False
+    """A webhook in its namespace takes its ``approval.requested`` / ``question.requested``."""
+    fallback: UnattendedFallback | None = None
+    """The operator's fallback that applied when it opened because nobody could answer then (``wait``: its
+    ``expires_at`` is the shorter deadline); None: someone could, or routing is off."""
+    escalates_at: datetime | None = None
+    """When it is escalated (``approval.escalated`` / ``question.escalated``) if still pending; None: never."""
+
+
 class Approval(Answer):
     """A tool call waiting for (or given) a person's decision."""
     approval_id: str
@@ -568,6 +591,8 @@ class Approval(Answer):
     decided_at: datetime | None = None
     decided_by: str | None = None
     decision_reason: str | None = None
+    routing: Routing | None = None
+    """While pending: whether anyone could answer it, and when it escalates."""
 
 
 class ApprovalList(Answer):
@@ -753,6 +778,8 @@ class AskedQuestion(Answer):
     answered_by: str | None = None
     answers: dict[str, AnswerValue] = Field(default_factory=dict)
     reason: str | None = None
+    routing: Routing | None = None
+    """While pending: whether anyone could answer it, and when it escalates."""
 
 
 class AskedQuestionList(Answer):

@@ -14,7 +14,9 @@ Two kinds of stream:
   its budget before a ``budget.raised`` (a session-wide event, between tasks) — a budget stop leaves the session
   resumable; grants (``_grant_problems``): a call decided by a grant names one created earlier in the session
   (after a fork's copies), not revoked before, and for a ``task`` grant of the same task; a grant is revoked at
-  most once; and an input an approver edited is the one the call's later events carry.
+  most once; an input an approver edited is the one the call's later events carry; and an approval or question
+  is escalated (``approval.escalated`` / ``question.escalated``) at most once, only while pending: after it was
+  asked, before its decision or answer.
 
 Each check raises ``InvariantError`` (an ``AssertionError``) naming every broken rule it found, with the events
 involved, so a failing test says what is wrong rather than only that something is.
@@ -29,6 +31,9 @@ from datetime import timedelta
 
 from codesdk.protocol import (
     BUDGET_REACHED_REASON,
+    ApprovalEscalated,
+    ApprovalRequested,
+    QuestionEscalated,
     SCHEMA_VERSION,
     TERMINAL_EVENT_TYPES,
     EventType,
@@ -244,8 +249,43 @@ def check_task(events: Sequence[NormalizedEvent]) -> None:
     problems += _question_problems(task_id, events, ended=bool(terminals))
     problems += _budget_problems(task_id, events)
     problems += _edit_problems(task_id, [(e.type, e.payload) for e in events])
+    problems += _escalation_problems(task_id, events)
     if problems:
         raise InvariantError(problems)
+
+
+def _escalation_problems(task_id: str, events: Sequence[NormalizedEvent]) -> list[str]:
+    """An escalation names a request of its task asked before it and not yet settled (no decision of the
+    approval's call, no answer to the question), and comes at most once per request."""
+    asked: dict[str, tuple[str, int]] = {}  # approval id -> its call (id, attempt), while pending
+    settled: set[str] = set()  # approvals decided, questions answered
+    questions: set[str] = set()
+    escalated: set[str] = set()
+    problems: list[str] = []
+    for event in events:
+        payload = event.payload
+        if isinstance(payload, ApprovalRequested) and event.type == EventType.APPROVAL_REQUESTED:
+            asked[payload.approval_id] = (payload.tool_call_id, payload.attempt)
+        elif event.type in (EventType.TOOL_CALL_APPROVED, EventType.TOOL_CALL_DENIED) \
+                and isinstance(payload, ToolCallIdentity):
+            settled |= {a for a, call in asked.items() if call == (payload.tool_call_id, payload.attempt)}
+        elif isinstance(payload, QuestionRequested):
+            questions.add(payload.question_id)
+        elif isinstance(payload, QuestionAnswered):
+            settled.add(payload.question_id)
+        elif isinstance(payload, (ApprovalEscalated, QuestionEscalated)):
+            what, known = (("approval", payload.approval_id in asked) if isinstance(payload, ApprovalEscalated)
+                           else ("question", payload.question_id in questions))
+            key = payload.approval_id if isinstance(payload, ApprovalEscalated) else payload.question_id
+            where = f"task {task_id!r}: {event.type.value} seq={event.seq} of {what} {key!r}"
+            if not known:
+                problems.append(f"{where}: no such {what} was asked before it in the task")
+            elif key in settled:
+                problems.append(f"{where}: it was already settled; only a pending {what} is escalated")
+            if key in escalated:
+                problems.append(f"{where}: escalated again; a {what} is escalated at most once")
+            escalated.add(key)
+    return problems
 
 
 def _question_problems(task_id: str, events: Sequence[NormalizedEvent], *, ended: bool) -> list[str]:

@@ -91,9 +91,9 @@ from ._auth import Principal, TokenAuth
 from ._endpoints import ENDPOINTS, Access, Endpoint
 from ._ranges import Unsatisfiable, byte_range
 from .openapi import openapi_document, reference_page
-from ..engine import InvalidAnswer
+from ..engine import APPROVAL_KIND, QUESTION_KIND, InvalidAnswer
 from ..store import QuestionRecord, QuestionSettled, UnknownQuestion
-from .views import question_answer
+from .views import question_answer, routing_answer
 from .views import (
     approval_answer,
     budget_answer,
@@ -862,7 +862,21 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         state = None if asked == "all" else ApprovalState(asked)
         namespaces = None if principal.admin else sorted(principal.namespaces)
         records = await engine.store.list_approvals(state=state, namespaces=namespaces)
-        return _answer(request, api.ApprovalList(approvals=tuple(approval_answer(r) for r in records)))
+        return _answer(request, api.ApprovalList(approvals=tuple(approval_view(r) for r in records)))
+
+    def approval_view(record: ApprovalRecord) -> api.Approval:
+        """The approval, with its routing while it is pending."""
+        if record.state != ApprovalState.PENDING:
+            return approval_answer(record)
+        return approval_answer(record, routing_answer(engine.audience, record.namespace, APPROVAL_KIND,
+                                                      engine.approvals.route_of(record.approval_id)))
+
+    def question_view(record: QuestionRecord) -> api.AskedQuestion:
+        """The question, with its routing while it is pending."""
+        if record.state != QuestionState.PENDING:
+            return question_answer(record)
+        return question_answer(record, routing_answer(engine.audience, record.namespace, QUESTION_KIND,
+                                                      engine.questions.route_of(record.question_id)))
 
     async def approval_for(principal: Principal, approval_id: str) -> ApprovalRecord:
         try:
@@ -934,7 +948,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         state = None if asked == "all" else QuestionState(asked)
         namespaces = None if principal.admin else sorted(principal.namespaces)
         records = await engine.store.list_questions(state=state, namespaces=namespaces)
-        return _answer(request, api.AskedQuestionList(questions=tuple(question_answer(r) for r in records)))
+        return _answer(request, api.AskedQuestionList(questions=tuple(question_view(r) for r in records)))
 
     async def question_for(request: Request) -> QuestionRecord:
         """The question the path names, if the caller may see it (else 404: another tenant's does not exist)."""
@@ -949,7 +963,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         return record
 
     async def get_question(request: Request) -> Response:
-        return _answer(request, question_answer(await question_for(request)))
+        return _answer(request, question_view(await question_for(request)))
 
     async def answer_question(request: Request) -> Response:
         record = await question_for(request)
@@ -996,7 +1010,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             if not 0 <= after <= MAX_SEQ:
                 raise ApiError(422, "invalid_request", f"header 'Last-Event-ID' must be between 0 and {MAX_SEQ}")
         return _SSEResponse(engine, session.session_id, after or 0, query.until_terminal, metrics.sse_events,
-                            keepalive_s, streams=streams, principal=principal.identity, drain=drain)
+                            keepalive_s, streams=streams, principal=principal.identity, drain=drain,
+                            namespace=session.namespace)
 
     async def transcript(request: Request) -> Response:
         session = await session_for(principal_of(request), request.path_params["session_id"])
@@ -1217,7 +1232,7 @@ class _SSEResponse(Response):
 
     def __init__(self, engine: Engine, session_id: str, after_seq: int, until_terminal: bool,
                  sent: Counter, keepalive_s: float, *, streams: _StreamSlots, principal: str,
-                 drain: StreamDrain) -> None:
+                 drain: StreamDrain, namespace: str) -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
         if "content-length" in self.headers:
             del self.headers["content-length"]
@@ -1232,6 +1247,7 @@ class _SSEResponse(Response):
         self._streams = streams
         self._principal = principal
         self._drain = drain
+        self._namespace = namespace
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         streams = self._streams
@@ -1242,7 +1258,10 @@ class _SSEResponse(Response):
             await _error(refusal.status, refusal.code, refusal.message, refusal.headers)(scope, receive, send)
             return
         try:
-            await self._stream(scope, receive, send)
+            # A client following the namespace can answer its approvals and questions (``Audience``): counted
+            # while the stream is open, however it ends.
+            with self._engine.audience.attached(self._namespace):
+                await self._stream(scope, receive, send)
         finally:
             streams.release(self._principal)
 

@@ -16,7 +16,7 @@ from codesdk.protocol import (
     api,
 )
 
-from ..engine import GrantEntry, WorkerEnvironment
+from ..engine import Audience, GrantEntry, Route, WorkerEnvironment
 from ..namespaces import EnvEntry
 from ..store import ApprovalRecord, QuestionRecord, DroppedSession, EventLogReader, SessionRecord, TaskRecord
 
@@ -102,23 +102,33 @@ async def task_result(store: EventLogReader, record: TaskRecord) -> api.TaskResu
 _TOKENS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens")
 
 
-def question_answer(record: QuestionRecord) -> api.AskedQuestion:
+def routing_answer(audience: Audience, namespace: str, kind: str, route: Route | None) -> api.Routing:
+    """Who could answer a pending request now (``route``: how it was routed when it opened, if it waits here)."""
+    streams, webhook = audience.streams(namespace), audience.webhook_takes(namespace, kind)
+    own = route is not None and route.own
+    return api.Routing(answerable=own or streams > 0 or webhook, streams=streams, webhook=webhook,
+                       fallback=api.UnattendedFallback(route.fallback.value) if route and route.fallback else None,
+                       escalates_at=route.escalates_at if route is not None else None)
+
+
+def question_answer(record: QuestionRecord, routing: api.Routing | None = None) -> api.AskedQuestion:
     request = record.request
     return api.AskedQuestion(question_id=record.question_id, session_id=record.session_id, task_id=record.task_id,
                              namespace=record.namespace, source=request.source, message=request.message,
                              origin=request.origin, questions=request.questions, state=record.state,
                              created_at=record.created_at, expires_at=record.expires_at,
                              answered_at=record.answered_at, answered_via=record.answered_via,
-                             answered_by=record.answered_by, answers=record.answers, reason=record.reason)
+                             answered_by=record.answered_by, answers=record.answers, reason=record.reason,
+                             routing=routing)
 
 
-def approval_answer(record: ApprovalRecord) -> api.Approval:
+def approval_answer(record: ApprovalRecord, routing: api.Routing | None = None) -> api.Approval:
     return api.Approval(approval_id=record.approval_id, session_id=record.session_id, task_id=record.task_id,
                         namespace=record.namespace, tool_call_id=record.tool_call_id, attempt=record.attempt,
                         tool_name=record.tool_name, tool_class=record.tool_class, input=record.input,
                         reason=record.reason, state=record.state, created_at=record.created_at,
                         expires_at=record.expires_at, decided_at=record.decided_at, decided_by=record.decided_by,
-                        decision_reason=record.decision_reason)
+                        decision_reason=record.decision_reason, routing=routing)
 
 
 def grant_answer(session_id: str, entry: GrantEntry) -> api.Grant:

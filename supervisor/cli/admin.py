@@ -29,7 +29,11 @@ from ..engine import (
     SERVICE_IDLE_TIMEOUT_S,
     SERVICE_TIMEOUT_MAX_S,
     SERVICE_TIMEOUT_S,
+    SERVICE_UNATTENDED,
+    SERVICE_UNATTENDED_WAIT_S,
     DeadlineLimits,
+    RoutingPolicy,
+    Unattended,
 )
 from ..groups import (
     DEFAULT_MEMORY,
@@ -135,6 +139,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                           "name or absolute path; repeatable). Default: off")
     add_fetch_flags(run, "for tenants")
     add_question_flags(run, "over the API")
+    _add_routing_flags(run)
     run.add_argument("--exec-uid", type=_exec_identity, default=None, metavar="UID[:GID]",
                      help="the uid (and gid; default: the same number) workspace.exec commands run as when the "
                           "service is root and the workspace is not a namespace's own: never 0, outside "
@@ -296,9 +301,30 @@ def _serve_options(args: argparse.Namespace) -> SupervisorOptions:
         store=args.store, lease_s=args.lease_s, disk_reserve_bytes=args.disk_reserve,
         namespace_disk=args.namespace_disk, exec_max_file_bytes=args.exec_max_file_size,
         task_deadlines=_task_deadlines(args), commit_linger_s=args.commit_linger_ms / 1000,
-        questions=question_policy(args), prices=args.price_table, resource_groups=args.resource_groups,
+        questions=question_policy(args), routing=_routing_policy(args), prices=args.price_table, resource_groups=args.resource_groups,
         group_limits=_group_limits(args),
         **({"exec_uid": args.exec_uid} if args.exec_uid is not None else {}))
+
+
+def _add_routing_flags(run: argparse.ArgumentParser) -> None:
+    """Approval routing (docs/operations.md, "Approval routing"): what nobody-can-answer becomes, and escalation."""
+    group = run.add_argument_group(
+        "approval routing", "an approval or question nobody can answer (no client following the namespace's "
+                            "events, no webhook for it) gets the fallback at once instead of waiting on nobody")
+    group.add_argument("--unattended", choices=[u.value for u in Unattended], default=SERVICE_UNATTENDED.value,
+                       help="deny: denied (a question declined) at once, with the reason; wait: it waits "
+                            "--unattended-wait only (default %(default)s)")
+    group.add_argument("--unattended-wait", type=seconds, default=SERVICE_UNATTENDED_WAIT_S, metavar="SECONDS",
+                       help="how long an approval or question nobody can answer waits with --unattended wait, "
+                            "instead of its whole timeout (default %(default)g)")
+    group.add_argument("--escalate-after", type=seconds, default=None, metavar="SECONDS",
+                       help="record approval.escalated / question.escalated once for a request still pending this "
+                            "long, for the webhooks subscribed to it (default: never)")
+
+
+def _routing_policy(args: argparse.Namespace) -> RoutingPolicy:
+    return RoutingPolicy(unattended=Unattended(args.unattended), unattended_wait_s=args.unattended_wait,
+                         escalate_after_s=args.escalate_after)
 
 
 def _add_deadline_flags(run: argparse.ArgumentParser) -> None:

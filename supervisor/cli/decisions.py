@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,27 @@ def _needs_service(args: argparse.Namespace) -> None:
                        "CODESDK_URL) to reach it. `codesdk run` asks on its own terminal instead")
 
 
+def routing_note(routing: api.Routing | None, expires_at: datetime) -> str:
+    """Who could answer a pending request, in a few words (nothing for a settled one)."""
+    if routing is None:
+        return ""
+    if routing.answerable:
+        who = [f"{routing.streams} client(s) following" if routing.streams else "",
+               "a webhook" if routing.webhook else ""]
+        note = f"  [answerable: {' and '.join(w for w in who if w) or 'its task asks its own approver'}"
+    else:
+        note = "  [nobody can answer: attach a client (an event stream of the namespace) or register a webhook"
+    if routing.fallback is not None:
+        note += f"; fallback {routing.fallback.value}, expires {_clock(expires_at)}"
+    if routing.escalates_at is not None:
+        note += f"; escalates {_clock(routing.escalates_at)}"
+    return note + "]"
+
+
+def _clock(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%H:%M:%SZ")
+
+
 async def cmd_approvals(args: argparse.Namespace) -> int:
     from .remote import client_for  # imported only when used: the HTTP client costs start-up time
     _needs_service(args)
@@ -104,7 +126,7 @@ async def cmd_approvals(args: argparse.Namespace) -> int:
         else:
             shown = json.dumps(row.input, ensure_ascii=False)[:120]
             print(f"{row.approval_id}  {row.state.value:<8} {row.tool_name} ({row.tool_class})  session="
-                  f"{row.session_id}  {shown}")
+                  f"{row.session_id}  {shown}{routing_note(row.routing, row.expires_at)}")
     if not rows and not args.json:
         print(f"no {args.state} approvals", file=sys.stderr)
     return EXIT_OK

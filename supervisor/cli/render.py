@@ -141,6 +141,12 @@ class EventPrinter:
                 pattern = f" where {_short(p.pattern.to_json_obj())}" if p.pattern is not None else ""
                 return (f"{self._c(_YELLOW, t.value)} {p.grant_id}: {p.decision} {p.tool_name} for the {p.scope}"
                         f"{pattern} (by {p.created_by or '?'})")
+            case EventType.APPROVAL_ESCALATED:
+                return (f"{self._c(_YELLOW, t.value)} {p.approval_id}: {p.tool_name} still waiting after "
+                        f"{p.pending_s:.0f} s; expires {p.expires_at:%H:%M:%S} UTC")
+            case EventType.QUESTION_ESCALATED:
+                return (f"{self._c(_YELLOW, t.value)} {p.question_id}: still unanswered after {p.pending_s:.0f} s; "
+                        f"expires {p.expires_at:%H:%M:%S} UTC")
             case EventType.GRANT_REVOKED:
                 return f"{self._c(_YELLOW, t.value)} {p.grant_id} by {p.revoked_by or '?'}"
             case _:

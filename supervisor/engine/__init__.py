@@ -4,7 +4,7 @@ Layering, lowest first (no module imports one below it in this list): ``_transcr
 ``_errors`` (refusals and their HTTP answers), ``_telemetry`` (what observers of tasks are told), ``_deadlines`` (a task's deadlines and their watch), ``_ports`` (what the engine needs of workers: the test seam),
 ``_compile`` (a task's input from the transcript, fitted to the runtime's budget), ``_runs`` (a running task's
 state, the run table), ``_recorder`` (a run's appends), ``_batch`` (a worker's batch on its way to the store),
-``_approvals``, ``_grants`` (a session's grants, from its events), ``_questions`` (a runtime's questions to its
+``_audience`` (who can answer approvals and questions; the operator's fallback), ``_approvals``, ``_grants`` (a session's grants, from its events), ``_questions`` (a runtime's questions to its
 user), ``_toolport`` / ``_toolflow`` (one tool call, through its port), ``_steering`` (users' inputs into running
 tasks), ``_meter`` (a task's budget meter), ``_ending`` (a task's one end), ``_budgets`` (budgets: counting,
 pausing, raising), ``_intake`` (events from workers), ``_leasing`` (which namespaces this supervisor runs),
@@ -22,6 +22,17 @@ from ._deadlines import (
 )
 from ._requests import WorkerEnvironment
 from ._approvals import DecisionRefused
+from ._audience import (
+    APPROVAL_KIND,
+    QUESTION_KIND,
+    SERVICE_UNATTENDED,
+    SERVICE_UNATTENDED_WAIT_S,
+    Audience,
+    Route,
+    RoutingPolicy,
+    Unattended,
+    WebhookSource,
+)
 from ._grants import GrantAlreadyRevoked, GrantBook, GrantEntry, UnknownGrant, read_grants
 from ._engine import DISK_RESERVE_BYTES, Engine, EngineConfig
 from ._errors import (
@@ -60,5 +71,7 @@ __all__ = [
     "PoolWorkers", "RequestChannel", "RuntimeUnavailable", "SessionBusy", "TaskNotActive", "UnknownRuntime", "WorkerEvents",
     "WorkerExit", "WorkerLink", "Workers", "WorkersFactory", "WorkspaceRefused", "derive_transcript", "error_status",
     "session_events", "QUESTION_TIMEOUT_S", "Answerer", "InvalidAnswer", "QuestionFallback", "QuestionPolicy",
+    "APPROVAL_KIND", "QUESTION_KIND", "SERVICE_UNATTENDED", "SERVICE_UNATTENDED_WAIT_S", "Audience", "Route", "RoutingPolicy", "Unattended",
+    "WebhookSource",
     "BudgetNotPaused", "BudgetPaused", "MonthlyBudgetSpent", "DecisionRefused", "GrantAlreadyRevoked", "GrantBook", "GrantEntry", "UnknownGrant", "read_grants",
 ]

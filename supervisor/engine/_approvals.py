@@ -14,19 +14,20 @@ field) before the decision is recorded, and kept for the waiting call (``answer_
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import trio
 
-from codesdk.protocol import ApprovalState, GrantPattern, GrantScope, utc_now
+from codesdk.protocol import ApprovalEscalated, ApprovalState, EventType, GrantPattern, GrantScope, utc_now
 
 from ..ids import new_id
 from ..store import ApprovalDecided, ApprovalRecord, ApprovalRecords
 from ..tools import ApprovalRequest, Approver, ApproverAnswer, pattern_kinds
-from ._runs import TaskRun
+from ._audience import APPROVAL_KIND, Audience, Route, RoutingPolicy, Unattended, nobody_reason, route
+from ._runs import PendingEvent, TaskRun
 
 log = logging.getLogger("codesdk.supervisor.approvals")
 
@@ -40,6 +41,8 @@ BY_APPROVER = "approver"
 
 #: What is wrong with an input for a tool (``ToolRegistry.input_problems``): ``loc``/``msg``/``type`` each.
 InputProblems = Callable[[str, Any], list[dict[str, Any]]]
+#: Stores a running task's events (``RunRecorder.append``): how an escalation is recorded.
+AppendEvents = Callable[[TaskRun, Sequence[PendingEvent]], Awaitable[bool]]
 
 
 class DecisionRefused(ValueError):
@@ -59,10 +62,16 @@ class _Asked:
 
 class ApprovalBroker:
     def __init__(self, store: ApprovalRecords, timeout_s: float = APPROVAL_TIMEOUT_S,
-                 input_problems: InputProblems | None = None) -> None:
+                 input_problems: InputProblems | None = None, *, audience: Audience | None = None,
+                 routing: RoutingPolicy | None = None, append: AppendEvents | None = None) -> None:
         self.store = store
         self.timeout_s = timeout_s
         self.input_problems = input_problems
+        #: Who can answer (``_audience``), and the operator's routing (None: every approval waits its timeout).
+        self.audience = audience or Audience()
+        self.routing = routing
+        self._append = append
+        self._routes: dict[str, Route] = {}
         self._waiting: dict[str, trio.Event] = {}
         self._asked: dict[str, _Asked] = {}
         self._answers: dict[str, ApproverAnswer] = {}
@@ -70,9 +79,18 @@ class ApprovalBroker:
     async def open(self, run: TaskRun, request: ApprovalRequest, *, runs_here: bool = True) -> ApprovalRecord:
         """Record the pending approval (before anyone is asked). ``runs_here``: the supervisor runs the call (an
         approver may edit its input)."""
-        record = await self._create(run, request)
+        now = utc_now()
+        own = run.approver is not None
+        routed = route(self.routing, own or self.audience.reachable(run.namespace, APPROVAL_KIND), self.timeout_s,
+                       now, own=own)
+        record = await self._create(run, request, routed.timeout_s, now)
         self._asked[record.approval_id] = _Asked(request, runs_here)
+        self._routes[record.approval_id] = routed
         return record
+
+    def route_of(self, approval_id: str) -> Route | None:
+        """How a pending approval waiting here was routed when it opened (None: not waiting here)."""
+        return self._routes.get(approval_id)
 
     def answer_of(self, approval_id: str) -> ApproverAnswer | None:
         """The whole decision on an approval decided here (scope, pattern, edited input); taken once."""
@@ -111,15 +129,15 @@ class ApprovalBroker:
                 raise DecisionRefused(f"input.{loc}" if loc and loc != "<input>" else "input",
                                       f"the edited input is not valid for {tool}: {first.get('msg')}")
 
-    async def _create(self, run: TaskRun, request: ApprovalRequest) -> ApprovalRecord:
-        now = utc_now()
+    async def _create(self, run: TaskRun, request: ApprovalRequest, timeout_s: float,
+                      now: datetime) -> ApprovalRecord:
         identity = request.identity
         return await self.store.create_approval(ApprovalRecord(
             approval_id=new_id("apr"), session_id=run.session_id, task_id=run.task_id,
             namespace=run.namespace, tool_call_id=identity.tool_call_id if identity else "",
             attempt=identity.attempt if identity else 1, tool_name=request.tool_name,
             tool_class=request.tool_class.value, input=dict(request.input), reason=request.reason,
-            state=ApprovalState.PENDING, created_at=now, expires_at=now + timedelta(seconds=self.timeout_s)))
+            state=ApprovalState.PENDING, created_at=now, expires_at=now + timedelta(seconds=timeout_s)))
 
     async def wait(self, run: TaskRun, record: ApprovalRecord, request: ApprovalRequest) -> ApprovalRecord:
         """The approval once decided: by the task's approver if it has one, else over the API (``decide``); by
@@ -136,12 +154,29 @@ class ApprovalBroker:
             if current.state != ApprovalState.PENDING:
                 outcome = current.state.value
                 return current
-            with trio.move_on_after(self.timeout_s):
+            routed = self._routes.get(approval_id) or route(None, True, self.timeout_s, record.created_at)
+            if routed.fallback is Unattended.DENY and self.routing is not None:
+                if not await self.audience.wait_reachable(run.namespace, APPROVAL_KIND, self.routing.attach_grace_s):
+                    closed = await self.close(approval_id, nobody_reason(run.namespace, APPROVAL_KIND, self.routing),
+                                              state=ApprovalState.DENIED)
+                    outcome = closed.state.value
+                    return closed
+                # a client attached within the grace: routed as if it had been there
+                routed = self._routes[approval_id] = route(self.routing, True, self.timeout_s, record.created_at)
+            with trio.move_on_after(routed.timeout_s):
                 if run.approver is None:
+                    if (delay := routed.escalate_in(utc_now())) is not None:
+                        with trio.move_on_after(delay):
+                            await decided.wait()
+                        if not decided.is_set():  # escalated here, in the wait: always stored before the decision
+                            await self._escalate(run, record)
                     await decided.wait()
                 else:
                     await self._ask_approver(run.approver, approval_id, request)
-            closed = await self.close(approval_id, f"no decision within {self.timeout_s:.0f} s")
+            why = f"no decision within {routed.timeout_s:.0f} s"
+            if routed.fallback is Unattended.WAIT and self.routing is not None:
+                why += f" ({nobody_reason(run.namespace, APPROVAL_KIND, self.routing)} when it was asked)"
+            closed = await self.close(approval_id, why)
             outcome = closed.state.value
             return closed
         except trio.Cancelled:
@@ -152,6 +187,16 @@ class ApprovalBroker:
             phase.end(outcome)
             self._waiting.pop(approval_id, None)
             self._asked.pop(approval_id, None)
+            self._routes.pop(approval_id, None)
+
+    async def _escalate(self, run: TaskRun, record: ApprovalRecord) -> None:
+        """Record ``approval.escalated`` (once: its wait calls this once) if the approval is still pending."""
+        if self._append is None or (await self.store.get_approval(record.approval_id)).state != ApprovalState.PENDING:
+            return
+        escalated = ApprovalEscalated(approval_id=record.approval_id, tool_call_id=record.tool_call_id,
+                                      tool_name=record.tool_name, expires_at=record.expires_at,
+                                      pending_s=max(0.0, (utc_now() - record.created_at).total_seconds()))
+        await self._append(run, [PendingEvent(EventType.APPROVAL_ESCALATED, escalated)])
 
     async def close_for_end(self, run: TaskRun, approval_id: str) -> ApprovalRecord:
         """The task ended before the approval was decided (at any point after it was opened): close it, saying how
@@ -159,6 +204,7 @@ class ApprovalBroker:
         ended = "stopped" if run.stop is not None else (run.terminal_type or "task.ended").removeprefix("task.")
         self._asked.pop(approval_id, None)
         self._answers.pop(approval_id, None)
+        self._routes.pop(approval_id, None)
         return await self.close(approval_id, f"the task was {ended} before a decision")
 
     async def _ask_approver(self, approver: Approver, approval_id: str, request: ApprovalRequest) -> None:

@@ -112,6 +112,7 @@ from codesdk.worker.client import InvalidResult, RpcError, WorkerError
 from ..workers.pool import WorkerPool
 from codesdk.worker.client import REAP_WAIT_S
 from ._approvals import APPROVAL_TIMEOUT_S, ApprovalBroker
+from ._audience import Audience, RoutingPolicy
 from ._questions import Answerer, QuestionBroker, QuestionPolicy
 from ._grants import GrantBook
 from ._compile import compile_input, context_window
@@ -207,6 +208,10 @@ class EngineConfig:
     #: How long a runtime's question waits for its user, and what it becomes then (``--question-timeout`` /
     #: ``--question-fallback``).
     questions: QuestionPolicy = field(default_factory=QuestionPolicy)
+    #: What an approval or question nobody can answer becomes, and when a pending one escalates (``serve
+    #: --unattended``, ``--unattended-wait``, ``--escalate-after``). None: each waits its whole timeout, as an
+    #: embedded engine's (whose tasks have their own approver) always did.
+    routing: RoutingPolicy | None = None
     store_vfs: str | None = None  # a registered SQLite VFS for the store (fault-injection tests)
     #: A PostgreSQL URL: the store several supervisors share, with namespace leases (None: SQLite in data_dir).
     store: str | None = None
@@ -246,11 +251,16 @@ class Engine:
         #: Who watches its tasks (``observe(...)``: the service's metrics and tracer).
         self.observers = Observers()
         self._runs = RunTable(RECENT_RUNS_KEPT)
-        self.approvals = ApprovalBroker(store, config.approval_timeout_s, tooling.input_problems)
-        self.grants = GrantBook(store, config.quotas)
         self._ender = TaskEnder(store, self._runs, nursery)
         self._recorder = RunRecorder(store, config.quotas, self._ender.over_quota)
-        self.questions = QuestionBroker(store, self._recorder, config.questions)
+        #: Who can answer approvals and questions: the API's event streams count themselves in (``attached``);
+        #: the service sets its webhook registry as ``audience.webhooks``.
+        self.audience = Audience()
+        self.approvals = ApprovalBroker(store, config.approval_timeout_s, tooling.input_problems,
+                                        audience=self.audience, routing=config.routing, append=self._recorder.append)
+        self.grants = GrantBook(store, config.quotas)
+        self.questions = QuestionBroker(store, self._recorder, config.questions, audience=self.audience,
+                                        routing=config.routing)
         self._ender.question_ends = self.questions.close_for_end
         #: Budgets: tasks' and sessions' limits, the namespaces' monthly spend (``_budgets``).
         self.budgets = Budgets(store, self._recorder, config.prices, NamespaceBudgets(config.data_dir),

@@ -7,7 +7,9 @@ embedding app) or over the API — and the answer, checked against the question,
 and sent to the runtime (``runtime.sendAnswer``). Unanswered at its expiry, it settles by the operator's fallback
 (decline, or each question's default answer); when its task ends first, it is declined with that reason, stored
 just before the task's terminal event. A task nobody can be asked in (not interactive) declines every question at
-once, saying why.
+once, saying why. Each question is routed when it is asked (``_audience``): when nobody can answer it the
+operator's fallback applies at once (declined, saying why, or a shorter wait), and one still unanswered after
+``--escalate-after`` is escalated once (``question.escalated``, stored before its answer).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from codesdk.protocol import (
     EventType,
     InteractionMode,
     QuestionAnswered,
+    QuestionEscalated,
     QuestionReply,
     QuestionRequested,
     QuestionState,
@@ -43,6 +46,7 @@ from codesdk.worker.client import WorkerError
 
 from ..ids import new_id
 from ..store import EventDraft, QuestionRecord, QuestionSettled, Recorder
+from ._audience import QUESTION_KIND, Audience, Route, RoutingPolicy, Unattended, nobody_reason, route
 from ._recorder import RunRecorder
 from ._runs import PendingEvent, TaskRun
 
@@ -87,10 +91,15 @@ class InvalidAnswer(ValueError):
 
 
 class QuestionBroker:
-    def __init__(self, store: Recorder, recorder: RunRecorder, policy: QuestionPolicy | None = None) -> None:
+    def __init__(self, store: Recorder, recorder: RunRecorder, policy: QuestionPolicy | None = None, *,
+                 audience: Audience | None = None, routing: RoutingPolicy | None = None) -> None:
         self.store = store
         self.recorder = recorder
         self.policy = policy or QuestionPolicy()
+        #: Who can answer (``_audience``), and the operator's routing (None: every question waits its timeout).
+        self.audience = audience or Audience()
+        self.routing = routing
+        self._routes: dict[str, Route] = {}
         self._waiting: dict[str, trio.Event] = {}
         #: Answers as given (a secret one unredacted), until sent to the runtime: the store keeps them redacted.
         self._given: dict[str, Answers] = {}
@@ -121,8 +130,11 @@ class QuestionBroker:
                 await _send(run, ask_id, declined=True, reason=refusal)
             return
         now = utc_now()
+        own = run.answerer is not None
+        routed = route(self.routing, own or self.audience.reachable(run.namespace, QUESTION_KIND),
+                       self.policy.timeout_s, now, own=own)
         requested = asked.model_copy(update={"question_id": question_id,
-                                             "expires_at": now + timedelta(seconds=self.policy.timeout_s)})
+                                             "expires_at": now + timedelta(seconds=routed.timeout_s)})
         assert requested.expires_at is not None
         record = await self.store.create_question(QuestionRecord(
             question_id=question_id, session_id=run.session_id, task_id=run.task_id, namespace=run.namespace,
@@ -134,7 +146,12 @@ class QuestionBroker:
                                "the task ended before the question was asked")
             return
         self._open[run.task_id] = self._open.get(run.task_id, 0) + 1
+        self._routes[question_id] = routed
         run.tools_nursery.start_soon(self._wait, run, record, name=f"question:{question_id}")
+
+    def route_of(self, question_id: str) -> Route | None:
+        """How a pending question waiting here was routed when it was asked (None: not waiting here)."""
+        return self._routes.get(question_id)
 
     async def _wait(self, run: TaskRun, record: QuestionRecord) -> None:
         """Wait for the answer (its answerer's, the API's, or the fallback at expiry), then store it as
@@ -145,15 +162,30 @@ class QuestionBroker:
         try:
             with run.clock.hold():  # the runtime waits for a human: its idle clock does not run
                 current = await self.store.get_question(question_id)  # answered before the line above?
+                routed = self._routes.get(question_id) or route(None, True, self.policy.timeout_s, record.created_at)
+                if current.state == QuestionState.PENDING and routed.fallback is Unattended.DENY \
+                        and self.routing is not None:
+                    if await self.audience.wait_reachable(run.namespace, QUESTION_KIND, self.routing.attach_grace_s):
+                        routed = self._routes[question_id] = route(self.routing, True, self.policy.timeout_s,
+                                                                   record.created_at)
+                    else:
+                        current = await self._settle(current, QuestionState.DECLINED, AnsweredVia.FALLBACK,
+                                                     BY_CODESDK, {}, nobody_reason(run.namespace, QUESTION_KIND,
+                                                                                   self.routing))
                 if current.state == QuestionState.PENDING:
-                    with trio.move_on_after(self.policy.timeout_s):
+                    with trio.move_on_after(routed.timeout_s):
                         if run.answerer is None:
+                            if (delay := routed.escalate_in(utc_now())) is not None:
+                                with trio.move_on_after(delay):
+                                    await decided.wait()
+                                if not decided.is_set():  # escalated in the wait: stored before the answer
+                                    await self._escalate(run, record)
                             await decided.wait()
                         else:
                             await self._ask_answerer(run.answerer, current)
                     current = await self.store.get_question(question_id)
                 if current.state == QuestionState.PENDING:
-                    current = await self._fall_back(current)
+                    current = await self._fall_back(current, routed)
             given = self._given.pop(question_id, current.answers)
             if await self.recorder.append(run, [PendingEvent(EventType.QUESTION_ANSWERED, answered_event(current))]):
                 await _send(run, current.ask_id, answers=given, declined=current.state == QuestionState.DECLINED,
@@ -161,6 +193,7 @@ class QuestionBroker:
         finally:
             self._waiting.pop(question_id, None)
             self._given.pop(question_id, None)
+            self._routes.pop(question_id, None)
             left = self._open.get(run.task_id, 1) - 1
             if left > 0:
                 self._open[run.task_id] = left
@@ -178,8 +211,18 @@ class QuestionBroker:
             await self._settle(record, QuestionState.DECLINED, AnsweredVia.USER, BY_ANSWERER, {},
                                f"answering failed: {type(exc).__name__}: {exc}")
 
-    async def _fall_back(self, record: QuestionRecord) -> QuestionRecord:
-        waited = f"no answer within {self.policy.timeout_s:.0f} s"
+    async def _escalate(self, run: TaskRun, record: QuestionRecord) -> None:
+        """Record ``question.escalated`` (once: its wait calls this once) if the question is still pending."""
+        if (await self.store.get_question(record.question_id)).state != QuestionState.PENDING:
+            return
+        escalated = QuestionEscalated(question_id=record.question_id, expires_at=record.expires_at,
+                                      pending_s=max(0.0, (utc_now() - record.created_at).total_seconds()))
+        await self.recorder.append(run, [PendingEvent(EventType.QUESTION_ESCALATED, escalated)])
+
+    async def _fall_back(self, record: QuestionRecord, routed: Route) -> QuestionRecord:
+        waited = f"no answer within {routed.timeout_s:.0f} s"
+        if routed.fallback is Unattended.WAIT and self.routing is not None:
+            waited += f" ({nobody_reason(record.namespace, QUESTION_KIND, self.routing)} when it was asked)"
         questions = record.request.questions
         if self.policy.fallback == QuestionFallback.DEFAULT:
             answers = default_answers(questions)

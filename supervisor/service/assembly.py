@@ -14,7 +14,7 @@ from codesdk.procs.orphans import become_subreaper
 from ..api import ApiLimits
 from ..config import default_data_dir
 from ..groups import GroupLimits, ResourceGroups
-from ..engine import DISK_RESERVE_BYTES, DeadlineLimits, Engine, EngineConfig, QuestionPolicy
+from ..engine import DISK_RESERVE_BYTES, DeadlineLimits, Engine, EngineConfig, QuestionPolicy, RoutingPolicy
 from ..namespaces import (
     DiskQuota,
     DiskQuotaError,
@@ -92,6 +92,9 @@ class SupervisorOptions:
     commit_linger_s: float = COMMIT_LINGER_S
     #: How long a runtime's question waits for its user, and what it becomes then (``--question-timeout`` …).
     questions: QuestionPolicy = field(default_factory=QuestionPolicy)
+    #: What an approval or question nobody can answer becomes, and when a pending one escalates (``serve
+    #: --unattended`` …; docs/operations.md "Approval routing"). None: each waits its whole timeout.
+    routing: RoutingPolicy | None = None
     #: USD per million tokens by model (``--price-table``): the cost of usage a runtime reports without one.
     prices: PriceTable = field(default_factory=PriceTable)
     #: What API clients may hold: connections (in all, per token), event streams per token, header/body timeouts.
@@ -169,6 +172,7 @@ async def _open_engine(options: SupervisorOptions, data_dir: Path, children: Chi
                                         disk_reserve_bytes=options.disk_reserve_bytes,
                                         deadlines=options.task_deadlines,
                                         commit_linger_s=options.commit_linger_s, questions=options.questions,
+                                        routing=options.routing,
                                         prices=options.prices),
                            tools) as engine:
         if options.worker_uids is not None:  # the data dir becomes 0711: nothing in it may rely on the umask

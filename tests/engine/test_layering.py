@@ -9,7 +9,7 @@ from pathlib import Path
 import codesdk.supervisor.engine
 
 LAYERS = ["_transcript", "_errors", "_telemetry", "_deadlines", "_ports", "_compile", "_stopping", "_meter", "_runs",
-          "_recorder", "_batch", "_approvals", "_grants", "_questions", "_toolport", "_toolflow", "_steering", "_ending", "_budgets",
+          "_recorder", "_batch", "_audience", "_approvals", "_grants", "_questions", "_toolport", "_toolflow", "_steering", "_ending", "_budgets",
           "_intake", "_leasing", "_lifecycle", "_requests", "_engine"]
 PACKAGE = Path(codesdk.supervisor.engine.__file__).parent
 
