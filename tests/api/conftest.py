@@ -68,12 +68,12 @@ class Api:
 
 @asynccontextmanager
 async def serve_test_api(make_engine: MakeEngine, tmp_path: Path, limits: ApiLimits | None = None,
-                         timeout_s: float = HANG_GUARD_S) -> AsyncIterator[Api]:
-    """A supervisor's API on a unix socket in ``tmp_path`` (admin, alice and bob tokens), with these limits. Its
-    client's timeout is a hang guard, never a measure: a busy machine may take long (a support bundle is built at
-    the lowest CPU priority, and waits for idle time)."""
+                         timeout_s: float = HANG_GUARD_S, **options: Any) -> AsyncIterator[Api]:
+    """A supervisor's API on a unix socket in ``tmp_path`` (admin, alice and bob tokens), with these limits (and
+    these ``SupervisorOptions``). Its client's timeout is a hang guard, never a measure: a busy machine may take
+    long (a support bundle is built at the lowest CPU priority, and waits for idle time)."""
     data_dir = tmp_path / "data"
-    async with make_engine(data_dir=data_dir) as engine:
+    async with make_engine(data_dir=data_dir, **options) as engine:
         auth = TokenAuth.bootstrap(data_dir)
         admin = (data_dir / "admin.token").read_text().strip()
         alice = auth.add_principal("alice", ["user:alice"])

@@ -28,7 +28,7 @@ _ASKED_QUESTION = ("question.requested", {"question_id": "qst_1", "source": "scr
 _QUESTION_ESCALATED = ("question.escalated", {"question_id": "qst_1", "pending_s": 30,
                                               "expires_at": "2026-11-28T01:00:00Z"})
 _ANSWERED = ("question.answered", {"question_id": "qst_1", "answers": {"colour": "red"}, "answered_via": "user"})
-_ENDED = ("task.completed", {})
+_ENDED: tuple[str, dict[str, Any]] = ("task.completed", {})
 
 
 def test_one_escalation_while_pending_passes() -> None:
