@@ -79,10 +79,12 @@ class ApprovalBroker:
     async def open(self, run: TaskRun, request: ApprovalRequest, *, runs_here: bool = True) -> ApprovalRecord:
         """Record the pending approval (before anyone is asked). ``runs_here``: the supervisor runs the call (an
         approver may edit its input)."""
-        now = utc_now()
         own = run.approver is not None
-        routed = route(self.routing, own or self.audience.reachable(run.namespace, APPROVAL_KIND), self.timeout_s,
-                       now, own=own)
+        answerable = own or self.audience.reachable(run.namespace, APPROVAL_KIND)
+        if not answerable and self.routing is not None:  # a client that has just started the task, attaching
+            answerable = await self.audience.wait_reachable(run.namespace, APPROVAL_KIND, self.routing.attach_grace_s)
+        now = utc_now()
+        routed = route(self.routing, answerable, self.timeout_s, now, own=own)
         record = await self._create(run, request, routed.timeout_s, now)
         self._asked[record.approval_id] = _Asked(request, runs_here)
         self._routes[record.approval_id] = routed
@@ -156,13 +158,10 @@ class ApprovalBroker:
                 return current
             routed = self._routes.get(approval_id) or route(None, True, self.timeout_s, record.created_at)
             if routed.fallback is Unattended.DENY and self.routing is not None:
-                if not await self.audience.wait_reachable(run.namespace, APPROVAL_KIND, self.routing.attach_grace_s):
-                    closed = await self.close(approval_id, nobody_reason(run.namespace, APPROVAL_KIND, self.routing),
-                                              state=ApprovalState.DENIED)
-                    outcome = closed.state.value
-                    return closed
-                # a client attached within the grace: routed as if it had been there
-                routed = self._routes[approval_id] = route(self.routing, True, self.timeout_s, record.created_at)
+                closed = await self.close(approval_id, nobody_reason(run.namespace, APPROVAL_KIND, self.routing),
+                                          state=ApprovalState.DENIED)
+                outcome = closed.state.value
+                return closed
             with trio.move_on_after(routed.timeout_s):
                 if run.approver is None:
                     if (delay := routed.escalate_in(utc_now())) is not None:

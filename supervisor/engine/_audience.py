@@ -48,7 +48,9 @@ class Unattended(StrEnum):
 #: client starts its task, then opens its stream — or is reconnecting; two minutes frees the worker soon anyway,
 #: and an expired approval is a denial: nothing runs unapproved either way.
 SERVICE_UNATTENDED, SERVICE_UNATTENDED_WAIT_S = Unattended.WAIT, 120.0
-#: How long ``deny`` looks for a client attaching before it denies: the client that has just started the task.
+#: How long a request nobody can answer looks for a client attaching before the fallback applies: the client that
+#: has just started the task opens its stream a moment later (an approval looks before it is stored; a question,
+#: recorded in its runtime's order without waiting, only before it is declined by ``deny``).
 ATTACH_GRACE_S = 5.0
 
 
