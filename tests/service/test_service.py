@@ -289,8 +289,8 @@ def test_serve_without_flags_runs_on_the_defaults_of_the_options(tmp_path: Path,
     """Each default is defined once, by the dataclass that holds it (``WorkerPolicy``, ``Quotas``, ``ApiLimits``,
     ``SupervisorOptions``): ``serve``'s flags read them, so the service and an embedded supervisor agree. Only what
     the service means to do differently differs: who it says it is, forking workers from a template, default
-    task deadlines (a tenant's runaway task is nobody's to see; ``codesdk run``'s is its user's, at the terminal)
-    and a resource group per namespace."""
+    task deadlines (a tenant's runaway task is nobody's to see; ``codesdk run``'s is its user's, at the terminal),
+    a resource group per namespace, and approval routing (an embedded supervisor's tasks ask their terminal)."""
     from codesdk.supervisor.cli.admin import _serve_options, build_parser
     from codesdk.supervisor.engine import (
         SERVICE_IDLE_TIMEOUT_MAX_S,
@@ -298,6 +298,7 @@ def test_serve_without_flags_runs_on_the_defaults_of_the_options(tmp_path: Path,
         SERVICE_TIMEOUT_MAX_S,
         SERVICE_TIMEOUT_S,
         DeadlineLimits,
+        RoutingPolicy,
     )
     from codesdk.supervisor.service.assembly import SupervisorOptions
 
@@ -310,4 +311,4 @@ def test_serve_without_flags_runs_on_the_defaults_of_the_options(tmp_path: Path,
                                                            idle_default_s=SERVICE_IDLE_TIMEOUT_S,
                                                            timeout_max_s=SERVICE_TIMEOUT_MAX_S,
                                                            idle_max_s=SERVICE_IDLE_TIMEOUT_MAX_S),
-                                                       resource_groups=True)
+                                                       resource_groups=True, routing=RoutingPolicy())
