@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 
+from codesdk import AsyncClient
 from codesdk.protocol import NormalizedEvent
 from codesdk.supervisor.cli.decisions import cmd_approvals
 from codesdk.supervisor.cli.front import build_parser
@@ -92,7 +93,7 @@ async def test_nobody_following_denies_at_once_with_the_reason(make_engine: Make
 
 
 async def test_nobody_following_waits_only_the_shorter_deadline(make_engine: MakeEngine, tmp_path: Path) -> None:
-    policy = RoutingPolicy(Unattended.WAIT, unattended_wait_s=1.0)
+    policy = RoutingPolicy(Unattended.WAIT, unattended_wait_s=1.0, attach_grace_s=0.1)
     async with _served(make_engine, tmp_path, policy) as api:
         with trio.fail_after(60):
             session = await api.create_session(api.alice, ALICE)
@@ -166,6 +167,9 @@ async def test_a_webhook_taking_the_kind_counts_as_someone(make_engine: MakeEngi
             [pending] = await _listed(api, "approvals")
             assert pending["routing"] == {"answerable": True, "streams": 0, "webhook": True}
             assert (ALICE, APPROVAL_KIND) in asked
+            async with AsyncClient(socket=api.socket, token=api.alice) as client:  # the typed answer has it too
+                [typed] = await client.approvals()
+            assert typed.routing is not None and typed.routing.webhook and typed.routing.fallback is None
             await api.client.post(f"/v1/approvals/{pending['approval_id']}", headers=api.auth(api.alice),
                                   json={"allow": True})
             assert (await api.ended(api.alice, task["task_id"]))["state"] == "completed"
@@ -210,7 +214,7 @@ async def test_a_pending_question_is_escalated_once_then_answered(make_engine: M
 
 async def test_codesdk_approvals_says_who_could_answer(make_engine: MakeEngine, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    policy = RoutingPolicy(Unattended.WAIT, unattended_wait_s=600, escalate_after_s=300)
+    policy = RoutingPolicy(Unattended.WAIT, unattended_wait_s=600, escalate_after_s=300, attach_grace_s=0.1)
     async with _served(make_engine, tmp_path, policy) as api:
         with trio.fail_after(60):
             session = await api.create_session(api.alice, ALICE)
