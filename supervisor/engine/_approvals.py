@@ -26,7 +26,16 @@ from codesdk.protocol import ApprovalEscalated, ApprovalState, EventType, GrantP
 from ..ids import new_id
 from ..store import ApprovalDecided, ApprovalRecord, ApprovalRecords
 from ..tools import ApprovalRequest, Approver, ApproverAnswer, pattern_kinds
-from ._audience import APPROVAL_KIND, Audience, Route, RoutingPolicy, Unattended, nobody_reason, route
+from ._audience import (
+    APPROVAL_KIND,
+    NOBODY_COULD_ANSWER,
+    Audience,
+    Route,
+    RoutingPolicy,
+    Unattended,
+    nobody_reason,
+    route,
+)
 from ._runs import PendingEvent, TaskRun
 
 log = logging.getLogger("codesdk.supervisor.approvals")
@@ -256,6 +265,11 @@ class ApprovalBroker:
         for record in orphans:
             await self.close(record.approval_id, "the supervisor restarted before a decision; the task ended")
         return len(orphans)
+
+
+def unattended(record: ApprovalRecord) -> bool:
+    """Denied because nobody could answer it (``--unattended deny``): unanswered, not an approver's failure."""
+    return record.decided_by == BY_CODESDK and (record.decision_reason or "").startswith(NOBODY_COULD_ANSWER)
 
 
 def _decision(allow: bool) -> ApprovalState:

@@ -154,11 +154,15 @@ def route(policy: RoutingPolicy | None, answerable: bool, timeout_s: float, now:
     return Route(answerable, fallback, timeout_s, escalates, own)
 
 
+#: How every reason of a request nobody could answer begins (the tool flow records such a denial as unanswered).
+NOBODY_COULD_ANSWER = "nobody could answer"
+
+
 def nobody_reason(namespace: str, kind: str, policy: RoutingPolicy) -> str:
     """Why a request was refused or cut short: nobody could answer, and what would let someone."""
     what = "approval" if kind == APPROVAL_KIND else "question"
     now = f"wait {policy.unattended_wait_s:g} s" if policy.unattended is Unattended.WAIT else "deny"
-    return (f"nobody could answer this {what}: no client was following namespace {namespace!r} (an open event "
+    return (f"{NOBODY_COULD_ANSWER} this {what}: no client was following namespace {namespace!r} (an open event "
             f"stream of one of its sessions: `codesdk run`, `codesdk events --follow`, a UI) and no webhook there "
             f"takes {kind}; follow the session before the task asks, or register a webhook for {kind} "
             f"(the operator's `serve --unattended` is {now})")

@@ -71,7 +71,7 @@ from ..tools import (
     policy_payloads,
     runtime_tool_spec,
 )
-from ._approvals import BY_CODESDK
+from ._approvals import BY_CODESDK, unattended
 from ._runs import EngineStats, PendingEvent, TaskRun
 from ._telemetry import Phase
 from ._toolport import ToolAnswer, ToolFlowPort
@@ -542,7 +542,7 @@ def _outcome(step: ApprovalNeeded, final: ApprovalRecord, grant_id: str | None =
     """The policy outcome of a settled approval: a human's decision, or codesdk's denial when nobody's."""
     reason = final.decision_reason or final.state
     if final.decided_by == BY_CODESDK:
-        if final.state == ApprovalState.EXPIRED:
+        if final.state == ApprovalState.EXPIRED or unattended(final):  # nobody answered (or could)
             return complete(step, None, unanswered=reason)
         return complete(step, None, failure=reason)
     return complete(step, ApproverAnswer(allow=final.state == ApprovalState.APPROVED, reason=reason),
