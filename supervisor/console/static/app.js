@@ -16,7 +16,7 @@ function h(tag, attrs = {}, ...children) {
     else if (value === true) el.setAttribute(key, "");
     else el.setAttribute(key, String(value));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === undefined || child === null || child === false) continue;
     el.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -204,14 +204,20 @@ function summary(event) {
   return "";
 }
 
-// The tool calls of one task as a graph: each call a lane (requested -> decided -> started -> completed); calls
-// requested together, before any of them completed, side by side.
+// Events that end a model turn: the calls requested after one of them, up to the next, are one turn's calls,
+// which its runtime asked for together (parallel calls), whatever order they then ran and completed in.
+const TURN_BOUNDARIES = new Set(["runtime.request.started", "runtime.request.completed", "model.output.completed",
+                                 "model.input.appended"]);
+
+// The tool calls of one task as a graph: each call a lane (requested -> decided -> started -> completed); the
+// calls of one turn side by side, one turn under the other.
 function toolGraph(events) {
   const calls = new Map();
   const batches = [];
   let open = null;
   for (const event of events) {
     const p = event.payload || {};
+    if (TURN_BOUNDARIES.has(event.type)) open = null;
     if (!p.tool_call_id) continue;
     let call = calls.get(p.tool_call_id);
     if (event.type === "tool.call.requested") {
@@ -225,6 +231,7 @@ function toolGraph(events) {
     }
     if (!call) continue;
     if (event.type === "tool.call.policy_evaluated") {
+      if (p.decision === "abstain") continue;  // another source decides
       const waiting = p.decision === "ask";
       call.stages.decided = { cls: waiting ? "waiting" : p.decision === "deny" ? "bad" : "done",
                               text: waiting ? "waiting for a decision" : `${p.decision} (${p.source})` };
@@ -238,10 +245,10 @@ function toolGraph(events) {
       call.stages.started = { cls: "done", text: "started" };
     } else if (event.type === "tool.call.completed") {
       call.stages.completed = { cls: p.is_error ? "bad" : "done", text: p.is_error ? "failed" : "completed" };
-      open = null;
     }
   }
   const stages = ["requested", "decided", "started", "completed"];
+  if (!batches.length) return h("p", { class: "muted" }, "No tool calls.");
   return h("div", { class: "graph" }, batches.map((batch) => h("div", { class: "batch" }, batch.map((call) =>
     h("div", { class: "lane", "data-call": call.id },
       h("div", { class: "title" }, `${call.name} · ${call.id}`),
@@ -395,8 +402,8 @@ async function sessionPage(sessionId) {
 
   let redraw = null;
   function changed(event) {
-    if (redraw === null) {
-      redraw = requestAnimationFrame(() => { redraw = null; renderGraphs(); });
+    if (redraw === null) {  // once for a burst of events (a streamed answer is many deltas)
+      redraw = setTimeout(() => { redraw = null; renderGraphs(); }, 50);
     }
     if (event.type.startsWith("approval.") || event.type.startsWith("question.")
         || event.type === "tool.call.approved" || event.type === "tool.call.denied") pendingInto(pending, sessionId);
