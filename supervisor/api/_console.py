@@ -38,10 +38,17 @@ class ConsoleRefused(Exception):
         self.message = message
 
 
+def served_over_tls(request: Request) -> bool:
+    """The browser reached the service over TLS: directly, or through a reverse proxy that terminates it and says
+    so (``X-Forwarded-Proto: https``). Only makes the cookie Secure and the origin https: trusting it loosens
+    nothing."""
+    return request.url.scheme == "https" or request.headers.get("x-forwarded-proto", "").lower() == "https"
+
+
 def own_origin(request: Request) -> str:
-    """The origin the browser sees this server at: the request's scheme and the Host it was sent to."""
+    """The origin the browser sees this server at: the scheme it used and the Host it sent the request to."""
     host = request.headers.get("host", "")
-    return f"{request.url.scheme}://{host}"
+    return f"{'https' if served_over_tls(request) else request.url.scheme}://{host}"
 
 
 def cross_site(request: Request) -> str | None:
@@ -121,7 +128,7 @@ def console_routes(sessions: ConsoleSessions, auth: TokenAuth) -> list[Route]:
         session = sessions.open(hash_token(token.strip()))
         response = JSONResponse(_who(session, principal), status_code=201, headers={"cache-control": "no-store"})
         response.set_cookie(COOKIE, session.session_id, path="/", httponly=True, samesite="strict",
-                            secure=request.url.scheme == "https")
+                            secure=served_over_tls(request))
         return _secured(response)
 
     async def whoami(request: Request) -> Response:
@@ -141,7 +148,7 @@ def console_routes(sessions: ConsoleSessions, auth: TokenAuth) -> list[Route]:
             sessions.close(session.session_id)
         response = Response(status_code=204, headers={"cache-control": "no-store"})
         response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict",
-                               secure=request.url.scheme == "https")
+                               secure=served_over_tls(request))
         return _secured(response)
 
     async def page(request: Request) -> Response:

@@ -56,6 +56,16 @@ async def test_login_sets_an_httponly_strict_cookie(api: Api) -> None:
     assert r.headers["content-security-policy"] == CSP and r.headers["cache-control"] == "no-store"
 
 
+async def test_behind_a_tls_proxy_the_cookie_is_secure(api: Api) -> None:
+    proxied = {"X-Forwarded-Proto": "https", "Origin": "https://codesdk"}
+    r = await api.client.post("/console/session", json={"token": api.alice}, headers=proxied)
+    assert r.status_code == 201, r.text
+    assert "secure" in [part.strip().lower() for part in r.headers["set-cookie"].split(";")]
+    plain = await api.client.post("/console/session", json={"token": api.alice},
+                                  headers={"X-Forwarded-Proto": "https", "Origin": "http://codesdk"})
+    assert plain.status_code == 403  # the page came over https: an http origin is another's
+
+
 async def test_bad_logins_are_refused(api: Api) -> None:
     r = await api.client.post("/console/session", json={"token": "csk_not-a-token"})
     assert r.status_code == 401 and "set-cookie" not in r.headers
