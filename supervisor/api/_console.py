@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from ..audit import audit
 from ..console import (
     ASSETS,
     COOKIE,
@@ -126,6 +127,7 @@ def console_routes(sessions: ConsoleSessions, auth: TokenAuth) -> list[Route]:
             return _refusal(403, "forbidden", "a metrics token reads /metrics and nothing else: it cannot log in")
         sessions.close(request.cookies.get(COOKIE))
         session = sessions.open(hash_token(token.strip()))
+        audit("console.login", f"api:{principal.identity}")
         response = JSONResponse(_who(session, principal), status_code=201, headers={"cache-control": "no-store"})
         response.set_cookie(COOKIE, session.session_id, path="/", httponly=True, samesite="strict",
                             secure=served_over_tls(request))
@@ -142,10 +144,11 @@ def console_routes(sessions: ConsoleSessions, auth: TokenAuth) -> list[Route]:
         session = sessions.find(request.cookies.get(COOKIE))
         if session is not None:
             try:
-                cookie_principal(request, sessions, auth)
+                principal = cookie_principal(request, sessions, auth)
             except ConsoleRefused as refused:
                 return _refusal(refused.status, refused.code, refused.message)
             sessions.close(session.session_id)
+            audit("console.logout", f"api:{principal.identity}")
         response = Response(status_code=204, headers={"cache-control": "no-store"})
         response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict",
                                secure=served_over_tls(request))
