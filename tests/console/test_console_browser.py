@@ -4,7 +4,9 @@ page's screenshot is left in build/console-screenshots/."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import trio
 
@@ -129,9 +131,14 @@ def _tenant_scenario(served: Served) -> None:
 def _admin_scenario(served: Served) -> None:
     from playwright.sync_api import expect
 
+    with served.client(served.alice) as alice:  # a worker to show
+        session = alice.post("/v1/sessions", json={"namespace": "user:alice"}).json()["session_id"]
+        alice.post(f"/v1/sessions/{session}/tasks", json={"prompt": "hi", "runtime_config": {"scenario": "echo"}})
     with browser(served.base) as b:
         page = b.page
         b.login(served.admin)
+        page.goto(f"{served.base}/console/#/workers")
+        expect(page.locator('#workers tr[data-namespace="user:alice"]')).to_be_visible()
         for name, ready in (("namespaces", "#namespaces"), ("workers", "#health"), ("tokens", "#tokens")):
             page.goto(f"{served.base}/console/#/{name}")
             expect(page.locator(ready)).to_be_visible()
@@ -147,8 +154,61 @@ def _admin_scenario(served: Served) -> None:
         # This service has no webhooks routes: the page says so (with them, it lists and adds endpoints).
         expect(page.locator("#webhooks-unavailable, #webhooks").first).to_be_visible()
         b.shot("webhooks")
+        _webhooks_of_the_fixed_shape(b)
         assert b.foreign == [], f"requests to another origin: {b.foreign}"
         assert _script_errors(b) == []
+
+
+WEBHOOK = {"id": "wh_1", "url": "https://hooks.example.com/codesdk", "kinds": ["task.completed"],
+           "namespace": "user:alice", "description": "ops", "created_at": "2026-01-01T00:00:00Z", "disabled": False}
+DELIVERY = {"id": "msg_1", "webhook_id": "wh_1", "kind": "task.completed", "namespace": "user:alice",
+            "session_id": "ses_1", "task_id": "task_1", "state": "pending", "attempts": 1,
+            "next_attempt_at": "2026-01-01T00:01:00Z", "last_error": "HTTP 500", "created_at": "2026-01-01T00:00:00Z",
+            "delivered_at": None}
+
+
+def _webhooks_of_the_fixed_shape(b: Browser) -> None:
+    """The webhooks page against answers of the API's agreed shape (docs/webhooks.md), served to this page alone:
+    lists an endpoint, adds one (its secret shown once, the request carrying the CSRF header), shows deliveries
+    and a delivery's attempts."""
+    from playwright.sync_api import Request, Route, expect
+
+    added: list[dict[str, object]] = []
+
+    def answer(route: Route, request: Request) -> None:
+        path = urlsplit(request.url).path
+        if request.method == "POST" and path == "/v1/webhooks":
+            assert request.headers.get("x-csrf-token")
+            added.append(json.loads(request.post_data or "{}"))
+            route.fulfill(status=201, json={"webhook": {**WEBHOOK, "id": "wh_2", "url": added[-1]["url"]},
+                                            "secret": "whsec_c2VjcmV0"})
+        elif path == "/v1/webhooks":
+            route.fulfill(json={"webhooks": [WEBHOOK]})
+        elif path == "/v1/webhooks/wh_1/deliveries":
+            route.fulfill(json={"deliveries": [DELIVERY]})
+        elif path == "/v1/webhooks/wh_1/deliveries/msg_1":
+            route.fulfill(json={**DELIVERY, "attempts": [{"at": "2026-01-01T00:00:01Z", "status": 500, "error": None,
+                                                           "duration_ms": 12}]})
+        else:
+            route.fulfill(status=404, json={"error": {"code": "not_found", "message": "not here"}})
+
+    page = b.page
+    page.route("**/v1/webhooks**", answer)
+    try:
+        page.goto(f"{b.origin}/console/#/sessions")
+        page.goto(f"{b.origin}/console/#/webhooks")
+        expect(page.locator('#webhooks tr[data-webhook="wh_1"]')).to_contain_text("hooks.example.com")
+        page.fill("#webhook-add input[name=url]", "https://other.example.com/in")
+        page.click("#webhook-add button")
+        expect(page.locator("#secret .secret")).to_have_text("whsec_c2VjcmV0")
+        assert added == [{"url": "https://other.example.com/in", "kinds": ["*"]}]
+        page.locator('#webhooks tr[data-webhook="wh_1"] button', has_text="Deliveries").click()
+        expect(page.locator("#deliveries")).to_contain_text("HTTP 500")
+        page.locator("#deliveries button", has_text="Attempts").click()
+        expect(page.locator("#deliveries")).to_contain_text("12 ms")
+        b.shot("webhooks-listed")
+    finally:
+        page.unroute("**/v1/webhooks**")
 
 
 async def test_a_tenant_watches_decides_and_stops_in_a_browser(make_engine: MakeEngine, tmp_path: Path) -> None:
