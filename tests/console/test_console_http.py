@@ -5,7 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
+from starlette.requests import Request
 
+from codesdk.supervisor.api._console import cross_site
 from codesdk.supervisor.console import CSP, IDLE_S, LIFETIME_S, PER_TOKEN, ConsoleSessions
 
 from tests.api.conftest import Api
@@ -196,3 +200,20 @@ def test_one_token_holds_a_bounded_number_of_console_sessions() -> None:
     later = [sessions.open("c" * 64) for _ in range(PER_TOKEN)]
     assert sessions.find(first.session_id) is None  # the oldest made way
     assert all(sessions.find(s.session_id) is s for s in later)
+
+
+def _request(headers: dict[str, str], scheme: str = "http") -> Request:
+    return Request({"type": "http", "method": "POST", "scheme": scheme, "path": "/v1/sessions", "query_string": b"",
+                    "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]})
+
+
+@given(origin=st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0xFF), max_size=60))
+def test_only_the_servers_own_origin_passes(origin: str) -> None:
+    why = cross_site(_request({"host": "127.0.0.1:8700", "origin": origin}))
+    assert (why is None) == (origin == "http://127.0.0.1:8700")
+
+
+@given(site=st.sampled_from(["same-origin", "none", "same-site", "cross-site", "other"]))
+def test_a_browser_saying_another_site_is_refused(site: str) -> None:
+    why = cross_site(_request({"host": "127.0.0.1:8700", "sec-fetch-site": site}))
+    assert (why is None) == (site in ("same-origin", "none"))
