@@ -96,6 +96,17 @@ def _tenant_scenario(served: Served) -> None:
             expect(graph.locator(".batch")).to_have_count(1)
             expect(graph.locator(".batch .lane")).to_have_count(2)
             expect(page.locator('#events .event[data-type="task.completed"]')).to_have_count(3)
+
+            # A runtime's question: answered from its card (a choice and free text).
+            start("ask-user")
+            question = page.locator(".question")
+            expect(question).to_have_count(1)
+            b.shot("session-question")
+            question.locator('select[data-question="colour"]').select_option("red")
+            question.locator('input[data-question="name"]').fill("Ada")
+            question.locator("button.allow").click()
+            expect(page.locator("#transcript")).to_contain_text("Colour red, name Ada.")
+            expect(page.locator(".question")).to_have_count(0)
             b.shot("session")
 
             with page.expect_download(timeout=HANG_GUARD_S * 2000) as download:

@@ -294,7 +294,7 @@ function questionCard(asked, after) {
     let field;
     if (q.options && q.options.length) {
       field = h("select", { multiple: q.multi_select, "data-question": q.id },
-        q.options.map((o) => h("option", { value: o.label }, o.label)));
+        q.options.map((o) => h("option", { value: o.label }, o.description ? `${o.label} — ${o.description}` : o.label)));
     } else {
       field = h("input", { type: q.secret ? "password" : "text", "data-question": q.id, autocomplete: "off" });
     }
