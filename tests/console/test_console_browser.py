@@ -92,7 +92,8 @@ def _tenant_scenario(served: Served) -> None:
             # Parallel calls: side by side in one row of the task's graph.
             parallel = start("parallel-tools")
             graph = page.locator(f'.task[data-task="{parallel}"]')
-            expect(graph.locator('.node[data-stage="completed"]:not(.waiting)')).to_have_count(2)
+            ended = '.node.done[data-stage="completed"], .node.bad[data-stage="completed"]'
+            expect(graph.locator(ended)).to_have_count(2)
             expect(graph.locator(".batch")).to_have_count(1)
             expect(graph.locator(".batch .lane")).to_have_count(2)
             expect(page.locator('#events .event[data-type="task.completed"]')).to_have_count(3)

@@ -23,6 +23,10 @@ function h(tag, attrs = {}, ...children) {
   return el;
 }
 
+function resultText(content) {
+  return typeof content === "string" ? content : JSON.stringify(content);
+}
+
 function badge(text) {
   return h("span", { class: `state ${text}` }, text);
 }
@@ -281,7 +285,8 @@ function approvalCard(approval, after) {
   }
   return h("div", { class: "card approval", "data-approval": approval.approval_id },
     h("div", {}, h("strong", {}, approval.tool_name), " ", badge(approval.state), " ",
-      h("span", { class: "muted" }, `${approval.tool_class} · task ${approval.task_id} · expires ${when(approval.expires_at)}`)),
+      h("span", { class: "muted" },
+        `${approval.tool_class} · task ${approval.task_id} · expires ${when(approval.expires_at)}`)),
     approval.reason ? h("div", { class: "muted" }, approval.reason) : null,
     h("pre", {}, JSON.stringify(approval.input, null, 2)),
     h("div", { class: "filters" }, scope, kind, value, reason,
@@ -380,7 +385,7 @@ async function sessionPage(sessionId) {
         b.type === "text" || b.type === "thinking" ? h("div", { class: b.type }, b.text)
           : b.type === "code" ? h("pre", {}, b.code)
             : b.type === "tool_use" ? h("pre", {}, `→ ${b.name} ${JSON.stringify(b.input)}`)
-              : b.type === "tool_result" ? h("pre", {}, `← ${b.denied ? "denied " : ""}${typeof b.content === "string" ? b.content : JSON.stringify(b.content)}`)
+              : b.type === "tool_result" ? h("pre", {}, `← ${b.denied ? "denied " : ""}${resultText(b.content)}`)
                 : h("pre", {}, JSON.stringify(b))))));
     if (!t.messages.length) transcript.append(h("p", { class: "muted" }, "No messages yet."));
   }
@@ -590,7 +595,8 @@ async function webhooksPage(shown) {
           } }, "Send test"), " ",
           h("button", { type: "button", onclick: async () => {
             const rotated = await attempt("Rotate", () => api("POST", `${path(w)}/rotate`));
-            if (rotated) webhooksPage(secretBox(`New secret of ${w.id} (the old one works until ${when(rotated.previous_valid_until)})`, rotated.secret));
+            const until = when(rotated && rotated.previous_valid_until);
+            if (rotated) webhooksPage(secretBox(`New secret of ${w.id} (the old one works until ${until})`, rotated.secret));
           } }, "Rotate secret"), " ",
           h("button", { type: "button", class: "danger", onclick: async () => {
             if (!confirm(`Remove webhook ${w.id}?`)) return;
