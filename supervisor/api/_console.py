@@ -4,8 +4,11 @@ logged in, log out). The cookie a login sets authenticates ``/v1`` requests as t
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import UTC, datetime
+
+import trio
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
@@ -108,10 +111,15 @@ def console_routes(sessions: ConsoleSessions, auth: TokenAuth) -> list[Route]:
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
             return _refusal(415, "unsupported_media_type", 'send the login as JSON: {"token": "csk_…"}')
         raw = b""
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > MAX_LOGIN_BODY:
-                return _refusal(413, "body_too_large", f"a login body is at most {MAX_LOGIN_BODY} bytes")
+        timeout_s: float = getattr(request.app.state, "body_timeout_s", 30.0)
+        with trio.move_on_after(timeout_s) as reading:  # a body trickled in slowly holds a connection: bounded
+            async with contextlib.aclosing(request.stream()) as stream:
+                async for chunk in stream:
+                    raw += chunk
+                    if len(raw) > MAX_LOGIN_BODY:
+                        return _refusal(413, "body_too_large", f"a login body is at most {MAX_LOGIN_BODY} bytes")
+        if reading.cancelled_caught:
+            return _refusal(408, "body_timeout", f"the login did not arrive within {timeout_s:g} s")
         try:
             body = json.loads(raw)
         except ValueError:

@@ -74,6 +74,7 @@ async def test_bad_logins_are_refused(api: Api) -> None:
     r = await api.client.post("/console/session", json={"token": "csk_not-a-token"})
     assert r.status_code == 401 and "set-cookie" not in r.headers
     assert (await api.client.post("/console/session", json={})).status_code == 422
+    assert (await api.client.post("/console/session", json={"token": "x" * 10_000})).status_code == 413
     form = await api.client.post("/console/session", data={"token": api.alice})  # a cross-site form could send it
     assert form.status_code == 415
     elsewhere = await api.client.post("/console/session", json={"token": api.alice},
