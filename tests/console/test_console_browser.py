@@ -49,6 +49,8 @@ def _tenant_scenario(served: Served) -> None:
                 "codesdk_console", True, "Strict", "/")
             assert page.evaluate("document.cookie") == ""  # HttpOnly: no script of the page reads it
 
+            expect(page.locator('#nav a[href="#/workers"]')).to_be_hidden()  # the admin's pages: not a tenant's
+            expect(page.locator('#nav a[href="#/tokens"]')).to_be_hidden()
             # Sessions: only alice's, searchable.
             expect(page.locator(f'tr.session[data-session="{mine}"]')).to_be_visible()
             assert theirs not in page.content()
