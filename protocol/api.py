@@ -713,6 +713,34 @@ class WorkerList(Answer):
     """The worker template's state (``off`` when not configured)."""
 
 
+class TokenInfo(Answer):
+    """An API token as the admin sees it: never the token, nor its hash."""
+    id: str
+    name: str
+    admin: bool = False
+    metrics: bool = False
+    """A metrics token: it reads /metrics and nothing else."""
+    namespaces: tuple[str, ...] = ()
+
+
+class TokenList(Answer):
+    tokens: tuple[TokenInfo, ...]
+
+
+class CreateTokenRequest(Request):
+    name: str = Field(min_length=1, max_length=200, pattern=TITLE_PATTERN)
+    namespaces: list[str] = Field(default_factory=list, max_length=100)
+    """The namespaces it may use (one at least), unless ``metrics``."""
+    metrics: bool = False
+    """A token for Prometheus: /metrics and nothing else (no namespace)."""
+
+
+class IssuedToken(Answer):
+    """A token made or rotated: ``secret`` is the token itself, shown this once (only its hash is kept)."""
+    token: TokenInfo
+    secret: str
+
+
 class QuarantineLifted(Answer):
     namespace: str
     lifted: bool

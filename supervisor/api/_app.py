@@ -87,7 +87,9 @@ from ..store import (
     UnknownSession,
     UnknownTask,
 )
-from ._auth import Principal, TokenAuth
+from ._auth import Principal, TokenAuth, TokenNameTaken
+from ._console import ConsoleRefused, console_routes, cookie_principal
+from ..console import COOKIE, ConsoleSessions
 from ._endpoints import ENDPOINTS, Access, Endpoint
 from ._ranges import Unsatisfiable, byte_range
 from .openapi import openapi_document, reference_page
@@ -429,11 +431,14 @@ class StreamDrain:
 def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIVE_S,
                max_streams_per_principal: int = 32, body_timeout_s: float = 30.0,
                claim_connection: Callable[[str], str | None] | None = None,
-               drain: StreamDrain | None = None, bundle_limits: BundleLimits | None = None) -> Starlette:
+               drain: StreamDrain | None = None, bundle_limits: BundleLimits | None = None,
+               console: ConsoleSessions | None = None) -> Starlette:
     """``claim_connection(principal identity)`` charges the request's connection to the principal (the server's
     per-token connection cap); it returns why not, if the token holds too many (429). ``drain``: the service's
-    record of open event streams, which it drains on SIGTERM."""
+    record of open event streams, which it drains on SIGTERM. ``console``: the web console's sessions (their
+    cookie authenticates as the token that logged in)."""
     drain = drain or StreamDrain()
+    console = console if console is not None else ConsoleSessions()
     metrics = _Metrics(engine)
     engine.observers.add(metrics.tasks)
     store = engine.store
@@ -441,9 +446,15 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     bundles = BundleService(engine, bundle_limits)  # support bundles: one per token at a time, cached
 
     def principal_of(request: Request) -> Principal:
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        principal = auth.authenticate(token.strip()) if scheme.lower() == "bearer" else None
+        header = request.headers.get("authorization")
+        if header is None and COOKIE in request.cookies:  # the console's: the same principal as its token
+            try:
+                principal: Principal | None = cookie_principal(request, console, auth)
+            except ConsoleRefused as exc:
+                raise ApiError(exc.status, exc.code, exc.message) from None
+        else:
+            scheme, _, token = (header or "").partition(" ")
+            principal = auth.authenticate(token.strip()) if scheme.lower() == "bearer" else None
         if principal is None:
             raise ApiError(401, "unauthorized", "missing or invalid bearer token (Authorization: Bearer <token>)")
         access = request.scope[_ENDPOINT].access
@@ -750,6 +761,60 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         if lifted:
             audit("namespace.quarantine_lifted", "api:admin", namespace=namespace)
         return _answer(request, api.QuarantineLifted(namespace=namespace, lifted=lifted))
+
+    def token_info(token_id: str, principal: Principal) -> api.TokenInfo:
+        return api.TokenInfo(id=token_id, name=principal.name, admin=principal.admin, metrics=principal.metrics,
+                             namespaces=tuple(sorted(principal.namespaces)))
+
+    def tenant_token(token_id: str) -> None:
+        """Only a token of the table, by its id (never a name: one name may be several tenants'), and not the
+        admin's own (its file on the host is the way back in)."""
+        found = [p for i, p in auth.records() if i == token_id]
+        if not found:
+            raise ApiError(404, "token_not_found", f"no token {token_id!r} (GET /v1/tokens lists them)")
+        if found[0].admin:
+            raise ApiError(409, "admin_token", "the admin's token is changed on the host: `codesdk-supervisor token "
+                                               "rotate admin` (it writes the new one nowhere else)")
+
+    async def list_tokens(request: Request) -> Response:
+        require_admin(request, "/v1/tokens")
+        _query(request, api.NoQuery)
+        return _answer(request, api.TokenList(tokens=tuple(token_info(i, p) for i, p in auth.records())))
+
+    async def create_token(request: Request) -> Response:
+        require_admin(request, "making a token")
+        body = await _body(request, api.CreateTokenRequest)
+        if not body.metrics and not body.namespaces:
+            raise ApiError(422, "invalid_request", "body field 'namespaces': give the namespaces the token may use "
+                                                   "(or metrics: true for a token that reads /metrics alone)")
+        try:
+            secret = auth.add_principal(body.name, body.namespaces, metrics=body.metrics)
+        except InvalidNamespace as exc:
+            raise ApiError(422, "invalid_request", f"body field 'namespaces': {exc}") from exc
+        except TokenNameTaken as exc:
+            raise ApiError(409, "token_name_taken", str(exc)) from exc
+        except ValueError as exc:
+            raise ApiError(422, "invalid_request", str(exc)) from exc
+        token_id, principal = auth.records()[-1]
+        audit("token.added", "api:admin", token=token_id, name=principal.name,
+              namespaces=",".join(sorted(principal.namespaces)) or "-")
+        return _answer(request, api.IssuedToken(token=token_info(token_id, principal), secret=secret))
+
+    async def revoke_token(request: Request) -> Response:
+        require_admin(request, "revoking a token")
+        token_id = str(request.path_params["token_id"])
+        tenant_token(token_id)
+        token_id, principal = auth.revoke(token_id)
+        audit("token.revoked", "api:admin", token=token_id, name=principal.name)
+        return _answer(request, token_info(token_id, principal))
+
+    async def rotate_token(request: Request) -> Response:
+        require_admin(request, "rotating a token")
+        token_id = str(request.path_params["token_id"])
+        tenant_token(token_id)
+        token_id, principal, secret = auth.rotate(token_id)
+        audit("token.rotated", "api:admin", token=token_id, name=principal.name)
+        return _answer(request, api.IssuedToken(token=token_info(token_id, principal), secret=secret))
 
     def admin_namespace(request: Request, what: str) -> str:
         require_admin(request, what)
@@ -1171,12 +1236,15 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         "getSessionBudget": get_session_budget, "setSessionBudget": set_session_budget,
         "raiseSessionBudget": raise_session_budget, "getNamespaceBudget": get_namespace_budget,
         "setNamespaceBudget": set_namespace_budget,
+        "listTokens": list_tokens, "createToken": create_token, "revokeToken": revoke_token,
+        "rotateToken": rotate_token,
         "getOpenApi": openapi, "getApiReference": api_reference,
     }
     operation_ids = {endpoint.operation_id for endpoint in ENDPOINTS}
     if set(handlers) != operation_ids:
         raise RuntimeError(f"the route table and the handlers differ: {sorted(set(handlers) ^ operation_ids)}")
     routes = [Route(e.path, counted(e, handlers[e.operation_id]), methods=[e.method]) for e in ENDPOINTS]
+    routes += console_routes(console, auth)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

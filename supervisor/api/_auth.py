@@ -277,8 +277,12 @@ class TokenAuth:
     def authenticate(self, token: str | None) -> Principal | None:
         if not token:
             return None
+        return self.authenticate_hash(hash_token(token))
+
+    def authenticate_hash(self, digest: str) -> Principal | None:
+        """The principal of the token with this sha256 (a console session keeps the hash, never the token): None
+        once that token is revoked or rotated."""
         self._reload_if_changed()
-        digest = hash_token(token)
         found: Principal | None = None
         for entry in self._entries:
             if hmac.compare_digest(entry.digest, digest):

@@ -214,6 +214,21 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              Access.ADMIN, api.WorkerList),
     Endpoint("DELETE", f"{_NAMESPACE}/quarantine", "liftQuarantine", "Let a quarantined namespace start workers now",
              "namespaces", Access.ADMIN, api.QuarantineLifted, errors=(422,)),
+    Endpoint("GET", "/v1/tokens", "listTokens", "Every API token: id, name, role and namespaces (never the token)",
+             "tokens", Access.ADMIN, api.TokenList, query=api.NoQuery),
+    Endpoint("POST", "/v1/tokens", "createToken", "Make a token bound to namespaces (or a metrics token)", "tokens",
+             Access.ADMIN, api.IssuedToken, 201, body=api.CreateTokenRequest, errors=(409,),
+             description="`secret` is the token, shown this once: only its hash is kept. 409 `token_name_taken` when "
+                         "a token of that name is bound to one of the namespaces. Written to the audit log."),
+    Endpoint("DELETE", "/v1/tokens/{token_id}", "revokeToken", "Revoke a token: it stops working at once",
+             "tokens", Access.ADMIN, api.TokenInfo, errors=(404, 409),
+             description="Its console sessions end with it. 409 `admin_token` for the admin's own token (changed "
+                         "on the host: `codesdk-supervisor token rotate`)."),
+    Endpoint("POST", "/v1/tokens/{token_id}/rotate", "rotateToken",
+             "Replace a token by a new one (same id, name and namespaces)", "tokens", Access.ADMIN, api.IssuedToken,
+             errors=(404, 409),
+             description="The old token stops working at once; `secret` is the new one, shown this once. 409 "
+                         "`admin_token` for the admin's own token."),
     Endpoint("GET", f"{_NAMESPACE}/env", "getNamespaceEnv", "A namespace's variables: names and fingerprints",
              "namespaces", Access.ADMIN, api.EnvList, errors=(422,)),
     Endpoint("PATCH", f"{_NAMESPACE}/env", "updateNamespaceEnv",

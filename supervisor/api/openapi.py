@@ -30,6 +30,7 @@ _TAGS = {
     "runtimes": "What a namespace's worker can run, and its logins.",
     "namespaces": "Tenants' namespaces and, for the operator, their variables and quarantine.",
     "service": "Health, readiness, metrics, workers and this description.",
+    "tokens": "API tokens, for the operator: made, listed, rotated and revoked (the tokens file the CLI edits too).",
 }
 
 

@@ -273,6 +273,14 @@ async def test_every_answer_of_every_operation_matches_the_schema_the_document_d
         assert (await c.put(budget, headers=admin, json={"monthly_usd": 100})).status_code == 200
         assert (await c.put(budget, headers=admin, json={"monthly_usd": "lots"})).status_code == 422
         assert (await c.get(budget, headers=admin)).status_code == 200
+        tokens = await c.post("/v1/tokens", headers=admin, json={"name": "carol", "namespaces": ["user:carol"]})
+        assert tokens.status_code == 201
+        carol = tokens.json()["token"]["id"]
+        assert (await c.post("/v1/tokens", headers=admin, json={"name": "carol"})).status_code == 422
+        assert (await c.get("/v1/tokens", headers=admin)).status_code == 200
+        assert (await c.post(f"/v1/tokens/{carol}/rotate", headers=admin)).status_code == 200
+        assert (await c.delete(f"/v1/tokens/{carol}", headers=admin)).status_code == 200
+        assert (await c.delete(f"/v1/tokens/{carol}", headers=admin)).status_code == 404
 
         capped = (await c.post("/v1/sessions", headers=alice, json={"namespace": "user:alice",
                                                                     "budget": {"tokens": 1}})).json()["session_id"]
