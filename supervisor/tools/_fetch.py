@@ -349,6 +349,13 @@ class FetchTool:
                 headers = {}  # what the call meant for one origin (a token) is not sent to another, nor in clear
             target = following
 
+    async def post_once(self, url: str, headers: Mapping[str, str], body: bytes, limit: int) -> tuple[int, bytes]:
+        """One POST to ``url``, checked and connected exactly as a fetch (no redirect followed, whatever
+        ``allow_post`` says: the caller is the service itself, a webhook sender); its status and the first
+        ``limit`` bytes of its body. ``ToolError`` as ``fetch``."""
+        response = await self._request(_parse(url), "POST", headers, body, limit, _Scope(None, None))
+        return response.status, bytes(response.body)
+
     async def run(self, args: FetchInput, ctx: ToolContext) -> ToolResult:
         limit = min(args.max_bytes or ctx.limits.fetch_max_bytes, ctx.limits.fetch_max_bytes)
         timeout = ctx.limits.fetch_timeout_s
