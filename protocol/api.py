@@ -769,8 +769,8 @@ MAX_WEBHOOK_DESCRIPTION = 500
 
 class CreateWebhookRequest(Request):
     url: str = Field(min_length=1, max_length=MAX_WEBHOOK_URL)
-    """http:// or https:// URL on a host the operator allows (``serve --webhook-allow``)."""
-    kinds: tuple[str, ...] = Field(min_length=1, max_length=32)
+    """An http or https URL on a host the operator allows (``serve --webhook-allow``)."""
+    kinds: list[str] = Field(min_length=1, max_length=32)
     """The kinds to deliver (``*``: every kind); a test-send is always delivered."""
     namespace: str | None = None
     """The admin: one namespace, or none for every namespace. A tenant: its own (default: its only one)."""

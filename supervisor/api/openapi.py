@@ -30,6 +30,7 @@ _TAGS = {
     "runtimes": "What a namespace's worker can run, and its logins.",
     "namespaces": "Tenants' namespaces and, for the operator, their variables and quarantine.",
     "service": "Health, readiness, metrics, workers and this description.",
+    "webhooks": "Endpoints sent signed deliveries of what happens (tasks ended, approvals waiting...), retried.",
 }
 
 
@@ -103,6 +104,8 @@ def _operation(endpoint: Endpoint, refs: dict[Any, dict[str, Any]]) -> dict[str,
 
 
 def _success(endpoint: Endpoint, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    if endpoint.status == 204:
+        return {"description": "done; no body"}
     if endpoint.answer is not None:
         return {"description": endpoint.answer.__doc__.splitlines()[0] if endpoint.answer.__doc__ else "success",
                 "content": {"application/json": {"schema": refs[(endpoint.answer, _MODE)]}}}

@@ -29,7 +29,8 @@ from ..api import TokenAuth, TokenFileInvalid
 from ..api.server import StreamDrain, serve_api
 from ..engine import Engine
 from ..namespaces import DiskQuotaError, NamespaceDisks, UidRangeError, UnsafeDataDir, disk_unsupported
-from ..store import DataDirBusy, StoreError, check_store_url
+from ..store import DataDirBusy, EventStore, StoreError, check_store_url
+from ..webhooks import WebhookService
 from ._sdnotify import Notifier, watchdog_interval_s
 from .assembly import SupervisorOptions, check_options, open_engine
 
@@ -106,9 +107,11 @@ async def serve(options: SupervisorOptions, socket_path: Path, port: int | None,
             auth = TokenAuth.bootstrap(data_dir)
             drain = StreamDrain()
             async with trio.open_nursery() as nursery:
+                webhooks = _webhooks(engine, options)
+                await nursery.start(webhooks.run)  # the delivery loop: its sends in a nursery of its own
                 bound = await nursery.start(partial(serve_api, engine, auth, socket_path, port,
                                                     limits=options.api_limits, drain=drain,
-                                                    metrics_port=metrics_port))
+                                                    metrics_port=metrics_port, webhooks=webhooks))
                 api = [f"unix:{socket_path}", *([f"http://127.0.0.1:{port}"] if port else [])]
                 if engine.store.lock is not None:  # a CLI that finds the data dir locked comes here instead
                     engine.store.lock.announce(api)
@@ -137,6 +140,16 @@ async def serve(options: SupervisorOptions, socket_path: Path, port: int | None,
                     break
                 nursery.cancel_scope.cancel()  # stop accepting; the engine's exit stops tasks and workers
     notifier.notify("STATUS=stopped")
+
+
+def _webhooks(engine: Engine, options: SupervisorOptions) -> WebhookService:
+    """The service's webhooks over its store; on PostgreSQL (leases that must be renewed) they deliver only what
+    this supervisor's namespaces caused (or what nobody's live lease holds)."""
+    if not isinstance(engine.store, EventStore):
+        raise TypeError("the service runs on an EventStore")
+    leases = engine.leasing.leases
+    return WebhookService(engine.store, options.webhooks,
+                          supervisor_id=None if leases.renew_every_s is None else leases.supervisor_id)
 
 
 @asynccontextmanager
