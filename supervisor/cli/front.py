@@ -40,6 +40,7 @@ from .common import (
     strict_values,
 )
 from .decision_args import add_parsers as add_decision_parsers
+from .webhook_args import add_parser as add_webhooks_parser
 from .run_ahead import RunAhead
 
 #: ``protocol.PermissionMode``'s values, here without importing the protocol (a test holds them equal).
@@ -248,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     namespaces.add_argument("--json", action="store_true")
 
     add_decision_parsers(command)
+    add_webhooks_parser(command, common)
     return strict_values(parser)
 
 
