@@ -15,9 +15,9 @@ import logging
 import random
 import secrets
 import time
-from collections.abc import Mapping
+from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import trio
@@ -101,6 +101,7 @@ class WebhookService:
                                              connect=options.connect))
         self._in_flight: dict[str, int] = {}
         self._wake = trio.Event()
+        self._notices: deque[tuple[WebhookKind, str, dict[str, Any]]] = deque(maxlen=1000)
 
     # --- registering ---------------------------------------------------------------------------------
 
@@ -148,16 +149,27 @@ class WebhookService:
         self._wake.set()
         return delivery
 
-    async def notify(self, kind: WebhookKind, namespace: str, data: Mapping[str, Any]) -> None:
-        """Deliveries of something that is not a session's event (a quarantine, a lease moved), recorded where it
-        is known; a store that fails is logged, never raised into the caller."""
-        if not self.accepts(namespace, kind):
-            return
-        try:
-            await self.store.add_deliveries(kind, namespace, {"namespace": namespace, **data})
-        except StoreError as exc:
-            log.error("webhooks: %s of namespace %s not recorded for delivery: %s", kind, namespace, exc)
-        self._wake.set()
+    def quarantined(self, namespace: str, reason: str, until: float) -> None:
+        """The worker pool quarantined ``namespace`` (``WorkerPool.on_quarantine``)."""
+        self._notice(WebhookKind.WORKER_QUARANTINED, namespace, {
+            "reason": reason, "until": datetime.fromtimestamp(until, UTC).isoformat()})
+
+    def lease_moved(self, namespace: str, failed_tasks: int) -> None:
+        """This supervisor took ``namespace`` over from one that is gone, failing the tasks it left running
+        (``Leasing.on_moved``)."""
+        self._notice(WebhookKind.LEASE_MOVED, namespace, {"supervisor_id": self._supervisor_id,
+                                                          "failed_tasks": failed_tasks})
+
+    def _notice(self, kind: WebhookKind, namespace: str, data: dict[str, Any]) -> None:
+        """Something that is not a session's event, told synchronously where it happens: the loop records its
+        deliveries next (those are in memory until then: see docs/webhooks.md)."""
+        if self.accepts(namespace, kind):
+            if len(self._notices) == self._notices.maxlen:
+                log.error("webhooks: more than %d notices wait to be recorded; %s of %s dropped",
+                          self._notices.maxlen, kind, namespace)
+                return
+            self._notices.append((kind, namespace, {"namespace": namespace, **data}))
+            self._wake.set()
 
     # --- delivering ----------------------------------------------------------------------------------
 
@@ -174,6 +186,10 @@ class WebhookService:
                     if trio.current_time() - reloaded > 30:  # endpoints another supervisor registered
                         await self.load()
                         reloaded = trio.current_time()
+                    while self._notices:
+                        kind, namespace, data = self._notices[0]
+                        await self.store.add_deliveries(kind, namespace, data)
+                        self._notices.popleft()
                     for delivery in await self._claim():
                         self._in_flight[delivery.webhook_id] = self._in_flight.get(delivery.webhook_id, 0) + 1
                         nursery.start_soon(self._deliver, delivery)

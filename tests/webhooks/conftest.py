@@ -17,7 +17,7 @@ from codesdk.supervisor.api import TokenAuth
 from codesdk.supervisor.api.server import serve_api
 from codesdk.supervisor.egress import EgressPolicy, HostPattern
 from codesdk.supervisor.engine import Engine
-from codesdk.supervisor.store import EventStore
+from codesdk.supervisor.service.serve import webhook_service
 from codesdk.supervisor.webhooks import WebhookOptions, WebhookService
 
 from tests.conftest import MakeEngine
@@ -82,10 +82,7 @@ async def hooked_api(make_engine: MakeEngine, tmp_path: Path, options: WebhookOp
                      **engine_options: Any) -> AsyncIterator[Hooked]:
     data_dir = tmp_path / "data"
     async with make_engine(data_dir=data_dir, **engine_options) as engine:
-        assert isinstance(engine.store, EventStore)
-        leases = engine.leasing.leases
-        service = WebhookService(engine.store, options,
-                                 supervisor_id=None if leases.renew_every_s is None else leases.supervisor_id)
+        service = webhook_service(engine, options)  # as the service makes it
         auth = TokenAuth.bootstrap(data_dir)
         admin = (data_dir / "admin.token").read_text().strip()
         alice = auth.add_principal("alice", ["user:alice"])
