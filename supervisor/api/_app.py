@@ -95,7 +95,7 @@ from .openapi import openapi_document, reference_page
 from ..engine import InvalidAnswer
 from ..store import QuestionRecord, QuestionSettled, UnknownQuestion
 from ..store import DeliveryRecord, UnknownDelivery, UnknownWebhook, WebhookRecord
-from ..webhooks import WebhookRefused, WebhookService
+from ..webhooks import TooManyWebhooks, WebhookRefused, WebhookService
 from .views import question_answer
 from .views import delivery_answer, webhook_answer
 from .views import (
@@ -1116,6 +1116,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
                                                     f"api:{principal.name}")
         except WebhookRefused as exc:
             raise ApiError(422, "webhook_refused", f"body field '{exc.field}': {exc}") from exc
+        except TooManyWebhooks as exc:
+            raise ApiError(409, "too_many_webhooks", str(exc)) from exc
         audit("webhook.created", f"api:{principal.name}", webhook=record.webhook_id, url=record.url,
               namespace=namespace or "*", kinds=",".join(kinds))
         return _answer(request, api.WebhookCreated(webhook=webhook_answer(record), secret=secret))
@@ -1144,8 +1146,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def test_webhook(request: Request) -> Response:
         _, record = await webhook_for(request)
-        return _answer(request, api.DeliveryAnswer(delivery=delivery_answer(await webhooks_on().test(
-            record.webhook_id))))
+        return _answer(request, api.DeliveryAnswer(delivery=delivery_answer(await webhooks_on().test(record))))
 
     async def list_deliveries(request: Request) -> Response:
         _, record = await webhook_for(request)

@@ -234,12 +234,14 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              description="Once its sessions spent it in a calendar month (UTC), new tasks there are refused with "
                          "402 `monthly_budget_spent` until the month ends."),
     Endpoint("POST", "/v1/webhooks", "createWebhook", "Register a webhook endpoint (its secret is shown once)",
-             "webhooks", Access.TOKEN, api.WebhookCreated, 201, body=api.CreateWebhookRequest, errors=(404, 503),
+             "webhooks", Access.TOKEN, api.WebhookCreated, 201, body=api.CreateWebhookRequest,
+             errors=(404, 409, 503),
              description="The URL's host must be one the operator allows (`serve --webhook-allow`, and "
                          "`--webhook-allow-address` for a non-public address): 422 naming `url` and what to allow "
                          "otherwise. A tenant's webhook is of its own namespace (404 for another's); the admin's of "
                          "one namespace, or of every namespace when `namespace` is left out. Deliveries are signed "
-                         "the Standard Webhooks way with the secret answered here (docs/webhooks.md)."),
+                         "the Standard Webhooks way with the secret answered here (docs/webhooks.md). 409 "
+                         "`too_many_webhooks` past 20 per namespace."),
     Endpoint("GET", "/v1/webhooks", "listWebhooks", "The webhooks the token sees", "webhooks", Access.TOKEN,
              api.WebhookList, query=api.NoQuery, errors=(503,)),
     Endpoint("GET", "/v1/webhooks/{webhook_id}", "getWebhook", "One webhook", "webhooks", Access.TOKEN, api.Webhook,

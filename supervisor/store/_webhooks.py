@@ -284,6 +284,19 @@ def redeliver(conn: Db, delivery_id: str) -> DeliveryRecord:
     return select_delivery(conn, delivery_id)
 
 
+def any_due(conn: Db, now: str) -> bool:
+    """Whether some pending delivery is due and unclaimed (a read: the loop claims, a write, only when so)."""
+    return conn.execute("SELECT 1 FROM webhook_deliveries WHERE state = 'pending' AND next_attempt_at <= ? AND "
+                        "(claimed_until IS NULL OR claimed_until < ?) LIMIT 1", (now, now)).fetchall() != []
+
+
+def count_webhooks(conn: Db, namespace: str | None) -> int:
+    """Webhooks of ``namespace`` (None: of every namespace)."""
+    if namespace is None:
+        return int(conn.scalar("SELECT count(*) FROM webhooks WHERE namespace IS NULL"))
+    return int(conn.scalar("SELECT count(*) FROM webhooks WHERE namespace = ?", (namespace,)))
+
+
 def claim_deliveries(conn: Db, now: str, until: str, room: Mapping[str, int], default_room: int, limit: int,
                      supervisor_id: str | None) -> list[DeliveryRecord]:
     """Due pending deliveries no live claim holds, claimed until ``until``: at most ``room`` per webhook (the

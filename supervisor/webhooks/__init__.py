@@ -2,6 +2,6 @@
 store's outbox by a loop of their own (docs/webhooks.md)."""
 
 from ._registry import WebhookRegistry, url_refusal
-from ._service import WebhookOptions, WebhookRefused, WebhookService
+from ._service import TooManyWebhooks, WebhookOptions, WebhookRefused, WebhookService
 
-__all__ = ["WebhookOptions", "WebhookRefused", "WebhookRegistry", "WebhookService", "url_refusal"]
+__all__ = ["TooManyWebhooks", "WebhookOptions", "WebhookRefused", "WebhookRegistry", "WebhookService", "url_refusal"]

@@ -71,6 +71,9 @@ class WebhookOptions:
     poll_s: float = 0.5
     #: How long a rotated-out secret still signs deliveries beside the new one.
     rotation_overlap_s: float = 24 * 3600.0
+    #: Webhooks one namespace may have (and the admin's of every namespace): each event is written once per
+    #: endpoint, in the transaction every tenant's events share.
+    max_per_namespace: int = 20
     resolver: Resolver = system_resolver
     connect: Connector = open_tcp
 
@@ -86,6 +89,10 @@ class WebhookRefused(ValueError):
     def __init__(self, field_name: str, message: str) -> None:
         super().__init__(message)
         self.field = field_name
+
+
+class TooManyWebhooks(Exception):
+    """The namespace has as many webhooks as it may (409)."""
 
 
 class WebhookService:
@@ -118,6 +125,10 @@ class WebhookService:
         refusal = url_refusal(self.options.egress, url)
         if refusal is not None:
             raise WebhookRefused("url", refusal)
+        if await self.store.count_webhooks(namespace) >= self.options.max_per_namespace:
+            raise TooManyWebhooks(f"{'every namespace' if namespace is None else f'namespace {namespace!r}'} has "
+                                  f"{self.options.max_per_namespace} webhooks, the most it may; remove one first "
+                                  "(each event is written once per endpoint)")
         secret = make_secret(secrets.token_bytes(SECRET_BYTES))
         record = await self.store.create_webhook(WebhookRecord(
             webhook_id=new_id("wh"), url=url, kinds=kinds, namespace=namespace, description=description,
@@ -137,10 +148,10 @@ class WebhookService:
         await self.store.rotate_webhook_secret(webhook_id, secret, until)
         return secret, until
 
-    async def test(self, webhook_id: str) -> DeliveryRecord:
+    async def test(self, webhook: WebhookRecord) -> DeliveryRecord:
         [delivery] = await self.store.add_deliveries(
-            WebhookKind.WEBHOOK_TEST, None, {"webhook_id": webhook_id, "message": "a test-send"},
-            webhook_id=webhook_id)
+            WebhookKind.WEBHOOK_TEST, webhook.namespace, {"webhook_id": webhook.webhook_id, "message": "a test-send"},
+            webhook_id=webhook.webhook_id)
         self._wake.set()
         return delivery
 
@@ -201,6 +212,8 @@ class WebhookService:
 
     async def _claim(self) -> list[DeliveryRecord]:
         now = utc_now()
+        if not await self.store.deliveries_due(now):
+            return []  # nothing to claim: no write (on SQLite each commit is an fsync)
         room = {webhook_id: self.options.per_endpoint - busy for webhook_id, busy in self._in_flight.items()}
         return await self.store.claim_deliveries(now, now + timedelta(seconds=self.options.claim_s), room,
                                                  self.options.per_endpoint, 64, self._supervisor_id)

@@ -165,3 +165,16 @@ async def test_the_cli(make_engine: MakeEngine, tmp_path: Path, nursery: trio.Nu
             await cmd_webhooks(build_parser().parse_args(["webhooks", "list"]))
         await run("remove", webhook)
         assert webhook not in await run("list")
+
+
+async def test_a_namespace_has_a_bounded_number_of_webhooks(make_engine: MakeEngine, tmp_path: Path,
+                                                            nursery: trio.Nursery) -> None:
+    receiver = await started(nursery, Receiver())
+    async with hooked_api(make_engine, tmp_path, allowing(receiver, max_per_namespace=2)) as api:
+        for _ in range(2):
+            await api.register(api.alice, receiver.url, ["*"])
+        r = await api.client.post("/v1/webhooks", headers=api.auth(api.alice), json={"url": receiver.url,
+                                                                                     "kinds": ["*"]})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "too_many_webhooks", r.text
+        assert "remove one" in r.json()["error"]["message"]
+        await api.register(api.bob, receiver.url, ["*"])  # another namespace's count is its own
