@@ -66,7 +66,7 @@ from ..service.assembly import SupervisorOptions
 from ..store import COMMIT_LINGER_S, LEASE_S, MAX_COMMIT_LINGER_S, QUOTA_FLAGS, Quotas, current_holder
 from ..tools import DEFAULT_EXEC_UID, check_exec_identity
 from ..workers.launch import WorkerPolicy
-from ..egress import EgressPolicy
+from ..egress import EgressPolicy, HostPattern, IPNetwork
 from ..webhooks import WebhookOptions
 from .common import (
     EXIT_USAGE,
@@ -311,10 +311,11 @@ def _add_webhook_flags(run: argparse.ArgumentParser) -> None:
     group = run.add_argument_group("webhooks", "signed deliveries of events to endpoints tenants and the admin "
                                                "register (docs/webhooks.md); none may be registered until a host "
                                                "is allowed")
-    group.add_argument("--webhook-allow", action="append", type=fetch_host, metavar="HOST_PATTERN", default=None,
+    group.add_argument("--webhook-allow", action="append", type=_webhook_host, metavar="HOST_PATTERN", default=None,
                        help="let webhook endpoints be on this host: example.com, *.example.com, or an IP, each with "
                             "an optional :PORT (else the scheme's default port); repeatable. Default: none")
-    group.add_argument("--webhook-allow-address", action="append", type=fetch_address, metavar="CIDR", default=None,
+    group.add_argument("--webhook-allow-address", action="append", type=_webhook_address, metavar="CIDR",
+                       default=None,
                        help="let deliveries connect to these addresses although they are not public (loopback, "
                             "private, link-local...: refused otherwise); repeatable")
     group.add_argument("--webhook-max-attempts", type=_positive_int, default=defaults.max_attempts, metavar="N",
@@ -324,6 +325,21 @@ def _add_webhook_flags(run: argparse.ArgumentParser) -> None:
                                                "an hour (default %(default)s)")
     group.add_argument("--webhook-timeout", type=_positive_float, default=defaults.timeout_s, metavar="SECONDS",
                        help="the longest one attempt may take, connecting included (default %(default)s)")
+
+
+def _webhook_host(value: str) -> HostPattern:
+    """``--webhook-allow``: a pattern as ``--allow-fetch`` takes, refused in this flag's name."""
+    try:
+        return fetch_host(value)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("--allow-fetch ", "")) from None
+
+
+def _webhook_address(value: str) -> IPNetwork:
+    try:
+        return fetch_address(value)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("--allow-fetch-address", "--webhook-allow-address")) from None
 
 
 def _webhook_options(args: argparse.Namespace) -> WebhookOptions:
