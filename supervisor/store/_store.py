@@ -528,6 +528,10 @@ class EventStore(Recorder):
             _webhooks.record_attempt, delivery_id=delivery_id, attempt=attempt, state=state,
             next_attempt_at=next_attempt_at))
 
+    async def prune_deliveries(self, before: datetime) -> int:
+        return await self._write("pruning settled webhook deliveries",
+                                 partial(_webhooks.prune_deliveries, before=to_text(before)))
+
     async def release_delivery_claims(self) -> None:
         await self._write("releasing webhook delivery claims", _webhooks.release_claims)
 

@@ -348,6 +348,14 @@ def record_attempt(conn: Db, delivery_id: str, attempt: AttemptRecord, state: De
     return select_delivery(conn, delivery_id)
 
 
+def prune_deliveries(conn: Db, before: str) -> int:
+    """Forget deliveries settled (delivered or dead) and made before ``before``, with their attempts; how many."""
+    old = "SELECT delivery_id FROM webhook_deliveries WHERE state <> 'pending' AND created_at < ?"
+    conn.execute(f"DELETE FROM webhook_attempts WHERE delivery_id IN ({old})", (before,))
+    return len(conn.execute(f"DELETE FROM webhook_deliveries WHERE delivery_id IN ({old}) RETURNING delivery_id",
+                            (before,)).fetchall())
+
+
 def release_claims(conn: Db) -> None:
     """Forget every claim (a sole supervisor starting: whatever claimed them before is gone)."""
     conn.execute("UPDATE webhook_deliveries SET claimed_until = NULL WHERE claimed_until IS NOT NULL")

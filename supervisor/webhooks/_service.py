@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 
 #: The most of an endpoint's answer kept (its first bytes say enough about a failure).
 _ANSWER_BYTES = 2048
+_USER_AGENT = "codesdk-webhooks/1"
+#: Seconds between two prunings of old settled deliveries.
+_PRUNE_EVERY_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ class WebhookOptions:
     poll_s: float = 0.5
     #: How long a rotated-out secret still signs deliveries beside the new one.
     rotation_overlap_s: float = 24 * 3600.0
+    #: Days a delivered or dead delivery (with its attempts) is kept before it is pruned.
+    keep_days: float = 30.0
     #: Webhooks one namespace may have (and the admin's of every namespace): each event is written once per
     #: endpoint, in the transaction every tenant's events share.
     max_per_namespace: int = 20
@@ -191,12 +196,16 @@ class WebhookService:
         await self.load()
         task_status.started()
         reloaded = trio.current_time()
+        pruned = -_PRUNE_EVERY_S
         async with trio.open_nursery() as nursery:
             while True:
                 try:
                     if trio.current_time() - reloaded > 30:  # endpoints another supervisor registered
                         await self.load()
                         reloaded = trio.current_time()
+                    if trio.current_time() - pruned >= _PRUNE_EVERY_S:
+                        await self.store.prune_deliveries(utc_now() - timedelta(days=self.options.keep_days))
+                        pruned = trio.current_time()
                     while self._notices:
                         kind, namespace, data = self._notices[0]
                         await self.store.add_deliveries(kind, namespace, data)
@@ -244,7 +253,7 @@ class WebhookService:
         error: str | None = None
         with trio.move_on_after(self.options.timeout_s) as scope:
             try:
-                status, answer = await self._sender.post_once(webhook.url, headers, body, _ANSWER_BYTES)
+                status, answer = await self._sender.post_once(webhook.url, headers, body, _ANSWER_BYTES, _USER_AGENT)
                 if not 200 <= status < 300:
                     error = f"HTTP {status}: {answer[:200].decode('utf-8', 'replace')}".strip()
             except ToolError as exc:

@@ -60,6 +60,10 @@ async def test_deliveries_commit_with_their_events_once_per_endpoint(store_url: 
         done = await store.record_attempt(mine.delivery_id, attempt, DeliveryState.DELIVERED, None)
         assert done is not None and done.state == DeliveryState.DELIVERED and done.attempts == 1
         assert [(a.status, a.duration_ms) for a in await store.delivery_attempts(mine.delivery_id)] == [(200, 3)]
+        assert await store.prune_deliveries(now - timedelta(days=1)) == 0  # made after it
+        assert await store.prune_deliveries(now + timedelta(days=1)) == 1  # the delivered one; the pending stays
+        assert await store.delivery_attempts(mine.delivery_id) == []
+        assert [d.delivery_id for d in await store.list_deliveries("wh_all")] == [everyone.delivery_id]
         await store.delete_webhook("wh_all")
         assert await store.record_attempt(everyone.delivery_id, attempt, DeliveryState.DELIVERED, None) is None
 
