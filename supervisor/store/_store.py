@@ -510,8 +510,9 @@ class EventStore(Recorder):
         return await self._write(f"redelivering {delivery_id!r}", partial(_webhooks.redeliver,
                                                                           delivery_id=delivery_id))
 
-    async def deliveries_due(self, now: datetime) -> bool:
-        return await self._read("looking for due webhook deliveries", partial(_webhooks.any_due, now=to_text(now)))
+    async def deliveries_due(self, now: datetime, busy: Sequence[str] = ()) -> bool:
+        return await self._read("looking for due webhook deliveries",
+                                partial(_webhooks.any_due, now=to_text(now), busy=busy))
 
     async def count_webhooks(self, namespace: str | None) -> int:
         return await self._read("counting webhooks", partial(_webhooks.count_webhooks, namespace=namespace))

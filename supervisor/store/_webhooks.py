@@ -284,10 +284,13 @@ def redeliver(conn: Db, delivery_id: str) -> DeliveryRecord:
     return select_delivery(conn, delivery_id)
 
 
-def any_due(conn: Db, now: str) -> bool:
-    """Whether some pending delivery is due and unclaimed (a read: the loop claims, a write, only when so)."""
+def any_due(conn: Db, now: str, busy: Sequence[str] = ()) -> bool:
+    """Whether some pending delivery is due and unclaimed, of a webhook not ``busy`` (a read: the loop claims, a
+    write, only when so)."""
+    others = f" AND webhook_id NOT IN ({', '.join('?' for _ in busy)})" if busy else ""
     return conn.execute("SELECT 1 FROM webhook_deliveries WHERE state = 'pending' AND next_attempt_at <= ? AND "
-                        "(claimed_until IS NULL OR claimed_until < ?) LIMIT 1", (now, now)).fetchall() != []
+                        f"(claimed_until IS NULL OR claimed_until < ?){others} LIMIT 1",
+                        (now, now, *busy)).fetchall() != []
 
 
 def count_webhooks(conn: Db, namespace: str | None) -> int:

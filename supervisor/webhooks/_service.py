@@ -221,9 +221,9 @@ class WebhookService:
 
     async def _claim(self) -> list[DeliveryRecord]:
         now = utc_now()
-        if not await self.store.deliveries_due(now):
-            return []  # nothing to claim: no write (on SQLite each commit is an fsync)
         room = {webhook_id: self.options.per_endpoint - busy for webhook_id, busy in self._in_flight.items()}
+        if not await self.store.deliveries_due(now, [webhook_id for webhook_id, left in room.items() if left <= 0]):
+            return []  # nothing to claim (or only for endpoints without room): no write, which is an fsync on SQLite
         return await self.store.claim_deliveries(now, now + timedelta(seconds=self.options.claim_s), room,
                                                  self.options.per_endpoint, 64, self._supervisor_id)
 

@@ -76,6 +76,8 @@ async def test_a_claim_leaves_room_per_endpoint(store_url: str) -> None:
             await store.add_deliveries("webhook.test", None, {}, webhook_id="wh_a")
             await store.add_deliveries("webhook.test", None, {}, webhook_id="wh_b")
         now = datetime.now(UTC)
+        assert await store.deliveries_due(now, ["wh_a"])
+        assert not await store.deliveries_due(now, ["wh_a", "wh_b"])  # due, but only for endpoints without room
         claimed = await store.claim_deliveries(now, now + timedelta(seconds=60), {"wh_a": 0}, 2, 10, None)
         assert [d.webhook_id for d in claimed] == ["wh_b", "wh_b"]
 
