@@ -672,6 +672,52 @@ class _Calls:
     def transcript(session_id: str) -> _Call[api.Transcript]:
         return _Call("GET", f"/v1/sessions/{_q(session_id)}/transcript", api.Transcript.model_validate)
 
+    @staticmethod
+    def create_webhook(url: str, kinds: Sequence[str], namespace: str | None, description: str,
+                       key: str | None) -> _Call[api.WebhookCreated]:
+        body: dict[str, Any] = {"url": url, "kinds": list(kinds), "description": description}
+        if namespace is not None:
+            body["namespace"] = namespace
+        return _Call("POST", "/v1/webhooks", api.WebhookCreated.model_validate, json=body, idempotency_key=_key(key))
+
+    @staticmethod
+    def webhooks() -> _Call[list[api.Webhook]]:
+        return _Call("GET", "/v1/webhooks", lambda answer: list(api.WebhookList.model_validate(answer).webhooks))
+
+    @staticmethod
+    def webhook(webhook_id: str) -> _Call[api.Webhook]:
+        return _Call("GET", f"/v1/webhooks/{_q(webhook_id)}", api.Webhook.model_validate)
+
+    @staticmethod
+    def delete_webhook(webhook_id: str) -> _Call[None]:
+        return _Call("DELETE", f"/v1/webhooks/{_q(webhook_id)}", lambda answer: None)
+
+    @staticmethod
+    def rotate_webhook_secret(webhook_id: str) -> _Call[api.RotatedSecret]:
+        return _Call("POST", f"/v1/webhooks/{_q(webhook_id)}/rotate", api.RotatedSecret.model_validate,
+                     idempotency_key=_key(None))
+
+    @staticmethod
+    def test_webhook(webhook_id: str) -> _Call[api.Delivery]:
+        return _Call("POST", f"/v1/webhooks/{_q(webhook_id)}/test",
+                     lambda answer: api.DeliveryAnswer.model_validate(answer).delivery, idempotency_key=_key(None))
+
+    @staticmethod
+    def deliveries(webhook_id: str, state: str | None) -> _Call[list[api.Delivery]]:
+        return _Call("GET", f"/v1/webhooks/{_q(webhook_id)}/deliveries",
+                     lambda answer: list(api.DeliveryList.model_validate(answer).deliveries),
+                     params=None if state is None else {"state": state})
+
+    @staticmethod
+    def delivery(webhook_id: str, delivery_id: str) -> _Call[api.Delivery]:
+        return _Call("GET", f"/v1/webhooks/{_q(webhook_id)}/deliveries/{_q(delivery_id)}",
+                     api.Delivery.model_validate)
+
+    @staticmethod
+    def redeliver(webhook_id: str, delivery_id: str) -> _Call[api.Delivery]:
+        return _Call("POST", f"/v1/webhooks/{_q(webhook_id)}/deliveries/{_q(delivery_id)}/redeliver",
+                     lambda answer: api.DeliveryAnswer.model_validate(answer).delivery, idempotency_key=_key(None))
+
 
 def _unexpected(call: _Call[Any], answer: object, exc: ValidationError) -> ApiError:
     return ApiError(502, "unexpected_answer", f"{call.method} {call.path} answered what this client cannot read "
@@ -717,7 +763,7 @@ class AsyncClient:
                 break
             await anyio.sleep(wait)
         _raise_for(response)
-        answer = response.json()
+        answer = response.json() if response.content else None  # 204: no body
         try:
             return call.read(answer)
         except ValidationError as exc:
@@ -940,6 +986,43 @@ class AsyncClient:
     async def transcript(self, session_id: str) -> api.Transcript:
         """The conversation derived from the session's events: its messages, each with its content blocks."""
         return await self._send(_Calls.transcript(session_id))
+
+    async def create_webhook(self, url: str, kinds: Sequence[str], *, namespace: str | None = None,
+                             description: str = "", idempotency_key: str | None = None) -> api.WebhookCreated:
+        """Register an endpoint for these kinds (``*``: all); the answer holds its ``whsec_…`` secret, shown once.
+        A host the operator does not allow is ``InvalidRequest`` (422) naming what to allow (docs/webhooks.md)."""
+        return await self._send(_Calls.create_webhook(url, kinds, namespace, description, idempotency_key))
+
+    async def webhooks(self) -> list[api.Webhook]:
+        """The webhooks this token sees."""
+        return await self._send(_Calls.webhooks())
+
+    async def webhook(self, webhook_id: str) -> api.Webhook:
+        return await self._send(_Calls.webhook(webhook_id))
+
+    async def delete_webhook(self, webhook_id: str) -> None:
+        """Remove a webhook, and its deliveries not yet sent."""
+        await self._send(_Calls.delete_webhook(webhook_id))
+
+    async def rotate_webhook_secret(self, webhook_id: str) -> api.RotatedSecret:
+        """A new secret; the previous one still signs beside it until ``previous_valid_until``."""
+        return await self._send(_Calls.rotate_webhook_secret(webhook_id))
+
+    async def test_webhook(self, webhook_id: str) -> api.Delivery:
+        """Send a ``webhook.test`` delivery; follow it with ``delivery``."""
+        return await self._send(_Calls.test_webhook(webhook_id))
+
+    async def deliveries(self, webhook_id: str, state: str | None = None) -> list[api.Delivery]:
+        """A webhook's deliveries, newest first (``state``: pending, delivered or dead)."""
+        return await self._send(_Calls.deliveries(webhook_id, state))
+
+    async def delivery(self, webhook_id: str, delivery_id: str) -> api.Delivery:
+        """One delivery with its attempts."""
+        return await self._send(_Calls.delivery(webhook_id, delivery_id))
+
+    async def redeliver(self, webhook_id: str, delivery_id: str) -> api.Delivery:
+        """Send a delivery again now, with the same id."""
+        return await self._send(_Calls.redeliver(webhook_id, delivery_id))
 
     async def bundle(self, session_id: str, into: IO[bytes]) -> int:
         """Write the session's support bundle (a .tar.gz, secrets redacted) to ``into``; returns its size."""
@@ -1179,7 +1262,7 @@ class Client:
                 break
             time.sleep(wait)
         _raise_for(response)
-        answer = response.json()
+        answer = response.json() if response.content else None  # 204: no body
         try:
             return call.read(answer)
         except ValidationError as exc:
@@ -1328,6 +1411,34 @@ class Client:
 
     def lift_quarantine(self, namespace: str) -> bool:
         return self._send(_Calls.lift_quarantine(namespace))
+
+    def create_webhook(self, url: str, kinds: Sequence[str], *, namespace: str | None = None,
+                       description: str = "", idempotency_key: str | None = None) -> api.WebhookCreated:
+        return self._send(_Calls.create_webhook(url, kinds, namespace, description, idempotency_key))
+
+    def webhooks(self) -> list[api.Webhook]:
+        return self._send(_Calls.webhooks())
+
+    def webhook(self, webhook_id: str) -> api.Webhook:
+        return self._send(_Calls.webhook(webhook_id))
+
+    def delete_webhook(self, webhook_id: str) -> None:
+        self._send(_Calls.delete_webhook(webhook_id))
+
+    def rotate_webhook_secret(self, webhook_id: str) -> api.RotatedSecret:
+        return self._send(_Calls.rotate_webhook_secret(webhook_id))
+
+    def test_webhook(self, webhook_id: str) -> api.Delivery:
+        return self._send(_Calls.test_webhook(webhook_id))
+
+    def deliveries(self, webhook_id: str, state: str | None = None) -> list[api.Delivery]:
+        return self._send(_Calls.deliveries(webhook_id, state))
+
+    def delivery(self, webhook_id: str, delivery_id: str) -> api.Delivery:
+        return self._send(_Calls.delivery(webhook_id, delivery_id))
+
+    def redeliver(self, webhook_id: str, delivery_id: str) -> api.Delivery:
+        return self._send(_Calls.redeliver(webhook_id, delivery_id))
 
     def transcript(self, session_id: str) -> api.Transcript:
         return self._send(_Calls.transcript(session_id))

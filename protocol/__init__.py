@@ -615,3 +615,31 @@ __all__ = [
     "QuestionRequestedWorkerEvent",
     "SendAnswerParams",
 ]
+
+from ._webhooks import (
+    ALL_KINDS as WEBHOOK_ALL_KINDS,
+    DELIVERY_ID_PATTERN,
+    MAX_ATTEMPTS as MAX_WEBHOOK_ATTEMPTS,
+    RETRY_BASE_S as WEBHOOK_RETRY_BASE_S,
+    RETRY_CAP_S as WEBHOOK_RETRY_CAP_S,
+    SECRET_BYTES as WEBHOOK_SECRET_BYTES,
+    EVENT_KINDS as WEBHOOK_EVENT_KINDS,
+    WEBHOOK_ID_PATTERN,
+    DeliveryState,
+    WebhookKind,
+    WebhookPayload,
+    WebhookSignatureError,
+    make_secret,
+    parse_kinds,
+    retry_delay,
+    signed_headers,
+    verify as verify_webhook,
+    wants as webhook_wants,
+)
+
+__all__ += [
+    "WEBHOOK_ALL_KINDS", "DELIVERY_ID_PATTERN", "MAX_WEBHOOK_ATTEMPTS", "WEBHOOK_RETRY_BASE_S",
+    "WEBHOOK_RETRY_CAP_S", "WEBHOOK_SECRET_BYTES", "WEBHOOK_EVENT_KINDS", "WEBHOOK_ID_PATTERN", "DeliveryState",
+    "WebhookKind", "WebhookPayload", "WebhookSignatureError", "make_secret", "parse_kinds", "retry_delay",
+    "signed_headers", "verify_webhook", "webhook_wants",
+]

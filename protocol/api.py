@@ -41,6 +41,7 @@ from ._steering import MAX_INPUT_CHARS, InputBlock, InputDelivery, input_text
 from ._runtime import RUNTIME_NAME_PATTERN, InteractionMode, PermissionMode, RuntimeEnv
 from ._runtime import IsolationLevel as IsolationLevel  # a Session's isolation: part of this module's vocabulary
 from ._transcript import CodeBlock, Message, TextBlock
+from ._webhooks import DeliveryState
 
 #: The most a page of events, sessions or approvals holds.
 MAX_PAGE = 1000
@@ -812,3 +813,86 @@ class AskedQuestion(Answer):
 
 class AskedQuestionList(Answer):
     questions: tuple[AskedQuestion, ...]
+
+
+# -- webhooks (docs/webhooks.md) -----------------------------------------------------------------------
+
+#: The longest URL and description a webhook may have.
+MAX_WEBHOOK_URL = 2048
+MAX_WEBHOOK_DESCRIPTION = 500
+
+
+class CreateWebhookRequest(Request):
+    url: str = Field(min_length=1, max_length=MAX_WEBHOOK_URL)
+    """An http or https URL on a host the operator allows (``serve --webhook-allow``)."""
+    kinds: list[str] = Field(min_length=1, max_length=32)
+    """The kinds to deliver (``*``: every kind); a test-send is always delivered."""
+    namespace: str | None = None
+    """The admin: one namespace, or none for every namespace. A tenant: its own (default: its only one)."""
+    description: str = Field(default="", max_length=MAX_WEBHOOK_DESCRIPTION)
+
+
+class DeliveriesQuery(Query):
+    state: str | None = None
+    """pending, delivered or dead (absent: all)."""
+
+
+class Webhook(Answer):
+    id: str
+    url: str
+    kinds: tuple[str, ...]
+    namespace: str | None = None
+    """None (absent): every namespace (the admin's)."""
+    description: str = ""
+    created_at: datetime
+    disabled: bool = False
+
+
+class WebhookCreated(Answer):
+    webhook: Webhook
+    secret: str
+    """``whsec_…``: shown this once; the receiver verifies signatures with it."""
+
+
+class WebhookList(Answer):
+    webhooks: tuple[Webhook, ...]
+
+
+class RotatedSecret(Answer):
+    secret: str
+    """The new ``whsec_…`` secret, shown this once."""
+    previous_valid_until: datetime
+    """Until then deliveries are signed with both secrets."""
+
+
+class DeliveryAttempt(Answer):
+    at: datetime
+    status: int | None = None
+    """The endpoint's HTTP status; None where no answer came."""
+    error: str | None = None
+    duration_ms: float
+
+
+class Delivery(Answer):
+    id: str
+    """Also the ``webhook-id`` header: the same on every attempt (deduplicate on it)."""
+    webhook_id: str
+    kind: str
+    namespace: str | None = None
+    session_id: str | None = None
+    task_id: str | None = None
+    state: DeliveryState
+    attempts: int | tuple[DeliveryAttempt, ...]
+    """A count in listings; the attempts themselves when one delivery is read."""
+    next_attempt_at: datetime | None = None
+    last_error: str | None = None
+    created_at: datetime
+    delivered_at: datetime | None = None
+
+
+class DeliveryAnswer(Answer):
+    delivery: Delivery
+
+
+class DeliveryList(Answer):
+    deliveries: tuple[Delivery, ...]

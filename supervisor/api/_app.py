@@ -23,6 +23,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from codesdk.protocol import QuestionReply, QuestionState
+from codesdk.protocol import DeliveryState, parse_kinds
 from codesdk.protocol import (
     HASH_PREFIX,
     CanonicalizationError,
@@ -96,6 +97,9 @@ from .openapi import openapi_document, reference_page
 from ..engine import APPROVAL_KIND, QUESTION_KIND, InvalidAnswer
 from ..store import QuestionRecord, QuestionSettled, UnknownQuestion
 from .views import question_answer, routing_answer
+from ..store import DeliveryRecord, UnknownDelivery, UnknownWebhook, WebhookRecord
+from ..webhooks import TooManyWebhooks, WebhookRefused, WebhookService
+from .views import delivery_answer, webhook_answer
 from .views import (
     approval_answer,
     budget_answer,
@@ -432,7 +436,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
                max_streams_per_principal: int = 32, body_timeout_s: float = 30.0,
                claim_connection: Callable[[str], str | None] | None = None,
                drain: StreamDrain | None = None, bundle_limits: BundleLimits | None = None,
-               console: ConsoleSessions | None = None) -> Starlette:
+               console: ConsoleSessions | None = None,
+               webhooks: WebhookService | None = None) -> Starlette:
     """``claim_connection(principal identity)`` charges the request's connection to the principal (the server's
     per-token connection cap); it returns why not, if the token holds too many (429). ``drain``: the service's
     record of open event streams, which it drains on SIGTERM. ``console``: the web console's sessions (their
@@ -1141,6 +1146,107 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         return StreamingResponse(chunks(), media_type="application/gzip",
                                  headers={"content-disposition": f'attachment; filename="{name}"'})
 
+    # -- webhooks (docs/webhooks.md) --
+
+    def webhooks_on() -> WebhookService:
+        if webhooks is None:
+            raise ApiError(503, "webhooks_unavailable", "this supervisor sends no webhooks (an embedded one); use "
+                           "the service (codesdk-supervisor serve)")
+        return webhooks
+
+    async def webhook_for(request: Request) -> tuple[Principal, WebhookRecord]:
+        """The path's webhook, if the token sees it: the admin every one, a tenant those of its namespaces."""
+        principal = principal_of(request)
+        webhook_id = str(request.path_params["webhook_id"])
+        service = webhooks_on()
+        try:
+            record = None if _unstorable(webhook_id) else await service.store.get_webhook(webhook_id)
+        except UnknownWebhook:
+            record = None
+        if record is None or not (principal.admin or (record.namespace is not None
+                                                      and principal.can_access(record.namespace))):
+            raise ApiError(404, "webhook_not_found", f"no webhook {webhook_id!r}")
+        return principal, record
+
+    async def delivery_for(request: Request) -> DeliveryRecord:
+        _, webhook = await webhook_for(request)
+        delivery_id = str(request.path_params["delivery_id"])
+        try:
+            record = None if _unstorable(delivery_id) else await webhooks_on().store.get_delivery(delivery_id)
+        except UnknownDelivery:
+            record = None
+        if record is None or record.webhook_id != webhook.webhook_id:
+            raise ApiError(404, "delivery_not_found", f"no delivery {delivery_id!r} of webhook {webhook.webhook_id}")
+        return record
+
+    async def create_webhook(request: Request) -> Response:
+        principal = principal_of(request)
+        service = webhooks_on()
+        body = await _body(request, api.CreateWebhookRequest)
+        if principal.admin and body.namespace is None:
+            namespace: str | None = None
+        else:
+            namespace = namespace_for(principal, own_namespace(principal, body.namespace))
+        try:
+            kinds = parse_kinds(body.kinds)
+        except ValueError as exc:
+            raise ApiError(422, "invalid_request", f"body field 'kinds': {exc}") from exc
+        try:
+            record, secret = await service.register(body.url, kinds, namespace, body.description,
+                                                    f"api:{principal.name}")
+        except WebhookRefused as exc:
+            raise ApiError(422, "webhook_refused", f"body field '{exc.field}': {exc}") from exc
+        except TooManyWebhooks as exc:
+            raise ApiError(409, "too_many_webhooks", str(exc)) from exc
+        audit("webhook.created", f"api:{principal.name}", webhook=record.webhook_id, url=record.url,
+              namespace=namespace or "*", kinds=",".join(kinds))
+        return _answer(request, api.WebhookCreated(webhook=webhook_answer(record), secret=secret))
+
+    async def list_webhooks(request: Request) -> Response:
+        principal = principal_of(request)
+        _query(request, api.NoQuery)
+        records = await webhooks_on().store.list_webhooks(None if principal.admin else sorted(principal.namespaces))
+        return _answer(request, api.WebhookList(webhooks=tuple(webhook_answer(r) for r in records)))
+
+    async def get_webhook(request: Request) -> Response:
+        _, record = await webhook_for(request)
+        return _answer(request, webhook_answer(record))
+
+    async def delete_webhook(request: Request) -> Response:
+        principal, record = await webhook_for(request)
+        await webhooks_on().remove(record.webhook_id)
+        audit("webhook.removed", f"api:{principal.name}", webhook=record.webhook_id)
+        return Response(status_code=204)
+
+    async def rotate_webhook_secret(request: Request) -> Response:
+        principal, record = await webhook_for(request)
+        secret, until = await webhooks_on().rotate(record.webhook_id)
+        audit("webhook.secret_rotated", f"api:{principal.name}", webhook=record.webhook_id)
+        return _answer(request, api.RotatedSecret(secret=secret, previous_valid_until=until))
+
+    async def test_webhook(request: Request) -> Response:
+        _, record = await webhook_for(request)
+        return _answer(request, api.DeliveryAnswer(delivery=delivery_answer(await webhooks_on().test(record))))
+
+    async def list_deliveries(request: Request) -> Response:
+        _, record = await webhook_for(request)
+        asked = _query(request, api.DeliveriesQuery).state
+        try:
+            state = None if asked is None else DeliveryState(asked)
+        except ValueError:
+            raise ApiError(422, "invalid_query", "query 'state' must be pending, delivered or dead") from None
+        found = await webhooks_on().store.list_deliveries(record.webhook_id, state)
+        return _answer(request, api.DeliveryList(deliveries=tuple(delivery_answer(d) for d in found)))
+
+    async def get_delivery(request: Request) -> Response:
+        record = await delivery_for(request)
+        return _answer(request, delivery_answer(record, await webhooks_on().store.delivery_attempts(record.delivery_id)))
+
+    async def redeliver_delivery(request: Request) -> Response:
+        record = await delivery_for(request)
+        return _answer(request, api.DeliveryAnswer(delivery=delivery_answer(
+            await webhooks_on().redeliver(record.delivery_id))))
+
     async def refusals_answered(handler: Callable[[Request], Awaitable[Response]], request: Request) -> Response:
         """The handler's response, or the answer to a refusal of the engine (or the store below it), by its type
         (``supervisor.engine.ERROR_STATUS``); anything else goes on up."""
@@ -1238,6 +1344,9 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         "setNamespaceBudget": set_namespace_budget,
         "listTokens": list_tokens, "createToken": create_token, "revokeToken": revoke_token,
         "rotateToken": rotate_token,
+        "createWebhook": create_webhook, "listWebhooks": list_webhooks, "getWebhook": get_webhook,
+        "deleteWebhook": delete_webhook, "rotateWebhookSecret": rotate_webhook_secret, "testWebhook": test_webhook,
+        "listDeliveries": list_deliveries, "getDelivery": get_delivery, "redeliverDelivery": redeliver_delivery,
         "getOpenApi": openapi, "getApiReference": api_reference,
     }
     operation_ids = {endpoint.operation_id for endpoint in ENDPOINTS}

@@ -248,6 +248,39 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              body=api.NamespaceBudgetRequest,
              description="Once its sessions spent it in a calendar month (UTC), new tasks there are refused with "
                          "402 `monthly_budget_spent` until the month ends."),
+    Endpoint("POST", "/v1/webhooks", "createWebhook", "Register a webhook endpoint (its secret is shown once)",
+             "webhooks", Access.TOKEN, api.WebhookCreated, 201, body=api.CreateWebhookRequest,
+             errors=(404, 409, 503),
+             description="The URL's host must be one the operator allows (`serve --webhook-allow`, and "
+                         "`--webhook-allow-address` for a non-public address): 422 naming `url` and what to allow "
+                         "otherwise. A tenant's webhook is of its own namespace (404 for another's); the admin's of "
+                         "one namespace, or of every namespace when `namespace` is left out. Deliveries are signed "
+                         "the Standard Webhooks way with the secret answered here (docs/webhooks.md). 409 "
+                         "`too_many_webhooks` past 20 per namespace."),
+    Endpoint("GET", "/v1/webhooks", "listWebhooks", "The webhooks the token sees", "webhooks", Access.TOKEN,
+             api.WebhookList, query=api.NoQuery, errors=(503,)),
+    Endpoint("GET", "/v1/webhooks/{webhook_id}", "getWebhook", "One webhook", "webhooks", Access.TOKEN, api.Webhook,
+             errors=(404, 503)),
+    Endpoint("DELETE", "/v1/webhooks/{webhook_id}", "deleteWebhook",
+             "Remove a webhook and the deliveries not yet sent", "webhooks", Access.TOKEN, None, 204,
+             errors=(404, 503)),
+    Endpoint("POST", "/v1/webhooks/{webhook_id}/rotate", "rotateWebhookSecret",
+             "A new secret; the previous one still signs beside it for a while", "webhooks", Access.TOKEN,
+             api.RotatedSecret, errors=(404, 503),
+             description="Until `previous_valid_until` each delivery carries two signatures (one per secret), so the "
+                         "receiver may switch to the new secret at any time in between."),
+    Endpoint("POST", "/v1/webhooks/{webhook_id}/test", "testWebhook", "Send a `webhook.test` delivery", "webhooks",
+             Access.TOKEN, api.DeliveryAnswer, 202, errors=(404, 503)),
+    Endpoint("GET", "/v1/webhooks/{webhook_id}/deliveries", "listDeliveries",
+             "A webhook's deliveries, newest first (or ?state=pending|delivered|dead)", "webhooks", Access.TOKEN,
+             api.DeliveryList, query=api.DeliveriesQuery, errors=(404, 503)),
+    Endpoint("GET", "/v1/webhooks/{webhook_id}/deliveries/{delivery_id}", "getDelivery",
+             "One delivery, with its attempts", "webhooks", Access.TOKEN, api.Delivery, errors=(404, 503)),
+    Endpoint("POST", "/v1/webhooks/{webhook_id}/deliveries/{delivery_id}/redeliver", "redeliverDelivery",
+             "Send a delivery again, with the same id", "webhooks", Access.TOKEN, api.DeliveryAnswer, 202,
+             errors=(404, 503),
+             description="Due at once, whatever its state; it keeps its id (the `webhook-id` header), so a receiver "
+                         "that already has it may drop it, and its attempts so far."),
     Endpoint("GET", "/v1/openapi.json", "getOpenApi", "This document", "service", Access.PUBLIC, None),
     Endpoint("GET", "/v1/docs", "getApiReference", "This document as a web page", "service", Access.PUBLIC, None,
              media_type="text/html"),

@@ -48,6 +48,7 @@ from .limits import MAX_REFUSING, SEND_CHUNK, ApiLimits
 from ..engine import Engine
 from ._app import CHUNK_WRITER, KEEPALIVE_S, StreamDrain, create_app
 from ._auth import TokenAuth
+from ..webhooks import WebhookService
 
 log = logging.getLogger(__name__)
 
@@ -437,6 +438,7 @@ def _metrics_door(app: ASGIApp, metrics_port: int) -> ASGIApp:
 async def serve_api(engine: Engine, auth: TokenAuth, unix_socket: Path | None = None, tcp_port: int | None = None,
                     *, keepalive_s: float = KEEPALIVE_S, limits: ApiLimits | None = None,
                     drain: StreamDrain | None = None, metrics_port: int | None = None,
+                    webhooks: WebhookService | None = None,
                     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve until cancelled; ``task_status.started`` gets the bound addresses (``http://unix:…``,
     ``http://127.0.0.1:…``). ``metrics_port``: also listen on 127.0.0.1 there for /metrics and the probes alone
@@ -457,7 +459,7 @@ async def serve_api(engine: Engine, auth: TokenAuth, unix_socket: Path | None = 
              limits.max_streams_per_principal)
     app = create_app(engine, auth, keepalive_s=keepalive_s, max_streams_per_principal=limits.max_streams_per_principal,
                      body_timeout_s=limits.body_timeout_s, claim_connection=guard.claim, drain=drain,
-                     bundle_limits=limits.bundles)
+                     bundle_limits=limits.bundles, webhooks=webhooks)
     served = _metrics_door(app, metrics_port) if metrics_port is not None else app
     wrapped = wrap_app(guard.wrap(served), config.wsgi_max_body_size, "asgi")
     sockets: list[socket.socket] = []

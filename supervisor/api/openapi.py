@@ -31,6 +31,7 @@ _TAGS = {
     "namespaces": "Tenants' namespaces and, for the operator, their variables and quarantine.",
     "service": "Health, readiness, metrics, workers and this description.",
     "tokens": "API tokens, for the operator: made, listed, rotated and revoked (the tokens file the CLI edits too).",
+    "webhooks": "Endpoints sent signed deliveries of what happens (tasks ended, approvals waiting...), retried.",
 }
 
 
@@ -104,6 +105,8 @@ def _operation(endpoint: Endpoint, refs: dict[Any, dict[str, Any]]) -> dict[str,
 
 
 def _success(endpoint: Endpoint, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    if endpoint.status == 204:
+        return {"description": "done; no body"}
     if endpoint.answer is not None:
         return {"description": endpoint.answer.__doc__.splitlines()[0] if endpoint.answer.__doc__ else "success",
                 "content": {"application/json": {"schema": refs[(endpoint.answer, _MODE)]}}}

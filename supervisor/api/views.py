@@ -19,6 +19,7 @@ from codesdk.protocol import (
 from ..engine import Audience, GrantEntry, Route, WorkerEnvironment
 from ..namespaces import EnvEntry
 from ..store import ApprovalRecord, QuestionRecord, DroppedSession, EventLogReader, SessionRecord, TaskRecord
+from ..store import AttemptRecord, DeliveryRecord, WebhookRecord
 
 
 def session_answer(record: SessionRecord) -> api.Session:
@@ -155,3 +156,20 @@ def env_answer(namespace: str, entries: Sequence[EnvEntry]) -> api.EnvList:
 def runtime_env_answer(namespace: str, seen: WorkerEnvironment) -> api.RuntimeEnvView:
     return api.RuntimeEnvView(namespace=namespace, env=seen.env, worker_pid=seen.pid, uid=seen.uid, gid=seen.gid,
                               cwd=seen.cwd, workspace=seen.workspace, runtimes=seen.runtimes)
+
+
+def webhook_answer(record: WebhookRecord) -> api.Webhook:
+    """A webhook without its secrets (shown once, when made or rotated)."""
+    return api.Webhook(id=record.webhook_id, url=record.url, kinds=record.kinds, namespace=record.namespace,
+                       description=record.description, created_at=record.created_at, disabled=record.disabled)
+
+
+def delivery_answer(record: DeliveryRecord, attempts: Sequence[AttemptRecord] | None = None) -> api.Delivery:
+    """A delivery: its count of attempts, or (``attempts`` given) the attempts themselves."""
+    tried: int | tuple[api.DeliveryAttempt, ...] = record.attempts if attempts is None else tuple(
+        api.DeliveryAttempt(at=a.at, status=a.status, error=a.error, duration_ms=a.duration_ms) for a in attempts)
+    return api.Delivery(id=record.delivery_id, webhook_id=record.webhook_id, kind=record.kind,
+                        namespace=record.namespace, session_id=record.session_id, task_id=record.task_id,
+                        state=record.state, attempts=tried, next_attempt_at=record.next_attempt_at,
+                        last_error=record.last_error, created_at=record.created_at,
+                        delivered_at=record.delivered_at)

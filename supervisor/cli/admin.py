@@ -70,6 +70,8 @@ from ..service.assembly import SupervisorOptions
 from ..store import COMMIT_LINGER_S, LEASE_S, MAX_COMMIT_LINGER_S, QUOTA_FLAGS, Quotas, current_holder
 from ..tools import DEFAULT_EXEC_UID, check_exec_identity
 from ..workers.launch import WorkerPolicy
+from ..egress import EgressPolicy, HostPattern, IPNetwork
+from ..webhooks import WebhookOptions
 from .common import (
     EXIT_USAGE,
     Parser,
@@ -77,6 +79,7 @@ from .common import (
     add_question_flags,
     data_dir,
     fetch_flags_refusal,
+    fetch_address,
     fetch_host,
     fetch_options,
     namespace_name,
@@ -138,6 +141,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                      help="enable the sandboxed workspace.exec tool for tenants, for this command (an executable "
                           "name or absolute path; repeatable). Default: off")
     add_fetch_flags(run, "for tenants")
+    _add_webhook_flags(run)
     add_question_flags(run, "over the API")
     _add_routing_flags(run)
     run.add_argument("--exec-uid", type=_exec_identity, default=None, metavar="UID[:GID]",
@@ -301,8 +305,8 @@ def _serve_options(args: argparse.Namespace) -> SupervisorOptions:
         store=args.store, lease_s=args.lease_s, disk_reserve_bytes=args.disk_reserve,
         namespace_disk=args.namespace_disk, exec_max_file_bytes=args.exec_max_file_size,
         task_deadlines=_task_deadlines(args), commit_linger_s=args.commit_linger_ms / 1000,
-        questions=question_policy(args), routing=_routing_policy(args), prices=args.price_table, resource_groups=args.resource_groups,
-        group_limits=_group_limits(args),
+        questions=question_policy(args), routing=_routing_policy(args), prices=args.price_table,
+        resource_groups=args.resource_groups, group_limits=_group_limits(args), webhooks=_webhook_options(args),
         **({"exec_uid": args.exec_uid} if args.exec_uid is not None else {}))
 
 
@@ -325,6 +329,50 @@ def _add_routing_flags(run: argparse.ArgumentParser) -> None:
 def _routing_policy(args: argparse.Namespace) -> RoutingPolicy:
     return RoutingPolicy(unattended=Unattended(args.unattended), unattended_wait_s=args.unattended_wait,
                          escalate_after_s=args.escalate_after)
+
+
+def _add_webhook_flags(run: argparse.ArgumentParser) -> None:
+    """Webhooks (docs/webhooks.md): where endpoints may be, and how deliveries are retried."""
+    defaults = WebhookOptions()
+    group = run.add_argument_group("webhooks", "signed deliveries of events to endpoints tenants and the admin "
+                                               "register (docs/webhooks.md); none may be registered until a host "
+                                               "is allowed")
+    group.add_argument("--webhook-allow", action="append", type=_webhook_host, metavar="HOST_PATTERN", default=None,
+                       help="let webhook endpoints be on this host: example.com, *.example.com, or an IP, each with "
+                            "an optional :PORT (else the scheme's default port); repeatable. Default: none")
+    group.add_argument("--webhook-allow-address", action="append", type=_webhook_address, metavar="CIDR",
+                       default=None,
+                       help="let deliveries connect to these addresses although they are not public (loopback, "
+                            "private, link-local...: refused otherwise); repeatable")
+    group.add_argument("--webhook-max-attempts", type=_positive_int, default=defaults.max_attempts, metavar="N",
+                       help="attempts before a delivery is dead (default %(default)s)")
+    group.add_argument("--webhook-retry-base", type=_positive_float, default=defaults.retry_base_s,
+                       metavar="SECONDS", help="the first retry's delay; each next one doubles, with jitter, up to "
+                                               "an hour (default %(default)s)")
+    group.add_argument("--webhook-timeout", type=_positive_float, default=defaults.timeout_s, metavar="SECONDS",
+                       help="the longest one attempt may take, connecting included (default %(default)s)")
+
+
+def _webhook_host(value: str) -> HostPattern:
+    """``--webhook-allow``: a pattern as ``--allow-fetch`` takes, refused in this flag's name."""
+    try:
+        return fetch_host(value)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("--allow-fetch ", "")) from None
+
+
+def _webhook_address(value: str) -> IPNetwork:
+    try:
+        return fetch_address(value)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("--allow-fetch-address", "--webhook-allow-address")) from None
+
+
+def _webhook_options(args: argparse.Namespace) -> WebhookOptions:
+    return WebhookOptions(egress=EgressPolicy(hosts=tuple(args.webhook_allow or ()),
+                                              addresses=tuple(args.webhook_allow_address or ())),
+                          max_attempts=args.webhook_max_attempts, retry_base_s=args.webhook_retry_base,
+                          timeout_s=args.webhook_timeout)
 
 
 def _add_deadline_flags(run: argparse.ArgumentParser) -> None:

@@ -40,6 +40,7 @@ from .common import (
     strict_values,
 )
 from .decision_args import add_parsers as add_decision_parsers
+from .webhook_args import add_parser as add_webhooks_parser
 from .run_ahead import RunAhead
 
 #: ``protocol.PermissionMode``'s values, here without importing the protocol (a test holds them equal).
@@ -99,7 +100,7 @@ def _global_options(parser: argparse.ArgumentParser, *, in_subcommand: bool) -> 
     parser.add_argument("--url", default=default(os.environ.get("CODESDK_URL") or None),
                         help="use a running supervisor instead (unix:/path/api.sock or http://127.0.0.1:PORT) for "
                              "run, sessions, events, show, auth, runtime-env, bundle, blob, archive, unarchive, delete, fork, "
-                             "approvals, decide, grants and revoke; token "
+                             "approvals, decide, grants, revoke and webhooks; token "
                              "from --token or CODESDK_TOKEN")
     parser.add_argument("--token", default=default(None), help="API bearer token (with --url)")
 
@@ -248,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     namespaces.add_argument("--json", action="store_true")
 
     add_decision_parsers(command)
+    add_webhooks_parser(command, common)
     return strict_values(parser)
 
 

@@ -65,6 +65,8 @@ class Leasing:
         #: one claim at a time per namespace: a request that finds the namespace being taken over waits until the
         #: orphans there are failed, so that a task it starts meanwhile is never taken for one
         self._claiming: dict[str, trio.Lock] = {}
+        #: Told when a namespace moved here (taken over with tasks left running, now failed): the service's webhooks.
+        self.on_moved: Callable[[str, int], None] | None = None
 
     async def own(self, namespace: str) -> None:
         """Make the namespace's lease ours, or refuse (``NamespaceElsewhere``, nothing done)."""
@@ -75,7 +77,9 @@ class Leasing:
                 if claim.holder is not None:
                     raise NamespaceElsewhere(namespace, claim.holder)
                 if claim.taken_over:
-                    await self._fail_orphans(namespace)
+                    failed = await self._fail_orphans(namespace)
+                    if failed and self.on_moved is not None:
+                        self.on_moved(namespace, failed)
         finally:
             if not lock.locked() and not lock.statistics().tasks_waiting:  # kept only while someone needs it
                 self._claiming.pop(namespace, None)
@@ -161,7 +165,9 @@ class Leasing:
                 namespaces.add(approval.namespace)
         return sorted(namespaces)
 
-    async def _fail_orphans(self, namespace: str) -> None:
+    async def _fail_orphans(self, namespace: str) -> int:
+        """End the tasks a supervisor that is gone left running in the namespace; how many were."""
+        failed = 0
         for record in await self.store.list_active_tasks(namespace):
             if self._runs.active(record.task_id) is not None:
                 continue
@@ -192,9 +198,11 @@ class Leasing:
                 continue  # it ended meanwhile: its one terminal event is stored already
             log.warning("task %s was left %s by a supervisor that is gone; marked %s", record.task_id,
                         record.state, state.value)
+            failed += 1
         await self._approvals.expire_orphans(namespace)
         if self._questions is not None:
             await self._questions.expire_orphans(namespace)
+        return failed
 
     async def _orphan_failure(self, record: TaskRecord) -> TaskFailed:
         """How a task left running by a supervisor that is gone fails: ``TASK_TIMEOUT`` if its stored wall-clock

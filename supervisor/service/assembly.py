@@ -43,6 +43,7 @@ from ..tools import (
 from codesdk.worker.command import worker_argv
 
 from ..workers.launch import PoolConfig, WorkerPolicy, workers_env
+from ..webhooks import WebhookOptions
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,8 @@ class SupervisorOptions:
     #: can be created it says why and runs without): ``codesdk.supervisor.groups``.
     resource_groups: bool = False
     group_limits: GroupLimits = field(default_factory=GroupLimits)
+    #: Webhooks (``serve --webhook-allow`` …): hosts endpoints may be on (none by default), retries, timeouts.
+    webhooks: WebhookOptions = field(default_factory=WebhookOptions)
 
 
 def check_options(options: SupervisorOptions) -> None:

@@ -29,11 +29,12 @@ from ..api import TokenAuth, TokenFileInvalid
 from ..api.server import StreamDrain, serve_api
 from ..engine import Engine
 from ..namespaces import DiskQuotaError, NamespaceDisks, UidRangeError, UnsafeDataDir, disk_unsupported
-from ..store import DataDirBusy, StoreError, check_store_url
+from ..store import DataDirBusy, EventStore, StoreError, check_store_url
+from ..webhooks import WebhookOptions, WebhookService
 from ._sdnotify import Notifier, watchdog_interval_s
 from .assembly import SupervisorOptions, check_options, open_engine
 
-__all__ = ["STORE_PROBE_TIMEOUT_S", "Notifier", "ServiceRefused", "run_service", "serve"]
+__all__ = ["STORE_PROBE_TIMEOUT_S", "Notifier", "ServiceRefused", "run_service", "serve", "webhook_service"]
 
 log = logging.getLogger("codesdk.supervisor.service")
 
@@ -106,9 +107,11 @@ async def serve(options: SupervisorOptions, socket_path: Path, port: int | None,
             auth = TokenAuth.bootstrap(data_dir)
             drain = StreamDrain()
             async with trio.open_nursery() as nursery:
+                webhooks = webhook_service(engine, options.webhooks)
+                await nursery.start(webhooks.run)  # the delivery loop: its sends in a nursery of its own
                 bound = await nursery.start(partial(serve_api, engine, auth, socket_path, port,
                                                     limits=options.api_limits, drain=drain,
-                                                    metrics_port=metrics_port))
+                                                    metrics_port=metrics_port, webhooks=webhooks))
                 api = [f"unix:{socket_path}", *([f"http://127.0.0.1:{port}"] if port else [])]
                 if engine.store.lock is not None:  # a CLI that finds the data dir locked comes here instead
                     engine.store.lock.announce(api)
@@ -137,6 +140,21 @@ async def serve(options: SupervisorOptions, socket_path: Path, port: int | None,
                     break
                 nursery.cancel_scope.cancel()  # stop accepting; the engine's exit stops tasks and workers
     notifier.notify("STATUS=stopped")
+
+
+def webhook_service(engine: Engine, options: WebhookOptions) -> WebhookService:
+    """The service's webhooks over its store, told of quarantines and of namespaces moved here; on PostgreSQL
+    (leases that must be renewed) they deliver only what this supervisor's namespaces caused (or what nobody's
+    live lease holds); approval routing counts them among who can answer. Its ``run`` is the delivery loop."""
+    if not isinstance(engine.store, EventStore):
+        raise TypeError("the service runs on an EventStore")
+    leases = engine.leasing.leases
+    webhooks = WebhookService(engine.store, options,
+                              supervisor_id=None if leases.renew_every_s is None else leases.supervisor_id)
+    engine.pool.on_quarantine = webhooks.quarantined
+    engine.leasing.on_moved = webhooks.lease_moved
+    engine.audience.webhooks = webhooks.accepts  # a webhook that takes an approval is someone who can answer it
+    return webhooks
 
 
 @asynccontextmanager

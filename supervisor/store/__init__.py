@@ -172,3 +172,7 @@ __all__ = [
     "QuestionSettled",
     "UnknownQuestion",
 ]
+
+from ._webhooks import AttemptRecord, DeliveryRecord, UnknownDelivery, UnknownWebhook, WebhookRecord
+
+__all__ += ["AttemptRecord", "DeliveryRecord", "UnknownDelivery", "UnknownWebhook", "WebhookRecord"]

@@ -17,6 +17,7 @@ from ._errors import MigrationFailed, SchemaTooNew, StoreError
 from ._pg import PostgresDb
 from ._schema import Migration
 from ._questions import QUESTIONS_TABLE
+from ._webhooks import WEBHOOK_TABLES
 from ._sql import hold_named_blobs
 from ._time import now_text
 
@@ -234,6 +235,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         """,
     ),
+    Migration(10, "webhook endpoints, their outbox of deliveries, and each delivery's attempts",
+              WEBHOOK_TABLES.format(rowid="rowid BIGINT GENERATED ALWAYS AS IDENTITY,\n            ")),
 )
 
 LATEST = MIGRATIONS[-1].version

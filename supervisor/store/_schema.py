@@ -16,6 +16,7 @@ import apsw
 from ._db import Db, SQLiteDb
 from ._errors import MigrationFailed, SchemaTooNew, StoreError, translate
 from ._questions import QUESTIONS_TABLE
+from ._webhooks import WEBHOOK_TABLES
 from ._sql import hold_named_blobs
 from ._time import now_text
 
@@ -225,6 +226,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         ) WITHOUT ROWID;
         """,
     ),
+    Migration(14, "webhook endpoints, their outbox of deliveries, and each delivery's attempts",
+              WEBHOOK_TABLES.format(rowid="")),
 )
 
 LATEST = MIGRATIONS[-1].version

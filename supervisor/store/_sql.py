@@ -22,6 +22,7 @@ from codesdk.protocol import (
     NormalizedEvent,
     SessionBudget,
     UpcasterRegistry,
+    WEBHOOK_EVENT_KINDS,
     upcasters,
 )
 from codesdk.protocol.api import SessionFilter
@@ -51,6 +52,7 @@ from ._records import (
     TaskUpdate,
 )
 from ._stored import StoredEvent, wire_body
+from ._webhooks import outbox_for_events
 from ._time import from_text, now_text, to_text
 
 
@@ -538,6 +540,8 @@ def insert_events(
     )
     if cost is not None:
         hold_blobs(conn, session_id, cost.blobs)
+    # the deliveries these events cause commit with them (the kinds are few: most batches run no more SQL)
+    outbox_for_events(conn, session_id, [row[1] for row in rows if row[3] in WEBHOOK_EVENT_KINDS])
     return stored
 
 

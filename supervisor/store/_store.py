@@ -15,7 +15,7 @@ from typing import Any, Literal, NoReturn, Protocol, TypeVar
 import apsw
 import trio
 
-from codesdk.protocol import AnsweredVia, Answers, QuestionState
+from codesdk.protocol import AnsweredVia, Answers, DeliveryState, QuestionState
 from codesdk.protocol import (
     ApprovalState,
     BudgetSpent,
@@ -34,6 +34,8 @@ from codesdk.protocol.api import SessionFilter
 
 from ..ids import new_id
 from . import _questions
+from . import _webhooks
+from ._webhooks import AttemptRecord, DeliveryRecord, WebhookRecord
 from . import _sql
 from ._blobs import BlobFiles, check_ref
 from ._db import Db, SQLiteDb, open_connection
@@ -461,6 +463,78 @@ class EventStore(Recorder):
                              task_id: str | None = None) -> list[QuestionRecord]:
         return await self._read("listing questions", partial(_questions.select_questions, state=state,
                                                              namespaces=namespaces, task_id=task_id))
+
+    # --- webhooks (``_webhooks``) ---------------------------------------------------------------------
+
+    async def create_webhook(self, record: WebhookRecord) -> WebhookRecord:
+        return await self._write(f"registering webhook {record.webhook_id!r}",
+                                 partial(_webhooks.insert_webhook, record=record))
+
+    async def get_webhook(self, webhook_id: str) -> WebhookRecord:
+        return await self._read(f"reading webhook {webhook_id!r}",
+                                partial(_webhooks.select_webhook, webhook_id=webhook_id))
+
+    async def list_webhooks(self, namespaces: Sequence[str] | None = None) -> list[WebhookRecord]:
+        return await self._read("listing webhooks", partial(_webhooks.select_webhooks, namespaces=namespaces))
+
+    async def delete_webhook(self, webhook_id: str) -> None:
+        await self._write(f"removing webhook {webhook_id!r}", partial(_webhooks.delete_webhook,
+                                                                      webhook_id=webhook_id))
+
+    async def rotate_webhook_secret(self, webhook_id: str, secret: str,
+                                    previous_valid_until: datetime) -> WebhookRecord:
+        return await self._write(f"rotating the secret of webhook {webhook_id!r}", partial(
+            _webhooks.rotate_secret, webhook_id=webhook_id, secret=secret,
+            previous_valid_until=previous_valid_until))
+
+    async def add_deliveries(self, kind: str, namespace: str | None, data: Mapping[str, Any], *,
+                             webhook_id: str | None = None) -> list[DeliveryRecord]:
+        """Deliveries of something that is not a session's event (``_webhooks.outbox_for``)."""
+        return await self._write(f"recording {kind} deliveries", partial(
+            _webhooks.outbox_for, kind=kind, namespace=namespace, data=data, webhook_id=webhook_id))
+
+    async def get_delivery(self, delivery_id: str) -> DeliveryRecord:
+        return await self._read(f"reading delivery {delivery_id!r}",
+                                partial(_webhooks.select_delivery, delivery_id=delivery_id))
+
+    async def list_deliveries(self, webhook_id: str, state: DeliveryState | None = None,
+                              limit: int = 100) -> list[DeliveryRecord]:
+        return await self._read("listing deliveries", partial(_webhooks.select_deliveries, webhook_id=webhook_id,
+                                                              state=state, limit=limit))
+
+    async def delivery_attempts(self, delivery_id: str) -> list[AttemptRecord]:
+        return await self._read("reading delivery attempts",
+                                partial(_webhooks.select_attempts, delivery_id=delivery_id))
+
+    async def redeliver(self, delivery_id: str) -> DeliveryRecord:
+        return await self._write(f"redelivering {delivery_id!r}", partial(_webhooks.redeliver,
+                                                                          delivery_id=delivery_id))
+
+    async def deliveries_due(self, now: datetime, busy: Sequence[str] = ()) -> bool:
+        return await self._read("looking for due webhook deliveries",
+                                partial(_webhooks.any_due, now=to_text(now), busy=busy))
+
+    async def count_webhooks(self, namespace: str | None) -> int:
+        return await self._read("counting webhooks", partial(_webhooks.count_webhooks, namespace=namespace))
+
+    async def claim_deliveries(self, now: datetime, until: datetime, room: Mapping[str, int], default_room: int,
+                               limit: int, supervisor_id: str | None) -> list[DeliveryRecord]:
+        return await self._write("claiming due webhook deliveries", partial(
+            _webhooks.claim_deliveries, now=to_text(now), until=to_text(until), room=room,
+            default_room=default_room, limit=limit, supervisor_id=supervisor_id))
+
+    async def record_attempt(self, delivery_id: str, attempt: AttemptRecord, state: DeliveryState,
+                             next_attempt_at: datetime | None) -> DeliveryRecord | None:
+        return await self._write(f"recording an attempt of {delivery_id!r}", partial(
+            _webhooks.record_attempt, delivery_id=delivery_id, attempt=attempt, state=state,
+            next_attempt_at=next_attempt_at))
+
+    async def prune_deliveries(self, before: datetime) -> int:
+        return await self._write("pruning settled webhook deliveries",
+                                 partial(_webhooks.prune_deliveries, before=to_text(before)))
+
+    async def release_delivery_claims(self) -> None:
+        await self._write("releasing webhook delivery claims", _webhooks.release_claims)
 
     async def ping(self) -> None:
         """A probe write through the writer: returns once the writer has committed one more count in a row.

@@ -24,7 +24,8 @@ from ._builtins import runtime_tool_spec
 from ._diff import DiffError, FilePatch, Hunk, HunkMismatch, apply_hunks, parse_unified_diff, split_lines
 from ._exec import DEFAULT_EXEC_PATH, DEFAULT_EXEC_UID, ExecInput, ExecPolicy, check_exec_identity
 from ..egress import EgressPolicy, HostPattern, PatternError, address_refusal, parse_network
-from ._fetch import FETCH_TOOL_NAME, Connector, FetchInput, FetchPolicy, Resolver, open_tcp, system_resolver
+from ._fetch import (FETCH_TOOL_NAME, Connector, FetchInput, FetchPolicy, FetchTool, Resolver, fetch_host, open_tcp,
+                     system_resolver)
 from ._files import ListInput, ReadInput, WriteInput
 from ._patch import PatchInput
 from ._paths import ConfinedPath, confine
@@ -62,6 +63,8 @@ __all__ = [
     "DEFAULT_EXEC_UID",
     "EXEC_TOOL_NAME",
     "FETCH_TOOL_NAME",
+    "FetchTool",
+    "fetch_host",
     "POLICY_VERSION",
     "PREVIEW_MAX_CHARS",
     "RULES",

@@ -251,13 +251,13 @@ class FetchTool:
         raise ToolError(ErrorCode.NETWORK_ERROR, f"{target.url!r}: could not connect: {'; '.join(errors)}")
 
     async def _exchange(self, stream: trio.abc.Stream, target: _Target, method: str, headers: Mapping[str, str],
-                        body: bytes | None, limit: int) -> _Response:
+                        body: bytes | None, limit: int, user_agent: str = _USER_AGENT) -> _Response:
         import h11  # the service has it (hypercorn); ``codesdk run`` pays for it only when it fetches
 
         conn = h11.Connection(h11.CLIENT)
         default_host = target.port == DEFAULT_PORTS[target.scheme]
         host = f"[{target.host}]" if ":" in target.host else target.host
-        request_headers = [("Host", host if default_host else f"{host}:{target.port}"), ("User-Agent", _USER_AGENT),
+        request_headers = [("Host", host if default_host else f"{host}:{target.port}"), ("User-Agent", user_agent),
                            ("Accept-Encoding", "identity"), ("Connection", "close"), *headers.items()]
         if body is not None:
             request_headers.append(("Content-Length", str(len(body))))
@@ -291,13 +291,13 @@ class FetchTool:
                          data, total, truncated)
 
     async def _request(self, target: _Target, method: str, headers: Mapping[str, str], body: bytes | None,
-                       limit: int, scope: _Scope) -> _Response:
+                       limit: int, scope: _Scope, user_agent: str = _USER_AGENT) -> _Response:
         import h11
 
         addresses = await self._addresses(target, scope)
         stream = await self._connect(target, addresses)
         try:
-            return await self._exchange(stream, target, method, headers, body, limit)
+            return await self._exchange(stream, target, method, headers, body, limit, user_agent)
         except (trio.BrokenResourceError, OSError, h11.ProtocolError, ssl.SSLError) as exc:
             raise ToolError(ErrorCode.NETWORK_ERROR,
                             f"{target.url!r}: the exchange with {target.host} failed: {exc or type(exc).__name__}") from None
@@ -348,6 +348,14 @@ class FetchTool:
             if not same_origin:
                 headers = {}  # what the call meant for one origin (a token) is not sent to another, nor in clear
             target = following
+
+    async def post_once(self, url: str, headers: Mapping[str, str], body: bytes, limit: int,
+                        user_agent: str) -> tuple[int, bytes]:
+        """One POST to ``url``, checked and connected exactly as a fetch (no redirect followed, whatever
+        ``allow_post`` says: the caller is the service itself, a webhook sender); its status and the first
+        ``limit`` bytes of its body. ``ToolError`` as ``fetch``."""
+        response = await self._request(_parse(url), "POST", headers, body, limit, _Scope(None, None), user_agent)
+        return response.status, bytes(response.body)
 
     async def run(self, args: FetchInput, ctx: ToolContext) -> ToolResult:
         limit = min(args.max_bytes or ctx.limits.fetch_max_bytes, ctx.limits.fetch_max_bytes)

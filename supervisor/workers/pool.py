@@ -136,6 +136,8 @@ class WorkerPool:
         self._on_exit = on_exit
         self._slots: dict[str, _Slot] = {}
         self._closing = False
+        #: Told of each quarantine as it begins (namespace, reason, until as Unix time): the service's webhooks.
+        self.on_quarantine: Callable[[str, str, float], None] | None = None
         self.namespace_env = NamespaceEnv(config.data_dir)
         self._headstarts: dict[str, Headstart] = {}
         #: Snapshots of the process table its workers' trees are watched in: one scan of /proc serves them all.
@@ -363,6 +365,8 @@ class WorkerPool:
                                      reason=f"{why} (last: {slot.last_error or 'unknown'})")
         log.error("namespace %s: quarantined for %.0f s: %s", slot.namespace.name, config.policy.quarantine_s,
                   slot.quarantine.reason)
+        if self.on_quarantine is not None:
+            self.on_quarantine(slot.namespace.name, slot.quarantine.reason, slot.quarantine.until)
 
     async def _start(self, slot: _Slot) -> None:
         name = slot.namespace.name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
@@ -16,12 +17,18 @@ import trio
 
 from codesdk.supervisor.api import ApiLimits, TokenAuth
 from codesdk.supervisor.api.server import StreamDrain, serve_api
+from codesdk.supervisor.egress import EgressPolicy, HostPattern
 from codesdk.supervisor.engine import Engine
+from codesdk.supervisor.store import EventStore
+from codesdk.supervisor.webhooks import WebhookOptions, WebhookService
 
 from tests.conftest import MakeEngine
 from tests.waits import HANG_GUARD_S
 
 KEEPALIVE_S = 0.3
+#: Webhooks may be registered on 127.0.0.1:9, where nothing listens (a delivery there fails at once, and is retried).
+WEBHOOKS = WebhookOptions(egress=EgressPolicy(hosts=(HostPattern.parse("127.0.0.1:9"),),
+                                              addresses=(ipaddress.ip_network("127.0.0.1/32"),)))
 
 
 @dataclass
@@ -79,11 +86,14 @@ async def serve_test_api(make_engine: MakeEngine, tmp_path: Path, limits: ApiLim
         alice = auth.add_principal("alice", ["user:alice"])
         bob = auth.add_principal("bob", ["user:bob"])
         sock = tmp_path / "run" / "api.sock"
+        assert isinstance(engine.store, EventStore)
+        webhooks = WebhookService(engine.store, WEBHOOKS)
         with trio.CancelScope() as scope:
             async with trio.open_nursery() as inner:
                 drain = StreamDrain()
+                await inner.start(webhooks.run)
                 await inner.start(partial(serve_api, engine, auth, sock, None, keepalive_s=KEEPALIVE_S,
-                                          limits=limits, drain=drain))
+                                          limits=limits, drain=drain, webhooks=webhooks))
                 transport = httpx.AsyncHTTPTransport(uds=str(sock))
                 async with httpx.AsyncClient(transport=transport, base_url="http://codesdk",
                                              timeout=timeout_s) as client:

@@ -149,6 +149,8 @@ class _Checked:
         content = operation["responses"][status].get("content", {})
         if not content:  # an answer without a body (304)
             assert response.content == b"", (endpoint.operation_id, status)
+            if response.status_code == 204:  # a success without a body (a deletion)
+                self.succeeded.add(endpoint.operation_id)
             return
         if "application/octet-stream" in content and response.status_code < 400:  # any bytes (a blob's own type)
             media = "application/octet-stream"
@@ -281,6 +283,23 @@ async def test_every_answer_of_every_operation_matches_the_schema_the_document_d
         assert (await c.post(f"/v1/tokens/{carol}/rotate", headers=admin)).status_code == 200
         assert (await c.delete(f"/v1/tokens/{carol}", headers=admin)).status_code == 200
         assert (await c.delete(f"/v1/tokens/{carol}", headers=admin)).status_code == 404
+
+        hooks = "/v1/webhooks"
+        assert (await c.post(hooks, headers=alice, json={"url": "http://example.com/", "kinds": ["*"]})
+                ).status_code == 422
+        hook = (await c.post(hooks, headers=alice, json={"url": "http://127.0.0.1:9/", "kinds": ["task.failed"]})
+                ).json()["webhook"]
+        assert (await c.get(hooks, headers=alice)).status_code == 200
+        assert (await c.get(f"{hooks}/{hook['id']}", headers=alice)).status_code == 200
+        assert (await c.get(f"{hooks}/{hook['id']}", headers=api.auth(api.bob))).status_code == 404
+        assert (await c.post(f"{hooks}/{hook['id']}/rotate", headers=alice)).status_code == 200
+        sent = (await c.post(f"{hooks}/{hook['id']}/test", headers=alice)).json()["delivery"]
+        assert (await c.get(f"{hooks}/{hook['id']}/deliveries?state=nope", headers=alice)).status_code == 422
+        assert (await c.get(f"{hooks}/{hook['id']}/deliveries", headers=alice)).status_code == 200
+        assert (await c.get(f"{hooks}/{hook['id']}/deliveries/{sent['id']}", headers=alice)).status_code == 200
+        assert (await c.post(f"{hooks}/{hook['id']}/deliveries/{sent['id']}/redeliver", headers=alice)
+                ).status_code == 202
+        assert (await c.delete(f"{hooks}/{hook['id']}", headers=alice)).status_code == 204
 
         capped = (await c.post("/v1/sessions", headers=alice, json={"namespace": "user:alice",
                                                                     "budget": {"tokens": 1}})).json()["session_id"]

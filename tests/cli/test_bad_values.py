@@ -18,7 +18,7 @@ from codesdk.supervisor.cli import admin, common, front
 
 #: Value types for which any word is a value (a name, a path, text): only the empty value is bad for them.
 FREE_TEXT = {None, str, Path, common.text, common.path, common.data_dir, common.regex, common.runtime_name,
-             common.fetch_host}  # a word is a host name
+             common.fetch_host, admin._webhook_host}  # a word is a host name
 PARSERS = {"codesdk": front.build_parser, "codesdk-supervisor": admin.build_parser}
 
 
