@@ -248,6 +248,17 @@ def build_parser() -> argparse.ArgumentParser:
     namespaces.add_argument("--json", action="store_true")
 
     add_decision_parsers(command)
+
+    acp = command("acp", "serve CodeSDK as an Agent Client Protocol agent on stdin/stdout, for editors (Zed, "
+                         "JetBrains IDEs...); through a running service with --url, else an embedded supervisor")
+    acp.add_argument("--namespace", type=namespace_name,
+                     help="the namespace new sessions go to (default: the token's only one, else default)")
+    acp.add_argument("--runtime", type=runtime_name, help=f"new sessions' runtime (default: {DEFAULT_RUNTIME})")
+    acp.add_argument("--cwd-workspace", action=argparse.BooleanOptionalAction, default=None,
+                     help="the editor's cwd becomes a new session's workspace (default: on embedded; through a "
+                          "service the admin token only, else the service gives the session its own)")
+    acp.add_argument("--allow-exec", action="append", metavar="COMMAND",
+                     help="embedded: enable the sandboxed workspace.exec tool for this command (repeatable)")
     return strict_values(parser)
 
 
