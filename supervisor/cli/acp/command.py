@@ -13,7 +13,7 @@ from pathlib import Path
 
 import trio
 
-from codesdk.client import AsyncClient
+from codesdk.client import AsyncClient, Unauthorized
 
 from ..common import CliError
 from .server import Defaults, run_connection
@@ -47,8 +47,12 @@ async def cmd_acp(args: argparse.Namespace) -> int:
 
 async def _token_namespace(client: AsyncClient) -> str:
     """The namespace a token's sessions go to when ``--namespace`` is not given: its only one (the admin's and a
-    token of several: ``default``, unless they say otherwise in ``_meta``)."""
-    seen = await client.namespaces()
+    token of several: ``default``, unless they say otherwise in ``_meta``). A token the service refuses is told
+    so on the client's first request (auth_required), not here."""
+    try:
+        seen = await client.namespaces()
+    except Unauthorized:
+        return "default"
     return seen[0].namespace if len(seen) == 1 else "default"
 
 

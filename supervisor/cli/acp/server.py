@@ -174,9 +174,8 @@ class Connection:
     # -- the agent's methods ---------------------------------------------------------------------------
 
     async def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
-        version = params.get("protocolVersion")
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise AcpError(ErrorCode.INVALID_PARAMS, "protocolVersion must be an integer")
+        if acp.requested_version(params.get("protocolVersion")) is None:
+            raise AcpError(ErrorCode.INVALID_PARAMS, "protocolVersion must be an integer (1)")
         return acp.initialize_result(needs_token=self.defaults.needs_token)
 
     async def authenticate(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -91,6 +91,14 @@ def error_for_status(status: int, code: str, message: str) -> AcpError:
 # -- initialize --------------------------------------------------------------------------------------
 
 
+def requested_version(value: object) -> int | None:
+    """The version an ``initialize`` asks for: an integer — or its digits as a string, as some clients send it
+    (the answer is the integer either way); None for anything else."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 5:
+        return int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def initialize_result(*, needs_token: bool) -> dict[str, Any]:
     """``initialize``'s answer. Sessions are the service's (load, resume, list); prompts are text (and resource
     text); MCP servers from the client are not taken: the tools are CodeSDK's, decided by its policy."""

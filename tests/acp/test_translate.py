@@ -1,0 +1,135 @@
+"""The ACP mapping, sans-IO: whatever the service stores, what ``codesdk acp`` says of it is valid ACP, and the
+client's answers never allow more than they say."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from codesdk.protocol import ApprovalRequested, EventType, NormalizedEvent, UsageReported
+from codesdk.supervisor.cli.acp import translate as acp
+from codesdk.supervisor.cli.acp.translate import AcpError
+
+from tests.protocol.test_models import normalized_events
+
+from .wire import validator
+
+UPDATE = validator("SessionNotification")
+PROMPT_RESULT = validator("PromptResponse")
+PERMISSION = validator("RequestPermissionRequest")
+ERROR = validator("Error")
+INITIALIZE = validator("InitializeResponse")
+CONFIG = validator("SetSessionConfigOptionResponse")
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                       max_size=3), max_leaves=10)
+
+
+def errors(validator_: Any, value: object) -> list[str]:
+    return [f"{e.message} at {list(e.absolute_path)}" for e in validator_.iter_errors(value)]
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(normalized_events(), st.booleans())
+def test_every_event_becomes_valid_session_updates(event: NormalizedEvent, replay: bool) -> None:
+    for update in acp.event_updates(event, replay=replay):
+        assert not errors(UPDATE, {"sessionId": "ses_x", "update": update})
+        assert update["_meta"]["codesdk"]["seq"] == event.seq
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(normalized_events(), st.lists(st.builds(UsageReported), max_size=3))
+def test_a_tasks_end_is_a_valid_answer_or_an_acp_error(event: NormalizedEvent, usage: list[UsageReported]) -> None:
+    try:
+        result = acp.prompt_result(event, usage)
+    except AcpError as exc:
+        assert event.type == EventType.TASK_FAILED
+        assert not errors(ERROR, exc.to_json())
+    else:
+        assert not errors(PROMPT_RESULT, result)
+        stopped = event.type in (EventType.TASK_STOPPED,)
+        assert (result["stopReason"] == "cancelled") >= stopped
+
+
+@st.composite
+def approvals(draw: st.DrawFn) -> NormalizedEvent:
+    return NormalizedEvent(seq=draw(st.integers(1, 2**40)), time=datetime.now(UTC),
+                           type=EventType.APPROVAL_REQUESTED, trace={"session_id": "s", "task_id": "t"},
+                           runtime={"name": "scripted"}, payload=draw(st.builds(ApprovalRequested)))
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(approvals(), st.none() | st.dictionaries(st.text(max_size=8), json_values, max_size=4))
+def test_an_approval_is_a_valid_permission_request(event: NormalizedEvent, tool_input: dict[str, Any] | None) -> None:
+    assert not errors(PERMISSION, acp.permission_request("ses_x", event, tool_input))
+
+
+@given(json_values)
+def test_only_a_selected_allow_option_allows(answer: object) -> None:
+    decision = acp.decision_of(answer)
+    chosen = answer.get("outcome") if isinstance(answer, dict) else None
+    selected = chosen.get("optionId") if isinstance(chosen, dict) and chosen.get("outcome") == "selected" else None
+    assert decision.allow == (selected in ("allow_once", "allow_session"))
+    assert decision.scope == ("session" if selected == "allow_session" else "once")
+
+
+def test_the_offered_options_are_once_always_and_reject() -> None:
+    kinds = {o["optionId"]: o["kind"] for o in acp.PERMISSION_OPTIONS}
+    assert kinds == {"allow_once": "allow_once", "allow_session": "allow_always", "reject_once": "reject_once"}
+    for option_id in kinds:
+        decision = acp.decision_of({"outcome": {"outcome": "selected", "optionId": option_id}})
+        assert decision.allow == option_id.startswith("allow")
+
+
+@given(json_values)
+def test_a_prompt_is_text_or_an_invalid_params_error(blocks: object) -> None:
+    try:
+        text = acp.prompt_text(blocks)
+    except AcpError as exc:
+        assert exc.code == acp.ErrorCode.INVALID_PARAMS
+    else:
+        assert text.strip()
+
+
+def test_prompt_text_takes_text_resources_and_links() -> None:
+    text = acp.prompt_text([{"type": "text", "text": "fix it"},
+                            {"type": "resource", "resource": {"uri": "file:///a.py", "text": "x = 1"}},
+                            {"type": "resource_link", "uri": "file:///b.py", "name": "b.py"}])
+    assert "fix it" in text and "x = 1" in text and "file:///b.py" in text
+    with pytest.raises(AcpError, match="image"):
+        acp.prompt_text([{"type": "image", "data": "", "mimeType": "image/png"}])
+
+
+@given(json_values)
+def test_a_requested_version_is_a_whole_number_or_none(value: object) -> None:
+    version = acp.requested_version(value)
+    assert version is None or (isinstance(version, int) and version >= 0)
+
+
+def test_initialize_and_config_options_are_valid() -> None:
+    for needs_token in (True, False):
+        assert not errors(INITIALIZE, acp.initialize_result(needs_token=needs_token))
+    assert acp.initialize_result(needs_token=False)["protocolVersion"] == acp.PROTOCOL_VERSION == 1
+    assert not errors(CONFIG, {"configOptions": acp.config_options("ask", "scripted", ["claude", "scripted"])})
+
+
+def test_refusals_map_to_acp_codes() -> None:
+    assert acp.error_for_status(401, "unauthorized", "no").code == acp.ErrorCode.AUTH_REQUIRED == -32000
+    for status in (403, 404):  # another tenant's session: not found, never forbidden
+        assert acp.error_for_status(status, "not_found", "no").code == acp.ErrorCode.RESOURCE_NOT_FOUND == -32002
+    assert acp.error_for_status(422, "invalid", "no").code == acp.ErrorCode.INVALID_PARAMS
+    assert acp.error_for_status(503, "unavailable", "no").code == acp.ErrorCode.INTERNAL_ERROR
+
+
+def test_a_failed_task_for_want_of_a_login_is_auth_required() -> None:
+    event = NormalizedEvent(seq=9, time=datetime.now(UTC), type=EventType.TASK_FAILED,
+                            trace={"session_id": "s", "task_id": "t"}, runtime={"name": "claude"},
+                            payload={"code": "AUTH_REQUIRED", "message": "log in"})
+    with pytest.raises(AcpError) as refused:
+        acp.prompt_result(event)
+    assert refused.value.code == acp.ErrorCode.AUTH_REQUIRED
