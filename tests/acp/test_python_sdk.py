@@ -4,79 +4,16 @@ pipes, against a service on a unix socket. Every line the agent writes is checke
 from __future__ import annotations
 
 import asyncio
-import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import trio
-from acp import RequestError, spawn_agent_process, text_block
-from acp.schema import AllowedOutcome, DeniedOutcome, PermissionOption, RequestPermissionResponse
+from acp import RequestError, text_block
 
-from tests.api.conftest import Api, serve_test_api
+from tests.api.conftest import serve_test_api
 from tests.conftest import MakeEngine
-from tests.waits import HANG_GUARD_S
 
+from .sdk import Recorder, connect, in_thread
 from .wire import check_log
-
-TEE = Path(__file__).with_name("tee.py")
-
-
-@dataclass
-class Recorder:
-    """An ACP client that records what the agent streams, and answers permission requests from a script."""
-
-    answers: list[str] = field(default_factory=list)  # option ids, in order; "cancelled" for none
-    updates: list[Any] = field(default_factory=list)
-    asked: list[Any] = field(default_factory=list)
-    first_chunk: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def request_permission(self, session_id: str, tool_call: Any, options: list[PermissionOption],
-                                 **kwargs: Any) -> RequestPermissionResponse:
-        self.asked.append((tool_call, options))
-        answer = self.answers.pop(0) if self.answers else "cancelled"
-        if answer == "cancelled":
-            return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
-        return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=answer))
-
-    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
-        self.updates.append(update)
-        if update.session_update == "agent_message_chunk":
-            self.first_chunk.set()
-
-    def text(self) -> str:
-        return "".join(u.content.text for u in self.updates if u.session_update == "agent_message_chunk")
-
-    def tool_states(self) -> dict[str, str]:
-        """Each tool call's last status."""
-        states: dict[str, str] = {}
-        for u in self.updates:
-            if u.session_update in ("tool_call", "tool_call_update") and u.status:
-                states[u.tool_call_id] = u.status
-        return states
-
-
-def acp_command(api: Api, token: str, log: Path) -> list[str]:
-    return [str(TEE), str(log), "--", sys.executable, "-m", "codesdk.supervisor.cli.front", "--url",
-            f"unix:{api.socket}", "--token", token, "acp", "--runtime", "scripted"]
-
-
-@asynccontextmanager
-async def connect(api: Api, token: str, log: Path, client: Recorder) -> AsyncIterator[Any]:
-    to_client: Any = client  # the SDK's Client protocol lists every method; this client needs two
-    async with spawn_agent_process(to_client, sys.executable, *acp_command(api, token, log)) as (conn, _process):
-        answer = await conn.initialize(protocol_version=1)
-        assert answer.protocol_version == 1
-        yield conn
-
-
-def in_thread(scenario: Callable[[], Any]) -> Any:
-    """Run an asyncio scenario (the SDK's loop) from the trio test, in a thread of its own."""
-    async def run() -> Any:
-        return await asyncio.wait_for(scenario(), HANG_GUARD_S)
-    return trio.to_thread.run_sync(asyncio.run, run())
 
 
 async def test_an_sdk_client_runs_cancels_loads_and_lists(make_engine: MakeEngine, tmp_path: Path) -> None:
@@ -152,3 +89,46 @@ async def test_an_sdk_client_runs_cancels_loads_and_lists(make_engine: MakeEngin
     counts = check_log(log)
     assert counts["SessionNotification"] > 10 and counts["RequestPermissionRequest"] == 2
     assert counts["Error"] == 1 and counts["PromptResponse"] == 2
+
+
+async def test_allow_always_is_a_session_grant_and_resume_picks_up_after_a_seq(make_engine: MakeEngine,
+                                                                                tmp_path: Path) -> None:
+    """"Always allow" on the first write grants the session's later calls of it: the second write is not asked
+    about. A second connection resumes after the seq it last saw and gets only what came since."""
+    log = tmp_path / "wire.jsonl"
+    cwd = str(tmp_path)
+    async with serve_test_api(make_engine, tmp_path) as api:
+        live = Recorder(answers=["allow_session"])
+
+        async def first() -> tuple[str, str, Any, int]:
+            async with connect(api, api.alice, log, live) as conn:
+                session = await conn.new_session(cwd=cwd, mcp_servers=[],
+                                                 codesdk={"runtimeConfig": {"scenario": "write-twice"}})
+                done = await conn.prompt(session_id=session.session_id, prompt=[text_block("write both")])
+                seen = max(u.field_meta["codesdk"]["seq"] for u in live.updates)
+                return session.session_id, session.field_meta["codesdk"]["workspace"], done, seen
+
+        session_id, workspace, done, seen = await in_thread(first)
+        assert done.stop_reason == "end_turn"
+        assert [call.tool_call_id for call, _ in live.asked] == ["call_first"]  # the grant answered the second
+        assert live.tool_states() == {"call_first": "completed", "call_second": "completed"}
+        assert (Path(workspace) / "second.txt").read_text() == "two\n"
+        grants = (await api.client.get(f"/v1/sessions/{session_id}/grants", headers=api.auth(api.alice))).json()
+        [grant] = grants["grants"]
+        assert grant["scope"] == "session" and grant["tool_name"] == "workspace.write"
+
+        # meanwhile another prompt runs elsewhere (the service's own API): the client missed it
+        task = await api.run_task(api.alice, session_id, "echo")
+        await api.ended(api.alice, task["task_id"])
+        later = Recorder()
+
+        async def second() -> Any:
+            async with connect(api, api.alice, log, later) as conn:
+                return await conn.resume_session(cwd=cwd, session_id=session_id, codesdk={"afterSeq": seen})
+
+        resumed = await in_thread(second)
+        seqs = [u.field_meta["codesdk"]["seq"] for u in later.updates]
+        assert seqs and min(seqs) > seen  # nothing it had seen again
+        assert [u.content.text for u in later.updates if u.session_update == "user_message_chunk"] == ["hello"]
+        assert resumed.field_meta["codesdk"]["lastSeq"] >= max(seqs)
+    check_log(log)
