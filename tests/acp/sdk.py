@@ -16,7 +16,6 @@ import trio
 from acp import spawn_agent_process
 from acp.schema import AllowedOutcome, DeniedOutcome, PermissionOption, RequestPermissionResponse
 
-from tests.api.conftest import Api
 from tests.waits import HANG_GUARD_S
 
 TEE = Path(__file__).with_name("tee.py")
@@ -56,16 +55,17 @@ class Recorder:
         return states
 
 
-def acp_command(api: Api, token: str, log: Path, runtime: str) -> list[str]:
+def acp_command(socket: Path, token: str, log: Path, runtime: str) -> list[str]:
     return [str(TEE), str(log), "--", sys.executable, "-m", "codesdk.supervisor.cli.front", "--url",
-            f"unix:{api.socket}", "--token", token, "acp", "--runtime", runtime]
+            f"unix:{socket}", "--token", token, "acp", "--runtime", runtime]
 
 
 @asynccontextmanager
-async def connect(api: Api, token: str, log: Path, client: Recorder, runtime: str = "scripted") -> AsyncIterator[Any]:
-    """An initialized ACP connection to ``codesdk acp`` through ``api`` with ``token``."""
+async def connect(socket: Path, token: str, log: Path, client: Recorder,
+                  runtime: str = "scripted") -> AsyncIterator[Any]:
+    """An initialized ACP connection to ``codesdk acp`` through the service on ``socket``, with ``token``."""
     to_client: Any = client  # the SDK's Client protocol lists every method; this client needs two
-    command = acp_command(api, token, log, runtime)
+    command = acp_command(socket, token, log, runtime)
     async with spawn_agent_process(to_client, sys.executable, *command) as (conn, _process):
         answer = await conn.initialize(protocol_version=1)
         assert answer.protocol_version == 1

@@ -23,7 +23,7 @@ async def test_an_sdk_client_runs_cancels_loads_and_lists(make_engine: MakeEngin
         live = Recorder(answers=["allow_once", "reject_once"])
 
         async def first() -> tuple[str, str, Any, Any, Any]:
-            async with connect(api, api.alice, log, live) as conn:
+            async with connect(api.socket, api.alice, log, live) as conn:
                 info = await conn.initialize(protocol_version=1)
                 assert info.agent_capabilities.load_session
                 session = await conn.new_session(cwd=cwd, mcp_servers=[],
@@ -58,7 +58,7 @@ async def test_an_sdk_client_runs_cancels_loads_and_lists(make_engine: MakeEngin
         again = Recorder()
 
         async def second() -> tuple[Any, Any]:
-            async with connect(api, api.alice, log, again) as conn:
+            async with connect(api.socket, api.alice, log, again) as conn:
                 loaded = await conn.load_session(cwd=cwd, session_id=session_id, mcp_servers=[])
                 changed = await conn.set_config_option(config_id="mode", session_id=session_id, value="yolo")
                 return loaded, changed
@@ -74,7 +74,7 @@ async def test_an_sdk_client_runs_cancels_loads_and_lists(make_engine: MakeEngin
 
         # another tenant sees nothing of it
         async def stranger() -> tuple[Any, int]:
-            async with connect(api, api.bob, log, Recorder()) as conn:
+            async with connect(api.socket, api.bob, log, Recorder()) as conn:
                 listed = await conn.list_sessions()
                 try:
                     await conn.load_session(cwd=cwd, session_id=session_id, mcp_servers=[])
@@ -101,7 +101,7 @@ async def test_allow_always_is_a_session_grant_and_resume_picks_up_after_a_seq(m
         live = Recorder(answers=["allow_session"])
 
         async def first() -> tuple[str, str, Any, int]:
-            async with connect(api, api.alice, log, live) as conn:
+            async with connect(api.socket, api.alice, log, live) as conn:
                 session = await conn.new_session(cwd=cwd, mcp_servers=[],
                                                  codesdk={"runtimeConfig": {"scenario": "write-twice"}})
                 done = await conn.prompt(session_id=session.session_id, prompt=[text_block("write both")])
@@ -123,7 +123,7 @@ async def test_allow_always_is_a_session_grant_and_resume_picks_up_after_a_seq(m
         later = Recorder()
 
         async def second() -> Any:
-            async with connect(api, api.alice, log, later) as conn:
+            async with connect(api.socket, api.alice, log, later) as conn:
                 return await conn.resume_session(cwd=cwd, session_id=session_id, codesdk={"afterSeq": seen})
 
         resumed = await in_thread(second)
