@@ -14,7 +14,17 @@ from typing import Any
 
 import trio
 from acp import spawn_agent_process
-from acp.schema import AllowedOutcome, DeniedOutcome, PermissionOption, RequestPermissionResponse
+from acp.schema import (
+    AcceptElicitationResponse,
+    AllowedOutcome,
+    ClientCapabilities,
+    DeclineElicitationResponse,
+    DeniedOutcome,
+    ElicitationCapabilities,
+    ElicitationFormCapabilities,
+    PermissionOption,
+    RequestPermissionResponse,
+)
 
 from tests.waits import HANG_GUARD_S
 
@@ -29,6 +39,11 @@ class Recorder:
     updates: list[Any] = field(default_factory=list)
     asked: list[Any] = field(default_factory=list)
     first_chunk: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Forms it fills in (``elicitation/create``), in order: the content to accept, or None to decline. With
+    #: ``elicits``, it offers form elicitation in ``initialize``.
+    forms: list[dict[str, Any] | None] = field(default_factory=list)
+    elicited: list[Any] = field(default_factory=list)
+    elicits: bool = False
 
     async def request_permission(self, session_id: str, tool_call: Any, options: list[PermissionOption],
                                  **kwargs: Any) -> RequestPermissionResponse:
@@ -37,6 +52,13 @@ class Recorder:
         if answer == "cancelled":
             return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
         return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=answer))
+
+    async def create_elicitation(self, message: str, mode: Any, **kwargs: Any) -> Any:
+        self.elicited.append((message, mode))
+        content = self.forms.pop(0) if self.forms else None
+        if content is None:
+            return DeclineElicitationResponse(action="decline")
+        return AcceptElicitationResponse(action="accept", content=content)
 
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
         self.updates.append(update)
@@ -66,8 +88,12 @@ async def connect(socket: Path, token: str, log: Path, client: Recorder,
     """An initialized ACP connection to ``codesdk acp`` through the service on ``socket``, with ``token``."""
     to_client: Any = client  # the SDK's Client protocol lists every method; this client needs two
     command = acp_command(socket, token, log, runtime)
-    async with spawn_agent_process(to_client, sys.executable, *command) as (conn, _process):
-        answer = await conn.initialize(protocol_version=1)
+    # elicitation is stable in the schema pinned here (1.21.0), still "unstable" to this SDK (1.19.0)
+    async with spawn_agent_process(to_client, sys.executable, *command,
+                                   use_unstable_protocol=client.elicits) as (conn, _process):
+        offered = ClientCapabilities(elicitation=ElicitationCapabilities(form=ElicitationFormCapabilities())) \
+            if client.elicits else None
+        answer = await conn.initialize(protocol_version=1, client_capabilities=offered)
         assert answer.protocol_version == 1
         yield conn
 

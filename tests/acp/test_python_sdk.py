@@ -132,3 +132,28 @@ async def test_allow_always_is_a_session_grant_and_resume_picks_up_after_a_seq(m
         assert [u.content.text for u in later.updates if u.session_update == "user_message_chunk"] == ["hello"]
         assert resumed.field_meta["codesdk"]["lastSeq"] >= max(seqs)
     check_log(log)
+
+
+async def test_a_runtimes_question_is_a_form_for_a_client_that_takes_them(make_engine: MakeEngine,
+                                                                          tmp_path: Path) -> None:
+    """The scripted runtime asks two questions (a choice, free text): a client that offers form elicitation is
+    asked with one form and its answers reach the runtime; a declined form declines the question."""
+    log = tmp_path / "wire.jsonl"
+    async with serve_test_api(make_engine, tmp_path) as api:
+        live = Recorder(forms=[{"colour": "red", "name": "kite"}, None], elicits=True)
+
+        async def run() -> tuple[Any, Any]:
+            async with connect(api.socket, api.alice, log, live) as conn:
+                session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[],
+                                                 codesdk={"runtimeConfig": {"scenario": "ask-user"}})
+                answered = await conn.prompt(session_id=session.session_id, prompt=[text_block("a kite")])
+                declined = await conn.prompt(session_id=session.session_id, prompt=[text_block("a boat")])
+                return answered, declined
+
+        answered, declined = await in_thread(run)
+    assert answered.stop_reason == declined.stop_reason == "end_turn"
+    message, mode = live.elicited[0]
+    assert "a kite" in message and set(mode.requested_schema.properties) == {"colour", "name"}
+    assert "Colour red, name kite." in live.text()
+    assert "No answer (declined in the ACP client)" in live.text()
+    assert check_log(log)["CreateElicitationRequest"] == 2

@@ -10,7 +10,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codesdk.protocol import ApprovalRequested, EventType, NormalizedEvent, UsageReported
+from codesdk.protocol import (
+    ApprovalRequested,
+    EventType,
+    NormalizedEvent,
+    Question,
+    QuestionRequested,
+    UsageReported,
+    answer_problems,
+)
 from codesdk.supervisor.cli.acp import translate as acp
 from codesdk.supervisor.cli.acp.translate import AcpError
 
@@ -24,6 +32,7 @@ PERMISSION = validator("RequestPermissionRequest")
 ERROR = validator("Error")
 INITIALIZE = validator("InitializeResponse")
 CONFIG = validator("SetSessionConfigOptionResponse")
+ELICITATION = validator("CreateElicitationRequest")
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=10),
                            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
@@ -133,3 +142,38 @@ def test_a_failed_task_for_want_of_a_login_is_auth_required() -> None:
     with pytest.raises(AcpError) as refused:
         acp.prompt_result(event)
     assert refused.value.code == acp.ErrorCode.AUTH_REQUIRED
+
+
+@st.composite
+def questions(draw: st.DrawFn) -> NormalizedEvent:
+    return NormalizedEvent(seq=draw(st.integers(1, 2**40)), time=datetime.now(UTC),
+                           type=EventType.QUESTION_REQUESTED, trace={"session_id": "s", "task_id": "t"},
+                           runtime={"name": "scripted"}, payload=draw(st.builds(QuestionRequested)))
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(questions())
+def test_every_question_is_a_valid_form(event: NormalizedEvent) -> None:
+    request = acp.elicitation_request("ses_x", event)
+    assert not errors(ELICITATION, request)
+    assert request["mode"] == "form"
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(questions(), json_values)
+def test_a_forms_answer_reaches_the_runtime_only_when_it_fits(event: NormalizedEvent, answer: object) -> None:
+    asked: tuple[Question, ...] = event.payload.questions  # type: ignore[attr-defined]
+    reply = acp.reply_of(answer, asked)
+    if not reply.decline:
+        assert isinstance(answer, dict) and answer.get("action") == "accept"
+        assert not answer_problems(asked, reply.answers)
+
+
+def test_a_choice_is_a_closed_set_and_several_choices_an_array() -> None:
+    one = Question(id="c", text="Which?", options=({"label": "red"}, {"label": "blue"}))  # type: ignore[arg-type]
+    many = Question(id="m", options=({"label": "a"},), multi_select=True)  # type: ignore[arg-type]
+    assert [o["const"] for o in acp.question_property(one)["oneOf"]] == ["red", "blue"]
+    assert acp.question_property(many)["items"] == {"type": "string", "enum": ["a"]}
+    assert acp.reply_of({"action": "accept", "content": {"c": "green"}}, [one]).decline
+    assert acp.reply_of({"action": "accept", "content": {"c": "red"}}, [one]).answers == {"c": "red"}
+    assert acp.reply_of({"action": "cancel"}, [one]).reason == "cancelled in the ACP client"

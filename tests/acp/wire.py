@@ -23,7 +23,9 @@ RESULTS = {"initialize": ("InitializeResponse", sdk.InitializeResponse),
            "session/prompt": ("PromptResponse", sdk.PromptResponse),
            "session/set_config_option": ("SetSessionConfigOptionResponse", sdk.SetSessionConfigOptionResponse)}
 PARAMS = {"session/update": ("SessionNotification", sdk.SessionNotification),
-          "session/request_permission": ("RequestPermissionRequest", sdk.RequestPermissionRequest)}
+          "session/request_permission": ("RequestPermissionRequest", sdk.RequestPermissionRequest),
+          "elicitation/create": ("CreateElicitationRequest", sdk.CreateFormSessionElicitationRequest),
+          "$/cancel_request": ("CancelRequestNotification", sdk.CancelRequestNotification)}
 
 
 def validator(definition: str) -> jsonschema.protocols.Validator:

@@ -22,6 +22,8 @@ from codesdk.protocol import (
     BadFrame,
     LineFramer,
     NormalizedEvent,
+    QuestionReply,
+    QuestionRequested,
     ToolCallRequested,
     UsageReported,
     api,
@@ -83,6 +85,9 @@ class Connection:
         self._sessions: dict[str, SessionState] = {}
         self._next_id = 0
         self._waiting: dict[int, tuple[trio.Event, list[Any]]] = {}
+        #: The client takes forms (``elicitation/create``): runtimes' questions are put to it; else they wait for
+        #: an answer over the API, and the operator's fallback at their expiry.
+        self.elicits = False
 
     # -- the wire ------------------------------------------------------------------------------------
 
@@ -101,6 +106,9 @@ class Connection:
         try:
             await self.write({"id": request_id, "method": method, "params": params})
             await done.wait()
+        except trio.Cancelled:  # settled elsewhere (the API, an expiry, the task's end): the client may stop asking
+            self._cancel_request(request_id)
+            raise
         finally:
             self._waiting.pop(request_id, None)
         message = answer[0]
@@ -108,6 +116,15 @@ class Connection:
             error = message["error"] if isinstance(message["error"], dict) else {}
             raise AcpError(int(error.get("code", ErrorCode.INTERNAL_ERROR)), str(error.get("message", "")))
         return message.get("result")
+
+    def _cancel_request(self, request_id: int) -> None:
+        """``$/cancel_request`` for one of our requests nobody waits for any more; dropped if the writer is full or
+        gone (the client's late answer is dropped either way)."""
+        line = encode_message({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": request_id}})
+        try:
+            self._send.send_nowait(line)
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
 
     async def serve(self, receive: trio.abc.ReceiveStream) -> None:
         """Read stdin until it ends; each request is served in a task of its own."""
@@ -176,6 +193,9 @@ class Connection:
     async def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
         if acp.requested_version(params.get("protocolVersion")) is None:
             raise AcpError(ErrorCode.INVALID_PARAMS, "protocolVersion must be an integer (1)")
+        capabilities = params.get("clientCapabilities")
+        elicitation = capabilities.get("elicitation") if isinstance(capabilities, dict) else None
+        self.elicits = isinstance(elicitation, dict) and isinstance(elicitation.get("form"), dict)
         return acp.initialize_result(needs_token=self.defaults.needs_token)
 
     async def authenticate(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -283,8 +303,17 @@ class Connection:
             decision = acp.decision_of(answer)
             return api.DecisionRequest(allow=decision.allow, reason=decision.reason, scope=decision.scope)
 
-        run = self.client.run(state.session_id, text, approver=approve, permission_mode=state.mode,
-                              runtime_config=dict(config) or None, runtime=state.runtime)
+        async def answer(event: NormalizedEvent) -> QuestionReply:
+            questions = event.payload.questions if isinstance(event.payload, QuestionRequested) else ()
+            try:
+                given = await self.request("elicitation/create", acp.elicitation_request(state.session_id, event))
+            except AcpError as exc:
+                given = {"action": "cancel", "error": exc.message}
+            return acp.reply_of(given, questions)
+
+        run = self.client.run(state.session_id, text, approver=approve, answerer=answer if self.elicits else None,
+                              permission_mode=state.mode, runtime_config=dict(config) or None,
+                              runtime=state.runtime)
         terminal: NormalizedEvent | None = None
         async for event in run:
             if state.task_id is None and event.trace.task_id:

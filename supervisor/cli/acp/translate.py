@@ -9,6 +9,7 @@ agentclientprotocol/agent-client-protocol), and from the client's answers back t
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -21,6 +22,9 @@ from codesdk.protocol import (
     ModelOutputCompleted,
     ModelOutputDelta,
     NormalizedEvent,
+    Question,
+    QuestionReply,
+    QuestionRequested,
     TaskCompleted,
     TaskFailed,
     TaskStarted,
@@ -30,6 +34,7 @@ from codesdk.protocol import (
     ToolCallRequested,
     ToolCallStarted,
     UsageReported,
+    answer_problems,
     api,
 )
 
@@ -318,6 +323,96 @@ def decision_of(answer: object) -> Decision:
     if chosen == "reject_once":
         return Decision(False, reason="rejected in the ACP client")
     return Decision(False, reason=f"the ACP client chose an option not offered ({str(chosen)[:80]!r})")
+
+
+# -- questions <-> elicitation/create ------------------------------------------------------------------
+
+#: The string formats an ACP form may name (``StringFormat``); another is left out (the answer is checked anyway).
+_FORMATS: Final = ("email", "uri", "date", "date-time")
+
+
+def _texts(values: Sequence[object]) -> list[str]:
+    return [str(v) for v in values]
+
+
+def question_property(question: Question) -> dict[str, Any]:
+    """One question as a property of an ACP form (``ElicitationPropertySchema``): its schema's type and bounds,
+    its options as a closed set (several with ``multi_select``), else free text."""
+    prop: dict[str, Any] = {"title": question.header or question.id}
+    if question.text:
+        prop["description"] = question.text
+    schema = question.answer_schema
+    labels = [o.label for o in question.options]
+    if schema is not None and schema.type in ("boolean", "number", "integer"):
+        prop["type"] = schema.type
+        low, high = schema.minimum, schema.maximum
+        if schema.type == "integer":  # ACP's integer bounds are integers: the whole numbers within
+            low = math.ceil(low) if low is not None else None
+            high = math.floor(high) if high is not None else None
+        if schema.type != "boolean":
+            prop.update({k: v for k, v in (("minimum", low), ("maximum", high)) if v is not None})
+    elif schema is not None and schema.type == "array":
+        items = schema.items.allowed() if schema.items is not None else None
+        prop.update({"type": "array", "items": {"type": "string", "enum": _texts(items or [])}})
+        prop.update({k: v for k, v in (("minItems", schema.min_items), ("maxItems", schema.max_items)) if v is not None})
+    elif schema is not None:
+        prop["type"] = "string"
+        allowed = schema.allowed()
+        if allowed is not None:
+            prop["enum"] = _texts(allowed)
+        prop.update({k: v for k, v in (("minLength", schema.min_length), ("maxLength", schema.max_length))
+                     if v is not None})
+        if schema.format in _FORMATS:
+            prop["format"] = schema.format
+    elif labels and question.multi_select:
+        prop.update({"type": "array", "items": {"type": "string", "enum": labels}})
+    elif labels and not question.allow_other:
+        prop.update({"type": "string", "oneOf": [{"const": o.label, "title": o.label,
+                                                  **({"description": o.description} if o.description else {})}
+                                                 for o in question.options]})
+    else:
+        prop["type"] = "string"
+        if labels:
+            prop["description"] = f"{question.text} (for example: {', '.join(labels)})".strip()
+    if isinstance(question.default, str) and prop["type"] == "string":
+        prop["default"] = question.default
+    if question.secret:
+        prop["_meta"] = {META_KEY: {"secret": True}}
+    return prop
+
+
+def elicitation_request(session_id: str, event: NormalizedEvent) -> dict[str, Any]:
+    """``elicitation/create``'s params for a ``question.requested`` event: one form, a property per question."""
+    payload = event.payload
+    if not isinstance(payload, QuestionRequested):
+        raise TypeError(f"not a question: {event.type}")
+    message = payload.message or "; ".join(q.text for q in payload.questions if q.text) or "the agent asks"
+    return {"sessionId": session_id, "mode": "form", "message": message,
+            "requestedSchema": {"type": "object",
+                                "properties": {q.id: question_property(q) for q in payload.questions},
+                                "required": [q.id for q in payload.questions if q.required]},
+            "_meta": {META_KEY: {"questionId": payload.question_id, "seq": event.seq,
+                                 "expiresAt": payload.expires_at.isoformat() if payload.expires_at else None}}}
+
+
+def reply_of(answer: object, questions: Sequence[Question]) -> QuestionReply:
+    """The client's ``CreateElicitationResponse`` as the question's reply: the accepted form's answers — a
+    decline when it declined or cancelled, or when its answers do not fit the questions (saying which and why)."""
+    action = answer.get("action") if isinstance(answer, dict) else None
+    if action != "accept":
+        why = "declined in the ACP client" if action == "decline" else "cancelled in the ACP client"
+        return QuestionReply(decline=True, reason=why)
+    content = answer.get("content") if isinstance(answer, dict) else None
+    answers = {key: value for key, value in (content or {}).items() if any(q.id == key for q in questions)} \
+        if isinstance(content, dict) else {}
+    problems = answer_problems(questions, answers)
+    if problems:
+        field, why = problems[0]
+        return QuestionReply(decline=True, reason=f"the ACP client's answer does not fit: {field} {why}"[:2000])
+    try:
+        return QuestionReply(answers=answers)
+    except ValueError as exc:
+        return QuestionReply(decline=True, reason=f"the ACP client's answer does not fit: {exc}"[:2000])
 
 
 def is_terminal(event: NormalizedEvent) -> bool:
