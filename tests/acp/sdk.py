@@ -35,7 +35,7 @@ TEE = Path(__file__).with_name("tee.py")
 class Recorder:
     """An ACP client that records what the agent streams, and answers permission requests from a script."""
 
-    answers: list[str] = field(default_factory=list)  # option ids, in order; "cancelled" for none
+    answers: list[str] = field(default_factory=list)  # option ids, in order; "cancelled" for none, "never"
     updates: list[Any] = field(default_factory=list)
     asked: list[Any] = field(default_factory=list)
     first_chunk: asyncio.Event = field(default_factory=asyncio.Event)
@@ -49,6 +49,8 @@ class Recorder:
                                  **kwargs: Any) -> RequestPermissionResponse:
         self.asked.append((tool_call, options))
         answer = self.answers.pop(0) if self.answers else "cancelled"
+        if answer == "never":  # a person who walks away: the connection drops with the request unanswered
+            await asyncio.Event().wait()
         if answer == "cancelled":
             return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
         return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=answer))
@@ -64,6 +66,11 @@ class Recorder:
         self.updates.append(update)
         if update.session_update == "agent_message_chunk":
             self.first_chunk.set()
+
+    async def until(self, condition: Callable[[], object]) -> None:
+        """Wait (in the SDK's loop) until ``condition`` holds; the scenario's ``wait_for`` is the hang guard."""
+        while not condition():
+            await asyncio.sleep(0.02)
 
     def text(self) -> str:
         return "".join(u.content.text for u in self.updates if u.session_update == "agent_message_chunk")

@@ -157,3 +157,41 @@ async def test_a_runtimes_question_is_a_form_for_a_client_that_takes_them(make_e
     assert "Colour red, name kite." in live.text()
     assert "No answer (declined in the ACP client)" in live.text()
     assert check_log(log)["CreateElicitationRequest"] == 2
+
+
+async def test_a_task_outlives_its_connection_and_another_takes_it_up(make_engine: MakeEngine,
+                                                                      tmp_path: Path) -> None:
+    """The first client goes away while its prompt waits for a permission; the task waits in the service. A
+    second client loads the session: it sees the history, is asked for the pending permission, allows it, and the
+    rest of the task streams to it."""
+    log = tmp_path / "wire.jsonl"
+    async with serve_test_api(make_engine, tmp_path) as api:
+        gone = Recorder(answers=["never"])
+
+        async def first() -> str:
+            async with connect(api.socket, api.alice, log, gone) as conn:
+                session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[],
+                                                 codesdk={"runtimeConfig": {"scenario": "write-or-deny"}})
+                prompt = asyncio.ensure_future(conn.prompt(session_id=session.session_id,
+                                                           prompt=[text_block("take notes")]))
+                await gone.until(lambda: gone.asked)
+                prompt.cancel()
+                return str(session.session_id)
+
+        session_id = await in_thread(first)
+        later = Recorder(answers=["allow_once"])
+
+        async def second() -> Any:
+            async with connect(api.socket, api.alice, log, later) as conn:
+                loaded = await conn.load_session(cwd=str(tmp_path), session_id=session_id, mcp_servers=[])
+                await later.until(lambda: "Wrote notes.txt" in later.text())
+                return loaded
+
+        loaded = await in_thread(second)
+        session = (await api.client.get(f"/v1/sessions/{session_id}", headers=api.auth(api.alice))).json()
+    assert loaded.field_meta["codesdk"]["activeTaskId"]
+    assert [call.tool_call_id for call, _ in later.asked] == ["call_write"]
+    assert later.tool_states() == {"call_write": "completed"}
+    assert "I will write notes.txt." in later.text()  # the replayed start, then the live rest
+    assert (Path(session["workspace"]) / "notes.txt").is_file()
+    check_log(log)

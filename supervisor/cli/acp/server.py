@@ -19,6 +19,7 @@ import trio
 
 from codesdk.client import ApiError, AsyncClient, ServiceUnreachable
 from codesdk.protocol import (
+    ApprovalRequested,
     BadFrame,
     LineFramer,
     NormalizedEvent,
@@ -57,6 +58,8 @@ class SessionState:
     prompting: bool = False
     task_id: str | None = None
     started: trio.Event = field(default_factory=trio.Event)
+    #: A task started elsewhere (another connection, the API) whose events this connection streams.
+    following: str | None = None
     cancel: trio.Event = field(default_factory=trio.Event)
 
     def options(self) -> list[dict[str, Any]]:
@@ -88,6 +91,7 @@ class Connection:
         #: The client takes forms (``elicitation/create``): runtimes' questions are put to it; else they wait for
         #: an answer over the API, and the operator's fallback at their expiry.
         self.elicits = False
+        self._nursery: trio.Nursery | None = None
 
     # -- the wire ------------------------------------------------------------------------------------
 
@@ -130,6 +134,7 @@ class Connection:
         """Read stdin until it ends; each request is served in a task of its own."""
         framer = LineFramer()
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             while data := await receive.receive_some(READ_SIZE):
                 for line in framer.feed(data):
                     await self._take(line, nursery)
@@ -185,6 +190,8 @@ class Connection:
             state = self._sessions.get(str(params.get("sessionId")))
             if state is not None and state.prompting:
                 state.cancel.set()
+            elif state is not None and state.following and self._nursery is not None:
+                self._nursery.start_soon(self._stop, state.following)
         else:
             log.debug("notification %s ignored", method)
 
@@ -223,7 +230,9 @@ class Connection:
         session = await self._session(params)
         state = await self._adopt(session, _meta(params))
         last = await self._replay(session.session_id, 0)
-        return {"configOptions": state.options(), "_meta": {acp.META_KEY: {"lastSeq": last}}}
+        self._follow_later(state, session, last)
+        return {"configOptions": state.options(),
+                "_meta": {acp.META_KEY: {"lastSeq": last, "activeTaskId": session.active_task_id}}}
 
     async def resume_session(self, params: dict[str, Any]) -> dict[str, Any]:
         """Take the session up without its history — or, given ``_meta.codesdk.afterSeq`` (the last seq this
@@ -235,6 +244,7 @@ class Connection:
         last = session.last_seq
         if isinstance(after, int) and not isinstance(after, bool) and after >= 0:
             last = await self._replay(session.session_id, after)
+        self._follow_later(state, session, last)
         return {"configOptions": state.options(),
                 "_meta": {acp.META_KEY: {"lastSeq": last, "activeTaskId": session.active_task_id}}}
 
@@ -336,10 +346,60 @@ class Connection:
         await state.cancel.wait()
         await state.started.wait()  # a cancel before the task's first event stops it once it has an id
         assert state.task_id is not None
-        try:  # its receipt comes with task.stopped, which ends the prompt
-            await self.client.stop_task(state.task_id, "cancelled by the ACP client")
+        await self._stop(state.task_id)  # its receipt comes with task.stopped, which ends the prompt
+
+    async def _stop(self, task_id: str) -> None:
+        try:
+            await self.client.stop_task(task_id, "cancelled by the ACP client")
         except ApiError as exc:
-            log.warning("stopping %s: %s", state.task_id, exc)
+            log.warning("stopping %s: %s", task_id, exc)
+
+    def _follow_later(self, state: SessionState, session: api.Session, after: int) -> None:
+        """A task of the session still runs (started by a connection that went away, or over the API): stream the
+        rest of it to this client, and put its pending approvals to it, once the answer has gone out."""
+        task_id = session.active_task_id
+        if task_id is None or state.prompting or state.following or self._nursery is None:
+            return
+        state.following = task_id
+        self._nursery.start_soon(self._follow, state, task_id, after)
+
+    async def _follow(self, state: SessionState, task_id: str, after: int) -> None:
+        asked: set[str] = set()
+
+        def ask(nursery: trio.Nursery, pending: list[api.Approval]) -> None:
+            for approval in pending:
+                if approval.task_id == task_id and approval.approval_id not in asked:
+                    asked.add(approval.approval_id)
+                    nursery.start_soon(self._ask_pending, state, approval)
+
+        try:
+            async with trio.open_nursery() as asking:
+                ask(asking, await self.client.approvals("pending"))
+                async for event in self.client.stream(state.session_id, after_seq=after, until_terminal=True,
+                                                      task_id=task_id):
+                    for update in acp.event_updates(event, replay=False):
+                        await self.notify("session/update", {"sessionId": state.session_id, "update": update})
+                    if isinstance(event.payload, ApprovalRequested):
+                        ask(asking, await self.client.approvals("pending"))
+                    if acp.is_terminal(event):
+                        asking.cancel_scope.cancel()  # its approvals are settled with it
+        except ApiError as exc:
+            log.warning("following %s: %s", task_id, exc)
+        finally:
+            state.following = None
+
+    async def _ask_pending(self, state: SessionState, approval: api.Approval) -> None:
+        try:
+            answer = await self.request("session/request_permission",
+                                        acp.pending_permission_request(state.session_id, approval))
+        except AcpError as exc:
+            answer = {"error": exc.message}
+        decision = acp.decision_of(answer)
+        try:
+            await self.client.decide(approval.approval_id, allow=decision.allow, reason=decision.reason,
+                                     scope=decision.scope)
+        except ApiError as exc:  # decided elsewhere, or expired, meanwhile
+            log.info("approval %s: %s", approval.approval_id, exc)
 
     # -- sessions -----------------------------------------------------------------------------------------
 

@@ -290,14 +290,25 @@ def permission_request(session_id: str, event: NormalizedEvent,
     payload = event.payload
     if not isinstance(payload, ApprovalRequested):
         raise TypeError(f"not an approval: {event.type}")
+    return _permission(session_id, payload.approval_id, payload.tool_call_id, payload.tool_name, payload.reason,
+                       payload.expires_at.isoformat(), tool_input, event.seq)
+
+
+def pending_permission_request(session_id: str, approval: api.Approval) -> dict[str, Any]:
+    """``session/request_permission``'s params for an approval found pending (a task this connection follows)."""
+    return _permission(session_id, approval.approval_id, approval.tool_call_id, approval.tool_name, approval.reason,
+                       approval.expires_at.isoformat(), approval.input, None)
+
+
+def _permission(session_id: str, approval_id: str, tool_call_id: str, tool_name: str, reason: str, expires_at: str,
+                tool_input: Mapping[str, Any] | None, seq: int | None) -> dict[str, Any]:
     return {"sessionId": session_id,
-            "toolCall": {"toolCallId": payload.tool_call_id, "title": payload.tool_name,
-                         "kind": tool_kind(payload.tool_name), "status": "pending",
-                         "locations": tool_locations(tool_input), "rawInput": dict(tool_input or {}),
-                         "content": _content(payload.reason)},
+            "toolCall": {"toolCallId": tool_call_id, "title": tool_name, "kind": tool_kind(tool_name),
+                         "status": "pending", "locations": tool_locations(tool_input),
+                         "rawInput": dict(tool_input or {}), "content": _content(reason)},
             "options": [dict(option) for option in PERMISSION_OPTIONS],
-            "_meta": {META_KEY: {"approvalId": payload.approval_id, "reason": payload.reason,
-                                 "expiresAt": payload.expires_at.isoformat(), "seq": event.seq}}}
+            "_meta": {META_KEY: {"approvalId": approval_id, "reason": reason, "expiresAt": expires_at,
+                                 "seq": seq}}}
 
 
 @dataclass(frozen=True)
