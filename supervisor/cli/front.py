@@ -99,7 +99,7 @@ def _global_options(parser: argparse.ArgumentParser, *, in_subcommand: bool) -> 
     parser.add_argument("--url", default=default(os.environ.get("CODESDK_URL") or None),
                         help="use a running supervisor instead (unix:/path/api.sock or http://127.0.0.1:PORT) for "
                              "run, sessions, events, show, auth, runtime-env, bundle, blob, archive, unarchive, delete, fork, "
-                             "approvals, decide, grants and revoke; token "
+                             "approvals, decide, grants, revoke and acp; token "
                              "from --token or CODESDK_TOKEN")
     parser.add_argument("--token", default=default(None), help="API bearer token (with --url)")
 

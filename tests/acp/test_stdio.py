@@ -83,6 +83,14 @@ async def test_embedded_it_serves_one_connection_and_speaks_only_protocol(tmp_pa
             new = await peer.call(3, "session/new", {"cwd": str(workspace), "mcpServers": []})
             session_id = new["result"]["sessionId"]
             assert new["result"]["_meta"]["codesdk"]["workspace"] == str(workspace)  # embedded: the editor's cwd
+            options = {o["id"]: o for o in new["result"]["configOptions"]}
+            assert options["mode"]["currentValue"] == "ask" and options["runtime"]["currentValue"] == "scripted"
+            wrong = await peer.call(30, "session/set_config_option", {"sessionId": session_id, "configId": "runtime",
+                                                                     "value": "no-such-runtime"})
+            assert wrong["error"]["code"] == -32602
+            auto = await peer.call(31, "session/set_config_option", {"sessionId": session_id, "configId": "mode",
+                                                                    "value": "auto"})
+            assert {o["id"]: o["currentValue"] for o in auto["result"]["configOptions"]}["mode"] == "auto"
             unknown = await peer.call(4, "session/prompt", {"sessionId": "ses_nope", "prompt": []})
             assert unknown["error"]["code"] == -32002
             empty = await peer.call(5, "session/prompt", {"sessionId": session_id, "prompt": []})

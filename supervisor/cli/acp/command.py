@@ -29,6 +29,9 @@ def protocol_stdout() -> int:
 
 
 async def cmd_acp(args: argparse.Namespace) -> int:
+    if args.url and args.allow_exec:
+        raise CliError("--allow-exec configures an embedded supervisor; a running service has its own "
+                       "(`codesdk-supervisor serve --allow-exec COMMAND`)")
     out = protocol_stdout()
     stdin, stdout = trio.lowlevel.FdStream(os.dup(0)), trio.lowlevel.FdStream(out)
     async with stdin, stdout:

@@ -173,7 +173,10 @@ class Connection:
             handler = self._HANDLERS.get(method)
             if handler is None:
                 raise AcpError(ErrorCode.METHOD_NOT_FOUND, f"codesdk acp does not serve {method}")
-            result = await handler(self, params)
+            try:
+                result = await handler(self, params)
+            except ExceptionGroup as group:  # the client's task groups: a refusal inside one is still a refusal
+                raise _leaf(group) from group
         except AcpError as exc:
             await self.write({"id": request_id, "error": exc.to_json()})
         except ServiceUnreachable as exc:
@@ -182,6 +185,11 @@ class Connection:
         except ApiError as exc:
             error = acp.error_for_status(exc.status, exc.code, exc.message)
             await self.write({"id": request_id, "error": error.to_json()})
+        except Exception as exc:  # a fault of ours: this request fails, the connection and its other requests go on
+            log.exception("%s failed", method)
+            await self.write({"id": request_id, "error": {
+                "code": ErrorCode.INTERNAL_ERROR, "message": f"codesdk acp failed to serve {method}: "
+                f"{type(exc).__name__}; run it with -v to see why (on its stderr)"}})
         else:
             await self.write({"id": request_id, "result": result})
 
@@ -385,6 +393,8 @@ class Connection:
                         asking.cancel_scope.cancel()  # its approvals are settled with it
         except ApiError as exc:
             log.warning("following %s: %s", task_id, exc)
+        except Exception:  # a fault of ours: the following stops, the connection goes on
+            log.exception("following %s failed", task_id)
         finally:
             state.following = None
 
@@ -456,6 +466,14 @@ Connection._HANDLERS = {
     "session/resume": Connection.resume_session, "session/list": Connection.list_sessions,
     "session/set_config_option": Connection.set_config_option, "session/prompt": Connection.prompt,
 }
+
+
+def _leaf(group: ExceptionGroup[Exception]) -> Exception:
+    """The first refusal (ours or the service's) inside an exception group, else the group itself."""
+    found: Exception | None = group.split((AcpError, ApiError))[0]
+    while isinstance(found, ExceptionGroup):
+        found = found.exceptions[0]
+    return found if found is not None else group
 
 
 def _meta(params: Mapping[str, Any]) -> dict[str, Any]:
