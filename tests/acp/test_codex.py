@@ -52,7 +52,11 @@ async def test_codex_writes_through_an_acp_clients_permission(make_engine: MakeE
             async def run() -> tuple[Any, str]:
                 async with connect(sock, alice, log, live, runtime="codex") as conn:
                     session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[],
-                                                     codesdk={"runtimeConfig": dict(CODEX_CONFIG)})
+                                                     codesdk={"runtimeConfig": {"max_retries": 0}})
+                    options = {o.id: o for o in session.config_options}
+                    assert options["model"].current_value == "default"  # Codex takes a model: the option is there
+                    await conn.set_config_option(config_id="model", session_id=session.session_id,
+                                                 value=CODEX_CONFIG["model"])
                     prompt = 'CALL workspace_write {"path": "notes.txt", "content": "written by codex\\n"}'
                     done = await conn.prompt(session_id=session.session_id, prompt=[text_block(prompt)])
                     return done, session.field_meta["codesdk"]["workspace"]
@@ -65,4 +69,5 @@ async def test_codex_writes_through_an_acp_clients_permission(make_engine: MakeE
     assert (Path(workspace) / "notes.txt").read_text() == "written by codex\n"
     assert "RESULTS:" in live.text()  # the model read the tool's result
     assert done.field_meta["codesdk"]["usage"]["inputTokens"] > 0
+    assert {r["body"]["model"] for r in fake.requests("/v1/responses")} == {CODEX_CONFIG["model"]}
     check_log(log)

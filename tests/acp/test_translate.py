@@ -127,6 +127,17 @@ def test_initialize_and_config_options_are_valid() -> None:
     assert not errors(CONFIG, {"configOptions": acp.config_options("ask", "scripted", ["claude", "scripted"])})
 
 
+@given(st.sampled_from(["ask", "auto", "yolo"]), st.none() | st.text(min_size=1, max_size=20),
+       st.none() | st.text(max_size=20), st.lists(st.text(min_size=1, max_size=20), max_size=4))
+def test_the_model_option_is_valid_and_names_the_choice(mode: str, model: str | None, default: str | None,
+                                                        known: list[str]) -> None:
+    options = acp.config_options(mode, "codex", ["codex"], model, default, True, known)
+    assert not errors(CONFIG, {"configOptions": options})
+    [chosen] = [o for o in options if o["id"] == "model"]
+    assert chosen["currentValue"] in [o["value"] for o in chosen["options"]]
+    assert "model" not in [o["id"] for o in acp.config_options(mode, "scripted", [], takes_model=False)]
+
+
 def test_refusals_map_to_acp_codes() -> None:
     assert acp.error_for_status(401, "unauthorized", "no").code == acp.ErrorCode.AUTH_REQUIRED == -32000
     for status in (403, 404):  # another tenant's session: not found, never forbidden

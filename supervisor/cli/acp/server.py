@@ -11,6 +11,7 @@ takes them up (``session/load``, or ``session/resume`` with ``_meta.codesdk.afte
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,8 @@ OUTBOX_SIZE = 256
 REPLAY_PAGE = 500
 #: Bytes read from stdin at a time.
 READ_SIZE = 65536
+#: What a model name may be (the runtime checks it again): letters, digits and . _ : / @ + -, not starting with -.
+_MODEL_NAME = re.compile(r"[A-Za-z0-9_.:/@+][A-Za-z0-9_.:/@+-]{0,199}")
 
 
 @dataclass
@@ -54,6 +57,10 @@ class SessionState:
     mode: str = "ask"
     runtime_config: dict[str, Any] = field(default_factory=dict)
     runtimes: tuple[str, ...] = ()
+    #: The runtimes that take a ``model``: each one's default (None: it does not say) and the models it names; and
+    #: the model chosen for the next prompts (None: the runtime's default).
+    models: dict[str, tuple[str | None, tuple[str, ...]]] = field(default_factory=dict)
+    model: str | None = None
     #: The running prompt's task (None until its first event names it), and whether it was asked to stop.
     prompting: bool = False
     task_id: str | None = None
@@ -63,7 +70,9 @@ class SessionState:
     cancel: trio.Event = field(default_factory=trio.Event)
 
     def options(self) -> list[dict[str, Any]]:
-        return acp.config_options(self.mode, self.runtime, self.runtimes)
+        default, known = self.models.get(self.runtime, (None, ()))
+        return acp.config_options(self.mode, self.runtime, self.runtimes, self.model, default,
+                                  self.runtime in self.models, known)
 
 
 @dataclass(frozen=True)
@@ -272,7 +281,12 @@ class Connection:
         if config_id == "mode" and value in {m for m, _, _ in acp.PERMISSION_MODES}:
             state.mode = str(value)
         elif config_id == "runtime" and isinstance(value, str) and value in (state.runtime, *state.runtimes):
+            if value != state.runtime:
+                state.model = None  # a model is one runtime's word
             state.runtime = value
+        elif config_id == "model" and state.runtime in state.models and isinstance(value, str) \
+                and _MODEL_NAME.fullmatch(value):
+            state.model = None if value == acp.DEFAULT_MODEL else value
         else:
             raise AcpError(ErrorCode.INVALID_PARAMS, f"no such option or value: {config_id!r} = {value!r} (see the "
                            "session's configOptions)")
@@ -284,7 +298,8 @@ class Connection:
         if state.prompting:
             raise AcpError(ErrorCode.INVALID_PARAMS, "this session's previous prompt is still running: cancel it "
                            "(session/cancel) or wait for its answer")
-        config = {**state.runtime_config, **(_meta(params).get("runtimeConfig") or {})}
+        config = {**state.runtime_config, **({"model": state.model} if state.model else {}),
+                  **(_meta(params).get("runtimeConfig") or {})}
         state.prompting, state.task_id = True, None
         state.started, state.cancel = trio.Event(), trio.Event()
         outcome: list[dict[str, Any] | Exception] = []
@@ -443,6 +458,8 @@ class Connection:
             try:
                 offers = await self.client.runtimes(session.namespace)
                 state.runtimes = tuple(o.name for o in offers if o.available)
+                state.models = {o.name: (o.capabilities.default_model, tuple(o.capabilities.models)) for o in offers
+                                if "model" in (o.capabilities.config_keys or ())}
             except ApiError as exc:
                 log.info("the namespace's runtimes are unknown (%s): only the session's is offered", exc)
         self._sessions[session.session_id] = state

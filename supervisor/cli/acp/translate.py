@@ -143,14 +143,30 @@ PERMISSION_MODES: Final = (("ask", "Ask", "ask before tools that change somethin
                            ("yolo", "Yolo", "allow every tool the policy does not deny"))
 
 
-def config_options(mode: str, runtime: str, runtimes: Sequence[str]) -> list[dict[str, Any]]:
-    """The session's config options: its permission mode, and its runtime (the next prompt moves it there)."""
-    return [
+#: The value of the ``model`` option that leaves the choice to the runtime.
+DEFAULT_MODEL: Final = "default"
+
+
+def config_options(mode: str, runtime: str, runtimes: Sequence[str], model: str | None = None,
+                   default_model: str | None = None, takes_model: bool = False,
+                   known_models: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The session's config options: its permission mode, its runtime (the next prompt moves it there), and the
+    model where its runtime takes one (``default``: the runtime's own choice, ``default_model`` when it says; the
+    models it names, and any other name it takes)."""
+    options: list[dict[str, Any]] = [
         {"id": "mode", "name": "Permission mode", "category": "mode", "type": "select", "currentValue": mode,
          "options": [{"value": value, "name": name, "description": text} for value, name, text in PERMISSION_MODES]},
         {"id": "runtime", "name": "Runtime", "category": "model", "type": "select", "currentValue": runtime,
          "options": [{"value": name, "name": name} for name in dict.fromkeys([runtime, *runtimes])]},
     ]
+    if takes_model:
+        default = {"value": DEFAULT_MODEL, "name": f"the runtime's default ({default_model or 'its own choice'})"}
+        chosen = [{"value": name, "name": name} for name in dict.fromkeys([*known_models, *([model] if model else [])])
+                  if name != DEFAULT_MODEL]
+        options.append({"id": "model", "name": "Model", "category": "model", "type": "select",
+                        "description": "any model name the runtime takes may be set", "currentValue":
+                        model or DEFAULT_MODEL, "options": [default, *chosen]})
+    return options
 
 
 def prompt_text(blocks: object) -> str:
