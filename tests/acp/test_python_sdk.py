@@ -47,6 +47,7 @@ async def test_an_sdk_client_runs_cancels_loads_and_lists(make_engine: MakeEngin
         assert [call.tool_call_id for call, _ in live.asked] == ["call_first", "call_second"]
         assert {o.kind for o in live.asked[0][1]} == {"allow_once", "allow_always", "reject_once"}
         assert live.tool_states() == {"call_first": "completed", "call_second": "failed"}
+        assert live.asked[0][0].locations[0].path == str(Path(workspace) / "first.txt")
         assert (Path(workspace) / "first.txt").read_text() == "one\n"
         assert not (Path(workspace) / "second.txt").exists()
         assert "Not allowed" in live.text()

@@ -44,9 +44,10 @@ def errors(validator_: Any, value: object) -> list[str]:
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
-@given(normalized_events(), st.booleans())
-def test_every_event_becomes_valid_session_updates(event: NormalizedEvent, replay: bool) -> None:
-    for update in acp.event_updates(event, replay=replay):
+@given(normalized_events(), st.booleans(), st.none() | st.just("/srv/ws"))
+def test_every_event_becomes_valid_session_updates(event: NormalizedEvent, replay: bool, workspace: str | None) -> None:
+    for update in acp.event_updates(event, replay=replay, workspace=workspace):
+        assert all(location["path"].startswith("/") for location in update.get("locations", []))
         assert not errors(UPDATE, {"sessionId": "ses_x", "update": update})
         assert update["_meta"]["codesdk"]["seq"] == event.seq
 
@@ -188,3 +189,10 @@ def test_a_choice_is_a_closed_set_and_several_choices_an_array() -> None:
     assert acp.reply_of({"action": "accept", "content": {"c": "green"}}, [one]).decline
     assert acp.reply_of({"action": "accept", "content": {"c": "red"}}, [one]).answers == {"c": "red"}
     assert acp.reply_of({"action": "cancel"}, [one]).reason == "cancelled in the ACP client"
+
+
+def test_locations_are_absolute_inside_the_workspace() -> None:
+    assert acp.tool_locations({"path": "src/a.py"}, "/srv/ws") == [{"path": "/srv/ws/src/a.py"}]
+    assert acp.tool_locations({"path": "src/a.py"}, None) == []  # relative to nothing known: not shown
+    assert acp.tool_locations({"path": "/etc/x"}, "/srv/ws") == [{"path": "/etc/x"}]
+    assert acp.tool_locations({"command": "ls"}, "/srv/ws") == []

@@ -54,6 +54,8 @@ class SessionState:
 
     session_id: str
     runtime: str
+    #: The session's workspace (tool calls' relative paths are shown inside it), when known.
+    workspace: str | None = None
     mode: str = "ask"
     runtime_config: dict[str, Any] = field(default_factory=dict)
     runtimes: tuple[str, ...] = ()
@@ -246,7 +248,7 @@ class Connection:
     async def load_session(self, params: dict[str, Any]) -> dict[str, Any]:
         session = await self._session(params)
         state = await self._adopt(session, _meta(params))
-        last = await self._replay(session.session_id, 0)
+        last = await self._replay(state, 0)
         self._follow_later(state, session, last)
         return {"configOptions": state.options(),
                 "_meta": {acp.META_KEY: {"lastSeq": last, "activeTaskId": session.active_task_id}}}
@@ -260,7 +262,7 @@ class Connection:
         after = meta.get("afterSeq")
         last = session.last_seq
         if isinstance(after, int) and not isinstance(after, bool) and after >= 0:
-            last = await self._replay(session.session_id, after)
+            last = await self._replay(state, after)
         self._follow_later(state, session, last)
         return {"configOptions": state.options(),
                 "_meta": {acp.META_KEY: {"lastSeq": last, "activeTaskId": session.active_task_id}}}
@@ -330,7 +332,8 @@ class Connection:
             tool_input = inputs.get(getattr(payload, "tool_call_id", ""))
             try:
                 answer = await self.request("session/request_permission",
-                                            acp.permission_request(state.session_id, event, tool_input))
+                                            acp.permission_request(state.session_id, event, tool_input,
+                                                                    state.workspace))
             except AcpError as exc:
                 answer = {"error": exc.message}
             decision = acp.decision_of(answer)
@@ -356,7 +359,7 @@ class Connection:
                 inputs[event.payload.tool_call_id] = event.payload.input
             if isinstance(event.payload, UsageReported):
                 usage.append(event.payload)
-            for update in acp.event_updates(event, replay=False):
+            for update in acp.event_updates(event, replay=False, workspace=state.workspace):
                 await self.notify("session/update", {"sessionId": state.session_id, "update": update})
             if acp.is_terminal(event):
                 terminal = event
@@ -400,7 +403,7 @@ class Connection:
                 ask(asking, await self.client.approvals("pending"))
                 async for event in self.client.stream(state.session_id, after_seq=after, until_terminal=True,
                                                       task_id=task_id):
-                    for update in acp.event_updates(event, replay=False):
+                    for update in acp.event_updates(event, replay=False, workspace=state.workspace):
                         await self.notify("session/update", {"sessionId": state.session_id, "update": update})
                     if isinstance(event.payload, ApprovalRequested):
                         ask(asking, await self.client.approvals("pending"))
@@ -416,7 +419,8 @@ class Connection:
     async def _ask_pending(self, state: SessionState, approval: api.Approval) -> None:
         try:
             answer = await self.request("session/request_permission",
-                                        acp.pending_permission_request(state.session_id, approval))
+                                        acp.pending_permission_request(state.session_id, approval,
+                                                                            state.workspace))
         except AcpError as exc:
             answer = {"error": exc.message}
         decision = acp.decision_of(answer)
@@ -443,7 +447,8 @@ class Connection:
         return state
 
     async def _adopt(self, session: api.Session, meta: Mapping[str, Any]) -> SessionState:
-        state = self._sessions.get(session.session_id) or SessionState(session.session_id, session.runtime)
+        state = self._sessions.get(session.session_id) or SessionState(session.session_id, session.runtime,
+                                                                        session.workspace)
         mode = meta.get("mode")
         if mode is not None:
             if mode not in {m for m, _, _ in acp.PERMISSION_MODES}:
@@ -465,13 +470,13 @@ class Connection:
         self._sessions[session.session_id] = state
         return state
 
-    async def _replay(self, session_id: str, after: int) -> int:
+    async def _replay(self, state: SessionState, after: int) -> int:
         """Send the session's stored events after ``after`` as updates; the last seq sent."""
         while True:
-            page = await self.client.events(session_id, after_seq=after, limit=REPLAY_PAGE)
+            page = await self.client.events(state.session_id, after_seq=after, limit=REPLAY_PAGE)
             for event in page:
-                for update in acp.event_updates(event, replay=True):
-                    await self.notify("session/update", {"sessionId": session_id, "update": update})
+                for update in acp.event_updates(event, replay=True, workspace=state.workspace):
+                    await self.notify("session/update", {"sessionId": state.session_id, "update": update})
                 after = event.seq
             if len(page) < REPLAY_PAGE:
                 return after

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -205,10 +206,17 @@ def tool_kind(tool_name: str) -> str:
     return TOOL_KINDS.get(tool_name, "other")
 
 
-def tool_locations(tool_input: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    """Where a call works, as ACP locations: its ``path`` input (relative to the workspace), if any."""
+def tool_locations(tool_input: Mapping[str, Any] | None, workspace: str | None = None) -> list[dict[str, Any]]:
+    """Where a call works, as ACP locations (absolute paths): its ``path`` input, inside the session's workspace
+    when relative; none when it names none, or a relative one with no workspace known."""
     path = tool_input.get("path") if tool_input else None
-    return [{"path": path}] if isinstance(path, str) and path else []
+    if not isinstance(path, str) or not path:
+        return []
+    if not path.startswith("/"):
+        if not workspace:
+            return []
+        path = posixpath.join(workspace, path)
+    return [{"path": posixpath.normpath(path)}]
 
 
 def _text(text: str) -> dict[str, Any]:
@@ -224,7 +232,7 @@ def _chunk(kind: BlockKind, text: str) -> dict[str, Any]:
     return {"sessionUpdate": update, "content": _text(text)}
 
 
-def event_updates(event: NormalizedEvent, *, replay: bool) -> list[dict[str, Any]]:
+def event_updates(event: NormalizedEvent, *, replay: bool, workspace: str | None = None) -> list[dict[str, Any]]:
     """The ``session/update`` objects one stored event becomes. Live, text streams by its deltas; replayed
     (``session/load``), by each completed block, and the user's prompts are sent back as user message chunks.
     Each update carries the event's ``seq`` in ``_meta`` (the cursor a client resumes from)."""
@@ -239,7 +247,7 @@ def event_updates(event: NormalizedEvent, *, replay: bool) -> list[dict[str, Any
     elif isinstance(payload, ToolCallRequested):
         updates.append({"sessionUpdate": "tool_call", "toolCallId": payload.tool_call_id, "title": payload.tool_name,
                         "kind": tool_kind(payload.tool_name), "status": "pending",
-                        "locations": tool_locations(payload.input), "rawInput": payload.input or {}})
+                        "locations": tool_locations(payload.input, workspace), "rawInput": payload.input or {}})
     elif isinstance(payload, ToolCallStarted):
         updates.append({"sessionUpdate": "tool_call_update", "toolCallId": payload.tool_call_id,
                         "status": "in_progress"})
@@ -299,28 +307,29 @@ PERMISSION_OPTIONS: Final = (
 )
 
 
-def permission_request(session_id: str, event: NormalizedEvent,
-                       tool_input: Mapping[str, Any] | None) -> dict[str, Any]:
+def permission_request(session_id: str, event: NormalizedEvent, tool_input: Mapping[str, Any] | None,
+                       workspace: str | None = None) -> dict[str, Any]:
     """``session/request_permission``'s params for an ``approval.requested`` event (``tool_input``: the call's
     input from its ``tool.call.requested``, when known)."""
     payload = event.payload
     if not isinstance(payload, ApprovalRequested):
         raise TypeError(f"not an approval: {event.type}")
     return _permission(session_id, payload.approval_id, payload.tool_call_id, payload.tool_name, payload.reason,
-                       payload.expires_at.isoformat(), tool_input, event.seq)
+                       payload.expires_at.isoformat(), tool_input, event.seq, workspace)
 
 
-def pending_permission_request(session_id: str, approval: api.Approval) -> dict[str, Any]:
+def pending_permission_request(session_id: str, approval: api.Approval,
+                               workspace: str | None = None) -> dict[str, Any]:
     """``session/request_permission``'s params for an approval found pending (a task this connection follows)."""
     return _permission(session_id, approval.approval_id, approval.tool_call_id, approval.tool_name, approval.reason,
-                       approval.expires_at.isoformat(), approval.input, None)
+                       approval.expires_at.isoformat(), approval.input, None, workspace)
 
 
 def _permission(session_id: str, approval_id: str, tool_call_id: str, tool_name: str, reason: str, expires_at: str,
-                tool_input: Mapping[str, Any] | None, seq: int | None) -> dict[str, Any]:
+                tool_input: Mapping[str, Any] | None, seq: int | None, workspace: str | None) -> dict[str, Any]:
     return {"sessionId": session_id,
             "toolCall": {"toolCallId": tool_call_id, "title": tool_name, "kind": tool_kind(tool_name),
-                         "status": "pending", "locations": tool_locations(tool_input),
+                         "status": "pending", "locations": tool_locations(tool_input, workspace),
                          "rawInput": dict(tool_input or {}), "content": _content(reason)},
             "options": [dict(option) for option in PERMISSION_OPTIONS],
             "_meta": {META_KEY: {"approvalId": approval_id, "reason": reason, "expiresAt": expires_at,
