@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,13 +63,14 @@ class SessionState:
     #: the model chosen for the next prompts (None: the runtime's default).
     models: dict[str, tuple[str | None, tuple[str, ...]]] = field(default_factory=dict)
     model: str | None = None
-    #: The running prompt's task (None until its first event names it), and whether it was asked to stop.
+    #: A prompt of this connection runs: its task (None until its first event names it; ``started`` then), and
+    #: whether the client asked to stop it.
     prompting: bool = False
     task_id: str | None = None
     started: trio.Event = field(default_factory=trio.Event)
+    cancel: trio.Event = field(default_factory=trio.Event)
     #: A task started elsewhere (another connection, the API) whose events this connection streams.
     following: str | None = None
-    cancel: trio.Event = field(default_factory=trio.Event)
 
     def options(self) -> list[dict[str, Any]]:
         default, known = self.models.get(self.runtime, (None, ()))
@@ -103,6 +104,12 @@ class Connection:
         #: an answer over the API, and the operator's fallback at their expiry.
         self.elicits = False
         self._nursery: trio.Nursery | None = None
+        #: The agent's methods (ACP's ``agentMethods`` this agent serves); any other is -32601.
+        self._handlers: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
+            "initialize": self.initialize, "authenticate": self.authenticate, "session/new": self.new_session,
+            "session/load": self.load_session, "session/resume": self.resume_session,
+            "session/list": self.list_sessions, "session/set_config_option": self.set_config_option,
+            "session/prompt": self.prompt}
 
     # -- the wire ------------------------------------------------------------------------------------
 
@@ -129,7 +136,9 @@ class Connection:
         message = answer[0]
         if "error" in message:
             error = message["error"] if isinstance(message["error"], dict) else {}
-            raise AcpError(int(error.get("code", ErrorCode.INTERNAL_ERROR)), str(error.get("message", "")))
+            code = error.get("code")
+            raise AcpError(code if isinstance(code, int) and not isinstance(code, bool) else ErrorCode.INTERNAL_ERROR,
+                           str(error.get("message", ""))[:2000])
         return message.get("result")
 
     def _cancel_request(self, request_id: int) -> None:
@@ -181,11 +190,11 @@ class Connection:
 
     async def _answer(self, request_id: Any, method: str, params: dict[str, Any]) -> None:
         try:
-            handler = self._HANDLERS.get(method)
+            handler = self._handlers.get(method)
             if handler is None:
                 raise AcpError(ErrorCode.METHOD_NOT_FOUND, f"codesdk acp does not serve {method}")
             try:
-                result = await handler(self, params)
+                result = await handler(params)
             except ExceptionGroup as group:  # the client's task groups: a refusal inside one is still a refusal
                 raise _leaf(group) from group
         except AcpError as exc:
@@ -280,7 +289,7 @@ class Connection:
     async def set_config_option(self, params: dict[str, Any]) -> dict[str, Any]:
         state = await self._known(params)
         config_id, value = params.get("configId"), params.get("value")
-        if config_id == "mode" and value in {m for m, _, _ in acp.PERMISSION_MODES}:
+        if config_id == "mode" and isinstance(value, str) and value in {m for m, _, _ in acp.PERMISSION_MODES}:
             state.mode = str(value)
         elif config_id == "runtime" and isinstance(value, str) and value in (state.runtime, *state.runtimes):
             if value != state.runtime:
@@ -301,7 +310,7 @@ class Connection:
             raise AcpError(ErrorCode.INVALID_PARAMS, "this session's previous prompt is still running: cancel it "
                            "(session/cancel) or wait for its answer")
         config = {**state.runtime_config, **({"model": state.model} if state.model else {}),
-                  **(_meta(params).get("runtimeConfig") or {})}
+                  **_object(_meta(params), "runtimeConfig")}
         state.prompting, state.task_id = True, None
         state.started, state.cancel = trio.Event(), trio.Event()
         outcome: list[dict[str, Any] | Exception] = []
@@ -318,8 +327,6 @@ class Connection:
         if isinstance(outcome[0], Exception):
             raise outcome[0]
         return outcome[0]
-
-    _HANDLERS: Any = {}
 
     # -- prompts ----------------------------------------------------------------------------------------
 
@@ -451,14 +458,11 @@ class Connection:
                                                                         session.workspace)
         mode = meta.get("mode")
         if mode is not None:
-            if mode not in {m for m, _, _ in acp.PERMISSION_MODES}:
+            if not isinstance(mode, str) or mode not in {m for m, _, _ in acp.PERMISSION_MODES}:
                 raise AcpError(ErrorCode.INVALID_PARAMS, "_meta.codesdk.mode must be ask, auto or yolo")
             state.mode = str(mode)
-        config = meta.get("runtimeConfig")
-        if config is not None:
-            if not isinstance(config, dict):
-                raise AcpError(ErrorCode.INVALID_PARAMS, "_meta.codesdk.runtimeConfig must be an object")
-            state.runtime_config = dict(config)
+        if meta.get("runtimeConfig") is not None:
+            state.runtime_config = _object(meta, "runtimeConfig")
         if not state.runtimes:
             try:
                 offers = await self.client.runtimes(session.namespace)
@@ -482,12 +486,6 @@ class Connection:
                 return after
 
 
-Connection._HANDLERS = {
-    "initialize": Connection.initialize, "authenticate": Connection.authenticate,
-    "session/new": Connection.new_session, "session/load": Connection.load_session,
-    "session/resume": Connection.resume_session, "session/list": Connection.list_sessions,
-    "session/set_config_option": Connection.set_config_option, "session/prompt": Connection.prompt,
-}
 
 
 def _leaf(group: ExceptionGroup[Exception]) -> Exception:
@@ -502,6 +500,13 @@ def _meta(params: Mapping[str, Any]) -> dict[str, Any]:
     meta = params.get("_meta")
     ours = meta.get(acp.META_KEY) if isinstance(meta, dict) else None
     return ours if isinstance(ours, dict) else {}
+
+
+def _object(meta: Mapping[str, Any], key: str) -> dict[str, Any]:
+    value = meta.get(key)
+    if value is not None and not isinstance(value, dict):
+        raise AcpError(ErrorCode.INVALID_PARAMS, f"_meta.{acp.META_KEY}.{key} must be an object")
+    return dict(value or {})
 
 
 def _str(meta: Mapping[str, Any], key: str) -> str | None:
