@@ -74,22 +74,25 @@ async def test_an_sdk_client_runs_cancels_loads_and_lists(make_engine: MakeEngin
         assert mode.current_value == "yolo"
 
         # another tenant sees nothing of it
-        async def stranger() -> tuple[Any, int]:
+        async def stranger() -> tuple[Any, list[int]]:
+            codes: list[int] = []
             async with connect(api.socket, api.bob, log, Recorder()) as conn:
                 listed = await conn.list_sessions()
-                try:
-                    await conn.load_session(cwd=cwd, session_id=session_id, mcp_servers=[])
-                except RequestError as exc:
-                    return listed, exc.code
-                return listed, 0
+                for attempt in (conn.load_session(cwd=cwd, session_id=session_id, mcp_servers=[]),
+                                conn.resume_session(cwd=cwd, session_id=session_id)):
+                    try:
+                        await attempt
+                    except RequestError as exc:
+                        codes.append(exc.code)
+                return listed, codes
 
         bobs, refused = await in_thread(stranger)
         assert session_id not in [s.session_id for s in bobs.sessions]
-        assert refused == -32002  # resource not found: it reveals nothing
+        assert refused == [-32002, -32002]  # resource not found: it reveals nothing
 
     counts = check_log(log)
     assert counts["SessionNotification"] > 10 and counts["RequestPermissionRequest"] == 2
-    assert counts["Error"] == 1 and counts["PromptResponse"] == 2
+    assert counts["Error"] == 2 and counts["PromptResponse"] == 2
 
 
 async def test_allow_always_is_a_session_grant_and_resume_picks_up_after_a_seq(make_engine: MakeEngine,

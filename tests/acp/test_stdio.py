@@ -121,3 +121,16 @@ async def test_a_refused_token_is_auth_required(make_engine: MakeEngine, tmp_pat
                 assert new["error"]["code"] == -32000 and "--token" in new["error"]["message"]
                 await peer.stdin.aclose()
                 assert await peer.process.wait() == 0
+
+
+async def test_a_data_dir_in_use_is_refused_with_what_to_run_instead(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    with trio.fail_after(HANG_GUARD_S):
+        async with acp_process("--data-dir", data, "acp") as holder:
+            assert "result" in await holder.call(1, "initialize", {"protocolVersion": 1})  # its supervisor is up
+            second = await trio.run_process([*CLI, "--data-dir", data, "acp"], stdin=subprocess.DEVNULL,
+                                            capture_stdout=True, capture_stderr=True, check=False)
+            await holder.stdin.aclose()
+            assert await holder.process.wait() == 0
+    assert second.returncode == 2 and second.stdout == b""  # nothing but protocol on stdout: here, nothing
+    assert b"codesdk acp --url" in second.stderr
