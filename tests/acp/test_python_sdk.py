@@ -197,5 +197,7 @@ async def test_a_task_outlives_its_connection_and_another_takes_it_up(make_engin
     assert [call.tool_call_id for call, _ in later.asked] == ["call_write"]
     assert later.tool_states() == {"call_write": "completed"}
     assert "I will write notes.txt." in later.text()  # the replayed start, then the live rest
+    [usage] = [u for u in later.updates if u.session_update == "usage_update"]
+    assert (usage.used, usage.size) == (60, 100_000)  # the scenario's tokens, in the runtime's context window
     assert (Path(session["workspace"]) / "notes.txt").is_file()
     check_log(log)

@@ -44,9 +44,10 @@ def errors(validator_: Any, value: object) -> list[str]:
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
-@given(normalized_events(), st.booleans(), st.none() | st.just("/srv/ws"))
-def test_every_event_becomes_valid_session_updates(event: NormalizedEvent, replay: bool, workspace: str | None) -> None:
-    for update in acp.event_updates(event, replay=replay, workspace=workspace):
+@given(normalized_events(), st.booleans(), st.none() | st.just("/srv/ws"), st.none() | st.integers(1, 10**7))
+def test_every_event_becomes_valid_session_updates(event: NormalizedEvent, replay: bool, workspace: str | None,
+                                                   context_window: int | None) -> None:
+    for update in acp.event_updates(event, replay=replay, workspace=workspace, context_window=context_window):
         assert all(location["path"].startswith("/") for location in update.get("locations", []))
         assert not errors(UPDATE, {"sessionId": "ses_x", "update": update})
         assert update["_meta"]["codesdk"]["seq"] == event.seq

@@ -63,6 +63,8 @@ class SessionState:
     #: the model chosen for the next prompts (None: the runtime's default).
     models: dict[str, tuple[str | None, tuple[str, ...]]] = field(default_factory=dict)
     model: str | None = None
+    #: Each runtime's context window in tokens, where it declares one (``usage_update``'s size).
+    context_windows: dict[str, int] = field(default_factory=dict)
     #: A prompt of this connection runs: its task (None until its first event names it; ``started`` then), and
     #: whether the client asked to stop it.
     prompting: bool = False
@@ -366,7 +368,8 @@ class Connection:
                 inputs[event.payload.tool_call_id] = event.payload.input
             if isinstance(event.payload, UsageReported):
                 usage.append(event.payload)
-            for update in acp.event_updates(event, replay=False, workspace=state.workspace):
+            for update in acp.event_updates(event, replay=False, workspace=state.workspace,
+                                                 context_window=state.context_windows.get(state.runtime)):
                 await self.notify("session/update", {"sessionId": state.session_id, "update": update})
             if acp.is_terminal(event):
                 terminal = event
@@ -410,7 +413,8 @@ class Connection:
                 ask(asking, await self.client.approvals("pending"))
                 async for event in self.client.stream(state.session_id, after_seq=after, until_terminal=True,
                                                       task_id=task_id):
-                    for update in acp.event_updates(event, replay=False, workspace=state.workspace):
+                    for update in acp.event_updates(event, replay=False, workspace=state.workspace,
+                                                    context_window=state.context_windows.get(state.runtime)):
                         await self.notify("session/update", {"sessionId": state.session_id, "update": update})
                     if isinstance(event.payload, ApprovalRequested):
                         ask(asking, await self.client.approvals("pending"))
@@ -467,6 +471,8 @@ class Connection:
             try:
                 offers = await self.client.runtimes(session.namespace)
                 state.runtimes = tuple(o.name for o in offers if o.available)
+                state.context_windows = {o.name: o.capabilities.context_window_tokens for o in offers
+                                         if o.capabilities.context_window_tokens}
                 state.models = {o.name: (o.capabilities.default_model, tuple(o.capabilities.models)) for o in offers
                                 if "model" in (o.capabilities.config_keys or ())}
             except ApiError as exc:

@@ -232,9 +232,11 @@ def _chunk(kind: BlockKind, text: str) -> dict[str, Any]:
     return {"sessionUpdate": update, "content": _text(text)}
 
 
-def event_updates(event: NormalizedEvent, *, replay: bool, workspace: str | None = None) -> list[dict[str, Any]]:
+def event_updates(event: NormalizedEvent, *, replay: bool, workspace: str | None = None,
+                  context_window: int | None = None) -> list[dict[str, Any]]:
     """The ``session/update`` objects one stored event becomes. Live, text streams by its deltas; replayed
-    (``session/load``), by each completed block, and the user's prompts are sent back as user message chunks.
+    (``session/load``), by each completed block, and the user's prompts are sent back as user message chunks;
+    usage is a ``usage_update`` where the runtime's context window is known (``context_window``, tokens).
     Each update carries the event's ``seq`` in ``_meta`` (the cursor a client resumes from)."""
     payload = event.payload
     updates: list[dict[str, Any]] = []
@@ -258,6 +260,12 @@ def event_updates(event: NormalizedEvent, *, replay: bool, workspace: str | None
         updates.append({"sessionUpdate": "tool_call_update", "toolCallId": payload.tool_call_id,
                         "status": "failed" if payload.is_error else "completed",
                         "content": _content(payload.result_preview), "rawOutput": {"preview": payload.result_preview}})
+    elif isinstance(payload, UsageReported) and context_window:
+        used = payload.input_tokens + payload.cache_read_tokens + payload.cache_write_tokens + payload.output_tokens
+        usage: dict[str, Any] = {"sessionUpdate": "usage_update", "used": used, "size": context_window}
+        if payload.cost_usd is not None:
+            usage["cost"] = {"amount": payload.cost_usd, "currency": "USD"}
+        updates.append(usage)
     for update in updates:
         update["_meta"] = {META_KEY: {"seq": event.seq, "type": event.type.value}}
     return updates
