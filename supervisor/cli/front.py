@@ -259,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "service the admin token only, else the service gives the session its own)")
     acp.add_argument("--allow-exec", action="append", metavar="COMMAND",
                      help="embedded: enable the sandboxed workspace.exec tool for this command (repeatable)")
+    add_fetch_flags(acp, "(embedded)")
+    acp.add_argument("--env", action="append", type=env_item, metavar="KEY=VALUE",
+                     help="embedded: a variable for the workers and runtimes (e.g. ANTHROPIC_BASE_URL); repeatable")
     return strict_values(parser)
 
 

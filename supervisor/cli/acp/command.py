@@ -15,7 +15,7 @@ import trio
 
 from codesdk.client import AsyncClient, Unauthorized
 
-from ..common import CliError
+from ..common import CliError, fetch_flags_refusal, fetch_options, run_env
 from .server import Defaults, run_connection
 
 
@@ -29,9 +29,12 @@ def protocol_stdout() -> int:
 
 
 async def cmd_acp(args: argparse.Namespace) -> int:
-    if args.url and args.allow_exec:
-        raise CliError("--allow-exec configures an embedded supervisor; a running service has its own "
-                       "(`codesdk-supervisor serve --allow-exec COMMAND`)")
+    if args.url and (args.allow_exec or args.allow_fetch or args.env):
+        raise CliError("--allow-exec, --allow-fetch and --env configure an embedded supervisor; a running service has "
+                       "its own (`codesdk-supervisor serve --allow-exec/--allow-fetch`, `codesdk-supervisor namespace "
+                       "env set`)")
+    if (refusal := fetch_flags_refusal(args)) is not None:
+        raise CliError(refusal)
     out = protocol_stdout()
     stdin, stdout = trio.lowlevel.FdStream(os.dup(0)), trio.lowlevel.FdStream(out)
     async with stdin, stdout:
@@ -65,8 +68,10 @@ async def _embedded(args: argparse.Namespace, stdin: trio.lowlevel.FdStream, std
     from ...service.assembly import SupervisorOptions, open_engine
     from ...store import DataDirBusy
 
+    # This supervisor serves one local user (like `codesdk run`'s): the variables are every namespace's.
     options = SupervisorOptions(data_dir=args.data_dir, exec_allowlist=tuple(args.allow_exec or ()),
-                                holder="codesdk acp", test_scenarios=True)
+                                fetch=fetch_options(args), fetch_unattended=args.allow_fetch_unattended,
+                                worker_env={"*": run_env(args.env)}, holder="codesdk acp", test_scenarios=True)
     auth = TokenAuth()  # in memory: one admin token, for this connection's client alone
     token = auth.add_principal("acp", [], admin=True)
     defaults = Defaults(namespace=args.namespace or "default", runtime=args.runtime,
