@@ -130,8 +130,8 @@ def initialize_result(*, needs_token: bool) -> dict[str, Any]:
 def session_info(session: api.Session, cwd: str | None = None) -> dict[str, Any]:
     """One ``SessionInfo`` of ``session/list``: its workspace as ``cwd`` (or the one the client gave)."""
     info: dict[str, Any] = {"sessionId": session.session_id, "cwd": session.workspace or cwd or "/",
-                            "updatedAt": session.created_at.isoformat(),
                             "_meta": {META_KEY: {"runtime": session.runtime, "namespace": session.namespace,
+                                                 "createdAt": session.created_at.isoformat(),
                                                  "lastSeq": session.last_seq, "state": session.state.value}}}
     if session.title:
         info["title"] = session.title
@@ -187,7 +187,7 @@ def prompt_text(blocks: object) -> str:
         elif kind == "resource_link" and isinstance(block.get("uri"), str):
             parts.append(f"[{block.get('name') or block['uri']}]({block['uri']})")
         else:
-            raise AcpError(ErrorCode.INVALID_PARAMS, f"prompt content of type {kind!r} is not supported: send text "
+            raise AcpError(ErrorCode.INVALID_PARAMS, f"prompt content of type {str(kind)[:40]!r} is not supported: send text "
                            "(images and audio are not offered in promptCapabilities)")
     text = "\n\n".join(part for part in parts if part)
     if not text.strip():
