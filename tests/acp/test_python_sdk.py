@@ -15,6 +15,9 @@ from tests.conftest import MakeEngine
 from .sdk import Recorder, connect, in_thread
 from .wire import check_log
 
+#: A prompt longer than ``task.started`` keeps.
+LONG_PROMPT = "write both files, " + "and mind the details " * 20
+
 
 async def test_an_sdk_client_runs_cancels_loads_and_lists(make_engine: MakeEngine, tmp_path: Path) -> None:
     log = tmp_path / "wire.jsonl"
@@ -28,7 +31,7 @@ async def test_an_sdk_client_runs_cancels_loads_and_lists(make_engine: MakeEngin
                 assert info.agent_capabilities.load_session
                 session = await conn.new_session(cwd=cwd, mcp_servers=[],
                                                  codesdk={"runtimeConfig": {"scenario": "write-twice"}})
-                done = await conn.prompt(session_id=session.session_id, prompt=[text_block("write both")])
+                done = await conn.prompt(session_id=session.session_id, prompt=[text_block(LONG_PROMPT)])
                 workspace = session.field_meta["codesdk"]["workspace"]
                 # cancel mid-turn: a prompt that hangs after its first words
                 live.first_chunk.clear()
@@ -68,7 +71,7 @@ async def test_an_sdk_client_runs_cancels_loads_and_lists(make_engine: MakeEngin
         assert again.tool_states() == live.tool_states()
         assert again.text() == live.text()
         prompts = [u.content.text for u in again.updates if u.session_update == "user_message_chunk"]
-        assert prompts == ["write both", "think"]
+        assert prompts == [LONG_PROMPT, "think"]  # whole, though the task's event keeps 200 characters
         assert loaded.field_meta["codesdk"]["lastSeq"] > 0
         mode = next(o for o in changed.config_options if o.id == "mode")
         assert mode.current_value == "yolo"

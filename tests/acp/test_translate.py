@@ -197,3 +197,17 @@ def test_locations_are_absolute_inside_the_workspace() -> None:
     assert acp.tool_locations({"path": "src/a.py"}, None) == []  # relative to nothing known: not shown
     assert acp.tool_locations({"path": "/etc/x"}, "/srv/ws") == [{"path": "/etc/x"}]
     assert acp.tool_locations({"command": "ls"}, "/srv/ws") == []
+
+
+@given(st.lists(st.text(max_size=30), max_size=5), st.lists(st.text(max_size=10), max_size=5))
+def test_a_prompt_is_whole_where_the_transcript_has_it(texts: list[str], previews: list[str]) -> None:
+    prompts = acp.PromptTexts(texts)
+    for preview in previews:
+        assert prompts.whole(preview).startswith(preview)
+
+
+def test_prompts_are_matched_in_order() -> None:
+    long = "x" * 300
+    prompts = acp.PromptTexts(["first", long, long + " again"])
+    assert [prompts.whole("first"), prompts.whole(long[:200]), prompts.whole(long[:200]), prompts.whole("gone")] == \
+        ["first", long, long + " again", "gone"]

@@ -26,6 +26,7 @@ from codesdk.protocol import (
     NormalizedEvent,
     QuestionReply,
     QuestionRequested,
+    Role,
     ToolCallRequested,
     UsageReported,
     api,
@@ -481,11 +482,16 @@ class Connection:
         return state
 
     async def _replay(self, state: SessionState, after: int) -> int:
-        """Send the session's stored events after ``after`` as updates; the last seq sent."""
+        """Send the session's stored events after ``after`` as updates; the last seq sent. From the start, the
+        prompts are sent whole (from the transcript)."""
+        prompts = None
+        if after == 0:
+            transcript = await self.client.transcript(state.session_id)
+            prompts = acp.PromptTexts([m.text() for m in transcript.messages if m.role == Role.USER])
         while True:
             page = await self.client.events(state.session_id, after_seq=after, limit=REPLAY_PAGE)
             for event in page:
-                for update in acp.event_updates(event, replay=True, workspace=state.workspace):
+                for update in acp.event_updates(event, replay=True, workspace=state.workspace, prompts=prompts):
                     await self.notify("session/update", {"sessionId": state.session_id, "update": update})
                 after = event.seq
             if len(page) < REPLAY_PAGE:

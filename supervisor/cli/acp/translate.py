@@ -232,8 +232,25 @@ def _chunk(kind: BlockKind, text: str) -> dict[str, Any]:
     return {"sessionUpdate": update, "content": _text(text)}
 
 
+class PromptTexts:
+    """The whole text of replayed prompts: ``task.started`` keeps the first 200 characters; the session's transcript
+    has each user message whole, in order. Each preview takes the next unused message that starts with it (a
+    message the transcript lacks keeps its preview)."""
+
+    def __init__(self, texts: Sequence[str]) -> None:
+        self._texts = list(texts)
+        self._next = 0
+
+    def whole(self, preview: str) -> str:
+        for index in range(self._next, len(self._texts)):
+            if self._texts[index].startswith(preview):
+                self._next = index + 1
+                return self._texts[index]
+        return preview
+
+
 def event_updates(event: NormalizedEvent, *, replay: bool, workspace: str | None = None,
-                  context_window: int | None = None) -> list[dict[str, Any]]:
+                  context_window: int | None = None, prompts: PromptTexts | None = None) -> list[dict[str, Any]]:
     """The ``session/update`` objects one stored event becomes. Live, text streams by its deltas; replayed
     (``session/load``), by each completed block, and the user's prompts are sent back as user message chunks;
     usage is a ``usage_update`` where the runtime's context window is known (``context_window``, tokens).
@@ -241,7 +258,8 @@ def event_updates(event: NormalizedEvent, *, replay: bool, workspace: str | None
     payload = event.payload
     updates: list[dict[str, Any]] = []
     if isinstance(payload, TaskStarted) and replay and payload.prompt_preview:
-        updates.append({"sessionUpdate": "user_message_chunk", "content": _text(payload.prompt_preview)})
+        text = prompts.whole(payload.prompt_preview) if prompts is not None else payload.prompt_preview
+        updates.append({"sessionUpdate": "user_message_chunk", "content": _text(text)})
     elif isinstance(payload, ModelOutputDelta) and not replay and payload.delta:
         updates.append(_chunk(payload.kind, payload.delta))
     elif isinstance(payload, ModelOutputCompleted) and replay and payload.text:
