@@ -100,7 +100,7 @@ def _global_options(parser: argparse.ArgumentParser, *, in_subcommand: bool) -> 
     parser.add_argument("--url", default=default(os.environ.get("CODESDK_URL") or None),
                         help="use a running supervisor instead (unix:/path/api.sock or http://127.0.0.1:PORT) for "
                              "run, sessions, events, show, auth, runtime-env, bundle, blob, archive, unarchive, delete, fork, "
-                             "approvals, decide, grants, revoke and webhooks; token "
+                             "approvals, decide, grants, revoke, webhooks and acp; token "
                              "from --token or CODESDK_TOKEN")
     parser.add_argument("--token", default=default(None), help="API bearer token (with --url)")
 
@@ -250,6 +250,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_decision_parsers(command)
     add_webhooks_parser(command, common)
+
+    acp = command("acp", "serve CodeSDK as an Agent Client Protocol agent on stdin/stdout, for editors (Zed, "
+                         "JetBrains IDEs...); through a running service with --url, else an embedded supervisor")
+    acp.add_argument("--namespace", type=namespace_name,
+                     help="the namespace new sessions go to (default: the token's only one, else default)")
+    acp.add_argument("--runtime", type=runtime_name, help=f"new sessions' runtime (default: {DEFAULT_RUNTIME})")
+    acp.add_argument("--cwd-workspace", action=argparse.BooleanOptionalAction, default=None,
+                     help="the editor's cwd becomes a new session's workspace (default: on embedded; through a "
+                          "service the admin token only, else the service gives the session its own)")
+    acp.add_argument("--allow-exec", action="append", metavar="COMMAND",
+                     help="embedded: enable the sandboxed workspace.exec tool for this command (repeatable)")
+    add_fetch_flags(acp, "(embedded)")
+    acp.add_argument("--env", action="append", type=env_item, metavar="KEY=VALUE",
+                     help="embedded: a variable for the workers and runtimes (e.g. ANTHROPIC_BASE_URL); repeatable")
     return strict_values(parser)
 
 

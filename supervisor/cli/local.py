@@ -665,6 +665,7 @@ def run_command(args: argparse.Namespace, ahead: RunAhead | None = None) -> int:
     """Run a parsed command; ``ahead``: what ``run`` prepared before this module was imported."""
     from .decisions import cmd_approvals, cmd_decide, cmd_grants
     from .webhooks import cmd_webhooks
+    from .acp.command import cmd_acp
 
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -673,7 +674,7 @@ def run_command(args: argparse.Namespace, ahead: RunAhead | None = None) -> int:
                 "show": cmd_show, "auth": cmd_auth, "runtime-env": cmd_runtime_env, "namespaces": cmd_namespaces, "bundle": cmd_bundle,
                 "blob": cmd_blob, "archive": cmd_archive, "unarchive": cmd_archive, "delete": cmd_delete,
                 "fork": cmd_fork, "budget": cmd_budget, "approvals": cmd_approvals, "decide": cmd_decide, "grants": cmd_grants,
-                "revoke": cmd_revoke, "webhooks": cmd_webhooks}
+                "revoke": cmd_revoke, "webhooks": cmd_webhooks, "acp": cmd_acp}
     try:
         return int(trio.run(commands[args.command], args))
     except BrokenPipeError:
