@@ -24,6 +24,8 @@ import trio
 from codesdk.supervisor.api import TokenAuth
 from codesdk.supervisor.api.server import serve_api
 from codesdk.supervisor.engine import Engine
+from codesdk.supervisor.service.serve import webhook_service
+from codesdk.supervisor.webhooks import WebhookOptions
 
 from tests.conftest import MakeEngine
 from tests.waits import HANG_GUARD_S
@@ -64,8 +66,10 @@ class Served:
 
 
 @asynccontextmanager
-async def serve_on_loopback(make_engine: MakeEngine, tmp_path: Path) -> AsyncIterator[Served]:
-    """A supervisor's API on 127.0.0.1 (a port of the kernel's choosing), with admin, alice and bob tokens."""
+async def serve_on_loopback(make_engine: MakeEngine, tmp_path: Path,
+                            webhooks: WebhookOptions | None = None) -> AsyncIterator[Served]:
+    """A supervisor's API on 127.0.0.1 (a port of the kernel's choosing), with admin, alice and bob tokens; with
+    ``webhooks``, its webhooks and their delivery loop as the service runs them."""
     data_dir = tmp_path / "data"
     async with make_engine(data_dir=data_dir) as engine:
         auth = TokenAuth.bootstrap(data_dir)
@@ -73,7 +77,11 @@ async def serve_on_loopback(make_engine: MakeEngine, tmp_path: Path) -> AsyncIte
         alice = auth.add_principal("alice", ["user:alice"])
         bob = auth.add_principal("bob", ["user:bob"])
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(partial(serve_api, engine, auth, None, 0))
+            hooks = None
+            if webhooks is not None:
+                hooks = webhook_service(engine, webhooks)
+                await nursery.start(hooks.run)
+            binds = await nursery.start(partial(serve_api, engine, auth, None, 0, webhooks=hooks))
             base = next(b for b in binds if b.startswith("http://127.0.0.1:"))
             yield Served(engine, base, admin, alice, bob)
             nursery.cancel_scope.cancel()

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from urllib.parse import urlsplit
-
 import trio
+from standardwebhooks import Webhook
 
 from tests.conftest import MakeEngine
 from tests.console.browser import Browser, Served, browser, chromium, fetch_from_page, serve_on_loopback
 from tests.waits import HANG_GUARD_S
+from tests.webhooks.conftest import allowing, started
+from tests.webhooks.receiver import Receiver
 
 
 def _script_errors(b: Browser) -> list[str]:
@@ -142,7 +143,7 @@ def _tenant_scenario(served: Served) -> None:
             assert all(url.startswith(served.base + "/") or url.startswith("data:") for url in b.requests)
 
 
-def _admin_scenario(served: Served) -> None:
+def _admin_scenario(served: Served, receiver: Receiver) -> None:
     from playwright.sync_api import expect
 
     with served.client(served.alice) as alice:  # a worker to show
@@ -164,65 +165,41 @@ def _admin_scenario(served: Served) -> None:
         expect(page.locator("#secret .secret")).to_contain_text("csk_")
         expect(page.locator("#tokens tbody tr")).to_have_count(4)
         b.shot("tokens-added")
-        page.goto(f"{served.base}/console/#/webhooks")
-        # This service has no webhooks routes: the page says so (with them, it lists and adds endpoints).
-        expect(page.locator("#webhooks-unavailable, #webhooks").first).to_be_visible()
-        b.shot("webhooks")
-        _webhooks_of_the_fixed_shape(b)
+        _webhooks_for_real(b, receiver)
         assert b.foreign == [], f"requests to another origin: {b.foreign}"
         assert _script_errors(b) == []
 
 
-WEBHOOK = {"id": "wh_1", "url": "https://hooks.example.com/codesdk", "kinds": ["task.completed"],
-           "namespace": "user:alice", "description": "ops", "created_at": "2026-01-01T00:00:00Z", "disabled": False}
-DELIVERY = {"id": "msg_1", "webhook_id": "wh_1", "kind": "task.completed", "namespace": "user:alice",
-            "session_id": "ses_1", "task_id": "task_1", "state": "pending", "attempts": 1,
-            "next_attempt_at": "2026-01-01T00:01:00Z", "last_error": "HTTP 500", "created_at": "2026-01-01T00:00:00Z",
-            "delivered_at": None}
-
-
-def _webhooks_of_the_fixed_shape(b: Browser) -> None:
-    """The webhooks page against answers of the API's agreed shape (docs/webhooks.md), served to this page alone:
-    lists an endpoint, adds one (its secret shown once, the request carrying the CSRF header), shows deliveries
-    and a delivery's attempts."""
-    from playwright.sync_api import Request, Route, expect
-
-    added: list[dict[str, object]] = []
-
-    def answer(route: Route, request: Request) -> None:
-        path = urlsplit(request.url).path
-        if request.method == "POST" and path == "/v1/webhooks":
-            assert request.headers.get("x-csrf-token")
-            added.append(json.loads(request.post_data or "{}"))
-            route.fulfill(status=201, json={"webhook": {**WEBHOOK, "id": "wh_2", "url": added[-1]["url"]},
-                                            "secret": "whsec_c2VjcmV0"})
-        elif path == "/v1/webhooks":
-            route.fulfill(json={"webhooks": [WEBHOOK]})
-        elif path == "/v1/webhooks/wh_1/deliveries":
-            route.fulfill(json={"deliveries": [DELIVERY]})
-        elif path == "/v1/webhooks/wh_1/deliveries/msg_1":
-            route.fulfill(json={**DELIVERY, "attempts": [{"at": "2026-01-01T00:00:01Z", "status": 500, "error": None,
-                                                           "duration_ms": 12}]})
-        else:
-            route.fulfill(status=404, json={"error": {"code": "not_found", "message": "not here"}})
+def _webhooks_for_real(b: Browser, receiver: Receiver) -> None:
+    """The webhooks page against the service's own webhooks: add an endpoint for every namespace (its secret shown
+    once, the request carrying the CSRF header), send it a test, see the delivery delivered and its attempt; the
+    receiver got it signed with the secret the page showed."""
+    from playwright.sync_api import expect
 
     page = b.page
-    page.route("**/v1/webhooks**", answer)
-    try:
-        page.goto(f"{b.origin}/console/#/sessions")
-        page.goto(f"{b.origin}/console/#/webhooks")
-        expect(page.locator('#webhooks tr[data-webhook="wh_1"]')).to_contain_text("hooks.example.com")
-        page.fill("#webhook-add input[name=url]", "https://other.example.com/in")
-        page.click("#webhook-add button")
-        expect(page.locator("#secret .secret")).to_have_text("whsec_c2VjcmV0")
-        assert added == [{"url": "https://other.example.com/in", "kinds": ["*"]}]
-        page.locator('#webhooks tr[data-webhook="wh_1"] button', has_text="Deliveries").click()
-        expect(page.locator("#deliveries")).to_contain_text("HTTP 500")
-        page.locator("#deliveries button", has_text="Attempts").click()
-        expect(page.locator("#deliveries")).to_contain_text("12 ms")
-        b.shot("webhooks-listed")
-    finally:
-        page.unroute("**/v1/webhooks**")
+    page.goto(f"{b.origin}/console/#/webhooks")
+    expect(page.locator("#webhooks")).to_be_visible()
+    page.fill("#webhook-add input[name=url]", receiver.url)
+    page.fill("#webhook-add input[name=description]", "on call")
+    page.click("#webhook-add button")
+    expect(page.locator("#secret .secret")).to_contain_text("whsec_")
+    secret = page.locator("#secret .secret").inner_text().strip()
+    row = page.locator("#webhooks tbody tr").filter(has_text=receiver.url)
+    expect(row).to_contain_text("every namespace")
+    row.locator("button", has_text="Send test").click()
+    expect(page.locator("#deliveries")).to_contain_text("webhook.test")
+    while not receiver.received:  # the delivery loop sends it; the page shows what the API says meanwhile
+        page.wait_for_timeout(50)
+    [got] = receiver.received
+    Webhook(secret).verify(got.body, got.headers)
+    assert json.loads(got.body)["type"] == "webhook.test"
+    delivered = page.locator("#deliveries tbody tr").filter(has_text="delivered")
+    while not delivered.count():  # the list is what the API said when asked: ask again until it says delivered
+        row.locator("button", has_text="Deliveries").click()
+        page.wait_for_timeout(50)
+    delivered.locator("button", has_text="Attempts").click()
+    expect(page.locator("#deliveries .card")).to_contain_text("204")
+    b.shot("webhooks-delivered")
 
 
 async def test_a_tenant_watches_decides_and_stops_in_a_browser(make_engine: MakeEngine, tmp_path: Path) -> None:
@@ -232,8 +209,10 @@ async def test_a_tenant_watches_decides_and_stops_in_a_browser(make_engine: Make
             await trio.to_thread.run_sync(_tenant_scenario, served)
 
 
-async def test_the_admins_pages_in_a_browser(make_engine: MakeEngine, tmp_path: Path) -> None:
+async def test_the_admins_pages_in_a_browser(make_engine: MakeEngine, tmp_path: Path,
+                                             nursery: trio.Nursery) -> None:
     chromium()
+    receiver = await started(nursery, Receiver())
     with trio.fail_after(HANG_GUARD_S * 2):
-        async with serve_on_loopback(make_engine, tmp_path) as served:
-            await trio.to_thread.run_sync(_admin_scenario, served)
+        async with serve_on_loopback(make_engine, tmp_path, allowing(receiver)) as served:
+            await trio.to_thread.run_sync(_admin_scenario, served, receiver)
