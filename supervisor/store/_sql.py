@@ -343,6 +343,12 @@ def insert_inline_blob(conn: Db, ref: str, data: bytes, media_type: str) -> None
     )
 
 
+def blob_is_inline(conn: Db, ref: str) -> bool:
+    """Whether the blob's bytes are kept in the database (a small one stored with its events): then it has no file,
+    and must get none, or deleting its row would leave the file behind."""
+    return bool(conn.scalar("SELECT content IS NOT NULL FROM blobs WHERE ref = ?", (ref,)))
+
+
 def select_blob_content(conn: Db, ref: str) -> bytes | None:
     """The bytes of a blob kept in the database, or None (not known, or kept as a file)."""
     for (content,) in conn.execute("SELECT content FROM blobs WHERE ref = ?", (ref,)):

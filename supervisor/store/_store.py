@@ -772,19 +772,21 @@ class EventStore(Recorder):
         ref = await trio.to_thread.run_sync(sha256_hex, data)
         holders = (session_id,) if session_id is not None else ()
 
-        def record(conn: Db) -> None:
+        def record(conn: Db) -> bool:
+            """Record the row and its holder; whether the blob is (already) kept inline, so needs no file."""
             if files is None:
                 _sql.insert_inline_blob(conn, ref, data, media_type)
             else:
                 _sql.insert_blob(conn, BlobInfo(ref=ref, size=len(data), media_type=media_type))
             for holder in holders:
                 _sql.hold_blobs(conn, holder, (ref,))
+            return files is not None and _sql.blob_is_inline(conn, ref)
 
         # The row (and its holder) before the file: a session's deletion removes the file of a blob only while no
         # row is recorded (``_drop_blob_files``), so once recorded, the file written next stays.
         files = self._blobs
-        await self._write(f"recording blob {ref}", record)
-        if files is not None:
+        inline = await self._write(f"recording blob {ref}", record)
+        if files is not None and not inline:
             await self._blob_io("writing a blob", partial(files.put, ref=ref), data)
         return ref
 

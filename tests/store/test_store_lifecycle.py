@@ -163,6 +163,20 @@ async def test_a_blob_stays_while_any_session_holds_it(recorder: Recorder) -> No
         assert not await recorder.blob_exists(big_ref)
 
 
+async def test_a_small_blob_put_again_goes_with_its_session(recorder: Recorder) -> None:
+    """Stored inline with its events, then put again for the session: it stays inline (no file beside its row), so
+    the session's deletion removes it whole."""
+    with trio.fail_after(10):
+        session = await _session(recorder)
+        small = b"small and named twice"
+        ref = sha256_hex(small)
+        await recorder.append(session, [delta(f"see {ref}")], blobs={ref: (small, "text/plain")})
+        assert await recorder.put_blob(small, session_id=session) == ref
+        assert await recorder.get_blob(ref) == small
+        assert (await recorder.drop_session(session)).blobs == (ref,)
+        assert not await recorder.blob_exists(ref)
+
+
 # --- properties (SQLite: blob files and rows) -------------------------------------------------------------------
 
 _POOL = [b"small-%d" % n for n in range(3)] + [bytes([n]) * (INLINE_BLOB_MAX + 10) for n in range(3)]
