@@ -533,9 +533,9 @@ async function webhooksPage(shown) {
   try {
     list = await api("GET", "/v1/webhooks");
   } catch (error) {
-    if (error.status === 404) {
+    if (error.status === 404 || error.code === "webhooks_unavailable") {
       show(h("h1", {}, "Webhooks"), h("p", { id: "webhooks-unavailable" },
-        "Webhooks are not available on this service (its API has no /v1/webhooks)."));
+        `Webhooks are not available here: ${error.status === 404 ? "this API has no /v1/webhooks" : error.message}`));
       return;
     }
     notice(`Webhooks: ${error.message}`, true);
