@@ -8,20 +8,24 @@ import sys
 
 from codesdk.protocol import api, parse_kinds
 
+from ..terminal import one_line
 from .common import EXIT_OK, CliError
 from .render import json_line
 
 
 def _webhook_line(webhook: api.Webhook) -> str:
-    return (f"{webhook.id}  {webhook.url}  kinds={','.join(webhook.kinds)}  namespace={webhook.namespace or '*'}"
+    """One line per webhook; what a tenant wrote (URL, description) cannot drive the admin's terminal."""
+    line = (f"{webhook.id}  {webhook.url}  kinds={','.join(webhook.kinds)}  namespace={webhook.namespace or '*'}"
             f"{'  disabled' if webhook.disabled else ''}{f'  {webhook.description}' if webhook.description else ''}")
+    return one_line(line)
 
 
 def _delivery_line(delivery: api.Delivery) -> str:
+    """One line per delivery; its last error quotes the receiver's answer, shown escaped."""
     tried = delivery.attempts if isinstance(delivery.attempts, int) else len(delivery.attempts)
-    return (f"{delivery.id}  {delivery.state.value:<9} {delivery.kind}  attempts={tried}  "
-            f"created={delivery.created_at.isoformat()}"
-            f"{f'  last error: {delivery.last_error}' if delivery.last_error else ''}")
+    return one_line(f"{delivery.id}  {delivery.state.value:<9} {delivery.kind}  attempts={tried}  "
+                    f"created={delivery.created_at.isoformat()}"
+                    f"{f'  last error: {delivery.last_error}' if delivery.last_error else ''}")
 
 
 async def cmd_webhooks(args: argparse.Namespace) -> int:
@@ -88,8 +92,9 @@ async def cmd_webhooks(args: argparse.Namespace) -> int:
             if not args.json:
                 print(_delivery_line(delivery))
                 for attempt in delivery.attempts if not isinstance(delivery.attempts, int) else ():
-                    print(f"  {attempt.at.isoformat()}  status={attempt.status if attempt.status is not None else '-'}"
-                          f"  {attempt.duration_ms:g} ms{f'  {attempt.error}' if attempt.error else ''}")
+                    print(one_line(f"  {attempt.at.isoformat()}  status="
+                                   f"{attempt.status if attempt.status is not None else '-'}  "
+                                   f"{attempt.duration_ms:g} ms{f'  {attempt.error}' if attempt.error else ''}"))
         else:
             shown = await client.redeliver(args.webhook, args.delivery)
             if not args.json:

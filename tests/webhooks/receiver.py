@@ -24,6 +24,10 @@ Answer = Callable[[int], int | None]
 @dataclass
 class Receiver:
     answer: Answer = lambda n: 204
+    #: The body of every answer.
+    body: bytes = b"ok"
+    #: Send the status and headers, then hold the body back forever (a receiver that trickles it).
+    stall_body: bool = False
     received: list[Received] = field(default_factory=list)
     #: Requests held unanswered right now.
     holding: int = 0
@@ -75,8 +79,15 @@ class Receiver:
                     await trio.sleep_forever()
                 finally:
                     self.holding -= 1
-            await stream.send_all(conn.send(h11.Response(status_code=status, headers=[("content-length", "2")])))
-            await stream.send_all(conn.send(h11.Data(data=b"ok")) + conn.send(h11.EndOfMessage()))
+            length = str(len(self.body)).encode()
+            await stream.send_all(conn.send(h11.Response(status_code=status, headers=[("content-length", length)])))
+            if self.stall_body:
+                self.holding += 1
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    self.holding -= 1
+            await stream.send_all(conn.send(h11.Data(data=self.body)) + conn.send(h11.EndOfMessage()))
         except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
             return
         finally:
