@@ -708,16 +708,16 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(404, "not_found", f"no namespace {namespace}")
         return namespace
 
-    def own_namespace(principal: Principal, asked: str | None) -> str:
+    def own_namespace(principal: Principal, asked: str | None, how: str = "?namespace=") -> str:
         """The namespace a request names, or else the caller's own: the one its token is bound to (the admin's:
-        "default"); a token bound to several must name one (422)."""
+        "default"); a token bound to several must name one (422, saying ``how``)."""
         if asked is not None:
             return asked
         if principal.admin or not principal.namespaces:
             return "default"
         if len(principal.namespaces) > 1:
             raise ApiError(422, "namespace_required", "this token is bound to several namespaces ("
-                           f"{', '.join(sorted(principal.namespaces))}); name one with ?namespace=")
+                           f"{', '.join(sorted(principal.namespaces))}); name one with {how}")
         [only] = principal.namespaces
         return only
 
@@ -1186,14 +1186,19 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         if principal.admin and body.namespace is None:
             namespace: str | None = None
         else:
-            namespace = namespace_for(principal, own_namespace(principal, body.namespace))
+            namespace = own_namespace(principal, body.namespace,
+                                      "the body field 'namespace' (codesdk webhooks add --namespace)")
+            Namespace.parse(namespace)  # InvalidNamespace: 422 invalid_namespace (ERROR_STATUS)
+            if not principal.can_access(namespace):  # as creating a session there: the name is the caller's own
+                raise ApiError(403, "forbidden", f"this token may not register webhooks in namespace {namespace!r} "
+                               f"(it may in {', '.join(sorted(principal.namespaces)) or 'none'})")
         try:
             kinds = parse_kinds(body.kinds)
         except ValueError as exc:
             raise ApiError(422, "invalid_request", f"body field 'kinds': {exc}") from exc
         try:
             record, secret = await service.register(body.url, kinds, namespace, body.description,
-                                                    f"api:{principal.name}")
+                                                    f"api:{principal.name}", by_admin=principal.admin)
         except WebhookRefused as exc:
             raise ApiError(422, "webhook_refused", f"body field '{exc.field}': {exc}") from exc
         except TooManyWebhooks as exc:

@@ -250,10 +250,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                          "402 `monthly_budget_spent` until the month ends."),
     Endpoint("POST", "/v1/webhooks", "createWebhook", "Register a webhook endpoint (its secret is shown once)",
              "webhooks", Access.TOKEN, api.WebhookCreated, 201, body=api.CreateWebhookRequest,
-             errors=(404, 409, 503),
+             errors=(403, 409, 503),
              description="The URL's host must be one the operator allows (`serve --webhook-allow`, and "
-                         "`--webhook-allow-address` for a non-public address): 422 naming `url` and what to allow "
-                         "otherwise. A tenant's webhook is of its own namespace (404 for another's); the admin's of "
+                         "`--webhook-allow-address` for a non-public address), and a request can be made to it (its "
+                         "path and query visible ASCII): 422 naming `url` otherwise. A tenant's webhook is of its own "
+                         "namespace (403 for another's, as for sessions); the admin's of "
                          "one namespace, or of every namespace when `namespace` is left out. Deliveries are signed "
                          "the Standard Webhooks way with the secret answered here (docs/webhooks.md). 409 "
                          "`too_many_webhooks` past 20 per namespace."),

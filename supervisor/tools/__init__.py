@@ -25,6 +25,7 @@ from ._diff import DiffError, FilePatch, Hunk, HunkMismatch, apply_hunks, parse_
 from ._exec import DEFAULT_EXEC_PATH, DEFAULT_EXEC_UID, ExecInput, ExecPolicy, check_exec_identity
 from ..egress import EgressPolicy, HostPattern, PatternError, address_refusal, parse_network
 from ._fetch import (FETCH_TOOL_NAME, Connector, FetchInput, FetchPolicy, FetchTool, Resolver, fetch_host, open_tcp,
+                     parse_target,
                      system_resolver)
 from ._files import ListInput, ReadInput, WriteInput
 from ._patch import PatchInput
@@ -65,6 +66,7 @@ __all__ = [
     "FETCH_TOOL_NAME",
     "FetchTool",
     "fetch_host",
+    "parse_target",
     "POLICY_VERSION",
     "PREVIEW_MAX_CHARS",
     "RULES",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -122,7 +123,7 @@ class FetchInput(ToolInput):
 
 
 @dataclass(frozen=True)
-class _Target:
+class Target:
     url: str
     scheme: str
     host: str  # normalized: what patterns compare and TLS verifies
@@ -136,6 +137,8 @@ class _Scope:
 
     namespace: str | None
     hosts: tuple[HostPattern, ...] | None
+    #: Who makes the call, as messages name it.
+    who: str = "http.fetch"
 
 
 @dataclass
@@ -158,32 +161,40 @@ def fetch_host(url: str) -> str | None:
     """The normalized host ``http.fetch`` would connect to for ``url`` (what grants compare), or None when it
     would refuse the URL."""
     try:
-        return _parse(url).host
+        return parse_target(url).host
     except ToolError:
         return None
 
 
-def _parse(url: str) -> _Target:
+#: What HTTP/1.1 lets stand in a request's path and query (RFC 9112 request-target: visible ASCII, no space).
+_REQUEST_TARGET = re.compile(r"[\x21-\x7e]+")
+
+
+def parse_target(url: str, who: str = "http.fetch", credentials_hint: str = "; send them in a header") -> Target:
+    """``url`` as a request is made to it, or ``ToolError`` saying why none can be (``who`` names the caller in the
+    message: the one parse for ``http.fetch`` and the webhook sender, and for a webhook's registration)."""
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise ToolError(ErrorCode.INVALID_INPUT, f"http.fetch: {url!r} is not a valid URL: {exc}") from None
+        raise ToolError(ErrorCode.INVALID_INPUT, f"{who}: {url!r} is not a valid URL: {exc}") from None
     scheme = parts.scheme.lower()
     if scheme not in DEFAULT_PORTS:
-        raise _refused(f"{url!r}: only http:// and https:// URLs may be fetched")
+        raise _refused(f"{who}: {url!r}: only http:// and https:// URLs are allowed")
     if parts.username is not None or parts.password is not None:
-        raise _refused(f"{url!r}: credentials in the URL are not allowed; send them in a header")
+        raise _refused(f"{who}: {url!r}: credentials in the URL are not allowed{credentials_hint}")
     if not parts.hostname:
-        raise ToolError(ErrorCode.INVALID_INPUT, f"http.fetch: {url!r} names no host")
+        raise ToolError(ErrorCode.INVALID_INPUT, f"{who}: {url!r} names no host")
     try:
         host = normalize_host(f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname)
     except PatternError as exc:
-        raise _refused(f"{url!r}: {exc}") from None
+        raise _refused(f"{who}: {url!r}: {exc}") from None
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    if any(c in target for c in " \r\n\x00"):
-        raise ToolError(ErrorCode.INVALID_INPUT, f"http.fetch: {url!r}: the path may not contain spaces or line breaks")
-    return _Target(url, scheme, host, port if port is not None else DEFAULT_PORTS[scheme], target)
+    # urlsplit drops tabs and line breaks before it splits: look at the URL as given too
+    if not _REQUEST_TARGET.fullmatch(target) or any(c in url for c in "\t\r\n"):
+        raise ToolError(ErrorCode.INVALID_INPUT, f"{who}: {url!r}: the path and query may hold only visible ASCII "
+                        "(no spaces, line breaks or control characters): percent-encode the rest, e.g. %20")
+    return Target(url, scheme, host, port if port is not None else DEFAULT_PORTS[scheme], target)
 
 
 def _is_text(content_type: str) -> bool:
@@ -206,11 +217,11 @@ class FetchTool:
     def __init__(self, policy: FetchPolicy) -> None:
         self.policy = policy
 
-    async def _addresses(self, target: _Target, scope: _Scope) -> list[IPAddress]:
+    async def _addresses(self, target: Target, scope: _Scope) -> list[IPAddress]:
         """The checked addresses of ``target``'s host: every one must be allowed (one bad answer spoils all)."""
         egress = self.policy.egress
         if not egress.host_allowed(target.host, target.port, target.scheme):
-            raise _refused(f"{target.url!r}: host {target.host}:{target.port} is not allowed for http.fetch "
+            raise _refused(f"{target.url!r}: host {target.host}:{target.port} is not allowed for {scope.who} "
                            f"(allowed: {egress.describe_hosts()})")
         if scope.hosts is not None and not any(p.matches(target.host, target.port, target.scheme)
                                                for p in scope.hosts):
@@ -226,10 +237,10 @@ class FetchTool:
         for address in addresses:
             refusal = egress.address_refusal(address)
             if refusal is not None:
-                raise _refused(f"{target.url!r}: {target.host} resolves to {refusal}; fetching it is not allowed")
+                raise _refused(f"{target.url!r}: {target.host} resolves to {refusal}; {scope.who} may not reach it")
         return addresses
 
-    async def _connect(self, target: _Target, addresses: list[IPAddress]) -> trio.abc.Stream:
+    async def _connect(self, target: Target, addresses: list[IPAddress]) -> trio.abc.Stream:
         errors = []
         for address in addresses:
             try:
@@ -250,7 +261,7 @@ class FetchTool:
             return tls
         raise ToolError(ErrorCode.NETWORK_ERROR, f"{target.url!r}: could not connect: {'; '.join(errors)}")
 
-    async def _exchange(self, stream: trio.abc.Stream, target: _Target, method: str, headers: Mapping[str, str],
+    async def _exchange(self, stream: trio.abc.Stream, target: Target, method: str, headers: Mapping[str, str],
                         body: bytes | None, limit: int, user_agent: str = _USER_AGENT) -> _Response:
         import h11  # the service has it (hypercorn); ``codesdk run`` pays for it only when it fetches
 
@@ -290,7 +301,7 @@ class FetchTool:
                          [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in response.headers],
                          data, total, truncated)
 
-    async def _request(self, target: _Target, method: str, headers: Mapping[str, str], body: bytes | None,
+    async def _request(self, target: Target, method: str, headers: Mapping[str, str], body: bytes | None,
                        limit: int, scope: _Scope, user_agent: str = _USER_AGENT) -> _Response:
         import h11
 
@@ -316,7 +327,7 @@ class FetchTool:
                            "the operator must fix it") from None
 
     async def fetch(self, args: FetchInput, limit: int, namespace: str | None = None,
-                    ) -> tuple[_Target, _Response, list[str]]:
+                    ) -> tuple[Target, _Response, list[str]]:
         """Follow up to ``MAX_REDIRECTS`` redirects, each checked from the start; the last response."""
         scope = self._scope(namespace)
         if args.method == "POST" and not self.policy.egress.allow_post:
@@ -324,7 +335,7 @@ class FetchTool:
                            "use GET or HEAD")
         if args.body is not None and args.method != "POST":
             raise ToolError(ErrorCode.INVALID_INPUT, f"http.fetch: a body goes with POST only, not {args.method}")
-        target = _parse(args.url)
+        target = parse_target(args.url)
         method, headers = args.method, dict(args.headers)
         body = args.body.encode("utf-8") if args.body is not None else (b"" if method == "POST" else None)
         visited: list[str] = []
@@ -337,7 +348,7 @@ class FetchTool:
             if len(visited) > MAX_REDIRECTS:
                 raise ToolError(ErrorCode.NETWORK_ERROR, f"{args.url!r}: more than {MAX_REDIRECTS} redirects "
                                 f"(the last to {location!r}); not followed further")
-            following = _parse(urljoin(target.url, location))
+            following = parse_target(urljoin(target.url, location))
             same_origin = (following.scheme, following.host, following.port) == (target.scheme, target.host,
                                                                                  target.port)
             if response.status == 303 or (response.status in (301, 302) and method == "POST"):
@@ -350,11 +361,12 @@ class FetchTool:
             target = following
 
     async def post_once(self, url: str, headers: Mapping[str, str], body: bytes, limit: int,
-                        user_agent: str) -> tuple[int, bytes]:
+                        user_agent: str, who: str) -> tuple[int, bytes]:
         """One POST to ``url``, checked and connected exactly as a fetch (no redirect followed, whatever
-        ``allow_post`` says: the caller is the service itself, a webhook sender); its status and the first
-        ``limit`` bytes of its body. ``ToolError`` as ``fetch``."""
-        response = await self._request(_parse(url), "POST", headers, body, limit, _Scope(None, None), user_agent)
+        ``allow_post`` says: the caller is the service itself, a webhook sender, named ``who`` in errors); its status
+        and the first ``limit`` bytes of its body. ``ToolError`` as ``fetch``."""
+        response = await self._request(parse_target(url, who), "POST", headers, body, limit, _Scope(None, None, who),
+                                        user_agent)
         return response.status, bytes(response.body)
 
     async def run(self, args: FetchInput, ctx: ToolContext) -> ToolResult:
@@ -376,7 +388,7 @@ class FetchTool:
               status=response.status, bytes=response.total, truncated=response.truncated, outcome="ok")
         return result
 
-    async def _result(self, args: FetchInput, target: _Target, response: _Response, redirects: list[str],
+    async def _result(self, args: FetchInput, target: Target, response: _Response, redirects: list[str],
                       ctx: ToolContext) -> ToolResult:
         content_type = response.header("content-type") or ""
         body = bytes(response.body)

@@ -125,9 +125,10 @@ class WebhookService:
         return self.registry.accepts(namespace, kind)
 
     async def register(self, url: str, kinds: tuple[str, ...], namespace: str | None, description: str,
-                       created_by: str) -> tuple[WebhookRecord, str]:
-        """A new endpoint and its secret (shown once). ``WebhookRefused`` for a URL the policy forbids."""
-        refusal = url_refusal(self.options.egress, url)
+                       created_by: str, *, by_admin: bool) -> tuple[WebhookRecord, str]:
+        """A new endpoint and its secret (shown once). ``WebhookRefused`` for a URL the policy forbids, saying what
+        to do in words for the admin (the flag) or a tenant (ask the operator)."""
+        refusal = url_refusal(self.options.egress, url, to_admin=by_admin)
         if refusal is not None:
             raise WebhookRefused("url", refusal)
         if await self.store.count_webhooks(namespace) >= self.options.max_per_namespace:
@@ -253,7 +254,8 @@ class WebhookService:
         error: str | None = None
         with trio.move_on_after(self.options.timeout_s) as scope:
             try:
-                status, answer = await self._sender.post_once(webhook.url, headers, body, _ANSWER_BYTES, _USER_AGENT)
+                status, answer = await self._sender.post_once(webhook.url, headers, body, _ANSWER_BYTES, _USER_AGENT,
+                                                              "webhook")
                 if not 200 <= status < 300:
                     error = f"HTTP {status}: {answer[:200].decode('utf-8', 'replace')}".strip()
             except ToolError as exc:

@@ -34,6 +34,8 @@ class Hooked:
     bob: str
     client: httpx.AsyncClient
     socket: Path
+    #: The service's tokens, for a test that needs another.
+    tokens: TokenAuth
 
     def auth(self, token: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {token}"}
@@ -94,7 +96,7 @@ async def hooked_api(make_engine: MakeEngine, tmp_path: Path, options: WebhookOp
             transport = httpx.AsyncHTTPTransport(uds=str(sock))
             async with httpx.AsyncClient(transport=transport, base_url="http://codesdk",
                                          timeout=HANG_GUARD_S) as client:
-                yield Hooked(engine, service, admin, alice, bob, client, sock)
+                yield Hooked(engine, service, admin, alice, bob, client, sock, auth)
             nursery.cancel_scope.cancel()
 
 

@@ -34,13 +34,17 @@ async def test_bad_registrations_are_refused_saying_what_to_do(make_engine: Make
                                                                nursery: trio.Nursery) -> None:
     receiver = await started(nursery, Receiver())
     async with hooked_api(make_engine, tmp_path, allowing(receiver)) as api:
-        error = await _refused(api, api.alice, {"url": "https://example.com/hook", "kinds": ["*"]})
+        error = await _refused(api, api.admin, {"url": "https://example.com/hook", "kinds": ["*"]})
         assert "'url'" in error["message"] and "--webhook-allow example.com" in error["message"]
-        error = await _refused(api, api.alice, {"url": "http://example.com:8080/", "kinds": ["*"]})
+        error = await _refused(api, api.admin, {"url": "http://example.com:8080/", "kinds": ["*"]})
         assert "--webhook-allow example.com:8080" in error["message"]
-        for url in ("ftp://127.0.0.1/", f"http://user:pw@127.0.0.1:{receiver.port}/", "http://", "not a url"):
+        error = await _refused(api, api.alice, {"url": "http://example.com:8080/", "kinds": ["*"]})
+        assert "ask the operator" in error["message"] and "--webhook" not in error["message"]
+        assert receiver.allow not in error["message"]  # the operator's allowlist is not a tenant's to read
+        for url in ("ftp://127.0.0.1/", f"http://user:pw@127.0.0.1:{receiver.port}/", "http://", "not a url",
+                    f"{receiver.url}\r\nX-Evil: 1", f"{receiver.url}/a b", f"{receiver.url}/\u0000x"):
             error = await _refused(api, api.alice, {"url": url, "kinds": ["*"]})
-            assert "'url'" in error["message"], (url, error)
+            assert "'url'" in error["message"] and "http.fetch" not in error["message"], (url, error)
         error = await _refused(api, api.alice, {"url": receiver.url, "kinds": ["task.done"]})
         assert "'kinds'" in error["message"] and "task.completed" in error["message"]
         for body in ({"url": receiver.url, "kinds": []}, {"url": receiver.url}, {"url": receiver.url, "kinds": "*"},
@@ -48,7 +52,8 @@ async def test_bad_registrations_are_refused_saying_what_to_do(make_engine: Make
             await _refused(api, api.alice, body)
         r = await api.client.post("/v1/webhooks", headers=api.auth(api.alice),
                                   json={"url": receiver.url, "kinds": ["*"], "namespace": "user:bob"})
-        assert r.status_code == 404  # another tenant's namespace: never told apart from none
+        assert r.status_code == 403, r.text  # as creating a session there: the name is the caller's own
+        assert "may not register webhooks in namespace 'user:bob'" in r.json()["error"]["message"]
         assert not (await api.client.get("/v1/webhooks", headers=api.auth(api.alice))).json()["webhooks"]
 
 
@@ -58,6 +63,18 @@ async def test_a_link_local_address_needs_the_operator_s_word(make_engine: MakeE
     async with hooked_api(make_engine, tmp_path, options) as api:
         error = await _refused(api, api.admin, {"url": "http://169.254.169.254/latest", "kinds": ["*"]})
     assert "link-local" in error["message"] and "--webhook-allow-address 169.254.169.254" in error["message"]
+    assert "metadata" in error["message"] and "credentials" in error["message"]  # what allowing it would risk
+
+
+async def test_a_token_of_several_namespaces_is_told_how_to_name_one(make_engine: MakeEngine, tmp_path: Path,
+                                                                     nursery: trio.Nursery) -> None:
+    receiver = await started(nursery, Receiver())
+    async with hooked_api(make_engine, tmp_path, allowing(receiver)) as api:
+        both = api.tokens.add_principal("ci", ["user:alice", "user:bob"])
+        r = await api.client.post("/v1/webhooks", headers=api.auth(both), json={"url": receiver.url, "kinds": ["*"]})
+        assert r.status_code == 422 and r.json()["error"]["code"] == "namespace_required", r.text
+        assert "body field 'namespace'" in r.text and "--namespace" in r.text and "?namespace=" not in r.text
+        await api.register(both, receiver.url, ["*"], namespace="user:bob")
 
 
 async def test_tenants_see_only_their_own(make_engine: MakeEngine, tmp_path: Path, nursery: trio.Nursery) -> None:
@@ -108,7 +125,7 @@ async def test_the_clients(make_engine: MakeEngine, tmp_path: Path, nursery: tri
             while (await client.delivery(created.webhook.id, delivery.id)).state.value == "pending":
                 await trio.sleep(0.05)
             assert [d.id for d in await client.deliveries(created.webhook.id, "delivered")] == [delivery.id]
-            with pytest.raises(InvalidRequest, match="--webhook-allow"):
+            with pytest.raises(InvalidRequest, match="ask the operator"):
                 await client.create_webhook("https://example.com/", ["*"])
             with pytest.raises(NotFound):
                 await client.webhook("wh_nope")

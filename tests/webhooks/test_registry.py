@@ -5,12 +5,14 @@ from __future__ import annotations
 import ipaddress
 from datetime import UTC, datetime
 
+import h11
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from codesdk.protocol import WEBHOOK_ALL_KINDS, WebhookKind
 from codesdk.supervisor.egress import EgressPolicy, HostPattern
 from codesdk.supervisor.store import WebhookRecord
+from codesdk.supervisor.tools import ToolError, parse_target
 from codesdk.supervisor.webhooks import WebhookRegistry, url_refusal
 
 labels = st.from_regex(r"[a-z][a-z0-9]{0,10}", fullmatch=True)
@@ -21,10 +23,34 @@ POLICY = EgressPolicy(hosts=(HostPattern.parse("hooks.example.com"), HostPattern
                       addresses=(ipaddress.ip_network("10.1.2.0/24"),))
 
 
-@given(st.text(max_size=200))
-def test_any_text_is_judged_without_an_exception(url: str) -> None:
-    refusal = url_refusal(POLICY, url)
+@given(st.text(max_size=200), st.booleans())
+def test_any_text_is_judged_without_an_exception(url: str, to_admin: bool) -> None:
+    refusal = url_refusal(POLICY, url, to_admin=to_admin)
     assert refusal is None or isinstance(refusal, str)
+
+
+ALLOWED = st.sampled_from(["http://hooks.example.com", "https://hooks.example.com", "http://10.1.2.3:9000",
+                           "https://x.ci.example.org:8443"])
+
+
+@example("http://hooks.example.com", "/x\r\nX-Evil: 1")
+@example("http://hooks.example.com", "/a b")
+@example("http://hooks.example.com", "/\u0000x")
+@example("http://hooks.example.com", "/\u00e9")
+@example("http://hooks.example.com", "/x\ty")
+@given(ALLOWED, st.text(max_size=40).map(lambda tail: "/" + tail))
+def test_a_url_registration_takes_is_one_the_sender_can_send_to(base: str, tail: str) -> None:
+    """Whatever the path and query, registration accepts a URL on an allowed host exactly when the sender's parse
+    does, and then HTTP/1.1 can carry its request target: no webhook is accepted only to go dead on every send."""
+    url = base + tail
+    refusal = url_refusal(POLICY, url, to_admin=True)
+    try:
+        target = parse_target(url, "webhook")
+    except ToolError as exc:
+        assert refusal is not None and "http.fetch" not in refusal and "webhook" in exc.message
+        return
+    assert refusal is None, (url, refusal)
+    h11.Connection(h11.CLIENT).send(h11.Request(method="POST", target=target.target, headers=[("Host", target.host)]))
 
 
 @example("https", "hooks.example.com", None, "/a")
@@ -38,19 +64,26 @@ def test_a_host_is_allowed_exactly_as_its_pattern_says(scheme: str, host: str, p
     effective = port if port is not None else {"http": 80, "https": 443}[scheme]
     allowed = ((host == "hooks.example.com" and effective == {"http": 80, "https": 443}[scheme])
                or (host.endswith(".ci.example.org") and effective == 8443))
-    refusal = url_refusal(POLICY, url)
+    refusal = url_refusal(POLICY, url, to_admin=True)
     assert (refusal is None) == allowed, (url, refusal)
     if refusal is not None:
         assert "--webhook-allow" in refusal
+    told = url_refusal(POLICY, url, to_admin=False)
+    assert (told is None) == allowed
+    if told is not None:  # a tenant is told to ask the operator, never the allowlist or the flags
+        assert "operator" in told and "--webhook" not in told and "hooks.example.com" not in told.replace(host, "")
 
 
 @given(st.ip_addresses(v=4))
 def test_an_address_needs_both_the_host_and_the_address_rule(address: ipaddress.IPv4Address) -> None:
     policy = EgressPolicy(hosts=(HostPattern.parse(str(address)),))
-    refusal = url_refusal(policy, f"http://{address}/")
+    refusal = url_refusal(policy, f"http://{address}/", to_admin=True)
     assert (refusal is None) == (address.is_global and not address.is_multicast)
     if refusal is not None:
         assert f"--webhook-allow-address {address}" in refusal
+        assert ("metadata" in refusal) == address.is_link_local  # never suggested lightly
+        told = url_refusal(policy, f"http://{address}/", to_admin=False)
+        assert told is not None and "--webhook" not in told and "operator" in told
 
 
 def _record(webhook_id: str, namespace: str | None, kinds: tuple[str, ...]) -> WebhookRecord:
