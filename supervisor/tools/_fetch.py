@@ -262,7 +262,8 @@ class FetchTool:
         raise ToolError(ErrorCode.NETWORK_ERROR, f"{target.url!r}: could not connect: {'; '.join(errors)}")
 
     async def _exchange(self, stream: trio.abc.Stream, target: Target, method: str, headers: Mapping[str, str],
-                        body: bytes | None, limit: int, user_agent: str = _USER_AGENT) -> _Response:
+                        body: bytes | None, limit: int, user_agent: str = _USER_AGENT,
+                        on_status: Callable[[int], None] = lambda status: None) -> _Response:
         import h11  # the service has it (hypercorn); ``codesdk run`` pays for it only when it fetches
 
         conn = h11.Connection(h11.CLIENT)
@@ -286,6 +287,7 @@ class FetchTool:
                 continue
             if isinstance(event, h11.Response):
                 response = event
+                on_status(event.status_code)
             elif isinstance(event, h11.Data):
                 total += len(event.data)
                 room = limit - len(data)
@@ -302,13 +304,14 @@ class FetchTool:
                          data, total, truncated)
 
     async def _request(self, target: Target, method: str, headers: Mapping[str, str], body: bytes | None,
-                       limit: int, scope: _Scope, user_agent: str = _USER_AGENT) -> _Response:
+                       limit: int, scope: _Scope, user_agent: str = _USER_AGENT,
+                       on_status: Callable[[int], None] = lambda status: None) -> _Response:
         import h11
 
         addresses = await self._addresses(target, scope)
         stream = await self._connect(target, addresses)
         try:
-            return await self._exchange(stream, target, method, headers, body, limit, user_agent)
+            return await self._exchange(stream, target, method, headers, body, limit, user_agent, on_status)
         except (trio.BrokenResourceError, OSError, h11.ProtocolError, ssl.SSLError) as exc:
             raise ToolError(ErrorCode.NETWORK_ERROR,
                             f"{target.url!r}: the exchange with {target.host} failed: {exc or type(exc).__name__}") from None
@@ -361,12 +364,14 @@ class FetchTool:
             target = following
 
     async def post_once(self, url: str, headers: Mapping[str, str], body: bytes, limit: int,
-                        user_agent: str, who: str) -> tuple[int, bytes]:
+                        user_agent: str, who: str, on_status: Callable[[int], None] = lambda status: None,
+                        ) -> tuple[int, bytes]:
         """One POST to ``url``, checked and connected exactly as a fetch (no redirect followed, whatever
         ``allow_post`` says: the caller is the service itself, a webhook sender, named ``who`` in errors); its status
-        and the first ``limit`` bytes of its body. ``ToolError`` as ``fetch``."""
+        and the first ``limit`` bytes of its body. ``on_status`` hears the status as soon as it comes (before the
+        body: a caller that gives up waiting for the body still knows it). ``ToolError`` as ``fetch``."""
         response = await self._request(parse_target(url, who), "POST", headers, body, limit, _Scope(None, None, who),
-                                        user_agent)
+                                        user_agent, on_status)
         return response.status, bytes(response.body)
 
     async def run(self, args: FetchInput, ctx: ToolContext) -> ToolResult:

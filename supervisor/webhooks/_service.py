@@ -250,18 +250,24 @@ class WebhookService:
         headers = signed_headers(webhook.secrets(utc_now()), delivery.delivery_id, int(time.time()), body)
         headers["content-type"] = "application/json"
         started, began = utc_now(), time.monotonic()
+        came: list[int] = []  # the status, as soon as it comes (before the body)
         status: int | None = None
         error: str | None = None
         with trio.move_on_after(self.options.timeout_s) as scope:
             try:
                 status, answer = await self._sender.post_once(webhook.url, headers, body, _ANSWER_BYTES, _USER_AGENT,
-                                                              "webhook")
+                                                              "webhook", came.append)
                 if not 200 <= status < 300:
                     error = f"HTTP {status}: {answer[:200].decode('utf-8', 'replace')}".strip()
             except ToolError as exc:
                 error = exc.message
         if scope.cancelled_caught:
-            error = f"no answer within {self.options.timeout_s:g} s"
+            if came:  # it answered, then did not finish its body: not delivered (the receiver may not have taken it)
+                status = came[0]
+                error = (f"HTTP {status}, but the body of the answer did not finish within "
+                         f"{self.options.timeout_s:g} s")
+            else:
+                error = f"no answer within {self.options.timeout_s:g} s"
         attempt = AttemptRecord(started, status, error, round((time.monotonic() - began) * 1000))
         number = delivery.attempts + 1
         if error is None:
