@@ -693,9 +693,9 @@ class _Calls:
         return _Call("DELETE", f"/v1/webhooks/{_q(webhook_id)}", lambda answer: None)
 
     @staticmethod
-    def rotate_webhook_secret(webhook_id: str) -> _Call[api.RotatedSecret]:
+    def rotate_webhook_secret(webhook_id: str, end_overlap: bool) -> _Call[api.RotatedSecret]:
         return _Call("POST", f"/v1/webhooks/{_q(webhook_id)}/rotate", api.RotatedSecret.model_validate,
-                     idempotency_key=_key(None))
+                     json={"end_overlap": True} if end_overlap else None, idempotency_key=_key(None))
 
     @staticmethod
     def test_webhook(webhook_id: str) -> _Call[api.Delivery]:
@@ -1004,9 +1004,11 @@ class AsyncClient:
         """Remove a webhook, and its deliveries not yet sent."""
         await self._send(_Calls.delete_webhook(webhook_id))
 
-    async def rotate_webhook_secret(self, webhook_id: str) -> api.RotatedSecret:
-        """A new secret; the previous one still signs beside it until ``previous_valid_until``."""
-        return await self._send(_Calls.rotate_webhook_secret(webhook_id))
+    async def rotate_webhook_secret(self, webhook_id: str, *, end_overlap: bool = False) -> api.RotatedSecret:
+        """A new secret; the previous one still signs beside it until ``previous_valid_until``. ``Conflict``
+        (``rotation_overlaps``) while an earlier rotation's overlap runs, unless ``end_overlap``: the secret it
+        rotated out then stops signing at once."""
+        return await self._send(_Calls.rotate_webhook_secret(webhook_id, end_overlap))
 
     async def test_webhook(self, webhook_id: str) -> api.Delivery:
         """Send a ``webhook.test`` delivery; follow it with ``delivery``."""
@@ -1425,8 +1427,8 @@ class Client:
     def delete_webhook(self, webhook_id: str) -> None:
         self._send(_Calls.delete_webhook(webhook_id))
 
-    def rotate_webhook_secret(self, webhook_id: str) -> api.RotatedSecret:
-        return self._send(_Calls.rotate_webhook_secret(webhook_id))
+    def rotate_webhook_secret(self, webhook_id: str, *, end_overlap: bool = False) -> api.RotatedSecret:
+        return self._send(_Calls.rotate_webhook_secret(webhook_id, end_overlap))
 
     def test_webhook(self, webhook_id: str) -> api.Delivery:
         return self._send(_Calls.test_webhook(webhook_id))

@@ -832,6 +832,11 @@ class CreateWebhookRequest(Request):
     description: str = Field(default="", max_length=MAX_WEBHOOK_DESCRIPTION)
 
 
+class RotateWebhookSecretRequest(Request):
+    end_overlap: bool = False
+    """Rotate although an earlier rotation's previous secret still signs: that secret stops signing now."""
+
+
 class DeliveriesQuery(Query):
     state: str | None = None
     """pending, delivered or dead (absent: all)."""

@@ -97,7 +97,7 @@ from .openapi import openapi_document, reference_page
 from ..engine import APPROVAL_KIND, QUESTION_KIND, InvalidAnswer
 from ..store import QuestionRecord, QuestionSettled, UnknownQuestion
 from .views import question_answer, routing_answer
-from ..store import DeliveryRecord, UnknownDelivery, UnknownWebhook, WebhookRecord
+from ..store import DeliveryRecord, RotationOverlaps, UnknownDelivery, UnknownWebhook, WebhookRecord
 from ..webhooks import TooManyWebhooks, WebhookRefused, WebhookService
 from .views import delivery_answer, webhook_answer
 from .views import (
@@ -1225,7 +1225,14 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def rotate_webhook_secret(request: Request) -> Response:
         principal, record = await webhook_for(request)
-        secret, until = await webhooks_on().rotate(record.webhook_id)
+        body = await _body(request, api.RotateWebhookSecretRequest)
+        try:
+            secret, until = await webhooks_on().rotate(record.webhook_id, end_overlap=body.end_overlap)
+        except RotationOverlaps as exc:
+            raise ApiError(409, "rotation_overlaps", f"{exc}, and receivers may still verify with it. Rotate again "
+                           "after then, or end that overlap now with the body field 'end_overlap': true (codesdk "
+                           "webhooks rotate --end-overlap): that secret then stops signing at once, so switch every "
+                           "receiver to the current secret first") from exc
         audit("webhook.secret_rotated", f"api:{principal.name}", webhook=record.webhook_id)
         return _answer(request, api.RotatedSecret(secret=secret, previous_valid_until=until))
 

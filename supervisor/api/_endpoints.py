@@ -267,9 +267,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              errors=(404, 503)),
     Endpoint("POST", "/v1/webhooks/{webhook_id}/rotate", "rotateWebhookSecret",
              "A new secret; the previous one still signs beside it for a while", "webhooks", Access.TOKEN,
-             api.RotatedSecret, errors=(404, 503),
+             api.RotatedSecret, body=api.RotateWebhookSecretRequest, errors=(404, 409, 503),
              description="Until `previous_valid_until` each delivery carries two signatures (one per secret), so the "
-                         "receiver may switch to the new secret at any time in between."),
+                         "receiver may switch to the new secret at any time in between. Rotating again before then "
+                         "is 409 `rotation_overlaps` unless `end_overlap` is true, which stops the earlier secret "
+                         "signing at once (at most two secrets sign)."),
     Endpoint("POST", "/v1/webhooks/{webhook_id}/test", "testWebhook", "Send a `webhook.test` delivery", "webhooks",
              Access.TOKEN, api.DeliveryAnswer, 202, errors=(404, 503)),
     Endpoint("GET", "/v1/webhooks/{webhook_id}/deliveries", "listDeliveries",

@@ -32,7 +32,10 @@ def add_parser(command: Any, common: Any) -> None:
     action("list", "the webhooks the token sees", webhook=False)
     action("show", "one webhook")
     action("remove", "remove a webhook and the deliveries not yet sent")
-    action("rotate", "a new secret (printed once); the previous one signs beside it for a day")
+    rotate = action("rotate", "a new secret (printed once); the previous one signs beside it for a day")
+    rotate.add_argument("--end-overlap", action="store_true",
+                        help="rotate although an earlier rotation's day runs: the secret it rotated out stops "
+                             "signing now (switch every receiver to the current secret first)")
     action("test", "send a webhook.test delivery")
     deliveries = action("deliveries", "a webhook's deliveries, newest first; with a delivery id: it and its attempts")
     deliveries.add_argument("delivery", nargs="?", help="one delivery's id (msg_…)")

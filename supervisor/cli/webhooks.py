@@ -67,7 +67,7 @@ async def cmd_webhooks(args: argparse.Namespace) -> int:
             print(f"removed {args.webhook}", file=sys.stderr)
             return EXIT_OK
         elif args.action == "rotate":
-            rotated = await client.rotate_webhook_secret(args.webhook)
+            rotated = await client.rotate_webhook_secret(args.webhook, end_overlap=args.end_overlap)
             shown = rotated
             if not args.json:
                 print(f"secret {rotated.secret}  (the previous one also signs until "

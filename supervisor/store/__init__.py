@@ -173,6 +173,8 @@ __all__ = [
     "UnknownQuestion",
 ]
 
-from ._webhooks import AttemptRecord, DeliveryRecord, UnknownDelivery, UnknownWebhook, WebhookRecord
+from ._webhooks import (AttemptRecord, DeliveryRecord, RotationOverlaps, UnknownDelivery, UnknownWebhook,
+                        WebhookRecord)
 
-__all__ += ["AttemptRecord", "DeliveryRecord", "UnknownDelivery", "UnknownWebhook", "WebhookRecord"]
+__all__ += ["AttemptRecord", "DeliveryRecord", "RotationOverlaps", "UnknownDelivery", "UnknownWebhook",
+            "WebhookRecord"]

@@ -481,11 +481,11 @@ class EventStore(Recorder):
         await self._write(f"removing webhook {webhook_id!r}", partial(_webhooks.delete_webhook,
                                                                       webhook_id=webhook_id))
 
-    async def rotate_webhook_secret(self, webhook_id: str, secret: str,
-                                    previous_valid_until: datetime) -> WebhookRecord:
+    async def rotate_webhook_secret(self, webhook_id: str, secret: str, previous_valid_until: datetime,
+                                    now: datetime, end_overlap: bool = False) -> WebhookRecord:
         return await self._write(f"rotating the secret of webhook {webhook_id!r}", partial(
             _webhooks.rotate_secret, webhook_id=webhook_id, secret=secret,
-            previous_valid_until=previous_valid_until))
+            previous_valid_until=previous_valid_until, now=now, end_overlap=end_overlap))
 
     async def add_deliveries(self, kind: str, namespace: str | None, data: Mapping[str, Any], *,
                              webhook_id: str | None = None) -> list[DeliveryRecord]:

@@ -80,6 +80,17 @@ class UnknownWebhook(StoreError, LookupError):
         super().__init__(f"no webhook {webhook_id!r}")
 
 
+class RotationOverlaps(Exception):
+    """A rotation asked while the previous one's overlap runs (409): rotating again would drop a secret that still
+    signs, which receivers may still be verifying with."""
+
+    def __init__(self, webhook_id: str, until: datetime) -> None:
+        self.webhook_id = webhook_id
+        self.until = until
+        super().__init__(f"webhook {webhook_id}'s previous secret still signs beside the current one until "
+                         f"{until.isoformat()}")
+
+
 class UnknownDelivery(StoreError, LookupError):
     def __init__(self, delivery_id: str) -> None:
         self.delivery_id = delivery_id
@@ -195,13 +206,18 @@ def delete_webhook(conn: Db, webhook_id: str) -> None:
         conn.execute(f"DELETE FROM {table} WHERE webhook_id = ?", (webhook_id,))
 
 
-def rotate_secret(conn: Db, webhook_id: str, secret: str, previous_valid_until: datetime) -> WebhookRecord:
-    """The current secret becomes the previous one, valid until ``previous_valid_until``; ``secret`` is current."""
+def rotate_secret(conn: Db, webhook_id: str, secret: str, previous_valid_until: datetime, now: datetime,
+                  end_overlap: bool) -> WebhookRecord:
+    """The current secret becomes the previous one, valid until ``previous_valid_until``; ``secret`` is current.
+    While an earlier rotation's previous secret still overlaps, ``RotationOverlaps`` unless ``end_overlap`` (that
+    secret then stops signing now). One conditional UPDATE: two rotations at once cannot both pass the check."""
     updated = conn.scalar("UPDATE webhooks SET previous_secret = secret, previous_valid_until = ?, secret = ? "
-                          "WHERE webhook_id = ? RETURNING webhook_id",
-                          (to_text(previous_valid_until), secret, webhook_id))
+                          "WHERE webhook_id = ? AND (? = 1 OR previous_secret IS NULL OR previous_valid_until IS NULL "
+                          "OR previous_valid_until <= ?) RETURNING webhook_id",
+                          (to_text(previous_valid_until), secret, webhook_id, int(end_overlap), to_text(now)))
     if updated is None:
-        raise UnknownWebhook(webhook_id)
+        record = select_webhook(conn, webhook_id)  # UnknownWebhook
+        raise RotationOverlaps(webhook_id, record.previous_valid_until or now)
     return select_webhook(conn, webhook_id)
 
 

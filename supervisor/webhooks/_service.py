@@ -147,11 +147,13 @@ class WebhookService:
         await self.store.delete_webhook(webhook_id)
         self.registry.remove(webhook_id)
 
-    async def rotate(self, webhook_id: str) -> tuple[str, datetime]:
-        """A new secret; the old one signs beside it for ``rotation_overlap_s``."""
+    async def rotate(self, webhook_id: str, *, end_overlap: bool = False) -> tuple[str, datetime]:
+        """A new secret; the old one signs beside it for ``rotation_overlap_s``. ``RotationOverlaps`` while an
+        earlier rotation's overlap runs, unless ``end_overlap``: at most two secrets sign (docs/webhooks.md)."""
         secret = make_secret(secrets.token_bytes(SECRET_BYTES))
-        until = utc_now() + timedelta(seconds=self.options.rotation_overlap_s)
-        await self.store.rotate_webhook_secret(webhook_id, secret, until)
+        now = utc_now()
+        until = now + timedelta(seconds=self.options.rotation_overlap_s)
+        await self.store.rotate_webhook_secret(webhook_id, secret, until, now, end_overlap)
         return secret, until
 
     async def test(self, webhook: WebhookRecord) -> DeliveryRecord:

@@ -79,7 +79,7 @@ class Receiver:
                     await trio.sleep_forever()
                 finally:
                     self.holding -= 1
-            length = str(len(self.body)).encode()
+            length = str(len(self.body))
             await stream.send_all(conn.send(h11.Response(status_code=status, headers=[("content-length", length)])))
             if self.stall_body:
                 self.holding += 1

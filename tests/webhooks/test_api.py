@@ -166,6 +166,10 @@ async def test_the_cli(make_engine: MakeEngine, tmp_path: Path, nursery: trio.Nu
         assert "status=204" in await run("deliveries", webhook, delivery)
         assert delivery in await run("deliveries", webhook, "--state", "delivered")
         assert "secret whsec_" in await run("rotate", webhook)
+        with pytest.raises(Exception, match="--end-overlap") as overlapping:
+            await run("rotate", webhook)
+        assert refusal_exit_code(overlapping.value) == 2
+        assert "secret whsec_" in await run("rotate", webhook, "--end-overlap")
         assert delivery in await run("redeliver", webhook, delivery)
         assert webhook in await run("show", webhook)
 

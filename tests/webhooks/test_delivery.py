@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from standardwebhooks import Webhook
+from standardwebhooks import Webhook, WebhookVerificationError
 
 from tests.conftest import MakeEngine
 from tests.waits import until
@@ -136,3 +136,48 @@ async def test_a_dead_endpoint_does_not_hold_up_another_tenant(make_engine: Make
                                         headers=api.auth(api.bob))).json()["deliveries"]
         assert len(pending) == 6 and all(d["attempts"] == 0 for d in pending)  # 5 test-sends + bob's task's end
         assert alices["namespace"] == "user:alice"
+
+
+async def test_a_rotation_while_one_overlaps_is_refused_unless_it_ends_that_overlap(
+        make_engine: MakeEngine, tmp_path: Path, nursery: trio.Nursery, store_options: dict[str, str]) -> None:
+    """No secret that still signs is dropped silently: a second rotation within the overlap is 409, saying how to
+    end that overlap; ending it stops exactly the secret rotated out first. At most two secrets sign."""
+    receiver = await started(nursery, Receiver())
+    async with hooked_api(make_engine, tmp_path, allowing(receiver), **store_options) as api:
+        created = await api.register(api.alice, receiver.url, ["*"])
+        webhook_id = created["webhook"]["id"]
+        rotate = f"/v1/webhooks/{webhook_id}/rotate"
+        first = (await api.client.post(rotate, headers=api.auth(api.alice))).json()
+        r = await api.client.post(rotate, headers=api.auth(api.alice))
+        assert r.status_code == 409 and r.json()["error"]["code"] == "rotation_overlaps", r.text
+        assert "end_overlap" in r.text and "--end-overlap" in r.text and first["previous_valid_until"][:16] in r.text
+
+        async def signed_with() -> str:
+            delivery = (await api.client.post(f"/v1/webhooks/{webhook_id}/test", headers=api.auth(api.alice))
+                        ).json()["delivery"]
+            await api.delivered(api.alice, webhook_id, delivery["id"])
+            return str(delivery["id"])
+
+        await signed_with()
+        for secret in (created["secret"], first["secret"]):  # the refused rotation dropped nothing
+            Webhook(secret).verify(receiver.received[-1].body, receiver.received[-1].headers)
+        r = await api.client.post(rotate, headers=api.auth(api.alice), json={"end_overlap": True})
+        assert r.status_code == 200, r.text
+        second = r.json()
+        await signed_with()
+        got = receiver.received[-1]
+        assert len(got.headers["webhook-signature"].split(" ")) == 2
+        for secret in (first["secret"], second["secret"]):
+            Webhook(secret).verify(got.body, got.headers)
+        with pytest.raises(WebhookVerificationError):
+            Webhook(created["secret"]).verify(got.body, got.headers)  # the overlap it ended
+
+
+async def test_a_rotation_after_the_overlap_needs_nothing_more(make_engine: MakeEngine, tmp_path: Path,
+                                                                nursery: trio.Nursery) -> None:
+    receiver = await started(nursery, Receiver())
+    async with hooked_api(make_engine, tmp_path, allowing(receiver, rotation_overlap_s=0)) as api:
+        webhook_id = (await api.register(api.alice, receiver.url, ["*"]))["webhook"]["id"]
+        for _ in range(3):
+            r = await api.client.post(f"/v1/webhooks/{webhook_id}/rotate", headers=api.auth(api.alice))
+            assert r.status_code == 200, r.text
