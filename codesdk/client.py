@@ -709,6 +709,14 @@ class _Calls:
                      params=None if state is None else {"state": state})
 
     @staticmethod
+    def list_deliveries(webhook_id: str, state: str | None, before: str | None,
+                        limit: int | None) -> _Call[api.DeliveryList]:
+        params = {key: value for key, value in (("state", state), ("before", before), ("limit", limit))
+                  if value is not None}
+        return _Call("GET", f"/v1/webhooks/{_q(webhook_id)}/deliveries", api.DeliveryList.model_validate,
+                     params=params or None)
+
+    @staticmethod
     def delivery(webhook_id: str, delivery_id: str) -> _Call[api.Delivery]:
         return _Call("GET", f"/v1/webhooks/{_q(webhook_id)}/deliveries/{_q(delivery_id)}",
                      api.Delivery.model_validate)
@@ -1015,8 +1023,15 @@ class AsyncClient:
         return await self._send(_Calls.test_webhook(webhook_id))
 
     async def deliveries(self, webhook_id: str, state: str | None = None) -> list[api.Delivery]:
-        """A webhook's deliveries, newest first (``state``: pending, delivered or dead)."""
+        """A webhook's 100 newest deliveries, newest first (``state``: pending, delivered or dead); older ones
+        through ``list_deliveries``."""
         return await self._send(_Calls.deliveries(webhook_id, state))
+
+    async def list_deliveries(self, webhook_id: str, *, state: str | None = None, before: str | None = None,
+                              limit: int | None = None) -> api.DeliveryList:
+        """One page of a webhook's deliveries, newest first (at most ``limit``, default 100); while ``has_more``,
+        the next page is ``before=page.next_before``."""
+        return await self._send(_Calls.list_deliveries(webhook_id, state, before, limit))
 
     async def delivery(self, webhook_id: str, delivery_id: str) -> api.Delivery:
         """One delivery with its attempts."""
@@ -1435,6 +1450,10 @@ class Client:
 
     def deliveries(self, webhook_id: str, state: str | None = None) -> list[api.Delivery]:
         return self._send(_Calls.deliveries(webhook_id, state))
+
+    def list_deliveries(self, webhook_id: str, *, state: str | None = None, before: str | None = None,
+                        limit: int | None = None) -> api.DeliveryList:
+        return self._send(_Calls.list_deliveries(webhook_id, state, before, limit))
 
     def delivery(self, webhook_id: str, delivery_id: str) -> api.Delivery:
         return self._send(_Calls.delivery(webhook_id, delivery_id))

@@ -39,6 +39,7 @@ from ._questions import MAX_QUESTIONS, AnsweredVia, AnswerValue, Question, Quest
 from ._receipt import StopReceipt
 from ._steering import MAX_INPUT_CHARS, InputBlock, InputDelivery, input_text
 from ._runtime import RUNTIME_NAME_PATTERN, InteractionMode, PermissionMode, RuntimeEnv
+from ._webhooks import DELIVERY_ID_PATTERN
 from ._runtime import IsolationLevel as IsolationLevel  # a Session's isolation: part of this module's vocabulary
 from ._transcript import CodeBlock, Message, TextBlock
 from ._webhooks import DeliveryState
@@ -840,6 +841,9 @@ class RotateWebhookSecretRequest(Request):
 class DeliveriesQuery(Query):
     state: str | None = None
     """pending, delivered or dead (absent: all)."""
+    before: str | None = Field(default=None, pattern=DELIVERY_ID_PATTERN)
+    """A cursor: only deliveries made before this one (a page's ``next_before``)."""
+    limit: int = Field(default=100, ge=1, le=MAX_PAGE)
 
 
 class Webhook(Answer):
@@ -900,4 +904,9 @@ class DeliveryAnswer(Answer):
 
 
 class DeliveryList(Answer):
+    """One page of a webhook's deliveries, newest first."""
     deliveries: tuple[Delivery, ...]
+    has_more: bool = False
+    """Older deliveries follow this page: ask again with ``before`` = ``next_before``."""
+    next_before: str | None = None
+    """The cursor of the next page: the last (oldest) delivery of this one."""

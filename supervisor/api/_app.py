@@ -1242,13 +1242,20 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def list_deliveries(request: Request) -> Response:
         _, record = await webhook_for(request)
-        asked = _query(request, api.DeliveriesQuery).state
+        query = _query(request, api.DeliveriesQuery)
         try:
-            state = None if asked is None else DeliveryState(asked)
+            state = None if query.state is None else DeliveryState(query.state)
         except ValueError:
             raise ApiError(422, "invalid_query", "query 'state' must be pending, delivered or dead") from None
-        found = await webhooks_on().store.list_deliveries(record.webhook_id, state)
-        return _answer(request, api.DeliveryList(deliveries=tuple(delivery_answer(d) for d in found)))
+        try:  # one more than asked: whether another page follows
+            found = await webhooks_on().store.list_deliveries(record.webhook_id, state, query.limit + 1,
+                                                              query.before)
+        except UnknownDelivery:
+            raise ApiError(422, "invalid_query", f"query 'before': no delivery {query.before!r} of this webhook "
+                           "(pass a page's next_before, or leave it out for the newest)") from None
+        page, more = found[:query.limit], len(found) > query.limit
+        return _answer(request, api.DeliveryList(deliveries=tuple(delivery_answer(d) for d in page), has_more=more,
+                                                 next_before=page[-1].delivery_id if more else None))
 
     async def get_delivery(request: Request) -> Response:
         record = await delivery_for(request)

@@ -276,7 +276,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              Access.TOKEN, api.DeliveryAnswer, 202, errors=(404, 503)),
     Endpoint("GET", "/v1/webhooks/{webhook_id}/deliveries", "listDeliveries",
              "A webhook's deliveries, newest first (or ?state=pending|delivered|dead)", "webhooks", Access.TOKEN,
-             api.DeliveryList, query=api.DeliveriesQuery, errors=(404, 503)),
+             api.DeliveryList, query=api.DeliveriesQuery, errors=(404, 503),
+             description="A page of at most `limit` (default 100); when `has_more`, the next page is asked with "
+                         "`before` = `next_before`."),
     Endpoint("GET", "/v1/webhooks/{webhook_id}/deliveries/{delivery_id}", "getDelivery",
              "One delivery, with its attempts", "webhooks", Access.TOKEN, api.Delivery, errors=(404, 503)),
     Endpoint("POST", "/v1/webhooks/{webhook_id}/deliveries/{delivery_id}/redeliver", "redeliverDelivery",

@@ -40,5 +40,9 @@ def add_parser(command: Any, common: Any) -> None:
     deliveries = action("deliveries", "a webhook's deliveries, newest first; with a delivery id: it and its attempts")
     deliveries.add_argument("delivery", nargs="?", help="one delivery's id (msg_…)")
     deliveries.add_argument("--state", choices=["pending", "delivered", "dead"], help="only deliveries in this state")
+    deliveries.add_argument("--limit", type=int, default=None, metavar="N",
+                            help="at most N deliveries (default 100, at most 1000)")
+    deliveries.add_argument("--before", metavar="DELIVERY",
+                            help="only deliveries made before this one (the id the previous page says to go on from)")
     redeliver = action("redeliver", "send a delivery again now, with the same id")
     redeliver.add_argument("delivery", help="the delivery's id (msg_…)")

@@ -77,14 +77,18 @@ async def cmd_webhooks(args: argparse.Namespace) -> int:
             if not args.json:
                 print(_delivery_line(shown))
         elif args.action == "deliveries" and args.delivery is None:
-            found = await client.deliveries(args.webhook, args.state)
-            for delivery in found:
+            page = await client.list_deliveries(args.webhook, state=args.state, before=args.before,
+                                                limit=args.limit)
+            for delivery in page.deliveries:
                 if args.json:
                     json_line(delivery.model_dump(mode="json", exclude_none=True))
                 else:
                     print(_delivery_line(delivery))
-            if not found and not args.json:
+            if not page.deliveries and not args.json:
                 print(f"no {args.state or ''} deliveries".replace("  ", " "), file=sys.stderr)
+            if page.has_more:
+                print(f"older deliveries follow: codesdk webhooks deliveries {args.webhook} "
+                      f"{f'--state {args.state} ' if args.state else ''}--before {page.next_before}", file=sys.stderr)
             return EXIT_OK
         elif args.action == "deliveries":
             delivery = await client.delivery(args.webhook, args.delivery)

@@ -498,9 +498,9 @@ class EventStore(Recorder):
                                 partial(_webhooks.select_delivery, delivery_id=delivery_id))
 
     async def list_deliveries(self, webhook_id: str, state: DeliveryState | None = None,
-                              limit: int = 100) -> list[DeliveryRecord]:
+                              limit: int = 100, before: str | None = None) -> list[DeliveryRecord]:
         return await self._read("listing deliveries", partial(_webhooks.select_deliveries, webhook_id=webhook_id,
-                                                              state=state, limit=limit))
+                                                              state=state, limit=limit, before=before))
 
     async def delivery_attempts(self, delivery_id: str) -> list[AttemptRecord]:
         return await self._read("reading delivery attempts",

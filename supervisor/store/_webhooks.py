@@ -273,13 +273,23 @@ def select_delivery(conn: Db, delivery_id: str) -> DeliveryRecord:
     raise UnknownDelivery(delivery_id)
 
 
-def select_deliveries(conn: Db, webhook_id: str, state: DeliveryState | None, limit: int) -> list[DeliveryRecord]:
-    """The webhook's deliveries, newest first."""
+def select_deliveries(conn: Db, webhook_id: str, state: DeliveryState | None, limit: int,
+                      before: str | None = None) -> list[DeliveryRecord]:
+    """The webhook's deliveries, newest first: at most ``limit``, those made before delivery ``before`` if given
+    (``UnknownDelivery`` unless it is one of this webhook's)."""
     sql = f"SELECT {_DELIVERY_COLUMNS} FROM webhook_deliveries WHERE webhook_id = ?"
     args: list[Any] = [webhook_id]
     if state is not None:
         sql += " AND state = ?"
         args.append(state.value)
+    if before is not None:
+        found = conn.execute("SELECT created_at, rowid FROM webhook_deliveries WHERE delivery_id = ? AND "
+                             "webhook_id = ?", (before, webhook_id)).fetchall()
+        if not found:
+            raise UnknownDelivery(before)
+        [cursor] = found
+        sql += " AND (created_at < ? OR (created_at = ? AND rowid < ?))"
+        args += [cursor[0], cursor[0], cursor[1]]
     return [_delivery(row) for row in conn.execute(sql + " ORDER BY created_at DESC, rowid DESC LIMIT ?",
                                                    (*args, limit)).fetchall()]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
+import pytest
 import trio
 
 from codesdk.supervisor.api import TokenAuth
@@ -70,6 +71,14 @@ class Hooked:
                                    json={"prompt": "hello", "runtime_config": {"scenario": scenario}})
         assert r.status_code == 202, r.text
         return dict(r.json())
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_options(request: pytest.FixtureRequest) -> dict[str, str]:
+    """Both stores: the PostgreSQL one where the suite's throwaway server can run (else it skips, saying why)."""
+    if request.param == "sqlite":
+        return {}
+    return {"store": str(request.getfixturevalue("postgres_url"))}
 
 
 def allowing(*receivers: Receiver, **options: Any) -> WebhookOptions:

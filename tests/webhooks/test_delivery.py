@@ -16,14 +16,6 @@ from tests.webhooks.conftest import allowing, hooked_api, started
 from tests.webhooks.receiver import Receiver
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_options(request: pytest.FixtureRequest) -> dict[str, str]:
-    """Both stores: the PostgreSQL one where the suite's throwaway server can run (else it skips, saying why)."""
-    if request.param == "sqlite":
-        return {}
-    return {"store": str(request.getfixturevalue("postgres_url"))}
-
-
 async def test_a_task_s_end_is_delivered_signed(make_engine: MakeEngine, tmp_path: Path, nursery: trio.Nursery,
                                                 store_options: dict[str, str]) -> None:
     receiver = await started(nursery, Receiver())
