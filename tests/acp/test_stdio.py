@@ -157,3 +157,18 @@ async def test_lines_json_rpc_refuses_are_answered_and_sessions_wait_for_initial
     error = validator("Error")
     assert all(not list(error.iter_errors(m["error"])) for m in peer.seen if "error" in m)
 
+
+async def test_a_token_of_several_namespaces_names_one_per_session(make_engine: MakeEngine, tmp_path: Path) -> None:
+    async with serve_test_api(make_engine, tmp_path) as api:
+        carol = api.tokens.add_principal("carol", ["user:carol", "ci:build"])
+        with trio.fail_after(HANG_GUARD_S):
+            async with acp_process("--url", f"unix:{api.socket}", "--token", carol, "acp") as peer:
+                assert "result" in await peer.call(1, "initialize", {"protocolVersion": 1})
+                unnamed = await peer.call(2, "session/new", {"cwd": str(tmp_path), "mcpServers": []})
+                said = unnamed["error"]["message"]
+                assert unnamed["error"]["code"] == -32602 and "ci:build, user:carol" in said and "--namespace" in said
+                named = await peer.call(3, "session/new", {"cwd": str(tmp_path), "mcpServers": [],
+                                                           "_meta": {"codesdk": {"namespace": "ci:build"}}})
+                assert named["result"]["_meta"]["codesdk"]["namespace"] == "ci:build"
+                await peer.stdin.aclose()
+                assert await peer.process.wait() == 0

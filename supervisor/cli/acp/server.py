@@ -85,7 +85,9 @@ class SessionState:
 class Defaults:
     """How sessions are made when the client says nothing in ``_meta``."""
 
-    namespace: str = "default"
+    #: None: the token is bound to several namespaces and none was named; ``unnamed`` says so.
+    namespace: str | None = "default"
+    unnamed: str = ""
     runtime: str | None = None
     #: The client's ``cwd`` becomes the session's workspace (an embedded supervisor, or an admin token); else the
     #: service gives the session one of its own.
@@ -263,6 +265,8 @@ class Connection:
         meta = _meta(params)
         runtime = _str(meta, "runtime") or self.defaults.runtime
         namespace = _str(meta, "namespace") or self.defaults.namespace
+        if namespace is None:
+            raise AcpError(ErrorCode.INVALID_PARAMS, self.defaults.unnamed)
         if params.get("mcpServers"):
             log.warning("the client's MCP servers are not used: a session's tools are CodeSDK's")
         session = await self.client.create_session(
