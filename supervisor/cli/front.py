@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", action="append", type=config_item, metavar="KEY=VALUE", help="extra runtime_config (JSON values)")
     run.add_argument("--session", help="continue an existing session (its transcript is sent along)")
     run.add_argument("--namespace", type=namespace_name, help="credential namespace: default | user:<id> | ci:<job> (default: "
-                                          f"{DEFAULT_NAMESPACE}; with --session: the session's)")
+                                          f"{DEFAULT_NAMESPACE}; through --url: the token's own; with --session: the session's)")
     run.add_argument("--workspace", help="directory the tools work in (default: a new one in the data dir)")
     run.add_argument("--title", help="the new session's title, for people (at most 200 characters; `codesdk sessions "
                                      "--search` finds it)")
@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     acp = command("acp", "serve CodeSDK as an Agent Client Protocol agent on stdin/stdout, for editors (Zed, "
                          "JetBrains IDEs...); through a running service with --url, else an embedded supervisor")
     acp.add_argument("--namespace", type=namespace_name,
-                     help="the namespace new sessions go to (default: the token's only one, else default)")
+                     help="the namespace new sessions go to (default: as for run: the token's own)")
     acp.add_argument("--runtime", type=runtime_name, help=f"new sessions' runtime (default: {DEFAULT_RUNTIME})")
     acp.add_argument("--cwd-workspace", action=argparse.BooleanOptionalAction, default=None,
                      help="the editor's cwd becomes a new session's workspace (default: on embedded; through a "

@@ -16,7 +16,7 @@ from typing import IO, Any
 
 import trio
 
-from codesdk.client import ApiError, AsyncClient
+from codesdk.client import ApiError, AsyncClient, Forbidden
 from codesdk.protocol import (
     BudgetLimits,
     TERMINAL_EVENT_TYPES,
@@ -34,6 +34,7 @@ from codesdk.protocol import (
 
 from .common import (
     STOP_SIGNALS,
+    DEFAULT_NAMESPACE,
     DEFAULT_RUNTIME,
     DECISION_PROMPT,
     CliError,
@@ -63,6 +64,33 @@ def client_for(args: argparse.Namespace) -> AsyncClient:
     if Path(url).exists():
         return AsyncClient(socket=url, token=token)
     raise CliError(f"--url {url!r}: give unix:/path/to/api.sock, an existing socket path, or http://host:port")
+
+
+class NamespaceUnnamed(CliError):
+    """A token bound to several namespaces, and a new session that names none."""
+
+    def __init__(self, namespaces: list[str]) -> None:
+        self.namespaces = namespaces
+        super().__init__(f"this token is bound to several namespaces ({', '.join(namespaces)}); name the one to use "
+                         "with --namespace NS")
+
+
+async def namespace_to_use(client: AsyncClient, named: str | None) -> str:
+    """Where a command's new sessions go: the namespace it names, else the token's own as the service reckons it
+    for a request naming none — a tenant's only namespace, the admin's ``default``. ``NamespaceUnnamed`` for a
+    tenant's token bound to several."""
+    if named:
+        return named
+    seen = sorted(row.namespace for row in await client.namespaces())
+    if not seen:
+        return DEFAULT_NAMESPACE
+    try:
+        await client.workers()  # the admin's alone: its namespaces are every tenant's, none of them its own
+    except Forbidden:
+        if len(seen) > 1:
+            raise NamespaceUnnamed(seen) from None
+        return seen[0]
+    return DEFAULT_NAMESPACE
 
 
 def _printer() -> EventPrinter:
@@ -102,10 +130,11 @@ async def run_via_api(args: argparse.Namespace, runtime_config: dict[str, Any]) 
             session = await client.get_session(args.session)
             check_session_flags(args, session.namespace)
         else:
-            check_session_flags(args, args.namespace or "default")
+            check_session_flags(args, args.namespace or DEFAULT_NAMESPACE)
+            namespace = await namespace_to_use(client, args.namespace)
             if args.runtime or runtime_config:  # refused before the session is stored, as the embedded CLI does
-                await _check_offer(client, args.namespace or "default", args.runtime or DEFAULT_RUNTIME, runtime_config)
-            session = await client.create_session(namespace=args.namespace or "default", runtime=args.runtime,
+                await _check_offer(client, namespace, args.runtime or DEFAULT_RUNTIME, runtime_config)
+            session = await client.create_session(namespace=namespace, runtime=args.runtime,
                                                   workspace=args.workspace, title=args.title,
                                                   isolation=args.isolation)
         last: Any = None

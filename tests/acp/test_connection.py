@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import trio
 import trio.testing
@@ -18,16 +19,23 @@ from codesdk.supervisor.cli.acp.server import Defaults, run_connection
 
 METHODS = ["initialize", "authenticate", "session/new", "session/load", "session/resume", "session/list",
            "session/prompt", "session/set_config_option", "session/cancel", "nope", "$/cancel_request"]
+#: The agent's methods a client may call only once it has called ``initialize``.
+AFTER_INITIALIZE = {"authenticate", "session/new", "session/load", "session/resume", "session/list",
+                    "session/prompt", "session/set_config_option"}
 values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
                                                                                   max_size=3), max_leaves=8)
-messages = st.fixed_dictionaries({"jsonrpc": st.just("2.0"), "method": st.sampled_from(METHODS)},
-                                 optional={"id": st.integers(0, 9) | st.text(max_size=3), "params": values})
+#: Ids as JSON-RPC takes them (string, integer, null) and as it does not (true, an object, a fraction, past int64).
+ids = st.integers(0, 9) | st.text(max_size=3) | st.none() | st.integers(2**63 - 2, 2**64) | st.floats(
+    allow_nan=False, allow_infinity=False) | values
+messages = st.fixed_dictionaries({"jsonrpc": st.just("2.0")},
+                                 optional={"method": st.sampled_from(METHODS) | values, "id": ids, "params": values,
+                                           "result": values, "error": values})
 lines = st.one_of(messages.map(lambda m: json.dumps(m).encode()), st.binary(max_size=40).filter(lambda b: b"\n" not in b),
                   values.map(lambda v: json.dumps(v).encode()))
 
 
-async def converse(sent: list[bytes], socket: Path) -> list[dict[str, object]]:
+async def converse(sent: list[bytes], socket: Path) -> list[dict[str, Any]]:
     """What ``codesdk acp``'s loop writes for ``sent`` (then end of input), with its service unreachable."""
     stdin_send, stdin_receive = trio.testing.memory_stream_one_way_pair()
     stdout_send, stdout_receive = trio.testing.memory_stream_one_way_pair()
@@ -50,20 +58,53 @@ async def converse(sent: list[bytes], socket: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in out.splitlines()]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(lines, max_size=6))
 def test_every_line_gets_its_answer_and_only_protocol_comes_out(sent: list[bytes]) -> None:
     written = trio.run(converse, sent, Path("/nonexistent/codesdk-acp-test.sock"))
     for message in written:
         assert message["jsonrpc"] == "2.0" and ("result" in message) != ("error" in message), message
-    requests = Counter(json.dumps(json.loads(line)["id"]) for line in sent if _is_request(line))
-    answered = Counter(json.dumps(m["id"]) for m in written)
-    assert not requests - answered  # each request answered (and each bad line too, with its id or null)
+        assert _is_jsonrpc_id(message["id"]), message  # an id we cannot echo is answered with null
+    expected_ids: Counter[str] = Counter()
+    expected_codes: Counter[tuple[str, int]] = Counter()
+    initialize_sent = False
+    for line in sent:
+        expected = _expected_answer(line, initialize_sent)
+        initialize_sent = initialize_sent or b'"initialize"' in line
+        if expected is not None:
+            expected_ids[json.dumps(expected[0])] += 1
+            if expected[1] is not None:
+                expected_codes[json.dumps(expected[0]), expected[1]] += 1
+    assert Counter(json.dumps(m["id"]) for m in written) == expected_ids  # one answer per line that needs one
+    answered_codes = Counter((json.dumps(m["id"]), m["error"]["code"]) for m in written if "error" in m)
+    assert not expected_codes - answered_codes
 
 
-def _is_request(line: bytes) -> bool:
+def _expected_answer(line: bytes, initialize_sent: bool) -> tuple[object, int | None] | None:
+    """What JSON-RPC 2.0 (and ACP) say a line gets: None (nothing: a notification, an answer), else the answer's id
+    and, where this model can tell, its error code."""
+    if not line.strip():
+        return None  # a blank line is no message
     try:
         value = json.loads(line)
     except ValueError:
-        return False
-    return isinstance(value, dict) and "id" in value and isinstance(value.get("method"), str)
+        return None, None  # not JSON: a parse error
+    if not isinstance(value, dict) or value.get("jsonrpc") != "2.0":
+        return None, None
+    if not _is_jsonrpc_id(value.get("id")):
+        return None, -32600
+    method = value.get("method")
+    if method is None:
+        answer = "id" in value and ("result" in value) != ("error" in value)
+        return None if answer else (value.get("id"), -32600)
+    if not isinstance(method, str):
+        return value.get("id"), -32600
+    if "id" not in value:
+        return None
+    if method in AFTER_INITIALIZE and not initialize_sent:
+        return value["id"], -32600
+    return value["id"], -32601 if method not in METHODS or method in {"session/cancel", "$/cancel_request"} else None
+
+
+def _is_jsonrpc_id(value: object) -> bool:
+    return value is None or isinstance(value, str) or (type(value) is int and -2**63 <= value < 2**63)

@@ -46,13 +46,13 @@ class Peer:
         self.seen.append(message)
         return message
 
-    async def answer(self, request_id: int) -> dict[str, Any]:
+    async def answer(self, request_id: int | str) -> dict[str, Any]:
         """Read until the answer to ``request_id`` (notifications on the way are kept in ``seen``)."""
         while "method" in (message := await self.read()) or message.get("id") != request_id:
             pass
         return message
 
-    async def call(self, request_id: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    async def call(self, request_id: int | str, method: str, params: dict[str, Any]) -> dict[str, Any]:
         await self.send({"id": request_id, "method": method, "params": params})
         return await self.answer(request_id)
 
@@ -134,3 +134,41 @@ async def test_a_data_dir_in_use_is_refused_with_what_to_run_instead(tmp_path: P
             assert await holder.process.wait() == 0
     assert second.returncode == 2 and second.stdout == b""  # nothing but protocol on stdout: here, nothing
     assert b"codesdk acp --url" in second.stderr
+
+
+async def test_lines_json_rpc_refuses_are_answered_and_sessions_wait_for_initialize(tmp_path: Path) -> None:
+    workspace = tmp_path / "project"
+    workspace.mkdir()
+    with trio.fail_after(HANG_GUARD_S):
+        async with acp_process("--data-dir", str(tmp_path / "data"), "acp", "--runtime", "scripted") as peer:
+            await peer.send({"id": 5})  # no method, no result or error: neither a request nor an answer
+            assert (await peer.read())["error"]["code"] == -32600 and peer.seen[-1]["id"] == 5
+            for bad_id in ({"x": 1}, True, 1.5):  # ids are strings, integers or null
+                await peer.send({"id": bad_id, "method": "initialize", "params": {"protocolVersion": 1}})
+                refused = await peer.read()
+                assert refused["id"] is None and refused["error"]["code"] == -32600, refused
+            early = await peer.call(6, "session/new", {"cwd": str(workspace), "mcpServers": []})
+            assert early["error"]["code"] == -32600 and "initialize" in early["error"]["message"]
+            assert (await peer.call("seven", "initialize", {"protocolVersion": 1}))["id"] == "seven"
+            new = await peer.call(8, "session/new", {"cwd": str(workspace), "mcpServers": []})
+            assert new["result"]["sessionId"], new
+            await peer.stdin.aclose()
+            assert await peer.process.wait() == 0
+    error = validator("Error")
+    assert all(not list(error.iter_errors(m["error"])) for m in peer.seen if "error" in m)
+
+
+async def test_a_token_of_several_namespaces_names_one_per_session(make_engine: MakeEngine, tmp_path: Path) -> None:
+    async with serve_test_api(make_engine, tmp_path) as api:
+        carol = api.tokens.add_principal("carol", ["user:carol", "ci:build"])
+        with trio.fail_after(HANG_GUARD_S):
+            async with acp_process("--url", f"unix:{api.socket}", "--token", carol, "acp") as peer:
+                assert "result" in await peer.call(1, "initialize", {"protocolVersion": 1})
+                unnamed = await peer.call(2, "session/new", {"cwd": str(tmp_path), "mcpServers": []})
+                said = unnamed["error"]["message"]
+                assert unnamed["error"]["code"] == -32602 and "ci:build, user:carol" in said and "--namespace" in said
+                named = await peer.call(3, "session/new", {"cwd": str(tmp_path), "mcpServers": [],
+                                                           "_meta": {"codesdk": {"namespace": "ci:build"}}})
+                assert named["result"]["_meta"]["codesdk"]["namespace"] == "ci:build"
+                await peer.stdin.aclose()
+                assert await peer.process.wait() == 0

@@ -42,8 +42,8 @@ async def cmd_acp(args: argparse.Namespace) -> int:
             from ..remote import client_for
 
             async with client_for(args) as client:
-                namespace = args.namespace or await _token_namespace(client)
-                defaults = Defaults(namespace=namespace, runtime=args.runtime,
+                namespace, unnamed = await _token_namespace(client, args.namespace)
+                defaults = Defaults(namespace=namespace, unnamed=unnamed, runtime=args.runtime,
                                     cwd_workspace=bool(args.cwd_workspace), needs_token=True)
                 await run_connection(client, defaults, stdin, stdout)
             return 0
@@ -51,15 +51,19 @@ async def cmd_acp(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _token_namespace(client: AsyncClient) -> str:
-    """The namespace a token's sessions go to when ``--namespace`` is not given: its only one (the admin's and a
-    token of several: ``default``, unless they say otherwise in ``_meta``). A token the service refuses is told
-    so on the client's first request (auth_required), not here."""
+async def _token_namespace(client: AsyncClient, named: str | None) -> tuple[str | None, str]:
+    """Where new sessions go when ``_meta.codesdk.namespace`` does not say (``namespace_to_use``, as ``codesdk
+    run``), or None and why a session must name one. A token the service refuses is told so on the client's first
+    request (auth_required), not here."""
+    from ..remote import NamespaceUnnamed, namespace_to_use
+
     try:
-        seen = await client.namespaces()
+        return await namespace_to_use(client, named), ""
     except Unauthorized:
-        return "default"
-    return seen[0].namespace if len(seen) == 1 else "default"
+        return "default", ""
+    except NamespaceUnnamed as several:
+        return None, (f"this token is bound to several namespaces ({', '.join(several.namespaces)}); name one in "
+                      "_meta.codesdk.namespace, or start codesdk acp with --namespace NS")
 
 
 async def _embedded(args: argparse.Namespace, stdin: trio.lowlevel.FdStream, stdout: trio.lowlevel.FdStream) -> None:

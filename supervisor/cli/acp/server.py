@@ -14,7 +14,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import trio
 
@@ -85,7 +85,9 @@ class SessionState:
 class Defaults:
     """How sessions are made when the client says nothing in ``_meta``."""
 
-    namespace: str = "default"
+    #: None: the token is bound to several namespaces and none was named; ``unnamed`` says so.
+    namespace: str | None = "default"
+    unnamed: str = ""
     runtime: str | None = None
     #: The client's ``cwd`` becomes the session's workspace (an embedded supervisor, or an admin token); else the
     #: service gives the session one of its own.
@@ -106,6 +108,8 @@ class Connection:
         #: The client takes forms (``elicitation/create``): runtimes' questions are put to it; else they wait for
         #: an answer over the API, and the operator's fallback at their expiry.
         self.elicits = False
+        #: ``initialize`` was answered: until then, it is the only request served.
+        self.initialized = False
         self._nursery: trio.Nursery | None = None
         #: The agent's methods (ACP's ``agentMethods`` this agent serves); any other is -32601.
         self._handlers: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
@@ -171,31 +175,44 @@ class Connection:
             await self.write({"id": value.id, "error": {"code": ErrorCode.PARSE_ERROR, "message": value.detail}})
             return
         if not isinstance(value, dict) or value.get("jsonrpc") != "2.0":
-            await self.write({"id": None, "error": {"code": ErrorCode.INVALID_REQUEST,
-                                                    "message": "expected a JSON-RPC 2.0 object"}})
+            await self._invalid(None, "expected a JSON-RPC 2.0 object")
             return
         method, request_id = value.get("method"), value.get("id")
-        if method is None:  # an answer to one of our requests
-            waiting = self._waiting.get(request_id) if isinstance(request_id, int) else None
-            if waiting is not None:
-                waiting[1].append(value)
-                waiting[0].set()
+        if not is_request_id(request_id):
+            await self._invalid(None, "id must be a string, an integer or null")
+            return
+        if method is None:
+            if "id" in value and ("result" in value) != ("error" in value):  # an answer to one of our requests
+                waiting = self._waiting.get(request_id) if isinstance(request_id, int) else None
+                if waiting is not None:
+                    waiting[1].append(value)
+                    waiting[0].set()
+            else:
+                await self._invalid(request_id, "a request needs a method; an answer an id and either result or "
+                                    "error")
             return
         given = value.get("params")
         params: dict[str, Any] = given if isinstance(given, dict) else {}
         if not isinstance(method, str):
-            await self.write({"id": request_id, "error": {"code": ErrorCode.INVALID_REQUEST,
-                                                          "message": "method must be a string"}})
+            await self._invalid(request_id, "method must be a string")
         elif "id" not in value:
             await self._notification(method, params)
+        elif method == "initialize":  # served before the next line is read: what follows it finds it done
+            await self._answer(request_id, method, params)
         else:
             nursery.start_soon(self._answer, request_id, method, params)
+
+    async def _invalid(self, request_id: str | int | None, message: str) -> None:
+        await self.write({"id": request_id, "error": {"code": ErrorCode.INVALID_REQUEST, "message": message}})
 
     async def _answer(self, request_id: Any, method: str, params: dict[str, Any]) -> None:
         try:
             handler = self._handlers.get(method)
             if handler is None:
                 raise AcpError(ErrorCode.METHOD_NOT_FOUND, f"codesdk acp does not serve {method}")
+            if not self.initialized and method != "initialize":
+                raise AcpError(ErrorCode.INVALID_REQUEST, f"{method} before initialize: a connection starts with "
+                               "initialize (protocolVersion 1), then its other requests")
             try:
                 result = await handler(params)
             except ExceptionGroup as group:  # the client's task groups: a refusal inside one is still a refusal
@@ -234,6 +251,7 @@ class Connection:
         capabilities = params.get("clientCapabilities")
         elicitation = capabilities.get("elicitation") if isinstance(capabilities, dict) else None
         self.elicits = isinstance(elicitation, dict) and isinstance(elicitation.get("form"), dict)
+        self.initialized = True
         return acp.initialize_result(needs_token=self.defaults.needs_token)
 
     async def authenticate(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -247,6 +265,8 @@ class Connection:
         meta = _meta(params)
         runtime = _str(meta, "runtime") or self.defaults.runtime
         namespace = _str(meta, "namespace") or self.defaults.namespace
+        if namespace is None:
+            raise AcpError(ErrorCode.INVALID_PARAMS, self.defaults.unnamed)
         if params.get("mcpServers"):
             log.warning("the client's MCP servers are not used: a session's tools are CodeSDK's")
         session = await self.client.create_session(
@@ -498,6 +518,15 @@ class Connection:
                 return after
 
 
+
+
+#: JSON-RPC ids ACP's schema takes (``RequestId``): a string, an int64, or null.
+_ID_RANGE = range(-2**63, 2**63)
+
+
+def is_request_id(value: object) -> TypeGuard[str | int | None]:
+    """Whether ``value`` may be a message's ``id`` (a message without one has None here, and is a notification)."""
+    return value is None or isinstance(value, str) or (type(value) is int and value in _ID_RANGE)
 
 
 def _leaf(group: ExceptionGroup[Exception]) -> Exception:
