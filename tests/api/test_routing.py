@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,7 @@ async def test_nobody_following_waits_only_the_shorter_deadline(make_engine: Mak
             assert (await api.ended(api.alice, task["task_id"]))["state"] == "completed"
             [expired] = await _listed(api, "approvals", "expired")
             assert expired["decision_reason"].startswith("no decision within 1 s (nobody could answer")
+            assert expired["expires_at"] == pending["expires_at"]  # nobody came: the shorter deadline held
             await _events(api, session["session_id"])
 
 
@@ -231,3 +232,30 @@ async def test_codesdk_approvals_says_who_could_answer(make_engine: MakeEngine, 
                     f"fallback wait, expires {expires}; escalates {escalates}]") in line
             await api.client.post(f"/v1/tasks/{task['task_id']}/stop", headers=api.auth(api.alice), json={})
             await api.ended(api.alice, task["task_id"])
+
+
+async def test_someone_attaching_late_gives_the_request_its_whole_timeout(make_engine: MakeEngine,
+                                                                          tmp_path: Path) -> None:
+    policy = RoutingPolicy(Unattended.WAIT, unattended_wait_s=3.0, attach_grace_s=0.1)
+    async with _served(make_engine, tmp_path, policy) as api:
+        api.engine.approvals.timeout_s = 6.0
+        with trio.fail_after(60):
+            session = await api.create_session(api.alice, ALICE)
+            task = await _start(api, session["session_id"])
+            [pending] = await _listed(api, "approvals")
+            assert pending["routing"]["fallback"] == "wait"  # nobody when it opened: the shorter deadline
+            opened = datetime.fromisoformat(pending["created_at"])
+            assert datetime.fromisoformat(pending["expires_at"]) - opened == timedelta(seconds=3)
+            async with _following(api, session["session_id"]):
+                [now] = await _listed(api, "approvals")
+                while "fallback" in now["routing"]:  # until the wait has seen the client
+                    await trio.sleep(0.05)
+                    [now] = await _listed(api, "approvals")
+                assert now["routing"]["answerable"] and now["routing"]["streams"] == 1
+                assert datetime.fromisoformat(now["expires_at"]) - opened == timedelta(seconds=6)  # stored too
+                assert (await api.ended(api.alice, task["task_id"]))["state"] == "completed"
+            [expired] = await _listed(api, "approvals", "expired")
+            assert expired["decision_reason"] == "no decision within 6 s"  # someone could: the whole timeout
+            assert datetime.fromisoformat(expired["expires_at"]) - opened == timedelta(seconds=6)
+            await _events(api, session["session_id"])
+
