@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,8 @@ import trio
 
 from codesdk import AsyncClient
 from codesdk.protocol import NormalizedEvent
-from codesdk.supervisor.cli.decisions import cmd_approvals
+from codesdk.protocol.api import Routing
+from codesdk.supervisor.cli.decisions import cmd_approvals, routing_note
 from codesdk.supervisor.cli.front import build_parser
 from codesdk.supervisor.engine import APPROVAL_KIND, RoutingPolicy, Unattended
 from codesdk.testing.invariants import check_session
@@ -121,7 +122,7 @@ async def test_a_followed_namespace_waits_and_a_decision_completes_the_task(make
             async with _following(api, session["session_id"]):
                 task = await _start(api, session["session_id"])
                 [pending] = await _listed(api, "approvals")
-                assert pending["routing"] == {"answerable": True, "streams": 1, "webhook": False}
+                assert pending["routing"] == {"answerable": True, "streams": 1, "consoles": 0, "webhook": False}
                 r = await api.client.post(f"/v1/approvals/{pending['approval_id']}", headers=api.auth(api.alice),
                                           json={"allow": True})
                 assert r.status_code == 200 and r.json()["state"] == "approved", r.text
@@ -167,7 +168,7 @@ async def test_a_webhook_taking_the_kind_counts_as_someone(make_engine: MakeEngi
             session = await api.create_session(api.alice, ALICE)
             task = await _start(api, session["session_id"])
             [pending] = await _listed(api, "approvals")
-            assert pending["routing"] == {"answerable": True, "streams": 0, "webhook": True}
+            assert pending["routing"] == {"answerable": True, "streams": 0, "consoles": 0, "webhook": True}
             assert (ALICE, APPROVAL_KIND) in asked
             async with AsyncClient(socket=api.socket, token=api.alice) as client:  # the typed answer has it too
                 [typed] = await client.approvals()
@@ -228,7 +229,8 @@ async def test_codesdk_approvals_says_who_could_answer(make_engine: MakeEngine, 
             expires = datetime.fromisoformat(pending["expires_at"]).strftime("%H:%M:%SZ")
             escalates = datetime.fromisoformat(pending["routing"]["escalates_at"]).strftime("%H:%M:%SZ")
             assert line.startswith(pending["approval_id"])
-            assert (f"[nobody can answer: attach a client (an event stream of the namespace) or register a webhook; "
+            assert (f"[nobody can answer: attach a client (an event stream of the namespace, or the console) or "
+                    f"register a webhook; "
                     f"fallback wait, expires {expires}; escalates {escalates}]") in line
             await api.client.post(f"/v1/tasks/{task['task_id']}/stop", headers=api.auth(api.alice), json={})
             await api.ended(api.alice, task["task_id"])
@@ -259,3 +261,44 @@ async def test_someone_attaching_late_gives_the_request_its_whole_timeout(make_e
             assert datetime.fromisoformat(expired["expires_at"]) - opened == timedelta(seconds=6)
             await _events(api, session["session_id"])
 
+
+async def test_a_console_polling_counts_for_every_namespace_of_its_admin(make_engine: MakeEngine,
+                                                                        tmp_path: Path) -> None:
+    policy = RoutingPolicy(Unattended.DENY, attach_grace_s=0.1)
+    async with _served(make_engine, tmp_path, policy) as api:
+        with trio.fail_after(60):
+            login = await api.client.post("/console/session", json={"token": api.admin})
+            assert login.status_code == 201, login.text
+            csrf = login.json()["csrf_token"]
+            polled = await api.client.get("/v1/approvals")  # the console's poll, by its cookie alone
+            assert polled.status_code == 200
+            assert api.engine.audience.consoles(ALICE) == api.engine.audience.consoles("user:bob") == 1
+            session = await api.create_session(api.alice, ALICE)
+            task = await _start(api, session["session_id"])
+            [pending] = await _listed(api, "approvals")
+            assert pending["state"] == "pending"  # not denied: the admin's console is open
+            assert pending["routing"] == {"answerable": True, "streams": 0, "consoles": 1, "webhook": False}
+            r = await api.client.post(f"/v1/approvals/{pending['approval_id']}", json={"allow": True},
+                                      headers={"X-CSRF-Token": csrf})
+            assert r.status_code == 200 and r.json()["state"] == "approved", r.text
+            assert (await api.ended(api.alice, task["task_id"]))["state"] == "completed"
+            assert (await api.client.delete("/console/session", headers={"X-CSRF-Token": csrf})).status_code == 204
+            assert api.engine.audience.consoles(ALICE) == 0  # logged out: nobody
+
+
+async def test_a_tenants_console_counts_only_for_its_namespace(make_engine: MakeEngine, tmp_path: Path) -> None:
+    async with _served(make_engine, tmp_path, RoutingPolicy(Unattended.DENY)) as api:
+        login = await api.client.post("/console/session", json={"token": api.bob})
+        assert login.status_code == 201, login.text
+        assert api.engine.audience.consoles("user:bob") == 1 and api.engine.audience.consoles(ALICE) == 0
+        assert not api.engine.audience.reachable(ALICE, APPROVAL_KIND)
+        api.tokens.revoke("bob")
+        assert api.engine.audience.consoles("user:bob") == 0  # its token revoked: its console is nobody
+
+
+def test_the_cli_says_escalated_once_it_was() -> None:
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    routing = Routing(answerable=True, streams=1, escalates_at=at)
+    assert routing_note(routing, at, now=at - timedelta(seconds=1)).endswith("; escalates 03:04:05Z]")
+    assert routing_note(routing, at, now=at).endswith("; escalated 03:04:05Z]")
+    assert "1 console(s) open" in routing_note(Routing(answerable=True, consoles=1), at, now=at)
