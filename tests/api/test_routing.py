@@ -18,7 +18,7 @@ from codesdk.protocol import NormalizedEvent
 from codesdk.protocol.api import Routing
 from codesdk.supervisor.cli.decisions import cmd_approvals, routing_note
 from codesdk.supervisor.cli.front import build_parser
-from codesdk.supervisor.engine import APPROVAL_KIND, RoutingPolicy, Unattended
+from codesdk.supervisor.engine import APPROVAL_KIND, QuestionPolicy, RoutingPolicy, Unattended
 from codesdk.testing.invariants import check_session
 
 from tests.api.conftest import Api, serve_test_api
@@ -302,3 +302,29 @@ def test_the_cli_says_escalated_once_it_was() -> None:
     assert routing_note(routing, at, now=at - timedelta(seconds=1)).endswith("; escalates 03:04:05Z]")
     assert routing_note(routing, at, now=at).endswith("; escalated 03:04:05Z]")
     assert "1 console(s) open" in routing_note(Routing(answerable=True, consoles=1), at, now=at)
+
+
+async def test_a_question_someone_can_answer_later_gets_its_whole_timeout(make_engine: MakeEngine,
+                                                                          tmp_path: Path) -> None:
+    policy = RoutingPolicy(Unattended.WAIT, unattended_wait_s=3.0, attach_grace_s=0.1)
+    async with _served(make_engine, tmp_path, policy) as api:
+        api.engine.questions.policy = QuestionPolicy(timeout_s=60)
+        with trio.fail_after(60):
+            session = await api.create_session(api.alice, ALICE)
+            task = await _start(api, session["session_id"], "ask-user")
+            [pending] = await _listed(api, "questions")
+            assert pending["routing"]["fallback"] == "wait"
+            opened = datetime.fromisoformat(pending["created_at"])
+            async with _following(api, session["session_id"]):
+                [now] = await _listed(api, "questions")
+                while "fallback" in now["routing"]:  # until the wait has seen the client
+                    await trio.sleep(0.05)
+                    [now] = await _listed(api, "questions")
+                assert datetime.fromisoformat(now["expires_at"]) - opened == timedelta(seconds=60)
+                await trio.sleep(3.5)  # past the shorter deadline: the question is still pending
+                [still] = await _listed(api, "questions")
+                assert still["question_id"] == pending["question_id"]
+                r = await api.client.post(f"/v1/questions/{pending['question_id']}", headers=api.auth(api.alice),
+                                          json={"answers": {"colour": "red", "name": "Widget"}})
+                assert r.status_code == 200, r.text
+                assert (await api.ended(api.alice, task["task_id"]))["state"] == "completed"
