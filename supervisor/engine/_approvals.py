@@ -210,7 +210,10 @@ class ApprovalBroker:
 
     async def _escalate(self, run: TaskRun, record: ApprovalRecord) -> None:
         """Record ``approval.escalated`` (once: its wait calls this once) if the approval is still pending."""
-        if self._append is None or (await self.store.get_approval(record.approval_id)).state != ApprovalState.PENDING:
+        if self._append is None:
+            return
+        record = await self.store.get_approval(record.approval_id)  # its deadline as it is now (it may have moved)
+        if record.state != ApprovalState.PENDING:
             return
         escalated = ApprovalEscalated(approval_id=record.approval_id, tool_call_id=record.tool_call_id,
                                       tool_name=record.tool_name, expires_at=record.expires_at,

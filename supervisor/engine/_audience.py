@@ -205,12 +205,14 @@ async def await_answer(audience: Audience, namespace: str, kind: str, routed: Ro
         deadline = start + routed.timeout_s
         if now >= deadline:
             break
+        reached = False
         with trio.move_on_at(deadline if escalate_at is None else min(deadline, escalate_at)):
             if routed.fallback is Unattended.WAIT:
-                if await audience.reachable_before(namespace, kind, decided):
-                    routed, escalate_at = await answerable(), None
+                reached = await audience.reachable_before(namespace, kind, decided)
             else:
                 await decided.wait()
+        if reached:  # outside the deadline's scope: the new deadline is stored even if the old one is now
+            routed, escalate_at = await answerable(), None
     return routed
 
 

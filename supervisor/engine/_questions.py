@@ -234,7 +234,8 @@ class QuestionBroker:
 
     async def _escalate(self, run: TaskRun, record: QuestionRecord) -> None:
         """Record ``question.escalated`` (once: its wait calls this once) if the question is still pending."""
-        if (await self.store.get_question(record.question_id)).state != QuestionState.PENDING:
+        record = await self.store.get_question(record.question_id)  # its deadline as it is now (it may have moved)
+        if record.state != QuestionState.PENDING:
             return
         escalated = QuestionEscalated(question_id=record.question_id, expires_at=record.expires_at,
                                       pending_s=max(0.0, (utc_now() - record.created_at).total_seconds()))

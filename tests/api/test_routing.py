@@ -238,7 +238,7 @@ async def test_codesdk_approvals_says_who_could_answer(make_engine: MakeEngine, 
 
 async def test_someone_attaching_late_gives_the_request_its_whole_timeout(make_engine: MakeEngine,
                                                                           tmp_path: Path) -> None:
-    policy = RoutingPolicy(Unattended.WAIT, unattended_wait_s=3.0, attach_grace_s=0.1)
+    policy = RoutingPolicy(Unattended.WAIT, unattended_wait_s=3.0, escalate_after_s=4.0, attach_grace_s=0.1)
     async with _served(make_engine, tmp_path, policy) as api:
         api.engine.approvals.timeout_s = 6.0
         with trio.fail_after(60):
@@ -259,7 +259,10 @@ async def test_someone_attaching_late_gives_the_request_its_whole_timeout(make_e
             [expired] = await _listed(api, "approvals", "expired")
             assert expired["decision_reason"] == "no decision within 6 s"  # someone could: the whole timeout
             assert datetime.fromisoformat(expired["expires_at"]) - opened == timedelta(seconds=6)
-            await _events(api, session["session_id"])
+            events = await _events(api, session["session_id"])
+            # escalated once, by the whole timeout's route (the shorter one ended before it was due), saying so
+            [escalated] = [e for e in events if e["type"] == "approval.escalated"]
+            assert escalated["payload"]["expires_at"] == expired["expires_at"]
 
 
 async def test_a_console_polling_counts_for_every_namespace_of_its_admin(make_engine: MakeEngine,
