@@ -566,11 +566,14 @@ class Routing(Answer):
     or a webhook taking its ``*.requested`` kind there."""
     streams: int = 0
     """Event streams following its namespace on this supervisor now."""
+    consoles: int = 0
+    """Web consoles active now (polled within the last 30 s) whose token may see its namespace, on this supervisor."""
     webhook: bool = False
     """A webhook in its namespace takes its ``approval.requested`` / ``question.requested``."""
     fallback: UnattendedFallback | None = None
     """The operator's fallback that applied when it opened because nobody could answer then (``wait``: its
-    ``expires_at`` is the shorter deadline); None: someone could, or routing is off."""
+    ``expires_at`` is the shorter deadline until someone can answer, then its whole timeout again and this None);
+    None: someone could, or routing is off."""
     escalates_at: datetime | None = None
     """When it is escalated (``approval.escalated`` / ``question.escalated``) if still pending; None: never."""
 

@@ -444,6 +444,14 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
     cookie authenticates as the token that logged in)."""
     drain = drain or StreamDrain()
     console = console if console is not None else ConsoleSessions()
+
+    def consoles_on(namespace: str) -> int:
+        """Active console sessions whose token (still valid) may see ``namespace``: someone who can answer."""
+        principals = (auth.authenticate_hash(session.token_sha256) for session in console.active())
+        return sum(1 for p in principals if p is not None and not p.metrics and p.can_access(namespace))
+
+    engine.audience.console_source = consoles_on
+    console.on_seen = engine.audience.noticed
     metrics = _Metrics(engine)
     engine.observers.add(metrics.tasks)
     store = engine.store

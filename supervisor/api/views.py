@@ -106,8 +106,9 @@ _TOKENS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_to
 def routing_answer(audience: Audience, namespace: str, kind: str, route: Route | None) -> api.Routing:
     """Who could answer a pending request now (``route``: how it was routed when it opened, if it waits here)."""
     streams, webhook = audience.streams(namespace), audience.webhook_takes(namespace, kind)
-    own = route is not None and route.own
-    return api.Routing(answerable=own or streams > 0 or webhook, streams=streams, webhook=webhook,
+    consoles, own = audience.consoles(namespace), route is not None and route.own
+    return api.Routing(answerable=own or streams > 0 or consoles > 0 or webhook, streams=streams, consoles=consoles,
+                       webhook=webhook,
                        fallback=api.UnattendedFallback(route.fallback.value) if route and route.fallback else None,
                        escalates_at=route.escalates_at if route is not None else None)
 

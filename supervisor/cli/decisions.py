@@ -94,20 +94,23 @@ def _needs_service(args: argparse.Namespace) -> None:
                        "CODESDK_URL) to reach it. `codesdk run` asks on its own terminal instead")
 
 
-def routing_note(routing: api.Routing | None, expires_at: datetime) -> str:
-    """Who could answer a pending request, in a few words (nothing for a settled one)."""
+def routing_note(routing: api.Routing | None, expires_at: datetime, now: datetime | None = None) -> str:
+    """Who could answer a pending request, in a few words (nothing for a settled one); ``now``: when it is shown."""
     if routing is None:
         return ""
     if routing.answerable:
         who = [f"{routing.streams} client(s) following" if routing.streams else "",
+               f"{routing.consoles} console(s) open" if routing.consoles else "",
                "a webhook" if routing.webhook else ""]
         note = f"  [answerable: {' and '.join(w for w in who if w) or 'its task asks its own approver'}"
     else:
-        note = "  [nobody can answer: attach a client (an event stream of the namespace) or register a webhook"
+        note = "  [nobody can answer: attach a client (an event stream of the namespace, or the console) or " \
+               "register a webhook"
     if routing.fallback is not None:
         note += f"; fallback {routing.fallback.value}, expires {_clock(expires_at)}"
-    if routing.escalates_at is not None:
-        note += f"; escalates {_clock(routing.escalates_at)}"
+    if routing.escalates_at is not None:  # a pending request is escalated when the time comes, then stays so
+        done = routing.escalates_at <= (now or datetime.now(UTC))
+        note += f"; {'escalated' if done else 'escalates'} {_clock(routing.escalates_at)}"
     return note + "]"
 
 

@@ -4,6 +4,10 @@ A login exchanges a token for a console session: a random id the browser holds i
 token the page holds in memory and sends back as ``X-CSRF-Token`` on every request that changes something. The
 session keeps only the token's hash: each request authenticates the hash again, so a revoked or rotated token ends
 its console sessions at once, and a console session is never more than its token is (docs/console.md).
+
+An open console polls what is waiting every ``POLL_S`` (its script's ``POLL_MS``), on every page: a console session
+seen within ``ACTIVE_S`` is someone who can answer the approvals and questions of the namespaces its token may see
+(docs/operations.md, "Approval routing").
 """
 
 from __future__ import annotations
@@ -21,6 +25,11 @@ CSRF_HEADER = "x-csrf-token"
 LIFETIME_S = 8 * 3600.0
 #: … and this long after its last request.
 IDLE_S = 3600.0
+#: How often an open console asks what is waiting (app.js ``POLL_MS``) …
+POLL_S = 10.0
+#: … and how recently a console session must have been seen to count as someone watching: three polls, so that a
+#: late poll (a busy browser, a slow network) does not drop it.
+ACTIVE_S = 3 * POLL_S
 #: Console sessions one token may hold at once; a new login past it ends that token's oldest.
 PER_TOKEN = 16
 #: Console sessions of all tokens at once (a bound on memory: only a valid token logs in).
@@ -72,6 +81,8 @@ class ConsoleSessions:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._sessions: dict[str, ConsoleSession] = {}
+        #: Called when a session is used (a login or a request): the service wakes waits for someone to answer.
+        self.on_seen: Callable[[], None] | None = None
 
     def open(self, token_sha256: str) -> ConsoleSession:
         now = self._clock()
@@ -84,6 +95,7 @@ class ConsoleSessions:
             del self._sessions[min(self._sessions.values(), key=lambda s: s.last_used).session_id]
         session = ConsoleSession(secrets.token_urlsafe(32), token_sha256, secrets.token_urlsafe(32), now, now)
         self._sessions[session.session_id] = session
+        self._seen()
         return session
 
     def find(self, session_id: str | None) -> ConsoleSession | None:
@@ -98,11 +110,21 @@ class ConsoleSessions:
             del self._sessions[session_id]
             return None
         session.last_used = now
+        self._seen()
         return session
+
+    def active(self, within_s: float = ACTIVE_S) -> list[ConsoleSession]:
+        """The live sessions used within the last ``within_s`` seconds (an open console polls)."""
+        now = self._clock()
+        return [s for s in self._sessions.values() if now - s.last_used < within_s and now < s.expires_at()]
 
     def close(self, session_id: str | None) -> None:
         if session_id:
             self._sessions.pop(session_id, None)
+
+    def _seen(self) -> None:
+        if self.on_seen is not None:
+            self.on_seen()
 
     def _expire(self, now: float) -> None:
         for session_id in [s.session_id for s in self._sessions.values() if now >= s.expires_at()]:

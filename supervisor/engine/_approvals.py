@@ -33,6 +33,8 @@ from ._audience import (
     Route,
     RoutingPolicy,
     Unattended,
+    await_answer,
+    expiry_reason,
     nobody_reason,
     route,
 )
@@ -94,9 +96,14 @@ class ApprovalBroker:
             answerable = await self.audience.wait_reachable(run.namespace, APPROVAL_KIND, self.routing.attach_grace_s)
         now = utc_now()
         routed = route(self.routing, answerable, self.timeout_s, now, own=own)
-        record = await self._create(run, request, routed.timeout_s, now)
-        self._asked[record.approval_id] = _Asked(request, runs_here)
-        self._routes[record.approval_id] = routed
+        approval_id = new_id("apr")
+        self._routes[approval_id] = routed  # before it is listed: a listing shows its routing
+        try:
+            record = await self._create(run, request, approval_id, routed.timeout_s, now)
+        except BaseException:
+            self._routes.pop(approval_id, None)
+            raise
+        self._asked[approval_id] = _Asked(request, runs_here)
         return record
 
     def route_of(self, approval_id: str) -> Route | None:
@@ -140,11 +147,11 @@ class ApprovalBroker:
                 raise DecisionRefused(f"input.{loc}" if loc and loc != "<input>" else "input",
                                       f"the edited input is not valid for {tool}: {first.get('msg')}")
 
-    async def _create(self, run: TaskRun, request: ApprovalRequest, timeout_s: float,
+    async def _create(self, run: TaskRun, request: ApprovalRequest, approval_id: str, timeout_s: float,
                       now: datetime) -> ApprovalRecord:
         identity = request.identity
         return await self.store.create_approval(ApprovalRecord(
-            approval_id=new_id("apr"), session_id=run.session_id, task_id=run.task_id,
+            approval_id=approval_id, session_id=run.session_id, task_id=run.task_id,
             namespace=run.namespace, tool_call_id=identity.tool_call_id if identity else "",
             attempt=identity.attempt if identity else 1, tool_name=request.tool_name,
             tool_class=request.tool_class.value, input=dict(request.input), reason=request.reason,
@@ -171,19 +178,15 @@ class ApprovalBroker:
                                           state=ApprovalState.DENIED)
                 outcome = closed.state.value
                 return closed
-            with trio.move_on_after(routed.timeout_s):
-                if run.approver is None:
-                    if (delay := routed.escalate_in(utc_now())) is not None:
-                        with trio.move_on_after(delay):
-                            await decided.wait()
-                        if not decided.is_set():  # escalated here, in the wait: always stored before the decision
-                            await self._escalate(run, record)
-                    await decided.wait()
-                else:
+            if run.approver is None:
+                routed = await await_answer(self.audience, run.namespace, APPROVAL_KIND, routed, decided,
+                                            answerable=lambda: self._answerable(record),
+                                            escalate=lambda: self._escalate(run, record))
+            else:
+                with trio.move_on_after(routed.timeout_s):
                     await self._ask_approver(run.approver, approval_id, request)
-            why = f"no decision within {routed.timeout_s:.0f} s"
-            if routed.fallback is Unattended.WAIT and self.routing is not None:
-                why += f" ({nobody_reason(run.namespace, APPROVAL_KIND, self.routing)} when it was asked)"
+            why = expiry_reason(f"no decision within {routed.timeout_s:.0f} s", routed, self.audience,
+                                run.namespace, APPROVAL_KIND, self.routing)
             closed = await self.close(approval_id, why)
             outcome = closed.state.value
             return closed
@@ -197,9 +200,20 @@ class ApprovalBroker:
             self._asked.pop(approval_id, None)
             self._routes.pop(approval_id, None)
 
+    async def _answerable(self, record: ApprovalRecord) -> Route:
+        """Someone can answer an approval nobody could when it opened: its whole timeout, from when it opened."""
+        routed = route(self.routing, True, self.timeout_s, record.created_at)
+        await self.store.extend_approval(record.approval_id,
+                                         record.created_at + timedelta(seconds=routed.timeout_s))
+        self._routes[record.approval_id] = routed  # after the store: a listing never shows the old deadline
+        return routed
+
     async def _escalate(self, run: TaskRun, record: ApprovalRecord) -> None:
         """Record ``approval.escalated`` (once: its wait calls this once) if the approval is still pending."""
-        if self._append is None or (await self.store.get_approval(record.approval_id)).state != ApprovalState.PENDING:
+        if self._append is None:
+            return
+        record = await self.store.get_approval(record.approval_id)  # its deadline as it is now (it may have moved)
+        if record.state != ApprovalState.PENDING:
             return
         escalated = ApprovalEscalated(approval_id=record.approval_id, tool_call_id=record.tool_call_id,
                                       tool_name=record.tool_name, expires_at=record.expires_at,

@@ -1,12 +1,13 @@
 """Who can answer an approval or a question, and what happens when nobody can.
 
 An approval or a question waits for a person. Someone can answer one in a namespace when a client is attached (an
-open SSE event stream of one of the namespace's sessions, counted by the API's stream handlers), when its task has
-its own approver or answerer (a terminal, an embedding app), or when a webhook takes ``approval.requested`` (or
-``question.requested``) there. When nobody can, waiting the whole timeout only holds a worker for nobody: the
-operator's ``RoutingPolicy`` applies at once — deny (decline) with a reason that says what to attach or register,
-or wait with a shorter deadline. A request still pending ``escalate_after_s`` after it opened is escalated once
-(``approval.escalated`` / ``question.escalated``) so that a second target hears of it.
+open SSE event stream of one of the namespace's sessions, counted by the API's stream handlers), when a web console
+that may see the namespace is active (it polls; the API counts it), when its task has its own approver or answerer
+(a terminal, an embedding app), or when a webhook takes ``approval.requested`` (or ``question.requested``) there.
+When nobody can, waiting the whole timeout only holds a worker for nobody: the operator's ``RoutingPolicy`` applies
+at once — deny (decline) with a reason that says what to attach or register, or wait with a shorter deadline, which
+becomes the whole timeout again as soon as someone can answer. A request still pending ``escalate_after_s`` after it
+opened is escalated once (``approval.escalated`` / ``question.escalated``) so that a second target hears of it.
 
 The count is this process's: a client attached to another supervisor sharing the store is not seen here.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -23,10 +24,15 @@ from enum import StrEnum
 
 import trio
 
+from codesdk.protocol import utc_now
+
 log = logging.getLogger("codesdk.supervisor.audience")
 
 #: Whether a webhook in a namespace takes a kind of event (``WebhookRegistry.accepts``): cheap and synchronous.
 WebhookSource = Callable[[str, str], bool]
+
+#: Web consoles active now that may see a namespace (the API's console sessions): cheap and synchronous.
+ConsoleSource = Callable[[str], int]
 
 #: The kinds a webhook would be told of a request by.
 APPROVAL_KIND, QUESTION_KIND = "approval.requested", "question.requested"
@@ -35,6 +41,11 @@ APPROVAL_KIND, QUESTION_KIND = "approval.requested", "question.requested"
 def nobody(namespace: str, kind: str) -> bool:
     """The webhook source of a supervisor without webhooks."""
     return False
+
+
+def no_consoles(namespace: str) -> int:
+    """The console source of a supervisor that serves no console."""
+    return 0
 
 
 class Unattended(StrEnum):
@@ -52,6 +63,8 @@ SERVICE_UNATTENDED, SERVICE_UNATTENDED_WAIT_S = Unattended.WAIT, 120.0
 #: has just started the task opens its stream a moment later (an approval looks before it is stored; a question,
 #: recorded in its runtime's order without waiting, only before it is declined by ``deny``).
 ATTACH_GRACE_S = 5.0
+#: How often a wait for someone to answer looks again at what wakes nobody: a webhook registered meanwhile.
+RECHECK_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,11 +85,12 @@ class RoutingPolicy:
 
 
 class Audience:
-    """The clients attached per namespace, and the webhook source (``webhooks``, replaceable: the service sets
-    its registry's ``accepts``)."""
+    """The clients attached per namespace, the webhook source (``webhooks``, replaceable: the service sets its
+    registry's ``accepts``) and the console source (``console_source``: the API sets its console sessions')."""
 
-    def __init__(self, webhooks: WebhookSource = nobody) -> None:
+    def __init__(self, webhooks: WebhookSource = nobody, console_source: ConsoleSource = no_consoles) -> None:
         self.webhooks = webhooks
+        self.console_source = console_source
         self._streams: dict[str, int] = {}
         self._changed = trio.Event()
 
@@ -97,6 +111,17 @@ class Audience:
     def streams(self, namespace: str) -> int:
         return self._streams.get(namespace, 0)
 
+    def consoles(self, namespace: str) -> int:
+        try:
+            return int(self.console_source(namespace))
+        except Exception:  # as a broken webhook source: nobody, never a failed request
+            log.exception("the console source failed for %s", namespace)
+            return 0
+
+    def noticed(self) -> None:
+        """Someone may have become able to answer (a console was seen): waits for someone look again."""
+        self._wake()
+
     def webhook_takes(self, namespace: str, kind: str) -> bool:
         try:
             return bool(self.webhooks(namespace, kind))
@@ -106,16 +131,38 @@ class Audience:
 
     def reachable(self, namespace: str, kind: str) -> bool:
         """Someone attached or registered could answer a request of ``kind`` in ``namespace``."""
-        return self.streams(namespace) > 0 or self.webhook_takes(namespace, kind)
+        return self.streams(namespace) > 0 or self.consoles(namespace) > 0 or self.webhook_takes(namespace, kind)
 
     async def wait_reachable(self, namespace: str, kind: str, limit_s: float) -> bool:
         """Whether someone can answer within ``limit_s`` (a client attaching meanwhile counts)."""
         with trio.move_on_after(limit_s):
-            while not self.reachable(namespace, kind):
-                changed = self._changed
-                await changed.wait()
+            await self._until_reachable(namespace, kind)
             return True
         return self.reachable(namespace, kind)
+
+    async def reachable_before(self, namespace: str, kind: str, done: trio.Event) -> bool:
+        """Wait until someone can answer (True) or ``done`` is set (False), whichever is first."""
+        reached = False
+        async with trio.open_nursery() as racing:
+            async def until_reachable() -> None:
+                nonlocal reached
+                await self._until_reachable(namespace, kind)
+                reached = True
+                racing.cancel_scope.cancel()
+
+            async def until_done() -> None:
+                await done.wait()
+                racing.cancel_scope.cancel()
+
+            racing.start_soon(until_reachable)
+            racing.start_soon(until_done)
+        return reached and not done.is_set()
+
+    async def _until_reachable(self, namespace: str, kind: str) -> None:
+        while not self.reachable(namespace, kind):
+            changed = self._changed
+            with trio.move_on_after(RECHECK_S):
+                await changed.wait()
 
     def _wake(self) -> None:
         self._changed.set()
@@ -138,6 +185,37 @@ class Route:
         return None if self.escalates_at is None else max(0.0, (self.escalates_at - now).total_seconds())
 
 
+async def await_answer(audience: Audience, namespace: str, kind: str, routed: Route, decided: trio.Event, *,
+                       answerable: Callable[[], Awaitable[Route]],
+                       escalate: Callable[[], Awaitable[None]]) -> Route:
+    """Wait for ``decided`` until the route's deadline (counted from now), escalating once when due. A request
+    nobody could answer (fallback ``wait``) watches for someone who can: then ``answerable()`` gives it its whole
+    timeout (and stores its new deadline), so that it waits as if someone could from the start. The route that
+    applied at the end: its fallback is still ``wait`` only if nobody could answer all along."""
+    start = trio.current_time()
+    escalated, escalate_at = False, None
+    while not decided.is_set():
+        if escalate_at is None and not escalated and (due := routed.escalate_in(utc_now())) is not None:
+            escalate_at = trio.current_time() + due
+        now = trio.current_time()
+        if escalate_at is not None and now >= escalate_at:
+            await escalate()  # in the wait: always stored before the decision
+            escalated, escalate_at = True, None
+            continue
+        deadline = start + routed.timeout_s
+        if now >= deadline:
+            break
+        reached = False
+        with trio.move_on_at(deadline if escalate_at is None else min(deadline, escalate_at)):
+            if routed.fallback is Unattended.WAIT:
+                reached = await audience.reachable_before(namespace, kind, decided)
+            else:
+                await decided.wait()
+        if reached:  # outside the deadline's scope: the new deadline is stored even if the old one is now
+            routed, escalate_at = await answerable(), None
+    return routed
+
+
 def route(policy: RoutingPolicy | None, answerable: bool, timeout_s: float, now: datetime, *,
           own: bool = False) -> Route:
     """The route of a request opening ``now`` that would wait ``timeout_s``; without a policy, as before: it waits
@@ -158,11 +236,20 @@ def route(policy: RoutingPolicy | None, answerable: bool, timeout_s: float, now:
 NOBODY_COULD_ANSWER = "nobody could answer"
 
 
+def expiry_reason(waited: str, routed: Route, audience: Audience, namespace: str, kind: str,
+                  policy: RoutingPolicy | None) -> str:
+    """Why a request expired, true when written: nobody could answer it only if nobody could, all along and now."""
+    if routed.fallback is Unattended.WAIT and policy is not None and not audience.reachable(namespace, kind):
+        return f"{waited} ({nobody_reason(namespace, kind, policy)})"
+    return waited
+
+
 def nobody_reason(namespace: str, kind: str, policy: RoutingPolicy) -> str:
     """Why a request was refused or cut short: nobody could answer, and what would let someone."""
     what = "approval" if kind == APPROVAL_KIND else "question"
     now = f"wait {policy.unattended_wait_s:g} s" if policy.unattended is Unattended.WAIT else "deny"
     return (f"{NOBODY_COULD_ANSWER} this {what}: no client was following namespace {namespace!r} (an open event "
-            f"stream of one of its sessions: `codesdk run`, `codesdk events --follow`, a UI) and no webhook there "
+            f"stream of one of its sessions: `codesdk run`, `codesdk events --follow`, a UI; or the web console "
+            f"open on it) and no webhook there "
             f"takes {kind}; follow the session before the task asks, or register a webhook for {kind} "
             f"(the operator's `serve --unattended` is {now})")

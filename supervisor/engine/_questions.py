@@ -46,7 +46,17 @@ from codesdk.worker.client import WorkerError
 
 from ..ids import new_id
 from ..store import EventDraft, QuestionRecord, QuestionSettled, Recorder
-from ._audience import QUESTION_KIND, Audience, Route, RoutingPolicy, Unattended, nobody_reason, route
+from ._audience import (
+    QUESTION_KIND,
+    Audience,
+    Route,
+    RoutingPolicy,
+    Unattended,
+    await_answer,
+    expiry_reason,
+    nobody_reason,
+    route,
+)
 from ._recorder import RunRecorder
 from ._runs import PendingEvent, TaskRun
 
@@ -136,17 +146,22 @@ class QuestionBroker:
         requested = asked.model_copy(update={"question_id": question_id,
                                              "expires_at": now + timedelta(seconds=routed.timeout_s)})
         assert requested.expires_at is not None
-        record = await self.store.create_question(QuestionRecord(
-            question_id=question_id, session_id=run.session_id, task_id=run.task_id, namespace=run.namespace,
-            ask_id=ask_id, request=requested, state=QuestionState.PENDING, created_at=now,
-            expires_at=requested.expires_at))
+        self._routes[question_id] = routed  # before it is listed: a listing shows its routing
+        try:
+            record = await self.store.create_question(QuestionRecord(
+                question_id=question_id, session_id=run.session_id, task_id=run.task_id, namespace=run.namespace,
+                ask_id=ask_id, request=requested, state=QuestionState.PENDING, created_at=now,
+                expires_at=requested.expires_at))
+        except BaseException:
+            self._routes.pop(question_id, None)
+            raise
         if not await self.recorder.append(run, [PendingEvent(EventType.QUESTION_REQUESTED, requested)]) \
                 or run.tools_nursery is None:
+            self._routes.pop(question_id, None)
             await self._settle(record, QuestionState.DECLINED, AnsweredVia.TASK_END, BY_CODESDK, {},
                                "the task ended before the question was asked")
             return
         self._open[run.task_id] = self._open.get(run.task_id, 0) + 1
-        self._routes[question_id] = routed
         run.tools_nursery.start_soon(self._wait, run, record, name=f"question:{question_id}")
 
     def route_of(self, question_id: str) -> Route | None:
@@ -173,15 +188,12 @@ class QuestionBroker:
                                                      BY_CODESDK, {}, nobody_reason(run.namespace, QUESTION_KIND,
                                                                                    self.routing))
                 if current.state == QuestionState.PENDING:
-                    with trio.move_on_after(routed.timeout_s):
-                        if run.answerer is None:
-                            if (delay := routed.escalate_in(utc_now())) is not None:
-                                with trio.move_on_after(delay):
-                                    await decided.wait()
-                                if not decided.is_set():  # escalated in the wait: stored before the answer
-                                    await self._escalate(run, record)
-                            await decided.wait()
-                        else:
+                    if run.answerer is None:
+                        routed = await await_answer(self.audience, run.namespace, QUESTION_KIND, routed, decided,
+                                                    answerable=lambda: self._answerable(record),
+                                                    escalate=lambda: self._escalate(run, record))
+                    else:
+                        with trio.move_on_after(routed.timeout_s):
                             await self._ask_answerer(run.answerer, current)
                     current = await self.store.get_question(question_id)
                 if current.state == QuestionState.PENDING:
@@ -211,18 +223,27 @@ class QuestionBroker:
             await self._settle(record, QuestionState.DECLINED, AnsweredVia.USER, BY_ANSWERER, {},
                                f"answering failed: {type(exc).__name__}: {exc}")
 
+    async def _answerable(self, record: QuestionRecord) -> Route:
+        """Someone can answer a question nobody could when it was asked: its whole timeout, from when it was
+        asked."""
+        routed = route(self.routing, True, self.policy.timeout_s, record.created_at)
+        await self.store.extend_question(record.question_id,
+                                         record.created_at + timedelta(seconds=routed.timeout_s))
+        self._routes[record.question_id] = routed  # after the store: a listing never shows the old deadline
+        return routed
+
     async def _escalate(self, run: TaskRun, record: QuestionRecord) -> None:
         """Record ``question.escalated`` (once: its wait calls this once) if the question is still pending."""
-        if (await self.store.get_question(record.question_id)).state != QuestionState.PENDING:
+        record = await self.store.get_question(record.question_id)  # its deadline as it is now (it may have moved)
+        if record.state != QuestionState.PENDING:
             return
         escalated = QuestionEscalated(question_id=record.question_id, expires_at=record.expires_at,
                                       pending_s=max(0.0, (utc_now() - record.created_at).total_seconds()))
         await self.recorder.append(run, [PendingEvent(EventType.QUESTION_ESCALATED, escalated)])
 
     async def _fall_back(self, record: QuestionRecord, routed: Route) -> QuestionRecord:
-        waited = f"no answer within {routed.timeout_s:.0f} s"
-        if routed.fallback is Unattended.WAIT and self.routing is not None:
-            waited += f" ({nobody_reason(record.namespace, QUESTION_KIND, self.routing)} when it was asked)"
+        waited = expiry_reason(f"no answer within {routed.timeout_s:.0f} s", routed, self.audience,
+                               record.namespace, QUESTION_KIND, self.routing)
         questions = record.request.questions
         if self.policy.fallback == QuestionFallback.DEFAULT:
             answers = default_answers(questions)

@@ -120,6 +120,13 @@ def settle_question(conn: Db, question_id: str, state: QuestionState, via: Answe
     return select_question(conn, question_id)
 
 
+def extend_question(conn: Db, question_id: str, expires_at: datetime) -> QuestionRecord:
+    """A pending question's deadline moved (routing gave it its whole timeout once someone could answer it); a
+    settled one is left as it is."""
+    conn.execute("UPDATE questions SET expires_at = ? WHERE question_id = ? AND state = ?",
+                 (to_text(expires_at), question_id, QuestionState.PENDING.value))
+    return select_question(conn, question_id)
+
 #: The table, for SQLite (``_schema``) and PostgreSQL (``_pg_schema``, with its ``rowid`` identity column).
 QUESTIONS_TABLE = """
         CREATE TABLE questions (

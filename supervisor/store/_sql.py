@@ -12,6 +12,7 @@ import json
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, cast
 
 from codesdk.protocol import (
@@ -768,6 +769,13 @@ def decide_approval(conn: Db, approval_id: str, state: ApprovalState, decided_by
         raise ApprovalDecided(approval_id, select_approval(conn, approval_id).state)  # or UnknownApproval
     return select_approval(conn, approval_id)
 
+
+def extend_approval(conn: Db, approval_id: str, expires_at: datetime) -> ApprovalRecord:
+    """A pending approval's deadline moved (routing gave it its whole timeout once someone could answer it); a
+    decided one is left as it is."""
+    conn.execute("UPDATE approvals SET expires_at = ? WHERE approval_id = ? AND state = ?",
+                 (to_text(expires_at), approval_id, ApprovalState.PENDING.value))
+    return select_approval(conn, approval_id)
 
 # --- budgets --------------------------------------------------------------------------------------
 

@@ -434,6 +434,11 @@ class EventStore(Recorder):
         return await self._write(f"deciding approval {approval_id!r}", partial(
             _sql.decide_approval, approval_id=approval_id, state=state, decided_by=decided_by, reason=reason))
 
+    async def extend_approval(self, approval_id: str, expires_at: datetime) -> ApprovalRecord:
+        """Move a pending approval's ``expires_at`` (a decided one is returned as it is)."""
+        return await self._write(f"extending approval {approval_id!r}", partial(
+            _sql.extend_approval, approval_id=approval_id, expires_at=expires_at))
+
     async def get_approval(self, approval_id: str) -> ApprovalRecord:
         return await self._read(f"reading approval {approval_id!r}", partial(_sql.select_approval,
                                                                              approval_id=approval_id))
@@ -453,6 +458,11 @@ class EventStore(Recorder):
         return await self._write(f"answering question {question_id!r}", partial(
             _questions.settle_question, question_id=question_id, state=state, via=via, by=by, answers=answers,
             reason=reason))
+
+    async def extend_question(self, question_id: str, expires_at: datetime) -> QuestionRecord:
+        """Move a pending question's ``expires_at`` (a settled one is returned as it is)."""
+        return await self._write(f"extending question {question_id!r}", partial(
+            _questions.extend_question, question_id=question_id, expires_at=expires_at))
 
     async def get_question(self, question_id: str) -> QuestionRecord:
         return await self._read(f"reading question {question_id!r}",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +15,10 @@ import trio
 
 from codesdk import AsyncClient
 from codesdk.protocol import NormalizedEvent
-from codesdk.supervisor.cli.decisions import cmd_approvals
+from codesdk.protocol.api import Routing
+from codesdk.supervisor.cli.decisions import cmd_approvals, routing_note
 from codesdk.supervisor.cli.front import build_parser
-from codesdk.supervisor.engine import APPROVAL_KIND, RoutingPolicy, Unattended
+from codesdk.supervisor.engine import APPROVAL_KIND, QuestionPolicy, RoutingPolicy, Unattended
 from codesdk.testing.invariants import check_session
 
 from tests.api.conftest import Api, serve_test_api
@@ -108,6 +109,7 @@ async def test_nobody_following_waits_only_the_shorter_deadline(make_engine: Mak
             assert (await api.ended(api.alice, task["task_id"]))["state"] == "completed"
             [expired] = await _listed(api, "approvals", "expired")
             assert expired["decision_reason"].startswith("no decision within 1 s (nobody could answer")
+            assert expired["expires_at"] == pending["expires_at"]  # nobody came: the shorter deadline held
             await _events(api, session["session_id"])
 
 
@@ -120,7 +122,7 @@ async def test_a_followed_namespace_waits_and_a_decision_completes_the_task(make
             async with _following(api, session["session_id"]):
                 task = await _start(api, session["session_id"])
                 [pending] = await _listed(api, "approvals")
-                assert pending["routing"] == {"answerable": True, "streams": 1, "webhook": False}
+                assert pending["routing"] == {"answerable": True, "streams": 1, "consoles": 0, "webhook": False}
                 r = await api.client.post(f"/v1/approvals/{pending['approval_id']}", headers=api.auth(api.alice),
                                           json={"allow": True})
                 assert r.status_code == 200 and r.json()["state"] == "approved", r.text
@@ -166,7 +168,7 @@ async def test_a_webhook_taking_the_kind_counts_as_someone(make_engine: MakeEngi
             session = await api.create_session(api.alice, ALICE)
             task = await _start(api, session["session_id"])
             [pending] = await _listed(api, "approvals")
-            assert pending["routing"] == {"answerable": True, "streams": 0, "webhook": True}
+            assert pending["routing"] == {"answerable": True, "streams": 0, "consoles": 0, "webhook": True}
             assert (ALICE, APPROVAL_KIND) in asked
             async with AsyncClient(socket=api.socket, token=api.alice) as client:  # the typed answer has it too
                 [typed] = await client.approvals()
@@ -227,7 +229,109 @@ async def test_codesdk_approvals_says_who_could_answer(make_engine: MakeEngine, 
             expires = datetime.fromisoformat(pending["expires_at"]).strftime("%H:%M:%SZ")
             escalates = datetime.fromisoformat(pending["routing"]["escalates_at"]).strftime("%H:%M:%SZ")
             assert line.startswith(pending["approval_id"])
-            assert (f"[nobody can answer: attach a client (an event stream of the namespace) or register a webhook; "
+            assert (f"[nobody can answer: attach a client (an event stream of the namespace, or the console) or "
+                    f"register a webhook; "
                     f"fallback wait, expires {expires}; escalates {escalates}]") in line
             await api.client.post(f"/v1/tasks/{task['task_id']}/stop", headers=api.auth(api.alice), json={})
             await api.ended(api.alice, task["task_id"])
+
+
+async def test_someone_attaching_late_gives_the_request_its_whole_timeout(make_engine: MakeEngine,
+                                                                          tmp_path: Path) -> None:
+    policy = RoutingPolicy(Unattended.WAIT, unattended_wait_s=3.0, escalate_after_s=4.0, attach_grace_s=0.1)
+    async with _served(make_engine, tmp_path, policy) as api:
+        api.engine.approvals.timeout_s = 6.0
+        with trio.fail_after(60):
+            session = await api.create_session(api.alice, ALICE)
+            task = await _start(api, session["session_id"])
+            [pending] = await _listed(api, "approvals")
+            assert pending["routing"]["fallback"] == "wait"  # nobody when it opened: the shorter deadline
+            opened = datetime.fromisoformat(pending["created_at"])
+            assert datetime.fromisoformat(pending["expires_at"]) - opened == timedelta(seconds=3)
+            async with _following(api, session["session_id"]):
+                [now] = await _listed(api, "approvals")
+                # until the wait has seen the client (the stored deadline and the routing are read one by one)
+                while "fallback" in now["routing"] or datetime.fromisoformat(now["expires_at"]) - opened != \
+                        timedelta(seconds=6):
+                    await trio.sleep(0.05)
+                    [now] = await _listed(api, "approvals")
+                assert now["routing"]["answerable"] and now["routing"]["streams"] == 1
+                assert datetime.fromisoformat(now["expires_at"]) - opened == timedelta(seconds=6)  # stored too
+                assert (await api.ended(api.alice, task["task_id"]))["state"] == "completed"
+            [expired] = await _listed(api, "approvals", "expired")
+            assert expired["decision_reason"] == "no decision within 6 s"  # someone could: the whole timeout
+            assert datetime.fromisoformat(expired["expires_at"]) - opened == timedelta(seconds=6)
+            events = await _events(api, session["session_id"])
+            # escalated once, by the whole timeout's route (the shorter one ended before it was due), saying so
+            [escalated] = [e for e in events if e["type"] == "approval.escalated"]
+            assert escalated["payload"]["expires_at"] == expired["expires_at"]
+
+
+async def test_a_console_polling_counts_for_every_namespace_of_its_admin(make_engine: MakeEngine,
+                                                                        tmp_path: Path) -> None:
+    policy = RoutingPolicy(Unattended.DENY, attach_grace_s=0.1)
+    async with _served(make_engine, tmp_path, policy) as api:
+        with trio.fail_after(60):
+            login = await api.client.post("/console/session", json={"token": api.admin})
+            assert login.status_code == 201, login.text
+            csrf = login.json()["csrf_token"]
+            polled = await api.client.get("/v1/approvals")  # the console's poll, by its cookie alone
+            assert polled.status_code == 200
+            assert api.engine.audience.consoles(ALICE) == api.engine.audience.consoles("user:bob") == 1
+            session = await api.create_session(api.alice, ALICE)
+            task = await _start(api, session["session_id"])
+            [pending] = await _listed(api, "approvals")
+            assert pending["state"] == "pending"  # not denied: the admin's console is open
+            assert pending["routing"] == {"answerable": True, "streams": 0, "consoles": 1, "webhook": False}
+            r = await api.client.post(f"/v1/approvals/{pending['approval_id']}", json={"allow": True},
+                                      headers={"X-CSRF-Token": csrf})
+            assert r.status_code == 200 and r.json()["state"] == "approved", r.text
+            assert (await api.ended(api.alice, task["task_id"]))["state"] == "completed"
+            assert (await api.client.delete("/console/session", headers={"X-CSRF-Token": csrf})).status_code == 204
+            assert api.engine.audience.consoles(ALICE) == 0  # logged out: nobody
+
+
+async def test_a_tenants_console_counts_only_for_its_namespace(make_engine: MakeEngine, tmp_path: Path) -> None:
+    async with _served(make_engine, tmp_path, RoutingPolicy(Unattended.DENY)) as api:
+        login = await api.client.post("/console/session", json={"token": api.bob})
+        assert login.status_code == 201, login.text
+        assert api.engine.audience.consoles("user:bob") == 1 and api.engine.audience.consoles(ALICE) == 0
+        assert not api.engine.audience.reachable(ALICE, APPROVAL_KIND)
+        api.tokens.revoke("bob")
+        assert api.engine.audience.consoles("user:bob") == 0  # its token revoked: its console is nobody
+
+
+def test_the_cli_says_escalated_once_it_was() -> None:
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    routing = Routing(answerable=True, streams=1, escalates_at=at)
+    assert routing_note(routing, at, now=at - timedelta(seconds=1)).endswith("; escalates 03:04:05Z]")
+    assert routing_note(routing, at, now=at).endswith("; escalated 03:04:05Z]")
+    assert "1 console(s) open" in routing_note(Routing(answerable=True, consoles=1), at, now=at)
+
+
+async def test_a_question_someone_can_answer_later_gets_its_whole_timeout(make_engine: MakeEngine,
+                                                                          tmp_path: Path) -> None:
+    policy = RoutingPolicy(Unattended.WAIT, unattended_wait_s=3.0, attach_grace_s=0.1)
+    async with _served(make_engine, tmp_path, policy) as api:
+        api.engine.questions.policy = QuestionPolicy(timeout_s=60)
+        with trio.fail_after(60):
+            session = await api.create_session(api.alice, ALICE)
+            task = await _start(api, session["session_id"], "ask-user")
+            [pending] = await _listed(api, "questions")
+            assert pending["routing"]["fallback"] == "wait"
+            opened = datetime.fromisoformat(pending["created_at"])
+            async with _following(api, session["session_id"]):
+                [now] = await _listed(api, "questions")
+                # until the wait has seen the client (the stored deadline and the routing are read one by one)
+                while "fallback" in now["routing"] or datetime.fromisoformat(now["expires_at"]) - opened != \
+                        timedelta(seconds=60):
+                    await trio.sleep(0.05)
+                    [now] = await _listed(api, "questions")
+                assert datetime.fromisoformat(now["expires_at"]) - opened == timedelta(seconds=60)
+                await trio.sleep(3.5)  # past the shorter deadline: the question is still pending
+                [still] = await _listed(api, "questions")
+                assert still["question_id"] == pending["question_id"]
+                r = await api.client.post(f"/v1/questions/{pending['question_id']}", headers=api.auth(api.alice),
+                                          json={"answers": {"colour": "red", "name": "Widget"}})
+                assert r.status_code == 200, r.text
+                assert (await api.ended(api.alice, task["task_id"]))["state"] == "completed"

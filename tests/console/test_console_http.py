@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from starlette.requests import Request
 
 from codesdk.supervisor.api._console import cross_site
-from codesdk.supervisor.console import CSP, IDLE_S, LIFETIME_S, PER_TOKEN, ConsoleSessions
+from codesdk.supervisor.console import ACTIVE_S, CSP, IDLE_S, LIFETIME_S, PER_TOKEN, POLL_S, ConsoleSessions
 
 from tests.api.conftest import Api
 
@@ -218,3 +218,33 @@ def test_only_the_servers_own_origin_passes(origin: str) -> None:
 def test_a_browser_saying_another_site_is_refused(site: str) -> None:
     why = cross_site(_request({"host": "127.0.0.1:8700", "sec-fetch-site": site}))
     assert (why is None) == (site in ("same-origin", "none"))
+
+
+def test_a_console_session_is_active_while_it_polls() -> None:
+    now = [1000.0]
+    sessions = ConsoleSessions(clock=lambda: now[0])
+    seen: list[float] = []
+    sessions.on_seen = lambda: seen.append(now[0])
+    polling = sessions.open("a" * 64)
+    idle = sessions.open("b" * 64)
+    assert {s.session_id for s in sessions.active()} == {polling.session_id, idle.session_id}
+    for _ in range(10):  # the console's poll, for a while
+        now[0] += POLL_S
+        assert sessions.find(polling.session_id) is polling
+    assert [s.session_id for s in sessions.active()] == [polling.session_id]  # the other one stopped polling
+    assert len(seen) == 12  # each login and poll told the service someone may be there
+    sessions.close(polling.session_id)
+    assert sessions.active() == []
+    late = sessions.open("c" * 64)
+    now[0] += ACTIVE_S
+    assert sessions.active() == [] and sessions.find(late.session_id) is late  # idle a while: live, not watching
+
+
+async def test_a_polling_console_is_someone_for_its_namespaces(api: Api) -> None:
+    cookie, csrf = await _login(api, api.alice)
+    assert (await api.client.get("/v1/approvals", headers=_cookie(cookie))).status_code == 200
+    assert api.engine.audience.consoles("user:alice") == 1 and api.engine.audience.consoles("user:bob") == 0
+    r = await api.client.delete("/console/session", headers={**_cookie(cookie), "X-CSRF-Token": csrf,
+                                                             "Origin": ORIGIN})
+    assert r.status_code == 204
+    assert api.engine.audience.consoles("user:alice") == 0

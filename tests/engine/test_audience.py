@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 from codesdk.supervisor.engine import APPROVAL_KIND, QUESTION_KIND, Audience, RoutingPolicy, Unattended
-from codesdk.supervisor.engine._audience import route
+from codesdk.supervisor.engine._audience import Route, await_answer, expiry_reason, route
 
 _NOW = datetime(2026, 11, 29, 12, tzinfo=UTC)
 
@@ -98,3 +98,86 @@ def test_someone_to_answer_waits_the_whole_timeout() -> None:
 def test_a_policy_refuses_seconds_that_are_not_seconds(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         RoutingPolicy(**{field: value})  # type: ignore[arg-type]
+
+
+def test_the_console_source_counts_and_a_failing_one_is_nobody() -> None:
+    audience = Audience(console_source=lambda namespace: 2 if namespace == "ns" else 0)
+    assert audience.consoles("ns") == 2 and audience.reachable("ns", QUESTION_KIND)
+    assert audience.consoles("other") == 0 and not audience.reachable("other", APPROVAL_KIND)
+
+    def broken(namespace: str) -> int:
+        raise RuntimeError("the console sessions are gone")
+
+    assert not Audience(console_source=broken).reachable("ns", APPROVAL_KIND)
+
+
+async def test_a_console_seen_wakes_a_wait_and_a_decision_ends_it(autojump_clock: trio.testing.MockClock) -> None:
+    seen: set[str] = set()
+    audience = Audience(console_source=lambda namespace: int(namespace in seen))
+    decided = trio.Event()
+    found: list[bool] = []
+    async with trio.open_nursery() as nursery:
+        async def wait() -> None:
+            found.append(await audience.reachable_before("ns", APPROVAL_KIND, decided))
+        nursery.start_soon(wait)
+        await trio.sleep(5)
+        assert not found
+        seen.add("ns")
+        audience.noticed()
+    assert found == [True]
+    seen.clear()
+    decided.set()
+    assert not await audience.reachable_before("ns", APPROVAL_KIND, decided)
+
+
+async def test_a_wait_nobody_could_answer_gets_the_whole_timeout_once_someone_can(
+        autojump_clock: trio.testing.MockClock) -> None:
+    policy = RoutingPolicy(Unattended.WAIT, unattended_wait_s=10, escalate_after_s=5)
+    audience = Audience()
+    short = route(policy, False, 100, _NOW)
+    assert short.fallback is Unattended.WAIT and short.timeout_s == 10
+    escalated: list[float] = []
+    rerouted: list[float] = []
+
+    async def answerable() -> Route:
+        rerouted.append(trio.current_time())
+        return route(policy, True, 100, _NOW)
+
+    async def escalate() -> None:
+        escalated.append(trio.current_time())
+
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        async def attach_later() -> None:
+            await trio.sleep(7)
+            with audience.attached("ns"):
+                await trio.sleep_forever()
+        nursery.start_soon(attach_later)
+        final = await await_answer(audience, "ns", APPROVAL_KIND, short, trio.Event(), answerable=answerable,
+                                   escalate=escalate)
+        nursery.cancel_scope.cancel()
+    assert final.fallback is None and final.timeout_s == 100
+    assert [t - start for t in rerouted] == [7]
+    assert len(escalated) == 1  # once, however the route changed
+    assert trio.current_time() - start == 100  # the whole timeout, from when it opened
+
+
+async def test_a_wait_nobody_came_to_keeps_the_shorter_deadline(autojump_clock: trio.testing.MockClock) -> None:
+    policy = RoutingPolicy(Unattended.WAIT, unattended_wait_s=10)
+    audience = Audience()
+
+    async def never() -> Route:
+        raise AssertionError("nobody came")
+
+    async def no_escalation() -> None:
+        raise AssertionError("no escalation was asked for")
+
+    start = trio.current_time()
+    final = await await_answer(audience, "ns", APPROVAL_KIND, route(policy, False, 100, _NOW), trio.Event(),
+                               answerable=never, escalate=no_escalation)
+    assert final.fallback is Unattended.WAIT and trio.current_time() - start == 10
+    assert expiry_reason("no decision within 10 s", final, audience, "ns", APPROVAL_KIND, policy).startswith(
+        "no decision within 10 s (nobody could answer")
+    with audience.attached("ns"):  # someone there when it is written: not said to be nobody
+        assert expiry_reason("no decision within 10 s", final, audience, "ns", APPROVAL_KIND, policy) == \
+            "no decision within 10 s"

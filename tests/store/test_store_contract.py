@@ -412,6 +412,27 @@ async def test_approvals_are_decided_exactly_once(recorder: Recorder) -> None:
             await recorder.decide_approval("nope", ApprovalState.DENIED, "approver", "")
 
 
+async def test_a_pending_requests_deadline_moves_and_a_settled_ones_does_not(recorder: Recorder) -> None:
+    with trio.fail_after(10):
+        await recorder.create_session("s1", runtime="scripted")
+        await recorder.create_task("s1", "t1", state=TaskState.RUNNING)
+        approval = await recorder.create_approval(_approval("a1"))
+        later = approval.created_at + timedelta(minutes=15)
+        assert (await recorder.extend_approval("a1", later)).expires_at == later
+        assert (await recorder.get_approval("a1")).expires_at == later
+        await recorder.decide_approval("a1", ApprovalState.EXPIRED, "codesdk", "no decision")
+        assert (await recorder.extend_approval("a1", later + timedelta(hours=1))).expires_at == later
+        question = await recorder.create_question(_question("q1"))
+        assert (await recorder.extend_question("q1", later)).expires_at == later
+        await recorder.settle_question("q1", QuestionState.DECLINED, AnsweredVia.FALLBACK, "codesdk", {}, "none")
+        assert (await recorder.extend_question("q1", later + timedelta(hours=1))).expires_at == later
+        assert question.expires_at != later
+        with pytest.raises(UnknownApproval):
+            await recorder.extend_approval("nope", later)
+        with pytest.raises(UnknownQuestion):
+            await recorder.extend_question("nope", later)
+
+
 def _question(question_id: str, namespace: str = "default") -> QuestionRecord:
     now = utc_now()
     request = QuestionRequested(question_id=question_id, source=QuestionSource.SCRIPTED, questions=(

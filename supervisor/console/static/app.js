@@ -3,7 +3,10 @@
 // request that changes something carries the session's CSRF token. Text from the API is only ever set as text
 // (textContent), never parsed as HTML.
 
-const state = { who: null, csrf: null, stream: null, refresh: null };
+const state = { who: null, csrf: null, stream: null, refresh: null, poll: null, waiting: "" };
+// How often an open console asks what is waiting, on every page (supervisor/console POLL_S): while it does, the
+// supervisor counts it as someone who can answer its namespaces' approvals and questions (docs/console.md).
+const POLL_MS = 10_000;
 
 // -- small DOM helpers --------------------------------------------------------------------------------------
 
@@ -102,10 +105,12 @@ function loggedIn(who) {
   document.getElementById("logout").hidden = false;
   const scope = who.principal.admin ? "admin" : who.principal.namespaces.join(", ");
   document.getElementById("who").textContent = `${who.principal.name} (${scope})`;
+  startPolling();
 }
 
 function loggedOut(message) {
   closeStream();
+  stopPolling();
   state.who = null;
   state.csrf = null;
   document.body.classList.remove("admin");
@@ -452,6 +457,41 @@ const EVENT_TYPES = ["session.created", "task.started", "model.input", "runtime.
   "tool.output.delta", "tool.output.completed", "tool.call.completed", "usage.reported", "task.completed",
   "task.failed", "task.stopped", "model.input.appended", "question.requested", "question.answered",
   "budget.reached", "budget.raised", "grant.created", "grant.revoked", "approval.escalated", "question.escalated"];
+
+// -- what is waiting, polled ----------------------------------------------------------------------------------
+
+function startPolling() {
+  stopPolling();
+  state.poll = setInterval(pollWaiting, POLL_MS);
+  pollWaiting();
+}
+
+function stopPolling() {
+  if (state.poll) clearInterval(state.poll);
+  state.poll = null;
+  state.waiting = "";
+}
+
+// The count of what is waiting, in the nav and the tab's title; the pending page redrawn when that changed (not
+// otherwise: an answer being typed is kept).
+async function pollWaiting() {
+  let approvals, questions;
+  try {
+    [approvals, questions] = await Promise.all([api("GET", "/v1/approvals"), api("GET", "/v1/questions")]);
+  } catch {
+    return;  // logged out (api() showed the login) or unreachable: the next poll tries again
+  }
+  if (!state.who) return;
+  const ids = [...approvals.approvals.map((a) => a.approval_id), ...questions.questions.map((q) => q.question_id)];
+  const link = document.querySelector('#nav a[href="#/pending"]');
+  if (link) link.textContent = ids.length ? `Pending (${ids.length})` : "Pending";
+  document.title = ids.length ? `(${ids.length}) CodeSDK console` : "CodeSDK console";
+  const key = ids.join(" ");
+  if (key === state.waiting) return;
+  state.waiting = key;
+  const box = document.getElementById("pending");
+  if (box && document.body.dataset.page === "pending") pendingInto(box, null);
+}
 
 async function pendingPage() {
   const box = h("div", { id: "pending" });
