@@ -174,7 +174,7 @@ def _webhooks_for_real(b: Browser, receiver: Receiver) -> None:
     """The webhooks page against the service's own webhooks: add an endpoint for every namespace (its secret shown
     once, the request carrying the CSRF header), send it a test, see the delivery delivered and its attempt; the
     receiver got it signed with the secret the page showed."""
-    from playwright.sync_api import expect
+    from playwright.sync_api import Dialog, expect
 
     page = b.page
     page.goto(f"{b.origin}/console/#/webhooks")
@@ -184,6 +184,8 @@ def _webhooks_for_real(b: Browser, receiver: Receiver) -> None:
     page.click("#webhook-add button")
     expect(page.locator("#secret .secret")).to_contain_text("whsec_")
     secret = page.locator("#secret .secret").inner_text().strip()
+    assert not page.evaluate("[...document.getElementById('main').childNodes]"
+                             ".some((n) => n.nodeType === Node.TEXT_NODE && n.textContent.trim() === 'null')")
     row = page.locator("#webhooks tbody tr").filter(has_text=receiver.url)
     expect(row).to_contain_text("every namespace")
     row.locator("button", has_text="Send test").click()
@@ -200,6 +202,22 @@ def _webhooks_for_real(b: Browser, receiver: Receiver) -> None:
     delivered.locator("button", has_text="Attempts").click()
     expect(page.locator("#deliveries .card")).to_contain_text("204")
     b.shot("webhooks-delivered")
+    # a second rotation within the first's overlap is refused; accepting the prompt ends that overlap instead
+    asked: list[str] = []
+
+    def accept(dialog: Dialog) -> None:
+        asked.append(dialog.message)
+        dialog.accept()
+
+    page.on("dialog", accept)
+    secrets = [secret]
+    for _ in range(2):
+        row.locator("button", has_text="Rotate secret").click()
+        shown = page.locator("#secret .secret")
+        expect(shown).not_to_have_text(secrets[-1])
+        expect(page.locator("#secret")).to_contain_text("New secret of")
+        secrets.append(shown.inner_text().strip())
+    assert len(set(secrets)) == 3 and len(asked) == 1 and "End that overlap now?" in asked[0]
 
 
 async def test_a_tenant_watches_decides_and_stops_in_a_browser(make_engine: MakeEngine, tmp_path: Path) -> None:

@@ -40,9 +40,10 @@ function when(value) {
   return date.toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
 }
 
+// Replace the page's content; a part left out (null, undefined, false) is nothing, not the text "null".
 function show(...nodes) {
   const main = document.getElementById("main");
-  main.replaceChildren(...nodes);
+  main.replaceChildren(...nodes.filter((node) => node !== undefined && node !== null && node !== false));
 }
 
 function notice(text, error = false) {
@@ -634,7 +635,17 @@ async function webhooksPage(shown) {
             if (await attempt("Test", () => api("POST", `${path(w)}/test`))) showDeliveries(w, "");
           } }, "Send test"), " ",
           h("button", { type: "button", onclick: async () => {
-            const rotated = await attempt("Rotate", () => api("POST", `${path(w)}/rotate`));
+            let rotated;
+            try {
+              rotated = await api("POST", `${path(w)}/rotate`);
+            } catch (error) {
+              // A rotation while the previous one's overlap runs is refused: the operator may end that overlap now.
+              if (error.code !== "rotation_overlaps" || !confirm(`${error.message}\n\nEnd that overlap now?`)) {
+                notice(`Rotate: ${error.message}`, true);
+                return;
+              }
+              rotated = await attempt("Rotate", () => api("POST", `${path(w)}/rotate`, { end_overlap: true }));
+            }
             const until = when(rotated && rotated.previous_valid_until);
             if (rotated) webhooksPage(secretBox(`New secret of ${w.id} (the old one works until ${until})`, rotated.secret));
           } }, "Rotate secret"), " ",
