@@ -591,6 +591,10 @@ class _Calls:
                      idempotency_key=_key(key))
 
     @staticmethod
+    def me() -> _Call[api.Me]:
+        return _Call("GET", "/v1/me", api.Me.model_validate)
+
+    @staticmethod
     def namespaces() -> _Call[list[api.NamespaceInfo]]:
         return _Call("GET", "/v1/namespaces",
                      lambda answer: list(api.NamespaceList.model_validate(answer).namespaces))
@@ -918,6 +922,10 @@ class AsyncClient:
                     decline: bool = False, reason: str = "") -> api.AskedQuestion:
         """Answer the question a ``question.requested`` event (from ``stream``/``run``) asks."""
         return await self.answer_question(_question_id(event), answers, decline=decline, reason=reason)
+
+    async def me(self) -> api.Me:
+        """Who this token is: its name, whether it is the admin, and the namespaces a tenant's is bound to."""
+        return await self._send(_Calls.me())
 
     async def namespaces(self) -> list[api.NamespaceInfo]:
         """The namespaces this token sees, with their session counts (the admin: every one)."""
@@ -1379,6 +1387,9 @@ class Client:
               reason: str = "") -> api.AskedQuestion:
         """Answer the question a ``question.requested`` event asks."""
         return self.answer_question(_question_id(event), answers, decline=decline, reason=reason)
+
+    def me(self) -> api.Me:
+        return self._send(_Calls.me())
 
     def namespaces(self) -> list[api.NamespaceInfo]:
         return self._send(_Calls.namespaces())

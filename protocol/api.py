@@ -669,6 +669,17 @@ class NamespaceList(Answer):
     namespaces: tuple[NamespaceInfo, ...]
 
 
+class Me(Answer):
+    """Who the token is: what a client needs to choose a namespace without guessing (a tenant's only one; the
+    admin's ``default``)."""
+    #: the token's name (unique per namespace)
+    name: str
+    #: the admin: every namespace, the operator's routes
+    admin: bool
+    #: the namespaces a tenant's token is bound to (none for the admin: it may use any)
+    namespaces: tuple[str, ...]
+
+
 class LoginState(EnsureLoginResult):
     """A runtime's login in a namespace: what an operator must do so it can run there."""
     model_config = ConfigDict(extra="ignore", use_attribute_docstrings=True)

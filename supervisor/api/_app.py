@@ -759,6 +759,12 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         return _answer(request, api.NamespaceList(namespaces=tuple(
             api.NamespaceInfo(namespace=n, sessions=counts[n]) for n in sorted(counts))))
 
+    async def me(request: Request) -> Response:
+        principal = principal_of(request)
+        _query(request, api.NoQuery)
+        return _answer(request, api.Me(name=principal.name, admin=principal.admin,
+                                       namespaces=tuple(sorted(principal.namespaces))))
+
     def require_admin(request: Request, what: str) -> None:
         if not principal_of(request).admin:
             raise ApiError(403, "forbidden", f"{what} needs the admin token")
@@ -1363,7 +1369,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         "listApprovals": list_approvals, "decideApproval": decide_approval, "listQuestions": list_questions,
         "getQuestion": get_question, "answerQuestion": answer_question, "listRuntimes": list_runtimes,
         "decideApprovals": decide_approvals, "listGrants": list_grants, "revokeGrant": revoke_grant,
-        "listNamespaces": list_namespaces, "getLoginState": auth_status, "getRuntimeEnv": runtime_env, "listWorkers": list_workers,
+        "getMe": me, "listNamespaces": list_namespaces, "getLoginState": auth_status, "getRuntimeEnv": runtime_env, "listWorkers": list_workers,
         "liftQuarantine": lift_quarantine, "getNamespaceEnv": list_env, "updateNamespaceEnv": update_env,
         "getNamespaceEgress": get_egress, "setNamespaceEgress": set_egress,
         "getSessionBudget": get_session_budget, "setSessionBudget": set_session_budget,

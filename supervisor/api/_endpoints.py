@@ -203,6 +203,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("GET", "/v1/runtimes", "listRuntimes",
              "The runtimes a namespace's worker can host (default: the token's own namespace)", "runtimes",
              Access.TOKEN, api.RuntimeList, query=api.RuntimesQuery, errors=(404, 421)),
+    Endpoint("GET", "/v1/me", "getMe", "Who the token is: its name, whether it is the admin, its namespaces",
+             "namespaces", Access.TOKEN, api.Me, query=api.NoQuery),
     Endpoint("GET", "/v1/namespaces", "listNamespaces", "The namespaces the token sees, with session counts",
              "namespaces", Access.TOKEN, api.NamespaceList, query=api.NoQuery),
     Endpoint("GET", f"{_NAMESPACE}/auth/{{runtime}}", "getLoginState", "A runtime's login state in a namespace",

@@ -16,7 +16,7 @@ from typing import IO, Any
 
 import trio
 
-from codesdk.client import ApiError, AsyncClient, Forbidden
+from codesdk.client import ApiError, AsyncClient
 from codesdk.protocol import (
     BudgetLimits,
     TERMINAL_EVENT_TYPES,
@@ -81,16 +81,12 @@ async def namespace_to_use(client: AsyncClient, named: str | None) -> str:
     tenant's token bound to several."""
     if named:
         return named
-    seen = sorted(row.namespace for row in await client.namespaces())
-    if not seen:
+    me = await client.me()
+    if me.admin or not me.namespaces:
         return DEFAULT_NAMESPACE
-    try:
-        await client.workers()  # the admin's alone: its namespaces are every tenant's, none of them its own
-    except Forbidden:
-        if len(seen) > 1:
-            raise NamespaceUnnamed(seen) from None
-        return seen[0]
-    return DEFAULT_NAMESPACE
+    if len(me.namespaces) > 1:
+        raise NamespaceUnnamed(list(me.namespaces))
+    return me.namespaces[0]
 
 
 def _printer() -> EventPrinter:

@@ -253,6 +253,8 @@ async def test_every_answer_of_every_operation_matches_the_schema_the_document_d
 
         assert (await c.get("/v1/runtimes", headers=alice)).status_code == 200
         assert (await c.get("/v1/runtimes?namespace=user:bob", headers=alice)).status_code == 404
+        assert (await c.get("/v1/me", headers=alice)).json() == {"name": "alice", "admin": False,
+                                                                 "namespaces": ["user:alice"]}
         assert (await c.get("/v1/namespaces", headers=alice)).status_code == 200
         assert (await c.get("/v1/namespaces?x=1", headers=alice)).status_code == 422
         assert (await c.get("/v1/namespaces/user:alice/auth/claude", headers=alice)).status_code == 200
