@@ -267,7 +267,7 @@ class ApprovalEscalated(Model):
     approval_id: str
     tool_call_id: str
     tool_name: str
-    pending_s: float = Field(ge=0, allow_inf_nan=False)
+    pending_s: float = Field(ge=0, le=1e9, allow_inf_nan=False)  # finite: JSON has no infinity
     expires_at: datetime
 
 

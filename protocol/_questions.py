@@ -148,7 +148,7 @@ class QuestionEscalated(Model):
     to ``question.escalated``) is told. The question still settles at ``expires_at``."""
 
     question_id: str
-    pending_s: float = Field(ge=0, allow_inf_nan=False)
+    pending_s: float = Field(ge=0, le=1e9, allow_inf_nan=False)  # finite: JSON has no infinity
     expires_at: datetime
 
 
