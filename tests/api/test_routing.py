@@ -49,6 +49,17 @@ async def _listed(api: Api, what: str, state: str = "pending") -> list[dict[str,
     return list(rows)
 
 
+async def _given_whole_timeout(api: Api, what: str, opened: datetime, seconds: float) -> dict[str, Any]:
+    """The one pending approval or question once the wait has seen someone who can answer: no fallback in its
+    routing and its stored deadline moved to ``seconds`` after it opened (the two are read one by one)."""
+    while True:
+        [now] = await _listed(api, what)
+        if "fallback" not in now["routing"] and \
+                datetime.fromisoformat(now["expires_at"]) - opened == timedelta(seconds=seconds):
+            return now
+        await trio.sleep(0.05)
+
+
 async def _events(api: Api, session_id: str) -> list[dict[str, Any]]:
     r = await api.client.get(f"/v1/sessions/{session_id}/events", headers=api.auth(api.alice))
     events = list(r.json()["events"])
@@ -249,12 +260,7 @@ async def test_someone_attaching_late_gives_the_request_its_whole_timeout(make_e
             opened = datetime.fromisoformat(pending["created_at"])
             assert datetime.fromisoformat(pending["expires_at"]) - opened == timedelta(seconds=3)
             async with _following(api, session["session_id"]):
-                [now] = await _listed(api, "approvals")
-                # until the wait has seen the client (the stored deadline and the routing are read one by one)
-                while "fallback" in now["routing"] or datetime.fromisoformat(now["expires_at"]) - opened != \
-                        timedelta(seconds=6):
-                    await trio.sleep(0.05)
-                    [now] = await _listed(api, "approvals")
+                now = await _given_whole_timeout(api, "approvals", opened, 6)
                 assert now["routing"]["answerable"] and now["routing"]["streams"] == 1
                 assert datetime.fromisoformat(now["expires_at"]) - opened == timedelta(seconds=6)  # stored too
                 assert (await api.ended(api.alice, task["task_id"]))["state"] == "completed"
@@ -321,12 +327,7 @@ async def test_a_question_someone_can_answer_later_gets_its_whole_timeout(make_e
             assert pending["routing"]["fallback"] == "wait"
             opened = datetime.fromisoformat(pending["created_at"])
             async with _following(api, session["session_id"]):
-                [now] = await _listed(api, "questions")
-                # until the wait has seen the client (the stored deadline and the routing are read one by one)
-                while "fallback" in now["routing"] or datetime.fromisoformat(now["expires_at"]) - opened != \
-                        timedelta(seconds=60):
-                    await trio.sleep(0.05)
-                    [now] = await _listed(api, "questions")
+                now = await _given_whole_timeout(api, "questions", opened, 60)
                 assert datetime.fromisoformat(now["expires_at"]) - opened == timedelta(seconds=60)
                 await trio.sleep(3.5)  # past the shorter deadline: the question is still pending
                 [still] = await _listed(api, "questions")
