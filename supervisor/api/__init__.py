@@ -15,8 +15,13 @@ Usage::
 """
 
 from ..config import ADMIN_TOKEN_FILE
-from ._auth import TOKENS_FILE, Principal, TokenAuth, TokenFileInvalid, TokenNameTaken, TokenNotFound, hash_token
+from ._auth import (TOKENS_FILE, Principal, TokenAuth, TokenEntry, TokenFileInvalid, TokenNameTaken, TokenNotFound,
+                    TokensNotMoved, hash_token, open_token_auth)
+from ._token_store import (REREAD_S, STALE_AFTER_S, FileTokenStore, MovedTokens, PostgresTokenStore, TokenStore,
+                           move_tokens, read_token_file)
 from .limits import ApiLimits
 
-__all__ = ["ADMIN_TOKEN_FILE", "TOKENS_FILE", "ApiLimits", "Principal", "TokenAuth", "TokenFileInvalid", "TokenNameTaken",
-           "TokenNotFound", "hash_token"]
+__all__ = ["ADMIN_TOKEN_FILE", "REREAD_S", "STALE_AFTER_S", "TOKENS_FILE", "ApiLimits", "FileTokenStore",
+           "MovedTokens", "PostgresTokenStore", "Principal", "TokenAuth", "TokenEntry", "TokenFileInvalid", "TokenNameTaken",
+           "TokenNotFound", "TokenStore", "TokensNotMoved", "hash_token", "move_tokens", "open_token_auth",
+           "read_token_file"]

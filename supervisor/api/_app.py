@@ -8,6 +8,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -88,7 +89,7 @@ from ..store import (
     UnknownSession,
     UnknownTask,
 )
-from ._auth import Principal, TokenAuth, TokenNameTaken
+from ._auth import Principal, TokenAuth, TokenFileInvalid, TokenNameTaken, TokenNotFound
 from ._console import ConsoleRefused, console_routes, cookie_principal
 from ..console import COOKIE, ConsoleSessions
 from ._endpoints import ENDPOINTS, Access, Endpoint
@@ -127,6 +128,7 @@ MAX_BODY = 1 << 20
 MAX_SEQ = api.MAX_SEQ
 DRAIN_LIMIT = 16 << 20
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 class ApiError(Exception):
@@ -800,6 +802,16 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         _query(request, api.NoQuery)
         return _answer(request, api.TokenList(tokens=tuple(token_info(i, p) for i, p in auth.records())))
 
+    async def tokens_changed(change: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A change of the token table (a file or the database: blocking, so in a thread); its refusals as
+        answers."""
+        try:
+            return await trio.to_thread.run_sync(partial(change, *args, **kwargs))
+        except TokenNotFound as exc:  # revoked elsewhere in the meantime
+            raise ApiError(404, "token_not_found", str(exc)) from exc
+        except (TokenFileInvalid, StoreError) as exc:
+            raise ApiError(503, "tokens_unavailable", f"the token table can't be changed now: {exc}") from exc
+
     async def create_token(request: Request) -> Response:
         require_admin(request, "making a token")
         body = await _body(request, api.CreateTokenRequest)
@@ -807,14 +819,14 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
             raise ApiError(422, "invalid_request", "body field 'namespaces': give the namespaces the token may use "
                                                    "(or metrics: true for a token that reads /metrics alone)")
         try:
-            secret = auth.add_principal(body.name, body.namespaces, metrics=body.metrics)
+            token_id, principal, secret = await tokens_changed(auth.issue, body.name, body.namespaces,
+                                                               metrics=body.metrics)
         except InvalidNamespace as exc:
             raise ApiError(422, "invalid_request", f"body field 'namespaces': {exc}") from exc
         except TokenNameTaken as exc:
             raise ApiError(409, "token_name_taken", str(exc)) from exc
         except ValueError as exc:
             raise ApiError(422, "invalid_request", str(exc)) from exc
-        token_id, principal = auth.records()[-1]
         audit("token.added", "api:admin", token=token_id, name=principal.name,
               namespaces=",".join(sorted(principal.namespaces)) or "-")
         return _answer(request, api.IssuedToken(token=token_info(token_id, principal), secret=secret))
@@ -823,7 +835,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         require_admin(request, "revoking a token")
         token_id = str(request.path_params["token_id"])
         tenant_token(token_id)
-        token_id, principal = auth.revoke(token_id)
+        token_id, principal = await tokens_changed(auth.revoke, token_id)
         audit("token.revoked", "api:admin", token=token_id, name=principal.name)
         return _answer(request, token_info(token_id, principal))
 
@@ -831,7 +843,7 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         require_admin(request, "rotating a token")
         token_id = str(request.path_params["token_id"])
         tenant_token(token_id)
-        token_id, principal, secret = auth.rotate(token_id)
+        token_id, principal, secret = await tokens_changed(auth.rotate, token_id)
         audit("token.rotated", "api:admin", token=token_id, name=principal.name)
         return _answer(request, api.IssuedToken(token=token_info(token_id, principal), secret=secret))
 

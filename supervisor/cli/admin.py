@@ -14,13 +14,14 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from codesdk._version import __version__
 from codesdk.protocol import PriceTable, PriceTableError, parse_price_table
 
-from ..api import ADMIN_TOKEN_FILE, ApiLimits, TokenAuth
+from ..api import ADMIN_TOKEN_FILE, ApiLimits, PostgresTokenStore, TokenAuth
 from ..bundle import BundleLimits
 from ..config import default_data_dir
 from ..engine import (
@@ -67,14 +68,17 @@ from ..namespaces import (
 from ..observe.logs import LOG_FORMATS
 from ..observe.logs import configured as logging_configured
 from ..service.assembly import SupervisorOptions
-from ..store import COMMIT_LINGER_S, LEASE_S, MAX_COMMIT_LINGER_S, QUOTA_FLAGS, Quotas, current_holder
+from ..store import (COMMIT_LINGER_S, LEASE_S, MAX_COMMIT_LINGER_S, QUOTA_FLAGS, Quotas, StoreError, check_store_url,
+                     current_holder, open_token_table)
 from ..tools import DEFAULT_EXEC_UID, check_exec_identity
 from ..workers.launch import WorkerPolicy
 from ..egress import EgressPolicy, HostPattern, IPNetwork
 from ..webhooks import WebhookOptions
+from .import_data_dir import import_parser
 from .common import (
     EXIT_USAGE,
     Parser,
+    add_store_flag,
     add_fetch_flags,
     add_question_flags,
     data_dir,
@@ -109,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     _quarantine_parser(sub)
     _namespace_parser(sub)
     _openapi_parser(sub)
+    import_parser(sub)
     return strict_values(parser)
 
 
@@ -165,12 +170,10 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                      help="seconds (sustained intensity)")
     run.add_argument("--quarantine", type=float, default=policy.quarantine_s,
                      help="seconds a quarantine lasts unless lifted")
-    run.add_argument("--store", default=os.environ.get("CODESDK_STORE") or None, metavar="URL",
-                     help="the event store: a postgresql://USER@HOST/DB URL for a database several supervisors share "
-                          "(each runs the namespaces whose leases it holds; docs/operations.md, \"Past one "
-                          "machine\"). Default: $CODESDK_STORE, else SQLite in the data dir. Keep the password out "
-                          "of the command line (ps shows it): $CODESDK_STORE from an EnvironmentFile, PGPASSWORD "
-                          "or ~/.pgpass")
+    add_store_flag(run, "the event store (and the API tokens): a postgresql://USER@HOST/DB URL for a database "
+                        "several supervisors share (each runs the namespaces whose leases it holds; "
+                        "docs/operations.md, \"Past one machine\"). Default: $CODESDK_STORE, else SQLite in the data "
+                        "dir")
     run.add_argument("--lease-s", type=_lease_s, default=LEASE_S, metavar="SECONDS",
                      help="with --store postgresql://: how long a namespace's lease outlives this supervisor's last "
                           "renewal, i.e. how soon another supervisor takes its namespaces over if it dies "
@@ -578,21 +581,48 @@ def _token_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     for cmd in (add, listing, revoke, rotate):
         cmd.add_argument("--data-dir", type=data_dir, default=None,
                          help=f"the service's data dir (default: {default_data_dir()})")
+        add_store_flag(cmd, "the tokens: those of the PostgreSQL database the services share (serve's --store) "
+                            "rather than the data dir's")
 
 
-def _token_table(args: argparse.Namespace) -> TokenAuth:
-    """The data dir's token table; a data dir that does not exist is refused, never created (a typo would
-    otherwise make a token no service reads)."""
+class _BadStoreUrl(Exception):
+    """--store is no PostgreSQL URL psycopg can read."""
+
+
+@contextmanager
+def _token_table(args: argparse.Namespace) -> Iterator[TokenAuth]:
+    """The token table: the database's with ``--store``, else the data dir's; a data dir that does not exist is
+    refused, never created (a typo would otherwise make a token no service reads)."""
+    if args.store is not None:
+        try:
+            check_store_url(args.store)
+        except StoreError as exc:
+            raise _BadStoreUrl(str(exc)) from None
+        table = open_token_table(args.store)
+        try:
+            auth = TokenAuth(store=PostgresTokenStore(table))
+            auth.reload(fail_closed=False)
+            yield auth
+        finally:
+            table.close()
+        return
     data_dir: Path = args.data_dir or default_data_dir()
     if not data_dir.is_dir():
         raise ValueError(f"the data dir {data_dir} does not exist; pass the service's --data-dir (the unit's: "
                          "/var/lib/codesdk)")
-    return TokenAuth.bootstrap(data_dir)
+    yield TokenAuth.bootstrap(data_dir)
 
 
 def _token_command(args: argparse.Namespace, act: Callable[[TokenAuth], None]) -> int:
     try:
-        act(_token_table(args))
+        with _token_table(args) as auth:
+            act(auth)
+    except _BadStoreUrl as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    except StoreError as exc:  # the database: it may come back
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:  # an invalid namespace, a name taken, no such token, a broken tokens file
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
@@ -608,7 +638,7 @@ def _token_add_command(args: argparse.Namespace) -> int:
             raise ValueError("token add needs --namespace (the namespaces the token may use), or --metrics")
         token = auth.add_principal(args.name, args.namespace or [], metrics=args.metrics)
         print(token)
-        print(f"token {args.name!r} added to {auth.path}", file=sys.stderr)
+        print(f"token {args.name!r} added to {auth.where}", file=sys.stderr)
 
     return _token_command(args, add)
 
@@ -625,7 +655,7 @@ def _token_list_command(args: argparse.Namespace) -> int:
 def _token_revoke_command(args: argparse.Namespace) -> int:
     def revoke(auth: TokenAuth) -> None:
         token_id, principal = auth.revoke(args.token)
-        print(f"token {token_id} ({principal.name}) revoked in {auth.path}", file=sys.stderr)
+        print(f"token {token_id} ({principal.name}) revoked in {auth.where}", file=sys.stderr)
 
     return _token_command(args, revoke)
 
@@ -634,7 +664,7 @@ def _token_rotate_command(args: argparse.Namespace) -> int:
     def rotate(auth: TokenAuth) -> None:
         token_id, principal, token = auth.rotate(args.token)
         print(token)
-        print(f"token {token_id} ({principal.name}) rotated in {auth.path}; the old token no longer works",
+        print(f"token {token_id} ({principal.name}) rotated in {auth.where}; the old token no longer works",
               file=sys.stderr)
 
     return _token_command(args, rotate)

@@ -416,3 +416,12 @@ async def ask_decision_on_terminal(question: str, read: LineReader = read_termin
     if answer is None:
         return False, "once", "denied: stdin is closed"
     return TERMINAL_ANSWERS.get(answer.strip().lower(), (False, "once", "denied on the terminal"))
+
+
+def add_store_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--store URL`` (default ``$CODESDK_STORE``): ``what`` says what it is for this command."""
+    import os
+
+    parser.add_argument("--store", default=os.environ.get("CODESDK_STORE") or None, metavar="URL",
+                        help=f"{what}. Keep the password out of the command line (ps shows it): $CODESDK_STORE from "
+                             "an EnvironmentFile, PGPASSWORD or ~/.pgpass")

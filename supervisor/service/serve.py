@@ -25,7 +25,7 @@ from pathlib import Path
 
 import trio
 
-from ..api import TokenAuth, TokenFileInvalid
+from ..api import TokenAuth, TokenFileInvalid, open_token_auth
 from ..api.server import StreamDrain, serve_api
 from ..engine import Engine
 from ..namespaces import DiskQuotaError, NamespaceDisks, UidRangeError, UnsafeDataDir, disk_unsupported
@@ -103,8 +103,8 @@ async def serve(options: SupervisorOptions, socket_path: Path, port: int | None,
                 otlp_endpoint: str | None = None) -> None:
     data_dir = options.data_dir
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        async with open_engine(options) as engine, _traced(engine, otlp_endpoint):
-            auth = TokenAuth.bootstrap(data_dir)
+        async with (open_engine(options) as engine, _traced(engine, otlp_endpoint),
+                    open_token_auth(data_dir, options.store) as auth):
             drain = StreamDrain()
             async with trio.open_nursery() as nursery:
                 webhooks = webhook_service(engine, options.webhooks)
@@ -195,14 +195,14 @@ LOG_LEVEL_FILE = "log-level"
 async def _reload(engine: Engine, auth: TokenAuth, data_dir: Path) -> None:
     """SIGHUP: re-read what can change without a restart, and say what it did. Never raises: a reload that
     fails in part logs the part and leaves the service serving."""
-    tokens = auth.reload()
+    tokens = await trio.to_thread.run_sync(auth.reload)
     level = _reload_log_level(data_dir)
     namespaces = sorted({str(slot["namespace"]) for slot in engine.pool.status()})  # once each, whatever its slots
     for namespace in namespaces:
         await engine.pool.env_changed(namespace)
-    said = (f"reloaded {tokens} token(s) from {auth.path}" if auth.broken is None else
-            f"the tokens file {auth.path} did NOT load (see the error above): only the admin token is valid until it "
-            "is fixed and the service reloaded")
+    said = (f"reloaded {tokens} token(s) from {auth.where}" if auth.broken is None else
+            f"the tokens of {auth.where} did NOT load (see the error above): only the admin token is valid until "
+            "they do")
     log.warning("SIGHUP: %s; log level %s; namespace variables re-read for %d running namespace(s) (idle workers "
                 "restart with them)", said, level, len(namespaces))
 

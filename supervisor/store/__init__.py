@@ -55,7 +55,7 @@ from ._errors import (
 )
 from ._leases import LEASE_S, Claim, Holder, Leases, PostgresLeases, Renewal, SoleLeases
 from ._lock import LOCK_FILENAME, DataDirBusy, DataDirLock, LockHolder, current_holder
-from ._postgres import check_store_url, is_postgres_url, open_postgres
+from ._postgres import check_store_url, is_postgres_url, open_postgres, open_token_table
 from ._quotas import QUOTA_FLAGS, QuotaExceeded, Quotas, Usage
 from ._recorder import (
     ApprovalRecords,
@@ -178,3 +178,7 @@ from ._webhooks import (AttemptRecord, DeliveryRecord, RotationOverlaps, Unknown
 
 __all__ += ["AttemptRecord", "DeliveryRecord", "RotationOverlaps", "UnknownDelivery", "UnknownWebhook",
             "WebhookRecord"]
+
+from ._tokens import TOKENS_CHANNEL, Listening, TokenRow, TokenTable
+
+__all__ += ["TOKENS_CHANNEL", "Listening", "TokenRow", "TokenTable", "open_token_table"]

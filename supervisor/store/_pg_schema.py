@@ -237,6 +237,30 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(10, "webhook endpoints, their outbox of deliveries, and each delivery's attempts",
               WEBHOOK_TABLES.format(rowid="rowid BIGINT GENERATED ALWAYS AS IDENTITY,\n            ")),
+    Migration(
+        11,
+        "API tokens (sha256 digests, never the tokens) shared by every supervisor of the database",
+        # the admin token is a row like the others (admin true); a change is announced on codesdk_tokens; the ids
+        # moved from a data dir are kept, so that moving it again never brings back a token revoked since
+        """
+        CREATE TABLE api_tokens (
+            rowid BIGINT GENERATED ALWAYS AS IDENTITY,
+            token_id TEXT PRIMARY KEY,
+            name TEXT NOT NULL CHECK (length(name) BETWEEN 1 AND 200),
+            sha256 TEXT NOT NULL CHECK (sha256 ~ '^[0-9a-f]{64}$'),
+            admin BOOLEAN NOT NULL DEFAULT false,
+            metrics BOOLEAN NOT NULL DEFAULT false,
+            namespaces TEXT[] NOT NULL DEFAULT '{}',
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            CHECK (NOT (metrics AND (admin OR cardinality(namespaces) > 0)))
+        );
+        CREATE TABLE api_token_imports (
+            token_id TEXT PRIMARY KEY,
+            imported_at TEXT NOT NULL
+        );
+        """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

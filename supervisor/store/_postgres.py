@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -35,6 +36,9 @@ from ._readers import ReaderPool, close_all
 from ._store import EventStore, lock_data_dir, running
 from ._subscribe import Hub
 from ._writer import Writer
+
+if TYPE_CHECKING:
+    from ._tokens import TokenTable
 
 
 def is_postgres_url(location: object) -> bool:
@@ -59,6 +63,21 @@ def _pg_module() -> ModuleType:
     except ImportError as exc:
         raise StoreError(f"a PostgreSQL store needs psycopg ({exc}): pip install 'codesdk[postgresql]'") from None
     return _pg
+
+
+def open_token_table(url: str) -> TokenTable:
+    """The API tokens table of the PostgreSQL database at ``url``, connected and its schema current (blocking:
+    call it from a thread in a trio program). ``StoreError`` when psycopg is missing or the database refuses."""
+    _pg_module().check_url(url)
+    from ._pg_tokens import PostgresTokenTable
+
+    table = PostgresTokenTable(url)
+    try:
+        table.open()
+    except BaseException:
+        table.close()
+        raise
+    return table
 
 
 #: Seconds an idle subscriber waits for a notice before it reads anyway. Notices wake it (and every subscriber
@@ -128,6 +147,6 @@ async def _opened(url: str, lock: DataDirLock | None, *, readers: int, max_batch
     pool = ReaderPool(list(reader_dbs))
     store = EventStore(location, writer, pool, hub, None, subscriber_buffer=subscriber_buffer,
                        page_size=page_size, upcasters=upcasters, poll_interval_s=poll_interval_s, lock=lock)
-    listener = _pg_listen.Listener(url, location, origin, hub)
+    listener = _pg_listen.Listener(url, location, [_pg_listen.events_channel(origin, hub)])
     async with running(store, writer, writer_db, pool, hub, background=[listener]):
         yield store

@@ -75,13 +75,15 @@ class Api:
 
 @asynccontextmanager
 async def serve_test_api(make_engine: MakeEngine, tmp_path: Path, limits: ApiLimits | None = None,
-                         timeout_s: float = HANG_GUARD_S, **options: Any) -> AsyncIterator[Api]:
+                         timeout_s: float = HANG_GUARD_S, tokens: TokenAuth | None = None,
+                         **options: Any) -> AsyncIterator[Api]:
     """A supervisor's API on a unix socket in ``tmp_path`` (admin, alice and bob tokens), with these limits (and
     these ``SupervisorOptions``). Its client's timeout is a hang guard, never a measure: a busy machine may take
-    long (a support bundle is built at the lowest CPU priority, and waits for idle time)."""
+    long (a support bundle is built at the lowest CPU priority, and waits for idle time). ``tokens``: the table
+    the server reads (one whose admin token is in the data dir's admin.token), else the data dir's file."""
     data_dir = tmp_path / "data"
     async with make_engine(data_dir=data_dir, **options) as engine:
-        auth = TokenAuth.bootstrap(data_dir)
+        auth = tokens or TokenAuth.bootstrap(data_dir)
         admin = (data_dir / "admin.token").read_text().strip()
         alice = auth.add_principal("alice", ["user:alice"])
         bob = auth.add_principal("bob", ["user:bob"])

@@ -1,0 +1,87 @@
+"""``codesdk-supervisor import-data-dir --store postgresql://… --data-dir D``: move what a single host kept in its
+data dir into the database several supervisors share, so that every host reads the same.
+
+Each kind of state moves on its own (``_MOVES``: the API tokens so far), every one idempotent: a second run
+moves nothing and says so. It prints what it moved, by count and id, never a secret. Exit status: 0 when
+everything is in the database, 1 when something could not be moved (said, with what to do) or the database
+failed, 2 for bad input (a URL that is not PostgreSQL's, a data dir that is not one, a file that does not parse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from ..api import PostgresTokenStore, TokenFileInvalid, move_tokens
+from ..store import StoreError, check_store_url, open_token_table
+from .common import add_store_flag, data_dir
+
+PROG = "codesdk-supervisor"
+
+
+def import_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    command = sub.add_parser("import-data-dir", help="move a data dir's API tokens into the PostgreSQL database "
+                                                     "the supervisors share (idempotent; prints no secret)")
+    command.add_argument("--data-dir", type=data_dir, required=True, help="the data dir to move from")
+    add_store_flag(command, "the PostgreSQL database to move into (serve's --store; required)")
+    command.set_defaults(run=import_command)
+
+
+class Moved:
+    """One kind of state moved: the lines that say how, and whether anything stayed behind."""
+
+    def __init__(self, lines: list[str], complete: bool) -> None:
+        self.lines = lines
+        self.complete = complete
+
+
+def _tokens(source: Path, url: str) -> Moved:
+    table = open_token_table(url)
+    try:
+        moved = move_tokens(source, PostgresTokenStore(table))
+    finally:
+        table.close()
+    return Moved(moved.lines(), not moved.refused)
+
+
+#: What is moved, in order; each takes the data dir and the database URL.
+_MOVES: tuple[Callable[[Path, str], Moved], ...] = (_tokens,)
+
+
+def import_command(args: argparse.Namespace) -> int:
+    source: Path = args.data_dir
+    if args.store is None:
+        return _refuse("import-data-dir needs --store postgresql://USER@HOST/DB (or $CODESDK_STORE): the database "
+                       "to move the data dir's state into")
+    if not source.is_dir():
+        return _refuse(f"the data dir {source} does not exist; give the one the single-host service used "
+                       "(the unit's: /var/lib/codesdk)")
+    try:
+        check_store_url(args.store)
+    except StoreError as exc:
+        return _refuse(str(exc))
+    complete = True
+    try:
+        for move in _MOVES:
+            moved = move(source, args.store)
+            for line in moved.lines:
+                print(line)
+            complete = complete and moved.complete
+    except TokenFileInvalid as exc:
+        return _refuse(f"{exc}; nothing of it was moved: fix the file and run this again")
+    except StoreError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        return _refuse(f"cannot read the data dir ({exc}); run as the service's user")
+    if not complete:
+        print(f"{PROG}: some of the data dir's state was not moved (see above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _refuse(message: str) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return 2
