@@ -36,15 +36,18 @@ pytestmark = pytest.mark.skipif(postgres_unavailable() is not None, reason=postg
 
 
 class Supervisor:
-    """One service process with a data dir of its own, on the shared store."""
+    """One service process with a data dir of its own, on the shared store. ``admin_token``: the deployment's
+    (the tokens are the database's: the first supervisor makes it, the others' operator copies it)."""
 
-    def __init__(self, data_dir: Path, store: str) -> None:
+    def __init__(self, data_dir: Path, store: str, admin_token: str | None = None) -> None:
         self.data_dir = data_dir
         self.socket = data_dir / "api.sock"
         argv = [sys.executable, "-m", "codesdk.supervisor.cli.admin", "serve", "--data-dir", str(data_dir),
                 "--enable-test-scenarios", "--store", store, "--lease-s", str(LEASE_S), "--no-worker-template"]
         self.log = data_dir.parent / f"{data_dir.name}.log"
         data_dir.mkdir(mode=0o700)
+        if admin_token is not None:
+            (data_dir / "admin.token").write_text(admin_token + "\n")
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(argv, env={**os.environ, "CODESDK_SCENARIO_DIR": SCENARIOS}, cwd=REPO,
                                             stdout=subprocess.DEVNULL, stderr=log)
@@ -122,7 +125,8 @@ def supervisors(tmp_path: Path, store: str, count: int) -> Iterator[list[Supervi
     started: list[Supervisor] = []
     try:
         for name in "abcdefgh"[:count]:
-            started.append(Supervisor(tmp_path / name, store))
+            admin = (started[0].data_dir / "admin.token").read_text().strip() if started else None
+            started.append(Supervisor(tmp_path / name, store, admin))
         yield started
     finally:
         for supervisor in started:
