@@ -15,7 +15,7 @@ from codesdk.supervisor.api import (STALE_AFTER_S, PostgresTokenStore, Principal
                                     TokenNameTaken, TokenNotFound, TokensNotMoved, hash_token, open_token_auth)
 from codesdk.supervisor.store import StoreError, open_token_table
 
-from tests.api.conftest import serve_test_api
+from tests.api.conftest import Api, serve_test_api
 from tests.conftest import MakeEngine
 from tests.waits import until
 
@@ -170,3 +170,17 @@ def test_a_database_without_tokens_is_not_started_over_a_data_dirs_tokens(postgr
         assert table.rows() == [] and (tmp_path / "admin.token").read_text() == before
     finally:
         table.close()
+
+
+async def test_a_token_change_the_table_cannot_take_is_503_and_a_token_gone_meanwhile_404(api: Api) -> None:
+    admin = {"Authorization": f"Bearer {api.admin}"}
+    alice_id = next(i for i, p in api.tokens.records() if p.name == "alice")
+    other = TokenAuth.load(api.tokens.path.parent if api.tokens.path else Path())
+    other.revoke(alice_id)  # by another process, unseen by the service until it looks
+    r = await api.client.post(f"/v1/tokens/{alice_id}/rotate", headers=admin)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "token_not_found"
+    assert api.tokens.path is not None
+    api.tokens.path.write_text('{"version": 1, "tokens": [')  # half-written: the table fails closed
+    r = await api.client.post("/v1/tokens", headers=admin, json={"name": "carol", "namespaces": ["user:carol"]})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "tokens_unavailable", r.text
+    assert "not a valid token table" in r.json()["error"]["message"]
