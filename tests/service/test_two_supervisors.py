@@ -180,6 +180,19 @@ def test_namespaces_spread_over_two_supervisors_and_each_is_followed_from_either
         assert "user:alice" in workers and "user:bob" not in workers
 
 
+def test_a_token_made_or_revoked_on_one_supervisor_is_so_on_the_other(tmp_path: Path, postgres_url: str) -> None:
+    """The tokens are the database's: what the API of A changes holds on B as soon as B hears of it."""
+    with supervisors(tmp_path, postgres_url, 2) as (a, b):
+        made = a.client.post("/v1/tokens", json={"name": "dora", "namespaces": ["user:dora"]})
+        assert made.status_code == 201, made.text
+        dora = {"Authorization": f"Bearer {made.json()['secret']}"}
+        wait_for("B to accept the token A made", lambda: b.client.get("/v1/sessions", headers=dora).status_code == 200)
+        assert a.client.delete(f"/v1/tokens/{made.json()['token']['id']}").status_code == 200
+        wait_for("B to refuse the token A revoked",
+                 lambda: b.client.get("/v1/sessions", headers=dora).status_code == 401)
+        assert a.client.get("/v1/sessions", headers=dora).status_code == 401
+
+
 def test_a_killed_supervisors_namespaces_move_to_the_other_after_the_lease_expires(
         tmp_path: Path, postgres_url: str) -> None:
     with supervisors(tmp_path, postgres_url, 2) as (a, b):
