@@ -4,6 +4,7 @@ sessions included, and a supervisor that cannot read the table fails closed for 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -184,3 +185,22 @@ async def test_a_token_change_the_table_cannot_take_is_503_and_a_token_gone_mean
     r = await api.client.post("/v1/tokens", headers=admin, json={"name": "carol", "namespaces": ["user:carol"]})
     assert r.status_code == 503 and r.json()["error"]["code"] == "tokens_unavailable", r.text
     assert "not a valid token table" in r.json()["error"]["message"]
+
+
+async def test_a_change_whose_notice_was_lost_holds_once_the_listener_is_back(
+        postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Notices sent while a supervisor's listener is away are lost: it reads the whole table when it is back."""
+    import psycopg
+
+    from codesdk.supervisor.api import _auth
+
+    from tests.store.test_store_postgres import terminate_listeners
+
+    monkeypatch.setattr(_auth, "REREAD_S", math.inf)  # no periodic read: only the reconnect can tell
+    async with open_token_auth(tmp_path / "b", postgres_url) as b:
+        _, _, alice = await trio.to_thread.run_sync(b.issue, "alice", ["user:alice"])
+        with psycopg.connect(postgres_url, autocommit=True) as conn:  # a revoke whose notice never arrives
+            conn.execute("DELETE FROM api_tokens WHERE name = 'alice'")
+        assert b.authenticate(alice) is not None  # nothing told it
+        assert await trio.to_thread.run_sync(terminate_listeners, postgres_url) >= 1
+        await until("the revoke to hold once the listener reconnected", lambda: b.authenticate(alice) is None)
