@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from codesdk._version import __version__
@@ -49,6 +50,11 @@ from ..groups import (
     parse_size,
 )
 from ..namespaces import (
+    KEY_ENV,
+    SecretKey,
+    SecretKeyError,
+    load_secret_key,
+    read_key_file,
     DiskQuota,
     DiskQuotaError,
     InvalidNamespace,
@@ -72,6 +78,7 @@ from ..tools import DEFAULT_EXEC_UID, check_exec_identity
 from ..workers.launch import WorkerPolicy
 from ..egress import EgressPolicy, HostPattern, IPNetwork
 from ..webhooks import WebhookOptions
+from .secret_key import add_secret_key_parser
 from .common import (
     EXIT_USAGE,
     Parser,
@@ -109,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     _quarantine_parser(sub)
     _namespace_parser(sub)
     _openapi_parser(sub)
+    add_secret_key_parser(sub, PROG)
     return strict_values(parser)
 
 
@@ -171,6 +179,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                           "machine\"). Default: $CODESDK_STORE, else SQLite in the data dir. Keep the password out "
                           "of the command line (ps shows it): $CODESDK_STORE from an EnvironmentFile, PGPASSWORD "
                           "or ~/.pgpass")
+    _add_secret_key_flag(run)
     run.add_argument("--lease-s", type=_lease_s, default=LEASE_S, metavar="SECONDS",
                      help="with --store postgresql://: how long a namespace's lease outlives this supervisor's last "
                           "renewal, i.e. how soon another supervisor takes its namespaces over if it dies "
@@ -456,8 +465,13 @@ def _serve_command(args: argparse.Namespace) -> int:
     if refusal is not None:
         print(f"{PROG} serve: error: {refusal}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        secret_key = _secret_key(args)
+    except SecretKeyError as exc:
+        print(f"{PROG} serve: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     with logging_configured(args.log_level, args.log_format):
-        options = _serve_options(args)
+        options = replace(_serve_options(args), secret_key=secret_key)
         socket_path: Path = args.listen or options.data_dir / "api.sock"
         try:
             run_service(options, socket_path, args.port, advertise=args.advertise or (),
@@ -525,6 +539,26 @@ def _positive_int(text: str) -> int:
 def _is_digits(text: str) -> bool:
     """ASCII digits only: ``str.isdigit`` also takes '²', which ``int`` then refuses with an unclear error."""
     return text.isascii() and text.isdigit()
+
+
+def _add_secret_key_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--secret-key-file", type=_secret_key_file, default=None, metavar="FILE",
+                        help="with --store postgresql://: the deployment's secret key (base64 of 32 bytes; make one "
+                             "with `head -c32 /dev/urandom | base64`), which namespace variables are encrypted under "
+                             f"in the database; the same on every supervisor. Default: ${KEY_ENV}")
+
+
+def _secret_key_file(text: str) -> SecretKey:
+    try:
+        return read_key_file(Path(text))
+    except SecretKeyError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _secret_key(args: argparse.Namespace) -> SecretKey | None:
+    """``--secret-key-file``'s key, else ``$CODESDK_SECRET_KEY``'s (``SecretKeyError``), else None."""
+    given: SecretKey | None = getattr(args, "secret_key_file", None)
+    return given if given is not None else load_secret_key(None)
 
 
 def _lease_s(text: str) -> float:

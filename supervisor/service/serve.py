@@ -28,7 +28,14 @@ import trio
 from ..api import TokenAuth, TokenFileInvalid
 from ..api.server import StreamDrain, serve_api
 from ..engine import Engine
-from ..namespaces import DiskQuotaError, NamespaceDisks, UidRangeError, UnsafeDataDir, disk_unsupported
+from ..namespaces import (
+    DiskQuotaError,
+    NamespaceDisks,
+    SecretKeyError,
+    UidRangeError,
+    UnsafeDataDir,
+    disk_unsupported,
+)
 from ..store import DataDirBusy, EventStore, StoreError, check_store_url
 from ..webhooks import WebhookOptions, WebhookService
 from ._sdnotify import Notifier, watchdog_interval_s
@@ -67,7 +74,7 @@ def run_service(options: SupervisorOptions, socket_path: Path, port: int | None 
         check_options(options)
         if options.store is not None:
             check_store_url(options.store)
-    except (UidRangeError, DiskQuotaError, StoreError) as exc:
+    except (UidRangeError, DiskQuotaError, StoreError, SecretKeyError) as exc:
         raise ServiceRefused(str(exc), 2) from None
     if metrics_port is not None and metrics_port == port:
         raise ServiceRefused(f"--metrics-port {metrics_port} is the API's --port too: give the metrics a port of "
