@@ -51,6 +51,10 @@ from ..groups import (
 )
 from ..namespaces import (
     KEY_ENV,
+    NamespaceState,
+    NamespaceStateUnavailable,
+    UndecryptableVariable,
+    open_namespace_state,
     SecretKey,
     SecretKeyError,
     load_secret_key,
@@ -60,11 +64,8 @@ from ..namespaces import (
     InvalidNamespace,
     Namespace,
     NamespaceBudgetError,
-    NamespaceBudgets,
     NamespaceDisks,
-    NamespaceEgress,
     NamespaceEgressError,
-    NamespaceEnv,
     NamespaceEnvError,
     UidRange,
     UidRangeError,
@@ -784,6 +785,7 @@ def _namespace_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     for cmd in (env_set, env_unset, env_list):
         cmd.set_defaults(run=_namespace_env_command)
         cmd.add_argument("--data-dir", type=data_dir, default=default_data_dir())
+        _add_shared_state_flags(cmd)
     disk = namespace_sub.add_parser("disk", help="a namespace's own disk quota (over serve's --namespace-disk)")
     disk_sub = disk.add_subparsers(dest="disk_command", required=True)
     disk_set = disk_sub.add_parser("set", help="set its quota; a larger one grows its volume when its worker next "
@@ -797,6 +799,7 @@ def _namespace_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     for cmd in (disk_set, disk_unset, disk_show):
         cmd.set_defaults(run=_namespace_disk_command)
         cmd.add_argument("--data-dir", type=data_dir, default=default_data_dir())
+        _add_shared_state_flags(cmd)
     _namespace_limits_parser(namespace_sub)
     _namespace_egress_parser(namespace_sub)
     _namespace_budget_parser(namespace_sub)
@@ -811,6 +814,7 @@ def _namespace_budget_parser(namespace_sub: argparse._SubParsersAction[argparse.
                        help="set it (0: no new task at all); without a flag: show it")
     given.add_argument("--clear", action="store_true", help="drop it: no monthly budget")
     budget.add_argument("--data-dir", type=data_dir, default=default_data_dir())
+    _add_shared_state_flags(budget)
     budget.set_defaults(run=_namespace_budget_command)
 
 
@@ -821,18 +825,31 @@ def _monthly_usd(text: str) -> float:
         raise argparse.ArgumentTypeError(f"invalid budget {text!r}: a number of USD, 0 or more") from None
 
 
+def _add_shared_state_flags(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--store", default=os.environ.get("CODESDK_STORE") or None, metavar="URL",
+                     help="the postgresql:// store the supervisors share, where the setting is kept with it (default: "
+                          "$CODESDK_STORE, else the data dir's files)")
+    _add_secret_key_flag(cmd)
+
+
+def _namespace_state(args: argparse.Namespace) -> NamespaceState:
+    """Where the namespace settings are: the data dir's files, or with --store postgresql:// the database
+    (``SecretKeyError`` without the key)."""
+    return open_namespace_state(args.data_dir, args.store, _secret_key(args))
+
+
 def _namespace_budget_command(args: argparse.Namespace) -> int:
-    """On the data dir's file directly, read at each task's start. What the namespace spent this month is the
-    service's to say (``GET /v1/namespaces/{ns}/budget``): its store may be held by the running service."""
-    stored = NamespaceBudgets(args.data_dir)
+    """On the data dir's file (or the shared database) directly, read at each task's start. What the namespace
+    spent this month is the service's to say (``GET /v1/namespaces/{ns}/budget``)."""
     try:
-        if args.clear:
-            limit = stored.set(args.namespace, None)
-        elif args.monthly_usd is not None:
-            limit = stored.set(args.namespace, args.monthly_usd)
-        else:
-            limit = stored.get(args.namespace)
-    except (NamespaceBudgetError, InvalidNamespace, OSError) as exc:
+        with _namespace_state(args) as state:
+            if args.clear:
+                limit = state.budgets.set(args.namespace, None)
+            elif args.monthly_usd is not None:
+                limit = state.budgets.set(args.namespace, args.monthly_usd)
+            else:
+                limit = state.budgets.get(args.namespace)
+    except (NamespaceBudgetError, InvalidNamespace, OSError, SecretKeyError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(f"monthly_usd\t{'none' if limit is None else f'{limit:g}'}")
@@ -857,22 +874,23 @@ def _namespace_egress_parser(namespace_sub: argparse._SubParsersAction[argparse.
     for cmd in (egress_set, egress_none, egress_clear, egress_show):
         cmd.set_defaults(run=_namespace_egress_command)
         cmd.add_argument("--data-dir", type=data_dir, default=default_data_dir())
+        _add_shared_state_flags(cmd)
 
 
 def _namespace_egress_command(args: argparse.Namespace) -> int:
     """On the data dir's file directly, read by the next http.fetch call. The service's --allow-fetch is not known
     here: a pattern outside it allows nothing (PUT /v1/namespaces/{ns}/egress refuses one)."""
-    stored = NamespaceEgress(args.data_dir)
     try:
-        if args.egress_command == "set":
-            own = stored.set(args.namespace, tuple(args.patterns))
-        elif args.egress_command == "deny-all":
-            own = stored.set(args.namespace, ())
-        elif args.egress_command == "clear":
-            own = stored.set(args.namespace, None)
-        else:
-            own = stored.get(args.namespace)
-    except (NamespaceEgressError, InvalidNamespace, OSError) as exc:
+        with _namespace_state(args) as state:
+            if args.egress_command == "set":
+                own = state.egress.set(args.namespace, tuple(args.patterns))
+            elif args.egress_command == "deny-all":
+                own = state.egress.set(args.namespace, ())
+            elif args.egress_command == "clear":
+                own = state.egress.set(args.namespace, None)
+            else:
+                own = state.egress.get(args.namespace)
+    except (NamespaceEgressError, InvalidNamespace, OSError, SecretKeyError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if own is None:
@@ -884,17 +902,18 @@ def _namespace_egress_command(args: argparse.Namespace) -> int:
 
 
 def _namespace_disk_command(args: argparse.Namespace) -> int:
-    """On the data dir's file directly: the quota applies when the namespace's volume is next prepared (its next
-    worker start or default workspace)."""
-    disks = NamespaceDisks(args.data_dir)
+    """On the data dir's file (or the shared database) directly: the quota applies when the namespace's volume is
+    next prepared (its next worker start or default workspace)."""
     try:
-        if args.disk_command == "set":
-            disks.set_override(args.namespace, args.quota)
-        elif args.disk_command == "unset":
-            disks.set_override(args.namespace, None)
-        own = disks.overrides().get(args.namespace)
-        usage = disks.usage(args.namespace)
-    except (DiskQuotaError, InvalidNamespace, ValueError, OSError) as exc:
+        with _namespace_state(args) as state:
+            disks = NamespaceDisks(args.data_dir, table=state.disk_overrides)
+            if args.disk_command == "set":
+                disks.set_override(args.namespace, args.quota)
+            elif args.disk_command == "unset":
+                disks.set_override(args.namespace, None)
+            own = disks.overrides().get(args.namespace)
+            usage = disks.usage(args.namespace)
+    except (DiskQuotaError, InvalidNamespace, ValueError, OSError, SecretKeyError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     print(f"quota\t{own if own is not None else 'serve --namespace-disk (if given)'}")
@@ -970,11 +989,12 @@ def _namespace_env_command(args: argparse.Namespace) -> int:
                 entries = (client.update_namespace_env(args.namespace, set=set_values, unset=unset)
                            if args.env_command != "list" else client.namespace_env(args.namespace))
         else:
-            store = NamespaceEnv(data_dir)
-            objs = (store.update(args.namespace, set_values, unset) if args.env_command != "list"
-                    else store.entries(args.namespace))
+            with _namespace_state(args) as state:
+                objs = (state.variables.update(args.namespace, set_values, unset) if args.env_command != "list"
+                        else state.variables.entries(args.namespace))
             entries = [EnvVariable(name=e.name, fingerprint=e.fingerprint) for e in objs]
-    except (NamespaceEnvError, InvalidNamespace, ApiError, OSError) as exc:
+    except (NamespaceEnvError, InvalidNamespace, ApiError, OSError, SecretKeyError, UndecryptableVariable,
+            NamespaceStateUnavailable) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     for entry in entries:

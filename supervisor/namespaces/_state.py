@@ -38,6 +38,12 @@ class NamespaceState:
         if self.closer is not None:
             self.closer.close()
 
+    def __enter__(self) -> NamespaceState:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def open_namespace_state(data_dir: Path, store_url: str | None = None, key: SecretKey | None = None
                          ) -> NamespaceState:

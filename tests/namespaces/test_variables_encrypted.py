@@ -172,3 +172,18 @@ def test_import_moves_a_data_dir_once(url: str, states: Opener, tmp_path: Path) 
     assert shared.egress.get("user:alice") == (HostPattern.parse("api.example.com"),)
     assert NamespaceDisks(tmp_path, None, shared.disk_overrides).overrides() == {"ci:job": DiskQuota.parse("64M")}
     assert json.loads(json.dumps(report.__dict__))  # counts only
+
+
+def test_the_cli_keeps_settings_in_the_database(url: str, states: Opener, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    key = SecretKey(os.urandom(32))
+    key_file = write_key(tmp_path / "key", key)
+    where = ["--data-dir", str(tmp_path / "data"), "--store", url, "--secret-key-file", str(key_file)]
+    assert main(["namespace", "env", "set", "user:alice", f"API_KEY={SECRET}", *where]) == 0
+    assert main(["namespace", "egress", "deny-all", "user:alice", *where]) == 0
+    assert SECRET not in capsys.readouterr().out
+    shared = states(key, tmp_path / "elsewhere")
+    assert shared.variables.values("user:alice") == {"API_KEY": SECRET}
+    assert shared.egress.get("user:alice") == ()
+    assert main(["namespace", "env", "list", "user:alice", "--data-dir", str(tmp_path / "data"), "--store", url]) == 2
+    assert "head -c32 /dev/urandom" in capsys.readouterr().err  # no key: told how to make one
