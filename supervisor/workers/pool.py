@@ -45,7 +45,14 @@ from codesdk.worker.client import (
     exhausted_message,
 )
 
-from ..namespaces import DiskQuotaError, Namespace, NamespaceStateUnavailable, QuarantineRecord, UidRangeError
+from ..namespaces import (
+    DiskQuotaError,
+    Namespace,
+    NamespaceStateUnavailable,
+    QuarantineRecord,
+    UidRangeError,
+    UndecryptableVariable,
+)
 from .launch import EPHEMERAL, NAMESPACED, Headstart, Placement, PoolConfig, prepare_launch, template_env
 from .template import TemplateUnavailable, WorkerTemplate
 
@@ -436,7 +443,8 @@ class WorkerPool:
             await trio.sleep(delay)
         try:
             prepared = await trio.to_thread.run_sync(prepare_launch, self.config, slot.namespace, slot.placement)
-        except (UidRangeError, DiskQuotaError) as exc:  # e.g. the range is exhausted: the operator's to fix
+        except (UidRangeError, DiskQuotaError, NamespaceStateUnavailable, UndecryptableVariable) as exc:
+            # e.g. the range is exhausted, the database holding its variables unreachable: the operator's to fix
             slot.last_error = str(exc)
             log.error("namespace %s: %s", name, exc)
             raise NamespaceFailing(f"namespace {name!r}: {exc}") from exc
@@ -594,7 +602,12 @@ class WorkerPool:
             del batch, first  # handed over: not held here until the worker sends again (a quiet worker kept them)
 
     async def _env_changed(self, slot: _Slot) -> bool:
-        return await trio.to_thread.run_sync(self.namespace_env.stamp, slot.namespace.name) != slot.env_stamp
+        try:
+            stamp = await trio.to_thread.run_sync(self.namespace_env.stamp, slot.namespace.name)
+        except NamespaceStateUnavailable as exc:  # the worker it has stays until the stamp can be read again
+            log.warning("namespace %s: cannot tell whether its variables changed: %s", slot.namespace.name, exc)
+            return False
+        return stamp != slot.env_stamp
 
     def _retire(self, slot: _Slot, worker: WorkerProcess, why: str) -> None:
         """Shut an idle worker down (not a crash); the namespace's next task starts a fresh one."""

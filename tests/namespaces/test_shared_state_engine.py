@@ -99,3 +99,19 @@ async def test_a_quarantine_follows_its_namespace_to_another_supervisor(
             assert await second.pool.lift_shared_quarantine("user:alice")
             _, record, _ = await run_task(second, namespace="user:alice", runtime_config={"scenario": "echo"})
             assert record.error is None
+
+
+async def test_a_supervisor_with_another_key_fails_the_task_saying_so(
+        make_engine: MakeEngine, postgres_url: str, tmp_path: Path) -> None:
+    from codesdk.protocol import EventType
+    from tests.e2e.conftest import of_type, run_task
+
+    with trio.fail_after(90):
+        async with make_engine(data_dir=tmp_path / "a", store=postgres_url,
+                               secret_key=SecretKey(os.urandom(32))) as first:
+            await trio.to_thread.run_sync(first.pool.namespace_env.update, "user:alice", {"API_KEY": SECRET})
+        async with make_engine(data_dir=tmp_path / "b", store=postgres_url,
+                               secret_key=SecretKey(os.urandom(32))) as second:
+            _, record, events = await run_task(second, namespace="user:alice", runtime_config={"scenario": "echo"})
+    failed = of_type(events, EventType.TASK_FAILED)[0]
+    assert record.error is not None and "--secret-key-file" in failed.message and SECRET not in failed.message
