@@ -201,3 +201,17 @@ def test_key_from_environment_and_file(tmp_path: Path) -> None:
             load_secret_key(path, env)
         assert "head -c32 /dev/urandom" in str(refused.value)
     assert raw.hex() not in repr(SecretKey(raw))
+
+
+def test_serve_on_postgresql_without_the_key_is_refused_saying_how_to_make_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from codesdk.supervisor.cli.admin import main
+
+    monkeypatch.delenv("CODESDK_SECRET_KEY", raising=False)
+    assert main(["serve", "--data-dir", str(tmp_path / "data"), "--store", "postgresql://codesdk@127.0.0.1/x"]) == 2
+    assert "head -c32 /dev/urandom" in capsys.readouterr().err
+    monkeypatch.setenv("CODESDK_SECRET_KEY", base64.b64encode(b"short").decode())
+    assert main(["serve", "--data-dir", str(tmp_path / "data"), "--store", "postgresql://codesdk@127.0.0.1/x"]) == 2
+    err = capsys.readouterr().err
+    assert "$CODESDK_SECRET_KEY holds 5 bytes" in err and "c2hvcnQ" not in err
+    assert not (tmp_path / "data").exists()  # refused before anything was made
