@@ -771,7 +771,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def list_workers(request: Request) -> Response:
         require_admin(request, "/v1/workers")  # names every tenant's namespace
-        return _answer(request, api.WorkerList(workers=tuple(worker_answer(w) for w in engine.pool.status()),
+        workers = await engine.pool.status_with_shared()
+        return _answer(request, api.WorkerList(workers=tuple(worker_answer(w) for w in workers),
                                                template=engine.pool.template_state()))
 
     async def lift_quarantine(request: Request) -> Response:

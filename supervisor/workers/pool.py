@@ -237,6 +237,28 @@ class WorkerPool:
             })
         return out
 
+    async def status_with_shared(self) -> list[dict[str, object]]:
+        """``status``, with the quarantines recorded in the shared database (by any supervisor) shown on their
+        namespace's worker, or as a worker of their own where this supervisor has none for it."""
+        out = self.status()
+        if self.config.quarantines is None:
+            return out
+        try:
+            shared = await trio.to_thread.run_sync(self.config.quarantines.all)
+        except NamespaceStateUnavailable as exc:
+            log.warning("shared quarantines unreadable: %s", exc)
+            return out
+        for row in out:
+            record = shared.pop(str(row["namespace"]), None)
+            if record is not None and row["quarantined_until"] is None:
+                row.update(state="quarantined", quarantined_until=record.until, quarantine_reason=record.reason)
+        for namespace, record in sorted(shared.items()):
+            out.append({"namespace": namespace, "isolation": NAMESPACED, "session_id": None, "state": "quarantined",
+                        "pid": None, "active_tasks": 0, "workers_started": 0, "started_by": None,
+                        "recent_crashes": 0, "last_exit": None, "last_error": None,
+                        "quarantined_until": record.until, "quarantine_reason": record.reason})
+        return out
+
     def template_state(self) -> str:
         """The worker template's state for operators (``WorkerTemplate.state``), or ``off`` when not configured."""
         return "off" if self._template is None else self._template.state()

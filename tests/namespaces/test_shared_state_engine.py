@@ -93,6 +93,8 @@ async def test_a_quarantine_follows_its_namespace_to_another_supervisor(
                         lambda: shared.current("user:alice") is not None)
         async with make_engine(data_dir=tmp_path / "b", store=postgres_url, secret_key=key,
                                worker_policy=policy) as second:
+            [listed] = [w for w in await second.pool.status_with_shared() if w["namespace"] == "user:alice"]
+            assert listed["state"] == "quarantined" and "2 crashes" in str(listed["quarantine_reason"])
             _, record, events = await run_task(second, namespace="user:alice", runtime_config={"scenario": "echo"})
             failed = of_type(events, EventType.TASK_FAILED)[0]
             assert record.error is not None and "is quarantined" in failed.message and "2 crashes" in failed.message
