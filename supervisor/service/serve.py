@@ -36,7 +36,7 @@ from ..namespaces import (
     UnsafeDataDir,
     disk_unsupported,
 )
-from ..store import DataDirBusy, EventStore, StoreError, check_store_url
+from ..store import DataDirBusy, EventStore, StoreError, check_store_url, is_postgres_url
 from ..webhooks import WebhookOptions, WebhookService
 from ._sdnotify import Notifier, watchdog_interval_s
 from .assembly import SupervisorOptions, check_options, open_engine
@@ -264,9 +264,9 @@ def _warn_about_trust(options: SupervisorOptions) -> None:
 
 def _say_disk_quotas(options: SupervisorOptions) -> None:
     """Whether namespaces' disks are bounded (docs/operations.md, "Limits"), and why not where they cannot be."""
-    disks = NamespaceDisks(options.data_dir, options.namespace_disk)
-    try:
-        own = disks.overrides()
+    try:  # on PostgreSQL the overrides are in the database, not migrated yet on a first start: not read here
+        own = ({} if options.store is not None and is_postgres_url(options.store)
+               else NamespaceDisks(options.data_dir, options.namespace_disk).overrides())
     except DiskQuotaError as exc:
         log.error("%s", exc)
         return

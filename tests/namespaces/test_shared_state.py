@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from codesdk.supervisor.egress import HostPattern
 from codesdk.supervisor.namespaces import (
@@ -215,3 +217,31 @@ def test_serve_on_postgresql_without_the_key_is_refused_saying_how_to_make_one(
     err = capsys.readouterr().err
     assert "$CODESDK_SECRET_KEY holds 5 bytes" in err and "c2hvcnQ" not in err
     assert not (tmp_path / "data").exists()  # refused before anything was made
+
+
+@given(st.binary(min_size=0, max_size=64))
+def test_a_key_is_base64_of_exactly_32_bytes(raw: bytes) -> None:
+    from codesdk.supervisor.namespaces import SecretKeyError, load_secret_key
+
+    text = base64.b64encode(raw).decode()
+    if len(raw) == 32:
+        assert load_secret_key(None, {"CODESDK_SECRET_KEY": f" {text}\n"}) == SecretKey(raw)
+    elif raw:
+        with pytest.raises(SecretKeyError, match=f"holds {len(raw)} bytes"):
+            load_secret_key(None, {"CODESDK_SECRET_KEY": text})
+
+
+@given(st.text(max_size=200), st.text(max_size=40))
+def test_a_value_opens_only_where_it_was_sealed(value: str, name: str) -> None:
+    from codesdk.supervisor.namespaces import UndecryptableVariable
+
+    key = SecretKey(bytes(range(32)))
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return  # lone surrogates are refused before sealing (check_variable)
+    nonce, sealed = key.seal("user:a", "K", value)
+    assert key.open("user:a", "K", nonce, sealed) == value
+    for namespace, other in (("user:b", "K"), ("user:a", "K" + name + "x")):
+        with pytest.raises(UndecryptableVariable):
+            key.open(namespace, other, nonce, sealed)
