@@ -12,7 +12,8 @@ persisted in ``<data-dir>/worker-uids.json`` and never reused), its directories 
 ``<data-dir>`` and ``namespaces/`` become 0711 so a worker can reach its own home by name and nothing else.
 
 Each namespace's own variables (API keys, base URLs) are kept beside the event store, never shown again
-(``NamespaceEnv``).
+(``NamespaceVariables``: ``NamespaceEnv``'s files in the data dir, or with a PostgreSQL store the database, encrypted
+under the deployment's secret key); so are its limits and quarantines (``open_namespace_state`` picks where).
 
 One job per module: ``_names`` (the grammar), ``_files`` (the supervisor's private files, and directories a tenant
 may shape, opened without following symlinks: also for the workspace tools), ``_dirs`` (the namespace's

@@ -245,3 +245,15 @@ def test_a_value_opens_only_where_it_was_sealed(value: str, name: str) -> None:
     for namespace, other in (("user:b", "K"), ("user:a", "K" + name + "x")):
         with pytest.raises(UndecryptableVariable):
             key.open(namespace, other, nonce, sealed)
+
+
+def test_an_unreachable_database_is_said_so_without_its_password(tmp_path: Path) -> None:
+    from codesdk.supervisor.namespaces import NamespaceStateUnavailable
+
+    url = f"postgresql://codesdk:S3cretPW@/codesdk?host={tmp_path / 'no-server-here'}"
+    with open_namespace_state(tmp_path, url, new_key()) as state:
+        with pytest.raises(NamespaceStateUnavailable, match="unreachable") as refused:
+            state.variables.values("user:alice")
+        assert "S3cretPW" not in str(refused.value)
+        with pytest.raises(NamespaceBudgetError, match="cannot be read"):
+            state.budgets.get("user:alice")
