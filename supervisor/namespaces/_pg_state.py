@@ -110,14 +110,15 @@ class PostgresVariables:
             bump_stamp(conn, ns)  # first: it locks the namespace's changes until commit
             names = {row[0] for row in conn.execute("SELECT name FROM namespace_variables WHERE namespace = %s",
                                                     (ns,))}
-            after = (names | set(set_values)) - (set(unset) - set(set_values))
+            after = (names | set(set_values)) - set(unset)  # as with the files: a name both set and unset goes
             if len(after) > MAX_VARIABLES:
                 raise NamespaceEnvError(f"namespace {namespace!r} would have {len(after)} variables; at most "
                                         f"{MAX_VARIABLES} are kept")
             for var in unset:
-                if var not in set_values:
-                    conn.execute("DELETE FROM namespace_variables WHERE namespace = %s AND name = %s", (ns, var))
+                conn.execute("DELETE FROM namespace_variables WHERE namespace = %s AND name = %s", (ns, var))
             for var, (nonce, ciphertext) in sealed.items():
+                if var in unset:
+                    continue
                 conn.execute(
                     "INSERT INTO namespace_variables(namespace, name, key_id, nonce, ciphertext) "
                     "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (namespace, name) DO UPDATE SET key_id = "

@@ -257,3 +257,9 @@ def test_an_unreachable_database_is_said_so_without_its_password(tmp_path: Path)
         assert "S3cretPW" not in str(refused.value)
         with pytest.raises(NamespaceBudgetError, match="cannot be read"):
             state.budgets.get("user:alice")
+
+
+def test_a_name_both_set_and_unset_in_one_change_is_gone(state: NamespaceState) -> None:
+    state.variables.update("user:alice", {"A": "1", "B": "2"})
+    state.variables.update("user:alice", {"A": "3", "C": "4"}, unset=["A"])
+    assert state.variables.values("user:alice") == {"B": "2", "C": "4"}
