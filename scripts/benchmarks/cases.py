@@ -24,6 +24,7 @@ import trio
 from codesdk.protocol import EventType, ModelOutputDelta
 from codesdk.procs.children import Children
 from codesdk.procs.orphans import become_subreaper
+from codesdk.supervisor.namespaces import SecretKey
 from codesdk.supervisor.service.assembly import SupervisorOptions, open_engine
 from codesdk.supervisor.engine import Engine, Telemetry
 from codesdk.procs.launch import Launch
@@ -45,7 +46,9 @@ async def engine_in(tmp: Path, *, bench_worker: bool = False, idle_timeout_s: fl
     options = SupervisorOptions(data_dir=tmp / "data", worker_env={"*": {"CODESDK_SCENARIO_DIR": SCENARIOS}},
                                 test_scenarios=True, worker_template=template, store=store,
                                 worker_policy=WorkerPolicy(idle_timeout_s=idle_timeout_s),
-                                worker_argv=(sys.executable, BENCH_WORKER) if bench_worker else ())
+                                worker_argv=(sys.executable, BENCH_WORKER) if bench_worker else (),
+                                # a scratch deployment key: a PostgreSQL store keeps namespace variables under one
+                                secret_key=SecretKey(os.urandom(32)) if store is not None else None)
     async with open_engine(options) as engine:
         yield engine
 

@@ -15,6 +15,7 @@ Run as a script (``postgres.py flood URL NAMESPACE N``) it is one supervisor of 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -135,13 +136,14 @@ def failover_s(url: str, lease_s: float) -> float:
     with tempfile.TemporaryDirectory(prefix="codesdk-bench-failover-") as tmp:
         root = Path(tmp)
         procs = []
+        key = base64.b64encode(os.urandom(32)).decode()  # one scratch deployment key for both supervisors
         try:
             for name in ("a", "b"):
                 (root / name).mkdir(mode=0o700)
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "codesdk.supervisor.cli.admin", "serve", "--data-dir", str(root / name),
                      "--enable-test-scenarios", "--store", url, "--lease-s", str(lease_s), "--no-worker-template"],
-                    cwd=REPO, env={**os.environ, "CODESDK_SCENARIO_DIR": SCENARIOS},
+                    cwd=REPO, env={**os.environ, "CODESDK_SCENARIO_DIR": SCENARIOS, "CODESDK_SECRET_KEY": key},
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             clients = [_client(root / name) for name in ("a", "b")]
             session = clients[0].post("/v1/sessions", json={"namespace": f"user:bench-{time.monotonic_ns()}"}).json()

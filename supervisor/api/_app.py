@@ -773,12 +773,14 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def list_workers(request: Request) -> Response:
         require_admin(request, "/v1/workers")  # names every tenant's namespace
-        return _answer(request, api.WorkerList(workers=tuple(worker_answer(w) for w in engine.pool.status()),
+        workers = await engine.pool.status_with_shared()
+        return _answer(request, api.WorkerList(workers=tuple(worker_answer(w) for w in workers),
                                                template=engine.pool.template_state()))
 
     async def lift_quarantine(request: Request) -> Response:
         namespace = admin_namespace(request, "lifting a quarantine")
         lifted = engine.pool.lift_quarantine(namespace)
+        lifted = await engine.pool.lift_shared_quarantine(namespace) or lifted
         if lifted:
             audit("namespace.quarantine_lifted", "api:admin", namespace=namespace)
         return _answer(request, api.QuarantineLifted(namespace=namespace, lifted=lifted))
@@ -870,7 +872,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
               unset=",".join(sorted(body.unset)) or "-")  # names only: values are secrets
         return _answer(request, env_answer(namespace, entries))
 
-    egress = NamespaceEgress(engine.config.data_dir)
+    egress = (engine.config.namespace_state.egress if engine.config.namespace_state is not None
+              else NamespaceEgress(engine.config.data_dir))
     operator_egress = engine.tooling.config.fetch.egress
 
     def egress_answer(namespace: str, own: tuple[HostPattern, ...] | None) -> api.NamespaceEgress:

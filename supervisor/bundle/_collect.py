@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..config import ADMIN_TOKEN_FILE
-from ..namespaces import NamespaceEnv
+from ..namespaces import NamespaceVariables
 from ..store import StoreReader
 from ._redact import read_patterns_file
 
@@ -52,13 +52,13 @@ def codesdk_version() -> str:
         return "unknown"
 
 
-def _fingerprint(env: NamespaceEnv, value: Any) -> str:
+def _fingerprint(env: NamespaceVariables, value: Any) -> str:
     """A keyed hash (the data dir's fingerprint key): equal configurations compare equal; no value can be guessed
     back from it offline."""
     return env.fingerprint(json.dumps(value, sort_keys=True, default=str))
 
 
-def _options_report(env: NamespaceEnv, options: Any, skip: Iterable[str] = ()) -> dict[str, Any]:
+def _options_report(env: NamespaceVariables, options: Any, skip: Iterable[str] = ()) -> dict[str, Any]:
     """Each option of a dataclass: whether it differs from its default, and its fingerprint (never its value)."""
     report: dict[str, Any] = {}
     for f in fields(options):

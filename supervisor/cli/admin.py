@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from codesdk._version import __version__
@@ -50,16 +51,22 @@ from ..groups import (
     parse_size,
 )
 from ..namespaces import (
+    KEY_ENV,
+    NamespaceState,
+    NamespaceStateUnavailable,
+    UndecryptableVariable,
+    open_namespace_state,
+    SecretKey,
+    SecretKeyError,
+    load_secret_key,
+    read_key_file,
     DiskQuota,
     DiskQuotaError,
     InvalidNamespace,
     Namespace,
     NamespaceBudgetError,
-    NamespaceBudgets,
     NamespaceDisks,
-    NamespaceEgress,
     NamespaceEgressError,
-    NamespaceEnv,
     NamespaceEnvError,
     UidRange,
     UidRangeError,
@@ -75,6 +82,7 @@ from ..workers.launch import WorkerPolicy
 from ..egress import EgressPolicy, HostPattern, IPNetwork
 from ..webhooks import WebhookOptions
 from .import_data_dir import import_parser
+from .secret_key import add_secret_key_flag, add_secret_key_parser, secret_key_of
 from .common import (
     EXIT_USAGE,
     Parser,
@@ -114,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     _namespace_parser(sub)
     _openapi_parser(sub)
     import_parser(sub)
+    add_secret_key_parser(sub, PROG)
     return strict_values(parser)
 
 
@@ -170,10 +179,11 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                      help="seconds (sustained intensity)")
     run.add_argument("--quarantine", type=float, default=policy.quarantine_s,
                      help="seconds a quarantine lasts unless lifted")
-    add_store_flag(run, "the event store (and the API tokens): a postgresql://USER@HOST/DB URL for a database "
-                        "several supervisors share (each runs the namespaces whose leases it holds; "
+    add_store_flag(run, "the event store (and the API tokens, namespace variables, limits and quarantines): a "
+                        "postgresql://USER@HOST/DB URL for a database several supervisors share (each runs the namespaces whose leases it holds; "
                         "docs/operations.md, \"Past one machine\"). Default: $CODESDK_STORE, else SQLite in the data "
                         "dir")
+    add_secret_key_flag(run)
     run.add_argument("--lease-s", type=_lease_s, default=LEASE_S, metavar="SECONDS",
                      help="with --store postgresql://: how long a namespace's lease outlives this supervisor's last "
                           "renewal, i.e. how soon another supervisor takes its namespaces over if it dies "
@@ -459,8 +469,13 @@ def _serve_command(args: argparse.Namespace) -> int:
     if refusal is not None:
         print(f"{PROG} serve: error: {refusal}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        secret_key = secret_key_of(args)
+    except SecretKeyError as exc:
+        print(f"{PROG} serve: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     with logging_configured(args.log_level, args.log_format):
-        options = _serve_options(args)
+        options = replace(_serve_options(args), secret_key=secret_key)
         socket_path: Path = args.listen or options.data_dir / "api.sock"
         try:
             run_service(options, socket_path, args.port, advertise=args.advertise or (),
@@ -780,6 +795,7 @@ def _namespace_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     for cmd in (env_set, env_unset, env_list):
         cmd.set_defaults(run=_namespace_env_command)
         cmd.add_argument("--data-dir", type=data_dir, default=default_data_dir())
+        _add_shared_state_flags(cmd)
     disk = namespace_sub.add_parser("disk", help="a namespace's own disk quota (over serve's --namespace-disk)")
     disk_sub = disk.add_subparsers(dest="disk_command", required=True)
     disk_set = disk_sub.add_parser("set", help="set its quota; a larger one grows its volume when its worker next "
@@ -793,6 +809,7 @@ def _namespace_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     for cmd in (disk_set, disk_unset, disk_show):
         cmd.set_defaults(run=_namespace_disk_command)
         cmd.add_argument("--data-dir", type=data_dir, default=default_data_dir())
+        _add_shared_state_flags(cmd)
     _namespace_limits_parser(namespace_sub)
     _namespace_egress_parser(namespace_sub)
     _namespace_budget_parser(namespace_sub)
@@ -807,6 +824,7 @@ def _namespace_budget_parser(namespace_sub: argparse._SubParsersAction[argparse.
                        help="set it (0: no new task at all); without a flag: show it")
     given.add_argument("--clear", action="store_true", help="drop it: no monthly budget")
     budget.add_argument("--data-dir", type=data_dir, default=default_data_dir())
+    _add_shared_state_flags(budget)
     budget.set_defaults(run=_namespace_budget_command)
 
 
@@ -817,18 +835,30 @@ def _monthly_usd(text: str) -> float:
         raise argparse.ArgumentTypeError(f"invalid budget {text!r}: a number of USD, 0 or more") from None
 
 
+def _add_shared_state_flags(cmd: argparse.ArgumentParser) -> None:
+    add_store_flag(cmd, "the postgresql:// store the supervisors share, where the setting is kept with it (default: "
+                        "$CODESDK_STORE, else the data dir's files)")
+    add_secret_key_flag(cmd)
+
+
+def _namespace_state(args: argparse.Namespace) -> NamespaceState:
+    """Where the namespace settings are: the data dir's files, or with --store postgresql:// the database
+    (``SecretKeyError`` without the key)."""
+    return open_namespace_state(args.data_dir, args.store, secret_key_of(args))
+
+
 def _namespace_budget_command(args: argparse.Namespace) -> int:
-    """On the data dir's file directly, read at each task's start. What the namespace spent this month is the
-    service's to say (``GET /v1/namespaces/{ns}/budget``): its store may be held by the running service."""
-    stored = NamespaceBudgets(args.data_dir)
+    """On the data dir's file (or the shared database) directly, read at each task's start. What the namespace
+    spent this month is the service's to say (``GET /v1/namespaces/{ns}/budget``)."""
     try:
-        if args.clear:
-            limit = stored.set(args.namespace, None)
-        elif args.monthly_usd is not None:
-            limit = stored.set(args.namespace, args.monthly_usd)
-        else:
-            limit = stored.get(args.namespace)
-    except (NamespaceBudgetError, InvalidNamespace, OSError) as exc:
+        with _namespace_state(args) as state:
+            if args.clear:
+                limit = state.budgets.set(args.namespace, None)
+            elif args.monthly_usd is not None:
+                limit = state.budgets.set(args.namespace, args.monthly_usd)
+            else:
+                limit = state.budgets.get(args.namespace)
+    except (NamespaceBudgetError, InvalidNamespace, OSError, SecretKeyError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(f"monthly_usd\t{'none' if limit is None else f'{limit:g}'}")
@@ -853,22 +883,23 @@ def _namespace_egress_parser(namespace_sub: argparse._SubParsersAction[argparse.
     for cmd in (egress_set, egress_none, egress_clear, egress_show):
         cmd.set_defaults(run=_namespace_egress_command)
         cmd.add_argument("--data-dir", type=data_dir, default=default_data_dir())
+        _add_shared_state_flags(cmd)
 
 
 def _namespace_egress_command(args: argparse.Namespace) -> int:
     """On the data dir's file directly, read by the next http.fetch call. The service's --allow-fetch is not known
     here: a pattern outside it allows nothing (PUT /v1/namespaces/{ns}/egress refuses one)."""
-    stored = NamespaceEgress(args.data_dir)
     try:
-        if args.egress_command == "set":
-            own = stored.set(args.namespace, tuple(args.patterns))
-        elif args.egress_command == "deny-all":
-            own = stored.set(args.namespace, ())
-        elif args.egress_command == "clear":
-            own = stored.set(args.namespace, None)
-        else:
-            own = stored.get(args.namespace)
-    except (NamespaceEgressError, InvalidNamespace, OSError) as exc:
+        with _namespace_state(args) as state:
+            if args.egress_command == "set":
+                own = state.egress.set(args.namespace, tuple(args.patterns))
+            elif args.egress_command == "deny-all":
+                own = state.egress.set(args.namespace, ())
+            elif args.egress_command == "clear":
+                own = state.egress.set(args.namespace, None)
+            else:
+                own = state.egress.get(args.namespace)
+    except (NamespaceEgressError, InvalidNamespace, OSError, SecretKeyError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if own is None:
@@ -880,17 +911,18 @@ def _namespace_egress_command(args: argparse.Namespace) -> int:
 
 
 def _namespace_disk_command(args: argparse.Namespace) -> int:
-    """On the data dir's file directly: the quota applies when the namespace's volume is next prepared (its next
-    worker start or default workspace)."""
-    disks = NamespaceDisks(args.data_dir)
+    """On the data dir's file (or the shared database) directly: the quota applies when the namespace's volume is
+    next prepared (its next worker start or default workspace)."""
     try:
-        if args.disk_command == "set":
-            disks.set_override(args.namespace, args.quota)
-        elif args.disk_command == "unset":
-            disks.set_override(args.namespace, None)
-        own = disks.overrides().get(args.namespace)
-        usage = disks.usage(args.namespace)
-    except (DiskQuotaError, InvalidNamespace, ValueError, OSError) as exc:
+        with _namespace_state(args) as state:
+            disks = NamespaceDisks(args.data_dir, table=state.disk_overrides)
+            if args.disk_command == "set":
+                disks.set_override(args.namespace, args.quota)
+            elif args.disk_command == "unset":
+                disks.set_override(args.namespace, None)
+            own = disks.overrides().get(args.namespace)
+            usage = disks.usage(args.namespace)
+    except (DiskQuotaError, InvalidNamespace, ValueError, OSError, SecretKeyError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     print(f"quota\t{own if own is not None else 'serve --namespace-disk (if given)'}")
@@ -966,11 +998,12 @@ def _namespace_env_command(args: argparse.Namespace) -> int:
                 entries = (client.update_namespace_env(args.namespace, set=set_values, unset=unset)
                            if args.env_command != "list" else client.namespace_env(args.namespace))
         else:
-            store = NamespaceEnv(data_dir)
-            objs = (store.update(args.namespace, set_values, unset) if args.env_command != "list"
-                    else store.entries(args.namespace))
+            with _namespace_state(args) as state:
+                objs = (state.variables.update(args.namespace, set_values, unset) if args.env_command != "list"
+                        else state.variables.entries(args.namespace))
             entries = [EnvVariable(name=e.name, fingerprint=e.fingerprint) for e in objs]
-    except (NamespaceEnvError, InvalidNamespace, ApiError, OSError) as exc:
+    except (NamespaceEnvError, InvalidNamespace, ApiError, OSError, SecretKeyError, UndecryptableVariable,
+            NamespaceStateUnavailable) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     for entry in entries:

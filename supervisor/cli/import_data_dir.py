@@ -1,7 +1,8 @@
 """``codesdk-supervisor import-data-dir --store postgresql://… --data-dir D``: move what a single host kept in its
 data dir into the database several supervisors share, so that every host reads the same.
 
-Each kind of state moves on its own (``_MOVES``: the API tokens so far), every one idempotent: a second run
+Each kind of state moves on its own (``_MOVES``: the API tokens, then the namespaces' variables and limits),
+every one idempotent: a second run
 moves nothing and says so. It prints what it moved, by count and id, never a secret. Exit status: 0 when
 everything is in the database, 1 when something could not be moved (said, with what to do) or the database
 failed, 2 for bad input (a URL that is not PostgreSQL's, a data dir that is not one, a file that does not parse).
@@ -15,17 +16,28 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..api import PostgresTokenStore, TokenFileInvalid, move_tokens
+from ..namespaces import (
+    NamespaceStateUnavailable,
+    SecretKey,
+    SecretKeyError,
+    UndecryptableVariable,
+    import_namespace_state,
+    require_secret_key,
+)
 from ..store import StoreError, check_store_url, open_token_table
 from .common import add_store_flag, data_dir
+from .secret_key import add_secret_key_flag, secret_key_of
 
 PROG = "codesdk-supervisor"
 
 
 def import_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    command = sub.add_parser("import-data-dir", help="move a data dir's API tokens into the PostgreSQL database "
-                                                     "the supervisors share (idempotent; prints no secret)")
+    command = sub.add_parser("import-data-dir", help="move a data dir's API tokens, namespace variables and limits "
+                                                     "into the PostgreSQL database the supervisors share "
+                                                     "(idempotent; prints no secret)")
     command.add_argument("--data-dir", type=data_dir, required=True, help="the data dir to move from")
     add_store_flag(command, "the PostgreSQL database to move into (serve's --store; required)")
+    add_secret_key_flag(command)
     command.set_defaults(run=import_command)
 
 
@@ -37,7 +49,7 @@ class Moved:
         self.complete = complete
 
 
-def _tokens(source: Path, url: str) -> Moved:
+def _tokens(source: Path, url: str, key: SecretKey) -> Moved:
     table = open_token_table(url)
     try:
         moved = move_tokens(source, PostgresTokenStore(table))
@@ -46,8 +58,13 @@ def _tokens(source: Path, url: str) -> Moved:
     return Moved(moved.lines(), not moved.refused)
 
 
-#: What is moved, in order; each takes the data dir and the database URL.
-_MOVES: tuple[Callable[[Path, str], Moved], ...] = (_tokens,)
+def _namespace_state(source: Path, url: str, key: SecretKey) -> Moved:
+    report = import_namespace_state(source, url, key)
+    return Moved([report.describe()], True)
+
+
+#: What is moved, in order; each takes the data dir, the database URL and the deployment's secret key.
+_MOVES: tuple[Callable[[Path, str, SecretKey], Moved], ...] = (_tokens, _namespace_state)
 
 
 def import_command(args: argparse.Namespace) -> int:
@@ -60,18 +77,22 @@ def import_command(args: argparse.Namespace) -> int:
                        "(the unit's: /var/lib/codesdk)")
     try:
         check_store_url(args.store)
-    except StoreError as exc:
+        key = require_secret_key(secret_key_of(args),
+                                 "import-data-dir (namespace variables are encrypted in the database)")
+    except (StoreError, SecretKeyError) as exc:
         return _refuse(str(exc))
     complete = True
     try:
         for move in _MOVES:
-            moved = move(source, args.store)
+            moved = move(source, args.store, key)
             for line in moved.lines:
                 print(line)
             complete = complete and moved.complete
     except TokenFileInvalid as exc:
         return _refuse(f"{exc}; nothing of it was moved: fix the file and run this again")
-    except StoreError as exc:
+    except UndecryptableVariable as exc:
+        return _refuse(f"{exc}; give the key the database's variables are encrypted under")
+    except (StoreError, NamespaceStateUnavailable) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:

@@ -77,6 +77,7 @@ from ..ids import is_id, new_id
 from ..namespaces import (
     VOLUMES_DIR,
     NamespaceBudgets,
+    NamespaceState,
     DiskQuotaError,
     DiskUsage,
     InvalidNamespace,
@@ -235,6 +236,9 @@ class EngineConfig:
     wall_clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     #: The operator's prices per model (``serve --price-table``): the cost of usage a runtime reports without one.
     prices: PriceTable = field(default_factory=PriceTable)
+    #: Where namespaces' variables, limits and quarantines are kept (``open_namespace_state``); None: the data
+    #: dir's files, as ``pool.variables`` (the same instance, set by whoever makes both).
+    namespace_state: NamespaceState | None = field(default=None, compare=False)
 
 
 class Engine:
@@ -263,7 +267,8 @@ class Engine:
                                         routing=config.routing)
         self._ender.question_ends = self.questions.close_for_end
         #: Budgets: tasks' and sessions' limits, the namespaces' monthly spend (``_budgets``).
-        self.budgets = Budgets(store, self._recorder, config.prices, NamespaceBudgets(config.data_dir),
+        self.budgets = Budgets(store, self._recorder, config.prices, config.namespace_state.budgets if config.namespace_state else
+                               NamespaceBudgets(config.data_dir),
                                config.wall_clock, start_stop=self._start_stop)
         tools = ToolFlow(EnginePort(store, self._recorder, tooling, self.approvals, self.grants), self.stats)
         intake = EventIntake(store, self._runs, self.stats, self._recorder, tools, self._ender, self.questions,

@@ -12,14 +12,16 @@ persisted in ``<data-dir>/worker-uids.json`` and never reused), its directories 
 ``<data-dir>`` and ``namespaces/`` become 0711 so a worker can reach its own home by name and nothing else.
 
 Each namespace's own variables (API keys, base URLs) are kept beside the event store, never shown again
-(``NamespaceEnv``).
+(``NamespaceVariables``: ``NamespaceEnv``'s files in the data dir, or with a PostgreSQL store the database, encrypted
+under the deployment's secret key); so are its limits and quarantines (``open_namespace_state`` picks where).
 
 One job per module: ``_names`` (the grammar), ``_files`` (the supervisor's private files, and directories a tenant
 may shape, opened without following symlinks: also for the workspace tools), ``_dirs`` (the namespace's
 directories), ``_env`` (the worker's environment), ``_variables`` (the stored variables), ``_uids`` (the range,
 each namespace's identity, handing files to it), ``_uid_checks`` (start-up checks for a range), ``_data_dir`` (the
 data dir's own modes), ``_sessions`` (an ephemeral session's own HOME, the operator's for the shared level), ``_disk`` (each namespace's disk quota: an ext4 image of its own), ``_workspaces`` (which workspaces are allowed, handing one to a namespace), ``_egress`` (its narrowing of
-``http.fetch``'s hosts). Other packages
+``http.fetch``'s hosts), ``_limits`` (where limits are kept), ``_quarantines``, ``_secret_key`` (the deployment key,
+AES-GCM), ``_pg_state`` (all of these in the shared PostgreSQL database), ``_state`` (choosing, importing, rotating). Other packages
 import this face only.
 """
 
@@ -57,10 +59,62 @@ from ._files import DIR_FLAGS, WALK_FLAGS, chmod_entry, locked, make_dir, open_d
 from ._names import InvalidNamespace, Namespace
 from ._uid_checks import check_can_switch_uids, check_reachable_by_workers
 from ._uids import UIDS_FILE, Identity, UidRange, UidRangeError, hand_over, namespace_identity
-from ._variables import ENV_DIR, MAX_VALUE_BYTES, MAX_VARIABLES, EnvEntry, NamespaceEnv, NamespaceEnvError
+from ._variables import (
+    ENV_DIR,
+    MAX_VALUE_BYTES,
+    MAX_VARIABLES,
+    EnvEntry,
+    NamespaceEnv,
+    NamespaceEnvError,
+    NamespaceVariables,
+)
+from ._limits import BUDGET, DISK, EGRESS, JsonLimitFile, LimitTable, LimitTableUnreadable
+from ._pg_errors import NamespaceStateUnavailable
+from ._quarantines import MemoryQuarantines, QuarantineRecord, Quarantines
+from ._secret_key import (
+    KEY_ENV,
+    SecretKey,
+    SecretKeyError,
+    UndecryptableVariable,
+    load_secret_key,
+    read_key_file,
+    require_secret_key,
+)
+from ._state import (
+    ImportReport,
+    NamespaceState,
+    RotationReport,
+    import_namespace_state,
+    open_namespace_state,
+    rotate_secret_key,
+)
 from ._workspaces import WorkspaceRefused, check_workspace, give_workspace, make_workspace
 
 __all__ = [
+    "BUDGET",
+    "DISK",
+    "EGRESS",
+    "ImportReport",
+    "JsonLimitFile",
+    "KEY_ENV",
+    "LimitTable",
+    "LimitTableUnreadable",
+    "MemoryQuarantines",
+    "NamespaceState",
+    "NamespaceStateUnavailable",
+    "NamespaceVariables",
+    "QuarantineRecord",
+    "Quarantines",
+    "RotationReport",
+    "SecretKey",
+    "SecretKeyError",
+    "UndecryptableVariable",
+    "import_namespace_state",
+    "load_secret_key",
+    "open_namespace_state",
+    "read_key_file",
+    "require_secret_key",
+    "rotate_secret_key",
     "BUDGETS_FILE",
     "NamespaceBudgetError",
     "NamespaceBudgets",

@@ -8,12 +8,12 @@ this file. Kept like the other per-namespace settings (0600, written whole under
 from __future__ import annotations
 
 import errno
-import json
 import math
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ._files import locked, write_private
+from ._limits import JsonLimitFile, LimitTable, LimitTableUnreadable
+from ._pg_errors import NamespaceStateUnavailable
 from ._names import Namespace
 
 BUDGETS_FILE = "namespace-budgets.json"
@@ -46,29 +46,29 @@ def next_month_start(moment: datetime) -> datetime:
 
 
 class NamespaceBudgets:
-    """The per-namespace monthly budgets of one data dir."""
+    """The per-namespace monthly budgets: of one data dir, or of ``table`` (``LimitTable``: the shared database)."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, table: LimitTable | None = None) -> None:
         self.path = Path(data_dir) / BUDGETS_FILE
+        self.table: LimitTable = table if table is not None else JsonLimitFile(self.path)
 
     def all(self) -> dict[str, float]:
+        where = self.table.location
         try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}
+            raw = self.table.load()
         except OSError as exc:
             if exc.errno in (errno.EMFILE, errno.ENFILE):  # nothing wrong with the file: the process is short
-                raise NamespaceBudgetError(f"{self.path} cannot be read now: the supervisor is out of file "
+                raise NamespaceBudgetError(f"{where} cannot be read now: the supervisor is out of file "
                                            f"descriptors ({exc}); retry once it holds fewer") from exc
-            raise NamespaceBudgetError(f"{self.path} cannot be read ({exc}): fix or remove it") from exc
-        except ValueError as exc:
-            raise NamespaceBudgetError(f"{self.path} cannot be read ({exc}): fix or remove it") from exc
-        if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
-            raise NamespaceBudgetError(f"{self.path} is not a namespace budgets file: fix or remove it")
+            raise NamespaceBudgetError(f"{where} cannot be read ({exc}): fix or remove it") from exc
+        except (ValueError, LimitTableUnreadable, NamespaceStateUnavailable) as exc:
+            raise NamespaceBudgetError(f"{where} cannot be read ({exc}): fix or remove it") from exc
+        if not all(isinstance(v, dict) for v in raw.values()):
+            raise NamespaceBudgetError(f"{where} is not a namespace budgets file: fix or remove it")
         try:
             return {name: check_monthly_usd(entry.get("monthly_usd")) for name, entry in raw.items()}
         except NamespaceBudgetError as exc:
-            raise NamespaceBudgetError(f"{self.path}: {exc}: fix or remove it") from exc
+            raise NamespaceBudgetError(f"{where}: {exc}: fix or remove it") from exc
 
     def get(self, namespace: str) -> float | None:
         """The namespace's monthly budget in USD; None when it has none."""
@@ -79,13 +79,8 @@ class NamespaceBudgets:
         name = Namespace.parse(namespace).name
         if monthly_usd is not None:
             monthly_usd = check_monthly_usd(monthly_usd)
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with locked(self.path.with_suffix(".lock")):
-            every = self.all()
-            if monthly_usd is None:
-                every.pop(name, None)
-            else:
-                every[name] = monthly_usd
-            write_private(self.path, json.dumps({k: {"monthly_usd": v} for k, v in sorted(every.items())},
-                                                indent=1) + "\n")
-        return every.get(name)
+        try:
+            self.table.store(name, None if monthly_usd is None else {"monthly_usd": monthly_usd})
+        except (LimitTableUnreadable, NamespaceStateUnavailable) as exc:
+            raise NamespaceBudgetError(f"{self.table.location} cannot be written ({exc})") from exc
+        return monthly_usd

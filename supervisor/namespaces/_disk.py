@@ -25,7 +25,6 @@ in a thread.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import re
@@ -35,7 +34,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._files import write_private
+from ._limits import JsonLimitFile, LimitTable, LimitTableUnreadable
+from ._pg_errors import NamespaceStateUnavailable
 from ._names import InvalidNamespace, Namespace
 
 log = logging.getLogger("codesdk.supervisor.namespaces")
@@ -176,37 +176,30 @@ class NamespaceDisks:
     """Each namespace's volume: its quota (``default``, or the operator's override stored in the data dir), made,
     mounted, grown, measured and unmounted. Thread-safe: the pool prepares workers in threads."""
 
-    def __init__(self, data_dir: Path, default: DiskQuota | None = None) -> None:
+    def __init__(self, data_dir: Path, default: DiskQuota | None = None, table: LimitTable | None = None) -> None:
         self.data_dir = data_dir
         self.default = default
         self._lock = threading.Lock()
+        #: The operator's overrides: the data dir's file, or the shared database's table.
+        self.table: LimitTable = table if table is not None else JsonLimitFile(data_dir / DISK_QUOTAS_FILE)
 
     # -- quotas ------------------------------------------------------------------------------
-
-    @property
-    def _quotas_file(self) -> Path:
-        return self.data_dir / DISK_QUOTAS_FILE
 
     def overrides(self) -> dict[str, DiskQuota]:
         """The operator's per-namespace quotas (``namespace disk set``)."""
         try:
-            raw = json.loads(self._quotas_file.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            raise DiskQuotaError(f"{self._quotas_file} cannot be read ({exc}); fix or remove it") from exc
-        return {name: DiskQuota.parse(text) for name, text in raw.items()}
+            raw = self.table.load()
+            return {name: DiskQuota.parse(str(text)) for name, text in raw.items()}
+        except (OSError, ValueError, LimitTableUnreadable, NamespaceStateUnavailable) as exc:
+            raise DiskQuotaError(f"{self.table.location} cannot be read ({exc}); fix or remove it") from exc
 
     def set_override(self, namespace: str, quota: DiskQuota | None) -> None:
         """Store (or with None remove) a namespace's own quota; it applies when its volume is next prepared."""
         Namespace.parse(namespace)
-        quotas = {name: str(q) for name, q in self.overrides().items()}
-        if quota is None:
-            quotas.pop(namespace, None)
-        else:
-            quotas[namespace] = str(quota)
-        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_private(self._quotas_file, json.dumps(quotas, indent=1, sort_keys=True) + "\n")
+        try:
+            self.table.store(namespace, None if quota is None else str(quota))
+        except (LimitTableUnreadable, NamespaceStateUnavailable) as exc:
+            raise DiskQuotaError(f"{self.table.location} cannot be written ({exc})") from exc
 
     def quota_for(self, namespace: str) -> DiskQuota | None:
         return self.overrides().get(namespace, self.default)

@@ -7,11 +7,11 @@ An empty list: no host at all. Kept like the other per-namespace settings (0600,
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..egress import HostPattern, PatternError
-from ._files import locked, write_private
+from ._limits import JsonLimitFile, LimitTable, LimitTableUnreadable
+from ._pg_errors import NamespaceStateUnavailable
 from ._names import Namespace
 
 EGRESS_FILE = "namespace-egress.json"
@@ -24,24 +24,24 @@ class NamespaceEgressError(ValueError):
 
 
 class NamespaceEgress:
-    """The per-namespace host lists of one data dir."""
+    """The per-namespace host lists: of one data dir, or of ``table`` (``LimitTable``: the shared database)."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, table: LimitTable | None = None) -> None:
         self.path = Path(data_dir) / EGRESS_FILE
+        self.table: LimitTable = table if table is not None else JsonLimitFile(self.path)
 
     def all(self) -> dict[str, tuple[HostPattern, ...]]:
+        where = self.table.location
         try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            raise NamespaceEgressError(f"{self.path} cannot be read ({exc}): fix or remove it") from exc
-        if not isinstance(raw, dict) or not all(isinstance(v, list) for v in raw.values()):
-            raise NamespaceEgressError(f"{self.path} is not a namespace egress file: fix or remove it")
+            raw = self.table.load()
+        except (OSError, ValueError, LimitTableUnreadable, NamespaceStateUnavailable) as exc:
+            raise NamespaceEgressError(f"{where} cannot be read ({exc}): fix or remove it") from exc
+        if not all(isinstance(v, list) for v in raw.values()):
+            raise NamespaceEgressError(f"{where} is not a namespace egress file: fix or remove it")
         try:
             return {name: tuple(HostPattern.parse(str(p)) for p in patterns) for name, patterns in raw.items()}
         except PatternError as exc:
-            raise NamespaceEgressError(f"{self.path}: {exc}: fix or remove it") from exc
+            raise NamespaceEgressError(f"{where}: {exc}: fix or remove it") from exc
 
     def get(self, namespace: str) -> tuple[HostPattern, ...] | None:
         """The namespace's own patterns; None when it has none (the operator's list applies as is)."""
@@ -53,13 +53,9 @@ class NamespaceEgress:
         if patterns is not None and len(patterns) > MAX_NAMESPACE_PATTERNS:
             raise NamespaceEgressError(f"{len(patterns)} patterns for namespace {namespace!r}; at most "
                                        f"{MAX_NAMESPACE_PATTERNS} are kept")
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with locked(self.path.with_suffix(".lock")):
-            every = self.all()
-            if patterns is None:
-                every.pop(name, None)
-            else:
-                every[name] = tuple(dict.fromkeys(patterns))
-            write_private(self.path, json.dumps({k: [str(p) for p in v] for k, v in sorted(every.items())},
-                                                indent=1) + "\n")
-        return every.get(name)
+        kept = None if patterns is None else tuple(dict.fromkeys(patterns))
+        try:
+            self.table.store(name, None if kept is None else [str(p) for p in kept])
+        except (LimitTableUnreadable, NamespaceStateUnavailable) as exc:
+            raise NamespaceEgressError(f"{self.table.location} cannot be written ({exc})") from exc
+        return kept

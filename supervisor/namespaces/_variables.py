@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from ._env import RECORD_STREAMS_ENV, RUNTIME_AHEAD_ENV
 from ._files import locked, write_private
@@ -55,8 +56,35 @@ class EnvEntry:
         return {"name": self.name, "fingerprint": self.fingerprint}
 
 
+class NamespaceVariables(Protocol):
+    """Where a namespace's variables are kept: ``NamespaceEnv`` (files in the data dir, one host) or
+    ``PostgresVariables`` (the shared database, encrypted under the deployment key). One instance serves the pool,
+    the launches, the API and bundles (``open_namespace_state``)."""
+
+    def values(self, namespace: str) -> dict[str, str]:
+        """The namespace's variables, for its worker's environment (never for display)."""
+        ...
+
+    def entries(self, namespace: str) -> list[EnvEntry]:
+        """Names and fingerprints, sorted by name."""
+        ...
+
+    def stamp(self, namespace: str) -> str:
+        """Changes whenever the namespace's variables are written ("" when they never were)."""
+        ...
+
+    def fingerprint(self, value: str) -> str:
+        """An HMAC of ``value``: equal values, equal fingerprints, under one key."""
+        ...
+
+    def update(self, namespace: str, set_values: Mapping[str, str] | None = None,
+               unset: Sequence[str] = ()) -> list[EnvEntry]:
+        """Set and remove variables in one atomic change; returns the new listing."""
+        ...
+
+
 class NamespaceEnv:
-    """The namespace variables of one data dir."""
+    """The namespace variables of one data dir (``NamespaceVariables``)."""
 
     def __init__(self, data_dir: Path) -> None:
         self.root = Path(data_dir) / ENV_DIR
@@ -92,9 +120,9 @@ class NamespaceEnv:
         ns = Namespace.parse(namespace)
         set_values = dict(set_values or {})
         for name, value in set_values.items():
-            _check(name, value)
+            check_variable(name, value)
         for name in unset:
-            _check_name(name)
+            check_variable_name(name)
         with self._locked():
             values = self._read(ns)
             values.update(set_values)
@@ -151,7 +179,7 @@ class NamespaceEnv:
             return path.read_bytes()
 
 
-def _check_name(name: str) -> None:
+def check_variable_name(name: str) -> None:
     if not _NAME.fullmatch(name):
         raise NamespaceEnvError(f"invalid variable name {name!r}: use letters, digits and '_', not starting with a "
                                 "digit (at most 128 characters)")
@@ -166,8 +194,8 @@ def _check_name(name: str) -> None:
                                 "it) and cannot be configured per namespace")
 
 
-def _check(name: str, value: str) -> None:
-    _check_name(name)
+def check_variable(name: str, value: str) -> None:
+    check_variable_name(name)
     if not isinstance(value, str):
         raise NamespaceEnvError(f"the value of {name} must be a string")
     if "\x00" in value:

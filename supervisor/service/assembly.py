@@ -19,7 +19,10 @@ from ..namespaces import (
     DiskQuota,
     DiskQuotaError,
     NamespaceDisks,
-    NamespaceEgress,
+    NamespaceState,
+    SecretKey,
+    open_namespace_state,
+    require_secret_key,
     UidRange,
     UidRangeError,
     check_can_switch_uids,
@@ -28,7 +31,7 @@ from ..namespaces import (
     secure_data_dir,
     tighten_data_dir,
 )
-from ..store import COMMIT_LINGER_S, LEASE_S, Quotas
+from ..store import COMMIT_LINGER_S, LEASE_S, Quotas, is_postgres_url
 from ..egress import EgressPolicy
 from ..tools import (
     DEFAULT_EXEC_UID,
@@ -106,6 +109,9 @@ class SupervisorOptions:
     #: Seconds a namespace's lease outlives its supervisor's last renewal (PostgreSQL only): how soon another
     #: supervisor takes over the namespaces of one that died.
     lease_s: float = LEASE_S
+    #: The deployment's secret key (``--secret-key-file``, ``$CODESDK_SECRET_KEY``): namespace variables kept in
+    #: PostgreSQL are encrypted under it. Needed with a ``postgresql://`` store, unused otherwise.
+    secret_key: SecretKey | None = field(default=None, repr=False)
     #: The registry of this process's children (``codesdk.procs.children``), which the orphan sweep leaves alone:
     #: one per process. None: ``open_engine`` makes one (a process running one engine at a time); the ``codesdk``
     #: command gives the one its headstart worker is owned in; a process running engines side by side, each the same.
@@ -124,6 +130,9 @@ def check_options(options: SupervisorOptions) -> None:
         check_exec_identity(*options.exec_uid, _namespace_uids(options.worker_uids))
     except ValueError as exc:
         raise UidRangeError(str(exc)) from exc
+    if options.store is not None and is_postgres_url(options.store):
+        require_secret_key(options.secret_key, "--store postgresql://… (namespace variables are kept there, "
+                           "encrypted)")
     if options.namespace_disk is not None and (reason := disk_unsupported()) is not None:
         raise DiskQuotaError(f"--namespace-disk {options.namespace_disk}: {reason}; drop the flag to run without "
                              "disk quotas")
@@ -158,17 +167,30 @@ async def open_engine(options: SupervisorOptions) -> AsyncIterator[Engine]:
 @asynccontextmanager
 async def _open_engine(options: SupervisorOptions, data_dir: Path, children: Children,
                        worker_env: dict[str, Mapping[str, str]], groups: ResourceGroups) -> AsyncIterator[Engine]:
+    state = open_namespace_state(data_dir, options.store, options.secret_key)
+    try:
+        async with _open_engine_with(options, data_dir, children, worker_env, groups, state) as engine:
+            yield engine
+    finally:
+        state.close()
+
+
+@asynccontextmanager
+async def _open_engine_with(options: SupervisorOptions, data_dir: Path, children: Children,
+                            worker_env: dict[str, Mapping[str, str]], groups: ResourceGroups,
+                            state: NamespaceState) -> AsyncIterator[Engine]:
     pool = PoolConfig(data_dir=data_dir, argv=options.worker_argv, policy=options.worker_policy,
                       env=worker_env, path=options.worker_path, worker_uids=options.worker_uids,
                       template=options.worker_template, children=children, groups=groups,
-                      disks=NamespaceDisks(data_dir, options.namespace_disk))
+                      disks=NamespaceDisks(data_dir, options.namespace_disk, state.disk_overrides),
+                      variables=state.variables, quarantines=state.quarantines)
     exec_policy = ExecPolicy(enabled=bool(options.exec_allowlist), allowlist=options.exec_allowlist,
                              exec_uid=options.exec_uid[0], exec_gid=options.exec_uid[1],
                              namespace_uids=_namespace_uids(options.worker_uids),
                              max_processes=options.group_limits.pids,
                              max_file_bytes=options.exec_max_file_bytes)
     fetch_policy = FetchPolicy(egress=options.fetch, connect=options.fetch_connect,
-                               unattended=options.fetch_unattended, namespace_hosts=NamespaceEgress(data_dir).get)
+                               unattended=options.fetch_unattended, namespace_hosts=state.egress.get)
     tools = ToolRegistry(ToolsConfig(exec=exec_policy, fetch=fetch_policy), children=children, groups=groups)
     async with Engine.open(EngineConfig(data_dir=data_dir, pool=pool, holder=options.holder,
                                         quotas=options.quotas, store=options.store, lease_s=options.lease_s,
@@ -176,7 +198,7 @@ async def _open_engine(options: SupervisorOptions, data_dir: Path, children: Chi
                                         deadlines=options.task_deadlines,
                                         commit_linger_s=options.commit_linger_s, questions=options.questions,
                                         routing=options.routing,
-                                        prices=options.prices),
+                                        prices=options.prices, namespace_state=state),
                            tools) as engine:
         if options.worker_uids is not None:  # the data dir becomes 0711: nothing in it may rely on the umask
             tighten_data_dir(data_dir)

@@ -28,8 +28,15 @@ import trio
 from ..api import TokenAuth, TokenFileInvalid, open_token_auth
 from ..api.server import StreamDrain, serve_api
 from ..engine import Engine
-from ..namespaces import DiskQuotaError, NamespaceDisks, UidRangeError, UnsafeDataDir, disk_unsupported
-from ..store import DataDirBusy, EventStore, StoreError, check_store_url
+from ..namespaces import (
+    DiskQuotaError,
+    NamespaceDisks,
+    SecretKeyError,
+    UidRangeError,
+    UnsafeDataDir,
+    disk_unsupported,
+)
+from ..store import DataDirBusy, EventStore, StoreError, check_store_url, is_postgres_url
 from ..webhooks import WebhookOptions, WebhookService
 from ._sdnotify import Notifier, watchdog_interval_s
 from .assembly import SupervisorOptions, check_options, open_engine
@@ -67,7 +74,7 @@ def run_service(options: SupervisorOptions, socket_path: Path, port: int | None 
         check_options(options)
         if options.store is not None:
             check_store_url(options.store)
-    except (UidRangeError, DiskQuotaError, StoreError) as exc:
+    except (UidRangeError, DiskQuotaError, StoreError, SecretKeyError) as exc:
         raise ServiceRefused(str(exc), 2) from None
     if metrics_port is not None and metrics_port == port:
         raise ServiceRefused(f"--metrics-port {metrics_port} is the API's --port too: give the metrics a port of "
@@ -257,9 +264,9 @@ def _warn_about_trust(options: SupervisorOptions) -> None:
 
 def _say_disk_quotas(options: SupervisorOptions) -> None:
     """Whether namespaces' disks are bounded (docs/operations.md, "Limits"), and why not where they cannot be."""
-    disks = NamespaceDisks(options.data_dir, options.namespace_disk)
-    try:
-        own = disks.overrides()
+    try:  # on PostgreSQL the overrides are in the database, not migrated yet on a first start: not read here
+        own = ({} if options.store is not None and is_postgres_url(options.store)
+               else NamespaceDisks(options.data_dir, options.namespace_disk).overrides())
     except DiskQuotaError as exc:
         log.error("%s", exc)
         return

@@ -55,7 +55,15 @@ from ._errors import (
 )
 from ._leases import LEASE_S, Claim, Holder, Leases, PostgresLeases, Renewal, SoleLeases
 from ._lock import LOCK_FILENAME, DataDirBusy, DataDirLock, LockHolder, current_holder
-from ._postgres import check_store_url, is_postgres_url, open_postgres, open_token_table
+from ._postgres import (
+    check_store_url,
+    connect_postgres,
+    is_postgres_url,
+    migrate_postgres,
+    open_postgres,
+    open_token_table,
+    redact_store_url,
+)
 from ._quotas import QUOTA_FLAGS, QuotaExceeded, Quotas, Usage
 from ._recorder import (
     ApprovalRecords,
@@ -163,6 +171,9 @@ __all__ = [
     "WriterLock",
     "WriterStats",
     "check_store_url",
+    "connect_postgres",
+    "migrate_postgres",
+    "redact_store_url",
     "current_holder",
     "is_postgres_url",
     "new_id",

@@ -261,6 +261,41 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         """,
     ),
+    Migration(
+        12,
+        "namespace variables (encrypted), their change stamps, per-namespace limits and quarantines",
+        # Variables: AES-256-GCM ciphertexts only, each naming the key id it was sealed under (namespaces/_pg_state).
+        # PostgreSQL only: on SQLite these stay in the data dir's files, next to the one supervisor using them.
+        """
+        CREATE TABLE namespace_variables (
+            namespace TEXT NOT NULL,
+            name TEXT NOT NULL,
+            key_id TEXT NOT NULL,
+            nonce BYTEA NOT NULL,
+            ciphertext BYTEA NOT NULL,
+            updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (namespace, name)
+        );
+        CREATE INDEX namespace_variables_by_key ON namespace_variables(key_id);
+        CREATE TABLE namespace_variable_stamps (
+            namespace TEXT PRIMARY KEY,
+            stamp BIGINT NOT NULL
+        );
+        CREATE TABLE namespace_limits (
+            kind TEXT NOT NULL CHECK (kind IN ('budget', 'egress', 'disk')),
+            namespace TEXT NOT NULL,
+            value JSONB NOT NULL,
+            updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (kind, namespace)
+        );
+        CREATE TABLE namespace_quarantines (
+            namespace TEXT PRIMARY KEY,
+            since TIMESTAMPTZ NOT NULL,
+            until TIMESTAMPTZ NOT NULL CHECK (until >= since),
+            reason TEXT NOT NULL
+        );
+        """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

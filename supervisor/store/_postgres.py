@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -78,6 +78,31 @@ def open_token_table(url: str) -> TokenTable:
         table.close()
         raise
     return table
+def connect_postgres(url: str) -> Any:
+    """A psycopg connection (autocommit, with the store's keepalives) for tables kept beside the store's own:
+    the namespaces' variables and limits (``namespaces._pg_state``)."""
+    return _pg_module().connect(url)
+
+
+def redact_store_url(url: str) -> str:
+    """``url`` without its password, to name the database in messages."""
+    return str(_pg_module().redacted(url))
+
+
+def migrate_postgres(url: str) -> None:
+    """Bring the database's schema up to date, as a supervisor opening it does (for commands that use only
+    the tables beside the event store: ``secret-key rotate``, imports)."""
+    from . import _pg_schema
+
+    pg = _pg_module()
+    db = pg.PostgresDb(url, pg.redacted(url), "codesdk-supervisor " + secrets.token_hex(4))
+    try:
+        db.ready()
+        _pg_schema.migrate(db)
+    except Exception as exc:
+        raise db.translate(exc, "migrating the database") from exc
+    finally:
+        db.close()
 
 
 #: Seconds an idle subscriber waits for a notice before it reads anyway. Notices wake it (and every subscriber

@@ -29,6 +29,8 @@ from ..namespaces import (
     Namespace,
     NamespaceDisks,
     NamespaceEnv,
+    NamespaceVariables,
+    Quarantines,
     UidRange,
     UnsafeDataDir,
     build_env,
@@ -83,6 +85,11 @@ class PoolConfig:
     worker_uids: UidRange | None = None
     #: Each namespace's disk quota (its own ext4 volume, mounted before its worker starts); None: no quotas.
     disks: NamespaceDisks | None = field(default=None, compare=False)
+    #: Where the namespaces' stored variables are kept: one instance for the pool and every launch (default: the
+    #: data dir's files; the shared database with ``--store postgresql://``).
+    variables: NamespaceVariables = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+    #: Quarantines every supervisor sees (the shared database); None: the pool's own, in memory.
+    quarantines: Quarantines | None = field(default=None, compare=False, repr=False)
     # Fork ``codesdk-worker``s from a pre-imported template (workers/template.py): ~30 ms and ~6 MB of their own
     # (idle) instead of ~0.5 s and ~24 MB. Worth its one-off start for a service; not for one ``codesdk run``.
     template: bool = False
@@ -93,6 +100,10 @@ class PoolConfig:
     #: Each namespace's resource group (``codesdk.supervisor.groups``): its worker is put there before it is sent
     #: anything, and whatever is left there is killed when the worker ends. None: no groups.
     groups: ResourceGroups | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.variables is None:
+            object.__setattr__(self, "variables", NamespaceEnv(self.data_dir))
 
     def worker_argv(self) -> list[str]:
         return list(self.argv) or worker_argv()
@@ -186,7 +197,7 @@ def prepare_launch(config: PoolConfig, namespace: Namespace, placement: Placemen
         dirs, identity = operator_dirs(), None
     else:
         dirs, identity = prepare_namespace(config.data_dir, namespace, config.worker_uids)
-    stored_env = NamespaceEnv(config.data_dir)
+    stored_env = config.variables
     stamp = stored_env.stamp(namespace.name)  # before the values: a write in between shows as a change
     env = build_env(dirs, {**stored_env.values(namespace.name), **config.env_for(namespace.name)}, config.path)
     launch = Launch(argv=tuple(config.worker_argv()), env=env, cwd=str(dirs.home),

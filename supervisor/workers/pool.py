@@ -45,7 +45,14 @@ from codesdk.worker.client import (
     exhausted_message,
 )
 
-from ..namespaces import DiskQuotaError, Namespace, NamespaceEnv, UidRangeError
+from ..namespaces import (
+    DiskQuotaError,
+    Namespace,
+    NamespaceStateUnavailable,
+    QuarantineRecord,
+    UidRangeError,
+    UndecryptableVariable,
+)
 from .launch import EPHEMERAL, NAMESPACED, Headstart, Placement, PoolConfig, prepare_launch, template_env
 from .template import TemplateUnavailable, WorkerTemplate
 
@@ -138,7 +145,7 @@ class WorkerPool:
         self._closing = False
         #: Told of each quarantine as it begins (namespace, reason, until as Unix time): the service's webhooks.
         self.on_quarantine: Callable[[str, str, float], None] | None = None
-        self.namespace_env = NamespaceEnv(config.data_dir)
+        self.namespace_env = config.variables
         self._headstarts: dict[str, Headstart] = {}
         #: Snapshots of the process table its workers' trees are watched in: one scan of /proc serves them all.
         self._table = ProcessTable()
@@ -230,6 +237,28 @@ class WorkerPool:
             })
         return out
 
+    async def status_with_shared(self) -> list[dict[str, object]]:
+        """``status``, with the quarantines recorded in the shared database (by any supervisor) shown on their
+        namespace's worker, or as a worker of their own where this supervisor has none for it."""
+        out = self.status()
+        if self.config.quarantines is None:
+            return out
+        try:
+            shared = await trio.to_thread.run_sync(self.config.quarantines.all)
+        except NamespaceStateUnavailable as exc:
+            log.warning("shared quarantines unreadable: %s", exc)
+            return out
+        for row in out:
+            record = shared.pop(str(row["namespace"]), None)
+            if record is not None and row["quarantined_until"] is None:
+                row.update(state="quarantined", quarantined_until=record.until, quarantine_reason=record.reason)
+        for namespace, record in sorted(shared.items()):
+            out.append({"namespace": namespace, "isolation": NAMESPACED, "session_id": None, "state": "quarantined",
+                        "pid": None, "active_tasks": 0, "workers_started": 0, "started_by": None,
+                        "recent_crashes": 0, "last_exit": None, "last_error": None,
+                        "quarantined_until": record.until, "quarantine_reason": record.reason})
+        return out
+
     def template_state(self) -> str:
         """The worker template's state for operators (``WorkerTemplate.state``), or ``off`` when not configured."""
         return "off" if self._template is None else self._template.state()
@@ -246,6 +275,12 @@ class WorkerPool:
                 slot.crashes.clear()
                 lifted = True
         return lifted
+
+    async def lift_shared_quarantine(self, namespace: str) -> bool:
+        """Lift the namespace's quarantine every supervisor sees (``PoolConfig.quarantines``), if there is one."""
+        if self.config.quarantines is None:
+            return False
+        return await trio.to_thread.run_sync(self.config.quarantines.lift, namespace)
 
     async def env_changed(self, namespace: str) -> None:
         """The namespace's stored variables changed: an idle worker (each of its slots') makes way for one that
@@ -367,6 +402,29 @@ class WorkerPool:
                   slot.quarantine.reason)
         if self.on_quarantine is not None:
             self.on_quarantine(slot.namespace.name, slot.quarantine.reason, slot.quarantine.until)
+        if self.config.quarantines is not None:
+            self._nursery.start_soon(self._share_quarantine, slot.namespace.name, slot.quarantine.reason)
+
+    async def _share_quarantine(self, namespace: str, reason: str) -> None:
+        """Record the quarantine where every supervisor sees it, so a namespace that moves stays quarantined."""
+        assert self.config.quarantines is not None
+        try:
+            await trio.to_thread.run_sync(self.config.quarantines.begin, namespace, self.config.policy.quarantine_s,
+                                          reason)
+        except NamespaceStateUnavailable as exc:  # this supervisor's own still holds; the database is back later
+            log.error("namespace %s: quarantine not shared with the other supervisors: %s", namespace, exc)
+
+    async def _shared_quarantine(self, namespace: str) -> QuarantineRecord | None:
+        """The quarantine another supervisor (or this one, before it restarted) recorded, if still in force by the
+        database's clock. Unreadable: none (the local one still holds; starting is what a single host would do)."""
+        if self.config.quarantines is None:
+            return None
+        try:
+            return await trio.to_thread.run_sync(self.config.quarantines.current, namespace)
+        except NamespaceStateUnavailable as exc:
+            log.warning("namespace %s: shared quarantines unreadable, going by this supervisor's own: %s",
+                        namespace, exc)
+            return None
 
     async def _start(self, slot: _Slot) -> None:
         name = slot.namespace.name
@@ -378,6 +436,13 @@ class WorkerPool:
                 f"namespace {name!r} is quarantined: its worker crashed too often — {quarantine.reason}; "
                 f"new tasks are refused until {until} (in {max(quarantine.deadline - now, 0):.0f} s) or until "
                 f"an operator runs `codesdk-supervisor quarantine lift {name}` — check the worker log first")
+        shared = await self._shared_quarantine(name)
+        if shared is not None:
+            until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(shared.until))
+            raise NamespaceQuarantined(
+                f"namespace {name!r} is quarantined: its worker crashed too often — {shared.reason}; new tasks are "
+                f"refused until {until} or until an operator runs `codesdk-supervisor quarantine lift {name}` — "
+                "check the worker log first")
         slot.starting = trio.Event()
         slot.start_scope = trio.CancelScope()
         try:
@@ -400,7 +465,8 @@ class WorkerPool:
             await trio.sleep(delay)
         try:
             prepared = await trio.to_thread.run_sync(prepare_launch, self.config, slot.namespace, slot.placement)
-        except (UidRangeError, DiskQuotaError) as exc:  # e.g. the range is exhausted: the operator's to fix
+        except (UidRangeError, DiskQuotaError, NamespaceStateUnavailable, UndecryptableVariable) as exc:
+            # e.g. the range is exhausted, the database holding its variables unreachable: the operator's to fix
             slot.last_error = str(exc)
             log.error("namespace %s: %s", name, exc)
             raise NamespaceFailing(f"namespace {name!r}: {exc}") from exc
@@ -558,7 +624,12 @@ class WorkerPool:
             del batch, first  # handed over: not held here until the worker sends again (a quiet worker kept them)
 
     async def _env_changed(self, slot: _Slot) -> bool:
-        return await trio.to_thread.run_sync(self.namespace_env.stamp, slot.namespace.name) != slot.env_stamp
+        try:
+            stamp = await trio.to_thread.run_sync(self.namespace_env.stamp, slot.namespace.name)
+        except NamespaceStateUnavailable as exc:  # the worker it has stays until the stamp can be read again
+            log.warning("namespace %s: cannot tell whether its variables changed: %s", slot.namespace.name, exc)
+            return False
+        return stamp != slot.env_stamp
 
     def _retire(self, slot: _Slot, worker: WorkerProcess, why: str) -> None:
         """Shut an idle worker down (not a crash); the namespace's next task starts a fresh one."""

@@ -4,6 +4,7 @@ postmaster SIGKILLed mid-write and the service recovering when it is back."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -31,6 +32,8 @@ SCENARIOS = str(REPO / "worker" / "adapters" / "scripted" / "scenarios")
 #: Short leases, so a takeover comes soon after a death (renewed every third of it).
 LEASE_S = 2.0
 TERMINALS = ("task.completed", "task.failed", "task.stopped")
+#: The deployment key every supervisor of these tests shares (namespace variables are kept under it).
+SECRET_KEY = base64.b64encode(os.urandom(32)).decode()
 
 pytestmark = pytest.mark.skipif(postgres_unavailable() is not None, reason=postgres_unavailable() or "")
 
@@ -49,7 +52,8 @@ class Supervisor:
         if admin_token is not None:
             (data_dir / "admin.token").write_text(admin_token + "\n")
         with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(argv, env={**os.environ, "CODESDK_SCENARIO_DIR": SCENARIOS}, cwd=REPO,
+            self.process = subprocess.Popen(argv, env={**os.environ, "CODESDK_SCENARIO_DIR": SCENARIOS,
+                                                       "CODESDK_SECRET_KEY": SECRET_KEY}, cwd=REPO,
                                             stdout=subprocess.DEVNULL, stderr=log)
         wait_for(f"the supervisor on {self.socket} to serve", self._serving)
         self.client = self._client()
