@@ -237,6 +237,15 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(10, "webhook endpoints, their outbox of deliveries, and each delivery's attempts",
               WEBHOOK_TABLES.format(rowid="rowid BIGINT GENERATED ALWAYS AS IDENTITY,\n            ")),
+    Migration(
+        11,
+        "lease epochs from a sequence: an epoch names one holding of a namespace and is never reused (fencing)",
+        """
+        CREATE SEQUENCE namespace_lease_epochs AS BIGINT;
+        SELECT setval('namespace_lease_epochs', COALESCE((SELECT max(epoch) FROM namespace_leases), 0) + 1, false);
+        ALTER TABLE namespace_leases ALTER COLUMN epoch SET DEFAULT nextval('namespace_lease_epochs');
+        """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version
