@@ -53,8 +53,9 @@ class RunRecorder:
                 run.appending -= 1
                 if not run.appending:
                     run.appends_settled.unpark_all()
-        except Fenced:  # the namespace moved to another supervisor (``Leasing.fenced`` lets it go): not ours to end
-            return False
+        except Fenced as exc:  # the namespace moved to another supervisor (``Leasing.fenced`` lets it go)
+            log.warning("task %s: %d event(s) refused, not stored: %s", run.task_id, len(events), exc)
+            return False  # not ours to end: the new holder fails the task
         except QuotaExceeded as exc:  # nothing of these was stored; the task ends here, once
             log.warning("task %s: %s", run.task_id, exc)
             await self._over_quota(run, exc)
