@@ -282,6 +282,7 @@ def migrate(db: PostgresDb, target: int = LATEST) -> int:
     db.begin()
     try:
         db.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))  # one migrator; re-read under it
+        db.execute("SET LOCAL idle_in_transaction_session_timeout = 0")  # a backfill may think between statements
         found = schema_version(db)
         if found is None and db.scalar(
                 "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()"):
