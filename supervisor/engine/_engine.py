@@ -287,6 +287,7 @@ class Engine:
                 trio.open_nursery() as nursery:
             store.commit_linger_s = config.commit_linger_s
             engine = cls(config, store, tooling, nursery, workers=workers, leases=leases)
+            store.fence_with(lambda: leases.epochs, engine.leasing.fenced)  # before any write for a namespace
             await engine.leasing.recover()
             await sweep_ephemeral_homes(store, config.pool.data_dir)  # sessions deleted while we were down
             await nursery.start(engine.leasing.keep)
@@ -391,6 +392,7 @@ class Engine:
         """Retitle the session (``""``: no title), archive or unarchive it, and/or replace its metadata (None: as
         it is); a change of its archiving is audited, as done ``by`` whom."""
         before = await self.store.get_session(session_id)
+        await self.leasing.own(before.namespace)  # written by the supervisor that runs the namespace (fencing)
         record = await self.store.update_session(session_id, title=title, archived=archived, metadata=metadata)
         if archived is not None and archived != (before.archived_at is not None):
             audit("session.archived" if archived else "session.unarchived", by, session=session_id,
@@ -659,6 +661,7 @@ class Engine:
     async def set_budget(self, session_id: str, limits: BudgetLimits, *, by: str) -> SessionRecord:
         """Replace the session's limits (a paused session stays paused: ``raise_budget`` ends a pause)."""
         session = await self.store.get_session(session_id)
+        await self.leasing.own(session.namespace)  # written by the supervisor that runs the namespace (fencing)
 
         def change(budget: SessionBudget | None) -> SessionBudget:
             return (budget or SessionBudget()).model_copy(update={"limits": limits})
@@ -1055,7 +1058,7 @@ def _open_store(config: EngineConfig) -> AbstractAsyncContextManager[Recorder]:
     """The store the config names: PostgreSQL at ``config.store``, else SQLite in the data dir. Either way this
     supervisor holds the data dir's lock (its workspaces, namespaces' HOMEs and API socket are its own)."""
     if config.store is not None:
-        return open_postgres(config.store, data_dir=config.data_dir, holder=config.holder)
+        return open_postgres(config.store, data_dir=config.data_dir, holder=config.holder, lease_s=config.lease_s)
     return EventStore.open(config.data_dir, vfs=config.store_vfs, holder=config.holder)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ..namespaces import InvalidNamespace
-from ..store import Holder, QuotaExceeded, UnknownSession, UnknownTask
+from ..store import Fenced, Holder, QuotaExceeded, UnknownSession, UnknownTask
 from ..store import SessionBusy as StoredSessionBusy
 
 
@@ -175,6 +175,8 @@ ERROR_STATUS: dict[type[Exception], ErrorStatus] = {
     InvalidNamespace: ErrorStatus(422, "invalid_namespace"),
     UnknownSession: ErrorStatus(404, "session_not_found"),
     UnknownTask: ErrorStatus(404, "task_not_found"),
+    # the namespace moved to another supervisor while this one was paused: asked again, it says where it is
+    Fenced: ErrorStatus(503, "namespace_moved", retry_after_s=1),
 }
 
 

@@ -12,6 +12,8 @@
   where they left tasks running; a lease lost (we were cut off from the database for too long, and another may
   have taken the namespace) ends our part at once: our runs there are dropped without storing anything, and the
   namespace's worker is let go.
+- A write of ours the database refused because the namespace's lease moved on (``store.Fenced``: we were paused or
+  cut off while another supervisor took it over) is a lease lost the same way, found out sooner (``fenced``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,17 @@ from codesdk.protocol import (
     WorkerAnswer,
 )
 
-from ..store import EventDraft, InvalidTransition, Leases, Recorder, StoreError, TaskRecord, TaskState, TaskUpdate
+from ..store import (
+    EventDraft,
+    Fenced,
+    InvalidTransition,
+    Leases,
+    Recorder,
+    StoreError,
+    TaskRecord,
+    TaskState,
+    TaskUpdate,
+)
 from ._approvals import ApprovalBroker
 from ._questions import QuestionBroker, question_ends
 from ._errors import NamespaceElsewhere
@@ -67,6 +79,16 @@ class Leasing:
         self._claiming: dict[str, trio.Lock] = {}
         #: Told when a namespace moved here (taken over with tasks left running, now failed): the service's webhooks.
         self.on_moved: Callable[[str, int], None] | None = None
+        #: namespaces whose lease a refused write showed to be lost, for ``keep`` to let go of
+        self._refused_send, self._refused = trio.open_memory_channel[str](float("inf"))
+
+    def fenced(self, refused: Fenced) -> None:
+        """The store refused a write of ours for a namespace (its lease moved on): let the namespace go as a lost
+        lease (once per holding: later refusals of the same epoch find it let go already)."""
+        if self.leases.let_go(refused.namespace, refused.epoch):
+            log.error("namespace %s: a write was refused, its lease having passed to another supervisor (this one "
+                      "was paused or cut off); the namespace is let go here", refused.namespace)
+            self._refused_send.send_nowait(refused.namespace)
 
     async def own(self, namespace: str) -> None:
         """Make the namespace's lease ours, or refuse (``NamespaceElsewhere``, nothing done)."""
@@ -102,6 +124,7 @@ class Leasing:
             if every is None:
                 return
             nursery.start_soon(self._fence, every)
+            nursery.start_soon(self._let_go_refused)
             await self._renew_forever(every)
 
     async def _renew_forever(self, every: float) -> None:
@@ -137,6 +160,11 @@ class Leasing:
             for namespace in sorted(self.leases.forfeit()):
                 await self._lost(namespace)
             await trio.sleep(every)
+
+    async def _let_go_refused(self) -> None:
+        async for namespace in self._refused:
+            if namespace not in (self.leases.epochs or {}):  # not claimed again meanwhile
+                await self._lost(namespace)
 
     async def _take_over(self, expired: list[str]) -> None:
         """Namespaces whose supervisor is gone: where it left tasks running, take them over (and fail those); the

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import trio
 
-from ..store import BudgetChange, EventDraft, QuotaExceeded, Quotas, Recorder
+from ..store import BudgetChange, EventDraft, Fenced, QuotaExceeded, Quotas, Recorder
 from ._runs import PendingEvent, TaskRun
 
 log = logging.getLogger("codesdk.supervisor.engine")
@@ -53,6 +53,9 @@ class RunRecorder:
                 run.appending -= 1
                 if not run.appending:
                     run.appends_settled.unpark_all()
+        except Fenced as exc:  # the namespace moved to another supervisor (``Leasing.fenced`` lets it go)
+            log.warning("task %s: %d event(s) refused, not stored: %s", run.task_id, len(events), exc)
+            return False  # not ours to end: the new holder fails the task
         except QuotaExceeded as exc:  # nothing of these was stored; the task ends here, once
             log.warning("task %s: %s", run.task_id, exc)
             await self._over_quota(run, exc)

@@ -53,6 +53,7 @@ from ._errors import (
     UnknownSession,
     UnknownTask,
 )
+from ._fencing import Fenced
 from ._leases import LEASE_S, Claim, Holder, Leases, PostgresLeases, Renewal, SoleLeases
 from ._lock import LOCK_FILENAME, DataDirBusy, DataDirLock, LockHolder, current_holder
 from ._postgres import (
@@ -102,6 +103,7 @@ from ._subscribe import Subscription
 from ._writer import COMMIT_LINGER_S, MAX_COMMIT_LINGER_S, WriterStats
 
 __all__ = [
+    "Fenced",
     "COMMIT_LINGER_S",
     "DB_FILENAME",
     "IDEMPOTENCY_WINDOW_S",

@@ -10,11 +10,14 @@ are announced to other processes, and how the driver's errors become the store's
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import apsw
 
 from ._errors import translate
+
+if TYPE_CHECKING:
+    from ._fencing import Fence
 
 BUSY_TIMEOUT_MS = 5_000
 
@@ -35,6 +38,8 @@ class Db(Protocol):
     for_update: str
     #: The SQL function giving the 1-based position of a substring (0: absent), ``f(text, part)``.
     text_position: str
+    #: The fence of the write running on it (``_fencing``; None: not fenced, always so on SQLite).
+    fence: Fence | None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows: ...
 
@@ -72,6 +77,7 @@ class SQLiteDb:
 
     for_update = ""
     text_position = "instr"
+    fence: Fence | None = None  # one supervisor: nothing to fence
 
     def __init__(self, conn: apsw.Connection) -> None:
         self.conn = conn

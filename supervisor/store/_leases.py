@@ -15,6 +15,10 @@ hosts' clocks need not agree.
   began, which is before anyone else can take them — and stops its workers there without recording anything
   (``forfeit``). Leases it let go of are not renewed; they expire, and whoever takes them over (itself included)
   fails what was left running.
+
+Each claim takes a new epoch (``namespace_lease_epochs``, a sequence: never reused), and the holder keeps the epoch
+of each namespace it holds (``epochs``): its writes for a namespace carry it and are refused by the database once
+the lease has moved on (``_fencing``). A refused write lets the namespace go (``let_go``) as a lost lease does.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import json
 import os
 import secrets
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -57,6 +61,8 @@ class Claim:
     holder: Holder | None = None
     #: ours from now, after nobody's or a lost one's: tasks left running in the namespace are orphans to fail
     taken_over: bool = False
+    #: the lease's epoch (None: not ours, or a store with one supervisor, where nothing is fenced)
+    epoch: int | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,15 @@ class Leases(Protocol):
 
     def forfeit(self) -> frozenset[str]:
         """Past ``deadline``: let go of every lease at once, whether or not the database answers; what was held."""
+
+    @property
+    def epochs(self) -> Mapping[str, int] | None:
+        """The epoch of each namespace held (a snapshot: never changed in place); None where writes are not fenced
+        (one supervisor)."""
+
+    def let_go(self, namespace: str, epoch: int | None) -> bool:
+        """Stop holding the namespace if it is held as ``epoch`` (a write of ours was refused: the lease moved on);
+        whether it was. It is not renewed any more, so it expires unless another supervisor has it already."""
 
     async def claim(self, namespace: str) -> Claim: ...
 
@@ -132,6 +147,11 @@ class SoleLeases:
     def forfeit(self) -> frozenset[str]:
         return frozenset()
 
+    epochs = None
+
+    def let_go(self, namespace: str, epoch: int | None) -> bool:
+        return False  # nothing is fenced: no write is refused
+
     async def expired(self) -> list[str]:
         return []
 
@@ -154,7 +174,8 @@ class PostgresLeases:
         self.lease_s = lease_s
         self.supervisor_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._host = socket.gethostname()
-        self._held: set[str] = set()
+        #: namespace -> epoch, replaced (never changed in place) on every change: writes keep the one they saw
+        self._held: Mapping[str, int] = {}
         self._limiter = trio.CapacityLimiter(1)  # one thread at a time on the connection
         self._api: tuple[str, ...] = ()
         self._last_renewal_began = trio.current_time()
@@ -174,10 +195,20 @@ class PostgresLeases:
         if trio.current_time() < self.deadline or not self._held:
             return frozenset()
         lost = frozenset(self._held)
-        self._held.clear()
+        self._held = {}
         self.failure = (f"the namespace leases were not renewed for {self.lease_s:g} s (the database does not "
                         "answer): this supervisor let go of its namespaces")
         return lost
+
+    @property
+    def epochs(self) -> Mapping[str, int]:
+        return self._held
+
+    def let_go(self, namespace: str, epoch: int | None) -> bool:
+        if epoch is None or self._held.get(namespace) != epoch:
+            return False
+        self._held = {held: e for held, e in self._held.items() if held != namespace}
+        return True
 
     @classmethod
     async def open(cls, url: str, location: str, lease_s: float = LEASE_S) -> PostgresLeases:
@@ -225,23 +256,24 @@ class PostgresLeases:
         if namespace in self._held:
             return Claim()
         claim: Claim = await self._run(f"taking the lease of namespace {namespace!r}", self._claim, namespace)
-        if claim.holder is None:
-            self._held.add(namespace)
+        if claim.holder is None and claim.epoch is not None:
+            self._held = {**self._held, namespace: claim.epoch}
         return claim
 
     def _claim(self, namespace: str) -> Claim:
         """One statement: insert the lease, or take it over where it expired (or is already ours); else say who
-        holds it. A holder that gave it up between the two is asked about once more."""
+        holds it. A holder that gave it up between the two is asked about once more. Either way the lease gets a
+        new epoch (the sequence's next, which ``excluded.epoch`` carries)."""
         for _ in range(2):
             row = self._db.execute(
                 "INSERT INTO namespace_leases AS l (namespace, supervisor_id, expires_at, taken_at) "
                 "VALUES (?, ?, now() + make_interval(secs => ?), now()) "
                 "ON CONFLICT (namespace) DO UPDATE SET supervisor_id = excluded.supervisor_id, "
-                "expires_at = excluded.expires_at, taken_at = excluded.taken_at, epoch = l.epoch + 1 "
+                "expires_at = excluded.expires_at, taken_at = excluded.taken_at, epoch = excluded.epoch "
                 "WHERE l.expires_at < now() OR l.supervisor_id = excluded.supervisor_id "
                 "RETURNING epoch", (namespace, self.supervisor_id, self.lease_s)).fetchall()
             if row:
-                return Claim(taken_over=True)
+                return Claim(taken_over=True, epoch=int(row[0][0]))
             for supervisor_id, host, pid, api in self._db.execute(
                     "SELECT s.supervisor_id, s.host, s.pid, s.api FROM namespace_leases l "
                     "JOIN supervisors s USING (supervisor_id) WHERE l.namespace = ?", (namespace,)):
@@ -263,7 +295,8 @@ class PostgresLeases:
         self.failure = None
         self._last_renewal_began = began
         lost = asked - held
-        self._held -= lost
+        if lost:
+            self._held = {namespace: epoch for namespace, epoch in self._held.items() if namespace not in lost}
         return Renewal(frozenset(self._held), lost)
 
     def _renew(self, held: list[str]) -> set[str]:
@@ -299,7 +332,7 @@ class PostgresLeases:
         try:
             await self._run("giving up this supervisor's namespace leases", self._give_up)
         finally:
-            self._held.clear()
+            self._held = {}
             self._db.close()
 
     def _give_up(self) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -21,6 +21,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ._db import Rows
 from ._errors import DatabaseError, StoreClosed, StoreError, translate
+from ._fencing import Fence
 
 #: The channel a commit's appended sessions are announced on (payload: "<origin> <session id>").
 CHANNEL = "codesdk_events"
@@ -78,12 +79,16 @@ class PostgresDb:
     for_update = " FOR UPDATE"
     text_position = "strpos"
 
-    def __init__(self, url: str, location: str, origin: str) -> None:
+    def __init__(self, url: str, location: str, origin: str, settings: Mapping[str, str] | None = None) -> None:
         self._url = url
+        #: server settings of this connection's sessions (``-c name=value``), e.g. the writer's idle-transaction bound
+        self._settings = dict(settings or {})
         self.location = location
         self._origin = origin  # who the announcements come from: a store skips its own
         self._conn: psycopg.Connection[Any] | None = None
         self._closed = False
+        #: the fence of the write running on this connection (``_fencing``; set by the store for that write)
+        self.fence: Fence | None = None
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
@@ -100,7 +105,7 @@ class PostgresDb:
         self._conn = None
         if conn is not None:
             conn.close()
-        self._conn = connect(self._url)
+        self._conn = connect(self._url, self._settings)
 
     def lost_connection(self, exc: BaseException) -> bool:
         return isinstance(exc, psycopg.OperationalError) and (self._conn is None or self._conn.broken)
@@ -171,8 +176,11 @@ DEAD_PEER_PARAMS = {"keepalives": "1", "keepalives_idle": "5", "keepalives_inter
                     "tcp_user_timeout": "15000"}
 
 
-def connect(url: str) -> psycopg.Connection[Any]:
+def connect(url: str, settings: Mapping[str, str] | None = None) -> psycopg.Connection[Any]:
     params = {**DEAD_PEER_PARAMS, **conninfo_to_dict(url)}
+    if settings:  # after the URL's own options (a search_path, say)
+        params["options"] = " ".join([str(params.get("options") or ""),
+                                      *(f"-c {name}={value}" for name, value in settings.items())]).strip()
     return psycopg.connect(make_conninfo("", **params), autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
                            application_name="codesdk-supervisor")
 

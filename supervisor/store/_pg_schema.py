@@ -296,6 +296,15 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         """,
     ),
+    Migration(
+        13,
+        "lease epochs from a sequence: an epoch names one holding of a namespace and is never reused (fencing)",
+        """
+        CREATE SEQUENCE namespace_lease_epochs AS BIGINT;
+        SELECT setval('namespace_lease_epochs', COALESCE((SELECT max(epoch) FROM namespace_leases), 0) + 1, false);
+        ALTER TABLE namespace_leases ALTER COLUMN epoch SET DEFAULT nextval('namespace_lease_epochs');
+        """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version
@@ -332,6 +341,7 @@ def migrate(db: PostgresDb, target: int = LATEST) -> int:
     db.begin()
     try:
         db.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))  # one migrator; re-read under it
+        db.execute("SET LOCAL idle_in_transaction_session_timeout = 0")  # a backfill may think between statements
         found = schema_version(db)
         if found is None and db.scalar(
                 "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()"):

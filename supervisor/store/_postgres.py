@@ -31,6 +31,7 @@ from codesdk.protocol import UpcasterRegistry
 from codesdk.protocol import upcasters as this_builds_upcasters
 
 from ._errors import StoreError
+from ._leases import LEASE_S
 from ._lock import DataDirLock
 from ._readers import ReaderPool, close_all
 from ._store import EventStore, lock_data_dir, running
@@ -78,6 +79,8 @@ def open_token_table(url: str) -> TokenTable:
         table.close()
         raise
     return table
+
+
 def connect_postgres(url: str) -> Any:
     """A psycopg connection (autocommit, with the store's keepalives) for tables kept beside the store's own:
     the namespaces' variables and limits (``namespaces._pg_state``)."""
@@ -105,6 +108,12 @@ def migrate_postgres(url: str) -> None:
         db.close()
 
 
+#: The longest the writer's connection may sit idle inside a transaction, as a share of the lease: a supervisor
+#: stopped (SIGSTOP, a hung host) in the middle of a write holds its namespace's lease row (``_fencing``) and session
+#: rows, which the supervisor taking the namespace over waits for; the server ends that transaction (and the
+#: connection) after this long, well before the new holder's own lease is due for renewal (every lease_s / 3).
+WRITER_IDLE_IN_TRANSACTION = 0.25
+
 #: Seconds an idle subscriber waits for a notice before it reads anyway. Notices wake it (and every subscriber
 #: when the listener reconnects): the reads are only the fallback, so they need not cost the database often.
 PG_POLL_INTERVAL_S = 5.0
@@ -122,20 +131,23 @@ async def open_postgres(
     poll_interval_s: float = PG_POLL_INTERVAL_S,
     data_dir: Path | None = None,
     holder: str = "a CodeSDK event store writer",
+    lease_s: float = LEASE_S,
 ) -> AsyncIterator[EventStore]:
     """Open (creating or migrating the schema) the store in the PostgreSQL database at ``url``; closing commits
     what is queued. ``StoreError`` when psycopg is missing, the URL can't be read or the database can't be
     reached; ``SchemaTooNew`` when a newer CodeSDK migrated it. ``poll_interval_s``: how long an idle subscriber
     relies on notices alone before it reads anyway. ``data_dir``: the supervisor's own directory, whose lock it holds
-    while the store is open (``DataDirBusy`` if another process has it), as a SQLite store's writer does. The other
-    knobs are ``EventStore.open``'s."""
+    while the store is open (``DataDirBusy`` if another process has it), as a SQLite store's writer does.
+    ``lease_s``: the namespace leases' length, which bounds how long the writer may leave a transaction idle
+    (``WRITER_IDLE_IN_TRANSACTION``). The other knobs are ``EventStore.open``'s."""
     if min(readers, max_batch, subscriber_buffer, page_size) < 1:
         raise ValueError("readers, max_batch, subscriber_buffer and page_size must be >= 1")
     _pg_module().check_url(url)
     lock = None if data_dir is None else await trio.to_thread.run_sync(lock_data_dir, Path(data_dir), holder)
     try:
         async with _opened(url, lock, readers=readers, max_batch=max_batch, subscriber_buffer=subscriber_buffer,
-                           page_size=page_size, upcasters=upcasters, poll_interval_s=poll_interval_s) as store:
+                           page_size=page_size, upcasters=upcasters, poll_interval_s=poll_interval_s,
+                           lease_s=lease_s) as store:
             yield store
     finally:
         if lock is not None:
@@ -144,12 +156,14 @@ async def open_postgres(
 
 @asynccontextmanager
 async def _opened(url: str, lock: DataDirLock | None, *, readers: int, max_batch: int, subscriber_buffer: int,
-                  page_size: int, upcasters: UpcasterRegistry, poll_interval_s: float) -> AsyncIterator[EventStore]:
+                  page_size: int, upcasters: UpcasterRegistry, poll_interval_s: float,
+                  lease_s: float) -> AsyncIterator[EventStore]:
     from . import _pg, _pg_listen, _pg_schema  # psycopg is there: open_postgres looked
 
     location = _pg.redacted(url)
     origin = secrets.token_hex(8)
-    writer_db = _pg.PostgresDb(url, location, origin)
+    idle_ms = max(1, round(lease_s * WRITER_IDLE_IN_TRANSACTION * 1000))
+    writer_db = _pg.PostgresDb(url, location, origin, {"idle_in_transaction_session_timeout": str(idle_ms)})
     reader_dbs = [_pg.PostgresDb(url, location, origin) for _ in range(readers)]
 
     def connect_and_migrate() -> None:

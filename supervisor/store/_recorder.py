@@ -29,6 +29,7 @@ from codesdk.protocol import (
 )
 from codesdk.protocol.api import SessionFilter
 
+from ._fencing import Fenced
 from ._questions import QuestionRecord
 from ._quotas import Quotas
 from ._records import (
@@ -243,6 +244,9 @@ class StoreReader(EventLogReader, SessionReader, TaskReader, BlobReader, Protoco
 class Recorder(EventLog, SessionRecords, TaskRecords, ApprovalRecords, QuestionRecords, RequestRecords, BlobStore, StoreHealth,
                StoreReader, Protocol):
     """Everything the engine records and the HTTP API serves."""
+
+    def fence_with(self, epochs: Callable[[], Mapping[str, int] | None], on_fenced: Callable[[Fenced], None]) -> None:
+        """Fence the writes for namespaces with the lease epochs held (``_fencing``)."""
 
     @property
     def lock(self) -> WriterLock | None:

@@ -29,6 +29,7 @@ from codesdk.protocol import (
 from codesdk.protocol.api import SessionFilter
 
 from ._db import Db
+from ._fencing import lock_fenced_session
 from ._errors import (
     ApprovalDecided,
     InvalidEvent,
@@ -182,7 +183,13 @@ def select_sessions(conn: Db, namespace: str | None, limit: int, offset: int, na
 
 def lock_session(conn: Db, session_id: str) -> int:
     """Inside a write transaction: hold the session's row until it ends (so checks on the session's tasks and
-    appends cannot interleave with another writer's), and return its last seq."""
+    appends cannot interleave with another writer's), and return its last seq. A fenced write (``_fencing``)
+    checks its namespace's lease in the same statement."""
+    if conn.fence is not None and not conn.fence.checked:
+        fenced = lock_fenced_session(conn, conn.fence, session_id)
+        if fenced is None:
+            raise UnknownSession(session_id)
+        return fenced
     for (last_seq,) in conn.execute(f"SELECT last_seq FROM sessions WHERE session_id = ?{conn.for_update}",
                                     (session_id,)):
         return int(last_seq)

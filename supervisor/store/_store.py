@@ -39,6 +39,7 @@ from ._webhooks import AttemptRecord, DeliveryRecord, WebhookRecord
 from . import _sql
 from ._blobs import BlobFiles, check_ref
 from ._db import Db, SQLiteDb, open_connection
+from ._fencing import Fence, Fenced, Scope
 from ._errors import (
     BlobCorrupt,
     BlobNotFound,
@@ -115,6 +116,9 @@ class EventStore(Recorder):
         self._poll_interval_s = poll_interval_s
         self._closed = False
         self._write_failure: str | None = None
+        #: the lease epochs held when a write is queued, and who hears of a refused one (``fence_with``)
+        self._epochs: Callable[[], Mapping[str, int] | None] = lambda: None
+        self._on_fenced: Callable[[Fenced], None] = lambda refused: None
 
     @classmethod
     @asynccontextmanager
@@ -177,6 +181,11 @@ class EventStore(Recorder):
         )
         async with running(store, writer, writer_db, pool, hub, release=lock.release):
             yield store
+
+    def fence_with(self, epochs: Callable[[], Mapping[str, int] | None], on_fenced: Callable[[Fenced], None]) -> None:
+        """Fence this supervisor's writes for namespaces (``_fencing``): each carries ``epochs()`` as they are when
+        it is queued (None: nothing is fenced); a refused one raises ``Fenced`` after ``on_fenced`` heard of it."""
+        self._epochs, self._on_fenced = epochs, on_fenced
 
     @property
     def location(self) -> str:
@@ -254,7 +263,7 @@ class EventStore(Recorder):
                 quotas.check_new_session(namespace, *_sql.namespace_totals(conn, namespace))
             return _sql.insert_session(conn, record)
 
-        return await self._write(f"creating session {record.session_id!r}", op)
+        return await self._write(f"creating session {record.session_id!r}", op, scope=Scope("namespace", namespace))
 
     async def update_session(
         self,
@@ -280,14 +289,15 @@ class EventStore(Recorder):
                 title=title,
                 archived=archived,
             ),
+            scope=Scope("session", session_id),
         )
 
     async def drop_session(self, session_id: str) -> DroppedSession:
         """Delete an idle session whole (``SessionBusy`` while a task of it is pending or running): its events,
         tasks and approvals, what it counted against its namespace's quotas, and the blobs no other session holds.
         Its followers' subscriptions end. Its workspace is the caller's (``DroppedSession.workspace_shared``)."""
-        dropped = await self._write(f"deleting session {session_id!r}", partial(_sql.drop_session,
-                                                                              session_id=session_id))
+        dropped = await self._write(f"deleting session {session_id!r}", partial(
+            _sql.drop_session, session_id=session_id), scope=Scope("session", session_id))
         self._hub.end(session_id)
         await self._drop_blob_files(dropped.blob_files)
         return dropped
@@ -319,7 +329,7 @@ class EventStore(Recorder):
 
         # nothing to publish: no one follows a session that does not exist yet
         return await self._write(f"forking session {session_id!r} into {fork_id!r}", op,
-                                 bulk=len(prepared) > _FORK_BULK)
+                                 bulk=len(prepared) > _FORK_BULK, scope=Scope("session", session_id))
 
     async def get_session(self, session_id: str) -> SessionRecord:
         return await self._read(
@@ -350,7 +360,8 @@ class EventStore(Recorder):
                 _sql.add_namespace_spend(conn, *spend)
             return record
 
-        return await self._write(f"changing the budget of session {session_id!r}", op)
+        return await self._write(f"changing the budget of session {session_id!r}", op,
+                                 scope=Scope("session", session_id))
 
     async def namespace_spend(self, namespace: str, month: str) -> BudgetSpent:
         """What the namespace's sessions spent in ``month`` (``YYYY-MM``, UTC), as their usage was counted."""
@@ -394,7 +405,7 @@ class EventStore(Recorder):
                                        partial(_sql.count_active_tasks, conn))
             return insert(conn)
 
-        return await self._write(f"creating task {task_id!r}", op)
+        return await self._write(f"creating task {task_id!r}", op, scope=Scope("session", session_id))
 
     async def update_task(
         self,
@@ -417,14 +428,15 @@ class EventStore(Recorder):
             ended_at=ended_at,
             metadata=metadata,
         )
-        return await self._write(f"updating task {task_id!r}", partial(_sql.apply_task_update, update=update))
+        return await self._write(f"updating task {task_id!r}", partial(_sql.apply_task_update, update=update),
+                                 scope=Scope("task", task_id))
 
     async def get_task(self, task_id: str) -> TaskRecord:
         return await self._read(f"reading task {task_id!r}", partial(_sql.select_task, task_id=task_id))
 
     async def create_approval(self, record: ApprovalRecord) -> ApprovalRecord:
         return await self._write(f"recording approval {record.approval_id!r}",
-                                 partial(_sql.insert_approval, record=record))
+                                 partial(_sql.insert_approval, record=record), scope=Scope("namespace", record.namespace))
 
     async def decide_approval(self, approval_id: str, state: ApprovalState, decided_by: str,
                               reason: str) -> ApprovalRecord:
@@ -432,12 +444,13 @@ class EventStore(Recorder):
         if state not in _DECISIONS:
             raise ValueError(f"an approval is decided as approved, denied or expired, not {state!r}")
         return await self._write(f"deciding approval {approval_id!r}", partial(
-            _sql.decide_approval, approval_id=approval_id, state=state, decided_by=decided_by, reason=reason))
+            _sql.decide_approval, approval_id=approval_id, state=state, decided_by=decided_by, reason=reason),
+            scope=Scope("approval", approval_id))
 
     async def extend_approval(self, approval_id: str, expires_at: datetime) -> ApprovalRecord:
         """Move a pending approval's ``expires_at`` (a decided one is returned as it is)."""
         return await self._write(f"extending approval {approval_id!r}", partial(
-            _sql.extend_approval, approval_id=approval_id, expires_at=expires_at))
+            _sql.extend_approval, approval_id=approval_id, expires_at=expires_at), scope=Scope("approval", approval_id))
 
     async def get_approval(self, approval_id: str) -> ApprovalRecord:
         return await self._read(f"reading approval {approval_id!r}", partial(_sql.select_approval,
@@ -450,19 +463,21 @@ class EventStore(Recorder):
 
     async def create_question(self, record: QuestionRecord) -> QuestionRecord:
         return await self._write(f"recording question {record.question_id!r}",
-                                 partial(_questions.insert_question, record=record))
+                                 partial(_questions.insert_question, record=record),
+                                 scope=Scope("namespace", record.namespace))
 
     async def settle_question(self, question_id: str, state: QuestionState, via: AnsweredVia, by: str,
                               answers: Answers, reason: str) -> QuestionRecord:
         """Record the one answer (or decline) of a pending question (``QuestionSettled`` if it has one)."""
         return await self._write(f"answering question {question_id!r}", partial(
             _questions.settle_question, question_id=question_id, state=state, via=via, by=by, answers=answers,
-            reason=reason))
+            reason=reason), scope=Scope("question", question_id))
 
     async def extend_question(self, question_id: str, expires_at: datetime) -> QuestionRecord:
         """Move a pending question's ``expires_at`` (a settled one is returned as it is)."""
         return await self._write(f"extending question {question_id!r}", partial(
-            _questions.extend_question, question_id=question_id, expires_at=expires_at))
+            _questions.extend_question, question_id=question_id, expires_at=expires_at),
+            scope=Scope("question", question_id))
 
     async def get_question(self, question_id: str) -> QuestionRecord:
         return await self._read(f"reading question {question_id!r}",
@@ -632,7 +647,8 @@ class EventStore(Recorder):
             return stored
 
         where = f"appending {len(prepared)} event(s) to session {session_id!r}"
-        return await self._write(where, op, publish_to=session_id, bulk=bulk, linger=linger)
+        return await self._write(where, op, publish_to=session_id, bulk=bulk, linger=linger,
+                                 scope=Scope("session", session_id))
 
     async def read(self, session_id: str, after_seq: int = 0, limit: int = 1000) -> list[NormalizedEvent]:
         """Up to ``limit`` events with seq > ``after_seq``, in seq order. Page with the last seq you got."""
@@ -817,17 +833,25 @@ class EventStore(Recorder):
 
     async def _write(
         self, where: str, op: Callable[[Db], T], *, publish_to: str | None = None, bulk: bool = False,
-        linger: bool = False,
+        linger: bool = False, scope: Scope | None = None,
     ) -> T:
+        """Queue ``op`` for the writer. ``scope``: what names the namespace the write is for: it is fenced
+        (``_fencing``) with the epochs held now, when it is queued."""
         if self._closed:
             raise StoreClosed(where)
         if self._writer is None:
             raise StoreReadOnly(self.location, where)
+        epochs = None if scope is None else self._epochs()
+        if epochs is not None and scope is not None:
+            op = partial(_fenced, Fence(epochs, scope), op)
         try:
             result = await self._writer.submit(WriteRequest(op, where, publish_to, bulk=bulk, linger=linger))
         except DatabaseError as exc:
             if exc.storage_fault:
                 self._write_failure = str(exc)  # reported by /readyz until a write succeeds again
+            raise
+        except Fenced as exc:
+            self._on_fenced(exc)
             raise
         self._write_failure = None
         return result
@@ -857,6 +881,18 @@ _NAMING_PAGE = 200
 
 #: Largest blob kept in the database (committed with its events) rather than as a file.
 INLINE_BLOB_MAX = 64 * 1024
+
+
+def _fenced(fence: Fence, op: Callable[[Db], T], conn: Db) -> T:
+    """``op`` under ``fence``: a session's lock checks it on the way (``lock_session``), or it is checked after the
+    op's statements, in the same transaction (which a refusal rolls back)."""
+    conn.fence = fence
+    try:
+        result = op(conn)
+        fence.check(conn)
+        return result
+    finally:
+        conn.fence = None
 
 
 def _check_inline_blobs(blobs: Mapping[str, tuple[bytes, str]]) -> dict[str, tuple[bytes, str]]:
