@@ -51,15 +51,11 @@ from ..groups import (
     parse_size,
 )
 from ..namespaces import (
-    KEY_ENV,
     NamespaceState,
     NamespaceStateUnavailable,
     UndecryptableVariable,
     open_namespace_state,
-    SecretKey,
     SecretKeyError,
-    load_secret_key,
-    read_key_file,
     DiskQuota,
     DiskQuotaError,
     InvalidNamespace,

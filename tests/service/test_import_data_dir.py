@@ -4,14 +4,26 @@ revoked since is never brought back; bad input exits 2 saying what to do."""
 
 from __future__ import annotations
 
+import base64
+import os
 import re
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from codesdk.supervisor.api import PostgresTokenStore, TokenAuth
 from codesdk.supervisor.cli.admin import main
+from codesdk.supervisor.namespaces import KEY_ENV, load_secret_key, open_namespace_state
 from codesdk.supervisor.store import open_token_table
+
+#: The deployment's secret key the moved variables are encrypted under (the supervisors' ``$CODESDK_SECRET_KEY``).
+SECRET_KEY = base64.b64encode(os.urandom(32)).decode()
+
+
+@pytest.fixture(autouse=True)
+def _deployment_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KEY_ENV, SECRET_KEY)
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -126,3 +138,39 @@ def test_a_data_dir_without_tokens_has_none_to_move(postgres_url: str, tmp_path:
     data.mkdir()
     code, out, _ = _run(capsys, "import-data-dir", "--store", postgres_url, "--data-dir", str(data))
     assert code == 0 and "none to move" in out
+
+
+def test_a_data_dirs_variables_and_limits_move_with_its_tokens_and_no_value_is_printed(
+        postgres_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    _single_host(data)
+    value = "sk-ant-" + os.urandom(12).hex()
+    with open_namespace_state(data) as files:
+        files.variables.update("user:alice", {"ANTHROPIC_API_KEY": value})
+        files.budgets.set("user:alice", 25.0)
+    code, out, err = _run(capsys, "import-data-dir", "--store", postgres_url, "--data-dir", str(data))
+    assert code == 0, err
+    assert "1 variable(s) of 1 namespace(s) imported" in out and "1 limit(s) imported" in out
+    assert value not in out + err
+    with open_namespace_state(data, postgres_url, load_secret_key(None)) as shared:
+        assert shared.variables.values("user:alice") == {"ANTHROPIC_API_KEY": value}
+        assert shared.budgets.get("user:alice") == 25.0
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        stored = conn.execute("SELECT ciphertext FROM namespace_variables").fetchall()
+    assert stored and all(value.encode() not in bytes(row[0]) for row in stored)
+
+    code, out, err = _run(capsys, "import-data-dir", "--store", postgres_url, "--data-dir", str(data))
+    assert code == 0, err
+    assert "0 variable(s) of 1 namespace(s) imported, 1 already there" in out and "1 already there" in out
+
+
+def test_moving_without_the_deployment_key_moves_nothing_and_says_how_to_make_one(
+        postgres_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(KEY_ENV)
+    data = tmp_path / "data"
+    _single_host(data)
+    code, out, err = _run(capsys, "import-data-dir", "--store", postgres_url, "--data-dir", str(data))
+    assert code == 2 and out == ""
+    assert "--secret-key-file" in err and "/dev/urandom" in err
+    assert _shared(postgres_url).records() == []
