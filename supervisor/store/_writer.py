@@ -4,7 +4,9 @@ Callers queue ``WriteRequest``s; the writer task takes what is queued (up to ``m
 one transaction on a worker thread, each request inside its own SAVEPOINT so one failing request is rolled
 back alone. Only after COMMIT returns are the requests answered and their events published, so no
 subscriber ever sees an event that is not durable. Fast producers therefore share fsyncs instead of
-queueing behind one each.
+queueing behind one each. On PostgreSQL the transaction is pipelined (``Db.begin``): statements go without waiting
+for their answers, and each request of a batch ends with ``sync``, so its errors surface while it is still the one
+running: a lone append costs two round trips, a batch of N two per request and one.
 
 Fairness. A request is either ordinary or **bulk**: the events of a long stream (the engine marks a task's
 streamed events as bulk once it has sent many, in appends of bounded size). Bulk requests are committed in
