@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
-import select
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
@@ -225,8 +224,7 @@ class PostgresDb:
             self._begin(pipelined)
 
     def _begin(self, pipelined: bool) -> None:
-        if pipelined:
-            _notice_hang_up(self.conn)  # BEGIN is not answered before a read: a dead connection shows here
+        if pipelined:  # (sending BEGIN reads what waits on the socket: a connection the server ended shows here)
             self._enter_pipeline()
         self.conn.execute("BEGIN")
 
@@ -294,14 +292,6 @@ class PostgresDb:
 #: Without them a call waits forever in its thread, which trio cannot cancel. (Unix sockets ignore them.)
 DEAD_PEER_PARAMS = {"keepalives": "1", "keepalives_idle": "5", "keepalives_interval": "2", "keepalives_count": "3",
                     "tcp_user_timeout": "15000"}
-
-
-def _notice_hang_up(conn: psycopg.Connection[Any]) -> None:
-    """Raise ``OperationalError`` (the connection now broken) if the server closed ``conn`` while it was idle, without
-    a round trip: an idle connection's socket has something to read only then (or for a notice, which is read)."""
-    readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
-    if readable:
-        conn.pgconn.consume_input()
 
 
 def connect(url: str) -> psycopg.Connection[Any]:

@@ -189,6 +189,18 @@ def lock_session(conn: Db, session_id: str) -> int:
     raise UnknownSession(session_id)
 
 
+def lock_session_usage(conn: Db, session_id: str) -> Usage:
+    """``lock_session`` and ``select_usage`` in one statement (one round trip on PostgreSQL): the session's row held
+    until the transaction ends, and what it and its namespace store (``Usage.session_events`` is its last seq)."""
+    usage = ("COALESCE((SELECT u.{0} FROM namespace_usage u WHERE u.namespace = s.namespace), 0)")
+    for namespace, events, stored, ns_events, ns_bytes in conn.execute(
+        f"SELECT s.namespace, s.last_seq, s.stored_bytes, {usage.format('events')}, {usage.format('bytes')} "
+        f"FROM sessions s WHERE s.session_id = ?{conn.for_update}", (session_id,),
+    ):
+        return Usage(namespace, int(events), int(stored), int(ns_events), int(ns_bytes))
+    raise UnknownSession(session_id)
+
+
 def select_last_seq(conn: Db, session_id: str) -> int:
     for (last_seq,) in conn.execute("SELECT last_seq FROM sessions WHERE session_id = ?", (session_id,)):
         return int(last_seq)

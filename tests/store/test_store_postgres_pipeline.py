@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from codesdk.protocol import EventType
-from codesdk.supervisor.store import DatabaseError, EventDraft, EventStore, open_postgres
+from codesdk.supervisor.store import DatabaseError, EventDraft, EventStore, Quotas, open_postgres
 from codesdk.supervisor.store import _pg
 
 from tests.store.store_helpers import RUNTIME, delta, session_created
@@ -87,6 +87,8 @@ async def test_a_lone_append_costs_two_round_trips_and_a_batch_two_per_request_a
             assert store.writer_stats.transactions == transactions + 1  # all three in one transaction
 
         assert await traced(store, tmp_path, one) <= 2  # (BEGIN, the locked read) (the rest, COMMIT)
+        quota = await traced(store, tmp_path, lambda: store.append("a", [delta("q")], quotas=Quotas()))
+        assert quota <= 2  # the usage is read with the lock
         assert await traced(store, tmp_path, small_batch) <= 2
         assert await traced(store, tmp_path, three) <= 2 * 3 + 1  # each its read and its sync; the COMMIT
         large = await traced(store, tmp_path, lambda: store.append("a", [delta("z")] * _pg.COPY_FROM_ROWS))
@@ -155,8 +157,8 @@ async def test_a_writer_connection_the_server_ended_is_replaced_before_the_next_
         await store.create_session("s", runtime="scripted")
         await store.append("s", [session_created()])
         with psycopg.connect(postgres_url, autocommit=True) as admin:
-            ended = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
-                                  "current_database() AND pid <> pg_backend_pid()").fetchall()
+            ended = admin.execute("SELECT pg_terminate_backend(pid, 60000) FROM pg_stat_activity WHERE datname = "
+                                  "current_database() AND pid <> pg_backend_pid()").fetchall()  # (waits for the end)
         assert ended  # (the readers' and the listener's too; they come back by themselves)
         assert [e.seq for e in await store.append("s", [delta("after")])] == [2]
 
