@@ -95,7 +95,7 @@ def _plain_insert(sql: str) -> tuple[str, tuple[str, ...]] | None:
 
 def _array_literal(values: Sequence[Any]) -> str | None:
     """``values`` as a PostgreSQL array literal (text form, every element quoted so none reads as NULL), or None if
-    one is not a str, an int or None (the caller binds such rows one by one). The escaping is done on all values
+    one is not a str, an int or None (the caller COPYs such rows instead). The escaping is done on all values
     joined at once (one pass of str.replace, not one per value): NUL, which a text value cannot hold, separates them."""
     if all(type(value) is int for value in values):
         return "{" + ",".join(map(str, values)) + "}"
@@ -106,7 +106,7 @@ def _array_literal(values: Sequence[Any]) -> str | None:
     texts = ["" if value is None else value for value in values]
     joined = "\0".join(texts)
     if joined.count("\0") != len(texts) - 1:
-        return None  # a NUL of its own: the server refuses it, as it would in the rows one by one
+        return None  # a NUL of its own would split the value: COPY it, for the server to refuse as ever
     quoted = joined.replace("\\", "\\\\").replace('"', '\\"').split("\0")
     return "{" + ",".join("NULL" if value is None else f'"{text}"' for value, text in zip(values, quoted)) + "}"
 

@@ -187,5 +187,28 @@ def test_integer_array_literals_read_back_as_the_values(values: list[int | None]
 
 def test_values_without_an_array_literal_are_left_to_the_caller() -> None:
     assert _pg._array_literal([b"bytes"]) is None
-    assert _pg._array_literal(["a\0b"]) is None  # a NUL would split a value: the rows go one by one instead
+    assert _pg._array_literal(["a\0b"]) is None  # a NUL would split a value: the rows go as a COPY instead
     assert _pg._array_literal([True]) is None
+
+
+def test_inside_a_pipeline_rows_go_as_arrays_or_a_copy_and_the_transaction_holds_both(postgres_url: str) -> None:
+    db = _pg.PostgresDb(postgres_url, "test", "origin")
+    try:
+        db.ready()
+        db.execute("CREATE TABLE t (n BIGINT NOT NULL, v TEXT, b BOOLEAN)")
+        db.begin(pipelined=True)
+        db.executemany("INSERT INTO t(n, v, b) VALUES (?, ?, ?)", [(1, "a", True), (2, None, False)])  # no literal
+        db.executemany("INSERT INTO t(n, v) VALUES (?, ?)", [(3, 'x"y'), (4, None)])  # arrays, back in the pipeline
+        db.executemany("INSERT INTO t(n, v) VALUES (?, ?)", [(n, "many") for n in range(5, 5 + _pg.COPY_FROM_ROWS)])
+        db.commit()
+        rows = [tuple(row) for row in db.execute("SELECT n, v, b FROM t WHERE n < 5 ORDER BY n")]
+        assert rows == [(1, "a", True), (2, None, False), (3, 'x"y', None), (4, None, None)]
+        assert db.scalar("SELECT count(*) FROM t") == 4 + _pg.COPY_FROM_ROWS
+        db.begin(pipelined=True)  # a failing insert's error surfaces at the commit; nothing of it stays
+        db.executemany("INSERT INTO t(n, v) VALUES (?, ?)", [(99, "x"), (None, "y")])
+        with pytest.raises(psycopg.errors.NotNullViolation):
+            db.commit()
+        db.rollback()
+        assert db.scalar("SELECT count(*) FROM t") == 4 + _pg.COPY_FROM_ROWS
+    finally:
+        db.close()
