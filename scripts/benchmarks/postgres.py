@@ -2,6 +2,8 @@
 
 - appends through the store (one per commit, batches of 100) on PostgreSQL, against raw psycopg doing the same
   inserts on the same table shape, and against the SQLite store (the embedded default, at its shipped FULL);
+- the round trips of one append (one event per commit), counted in a libpq protocol trace, against raw psycopg's
+  BEGIN, INSERT, COMMIT;
 - events through a whole supervisor (scripted flood -> worker -> engine -> store -> one live subscriber) and the
   tool round trip, with the store on PostgreSQL against the same on SQLite;
 - aggregate events/s of two supervisor processes flooding one database at once, against one alone;
@@ -81,6 +83,53 @@ async def store_appends(opened: Any, single: int, batched: int) -> dict[str, flo
         for start in range(0, batched, 100):
             await store.append("many", [_draft(i) for i in range(start, start + 100)])
         return {"single": one, "batched": batched / (time.perf_counter() - started)}
+
+
+def round_trips(trace: str) -> int:
+    """Times the client spoke and then heard back in a libpq protocol trace (an upper bound on round trips)."""
+    turns, last = 0, None
+    for line in trace.splitlines():
+        direction = line.split("\t")[1] if line.count("\t") >= 3 else None
+        if direction == "B" and last == "F":
+            turns += 1
+        last = direction or last
+    return turns
+
+
+def _traced(conn: Any, work: Any) -> int:
+    with tempfile.TemporaryFile("w+") as out:
+        conn.pgconn.trace(out.fileno())
+        try:
+            work()
+        finally:
+            conn.pgconn.untrace()
+        out.seek(0)
+        return round_trips(out.read())
+
+
+def append_round_trips(url: str) -> tuple[int, int]:
+    """Round trips of one append of one event through the store (its writer's connection, warmed up first), and of
+    raw psycopg storing one row in a transaction of its own."""
+    import psycopg
+
+    async def ours() -> int:
+        async with open_postgres(url) as store:
+            await store.create_session("trips", runtime="scripted")
+            for index in range(3):
+                await store.append("trips", [_draft(index)])
+            conn = store._writer._conn.conn  # type: ignore[union-attr, attr-defined]
+            return await trio.to_thread.run_sync(_traced, conn, lambda: trio.from_thread.run(
+                store.append, "trips", [_draft(3)]))
+
+    store_trips = trio.run(ours)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE raw_trips (seq BIGINT PRIMARY KEY, body TEXT)")
+
+        def raw() -> None:
+            with conn.transaction():
+                conn.execute("INSERT INTO raw_trips VALUES (%s, %s)", (1, BODY))
+
+        return store_trips, _traced(conn, raw)
 
 
 # -- two supervisors against one ------------------------------------------------------------------------
@@ -203,7 +252,7 @@ def run_postgres_case(p: dict[str, Any]) -> dict[str, Any]:
 
     out: dict[str, list[float]] = {k: [] for k in (
         "pg_single", "raw_single", "sqlite_single", "pg_batched", "raw_batched", "sqlite_batched",
-        "pg_events", "sqlite_events", "pg_tool", "sqlite_tool", "two", "one", "failover")}
+        "pg_events", "sqlite_events", "pg_tool", "sqlite_tool", "two", "one", "failover", "trips", "raw_trips")}
     server = PostgresServer(fsync=True)
     try:
         server.start()
@@ -212,6 +261,9 @@ def run_postgres_case(p: dict[str, Any]) -> dict[str, Any]:
                 raw = server.new_database()
                 out["raw_single"].append(raw_psycopg(raw, p["single"], 1))
                 out["raw_batched"].append(raw_psycopg(raw, p["batched"], 100))
+                trips, raw_trips = append_round_trips(server.new_database())
+                out["trips"].append(trips)
+                out["raw_trips"].append(raw_trips)
                 url = server.new_database()
                 ours = trio.run(store_appends, open_postgres(url), p["single"], p["batched"])
                 sqlite = trio.run(store_appends, EventStore.open(Path(tmp) / f"sqlite-{rep}"), p["single"],

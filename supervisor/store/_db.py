@@ -55,8 +55,14 @@ class Db(Protocol):
         """Whether ``exc`` means the connection was lost (the server restarted): a read may be repeated on a new
         one, which ``ready`` makes."""
 
-    def begin(self) -> None:
-        """Start a write transaction."""
+    def begin(self, *, pipelined: bool = False) -> None:
+        """Start a write transaction. ``pipelined``: its statements may be sent without waiting for each answer
+        (PostgreSQL's pipeline mode), so a statement's error may surface only at the next read of a result, ``sync``
+        or ``commit``."""
+
+    def sync(self, *, quiet: bool = False) -> None:
+        """Inside a pipelined transaction: wait until every statement sent has been answered, raising the first
+        error among them (``quiet``: none, unless the connection is lost)."""
 
     def announce(self, sessions: Collection[str]) -> None:
         """Inside the write transaction: tell other processes, once it commits, that these sessions got events."""
@@ -99,8 +105,11 @@ class SQLiteDb:
     def lost_connection(self, exc: BaseException) -> bool:
         return False
 
-    def begin(self) -> None:
+    def begin(self, *, pipelined: bool = False) -> None:
         self.conn.execute("BEGIN IMMEDIATE")  # the write lock now, not at the first write
+
+    def sync(self, *, quiet: bool = False) -> None:
+        """Each statement ran when it was given."""
 
     def announce(self, sessions: Collection[str]) -> None:
         """Processes sharing a data dir find new events by reading it (their subscriptions look every so often)."""

@@ -1,15 +1,20 @@
 """PostgreSQL connections for the store (psycopg 3): the ``Db`` the SQL core runs on, and its errors.
 
 Every connection runs in autocommit mode and the writer issues BEGIN/COMMIT itself, as it does on SQLite, so one
-``run_batch`` serves both engines. A connection that broke (the server restarted, the network dropped) is
-replaced before the next transaction or read (``ready``), never in the middle of one: a transaction cut off is
-failed as a whole and nothing of it is acknowledged.
+``run_batch`` serves both engines. The writer's transactions are pipelined (``begin(pipelined=True)``): statements
+whose results nobody reads are sent without waiting for their answers, so a lone append costs two round trips (the
+locked read of the session, then everything else with the COMMIT) instead of one per statement.
+
+A connection that broke (the server restarted, the network dropped) is replaced before the next transaction or read
+(``ready``), never in the middle of one: a transaction cut off is failed as a whole and nothing of it is
+acknowledged.
 
 The location shown in messages and logs is the URL without its password (``redacted``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -73,6 +78,40 @@ def _copy_of(sql: str) -> str | None:
     return f"COPY {match[1]}({match[2]}) FROM STDIN"
 
 
+#: From this many rows, a plain insert inside a pipelined transaction leaves the pipeline for one COPY (a round trip
+#: more, then the server's multi-row insert); below it, the rows go as one ``INSERT … SELECT FROM unnest`` queued with
+#: the rest. (Measured through the store, docs/performance.md: COPY wins from about a hundred rows.)
+COPY_FROM_ROWS = 100
+
+
+@functools.lru_cache(maxsize=64)
+def _plain_insert(sql: str) -> tuple[str, tuple[str, ...]] | None:
+    """(table, columns) if ``sql`` is a plain insert of one row's values (what ``_copy_of`` takes), else None."""
+    if _copy_of(sql) is None:
+        return None
+    match = _PLAIN_INSERT.fullmatch(sql.strip())
+    assert match is not None
+    return match[1], tuple(column.strip() for column in match[2].split(","))
+
+
+def _array_literal(values: Sequence[Any]) -> str | None:
+    """``values`` as a PostgreSQL array literal (text form, every element quoted so none reads as NULL), or None if
+    one is not a str, an int or None (the caller COPYs such rows instead). The escaping is done on all values
+    joined at once (one pass of str.replace, not one per value): NUL, which a text value cannot hold, separates them."""
+    if all(type(value) is int for value in values):
+        return "{" + ",".join(map(str, values)) + "}"
+    if all(value is None or type(value) is int for value in values):
+        return "{" + ",".join("NULL" if value is None else str(value) for value in values) + "}"
+    if not all(value is None or type(value) is str for value in values):
+        return None
+    texts = ["" if value is None else value for value in values]
+    joined = "\0".join(texts)
+    if joined.count("\0") != len(texts) - 1:
+        return None  # a NUL of its own would split the value: COPY it, for the server to refuse as ever
+    quoted = joined.replace("\\", "\\\\").replace('"', '\\"').split("\0")
+    return "{" + ",".join("NULL" if value is None else f'"{text}"' for value, text in zip(values, quoted)) + "}"
+
+
 class PostgresDb:
     """One psycopg connection, (re)made on demand; used by one thread at a time."""
 
@@ -89,6 +128,10 @@ class PostgresDb:
         self._closed = False
         #: the fence of the write running on this connection (``_fencing``; set by the store for that write)
         self.fence: Fence | None = None
+        #: The pipeline of the transaction under way (``begin(pipelined=True)``), and how to leave it.
+        self._pipeline: psycopg.Pipeline | None = None
+        self._in_pipeline: contextlib.ExitStack | None = None
+        self._column_types: dict[str, dict[str, str]] = {}  # table -> column -> SQL type (for ``unnest``)
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
@@ -115,9 +158,21 @@ class PostgresDb:
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         """A plain ``INSERT INTO t(columns) VALUES (?, …)`` goes as one COPY (no row of it is sent as a statement of
-        its own: 29 µs a row with ``executemany`` against a few with COPY, which checks the same constraints);
-        any other statement as psycopg's pipelined ``executemany``."""
+        its own: 29 µs a row with ``executemany`` against a few with COPY, which checks the same constraints); inside
+        a pipeline, where COPY cannot run, fewer than COPY_FROM_ROWS rows go as one ``INSERT … SELECT FROM unnest``
+        queued with the rest, more leave the pipeline for their COPY. Any other statement goes as psycopg's
+        pipelined ``executemany``."""
         copy = _copy_of(sql)
+        if copy is not None and self._pipeline is not None:
+            rows = list(rows)
+            if len(rows) < COPY_FROM_ROWS and self._insert_unnested(sql, rows):
+                return
+            self._leave_pipeline()  # a round trip: the request's earlier statements' errors surface here
+            try:
+                self._copy(copy, rows)
+            finally:
+                self._enter_pipeline()
+            return
         with self.conn.cursor() as cursor:
             if copy is None:
                 cursor.executemany(_placeholders(sql), rows)
@@ -126,20 +181,85 @@ class PostgresDb:
                 for row in rows:
                     into.write_row(row)
 
+    def _copy(self, copy: str, rows: Iterable[Sequence[Any]]) -> None:
+        with self.conn.cursor() as cursor, cursor.copy(copy) as into:
+            for row in rows:
+                into.write_row(row)
+
+    def _insert_unnested(self, sql: str, rows: Sequence[Sequence[Any]]) -> bool:
+        """Queue ``rows`` of a plain insert as one statement of an array per column; False where a value has no
+        array literal (``_array_literal``)."""
+        plain = _plain_insert(sql)
+        assert plain is not None
+        if not rows:
+            return True
+        literals = [_array_literal(column) for column in zip(*rows)]
+        if None in literals:
+            return False
+        table, columns = plain
+        types = self._types_of(table)
+        arrays = ", ".join(f"%s::{types[column]}[]" for column in columns)
+        self.conn.execute(f"INSERT INTO {table}({', '.join(columns)}) SELECT * FROM unnest({arrays})", literals)
+        return True
+
+    def _types_of(self, table: str) -> dict[str, str]:
+        """The SQL types of ``table``'s columns, read once (one round trip the first time a table is seen)."""
+        types = self._column_types.get(table)
+        if types is None:
+            types = self._column_types[table] = dict(self.conn.execute(
+                "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped", (table,)).fetchall())
+        return types
+
     def scalar(self, sql: str, params: Sequence[Any] = ()) -> Any:
         row = self.conn.execute(_placeholders(sql), tuple(params)).fetchone()
         return None if row is None else row[0]
 
-    def begin(self) -> None:
+    def begin(self, *, pipelined: bool = False) -> None:
         """BEGIN; a connection found dead here (the server restarted since it was last used) is replaced once:
-        nothing of the transaction was sent yet."""
+        nothing of the transaction was sent yet. ``pipelined``: the transaction's statements are sent without
+        waiting for their answers until a result is read, ``sync``, or ``commit`` (an error surfaces there)."""
         try:
-            self.conn.execute("BEGIN")
+            self._begin(pipelined)
         except psycopg.OperationalError as exc:
             if not self.lost_connection(exc):
                 raise
+            self._leave_pipeline(quiet=True)
             self.ready()
-            self.conn.execute("BEGIN")
+            self._begin(pipelined)
+
+    def _begin(self, pipelined: bool) -> None:
+        if pipelined:  # (sending BEGIN reads what waits on the socket: a connection the server ended shows here)
+            self._enter_pipeline()
+        self.conn.execute("BEGIN")
+
+    def sync(self, *, quiet: bool = False) -> None:
+        """Inside a pipelined transaction: wait for the answers to every statement sent, raising the first error
+        among them (``quiet``: none, unless the connection is lost). Outside one, nothing to wait for."""
+        if self._pipeline is None:
+            return
+        try:
+            self._pipeline.sync()
+        except psycopg.Error:
+            if not quiet or self.conn.broken:
+                raise
+
+    def _enter_pipeline(self) -> None:
+        stack = contextlib.ExitStack()
+        self._pipeline = stack.enter_context(self.conn.pipeline())
+        self._in_pipeline = stack
+
+    def _leave_pipeline(self, *, quiet: bool = False) -> None:
+        """Out of pipeline mode (the transaction goes on): waits for every answer, raising the first error unless
+        ``quiet``."""
+        stack, self._in_pipeline, self._pipeline = self._in_pipeline, None, None
+        if stack is None:
+            return
+        try:
+            stack.close()
+        except psycopg.Error:
+            if not quiet:
+                raise
 
     def announce(self, sessions: Collection[str]) -> None:
         if sessions:
@@ -148,8 +268,10 @@ class PostgresDb:
 
     def commit(self) -> None:
         self.conn.execute("COMMIT")
+        self._leave_pipeline()  # the answers to everything queued, the COMMIT's last
 
     def rollback(self) -> None:
+        self._leave_pipeline(quiet=True)
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
             return  # the server ended the transaction with the connection
@@ -164,6 +286,7 @@ class PostgresDb:
 
     def close(self) -> None:
         self._closed = True
+        self._leave_pipeline(quiet=True)
         if self._conn is not None:
             self._conn.close()
             self._conn = None

@@ -196,6 +196,18 @@ def lock_session(conn: Db, session_id: str) -> int:
     raise UnknownSession(session_id)
 
 
+def lock_session_usage(conn: Db, session_id: str) -> Usage:
+    """``lock_session`` and ``select_usage`` in one statement (one round trip on PostgreSQL): the session's row held
+    until the transaction ends, and what it and its namespace store (``Usage.session_events`` is its last seq)."""
+    usage = ("COALESCE((SELECT u.{0} FROM namespace_usage u WHERE u.namespace = s.namespace), 0)")
+    for namespace, events, stored, ns_events, ns_bytes in conn.execute(
+        f"SELECT s.namespace, s.last_seq, s.stored_bytes, {usage.format('events')}, {usage.format('bytes')} "
+        f"FROM sessions s WHERE s.session_id = ?{conn.for_update}", (session_id,),
+    ):
+        return Usage(namespace, int(events), int(stored), int(ns_events), int(ns_bytes))
+    raise UnknownSession(session_id)
+
+
 def select_last_seq(conn: Db, session_id: str) -> int:
     for (last_seq,) in conn.execute("SELECT last_seq FROM sessions WHERE session_id = ?", (session_id,)):
         return int(last_seq)
@@ -523,17 +535,24 @@ class PreparedEvent:
 
 
 def insert_events(
-    conn: Db, session_id: str, events: Sequence[PreparedEvent], cost: BatchCost | None = None
+    conn: Db, session_id: str, events: Sequence[PreparedEvent], cost: BatchCost | None = None,
+    last_seq: int | None = None,
 ) -> list[StoredEvent]:
     """Give ``events`` the next seqs of the session and insert them; return them as stored. ``cost``
     (``batch_cost``): its bytes are added to the session's and its namespace's usage, with the number of events,
-    and the session holds the blobs it names."""
+    and the session holds the blobs it names. ``last_seq``: the session's, read under ``lock_session`` in this
+    transaction; then nothing here waits for an answer (a pipelined transaction sends it all at once)."""
     stored_bytes = cost.bytes if cost is not None else 0
-    last = conn.scalar("UPDATE sessions SET last_seq = last_seq + ?, stored_bytes = stored_bytes + ? "
-                       "WHERE session_id = ? RETURNING last_seq", (len(events), stored_bytes, session_id))
-    if last is None:
-        raise UnknownSession(session_id)
-    seq = int(last) - len(events)  # the seqs are ours: the update holds the session's row until commit
+    update = ("UPDATE sessions SET last_seq = last_seq + ?, stored_bytes = stored_bytes + ? WHERE session_id = ?",
+              (len(events), stored_bytes, session_id))
+    if last_seq is None:
+        last = conn.scalar(update[0] + " RETURNING last_seq", update[1])
+        if last is None:
+            raise UnknownSession(session_id)
+        last_seq = int(last) - len(events)
+    else:
+        conn.execute(*update)
+    seq = last_seq  # the seqs are ours: the session's row is held until commit
     stored: list[StoredEvent] = []
     rows = []
     for prepared in events:

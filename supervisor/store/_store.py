@@ -627,17 +627,19 @@ class EventStore(Recorder):
             raise ValueError("an idempotency key needs at least one event")
 
         def op(conn: Db) -> list[StoredEvent]:
-            _sql.lock_session(conn, session_id)  # the checks below hold until this commits
+            # the checks below hold until this commits
+            usage = _sql.lock_session_usage(conn, session_id) if quotas is not None else None
+            last_seq = usage.session_events if usage is not None else _sql.lock_session(conn, session_id)
             if idempotency_key is not None:
                 earlier = _sql.select_keyed_append(conn, session_id, idempotency_key, self._upcasters)
                 if earlier is not None:
                     return AlreadyStored(StoredEvent.of(event) for event in earlier)
             cost = _sql.batch_cost(conn, prepared, {ref: data for ref, (data, _) in inline.items()})
-            if quotas is not None:
-                quotas.check_append(_sql.select_usage(conn, session_id), session_id, len(prepared), cost.bytes)
+            if quotas is not None and usage is not None:
+                quotas.check_append(usage, session_id, len(prepared), cost.bytes)
             for ref, (data, media_type) in inline.items():
                 _sql.insert_inline_blob(conn, ref, data, media_type)
-            stored = _sql.insert_events(conn, session_id, prepared, cost)
+            stored = _sql.insert_events(conn, session_id, prepared, cost, last_seq)
             if idempotency_key is not None:
                 _sql.insert_keyed_append(conn, session_id, idempotency_key, stored)
             if task_update is not None:

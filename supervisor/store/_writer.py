@@ -4,7 +4,9 @@ Callers queue ``WriteRequest``s; the writer task takes what is queued (up to ``m
 one transaction on a worker thread, each request inside its own SAVEPOINT so one failing request is rolled
 back alone. Only after COMMIT returns are the requests answered and their events published, so no
 subscriber ever sees an event that is not durable. Fast producers therefore share fsyncs instead of
-queueing behind one each.
+queueing behind one each. On PostgreSQL the transaction is pipelined (``Db.begin``): statements go without waiting
+for their answers, and each request of a batch ends with ``sync``, so its errors surface while it is still the one
+running: a lone append costs two round trips, a batch of N two per request and one.
 
 Fairness. A request is either ordinary or **bulk**: the events of a long stream (the engine marks a task's
 streamed events as bulk once it has sent many, in appends of bounded size). Bulk requests are committed in
@@ -145,39 +147,45 @@ def run_batch(conn: Db, batch: list[WriteRequest[Any]]) -> None:
     """Run ``batch`` in one transaction (worker thread). Sets ``result``/``error`` on every request."""
     try:
         conn.ready()
-        conn.begin()
+        conn.begin(pipelined=True)
     except BaseException as exc:  # noqa: BLE001 - every request must get an outcome
         error = conn.translate(exc, "starting a write transaction")
         for request in batch:
             request.error = error
         return
     try:
-        if len(batch) == 1:  # alone: no savepoint to isolate it (two statements, two round trips on PostgreSQL)
+        if len(batch) == 1:  # alone: no savepoint to isolate it, and its errors may surface at the commit
             [request] = batch
             try:
                 request.result = request.op(conn)
+                _announce_and_commit(conn, batch)
             except Exception as exc:  # noqa: BLE001 - its transaction is its own: nothing of it is kept
                 conn.rollback()
-                request.error = conn.translate(exc, request.where)
-                return
-        else:
-            for request in batch:
-                conn.execute("SAVEPOINT request")
-                try:
-                    request.result = request.op(conn)
-                except Exception as exc:  # noqa: BLE001 - isolate a failing request from its batch
-                    conn.execute("ROLLBACK TO request")
-                    request.error = conn.translate(exc, request.where)
-                conn.execute("RELEASE request")
-        conn.announce({request.publish_to for request in batch
-                       if request.publish_to is not None and request.error is None and request.result})
-        conn.commit()
+                request.result, request.error = None, conn.translate(exc, request.where)
+            return
+        for request in batch:
+            conn.execute("SAVEPOINT request")
+            try:
+                request.result = request.op(conn)
+                conn.sync()  # its statements' errors surface by here: blamed on it, never on the next request
+            except Exception as exc:  # noqa: BLE001 - isolate a failing request from its batch
+                conn.sync(quiet=True)  # (what it sent after the failure was skipped; the rollback below undoes it)
+                conn.execute("ROLLBACK TO request")
+                request.result, request.error = None, conn.translate(exc, request.where)
+            conn.execute("RELEASE request")
+        _announce_and_commit(conn, batch)
     except BaseException as exc:  # noqa: BLE001 - every request must get an outcome
         conn.rollback()
         error = conn.translate(exc, "committing a write transaction")
         for request in batch:
             request.result = None
             request.error = error  # nothing of this transaction was stored
+
+
+def _announce_and_commit(conn: Db, batch: list[WriteRequest[Any]]) -> None:
+    conn.announce({request.publish_to for request in batch
+                   if request.publish_to is not None and request.error is None and request.result})
+    conn.commit()
 
 
 class Writer:
