@@ -198,13 +198,22 @@ def lock_session(conn: Db, session_id: str) -> int:
 
 def lock_session_usage(conn: Db, session_id: str) -> Usage:
     """``lock_session`` and ``select_usage`` in one statement (one round trip on PostgreSQL): the session's row held
-    until the transaction ends, and what it and its namespace store (``Usage.session_events`` is its last seq)."""
+    until the transaction ends, and what it and its namespace store (``Usage.session_events`` is its last seq). A
+    fenced write checks its namespace's lease in the same statement, as ``lock_session`` does."""
+    fence = conn.fence if conn.fence is not None and not conn.fence.checked else None
     usage = ("COALESCE((SELECT u.{0} FROM namespace_usage u WHERE u.namespace = s.namespace), 0)")
-    for namespace, events, stored, ns_events, ns_bytes in conn.execute(
-        f"SELECT s.namespace, s.last_seq, s.stored_bytes, {usage.format('events')}, {usage.format('bytes')} "
-        f"FROM sessions s WHERE s.session_id = ?{conn.for_update}", (session_id,),
-    ):
+    columns = f"s.namespace, s.last_seq, s.stored_bytes, {usage.format('events')}, {usage.format('bytes')}"
+    if fence is None:
+        sql = f"SELECT {columns}, NULL FROM sessions s WHERE s.session_id = ?{conn.for_update}"
+    else:
+        sql = (f"SELECT {columns}, l.epoch FROM sessions s JOIN namespace_leases l ON l.namespace = s.namespace "
+               "WHERE s.session_id = ? FOR UPDATE OF s FOR SHARE OF l")
+    for namespace, events, stored, ns_events, ns_bytes, epoch in conn.execute(sql, (session_id,)):
+        if fence is not None:
+            fence.verify(str(namespace), int(epoch))
         return Usage(namespace, int(events), int(stored), int(ns_events), int(ns_bytes))
+    if fence is not None:
+        lock_fenced_session(conn, fence, session_id)  # Fenced when the session is there but its lease is not
     raise UnknownSession(session_id)
 
 

@@ -33,6 +33,7 @@ from codesdk.supervisor.store import (
     Fenced,
     PostgresLeases,
     QuestionRecord,
+    Quotas,
     SessionRecord,
     StoreError,
     TaskState,
@@ -127,6 +128,8 @@ async def test_every_kind_of_write_with_a_stale_epoch_is_refused_and_changes_not
                 created, fork = _fork_of(parent, "s3")
                 writes: dict[str, Callable[[], Awaitable[object]]] = {
                     "append": lambda: store.append("s1", [delta("late", task_id="t1")]),
+                    "append under quotas": lambda: store.append("s1", [delta("late", task_id="t1")],
+                                                                quotas=Quotas()),
                     "append ending the task": lambda: store.append(
                         "s1", [delta("end", task_id="t1")],
                         task_update=TaskUpdate(task_id="t1", state=TaskState.FAILED)),
