@@ -147,7 +147,9 @@ class HostSupervisor:
         argv = [*host.enter(), sys.executable, "-m", "codesdk.supervisor.cli.admin", "serve", "--data-dir",
                 str(data_dir), "--enable-test-scenarios", "--store", store, "--lease-s", str(LEASE_S),
                 "--no-worker-template", "--advertise", self.advertised,
-                "--disk-reserve", "16M", *extra]  # (each host's tmpfs is small)
+                # each host's tmpfs is small; and the hosts share this machine's cgroup tree, where a supervisor's
+                # subtree is named by its data dir's path — the same on every host
+                "--disk-reserve", "16M", "--no-resource-groups", *extra]
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(argv, env={**os.environ, "CODESDK_SCENARIO_DIR": SCENARIOS}, cwd=REPO,
                                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
