@@ -11,6 +11,7 @@ namespaces with their links, bridge and tmpfs. The test reaches a supervisor's u
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import shutil
@@ -39,6 +40,7 @@ SCENARIOS = str(REPO / "worker" / "adapters" / "scripted" / "scenarios")
 LEASE_S = 2.0
 
 
+@functools.cache
 def unavailable() -> str | None:
     """Why namespaces wired by veth cannot be made here, or None if they can (checked by making and ending one)."""
     for tool in ("unshare", "nsenter", "ip"):
@@ -119,7 +121,9 @@ class Network:
 
     def make_bridge(self) -> None:
         self.db.run("ip", "link", "set", "lo", "up")
-        self.db.run("ip", "link", "add", "br0", "type", "bridge")
+        # an address of its own: else the bridge takes its ports' lowest, which changes when a host's link goes,
+        # and the other hosts' cached one no longer reaches the database
+        self.db.run("ip", "link", "add", "br0", "address", "02:00:00:00:00:01", "type", "bridge")
         self.db.run("ip", "addr", "add", f"{self.db_address}/24", "dev", "br0")
         self.db.run("ip", "link", "set", "br0", "up")
 
