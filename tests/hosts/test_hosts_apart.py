@@ -51,7 +51,8 @@ def test_the_hosts_share_no_file_and_reach_the_database_over_their_links(deploym
     assert a.data_dir == b.data_dir  # one path, as the docs ask of every host…
     assert a.host.path(a.data_dir / "admin.token").read_text() != b.host.path(b.data_dir / "admin.token").read_text()
     assert not a.data_dir.exists()  # …each host's own: none of it in the test's file system
-    assert urlsplit(deployment.store).hostname == deployment.database.tcp.address  # type: ignore[union-attr]
+    assert deployment.database.tcp is not None
+    assert urlsplit(deployment.store).hostname == deployment.database.tcp.address  # the hosts' way in: TCP
     import psycopg
 
     with psycopg.connect(deployment.local_store) as conn:  # (the test's own way in: the server's unix socket)
