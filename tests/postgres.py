@@ -1,6 +1,7 @@
 """A throwaway PostgreSQL server for the tests: ``initdb`` + ``postgres`` on a unix socket in a temp dir.
 
-Nothing listens on TCP. Run as root (CI), the server runs as an unprivileged uid (PostgreSQL refuses root), owning
+Nothing listens on TCP by default; ``tcp=TcpListen(...)`` starts the server inside a network namespace a test made,
+listening on an address there too (the hosts-apart tests: supervisors in other namespaces reach it over veth). Run as root (CI), the server runs as an unprivileged uid (PostgreSQL refuses root), owning
 only its temp dir. ``fsync=off`` keeps it fast: a killed server process loses nothing the kernel already has, which
 is what the fault tests do to it (they never crash the machine); ``synchronous_commit`` stays on, so a commit is
 acknowledged only once the server wrote it. Each test takes a fresh database (``new_database``).
@@ -17,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -51,11 +53,24 @@ def unavailable() -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class TcpListen:
+    """Where a server listens on TCP besides its socket: ``address`` inside the network namespace of process
+    ``netns_pid`` (the server is started there, by ``nsenter``: root only), trusting clients from ``clients`` (a
+    CIDR; the namespace is the test's own, so nothing else can reach it)."""
+
+    address: str
+    clients: str
+    netns_pid: int
+    port: int = 5432
+
+
 class PostgresServer:
     """One server; ``start`` it, take databases, ``kill`` and ``start`` it again, ``close`` it at the end."""
 
-    def __init__(self, *, fsync: bool = False) -> None:
-        """``fsync``: flush to disk as a production server does (benchmarks), rather than leave it to the kernel."""
+    def __init__(self, *, fsync: bool = False, tcp: TcpListen | None = None) -> None:
+        """``fsync``: flush to disk as a production server does (benchmarks), rather than leave it to the kernel.
+        ``tcp``: also listen there (``tcp_url``); the unix socket stays, for the test's own connections."""
         bindir = server_binaries()
         if bindir is None:
             raise RuntimeError(unavailable())
@@ -68,10 +83,16 @@ class PostgresServer:
         self._names = itertools.count(1)
         self._as_root = os.geteuid() == 0
         self._fsync = fsync
+        self.tcp = tcp
+        if tcp is not None and not self._as_root:
+            raise RuntimeError("a server listening inside another network namespace needs root (nsenter)")
         if self._as_root:
             os.chown(self.root, SERVER_UID, SERVER_UID)
         self._run([str(bindir / "initdb"), "-D", str(self.data), "-U", USER, "--auth=trust", "-E", "UTF8",
                    "--no-locale", "--no-sync"])
+        if tcp is not None:  # initdb trusts only 127.0.0.1 and ::1 over TCP
+            with open(self.data / "pg_hba.conf", "a") as hba:
+                hba.write(f"host all all {tcp.clients} trust\n")
 
     def _run(self, argv: list[str]) -> None:
         done = subprocess.run(argv, check=False, capture_output=True, user=self._uid, group=self._uid,
@@ -94,18 +115,27 @@ class PostgresServer:
     def url(self, dbname: str) -> str:
         return f"postgresql://{USER}@/{dbname}?host={self.socket_dir}"
 
+    def tcp_url(self, dbname: str) -> str:
+        """The database's URL over TCP (``tcp`` given): for clients in the namespaces wired to the server's."""
+        assert self.tcp is not None, "the server listens on its socket only"
+        return f"postgresql://{USER}@{self.tcp.address}:{self.tcp.port}/{dbname}"
+
     def start(self) -> None:
         """Start the server and wait until it accepts connections."""
         assert self.process is None or self.process.poll() is not None, "already running"
+        argv = [str(self.bindir / "postgres"), "-D", str(self.data), "-k", str(self.socket_dir),
+                "-c", f"listen_addresses={self.tcp.address if self.tcp else ''}",
+                "-c", f"fsync={'on' if self._fsync else 'off'}", "-c", "max_connections=300",
+                "-c", "shared_buffers=16MB", "-c", "autovacuum=off"]
+        uid, extra_groups = self._uid, self._extra_groups
+        if self.tcp is not None:  # nsenter joins the namespace as root, then drops to the server's uid itself
+            argv = ["nsenter", f"--net=/proc/{self.tcp.netns_pid}/ns/net", f"--setuid={SERVER_UID}",
+                    f"--setgid={SERVER_UID}", "--", *argv, "-p", str(self.tcp.port)]
+            uid, extra_groups = None, None
         with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                [str(self.bindir / "postgres"), "-D", str(self.data), "-k", str(self.socket_dir),
-                 "-c", "listen_addresses=", "-c", f"fsync={'on' if self._fsync else 'off'}",
-                 "-c", "max_connections=300",
-                 "-c", "shared_buffers=16MB", "-c", "autovacuum=off"],
-                # in our session: an engine in this process sweeps children of other sessions away as orphans
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, user=self._uid,
-                group=self._uid, extra_groups=self._extra_groups)
+            # in our session: an engine in this process sweeps children of other sessions away as orphans
+            self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, user=uid,
+                                            group=uid, extra_groups=extra_groups)
         wait_for("the throwaway PostgreSQL server to accept connections", self._accepts)
 
     def _accepts(self) -> bool:

@@ -55,6 +55,7 @@ from ._errors import (
     SessionBusy,
     TaskNotActive,
     UnknownRuntime,
+    WorkspaceMissing,
     WorkspaceRefused,
     error_status,
 )
@@ -69,7 +70,7 @@ __all__ = [
     "Engine", "WorkerEnvironment", "SERVICE_IDLE_TIMEOUT_MAX_S", "SERVICE_IDLE_TIMEOUT_S", "SERVICE_TIMEOUT_MAX_S", "SERVICE_TIMEOUT_S", "EngineConfig",
     "EngineError", "EngineStats", "Phase", "TaskTelemetry", "Telemetry", "ErrorStatus", "ForkInsideTask", "ForkPastEnd", "InsufficientSpace", "NamespaceDiskFull", "InvalidTaskInput", "IsolationRefused", "NamespaceElsewhere", "NamespaceUnavailable",
     "PoolWorkers", "RequestChannel", "RuntimeUnavailable", "SessionBusy", "TaskNotActive", "UnknownRuntime", "WorkerEvents",
-    "WorkerExit", "WorkerLink", "Workers", "WorkersFactory", "WorkspaceRefused", "derive_transcript", "error_status",
+    "WorkerExit", "WorkerLink", "Workers", "WorkersFactory", "WorkspaceMissing", "WorkspaceRefused", "derive_transcript", "error_status",
     "session_events", "QUESTION_TIMEOUT_S", "Answerer", "InvalidAnswer", "QuestionFallback", "QuestionPolicy",
     "APPROVAL_KIND", "QUESTION_KIND", "SERVICE_UNATTENDED", "SERVICE_UNATTENDED_WAIT_S", "Audience", "Route", "RoutingPolicy", "Unattended",
     "WebhookSource",

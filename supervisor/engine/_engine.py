@@ -143,6 +143,7 @@ from ._errors import (
     SessionBusy,
     TaskNotActive,
     UnknownRuntime,
+    WorkspaceMissing,
     WorkspaceRefused,
 )
 from ._intake import EventIntake
@@ -491,6 +492,22 @@ class Engine:
                         f"{_mib(reserve)} (the disk reserve): free space there, then retry")
         return None
 
+    async def _check_workspace_here(self, session: SessionRecord) -> None:
+        """``WorkspaceMissing`` if the session's workspace is not on this host, before anything is stored: a task
+        there would run with no files while its transcript says they exist (a namespace that moved here from
+        another supervisor, without shared storage, or a workspace removed by hand). A namespace with a disk quota
+        is left to its worker's start, which mounts its volume (where its workspaces are) or says why it cannot."""
+        disks = self.config.pool.disks
+        if not session.workspace or (disks is not None and disks.quota_for(session.namespace) is not None) or \
+                await trio.to_thread.run_sync(Path(session.workspace).is_dir):
+            return
+        raise WorkspaceMissing(
+            f"session {session.session_id}'s workspace {session.workspace} is not on this host: it was removed, or "
+            f"namespace {session.namespace} moved here from another supervisor whose files this host does not share "
+            "(its sessions go on with their files only where every host mounts the data dir's workspaces and "
+            "namespaces on shared storage at the same path: docs/operations.md, \"Past one machine\"); start a "
+            "new session, or ask the operator")
+
     def _check_space(self, workspace: Path | None = None) -> None:
         if (shortage := self.space_shortage(workspace)) is not None:
             raise InsufficientSpace(shortage)
@@ -552,6 +569,7 @@ class Engine:
         if busy is not None:
             raise SessionBusy(session_id, busy.task_id)
         self._check_space(Path(session.workspace) if session.workspace else None)
+        await self._check_workspace_here(session)
         task_id = new_id("task")
         meter = await self.budgets.admit(session, task_id, budget)  # BudgetPaused, MonthlyBudgetSpent
         if durable_approvals:  # decisions come from whoever decides the stored approval (the HTTP API)

@@ -35,6 +35,12 @@ class WorkspaceRefused(EngineError):
     cannot be handed to the namespace's own uid."""
 
 
+class WorkspaceMissing(WorkspaceRefused):
+    """The session's workspace is not on this host: removed, or the session's namespace moved here from another
+    supervisor whose files this host does not share. The operator's to fix (shared storage), or the caller's (a new
+    session)."""
+
+
 class NamespaceUnavailable(EngineError):
     """The namespace's worker cannot be started now (start failures, quarantine, shutting down)."""
 
@@ -156,6 +162,7 @@ ERROR_STATUS: dict[type[Exception], ErrorStatus] = {
     TaskNotActive: ErrorStatus(409, "task_not_active"),
     InvalidTaskInput: ErrorStatus(422, "invalid_request"),
     WorkspaceRefused: ErrorStatus(409, "workspace_refused"),
+    WorkspaceMissing: ErrorStatus(409, "workspace_missing"),
     NamespaceUnavailable: ErrorStatus(503, "namespace_failing"),
     NamespaceElsewhere: ErrorStatus(421, "namespace_elsewhere"),
     UnknownRuntime: ErrorStatus(404, "unknown_runtime"),

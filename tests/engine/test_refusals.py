@@ -18,6 +18,7 @@ from codesdk.supervisor.engine import (
     SessionBusy,
     TaskNotActive,
     UnknownRuntime,
+    WorkspaceMissing,
     WorkspaceRefused,
     error_status,
 )
@@ -36,6 +37,19 @@ async def test_a_workspace_that_would_expose_the_data_dir_is_refused(tmp_path: P
         with pytest.raises(InvalidNamespace):
             await engine.create_session(namespace="no spaces allowed")
         assert await engine.store.list_sessions() == []
+
+
+async def test_a_task_of_a_session_whose_workspace_is_not_on_this_host_is_refused_saying_why(
+        tmp_path: Path) -> None:
+    """(On another host, tests/hosts/test_hosts_apart.py: a namespace moved without shared storage.)"""
+    with trio.fail_after(30):
+        async with engine_with_doubles(tmp_path / "data") as (engine, _):
+            session = await engine.create_session(namespace="user:gone")
+            assert session.workspace is not None
+            Path(session.workspace).rmdir()
+            with pytest.raises(WorkspaceMissing, match=r"workspace .* is not on this host: .*Past one machine"):
+                await engine.start_task(session.session_id, "x")
+            assert await engine.store.list_tasks(session.session_id) == []
 
 
 async def test_a_name_no_runtime_can_have_is_refused_for_a_session_and_a_task(tmp_path: Path) -> None:
@@ -106,6 +120,7 @@ async def test_login_questions_are_refused_by_whose_move_it_is(tmp_path: Path) -
 
 @pytest.mark.parametrize(("refusal", "answer"), [
     (WorkspaceRefused("x"), (409, "workspace_refused")),
+    (WorkspaceMissing("x"), (409, "workspace_missing")),
     (NamespaceUnavailable("x"), (503, "namespace_failing")),
     (UnknownRuntime("x"), (404, "unknown_runtime")),
     (RuntimeUnavailable("x"), (503, "runtime_unavailable")),
