@@ -49,7 +49,8 @@ def follow(supervisor: HostSupervisor, session_id: str) -> list[dict[str, Any]]:
 def test_the_hosts_share_no_file_and_reach_the_database_over_their_links(deployment: Deployment) -> None:
     a, b = deployment.a, deployment.b
     assert a.data_dir == b.data_dir  # one path, as the docs ask of every host…
-    assert a.host.path(a.data_dir / "admin.token").read_text() != b.host.path(b.data_dir / "admin.token").read_text()
+    a.host.path(a.data_dir / "only-on-a").write_text("a")  # a file written on A is not on B
+    assert not b.host.path(b.data_dir / "only-on-a").exists()
     assert not a.data_dir.exists()  # …each host's own: none of it in the test's file system
     assert deployment.database.tcp is not None
     assert urlsplit(deployment.store).hostname == deployment.database.tcp.address  # the hosts' way in: TCP
