@@ -45,10 +45,11 @@ class NamespaceState:
         self.close()
 
 
-def open_namespace_state(data_dir: Path, store_url: str | None = None, key: SecretKey | None = None
-                         ) -> NamespaceState:
+def open_namespace_state(data_dir: Path, store_url: str | None = None, key: SecretKey | None = None,
+                         old_keys: Sequence[SecretKey] = ()) -> NamespaceState:
     """The data dir's files (``store_url`` None or SQLite), else the database at ``store_url``, which needs the
-    deployment ``key`` (``SecretKeyError`` saying how to make one)."""
+    deployment ``key`` (``SecretKeyError`` saying how to make one); ``old_keys`` open rows a rotation has not
+    reached yet."""
     from ..store import is_postgres_url
 
     data_dir = Path(data_dir)
@@ -59,9 +60,37 @@ def open_namespace_state(data_dir: Path, store_url: str | None = None, key: Secr
     from ._pg_state import PgConnection, PostgresLimitTable, PostgresQuarantines, PostgresVariables
 
     db = PgConnection(store_url)
-    return NamespaceState(PostgresVariables(db, key), NamespaceBudgets(data_dir, PostgresLimitTable(db, BUDGET)),
+    return NamespaceState(PostgresVariables(db, key, old_keys), NamespaceBudgets(data_dir, PostgresLimitTable(db, BUDGET)),
                           NamespaceEgress(data_dir, PostgresLimitTable(db, EGRESS)), PostgresLimitTable(db, DISK),
                           PostgresQuarantines(db), closer=db)
+
+
+def check_keys_held(store_url: str, key: SecretKey, old_keys: Sequence[SecretKey] = ()) -> None:
+    """Refuse (``SecretKeyError``, for the operator: it names the key ids) a database holding variables sealed
+    under a key neither ``key`` nor one of ``old_keys``: a supervisor started so would take namespaces it cannot
+    serve. A database not migrated yet holds none."""
+    from ._pg_state import PgConnection
+
+    held = {k.key_id for k in (key, *old_keys)}
+    db = PgConnection(store_url)
+
+    def key_ids(conn: Any) -> set[str]:
+        if conn.execute("SELECT to_regclass('namespace_variables')").fetchone()[0] is None:
+            return set()
+        return {row[0] for row in conn.execute("SELECT DISTINCT key_id FROM namespace_variables")}
+
+    try:
+        found: set[str] = db.run(key_ids)
+    finally:
+        db.close()
+    missing = sorted(found - held)
+    if missing:
+        raise SecretKeyError(
+            f"the database holds namespace variables sealed under key(s) {', '.join(missing)}, and this supervisor "
+            f"holds key {key.key_id}" + (f" and old key(s) {', '.join(sorted(held - {key.key_id}))}" if old_keys
+                                         else "") +
+            ": give it the deployment's key with --secret-key-file (every supervisor the same), and during a "
+            "rotation the previous one with --old-secret-key-file (docs/operations.md, \"Rotating the secret key\")")
 
 
 def migrate_store(store_url: str) -> None:
