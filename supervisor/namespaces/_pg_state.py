@@ -149,6 +149,24 @@ class PostgresVariables:
         return self.keys[key_id].open(namespace, name, nonce, sealed)
 
 
+#: What ``import_namespace_state`` moved once: (kind, namespace, variable name or "" for a limit).
+Imported = tuple[str, str, str]
+
+
+def imported_before(db: PgConnection) -> set[Imported]:
+    return {(kind, ns, name) for kind, ns, name in db.run(lambda c: c.execute(
+        "SELECT kind, namespace, name FROM namespace_imports").fetchall())}
+
+
+def remember_imported(db: PgConnection, items: Sequence[Imported]) -> None:
+    def write(conn: psycopg.Connection[Any]) -> None:
+        for item in items:
+            conn.execute("INSERT INTO namespace_imports(kind, namespace, name) VALUES (%s, %s, %s) "
+                         "ON CONFLICT DO NOTHING", item)
+
+    db.run(write)
+
+
 def bump_stamp(conn: psycopg.Connection[Any], namespace: str) -> None:
     conn.execute("INSERT INTO namespace_variable_stamps(namespace, stamp) VALUES (%s, 1) ON CONFLICT (namespace) "
                  "DO UPDATE SET stamp = namespace_variable_stamps.stamp + 1", (namespace,))
