@@ -37,7 +37,7 @@ def import_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                                                      "(idempotent; prints no secret)")
     command.add_argument("--data-dir", type=data_dir, required=True, help="the data dir to move from")
     add_store_flag(command, "the PostgreSQL database to move into (serve's --store; required)")
-    add_secret_key_flag(command)
+    add_secret_key_flag(command, old_keys=False)  # what it moves is sealed under the key; it opens nothing older
     command.set_defaults(run=import_command)
 
 

@@ -30,11 +30,14 @@ from .common import EXIT_USAGE
 EXIT_FAILED = 1
 
 
-def add_secret_key_flag(parser: argparse.ArgumentParser) -> None:
+def add_secret_key_flag(parser: argparse.ArgumentParser, old_keys: bool = True) -> None:
+    """``--secret-key-file``, and unless ``old_keys`` is False ``--old-secret-key-file`` (opening rows only)."""
     parser.add_argument("--secret-key-file", type=_secret_key_file, default=None, metavar="FILE",
                         help="with --store postgresql://: the deployment's secret key (base64 of 32 bytes; make one "
                              "with `head -c32 /dev/urandom | base64`), which namespace variables are encrypted under "
                              f"in the database; the same on every supervisor. Default: ${KEY_ENV}")
+    if not old_keys:
+        return
     parser.add_argument("--old-secret-key-file", type=_secret_key_file, action="append", default=[],
                         metavar="OLD", dest="old_secret_key_files",
                         help="during a rotation: a previous key, used only to open variables not yet re-encrypted "
