@@ -66,12 +66,15 @@ from ..engine import (
 )
 from ..egress import HostPattern, PatternError
 from ..namespaces import (
+    EnvEntry,
     InvalidNamespace,
+    KeyNotHeld,
     Namespace,
     NamespaceBudgetError,
     NamespaceEgress,
     NamespaceEgressError,
     NamespaceEnvError,
+    UndecryptableVariable,
     month_of,
     next_month_start,
 )
@@ -857,14 +860,22 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
 
     async def list_env(request: Request) -> Response:
         namespace = admin_namespace(request, "reading a namespace's variables")
-        entries = await trio.to_thread.run_sync(engine.pool.namespace_env.entries, namespace)
+        entries = await env_call(engine.pool.namespace_env.entries, namespace)
         return _answer(request, env_answer(namespace, entries))
+
+    async def env_call(call: Callable[..., list[EnvEntry]], *args: Any) -> list[EnvEntry]:
+        """``call`` in a thread; rows under a key this supervisor lacks: 503 (the key ids go to the log only)."""
+        try:
+            return await trio.to_thread.run_sync(call, *args)
+        except UndecryptableVariable as exc:
+            log.error("namespace variables unreadable: %s", exc)
+            raise ApiError(503, "secret_key_mismatch", KeyNotHeld.TENANT_MESSAGE) from exc
 
     async def update_env(request: Request) -> Response:
         namespace = admin_namespace(request, "changing a namespace's variables")
         body = await _body(request, api.EnvUpdateRequest)
         try:
-            entries = await trio.to_thread.run_sync(engine.pool.namespace_env.update, namespace, body.set, body.unset)
+            entries = await env_call(engine.pool.namespace_env.update, namespace, body.set, body.unset)
         except NamespaceEnvError as exc:
             raise ApiError(422, "invalid_variable", str(exc)) from exc
         await engine.pool.env_changed(namespace)

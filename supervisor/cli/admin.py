@@ -78,7 +78,7 @@ from ..workers.launch import WorkerPolicy
 from ..egress import EgressPolicy, HostPattern, IPNetwork
 from ..webhooks import WebhookOptions
 from .import_data_dir import import_parser
-from .secret_key import add_secret_key_flag, add_secret_key_parser, secret_key_of
+from .secret_key import add_secret_key_flag, add_secret_key_parser, old_secret_keys_of, secret_key_of
 from .common import (
     EXIT_USAGE,
     Parser,
@@ -467,11 +467,12 @@ def _serve_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         secret_key = secret_key_of(args)
+        old_keys = old_secret_keys_of(args)
     except SecretKeyError as exc:
         print(f"{PROG} serve: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     with logging_configured(args.log_level, args.log_format):
-        options = replace(_serve_options(args), secret_key=secret_key)
+        options = replace(_serve_options(args), secret_key=secret_key, old_secret_keys=old_keys)
         socket_path: Path = args.listen or options.data_dir / "api.sock"
         try:
             run_service(options, socket_path, args.port, advertise=args.advertise or (),
@@ -840,7 +841,7 @@ def _add_shared_state_flags(cmd: argparse.ArgumentParser) -> None:
 def _namespace_state(args: argparse.Namespace) -> NamespaceState:
     """Where the namespace settings are: the data dir's files, or with --store postgresql:// the database
     (``SecretKeyError`` without the key)."""
-    return open_namespace_state(args.data_dir, args.store, secret_key_of(args))
+    return open_namespace_state(args.data_dir, args.store, secret_key_of(args), old_secret_keys_of(args))
 
 
 def _namespace_budget_command(args: argparse.Namespace) -> int:

@@ -2,8 +2,8 @@
 data dir into the database several supervisors share, so that every host reads the same.
 
 Each kind of state moves on its own (``_MOVES``: the API tokens, then the namespaces' variables and limits),
-every one idempotent: a second run
-moves nothing and says so. It prints what it moved, by count and id, never a secret. Exit status: 0 when
+once: a later run never overwrites or re-adds what an earlier one moved (changes made in the database since are
+kept) and says what it skipped. Refused while the data dir's supervisor still runs (it holds the data dir's lock). It prints what it moved, by count and id, never a secret. Exit status: 0 when
 everything is in the database, 1 when something could not be moved (said, with what to do) or the database
 failed, 2 for bad input (a URL that is not PostgreSQL's, a data dir that is not one, a file that does not parse).
 """
@@ -24,7 +24,7 @@ from ..namespaces import (
     import_namespace_state,
     require_secret_key,
 )
-from ..store import StoreError, check_store_url, open_token_table
+from ..store import StoreError, check_store_url, current_holder, open_token_table
 from .common import add_store_flag, data_dir
 from .secret_key import add_secret_key_flag, secret_key_of
 
@@ -37,7 +37,7 @@ def import_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                                                      "(idempotent; prints no secret)")
     command.add_argument("--data-dir", type=data_dir, required=True, help="the data dir to move from")
     add_store_flag(command, "the PostgreSQL database to move into (serve's --store; required)")
-    add_secret_key_flag(command)
+    add_secret_key_flag(command, old_keys=False)  # what it moves is sealed under the key; it opens nothing older
     command.set_defaults(run=import_command)
 
 
@@ -75,6 +75,10 @@ def import_command(args: argparse.Namespace) -> int:
     if not source.is_dir():
         return _refuse(f"the data dir {source} does not exist; give the one the single-host service used "
                        "(the unit's: /var/lib/codesdk)")
+    holder = current_holder(source)
+    if holder is not None:  # it would go on changing the files, and the database, after they were moved
+        return _refuse(f"the data dir {source} is in use by {holder.describe()}: stop that supervisor first "
+                       f"(`systemctl stop codesdk`, or end pid {holder.pid}), then run this again")
     try:
         check_store_url(args.store)
         key = require_secret_key(secret_key_of(args),

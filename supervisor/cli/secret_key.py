@@ -1,7 +1,8 @@
 """``codesdk-supervisor secret-key rotate``: re-encrypt every namespace variable in the database under a new key.
 
-Run it with both keys while the supervisors still have the old one; then give every supervisor the new one and
-restart them (docs/operations.md, "Rotating the secret key"). It says how many rows it re-encrypted; it never
+First give every supervisor the new key as its key and the old one as an old key (``--old-secret-key-file``)
+and restart them one by one; then run this; then drop the old key (docs/operations.md, "Rotating the secret
+key"). It says how many rows it re-encrypted; it never
 prints a value or a key.
 """
 
@@ -13,10 +14,12 @@ from pathlib import Path
 
 from ..namespaces import (
     KEY_ENV,
+    OLD_KEYS_ENV,
     NamespaceStateUnavailable,
     SecretKey,
     SecretKeyError,
     UndecryptableVariable,
+    load_old_keys,
     load_secret_key,
     read_key_file,
     rotate_secret_key,
@@ -27,11 +30,19 @@ from .common import EXIT_USAGE
 EXIT_FAILED = 1
 
 
-def add_secret_key_flag(parser: argparse.ArgumentParser) -> None:
+def add_secret_key_flag(parser: argparse.ArgumentParser, old_keys: bool = True) -> None:
+    """``--secret-key-file``, and unless ``old_keys`` is False ``--old-secret-key-file`` (opening rows only)."""
     parser.add_argument("--secret-key-file", type=_secret_key_file, default=None, metavar="FILE",
                         help="with --store postgresql://: the deployment's secret key (base64 of 32 bytes; make one "
                              "with `head -c32 /dev/urandom | base64`), which namespace variables are encrypted under "
                              f"in the database; the same on every supervisor. Default: ${KEY_ENV}")
+    if not old_keys:
+        return
+    parser.add_argument("--old-secret-key-file", type=_secret_key_file, action="append", default=[],
+                        metavar="OLD", dest="old_secret_key_files",
+                        help="during a rotation: a previous key, used only to open variables not yet re-encrypted "
+                             "(new writes use --secret-key-file's key); repeatable. Default: "
+                             f"${OLD_KEYS_ENV} (base64 keys separated by commas)")
 
 
 def _secret_key_file(text: str) -> SecretKey:
@@ -45,6 +56,12 @@ def secret_key_of(args: argparse.Namespace) -> SecretKey | None:
     """``--secret-key-file``'s key, else ``$CODESDK_SECRET_KEY``'s (``SecretKeyError``), else None."""
     given: SecretKey | None = getattr(args, "secret_key_file", None)
     return given if given is not None else load_secret_key(None)
+
+
+def old_secret_keys_of(args: argparse.Namespace) -> tuple[SecretKey, ...]:
+    """``--old-secret-key-file``'s keys, else ``$CODESDK_OLD_SECRET_KEYS``'s (``SecretKeyError``)."""
+    given: list[SecretKey] = getattr(args, "old_secret_key_files", None) or []
+    return tuple(given) if given else load_old_keys()
 
 
 def add_secret_key_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], prog: str) -> None:
@@ -80,6 +97,6 @@ def rotate_command(args: argparse.Namespace, prog: str) -> int:
     except (NamespaceStateUnavailable, StoreError) as exc:
         print(f"{where}: {exc}; nothing was changed", file=sys.stderr)
         return EXIT_FAILED
-    print(f"{report.describe()}; the database's variables are now all under key {new.key_id}: give every "
-          "supervisor the new key and restart them")
+    print(f"{report.describe()}; the database's variables are now all under key {new.key_id}: the old "
+          "key(s) can now be dropped from every supervisor (--old-secret-key-file / $CODESDK_OLD_SECRET_KEYS)")
     return 0

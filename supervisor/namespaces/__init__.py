@@ -73,9 +73,12 @@ from ._pg_errors import NamespaceStateUnavailable
 from ._quarantines import MemoryQuarantines, QuarantineRecord, Quarantines
 from ._secret_key import (
     KEY_ENV,
+    OLD_KEYS_ENV,
+    KeyNotHeld,
     SecretKey,
     SecretKeyError,
     UndecryptableVariable,
+    load_old_keys,
     load_secret_key,
     read_key_file,
     require_secret_key,
@@ -83,6 +86,7 @@ from ._secret_key import (
 from ._state import (
     ImportReport,
     NamespaceState,
+    check_keys_held,
     RotationReport,
     import_namespace_state,
     open_namespace_state,
@@ -97,6 +101,8 @@ __all__ = [
     "ImportReport",
     "JsonLimitFile",
     "KEY_ENV",
+    "KeyNotHeld",
+    "OLD_KEYS_ENV",
     "LimitTable",
     "LimitTableUnreadable",
     "MemoryQuarantines",
@@ -110,6 +116,8 @@ __all__ = [
     "SecretKeyError",
     "UndecryptableVariable",
     "import_namespace_state",
+    "check_keys_held",
+    "load_old_keys",
     "load_secret_key",
     "open_namespace_state",
     "read_key_file",

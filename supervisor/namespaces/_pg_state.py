@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._names import Namespace
 from ._pg_errors import NamespaceStateUnavailable
 from ._quarantines import QuarantineRecord
-from ._secret_key import SecretKey, UndecryptableVariable
+from ._secret_key import KeyNotHeld, SecretKey
 from ._variables import MAX_VARIABLES, EnvEntry, NamespaceEnvError, check_variable, check_variable_name
 
 if TYPE_CHECKING:
@@ -71,11 +71,16 @@ class PgConnection:
 
 
 class PostgresVariables:
-    """``NamespaceVariables`` in the database, each value sealed under the deployment key."""
+    """``NamespaceVariables`` in the database, each value sealed under the deployment key.
 
-    def __init__(self, db: PgConnection, key: SecretKey) -> None:
+    Rows are opened with the primary ``key`` or any of ``old_keys`` (a rotation in progress), always sealed under
+    the primary. A write is refused, before anything is stored, while the namespace holds a row under a key not
+    held: a namespace's rows never end up under keys no one supervisor has together."""
+
+    def __init__(self, db: PgConnection, key: SecretKey, old_keys: Sequence[SecretKey] = ()) -> None:
         self.db = db
         self.key = key
+        self.keys = {k.key_id: k for k in (*old_keys, key)}
 
     def values(self, namespace: str) -> dict[str, str]:
         name = Namespace.parse(namespace).name
@@ -108,8 +113,10 @@ class PostgresVariables:
 
         def write(conn: psycopg.Connection[Any]) -> None:
             bump_stamp(conn, ns)  # first: it locks the namespace's changes until commit
-            names = {row[0] for row in conn.execute("SELECT name FROM namespace_variables WHERE namespace = %s",
-                                                    (ns,))}
+            rows = conn.execute("SELECT name, key_id FROM namespace_variables WHERE namespace = %s",
+                                (ns,)).fetchall()
+            self._check_held(ns, {key_id for _, key_id in rows})
+            names = {row[0] for row in rows}
             after = (names | set(set_values)) - set(unset)  # as with the files: a name both set and unset goes
             if len(after) > MAX_VARIABLES:
                 raise NamespaceEnvError(f"namespace {namespace!r} would have {len(after)} variables; at most "
@@ -128,13 +135,36 @@ class PostgresVariables:
         self.db.run(write)
         return self.entries(namespace)
 
+    def _check_held(self, namespace: str, key_ids: set[str]) -> None:
+        missing = sorted(key_ids - set(self.keys))
+        if missing:
+            raise KeyNotHeld(
+                f"variables of namespace {namespace!r} are sealed under key(s) {', '.join(missing)}, which this "
+                f"process holds neither as its secret key ({self.key.key_id}) nor as an old one: give every "
+                "supervisor the deployment's key with --secret-key-file and, while a rotation is under way, the "
+                "previous one with --old-secret-key-file (or $CODESDK_OLD_SECRET_KEYS); see docs/operations.md \"Rotating the secret key\"")
+
     def _open(self, namespace: str, name: str, key_id: str, nonce: bytes, sealed: bytes) -> str:
-        if key_id != self.key.key_id:
-            raise UndecryptableVariable(
-                f"variable {name} of namespace {namespace!r} is sealed under key {key_id}, not this supervisor's "
-                f"{self.key.key_id}: give every supervisor the same --secret-key-file, or finish `codesdk-supervisor "
-                "secret-key rotate` with the old key")
-        return self.key.open(namespace, name, nonce, sealed)
+        self._check_held(namespace, {key_id})
+        return self.keys[key_id].open(namespace, name, nonce, sealed)
+
+
+#: What ``import_namespace_state`` moved once: (kind, namespace, variable name or "" for a limit).
+Imported = tuple[str, str, str]
+
+
+def imported_before(db: PgConnection) -> set[Imported]:
+    return {(kind, ns, name) for kind, ns, name in db.run(lambda c: c.execute(
+        "SELECT kind, namespace, name FROM namespace_imports").fetchall())}
+
+
+def remember_imported(db: PgConnection, items: Sequence[Imported]) -> None:
+    def write(conn: psycopg.Connection[Any]) -> None:
+        for item in items:
+            conn.execute("INSERT INTO namespace_imports(kind, namespace, name) VALUES (%s, %s, %s) "
+                         "ON CONFLICT DO NOTHING", item)
+
+    db.run(write)
 
 
 def bump_stamp(conn: psycopg.Connection[Any], namespace: str) -> None:

@@ -18,9 +18,12 @@ import hashlib
 import hmac
 import os
 from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 KEY_ENV = "CODESDK_SECRET_KEY"
+#: Old keys (base64, separated by commas or whitespace) a supervisor still opens rows with during a rotation.
+OLD_KEYS_ENV = "CODESDK_OLD_SECRET_KEYS"
 KEY_BYTES = 32
 NONCE_BYTES = 12
 MAKE_ONE = "make one with `head -c32 /dev/urandom | base64 > FILE` (chmod 600 FILE) and give every supervisor the same"
@@ -32,6 +35,15 @@ class SecretKeyError(ValueError):
 
 class UndecryptableVariable(RuntimeError):
     """A stored value cannot be opened: another key sealed it, or the row was altered or moved."""
+
+
+class KeyNotHeld(UndecryptableVariable):
+    """A namespace's rows are sealed under a key this process holds neither as primary nor as old key.
+
+    The message is the operator's (it names key ids); ``TENANT_MESSAGE`` is what an API client is told."""
+
+    TENANT_MESSAGE = ("the namespace's variables cannot be read or changed now: the operator must check the "
+                      "deployment's secret key")
 
 
 @dataclass(frozen=True)
@@ -92,14 +104,28 @@ def parse_key(text: str | bytes, origin: str) -> SecretKey:
 
 
 def read_key_file(path: Path) -> SecretKey:
+    """The key in ``path``; refused, like ssh refuses a private key, when the group or others may read it."""
     try:
-        text = Path(path).read_bytes()
+        with open(path, "rb") as file:
+            mode = os.fstat(file.fileno()).st_mode
+            text = file.read()
     except OSError as exc:
         raise SecretKeyError(f"the secret key file {path} cannot be read ({exc.strerror or exc}); {MAKE_ONE}") from exc
+    if mode & 0o077:
+        raise SecretKeyError(f"the secret key file {path} may be read by others (mode {mode & 0o777:o}); "
+                             f"`chmod 600 {path}` and keep it owned by the service's user")
     return parse_key(text, f"the secret key file {path}")
 
 
-def load_secret_key(path: Path | None, environ: dict[str, str] | None = None) -> SecretKey | None:
+def load_old_keys(paths: Sequence[Path] = (), environ: Mapping[str, str] | None = None) -> tuple[SecretKey, ...]:
+    """The old keys from ``paths`` if any, else from ``$CODESDK_OLD_SECRET_KEYS``: opened with, never sealed under."""
+    if paths:
+        return tuple(read_key_file(path) for path in paths)
+    text = (os.environ if environ is None else environ).get(OLD_KEYS_ENV, "")
+    return tuple(parse_key(part, f"${OLD_KEYS_ENV}") for part in text.replace(",", " ").split())
+
+
+def load_secret_key(path: Path | None, environ: Mapping[str, str] | None = None) -> SecretKey | None:
     """The key from ``path`` if given, else from ``$CODESDK_SECRET_KEY``; None when neither is set."""
     if path is not None:
         return read_key_file(path)

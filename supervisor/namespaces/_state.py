@@ -45,10 +45,11 @@ class NamespaceState:
         self.close()
 
 
-def open_namespace_state(data_dir: Path, store_url: str | None = None, key: SecretKey | None = None
-                         ) -> NamespaceState:
+def open_namespace_state(data_dir: Path, store_url: str | None = None, key: SecretKey | None = None,
+                         old_keys: Sequence[SecretKey] = ()) -> NamespaceState:
     """The data dir's files (``store_url`` None or SQLite), else the database at ``store_url``, which needs the
-    deployment ``key`` (``SecretKeyError`` saying how to make one)."""
+    deployment ``key`` (``SecretKeyError`` saying how to make one); ``old_keys`` open rows a rotation has not
+    reached yet."""
     from ..store import is_postgres_url
 
     data_dir = Path(data_dir)
@@ -59,9 +60,37 @@ def open_namespace_state(data_dir: Path, store_url: str | None = None, key: Secr
     from ._pg_state import PgConnection, PostgresLimitTable, PostgresQuarantines, PostgresVariables
 
     db = PgConnection(store_url)
-    return NamespaceState(PostgresVariables(db, key), NamespaceBudgets(data_dir, PostgresLimitTable(db, BUDGET)),
+    return NamespaceState(PostgresVariables(db, key, old_keys), NamespaceBudgets(data_dir, PostgresLimitTable(db, BUDGET)),
                           NamespaceEgress(data_dir, PostgresLimitTable(db, EGRESS)), PostgresLimitTable(db, DISK),
                           PostgresQuarantines(db), closer=db)
+
+
+def check_keys_held(store_url: str, key: SecretKey, old_keys: Sequence[SecretKey] = ()) -> None:
+    """Refuse (``SecretKeyError``, for the operator: it names the key ids) a database holding variables sealed
+    under a key neither ``key`` nor one of ``old_keys``: a supervisor started so would take namespaces it cannot
+    serve. A database not migrated yet holds none."""
+    from ._pg_state import PgConnection
+
+    held = {k.key_id for k in (key, *old_keys)}
+    db = PgConnection(store_url)
+
+    def key_ids(conn: Any) -> set[str]:
+        if conn.execute("SELECT to_regclass('namespace_variables')").fetchone()[0] is None:
+            return set()
+        return {row[0] for row in conn.execute("SELECT DISTINCT key_id FROM namespace_variables")}
+
+    try:
+        found: set[str] = db.run(key_ids)
+    finally:
+        db.close()
+    missing = sorted(found - held)
+    if missing:
+        raise SecretKeyError(
+            f"the database holds namespace variables sealed under key(s) {', '.join(missing)}, and this supervisor "
+            f"holds key {key.key_id}" + (f" and old key(s) {', '.join(sorted(held - {key.key_id}))}" if old_keys
+                                         else "") +
+            ": give it the deployment's key with --secret-key-file (every supervisor the same), and during a "
+            "rotation the previous one with --old-secret-key-file (docs/operations.md, \"Rotating the secret key\")")
 
 
 def migrate_store(store_url: str) -> None:
@@ -73,56 +102,76 @@ def migrate_store(store_url: str) -> None:
 
 @dataclass(frozen=True)
 class ImportReport:
-    """What ``import_namespace_state`` did: counts only, never a value."""
+    """What ``import_namespace_state`` did: counts and names only, never a value."""
 
     namespaces: int = 0
     variables_set: int = 0
     variables_unchanged: int = 0
     limits_set: int = 0
     limits_unchanged: int = 0
+    #: What an earlier run imported ("user:alice variable API_KEY", "user:alice budget"), left as the database has it.
+    skipped: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        return (f"{self.variables_set} variable(s) of {self.namespaces} namespace(s) imported, "
+        said = (f"{self.variables_set} variable(s) of {self.namespaces} namespace(s) imported, "
                 f"{self.variables_unchanged} already there; {self.limits_set} limit(s) imported, "
                 f"{self.limits_unchanged} already there")
+        if self.skipped:
+            said += (f"; {len(self.skipped)} skipped, imported by an earlier run (the database's value, changed or "
+                     f"removed since, is kept): {', '.join(self.skipped)}")
+        return said
 
 
 def import_namespace_state(data_dir: Path, store_url: str, key: SecretKey) -> ImportReport:
     """Copy the data dir's namespace variables and limits (budgets, egress lists, disk-quota overrides) into the
-    database at ``store_url`` (migrated first), variables encrypted under ``key``. Idempotent: what the database
-    already holds with the same value is left alone; a value the data dir has differently is overwritten (the data
-    dir is the source). Quarantines are not moved: they live in one process's memory and end by themselves."""
+    database at ``store_url`` (migrated first), variables encrypted under ``key``. The first run moves everything
+    (a value the database has differently is overwritten: the data dir is the source); the database remembers
+    what was moved (``namespace_imports``), and a later run never overwrites or re-adds any of it, so changes made
+    in the database since (through the API or the CLI) are kept. Quarantines are not moved: they live in one
+    process's memory and end by themselves."""
+    from ._pg_state import PgConnection, imported_before, remember_imported
+
     data_dir = Path(data_dir)
     migrate_store(store_url)
     files = open_namespace_state(data_dir)
     shared = open_namespace_state(data_dir, store_url, key)
+    db: PgConnection = shared.closer
     try:
+        before = imported_before(db)
+        skipped: list[str] = []
         namespaces = variables_set = variables_same = limits_set = limits_same = 0
         env_dir = data_dir / ENV_DIR
         for path in sorted(env_dir.glob("*.json")) if env_dir.is_dir() else []:
             namespace = _namespace_of(path)
             values = files.variables.values(namespace)
-            if not values:
+            fresh = {name: value for name, value in values.items() if ("variable", namespace, name) not in before}
+            skipped += [f"{namespace} variable {name}" for name in sorted(set(values) - set(fresh))]
+            if not fresh:
                 continue
             namespaces += 1
             there = shared.variables.values(namespace)
-            changed = {name: value for name, value in values.items() if there.get(name) != value}
-            variables_same += len(values) - len(changed)
+            changed = {name: value for name, value in fresh.items() if there.get(name) != value}
+            variables_same += len(fresh) - len(changed)
             if changed:
                 shared.variables.update(namespace, changed)
                 variables_set += len(changed)
-        for source, target in ((files.budgets.table, shared.budgets.table), (files.egress.table,
-                                                                             shared.egress.table),
-                               (files.disk_overrides, shared.disk_overrides)):
+            remember_imported(db, [("variable", namespace, name) for name in fresh])
+        for kind, source, target in ((BUDGET, files.budgets.table, shared.budgets.table),
+                                     (EGRESS, files.egress.table, shared.egress.table),
+                                     (DISK, files.disk_overrides, shared.disk_overrides)):
             there_all = target.load()
             for namespace, value in source.load().items():
                 Namespace.parse(namespace)
+                if (kind, namespace, "") in before:
+                    skipped.append(f"{namespace} {kind}")
+                    continue
                 if there_all.get(namespace) == value:
                     limits_same += 1
                 else:
                     target.store(namespace, value)
                     limits_set += 1
-        return ImportReport(namespaces, variables_set, variables_same, limits_set, limits_same)
+                remember_imported(db, [(kind, namespace, "")])
+        return ImportReport(namespaces, variables_set, variables_same, limits_set, limits_same, tuple(skipped))
     finally:
         shared.close()
 

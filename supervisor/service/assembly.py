@@ -112,6 +112,8 @@ class SupervisorOptions:
     #: The deployment's secret key (``--secret-key-file``, ``$CODESDK_SECRET_KEY``): namespace variables kept in
     #: PostgreSQL are encrypted under it. Needed with a ``postgresql://`` store, unused otherwise.
     secret_key: SecretKey | None = field(default=None, repr=False)
+    #: Previous keys (``--old-secret-key-file``): rows not yet re-encrypted by a rotation open with them.
+    old_secret_keys: tuple[SecretKey, ...] = field(default=(), repr=False)
     #: The registry of this process's children (``codesdk.procs.children``), which the orphan sweep leaves alone:
     #: one per process. None: ``open_engine`` makes one (a process running one engine at a time); the ``codesdk``
     #: command gives the one its headstart worker is owned in; a process running engines side by side, each the same.
@@ -167,7 +169,7 @@ async def open_engine(options: SupervisorOptions) -> AsyncIterator[Engine]:
 @asynccontextmanager
 async def _open_engine(options: SupervisorOptions, data_dir: Path, children: Children,
                        worker_env: dict[str, Mapping[str, str]], groups: ResourceGroups) -> AsyncIterator[Engine]:
-    state = open_namespace_state(data_dir, options.store, options.secret_key)
+    state = open_namespace_state(data_dir, options.store, options.secret_key, options.old_secret_keys)
     try:
         async with _open_engine_with(options, data_dir, children, worker_env, groups, state) as engine:
             yield engine

@@ -31,9 +31,11 @@ from ..engine import Engine
 from ..namespaces import (
     DiskQuotaError,
     NamespaceDisks,
+    NamespaceStateUnavailable,
     SecretKeyError,
     UidRangeError,
     UnsafeDataDir,
+    check_keys_held,
     disk_unsupported,
 )
 from ..store import DataDirBusy, EventStore, StoreError, check_store_url, is_postgres_url
@@ -74,8 +76,12 @@ def run_service(options: SupervisorOptions, socket_path: Path, port: int | None 
         check_options(options)
         if options.store is not None:
             check_store_url(options.store)
+            if is_postgres_url(options.store) and options.secret_key is not None:
+                check_keys_held(options.store, options.secret_key, options.old_secret_keys)
     except (UidRangeError, DiskQuotaError, StoreError, SecretKeyError) as exc:
         raise ServiceRefused(str(exc), 2) from None
+    except NamespaceStateUnavailable as exc:
+        raise ServiceRefused(str(exc), 1) from None
     if metrics_port is not None and metrics_port == port:
         raise ServiceRefused(f"--metrics-port {metrics_port} is the API's --port too: give the metrics a port of "
                              "their own", 2)

@@ -305,6 +305,19 @@ MIGRATIONS: tuple[Migration, ...] = (
         ALTER TABLE namespace_leases ALTER COLUMN epoch SET DEFAULT nextval('namespace_lease_epochs');
         """,
     ),
+    Migration(
+        14,
+        "what import-data-dir moved, so a later run never overwrites or re-adds it",
+        """
+        CREATE TABLE namespace_imports (
+            kind TEXT NOT NULL CHECK (kind IN ('variable', 'budget', 'egress', 'disk')),
+            namespace TEXT NOT NULL,
+            name TEXT NOT NULL DEFAULT '',
+            imported_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (kind, namespace, name)
+        );
+        """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -47,6 +47,7 @@ from codesdk.worker.client import (
 
 from ..namespaces import (
     DiskQuotaError,
+    KeyNotHeld,
     Namespace,
     NamespaceStateUnavailable,
     QuarantineRecord,
@@ -467,9 +468,11 @@ class WorkerPool:
             prepared = await trio.to_thread.run_sync(prepare_launch, self.config, slot.namespace, slot.placement)
         except (UidRangeError, DiskQuotaError, NamespaceStateUnavailable, UndecryptableVariable) as exc:
             # e.g. the range is exhausted, the database holding its variables unreachable: the operator's to fix
-            slot.last_error = str(exc)
             log.error("namespace %s: %s", name, exc)
-            raise NamespaceFailing(f"namespace {name!r}: {exc}") from exc
+            # a key mismatch's detail (key ids, what the operator is to do) stays in the log: tasks show tenants
+            told = KeyNotHeld.TENANT_MESSAGE if isinstance(exc, UndecryptableVariable) else str(exc)
+            slot.last_error = told
+            raise NamespaceFailing(f"namespace {name!r}: {told}") from exc
         except OSError as exc:  # out of descriptors or memory, a broken data dir: this start fails, not us
             why = (exhausted_message(f"namespace {name!r}", exc) if exc.errno in RESOURCE_ERRNOS else
                    f"namespace {name!r}: {exc}")

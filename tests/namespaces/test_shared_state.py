@@ -195,8 +195,10 @@ def test_key_from_environment_and_file(tmp_path: Path) -> None:
     assert load_secret_key(None, {"CODESDK_SECRET_KEY": base64.b64encode(raw).decode()}) == SecretKey(raw)
     assert load_secret_key(None, {}) is None
     (tmp_path / "key").write_text(base64.b64encode(raw).decode() + "\n")
+    (tmp_path / "key").chmod(0o600)
     assert load_secret_key(tmp_path / "key", {}) == SecretKey(raw)
     (tmp_path / "short").write_text(base64.b64encode(raw[:16]).decode())
+    (tmp_path / "short").chmod(0o600)
     for path, env, match in ((tmp_path / "short", {}, "16 bytes"), (tmp_path / "absent", {}, "cannot be read"),
                              (None, {"CODESDK_SECRET_KEY": "not base64!"}, "not base64")):
         with pytest.raises(SecretKeyError, match=match) as refused:

@@ -109,11 +109,12 @@ async def test_a_supervisor_with_another_key_fails_the_task_saying_so(
     from tests.e2e.conftest import of_type, run_task
 
     with trio.fail_after(90):
-        async with make_engine(data_dir=tmp_path / "a", store=postgres_url,
-                               secret_key=SecretKey(os.urandom(32))) as first:
+        first_key, second_key = SecretKey(os.urandom(32)), SecretKey(os.urandom(32))
+        async with make_engine(data_dir=tmp_path / "a", store=postgres_url, secret_key=first_key) as first:
             await trio.to_thread.run_sync(first.pool.namespace_env.update, "user:alice", {"API_KEY": SECRET})
-        async with make_engine(data_dir=tmp_path / "b", store=postgres_url,
-                               secret_key=SecretKey(os.urandom(32))) as second:
+        async with make_engine(data_dir=tmp_path / "b", store=postgres_url, secret_key=second_key) as second:
             _, record, events = await run_task(second, namespace="user:alice", runtime_config={"scenario": "echo"})
     failed = of_type(events, EventType.TASK_FAILED)[0]
-    assert record.error is not None and "--secret-key-file" in failed.message and SECRET not in failed.message
+    assert record.error is not None and "operator must check the deployment's secret key" in failed.message
+    assert SECRET not in failed.message  # nor the key ids or what the operator is to do: those are in the log
+    assert first_key.key_id not in failed.message and second_key.key_id not in failed.message

@@ -57,6 +57,7 @@ def states(url: str, tmp_path: Path) -> Iterator[Opener]:
 
 def write_key(path: Path, key: SecretKey) -> Path:
     path.write_text(base64.b64encode(key.raw).decode() + "\n")
+    path.chmod(0o600)
     return path
 
 
@@ -144,6 +145,7 @@ def test_rotate_then_read(url: str, states: Opener, tmp_path: Path, capsys: pyte
 
 def test_rotate_refuses_a_bad_key_file(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "bad").write_text("c2hvcnQ=")
+    (tmp_path / "bad").chmod(0o600)
     good = write_key(tmp_path / "good", SecretKey(os.urandom(32)))
     assert main(["secret-key", "rotate", "--store", url, "--secret-key-file", str(tmp_path / "bad"),
                  "--old-secret-key-file", str(good)]) == 2
@@ -164,7 +166,8 @@ def test_import_moves_a_data_dir_once(url: str, states: Opener, tmp_path: Path) 
     assert (report.limits_set, report.limits_unchanged) == (3, 0)
     assert SECRET not in report.describe()
     again = import_namespace_state(data, url, key)
-    assert (again.variables_set, again.variables_unchanged, again.limits_set, again.limits_unchanged) == (0, 3, 0, 3)
+    assert (again.variables_set, again.variables_unchanged, again.limits_set, again.limits_unchanged) == (0, 0, 0, 0)
+    assert len(again.skipped) == 6 and SECRET not in again.describe()
     shared = states(key, tmp_path / "elsewhere")
     assert shared.variables.values("user:alice") == {"API_KEY": SECRET, "BASE_URL": "http://127.0.0.1:1"}
     assert shared.variables.values("default") == {"TOKEN": "t"}

@@ -15,7 +15,7 @@ import pytest
 from codesdk.supervisor.api import PostgresTokenStore, TokenAuth
 from codesdk.supervisor.cli.admin import main
 from codesdk.supervisor.namespaces import KEY_ENV, load_secret_key, open_namespace_state
-from codesdk.supervisor.store import open_token_table
+from codesdk.supervisor.store import DataDirLock, open_token_table
 
 #: The deployment's secret key the moved variables are encrypted under (the supervisors' ``$CODESDK_SECRET_KEY``).
 SECRET_KEY = base64.b64encode(os.urandom(32)).decode()
@@ -161,7 +161,49 @@ def test_a_data_dirs_variables_and_limits_move_with_its_tokens_and_no_value_is_p
 
     code, out, err = _run(capsys, "import-data-dir", "--store", postgres_url, "--data-dir", str(data))
     assert code == 0, err
-    assert "0 variable(s) of 1 namespace(s) imported, 1 already there" in out and "1 already there" in out
+    assert "0 variable(s) of 0 namespace(s) imported" in out and "0 limit(s) imported" in out
+    assert "2 skipped, imported by an earlier run" in out and "user:alice variable ANTHROPIC_API_KEY" in out
+
+
+def test_moving_again_keeps_what_was_changed_in_the_database_since(
+        postgres_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    with open_namespace_state(data) as files:
+        files.variables.update("user:alice", {"API_KEY": "value-one-8812", "MODE": "x"})
+        files.budgets.set("user:alice", 25.0)
+        files.egress.set("user:alice", ())
+    assert _run(capsys, "import-data-dir", "--store", postgres_url, "--data-dir", str(data))[0] == 0
+    with open_namespace_state(data, postgres_url, load_secret_key(None)) as shared:
+        shared.variables.update("user:alice", {"API_KEY": "value-two-8813"}, ["MODE"])
+        shared.budgets.set("user:alice", 5.0)
+        shared.egress.set("user:alice", None)
+    with open_namespace_state(data) as files:  # the data dir gains a variable and a namespace after the move
+        files.variables.update("user:alice", {"NEW": "n"})
+        files.variables.update("user:bob", {"B": "b"})
+    code, out, err = _run(capsys, "import-data-dir", "--store", postgres_url, "--data-dir", str(data))
+    assert code == 0, err
+    assert "2 variable(s) of 2 namespace(s) imported" in out and "4 skipped" in out
+    assert "value-one-8812" not in out and "value-two-8813" not in out
+    with open_namespace_state(data, postgres_url, load_secret_key(None)) as shared:
+        assert shared.variables.values("user:alice") == {"API_KEY": "value-two-8813", "NEW": "n"}
+        assert shared.variables.values("user:bob") == {"B": "b"}
+        assert shared.budgets.get("user:alice") == 5.0
+        assert shared.egress.get("user:alice") is None
+
+
+def test_moving_is_refused_while_the_data_dirs_supervisor_runs(
+        postgres_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    _single_host(data)
+    lock = DataDirLock.acquire(data, "codesdk-supervisor serve")
+    try:
+        code, out, err = _run(capsys, "import-data-dir", "--store", postgres_url, "--data-dir", str(data))
+    finally:
+        lock.release()
+    assert code == 2 and out == ""
+    assert f"pid {os.getpid()}" in err and "stop that supervisor first" in err
+    assert _shared(postgres_url).records() == []
+    assert _run(capsys, "import-data-dir", "--store", postgres_url, "--data-dir", str(data))[0] == 0
 
 
 def test_moving_without_the_deployment_key_moves_nothing_and_says_how_to_make_one(
