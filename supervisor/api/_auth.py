@@ -68,6 +68,7 @@ class TokenAuth:
         self._fresh_until = math.inf  # a shared table: when tenants are refused if it has not been read again
         self._unreadable = False  # a shared table's last read failed (said once)
         self._generation = 0  # counts the views installed: what an open stream compares to know it must re-check
+        self._looked_at = -math.inf  # when the open streams last had the file's mtime looked at: one look serves all
 
     @property
     def path(self) -> Path | None:
@@ -339,14 +340,17 @@ class TokenAuth:
 
     def _view(self) -> tuple[int, bool]:
         """What a token's validity here depends on besides the token: the view's generation, whether it is stale."""
-        self._reload_if_changed()
-        return self._generation, self._clock() > self._fresh_until
+        now = self._clock()
+        if now - self._looked_at >= RECHECK_S / 2:
+            self._looked_at = now
+            self._reload_if_changed()
+        return self._generation, now > self._fresh_until
 
     async def until_lapsed(self, digest: str, namespace: str) -> tuple[str, str]:
         """Return once the token with this sha256 no longer admits ``namespace`` here (revoked, rotated, narrowed,
         or the table fails closed): why, said to the holder of a long-lived request (an event stream), which then
-        ends, as (code, message). Re-checks whenever the view changes — a change made here, another host's notice, a re-read — so
-        within ``RECHECK_S`` of the bounds a new request has."""
+        ends, as (code, message). Re-checks whenever the view changes (a change made here, the file changed, another
+        host's notice, a re-read, the table going stale): within ``RECHECK_S`` of the bounds a new request has."""
         seen: tuple[int, bool] | None = None
         while True:
             view = self._view()

@@ -11,6 +11,7 @@ from typing import Any
 import trio
 
 from codesdk.supervisor.api import PostgresTokenStore, STALE_AFTER_S, TokenAuth, hash_token, open_token_auth
+from codesdk.supervisor.cli.admin import main as admin_main
 from codesdk.supervisor.store import StoreError, open_token_table
 
 from tests.api.conftest import Api, read_sse, serve_test_api
@@ -51,12 +52,13 @@ async def test_a_rotated_token_ends_its_open_stream(api: Api) -> None:
     assert last["event"] == "error" and last["data"]["error"]["code"] == "token_revoked"
 
 
-async def test_a_token_revoked_in_the_file_by_another_process_ends_its_open_stream(api: Api) -> None:
+async def test_a_token_revoked_with_the_command_ends_its_open_stream(api: Api) -> None:
+    """`codesdk-supervisor token revoke` changes the tokens file behind the service's back."""
     assert api.tokens.path is not None
-    other = TokenAuth.load(api.tokens.path.parent)  # `codesdk-supervisor token revoke`: the same file, elsewhere
+    argv = ["token", "revoke", "alice", "--data-dir", str(api.tokens.path.parent)]
 
     async def revoke() -> None:
-        await trio.to_thread.run_sync(other.revoke, "alice")
+        assert await trio.to_thread.run_sync(admin_main, argv) == 0
 
     last = await _stream_ended_by(api, api.auth(api.alice), revoke)
     assert last["event"] == "error" and last["data"]["error"]["code"] == "token_revoked"
