@@ -92,7 +92,7 @@ from ..store import (
     UnknownSession,
     UnknownTask,
 )
-from ._auth import Principal, TokenAuth, TokenFileInvalid, TokenNameTaken, TokenNotFound
+from ._auth import Principal, TokenAuth, TokenFileInvalid, TokenNameTaken, TokenNotFound, hash_token
 from ._console import ConsoleRefused, console_routes, cookie_principal
 from ..console import COOKIE, ConsoleSessions
 from ._endpoints import ENDPOINTS, Access, Endpoint
@@ -182,6 +182,9 @@ def _validation_message(exc: ValidationError, where: str) -> str:
 #: Where a request's scope holds its ``Endpoint`` (set by the route's wrapper), and who sent it (once known).
 _ENDPOINT = "codesdk.endpoint"
 _PRINCIPAL = "codesdk.principal"
+#: The sha256 of the token a request authenticated with (its console session's, for the cookie): what a long-lived
+#: request re-checks while it is open.
+_TOKEN_SHA256 = "codesdk.token_sha256"
 
 access_log = logging.getLogger("codesdk.access")
 #: The route label of a request no route takes (404, 405): its path is the client's to choose, so never a label.
@@ -470,9 +473,13 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
                 principal: Principal | None = cookie_principal(request, console, auth)
             except ConsoleRefused as exc:
                 raise ApiError(exc.status, exc.code, exc.message) from None
+            if principal is not None and (session := console.find(request.cookies.get(COOKIE))) is not None:
+                request.scope[_TOKEN_SHA256] = session.token_sha256
         else:
             scheme, _, token = (header or "").partition(" ")
             principal = auth.authenticate(token.strip()) if scheme.lower() == "bearer" else None
+            if principal is not None:
+                request.scope[_TOKEN_SHA256] = hash_token(token.strip())
         if principal is None:
             raise ApiError(401, "unauthorized", "missing or invalid bearer token (Authorization: Bearer <token>)")
         access = request.scope[_ENDPOINT].access
@@ -1108,6 +1115,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
         if drain.draining:
             raise ApiError(503, "shutting_down", "the service is shutting down; reconnect with Last-Event-ID once "
                                                  "it is back", {"retry-after": "5"})
+        if (digest := request.scope.get(_TOKEN_SHA256)) is None:  # the console session ended meanwhile
+            raise ApiError(401, "unauthorized", "the console session has ended; log in again at /console/")
         query = _query(request, api.StreamQuery)
         after = query.after_seq
         last_id = request.headers.get("last-event-id")
@@ -1121,7 +1130,8 @@ def create_app(engine: Engine, auth: TokenAuth, *, keepalive_s: float = KEEPALIV
                 raise ApiError(422, "invalid_request", f"header 'Last-Event-ID' must be between 0 and {MAX_SEQ}")
         return _SSEResponse(engine, session.session_id, after or 0, query.until_terminal, metrics.sse_events,
                             keepalive_s, streams=streams, principal=principal.identity, drain=drain,
-                            namespace=session.namespace)
+                            namespace=session.namespace,
+                            token_lapsed=partial(auth.until_lapsed, digest, session.namespace))
 
     async def transcript(request: Request) -> Response:
         session = await session_for(principal_of(request), request.path_params["session_id"])
@@ -1468,7 +1478,8 @@ class _SSEResponse(Response):
 
     def __init__(self, engine: Engine, session_id: str, after_seq: int, until_terminal: bool,
                  sent: Counter, keepalive_s: float, *, streams: _StreamSlots, principal: str,
-                 drain: StreamDrain, namespace: str) -> None:
+                 drain: StreamDrain, namespace: str,
+                 token_lapsed: Callable[[], Awaitable[tuple[str, str]]]) -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
         if "content-length" in self.headers:
             del self.headers["content-length"]
@@ -1484,6 +1495,7 @@ class _SSEResponse(Response):
         self._principal = principal
         self._drain = drain
         self._namespace = namespace
+        self._token_lapsed = token_lapsed  # returns (code, message) once the stream's token no longer admits it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         streams = self._streams
@@ -1562,6 +1574,15 @@ class _SSEResponse(Response):
                         await trio.sleep(self._keepalive_s)
                         await emit(b": keep-alive\n\n")
 
+                async def watch_token() -> None:
+                    # A revoked, rotated or narrowed token (on any host sharing the table) ends its open streams
+                    # within the bounds that refuse its new requests (``TokenAuth.until_lapsed``).
+                    code, message = await self._token_lapsed()
+                    error = json.dumps({"error": {"code": code, "message": message}})
+                    with contextlib.suppress(Exception):
+                        await emit(f"event: error\ndata: {error}\n\n".encode())
+                    nursery.cancel_scope.cancel()
+
                 async def watch_disconnect() -> None:
                     while True:
                         message = await receive()
@@ -1573,6 +1594,7 @@ class _SSEResponse(Response):
                 nursery.start_soon(pump)
                 nursery.start_soon(keepalive)
                 nursery.start_soon(watch_disconnect)
+                nursery.start_soon(watch_token)
 
 
 async def _receipt_of(engine: Engine, record: TaskRecord) -> StopReceipt | None:

@@ -46,6 +46,10 @@ __all__ = ["TOKENS_FILE", "Principal", "TokenAuth", "TokenEntry", "TokenFileInva
 
 log = logging.getLogger("codesdk.supervisor.api.auth")
 
+#: How often an open event stream looks whether the token table changed (a counter and a clock compared; for a
+#: file, its mtime): a revoke ends the streams of its token this long after the table here has it, at most.
+RECHECK_S = 0.5
+
 
 class TokenAuth:
     """Looks bearer tokens up by their sha256 hash (compared in constant time). Without a store (or ``path``) the
@@ -63,6 +67,8 @@ class TokenAuth:
         self._as_of = -math.inf  # when (time.monotonic) the view was last read from the store: an older read loses
         self._fresh_until = math.inf  # a shared table: when tenants are refused if it has not been read again
         self._unreadable = False  # a shared table's last read failed (said once)
+        self._generation = 0  # counts the views installed: what an open stream compares to know it must re-check
+        self._looked_at = -math.inf  # when the open streams last had the file's mtime looked at: one look serves all
 
     @property
     def path(self) -> Path | None:
@@ -239,6 +245,7 @@ class TokenAuth:
                 raise
             with self._lock:
                 self._entries = self._admin_only()
+                self._generation += 1
                 self.broken = str(exc)
             log.error("%s; no tenant token is valid until it is fixed (the admin token in %s still is)", exc,
                       self._admin_file())
@@ -255,6 +262,7 @@ class TokenAuth:
         if as_of < self._as_of:
             return  # read before a change made here since: that change's view stands
         self._entries, self._as_of = entries, as_of
+        self._generation += 1
         if self.store is not None and self.store.shared:
             if self.broken is not None:
                 log.warning("the API tokens are read from %s again: tenants' tokens work again", self.where)
@@ -328,6 +336,35 @@ class TokenAuth:
             if hmac.compare_digest(entry.digest, digest):
                 found = entry.principal
         return found
+
+
+    def _view(self) -> tuple[int, bool]:
+        """What a token's validity here depends on besides the token: the view's generation, whether it is stale."""
+        now = self._clock()
+        if now - self._looked_at >= RECHECK_S / 2:
+            self._looked_at = now
+            self._reload_if_changed()
+        return self._generation, now > self._fresh_until
+
+    async def until_lapsed(self, digest: str, namespace: str) -> tuple[str, str]:
+        """Return once the token with this sha256 no longer admits ``namespace`` here (revoked, rotated, narrowed,
+        or the table fails closed): why, said to the holder of a long-lived request (an event stream), which then
+        ends, as (code, message). Re-checks whenever the view changes (a change made here, the file changed, another
+        host's notice, a re-read, the table going stale): within ``RECHECK_S`` of the bounds a new request has."""
+        seen: tuple[int, bool] | None = None
+        while True:
+            view = self._view()
+            if view != seen:
+                seen = view
+                principal = self.authenticate_hash(digest)
+                if principal is None and self.broken is not None:
+                    return "tokens_unavailable", f"{self.broken}; reconnect once they are"
+                if principal is None:
+                    return "token_revoked", "this stream's token was revoked or rotated; use a valid token"
+                if not principal.can_access(namespace):
+                    return "token_revoked", (f"this stream's token no longer covers the namespace {namespace!r}; "
+                                             "use a token that does")
+            await trio.sleep(RECHECK_S)
 
 
 @asynccontextmanager

@@ -82,7 +82,9 @@ _SESSION = "/v1/sessions/{session_id}"
 _NAMESPACE = "/v1/namespaces/{namespace}"
 _SSE = ("A `text/event-stream`: each stored event as `id: <seq>`, `event: <type>`, `data: <NormalizedEvent JSON>`; "
         "comment lines keep the connection alive. Reconnect with the `Last-Event-ID` header (or `after_seq`) to "
-        "resume without a gap or a repeat.")
+        "resume without a gap or a repeat. A last `event: error` frame (`data: {\"error\": {\"code\", \"message\"}}`) "
+        "says why the service ended the stream: `token_revoked` (the token was revoked, rotated or no longer covers "
+        "the namespace: reconnecting is refused), `tokens_unavailable` or `store_failing` (reconnect later).")
 
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("GET", "/healthz", "getHealth", "Liveness: the process answers", "service", Access.PUBLIC, api.Health),

@@ -185,13 +185,22 @@ def test_namespaces_spread_over_two_supervisors_and_each_is_followed_from_either
 
 
 def test_a_token_made_or_revoked_on_one_supervisor_is_so_on_the_other(tmp_path: Path, postgres_url: str) -> None:
-    """The tokens are the database's: what the API of A changes holds on B as soon as B hears of it."""
+    """The tokens are the database's: what the API of A changes holds on B as soon as B hears of it, event streams
+    already open on B included."""
     with supervisors(tmp_path, postgres_url, 2) as (a, b):
         made = a.client.post("/v1/tokens", json={"name": "dora", "namespaces": ["user:dora"]})
         assert made.status_code == 201, made.text
         dora = {"Authorization": f"Bearer {made.json()['secret']}"}
         wait_for("B to accept the token A made", lambda: b.client.get("/v1/sessions", headers=dora).status_code == 200)
-        assert a.client.delete(f"/v1/tokens/{made.json()['token']['id']}").status_code == 200
+        session = b.client.post("/v1/sessions", json={"namespace": "user:dora"}, headers=dora)
+        assert session.status_code == 201, session.text
+        # A stream dora opened on B before the revoke ends too, saying why (not only her new requests fail).
+        with b.client.stream("GET", f"/v1/sessions/{session.json()['session_id']}/events/stream",
+                             headers=dora) as stream:
+            assert stream.status_code == 200
+            assert a.client.delete(f"/v1/tokens/{made.json()['token']['id']}").status_code == 200
+            last = [line for line in stream.iter_lines() if line.startswith(("event: ", "data: "))][-2:]
+        assert last[0] == "event: error" and json.loads(last[1][len("data: "):])["error"]["code"] == "token_revoked"
         wait_for("B to refuse the token A revoked",
                  lambda: b.client.get("/v1/sessions", headers=dora).status_code == 401)
         assert a.client.get("/v1/sessions", headers=dora).status_code == 401

@@ -431,7 +431,14 @@ async function sessionPage(sessionId) {
   const stream = new EventSource(`${base}/events/stream`);
   state.stream = stream;
   stream.onopen = () => { live.textContent = "live"; };
-  stream.onerror = () => { live.textContent = "reconnecting…"; };
+  stream.onerror = (message) => {
+    // A frame named "error" is the service's last word (the token was revoked, the store fails): said, and for a
+    // revoked token not retried — the page's next request asks to log in again.
+    let failure = null;
+    try { failure = message.data ? JSON.parse(message.data).error : null; } catch { failure = null; }
+    if (failure && failure.code === "token_revoked") { stream.close(); live.textContent = `ended: ${failure.message}`; return; }
+    live.textContent = "reconnecting…";
+  };
   stream.onmessage = null;
   const seen = new Set();
   const receive = (message) => {
