@@ -1,6 +1,7 @@
 """Fenced writes on PostgreSQL (``_fencing``): a write queued with a lease epoch that is no longer current is refused
 (``Fenced``), whatever kind of write it is, and changes nothing; the current holder's writes go through; a lease's
-epoch is never reused; and a supervisor stopped inside a write transaction does not block a takeover for long."""
+epoch is never reused; and a supervisor stopped inside a write transaction does not block a takeover, or another's
+write, for long."""
 
 from __future__ import annotations
 
@@ -242,3 +243,38 @@ async def test_a_writer_stopped_inside_a_transaction_does_not_hold_a_takeover_fo
         finally:
             await other_leases.aclose()
             await stopped_leases.aclose()
+
+
+async def test_a_write_blocked_by_a_stalled_transaction_ends_it(postgres_url: str) -> None:
+    """A transaction whose writer stopped after a statement sent without a Sync (no server timer runs) holds a
+    session's row; another store's write to that session, blocked, ends it once it has stalled for
+    a quarter of the lease (``_postgres.WRITER_IDLE_IN_TRANSACTION``), and goes through while the first writer is still stopped."""
+    lease_s = 2.0
+    with trio.fail_after(60):
+        async with open_postgres(postgres_url, lease_s=lease_s) as stalled_store, \
+                open_postgres(postgres_url, lease_s=lease_s) as other_store:
+            await stalled_store.create_session("s1", runtime="scripted", namespace=NAMESPACE)
+            stopped, resume = threading.Event(), threading.Event()
+
+            def stalled_write(conn: Db) -> None:
+                conn.execute("UPDATE sessions SET title = 'stalled' WHERE session_id = 's1'")  # no Sync after
+                conn.scalar("SELECT 1")  # read with a flush request: the UPDATE ran, its row is locked
+                stopped.set()
+                resume.wait()
+
+            outcome: list[BaseException] = []
+
+            async def write() -> None:
+                try:
+                    await stalled_store._write("a stalled write", stalled_write)
+                except StoreError as exc:
+                    outcome.append(exc)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(write)
+                await trio.to_thread.run_sync(stopped.wait)
+                await other_store.update_session("s1", title="the other's")
+                assert not resume.is_set()
+                resume.set()
+            assert outcome  # its connection was ended under it
+            assert (await other_store.get_session("s1")).title == "the other's"
