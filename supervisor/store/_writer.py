@@ -320,11 +320,13 @@ class Writer:
     async def _run(self, batch: list[WriteRequest[Any]]) -> None:
         try:
             # not abandonable: a cancelled writer still waits for the transaction to finish
-            async with trio.open_nursery() as nursery:
-                if self._unblock is not None:
-                    nursery.start_soon(self._unblock_while_blocked, *self._unblock)
+            if self._unblock is None:
                 await trio.to_thread.run_sync(run_batch, self._conn, batch, limiter=self._limiter)
-                nursery.cancel_scope.cancel()
+            else:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._unblock_while_blocked, *self._unblock)
+                    await trio.to_thread.run_sync(run_batch, self._conn, batch, limiter=self._limiter)
+                    nursery.cancel_scope.cancel()
         except BaseException as exc:  # a bug in run_batch: fail the batch loudly, then stop the writer
             for request in batch:
                 if request.error is None:

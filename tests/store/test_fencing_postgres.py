@@ -247,8 +247,8 @@ async def test_a_writer_stopped_inside_a_transaction_does_not_hold_a_takeover_fo
 
 async def test_a_write_blocked_by_a_stalled_transaction_ends_it(postgres_url: str) -> None:
     """A transaction whose writer stopped after a statement sent without a Sync (no server timer runs) holds a
-    session's row; another store's write to that session, blocked, ends it once it has stalled for
-    a quarter of the lease (``_postgres.WRITER_IDLE_IN_TRANSACTION``), and goes through while the first writer is still stopped."""
+    session's row; another store's write to that session, blocked, ends it once it has stalled for a quarter of the
+    lease (``_postgres.WRITER_IDLE_IN_TRANSACTION``), and goes through while the first writer is still stopped."""
     lease_s = 2.0
     with trio.fail_after(60):
         async with open_postgres(postgres_url, lease_s=lease_s) as stalled_store, \
