@@ -32,6 +32,10 @@ from typing import Any, Literal, Protocol
 
 from ._errors import StoreError
 
+#: The ``application_name`` of every connection a supervisor makes (``_pg.connect``): whose stalled transactions a
+#: blocked claim or write may end (``_leases``, ``_pg.end_stalled_blockers``).
+SUPERVISOR_APPLICATION = "codesdk-supervisor"
+
 #: What names the namespace of a write.
 ScopeKind = Literal["namespace", "session", "task", "approval", "question"]
 

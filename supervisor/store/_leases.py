@@ -19,11 +19,21 @@ hosts' clocks need not agree.
 Each claim takes a new epoch (``namespace_lease_epochs``, a sequence: never reused), and the holder keeps the epoch
 of each namespace it holds (``epochs``): its writes for a namespace carry it and are refused by the database once
 the lease has moved on (``_fencing``). A refused write lets the namespace go (``let_go``) as a lost lease does.
+
+A fenced write locks its namespace's lease row until it commits, and a claim waits for that lock. A holder stopped
+(SIGSTOP, a hung host) in the middle of a write would hold it for as long as it stays stopped: the server's
+idle-in-transaction timeout does not cover it (a pipelined transaction, or a COPY, leaves the server waiting for the
+rest of a request, where no timer runs). So a claim blocked for ``lease_s * TAKEOVER_WAIT`` ends the backends that
+block it, if they are CodeSDK supervisors' connections not themselves waiting for a lock and the lease they hold it
+for has expired (``_end_blockers``): their transactions roll back, nothing of them is kept (they were fenced anyway),
+and the old holder's store reconnects if it ever resumes. This needs the supervisors to share one database role (or
+the claiming one to be a member of ``pg_signal_backend``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import socket
@@ -34,10 +44,19 @@ from typing import Any, Protocol
 import trio
 
 from ._errors import StoreError
+from ._fencing import SUPERVISOR_APPLICATION
 from ._time import now_text
+
+log = logging.getLogger(__name__)
 
 #: Seconds a lease outlives its holder's last renewal, unless the operator says otherwise (``--lease-s``).
 LEASE_S = 15.0
+
+#: How long a claim waits for the lease row's lock before it ends an expired holder's transactions that hold it, as a
+#: share of the lease (then again as often while still blocked): what bounds how long a stopped supervisor can hold
+#: up a takeover of a namespace whose lease it lost.
+TAKEOVER_WAIT = 0.25
+
 
 
 @dataclass(frozen=True)
@@ -169,8 +188,11 @@ class PostgresLeases:
     """Leases in the shared PostgreSQL database, on a connection of their own (renewals never queue behind the
     event writer). Open with ``PostgresLeases.open``."""
 
-    def __init__(self, db: Any, lease_s: float) -> None:
+    def __init__(self, db: Any, lease_s: float, unblocker: Any = None) -> None:
         self._db = db  # a PostgresDb (imported only with psycopg)
+        #: a connection of its own for ending what blocks a claim (``_end_blockers``; None: claims just wait)
+        self._unblocker = unblocker
+        self._unblocker_limiter = trio.CapacityLimiter(1)
         self.lease_s = lease_s
         self.supervisor_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._host = socket.gethostname()
@@ -216,11 +238,11 @@ class PostgresLeases:
 
         if not lease_s > 0:
             raise ValueError(f"a lease lasts more than 0 seconds, not {lease_s}")
-        leases = cls(PostgresDb(url, location, origin="leases"), lease_s)
+        leases = cls(PostgresDb(url, location, origin="leases"), lease_s, PostgresDb(url, location, origin="leases"))
         try:
             await leases._run("registering this supervisor", leases._register)
         except BaseException:
-            leases._db.close()
+            leases._close()
             raise
         return leases
 
@@ -252,13 +274,68 @@ class PostgresLeases:
             "INSERT INTO supervisors(supervisor_id, host, pid, api, started_at, heartbeat_at) "
             "VALUES (?, ?, ?, ?, ?, now())", (self.supervisor_id, self._host, os.getpid(), "[]", now_text()))
 
+    def _close(self) -> None:
+        self._db.close()
+        if self._unblocker is not None:
+            self._unblocker.close()
+
     async def claim(self, namespace: str) -> Claim:
         if namespace in self._held:
             return Claim()
-        claim: Claim = await self._run(f"taking the lease of namespace {namespace!r}", self._claim, namespace)
+        claim: Claim = await self._unblocked(f"taking the lease of namespace {namespace!r}", [namespace],
+                                             self._claim, namespace)
         if claim.holder is None and claim.epoch is not None:
             self._held = {**self._held, namespace: claim.epoch}
         return claim
+
+    async def _unblocked(self, where: str, namespaces: Sequence[str], function: Any, *args: Any) -> Any:
+        """``_run`` for a statement that locks the lease rows of ``namespaces`` (a claim, a drop): while it is blocked,
+        what blocks it for an expired lease is ended (``_unblock``)."""
+        result: Any = None
+        async with trio.open_nursery() as nursery:
+            if self._unblocker is not None:
+                nursery.start_soon(self._unblock, namespaces)
+
+            async def run() -> None:
+                nonlocal result
+                result = await self._run(where, function, *args)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(run)
+        return result
+
+    async def _unblock(self, namespaces: Sequence[str]) -> None:
+        """Every ``lease_s * TAKEOVER_WAIT`` the statement on our connection is still blocked, end what blocks it for
+        an expired lease of ``namespaces`` (``_end_blockers``). A failure here is logged; the statement waits on."""
+        while True:
+            await trio.sleep(self.lease_s * TAKEOVER_WAIT)
+            waiting = self._db.backend_pid
+            if waiting is None:
+                continue
+            try:
+                ended = await trio.to_thread.run_sync(self._end_blockers, waiting, list(namespaces),
+                                                      limiter=self._unblocker_limiter)
+            except Exception as exc:
+                await trio.to_thread.run_sync(self._unblocker.rollback, limiter=self._unblocker_limiter)
+                log.warning("namespace leases %s: blocked, and what blocks them could not be ended: %s",
+                            ", ".join(namespaces), self._unblocker.translate(exc, "ending a stopped holder's "
+                                                                             "transactions"))
+                continue
+            if ended:
+                log.warning("namespace leases %s: blocked by %d connection(s) of a supervisor whose lease expired "
+                            "(stopped in a transaction?): ended them", ", ".join(namespaces), ended)
+
+    def _end_blockers(self, waiting: int, namespaces: list[str]) -> int:
+        """End the backends that block the ``waiting`` backend if they are supervisors' connections in no lock wait
+        of their own (a fellow claimer waiting in line is left alone) and a lease of ``namespaces`` has expired and
+        is another supervisor's; how many were ended."""
+        self._unblocker.ready()
+        return int(self._unblocker.scalar(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid)) FROM pg_stat_activity a "
+            "WHERE a.pid = ANY(pg_blocking_pids(?)) AND a.application_name = ? "
+            "AND a.wait_event_type IS DISTINCT FROM 'Lock' AND EXISTS (SELECT 1 FROM namespace_leases l "
+            "WHERE l.namespace = ANY(?) AND l.expires_at < now() AND l.supervisor_id <> ?)",
+            (waiting, SUPERVISOR_APPLICATION, namespaces, self.supervisor_id)) or 0)
 
     def _claim(self, namespace: str) -> Claim:
         """One statement: insert the lease, or take it over where it expired (or is already ours); else say who
@@ -313,8 +390,9 @@ class PostgresLeases:
         return list(await self._run("listing expired namespace leases", self._expired))
 
     async def drop_expired(self, namespaces: Sequence[str]) -> None:
-        if namespaces:
-            await self._run("dropping expired namespace leases", self._drop_expired, list(namespaces))
+        for namespace in namespaces:  # one at a time: what blocks a drop is ended only for the lease it waits for
+            await self._unblocked(f"dropping the expired lease of namespace {namespace!r}", [namespace],
+                                  self._drop_expired, [namespace])
 
     def _drop_expired(self, namespaces: list[str]) -> None:
         self._db.execute("DELETE FROM namespace_leases WHERE namespace = ANY(?) AND expires_at < now()",
@@ -333,7 +411,7 @@ class PostgresLeases:
             await self._run("giving up this supervisor's namespace leases", self._give_up)
         finally:
             self._held = {}
-            self._db.close()
+            self._close()
 
     def _give_up(self) -> None:
         self._db.execute("DELETE FROM namespace_leases WHERE supervisor_id = ?", (self.supervisor_id,))

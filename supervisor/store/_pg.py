@@ -26,7 +26,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ._db import Rows
 from ._errors import DatabaseError, StoreClosed, StoreError, translate
-from ._fencing import Fence
+from ._fencing import SUPERVISOR_APPLICATION, Fence
 
 #: The channel a commit's appended sessions are announced on (payload: "<origin> <session id>").
 CHANNEL = "codesdk_events"
@@ -149,6 +149,12 @@ class PostgresDb:
         if conn is not None:
             conn.close()
         self._conn = connect(self._url, self._settings)
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The server process of the current connection (None: not connected)."""
+        conn = self._conn
+        return None if conn is None or conn.closed else conn.info.backend_pid
 
     def lost_connection(self, exc: BaseException) -> bool:
         return isinstance(exc, psycopg.OperationalError) and (self._conn is None or self._conn.broken)
@@ -292,6 +298,19 @@ class PostgresDb:
             self._conn = None
 
 
+def end_stalled_blockers(db: PostgresDb, waiting: int, stalled_s: float) -> int:
+    """End the backends that block the ``waiting`` backend and have waited for their own client inside a transaction
+    for ``stalled_s``: a supervisor stopped mid-write (SIGSTOP, a hung host), whose locks (a lease row ``FOR SHARE``,
+    a session's row) the server's idle-in-transaction timeout does not free when its transaction was pipelined. Only
+    supervisors' connections (``SUPERVISOR_APPLICATION``); how many were ended."""
+    db.ready()
+    return int(db.scalar(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid)) FROM pg_stat_activity a "
+        "WHERE a.pid = ANY(pg_blocking_pids(?)) AND a.application_name = ? AND a.wait_event_type = 'Client' "
+        "AND a.xact_start IS NOT NULL AND a.state_change < now() - make_interval(secs => ?)",
+        (waiting, SUPERVISOR_APPLICATION, stalled_s)) or 0)
+
+
 #: How a TCP connection to the server that went dead (a host lost, a network cut) is noticed, where the URL does not
 #: say otherwise: keepalive probes on an idle connection, and a bound on data the server leaves unacknowledged.
 #: Without them a call waits forever in its thread, which trio cannot cancel. (Unix sockets ignore them.)
@@ -305,7 +324,7 @@ def connect(url: str, settings: Mapping[str, str] | None = None) -> psycopg.Conn
         params["options"] = " ".join([str(params.get("options") or ""),
                                       *(f"-c {name}={value}" for name, value in settings.items())]).strip()
     return psycopg.connect(make_conninfo("", **params), autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
-                           application_name="codesdk-supervisor")
+                           application_name=SUPERVISOR_APPLICATION)
 
 
 #: SQLSTATE classes that mean the server or its storage failed, not the request: 08 connection, 53 resources

@@ -18,6 +18,8 @@ PostgreSQL connections, so both backends share one SQL core, one writer and one 
 
 from __future__ import annotations
 
+import logging
+
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -40,6 +42,9 @@ from ._writer import Writer
 
 if TYPE_CHECKING:
     from ._tokens import TokenTable
+
+
+log = logging.getLogger(__name__)
 
 
 def is_postgres_url(location: object) -> bool:
@@ -108,10 +113,12 @@ def migrate_postgres(url: str) -> None:
         db.close()
 
 
-#: The longest the writer's connection may sit idle inside a transaction, as a share of the lease: a supervisor
-#: stopped (SIGSTOP, a hung host) in the middle of a write holds its namespace's lease row (``_fencing``) and session
-#: rows, which the supervisor taking the namespace over waits for; the server ends that transaction (and the
-#: connection) after this long, well before the new holder's own lease is due for renewal (every lease_s / 3).
+#: The longest a transaction of a supervisor stopped mid-write (SIGSTOP, a hung host) may hold up others, as a share
+#: of the lease: it holds its namespace's lease row (``_fencing``) and session rows, which a takeover and then the new
+#: holder's writes wait for. The server's ``idle_in_transaction_session_timeout`` (set to this) is armed only once it
+#: answered a Sync, which a pipelined transaction does not send before it commits; so a write blocked this long ends
+#: the transactions blocking it that have waited this long for their client (``_pg.end_stalled_blockers``), as a
+#: blocked claim does (``_leases.TAKEOVER_WAIT``).
 WRITER_IDLE_IN_TRANSACTION = 0.25
 
 #: Seconds an idle subscriber waits for a notice before it reads anyway. Notices wake it (and every subscriber
@@ -181,11 +188,33 @@ async def _opened(url: str, lock: DataDirLock | None, *, readers: int, max_batch
     except BaseException:
         await trio.to_thread.run_sync(close_all, [writer_db, *reader_dbs])
         raise
+    unblocker_db = _pg.PostgresDb(url, location, origin)
+    stalled_s = lease_s * WRITER_IDLE_IN_TRANSACTION
+
+    def unblock() -> None:
+        """A batch blocked past ``stalled_s``: end the stalled transactions holding it up (``end_stalled_blockers``)."""
+        waiting = writer_db.backend_pid
+        if waiting is None:
+            return
+        try:
+            ended = _pg.end_stalled_blockers(unblocker_db, waiting, stalled_s)
+        except Exception as exc:
+            unblocker_db.rollback()
+            log.warning("a write is blocked, and what blocks it could not be ended: %s",
+                        unblocker_db.translate(exc, "ending a stalled transaction"))
+            return
+        if ended:
+            log.warning("a write was blocked by %d transaction(s) stalled for %g s (a supervisor stopped in the "
+                        "middle of a write?): ended them", ended, stalled_s)
+
     hub = Hub()
-    writer = Writer(writer_db, hub.publish, max_batch=max_batch)
+    writer = Writer(writer_db, hub.publish, max_batch=max_batch, unblock=(unblock, stalled_s))
     pool = ReaderPool(list(reader_dbs))
     store = EventStore(location, writer, pool, hub, None, subscriber_buffer=subscriber_buffer,
                        page_size=page_size, upcasters=upcasters, poll_interval_s=poll_interval_s, lock=lock)
     listener = _pg_listen.Listener(url, location, [_pg_listen.events_channel(origin, hub)])
-    async with running(store, writer, writer_db, pool, hub, background=[listener]):
-        yield store
+    try:
+        async with running(store, writer, writer_db, pool, hub, background=[listener]):
+            yield store
+    finally:
+        unblocker_db.close()

@@ -197,8 +197,11 @@ class Writer:
         max_batch: int,
         queue_size: int = 1024,
         linger_s: float = 0.0,
+        unblock: tuple[Callable[[], object], float] | None = None,
     ) -> None:
         self._conn = conn
+        #: (what ends the stalled transactions blocking a batch, how long a batch runs before and between calls)
+        self._unblock = unblock
         #: the longest a lingering request waits for company (0: never); ``EventStore.commit_linger_s`` sets it
         self.linger_s = linger_s
         self._company = _Company()
@@ -317,7 +320,13 @@ class Writer:
     async def _run(self, batch: list[WriteRequest[Any]]) -> None:
         try:
             # not abandonable: a cancelled writer still waits for the transaction to finish
-            await trio.to_thread.run_sync(run_batch, self._conn, batch, limiter=self._limiter)
+            if self._unblock is None:
+                await trio.to_thread.run_sync(run_batch, self._conn, batch, limiter=self._limiter)
+            else:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._unblock_while_blocked, *self._unblock)
+                    await trio.to_thread.run_sync(run_batch, self._conn, batch, limiter=self._limiter)
+                    nursery.cancel_scope.cancel()
         except BaseException as exc:  # a bug in run_batch: fail the batch loudly, then stop the writer
             for request in batch:
                 if request.error is None:
@@ -340,6 +349,14 @@ class Writer:
                 if request.error is None and request.publish_to is not None and request.result:
                     self._publish(request.publish_to, request.result)
                 request.done.set()
+
+    @staticmethod
+    async def _unblock_while_blocked(unblock: Callable[[], object], every_s: float) -> None:
+        """While a batch runs past ``every_s``, and as often again: end what blocks it that stalled (``unblock``)."""
+        limiter = trio.CapacityLimiter(1)
+        while True:
+            await trio.sleep(every_s)
+            await trio.to_thread.run_sync(unblock, limiter=limiter)
 
     def _fail_leftovers(self) -> None:
         leftovers = [*self._ordinary, *self._bulk]

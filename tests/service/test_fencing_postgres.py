@@ -117,7 +117,7 @@ def test_a_paused_supervisor_writes_nothing_after_its_namespace_was_taken_over(
 def test_a_write_in_flight_when_its_supervisor_stopped_neither_lands_nor_holds_up_the_takeover(
         tmp_path: Path, postgres_url: str) -> None:
     """A's append is inside its transaction when A stops, and gets its rows only after B took the lease: it sees
-    the new epoch, and its transaction, left idle by the stopped A, is ended by the server (a quarter of the lease)
-    so that B can fail the task."""
+    the new epoch, and its transaction, left stalled by the stopped A (pipelined: no server timer runs), is ended by
+    B's write it blocks (a quarter of the lease) so that B can fail the task."""
     with supervisors(tmp_path, postgres_url, 2) as (a, b):
         _paused_past_its_lease(a, b, postgres_url, write_in_flight=True)

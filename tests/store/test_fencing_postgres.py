@@ -1,6 +1,7 @@
 """Fenced writes on PostgreSQL (``_fencing``): a write queued with a lease epoch that is no longer current is refused
 (``Fenced``), whatever kind of write it is, and changes nothing; the current holder's writes go through; a lease's
-epoch is never reused; and a supervisor stopped inside a write transaction does not block a takeover for long."""
+epoch is never reused; and a supervisor stopped inside a write transaction does not block a takeover, or another's
+write, for long."""
 
 from __future__ import annotations
 
@@ -44,7 +45,6 @@ from codesdk.supervisor.store import _sql
 from codesdk.supervisor.store._db import Db
 from codesdk.supervisor.store._fencing import Scope
 from codesdk.supervisor.store._pg import redacted
-from codesdk.supervisor.store._postgres import WRITER_IDLE_IN_TRANSACTION
 
 from tests.store.store_helpers import RUNTIME, delta, session_created
 
@@ -193,23 +193,27 @@ async def test_a_lease_claimed_again_gets_an_epoch_never_held_before(postgres_ur
 
 
 async def test_a_writer_stopped_inside_a_transaction_does_not_hold_a_takeover_for_long(postgres_url: str) -> None:
-    """A write whose thread stops mid-transaction (as under SIGSTOP) holds its namespace's lease row: the server ends
-    that transaction once it sat idle for ``lease_s * WRITER_IDLE_IN_TRANSACTION``, so the takeover, which waits for
-    the row, goes through while the writer is still stopped, and nothing of the stopped write is kept."""
+    """A write whose thread stops mid-transaction (as under SIGSTOP) right after a statement sent in the pipeline,
+    with no Sync after it, holds its namespace's lease row and its session's row, and nothing on the server ends
+    that. Another supervisor's claim, once the lease expired and it was blocked ``lease_s * TAKEOVER_WAIT``, ends
+    that transaction: the takeover goes through while the writer is still stopped, the new holder writes to the
+    session, and nothing of the stopped write is kept."""
     lease_s = 2.0
-    assert lease_s * WRITER_IDLE_IN_TRANSACTION < lease_s / 3  # free before a holder's renewal is due
     with trio.fail_after(60):
-        leases = await _leases_on(postgres_url)
+        async with open_postgres(postgres_url):  # the schema
+            pass
+        stopped_leases = await PostgresLeases.open(postgres_url, redacted(postgres_url), lease_s)
+        other_leases = await PostgresLeases.open(postgres_url, redacted(postgres_url), lease_s)
         try:
-            await leases.claim(NAMESPACE)
+            await stopped_leases.claim(NAMESPACE)  # and never renewed: it expires
             async with open_postgres(postgres_url, lease_s=lease_s) as store:
-                store.fence_with(lambda: leases.epochs, lambda refused: None)
+                store.fence_with(lambda: stopped_leases.epochs, lambda refused: None)
                 await store.create_session("s1", runtime="scripted", namespace=NAMESPACE)
                 stopped, resume = threading.Event(), threading.Event()
 
                 def stalled_write(conn: Db) -> None:
                     _sql.lock_session(conn, "s1")  # the lease row FOR SHARE, the session's FOR UPDATE
-                    conn.execute("UPDATE sessions SET title = 'stalled' WHERE session_id = 's1'")
+                    conn.execute("UPDATE sessions SET title = 'stalled' WHERE session_id = 's1'")  # no Sync after
                     stopped.set()
                     resume.wait()
 
@@ -224,16 +228,53 @@ async def test_a_writer_stopped_inside_a_transaction_does_not_hold_a_takeover_fo
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(write)
                     await trio.to_thread.run_sync(stopped.wait)
-                    await take_over(postgres_url, NAMESPACE)  # waits for the row until the server ends the stall
+                    claim = await other_leases.claim(NAMESPACE)
+                    while claim.holder is not None:  # until the stopped one's lease expired
+                        await trio.sleep(0.05)
+                        claim = await other_leases.claim(NAMESPACE)
+                    assert claim.taken_over
+                    async with open_postgres(postgres_url) as new_store:
+                        new_store.fence_with(lambda: other_leases.epochs, lambda refused: None)
+                        await new_store.update_session("s1", title="the new holder's")
                     assert not resume.is_set()
                     resume.set()
                 assert outcome and not isinstance(outcome[0], Fenced)  # its connection was ended under it
-                assert (await store.get_session("s1")).title is None
+                assert (await store.get_session("s1")).title == "the new holder's"
         finally:
-            await leases.aclose()
+            await other_leases.aclose()
+            await stopped_leases.aclose()
 
 
-async def _leases_on(url: str) -> PostgresLeases:
-    async with open_postgres(url):  # the schema
-        pass
-    return await PostgresLeases.open(url, redacted(url), 60.0)
+async def test_a_write_blocked_by_a_stalled_transaction_ends_it(postgres_url: str) -> None:
+    """A transaction whose writer stopped after a statement sent without a Sync (no server timer runs) holds a
+    session's row; another store's write to that session, blocked, ends it once it has stalled for a quarter of the
+    lease (``_postgres.WRITER_IDLE_IN_TRANSACTION``), and goes through while the first writer is still stopped."""
+    lease_s = 2.0
+    with trio.fail_after(60):
+        async with open_postgres(postgres_url, lease_s=lease_s) as stalled_store, \
+                open_postgres(postgres_url, lease_s=lease_s) as other_store:
+            await stalled_store.create_session("s1", runtime="scripted", namespace=NAMESPACE)
+            stopped, resume = threading.Event(), threading.Event()
+
+            def stalled_write(conn: Db) -> None:
+                conn.execute("UPDATE sessions SET title = 'stalled' WHERE session_id = 's1'")  # no Sync after
+                conn.scalar("SELECT 1")  # read with a flush request: the UPDATE ran, its row is locked
+                stopped.set()
+                resume.wait()
+
+            outcome: list[BaseException] = []
+
+            async def write() -> None:
+                try:
+                    await stalled_store._write("a stalled write", stalled_write)
+                except StoreError as exc:
+                    outcome.append(exc)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(write)
+                await trio.to_thread.run_sync(stopped.wait)
+                await other_store.update_session("s1", title="the other's")
+                assert not resume.is_set()
+                resume.set()
+            assert outcome  # its connection was ended under it
+            assert (await other_store.get_session("s1")).title == "the other's"
