@@ -17,22 +17,18 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
-import httpx2 as httpx
-import psutil
 
 from tests.postgres import PostgresServer, TcpListen
+from tests.service.service_process import ServiceProcess
 from tests.waits import wait_for
 from tests.worker.harness import REPO
 
@@ -142,7 +138,7 @@ class Network:
         return address
 
 
-class HostSupervisor:
+class HostSupervisor(ServiceProcess):
     """``codesdk-supervisor serve`` on one host: its data dir on the host's own tmpfs, the store over TCP."""
 
     def __init__(self, host: Namespace, address: str, data_dir: Path, store: str, *extra: str,
@@ -151,9 +147,11 @@ class HostSupervisor:
         copied to this host's data dir, as the operator does."""
         self.host, self.address, self.data_dir = host, address, data_dir
         self.advertised = f"http://{address}:8443"
+        self.what = f"the supervisor on host {host.name}"
         host.path(data_dir).mkdir(mode=0o700)
+        self.token_file = host.path(data_dir / "admin.token")
         if admin_token is not None:
-            host.path(data_dir / "admin.token").write_text(admin_token + "\n")
+            self.token_file.write_text(admin_token + "\n")
         self.socket = host.path(data_dir / "api.sock")
         self.log = Path(tempfile.mkstemp(prefix=f"codesdk-host-{host.name}-", suffix=".log")[1])
         argv = [*host.enter(), sys.executable, "-m", "codesdk.supervisor.cli.admin", "serve", "--data-dir",
@@ -167,84 +165,17 @@ class HostSupervisor:
                                                        "CODESDK_SECRET_KEY": SECRET_KEY}, cwd=REPO,
                                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
         try:
-            wait_for(f"the supervisor on host {host.name} to serve", self._serving)
+            self._wait_serving()
         except BaseException:
             self.process.kill()
             self.process.wait()
             self.log.unlink(missing_ok=True)
             raise
-        self.token = self.host.path(data_dir / "admin.token").read_text().strip()
-        self.client = self._client()
-
-    def _client(self) -> httpx.Client:
-        token = self.host.path(self.data_dir / "admin.token").read_text().strip()
-        return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket)), base_url="http://codesdk",
-                            headers={"Authorization": f"Bearer {token}"}, timeout=60)
-
-    def _serving(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError(f"the supervisor on host {self.host.name} exited {self.process.returncode}: "
-                                 f"{self.log.read_text()[-3000:]}")
-        if not (self.socket.exists() and self.host.path(self.data_dir / "admin.token").exists()):
-            return False
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            try:
-                probe.connect(str(self.socket))
-            except (FileNotFoundError, ConnectionRefusedError):
-                return False
-        with self._client() as client:
-            return client.get("/readyz").status_code == 200
-
-    def session(self, namespace: str, **body: Any) -> dict[str, Any]:
-        response = self.client.post("/v1/sessions", json={"namespace": namespace, **body})
-        assert response.status_code == 201, response.text
-        return dict(response.json())
-
-    def task(self, session_id: str, scenario: str = "echo", **config: Any) -> dict[str, Any]:
-        response = self.client.post(f"/v1/sessions/{session_id}/tasks",
-                                    json={"prompt": "hello", "runtime_config": {"scenario": scenario, **config}})
-        assert response.status_code == 202, response.text
-        return dict(response.json())
-
-    def events(self, session_id: str) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
-        while True:
-            page = self.client.get(f"/v1/sessions/{session_id}/events",
-                                   params={"after_seq": events[-1]["seq"] if events else 0}).json()["events"]
-            if not page:
-                return events
-            events += page
-
-    def task_state(self, task_id: str) -> str:
-        return str(self.client.get(f"/v1/tasks/{task_id}").json()["state"])
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash of the host would; its workers end on their stdin's EOF, and are waited for."""
-        try:
-            workers = [child.pid for child in psutil.Process(self.process.pid).children()]
-        except psutil.Error:
-            workers = []
-        self.process.kill()
-        self.process.wait()
-        for pid in workers:
-            wait_for(f"worker {pid} to end", partial(_gone, pid))
+        self.token = self.token_file.read_text().strip()
 
     def stop(self) -> None:
-        self.client.close()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        super().stop()
         self.log.unlink(missing_ok=True)
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return os.waitpid(pid, os.WNOHANG)[0] == pid
-    except ChildProcessError:  # not our child: pid 1 reaps it
-        return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
 @dataclass

@@ -7,24 +7,20 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import httpx2 as httpx
-import psutil
 import pytest
 
 from codesdk import Client, NamespaceElsewhere
 
 from tests.postgres import PostgresServer
 from tests.postgres import unavailable as postgres_unavailable
+from tests.service.service_process import ServiceProcess
 from tests.waits import wait_for
 from tests.worker.harness import REPO
 
@@ -38,90 +34,26 @@ SECRET_KEY = base64.b64encode(os.urandom(32)).decode()
 pytestmark = pytest.mark.skipif(postgres_unavailable() is not None, reason=postgres_unavailable() or "")
 
 
-class Supervisor:
+class Supervisor(ServiceProcess):
     """One service process with a data dir of its own, on the shared store. ``admin_token``: the deployment's
     (the tokens are the database's: the first supervisor makes it, the others' operator copies it)."""
 
     def __init__(self, data_dir: Path, store: str, admin_token: str | None = None) -> None:
         self.data_dir = data_dir
         self.socket = data_dir / "api.sock"
+        self.token_file = data_dir / "admin.token"
+        self.what = f"the supervisor on {self.socket}"
         argv = [sys.executable, "-m", "codesdk.supervisor.cli.admin", "serve", "--data-dir", str(data_dir),
                 "--enable-test-scenarios", "--store", store, "--lease-s", str(LEASE_S), "--no-worker-template"]
         self.log = data_dir.parent / f"{data_dir.name}.log"
         data_dir.mkdir(mode=0o700)
         if admin_token is not None:
-            (data_dir / "admin.token").write_text(admin_token + "\n")
+            self.token_file.write_text(admin_token + "\n")
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(argv, env={**os.environ, "CODESDK_SCENARIO_DIR": SCENARIOS,
                                                        "CODESDK_SECRET_KEY": SECRET_KEY}, cwd=REPO,
                                             stdout=subprocess.DEVNULL, stderr=log)
-        wait_for(f"the supervisor on {self.socket} to serve", self._serving)
-        self.client = self._client()
-
-    def _client(self) -> httpx.Client:
-        token = (self.data_dir / "admin.token").read_text().strip()
-        return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket)), base_url="http://codesdk",
-                            headers={"Authorization": f"Bearer {token}"}, timeout=60)
-
-    def _serving(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError(f"the supervisor exited {self.process.returncode}: {self.log.read_text()[-3000:]}")
-        if not (self.socket.exists() and (self.data_dir / "admin.token").exists()):
-            return False
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            try:
-                probe.connect(str(self.socket))
-            except (FileNotFoundError, ConnectionRefusedError):
-                return False
-        with self._client() as client:
-            return client.get("/readyz").status_code == 200
-
-    def session(self, namespace: str) -> dict[str, Any]:
-        response = self.client.post("/v1/sessions", json={"namespace": namespace})
-        assert response.status_code == 201, response.text
-        return dict(response.json())
-
-    def task(self, session_id: str, scenario: str = "echo", **config: Any) -> dict[str, Any]:
-        response = self.client.post(f"/v1/sessions/{session_id}/tasks",
-                                    json={"prompt": "hello", "runtime_config": {"scenario": scenario, **config}})
-        assert response.status_code == 202, response.text
-        return dict(response.json())
-
-    def events(self, session_id: str) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
-        while True:
-            page = self.client.get(f"/v1/sessions/{session_id}/events",
-                                   params={"after_seq": events[-1]["seq"] if events else 0}).json()["events"]
-            if not page:
-                return events
-            events += page
-
-    def task_state(self, task_id: str) -> str:
-        return str(self.client.get(f"/v1/tasks/{task_id}").json()["state"])
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash would; its workers end on their stdin's EOF (reaped by pid 1 or by us)."""
-        try:
-            workers = [child.pid for child in psutil.Process(self.process.pid).children()]
-        except psutil.Error:
-            workers = []
-        self.process.kill()
-        self.process.wait()
-        for pid in workers:
-            wait_for(f"worker {pid} to end", partial(_gone, pid))
-
-    def stop(self) -> None:
-        self.client.close()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            self.process.wait(timeout=120)
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return os.waitpid(pid, os.WNOHANG)[0] == pid
-    except ChildProcessError:  # not our child: pid 1 reaps it
-        return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        self._wait_serving()
 
 
 @contextmanager
