@@ -39,8 +39,8 @@ def test_every_library_the_code_imports_is_declared() -> None:
     declared = names(project["dependencies"])
     extras = {extra: names(reqs) for extra, reqs in project["optional-dependencies"].items()}
     imported_as = {"pydantic_core": "pydantic", "httpx2": "httpx2", "opentelemetry": "opentelemetry_sdk"}
-    # the PostgreSQL store; the pytest plugin; traces
-    only_in_extra = {"psycopg": "postgresql", "pytest": "test", "opentelemetry": "otel"}
+    # the PostgreSQL store and its encrypted namespace variables; the pytest plugin; traces
+    only_in_extra = {"psycopg": "postgresql", "cryptography": "postgresql", "pytest": "test", "opentelemetry": "otel"}
     missing = []
     for folder in ("protocol", "worker", "supervisor", "codesdk"):
         for path in (root / folder).rglob("*.py"):

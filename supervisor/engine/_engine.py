@@ -497,9 +497,19 @@ class Engine:
         there would run with no files while its transcript says they exist (a namespace that moved here from
         another supervisor, without shared storage, or a workspace removed by hand). A namespace with a disk quota
         is left to its worker's start, which mounts its volume (where its workspaces are) or says why it cannot."""
-        disks = self.config.pool.disks
-        if not session.workspace or (disks is not None and disks.quota_for(session.namespace) is not None) or \
-                await trio.to_thread.run_sync(Path(session.workspace).is_dir):
+        disks, workspace = self.config.pool.disks, session.workspace
+        if not workspace:
+            return
+
+        def missing() -> bool:  # a file read, or a query on PostgreSQL: off the loop
+            try:
+                if disks is not None and disks.quota_for(session.namespace) is not None:
+                    return False
+            except (DiskQuotaError, OSError):
+                return False  # unknown here: the worker's start reads the quota again and says what is wrong
+            return not Path(workspace).is_dir()
+
+        if not await trio.to_thread.run_sync(missing):
             return
         raise WorkspaceMissing(
             f"session {session.session_id}'s workspace {session.workspace} is not on this host: it was removed, or "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from codesdk.supervisor.api import TokenAuth
 from codesdk.supervisor.api.server import serve_api
 from codesdk.supervisor.egress import EgressPolicy, HostPattern
 from codesdk.supervisor.engine import Engine
+from codesdk.supervisor.namespaces import SecretKey
 from codesdk.supervisor.service.serve import webhook_service
 from codesdk.supervisor.webhooks import WebhookOptions, WebhookService
 
@@ -74,11 +76,12 @@ class Hooked:
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def store_options(request: pytest.FixtureRequest) -> dict[str, str]:
-    """Both stores: the PostgreSQL one where the suite's throwaway server can run (else it skips, saying why)."""
+def store_options(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Both stores: the PostgreSQL one where the suite's throwaway server can run (else it skips, saying why),
+    with a deployment key, as a supervisor on PostgreSQL needs."""
     if request.param == "sqlite":
         return {}
-    return {"store": str(request.getfixturevalue("postgres_url"))}
+    return {"store": str(request.getfixturevalue("postgres_url")), "secret_key": SecretKey(os.urandom(32))}
 
 
 def allowing(*receivers: Receiver, **options: Any) -> WebhookOptions:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -17,7 +18,7 @@ from tests.webhooks.receiver import Receiver
 
 
 async def test_a_task_s_end_is_delivered_signed(make_engine: MakeEngine, tmp_path: Path, nursery: trio.Nursery,
-                                                store_options: dict[str, str]) -> None:
+                                                store_options: dict[str, Any]) -> None:
     receiver = await started(nursery, Receiver())
     async with hooked_api(make_engine, tmp_path, allowing(receiver), **store_options) as api:
         created = await api.register(api.alice, receiver.url, ["task.completed"])
@@ -41,7 +42,7 @@ async def test_a_task_s_end_is_delivered_signed(make_engine: MakeEngine, tmp_pat
 
 
 async def test_three_failures_then_success_is_one_delivery_with_one_id(
-        make_engine: MakeEngine, tmp_path: Path, nursery: trio.Nursery, store_options: dict[str, str]) -> None:
+        make_engine: MakeEngine, tmp_path: Path, nursery: trio.Nursery, store_options: dict[str, Any]) -> None:
     receiver = await started(nursery, Receiver(answer=lambda n: 500 if n <= 3 else 200))
     async with hooked_api(make_engine, tmp_path, allowing(receiver), **store_options) as api:
         webhook = (await api.register(api.admin, receiver.url, ["*"]))["webhook"]
@@ -131,7 +132,7 @@ async def test_a_dead_endpoint_does_not_hold_up_another_tenant(make_engine: Make
 
 
 async def test_a_rotation_while_one_overlaps_is_refused_unless_it_ends_that_overlap(
-        make_engine: MakeEngine, tmp_path: Path, nursery: trio.Nursery, store_options: dict[str, str]) -> None:
+        make_engine: MakeEngine, tmp_path: Path, nursery: trio.Nursery, store_options: dict[str, Any]) -> None:
     """No secret that still signs is dropped silently: a second rotation within the overlap is 409, saying how to
     end that overlap; ending it stops exactly the secret rotated out first. At most two secrets sign."""
     receiver = await started(nursery, Receiver())

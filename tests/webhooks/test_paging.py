@@ -4,6 +4,7 @@ exactly one page."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -19,7 +20,7 @@ from tests.webhooks.receiver import Receiver
 
 
 async def test_deliveries_page_by_page(make_engine: MakeEngine, tmp_path: Path, nursery: trio.Nursery,
-                                       capsys: pytest.CaptureFixture[str], store_options: dict[str, str]) -> None:
+                                       capsys: pytest.CaptureFixture[str], store_options: dict[str, Any]) -> None:
     receiver = await started(nursery, Receiver())
     async with hooked_api(make_engine, tmp_path, allowing(receiver), **store_options) as api:
         webhook = (await api.register(api.alice, receiver.url, ["*"]))["webhook"]["id"]
