@@ -187,14 +187,17 @@ def failover_s(url: str, lease_s: float) -> float:
         procs = []
         key = base64.b64encode(os.urandom(32)).decode()  # one scratch deployment key for both supervisors
         try:
+            clients = []
             for name in ("a", "b"):
                 (root / name).mkdir(mode=0o700)
+                if clients:  # the admin token is the database's, made by the first: copied, as an operator does
+                    (root / name / "admin.token").write_text((root / "a" / "admin.token").read_text())
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "codesdk.supervisor.cli.admin", "serve", "--data-dir", str(root / name),
                      "--enable-test-scenarios", "--store", url, "--lease-s", str(lease_s), "--no-worker-template"],
                     cwd=REPO, env={**os.environ, "CODESDK_SCENARIO_DIR": SCENARIOS, "CODESDK_SECRET_KEY": key},
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            clients = [_client(root / name) for name in ("a", "b")]
+                clients.append(_client(root / name))
             session = clients[0].post("/v1/sessions", json={"namespace": f"user:bench-{time.monotonic_ns()}"}).json()
             task = clients[0].post(f"/v1/sessions/{session['session_id']}/tasks",
                                    json={"prompt": "x", "runtime_config": {"scenario": "hang"}}).json()
