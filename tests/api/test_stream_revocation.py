@@ -12,9 +12,10 @@ import trio
 
 from codesdk.supervisor.api import PostgresTokenStore, STALE_AFTER_S, TokenAuth, hash_token, open_token_auth
 from codesdk.supervisor.cli.admin import main as admin_main
-from codesdk.supervisor.store import StoreError, open_token_table
+from codesdk.supervisor.store import open_token_table
 
 from tests.api.conftest import Api, read_sse, serve_test_api
+from tests.api.test_token_stores import UnreachableTable
 from tests.conftest import MakeEngine
 
 
@@ -99,22 +100,13 @@ async def test_a_stream_on_one_supervisor_ends_when_another_revokes_its_token(
         assert last["event"] == "error" and last["data"]["error"]["code"] == "token_revoked"
 
 
-class _Unreachable(PostgresTokenStore):
-    failing = False
-
-    def load(self) -> list[Any]:
-        if self.failing:
-            raise StoreError("PostgreSQL at postgresql://db/x is unreachable")
-        return super().load()
-
-
 async def test_a_table_unread_for_too_long_ends_tenant_streams(postgres_url: str, tmp_path: Path) -> None:
     now = [1000.0]
     table = open_token_table(postgres_url)
     try:
         TokenAuth.bootstrap_shared(tmp_path, PostgresTokenStore(table))
         admin = (tmp_path / "admin.token").read_text().strip()
-        store = _Unreachable(table)
+        store = UnreachableTable(table)
         auth = TokenAuth(store=store, clock=lambda: now[0])
         _, _, alice = auth.issue("alice", ["user:alice"])
         ended: dict[str, tuple[str, str]] = {}

@@ -125,7 +125,7 @@ async def test_a_console_session_of_a_token_revoked_elsewhere_ends(postgres_url:
         assert (await api.client.get("/console/session", headers=cookie)).status_code == 401
 
 
-class _Unreachable(PostgresTokenStore):
+class UnreachableTable(PostgresTokenStore):
     """A shared table whose database can be made to fail."""
 
     failing = False
@@ -142,7 +142,7 @@ def test_a_table_unread_for_too_long_fails_closed_for_tenants_only(postgres_url:
     try:
         TokenAuth.bootstrap_shared(tmp_path, PostgresTokenStore(table))
         admin = (tmp_path / "admin.token").read_text().strip()
-        store = _Unreachable(table)
+        store = UnreachableTable(table)
         auth = TokenAuth(store=store, clock=lambda: now[0])
         _, _, alice = auth.issue("alice", ["user:alice"])
         _, _, prometheus = auth.issue("prometheus", [], metrics=True)

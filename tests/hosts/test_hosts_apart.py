@@ -18,9 +18,9 @@ from codesdk import Client, NamespaceElsewhere
 
 from tests.hosts.apart import Deployment, HostSupervisor, hosts_apart, unavailable
 from tests.postgres import unavailable as postgres_unavailable
+from tests.service.service_process import TERMINALS, fail_over
 from tests.waits import wait_for
 
-TERMINALS = ("task.completed", "task.failed", "task.stopped")
 
 pytestmark = [
     pytest.mark.skipif(postgres_unavailable() is not None, reason=postgres_unavailable() or ""),
@@ -67,16 +67,7 @@ def test_a_killed_hosts_namespace_moves_and_a_session_without_its_workspace_says
     workspace = Path(a.client.get(f"/v1/sessions/{session}").json()["workspace"])
     assert a.host.path(workspace).is_dir()
     task = a.task(session, "hang")["task_id"]
-    wait_for("carol's task to run and stream", lambda: any(
-        e["type"] == "model.output.delta" for e in a.events(session)))
-    acknowledged = a.events(session)
-    a.kill()
-    wait_for("B to fail the task A left running", lambda: b.task_state(task) == "failed")
-    after = b.events(session)
-    assert after[:len(acknowledged)] == acknowledged  # every acknowledged event kept
-    assert [e["seq"] for e in after] == list(range(1, len(after) + 1))
-    terminals = [e for e in after if e["type"] in TERMINALS]
-    assert len(terminals) == 1 and terminals[0]["payload"]["code"] == "SUPERVISOR_RESTARTED"
+    after = fail_over(a, b, session, task)
     # The session's files were on A's disk only: on B its next task is refused, saying why, and nothing is stored.
     assert not b.host.path(workspace).exists()
     refused = b.client.post(f"/v1/sessions/{session}/tasks",

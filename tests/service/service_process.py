@@ -97,6 +97,27 @@ class ServiceProcess:
                 self.kill()
 
 
+#: How a task ends, in the events it leaves.
+TERMINALS = ("task.completed", "task.failed", "task.stopped")
+
+
+def fail_over(a: ServiceProcess, b: ServiceProcess, session_id: str, task_id: str) -> list[dict[str, Any]]:
+    """SIGKILL ``a`` while ``task_id`` streams and wait for ``b`` to fail the task it left running: every event
+    acknowledged before is kept, in seq order, and the task ends exactly once, as one whose supervisor is gone.
+    The session's events as ``b`` then serves them."""
+    wait_for("the task to run and stream", lambda: any(
+        e["type"] == "model.output.delta" for e in a.events(session_id)))
+    acknowledged = a.events(session_id)
+    a.kill()
+    wait_for("the other supervisor to fail the task left running", lambda: b.task_state(task_id) == "failed")
+    after = b.events(session_id)
+    assert after[:len(acknowledged)] == acknowledged  # every acknowledged event kept
+    assert [e["seq"] for e in after] == list(range(1, len(after) + 1))
+    terminals = [e for e in after if e["type"] in TERMINALS]
+    assert len(terminals) == 1 and terminals[0]["payload"]["code"] == "SUPERVISOR_RESTARTED"
+    return after
+
+
 def _gone(pid: int) -> bool:
     try:
         return os.waitpid(pid, os.WNOHANG)[0] == pid

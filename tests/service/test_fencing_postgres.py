@@ -15,7 +15,8 @@ import psycopg
 import pytest
 
 from tests.postgres import unavailable as postgres_unavailable
-from tests.service.test_two_supervisors import TERMINALS, Supervisor, supervisors
+from tests.service.service_process import TERMINALS
+from tests.service.test_two_supervisors import Supervisor, supervisors
 from tests.waits import wait_for
 
 pytestmark = pytest.mark.skipif(postgres_unavailable() is not None, reason=postgres_unavailable() or "")

@@ -20,14 +20,13 @@ from codesdk import Client, NamespaceElsewhere
 
 from tests.postgres import PostgresServer
 from tests.postgres import unavailable as postgres_unavailable
-from tests.service.service_process import ServiceProcess
+from tests.service.service_process import TERMINALS, ServiceProcess, fail_over
 from tests.waits import wait_for
 from tests.worker.harness import REPO
 
 SCENARIOS = str(REPO / "worker" / "adapters" / "scripted" / "scenarios")
 #: Short leases, so a takeover comes soon after a death (renewed every third of it).
 LEASE_S = 2.0
-TERMINALS = ("task.completed", "task.failed", "task.stopped")
 #: The deployment key every supervisor of these tests shares (namespace variables are kept under it).
 SECRET_KEY = base64.b64encode(os.urandom(32)).decode()
 
@@ -143,16 +142,7 @@ def test_a_killed_supervisors_namespaces_move_to_the_other_after_the_lease_expir
     with supervisors(tmp_path, postgres_url, 2) as (a, b):
         session = a.session("user:carol")["session_id"]
         task = a.task(session, "hang")["task_id"]
-        wait_for("carol's task to run and stream", lambda: any(
-            e["type"] == "model.output.delta" for e in a.events(session)))
-        acknowledged = a.events(session)
-        a.kill()
-        wait_for("B to fail the task A left running", lambda: b.task_state(task) == "failed")
-        after = b.events(session)
-        assert after[:len(acknowledged)] == acknowledged  # every acknowledged event kept
-        assert [e["seq"] for e in after] == list(range(1, len(after) + 1))
-        terminals = [e for e in after if e["type"] in TERMINALS]
-        assert len(terminals) == 1 and terminals[0]["payload"]["code"] == "SUPERVISOR_RESTARTED"
+        fail_over(a, b, session, task)
         # The namespace runs on B now.
         again = b.task(session)["task_id"]
         wait_for("carol's next task to complete on B", lambda: b.task_state(again) == "completed")
